@@ -1,0 +1,1 @@
+"""Task families (domains). Each module registers its domain(s) at import."""

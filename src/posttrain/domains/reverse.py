@@ -1,0 +1,27 @@
+"""reverse: reverse a string of letters; difficulty sets its length."""
+from __future__ import annotations
+
+import random
+import string
+
+from posttrain.domains.base import ProceduralDomain
+from posttrain.domains.registry import register
+
+LENGTHS = {1: (2, 3), 2: (3, 5), 3: (5, 7), 4: (7, 9)}
+
+
+class Reverse(ProceduralDomain):
+    name = "reverse"
+    category = "strings"
+    description = "reverse a lowercase string; length grows with difficulty"
+    levels = 4
+
+    def generate(self, rng: random.Random, difficulty: int) -> tuple[str, str]:
+        text = "".join(rng.choices(string.ascii_lowercase[:12], k=rng.randint(*LENGTHS[difficulty])))
+        return f"rev {text}=", text[::-1]
+
+    def corrupt(self, answer: str) -> str:
+        return answer[::-1] if answer != answer[::-1] else answer + "a"
+
+
+register(Reverse())

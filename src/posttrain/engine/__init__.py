@@ -1,0 +1,1 @@
+"""Inference engines: `hf` (in process) and `openai` (any OpenAI-compatible server)."""
