@@ -1,0 +1,1 @@
+"""Subcommands of the `posttrain` console script (one module each)."""
