@@ -1,0 +1,83 @@
+"""Model presets and loading of any Hugging Face-format model directory.
+
+Invariant: every model, embedded or user-supplied, is loaded through
+AutoModelForCausalLM and AutoTokenizer from a local directory, with no hub
+access; a directory without weights raises ModelLoadError naming what is missing.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from posttrain.errors import ModelLoadError
+
+Preset = Literal["micro", "tiny", "small", "medium"]
+
+# hidden, layers, heads, kv heads, mlp: about 0.1M / 0.8M / 4.8M / 19M parameters
+PRESETS: dict[str, tuple[int, int, int, int, int]] = {
+    "micro": (32, 2, 4, 2, 64),
+    "tiny": (128, 4, 4, 2, 384),
+    "small": (256, 6, 8, 4, 768),
+    "medium": (512, 6, 8, 4, 1536),
+}
+
+
+def make_config(preset: str, vocab_size: int, pad_id: int, eos_id: int, max_positions: int = 512) -> Any:
+    from transformers import Qwen2Config
+
+    if preset not in PRESETS:
+        raise ModelLoadError(f"model preset {preset!r} unknown; allowed: {', '.join(PRESETS)}")
+    hidden, layers, heads, kv, mlp = PRESETS[preset]
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+        use_cache=True,
+    )
+
+
+def random_model(preset: str = "micro", seed: int = 0) -> tuple[Any, Any]:
+    """A randomly initialised model of a preset with the embedded tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = make_config(preset, len(tok), tok.pad_token_id, tok.eos_token_id)
+    model = AutoModelForCausalLM.from_config(cfg)
+    return model, tok
+
+
+def check_model_dir(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelLoadError(f"model directory {str(p)!r} does not exist")
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"model directory {str(p)!r} has no config.json (not a Hugging Face model directory)")
+    weights = list(p.glob("*.safetensors")) + list(p.glob("pytorch_model*.bin"))
+    if not weights:
+        raise ModelLoadError(f"model directory {str(p)!r} has no weights (*.safetensors or pytorch_model*.bin)")
+    return p
+
+
+def load_model(path: str | Path, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
+    """Model and tokenizer from a local HF directory (no hub)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = check_model_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model from {str(p)!r}: {exc}") from exc
+    return model.to(device).eval(), tok
