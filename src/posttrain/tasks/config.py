@@ -1,0 +1,116 @@
+"""Typed configuration of the task pool.
+
+Invariant: a TasksConfig that validates names only bounded, documented
+settings; unknown keys are rejected (extra="forbid"), and whether each
+domain name exists is checked by `TaskPool` against the registry (the config
+module itself imports no domain).
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BUILTIN_DOMAINS = ("add", "sub", "mul", "reverse", "sort")
+
+
+class DomainSpec(BaseModel):
+    """How one domain takes part in training."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight: float = Field(1.0, gt=0.0, le=1e6)
+    """Relative sampling weight of the domain (> 0); shares are weight**(1/temperature), normalised."""
+
+    difficulty: int | None = Field(None, ge=1)
+    """A fixed difficulty level (1..domain.levels); None lets the curriculum choose."""
+
+
+class CurriculumConfig(BaseModel):
+    """Difficulty tiers driven by the online pass rate of each (domain, level)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Use tiers. When False, a domain without a fixed difficulty draws its levels uniformly."""
+
+    window: int = Field(64, ge=1, le=100_000)
+    """Number of most recent rewards per (domain, level) that make up its pass rate."""
+
+    min_samples: int = Field(16, ge=1, le=100_000)
+    """Observations needed at the frontier level before it can advance or retreat."""
+
+    promote_at: float = Field(0.8, gt=0.0, le=1.0)
+    """A frontier level whose pass rate reaches this is mastered: the frontier moves up one level."""
+
+    demote_at: float = Field(0.05, ge=0.0, lt=1.0)
+    """A frontier level (above 1) whose pass rate falls to this or below is too hard: the frontier moves down."""
+
+    warmup_share: float = Field(0.2, ge=0.0, le=1.0)
+    """Share of a domain's draws from the warm-up tier (levels below the frontier)."""
+
+    hard_share: float = Field(0.2, ge=0.0, le=1.0)
+    """Share of a domain's draws from the hard tier (the level above the frontier); the rest is the frontier itself."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "CurriculumConfig":
+        if self.warmup_share + self.hard_share > 1.0:
+            raise ValueError("curriculum.warmup_share + curriculum.hard_share must be <= 1")
+        if self.demote_at >= self.promote_at:
+            raise ValueError("curriculum.demote_at must be below curriculum.promote_at")
+        return self
+
+
+class DriftConfig(BaseModel):
+    """Capability-drift guard: a domain regressing on held-out while the others improve gets more weight."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Watch held-out results reported through `TaskPool.observe_eval`."""
+
+    tolerance: float = Field(0.05, ge=0.0, le=1.0)
+    """A drop of a domain's held-out pass rate below its best by more than this counts as a regression."""
+
+    boost: float = Field(2.0, gt=1.0, le=100.0)
+    """Factor applied to a regressing domain's weight at each evaluation it stays regressed."""
+
+    max_boost: float = Field(8.0, ge=1.0, le=1000.0)
+    """Upper bound of the accumulated boost of one domain."""
+
+    decay: float = Field(0.5, gt=0.0, le=1.0)
+    """When a boosted domain has recovered, its boost is multiplied by this (down to 1)."""
+
+
+class TasksConfig(BaseModel):
+    """Which domains the loop trains on, in what mix, and how difficulty is chosen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    domains: dict[str, DomainSpec] = Field(default_factory=lambda: {n: DomainSpec() for n in BUILTIN_DOMAINS})
+    """Domains by registered name (see `posttrain domains`), each with its weight and optional fixed difficulty."""
+
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    """Seed of the pool: which task indices are drawn and in what order."""
+
+    temperature: float = Field(1.0, gt=0.0, le=1000.0)
+    """Cross-domain temperature: shares are proportional to weight**(1/temperature); large values flatten towards uniform."""
+
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Difficulty tiers by online pass rate."""
+
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    """Guard that raises the weight of a domain regressing on held-out."""
+
+    dedupe_window: int = Field(20_000, ge=0, le=10_000_000)
+    """Number of recently drawn normalised prompts a new draw may not repeat (0 turns dedupe off)."""
+
+    dedupe_attempts: int = Field(8, ge=1, le=1000)
+    """Draw attempts per task before a duplicate is accepted (and counted in stats) for a domain with few distinct tasks."""
+
+    eval_default_difficulty: int = Field(1, ge=1)
+    """Eval difficulty of a domain with no fixed difficulty before the curriculum has moved (clipped to its levels)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TasksConfig":
+        if not self.domains:
+            raise ValueError("tasks.domains must name at least one domain")
+        return self

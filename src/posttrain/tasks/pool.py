@@ -1,0 +1,238 @@
+"""TaskPool: draws training tasks by domain weight, temperature and curriculum.
+
+Invariant: `draw` is a pure function of (config, seed, history): the history
+is the draws and observations made so far, all of it held in `state_dict()`,
+so a pool restored from a state draws exactly the tasks the original would
+have drawn next. A drawn task is always from the train split, and carries a
+task-set version that hashes its domain's generator version, the pool's
+config and its seed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import deque
+from typing import Any, Mapping
+
+from posttrain.domains.base import Domain, stable_hash, stable_rng
+from posttrain.errors import TaskError
+from posttrain.tasks.config import TasksConfig
+from posttrain.tasks.curriculum import Curriculum
+from posttrain.tasks.drift import DriftGuard
+from posttrain.tasks.hygiene import prompt_key
+from posttrain.types import Task
+
+STATE_VERSION = 1
+_INDEX_SPACE = 10**12
+
+
+def resolve_domains(config: TasksConfig) -> dict[str, Domain]:
+    """The registered domains the config names; an unknown name or a bad
+    fixed difficulty raises TaskError naming it."""
+    from posttrain.domains.registry import get
+
+    domains: dict[str, Domain] = {}
+    for name, spec in sorted(config.domains.items()):
+        domain = get(name)
+        if spec.difficulty is not None and not 1 <= spec.difficulty <= domain.levels:
+            raise TaskError(
+                f"tasks.domains.{name}.difficulty must be in 1..{domain.levels}, got {spec.difficulty}"
+            )
+        domains[name] = domain
+    return domains
+
+
+class TaskPool:
+    """Train-split task source for the loop, with online pass-rate tracking."""
+
+    def __init__(self, config: TasksConfig, seed: int | None = None) -> None:
+        self.config = config
+        self.seed = config.seed if seed is None else int(seed)
+        self.domains = resolve_domains(config)
+        self.names = tuple(self.domains)
+        self.curriculum = Curriculum(config.curriculum, {n: d.levels for n, d in self.domains.items()})
+        self.drift = DriftGuard(config.drift, self.names)
+        self._config_hash = f"{stable_hash(config.model_dump_json(), self.seed):016x}"[:8]
+        self._versions = {n: f"{d.taskset_version}.{self._config_hash}" for n, d in self.domains.items()}
+        self._draws = 0
+        self._drawn = {n: 0 for n in self.names}
+        self._counters: dict[str, int] = {}
+        self._duplicates = 0
+        self._seen_order: deque[str] = deque()
+        self._seen: dict[str, int] = {}
+
+    # ---- the mix -------------------------------------------------------
+    def target_shares(self) -> dict[str, float]:
+        """Share of draws each domain should get now: (weight x drift boost) ** (1/temperature), normalised."""
+        raw = {
+            n: (self.config.domains[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature)
+            for n in self.names
+        }
+        total = sum(raw.values())
+        return {n: v / total for n, v in raw.items()}
+
+    def _pick_domain(self, shares: Mapping[str, float]) -> str:
+        # Stratified (deficit) sampling: the domain furthest below its target
+        # share goes next, so the realised mix tracks the target within one draw.
+        # Ties go to the domain with the smaller seeded hash of (seed, draw), so
+        # the order within a round is shuffled but reproducible.
+        total = self._draws + 1
+
+        def key(n: str) -> tuple[float, int]:
+            return (shares[n] * total - self._drawn[n], -stable_hash("tie", self.seed, self._draws, n))
+
+        return max(self.names, key=key)
+
+    def _pick_level(self, name: str) -> int:
+        spec = self.config.domains[name]
+        if spec.difficulty is not None:
+            return spec.difficulty
+        rng = stable_rng("level", self.seed, self._draws, name)
+        return self.curriculum.choose(name, rng)
+
+    # ---- drawing -------------------------------------------------------
+    def _next_task(self, name: str, level: int) -> Task:
+        key = f"{name}|{level}"
+        base = stable_hash("index", self.seed, name, level) % _INDEX_SPACE
+        task = None
+        for _ in range(self.config.dedupe_attempts):
+            count = self._counters.get(key, 0)
+            self._counters[key] = count + 1
+            task = self.domains[name].sample(base + count, "train", level)
+            pkey = prompt_key(task)
+            if self.config.dedupe_window == 0 or pkey not in self._seen:
+                self._remember(pkey)
+                return self._stamp(task)
+        self._duplicates += 1
+        self._remember(prompt_key(task))
+        return self._stamp(task)
+
+    def _remember(self, pkey: str) -> None:
+        if self.config.dedupe_window == 0:
+            return
+        self._seen_order.append(pkey)
+        self._seen[pkey] = self._seen.get(pkey, 0) + 1
+        while len(self._seen_order) > self.config.dedupe_window:
+            old = self._seen_order.popleft()
+            self._seen[old] -= 1
+            if not self._seen[old]:
+                del self._seen[old]
+
+    def _stamp(self, task: Task) -> Task:
+        meta = dataclasses.replace(task.meta, taskset_version=self._versions[task.domain])
+        return dataclasses.replace(task, meta=meta)
+
+    def draw(self, n: int) -> list[Task]:
+        """The next `n` train tasks, by target shares and curriculum."""
+        if not isinstance(n, int) or n < 0:
+            raise TaskError(f"draw: n must be a non-negative int, got {n!r}")
+        tasks = []
+        for _ in range(n):
+            shares = self.target_shares()
+            name = self._pick_domain(shares)
+            level = self._pick_level(name)
+            tasks.append(self._next_task(name, level))
+            self._drawn[name] += 1
+            self._draws += 1
+        return tasks
+
+    # ---- feedback ------------------------------------------------------
+    def observe(self, task: Task, reward: float) -> None:
+        """Record one train reward (never an infra failure) for the task's domain and level."""
+        if task.domain not in self.domains:
+            raise TaskError(f"observe: domain {task.domain!r} is not in this pool")
+        if not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+            raise TaskError(f"observe: reward must be a finite number in [0, 1], got {reward!r}")
+        self.curriculum.observe(task.domain, task.meta.difficulty, float(reward))
+
+    def observe_eval(self, pass_rates: Mapping[str, float]) -> list[str]:
+        """Record one held-out evaluation (domain -> pass rate); returns the domains the drift guard boosted."""
+        unknown = sorted(set(pass_rates) - set(self.domains))
+        if unknown:
+            raise TaskError(f"observe_eval: domains not in this pool: {', '.join(unknown)}")
+        return self.drift.observe(pass_rates)
+
+    def eval_difficulty(self, name: str) -> int:
+        """Level the evaluator uses for `name`: the fixed difficulty when set,
+        else the hardest level the curriculum has made its frontier (with the
+        curriculum off: `eval_default_difficulty`, clipped to the domain's levels)."""
+        if name not in self.domains:
+            raise TaskError(f"eval_difficulty: domain {name!r} is not in this pool")
+        spec = self.config.domains[name]
+        if spec.difficulty is not None:
+            return spec.difficulty
+        floor = min(self.config.eval_default_difficulty, self.domains[name].levels)
+        if not self.config.curriculum.enabled:
+            return floor
+        return max(floor, self.curriculum.highest_frontier(name))
+
+    # ---- resume --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state for exact resume."""
+        return {
+            "version": STATE_VERSION,
+            "config_hash": self._config_hash,
+            "draws": self._draws,
+            "drawn": dict(self._drawn),
+            "counters": dict(self._counters),
+            "duplicates": self._duplicates,
+            "seen": list(self._seen_order),
+            "curriculum": self.curriculum.state_dict(),
+            "drift": self.drift.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from `state_dict` (of a pool with the same domains)."""
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            raise TaskError(f"task pool state: expected a mapping with version {STATE_VERSION}")
+        try:
+            drawn = {str(k): int(v) for k, v in state["drawn"].items()}
+            if set(drawn) != set(self.names):
+                raise TaskError(
+                    "task pool state: its domains differ from the config's "
+                    f"({sorted(set(drawn) ^ set(self.names))})"
+                )
+            self._draws = int(state["draws"])
+            self._drawn = drawn
+            self._counters = {str(k): int(v) for k, v in state["counters"].items()}
+            self._duplicates = int(state["duplicates"])
+            self._seen_order = deque(str(s) for s in state["seen"])
+            self._seen = {}
+            for pkey in self._seen_order:
+                self._seen[pkey] = self._seen.get(pkey, 0) + 1
+            self.curriculum.load_state_dict(state["curriculum"])
+            self.drift.load_state_dict(state["drift"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, TaskError):
+                raise
+            raise TaskError(f"task pool state is malformed: {exc!r}") from exc
+
+    # ---- reporting -----------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Per-domain realised and target shares, frontier, boost and per-level pass rates."""
+        shares = self.target_shares()
+        total = max(self._draws, 1)
+        per_domain = {
+            n: {
+                "drawn": self._drawn[n],
+                "share": self._drawn[n] / total,
+                "target_share": shares[n],
+                "boost": self.drift.boost(n),
+                **self.curriculum.domain_stats(n),
+            }
+            for n in self.names
+        }
+        return {
+            "draws": self._draws,
+            "duplicates_accepted": self._duplicates,
+            "taskset_version": self.taskset_version,
+            "domains": per_domain,
+            "drift_events": self.drift.events(),
+        }
+
+    @property
+    def taskset_version(self) -> str:
+        """One hash of every domain's generator version, the config and the seed."""
+        blob = json.dumps(sorted(self._versions.items()))
+        return f"{stable_hash(blob):016x}"[:12]
