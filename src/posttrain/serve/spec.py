@@ -1,0 +1,327 @@
+"""Speculative decoding for the fast tier: drafts proposed cheaply, verified by the target.
+
+Invariant: every emitted token is the token the target model itself would
+choose at that position under the shared per-row sampler
+(`posttrain.engine.sampling.sample_next`: greedy, or Gumbel-max with noise
+that is a pure function of (row key, step, vocab index)). A draft token is
+kept only when it equals that choice, so for the same weights, prompt,
+sampling parameters and seed the output equals plain decoding, sampled rows
+included, up to floating-point differences between a one-token and a
+(k+1)-token forward. Drafts change speed, never the result.
+
+Drafters: `NgramDrafter` (prompt lookup: the continuation of the latest
+earlier occurrence of the last n tokens; no model) and `ModelDrafter` (a
+cheaper copy of the same weights, e.g. int8, run with its own KV cache; its
+proposals use the same Gumbel noise as the target, so sampled rows are
+accepted as often as greedy ones when the two distributions agree).
+"""
+from __future__ import annotations
+
+import copy
+import secrets
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from posttrain.engine.sampling import row_key, sample_next
+from posttrain.errors import GenerationError
+from posttrain.types import Completion, GenerationRequest, Message, SamplingParams
+
+OnTokens = Callable[[int, int, Sequence[int]], None]
+"""Streaming callback: (request index, sample index, new token ids)."""
+
+Chooser = Callable[[torch.Tensor, int], tuple[int, float]]
+"""(logits of one position (vocab,), generation step) -> (token id, log-prob)."""
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Keep the first `length` positions of a transformers DynamicCache."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def int8_copy(model: Any) -> Any:
+    """A dynamically quantised (int8 Linear weights) copy of `model`; the
+    original is untouched. Embeddings and norms stay float32."""
+    clone = copy.deepcopy(model).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(clone, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, ids: Sequence[int], k: int, choose: Chooser, step: int) -> list[int]:
+        """Up to `k` guessed next tokens after `ids`; `step` is the generation
+        step of the first guessed token."""
+
+    def reset(self) -> None:
+        """Forget per-sequence state before a new sequence."""
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens
+    (n from `max_n` down to `min_n`) and propose what followed it."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"ngram sizes: need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+
+    def propose(self, ids: Sequence[int], k: int, choose: Chooser, step: int) -> list[int]:
+        seq = list(ids)
+        for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == tail:
+                    return seq[start + n : start + n + k]
+        return []
+
+    def reset(self) -> None:
+        return None
+
+
+class ModelDrafter:
+    """A draft model over the same vocabulary with its own KV cache, kept in
+    sync with the sequence by cropping to the common prefix."""
+
+    def __init__(self, model: Any, name: str = "int8") -> None:
+        self.model, self.name = model, name
+        self.reset()
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached: list[int] = []
+
+    def _common_prefix(self, ids: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, ids):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(ids) - 1)
+
+    def propose(self, ids: Sequence[int], k: int, choose: Chooser, step: int) -> list[int]:
+        keep = self._common_prefix(ids)
+        crop_cache(self.cache, keep)
+        feed = list(ids[keep:])
+        self.cached = list(ids[:keep])
+        out: list[int] = []
+        for i in range(k):
+            logits = self.model(input_ids=torch.tensor([feed]), past_key_values=self.cache, use_cache=True).logits
+            self.cached.extend(feed)
+            token, _ = choose(logits[0, -1].float(), step + i)
+            out.append(token)
+            feed = [token]
+        return out
+
+
+@dataclass
+class DraftStats:
+    """Counters of one drafter: proposed and accepted draft tokens, rounds."""
+
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+@dataclass
+class SpecStats:
+    """Decoding counters: target forwards, emitted tokens, per-drafter stats."""
+
+    target_forwards: int = 0
+    tokens: int = 0
+    drafters: dict[str, DraftStats] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "target_forwards": self.target_forwards,
+            "tokens": self.tokens,
+            "tokens_per_forward": self.tokens / self.target_forwards if self.target_forwards else 0.0,
+            "drafters": {n: {"proposed": s.proposed, "accepted": s.accepted, "acceptance": s.acceptance} for n, s in self.drafters.items()},
+        }
+
+
+def _chooser(params: SamplingParams, key: int) -> Chooser:
+    temp = torch.tensor([params.temperature], dtype=torch.float32)
+    top_p = torch.tensor([params.top_p], dtype=torch.float32)
+    keys = torch.tensor([key], dtype=torch.int64)
+
+    def choose(logits_v: torch.Tensor, step: int) -> tuple[int, float]:
+        token_b, logprob_b = sample_next(logits_v[None, :].float(), temp, top_p, keys, step)
+        return int(token_b[0]), float(logprob_b[0])
+
+    return choose
+
+
+@dataclass
+class _Seq:
+    """The state of one sequence being decoded."""
+
+    prompt: list[int]
+    max_tokens: int
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = ""
+
+
+class SpeculativeEngine:
+    """The Engine contract, decoding one sequence at a time (latency first)
+    with draft proposals verified by `model`.
+
+    `drafters` are tried in order each round; the first non-empty proposal
+    is verified. With no drafters this is plain KV-cache decoding."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        drafters: Sequence[Drafter] = (),
+        draft_tokens: Sequence[int] | None = None,
+        version: int = 0,
+    ) -> None:
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.drafters = list(drafters)
+        self.draft_tokens = list(draft_tokens) if draft_tokens is not None else [6 if d.name == "ngram" else 3 for d in self.drafters]
+        if len(self.draft_tokens) != len(self.drafters):
+            raise ValueError("draft_tokens: need one draft length per drafter")
+        self.version = version
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.stats = SpecStats(drafters={d.name: DraftStats() for d in self.drafters})
+        self._lock = threading.Lock()
+
+    # -- Engine contract -------------------------------------------------
+    def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        return encode_chat(self.tokenizer, messages)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def update_weights(self, source: Any) -> int:
+        raise GenerationError("SpeculativeEngine.update_weights: rebuild the fast tier from the new weights instead (serve.tiers)")
+
+    def generate(self, requests: Sequence[GenerationRequest], on_tokens: OnTokens | None = None) -> list[list[Completion]]:
+        results = []
+        with self._lock, torch.inference_mode():
+            for r_idx, req in enumerate(requests):
+                seed = req.params.seed if req.params.seed is not None else secrets.randbits(63)
+                group = []
+                for s_idx in range(req.params.n):
+                    emit = (lambda ids, r=r_idx, s=s_idx: on_tokens(r, s, ids)) if on_tokens else None
+                    group.append(self._one(req, row_key(seed, s_idx), emit))
+                results.append(group)
+        return results
+
+    # -- decoding --------------------------------------------------------
+    def _one(self, req: GenerationRequest, key: int, emit: Callable[[Sequence[int]], None] | None) -> Completion:
+        from transformers import DynamicCache
+
+        if not req.prompt_ids:
+            raise GenerationError("prompt_ids: empty prompt")
+        seq = _Seq(prompt=list(req.prompt_ids), max_tokens=req.params.max_tokens)
+        choose = _chooser(req.params, key)
+        cache = DynamicCache(config=self.model.config)
+        if len(seq.prompt) > 1:
+            self._forward(seq.prompt[:-1], cache)
+        for d in self.drafters:
+            d.reset()
+        last = seq.prompt[-1]
+        while not seq.finish:
+            draft, drafter = self._draft(seq, choose)
+            logits = self._forward([last] + draft, cache)
+            new = self._verify(seq, logits, draft, choose)
+            if drafter is not None:
+                self._count(drafter.name, draft, new)
+            accepted = self._append(seq, new, req.params)
+            if emit and accepted:
+                emit(accepted)
+            last = seq.out[-1] if seq.out else last
+            crop_cache(cache, len(seq.prompt) + len(seq.out) - 1)
+        self.stats.tokens += len(seq.out)
+        return Completion(
+            prompt_ids=tuple(seq.prompt),
+            token_ids=tuple(seq.out),
+            text=self.decode(seq.out),
+            logprobs=tuple(seq.logprobs),
+            finish_reason=seq.finish,  # type: ignore[arg-type]
+            model_version=self.version,
+        )
+
+    def _count(self, name: str, draft: list[int], new: list[tuple[int, float]]) -> None:
+        st = self.stats.drafters[name]
+        matched = 0
+        while matched < min(len(draft), len(new)) and new[matched][0] == draft[matched]:
+            matched += 1
+        st.rounds, st.proposed, st.accepted = st.rounds + 1, st.proposed + len(draft), st.accepted + matched
+
+    def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
+        self.stats.target_forwards += 1
+        logits = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0].float()
+        if not bool(torch.isfinite(logits).all()):
+            raise GenerationError("target model produced non-finite logits (broken weights?)")
+        return logits
+
+    def _draft(self, seq: _Seq, choose: Chooser) -> tuple[list[int], Drafter | None]:
+        room = seq.max_tokens - len(seq.out)
+        if room <= 1:
+            return [], None
+        ids = seq.prompt + seq.out
+        for drafter, k in zip(self.drafters, self.draft_tokens):
+            draft = drafter.propose(ids, min(k, room - 1), choose, len(seq.out))
+            if draft:
+                return draft, drafter
+        return [], None
+
+    def _verify(self, seq: _Seq, logits: torch.Tensor, draft: list[int], choose: Chooser) -> list[tuple[int, float]]:
+        """Target choices position by position, up to and including the first
+        one that differs from the draft (or one past the last draft token)."""
+        new = []
+        for i in range(len(draft) + 1):
+            token, logprob = choose(logits[i], len(seq.out) + i)
+            new.append((token, logprob))
+            if i >= len(draft) or token != draft[i] or token == self.eos_token_id:
+                break
+        return new
+
+    def _append(self, seq: _Seq, new: list[tuple[int, float]], params: SamplingParams) -> list[int]:
+        """Append verified tokens, stopping at eos, max_tokens or a stop string."""
+        added = []
+        for token, logprob in new:
+            seq.out.append(token)
+            seq.logprobs.append(logprob)
+            added.append(token)
+            if token == self.eos_token_id:
+                seq.finish = "stop"
+            elif params.stop and _hits_stop(self.decode(seq.out), params.stop):
+                seq.finish = "stop"
+            elif len(seq.out) >= params.max_tokens:
+                seq.finish = "length"
+            if seq.finish:
+                break
+        return added
+
+
+def _hits_stop(text: str, stops: Sequence[str]) -> bool:
+    return any(s and s in text for s in stops)
+
+
+def encode_chat(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:
+    """Chat messages rendered by the tokenizer's template, assistant turn opened."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
+    )
+    ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+    return tuple(int(i) for i in ids)
