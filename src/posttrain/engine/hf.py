@@ -1,0 +1,387 @@
+"""The `hf` engine: a transformers causal LM in process, sampled by a hand-written
+KV-cached decoding loop.
+
+Invariant: every Completion's `logprobs[i]` is `log_softmax(logits / T)` of
+`token_ids[i]` under the weights of `model_version` (T = 1 for greedy rows),
+and a request's samples depend only on (prompt, params, seed), never on the
+other requests in the call, on batching, or on whether its prompt was shared
+across its group. A group of n samples computes its prompt once and copies
+the prompt's KV cache n times.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from posttrain.engine.sampling import row_key, sample_next
+from posttrain.errors import ConfigError, ModelLoadError
+from posttrain.types import Completion, FinishReason, GenerationRequest, Message
+
+
+class HFEngineConfig(BaseModel):
+    """Knobs of the in-process engine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    max_batch_rows: int = Field(256, ge=1, le=1 << 16)
+    """Most sequences (samples) decoded together in one batch; a group larger
+    than this is split into chunks that each compute the prompt once."""
+
+    prefix_sharing: bool = True
+    """Compute each group's prompt once and copy its KV cache to the n samples;
+    False repeats the prompt n times (same samples, more compute)."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Work done since the engine was built."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    forward_calls: int
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One sample being decoded."""
+
+    request: int
+    sample: int
+    key: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Rows that share one prompt forward."""
+
+    prompt: tuple[int, ...]
+    rows: tuple[_Row, ...]
+
+
+@dataclass
+class _Output:
+    """What one row has produced so far."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish: FinishReason | None = None
+    stop_hit: bool = False
+
+
+class HFEngine:
+    """The Engine protocol over a transformers model held in this process."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device | None = None,
+                 config: HFEngineConfig | None = None, seed: int | None = None) -> None:
+        if device is not None:
+            model.to(_resolve_device(device))
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or HFEngineConfig()
+        self.version = 0
+        self.eos_token_id = _primary_eos(model, tokenizer)
+        self._eos_ids = _all_eos(model, tokenizer)
+        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
+        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        self._vocab = model.get_input_embeddings().weight.shape[0]
+        self._generator = torch.Generator()
+        self.seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        self._prompt_tokens = self._generated_tokens = self._forward_calls = 0
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: Any = None,
+                        config: HFEngineConfig | None = None, seed: int | None = None) -> "HFEngine":
+        """An engine over a local Hugging Face model directory."""
+        from posttrain.model.arch import load_model
+
+        model, tokenizer = load_model(path, device=str(_resolve_device(device)), dtype=_resolve_dtype(dtype))
+        return cls(model, tokenizer, config=config, seed=seed)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def seed(self, seed: int) -> None:
+        """Reseed the generator that draws seeds for requests without one."""
+        self._generator.manual_seed(int(seed) % (1 << 63))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self._prompt_tokens, self._generated_tokens, self._forward_calls)
+
+    # -- text -----------------------------------------------------------------
+
+    def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        if not messages:
+            raise ConfigError("messages is empty: encode_chat needs at least one message")
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        out = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
+        return tuple(int(i) for i in ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # -- weights --------------------------------------------------------------
+
+    def update_weights(self, source: Any = None) -> int:
+        """None: the model object was updated in place; a state dict: load it;
+        a path: load that Hugging Face checkpoint directory's weights.
+        Returns the new version."""
+        if source is not None:
+            state = _read_checkpoint(source) if isinstance(source, (str, Path)) else source
+            _load_state(self.model, state)
+        self.version += 1
+        return self.version
+
+    # -- generation -----------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        """For each request, `params.n` completions in sample order."""
+        for i, req in enumerate(requests):
+            self._validate(i, req)
+        chunks = self._plan(requests)
+        outputs: dict[tuple[int, int], _Output] = {}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for batch in _pack(chunks, self.config.max_batch_rows):
+                    outputs.update(self._run_batch(batch))
+        finally:
+            self.model.train(was_training)
+        return [[self._completion(req, outputs[(i, j)]) for j in range(req.params.n)]
+                for i, req in enumerate(requests)]
+
+    def _validate(self, i: int, req: GenerationRequest) -> None:
+        p, where = req.params, f"requests[{i}]"
+        if not req.prompt_ids:
+            raise ConfigError(f"{where}.prompt_ids is empty: a prompt needs at least one token")
+        bad = [t for t in req.prompt_ids if not (0 <= int(t) < self._vocab)]
+        if bad:
+            raise ConfigError(f"{where}.prompt_ids holds ids outside [0, {self._vocab}): {bad[:5]}")
+        if self._max_positions is not None and len(req.prompt_ids) >= self._max_positions:
+            raise ConfigError(f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; the model's "
+                              f"max_position_embeddings is {self._max_positions}, leaving no room to generate")
+        if p.max_tokens < 1:
+            raise ConfigError(f"{where}.params.max_tokens must be >= 1, got {p.max_tokens}")
+        if p.n < 1:
+            raise ConfigError(f"{where}.params.n must be >= 1, got {p.n}")
+        if not (p.temperature >= 0 and p.temperature != float("inf")):
+            raise ConfigError(f"{where}.params.temperature must be a finite number >= 0, got {p.temperature}")
+        if not (0 < p.top_p <= 1):
+            raise ConfigError(f"{where}.params.top_p must be in (0, 1], got {p.top_p}")
+        if any(not s for s in p.stop):
+            raise ConfigError(f"{where}.params.stop holds an empty string")
+
+    def _plan(self, requests: Sequence[GenerationRequest]) -> list[_Chunk]:
+        """Rows of every request, grouped into prompt-sharing chunks."""
+        chunks: list[_Chunk] = []
+        share = self.config.prefix_sharing
+        limit = self.config.max_batch_rows
+        for i, req in enumerate(requests):
+            rows = self._rows(i, req)
+            if share:
+                chunks += [_Chunk(req.prompt_ids, rows[k:k + limit]) for k in range(0, len(rows), limit)]
+            else:
+                chunks += [_Chunk(req.prompt_ids, (row,)) for row in rows]
+        return sorted(chunks, key=lambda c: len(c.prompt))
+
+    def _rows(self, i: int, req: GenerationRequest) -> tuple[_Row, ...]:
+        p = req.params
+        seed = p.seed if p.seed is not None else int(
+            torch.randint(0, 1 << 62, (1,), generator=self._generator).item())
+        room = p.max_tokens if self._max_positions is None else self._max_positions - len(req.prompt_ids)
+        return tuple(_Row(i, j, row_key(seed, j), min(p.max_tokens, room), float(p.temperature),
+                          float(p.top_p), tuple(p.stop)) for j in range(p.n))
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 cache: Any) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._forward_calls += 1
+        return out.logits[:, -1, :].float()
+
+    def _prefill(self, batch: list[_Chunk]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Forward each chunk's prompt once (left-padded), then copy its cache
+        to its rows. Returns (cache, logits_bv, mask_bt, next_position_b)."""
+        from transformers import DynamicCache
+
+        dev = self.device
+        width = max(len(c.prompt) for c in batch)
+        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for k, c in enumerate(batch):
+            ids[k, width - len(c.prompt):] = torch.tensor(c.prompt, dtype=torch.long)
+            mask[k, width - len(c.prompt):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        self._prompt_tokens += sum(len(c.prompt) for c in batch)
+        counts = torch.tensor([len(c.rows) for c in batch], device=dev)
+        expand = torch.repeat_interleave(torch.arange(len(batch), device=dev), counts)
+        if len(expand) != len(batch):
+            cache.reorder_cache(expand)
+        return cache, logits[expand], mask[expand], positions[expand, -1] + 1
+
+    def _run_batch(self, batch: list[_Chunk]) -> dict[tuple[int, int], _Output]:
+        """Decode every row of a batch to its end; finished rows leave the batch."""
+        rows = [r for c in batch for r in c.rows]
+        dev = self.device
+        cache, logits, mask, next_pos = self._prefill(batch)
+        temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
+        top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
+        keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
+        outs = [_Output([], []) for _ in rows]
+        active = list(range(len(rows)))
+        step = 0
+        while True:
+            tokens, lps = sample_next(logits, temp, top_p, keys, step)
+            tok_list = tokens.tolist()
+            self._record(rows, outs, active, tok_list, lps.tolist())
+            keep = [k for k, r in enumerate(active) if outs[r].finish is None]
+            if not keep:
+                break
+            if len(keep) < len(active):
+                idx = torch.tensor(keep, device=dev)
+                cache.reorder_cache(idx)
+                mask, next_pos, tokens = mask[idx], next_pos[idx], tokens[idx]
+                temp, top_p, keys = temp[idx], top_p[idx], keys[idx]
+                active = [active[k] for k in keep]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+            step += 1
+        return {(r.request, r.sample): o for r, o in zip(rows, outs)}
+
+    def _record(self, rows: list[_Row], outs: list[_Output], active: list[int],
+                tokens: list[int], logprobs: list[float]) -> None:
+        """Append each active row's new token and decide whether it is done."""
+        self._generated_tokens += len(active)
+        for r, tok, lp in zip(active, tokens, logprobs):
+            out, row = outs[r], rows[r]
+            out.token_ids.append(tok)
+            out.logprobs.append(lp)
+            if tok in self._eos_ids:
+                out.finish = "stop"
+            elif row.stop and self._hits_stop(out.token_ids, row.stop):
+                out.finish, out.stop_hit = "stop", True
+            elif len(out.token_ids) >= row.max_tokens:
+                out.finish = "length"
+
+    def _hits_stop(self, token_ids: list[int], stop: tuple[str, ...]) -> bool:
+        """Whether the text now ends inside a window that contains a stop string."""
+        window = max(len(s) for s in stop) + 1
+        tail = self.decode(token_ids[-window:])
+        return any(s in tail for s in stop)
+
+    def _completion(self, req: GenerationRequest, out: _Output) -> Completion:
+        body = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in self._eos_ids else out.token_ids
+        text = self.decode(body)
+        if out.stop_hit:
+            text = text[:min((text.find(s) for s in req.params.stop if s in text), default=len(text))]
+        return Completion(prompt_ids=tuple(req.prompt_ids), token_ids=tuple(out.token_ids), text=text,
+                          logprobs=tuple(out.logprobs), finish_reason=out.finish or "length",
+                          model_version=self.version)
+
+
+def _pack(chunks: list[_Chunk], max_rows: int) -> list[list[_Chunk]]:
+    """Consecutive chunks grouped into batches of at most `max_rows` rows."""
+    batches: list[list[_Chunk]] = []
+    rows = 0
+    for c in chunks:
+        if not batches or rows + len(c.rows) > max_rows:
+            batches.append([])
+            rows = 0
+        batches[-1].append(c)
+        rows += len(c.rows)
+    return batches
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {str(device)!r} requested but CUDA is not available")
+    return dev
+
+
+def _resolve_dtype(dtype: Any) -> Any:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ConfigError(f"dtype {dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16')")
+    return resolved
+
+
+def _primary_eos(model: Any, tokenizer: Any) -> int:
+    if tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    ids = sorted(_all_eos(model, tokenizer))
+    if not ids:
+        raise ModelLoadError("model has no eos token id (neither tokenizer nor generation_config)")
+    return ids[0]
+
+
+def _all_eos(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Every token id that ends a completion: the tokenizer's eos and the
+    generation config's (which may be a list)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(int(e) for e in extra)
+    return frozenset(ids)
+
+
+def _read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of a Hugging Face checkpoint directory as one state dict."""
+    from posttrain.model.arch import check_model_dir
+
+    p = check_model_dir(path)
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(p.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        for f in files:
+            state.update(load_file(str(f)))
+    else:
+        for f in sorted(p.glob("pytorch_model*.bin")):
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def _load_state(model: Any, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into the model's parameters; every parameter must be
+    covered, except those tied to one that is (tied embeddings)."""
+    if not isinstance(state, Mapping):
+        raise ModelLoadError(f"update_weights takes None, a state dict or a checkpoint path, got {type(state).__name__}")
+    own = model.state_dict()
+    unexpected = sorted(set(state) - set(own))
+    if unexpected:
+        raise ModelLoadError(f"state dict has keys the model lacks: {unexpected[:5]}")
+    loaded_ptrs = {own[k].data_ptr() for k in state}
+    missing = [k for k in own if k not in state and own[k].data_ptr() not in loaded_ptrs]
+    if missing:
+        raise ModelLoadError(f"state dict lacks weights for: {missing[:5]}")
+    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
+    if bad:
+        raise ModelLoadError(f"state dict shapes differ from the model's for: {bad[:5]}")
+    with torch.no_grad():
+        model.load_state_dict(dict(state), strict=False)
