@@ -73,7 +73,9 @@ def check_model_dir(path: str | Path) -> Path:
 def load_model(path: str | Path, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
     """Model and tokenizer from a local HF directory (no hub)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     p = check_model_dir(path)
     try:
         tok = AutoTokenizer.from_pretrained(p, local_files_only=True)

@@ -1,0 +1,172 @@
+"""The run configuration: typed, documented, sparse.
+
+Invariant: a config is valid or it is not built. `load_config` reads a YAML
+file that sets only what differs from the defaults, applies dotted overrides
+(`trainer.lr=3e-4`), and raises ConfigError with one message that names each
+bad field and what it allows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from posttrain.errors import ConfigError
+from posttrain.model.pretrain import BaseConfig
+from posttrain.tasks.config import TasksConfig
+from posttrain.trainer.config import TrainerConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(Section):
+    """Which model to post-train."""
+
+    path: str | None = None
+    """A local Hugging Face model directory; None builds (or reuses) the embedded base."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto picks CUDA when present."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of the policy."""
+
+
+class RolloutConfig(Section):
+    """How rollouts are sampled each step."""
+
+    prompts_per_step: int = Field(32, ge=1, le=4096)
+    """Tasks drawn per training step."""
+    group_size: int = Field(8, ge=2, le=256)
+    """Samples per task (G): advantages are relative within a group."""
+    temperature: float = Field(1.0, gt=0.0, le=5.0)
+    """Sampling temperature of rollouts."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    max_tokens: int = Field(16, ge=1, le=32768)
+    """Completion token limit; a completion that hits it finishes with reason `length`."""
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards are all equal (they carry no signal) and count them."""
+
+
+class EvalConfig(Section):
+    """Held-out evaluation: seeded, greedy, reproducible."""
+
+    tasks_per_domain: int = Field(100, ge=1, le=100_000)
+    """Held-out tasks per domain."""
+    every_steps: int = Field(0, ge=0)
+    """Evaluate every N training steps as well as before and after (0: before and after only)."""
+    max_tokens: int = Field(16, ge=1, le=32768)
+    """Completion token limit at eval."""
+
+
+class RunConfig(Section):
+    """The run itself."""
+
+    steps: int = Field(60, ge=0, le=10_000_000)
+    """Training steps."""
+    seed: int = 0
+    """Seed of sampling, task order and training."""
+    out_dir: str = "runs"
+    """Parent folder of run directories."""
+    name: str | None = None
+    """Run directory name (default: a timestamp)."""
+    threads: int = Field(2, ge=1, le=512)
+    """torch CPU threads."""
+    checkpoint_every: int = Field(20, ge=0)
+    """Save a checkpoint every N steps (0: only at the end)."""
+    progress: bool = True
+    """Show a progress bar with live per-domain reward."""
+
+
+class Config(Section):
+    """Everything `posttrain train` needs."""
+
+    model: ModelSection = ModelSection()
+    base: BaseConfig = BaseConfig()
+    tasks: TasksConfig = TasksConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    eval: EvalConfig = EvalConfig()
+    run: RunConfig = RunConfig()
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(tree: dict[str, Any], dotted: str) -> None:
+    """Set `a.b.c=value` in a nested dict (value parsed as YAML)."""
+    if "=" not in dotted:
+        raise ConfigError(f"override {dotted!r} must look like section.field=value")
+    key, _, raw = dotted.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {dotted!r} has an empty field name")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = _parse_scalar(raw)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown field"
+    return f"{loc}: {err['msg']} (got {err.get('input')!r})"
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple) -> str:
+    node: Any = model
+    for part in loc[:-1]:
+        field = getattr(node, "model_fields", {}).get(part)
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return ""
+        node = field.annotation
+    names = sorted(getattr(node, "model_fields", {}))
+    return f"; allowed: {', '.join(names)}" if names else ""
+
+
+def validate(tree: dict[str, Any], source: str = "config") -> Config:
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            hint = _allowed_fields(Config, err["loc"]) if err["type"] == "extra_forbidden" else ""
+            lines.append(_describe(err) + hint)
+        raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: malformed YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    tree = read_yaml(path) if path else {}
+    for item in overrides:
+        apply_override(tree, item)
+    return validate(tree, str(path or "config"))
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

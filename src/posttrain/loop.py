@@ -1,0 +1,196 @@
+"""The closed loop: draw tasks, sample groups, verify, train, evaluate. Top to bottom.
+
+Invariant: every rollout reaches the trace store exactly once, before the
+train step that consumes it; infra errors are masked from the loss and
+counted, never scored 0; a run resumed from a checkpoint continues exactly
+as the uninterrupted run would have (same tasks, same samples, same weights).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
+
+from posttrain.config import Config
+from posttrain.domains.base import stable_hash
+from posttrain.evaluate import EvalTable, evaluate, format_table, write_table
+from posttrain.rollout import Rollout, informative, sample_groups
+from posttrain.rundir import MetricsLog, RunDir
+from posttrain.trace import RolloutRecord, TraceStore
+from posttrain.types import SamplingParams, to_dict
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    before: EvalTable
+    after: EvalTable
+    steps: int
+
+
+def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult:
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.model.arch import load_model
+    from posttrain.model.pretrain import ensure_base
+    from posttrain.tasks.pool import TaskPool
+    from posttrain.trainer.trainer import Trainer
+
+    run, cfg = (RunDir.open(resume) if resume else (RunDir.create(cfg), cfg))
+    torch.set_num_threads(cfg.run.threads)
+    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
+    model_dir = cfg.model.path or ensure_base(cfg.base, progress=cfg.run.progress)
+    device = "cuda" if cfg.model.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.model.device == "auto" else cfg.model.device)
+    model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
+    ref_model = load_model(model_dir, device=device)[0] if cfg.trainer.kl_coef > 0 else None
+    trainer = Trainer(model, cfg.trainer, ref_model=ref_model)
+    engine = HFEngine(model, tokenizer, seed=cfg.run.seed)
+    trace, metrics = TraceStore(run.trace_path), MetricsLog(run.metrics_path)
+    levels = {name: pool.eval_difficulty(name) for name in pool.names}
+    state = {"step": 0, "levels": levels, "before": None, "history": []}
+
+    if resume:
+        state = trainer.resume(run.path)
+        pool.load_state_dict(state.pop("pool"))
+        engine.update_weights(None)
+        levels = state["levels"]
+        log(f"resumed {run.path} at step {state['step']}")
+    if state["before"] is None:
+        before = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
+        state["before"] = before.to_json()
+        metrics.write("eval", 0, mean_accuracy=before.mean_accuracy, domains={k: v.accuracy for k, v in before.results.items()})
+        log("held-out before training:\n" + format_table(before))
+    before = EvalTable.from_json(state["before"])
+
+    params = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
+    bar = _progress(cfg, state["step"])
+    for step in range(state["step"] + 1, cfg.run.steps + 1):
+        engine.seed(stable_hash("rollout", cfg.run.seed, step))
+        t0 = time.perf_counter()
+        groups = sample_groups(engine, pool.draw(cfg.rollout.prompts_per_step), params, step)
+        ids = trace.write_rollouts([_record(r, params) for g in groups for r in g])
+        for r in (r for g in groups for r in g if r.reward is not None):
+            pool.observe(r.task, r.reward)
+        kept = [g for g in groups if informative(g)] if cfg.rollout.dynamic_sampling else groups
+        gen_s = time.perf_counter() - t0
+        stats = trainer.step(_batch(kept, params.temperature)) if kept else None
+        if stats is not None and stats.weights_changed:
+            engine.update_weights(None)
+        trace.mark_consumed(step, _links(trainer, groups, kept, ids))
+        summary = _summary(groups, kept)
+        metrics.write("train", step, rollout_s=gen_s, **summary, **({} if stats is None else to_dict(stats)))
+        bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
+        bar.update(1)
+        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < cfg.run.steps:
+            table = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
+            state["history"].append([step, table.to_json()])
+            pool.observe_eval({k: v.accuracy for k, v in table.results.items()})
+            metrics.write("eval", step, mean_accuracy=table.mean_accuracy, domains={k: v.accuracy for k, v in table.results.items()})
+        if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
+            state["step"] = step
+            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict()})
+    bar.close()
+
+    after = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
+    state["step"] = cfg.run.steps
+    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict()})
+    metrics.write("eval", cfg.run.steps, mean_accuracy=after.mean_accuracy, domains={k: v.accuracy for k, v in after.results.items()})
+    history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
+    write_table(run.eval_path, before, after, history)
+    log("held-out before and after training:\n" + format_table(before, after))
+    trace.close()
+    metrics.close()
+    return RunResult(run.path, before, after, cfg.run.steps)
+
+
+def _progress(cfg: Config, done: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.run.steps, initial=done, desc="train", unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
+
+
+def _batch(groups: Sequence[Sequence[Rollout]], temperature: float) -> Any:
+    from posttrain.trainer.batch import TrainBatch, TrainRow
+
+    rows = [
+        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature)
+        for g in groups
+        for r in g
+        if r.reward is not None and r.completion.token_ids
+    ]
+    return TrainBatch(tuple(rows))
+
+
+def _links(trainer: Any, groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]], ids: list[str]):
+    """(rollout id, advantage, ratio, clipped) for the rollouts the step used."""
+    import torch
+
+    kept_ids = {id(g) for g in kept}
+    flat = [(rid, r, id(g) in kept_ids) for rid, (r, g) in zip(ids, ((r, g) for g in groups for r in g))]
+    used = [(rid, r) for rid, r, k in flat if k and r.reward is not None]
+    if not used:
+        return []
+    gids = {gid: i for i, gid in enumerate(dict.fromkeys(r.group_id for _, r in used))}
+    adv = trainer.loss.advantages(
+        torch.tensor([r.reward for _, r in used], dtype=torch.float64), torch.tensor([gids[r.group_id] for _, r in used])
+    )
+    return [(rid, float(a), 1.0, 0.0) for (rid, _), a in zip(used, adv.tolist())]
+
+
+def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]]) -> dict[str, Any]:
+    by_domain: dict[str, list[float]] = {}
+    errors = truncated = 0
+    for g in groups:
+        for r in g:
+            errors += r.reward is None
+            truncated += r.completion.finish_reason == "length"
+            if r.reward is not None:
+                by_domain.setdefault(r.task.domain, []).append(r.reward)
+    rewards = [x for v in by_domain.values() for x in v]
+    return {
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "reward_by_domain": {d: sum(v) / len(v) for d, v in sorted(by_domain.items())},
+        "groups": len(groups),
+        "groups_kept": len(kept),
+        "groups_filtered": len(groups) - len(kept),
+        "infra_errors": errors,
+        "truncated": truncated,
+    }
+
+
+def _record(r: Rollout, params: SamplingParams) -> RolloutRecord:
+    s = r.score
+    return RolloutRecord(
+        task_id=r.task.id,
+        domain=r.task.domain,
+        split=r.task.meta.split,
+        difficulty=r.task.meta.difficulty,
+        taskset_version=r.task.meta.taskset_version,
+        group_id=r.group_id,
+        model_version=r.completion.model_version,
+        sampling=to_dict(params),
+        prompt="\n".join(m.content for m in r.task.prompt),
+        completion=r.completion.text,
+        completion_tokens=len(r.completion.token_ids),
+        finish_reason=r.completion.finish_reason,
+        reward=None if s is None else s.value,
+        passed=None if s is None else s.passed,
+        parts={} if s is None else dict(s.parts),
+        reason=r.error or ("" if s is None else s.reason),
+        verifier=_verifier_name(r.task.domain),
+        timings=dict(r.timings),
+        error_kind=r.error_kind,
+        error=r.error,
+    )
+
+
+def _verifier_name(domain: str) -> str:
+    from posttrain.domains.registry import get
+
+    v = get(domain).verifier
+    return f"{getattr(v, 'name', type(v).__name__)}@{getattr(v, 'version', '?')}"

@@ -1,0 +1,157 @@
+"""Build the embedded base model: a tiny Qwen2 pretrained on synthetic text of
+the built-in domains.
+
+Invariant: the build is a pure function of its `BaseConfig` (seed included),
+and it only ever sees train-split tasks, so held-out eval stays unseen. A
+share `buggy_fraction` of the examples comes from the buggy solvers of
+`posttrain.model.bugs`: the base is partly right, far from perfect, and
+wrong in ways RL can fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from posttrain.model.bugs import BUGS
+
+DEFAULT_CACHE = Path(os.environ.get("POSTTRAIN_CACHE", Path.home() / ".cache" / "posttrain"))
+
+
+class BaseConfig(BaseModel):
+    """How the embedded base model is built (`posttrain base build`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str = "tiny"
+    """Architecture preset: micro (22k params), tiny (0.8M), small (4.8M), medium (19M)."""
+    domains: dict[str, int] = Field(default_factory=lambda: {"add": 2, "sub": 2, "mul": 2, "reverse": 2, "sort": 2})
+    """Built-in domains to pretrain on, each with the difficulty level of its text."""
+    steps: int = Field(1200, ge=1, le=1_000_000)
+    """Optimizer steps of pretraining."""
+    batch_size: int = Field(64, ge=1, le=4096)
+    """Examples per step."""
+    lr: float = Field(3e-3, gt=0, le=1.0)
+    """Peak learning rate (linear warm-up, cosine decay)."""
+    buggy_fraction: float = Field(0.7, ge=0.0, le=1.0)
+    """Share of examples answered by the domain's buggy solver instead of the gold answer."""
+    seed: int = 0
+    """Seed of weights, data and order: one seed, one model."""
+    threads: int = Field(2, ge=1, le=256)
+    """torch threads during the build."""
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+
+def default_dir(cfg: BaseConfig) -> Path:
+    return DEFAULT_CACHE / f"base-{cfg.preset}-{cfg.fingerprint()}"
+
+
+def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[tuple[str, str]]]:
+    from posttrain.domains.registry import get
+
+    domains = {name: (get(name), level) for name, level in cfg.domains.items()}
+    names = sorted(domains)
+    counter = {"i": 0}
+
+    def batch(n: int) -> list[tuple[str, str]]:
+        out = []
+        for _ in range(n):
+            name = rng.choice(names)
+            domain, level = domains[name]
+            task = domain.sample(counter["i"], "train", level)
+            counter["i"] += 1
+            question = task.prompt[-1].content
+            bug = BUGS.get(name)
+            answer = bug(question) if bug and rng.random() < cfg.buggy_fraction else domain.gold(task)
+            out.append((question, answer))
+        return out
+
+    return batch
+
+
+def _encode_batch(tok, pairs: list[tuple[str, str]]):
+    import torch
+
+    rows, masks = [], []
+    for question, answer in pairs:
+        prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+        p_ids = tok.encode(prompt, add_special_tokens=False)
+        a_ids = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+        rows.append(p_ids + a_ids)
+        masks.append([0] * len(p_ids) + [1] * len(a_ids))
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width))
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, : len(r)] = torch.tensor(r)
+        attn[i, : len(r)] = 1
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+    return ids, attn, loss_mask
+
+
+def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
+    """Pretrain and save the base model; returns its directory."""
+    import math
+
+    import torch
+    from tqdm import tqdm
+
+    from posttrain.model.arch import random_model
+
+    out = Path(out_dir) if out_dir else default_dir(cfg)
+    torch.set_num_threads(cfg.threads)
+    model, tok = random_model(cfg.preset, seed=cfg.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup = max(1, cfg.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))
+    )
+    batches = _examples(cfg, random.Random(cfg.seed))
+    start = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc="pretrain base", disable=not progress, unit="step")
+    for step in bar:
+        ids, attn, mask = _encode_batch(tok, batches(cfg.batch_size))
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    _save(model.eval(), tok, out, cfg, time.perf_counter() - start)
+    return out
+
+
+def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"base_config": cfg.model_dump(), "pretrain_seconds": round(seconds, 1), "buggy_solvers": sorted(BUGS)}
+    (tmp / "posttrain_base.json").write_text(json.dumps(info, indent=2))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def ensure_base(cfg: BaseConfig, progress: bool = True) -> Path:
+    """The cached base model for `cfg`, built if missing."""
+    out = default_dir(cfg)
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return build_base(cfg, out, progress=progress)

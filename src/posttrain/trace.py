@@ -1,0 +1,191 @@
+"""TraceStore: one SQLite row per rollout, linked to the train step that used it.
+
+Invariant: every rollout the loop generates is written exactly once, in WAL
+mode, before the train step that consumes it; `mark_consumed` later links it
+to that step. The schema is versioned: an older file is migrated, a newer
+one is refused with a clear error.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from posttrain.errors import ConfigError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollouts (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    task_id TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    split TEXT NOT NULL,
+    difficulty INTEGER NOT NULL,
+    taskset_version TEXT NOT NULL,
+    group_id TEXT NOT NULL,
+    model_version INTEGER NOT NULL,
+    sampling TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    completion TEXT NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    finish_reason TEXT NOT NULL,
+    reward REAL,
+    passed INTEGER,
+    parts TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    verifier TEXT NOT NULL,
+    error_kind TEXT,
+    error TEXT,
+    exec_result TEXT,
+    timings TEXT NOT NULL,
+    train_step INTEGER,
+    advantage REAL,
+    ratio REAL,
+    clipped REAL
+);
+CREATE INDEX IF NOT EXISTS rollouts_domain ON rollouts(domain, created_at);
+CREATE INDEX IF NOT EXISTS rollouts_step ON rollouts(train_step);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at REAL NOT NULL,
+    step INTEGER,
+    kind TEXT NOT NULL,
+    domain TEXT,
+    message TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """One rollout as stored. `reward` is None when an infra error masked it."""
+
+    task_id: str
+    domain: str
+    split: str
+    difficulty: int
+    taskset_version: str
+    group_id: str
+    model_version: int
+    sampling: Mapping[str, Any]
+    prompt: str
+    completion: str
+    completion_tokens: int
+    finish_reason: str
+    reward: float | None
+    passed: bool | None
+    parts: Mapping[str, float]
+    reason: str
+    verifier: str
+    timings: Mapping[str, float]
+    error_kind: str | None = None
+    error: str | None = None
+    exec_result: Any = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    created_at: float = field(default_factory=time.time)
+
+
+_COLUMNS = (
+    "id created_at task_id domain split difficulty taskset_version group_id model_version sampling prompt "
+    "completion completion_tokens finish_reason reward passed parts reason verifier error_kind error exec_result timings"
+).split()
+_JSON_COLUMNS = {"sampling", "parts", "timings", "exec_result"}
+
+
+def _row(rec: RolloutRecord) -> tuple:
+    out = []
+    for col in _COLUMNS:
+        value = getattr(rec, col)
+        if col in _JSON_COLUMNS:
+            value = json.dumps(value, default=str) if value is not None or col != "exec_result" else None
+        elif col == "passed" and value is not None:
+            value = int(value)
+        out.append(value)
+    return tuple(out)
+
+
+class TraceStore:
+    """A trace database file; safe to read from another process while written."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._init_schema()
+
+    def _init_schema(self) -> None:
+        with self._db:
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row["value"]) > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"trace database {self.path} has schema version {row['value']}, newer than this posttrain's {SCHEMA_VERSION}"
+                )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def write_rollouts(self, records: Sequence[RolloutRecord]) -> list[str]:
+        marks = ",".join("?" * len(_COLUMNS))
+        with self._db:
+            self._db.executemany(f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({marks})", [_row(r) for r in records])
+        return [r.id for r in records]
+
+    def mark_consumed(self, step: int, links: Iterable[tuple[str, float, float, float]]) -> None:
+        """Link rollouts to `step`: (rollout id, advantage, ratio, clipped share)."""
+        with self._db:
+            self._db.executemany(
+                "UPDATE rollouts SET train_step=?, advantage=?, ratio=?, clipped=? WHERE id=?",
+                [(step, adv, ratio, clipped, rid) for rid, adv, ratio, clipped in links],
+            )
+
+    def add_event(self, kind: str, message: str, step: int | None = None, domain: str | None = None, data: Any = None) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT INTO events (created_at, step, kind, domain, message, data) VALUES (?,?,?,?,?,?)",
+                (time.time(), step, kind, domain, message, json.dumps(data or {}, default=str)),
+            )
+
+    def count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
+
+    def get(self, rollout_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM rollouts WHERE id=? OR id LIKE ?", (rollout_id, rollout_id + "%")).fetchone()
+        return _decode(row) if row else None
+
+    def recent(self, limit: int = 20, domain: str | None = None) -> list[dict[str, Any]]:
+        where, args = ("WHERE domain=?", (domain,)) if domain else ("", ())
+        rows = self._db.execute(f"SELECT * FROM rollouts {where} ORDER BY created_at DESC LIMIT ?", (*args, limit))
+        return [_decode(r) for r in rows]
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        where, args = ("WHERE kind=?", (kind,)) if kind else ("", ())
+        return [dict(r) for r in self._db.execute(f"SELECT * FROM events {where} ORDER BY id", args)]
+
+    def domain_stats(self) -> list[dict[str, Any]]:
+        """Per domain: rollouts, mean reward, pass rate, infra errors, truncations, consumed."""
+        sql = """SELECT domain, COUNT(*) AS rollouts, AVG(reward) AS mean_reward, AVG(passed) AS pass_rate,
+                 SUM(error_kind IS NOT NULL) AS errors, SUM(finish_reason='length') AS truncated,
+                 SUM(train_step IS NOT NULL) AS consumed FROM rollouts GROUP BY domain ORDER BY domain"""
+        return [dict(r) for r in self._db.execute(sql)]
+
+
+def _decode(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    for col in _JSON_COLUMNS:
+        if out.get(col) is not None:
+            out[col] = json.loads(out[col])
+    return out
