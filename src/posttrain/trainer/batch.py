@@ -1,0 +1,100 @@
+"""The trainer's input records: one TrainRow per sampled completion.
+
+Invariant: a TrainRow that constructs is trainable as is: its completion,
+behaviour log-probs and loss mask have one entry per completion token, the
+behaviour log-probs and the reward are finite, and the mask holds only 0 and 1.
+Torch-free, so the loop can build batches without importing torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from posttrain.errors import TrainerError
+from posttrain.types import Completion
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    """One sampled completion with its reward.
+
+    `behaviour_logprobs` are the log-probs the sampling policy gave each
+    completion token (log_softmax(logits / temperature)); `loss_mask` is 1
+    for tokens the model produced and 0 for tokens it did not (tool output,
+    observations in multi-turn episodes). `group_id` ties the samples of
+    one prompt together; advantages are computed within a group.
+    `temperature` 0 (greedy) is scored at temperature 1.
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]
+    reward: float
+    group_id: Hashable
+    loss_mask: tuple[int, ...]
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if not self.prompt_ids:
+            raise TrainerError("TrainRow.prompt_ids is empty: a completion needs a prompt token to condition on")
+        for name in ("behaviour_logprobs", "loss_mask"):
+            if len(getattr(self, name)) != n:
+                raise TrainerError(
+                    f"TrainRow.{name} has {len(getattr(self, name))} entries but completion_ids has {n}"
+                )
+        if not all(math.isfinite(x) for x in self.behaviour_logprobs):
+            raise TrainerError("TrainRow.behaviour_logprobs holds a non-finite value")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise TrainerError("TrainRow.loss_mask must hold only 0 and 1")
+        if not math.isfinite(self.reward):
+            raise TrainerError(f"TrainRow.reward must be finite, got {self.reward!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise TrainerError(f"TrainRow.temperature must be finite and >= 0, got {self.temperature!r}")
+
+    @property
+    def n_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def score_temperature(self) -> float:
+        """The temperature log-probs are computed at (greedy counts as 1)."""
+        return self.temperature if self.temperature > 0.0 else 1.0
+
+    @classmethod
+    def from_completion(
+        cls,
+        completion: Completion,
+        reward: float,
+        group_id: Hashable,
+        temperature: float,
+        loss_mask: Sequence[int] | None = None,
+    ) -> "TrainRow":
+        """A row from an engine Completion; the mask defaults to all ones."""
+        mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
+        return cls(
+            prompt_ids=tuple(completion.prompt_ids),
+            completion_ids=tuple(completion.token_ids),
+            behaviour_logprobs=tuple(completion.logprobs),
+            reward=float(reward),
+            group_id=group_id,
+            loss_mask=mask,
+            temperature=float(temperature),
+        )
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """The rows of one optimizer step (all groups of the step, whole)."""
+
+    rows: tuple[TrainRow, ...]
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise TrainerError("TrainBatch.rows is empty")
+        if not all(isinstance(r, TrainRow) for r in self.rows):
+            raise TrainerError("TrainBatch.rows must hold TrainRow records")
+
+    def __len__(self) -> int:
+        return len(self.rows)

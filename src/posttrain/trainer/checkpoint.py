@@ -1,0 +1,238 @@
+"""Checkpoints: model and tokenizer in Hugging Face format, optimizer, loop state, RNG.
+
+Invariant: a checkpoint directory exists under its final name only when it
+is complete (written to a temporary directory, then renamed), and loading it
+restores model parameters (in place, so an engine sharing the module sees
+them), optimizer state, loop state and every RNG (python, numpy, torch CPU
+and CUDA) exactly: a resumed run continues as if never interrupted.
+
+Layout: <run_dir>/checkpoints/step_00000012/
+  config.json, generation_config.json, model.safetensors  (save_pretrained)
+  tokenizer files                                        (save_pretrained)
+  optimizer.pt    torch.save(optimizer.state_dict())
+  rng.pt          python, numpy, torch CPU and CUDA generator states
+  loop_state.json the caller's loop state (JSON)
+  meta.json       {"format": 1, "step": 12}
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posttrain.errors import TrainerError
+
+FORMAT = 1
+CHECKPOINTS = "checkpoints"
+_NAME = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    loop_state: dict[str, Any]
+
+
+# ---------------------------------------------------------------- RNG
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "gauss": gauss},
+        "torch_cpu": torch.get_rng_state(),
+        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch_cpu"])
+    if state["torch_cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+# ---------------------------------------------------------------- save
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step_{step:08d}"
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    loop_state: dict[str, Any],
+    step: int,
+    keep: int | None = None,
+) -> Path:
+    """Write a complete checkpoint atomically; keep only the newest `keep`.
+    `tokenizer` is anything with save_pretrained, or None to skip it."""
+    if step < 0:
+        raise TrainerError(f"checkpoint step must be >= 0, got {step}")
+    try:
+        loop_json = json.dumps(loop_state, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise TrainerError(f"loop_state is not JSON-serialisable: {exc}") from exc
+    final = checkpoint_path(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        _write_all(tmp, model, tokenizer, optimizer, loop_json, step)
+        _install(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if keep is not None:
+        prune_checkpoints(run_dir, keep)
+    return final
+
+
+def _write_all(tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int) -> None:
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    if not list(tmp.glob("*.safetensors")):
+        raise TrainerError(f"save_pretrained wrote no safetensors file in {tmp}")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(capture_rng(), tmp / "rng.pt")
+    (tmp / "loop_state.json").write_text(loop_json)
+    (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step}))
+    _fsync_tree(tmp)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in [*root.iterdir(), root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Rename tmp to final; an existing final is replaced, never half-overwritten."""
+    trash = None
+    if final.exists():
+        trash = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, trash)
+    os.rename(tmp, final)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and (path / "meta.json").is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    if keep < 1:
+        raise TrainerError(f"keep_checkpoints must be >= 1, got {keep}")
+    for _, path in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(path)
+
+
+# ---------------------------------------------------------------- load
+
+
+def load_checkpoint(
+    path: str | Path, model: Any, optimizer: torch.optim.Optimizer | None = None, restore_rngs: bool = True
+) -> Checkpoint:
+    """Restore a checkpoint into `model` (in place) and `optimizer`. `path` is a
+    checkpoint directory or a run directory (its latest checkpoint is used)."""
+    ckpt = _resolve(Path(path))
+    meta = _read_json(ckpt / "meta.json")
+    if meta.get("format") != FORMAT:
+        raise TrainerError(f"checkpoint {ckpt} has format {meta.get('format')!r}, expected {FORMAT}")
+    load_model_weights(ckpt, model)
+    if optimizer is not None:
+        optimizer.load_state_dict(_torch_load(ckpt / "optimizer.pt"))
+    if restore_rngs:
+        restore_rng(_torch_load(ckpt / "rng.pt"))
+    return Checkpoint(path=ckpt, step=int(meta["step"]), loop_state=_read_json(ckpt / "loop_state.json"))
+
+
+def _resolve(path: Path) -> Path:
+    if (path / "meta.json").is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise TrainerError(f"no checkpoint at {path} (neither a checkpoint directory nor a run with checkpoints)")
+    return latest
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TrainerError(f"cannot read {path}: {exc}") from exc
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise TrainerError(f"cannot read {path}: {exc}") from exc
+
+
+def load_model_weights(ckpt: Path, model: Any) -> None:
+    """Copy the safetensors weights of `ckpt` into `model`'s existing tensors.
+    Keys absent from the files are allowed only for tied parameters."""
+    from safetensors.torch import load_file
+
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise TrainerError(f"checkpoint {ckpt} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    untied = _untied(model, missing, state)
+    if unexpected or untied:
+        raise TrainerError(f"checkpoint {ckpt} does not fit the model: missing {untied}, unexpected {list(unexpected)}")
+
+
+def _untied(model: Any, missing: list[str], loaded: dict[str, torch.Tensor]) -> list[str]:
+    """Missing keys that are not the same Parameter as some loaded key."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded_ids = {id(params[k]) for k in loaded if k in params}
+    return [k for k in missing if k not in params or id(params[k]) not in loaded_ids]

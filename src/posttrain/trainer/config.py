@@ -1,0 +1,126 @@
+"""Typed trainer configuration: the loss is a discriminated union on `type`.
+
+Invariant: a TrainerConfig that validates is runnable as is: every bound the
+trainer relies on (positive learning rate, clip ranges, window sizes) is
+checked here, unknown keys are rejected, and the model is frozen.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Mapping, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from posttrain.errors import ConfigError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class GRPOLossConfig(BaseModel):
+    """GRPO: group-normalised advantages, token mean per sequence, mean over sequences."""
+
+    model_config = _STRICT
+    type: Literal["grpo"] = "grpo"
+    """Selects the GRPO loss."""
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip below: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = Field(0.2, gt=0.0)
+    """PPO clip above: the ratio is clipped at 1 + clip_high."""
+    eps: float = Field(1e-6, gt=0.0)
+    """Added to the group's reward standard deviation before dividing."""
+
+
+class DrGRPOLossConfig(BaseModel):
+    """Dr.GRPO: advantages r - group mean (no std), token sum over a constant."""
+
+    model_config = _STRICT
+    type: Literal["dr_grpo"] = "dr_grpo"
+    """Selects the Dr.GRPO loss."""
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip below: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = Field(0.2, gt=0.0)
+    """PPO clip above: the ratio is clipped at 1 + clip_high."""
+    max_completion_tokens: int = Field(ge=1)
+    """The constant each sequence's token sum is divided by: set it to the
+    sampling budget (max_tokens) so that the normaliser does not depend on length."""
+
+
+class DAPOLossConfig(BaseModel):
+    """DAPO: group-normalised advantages, clip-higher, mean over all tokens of the batch."""
+
+    model_config = _STRICT
+    type: Literal["dapo"] = "dapo"
+    """Selects the DAPO loss."""
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip below: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = Field(0.28, gt=0.0)
+    """PPO clip above (clip-higher): the ratio is clipped at 1 + clip_high."""
+    eps: float = Field(1e-6, gt=0.0)
+    """Added to the group's reward standard deviation before dividing."""
+
+
+LossConfig = Annotated[Union[GRPOLossConfig, DrGRPOLossConfig, DAPOLossConfig], Field(discriminator="type")]
+
+
+class GuardConfig(BaseModel):
+    """The loss-spike guard: what counts as a bad step and what to do about it."""
+
+    model_config = _STRICT
+    spike_factor: float = Field(10.0, gt=1.0)
+    """A step spikes when its grad norm, or its |loss|, exceeds this factor
+    times the running median of accepted steps."""
+    window: int = Field(50, ge=1, le=10_000)
+    """How many accepted steps the running medians cover."""
+    min_history: int = Field(5, ge=1)
+    """Spike checks start once this many steps were accepted (non-finite
+    values are caught from the first step)."""
+    loss_floor: float = Field(1.0, ge=0.0)
+    """|loss| is compared with spike_factor x max(median |loss|, loss_floor),
+    since policy-gradient losses hover around zero."""
+    action: Literal["skip", "rollback"] = "skip"
+    """skip: drop the step (optimizer not stepped, grads zeroed). rollback:
+    also restore parameters and optimizer state to the last step whose loss
+    passed the guard (an in-memory copy, taken before its update)."""
+
+
+class TrainerConfig(BaseModel):
+    """Everything the RL trainer needs besides the model."""
+
+    model_config = _STRICT
+    loss: LossConfig = Field(default_factory=GRPOLossConfig)
+    """The policy loss, chosen by `type`: grpo, dr_grpo or dapo."""
+    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    """AdamW learning rate (3e-4 suits the embedded ~1M model; larger models want ~1e-6)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas, each in [0, 1)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the total gradient norm to this value."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the k3 KL estimate to a reference model; 0 means no reference
+    model is loaded."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Rows per forward/backward; gradients accumulate over the step's batch."""
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    """The loss-spike guard."""
+    seed: int = Field(0, ge=0)
+    """Seeds python, numpy and torch when a Trainer is constructed."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """How many of the newest checkpoints to keep in a run directory."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"betas[{i}] must be in [0, 1), got {beta}")
+        return betas
+
+
+def load_trainer_config(data: Mapping[str, Any]) -> TrainerConfig:
+    """A TrainerConfig from plain data; a bad field raises ConfigError naming it."""
+    try:
+        return TrainerConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        lines = [f"trainer.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in exc.errors()]
+        raise ConfigError("invalid trainer config: " + "; ".join(lines)) from None

@@ -1,0 +1,221 @@
+"""GRPO-family policy losses: small named classes chosen by the config's `type`.
+
+Invariant: a loss is a sum over tokens of weight_bt x (PPO-clip term + kl_coef
+x k3 KL), where the weights carry every normaliser and are computed from
+whole-step totals (BatchTotals). Summing the losses of a step's micro-batches
+therefore gives exactly the loss of the full batch, whatever the split.
+Masked tokens (padding, tool output) have weight 0 and a log-ratio forced to
+0, so no value they hold can turn the loss non-finite.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from posttrain.trainer.config import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig, LossConfig
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Counts over every row of the step that contributes to the loss."""
+
+    n_sequences: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch, completion-aligned: position t is completion token t."""
+
+    logp_bt: Tensor
+    """Current policy log-probs (requires grad)."""
+    behaviour_logp_bt: Tensor
+    """Log-probs of the policy that sampled the tokens (the off-policy correction)."""
+    mask_bt: Tensor
+    """1.0 for tokens in the loss, 0.0 for padding and tool/observation tokens."""
+    advantage_b: Tensor
+    """One advantage per sequence."""
+    ref_logp_bt: Tensor | None = None
+    """Reference-model log-probs; needed when kl_coef > 0."""
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """Token-level sums, so micro-batches merge exactly (`merge`)."""
+
+    n_tokens: float = 0.0
+    clipped_low: float = 0.0
+    clipped_high: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_max: float = 0.0
+    kl_sum: float = 0.0
+
+    def merge(self, other: "LossStats") -> "LossStats":
+        return LossStats(
+            n_tokens=self.n_tokens + other.n_tokens,
+            clipped_low=self.clipped_low + other.clipped_low,
+            clipped_high=self.clipped_high + other.clipped_high,
+            ratio_sum=self.ratio_sum + other.ratio_sum,
+            ratio_max=max(self.ratio_max, other.ratio_max),
+            kl_sum=self.kl_sum + other.kl_sum,
+        )
+
+    def _per_token(self, total: float) -> float:
+        return total / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def clip_frac(self) -> float:
+        """Share of loss tokens whose gradient the clip removed (either side)."""
+        return self._per_token(self.clipped_low + self.clipped_high)
+
+    @property
+    def ratio_mean(self) -> float:
+        return self._per_token(self.ratio_sum)
+
+    @property
+    def kl_mean(self) -> float:
+        return self._per_token(self.kl_sum)
+
+
+# ---------------------------------------------------------------- advantages
+
+
+def _group_sums(values_b: Tensor, group_b: Tensor, n_groups: int) -> Tensor:
+    return torch.zeros(n_groups, dtype=values_b.dtype, device=values_b.device).index_add_(0, group_b, values_b)
+
+
+def group_centred(reward_b: Tensor, group_b: Tensor) -> Tensor:
+    """r - mean(r of its group), computed in float64; exactly 0 for every
+    member of a group whose rewards are all equal."""
+    reward_b = reward_b.to(torch.float64)
+    n_groups = int(group_b.max().item()) + 1
+    count_g = torch.bincount(group_b, minlength=n_groups).to(torch.float64)
+    mean_g = _group_sums(reward_b, group_b, n_groups) / count_g.clamp(min=1.0)
+    init = torch.full((n_groups,), float("inf"), dtype=torch.float64, device=reward_b.device)
+    min_g = init.scatter_reduce(0, group_b, reward_b, reduce="amin")
+    max_g = (-init).scatter_reduce(0, group_b, reward_b, reduce="amax")
+    constant_b = (max_g == min_g)[group_b]
+    return torch.where(constant_b, torch.zeros_like(reward_b), reward_b - mean_g[group_b])
+
+
+def group_normalised(reward_b: Tensor, group_b: Tensor, eps: float) -> Tensor:
+    """(r - mean) / (std + eps) within each group; std is the population std."""
+    centred_b = group_centred(reward_b, group_b)
+    n_groups = int(group_b.max().item()) + 1
+    count_g = torch.bincount(group_b, minlength=n_groups).to(torch.float64)
+    std_g = (_group_sums(centred_b**2, group_b, n_groups) / count_g.clamp(min=1.0)).sqrt()
+    return centred_b / (std_g[group_b] + eps)
+
+
+# ---------------------------------------------------------------- the PPO-clip term
+
+
+def clipped_policy_loss(
+    inputs: LossInputs, weight_bt: Tensor, clip_low: float, clip_high: float, kl_coef: float
+) -> tuple[Tensor, LossStats]:
+    """sum_bt weight_bt * (-min(ratio A, clip(ratio, 1-low, 1+high) A) + kl_coef k3)."""
+    on_bt = inputs.mask_bt > 0
+    log_ratio_bt = torch.where(on_bt, inputs.logp_bt - inputs.behaviour_logp_bt, 0.0)
+    ratio_bt = log_ratio_bt.exp()
+    adv_bt = inputs.advantage_b.to(ratio_bt.dtype)[:, None].expand_as(ratio_bt)
+    clipped_bt = ratio_bt.clamp(1.0 - clip_low, 1.0 + clip_high)
+    token_loss_bt = torch.maximum(-adv_bt * ratio_bt, -adv_bt * clipped_bt)
+    kl_bt = _k3(inputs, on_bt)
+    if kl_bt is not None and kl_coef > 0.0:
+        token_loss_bt = token_loss_bt + kl_coef * kl_bt
+    loss = (weight_bt * token_loss_bt).sum()
+    return loss, _stats(ratio_bt.detach(), adv_bt, on_bt, kl_bt, clip_low, clip_high)
+
+
+def _k3(inputs: LossInputs, on_bt: Tensor) -> Tensor | None:
+    """k3 estimate of KL(policy || reference): exp(d) - d - 1 with d = ref - logp."""
+    if inputs.ref_logp_bt is None:
+        return None
+    d_bt = torch.where(on_bt, inputs.ref_logp_bt - inputs.logp_bt, 0.0)
+    return d_bt.exp() - d_bt - 1.0
+
+
+def _stats(
+    ratio_bt: Tensor, adv_bt: Tensor, on_bt: Tensor, kl_bt: Tensor | None, clip_low: float, clip_high: float
+) -> LossStats:
+    low_bt = (ratio_bt < 1.0 - clip_low) & (adv_bt < 0) & on_bt
+    high_bt = (ratio_bt > 1.0 + clip_high) & (adv_bt > 0) & on_bt
+    ratio_max = ratio_bt.masked_fill(~on_bt, 0.0).amax() if ratio_bt.numel() else ratio_bt.new_zeros(())
+    kl_sum = (kl_bt.detach() * on_bt).sum() if kl_bt is not None else ratio_bt.new_zeros(())
+    sums = (on_bt.sum(), low_bt.sum(), high_bt.sum(), (ratio_bt * on_bt).sum(), ratio_max, kl_sum)
+    n, lo, hi, rsum, rmax, kl = torch.stack([v.to(torch.float64) for v in sums]).tolist()
+    return LossStats(n_tokens=n, clipped_low=lo, clipped_high=hi, ratio_sum=rsum, ratio_max=rmax, kl_sum=kl)
+
+
+# ---------------------------------------------------------------- the losses
+
+
+class Loss(Protocol):
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor: ...
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor: ...
+
+    def __call__(self, inputs: LossInputs, totals: BatchTotals) -> tuple[Tensor, LossStats]: ...
+
+
+class _PPOClip:
+    """Shared call: the subclass supplies advantages and token weights."""
+
+    def __init__(self, config: LossConfig, kl_coef: float) -> None:
+        self.config = config
+        self.kl_coef = kl_coef
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(self, inputs: LossInputs, totals: BatchTotals) -> tuple[Tensor, LossStats]:
+        weight_bt = self.token_weights(inputs.mask_bt, totals)
+        return clipped_policy_loss(inputs, weight_bt, self.config.clip_low, self.config.clip_high, self.kl_coef)
+
+
+class GRPOLoss(_PPOClip):
+    """Group-normalised advantages; token mean per sequence, mean over sequences."""
+
+    config: GRPOLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return group_normalised(reward_b, group_b, self.config.eps)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        length_b = mask_bt.sum(dim=1, keepdim=True).clamp(min=1.0)
+        return mask_bt / (length_b * totals.n_sequences)
+
+
+class DrGRPOLoss(_PPOClip):
+    """Advantages r - mean (no std); token sum / max_completion_tokens, mean over sequences."""
+
+    config: DrGRPOLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return group_centred(reward_b, group_b)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        return mask_bt / (self.config.max_completion_tokens * totals.n_sequences)
+
+
+class DAPOLoss(_PPOClip):
+    """Group-normalised advantages, clip-higher, mean over all tokens of the step."""
+
+    config: DAPOLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return group_normalised(reward_b, group_b, self.config.eps)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        return mask_bt / max(totals.n_tokens, 1)
+
+
+LOSSES: dict[str, Callable[..., Loss]] = {"grpo": GRPOLoss, "dr_grpo": DrGRPOLoss, "dapo": DAPOLoss}
+
+
+def build_loss(config: LossConfig, kl_coef: float = 0.0) -> Loss:
+    """The loss named by `config.type` (an explicit table, no string chain)."""
+    return LOSSES[config.type](config, kl_coef)

@@ -1,0 +1,351 @@
+"""The RL trainer: one `step(batch)` is one guarded AdamW update of the shared model.
+
+Invariant: `step` either applies exactly one optimizer update computed from
+the whole batch (micro-batches accumulate to the same gradient as one full
+batch), or applies none and says why in its StepStats (no signal, skipped
+by the guard, or rolled back to the last good state). The model is updated
+in place, so an inference engine holding the same module sees the new
+weights; it runs on whatever device the model's parameters are on.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+from torch import Tensor
+
+from posttrain.errors import ConfigError, TrainerError
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
+from posttrain.trainer.config import TrainerConfig
+from posttrain.trainer.guard import SpikeGuard
+from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss
+
+Outcome = Literal["applied", "no_signal", "skipped", "rolled_back"]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one `Trainer.step` did. Token-level figures cover contributing rows only."""
+
+    step: int
+    outcome: Outcome
+    guard_reason: str
+    loss: float
+    grad_norm: float
+    lr: float
+    n_rows: int
+    n_groups: int
+    zero_adv_groups: int
+    n_sequences: int
+    n_tokens: int
+    adv_mean: float
+    adv_std: float
+    clip_frac: float
+    ratio_mean: float
+    ratio_max: float
+    kl: float
+    entropy: float
+    skipped_total: int
+    rolled_back_total: int
+    seconds: float
+
+    @property
+    def weights_changed(self) -> bool:
+        """True when the model's parameters differ from before the step."""
+        return self.outcome in ("applied", "rolled_back")
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """The rows that carry signal, with their advantages and step totals."""
+
+    rows: tuple[TrainRow, ...]
+    advantage_b: Tensor
+    totals: BatchTotals
+    n_groups: int
+    zero_adv_groups: int
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """A micro-batch as tensors: right-padded prompt+completion and
+    completion-aligned targets (position c of row b is completion token c)."""
+
+    input_ids_bs: Tensor
+    attention_bs: Tensor
+    index_bc: Tensor
+    target_bc: Tensor
+    mask_bc: Tensor
+    behaviour_bc: Tensor
+    temperature_b: Tensor
+    first_index: int
+
+
+@dataclass(frozen=True)
+class _Accumulated:
+    loss: float
+    stats: LossStats
+    entropy_sum: float
+
+
+class Trainer:
+    """Owns the optimizer of a causal LM and applies guarded policy-gradient steps."""
+
+    def __init__(self, model: Any, config: TrainerConfig, ref_model: Any = None) -> None:
+        if config.kl_coef > 0.0 and ref_model is None:
+            raise ConfigError("trainer.kl_coef > 0 needs a reference model (ref_model is None)")
+        if config.kl_coef == 0.0 and ref_model is not None:
+            raise ConfigError("trainer.kl_coef is 0, so no reference model should be loaded (ref_model given)")
+        seed_everything(config.seed)
+        self.model = model
+        self.ref_model = ref_model
+        self.config = config
+        self.loss = build_loss(config.loss, config.kl_coef)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise TrainerError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        self.guard = SpikeGuard(config.guard)
+        self.steps = 0
+        self.skipped = 0
+        self.rolled_back = 0
+        self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
+        self._take_snapshot()
+
+    @property
+    def device(self) -> torch.device:
+        return self.params[0].device
+
+    # ------------------------------------------------------------ the step
+
+    def step(self, batch: TrainBatch) -> StepStats:
+        """One optimizer step on `batch` (or none, with the reason in the stats)."""
+        started = time.perf_counter()
+        self.steps += 1
+        prepared = self._prepare(batch)
+        if not prepared.rows:
+            return self._stats(batch, prepared, "no_signal", "", None, 0.0, started)
+        acc = self._accumulate(prepared)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
+        reason = self.guard.verdict(acc.loss, grad_norm)
+        outcome = self._apply(reason, acc.loss, grad_norm)
+        return self._stats(batch, prepared, outcome, reason, acc, grad_norm, started)
+
+    def _apply(self, reason: str, loss: float, grad_norm: float) -> Outcome:
+        if reason:
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.config.guard.action == "rollback":
+                self._restore_snapshot()
+                self.rolled_back += 1
+                return "rolled_back"
+            self.skipped += 1
+            return "skipped"
+        self._take_snapshot()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.guard.accept(loss, grad_norm)
+        return "applied"
+
+    # ------------------------------------------------------------ advantages and filtering
+
+    def _prepare(self, batch: TrainBatch) -> _Prepared:
+        group_index: dict[Any, int] = {}
+        group_b = torch.tensor([group_index.setdefault(r.group_id, len(group_index)) for r in batch.rows])
+        reward_b = torch.tensor([r.reward for r in batch.rows], dtype=torch.float64)
+        advantage_b = self.loss.advantages(reward_b, group_b)
+        nonzero_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, (advantage_b != 0).long())
+        signal_g = nonzero_g > 0
+        keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
+        rows = tuple(batch.rows[i] for i in keep)
+        totals = BatchTotals(n_sequences=len(rows), n_tokens=sum(r.n_loss_tokens for r in rows))
+        return _Prepared(
+            rows=rows,
+            advantage_b=advantage_b[keep].to(torch.float32),
+            totals=totals,
+            n_groups=len(group_index),
+            zero_adv_groups=int((~signal_g).sum()),
+        )
+
+    # ------------------------------------------------------------ forward/backward
+
+    def _accumulate(self, prepared: _Prepared) -> _Accumulated:
+        was_training = self.model.training
+        self.model.eval()  # no dropout: on-policy ratios are exactly exp(0) = 1
+        loss, stats, entropy_sum = 0.0, LossStats(), 0.0
+        try:
+            size = self.config.micro_batch_size
+            for start in range(0, len(prepared.rows), size):
+                rows = prepared.rows[start : start + size]
+                mb_loss, mb_stats, mb_entropy = self._micro_step(rows, prepared.advantage_b[start : start + size], prepared.totals)
+                loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
+        finally:
+            self.model.train(was_training)
+        return _Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum)
+
+    def _micro_step(self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals) -> tuple[float, LossStats, float]:
+        packed = pack_rows(rows, self.device)
+        logp_bcv = self._logp_vocab(self.model, packed)
+        logp_bc = logp_bcv.gather(-1, packed.target_bc[..., None]).squeeze(-1)
+        with torch.no_grad():
+            entropy_sum = float((-(logp_bcv.exp() * logp_bcv).sum(-1) * packed.mask_bc).sum())
+        inputs = LossInputs(
+            logp_bt=logp_bc,
+            behaviour_logp_bt=packed.behaviour_bc,
+            mask_bt=packed.mask_bc,
+            advantage_b=advantage_b.to(self.device),
+            ref_logp_bt=self._ref_logp(packed),
+        )
+        loss, stats = self.loss(inputs, totals)
+        loss.backward()
+        return float(loss.detach()), stats, entropy_sum
+
+    def _ref_logp(self, packed: _Packed) -> Tensor | None:
+        if self.ref_model is None:
+            return None
+        ref_device = next(self.ref_model.parameters()).device
+        with torch.no_grad():
+            logp_bcv = self._logp_vocab(self.ref_model, _to_device(packed, ref_device))
+            logp_bc = logp_bcv.gather(-1, packed.target_bc.to(ref_device)[..., None]).squeeze(-1)
+        return logp_bc.to(self.device)
+
+    def _logp_vocab(self, model: Any, packed: _Packed) -> Tensor:
+        """log_softmax(logits / temperature) at the positions predicting each completion token."""
+        kwargs: dict[str, Any] = {}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
+        logits_bsv = model(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits
+        offset = packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
+        index_bc = packed.index_bc - offset
+        vocab = logits_bsv.shape[-1]
+        logits_bcv = logits_bsv.gather(1, index_bc[..., None].expand(-1, -1, vocab)).float()
+        return (logits_bcv / packed.temperature_b[:, None, None]).log_softmax(-1)
+
+    # ------------------------------------------------------------ rollback
+
+    def _take_snapshot(self) -> None:
+        if self.config.guard.action != "rollback":
+            return
+        with torch.no_grad():
+            params = [p.detach().clone() for p in self.params]
+        self._snapshot = (params, copy.deepcopy(self.optimizer.state_dict()))
+
+    def _restore_snapshot(self) -> None:
+        if self._snapshot is None:
+            raise TrainerError("rollback requested but no good state was recorded")
+        params, optim_state = self._snapshot
+        with torch.no_grad():
+            for p, saved in zip(self.params, params):
+                p.copy_(saved)
+        self.optimizer.load_state_dict(copy.deepcopy(optim_state))
+
+    # ------------------------------------------------------------ stats
+
+    def _stats(
+        self, batch: TrainBatch, prepared: _Prepared, outcome: Outcome, reason: str,
+        acc: _Accumulated | None, grad_norm: float, started: float,
+    ) -> StepStats:
+        stats = acc.stats if acc is not None else LossStats()
+        adv_b = prepared.advantage_b
+        return StepStats(
+            step=self.steps,
+            outcome=outcome,
+            guard_reason=reason,
+            loss=acc.loss if acc is not None else 0.0,
+            grad_norm=grad_norm,
+            lr=self.optimizer.param_groups[0]["lr"],
+            n_rows=len(batch.rows),
+            n_groups=prepared.n_groups,
+            zero_adv_groups=prepared.zero_adv_groups,
+            n_sequences=prepared.totals.n_sequences,
+            n_tokens=prepared.totals.n_tokens,
+            adv_mean=float(adv_b.mean()) if adv_b.numel() else 0.0,
+            adv_std=float(adv_b.std(unbiased=False)) if adv_b.numel() else 0.0,
+            clip_frac=stats.clip_frac,
+            ratio_mean=stats.ratio_mean,
+            ratio_max=stats.ratio_max,
+            kl=stats.kl_mean,
+            entropy=acc.entropy_sum / stats.n_tokens if acc is not None and stats.n_tokens else 0.0,
+            skipped_total=self.skipped,
+            rolled_back_total=self.rolled_back,
+            seconds=time.perf_counter() - started,
+        )
+
+    # ------------------------------------------------------------ state and checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's own JSON state (counters and guard history)."""
+        return {"steps": self.steps, "skipped": self.skipped, "rolled_back": self.rolled_back,
+                "guard": self.guard.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.skipped = int(state["skipped"])
+        self.rolled_back = int(state["rolled_back"])
+        self.guard.load_state_dict(state["guard"])
+
+    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None) -> Path:
+        """Checkpoint model, tokenizer, optimizer, RNG, `loop_state` and the
+        trainer's state (under the reserved key "trainer"), at step `self.steps`."""
+        loop_state = dict(loop_state or {})
+        if "trainer" in loop_state:
+            raise TrainerError('loop_state key "trainer" is reserved for the trainer\'s own state')
+        loop_state["trainer"] = self.state_dict()
+        return save_checkpoint(run_dir, self.model, tokenizer, self.optimizer, loop_state, self.steps,
+                               keep=self.config.keep_checkpoints)
+
+    def resume(self, path: str | Path) -> dict[str, Any]:
+        """Restore from a checkpoint (or a run directory's latest); returns the
+        caller's loop state. Model parameters are overwritten in place."""
+        ckpt = load_checkpoint(path, self.model, self.optimizer)
+        loop_state = dict(ckpt.loop_state)
+        if "trainer" not in loop_state:
+            raise TrainerError(f"checkpoint {ckpt.path} holds no trainer state (not saved by Trainer.save)")
+        self.load_state_dict(loop_state.pop("trainer"))
+        self._take_snapshot()
+        return loop_state
+
+
+# ---------------------------------------------------------------- packing
+
+
+def pack_rows(rows: Sequence[TrainRow], device: torch.device) -> _Packed:
+    """Right-pad prompt+completion; index_bc[b, c] is the position whose
+    logits predict completion token c of row b (prompt length - 1 + c)."""
+    seq_len = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    comp_len = max(len(r.completion_ids) for r in rows)
+    ids, attention, index, target, mask, behaviour = [], [], [], [], [], []
+    for r in rows:
+        full = list(r.prompt_ids) + list(r.completion_ids)
+        pad, cpad = seq_len - len(full), comp_len - len(r.completion_ids)
+        ids.append(full + [0] * pad)
+        attention.append([1] * len(full) + [0] * pad)
+        start = len(r.prompt_ids) - 1
+        index.append([min(start + c, seq_len - 2) for c in range(comp_len)])
+        target.append(list(r.completion_ids) + [0] * cpad)
+        mask.append(list(r.loss_mask) + [0] * cpad)
+        behaviour.append(list(r.behaviour_logprobs) + [0.0] * cpad)
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
+    return _Packed(
+        input_ids_bs=as_long(ids),
+        attention_bs=as_long(attention),
+        index_bc=as_long(index),
+        target_bc=as_long(target),
+        mask_bc=as_float(mask),
+        behaviour_bc=as_float(behaviour),
+        temperature_b=as_float([r.score_temperature for r in rows]),
+        first_index=min(len(r.prompt_ids) for r in rows) - 1,
+    )
+
+
+def _to_device(packed: _Packed, device: torch.device) -> _Packed:
+    fields = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(packed).items()}
+    return _Packed(**fields)
