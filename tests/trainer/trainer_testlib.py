@@ -52,18 +52,18 @@ def sample(model, prompt, n_tokens, temperature, gen):
 
 
 def synthetic_batch(seed: int, n_groups: int = 3, group_size: int = 4, model=None, temperature: float = 1.0) -> TrainBatch:
-    """Prompts of 2-5 tokens, completions of 1-6; rewards 0/1 (the last group
-    all 1, so it carries no signal). Behaviour log-probs come from `model` when
+    """Prompts of 2-5 tokens, completions of 1-6; rewards 0/1 with both values
+    in every group but the last, which is all 1 (so it carries no signal). Behaviour log-probs come from `model` when
     given (on-policy), else a fixed off-policy value."""
     rng = random.Random(seed)
     rows = []
     for g in range(n_groups):
         prompt = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(2, 5)))
-        for _ in range(group_size):
+        for k in range(group_size):
             completion = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 6)))
             behaviour = (reference_logprobs(model, prompt, completion, temperature) if model is not None
                          else tuple(-4.0 - 0.1 * rng.random() for _ in completion))
-            reward = 1.0 if g == n_groups - 1 else float(rng.random() < 0.5)
+            reward = 1.0 if g == n_groups - 1 else float(k == 0 or (k > 1 and rng.random() < 0.5))
             rows.append(TrainRow(prompt, completion, behaviour, reward, f"g{g}", (1,) * len(completion), temperature))
     return TrainBatch(tuple(rows))
 

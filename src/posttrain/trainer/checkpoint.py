@@ -225,7 +225,10 @@ def load_model_weights(ckpt: Path, model: Any) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(file))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches raise even when strict=False
+        raise TrainerError(f"checkpoint {ckpt} does not fit the model: {exc}") from exc
     untied = _untied(model, missing, state)
     if unexpected or untied:
         raise TrainerError(f"checkpoint {ckpt} does not fit the model: missing {untied}, unexpected {list(unexpected)}")

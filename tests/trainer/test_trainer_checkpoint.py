@@ -1,0 +1,106 @@
+"""Checkpoints: HF-format round trip, exact resume, pruning, atomicity, clear errors."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from trainer_testlib import optimizer_tensors, params_of, same_params, synthetic_batch, tiny_model
+
+from posttrain.errors import TrainerError
+from posttrain.model.tokenizer import build_tokenizer
+from posttrain.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from posttrain.trainer.config import GuardConfig, TrainerConfig
+from posttrain.trainer.trainer import Trainer
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_round_trip(tmp_path, tied):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = tiny_model(0, tied=tied), build_tokenizer()
+    trainer = Trainer(model, TrainerConfig())
+    trainer.step(synthetic_batch(seed=1))
+    path = save_checkpoint(tmp_path, model, tok, trainer.optimizer, {"step": 1, "note": "x"}, step=1)
+    names = {p.name for p in path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "optimizer.pt", "rng.pt",
+            "loop_state.json", "meta.json"} <= names
+    other = tiny_model(7, tied=tied)
+    other_trainer = Trainer(other, TrainerConfig())
+    ckpt = load_checkpoint(tmp_path, other, other_trainer.optimizer)
+    assert (ckpt.path, ckpt.step, ckpt.loop_state) == (path, 1, {"step": 1, "note": "x"})
+    assert same_params(params_of(model), params_of(other))
+    assert same_params(optimizer_tensors(trainer.optimizer), optimizer_tensors(other_trainer.optimizer))
+    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)  # a plain HF model directory
+    assert same_params(params_of(model), params_of(hf))
+    assert AutoTokenizer.from_pretrained(path, local_files_only=True).encode("ab=") == tok.encode("ab=")
+
+
+def test_resume_continues_exactly(tmp_path):
+    config = TrainerConfig(micro_batch_size=5, guard=GuardConfig(min_history=1))
+    straight = Trainer(tiny_model(0), config)
+    for step in range(4):
+        straight.step(synthetic_batch(seed=step))
+    after_straight = (torch.rand(3), random.random(), np.random.rand())
+
+    first = Trainer(tiny_model(0), config)
+    for step in range(2):
+        first.step(synthetic_batch(seed=step))
+    first.save(tmp_path, build_tokenizer(), {"cursor": 2})
+    torch.rand(5), random.random(), np.random.rand()  # disturb every RNG after the save
+
+    resumed = Trainer(tiny_model(123), config)
+    assert resumed.resume(tmp_path) == {"cursor": 2}
+    for step in range(2, 4):
+        resumed.step(synthetic_batch(seed=step))
+    assert same_params(params_of(straight.model), params_of(resumed.model))
+    assert same_params(optimizer_tensors(straight.optimizer), optimizer_tensors(resumed.optimizer))
+    assert straight.state_dict() == resumed.state_dict()
+    after_resumed = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(after_straight[0], after_resumed[0]) and after_straight[1:] == after_resumed[1:]
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig(keep_checkpoints=2))
+    for _ in range(4):
+        trainer.step(synthetic_batch(seed=trainer.steps))
+        trainer.save(tmp_path, None)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 4]
+    assert latest_checkpoint(tmp_path).name == "step_00000004"
+    assert json.loads((latest_checkpoint(tmp_path) / "loop_state.json").read_text())["trainer"]["steps"] == 4
+
+
+class _FailingTokenizer:
+    def save_pretrained(self, path):
+        raise OSError("disk full")
+
+
+def test_a_failed_save_leaves_no_trace(tmp_path):
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig())
+    first = save_checkpoint(tmp_path, model, None, trainer.optimizer, {}, step=1)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, model, _FailingTokenizer(), trainer.optimizer, {}, step=2)
+    with pytest.raises(TrainerError, match="JSON"):
+        save_checkpoint(tmp_path, model, None, trainer.optimizer, {"bad": object()}, step=3)
+    assert latest_checkpoint(tmp_path) == first
+    assert sorted(p.name for p in first.parent.iterdir()) == ["step_00000001"]
+
+
+def test_load_errors_name_the_problem(tmp_path):
+    with pytest.raises(TrainerError, match="no checkpoint"):
+        load_checkpoint(tmp_path, tiny_model(0))
+    model = tiny_model(0)
+    save_checkpoint(tmp_path, model, None, Trainer(model, TrainerConfig()).optimizer, {}, step=0)
+    with pytest.raises(TrainerError, match="does not fit"):
+        load_checkpoint(tmp_path, tiny_model(0).model)  # keys differ (no lm_head, no "model." prefix)
+    from transformers import AutoModelForCausalLM
+
+    wider = AutoModelForCausalLM.from_config(model.config.__class__(**{**model.config.to_dict(), "hidden_size": 64}))
+    with pytest.raises(TrainerError, match="does not fit"):
+        load_checkpoint(tmp_path, wider)  # same keys, other shapes
+    with pytest.raises(TrainerError, match="trainer state"):
+        Trainer(tiny_model(0), TrainerConfig()).resume(tmp_path)

@@ -1,0 +1,193 @@
+"""Trainer.step on a tiny random Qwen2: log-probs, micro-batching, filtering, KL, the guard."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trainer_testlib import (
+    optimizer_tensors, params_of, reference_logprobs, same_params, sample, synthetic_batch, tiny_model,
+)
+
+from posttrain.errors import ConfigError, TrainerError
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.config import DrGRPOLossConfig, GuardConfig, TrainerConfig
+from posttrain.trainer.trainer import Trainer
+
+
+def grads_after_one_backward(model, config, batch):
+    """Run a step with lr ~ 0 and capture the accumulated gradient before it is zeroed."""
+    trainer = Trainer(model, config)
+    captured = []
+    trainer.optimizer.step = lambda: captured.extend(p.grad.clone() for p in trainer.params)  # type: ignore[method-assign]
+    stats = trainer.step(batch)
+    return stats, captured
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_on_policy_ratios_are_one(temperature):
+    """Tokens sampled by an engine-like loop (log_softmax(logits / T)) score the same here."""
+    model = tiny_model(0)
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for g in range(2):
+        prompt = tuple(range(3 + g, 7 + 2 * g))
+        for k in range(3):
+            t = temperature if temperature > 0 else 1.0
+            completion, logps = sample(model, prompt, 2 + k, t, gen)
+            rows.append(TrainRow(prompt, completion, logps, float(k == 0), g, (1,) * len(completion), temperature))
+    stats = Trainer(model, TrainerConfig(micro_batch_size=2)).step(TrainBatch(tuple(rows)))
+    assert stats.outcome == "applied"
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5)
+    assert stats.ratio_max == pytest.approx(1.0, abs=1e-5)
+    assert stats.clip_frac == 0.0
+    assert stats.n_tokens == sum(len(r.completion_ids) for r in rows)
+
+
+def test_engine_logprobs_match_the_trainer():
+    """The hf engine's KV-cached sampling and the trainer's padded forward agree."""
+    from posttrain.engine.hf import HFEngine
+    from posttrain.model.arch import random_model
+    from posttrain.types import GenerationRequest, SamplingParams
+
+    model, tok = random_model("micro", seed=3)
+    engine = HFEngine(model, tok, seed=5)
+    params = SamplingParams(max_tokens=6, temperature=0.8, n=4)
+    prompts = [tuple(tok.encode("ab")), tuple(tok.encode("hello there"))]
+    groups = engine.generate([GenerationRequest(p, params) for p in prompts])
+    rows = tuple(TrainRow.from_completion(c, float(j % 2), i, 0.8)
+                 for i, g in enumerate(groups) for j, c in enumerate(g))
+    stats = Trainer(model, TrainerConfig(micro_batch_size=3)).step(TrainBatch(rows))
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-4)
+    assert stats.ratio_max == pytest.approx(1.0, abs=1e-4)
+
+
+def test_padding_matches_one_sequence_at_a_time():
+    """Right-padded micro-batches give each row the log-probs of its own unpadded forward."""
+    model = tiny_model(0)
+    batch = synthetic_batch(seed=3, model=None)
+    with_ref = TrainBatch(tuple(
+        TrainRow(r.prompt_ids, r.completion_ids, reference_logprobs(model, r.prompt_ids, r.completion_ids),
+                 r.reward, r.group_id, r.loss_mask) for r in batch.rows))
+    stats = Trainer(model, TrainerConfig(micro_batch_size=5)).step(with_ref)
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5) and stats.ratio_max == pytest.approx(1.0, abs=1e-5)
+
+
+def test_micro_batching_gives_the_full_batch_gradient():
+    batch = synthetic_batch(seed=4)
+    _, full = grads_after_one_backward(tiny_model(0), TrainerConfig(micro_batch_size=64, grad_clip=1e9), batch)
+    stats, split = grads_after_one_backward(tiny_model(0), TrainerConfig(micro_batch_size=3, grad_clip=1e9), batch)
+    assert stats.n_sequences == 8
+    for a, b in zip(full, split):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_all_zero_advantage_groups_contribute_nothing():
+    batch = synthetic_batch(seed=5)  # group g2 has reward 1 everywhere
+    signal_only = TrainBatch(tuple(r for r in batch.rows if r.group_id != "g2"))
+    s_all, g_all = grads_after_one_backward(tiny_model(0), TrainerConfig(), batch)
+    s_sig, g_sig = grads_after_one_backward(tiny_model(0), TrainerConfig(), signal_only)
+    assert (s_all.n_groups, s_all.zero_adv_groups, s_all.n_rows, s_all.n_sequences) == (3, 1, 12, 8)
+    assert s_sig.zero_adv_groups == 0
+    for a, b in zip(g_all, g_sig):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0.0)
+
+
+def test_a_batch_without_signal_does_not_step():
+    model = tiny_model(0)
+    before = params_of(model)
+    rows = tuple(TrainRow((1, 2), (3, 4), (-1.0, -1.0), 0.5, "g", (1, 1)) for _ in range(4))
+    stats = Trainer(model, TrainerConfig(weight_decay=0.1)).step(TrainBatch(rows))
+    assert stats.outcome == "no_signal" and not stats.weights_changed and stats.zero_adv_groups == 1
+    assert same_params(before, params_of(model))
+
+
+def test_masked_tokens_are_not_trained_but_condition_later_ones():
+    model = tiny_model(0)
+    prompt, completion = (5, 6, 7), (8, 9, 10, 11)
+    lp = reference_logprobs(model, prompt, completion)
+    masked = [TrainRow(prompt, completion, (lp[0], -500.0, -500.0, lp[3]), r, "g", (1, 0, 0, 1)) for r in (1.0, 0.0)]
+    stats = Trainer(model, TrainerConfig()).step(TrainBatch(tuple(masked)))
+    assert stats.n_tokens == 4 and stats.ratio_max == pytest.approx(1.0, abs=1e-5)
+
+
+def test_kl_needs_a_reference_model():
+    with pytest.raises(ConfigError, match="kl_coef"):
+        Trainer(tiny_model(0), TrainerConfig(kl_coef=0.1))
+    with pytest.raises(ConfigError, match="kl_coef"):
+        Trainer(tiny_model(0), TrainerConfig(), ref_model=tiny_model(0))
+
+
+def test_kl_to_reference_starts_at_zero_then_grows():
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig(kl_coef=0.1, lr=1e-2), ref_model=copy.deepcopy(model))
+    first = trainer.step(synthetic_batch(seed=6))
+    second = trainer.step(synthetic_batch(seed=7))
+    assert first.kl == 0.0
+    assert second.kl > 1e-6
+
+
+def test_bad_rows_are_rejected_with_the_field_named():
+    with pytest.raises(TrainerError, match="behaviour_logprobs"):
+        TrainRow((1,), (2, 3), (-1.0,), 1.0, "g", (1, 1))
+    with pytest.raises(TrainerError, match="loss_mask"):
+        TrainRow((1,), (2,), (-1.0,), 1.0, "g", (2,))
+    with pytest.raises(TrainerError, match="prompt_ids"):
+        TrainRow((), (2,), (-1.0,), 1.0, "g", (1,))
+    with pytest.raises(TrainerError, match="reward"):
+        TrainRow((1,), (2,), (-1.0,), float("nan"), "g", (1,))
+    with pytest.raises(TrainerError, match="rows"):
+        TrainBatch(())
+
+
+# ---------------------------------------------------------------- the guard
+
+
+def nan_logits(model):
+    return model.lm_head.register_forward_hook(lambda mod, inp, out: out * float("nan"))
+
+
+def test_nan_step_is_skipped_and_changes_nothing():
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig())
+    trainer.step(synthetic_batch(seed=1))
+    before, opt_before = params_of(model), optimizer_tensors(trainer.optimizer)
+    hook = nan_logits(model)
+    stats = trainer.step(synthetic_batch(seed=2))
+    hook.remove()
+    assert stats.outcome == "skipped" and "non-finite" in stats.guard_reason and stats.skipped_total == 1
+    assert same_params(before, params_of(model))
+    assert same_params(opt_before, optimizer_tensors(trainer.optimizer))
+    assert all(p.grad is None for p in trainer.params)
+    assert trainer.step(synthetic_batch(seed=3)).outcome == "applied"  # training continues
+
+
+def test_rollback_restores_the_last_good_state_exactly():
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig(guard=GuardConfig(action="rollback")))
+    trainer.step(synthetic_batch(seed=1))
+    good, opt_good = params_of(model), optimizer_tensors(trainer.optimizer)  # start of the last good step
+    assert trainer.step(synthetic_batch(seed=2)).outcome == "applied"
+    assert not same_params(good, params_of(model))
+    hook = nan_logits(model)
+    stats = trainer.step(synthetic_batch(seed=3))
+    hook.remove()
+    assert stats.outcome == "rolled_back" and stats.rolled_back_total == 1 and stats.weights_changed
+    assert same_params(good, params_of(model))
+    assert same_params(opt_good, optimizer_tensors(trainer.optimizer))
+
+
+def test_grad_norm_spike_is_skipped():
+    config = TrainerConfig(loss=DrGRPOLossConfig(max_completion_tokens=6), guard=GuardConfig(min_history=2))
+    model = tiny_model(0)
+    trainer = Trainer(model, config)
+    for seed in range(3):
+        assert trainer.step(synthetic_batch(seed=seed)).outcome == "applied"
+    spiky = synthetic_batch(seed=9)
+    spiky = TrainBatch(tuple(TrainRow(r.prompt_ids, r.completion_ids, r.behaviour_logprobs, 1e4 * r.reward,
+                                      r.group_id, r.loss_mask) for r in spiky.rows))
+    before = params_of(model)
+    stats = trainer.step(spiky)
+    assert stats.outcome == "skipped" and "spike" in stats.guard_reason
+    assert same_params(before, params_of(model))
+    assert trainer.state_dict()["guard"]["grad_norms"].__len__() == 3  # the spike did not enter the median
