@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from posttrain.engine.sampling import row_key, sample_next
-from posttrain.errors import GenerationError
+from posttrain.errors import ConfigError, GenerationError
 from posttrain.types import Completion, GenerationRequest, Message, SamplingParams
 
 OnTokens = Callable[[int, int, Sequence[int]], None]
@@ -176,6 +176,7 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str = ""
+    stop_hit: bool = False
 
 
 class SpeculativeEngine:
@@ -231,7 +232,11 @@ class SpeculativeEngine:
 
         if not req.prompt_ids:
             raise GenerationError("prompt_ids: empty prompt")
-        seq = _Seq(prompt=list(req.prompt_ids), max_tokens=req.params.max_tokens)
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        room = req.params.max_tokens if limit is None else min(req.params.max_tokens, limit - len(req.prompt_ids))
+        if room < 1:
+            raise ConfigError(f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving no room to generate")
+        seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room)
         choose = _chooser(req.params, key)
         cache = DynamicCache(config=self.model.config)
         if len(seq.prompt) > 1:
@@ -254,11 +259,19 @@ class SpeculativeEngine:
         return Completion(
             prompt_ids=tuple(seq.prompt),
             token_ids=tuple(seq.out),
-            text=self.decode(seq.out),
+            text=self._text(seq, req.params.stop),
             logprobs=tuple(seq.logprobs),
             finish_reason=seq.finish,  # type: ignore[arg-type]
             model_version=self.version,
         )
+
+    def _text(self, seq: _Seq, stop: Sequence[str]) -> str:
+        """The completion's text: without a final eos, cut before a stop string."""
+        body = seq.out[:-1] if seq.out and seq.out[-1] == self.eos_token_id else seq.out
+        text = self.decode(body)
+        if seq.stop_hit:
+            text = text[: min((text.find(s) for s in stop if s in text), default=len(text))]
+        return text
 
     def _count(self, name: str, draft: list[int], new: list[tuple[int, float]]) -> None:
         st = self.stats.drafters[name]
@@ -306,7 +319,7 @@ class SpeculativeEngine:
             if token == self.eos_token_id:
                 seq.finish = "stop"
             elif params.stop and _hits_stop(self.decode(seq.out), params.stop):
-                seq.finish = "stop"
+                seq.finish, seq.stop_hit = "stop", True
             elif len(seq.out) >= params.max_tokens:
                 seq.finish = "length"
             if seq.finish:

@@ -1,0 +1,59 @@
+"""`posttrain serve`: the OpenAI-compatible server over a registry or one model directory."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (standard and fast tiers)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--registry", help="model registry directory (from `posttrain release`)")
+    src.add_argument("--model", help="one Hugging Face model directory, served as version v0")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default 8000)")
+    p.add_argument("--config", help="YAML file with serve settings (see docs/serving.md)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. --set fast.mode=int8 --set canary.share=0.2")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    import yaml
+
+    from posttrain.errors import ConfigError
+    from posttrain.serve.config import load_serve_config
+
+    data: dict[str, Any] = {}
+    if args.config:
+        with open(args.config) as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{args.config}: top level must be a mapping of serve settings")
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    for name in ("registry", "model", "host", "port"):
+        if getattr(args, name) is not None:
+            data[name] = getattr(args, name)
+    return load_serve_config(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import uvicorn
+
+    from posttrain.serve.server import build_server
+
+    cfg = build_config(args)
+    app = build_server(cfg)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
+    return 0

@@ -1,0 +1,131 @@
+"""Typed configuration of the server, its tiers, batching and canary policy.
+
+Invariant: every knob has a bound and a docstring; a bad value raises
+ConfigError naming the dotted field (see `load_serve_config`).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from posttrain.errors import ConfigError
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class BatchConfig(BaseModel):
+    """Dynamic batching of one tier."""
+
+    model_config = _STRICT
+
+    max_batch: int = Field(16, ge=1, le=1024)
+    """Most requests decoded together in one engine call."""
+
+    max_wait_ms: float = Field(4.0, ge=0.0, le=1000.0)
+    """How long the first queued request waits for others to join its batch."""
+
+
+class FastTierConfig(BaseModel):
+    """The fast tier: the same weights with inference-side speed-ups."""
+
+    model_config = _STRICT
+
+    mode: Literal["lossless", "int8"] = "lossless"
+    """lossless: the float weights verify every token (greedy output equals the
+    standard tier). int8: int8 weights decode (lossy); served only when the
+    release quality gate passed, else the version falls back to lossless."""
+
+    ngram: bool = True
+    """Draft with n-gram prompt lookup (no extra model)."""
+
+    ngram_tokens: int = Field(6, ge=1, le=32)
+    """Draft length of the n-gram drafter."""
+
+    int8_draft: bool = True
+    """Draft with an int8 copy of the same weights when the n-gram lookup finds nothing."""
+
+    int8_draft_tokens: int = Field(3, ge=1, le=16)
+    """Draft length of the int8 drafter."""
+
+    batch: BatchConfig = BatchConfig(max_batch=1, max_wait_ms=0.0)
+    """Latency first: one request at a time, no waiting."""
+
+
+class CanaryConfig(BaseModel):
+    """Gradual rollout of a new version and automatic rollback."""
+
+    model_config = _STRICT
+
+    share: float = Field(0.1, ge=0.0, le=1.0)
+    """Fraction of routed traffic sent to the canary version."""
+
+    check_interval_s: float = Field(5.0, gt=0.0, le=3600.0)
+    """Seconds between canary health checks."""
+
+    min_requests: int = Field(3, ge=1, le=100_000)
+    """Canary requests needed in a window before its error rate and latency are judged."""
+
+    max_error_rate_delta: float = Field(0.05, ge=0.0, le=1.0)
+    """Canary error rate above stable's by more than this is a regression."""
+
+    max_latency_ratio: float = Field(3.0, ge=1.0, le=1000.0)
+    """Canary mean latency per output token above stable's times this is a regression."""
+
+    max_quality_drop: float = Field(0.05, ge=0.0, le=1.0)
+    """Canary probe accuracy below stable's by more than this is a regression."""
+
+    bad_checks_to_rollback: int = Field(2, ge=1, le=100)
+    """Consecutive regressed checks that roll the canary back."""
+
+    probe_domains: tuple[str, ...] = ("reverse", "sort")
+    """Domains of the held-out quality probe (empty: no probe)."""
+
+    probe_tasks: int = Field(8, ge=0, le=1000)
+    """Eval tasks per probe domain per check."""
+
+
+class ServeConfig(BaseModel):
+    """`posttrain serve`: what to serve and how."""
+
+    model_config = _STRICT
+
+    registry: str | None = None
+    """Model registry directory (from `posttrain release`); serves its stable and canary versions."""
+
+    model: str | None = None
+    """A single Hugging Face model directory to serve as version v0 (no registry)."""
+
+    host: str = "127.0.0.1"
+    """Address to bind."""
+
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port (0: any free port)."""
+
+    torch_threads: int = Field(1, ge=1, le=256)
+    """Intra-op threads per torch call; each tier runs in its own worker thread."""
+
+    max_tokens_limit: int = Field(512, ge=1, le=1 << 20)
+    """Largest max_tokens a request may ask for."""
+
+    served_name: str = "posttrain"
+    """Model name clients use; suffixes `:fast`/`:standard` pick a tier, `@vN` a version."""
+
+    standard_batch: BatchConfig = BatchConfig()
+    """Throughput first: batch concurrent requests."""
+
+    fast: FastTierConfig = FastTierConfig()
+    """The fast tier."""
+
+    canary: CanaryConfig = CanaryConfig()
+    """Canary rollout and rollback policy."""
+
+
+def load_serve_config(data: dict[str, Any]) -> ServeConfig:
+    """A ServeConfig, or ConfigError naming the first bad field."""
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"serve config: {field}: {err['msg']}") from None

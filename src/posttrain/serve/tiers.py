@@ -1,0 +1,219 @@
+"""Two tiers from one weight source, each behind a dynamic batcher.
+
+Invariant: the standard and fast engines of a deployment read the same
+float weights (one model object); the fast tier's int8 copies are derived
+from them and rebuilt on every weight update, under a lock that no engine
+call holds at the same time. Every queued job's future is resolved exactly
+once: with its completions or with an exception; a batch that fails is
+retried one job at a time, so one bad request never fails its neighbours.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from posttrain.engine.hf import HFEngine
+from posttrain.errors import ConfigError, GenerationError
+from posttrain.serve.config import BatchConfig, FastTierConfig
+from posttrain.serve.metrics import ServeMetrics
+from posttrain.serve.protocol import Tier
+from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
+from posttrain.types import Completion, GenerationRequest
+
+TokenSink = Callable[[int, Sequence[int]], None]
+"""Per-job streaming callback: (sample index, new token ids), on the event loop."""
+
+
+class StreamingHFEngine(HFEngine):
+    """The `hf` engine, reporting each decoded token to an optional callback."""
+
+    _on_tokens: Callable[[int, int, Sequence[int]], None] | None = None
+
+    def generate(self, requests: Sequence[GenerationRequest],
+                 on_tokens: Callable[[int, int, Sequence[int]], None] | None = None) -> list[list[Completion]]:
+        self._on_tokens = on_tokens
+        try:
+            return super().generate(requests)
+        finally:
+            self._on_tokens = None
+
+    def _record(self, rows: Any, outs: Any, active: list[int], tokens: list[int], logprobs: list[float]) -> None:
+        super()._record(rows, outs, active, tokens, logprobs)
+        if self._on_tokens is not None:
+            for r, tok in zip(active, tokens):
+                self._on_tokens(rows[r].request, rows[r].sample, (tok,))
+
+
+def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int) -> SpeculativeEngine:
+    """The fast tier's engine: float target with drafts (lossless) or int8 target (lossy)."""
+    drafters: list[Any] = [NgramDrafter()] if cfg.ngram else []
+    lengths = [cfg.ngram_tokens] if cfg.ngram else []
+    if mode == "int8":
+        return SpeculativeEngine(int8_copy(model), tokenizer, drafters, lengths, version=version)
+    if cfg.int8_draft:
+        drafters.append(ModelDrafter(int8_copy(model), "int8"))
+        lengths.append(cfg.int8_draft_tokens)
+    return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version)
+
+
+def check_request(req: GenerationRequest, vocab: int, max_positions: int | None) -> None:
+    """ConfigError naming the field when a request cannot be served."""
+    if not req.prompt_ids:
+        raise ConfigError("prompt: empty prompt")
+    bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"prompt: token ids outside [0, {vocab}): {bad[:5]}")
+    if max_positions is not None and len(req.prompt_ids) >= max_positions:
+        raise ConfigError(f"prompt: {len(req.prompt_ids)} tokens leaves no room in the model's {max_positions} positions")
+
+
+@dataclass
+class _Job:
+    request: GenerationRequest
+    future: asyncio.Future
+    sink: TokenSink | None
+    queued: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """Collects concurrent jobs of one tier into engine calls on one worker thread."""
+
+    def __init__(self, get_engine: Callable[[], Any], cfg: BatchConfig, lock: threading.Lock,
+                 metrics: ServeMetrics, tier: Tier, version: str, threads: int = 1) -> None:
+        self.get_engine, self.cfg, self.lock = get_engine, cfg, lock
+        self.metrics, self.tier, self.version, self.threads = metrics, tier, version, threads
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{version}-{tier}",
+                                       initializer=_set_threads, initargs=(threads,))
+        self.dead: str | None = None
+        self.running = False
+
+    async def submit(self, req: GenerationRequest, sink: TokenSink | None = None) -> list[Completion]:
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Job(req, fut, sink))
+        return await fut
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The worker loop; returns when `stop` is set, failing queued jobs."""
+        self.running = True
+        try:
+            while not stop.is_set():
+                jobs = await self._collect(stop)
+                if jobs:
+                    await self._serve(jobs)
+        finally:
+            self.running = False
+            self._fail_queued(GenerationError(f"{self.version}/{self.tier}: server shutting down"))
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _collect(self, stop: asyncio.Event) -> list[_Job]:
+        try:
+            first = await asyncio.wait_for(self.queue.get(), timeout=0.2)
+        except TimeoutError:
+            return []
+        jobs = [first]
+        deadline = time.monotonic() + self.cfg.max_wait_ms / 1000
+        while len(jobs) < self.cfg.max_batch:
+            left = deadline - time.monotonic()
+            if left <= 0 and self.queue.empty():
+                break
+            try:
+                jobs.append(self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left))
+            except (TimeoutError, asyncio.QueueEmpty):
+                break
+        return jobs
+
+    async def _serve(self, jobs: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        self.metrics.batch_size.observe(len(jobs), tier=self.tier)
+        try:
+            results = await loop.run_in_executor(self.pool, self._call, jobs, loop)
+            self.dead = None
+        except Exception as exc:  # noqa: BLE001 - isolate the failing job(s)
+            if len(jobs) > 1:
+                for job in jobs:
+                    await self._serve([job])
+                return
+            self._note_failure(exc)
+            if not jobs[0].future.done():
+                jobs[0].future.set_exception(exc)
+            return
+        for job, res in zip(jobs, results):
+            if not job.future.done():
+                job.future.set_result(res)
+
+    def _call(self, jobs: list[_Job], loop: asyncio.AbstractEventLoop) -> list[list[Completion]]:
+        def on_tokens(r: int, s: int, ids: Sequence[int]) -> None:
+            sink = jobs[r].sink
+            if sink is not None:
+                loop.call_soon_threadsafe(sink, s, tuple(ids))
+
+        streaming = any(j.sink for j in jobs)
+        with self.lock:
+            engine = self.get_engine()
+            reqs = [j.request for j in jobs]
+            return engine.generate(reqs, on_tokens=on_tokens) if streaming else engine.generate(reqs)
+
+    def _note_failure(self, exc: BaseException) -> None:
+        kind = getattr(exc, "kind", "infra")
+        if not isinstance(exc, ConfigError):
+            self.dead = f"{type(exc).__name__}: {exc}"
+        self.metrics.errors.inc(tier=self.tier, version=self.version, kind=kind)
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        while not self.queue.empty():
+            job = self.queue.get_nowait()
+            if not job.future.done():
+                job.future.set_exception(exc)
+
+
+def _set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+class Deployment:
+    """One released version: a model, its two tier engines and their batchers."""
+
+    def __init__(self, name: str, model: Any, tokenizer: Any, fast_cfg: FastTierConfig, fast_mode: str,
+                 standard_batch: BatchConfig, metrics: ServeMetrics, threads: int = 1) -> None:
+        self.name, self.model, self.tokenizer = name, model, tokenizer
+        self.fast_cfg, self.fast_mode = fast_cfg, fast_mode
+        self.locks: dict[Tier, threading.Lock] = {"standard": threading.Lock(), "fast": threading.Lock()}
+        self.engines: dict[Tier, Any] = {"standard": StreamingHFEngine(model, tokenizer)}
+        self.engines["fast"] = build_fast(model, tokenizer, fast_cfg, fast_mode, 0)
+        self.batchers: dict[Tier, Batcher] = {
+            "standard": Batcher(lambda: self.engines["standard"], standard_batch, self.locks["standard"], metrics, "standard", name, threads),
+            "fast": Batcher(lambda: self.engines["fast"], fast_cfg.batch, self.locks["fast"], metrics, "fast", name, threads),
+        }
+        self.vocab = model.get_input_embeddings().weight.shape[0]
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+
+    @property
+    def weights(self) -> int:
+        return int(self.engines["standard"].version)
+
+    def alive(self) -> dict[str, str]:
+        """Tier -> why it is dead; empty when both tiers are up."""
+        out = {}
+        for tier, b in self.batchers.items():
+            if not b.running:
+                out[tier] = "worker not running"
+            elif b.dead:
+                out[tier] = b.dead
+        return out
+
+    def update_weights(self, path: str) -> int:
+        """Load a checkpoint into the shared weights and rebuild the fast tier (blocking)."""
+        with self.locks["standard"], self.locks["fast"]:
+            version = self.engines["standard"].update_weights(path)
+            self.engines["fast"] = build_fast(self.model, self.tokenizer, self.fast_cfg, self.fast_mode, version)
+        return version
+
+    def spec_stats(self) -> dict[str, Any]:
+        return self.engines["fast"].stats.as_dict()
