@@ -83,7 +83,8 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             engine.update_weights(None)
         trace.mark_consumed(step, _links(trainer, groups, kept, ids))
         summary = _summary(groups, kept)
-        metrics.write("train", step, rollout_s=gen_s, **summary, **({} if stats is None else to_dict(stats)))
+        trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k != "step"}
+        metrics.write("train", step, rollout_s=gen_s, **summary, **trained)
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
         if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < cfg.run.steps:

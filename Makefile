@@ -1,0 +1,37 @@
+# posttrain: `make demo` sets everything up and runs the main job on the embedded
+# default; `make test` sets everything up and runs the tests.
+PYTHON ?= /usr/bin/python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: install demo test test-slow test-ray bench clean
+
+$(STAMP): pyproject.toml scripts/install_system.sh
+	bash scripts/install_system.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip>=24"
+	$(BIN)/pip install -q -e '.[all,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/posttrain train configs/default.yaml
+
+test: install
+	$(BIN)/pytest -q
+
+test-slow: install
+	$(BIN)/pytest -q -m slow
+
+test-ray: install
+	$(BIN)/pytest -q -m ray
+
+bench: install
+	$(BIN)/python bench/learning.py
+	$(BIN)/python bench/generation.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
