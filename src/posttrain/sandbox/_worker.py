@@ -1,0 +1,576 @@
+"""The fork-server worker: a warm, root Python that runs one task at a time.
+
+Invariant: every task runs in a process tree forked from this worker with
+fresh mount, pid, net, ipc and uts namespaces, in its own cgroup, as the
+slot's non-root uid with no capabilities under seccomp; when the task ends
+(exit, limit or timeout) every process of it is gone and its cgroup removed
+before the result is sent. The worker never runs task code itself.
+
+Run as a script (`python -E -s _worker.py FD`), importing only the stdlib,
+pyseccomp and its sibling modules by file, so it stays small and warm.
+
+Process tree of one task:
+    worker ── C1 (setsid, joins the task cgroup, unshares the namespaces)
+               └─ C2 (pid 1 of the new pid namespace: mounts, pivot_root, reaper)
+                    └─ C3 (drops to the slot uid, rlimits, seccomp, runs the task)
+"""
+from __future__ import annotations
+
+import errno
+import gc
+import importlib
+import io
+import os
+import resource
+import select
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import _cgroups
+import _linux
+import _proto
+
+WORKDIR = "/task"
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox"}
+RO_TOP = ("usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+MASKED = ("etc/shadow", "etc/gshadow", "etc/shadow-", "etc/gshadow-")
+KILL_GRACE_S = 5.0
+CG_MEMORY_SLACK = 16 << 20
+
+
+class Worker:
+    def __init__(self, conf: dict) -> None:
+        self.conf = conf
+        self.uid, self.gid = conf["uid"], conf["gid"]
+        self.state = conf["state_dir"]
+        self.root = os.path.join(self.state, "root")
+        self.sessions = os.path.join(self.state, "sessions")
+        self.seq = 0
+        self.python_path = list(conf.get("python_path") or sys.path[1:])
+        h = conf.get("cgroup")
+        self.cg = None
+        if h is not None:
+            tree = _cgroups.Tree(_cgroups.Hierarchy(h["version"], h["dirs"]), owner_pid=h["owner_pid"], tag=h["tag"])
+            self.cg = tree.task(f"slot-{conf['slot']}")
+        self.filter = None
+        if conf.get("seccomp", True):
+            import _seccomp
+
+            self.filter = _seccomp.build()
+        for name in ("runpy", "pkgutil", "traceback", *conf.get("preimport", ())):
+            try:
+                importlib.import_module(name)
+            except Exception:  # a missing optional module is not fatal
+                pass
+
+    # ---- start-up: a private mount namespace and the read-only root skeleton
+    def setup(self) -> None:
+        _set_oom_adj(-1000)
+        if self.cg is not None:
+            self.cg.create(64 << 20, 8, 1.0)
+            self.cg.join()
+        _linux.unshare(_linux.CLONE_NEWNS)
+        _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
+        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.sessions, exist_ok=True)
+        _linux.mount("tmpfs", self.sessions, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0700")
+        _linux.mount("tmpfs", self.root, "tmpfs", _linux.MS_NOSUID, "size=1m,mode=0755")
+        binds = []
+        for top in RO_TOP:
+            host = "/" + top
+            if os.path.islink(host):
+                os.symlink(os.readlink(host), os.path.join(self.root, top))
+            elif os.path.isdir(host):
+                binds.append(host)
+        binds += [p for p in self.conf.get("ro_binds", ()) if os.path.exists(p)]
+        for host in binds:
+            self._bind_ro(host, os.path.join(self.root, host.lstrip("/")))
+        for masked in MASKED:
+            target = os.path.join(self.root, masked)
+            if os.path.exists(target):
+                _linux.mount("/dev/null", target, None, _linux.MS_BIND)
+        for d in ("task", "tmp", "proc", "dev", ".old"):
+            os.makedirs(os.path.join(self.root, d), exist_ok=True)
+        self._make_dev(os.path.join(self.root, "dev"))
+        _linux.mount(None, self.root, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID)
+
+    def _bind_ro(self, host: str, target: str) -> None:
+        if os.path.isdir(host):
+            os.makedirs(target, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "a").close()
+        _linux.mount(host, target, None, _linux.MS_BIND)
+        _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+
+    def _make_dev(self, dev: str) -> None:
+        for name in DEVICES:
+            target = os.path.join(dev, name)
+            open(target, "a").close()
+            _linux.mount(f"/dev/{name}", target, None, _linux.MS_BIND)
+        os.makedirs(os.path.join(dev, "shm"), exist_ok=True)
+        for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(to, os.path.join(dev, name))
+
+    # ---- the request loop
+    def serve(self, sock: socket.socket) -> None:
+        fd = sock.fileno()
+        while True:
+            try:
+                msg = _proto.read_frame(fd)
+            except EOFError:
+                return
+            try:
+                reply = getattr(self, "op_" + msg["op"])(msg, fd)
+            except Exception as exc:  # an infra failure of this worker, reported not raised
+                reply = {"infra_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=4)}
+            _proto.write_frame(fd, reply)
+
+    def op_ping(self, msg: dict, ctl: int) -> dict:
+        return {"pid": os.getpid(), "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "uid": self.uid}
+
+    def op_session_open(self, msg: dict, ctl: int) -> dict:
+        path = self._session_dir(msg["sid"])
+        os.makedirs(path)
+        _linux.mount("tmpfs", path, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={int(msg['disk_bytes'])},mode=0700")
+        for d in ("base", "layers", "upper", "work"):
+            os.mkdir(os.path.join(path, d))
+        _write_files(os.path.join(path, "base"), msg.get("files", {}), self.uid, self.gid)
+        os.chown(os.path.join(path, "upper"), self.uid, self.gid)
+        return {"ok": True}
+
+    def op_session_snapshot(self, msg: dict, ctl: int) -> dict:
+        path = self._session_dir(msg["sid"])
+        n = len(os.listdir(os.path.join(path, "layers")))
+        os.rename(os.path.join(path, "upper"), os.path.join(path, "layers", str(n)))
+        os.mkdir(os.path.join(path, "upper"))
+        os.chown(os.path.join(path, "upper"), self.uid, self.gid)
+        return {"snapshot": n + 1}
+
+    def op_session_restore(self, msg: dict, ctl: int) -> dict:
+        path = self._session_dir(msg["sid"])
+        keep = int(msg["snapshot"])
+        layers = os.path.join(path, "layers")
+        for name in os.listdir(layers):
+            if int(name) >= keep:
+                shutil.rmtree(os.path.join(layers, name))
+        shutil.rmtree(os.path.join(path, "upper"))
+        os.mkdir(os.path.join(path, "upper"))
+        os.chown(os.path.join(path, "upper"), self.uid, self.gid)
+        return {"snapshot": keep}
+
+    def op_session_close(self, msg: dict, ctl: int) -> dict:
+        path = self._session_dir(msg["sid"])
+        if os.path.isdir(path):
+            _linux.umount2(path, _linux.MNT_DETACH)
+            os.rmdir(path)
+        return {"ok": True}
+
+    def _session_dir(self, sid: str) -> str:
+        if not sid.isalnum():
+            raise ValueError(f"bad session id {sid!r}")
+        return os.path.join(self.sessions, sid)
+
+    def _overlay_opts(self, sid: str) -> str:
+        path = self._session_dir(sid)
+        layers = sorted((int(n) for n in os.listdir(os.path.join(path, "layers"))), reverse=True)
+        lower = ":".join([os.path.join(path, "layers", str(n)) for n in layers] + [os.path.join(path, "base")])
+        return f"lowerdir={lower},upperdir={path}/upper,workdir={path}/work,index=off,redirect_dir=off,metacopy=off"
+
+    def op_run(self, msg: dict, ctl: int) -> dict:
+        self.seq += 1
+        req = msg["req"]
+        lim = req["limits"]
+        oom0 = 0
+        if self.cg is not None:
+            # the slot also holds this worker and C1/C2: a little slack for them
+            self.cg.set_limits(lim["memory_bytes"] + CG_MEMORY_SLACK, lim["pids"] + 3, lim["cpus"])
+            oom0 = self.cg.oom_kills()
+        overlay = self._overlay_opts(req["session"]) if req.get("session") else None
+        try:
+            return Task(self, req, oom0, overlay).run(ctl)
+        finally:
+            if self.cg is not None and not self.cg.kill_all(keep=(os.getpid(),)):
+                raise RuntimeError("task processes survived SIGKILL")
+
+
+class Task:
+    """One run: fork the tree, feed stdin, collect output, enforce the wall."""
+
+    def __init__(self, worker: Worker, req: dict, oom0: int, overlay: str | None) -> None:
+        self.w, self.req, self.oom0, self.overlay = worker, req, oom0, overlay
+        self.cg = worker.cg
+        self.lim = req["limits"]
+
+    def run(self, ctl: int) -> dict:
+        pipes = {name: os.pipe() for name in ("in", "out", "err", "st")}
+        t0 = time.monotonic()
+        c1 = os.fork()
+        if c1 == 0:
+            _child_main(self, pipes)
+        for name, (r, w) in pipes.items():
+            os.close(r if name == "in" else w)
+        res = self._pump(c1, pipes, t0, ctl)
+        res["wall_s"] = time.monotonic() - t0
+        return res
+
+    def _pump(self, c1: int, pipes: dict, t0: float, ctl: int) -> dict:
+        cap = int(self.lim["output_bytes"])
+        bufs = {"out": bytearray(), "err": bytearray(), "st": bytearray()}
+        total = {"out": 0, "err": 0}
+        fds = {pipes["out"][0]: "out", pipes["err"][0]: "err", pipes["st"][0]: "st"}
+        stdin = memoryview(self.req.get("stdin", b""))
+        in_fd = pipes["in"][1]
+        os.set_blocking(in_fd, False)
+        if not stdin:
+            os.close(in_fd)
+            in_fd = -1
+        deadline = t0 + float(self.lim["wall_s"])
+        timed_out = parent_gone = False
+        c2 = None
+        while fds:
+            now = time.monotonic()
+            if now > deadline and not timed_out:
+                timed_out = True
+                self._kill(c1, c2)
+            if timed_out and now > deadline + KILL_GRACE_S:
+                break
+            wait = max(0.0, (deadline if not timed_out else deadline + KILL_GRACE_S) - now)
+            r, w, _ = select.select(list(fds) + [ctl], [in_fd] if in_fd >= 0 else [], [], min(wait, 1.0))
+            if ctl in r and not parent_gone:
+                parent_gone = True  # the pool closed our channel: abandon the task
+                timed_out = True
+                self._kill(c1, c2)
+            if w:
+                try:
+                    n = os.write(in_fd, stdin[:65536])
+                    stdin = stdin[n:]
+                except OSError:  # the task closed its stdin
+                    stdin = memoryview(b"")
+                if not stdin:
+                    os.close(in_fd)
+                    in_fd = -1
+            for fd in r:
+                if fd == ctl:
+                    continue
+                name = fds[fd]
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    del fds[fd]
+                    os.close(fd)
+                    continue
+                if name == "st":
+                    bufs["st"] += chunk
+                    if c2 is None:
+                        for frame in _proto.split_frames(bytes(bufs["st"])):
+                            c2 = frame.get("c2", c2)
+                        if c2 is not None and timed_out:
+                            self._kill(c1, c2)
+                    continue
+                total[name] += len(chunk)
+                room = cap - len(bufs[name])
+                if room > 0:
+                    bufs[name] += chunk[:room]
+        for fd in fds:
+            os.close(fd)
+        if in_fd >= 0:
+            os.close(in_fd)
+        if self.cg is not None:
+            self.cg.kill_all(keep=(os.getpid(), c1))
+        _, wstatus, ru = os.wait4(c1, 0)
+        frames = _proto.split_frames(bytes(bufs["st"]))
+        final = next((f for f in frames if "kind" in f), None)
+        res = {
+            "stdout": bytes(bufs["out"]), "stderr": bytes(bufs["err"]),
+            "stdout_truncated": total["out"] > cap, "stderr_truncated": total["err"] > cap,
+            "cpu_s": ru.ru_utime + ru.ru_stime, "exit_code": None, "signal": None, "files": {}, "error": "",
+        }
+        res.update(self._status(final, timed_out, parent_gone))
+        return res
+
+    def _status(self, final: dict | None, timed_out: bool, parent_gone: bool) -> dict:
+        if parent_gone:
+            return {"status": "infra_error", "error": "pool closed the worker channel"}
+        oom = self.cg is not None and self.cg.oom_kills() > self.oom0
+        if final is not None and final["kind"] == "setup_error":
+            return {"status": "infra_error", "error": final["error"]}
+        if timed_out:
+            return {"status": "timeout", "error": f"wall limit {self.lim['wall_s']}s"}
+        if final is None:
+            if oom:
+                return {"status": "oom"}
+            return {"status": "infra_error", "error": "task tree ended without a status"}
+        out = {"files": final.get("files", {})}
+        if final["kind"] == "signal":
+            sig = final["signal"]
+            out["signal"] = sig
+            if oom:
+                out["status"] = "oom"
+            elif sig == signal.SIGXCPU or (sig == signal.SIGKILL and final.get("cpu_s", 0) >= self.lim["cpu_s"]):
+                out["status"], out["error"] = "timeout", f"cpu limit {self.lim['cpu_s']}s"
+            else:
+                out["status"] = "killed"
+            return out
+        out["exit_code"] = final["code"]
+        out["status"] = "oom" if oom and final["code"] != 0 else ("ok" if final["code"] == 0 else "failed")
+        return out
+
+    def _kill(self, c1: int, c2: int | None) -> None:
+        for pid in (c2, c1):
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+# ---- the task tree (runs in forked children; never returns)
+def _child_main(task: Task, pipes: dict) -> None:
+    st = pipes["st"][1]
+    try:
+        _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})
+        os.setsid()
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
+        c2 = os.fork()
+        if c2 == 0:
+            _init_main(task, pipes)
+        _close_task_ends(pipes)
+        _proto.write_frame(st, {"c2": c2})
+        os.waitpid(c2, 0)
+        os._exit(0)
+    except BaseException as exc:
+        _setup_failed(st, "C1", exc)
+
+
+def _init_main(task: Task, pipes: dict) -> None:
+    st = pipes["st"][1]
+    try:
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _mount_task_root(task)
+        c3 = os.fork()
+        if c3 == 0:
+            _task_main(task, pipes)
+        _close_task_ends(pipes)
+    except BaseException as exc:
+        _setup_failed(st, "C2", exc)
+    final = _reap(c3)
+    final["files"] = _collect(task.req.get("collect", ()), int(task.lim["output_bytes"]))
+    _proto.write_frame(st, final)
+    os._exit(0)
+
+
+def _close_except(keep: set) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _close_task_ends(pipes: dict) -> None:
+    for fd in (pipes["in"][0], pipes["out"][1], pipes["err"][1]):
+        os.close(fd)
+
+
+def _reap(c3: int) -> dict:
+    final: dict = {"kind": "exit", "code": 0}
+    while True:
+        try:
+            pid, status, ru = os.wait4(-1, 0)
+        except ChildProcessError:
+            return final
+        except InterruptedError:
+            continue
+        if pid == c3:
+            final["cpu_s"] = ru.ru_utime + ru.ru_stime
+            if os.WIFSIGNALED(status):
+                final.update(kind="signal", signal=os.WTERMSIG(status))
+            else:
+                final["code"] = os.WEXITSTATUS(status)
+            try:
+                os.kill(-1, signal.SIGKILL)  # every other process of the namespace
+            except ProcessLookupError:
+                pass
+
+
+def _mount_task_root(task: Task) -> None:
+    w, lim = task.w, task.lim
+    root = w.root
+    disk = int(lim["disk_bytes"])
+    _linux.sethostname("sandbox")
+    flags = _linux.MS_NOSUID | _linux.MS_NODEV
+    if task.overlay:
+        _linux.mount("overlay", root + "/task", "overlay", flags, task.overlay)
+    else:
+        _linux.mount("tmpfs", root + "/task", "tmpfs", flags, f"size={disk},mode=0755,uid={w.uid},gid={w.gid}")
+    _linux.mount("tmpfs", root + "/tmp", "tmpfs", flags, f"size={disk},mode=1777")
+    _linux.mount("tmpfs", root + "/dev/shm", "tmpfs", flags | _linux.MS_NOEXEC, "size=8m,mode=1777")
+    _write_files(root + "/task", task.req.get("files", {}), w.uid, w.gid)
+    _linux.pivot_root(root, root + "/.old")
+    os.chdir("/")
+    _linux.umount2("/.old", _linux.MNT_DETACH)
+    _linux.mount("proc", "/proc", "proc", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC)
+
+
+def _task_main(task: Task, pipes: dict) -> None:
+    try:
+        os.dup2(pipes["in"][0], 0)
+        os.dup2(pipes["out"][1], 1)
+        os.dup2(pipes["err"][1], 2)
+        os.closerange(3, 1 << 16)
+        _set_oom_adj(1000)
+        _set_rlimits(task.lim)
+        uid, gid = task.w.uid, task.w.gid
+        _linux.drop_bounding_caps()
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
+        if task.w.filter is not None:
+            task.w.filter.load()
+        os.chdir(WORKDIR)
+        env = dict(BASE_ENV)
+        env.update(task.req.get("env", {}))
+    except BaseException:
+        os._exit(121)
+    if task.req.get("python_main"):
+        _run_python(task.req["python_main"], env, task.w.python_path)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    argv = task.req["argv"]
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        os.write(2, f"sandbox: cannot execute {argv[0]}: {exc.strerror}\n".encode())
+        os._exit(127)
+
+
+def _run_python(main: str, env: dict, python_path: list) -> None:
+    """Run `main` as __main__ in this already-warm interpreter."""
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [main]
+    sys.path[:] = [WORKDIR] + list(python_path)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    code = 0
+    try:
+        runpy.run_path(os.path.join(WORKDIR, main), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(code & 0xFF)
+
+
+def _set_rlimits(lim: dict) -> None:
+    cpu = max(1, int(-(-float(lim["cpu_s"]) // 1)))
+    mem = int(lim["memory_bytes"])
+    pairs = [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_FSIZE, (int(lim["file_bytes"]),) * 2),
+        (resource.RLIMIT_AS, (mem * 4 + (1 << 30),) * 2),
+        (resource.RLIMIT_NPROC, (int(lim["pids"]),) * 2),
+        (resource.RLIMIT_NOFILE, (int(lim["open_files"]),) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    for which, value in pairs:
+        resource.setrlimit(which, value)
+
+
+def _set_oom_adj(value: int) -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write(str(value))
+    except OSError:
+        pass
+
+
+def _write_files(base: str, files: dict, uid: int, gid: int) -> None:
+    for rel, data in files.items():
+        path = os.path.join(base, rel)
+        parent = os.path.dirname(path)
+        made = []
+        probe = parent
+        while not os.path.isdir(probe):
+            made.append(probe)
+            probe = os.path.dirname(probe)
+        for d in reversed(made):
+            os.mkdir(d, 0o755)
+            os.chown(d, uid, gid)
+        mode = 0o755 if isinstance(data, bytes) and data[:2] == b"#!" or isinstance(data, str) and data[:2] == "#!" else 0o644
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.chown(path, uid, gid)
+
+
+def _collect(paths, cap: int) -> dict:
+    """Read files the task left (all its processes are dead by now),
+    refusing links and anything outside the work directory."""
+    out = {}
+    for rel in paths:
+        path = os.path.join(WORKDIR, rel)
+        if os.path.realpath(path) != os.path.normpath(path):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            if os.fstat(fh.fileno()).st_mode & 0o170000 == 0o100000:
+                out[rel] = fh.read(cap)
+    return out
+
+
+def _setup_failed(st: int, where: str, exc: BaseException) -> None:
+    try:
+        _proto.write_frame(st, {"kind": "setup_error", "error": f"{where}: {type(exc).__name__}: {exc}"})
+    finally:
+        os._exit(120)
+
+
+def main() -> None:
+    ctl_fd = int(sys.argv[1])
+    os.closerange(3, ctl_fd)
+    os.closerange(ctl_fd + 1, 1 << 16)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=ctl_fd)
+    conf = _proto.read_frame(ctl_fd)
+    try:
+        worker = Worker(conf)
+        worker.setup()
+    except Exception as exc:
+        _proto.write_frame(ctl_fd, {"infra_error": f"worker start-up failed: {type(exc).__name__}: {exc}"})
+        return
+    gc.collect()
+    gc.freeze()
+    _proto.write_frame(ctl_fd, {"ready": True, "pid": os.getpid()})
+    worker.serve(sock)
+
+
+if __name__ == "__main__":
+    main()

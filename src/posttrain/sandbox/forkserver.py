@@ -1,0 +1,136 @@
+"""Parent-side handle of one fork-server worker process.
+
+Invariant: a call on a handle returns within the request's wall limit plus
+the grace period, whatever the worker does; a worker that dies, hangs or
+breaks the protocol is killed and every later call on this handle returns
+infra_error (the pool then replaces it). The handle is used by one thread
+at a time (the pool guarantees it).
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import time
+
+from posttrain.sandbox import _proto
+from posttrain.sandbox.records import ExecRequest, ExecResult
+
+WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+BACKEND = "forkserver"
+
+
+class WorkerDied(Exception):
+    """The worker is gone or unusable."""
+
+
+class ForkServerWorker:
+    def __init__(self, slot: int, conf: dict, python: str, start_timeout_s: float, grace_s: float) -> None:
+        self.slot = slot
+        self.conf = conf
+        self.grace_s = grace_s
+        self.dead = False
+        parent, child = socket.socketpair()
+        self.sock = parent
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-E", "-s", WORKER_FILE, str(child.fileno())],
+                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=None if os.environ.get("POSTTRAIN_SANDBOX_DEBUG") else subprocess.DEVNULL, close_fds=True, start_new_session=True)
+        finally:
+            child.close()
+        try:
+            _proto.write_frame(self.sock.fileno(), conf)
+            ready = self._recv(start_timeout_s)
+        except WorkerDied:
+            self.kill()
+            raise
+        if not ready.get("ready"):
+            self.kill()
+            raise WorkerDied(ready.get("infra_error", f"worker start-up failed: {ready!r}"))
+        self.pid = self.proc.pid
+
+    def _recv(self, timeout_s: float) -> dict:
+        fd = self.sock.fileno()
+        r, _, _ = select.select([fd], [], [], timeout_s)
+        if not r:
+            raise WorkerDied(f"worker {self.slot} did not answer within {timeout_s:.1f}s")
+        try:
+            self.sock.settimeout(timeout_s)
+            header = self.sock.recv(4, socket.MSG_WAITALL)
+            if len(header) < 4:
+                raise WorkerDied(f"worker {self.slot} closed its channel (exit {self.proc.poll()})")
+            length = int.from_bytes(header, "big")
+            body = bytearray()
+            while len(body) < length:
+                chunk = self.sock.recv(min(length - len(body), 1 << 20))
+                if not chunk:
+                    raise WorkerDied(f"worker {self.slot} closed its channel mid-reply")
+                body += chunk
+            import pickle
+
+            return pickle.loads(bytes(body))
+        except (OSError, EOFError, socket.timeout) as exc:
+            raise WorkerDied(f"worker {self.slot}: {type(exc).__name__}: {exc}") from exc
+
+    def call(self, msg: dict, timeout_s: float) -> dict:
+        if self.dead:
+            raise WorkerDied(f"worker {self.slot} is dead")
+        try:
+            self.sock.sendall(_proto.encode(msg))
+            reply = self._recv(timeout_s)
+        except (WorkerDied, OSError) as exc:
+            self.kill()
+            raise WorkerDied(str(exc)) from exc
+        return reply
+
+    def run(self, req: ExecRequest, session: str | None = None) -> ExecResult:
+        t0 = time.monotonic()
+        try:
+            reply = self.call({"op": "run", "req": req.to_wire(session)}, req.limits.wall_s + self.grace_s)
+        except WorkerDied as exc:
+            return ExecResult.infra(f"worker died: {exc}", BACKEND, time.monotonic() - t0)
+        if "infra_error" in reply:
+            return ExecResult.infra(reply["infra_error"], BACKEND, time.monotonic() - t0)
+        return ExecResult.from_wire(reply, BACKEND)
+
+    def ping(self, timeout_s: float = 5.0) -> dict:
+        return self.call({"op": "ping"}, timeout_s)
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def kill(self) -> None:
+        self.dead = True
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.sock.close()
+
+    def close(self) -> None:
+        """Ask the worker to exit (closing the channel ends its loop)."""
+        if self.dead:
+            return
+        self.dead = True
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def cpu_seconds(self) -> float:
+        """CPU of the worker and the task trees it reaped (from /proc)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError):
+            return 0.0
