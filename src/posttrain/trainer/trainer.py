@@ -195,7 +195,7 @@ class Trainer:
         logp_bcv = self._logp_vocab(self.model, packed)
         logp_bc = logp_bcv.gather(-1, packed.target_bc[..., None]).squeeze(-1)
         with torch.no_grad():
-            entropy_sum = float((-(logp_bcv.exp() * logp_bcv).sum(-1) * packed.mask_bc).sum())
+            entropy_sum = float((torch.special.entr(logp_bcv.exp()).sum(-1) * packed.mask_bc).sum())
         inputs = LossInputs(
             logp_bt=logp_bc,
             behaviour_logp_bt=packed.behaviour_bc,
