@@ -1,0 +1,149 @@
+"""The `openai` engine: the Engine contract over any OpenAI-compatible server.
+
+Invariant: every Completion carries the server's own token ids and per-token
+log-probs of the sampled tokens (never re-tokenised text when the server
+returns ids), and `model_version` as the server reported it. Requests go to
+`/v1/completions` with the prompt as token ids, `logprobs: 1` and
+`return_token_ids: true` (a posttrain extension, also understood by vLLM);
+where a server returns no ids, the logprob token strings are mapped back
+through the local tokenizer, and a string that is not exactly one token is a
+GenerationError, never a silent guess. Transport failures and 5xx answers
+are retried, then raised as GenerationError (infra, never reward 0).
+"""
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from posttrain.errors import ConfigError, GenerationError
+from posttrain.types import Completion, GenerationRequest, Message
+
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+
+
+class OpenAIEngine:
+    """Engine over `base_url` (e.g. http://host:8000/v1); `tokenizer` renders chats locally."""
+
+    def __init__(self, base_url: str, model: str, tokenizer: Any, api_key: str = "none",
+                 timeout_s: float = 120.0, retries: int = 2, concurrency: int = 16) -> None:
+        import httpx
+
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"openai engine: base_url must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model, self.tokenizer, self.retries = model, tokenizer, retries
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.version = 0
+        self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"},
+                                    limits=httpx.Limits(max_connections=concurrency))
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai-engine")
+
+    @classmethod
+    def from_model_dir(cls, base_url: str, model: str, model_dir: str | Path, **kw: Any) -> "OpenAIEngine":
+        """An engine whose tokenizer is loaded from a local model directory."""
+        from transformers import AutoTokenizer
+
+        return cls(base_url, model, AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True), **kw)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self._client.close()
+
+    # -- Engine contract --------------------------------------------------
+    def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        if not messages:
+            raise ConfigError("messages is empty: encode_chat needs at least one message")
+        out = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
+                                                 add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return tuple(int(i) for i in ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        return list(self._pool.map(self._one, requests))
+
+    def update_weights(self, source: Any) -> int:
+        """Ask the server to load a checkpoint directory it can read; returns the new version."""
+        if not isinstance(source, (str, Path)):
+            raise ConfigError("openai engine: update_weights takes a checkpoint directory path the server can read, "
+                              f"got {type(source).__name__}")
+        data = self._post("/update_weights", {"path": str(source)})
+        self.version = int(data.get("weights", self.version + 1))
+        return self.version
+
+    # -- wire -------------------------------------------------------------
+    def _one(self, req: GenerationRequest) -> list[Completion]:
+        p = req.params
+        body: dict[str, Any] = {"model": self.model, "prompt": list(req.prompt_ids), "max_tokens": p.max_tokens,
+                                "temperature": p.temperature, "top_p": p.top_p, "n": p.n, "logprobs": 1,
+                                "return_token_ids": True}
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if p.stop:
+            body["stop"] = list(p.stop)
+        data = self._post("/completions", body)
+        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
+        if len(choices) != p.n:
+            raise GenerationError(f"openai engine: asked for n={p.n} choices, server returned {len(choices)}")
+        version = _weights_version(data, self.version)
+        return [self._completion(req, c, version) for c in choices]
+
+    def _completion(self, req: GenerationRequest, choice: Mapping[str, Any], version: int) -> Completion:
+        lp = choice.get("logprobs") or {}
+        logprobs = [float(x) if x is not None else float("nan") for x in lp.get("token_logprobs") or []]
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = [self._token_id(t) for t in lp.get("tokens") or []]
+        if len(ids) != len(logprobs):
+            raise GenerationError(f"openai engine: {len(ids)} token ids but {len(logprobs)} log-probs in a choice")
+        finish = choice.get("finish_reason") or "length"
+        return Completion(prompt_ids=tuple(req.prompt_ids), token_ids=tuple(int(i) for i in ids),
+                          text=choice.get("text", ""), logprobs=tuple(logprobs),
+                          finish_reason=finish if finish in ("stop", "length") else "error", model_version=version)
+
+    def _token_id(self, token: str) -> int:
+        m = _TOKEN_ID.match(token)
+        if m:
+            return int(m.group(1))
+        ids = self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise GenerationError(f"openai engine: server returned no token ids and token {token!r} "
+                                  f"is {len(ids)} local tokens; serve with return_token_ids support")
+        return int(ids[0])
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        last: str = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._client.post(self.base_url + path, json=body)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code < 400:
+                    return resp.json()
+                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+                if resp.status_code < 500:
+                    raise GenerationError(f"openai engine: {path} rejected the request: {last}")
+            time.sleep(0.2 * 2**attempt)
+        raise GenerationError(f"openai engine: {path} failed after {self.retries + 1} attempts: {last}")
+
+
+def _error_message(resp: Any) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except Exception:  # noqa: BLE001 - any non-OpenAI body
+        return resp.text[:200]
+
+
+def _weights_version(data: Mapping[str, Any], default: int) -> int:
+    """The weight version from a posttrain fingerprint `vN-wK`, else `default`."""
+    fp = str(data.get("system_fingerprint") or "")
+    m = re.search(r"-w(\d+)$", fp)
+    return int(m.group(1)) if m else default
