@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import torch
+
 from posttrain.engine.hf import HFEngine
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.serve.config import BatchConfig, FastTierConfig
@@ -40,6 +42,12 @@ class StreamingHFEngine(HFEngine):
             return super().generate(requests)
         finally:
             self._on_tokens = None
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        logits = super()._forward(*args, **kwargs)
+        if not bool(torch.isfinite(logits).all()):
+            raise GenerationError("model produced non-finite logits (broken weights?)")
+        return logits
 
     def _record(self, rows: Any, outs: Any, active: list[int], tokens: list[int], logprobs: list[float]) -> None:
         super()._record(rows, outs, active, tokens, logprobs)
