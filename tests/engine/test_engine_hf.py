@@ -93,6 +93,18 @@ def test_prefix_sharing_gives_the_same_samples_as_repeating_the_prompt(model_tok
     assert shared.stats().prompt_tokens < naive.stats().prompt_tokens
 
 
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_keeping_finished_rows_in_the_batch_changes_nothing(model_tok, fraction):
+    model, tok = model_tok
+    base = HFEngine(model, tok, config=HFEngineConfig(compact_fraction=0.125))
+    other = HFEngine(model, tok, config=HFEngineConfig(compact_fraction=fraction))
+    reqs = mixed_requests(base)
+    a, b = flat(base.generate(reqs)), flat(other.generate(reqs))
+    assert [x.token_ids for x in a] == [y.token_ids for y in b]
+    assert [x.finish_reason for x in a] == [y.finish_reason for y in b]
+    assert max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+
+
 def test_prefix_sharing_computes_each_prompt_once(engine):
     p = chat(engine, "hello there")
     engine.generate([GenerationRequest(p, SamplingParams(max_tokens=4, n=8, seed=0))])

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from posttrain.engine.kvcache import new_cache
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.errors import ConfigError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
@@ -35,6 +36,12 @@ class HFEngineConfig(BaseModel):
     prefix_sharing: bool = True
     """Compute each group's prompt once and copy its KV cache to the n samples;
     False repeats the prompt n times (same samples, more compute)."""
+
+    compact_fraction: float = Field(0.125, ge=0.0, le=1.0)
+    """Finished rows stay in the batch (their outputs ignored) until they are
+    at least this fraction of it, then all leave at once: dropping a row
+    copies the whole KV cache, keeping one costs a row of compute per step.
+    0 drops each finished row at once."""
 
 
 @dataclass(frozen=True)
@@ -210,11 +217,9 @@ class HFEngine:
         self._forward_calls += 1
         return out.logits[:, -1, :].float()
 
-    def _prefill(self, batch: list[_Chunk]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, batch: list[_Chunk], capacity: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward each chunk's prompt once (left-padded), then copy its cache
         to its rows. Returns (cache, logits_bv, mask_bt, next_position_b)."""
-        from transformers import DynamicCache
-
         dev = self.device
         width = max(len(c.prompt) for c in batch)
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
@@ -224,7 +229,7 @@ class HFEngine:
             mask[k, width - len(c.prompt):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config, width + capacity)
         logits = self._forward(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
         counts = torch.tensor([len(c.rows) for c in batch], device=dev)
@@ -234,41 +239,45 @@ class HFEngine:
         return cache, logits[expand], mask[expand], positions[expand, -1] + 1
 
     def _run_batch(self, batch: list[_Chunk]) -> dict[tuple[int, int], _Output]:
-        """Decode every row of a batch to its end; finished rows leave the batch."""
+        """Decode every row of a batch to its end. A finished row stays in the
+        batch (its output ignored) until finished rows make up
+        `compact_fraction` of it; then they are all dropped at once."""
         rows = [r for c in batch for r in c.rows]
         dev = self.device
-        cache, logits, mask, next_pos = self._prefill(batch)
+        cache, logits, mask, next_pos = self._prefill(batch, max(r.max_tokens for r in rows))
         temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
         top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
         keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
         outs = [_Output([], []) for _ in rows]
-        active = list(range(len(rows)))
+        active = list(range(len(rows)))  # batch position -> row
+        last_pos = (self._max_positions or (1 << 62)) - 1
         step = 0
         while True:
             tokens, lps = sample_next(logits, temp, top_p, keys, step)
-            tok_list = tokens.tolist()
-            self._record(rows, outs, active, tok_list, lps.tolist())
+            self._record(rows, outs, active, tokens.tolist(), lps.tolist())
             keep = [k for k, r in enumerate(active) if outs[r].finish is None]
             if not keep:
                 break
-            if len(keep) < len(active):
+            if len(active) - len(keep) >= max(1, self.config.compact_fraction * len(active)):
                 idx = torch.tensor(keep, device=dev)
                 cache.reorder_cache(idx)
                 mask, next_pos, tokens = mask[idx], next_pos[idx], tokens[idx]
                 temp, top_p, keys = temp[idx], top_p[idx], keys[idx]
                 active = [active[k] for k in keep]
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
+            logits = self._forward(tokens[:, None], mask, next_pos.clamp(max=last_pos)[:, None], cache)
             next_pos = next_pos + 1
             step += 1
         return {(r.request, r.sample): o for r, o in zip(rows, outs)}
 
     def _record(self, rows: list[_Row], outs: list[_Output], active: list[int],
                 tokens: list[int], logprobs: list[float]) -> None:
-        """Append each active row's new token and decide whether it is done."""
-        self._generated_tokens += len(active)
+        """Append each unfinished row's new token and decide whether it is done."""
         for r, tok, lp in zip(active, tokens, logprobs):
             out, row = outs[r], rows[r]
+            if out.finish is not None:
+                continue
+            self._generated_tokens += 1
             out.token_ids.append(tok)
             out.logprobs.append(lp)
             if tok in self._eos_ids:
