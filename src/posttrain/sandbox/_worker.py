@@ -132,7 +132,9 @@ class Worker:
             _proto.write_frame(fd, reply)
 
     def op_ping(self, msg: dict, ctl: int) -> dict:
-        return {"pid": os.getpid(), "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "uid": self.uid}
+        # VmHWM, not ru_maxrss: Linux carries ru_maxrss over execve from the
+        # pre-exec fork of the (large) parent, which is not this worker's size
+        return {"pid": os.getpid(), "peak_rss_kb": _status_kb("VmHWM"), "rss_kb": _status_kb("VmRSS"), "uid": self.uid}
 
     def op_session_open(self, msg: dict, ctl: int) -> dict:
         path = self._session_dir(msg["sid"])
@@ -495,6 +497,14 @@ def _set_rlimits(lim: dict) -> None:
     ]
     for which, value in pairs:
         resource.setrlimit(which, value)
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
 
 
 def _set_oom_adj(value: int) -> None:

@@ -19,6 +19,8 @@ from posttrain.sandbox.records import ExecRequest, ExecResult
 
 WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 BACKEND = "forkserver"
+# the worker's initial environment is what /proc/self/environ shows inside a task: keep it empty of secrets
+WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 class WorkerDied(Exception):
@@ -36,7 +38,7 @@ class ForkServerWorker:
         try:
             self.proc = subprocess.Popen(
                 [python, "-E", "-s", WORKER_FILE, str(child.fileno())],
-                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                pass_fds=[child.fileno()], env=dict(WORKER_ENV), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=None if os.environ.get("POSTTRAIN_SANDBOX_DEBUG") else subprocess.DEVNULL, close_fds=True, start_new_session=True)
         finally:
             child.close()

@@ -1,0 +1,195 @@
+"""Pools, sessions, worker replacement, backend selection, one-shot backends."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from posttrain import sandbox as sb
+from posttrain.errors import ConfigError, SandboxError
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server backend needs root")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = sb.Pool(sb.SandboxConfig(workers=2, domain_limits={"solo": 1}))
+    yield p
+    p.close()
+
+
+def sh(script: str, **limits) -> sb.ExecRequest:
+    return sb.ExecRequest(argv=("sh", "-c", script), limits=sb.Limits(**limits))
+
+
+@root_only
+def test_session_snapshot_and_restore(pool):
+    with pool.session({"notes.txt": "one\n", "sub/keep.txt": "k"}) as s:
+        assert s.run(sh("echo two >> notes.txt; rm sub/keep.txt; echo n > new.txt")).ok
+        snap = s.snapshot()
+        assert s.run(sh("echo three >> notes.txt; rm new.txt; mkdir d; echo x > d/x")).ok
+        assert s.run(sh("cat notes.txt; ls")).text == "one\ntwo\nthree\nd\nnotes.txt\nsub\n"
+        s.restore(snap)
+        assert s.run(sh("cat notes.txt; ls -A; ls -A sub")).text == "one\ntwo\nnew.txt\nnotes.txt\nsub\n"
+        s.restore(0)
+        assert s.run(sh("cat notes.txt; ls sub")).text == "one\nkeep.txt\n"
+
+
+@root_only
+def test_session_files_are_private_to_the_session(pool):
+    with pool.session({"a.txt": "a"}) as s:
+        assert s.run(sh("echo secret > mine.txt")).ok
+        assert "mine.txt" not in pool.run(sh("ls -A /task")).text
+
+
+@root_only
+def test_session_disk_is_size_limited(pool):
+    with pool.session({}, disk_bytes=1 << 20) as s:
+        res = s.run(sh("head -c 4000000 /dev/zero > big; echo rc=$?"))
+        assert "rc=0" not in res.text
+
+
+@root_only
+def test_worker_killed_mid_task_is_infra_error_and_replaced():
+    with sb.Pool(sb.SandboxConfig(workers=1, grace_s=5)) as p:
+        old = p.worker_pids()[0]
+        threading.Timer(0.5, os.kill, (old, signal.SIGKILL)).start()
+        res = p.run(sh("sleep 30", wall_s=20))
+        assert res.status == "infra_error"
+        with pytest.raises(SandboxError):
+            sb.raise_for_infra(res)
+        again = p.run(sh("echo back"))
+        assert again.text == "back\n" and p.worker_pids() != [old] and p.stats().replaced == 1
+
+
+@root_only
+def test_health_check_replaces_a_dead_idle_worker():
+    with sb.Pool(sb.SandboxConfig(workers=1)) as p:
+        old = p.worker_pids()[0]
+        os.kill(old, signal.SIGKILL)
+        time.sleep(0.2)  # let the kernel deliver the signal before pinging
+        assert p.health_check() == 1
+        assert p.worker_pids() != [old] and p.run(sh("true")).ok
+
+
+@root_only
+def test_domain_limit_caps_concurrency(pool):
+    started = threading.Event()
+    out = {}
+
+    def hold():
+        started.set()
+        out["first"] = pool.run(sh("sleep 3", wall_s=2), domain="solo")
+
+    t = threading.Thread(target=hold)
+    t.start()
+    started.wait()
+    time.sleep(0.3)
+    with pytest.raises(SandboxError, match="solo"):
+        pool.run(sh("true"), domain="solo", timeout_s=0.2)
+    assert pool.run(sh("true"), domain="other").ok  # other domains are not held back
+    t.join()
+    assert out["first"].status == "timeout"
+
+
+@root_only
+def test_worker_rss_is_small(pool):
+    assert all(info["peak_rss_kb"] < 50 * 1024 for info in pool.worker_info())
+
+
+@root_only
+def test_collect_returns_files_but_not_links(pool):
+    res = pool.run(sb.ExecRequest(argv=("sh", "-c", "echo out > result.txt; ln -s /etc/passwd link.txt"),
+                                  collect=("result.txt", "link.txt", "missing.txt")))
+    assert dict(res.files) == {"result.txt": b"out\n"}
+
+
+@pytest.mark.parametrize("backend", ["unsafe", "bwrap"])
+def test_one_shot_backends_run_and_limit(backend):
+    found = sb.probe()
+    if found.missing(backend):
+        pytest.skip(f"{backend} unavailable: {found.missing(backend)}")
+    with sb.Pool(sb.SandboxConfig(backend=backend, workers=1)) as p:
+        ok = p.run(sb.ExecRequest(files={"m.py": "print(6 * 7)"}, python_main="m.py"))
+        assert ok.status == "ok" and ok.text == "42\n" and ok.backend == backend
+        assert p.run(sh("sleep 30", wall_s=0.5)).status == "timeout"
+        assert p.run(sh("exit 3")).exit_code == 3
+        flood = p.run(sb.ExecRequest(files={"m.py": "print('x' * 10**6)"}, python_main="m.py", limits=sb.Limits(output_bytes=1000)))
+        assert len(flood.stdout) == 1000 and flood.stdout_truncated
+        with p.session({"f.txt": "a\n"}) as s:
+            s.run(sh("echo b >> f.txt"))
+            snap = s.snapshot()
+            s.run(sh("rm f.txt"))
+            s.restore(snap)
+            assert s.run(sh("cat f.txt")).text == "a\nb\n"
+
+
+def test_bwrap_has_no_network_and_read_only_root():
+    found = sb.probe()
+    if found.missing("bwrap"):
+        pytest.skip("bubblewrap unavailable")
+    with sb.Pool(sb.SandboxConfig(backend="bwrap", workers=1)) as p:
+        res = p.run(sh("touch /usr/x 2>/dev/null && echo WROTE; cat /sys/class/net/*/operstate 2>/dev/null | tr '\\n' ' '; id -u"))
+        assert "WROTE" not in res.text and res.text.split()[-1] != "0"
+
+
+def _probe(**over) -> sb.Probe:
+    base = dict(root=True, namespaces=True, cgroup_version=1, cgroup_writable=True, seccomp=True, overlay=True,
+                bwrap="/usr/bin/bwrap", bwrap_works=True, python="/usr/bin/python3")
+    base.update(over)
+    return sb.Probe(**base)
+
+
+def test_select_backend_never_downgrades_silently():
+    assert sb.select_backend(sb.SandboxConfig(), _probe()) == "forkserver"
+    weak = _probe(cgroup_writable=False)
+    with pytest.raises(ConfigError, match="accept_weaker"):
+        sb.select_backend(sb.SandboxConfig(), weak)
+    assert sb.select_backend(sb.SandboxConfig(accept_weaker=("bwrap",)), weak) == "bwrap"
+    with pytest.raises(ConfigError, match="cgroup"):
+        sb.select_backend(sb.SandboxConfig(backend="forkserver"), weak)
+    nonroot = _probe(root=False, namespaces=False, cgroup_version=None, cgroup_writable=False)
+    with pytest.raises(ConfigError):
+        sb.select_backend(sb.SandboxConfig(), nonroot)
+    assert sb.select_backend(sb.SandboxConfig(backend="unsafe"), nonroot) == "unsafe"
+    with pytest.raises(ConfigError, match="bubblewrap"):
+        sb.select_backend(sb.SandboxConfig(backend="bwrap"), _probe(bwrap=None, bwrap_works=False))
+
+
+def test_probe_report_lists_backends_and_what_they_enforce():
+    text = sb.probe().report()
+    for name in ("forkserver", "bwrap", "unsafe"):
+        assert f"backend {name}:" in text
+    assert "does not enforce" in text
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="workers"):
+        sb.SandboxConfig(workers=0)
+    with pytest.raises(ValueError, match="domain_limits"):
+        sb.SandboxConfig(domain_limits={"code": 0})
+    with pytest.raises(ValueError, match="backend"):
+        sb.SandboxConfig(backend="docker")
+
+
+def test_records_validate_fields():
+    with pytest.raises(ValueError, match="memory_bytes"):
+        sb.Limits(memory_bytes=0)
+    with pytest.raises(ValueError, match="exactly one"):
+        sb.ExecRequest()
+    with pytest.raises(ValueError, match="relative"):
+        sb.ExecRequest(files={"../x": "a"}, argv=("true",))
+    with pytest.raises(ValueError, match="not in files"):
+        sb.ExecRequest(python_main="m.py")
+    with pytest.raises(ValueError, match="network"):
+        sb.ExecRequest(argv=("true",), network="host")
+    with pytest.raises(ValueError, match="status"):
+        sb.ExecResult(status="fine")
+    req = sb.ExecRequest(files={"a.py": "x"}, python_main="a.py")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.stdin = b"x"
+    assert sb.raise_for_infra(sb.ExecResult(status="failed")).status == "failed"
