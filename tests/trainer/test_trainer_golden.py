@@ -13,10 +13,10 @@ from posttrain.trainer.config import DAPOLossConfig, DrGRPOLossConfig, GRPOLossC
 from posttrain.trainer.trainer import Trainer
 
 GOLDEN = {
-    "grpo": (GRPOLossConfig(), [-0.005062137, -0.015667284, 0.038311254], [1.8609749, 1.4740700, 2.2158878]),
-    "dr_grpo": (DrGRPOLossConfig(max_completion_tokens=6), [0.017172834, 0.016298845, -0.027690226],
-                [0.3123919, 0.3874821, 0.3142459]),
-    "dapo": (DAPOLossConfig(), [0.070504665, 0.080106668, -0.095892668], [1.2825541, 1.4670464, 1.0886155]),
+    "grpo": (GRPOLossConfig(), [-0.005062146, -0.015667289, 0.038311283], [1.8609749, 1.4740700, 2.2158875]),
+    "dr_grpo": (DrGRPOLossConfig(max_completion_tokens=6), [0.017172837, 0.016298844, -0.027690231],
+                [0.3123920, 0.3874821, 0.3142459]),
+    "dapo": (DAPOLossConfig(), [0.070504662, 0.080106683, -0.095892636], [1.2825541, 1.4670465, 1.0886155]),
 }
 
 

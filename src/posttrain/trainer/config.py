@@ -101,6 +101,9 @@ class TrainerConfig(BaseModel):
     model is loaded."""
     micro_batch_size: int = Field(8, ge=1)
     """Rows per forward/backward; gradients accumulate over the step's batch."""
+    sort_by_length: bool = True
+    """Order the step's rows by length before cutting micro-batches, so that
+    each pads to a similar length; the loss is the same up to float summation order."""
     guard: GuardConfig = Field(default_factory=GuardConfig)
     """The loss-spike guard."""
     seed: int = Field(0, ge=0)

@@ -164,6 +164,8 @@ class Trainer:
         nonzero_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, (advantage_b != 0).long())
         signal_g = nonzero_g > 0
         keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
+        if self.config.sort_by_length:  # similar lengths share a micro-batch: less padding
+            keep.sort(key=lambda i: len(batch.rows[i].prompt_ids) + len(batch.rows[i].completion_ids))
         rows = tuple(batch.rows[i] for i in keep)
         totals = BatchTotals(n_sequences=len(rows), n_tokens=sum(r.n_loss_tokens for r in rows))
         return _Prepared(

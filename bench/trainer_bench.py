@@ -1,0 +1,96 @@
+"""Trainer step cost, side by side in one run: micro-batch size, rows sorted by
+length before micro-batching against batch order, logits_to_keep
+(LM head on completion positions only) against full logits, and the guard's
+rollback copy against skip. Prints ratios and peak RSS.
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/trainer_bench.py
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import random
+import resource
+import statistics
+import time
+
+import torch
+
+from posttrain.model.arch import random_model
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.config import GuardConfig, TrainerConfig
+from posttrain.trainer.trainer import Trainer
+
+
+class FullLogits(torch.nn.Module):
+    """The same model without `logits_to_keep` in its forward signature."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def batch(seed: int, vocab: int, prompts: int, group: int, prompt_len: int, max_tokens: int) -> TrainBatch:
+    rng = random.Random(seed)
+    rows = []
+    for g in range(prompts):
+        prompt = tuple(rng.randrange(8, vocab) for _ in range(rng.randint(prompt_len // 2, prompt_len)))
+        for k in range(group):
+            comp = tuple(rng.randrange(8, vocab) for _ in range(rng.randint(4, max_tokens)))
+            rows.append(TrainRow(prompt, comp, tuple(-4.5 for _ in comp), float(k % 2), g, (1,) * len(comp), 1.0))
+    return TrainBatch(tuple(rows))
+
+
+def time_steps(model, config: TrainerConfig, batches: list[TrainBatch]) -> tuple[float, int]:
+    trainer = Trainer(model, config)
+    trainer.step(batches[0])  # warm-up
+    times = []
+    for b in batches[1:]:
+        t0 = time.perf_counter()
+        trainer.step(b)
+        times.append(time.perf_counter() - t0)
+    tokens = sum(len(r.completion_ids) for r in batches[1].rows)
+    return statistics.median(times), tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=40)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    model, tok = random_model(args.preset, seed=0)
+    n_params = sum(p.numel() for p in model.parameters())
+    batches = [batch(s, len(tok), args.prompts, args.group, args.prompt_len, args.max_tokens) for s in range(args.steps + 1)]
+    print(f"preset {args.preset} ({n_params / 1e6:.2f}M params), {args.prompts}x{args.group} rows, "
+          f"prompts <= {args.prompt_len}, completions <= {args.max_tokens}, threads {torch.get_num_threads()}")
+    results = {}
+    for name, wrap, cfg in [
+        ("mb16", False, TrainerConfig(micro_batch_size=16)),
+        ("mb16 unsorted", False, TrainerConfig(micro_batch_size=16, sort_by_length=False)),
+        ("mb64", False, TrainerConfig(micro_batch_size=64)),
+        ("mb256", False, TrainerConfig(micro_batch_size=256)),
+        ("mb64 full logits", True, TrainerConfig(micro_batch_size=64)),
+        ("mb64 rollback guard", False, TrainerConfig(micro_batch_size=64, guard=GuardConfig(action="rollback"))),
+    ]:
+        fresh, _ = random_model(args.preset, seed=0)
+        seconds, tokens = time_steps(FullLogits(fresh) if wrap else fresh, cfg, batches)
+        results[name] = seconds
+        print(f"  {name:22s} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:9.0f} completion tokens/s")
+    base = results["mb64"]
+    print("ratios (time / mb64): " + ", ".join(f"{k} {v / base:.2f}" for k, v in results.items()))
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
