@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posttrain.errors import ConfigError
 from posttrain.model.pretrain import BaseConfig
+from posttrain.monitor.config import MonitorConfig
 from posttrain.tasks.config import TasksConfig
 from posttrain.trainer.config import TrainerConfig
 
@@ -91,6 +92,7 @@ class Config(Section):
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
+    monitor: MonitorConfig = MonitorConfig()
 
 
 def _parse_scalar(text: str) -> Any:

@@ -1,0 +1,192 @@
+"""Alarm detectors: small named classes reading the monitor's history.
+
+Invariant: a detector is a pure function of the history it is given (no
+clock, no randomness), returns one Hit per (alarm, domain) whose condition
+holds now, and never fires before it has the steps or evaluations its rule
+needs (a baseline and a recent window that do not overlap).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+from posttrain.monitor.config import AlarmsConfig
+from posttrain.monitor.signals import DomainSignals
+
+
+@dataclass(frozen=True)
+class Hit:
+    kind: str
+    domain: str | None
+    message: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class History:
+    """What the monitor has seen: per-domain signals by step, KL, evaluations, audits."""
+
+    signals: dict[str, list[tuple[int, DomainSignals]]] = field(default_factory=dict)
+    kl: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    audits: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+
+    def series(self, domain: str, name: str) -> list[float]:
+        return [getattr(s, name) for _, s in self.signals.get(domain, [])]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+class Detector(Protocol):
+    kind: str
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]: ...
+
+
+class _Collapse:
+    """A signal falling below ratio x its baseline in a domain that is not solved."""
+
+    kind = ""
+    signal = ""
+    label = ""
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        rule = getattr(cfg, self.kind)
+        hits = []
+        for domain in h.signals:
+            xs = h.series(domain, self.signal)
+            if len(xs) < cfg.baseline_steps + cfg.window:
+                continue
+            base, recent = _mean(xs[: cfg.baseline_steps]), _mean(xs[-cfg.window :])
+            reward = _mean(h.series(domain, "reward_mean")[-cfg.window :])
+            if base > 0 and recent < rule.ratio * base and reward < rule.solved_at:
+                hits.append(Hit(self.kind, domain,
+                                f"{self.label} collapse in {domain}: {recent:.3f} over the last {cfg.window} steps, "
+                                f"{recent / base:.0%} of its start {base:.3f}, while reward is {reward:.2f}",
+                                {"baseline": base, "recent": recent, "reward": reward}))
+        return hits
+
+
+class EntropyCollapse(_Collapse):
+    kind, signal, label = "entropy_collapse", "entropy", "entropy"
+
+
+class DiversityCollapse(_Collapse):
+    kind, signal, label = "diversity_collapse", "distinct_answers", "diversity (distinct answers per group)"
+
+
+class LengthExplosion:
+    kind = "length_explosion"
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        rule, hits = cfg.length_explosion, []
+        for domain in h.signals:
+            lengths, trunc = h.series(domain, "length_mean"), h.series(domain, "truncated_share")
+            if len(lengths) < cfg.baseline_steps + cfg.window:
+                continue
+            base, recent = _mean(lengths[: cfg.baseline_steps]), _mean(lengths[-cfg.window :])
+            t_base, t_recent = _mean(trunc[: cfg.baseline_steps]), _mean(trunc[-cfg.window :])
+            grew = base > 0 and recent > rule.factor * base
+            truncating = t_recent > rule.truncated_share and t_base < rule.truncated_share / 2
+            if grew or truncating:
+                hits.append(Hit(self.kind, domain,
+                                f"length explosion in {domain}: mean length {base:.1f} -> {recent:.1f} tokens, "
+                                f"truncated {t_base:.0%} -> {t_recent:.0%}",
+                                {"baseline": base, "recent": recent, "truncated_baseline": t_base, "truncated": t_recent}))
+        return hits
+
+
+class KLAcceleration:
+    kind = "kl_acceleration"
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        rule, w, hits = cfg.kl_acceleration, cfg.window, []
+        for domain, points in h.kl.items():
+            xs = [v for _, v in points]
+            if len(xs) < 3 * w:
+                continue
+            a, b, c = _mean(xs[-3 * w : -2 * w]), _mean(xs[-2 * w : -w]), _mean(xs[-w:])
+            before, now = max(b - a, rule.min_growth), c - b
+            if c > rule.min_kl and now > rule.factor * before:
+                where = "overall" if domain == "all" else f"in {domain}"
+                hits.append(Hit(self.kind, None if domain == "all" else domain,
+                                f"KL acceleration {where}: KL {a:.3f} -> {b:.3f} -> {c:.3f} over windows of "
+                                f"{w} measurements (growth {now:.3f} against {b - a:.3f} before)",
+                                {"windows": [a, b, c]}))
+        return hits
+
+
+class AuditFailure:
+    kind = "audit_failure"
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        rule, hits = cfg.audit_failure, []
+        for domain, rows in h.audits.items():
+            recent = rows[-cfg.window :]
+            audited, failed = sum(r[1] for r in recent), sum(r[2] for r in recent)
+            if audited >= rule.min_audited and failed / audited > rule.max_fail_share:
+                hits.append(Hit(self.kind, domain,
+                                f"audit failure in {domain}: {failed} of {audited} top-reward rollouts of the last "
+                                f"{len(recent)} steps fail the stricter check (reward hacking?)",
+                                {"audited": audited, "failed": failed}))
+        return hits
+
+
+STEP_DETECTORS: tuple[Detector, ...] = (EntropyCollapse(), DiversityCollapse(), LengthExplosion(), KLAcceleration(), AuditFailure())
+
+
+# ---------------------------------------------------------------- evaluation-time detectors
+
+
+class RewardHacking:
+    """Train reward rising over its baseline while held-out accuracy has not moved up."""
+
+    kind = "reward_hacking"
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        rule, hits = cfg.reward_hacking, []
+        if len(h.evals) < 2:
+            return hits
+        (_, first), (step, last) = h.evals[0], h.evals[-1]
+        for domain in last:
+            rewards = h.series(domain, "reward_mean")
+            if domain not in first or len(rewards) < cfg.baseline_steps + cfg.window:
+                continue
+            base, recent = _mean(rewards[: cfg.baseline_steps]), _mean(rewards[-cfg.window :])
+            gain = last[domain] - first[domain]
+            if recent - base >= rule.rise and gain <= rule.stall:
+                hits.append(Hit(self.kind, domain,
+                                f"reward hacking suspected in {domain}: train reward {base:.2f} -> {recent:.2f} "
+                                f"while held-out accuracy went {first[domain]:.2f} -> {last[domain]:.2f} by step {step}",
+                                {"train_baseline": base, "train_recent": recent,
+                                 "heldout_first": first[domain], "heldout_last": last[domain]}))
+        return hits
+
+
+class DomainRegression:
+    """A domain below its best held-out accuracy while the others' mean has gained."""
+
+    kind = "domain_regression"
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        tol, hits = cfg.domain_regression.tolerance, []
+        if len(h.evals) < 2:
+            return hits
+        first, (step, last) = h.evals[0][1], h.evals[-1]
+        for domain, now in last.items():
+            best = max(acc[domain] for _, acc in h.evals if domain in acc)
+            others = [d for d in last if d != domain and d in first]
+            if not others:
+                continue
+            gain = _mean([last[d] - first[d] for d in others])
+            if best - now > tol and gain > tol:
+                hits.append(Hit(self.kind, domain,
+                                f"{domain} regressed on held-out to {now:.2f} (best {best:.2f}) while the other "
+                                f"domains gained {gain:+.2f} on average by step {step}",
+                                {"now": now, "best": best, "others_gain": gain}))
+        return hits
+
+
+EVAL_DETECTORS: tuple[Detector, ...] = (RewardHacking(), DomainRegression())

@@ -1,0 +1,82 @@
+"""Within-group output diversity: distinct answers, distinct-n, mean pairwise edit distance.
+
+Invariant: every measure is in [0, 1], falls as a group's completions grow
+alike (edit distance is 0 and distinct answers 1/G for G identical texts)
+and depends only on the completion texts, so the same group always
+measures the same. The edit distance is exact
+Levenshtein (vectorised over all pairs, one numpy pass per character row).
+"""
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Sequence
+
+import numpy as np
+
+from posttrain.domains.base import extract_answer
+
+
+def distinct_answers(texts: Sequence[str]) -> float:
+    """Distinct extracted answers / group size (1/G when all agree, 1 when all differ)."""
+    if not texts:
+        return 0.0
+    return len({extract_answer(t) for t in texts}) / len(texts)
+
+
+def distinct_n(texts: Sequence[str], n: int = 2) -> float:
+    """Distinct character n-grams / all n-grams over the group (0 when no text has n characters)."""
+    grams = [t[i : i + n] for t in texts for i in range(len(t) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def _encode(texts: Sequence[str], width: int, pad: int) -> np.ndarray:
+    """Code points, one row per text, right-padded with `pad` (one encode for all texts)."""
+    joined = "".join(t.ljust(width, "\0") for t in texts).encode("utf-32-le")
+    out = np.frombuffer(joined, dtype=np.uint32).reshape(len(texts), width).astype(np.int64)
+    out[np.arange(width)[None, :] >= np.array([len(t) for t in texts])[:, None]] = pad
+    return out
+
+
+def levenshtein(a: Sequence[str], b: Sequence[str]) -> np.ndarray:
+    """Edit distance of a[p] to b[p] for every pair p (insert, delete, substitute cost 1)."""
+    if len(a) != len(b):
+        raise ValueError(f"levenshtein: {len(a)} left strings but {len(b)} right strings")
+    if not a:
+        return np.zeros(0, dtype=np.int64)
+    len_a = np.array([len(s) for s in a])
+    len_b = np.array([len(s) for s in b])
+    wa, wb = max(1, int(len_a.max())), max(1, int(len_b.max()))
+    ca, cb = _encode(a, wa, -1), _encode(b, wb, -2)
+    cols = np.arange(wb + 1)
+    prev = np.broadcast_to(cols, (len(a), wb + 1)).copy()
+    result = np.where(len_a == 0, len_b, 0)
+    for i in range(1, wa + 1):
+        cost = (ca[:, i - 1 : i] != cb).astype(np.int64)  # P x wb
+        diag_or_up = np.minimum(prev[:, 1:] + 1, prev[:, :-1] + cost)
+        # left dependency: cur[j] = min_k<=j (base[k] + j - k), a running minimum of base - k
+        base = np.concatenate([np.full((len(a), 1), i), diag_or_up], axis=1)
+        cur = np.minimum.accumulate(base - cols, axis=1) + cols
+        done = len_a == i
+        result[done] = cur[done, len_b[done]]
+        prev = cur
+    return result
+
+
+def mean_pairwise_edit(groups: Sequence[Sequence[str]], max_chars: int = 64) -> list[float]:
+    """Per group: mean over pairs of edit distance / longer length (0 for identical texts)."""
+    left, right, owner = [], [], []
+    for g, texts in enumerate(groups):
+        cut = [t[:max_chars] for t in texts]
+        for x, y in combinations(cut, 2):
+            left.append(x)
+            right.append(y)
+            owner.append(g)
+    out = [0.0] * len(groups)
+    if not left:
+        return out
+    dist = levenshtein(left, right)
+    longest = np.maximum([len(x) for x in left], [len(y) for y in right])
+    norm = np.where(longest > 0, dist / np.maximum(longest, 1), 0.0)
+    sums = np.bincount(owner, weights=norm, minlength=len(groups))
+    counts = np.bincount(owner, minlength=len(groups))
+    return [float(s / c) if c else 0.0 for s, c in zip(sums, counts)]
