@@ -4,7 +4,8 @@ side by side in one run on the same model (and HF `generate` with
 `num_return_sequences` for reference).
 
 Both engine paths draw the same samples (same seeds), so their token counts
-are equal and the ratio is a pure speed ratio.
+are equal and the ratio is a pure speed ratio. Process CPU time is reported
+beside wall time: on a shared machine it is the steadier of the two.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/generation.py --preset tiny --prompts 32 --group 8
 """
@@ -14,6 +15,7 @@ import argparse
 import os
 import resource
 import time
+from dataclasses import dataclass
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -32,37 +34,55 @@ def build_prompts(engine, count: int, seed: int) -> list[tuple[int, ...]]:
     return prompts
 
 
-def time_engine(engine, requests, repeats: int) -> tuple[float, int]:
-    """Best wall time over `repeats` runs and the tokens generated per run."""
-    best, tokens = float("inf"), 0
+@dataclass
+class Timing:
+    """Best wall and process-CPU seconds over the repeats, tokens per run."""
+
+    wall: float = float("inf")
+    cpu: float = float("inf")
+    tokens: int = 0
+
+    def add(self, wall: float, cpu: float, tokens: int) -> None:
+        self.wall, self.cpu, self.tokens = min(self.wall, wall), min(self.cpu, cpu), tokens
+
+    def show(self) -> str:
+        return (f"{self.tokens / self.wall:7.0f} tok/s wall, {self.tokens / self.cpu:7.0f} tok/CPU-s "
+                f"({self.tokens} tokens)")
+
+
+def timed(fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def time_engine(engine, requests, repeats: int) -> Timing:
+    timing = Timing()
     for _ in range(repeats):
-        start = time.process_time()
-        groups = engine.generate(requests)
-        best = min(best, time.process_time() - start)
-        tokens = sum(len(c.token_ids) for g in groups for c in g)
-    return best, tokens
+        wall, cpu, groups = timed(lambda: engine.generate(requests))
+        timing.add(wall, cpu, sum(len(c.token_ids) for g in groups for c in g))
+    return timing
 
 
-def time_hf_generate(model, tok, prompts, group: int, max_tokens: int, repeats: int) -> tuple[float, int]:
+def time_hf_generate(model, tok, prompts, group: int, max_tokens: int, repeats: int) -> Timing:
     """HF generate, one call per batch of prompts, num_return_sequences=G."""
     import torch
 
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
     mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
-    best, tokens = float("inf"), 0
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    timing = Timing()
     for _ in range(repeats):
         torch.manual_seed(0)
-        start = time.process_time()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=max_tokens,
-                                 num_return_sequences=group, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id)
-        best = min(best, time.process_time() - start)
+            wall, cpu, out = timed(lambda: model.generate(
+                ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=max_tokens,
+                num_return_sequences=group, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
         new = out[:, width:]
         ended = (new == tok.eos_token_id).int().cumsum(-1)
-        tokens = int(((ended == 0) | ((ended == 1) & (new == tok.eos_token_id))).sum())
-    return best, tokens
+        timing.add(wall, cpu, int(((ended == 0) | ((ended == 1) & (new == tok.eos_token_id))).sum()))
+    return timing
 
 
 def main() -> None:
@@ -97,15 +117,19 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         shared.generate(requests[:2])  # warm-up
-        t_naive, n_naive = time_engine(naive, requests, args.repeats)
-        t_shared, n_shared = time_engine(shared, requests, args.repeats)
-        line = (f"threads {threads}: shared prefix {n_shared / t_shared:8.0f} tok/s ({n_shared} tokens, {t_shared:.3f} s)"
-                f" | repeated prompt {n_naive / t_naive:8.0f} tok/s ({n_naive} tokens, {t_naive:.3f} s)"
-                f" | ratio {t_naive / t_shared:.2f}x")
+        naive_t = time_engine(naive, requests, args.repeats)
+        shared_t = time_engine(shared, requests, args.repeats)
+        assert naive_t.tokens == shared_t.tokens, "the two paths must draw the same samples"
+        print(f"threads {threads}: shared prefix   {shared_t.show()}")
+        print(f"threads {threads}: repeated prompt {naive_t.show()}")
+        print(f"threads {threads}: shared / repeated: {naive_t.wall / shared_t.wall:.2f}x wall, "
+              f"{naive_t.cpu / shared_t.cpu:.2f}x CPU")
         if args.hf_generate:
-            t_hf, n_hf = time_hf_generate(shared.model, tok, prompts, args.group, args.max_tokens, args.repeats)
-            line += f" | HF generate {n_hf / t_hf:8.0f} tok/s ({n_hf} tokens), shared/HF {(n_shared / t_shared) / (n_hf / t_hf):.2f}x"
-        print(line)
+            hf_t = time_hf_generate(shared.model, tok, prompts, args.group, args.max_tokens, args.repeats)
+            print(f"threads {threads}: HF generate(num_return_sequences=G) {hf_t.show()}")
+            print(f"threads {threads}: shared / HF generate (tok/s): "
+                  f"{(shared_t.tokens / shared_t.wall) / (hf_t.tokens / hf_t.wall):.2f}x wall, "
+                  f"{(shared_t.tokens / shared_t.cpu) / (hf_t.tokens / hf_t.cpu):.2f}x CPU")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MiB")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posttrain.engine.hf import HFEngine, HFEngineConfig
-from posttrain.errors import ConfigError, ModelLoadError
+from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.model.arch import random_model
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
@@ -256,6 +256,19 @@ def test_bfloat16_generation_runs_and_keeps_logprobs_finite(tmp_path, model_tok)
     assert next(engine.model.parameters()).dtype == torch.bfloat16
     group = engine.generate([GenerationRequest(chat(engine, "ab"), SamplingParams(max_tokens=8, n=3, seed=1))])[0]
     assert all(math.isfinite(lp) and lp <= 0 for c in group for lp in c.logprobs)
+
+
+def test_a_failing_forward_is_a_generation_error(model_tok, monkeypatch):
+    model, tok = model_tok
+    engine = HFEngine(model, tok)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(engine, "_forward", broken)
+    with pytest.raises(GenerationError, match="out of memory") as info:
+        engine.generate([GenerationRequest((5, 6), SamplingParams(max_tokens=2))])
+    assert info.value.kind == "generation" and not model.training
 
 
 def test_generate_restores_the_training_mode(model_tok):

@@ -11,6 +11,7 @@ the prompt's KV cache n times.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.engine.kvcache import new_cache
 from posttrain.engine.sampling import row_key, sample_next
-from posttrain.errors import ConfigError, ModelLoadError
+from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
 
 
@@ -103,6 +104,7 @@ class HFEngine:
         self._generator = torch.Generator()
         self.seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         self._prompt_tokens = self._generated_tokens = self._forward_calls = 0
+        self._lock = threading.RLock()  # one generate or weight update at a time
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: Any = None,
@@ -143,11 +145,12 @@ class HFEngine:
         """None: the model object was updated in place; a state dict: load it;
         a path: load that Hugging Face checkpoint directory's weights.
         Returns the new version."""
-        if source is not None:
-            state = _read_checkpoint(source) if isinstance(source, (str, Path)) else source
-            _load_state(self.model, state)
-        self.version += 1
-        return self.version
+        state = _read_checkpoint(source) if isinstance(source, (str, Path)) else source
+        with self._lock:
+            if state is not None:
+                _load_state(self.model, state)
+            self.version += 1
+            return self.version
 
     # -- generation -----------------------------------------------------------
 
@@ -155,7 +158,12 @@ class HFEngine:
         """For each request, `params.n` completions in sample order."""
         for i, req in enumerate(requests):
             self._validate(i, req)
-        chunks = self._plan(requests)
+        with self._lock:
+            outputs = self._generate_rows(self._plan(requests))
+            return [[self._completion(req, outputs[(i, j)]) for j in range(req.params.n)]
+                    for i, req in enumerate(requests)]
+
+    def _generate_rows(self, chunks: list[_Chunk]) -> dict[tuple[int, int], _Output]:
         outputs: dict[tuple[int, int], _Output] = {}
         was_training = self.model.training
         self.model.eval()
@@ -163,10 +171,11 @@ class HFEngine:
             with torch.inference_mode():
                 for batch in _pack(chunks, self.config.max_batch_rows):
                     outputs.update(self._run_batch(batch))
+        except RuntimeError as exc:  # torch failures, out-of-memory included: infra, not the task
+            raise GenerationError(f"hf engine failed while decoding: {exc}") from exc
         finally:
             self.model.train(was_training)
-        return [[self._completion(req, outputs[(i, j)]) for j in range(req.params.n)]
-                for i, req in enumerate(requests)]
+        return outputs
 
     def _validate(self, i: int, req: GenerationRequest) -> None:
         p, where = req.params, f"requests[{i}]"
