@@ -177,6 +177,8 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     finish: str = ""
     stop_hit: bool = False
+    tried: dict[str, list[int]] = field(default_factory=dict)
+    """Per drafter, in this sequence: [rounds, proposed, accepted]."""
 
 
 class SpeculativeEngine:
@@ -249,7 +251,7 @@ class SpeculativeEngine:
             logits = self._forward([last] + draft, cache)
             new = self._verify(seq, logits, draft, choose)
             if drafter is not None:
-                self._count(drafter.name, draft, new)
+                self._count(seq, drafter.name, draft, new)
             accepted = self._append(seq, new, req.params)
             if emit and accepted:
                 emit(accepted)
@@ -273,12 +275,21 @@ class SpeculativeEngine:
             text = text[: min((text.find(s) for s in stop if s in text), default=len(text))]
         return text
 
-    def _count(self, name: str, draft: list[int], new: list[tuple[int, float]]) -> None:
+    def _count(self, seq: _Seq, name: str, draft: list[int], new: list[tuple[int, float]]) -> None:
         st = self.stats.drafters[name]
         matched = 0
         while matched < min(len(draft), len(new)) and new[matched][0] == draft[matched]:
             matched += 1
         st.rounds, st.proposed, st.accepted = st.rounds + 1, st.proposed + len(draft), st.accepted + matched
+        mine = seq.tried.setdefault(name, [0, 0, 0])
+        mine[0], mine[1], mine[2] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched
+
+    @staticmethod
+    def _paying(seq: _Seq, name: str) -> bool:
+        """A drafter keeps drafting for a sequence until, after 4 rounds, under
+        a fifth of its tokens were accepted (then it would only cost time)."""
+        rounds, proposed, accepted = seq.tried.get(name, (0, 0, 0))
+        return rounds < 4 or accepted * 5 >= proposed
 
     def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
         self.stats.target_forwards += 1
@@ -293,6 +304,8 @@ class SpeculativeEngine:
             return [], None
         ids = seq.prompt + seq.out
         for drafter, k in zip(self.drafters, self.draft_tokens):
+            if not self._paying(seq, drafter.name):
+                continue
             draft = drafter.propose(ids, min(k, room - 1), choose, len(seq.out))
             if draft:
                 return draft, drafter

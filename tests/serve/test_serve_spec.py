@@ -1,0 +1,81 @@
+"""Speculative decoding: drafts change speed, never the output (greedy and seeded sampling)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.engine.hf import HFEngine
+from posttrain.model.arch import random_model
+from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
+from posttrain.types import GenerationRequest, Message, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return random_model("tiny", seed=4)
+
+
+def _never(logits, step):
+    raise AssertionError("the n-gram drafter must not call the model")
+
+
+def test_ngram_lookup_proposes_continuation_of_latest_match():
+    d = NgramDrafter(max_n=2)
+    #         0  1  2  3  4  5  6  7  8
+    ids = [1, 2, 3, 4, 9, 2, 3, 5, 2, 3]
+    assert d.propose(ids, 3, _never, 0) == [5, 2, 3]  # latest "2 3" is at 5..6, followed by 5, 2, 3
+    assert d.propose([1, 2, 3], 4, _never, 0) == []  # "3" never occurred before
+    assert d.propose([7, 8, 7], 2, _never, 0) == [8, 7]  # falls back to a 1-gram
+
+
+def _requests(engine, temperature, seed=5):
+    prompts = [engine.encode_chat([Message("user", f"rev {w}=")]) for w in ("abcabc", "hello", "xyzzy", "aaaa")]
+    return [GenerationRequest(p, SamplingParams(max_tokens=40, temperature=temperature, seed=seed, n=2))
+            for p in prompts]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_every_drafter_mix_reproduces_the_standard_engine(model, temperature):
+    m, tok = model
+    reference = HFEngine(m, tok)
+    reqs = _requests(reference, temperature)
+    want = [[c.token_ids for c in g] for g in reference.generate(reqs)]
+    q = int8_copy(m)
+    for drafters in ([], [NgramDrafter()], [ModelDrafter(q)], [NgramDrafter(), ModelDrafter(q)]):
+        engine = SpeculativeEngine(m, tok, drafters)
+        got = engine.generate(reqs)
+        assert [[c.token_ids for c in g] for g in got] == want, [d.name for d in drafters]
+        if any(d.name == "int8" for d in drafters) or (drafters and temperature == 0):
+            assert engine.stats.target_forwards < engine.stats.tokens  # speculation saved target forwards
+
+
+def test_logprobs_and_stop_strings_match_the_standard_engine(model):
+    m, tok = model
+    reference = HFEngine(m, tok)
+    prompt = reference.encode_chat([Message("user", "sort 3124=")])
+    free = reference.generate([GenerationRequest(prompt, SamplingParams(max_tokens=30, temperature=0.0))])[0][0]
+    stop = free.text[5:7] if len(free.text) > 8 else "zz"
+    req = [GenerationRequest(prompt, SamplingParams(max_tokens=30, temperature=0.0, stop=(stop,)))]
+    a = reference.generate(req)[0][0]
+    b = SpeculativeEngine(m, tok, [NgramDrafter(), ModelDrafter(int8_copy(m))]).generate(req)[0][0]
+    assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_streaming_callback_sees_every_token_once(model):
+    m, tok = model
+    engine = SpeculativeEngine(m, tok, [NgramDrafter()])
+    seen: dict[tuple[int, int], list[int]] = {}
+    reqs = _requests(engine, 0.7)[:2]
+    out = engine.generate(reqs, on_tokens=lambda r, s, ids: seen.setdefault((r, s), []).extend(ids))
+    assert {k: tuple(v) for k, v in seen.items()} == {(r, s): c.token_ids for r, g in enumerate(out)
+                                                      for s, c in enumerate(g)}
+
+
+def test_int8_target_is_a_different_model(model):
+    m, tok = model
+    q = int8_copy(m)
+    assert any(type(mod).__module__.startswith("torch.ao") for mod in q.modules())
+    assert all(type(mod).__module__.startswith("torch.nn") or "quantized" not in type(mod).__module__
+               for mod in m.modules())  # the float model is untouched
