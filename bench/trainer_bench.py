@@ -71,7 +71,8 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model, tok = random_model(args.preset, seed=0)
     n_params = sum(p.numel() for p in model.parameters())
-    batches = [batch(s, len(tok), args.prompts, args.group, args.prompt_len, args.max_tokens) for s in range(args.steps + 1)]
+    shape = (len(tok), args.prompts, args.group, args.prompt_len, args.max_tokens)
+    batches = [batch(s, *shape) for s in range(args.steps + 1)]
     print(f"preset {args.preset} ({n_params / 1e6:.2f}M params), {args.prompts}x{args.group} rows, "
           f"prompts <= {args.prompt_len}, completions <= {args.max_tokens}, threads {torch.get_num_threads()}")
     results = {}

@@ -19,7 +19,8 @@ def grads_after_one_backward(model, config, batch):
     """Run a step with lr ~ 0 and capture the accumulated gradient before it is zeroed."""
     trainer = Trainer(model, config)
     captured = []
-    trainer.optimizer.step = lambda: captured.extend(p.grad.clone() for p in trainer.params)  # type: ignore[method-assign]
+    capture = lambda: captured.extend(p.grad.clone() for p in trainer.params)  # noqa: E731
+    trainer.optimizer.step = capture  # type: ignore[method-assign]
     stats = trainer.step(batch)
     return stats, captured
 
@@ -138,6 +139,10 @@ def test_bad_rows_are_rejected_with_the_field_named():
         TrainRow((1,), (2,), (-1.0,), float("nan"), "g", (1,))
     with pytest.raises(TrainerError, match="rows"):
         TrainBatch(())
+    out_of_vocab = TrainBatch((TrainRow((1,), (64,), (-1.0,), 1.0, "g", (1,)),
+                               TrainRow((1,), (2,), (-1.0,), 0.0, "g", (1,))))
+    with pytest.raises(TrainerError, match=r"rows\[0\]\.completion_ids"):
+        Trainer(tiny_model(0), TrainerConfig()).step(out_of_vocab)
 
 
 # ---------------------------------------------------------------- the guard

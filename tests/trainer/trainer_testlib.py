@@ -51,7 +51,9 @@ def sample(model, prompt, n_tokens, temperature, gen):
     return tuple(ids[len(prompt):]), tuple(logps)
 
 
-def synthetic_batch(seed: int, n_groups: int = 3, group_size: int = 4, model=None, temperature: float = 1.0) -> TrainBatch:
+def synthetic_batch(
+    seed: int, n_groups: int = 3, group_size: int = 4, model=None, temperature: float = 1.0
+) -> TrainBatch:
     """Prompts of 2-5 tokens, completions of 1-6; rewards 0/1 with both values
     in every group but the last, which is all 1 (so it carries no signal). Behaviour log-probs come from `model` when
     given (on-policy), else a fixed off-policy value."""

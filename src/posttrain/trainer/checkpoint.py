@@ -112,7 +112,9 @@ def save_checkpoint(
     return final
 
 
-def _write_all(tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int) -> None:
+def _write_all(
+    tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int
+) -> None:
     tmp.mkdir()
     model.save_pretrained(tmp)
     if not list(tmp.glob("*.safetensors")):

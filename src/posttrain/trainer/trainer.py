@@ -114,6 +114,7 @@ class Trainer:
             self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.guard = SpikeGuard(config.guard)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.steps = 0
         self.skipped = 0
         self.rolled_back = 0
@@ -129,11 +130,16 @@ class Trainer:
     def step(self, batch: TrainBatch) -> StepStats:
         """One optimizer step on `batch` (or none, with the reason in the stats)."""
         started = time.perf_counter()
+        self._check_ids(batch)
         self.steps += 1
         prepared = self._prepare(batch)
         if not prepared.rows:
             return self._stats(batch, prepared, "no_signal", "", None, 0.0, started)
-        acc = self._accumulate(prepared)
+        try:
+            acc = self._accumulate(prepared)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient survives
+            raise
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
         reason = self.guard.verdict(acc.loss, grad_norm)
         outcome = self._apply(reason, acc.loss, grad_norm)
@@ -156,13 +162,20 @@ class Trainer:
 
     # ------------------------------------------------------------ advantages and filtering
 
+    def _check_ids(self, batch: TrainBatch) -> None:
+        for i, row in enumerate(batch.rows):
+            for name in ("prompt_ids", "completion_ids"):
+                ids = getattr(row, name)
+                if ids and not (0 <= min(ids) and max(ids) < self.vocab_size):
+                    raise TrainerError(f"rows[{i}].{name} holds token ids outside [0, {self.vocab_size})")
+
     def _prepare(self, batch: TrainBatch) -> _Prepared:
         group_index: dict[Any, int] = {}
         group_b = torch.tensor([group_index.setdefault(r.group_id, len(group_index)) for r in batch.rows])
         reward_b = torch.tensor([r.reward for r in batch.rows], dtype=torch.float64)
         advantage_b = self.loss.advantages(reward_b, group_b)
-        nonzero_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, (advantage_b != 0).long())
-        signal_g = nonzero_g > 0
+        nonzero_b = (advantage_b != 0).long()
+        signal_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, nonzero_b) > 0
         keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
         if self.config.sort_by_length:  # similar lengths share a micro-batch: less padding
             keep.sort(key=lambda i: len(batch.rows[i].prompt_ids) + len(batch.rows[i].completion_ids))
@@ -186,13 +199,16 @@ class Trainer:
             size = self.config.micro_batch_size
             for start in range(0, len(prepared.rows), size):
                 rows = prepared.rows[start : start + size]
-                mb_loss, mb_stats, mb_entropy = self._micro_step(rows, prepared.advantage_b[start : start + size], prepared.totals)
+                advantage_b = prepared.advantage_b[start : start + size]
+                mb_loss, mb_stats, mb_entropy = self._micro_step(rows, advantage_b, prepared.totals)
                 loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
         finally:
             self.model.train(was_training)
         return _Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum)
 
-    def _micro_step(self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals) -> tuple[float, LossStats, float]:
+    def _micro_step(
+        self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals
+    ) -> tuple[float, LossStats, float]:
         packed = pack_rows(rows, self.device)
         logp_bcv = self._logp_vocab(self.model, packed)
         logp_bc = logp_bcv.gather(-1, packed.target_bc[..., None]).squeeze(-1)
