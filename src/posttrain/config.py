@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from posttrain.errors import ConfigError
 from posttrain.model.pretrain import BaseConfig
+from posttrain.pipeline.config import PipelineConfig, Runtime
 from posttrain.monitor.config import MonitorConfig
 from posttrain.tasks.config import TasksConfig
 from posttrain.trainer.config import TrainerConfig
@@ -93,6 +94,10 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
     monitor: MonitorConfig = MonitorConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    """The rollout pipeline: stage workers, queues, scheduler, staleness, replacement."""
+    runtime: Runtime = "embedded"
+    """Where rollout workers run: embedded (threads and processes here) or ray (actors on a Ray cluster)."""
 
 
 def _parse_scalar(text: str) -> Any:

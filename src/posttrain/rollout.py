@@ -26,6 +26,8 @@ class Rollout:
     error_kind: str | None = None
     error: str | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    loss_mask: tuple[int, ...] | None = None
+    """Multi-turn episodes: 1 for the model's own tokens, 0 for observations (None: all ones)."""
 
     @property
     def reward(self) -> float | None:

@@ -1,0 +1,28 @@
+"""posttrain.pipeline: the asynchronous rollout pipeline and its scheduler.
+
+Invariant: every admitted group leaves the pipeline exactly once, scored or
+masked with a typed infra error (never scored 0), and every background task
+is owned by one asyncio.TaskGroup.
+
+    async with Pipeline(cfg, EmbeddedWorkers(engine), params, scheduler) as pipe:
+        results = await pipe.run_groups(tasks)                 # one step's tasks, in order
+        batch = await pipe.collect(32, version, informative)   # continuous, off-policy
+    pipe.stats().flat()   # queue depths, throughput, latency percentiles, idle share
+"""
+from posttrain.pipeline.config import PipelineConfig, Runtime
+
+_LAZY = {
+    "Pipeline": "core", "PipelineStats": "core", "GroupResult": "core", "Scheduler": "scheduler",
+    "AdaptiveCap": "scheduler", "EmbeddedWorkers": "workers", "Workers": "workers", "Verdict": "workers",
+    "verify_group": "workers", "StepRollouts": "step", "make_workers": "step",
+}
+__all__ = ["PipelineConfig", "Runtime", *_LAZY]
+
+
+def __getattr__(name: str):
+    """Heavy parts load on first use, so reading the config stays light."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"posttrain.pipeline.{_LAZY[name]}"), name)
+    raise AttributeError(name)

@@ -1,0 +1,74 @@
+"""Typed pipeline configuration: stage workers, queues, scheduler, staleness.
+
+Invariant: a PipelineConfig that validates is runnable as is: every count
+and bound the pipeline relies on is checked here (long slots fit inside the
+in-flight cap, the cap's floor is below its ceiling), unknown keys are
+rejected, and the model is frozen.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class PipelineConfig(BaseModel):
+    """The asynchronous rollout pipeline: generate -> execute -> verify."""
+
+    model_config = _STRICT
+    generate_workers: int = Field(1, ge=1, le=1024)
+    """Concurrent generation calls (each one batches whatever groups are queued)."""
+    generate_batch: int = Field(64, ge=1, le=65536)
+    """Most groups one generation call takes from its queue at once."""
+    execute_workers: int = Field(4, ge=1, le=4096)
+    """Concurrent execution calls (sandbox runs, environment steps)."""
+    verify_workers: int = Field(2, ge=1, le=1024)
+    """Concurrent verification calls."""
+    verify_processes: int = Field(0, ge=0, le=256)
+    """Processes in the verification pool (0: verify in threads, for cheap
+    verifiers and verifiers registered only in this process)."""
+    queue_size: int = Field(64, ge=1, le=1_000_000)
+    """Capacity of each bounded queue between stages (backpressure beyond it)."""
+    max_inflight: int = Field(64, ge=1, le=1_000_000)
+    """Ceiling of groups admitted and not yet finished."""
+    min_inflight: int = Field(4, ge=1, le=1_000_000)
+    """Floor of the adaptive in-flight cap."""
+    long_slots: int = Field(8, ge=0, le=1_000_000)
+    """In-flight places reserved for long tasks (short tasks never take them,
+    and long tasks never take more)."""
+    mix_slack: int = Field(4, ge=0, le=1_000_000)
+    """Groups a domain may fall behind its target count before admission waits for it."""
+    domain_quota: int = Field(0, ge=0, le=1_000_000)
+    """Most in-flight groups of one domain (0: no quota)."""
+    max_retries: int = Field(2, ge=0, le=100)
+    """Retries of a group after an infra error before it is masked and counted."""
+    backoff_s: float = Field(0.05, ge=0.0, le=600.0)
+    """First retry delay; each further retry doubles it."""
+    generate_timeout_s: float | None = Field(None, gt=0.0)
+    """A generation call that takes longer is an infra error (None: no timeout)."""
+    degrade_after: int = Field(20, ge=1, le=1_000_000)
+    """Consecutive groups with verifier failures after which a domain is paused (alarm)."""
+    degrade_cooldown_s: float = Field(60.0, ge=0.0)
+    """A paused domain gets one probe group after this many seconds."""
+    max_staleness: int = Field(0, ge=0, le=1_000_000)
+    """Oldest accepted weight version lag (0: on-policy); older groups are dropped and counted."""
+    replace_rounds: int = Field(0, ge=0, le=100)
+    """Rounds of replacement for groups filtered by dynamic sampling or staleness
+    in the per-step loop (the continuous pipeline always replaces)."""
+    ray_address: str | None = None
+    """With runtime ray: the cluster address (None: start a local cluster; "auto": the one running here)."""
+    latency_window: int = Field(4096, ge=16, le=10_000_000)
+    """Latencies kept per stage for percentiles."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "PipelineConfig":
+        if self.min_inflight > self.max_inflight:
+            raise ValueError(f"min_inflight ({self.min_inflight}) must be <= max_inflight ({self.max_inflight})")
+        if self.long_slots >= self.max_inflight:
+            raise ValueError(f"long_slots ({self.long_slots}) must be < max_inflight ({self.max_inflight})")
+        return self
+
+
+Runtime = Literal["embedded", "ray"]

@@ -1,0 +1,493 @@
+"""The asynchronous rollout pipeline: generate -> execute -> verify over bounded queues.
+
+Invariant: every admitted group leaves the pipeline exactly once, as one
+GroupResult holding one Rollout per sample: scored, or masked with a typed
+error after its retries ran out (never scored 0 for an infra error); every
+background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
+any stage cancels its siblings and surfaces from `async with`; a stage
+never blocks the event loop (its workers' calls are awaitable).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from posttrain.domains.base import stable_hash
+from posttrain.envs.base import Trajectory, make_environment
+from posttrain.errors import GenerationError, classify
+from posttrain.pipeline.config import PipelineConfig
+from posttrain.pipeline.metrics import StageMeter, StageStats
+from posttrain.pipeline.queues import BoundedQueue, QueueStats
+from posttrain.pipeline.scheduler import EventSink, Scheduler
+from posttrain.pipeline.workers import Verdict, Workers
+from posttrain.rollout import Rollout
+from posttrain.types import Completion, CostClass, Episode, GenerationRequest, Message, SamplingParams, Score, Task
+
+_NOT_INFRA = ("config", "task")
+
+
+@dataclass
+class _Item:
+    """One group in flight (internal, mutable; only Rollouts leave)."""
+
+    task: Task
+    group_id: str
+    tier: CostClass
+    seq: int
+    admitted_at: float
+    turn_budget: int = 1
+    prompt_ids: tuple[int, ...] = ()
+    completions: list[Completion] = field(default_factory=list)
+    trajectories: list[Trajectory] | None = None
+    execs: tuple[Any, ...] = ()
+    first_env: Any = None
+    first_obs: str = ""
+    attempts: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.trajectories is not None
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One finished group, in the order of its admission `seq`."""
+
+    seq: int
+    tier: CostClass
+    rollouts: tuple[Rollout, ...]
+    model_version: int
+    """Oldest weight version among the group's samples (the staleness reference)."""
+
+    @property
+    def domain(self) -> str:
+        return self.rollouts[0].task.domain
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    stages: tuple[StageStats, ...]
+    queues: tuple[QueueStats, ...]
+    counters: Mapping[str, int]
+    inflight_cap: int
+
+    def flat(self) -> dict[str, float]:
+        """Per-step metrics: depth, throughput, p50/p99 latency, idle share per stage."""
+        out: dict[str, float] = {f"pipe_{k}": float(v) for k, v in self.counters.items()}
+        for s in self.stages:
+            out.update({f"{s.name}_items": s.items, f"{s.name}_per_s": round(s.throughput, 3),
+                        f"{s.name}_p50_s": round(s.p50_s, 5), f"{s.name}_p99_s": round(s.p99_s, 5),
+                        f"{s.name}_idle_share": round(1.0 - s.utilisation, 4)})
+        for q in self.queues:
+            out[f"queue_{q.name}_max_depth"] = q.max_depth
+        out["inflight_cap"] = self.inflight_cap
+        return out
+
+
+class Pipeline:
+    """Use as `async with Pipeline(...) as pipe:`; then `await pipe.run_groups(tasks)`
+    (a fixed set, results in task order) or `await pipe.collect(n, version)`
+    (continuous: the scheduler draws from `source`)."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        workers: Workers,
+        params: SamplingParams,
+        scheduler: Scheduler,
+        source: Callable[[str], Task] | None = None,
+        events: EventSink | None = None,
+        group_prefix: str = "",
+        seed: int | None = None,
+    ) -> None:
+        self.cfg, self.workers, self.params, self.scheduler = config, workers, params, scheduler
+        self.source = source
+        self._events = events
+        self._prefix = group_prefix
+        self.seed = seed
+        """With a seed, each group's samples are seeded by (seed, group id): the same
+        whatever the batching, the worker or the runtime."""
+        self.q_generate: BoundedQueue[_Item] = BoundedQueue("generate", config.queue_size)
+        self.q_continue: BoundedQueue[_Item] = BoundedQueue("continue", config.max_inflight + 1)
+        self.q_execute: BoundedQueue[_Item] = BoundedQueue("execute", config.queue_size)
+        self.q_verify: BoundedQueue[_Item] = BoundedQueue("verify", config.queue_size)
+        self.results: BoundedQueue[GroupResult] = BoundedQueue("results", config.queue_size)
+        w = config.latency_window
+        self.meters = {
+            "generate": StageMeter("generate", config.generate_workers, w),
+            "execute": StageMeter("execute", config.execute_workers, w),
+            "verify": StageMeter("verify", config.verify_workers, w),
+        }
+        self.counters = {k: 0 for k in ("admitted", "finished", "retries", "masked_groups", "masked_rollouts",
+                                         "paused_skipped", "dropped_stale", "filtered", "long_sampled", "long_trained",
+                                         "trained")}
+        self._seq = itertools.count()
+        self._tokens = itertools.count()
+        self._changed = asyncio.Event()
+        self._gen_ready = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._pending: deque[tuple[int, Task]] = deque()
+        self._feeding = False
+        self._skipped: list[int] = []
+
+    # ---- ownership -----------------------------------------------------
+    async def __aenter__(self) -> "Pipeline":
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        spawn = self._tg.create_task
+        self._tasks += [spawn(self._generate_worker(i)) for i in range(self.cfg.generate_workers)]
+        self._tasks += [spawn(self._execute_worker()) for _ in range(self.cfg.execute_workers)]
+        self._tasks += [spawn(self._verify_worker()) for _ in range(self.cfg.verify_workers)]
+        self._tasks.append(spawn(self._feeder()))
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for t in self._tasks:
+            t.cancel()
+        assert self._tg is not None
+        await self._tg.__aexit__(*exc)
+
+    # ---- admission -----------------------------------------------------
+    def _fill(self) -> float:
+        return max(q.fill() for q in (self.q_generate, self.q_execute, self.q_verify))
+
+    def _room(self) -> bool:
+        inflight = self.counters["admitted"] - self.counters["finished"]
+        return inflight < self.scheduler.cap.update(self._fill())
+
+    def _next_pending(self) -> tuple[int, Task] | None:
+        """First pending task whose tier has a free slot."""
+        for i, (seq, task) in enumerate(self._pending):
+            if self.scheduler.slot_free(self.scheduler.tier(task.domain)):
+                del self._pending[i]
+                return seq, task
+        return None
+
+    def _drop_paused(self) -> None:
+        keep: deque[tuple[int, Task]] = deque()
+        for seq, task in self._pending:
+            if self.scheduler.is_paused(task.domain):
+                self.counters["paused_skipped"] += 1
+                self._skipped.append(seq)
+            else:
+                keep.append((seq, task))
+        self._pending = keep
+
+    async def _feeder(self) -> None:
+        while True:
+            task = None
+            if self._room():
+                if self._pending:
+                    self._drop_paused()
+                    task = self._next_pending()
+                elif self._feeding and self.source is not None:
+                    name = self.scheduler.pick()
+                    task = (next(self._seq), self.source(name)) if name is not None else None
+            if task is None:
+                self._changed.clear()
+                try:
+                    await asyncio.wait_for(self._changed.wait(), 0.05)
+                except TimeoutError:
+                    pass
+                continue
+            await self._admit(*task)
+
+    async def _admit(self, seq: int, task: Task) -> None:
+        tier = self.scheduler.admit(task.domain)
+        self.counters["admitted"] += 1
+        self.counters["long_sampled"] += tier == "long"
+        from posttrain.domains.registry import get
+
+        domain = get(task.domain)
+        item = _Item(task, f"{self._prefix}{seq}", tier, seq, time.perf_counter(), turn_budget=domain.budget.turns)
+        item.prompt_ids = await self.workers.encode(task.prompt)
+        env = make_environment(domain)
+        if env is not None:
+            item.trajectories = []
+            item.first_env, item.first_obs = env, env.reset(task)  # the other samples' envs start on turn one
+        await self._to_generate(item, self.q_generate)
+
+    # ---- stages --------------------------------------------------------
+    async def _take_batch(self) -> list[_Item]:
+        batch = [await self._get_either()]
+        while len(batch) < self.cfg.generate_batch:
+            nxt = self.q_continue.get_nowait() or self.q_generate.get_nowait()
+            if nxt is None:
+                break
+            batch.append(nxt)
+        return batch
+
+    async def _get_either(self) -> _Item:
+        """Next item from the continuation queue (priority) or the generate queue."""
+        while True:
+            item = self.q_continue.get_nowait() or self.q_generate.get_nowait()
+            if item is not None:
+                return item
+            self._gen_ready.clear()
+            await self._gen_ready.wait()
+
+    async def _to_generate(self, item: _Item, queue: BoundedQueue[_Item]) -> None:
+        await queue.put(item)
+        self._gen_ready.set()
+
+    def _requests(self, item: _Item) -> list[GenerationRequest]:
+        base = None if self.seed is None else stable_hash("group", self.seed, item.group_id, item.attempts.get("generate", 0))
+        if item.multi_turn and item.trajectories:
+            reqs = []
+            for i, t in enumerate(item.trajectories):
+                if not t.done:
+                    seed = None if base is None else stable_hash(base, i, len(t.turns))
+                    reqs.append(GenerationRequest(t.context(), dataclasses.replace(self.params, n=1, seed=seed), f"{item.group_id}:{i}"))
+            return reqs
+        return [GenerationRequest(item.prompt_ids, dataclasses.replace(self.params, seed=base), item.group_id)]
+
+    async def _generate_worker(self, index: int) -> None:
+        while True:
+            batch = await self._take_batch()
+            requests = [self._requests(it) for it in batch]
+            token = next(self._tokens)
+            meter = self.meters["generate"]
+            meter.begin(token)
+            try:
+                flat = [r for rs in requests for r in rs]
+                call = self.workers.generate(flat)
+                outs = await (asyncio.wait_for(call, self.cfg.generate_timeout_s) if self.cfg.generate_timeout_s else call)
+                if len(outs) != len(flat):
+                    raise GenerationError(f"engine returned {len(outs)} groups for {len(flat)} requests")
+            except Exception as exc:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                meter.end(token, len(batch), error=True)
+                if isinstance(exc, TimeoutError):
+                    exc = GenerationError(f"generation timed out after {self.cfg.generate_timeout_s}s")
+                for it in batch:
+                    await self._retry(it, "generate", exc)
+                continue
+            took = meter.end(token, len(batch))
+            cursor = 0
+            for it, rs in zip(batch, requests):
+                got, cursor = outs[cursor: cursor + len(rs)], cursor + len(rs)
+                it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
+                await self._after_generate(it, got)
+
+    async def _after_generate(self, item: _Item, got: list[list[Completion]]) -> None:
+        if not item.multi_turn:
+            item.completions = list(got[0])
+        elif not item.trajectories:
+            item.trajectories = await self._start_trajectories(item, got[0])
+        else:
+            active = [t for t in item.trajectories if not t.done]
+            for t, group in zip(active, got):
+                t.add_action(group[0])
+        await self.q_execute.put(item)
+
+    async def _start_trajectories(self, item: _Item, completions: Sequence[Completion]) -> list[Trajectory]:
+        from posttrain.domains.registry import get
+
+        trajs = []
+        env0, first = item.first_env, item.first_obs
+        for i, c in enumerate(completions):
+            env = env0 if i == 0 else make_environment(get(item.task.domain))
+            if i > 0:
+                env.reset(item.task)
+            t = Trajectory(env, list(item.task.prompt) + ([Message("user", first)] if first else []), item.prompt_ids)
+            t.add_action(c)
+            trajs.append(t)
+        return trajs
+
+    async def _execute_worker(self) -> None:
+        while True:
+            item = await self.q_execute.get()
+            token = next(self._tokens)
+            self.meters["execute"].begin(token)
+            try:
+                if item.multi_turn:
+                    again = await self._step_envs(item)
+                else:
+                    item.execs = await self.workers.execute(item.task, item.completions)
+                    again = False
+            except Exception as exc:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                self.meters["execute"].end(token, error=True)
+                await self._retry(item, "execute", exc)
+                continue
+            item.timings["execute_s"] = item.timings.get("execute_s", 0.0) + self.meters["execute"].end(token)
+            if again:
+                await self._to_generate(item, self.q_continue)
+            else:
+                await self.q_verify.put(item)
+
+    async def _step_envs(self, item: _Item) -> bool:
+        """Step every active trajectory; True when another model turn is due."""
+        assert item.trajectories is not None
+        for t in item.trajectories:
+            if t.done:
+                continue
+            before = await self.workers.encode(t.messages[:-1])
+            obs, done = await asyncio.to_thread(t.env.step, t.turns[-1].action)
+            if done or len(t.turns) >= item.turn_budget:
+                t.turns[-1] = dataclasses.replace(t.turns[-1], observation=obs)
+                t.done = True
+                continue
+            after = await self.workers.encode([*t.messages, Message("tool", obs)])
+            standalone = await self.workers.encode([Message("tool", obs)])
+            t.add_observation(obs, before, after, standalone)
+        return any(not t.done for t in item.trajectories)
+
+    async def _verify_worker(self) -> None:
+        while True:
+            item = await self.q_verify.get()
+            episodes = self._episodes(item)
+            token = next(self._tokens)
+            self.meters["verify"].begin(token)
+            try:
+                verdicts = await self.workers.verify(item.task, episodes)
+            except Exception as exc:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                self.meters["verify"].end(token, error=True)
+                await self._retry(item, "verify", exc)
+                continue
+            item.timings["verify_s"] = self.meters["verify"].end(token)
+            failed = any(v.error_kind == "verifier" for v in verdicts)
+            self.scheduler.record_verification(item.task.domain, failed)
+            await self._finish(item, [self._adjust(item, i, v) for i, v in enumerate(verdicts)])
+
+    def _episodes(self, item: _Item) -> list[Episode]:
+        if item.multi_turn:
+            assert item.trajectories is not None
+            out = []
+            for t in item.trajectories:
+                outcome = getattr(t.env, "outcome", None)
+                out.append(Episode(t.turns[-1].action, tuple(t.turns), t.finish_reason, outcome() if callable(outcome) else None))
+            return out
+        execs = item.execs or (None,) * len(item.completions)
+        return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(item.completions, execs)]
+
+    def _adjust(self, item: _Item, i: int, v: Verdict) -> Verdict:
+        """Per-turn cost of multi-turn episodes: reward of the final attempt minus cost x extra turns."""
+        if v.score is None or not item.multi_turn:
+            return v
+        t = item.trajectories[i]  # type: ignore[index]
+        cost = float(getattr(t.env, "turn_cost", 0.0)) * (len(t.turns) - 1)
+        if cost <= 0:
+            return v
+        s = v.score
+        return Verdict(Score(max(0.0, s.value - cost), {**s.parts, "turn_cost": -cost}, s.passed, s.reason))
+
+    # ---- endings -------------------------------------------------------
+    def _completions(self, item: _Item) -> list[Completion]:
+        if item.multi_turn and item.trajectories:
+            return [t.completion() for t in item.trajectories]
+        if item.completions:
+            return item.completions
+        return [Completion(item.prompt_ids, (), "", (), "error", 0) for _ in range(self.params.n)]
+
+    async def _finish(self, item: _Item, verdicts: Sequence[Verdict]) -> None:
+        comps = self._completions(item)
+        item.timings["total_s"] = time.perf_counter() - item.admitted_at
+        item.timings["queue_s"] = max(0.0, item.timings["total_s"] - sum(
+            item.timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s")))
+        rollouts = []
+        for i, (c, v) in enumerate(zip(comps, verdicts)):
+            timings = dict(item.timings)
+            if item.multi_turn and item.trajectories:
+                t = item.trajectories[i]
+                timings["turns"] = float(len(t.turns))
+                mask = tuple(t.mask)
+            else:
+                mask = None
+            rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask))
+        version = min((c.model_version for c in comps), default=0)
+        self.scheduler.finish(item.task.domain)
+        self.counters["finished"] += 1
+        self._changed.set()
+        await self.results.put(GroupResult(item.seq, item.tier, tuple(rollouts), version))
+
+    async def _retry(self, item: _Item, stage: str, exc: BaseException) -> None:
+        kind = classify(exc)
+        n = item.attempts.get(stage, 0)
+        if kind not in _NOT_INFRA and n < self.cfg.max_retries:
+            item.attempts[stage] = n + 1
+            self.counters["retries"] += 1
+            delay = self.cfg.backoff_s * (2**n)
+            assert self._tg is not None
+            self._tasks.append(self._tg.create_task(self._requeue(stage, item, delay)))
+            return
+        self.counters["masked_groups"] += 1
+        n_samples = len(item.completions) or (len(item.trajectories) if item.trajectories else self.params.n)
+        self.counters["masked_rollouts"] += n_samples
+        verdict = Verdict(None, "sandbox" if stage == "execute" and kind == "infra" else kind, f"{type(exc).__name__}: {exc}")
+        await self._finish(item, [verdict] * n_samples)
+
+    async def _requeue(self, stage: str, item: _Item, delay: float) -> None:
+        await asyncio.sleep(delay)
+        queue = {"generate": self.q_generate, "execute": self.q_execute, "verify": self.q_verify}[stage]
+        if stage == "generate":
+            await self._to_generate(item, self.q_continue if item.multi_turn and item.trajectories else self.q_generate)
+        else:
+            await queue.put(item)
+
+    # ---- the two ways to use it ----------------------------------------
+    async def run_groups(self, tasks: Sequence[Task]) -> list[GroupResult | None]:
+        """Run a fixed set of tasks (long tier first); results in task order,
+        None for a task whose domain is paused (counted as paused_skipped)."""
+        seqs = [next(self._seq) for _ in tasks]
+        order = sorted(range(len(tasks)), key=lambda i: (self.scheduler.tier(tasks[i].domain) != "long", i))
+        self._pending.extend((seqs[i], tasks[i]) for i in order)
+        self._changed.set()
+        wanted, got = set(seqs), {}
+        while wanted - set(got) - set(self._skipped):
+            res = await self._next_result()
+            if res is not None:
+                got[res.seq] = res
+        return [got.get(s) for s in seqs]
+
+    async def _next_result(self) -> GroupResult | None:
+        get = asyncio.ensure_future(self.results.get())
+        try:
+            done, _ = await asyncio.wait([get], timeout=0.05)
+        finally:
+            if not get.done():
+                get.cancel()
+        return get.result() if get in done and not get.cancelled() else None
+
+    async def collect(self, n_groups: int, version: int, informative: Callable[[Sequence[Rollout]], bool]) -> list[GroupResult]:
+        """Continuous mode: the next `n_groups` groups that are fresh enough for
+        `version` and informative; stale and uninformative ones are dropped,
+        counted and replaced by the scheduler's next admissions."""
+        self._feeding = True
+        self._changed.set()
+        out: list[GroupResult] = []
+        while len(out) < n_groups:
+            res = await self.results.get()
+            if version - res.model_version > self.cfg.max_staleness:
+                self.counters["dropped_stale"] += 1
+                self.counters["dropped_stale_long"] = self.counters.get("dropped_stale_long", 0) + (res.tier == "long")
+                continue
+            if not informative(res.rollouts):
+                self.counters["filtered"] += 1
+                continue
+            self.counters["trained"] += 1
+            self.counters["long_trained"] += res.tier == "long"
+            out.append(res)
+        return out
+
+    def pause_feeding(self) -> None:
+        """Continuous mode: stop drawing new tasks (groups in flight still finish)."""
+        self._feeding = False
+
+    def stats(self) -> PipelineStats:
+        queues = (self.q_generate, self.q_continue, self.q_execute, self.q_verify, self.results)
+        return PipelineStats(
+            tuple(m.stats() for m in self.meters.values()), tuple(q.stats() for q in queues),
+            dict(self.counters), self.scheduler.cap.value,
+        )

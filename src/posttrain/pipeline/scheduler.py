@@ -1,0 +1,182 @@
+"""The scheduler: which domain's task is admitted next, and how many may be in flight.
+
+Invariant: admission follows the configured mix by deficit (the domain
+furthest below weight x admissions goes next), so over N admissions each
+unpaused domain's count is within `mix_slack` + 1 of its target; long tasks
+only ever occupy the `long_slots` reserved for them and short tasks never do,
+so a long task cannot block a short one; a domain whose verifier failed
+`degrade_after` groups in a row is paused with an alarm event, and gets one
+probe group per cooldown until a probe verifies.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from posttrain.errors import ConfigError
+from posttrain.pipeline.config import PipelineConfig
+from posttrain.types import CostClass
+
+EventSink = Callable[[str, str, "str | None", Mapping[str, Any]], None]
+"""(kind, message, domain, data): the trace's add_event, or a logger."""
+
+
+def _no_events(kind: str, message: str, domain: str | None, data: Mapping[str, Any]) -> None:
+    return None
+
+
+@dataclass
+class _DomainState:
+    weight: float
+    tier: CostClass
+    admitted: int = 0
+    inflight: int = 0
+    finished: int = 0
+    fail_streak: int = 0
+    paused_until: float | None = None
+    probing: bool = False
+    alarms: int = 0
+
+
+class AdaptiveCap:
+    """The in-flight cap, driven by queue depth: it shrinks by one while the
+    fullest downstream queue is over `high` full and grows by one while it is
+    under `low` full, between the floor and the ceiling."""
+
+    def __init__(self, floor: int, ceiling: int, high: float = 0.75, low: float = 0.25) -> None:
+        self.floor, self.ceiling, self.high, self.low = floor, ceiling, high, low
+        self.value = ceiling
+        self.shrinks = self.grows = 0
+
+    def update(self, fill: float) -> int:
+        if fill > self.high and self.value > self.floor:
+            self.value -= 1
+            self.shrinks += 1
+        elif fill < self.low and self.value < self.ceiling:
+            self.value += 1
+            self.grows += 1
+        return self.value
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        weights: Mapping[str, float],
+        tiers: Mapping[str, CostClass],
+        events: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not weights:
+            raise ConfigError("scheduler: weights is empty: give at least one domain a weight")
+        bad = {n: w for n, w in weights.items() if not w > 0}
+        if bad:
+            raise ConfigError(f"scheduler: weights must be > 0, got {bad}")
+        missing = sorted(set(weights) - set(tiers))
+        if missing:
+            raise ConfigError(f"scheduler: no cost class (tier) for domains {missing}")
+        self.config = config
+        self.domains = {n: _DomainState(float(w), tiers[n]) for n, w in sorted(weights.items())}
+        self.cap = AdaptiveCap(config.min_inflight, config.max_inflight)
+        self._events = events or _no_events
+        self._clock = clock
+        self._admitted = 0
+        self.inflight = {"short": 0, "long": 0}
+
+    # ---- slots ---------------------------------------------------------
+    def tier(self, name: str) -> CostClass:
+        """The slot class a domain's groups take (long only when long slots exist)."""
+        tier = self.domains[name].tier
+        return "long" if tier == "long" and self.config.long_slots > 0 else "short"
+
+    def slot_free(self, tier: CostClass) -> bool:
+        if tier == "long":
+            return self.inflight["long"] < self.config.long_slots
+        return self.inflight["short"] < max(1, self.cap.value - self.config.long_slots)
+
+    # ---- the mix -------------------------------------------------------
+    def target_shares(self) -> dict[str, float]:
+        total = sum(d.weight for d in self.domains.values())
+        return {n: d.weight / total for n, d in self.domains.items()}
+
+    def _deficit(self, name: str, shares: Mapping[str, float]) -> float:
+        return shares[name] * (self._admitted + 1) - self.domains[name].admitted
+
+    def _available(self, name: str) -> bool:
+        d = self.domains[name]
+        if d.paused_until is not None and (d.probing or self._clock() < d.paused_until):
+            return False
+        return not (self.config.domain_quota and d.inflight >= self.config.domain_quota)
+
+    def pick(self) -> str | None:
+        """The domain to admit next, or None when admission must wait."""
+        shares = self.target_shares()
+        live = [n for n in self.domains if self._available(n)]
+        if not live:
+            return None
+        ranked = sorted(live, key=lambda n: (-self._deficit(n, shares), n))
+        leader = ranked[0]
+        if self.slot_free(self.tier(leader)):
+            return leader
+        if self._deficit(leader, shares) > self.config.mix_slack:
+            return None  # wait for the lagging domain rather than drift from the mix
+        return next((n for n in ranked[1:] if self.slot_free(self.tier(n))), None)
+
+    def admit(self, name: str) -> CostClass:
+        d = self.domains[name]
+        if d.paused_until is not None:
+            d.probing = True
+        d.admitted += 1
+        d.inflight += 1
+        self._admitted += 1
+        tier = self.tier(name)
+        self.inflight[tier] += 1
+        return tier
+
+    def finish(self, name: str) -> None:
+        d = self.domains[name]
+        d.inflight -= 1
+        d.finished += 1
+        self.inflight[self.tier(name)] -= 1
+
+    # ---- degradation ---------------------------------------------------
+    def is_paused(self, name: str) -> bool:
+        return not self._available(name) and self.domains[name].paused_until is not None
+
+    def record_verification(self, name: str, failed: bool) -> None:
+        """One group verified: `failed` when its verifier raised (an infra error)."""
+        d = self.domains[name]
+        if not failed:
+            if d.paused_until is not None:
+                self._events("recovered", f"domain {name} verifies again; unpaused", name, {"alarms": d.alarms})
+            d.fail_streak, d.paused_until, d.probing = 0, None, False
+            return
+        d.fail_streak += 1
+        if d.probing or (d.paused_until is None and d.fail_streak >= self.config.degrade_after):
+            d.paused_until = self._clock() + self.config.degrade_cooldown_s
+            d.probing = False
+            d.alarms += 1
+            self._events(
+                "alarm",
+                f"domain {name} paused: its verifier failed {d.fail_streak} groups in a row",
+                name,
+                {"fail_streak": d.fail_streak, "cooldown_s": self.config.degrade_cooldown_s},
+            )
+
+    # ---- reporting -----------------------------------------------------
+    def mix(self) -> dict[str, dict[str, float]]:
+        """Per domain: target share, realised share of admissions, admitted, finished, paused."""
+        shares = self.target_shares()
+        total = max(1, self._admitted)
+        return {
+            n: {
+                "target": shares[n],
+                "realised": d.admitted / total,
+                "admitted": d.admitted,
+                "finished": d.finished,
+                "paused": float(d.paused_until is not None),
+                "alarms": d.alarms,
+            }
+            for n, d in self.domains.items()
+        }

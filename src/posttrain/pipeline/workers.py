@@ -1,0 +1,104 @@
+"""The pipeline's worker seams: generation, execution and verification calls.
+
+Invariant: a stage only ever talks to its workers through `Workers`, whose
+calls are awaitable and never block the event loop (blocking work runs in a
+thread, a process pool, or a Ray actor); a verifier that raises yields a
+masked Verdict (kind and message, no score), never reward 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Executor as _PoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from posttrain.errors import classify
+from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verifier's answer for one episode: a score, or the infra error that masked it."""
+
+    score: Score | None
+    error_kind: str | None = None
+    error: str | None = None
+
+
+def verify_one(task: Task, episode: Episode) -> Verdict:
+    """The domain verifier's score; anything that escapes it is an infra error."""
+    from posttrain.domains.registry import get
+
+    try:
+        return Verdict(get(task.domain).score(task, episode))
+    except Exception as exc:  # any escape from a verifier is an infra error, never reward 0
+        kind = classify(exc)
+        return Verdict(None, "verifier" if kind == "infra" else kind, f"{type(exc).__name__}: {exc}")
+
+
+def verify_group(task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
+    """One group's verdicts in one call (one pickling round trip in a process pool)."""
+    return tuple(verify_one(task, e) for e in episodes)
+
+
+ExecuteFn = Callable[[Task, Completion], Any]
+"""Runs one single-turn completion (a sandbox run, a simulated delay); its
+result reaches the verifier as Episode.exec_result. It raises SandboxError
+(or any infra error) when the sandbox, not the program, failed."""
+
+
+class Workers(Protocol):
+    async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]: ...
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
+
+    async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]: ...
+
+    async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedWorkers:
+    """In-process workers: the engine in a thread (one call at a time), the
+    executor in threads, verification in threads or a process pool."""
+
+    def __init__(self, engine: Any, execute: ExecuteFn | None = None, verify_processes: int = 0,
+                 verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group) -> None:
+        self.engine = engine
+        self._execute = execute
+        self._verify = verify
+        self._lock = threading.Lock()
+        self._pool: _PoolExecutor | None = None
+        if verify_processes:
+            import multiprocessing as mp
+
+            self._pool = ProcessPoolExecutor(verify_processes, mp_context=mp.get_context("forkserver"))
+
+    async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        return self.engine.encode_chat(messages)
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        with self._lock:
+            return self.engine.generate(requests)
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return await asyncio.to_thread(self._generate, requests)
+
+    async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
+        if self._execute is None:
+            return (None,) * len(completions)
+        run = self._execute
+        return await asyncio.to_thread(lambda: tuple(run(task, c) for c in completions))
+
+    async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
+        if self._pool is None:
+            return await asyncio.to_thread(self._verify, task, tuple(episodes))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._verify, task, tuple(episodes))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
