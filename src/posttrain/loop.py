@@ -16,9 +16,9 @@ from typing import Any, Sequence
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
 from posttrain.config import Config
-from posttrain.domains.base import stable_hash
 from posttrain.evaluate import EvalTable, evaluate, format_table, write_table
-from posttrain.rollout import Rollout, informative, sample_groups
+from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
+from posttrain.rollout import Rollout, informative
 from posttrain.rundir import MetricsLog, RunDir
 from posttrain.trace import RolloutRecord, TraceStore
 from posttrain.types import SamplingParams, to_dict
@@ -38,6 +38,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     from posttrain.engine.hf import HFEngine
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
+    from posttrain.monitor.monitor import Monitor
     from posttrain.tasks.pool import TaskPool
     from posttrain.trainer.trainer import Trainer
 
@@ -60,19 +61,22 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         engine.update_weights(None)
         levels = state["levels"]
         log(f"resumed {run.path} at step {state['step']}")
+    monitor = Monitor(cfg, run.path, trace, metrics, pool, engine, trainer, model_dir, log, state.pop("monitor", None), state["step"])
     if state["before"] is None:
         before = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
         state["before"] = before.to_json()
         metrics.write("eval", 0, mean_accuracy=before.mean_accuracy, domains={k: v.accuracy for k, v in before.results.items()})
         log("held-out before training:\n" + format_table(before))
+        monitor.after_eval(0, before)
     before = EvalTable.from_json(state["before"])
 
     params = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
+    workers = make_workers(cfg.runtime, cfg.pipeline, engine)
+    rollouts = StepRollouts(cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling)
     bar = _progress(cfg, state["step"])
     for step in range(state["step"] + 1, cfg.run.steps + 1):
-        engine.seed(stable_hash("rollout", cfg.run.seed, step))
         t0 = time.perf_counter()
-        groups = sample_groups(engine, pool.draw(cfg.rollout.prompts_per_step), params, step)
+        groups, pipe_stats = rollouts.sample(pool.draw(cfg.rollout.prompts_per_step), params, step)
         ids = trace.write_rollouts([_record(r, params) for g in groups for r in g])
         for r in (r for g in groups for r in g if r.reward is not None):
             pool.observe(r.task, r.reward)
@@ -81,10 +85,12 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         stats = trainer.step(_batch(kept, params.temperature)) if kept else None
         if stats is not None and stats.weights_changed:
             engine.update_weights(None)
-        trace.mark_consumed(step, _links(trainer, groups, kept, ids))
+        links = _links(trainer, groups, kept, ids)
+        trace.mark_consumed(step, links)
         summary = _summary(groups, kept)
         trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k != "step"}
-        metrics.write("train", step, rollout_s=gen_s, **summary, **trained)
+        metrics.write("train", step, rollout_s=gen_s, **summary, **trained, **pipe_stats)
+        monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
         if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < cfg.run.steps:
@@ -92,21 +98,32 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             state["history"].append([step, table.to_json()])
             pool.observe_eval({k: v.accuracy for k, v in table.results.items()})
             metrics.write("eval", step, mean_accuracy=table.mean_accuracy, domains={k: v.accuracy for k, v in table.results.items()})
+            monitor.after_eval(step, table)
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
             state["step"] = step
-            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict()})
+            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()})
+        if monitor.stop_reason:
+            log(f"stopping the run after step {step}: {monitor.stop_reason}")
+            break
     bar.close()
 
     after = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
-    state["step"] = cfg.run.steps
-    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict()})
-    metrics.write("eval", cfg.run.steps, mean_accuracy=after.mean_accuracy, domains={k: v.accuracy for k, v in after.results.items()})
+    state["step"] = step if monitor.stop_reason else cfg.run.steps
+    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()})
+    monitor.after_eval(state["step"], after)
+    metrics.write("eval", state["step"], mean_accuracy=after.mean_accuracy, domains={k: v.accuracy for k, v in after.results.items()})
     history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
     write_table(run.eval_path, before, after, history)
     log("held-out before and after training:\n" + format_table(before, after))
+    monitor.close()
+    rollouts.close()
     trace.close()
     metrics.close()
-    return RunResult(run.path, before, after, cfg.run.steps)
+    if cfg.monitor.report:
+        from posttrain.report import write_report
+
+        log(f"report: {write_report(run.path)}")
+    return RunResult(run.path, before, after, state["step"])
 
 
 def _progress(cfg: Config, done: int) -> Any:
@@ -119,7 +136,7 @@ def _batch(groups: Sequence[Sequence[Rollout]], temperature: float) -> Any:
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
     rows = [
-        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature)
+        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask)
         for g in groups
         for r in g
         if r.reward is not None and r.completion.token_ids

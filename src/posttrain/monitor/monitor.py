@@ -286,7 +286,7 @@ class Monitor:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.excluded = set(state.get("excluded", ()))
         self.active = {(k, d) for k, d in state.get("active", ())}
-        self.stop_reason = state.get("stop_reason", "")
+        # stop_reason is not restored: resuming a stopped run means continuing it
         for domain, multiplier in state.get("weights", {}).items():
             if domain in self.pool.names:
                 self.weights[domain] = float(multiplier)

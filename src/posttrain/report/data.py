@@ -1,0 +1,133 @@
+"""What a report shows, read from a run directory: metrics rows, eval table, trace events.
+
+Invariant: reading never writes to the run directory and never needs the
+model; every series is keyed by the step it was measured at, and a section
+whose source is absent (no pipeline stages, no sandbox results, no monitor
+rows) is empty rather than an error, so a report of any run renders.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.errors import ConfigError
+from posttrain.rundir import read_metrics
+
+Series = dict[str, list[tuple[int, float]]]
+_IDLE = re.compile(r"^(\w+)_idle_share$")
+
+
+@dataclass(frozen=True)
+class RunData:
+    path: Path
+    config: str
+    train: list[dict[str, Any]]
+    monitor: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    heldout: list[dict[str, Any]]
+    alarms: list[dict[str, Any]]
+    probes: list[dict[str, Any]]
+    eval_table: dict[str, Any] | None
+    sandbox: dict[str, Counter] = field(default_factory=dict)
+
+    def per_domain(self, name: str) -> Series:
+        """A monitor signal per domain: {domain: [(step, value)]}."""
+        out: Series = {}
+        for row in self.monitor:
+            for domain, values in row.get("domains", {}).items():
+                if name in values:
+                    out.setdefault(domain, []).append((row["step"], float(values[name])))
+        return out
+
+    def train_series(self, key: str) -> list[tuple[int, float]]:
+        return [(r["step"], float(r[key])) for r in self.train if isinstance(r.get(key), (int, float))]
+
+    def reward_by_domain(self) -> Series:
+        out: Series = {}
+        for row in self.train:
+            for domain, value in row.get("reward_by_domain", {}).items():
+                out.setdefault(domain, []).append((row["step"], float(value)))
+        return out
+
+    def kl(self) -> Series:
+        out: Series = {}
+        for row in self.monitor:
+            for domain, value in row.get("kl", {}).items():
+                out.setdefault(domain, []).append((row["step"], float(value)))
+        trainer_kl = [(s, v) for s, v in self.train_series("kl") if v]
+        if trainer_kl:
+            out["trainer (k3 in loss)"] = trainer_kl
+        return out
+
+    def heldout_by_domain(self) -> Series:
+        out: Series = {}
+        for row in self.evals:
+            for domain, value in row.get("domains", {}).items():
+                out.setdefault(domain, []).append((row["step"], float(value)))
+        return out
+
+    def stage_utilisation(self) -> Series:
+        """Pipeline stage busy share per step, from `<stage>_idle_share` keys of train rows."""
+        out: Series = {}
+        for row in self.train:
+            for key, value in row.items():
+                m = _IDLE.match(key)
+                if m and isinstance(value, (int, float)):
+                    out.setdefault(m.group(1), []).append((row["step"], 1.0 - float(value)))
+        return out
+
+
+def _sandbox_outcomes(db: Path) -> dict[str, Counter]:
+    """Per domain: sandbox result statuses (exec_result.status) and infra-error kinds."""
+    if not db.is_file():
+        return {}
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT domain, exec_result, error_kind FROM rollouts WHERE exec_result IS NOT NULL OR error_kind IS NOT NULL")
+        out: dict[str, Counter] = {}
+        for domain, exec_result, error_kind in rows:
+            counter = out.setdefault(domain, Counter())
+            status = None
+            if exec_result:
+                try:
+                    status = (json.loads(exec_result) or {}).get("status")
+                except (ValueError, AttributeError):
+                    status = None
+            if status:
+                counter[f"sandbox:{status}"] += 1
+            if error_kind:
+                counter[f"error:{error_kind}"] += 1
+        return out
+    except sqlite3.DatabaseError:
+        return {}
+    finally:
+        con.close()
+
+
+def load_run(path: str | Path) -> RunData:
+    run = Path(path)
+    metrics = run / "metrics.jsonl"
+    if not run.is_dir() or not (run / "config.yaml").is_file():
+        raise ConfigError(f"{str(run)!r} is not a run directory (no config.yaml)")
+    rows = read_metrics(metrics)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+    table_path = run / "eval.json"
+    return RunData(
+        path=run,
+        config=(run / "config.yaml").read_text(),
+        train=by_kind.get("train", []),
+        monitor=by_kind.get("monitor", []),
+        evals=by_kind.get("eval", []),
+        heldout=by_kind.get("heldout", []),
+        alarms=by_kind.get("alarm", []),
+        probes=by_kind.get("probe", []),
+        eval_table=json.loads(table_path.read_text()) if table_path.is_file() else None,
+        sandbox=_sandbox_outcomes(run / "trace.db"),
+    )

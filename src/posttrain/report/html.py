@@ -1,0 +1,244 @@
+"""`write_report(run_dir)`: one self-contained HTML page with embedded PNG plots.
+
+Invariant: the page references nothing outside itself (plots are base64
+data URIs, styles inline, no scripts), every text taken from the run is
+HTML-escaped, and a section without data says so instead of failing.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any, Sequence
+
+from posttrain.report.data import RunData, Series, load_run
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1d2329;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2e7;padding-bottom:4px}
+.meta{color:#5b6670}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:12px}
+figure{margin:0;border:1px solid #e3e7eb;border-radius:6px;padding:6px;background:#fff}figure img{width:100%;height:auto}
+figcaption{color:#5b6670;font-size:12px;padding:2px 4px}table{border-collapse:collapse;margin:6px 0}
+td,th{border:1px solid #dde2e7;padding:3px 8px;text-align:right}th{background:#f3f5f7}td.l,th.l{text-align:left}
+.pos{color:#1a7f37}.neg{color:#cf222e}.alarm{color:#cf222e;font-weight:600}.empty{color:#8a949e;font-style:italic}
+pre{background:#f6f8fa;padding:8px;border-radius:6px;overflow:auto;font-size:12px;max-height:260px}
+"""
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _figure(title: str, panels: Sequence[tuple[str, Series]], ylabel: Sequence[str] = (), alarms: Sequence[dict] = ()) -> str | None:
+    """One row of line panels (one line per key of each series); None when all are empty."""
+    if not any(series for _, series in panels):
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.0), squeeze=False)
+    for i, (ax, (name, series)) in enumerate(zip(axes[0], panels)):
+        for key, points in sorted(series.items()):
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, label=key, linewidth=1.3, marker="o" if len(xs) < 12 else None, markersize=3)
+        for a in alarms:
+            ax.axvline(a["step"], color="#cf222e", alpha=0.25, linewidth=1)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step", fontsize=9)
+        if i < len(ylabel):
+            ax.set_ylabel(ylabel[i], fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+        if any(series.values()):
+            ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _heldout_bars(data: RunData) -> str | None:
+    table = data.eval_table
+    if not table or not table.get("before"):
+        return None
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    before = {d: v["accuracy"] for d, v in table["before"]["domains"].items()}
+    after = {d: v["accuracy"] for d, v in (table.get("after") or {}).get("domains", {}).items()}
+    names = sorted(before)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(5.2, 1.1 * len(names) + 2), 3.0))
+    ax.bar(x - 0.2, [before[n] for n in names], 0.4, label="before", color="#8a949e")
+    if after:
+        ax.bar(x + 0.2, [after.get(n, 0.0) for n in names], 0.4, label="after", color="#2f81f7")
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("held-out accuracy", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("held-out accuracy before and after", fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _alarm_timeline(data: RunData) -> str | None:
+    if not data.alarms:
+        return None
+    import matplotlib.pyplot as plt
+
+    kinds = sorted({a["alarm"] for a in data.alarms})
+    domains = sorted({str(a.get("domain")) for a in data.alarms})
+    colours = plt.get_cmap("tab10")
+    last = max([r["step"] for r in data.train] + [a["step"] for a in data.alarms] + [1])
+    fig, ax = plt.subplots(figsize=(10.4, 0.6 + 0.45 * len(kinds)))
+    for a in data.alarms:
+        ax.scatter(a["step"], kinds.index(a["alarm"]), color=colours(domains.index(str(a.get("domain"))) % 10), s=60, zorder=3)
+    for i, d in enumerate(domains):
+        ax.scatter([], [], color=colours(i % 10), label=d)
+    ax.set_yticks(range(len(kinds)), kinds, fontsize=8)
+    ax.set_xlim(-1, last + 1)
+    ax.set_xlabel("step", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="domain", title_fontsize=7)
+    ax.set_title("alarms", fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _sandbox_bars(data: RunData) -> str | None:
+    if not data.sandbox:
+        return None
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    outcomes = sorted({k for c in data.sandbox.values() for k in c})
+    domains = sorted(data.sandbox)
+    fig, ax = plt.subplots(figsize=(10.4, 3.0))
+    bottom = np.zeros(len(domains))
+    for outcome in outcomes:
+        counts = np.array([data.sandbox[d].get(outcome, 0) for d in domains], dtype=float)
+        ax.bar(domains, counts, bottom=bottom, label=outcome)
+        bottom += counts
+    ax.set_ylabel("rollouts", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.set_title("sandbox outcomes and infra errors by domain", fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+# ---------------------------------------------------------------- HTML pieces
+
+
+def _img(src: str | None, caption: str) -> str:
+    if src is None:
+        return f'<figure><p class="empty">{html.escape(caption)}: no data in this run</p></figure>'
+    return f'<figure><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def _eval_table(data: RunData) -> str:
+    table = data.eval_table
+    if not table:
+        return '<p class="empty">no eval.json</p>'
+    before, after = table["before"]["domains"], (table.get("after") or {}).get("domains", {})
+    rows = ['<tr><th class="l">domain</th><th>level</th><th>n</th><th>before</th><th>after</th><th>delta</th></tr>']
+    for name, b in sorted(before.items()):
+        a = after.get(name)
+        delta = "" if a is None else a["accuracy"] - b["accuracy"]
+        cls = "" if a is None else ("pos" if delta > 0 else "neg" if delta < 0 else "")
+        rows.append(f'<tr><td class="l">{html.escape(name)}</td><td>{b["difficulty"]}</td><td>{b["n"]}</td>'
+                    f'<td>{b["accuracy"]:.3f}</td><td>{"" if a is None else format(a["accuracy"], ".3f")}</td>'
+                    f'<td class="{cls}">{"" if a is None else format(delta, "+.3f")}</td></tr>')
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _alarm_table(data: RunData) -> str:
+    if not data.alarms:
+        return '<p class="empty">no alarm fired</p>'
+    rows = ['<tr><th>step</th><th class="l">alarm</th><th class="l">domain</th><th class="l">message</th><th class="l">action</th></tr>']
+    for a in data.alarms:
+        rows.append(f'<tr><td>{a["step"]}</td><td class="l alarm">{html.escape(a["alarm"])}</td>'
+                    f'<td class="l">{html.escape(str(a.get("domain") or "-"))}</td><td class="l">{html.escape(a["message"])}</td>'
+                    f'<td class="l">{html.escape(str(a.get("done") or a.get("action")))}</td></tr>')
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _probe_table(data: RunData) -> str:
+    if not data.probes:
+        return '<p class="empty">no probes ran</p>'
+    rows = ['<tr><th>step</th><th class="l">domain</th><th class="l">verifier</th><th>cheats</th><th>accepted</th><th class="l">verdict</th></tr>']
+    for p in data.probes:
+        verdict = "no cheats declared" if not p.get("declared") else ("sound" if p.get("ok") else "ACCEPTS CHEATS: refused")
+        cls = "alarm" if p.get("declared") and not p.get("ok") else ""
+        rows.append(f'<tr><td>{p["step"]}</td><td class="l">{html.escape(p["domain"])}</td>'
+                    f'<td class="l">{html.escape(str(p.get("verifier", "-")))}</td><td>{p.get("cheats", 0)}</td>'
+                    f'<td>{p.get("accepted", 0)}</td><td class="l {cls}">{verdict}</td></tr>')
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _summary(data: RunData) -> str:
+    steps = data.train[-1]["step"] if data.train else 0
+    overhead = [r.get("monitor_s", 0.0) for r in data.monitor]
+    step_s = [r.get("rollout_s", 0.0) + r.get("seconds", 0.0) for r in data.train]
+    parts = [f"{steps} steps", f"{len(data.alarms)} alarms"]
+    if overhead and step_s:
+        parts.append(f"monitor overhead {1000 * sum(overhead) / len(overhead):.1f} ms/step "
+                     f"(rollout+train {1000 * sum(step_s) / len(step_s):.0f} ms/step)")
+    return " · ".join(parts)
+
+
+def render(data: RunData) -> str:
+    alarms = data.alarms
+    sig = data.per_domain
+    figures = [
+        (_figure("reward and pass rate per domain", [("train reward", data.reward_by_domain()), ("pass rate", sig("pass_rate"))], alarms=alarms),
+         "training reward (mean) and pass rate of each domain's rollouts; red lines mark alarms"),
+        (_heldout_bars(data), "held-out accuracy before and after training"),
+        (_figure("held-out accuracy over training", [("held-out accuracy (eval table)", data.heldout_by_domain())]),
+         "held-out accuracy at each evaluation"),
+        (_figure("policy entropy", [("token entropy (sampled tokens)", sig("entropy")),
+                                    ("trainer entropy (full distribution)", {"all": data.train_series("entropy")})], alarms=alarms),
+         "mean negative log-prob of sampled tokens per domain; the trainer's exact entropy over trained rows"),
+        (_figure("within-group diversity", [("distinct answers / group", sig("distinct_answers")), ("distinct-2", sig("distinct_n")),
+                                            ("pairwise edit distance", sig("edit_distance"))], alarms=alarms),
+         "diversity of the G samples of one prompt"),
+        (_figure("KL and length", [("KL to the initial model", data.kl()), ("response length (tokens)", sig("length_mean"))], alarms=alarms),
+         "KL (k3 estimate on sampled tokens) and mean completion length"),
+        (_figure("optimisation", [("advantage std", sig("adv_std")), ("clip fraction", {"all": data.train_series("clip_frac")}),
+                                  ("filtered group share", sig("filtered_share"))]),
+         "advantage spread, PPO clip fraction and share of groups without signal"),
+        (_figure("infra errors and truncation", [("infra-error rate", sig("infra_error_rate")), ("truncated share", sig("truncated_share"))]),
+         "infra errors are masked from the loss, never scored 0"),
+        (_figure("pipeline stage utilisation", [("busy share", data.stage_utilisation())]), "pipeline stage utilisation"),
+        (_sandbox_bars(data), "sandbox outcome counts"),
+        (_alarm_timeline(data), "alarms on a timeline"),
+    ]
+    body = "".join(_img(src, cap) for src, cap in figures)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(data.path.name)}</title>
+<style>{_CSS}</style></head><body>
+<h1>posttrain run report: {html.escape(data.path.name)}</h1>
+<p class="meta">{html.escape(str(data.path))} · {html.escape(_summary(data))}</p>
+<h2>Held-out accuracy</h2>{_eval_table(data)}
+<h2>Alarms</h2>{_alarm_table(data)}
+<h2>Reward-hacking probes</h2>{_probe_table(data)}
+<h2>Curves</h2><div class="grid">{body}</div>
+<h2>Config</h2><pre>{html.escape(data.config)}</pre>
+</body></html>
+"""
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Render RUN_DIR/report.html (or `out`) and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    data = load_run(run_dir)
+    path = Path(out) if out else data.path / "report.html"
+    path.write_text(render(data))
+    return path
