@@ -30,6 +30,17 @@ def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_addr
     return EmbeddedWorkers(engine, verify_processes=config.verify_processes)
 
 
+def trace_events(trace: Any, log: Callable[[str], None]) -> EventSink:
+    """An event sink that keeps each event in the trace's events table; alarms are also logged."""
+
+    def sink(kind: str, message: str, domain: str | None, data: Mapping[str, Any]) -> None:
+        trace.add_event(kind, message, step=data.get("step"), domain=domain, data=dict(data))
+        if kind in ("alarm", "recovered"):
+            log(f"{kind}: {message}")
+
+    return sink
+
+
 class StepRollouts:
     def __init__(self, config: PipelineConfig, workers: Workers, pool: Any, seed: int,
                  events: EventSink | None = None, dynamic_sampling: bool = True) -> None:
@@ -41,13 +52,17 @@ class StepRollouts:
         tiers = {n: pool.domains[n].cost_class for n in pool.names}
         self.scheduler = Scheduler(config, pool.target_shares(), tiers, events)
         self.totals: dict[str, int] = {"replaced": 0}
+        self._events = events
 
     def sample(self, tasks: Sequence[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
         """Every group of the step (first round, then replacement rounds) and the pipeline's stats."""
         sync = getattr(self.workers, "sync", None)
         if callable(sync):
             sync()
-        return asyncio.run(self._sample(list(tasks), params, step))
+        groups, stats = asyncio.run(self._sample(list(tasks), params, step))
+        if self._events is not None:
+            self._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
+        return groups, stats
 
     async def _sample(self, tasks: list[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
         seed = stable_hash("rollout", self.seed, step)
