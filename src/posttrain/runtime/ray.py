@@ -1,0 +1,120 @@
+"""`runtime: ray`: generation, execution (sandbox) and verification workers as Ray actors.
+
+Invariant: the actors compute exactly what the embedded workers compute
+(the generation actor runs the same engine class on the same weights and
+the requests carry their seeds; the verifier actor calls the same
+`verify_group`), so a run's rollouts do not depend on the runtime; actors
+restart when they die (the call in flight fails as an infra error, which
+the pipeline retries), and weights reach the generation actors whenever the
+driver's engine version moves.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Sequence
+
+from posttrain.errors import ConfigError
+from posttrain.pipeline.config import PipelineConfig
+from posttrain.pipeline.workers import ExecuteFn, Verdict, verify_group
+from posttrain.types import Completion, Episode, GenerationRequest, Message, Task
+
+
+class HFEngineFactory:
+    """Builds an HFEngine in the actor from a picklable model and tokenizer."""
+
+    def __init__(self, model: Any, tokenizer: Any, threads: int = 1) -> None:
+        self.model, self.tokenizer, self.threads = model, tokenizer, threads
+
+    def __call__(self) -> Any:
+        import torch
+
+        from posttrain.engine.hf import HFEngine
+
+        torch.set_num_threads(self.threads)
+        return HFEngine(self.model, self.tokenizer, device="cpu", seed=0)
+
+
+class GenerationWorker:
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.engine = factory()
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return self.engine.generate(requests)
+
+    def load(self, state: Any, version: int) -> int:
+        self.engine.update_weights(state)
+        self.engine.version = version
+        return version
+
+
+class ExecutionWorker:
+    def __init__(self, execute: ExecuteFn | None) -> None:
+        self.run = execute
+
+    def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
+        return tuple(None if self.run is None else self.run(task, c) for c in completions)
+
+
+class VerifierWorker:
+    def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
+        return verify_group(task, episodes)
+
+
+class RayWorkers:
+    """The pipeline's Workers backed by Ray actors (a local or a remote cluster)."""
+
+    def __init__(self, config: PipelineConfig, factory: Callable[[], Any], encoder: Any,
+                 execute: ExecuteFn | None = None, address: str | None = None, state_source: Any = None) -> None:
+        try:
+            import ray
+        except ImportError as exc:  # pragma: no cover - ray is in the scale extra
+            raise ConfigError("runtime: ray needs the `ray` package (pip install 'posttrain[scale]')") from exc
+        self._ray = ray
+        self._owns = not ray.is_initialized()
+        if self._owns:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        opts = {"max_restarts": -1, "num_cpus": 0}
+        self.generators = [ray.remote(GenerationWorker).options(**opts).remote(factory) for _ in range(config.generate_workers)]
+        self.executors = [ray.remote(ExecutionWorker).options(**opts).remote(execute) for _ in range(config.execute_workers)]
+        self.verifiers = [ray.remote(VerifierWorker).options(**opts).remote() for _ in range(config.verify_workers)]
+        self._rr = {k: itertools.cycle(v) for k, v in (("g", self.generators), ("e", self.executors), ("v", self.verifiers))}
+        self.encoder = encoder
+        self._source = state_source
+        self._synced = -1  # the first sync stamps the actors with the driver's version
+
+    @classmethod
+    def from_engine(cls, engine: Any, config: PipelineConfig, address: str | None = None,
+                    execute: ExecuteFn | None = None) -> "RayWorkers":
+        """Generation actors running the same HF engine on a copy of `engine`'s weights."""
+        if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
+            raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")
+        return cls(config, HFEngineFactory(engine.model, engine.tokenizer), engine, execute, address or config.ray_address, engine)
+
+    def sync(self) -> None:
+        """Push the driver engine's weights to every generation actor when its version moved."""
+        src = self._source
+        if src is None or getattr(src, "version", 0) == self._synced:
+            return
+        state = {k: v.detach().cpu() for k, v in src.model.state_dict().items()}
+        ref = self._ray.put(state)
+        self._ray.get([g.load.remote(ref, src.version) for g in self.generators])
+        self._synced = src.version
+
+    async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        return self.encoder.encode_chat(messages)
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return await next(self._rr["g"]).generate.remote(requests)
+
+    async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
+        return await next(self._rr["e"]).execute.remote(task, tuple(completions))
+
+    async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
+        return await next(self._rr["v"]).verify.remote(task, tuple(episodes))
+
+    def close(self) -> None:
+        for actor in (*self.generators, *self.executors, *self.verifiers):
+            self._ray.kill(actor)
+        self.generators = self.executors = self.verifiers = []
+        if self._owns:
+            self._ray.shutdown()
