@@ -1,4 +1,4 @@
-"""add: integer addition; difficulty = number of digits of each operand."""
+"""add: integer addition; difficulty sets the operand sizes (2+1, 2+2, 3+3, 4+4 digits)."""
 from __future__ import annotations
 
 import random
@@ -7,18 +7,27 @@ from posttrain.domains.base import ProceduralDomain
 from posttrain.domains.registry import register
 
 
+# digits of the two operands at each difficulty level (level 1 still has 900 questions)
+SIZES = {1: (2, 1), 2: (2, 2), 3: (3, 3), 4: (4, 4)}
+
+
 def operand(rng: random.Random, digits: int) -> int:
     return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+
+def operands(rng: random.Random, difficulty: int) -> tuple[int, int]:
+    da, db = SIZES[difficulty]
+    return operand(rng, da), operand(rng, db)
 
 
 class Add(ProceduralDomain):
     name = "add"
     category = "arithmetic"
-    description = "a+b for operands of `difficulty` digits"
+    description = "a+b; operand digits by level: 2+1, 2+2, 3+3, 4+4"
     levels = 4
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, str]:
-        a, b = operand(rng, difficulty), operand(rng, difficulty)
+        a, b = operands(rng, difficulty)
         return f"{a}+{b}=", str(a + b)
 
     def corrupt(self, answer: str) -> str:

@@ -1,4 +1,4 @@
-"""mul: multiplication of a `difficulty`-digit number by a single digit."""
+"""mul: multiplication of a number of `difficulty` + 1 digits by a single digit."""
 from __future__ import annotations
 
 import random
@@ -11,11 +11,11 @@ from posttrain.domains.registry import register
 class Mul(ProceduralDomain):
     name = "mul"
     category = "arithmetic"
-    description = "a*d for a of `difficulty` digits and one digit d"
+    description = "a*d for a of `difficulty`+1 digits and one digit d"
     levels = 4
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, str]:
-        a, d = operand(rng, difficulty), rng.randint(0, 9)
+        a, d = operand(rng, difficulty + 1), rng.randint(0, 9)
         return f"{a}*{d}=", str(a * d)
 
     def corrupt(self, answer: str) -> str:

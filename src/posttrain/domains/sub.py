@@ -1,9 +1,9 @@
-"""sub: integer subtraction with a non-negative result; difficulty = digits."""
+"""sub: integer subtraction with a non-negative result; operand digits by level 2-1, 2-2, 3-3, 4-4."""
 from __future__ import annotations
 
 import random
 
-from posttrain.domains.add import operand
+from posttrain.domains.add import operands
 from posttrain.domains.base import ProceduralDomain
 from posttrain.domains.registry import register
 
@@ -11,11 +11,11 @@ from posttrain.domains.registry import register
 class Sub(ProceduralDomain):
     name = "sub"
     category = "arithmetic"
-    description = "a-b with a >= b, operands of `difficulty` digits"
+    description = "a-b with a >= b; operand digits by level: 2-1, 2-2, 3-3, 4-4"
     levels = 4
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, str]:
-        a, b = sorted((operand(rng, difficulty), operand(rng, difficulty)), reverse=True)
+        a, b = sorted(operands(rng, difficulty), reverse=True)
         return f"{a}-{b}=", str(a - b)
 
     def corrupt(self, answer: str) -> str:

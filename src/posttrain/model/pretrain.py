@@ -32,7 +32,8 @@ class BaseConfig(BaseModel):
     preset: str = "tiny"
     """Architecture preset: micro (22k params), tiny (0.8M), small (4.8M), medium (19M)."""
     domains: dict[str, int] = Field(default_factory=lambda: {"add": 2, "sub": 2, "mul": 2, "reverse": 2, "sort": 2})
-    """Built-in domains to pretrain on, each with the difficulty level of its text."""
+    """Built-in domains to pretrain on, each with the highest difficulty level of its text
+    (levels 1..L are drawn uniformly)."""
     steps: int = Field(1200, ge=1, le=1_000_000)
     """Optimizer steps of pretraining."""
     batch_size: int = Field(64, ge=1, le=4096)
@@ -65,8 +66,8 @@ def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[tuple
         out = []
         for _ in range(n):
             name = rng.choice(names)
-            domain, level = domains[name]
-            task = domain.sample(counter["i"], "train", level)
+            domain, top = domains[name]
+            task = domain.sample(counter["i"], "train", rng.randint(1, top))
             counter["i"] += 1
             question = task.prompt[-1].content
             bug = BUGS.get(name)
