@@ -53,6 +53,14 @@ def test_encode_chat_opens_assistant_turn_and_decode_round_trips(engine):
         engine.encode_chat([])
 
 
+def test_encode_chat_without_a_chat_template_is_a_config_error(model_tok):
+    model, tok = model_tok
+    plain = tok.__class__(tokenizer_object=tok.backend_tokenizer, eos_token=tok.eos_token, pad_token=tok.pad_token)
+    assert not plain.chat_template
+    with pytest.raises(ConfigError, match="chat_template"):
+        HFEngine(model, plain).encode_chat([Message("user", "hi")])
+
+
 def test_greedy_matches_hf_generate_on_a_left_padded_batch(engine, model_tok):
     model, tok = model_tok
     prompts = [chat(engine, t) for t in PROMPTS]
@@ -185,7 +193,13 @@ def test_generation_stops_at_the_models_max_positions(model_tok):
     limit = model.config.max_position_embeddings
     prompt = tuple([20] * (limit - 5))
     c = engine.generate([GenerationRequest(prompt, SamplingParams(max_tokens=50, temperature=0))])[0][0]
-    assert len(c.token_ids) <= 5
+    assert len(c.token_ids) == 5 and c.finish_reason == "length" or c.finish_reason == "stop"
+    last = engine.generate([GenerationRequest(tuple([20] * (limit - 1)), SamplingParams(max_tokens=50, n=3, seed=1))])
+    assert all(len(c.token_ids) == 1 for c in last[0])
+
+
+def test_no_requests_give_no_groups(engine):
+    assert engine.generate([]) == []
 
 
 @pytest.mark.parametrize("prompt,params,field", [

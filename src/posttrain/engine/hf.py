@@ -131,6 +131,9 @@ class HFEngine:
     def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
         if not messages:
             raise ConfigError("messages is empty: encode_chat needs at least one message")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError("the tokenizer has no chat_template: encode_chat needs a chat model "
+                              "(or pass prompt_ids rendered another way)")
         chat = [{"role": m.role, "content": m.content} for m in messages]
         out = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
         ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
