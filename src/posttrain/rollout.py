@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
@@ -28,6 +28,8 @@ class Rollout:
     timings: Mapping[str, float] = field(default_factory=dict)
     loss_mask: tuple[int, ...] | None = None
     """Multi-turn episodes: 1 for the model's own tokens, 0 for observations (None: all ones)."""
+    exec_result: Any = None
+    """What execution produced for the verifier (a sandbox result, an environment's outcome)."""
 
     @property
     def reward(self) -> float | None:

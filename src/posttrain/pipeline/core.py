@@ -359,7 +359,7 @@ class Pipeline:
             item.timings["verify_s"] = self.meters["verify"].end(token)
             failed = any(v.error_kind == "verifier" for v in verdicts)
             self.scheduler.record_verification(item.task.domain, failed)
-            await self._finish(item, [self._adjust(item, i, v) for i, v in enumerate(verdicts)])
+            await self._finish(item, [self._adjust(item, i, v) for i, v in enumerate(verdicts)], episodes)
 
     def _episodes(self, item: _Item) -> list[Episode]:
         if item.multi_turn:
@@ -391,7 +391,7 @@ class Pipeline:
             return item.completions
         return [Completion(item.prompt_ids, (), "", (), "error", 0) for _ in range(self.params.n)]
 
-    async def _finish(self, item: _Item, verdicts: Sequence[Verdict]) -> None:
+    async def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
         comps = self._completions(item)
         item.timings["total_s"] = time.perf_counter() - item.admitted_at
         item.timings["queue_s"] = max(0.0, item.timings["total_s"] - sum(
@@ -405,7 +405,8 @@ class Pipeline:
                 mask = tuple(t.mask)
             else:
                 mask = None
-            rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask))
+            rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask,
+                                    episodes[i].exec_result if episodes else None))
         version = min((c.model_version for c in comps), default=0)
         self.scheduler.finish(item.task.domain)
         self.counters["finished"] += 1
