@@ -32,6 +32,9 @@ class FullLogits(torch.nn.Module):
         super().__init__()
         self.inner = inner
 
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
     def forward(self, input_ids, attention_mask):
         return self.inner(input_ids=input_ids, attention_mask=attention_mask)
 
@@ -47,16 +50,19 @@ def batch(seed: int, vocab: int, prompts: int, group: int, prompt_len: int, max_
     return TrainBatch(tuple(rows))
 
 
-def time_steps(model, config: TrainerConfig, batches: list[TrainBatch]) -> tuple[float, int]:
-    trainer = Trainer(model, config)
-    trainer.step(batches[0])  # warm-up
-    times = []
+def interleaved(trainers: dict[str, Trainer], batches: list[TrainBatch]) -> dict[str, float]:
+    """Median CPU seconds per step for each trainer (process CPU time: with one
+    thread it does not count time spent waiting for a core on a shared machine);
+    the trainers take turns at every step, so drifting load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    for name, trainer in trainers.items():
+        trainer.step(batches[0])  # warm-up
     for b in batches[1:]:
-        t0 = time.perf_counter()
-        trainer.step(b)
-        times.append(time.perf_counter() - t0)
-    tokens = sum(len(r.completion_ids) for r in batches[1].rows)
-    return statistics.median(times), tokens
+        for name, trainer in trainers.items():
+            t0 = time.process_time()
+            trainer.step(b)
+            times[name].append(time.process_time() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -75,19 +81,22 @@ def main() -> None:
     batches = [batch(s, *shape) for s in range(args.steps + 1)]
     print(f"preset {args.preset} ({n_params / 1e6:.2f}M params), {args.prompts}x{args.group} rows, "
           f"prompts <= {args.prompt_len}, completions <= {args.max_tokens}, threads {torch.get_num_threads()}")
-    results = {}
-    for name, wrap, cfg in [
-        ("mb16", False, TrainerConfig(micro_batch_size=16)),
-        ("mb16 unsorted", False, TrainerConfig(micro_batch_size=16, sort_by_length=False)),
-        ("mb64", False, TrainerConfig(micro_batch_size=64)),
-        ("mb256", False, TrainerConfig(micro_batch_size=256)),
-        ("mb64 full logits", True, TrainerConfig(micro_batch_size=64)),
-        ("mb64 rollback guard", False, TrainerConfig(micro_batch_size=64, guard=GuardConfig(action="rollback"))),
-    ]:
+    configs = {
+        "mb16": (False, TrainerConfig(micro_batch_size=16)),
+        "mb16 unsorted": (False, TrainerConfig(micro_batch_size=16, sort_by_length=False)),
+        "mb64": (False, TrainerConfig(micro_batch_size=64)),
+        "mb256": (False, TrainerConfig(micro_batch_size=256)),
+        "mb64 full logits": (True, TrainerConfig(micro_batch_size=64)),
+        "mb64 rollback guard": (False, TrainerConfig(micro_batch_size=64, guard=GuardConfig(action="rollback"))),
+    }
+    trainers = {}
+    for name, (wrap, cfg) in configs.items():
         fresh, _ = random_model(args.preset, seed=0)
-        seconds, tokens = time_steps(FullLogits(fresh) if wrap else fresh, cfg, batches)
-        results[name] = seconds
-        print(f"  {name:22s} {seconds * 1e3:8.1f} ms/step  {tokens / seconds:9.0f} completion tokens/s")
+        trainers[name] = Trainer(FullLogits(fresh) if wrap else fresh, cfg)
+    results = interleaved(trainers, batches)
+    tokens = sum(len(r.completion_ids) for r in batches[1].rows)
+    for name, seconds in results.items():
+        print(f"  {name:22s} {seconds * 1e3:8.1f} ms CPU/step  {tokens / seconds:9.0f} completion tokens per CPU-s")
     base = results["mb64"]
     print("ratios (time / mb64): " + ", ".join(f"{k} {v / base:.2f}" for k, v in results.items()))
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
