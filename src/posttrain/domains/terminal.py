@@ -1,0 +1,203 @@
+"""terminal: shell tasks in a sandbox session, judged by the end state of the files.
+
+Invariant: the verifier replays the episode (the completion's script, or
+every turn's command) in a fresh session started from the task's files,
+then judges only the end state: a read-only checker run after every process
+of the episode is dead, plus verifier-chosen commands (each from the same
+snapshot) whose output must match. A sandbox infra error raises
+SandboxError; it is never a score. 24 templates written for posttrain in
+three levels (data/terminal/tasks.py); a task's split is fixed by a hash of
+its prompt.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from functools import lru_cache
+from types import ModuleType
+
+from posttrain.domains.base import Budget, Domain, split_of, stable_rng
+from posttrain.domains.registry import register
+from posttrain.errors import TaskError, VerifierError
+from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "terminal")
+INSTRUCTION = ("You are in a shell (bash) in a directory that holds: {files}. Answer with a bash script in one "
+               "```bash code block; it runs non-interactively in that directory.")
+_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?[ \t]*\n(.*?)```", re.DOTALL)
+_MAX_ATTEMPTS = 1000
+
+
+@dataclass(frozen=True)
+class TerminalReference:
+    template: str
+    files: tuple[tuple[str, str], ...]
+    checks_json: str
+    runs_json: str
+    gold: str
+    wrong: str
+
+
+@lru_cache(maxsize=1)
+def templates() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("posttrain_terminal_tasks", os.path.join(DATA, "tasks.py"))
+    if spec is None or spec.loader is None:
+        raise TaskError(f"terminal: cannot load {DATA}/tasks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@lru_cache(maxsize=1)
+def checker_source() -> str:
+    with open(os.path.join(DATA, "checker.py")) as fh:
+        return fh.read()
+
+
+def extract_script(text: str) -> str:
+    blocks = _BLOCK.findall(text)
+    return (blocks[-1] if blocks else text).strip() + "\n"
+
+
+def _step_limits():
+    from posttrain.sandbox import Limits
+
+    return Limits(wall_s=20.0, cpu_s=10.0, memory_bytes=256 << 20, pids=64, output_bytes=64 << 10)
+
+
+class TerminalVerifier:
+    """Fraction of end-state checks (files and command outputs) that hold."""
+
+    name = "terminal_state"
+    version = "1"
+
+    def score(self, task: Task, episode: Episode) -> Score:
+        from posttrain import sandbox
+
+        ref: TerminalReference = task.reference
+        actions = [t.action for t in episode.turns] if episode.turns else [extract_script(episode.completion)]
+        with sandbox.get_pool().session(dict(ref.files), domain="terminal") as s:
+            for action in actions:
+                sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", action), limits=_step_limits())))
+            snap = s.snapshot()
+            results = self._file_checks(s, ref)
+            for run in json.loads(ref.runs_json):
+                s.restore(snap)
+                res = sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", run["cmd"]), limits=_step_limits())))
+                results.append(res.stdout.decode("utf-8", "replace") == run["stdout"])
+        if not results:
+            raise VerifierError(f"terminal: task {task.id} has no checks")
+        value = sum(results) / len(results)
+        return Score(value, {"outcome": value}, all(results), "" if all(results) else f"{len(results) - sum(results)} checks failed")
+
+    def _file_checks(self, s, ref: TerminalReference) -> list[bool]:
+        from posttrain import sandbox
+
+        checks = json.loads(ref.checks_json)
+        if not checks:
+            return []
+        nonce = secrets.token_hex(16)
+        req = sandbox.ExecRequest(argv=("python3", "-I", "-c", checker_source()), stdin=json.dumps({"nonce": nonce, "checks": checks}).encode(),
+                                  limits=_step_limits())
+        res = sandbox.raise_for_infra(s.run(req))
+        for line in reversed(res.stdout.decode("utf-8", "replace").splitlines()):
+            try:
+                verdict = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(verdict, dict) and verdict.get("nonce") == nonce and len(verdict["results"]) == len(checks):
+                return [bool(r) for r in verdict["results"]]
+        raise VerifierError(f"terminal checker gave no verdict (status {res.status}): {res.stderr[-300:]!r}")
+
+
+class TerminalEnvironment:
+    """Multi-turn use: reset(task) opens a session on the task's files,
+    step(command) runs one bash command there and returns its output."""
+
+    def __init__(self, max_turns: int = 8) -> None:
+        self.max_turns = max_turns
+        self._ctx = None
+        self._session = None
+        self.turns = 0
+
+    def reset(self, task: Task) -> str:
+        from posttrain import sandbox
+
+        self.close()
+        ref: TerminalReference = task.reference
+        self._ctx = sandbox.get_pool().session(dict(ref.files), domain="terminal")
+        self._session = self._ctx.__enter__()
+        self.turns = 0
+        return task.prompt[-1].content
+
+    def step(self, action: str) -> tuple[str, bool]:
+        from posttrain import sandbox
+
+        if self._session is None:
+            raise VerifierError("TerminalEnvironment.step before reset")
+        self.turns += 1
+        res = sandbox.raise_for_infra(self._session.run(sandbox.ExecRequest(argv=("bash", "-c", action), limits=_step_limits())))
+        obs = (res.stdout + res.stderr).decode("utf-8", "replace")[-4000:] + f"\n[exit {res.exit_code if res.exit_code is not None else res.status}]"
+        done = self.turns >= self.max_turns or not action.strip()
+        return obs, done
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+        self._ctx = self._session = None
+
+
+class Terminal(Domain):
+    name = "terminal"
+    category = "agents"
+    description = "shell tasks (files, configs, scripts) in a sandbox session, judged by the end state"
+    version = "1"
+    levels = 3
+    cost_class = "long"
+    budget = Budget(turns=8, tokens=512, seconds=120.0)
+    verifier = TerminalVerifier()
+
+    def environment(self):
+        return TerminalEnvironment
+
+    def sample(self, index: int, split: Split, difficulty: int) -> Task:
+        self.check_difficulty(difficulty)
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        names = sorted(n for n, fn in templates().TEMPLATES.items() if _level(fn) == difficulty)
+        for attempt in range(_MAX_ATTEMPTS):
+            rng = stable_rng(self.name, self.version, difficulty, split, index, attempt)
+            name = names[rng.randrange(len(names))]
+            inst = templates().TEMPLATES[name](rng)
+            question = f"{inst['prompt']}\n" + INSTRUCTION.format(files=", ".join(sorted(inst["files"])) or "nothing (it is empty)")
+            if split_of(self.name, question) == split:
+                return self._make(index, split, difficulty, name, question, inst)
+        raise TaskError(f"terminal: no {split} task found at difficulty {difficulty}")
+
+    def _make(self, index: int, split: Split, difficulty: int, name: str, question: str, inst: dict) -> Task:
+        ref = TerminalReference(name, tuple(sorted(inst["files"].items())), json.dumps(inst["checks"]), json.dumps(inst.get("runs", [])),
+                                inst["gold"], inst["wrong"])
+        return Task(id=f"{self.name}:{split}:{difficulty}:{index}", domain=self.name, prompt=(Message("user", question),), reference=ref,
+                    meta=TaskMeta(split=split, difficulty=difficulty, source=f"posttrain/terminal/{name}", taskset_version=self.taskset_version))
+
+    def gold(self, task: Task) -> str:
+        return f"```bash\n{task.reference.gold}```"
+
+    def wrong(self, task: Task) -> str:
+        return f"```bash\n{task.reference.wrong}```"
+
+
+@lru_cache(maxsize=None)
+def _level_of(name: str) -> int:
+    return templates().TEMPLATES[name](stable_rng("level-probe", name))["level"]
+
+
+def _level(fn) -> int:
+    return _level_of(fn.__name__[2:])
+
+
+register(Terminal())

@@ -1,0 +1,91 @@
+"""The `terminal` domain: every template's gold script scores 1.0 and its wrong
+script less, sampling is deterministic with disjoint splits, and the
+multi-turn environment keeps state between steps."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import pytest
+
+from posttrain.domains import terminal as T
+from posttrain.domains.base import stable_rng
+from posttrain.domains.registry import get
+from posttrain.errors import SandboxError
+from posttrain.types import Episode, Turn
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server backend needs root")
+DOMAIN = get("terminal")
+
+
+def test_at_least_20_templates_in_three_levels():
+    names = T.templates().TEMPLATES
+    assert len(names) >= 20
+    assert {T._level_of(n) for n in names} == {1, 2, 3}
+    assert DOMAIN.cost_class == "long"
+
+
+def test_sampling_is_deterministic_and_splits_are_disjoint():
+    for level in (1, 2, 3):
+        assert DOMAIN.sample(3, "eval", level) == DOMAIN.sample(3, "eval", level)
+        train = {DOMAIN.sample(i, "train", level).prompt[0].content for i in range(30)}
+        evals = {DOMAIN.sample(i, "eval", level).prompt[0].content for i in range(30)}
+        assert len(train) > 5 and len(evals) > 3 and not train & evals
+
+
+def _gold_and_wrong(names):
+    def both(name):
+        inst = T.templates().TEMPLATES[name](stable_rng("test", name))
+        task = DOMAIN._make(0, "train", inst["level"], name, inst["prompt"], inst)
+        return name, DOMAIN.score(task, Episode(DOMAIN.gold(task))), DOMAIN.score(task, Episode(DOMAIN.wrong(task)))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        for name, gold, wrong in ex.map(both, names):
+            assert gold.value == 1.0 and gold.passed, (name, gold)
+            assert wrong.value < 1.0 and not wrong.passed, (name, wrong)
+
+
+@root_only
+def test_a_third_of_the_templates_gold_passes_and_wrong_fails():
+    _gold_and_wrong(sorted(T.templates().TEMPLATES)[::3])
+
+
+@root_only
+@pytest.mark.slow
+def test_every_template_gold_passes_and_wrong_fails():
+    _gold_and_wrong(sorted(T.templates().TEMPLATES))
+
+
+@root_only
+def test_turns_are_replayed_in_order():
+    task = next(DOMAIN.sample(i, "train", 1) for i in range(50) if DOMAIN.sample(i, "train", 1).reference.template == "env_file")
+    gold = T.extract_script(DOMAIN.gold(task))
+    first, second = gold.replace("\\nDB_PORT", "\\nX").strip(), gold.strip()
+    assert DOMAIN.score(task, Episode("", turns=(Turn(first), Turn(second)))).value == 1.0
+    assert DOMAIN.score(task, Episode("", turns=(Turn(second), Turn("rm .env")))).value < 1.0
+
+
+@root_only
+def test_environment_keeps_state_between_steps():
+    env = DOMAIN.environment()(max_turns=3)
+    task = DOMAIN.sample(0, "train", 1)
+    try:
+        assert env.reset(task) == task.prompt[0].content
+        env.step("echo one > f.txt")
+        obs, done = env.step("cat f.txt")
+        assert obs.startswith("one\n") and not done
+    finally:
+        env.close()
+
+
+def test_infra_error_raises_instead_of_scoring(monkeypatch):
+    from posttrain import sandbox
+
+    class Broken:
+        def session(self, *a, **k):
+            raise SandboxError("no worker")
+
+    monkeypatch.setattr(sandbox, "get_pool", lambda: Broken())
+    task = DOMAIN.sample(0, "train", 2)
+    with pytest.raises(SandboxError):
+        DOMAIN.score(task, Episode(DOMAIN.gold(task)))
