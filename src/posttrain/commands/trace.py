@@ -1,4 +1,5 @@
-"""`posttrain trace RUN_DIR`: recent rollouts and per-domain statistics."""
+"""`posttrain trace RUN_DIR`: recent rollouts and per-domain statistics.
+`posttrain trace explain ROLLOUT_ID [--run RUN_DIR]`: the full chain of one rollout."""
 from __future__ import annotations
 
 import argparse
@@ -6,10 +7,16 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("trace", help="recent rollouts and per-domain statistics of a run")
-    p.add_argument("run_dir", help="a run directory (or a trace.db file)")
+    p = sub.add_parser(
+        "trace",
+        help="recent rollouts and per-domain statistics of a run; `trace explain ROLLOUT_ID` for one rollout's chain",
+        description="posttrain trace RUN_DIR | posttrain trace explain ROLLOUT_ID [--run RUN_DIR]",
+    )
+    p.add_argument("run_dir", help="a run directory (or a trace.db file), or the word `explain`")
+    p.add_argument("rollout_id", nargs="?", help="with `explain`: the rollout id (a unique prefix is enough)")
     p.add_argument("-n", type=int, default=10, help="recent rollouts to show")
     p.add_argument("--domain", help="only this domain")
+    p.add_argument("--run", metavar="RUN_DIR", help="with `explain`: the run holding the rollout (default: search ./runs)")
     p.set_defaults(func=run)
 
 
@@ -23,9 +30,45 @@ def _db_path(arg: str) -> Path:
     return db
 
 
+def _find(rollout_id: str, run: str | None) -> Path:
+    """The trace database holding `rollout_id`: the given run's, else the newest run under ./runs that has it."""
+    import sqlite3
+
+    from posttrain.errors import ConfigError
+
+    if run:
+        return _db_path(run)
+    candidates = sorted(Path("runs").glob("*/trace.db"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for db in candidates:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            if con.execute("SELECT 1 FROM rollouts WHERE id=? OR id LIKE ? LIMIT 1", (rollout_id, rollout_id + "%")).fetchone():
+                return db
+        finally:
+            con.close()
+    raise ConfigError(f"rollout {rollout_id!r} not found in {len(candidates)} run(s) under ./runs (pass --run RUN_DIR)")
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from posttrain.errors import ConfigError
+    from posttrain.monitor.explain import explain
+    from posttrain.trace import TraceStore
+
+    if not args.rollout_id:
+        raise ConfigError("trace explain needs a ROLLOUT_ID (see `posttrain trace RUN_DIR` for ids)")
+    store = TraceStore(_find(args.rollout_id, args.run))
+    try:
+        print(explain(store, args.rollout_id), end="")
+    finally:
+        store.close()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from posttrain.trace import TraceStore
 
+    if args.run_dir == "explain" and not Path("explain").is_dir():
+        return _explain(args)
     store = TraceStore(_db_path(args.run_dir))
     print(f"{'domain':<20}{'rollouts':>9}{'reward':>8}{'pass':>7}{'errors':>7}{'trunc':>7}{'used':>7}")
     for s in store.domain_stats():
@@ -39,5 +82,10 @@ def run(args: argparse.Namespace) -> int:
         step = "-" if r["train_step"] is None else r["train_step"]
         print(f"{r['id']}  {r['domain']:<12} v{r['model_version']:<4} step {step:<5} reward {reward:<7} "
               f"{r['prompt'][:30]!r} -> {r['completion'][:30]!r} {r['reason']}")
+    alarms = store.events("alarm")
+    if alarms:
+        print(f"\n{len(alarms)} alarm(s):")
+        for ev in alarms:
+            print(f"  step {ev['step']}: {ev['message']}")
     store.close()
     return 0

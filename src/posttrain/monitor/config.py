@@ -119,7 +119,7 @@ class ProbeConfig(BaseModel):
     tasks: int = Field(4, ge=1, le=1000)
     """Train tasks per domain whose cheats are scored."""
     action: Literal["exclude", "stop"] = "exclude"
-    """exclude: refuse to train on the domain (weight 0 from then on; the run
+    """exclude: refuse to train on the domain (never drawn again; the run
     stops when no domain is left); stop: refuse to start / stop the run."""
 
 

@@ -136,13 +136,17 @@ class Monitor:
             return f"weight of {hit.domain} x{factor:g} (now x{self.weights[hit.domain]:.3g})"
         return "logged"
 
+    def _exclude(self, domain: str) -> None:
+        """Take `domain` out of the pool's drawable domains (its state is kept, so resume still fits)."""
+        self.excluded.add(domain)
+        self.pool.names = tuple(n for n in self.pool.names if n != domain)
+
     def _scale_weight(self, domain: str, factor: float) -> None:
         self.weights[domain] = self.weights.get(domain, 1.0) * factor
         self._apply_weight(domain, self.weights[domain])
 
     def _apply_weight(self, domain: str, multiplier: float) -> None:
-        """Set the pool's weight of `domain` to its configured weight x multiplier
-        (model_copy skips validation, so a refused domain can have weight 0)."""
+        """Set the pool's weight of `domain` to its configured weight x multiplier."""
         config = self.pool.config
         spec = config.domains[domain].model_copy(update={"weight": self._base_weights[domain] * multiplier})
         domains = {**config.domains, domain: spec}
@@ -170,9 +174,7 @@ class Monitor:
     def _refuse(self, step: int, domain: str, message: str, data: dict[str, Any], at_start: bool) -> None:
         action = self.cfg.probes.action
         if action == "exclude":
-            self.excluded.add(domain)
-            self.weights[domain] = 0.0
-            self._apply_weight(domain, 0.0)
+            self._exclude(domain)
         left = [n for n in self.pool.names if n not in self.excluded]
         stop = action == "stop" or not left
         done = "refused to train on it" + ("; no domain left" if not left else "")
@@ -284,7 +286,9 @@ class Monitor:
                 "active": [list(k) for k in sorted(self.active, key=str)], "stop_reason": self.stop_reason}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.excluded = set(state.get("excluded", ()))
+        for domain in state.get("excluded", ()):
+            if domain in self.pool.names:
+                self._exclude(domain)
         self.active = {(k, d) for k, d in state.get("active", ())}
         # stop_reason is not restored: resuming a stopped run means continuing it
         for domain, multiplier in state.get("weights", {}).items():

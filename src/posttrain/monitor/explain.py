@@ -1,0 +1,90 @@
+"""Full-chain attribution of one rollout: prompt to reward to the train step that used it.
+
+Invariant: `explain` only reads the trace store; it shows every stored field
+of the chain (prompt, sampling parameters, completion, execution result,
+verifier name and version, reward parts, the train step with advantage,
+ratio and clip share), and says why a rollout was not trained on when it
+was not (masked infra error, or a group whose rewards were all equal).
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+from posttrain.errors import ConfigError
+
+
+def _block(title: str, text: str) -> list[str]:
+    body = text if text else "(empty)"
+    return [f"-- {title}", *("   " + line for line in body.splitlines() or [""]), ""]
+
+
+def _siblings(store: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rollouts sampled for the same prompt in the same step (read-only connection)."""
+    sql = "SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? ORDER BY rowid"
+    con = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
+    try:
+        cur = con.execute(sql, (row["group_id"], row["model_version"], row["task_id"]))
+        return [dict(zip(("id", "reward", "completion"), r)) for r in cur]
+    finally:
+        con.close()
+
+
+def _training(row: dict[str, Any], siblings: list[dict[str, Any]]) -> list[str]:
+    if row["train_step"] is not None:
+        clipped = row["clipped"] or 0.0
+        return [
+            f"   used by train step {row['train_step']}",
+            f"   advantage {row['advantage']:+.4f}",
+            f"   ratio     {row['ratio']:.4f} (mean over its tokens, current / behaviour policy)",
+            f"   clipped   {'yes' if clipped > 0 else 'no'} ({clipped:.0%} of its tokens had their gradient clipped)",
+        ]
+    if row["reward"] is None:
+        return ["   not trained on: infra error, masked from the loss (never scored 0)"]
+    rewards = {s["reward"] for s in siblings if s["reward"] is not None}
+    if len(rewards) <= 1:
+        return ["   not trained on: every scored rollout of its group had the same reward (no signal; filtered)"]
+    return ["   not trained on (yet): no train step has consumed it"]
+
+
+def explain(store: Any, rollout_id: str) -> str:
+    """A readable account of one rollout; ConfigError when the id is unknown."""
+    row = store.get(rollout_id)
+    if row is None:
+        raise ConfigError(f"rollout {rollout_id!r} is not in {store.path}")
+    siblings = _siblings(store, row)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["created_at"]))
+    reward = "masked (infra error)" if row["reward"] is None else f"{row['reward']:.4f}"
+    passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
+    sampling = " ".join(f"{k}={v}" for k, v in (row["sampling"] or {}).items())
+    execution = json.dumps(row["exec_result"], indent=2, default=str) if row["exec_result"] is not None else "(none: no program ran for this domain)"
+    parts = ", ".join(f"{k}={v:.4f}" for k, v in (row["parts"] or {}).items()) or "(none)"
+    timings = ", ".join(f"{k}={v * 1000:.2f}ms" for k, v in (row["timings"] or {}).items()) or "(none)"
+    lines = [
+        f"rollout {row['id']}  ({when} UTC)",
+        f"   task {row['task_id']}  domain {row['domain']}  split {row['split']}  difficulty {row['difficulty']}  "
+        f"task set {row['taskset_version']}",
+        f"   group {row['group_id']}  model version {row['model_version']}",
+        "",
+        *_block("prompt", row["prompt"]),
+        *_block("sampling parameters", sampling),
+        *_block(f"completion ({row['completion_tokens']} tokens, finish reason {row['finish_reason']})", row["completion"]),
+        *_block("execution result", execution),
+        f"-- verifier {row['verifier']}",
+        f"   reward {reward}  passed {passed}  reason {row['reason'] or '-'}",
+        f"   reward parts: {parts}",
+        f"   stage timings: {timings}",
+    ]
+    if row["error_kind"]:
+        lines.append(f"   infra error ({row['error_kind']}): {row['error']}")
+    lines += ["", "-- training", *_training(row, siblings), ""]
+    others = [s for s in siblings if s["id"] != row["id"]]
+    if others:
+        lines.append(f"-- its group ({len(siblings)} samples of the same prompt)")
+        for s in siblings:
+            mark = "*" if s["id"] == row["id"] else " "
+            r = "masked" if s["reward"] is None else f"{s['reward']:.2f}"
+            lines.append(f" {mark} {s['id']}  reward {r:<6} {s['completion'][:60]!r}")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,135 @@
+"""The monitor in real training runs on the micro base: planted hackable verifier, entropy collapse, report, explain."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from monitor_testlib import TINY, Coin, Letters
+from posttrain.cli import main
+from posttrain.config import load_config
+from posttrain.domains import registry
+from posttrain.errors import VerifierError
+from posttrain.rundir import read_metrics
+from posttrain.trace import TraceStore
+
+
+@pytest.fixture()
+def planted(monkeypatch):
+    monkeypatch.setitem(registry._REGISTRY, "test_letters", Letters())
+    monkeypatch.setitem(registry._REGISTRY, "test_coin", Coin())
+
+
+def _train(tmp_path, base, name, *extra):
+    from posttrain.loop import train
+
+    cfg = load_config(None, [*TINY, f"model.path={base}", f"run.out_dir={tmp_path}", f"run.name={name}", *extra])
+    return train(cfg, log=lambda *_: None)
+
+
+def _alarms(run_dir, kind):
+    return [r for r in read_metrics(run_dir / "metrics.jsonl", "alarm") if r["alarm"] == kind]
+
+
+def test_probe_refuses_hackable_verifier(tmp_path, micro_base, planted):
+    # alone, the run refuses to start
+    with pytest.raises(VerifierError, match="test_letters: verifier digit_hack@1 accepts"):
+        _train(tmp_path, micro_base, "alone", "run.steps=2", "tasks.domains={test_letters: {difficulty: 1}}")
+    # beside a sound domain, the hackable one is never trained on
+    result = _train(tmp_path, micro_base, "mixed", "run.steps=2", "tasks.domains={test_letters: {difficulty: 1}, reverse: {difficulty: 1}}")
+    store = TraceStore(result.run_dir / "trace.db")
+    assert store.recent(1000, "test_letters") == []
+    assert store.count() == 2 * 8 * 8  # every draw went to the sound domain
+    (event,) = [e for e in store.events("alarm") if e["domain"] == "test_letters"]
+    assert "refusing to train on it" in event["message"]
+    probes = {r["domain"]: r for r in read_metrics(result.run_dir / "metrics.jsonl", "probe")}
+    assert probes["test_letters"]["ok"] is False and probes["reverse"]["ok"] is True
+
+
+def test_reward_hacking_alarm_fires_with_probe_off(tmp_path, micro_base, planted):
+    result = _train(
+        tmp_path, micro_base, "hack", "run.steps=16", "eval.every_steps=4", "rollout.max_tokens=2", "trainer.lr=3e-3",
+        "monitor.probes.enabled=false", "tasks.domains={test_letters: {difficulty: 1}}",
+    )
+    (hit, *_) = _alarms(result.run_dir, "reward_hacking")
+    assert hit["step"] <= 16 and hit["domain"] == "test_letters"
+    assert hit["data"]["heldout_last"] <= hit["data"]["heldout_first"] + 0.02
+    # the audit by the stricter check saw it from the first steps
+    assert _alarms(result.run_dir, "audit_failure")[0]["step"] <= 3
+    events = TraceStore(result.run_dir / "trace.db").events("alarm")
+    assert any(e["message"].startswith("reward hacking suspected in test_letters") for e in events)
+
+
+@pytest.fixture(scope="module")
+def collapsed(tmp_path_factory, micro_base):
+    """A run whose excessive learning rate collapses the policy (shared by the report tests)."""
+    mp = pytest.MonkeyPatch()
+    mp.setitem(registry._REGISTRY, "test_coin", Coin())
+    try:
+        yield _train(tmp_path_factory.mktemp("runs"), micro_base, "collapse", "run.steps=10", "trainer.lr=0.3",
+                     "monitor.probes.enabled=false", "tasks.domains={test_coin: {difficulty: 1}}").run_dir
+    finally:
+        mp.undo()
+
+
+def test_entropy_collapse_alarm_on_excessive_lr(collapsed):
+    (hit,) = _alarms(collapsed, "entropy_collapse")
+    assert hit["step"] <= 10 and hit["data"]["recent"] < 0.25 * hit["data"]["baseline"]
+    assert any(e["data"] and '"entropy_collapse"' in e["data"] for e in TraceStore(collapsed / "trace.db").events("alarm"))
+
+
+def test_no_entropy_alarm_at_sane_lr(tmp_path, micro_base, planted):
+    result = _train(tmp_path, micro_base, "sane", "run.steps=10", "monitor.probes.enabled=false",
+                    "tasks.domains={test_coin: {difficulty: 1}}")
+    assert _alarms(result.run_dir, "entropy_collapse") == []
+    assert len(read_metrics(result.run_dir / "metrics.jsonl", "monitor")) == 10
+
+
+def test_stop_action_ends_the_run(tmp_path, micro_base, planted):
+    result = _train(tmp_path, micro_base, "stop", "run.steps=12", "trainer.lr=0.3", "monitor.probes.enabled=false",
+                    "monitor.alarms.entropy_collapse.action=stop", "tasks.domains={test_coin: {difficulty: 1}}")
+    (hit,) = _alarms(result.run_dir, "entropy_collapse")
+    assert result.steps == hit["step"] < 12
+    assert [r["step"] for r in read_metrics(result.run_dir / "metrics.jsonl", "train")][-1] == hit["step"]
+    assert (result.run_dir / "report.html").is_file()
+
+
+def test_report_is_self_contained(collapsed):
+    page = (collapsed / "report.html").read_text()
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert len(images) >= 8 and all(src.startswith("data:image/png;base64,") for src in images)
+    assert not re.search(r'(src|href)="(https?:|//|/)', page)
+    assert "entropy_collapse" in page and "held-out accuracy before and after" in page
+
+
+def test_report_command_and_trace_explain(collapsed, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(collapsed), "--out", str(out)]) == 0 and out.stat().st_size > 10_000
+    store = TraceStore(collapsed / "trace.db")
+    used = store._db.execute("SELECT id FROM rollouts WHERE train_step IS NOT NULL LIMIT 1").fetchone()[0]
+    capsys.readouterr()
+    assert main(["trace", "explain", used[:10], "--run", str(collapsed)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("-- prompt", "-- sampling parameters", "temperature=1.0", "-- completion", "-- execution result",
+                   "-- verifier coin_flip@1", "reward parts: outcome=", "used by train step", "advantage", "ratio", "clipped"):
+        assert needle in text, needle
+    assert main(["trace", "explain", "nosuchid", "--run", str(collapsed)]) == 2
+    assert main(["trace", str(collapsed)]) == 0 and "alarm(s)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_report_opens_in_headless_chromium(collapsed, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium on this machine (apt-get install -y chromium)")
+    shot = tmp_path / "report.png"
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400", f"--screenshot={shot}",
+         (collapsed / "report.html").as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert shot.is_file() and shot.stat().st_size > 20_000
