@@ -56,6 +56,14 @@ def timed(fn):
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
+def task_prompts(engine, names: list[str], count: int) -> list[tuple[int, ...]]:
+    """Chat prompts of the named domains' train tasks at level 2 (round robin)."""
+    from posttrain.domains.registry import get
+
+    domains = [get(n) for n in names]
+    return [engine.encode_chat(domains[i % len(domains)].sample(i, "train", 2).prompt) for i in range(count)]
+
+
 def time_engine(engine, requests, repeats: int) -> Timing:
     timing = Timing()
     for _ in range(repeats):
@@ -87,10 +95,13 @@ def time_hf_generate(model, tok, prompts, group: int, max_tokens: int, repeats: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--preset", default="tiny", help="random model of this preset (when no --model)")
+    ap.add_argument("--model", default=None, help="a model directory (e.g. a pretrained base); prompts then "
+                    "come from the procedural domains' tasks, so completion lengths are realistic")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--domains", default="add,sub,mul,reverse,sort", help="task domains for --model prompts")
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
@@ -100,18 +111,21 @@ def main() -> None:
     import torch
 
     from posttrain.engine.hf import HFEngine, HFEngineConfig
-    from posttrain.model.arch import random_model
+    from posttrain.model.arch import load_model, random_model
     from posttrain.types import GenerationRequest, SamplingParams
 
-    model, tok = random_model(args.preset, seed=0)
+    if args.model:
+        model, tok = load_model(args.model, device=args.device)
+    else:
+        model, tok = random_model(args.preset, seed=0)
     model.eval()
     shared = HFEngine(model, tok, device=args.device, config=HFEngineConfig(max_batch_rows=args.prompts * args.group))
     naive = HFEngine(model, tok, config=HFEngineConfig(max_batch_rows=args.prompts * args.group, prefix_sharing=False))
-    prompts = build_prompts(shared, args.prompts, seed=0)
+    prompts = task_prompts(shared, args.domains.split(","), args.prompts) if args.model else build_prompts(shared, args.prompts, seed=0)
     requests = [GenerationRequest(p, SamplingParams(max_tokens=args.max_tokens, n=args.group, seed=i))
                 for i, p in enumerate(prompts)]
     params = sum(p.numel() for p in model.parameters())
-    print(f"model {args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x G={args.group}, "
+    print(f"model {args.model or args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x G={args.group}, "
           f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens, max_tokens {args.max_tokens}, "
           f"best of {args.repeats}")
     for threads in args.threads:

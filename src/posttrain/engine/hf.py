@@ -241,7 +241,7 @@ class HFEngine:
             mask[k, width - len(c.prompt):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = new_cache(self.model.config, width + capacity)
+        cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
         logits = self._forward(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
         counts = torch.tensor([len(c.rows) for c in batch], device=dev)

@@ -15,18 +15,21 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
 class SlabLayer(DynamicLayer):
-    """One attention layer's keys and values, in slabs of `capacity` positions."""
+    """One attention layer's keys and values in slabs of `max_rows` x
+    `capacity` positions; the live cache is the first `rows` rows and the
+    first `length` positions."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_rows: int) -> None:
         super().__init__()
-        self.capacity = capacity
-        self.length = 0
+        self.capacity, self.max_rows = capacity, max_rows
+        self.length = self.rows = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        batch, heads, _, dim = key_states.shape
-        self._k = key_states.new_empty((batch, heads, self.capacity, dim))
-        self._v = value_states.new_empty((batch, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self.rows = key_states.shape[0]
+        k_shape = (self.max_rows, key_states.shape[1], self.capacity, key_states.shape[-1])
+        v_shape = (self.max_rows, value_states.shape[1], self.capacity, value_states.shape[-1])
+        self._k, self._v = key_states.new_empty(k_shape), value_states.new_empty(v_shape)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -34,34 +37,44 @@ class SlabLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV slab full: {end} positions > capacity {self.capacity}")
-        self._k[:, :, self.length:end] = key_states
-        self._v[:, :, self.length:end] = value_states
+        if end > self.capacity or key_states.shape[0] != self.rows:
+            raise RuntimeError(f"KV slab misuse: {key_states.shape[0]} rows x {end} positions into "
+                               f"{self.rows} rows x capacity {self.capacity}")
+        self._k[: self.rows, :, self.length:end] = key_states
+        self._v[: self.rows, :, self.length:end] = value_states
         self.length = end
         self._refresh()
         return self.keys, self.values
 
     def _refresh(self) -> None:
-        self.keys = self._k[:, :, : self.length]
-        self.values = self._v[:, :, : self.length]
+        self.keys = self._k[: self.rows, :, : self.length]
+        self.values = self._v[: self.rows, :, : self.length]
 
     def get_seq_length(self) -> int:
         return self.length
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.is_initialized:
-            self._k = self._k.index_select(0, beam_idx.to(self._k.device))
-            self._v = self._v.index_select(0, beam_idx.to(self._v.device))
-            self._refresh()
+        """Rows `beam_idx` of the live cache become the live cache, in place;
+        only the filled positions are copied."""
+        if not self.is_initialized:
+            return
+        rows = beam_idx.shape[0]
+        if rows > self.max_rows:
+            raise RuntimeError(f"KV slab holds {self.max_rows} rows, {rows} asked for")
+        idx = beam_idx.to(self._k.device)
+        picked_k, picked_v = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+        self._k[:rows, :, : self.length] = picked_k
+        self._v[:rows, :, : self.length] = picked_v
+        self.rows = rows
+        self._refresh()
 
 
-def new_cache(model_config: Any, capacity: int) -> Cache:
-    """A slab cache of `capacity` positions for models whose layers all use
+def new_cache(model_config: Any, capacity: int, max_rows: int) -> Cache:
+    """A slab cache of `max_rows` x `capacity` positions for models whose layers all use
     full attention; any other model (sliding windows, linear attention) gets
     the library's DynamicCache, which handles its layer types."""
     text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     layer_types = getattr(text_config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         return DynamicCache(config=model_config)
-    return Cache(layers=[SlabLayer(capacity) for _ in range(text_config.num_hidden_layers)])
+    return Cache(layers=[SlabLayer(capacity, max_rows) for _ in range(text_config.num_hidden_layers)])
