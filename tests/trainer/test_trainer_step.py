@@ -196,3 +196,26 @@ def test_grad_norm_spike_is_skipped():
     assert stats.outcome == "skipped" and "spike" in stats.guard_reason
     assert same_params(before, params_of(model))
     assert trainer.state_dict()["guard"]["grad_norms"].__len__() == 3  # the spike did not enter the median
+
+
+@pytest.mark.parametrize("loss", [{"type": "grpo"}, {"type": "dr_grpo", "max_completion_tokens": 1}, {"type": "dapo"}])
+def test_rl_raises_the_probability_of_rewarded_tokens(loss):
+    """A one-token bandit: reward 1 for a token id below 32. On-policy GRPO-family
+    steps must move probability mass onto the rewarded half of the vocabulary."""
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig(loss=loss, lr=1e-2))
+    prompt, gen = (3, 4, 5), torch.Generator().manual_seed(0)
+
+    def p_rewarded() -> float:
+        with torch.no_grad():
+            return float(model(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)[:32].sum())
+
+    before = p_rewarded()
+    for _ in range(15):
+        rows = []
+        for g in range(4):
+            for _ in range(8):
+                tok, lp = sample(model, prompt, 1, 1.0, gen)
+                rows.append(TrainRow(prompt, tok, lp, float(tok[0] < 32), g, (1,)))
+        trainer.step(TrainBatch(tuple(rows)))
+    assert p_rewarded() > before + 0.3, (before, p_rewarded())
