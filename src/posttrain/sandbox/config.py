@@ -17,7 +17,7 @@ BackendName = Literal["forkserver", "bwrap", "unsafe"]
 DEFAULT_PREIMPORT = (
     "json", "re", "math", "collections", "itertools", "functools", "heapq", "bisect",
     "string", "random", "typing", "dataclasses", "fractions", "decimal", "datetime",
-    "statistics", "copy", "operator", "array", "enum", "runpy", "traceback",
+    "statistics", "copy", "operator", "array", "enum", "runpy", "traceback", "unittest",
 )
 
 
@@ -39,8 +39,8 @@ class SandboxConfig(BaseModel):
     domain_limits: dict[str, int] = Field(default_factory=dict)
     """Per-domain concurrency caps, e.g. {"code": 2}; domains not named share the pool freely."""
 
-    cpu_weight: int = Field(50, ge=1, le=10_000)
-    """CPU weight of the whole sandbox tree relative to its sibling processes (100 = equal share), via cpu.shares / cpu.weight."""
+    cpu_weight: int = Field(100, ge=1, le=10_000)
+    """CPU weight of the whole sandbox tree, which the scheduler treats as ONE entity next to the processes of posttrain's own cgroup: 100 = the share of one ordinary process (cpu.shares 1024 / cpu.weight 100); use about 100 x workers for the sandbox to keep pace with as many busy processes."""
 
     uid_base: int = Field(61_000, ge=1_000, le=2**31 - 1_000_000)
     """Worker slot i runs its tasks as uid/gid uid_base + i (never root); unique per pool owner pid."""
