@@ -307,3 +307,45 @@ def test_cuda_matches_cpu_samples(model_tok):
     for a, b in zip(cpu, gpu):
         if a.token_ids == b.token_ids:
             assert max(abs(p - q) for p, q in zip(a.logprobs, b.logprobs)) < 1e-3
+
+
+def sliding_window_model():
+    """A micro Qwen2 whose layers use sliding-window attention (window 6)."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.model.arch import make_config
+    from posttrain.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = make_config("micro", len(tok), tok.pad_token_id, tok.eos_token_id)
+    cfg.use_sliding_window, cfg.sliding_window, cfg.max_window_layers = True, 6, 0
+    cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model, tok
+
+
+def test_models_with_other_layer_types_fall_back_to_the_dynamic_cache():
+    from transformers import DynamicCache
+
+    from posttrain.engine.kvcache import SlabLayer, new_cache
+
+    model, tok = sliding_window_model()
+    assert isinstance(new_cache(model.config, 10, 2), DynamicCache)
+    plain, _ = spread_model(0)
+    assert all(isinstance(layer, SlabLayer) for layer in new_cache(plain.config, 10, 2).layers)
+    shared = HFEngine(model, tok)
+    naive = HFEngine(model, tok, config=HFEngineConfig(prefix_sharing=False))
+    reqs = mixed_requests(shared)
+    a, b = flat(shared.generate(reqs)), flat(naive.generate(reqs))
+    assert [x.token_ids for x in a] == [y.token_ids for y in b]
+    p = reqs[0].prompt_ids
+    ids = torch.tensor([p])
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[0, len(p):].tolist()
+    ours = shared.generate([GenerationRequest(p, SamplingParams(max_tokens=16, temperature=0))])[0][0]
+    assert list(ours.token_ids) == ref[: len(ours.token_ids)] and len(ours.token_ids) > 1
