@@ -113,6 +113,23 @@ def test_keeping_finished_rows_in_the_batch_changes_nothing(model_tok, fraction)
     assert max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
 
 
+def test_the_record_hook_sees_each_new_token_of_unfinished_rows_once(model_tok):
+    model, tok = model_tok
+    streamed: dict[tuple[int, int], list[int]] = {}
+
+    class Streaming(HFEngine):
+        def _record(self, rows, outs, active, tokens, logprobs):
+            super()._record(rows, outs, active, tokens, logprobs)
+            for r, t in zip(active, tokens):
+                streamed.setdefault((rows[r].request, rows[r].sample), []).append(t)
+
+    engine = Streaming(model, tok, config=HFEngineConfig(compact_fraction=1.0))
+    groups = engine.generate(mixed_requests(engine))
+    for i, group in enumerate(groups):
+        for j, c in enumerate(group):
+            assert tuple(streamed[(i, j)]) == c.token_ids
+
+
 def test_prefix_sharing_computes_each_prompt_once(engine):
     p = chat(engine, "hello there")
     engine.generate([GenerationRequest(p, SamplingParams(max_tokens=4, n=8, seed=0))])

@@ -266,7 +266,10 @@ class HFEngine:
         step = 0
         while True:
             tokens, lps = sample_next(logits, temp, top_p, keys, step)
-            self._record(rows, outs, active, tokens.tolist(), lps.tolist())
+            tok_list, lp_list = tokens.tolist(), lps.tolist()
+            live = [k for k, r in enumerate(active) if outs[r].finish is None]
+            self._record(rows, outs, [active[k] for k in live], [tok_list[k] for k in live],
+                         [lp_list[k] for k in live])
             keep = [k for k, r in enumerate(active) if outs[r].finish is None]
             if not keep:
                 break
@@ -284,12 +287,13 @@ class HFEngine:
 
     def _record(self, rows: list[_Row], outs: list[_Output], active: list[int],
                 tokens: list[int], logprobs: list[float]) -> None:
-        """Append each unfinished row's new token and decide whether it is done."""
+        """Append each unfinished row's new token and decide whether it is done.
+        Hook for subclasses (the server streams from it): `active` holds only
+        rows that were unfinished before this step, `tokens[k]` is row
+        `active[k]`'s new token."""
+        self._generated_tokens += len(active)
         for r, tok, lp in zip(active, tokens, logprobs):
             out, row = outs[r], rows[r]
-            if out.finish is not None:
-                continue
-            self._generated_tokens += 1
             out.token_ids.append(tok)
             out.logprobs.append(lp)
             if tok in self._eos_ids:
