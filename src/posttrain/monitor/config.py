@@ -140,9 +140,9 @@ class KLConfig(BaseModel):
     """KL of the policy to the initial model, measured on sampled tokens."""
 
     model_config = _STRICT
-    every_steps: int = Field(5, ge=0)
+    every_steps: int = Field(10, ge=0)
     """Measure every N steps (0: off; the trainer's KL is used when it has a reference model)."""
-    rows: int = Field(64, ge=1, le=100_000)
+    rows: int = Field(32, ge=1, le=100_000)
     """Sampled completions per measurement (spread over domains)."""
 
 

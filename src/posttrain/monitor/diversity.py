@@ -29,12 +29,32 @@ def distinct_n(texts: Sequence[str], n: int = 2) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-def _encode(texts: Sequence[str], width: int, pad: int) -> np.ndarray:
-    """Code points, one row per text, right-padded with `pad` (one encode for all texts)."""
+def _encode(texts: Sequence[str], width: int) -> np.ndarray:
+    """Code points, one row per text, right-padded with -1 (one encode for all texts)."""
     joined = "".join(t.ljust(width, "\0") for t in texts).encode("utf-32-le")
     out = np.frombuffer(joined, dtype=np.uint32).reshape(len(texts), width).astype(np.int64)
-    out[np.arange(width)[None, :] >= np.array([len(t) for t in texts])[:, None]] = pad
+    out[np.arange(width)[None, :] >= np.array([len(t) for t in texts])[:, None]] = -1
     return out
+
+
+def _distances(codes: np.ndarray, lengths: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Edit distance of text left[p] to text right[p]; pads (-1 left, -2 right) never match."""
+    ca, cb = codes[left], np.where(codes[right] < 0, -2, codes[right])
+    len_a, len_b = lengths[left], lengths[right]
+    wa, wb = ca.shape[1], cb.shape[1]
+    cols = np.arange(wb + 1)
+    prev = np.broadcast_to(cols, (len(left), wb + 1)).copy()
+    result = np.where(len_a == 0, len_b, 0)
+    for i in range(1, wa + 1):
+        cost = (ca[:, i - 1 : i] != cb).astype(np.int64)  # P x wb
+        diag_or_up = np.minimum(prev[:, 1:] + 1, prev[:, :-1] + cost)
+        # left dependency: cur[j] = min_k<=j (base[k] + j - k), a running minimum of base - k
+        base = np.concatenate([np.full((len(left), 1), i), diag_or_up], axis=1)
+        cur = np.minimum.accumulate(base - cols, axis=1) + cols
+        done = len_a == i
+        result[done] = cur[done, len_b[done]]
+        prev = cur
+    return result
 
 
 def levenshtein(a: Sequence[str], b: Sequence[str]) -> np.ndarray:
@@ -43,39 +63,31 @@ def levenshtein(a: Sequence[str], b: Sequence[str]) -> np.ndarray:
         raise ValueError(f"levenshtein: {len(a)} left strings but {len(b)} right strings")
     if not a:
         return np.zeros(0, dtype=np.int64)
-    len_a = np.array([len(s) for s in a])
-    len_b = np.array([len(s) for s in b])
-    wa, wb = max(1, int(len_a.max())), max(1, int(len_b.max()))
-    ca, cb = _encode(a, wa, -1), _encode(b, wb, -2)
-    cols = np.arange(wb + 1)
-    prev = np.broadcast_to(cols, (len(a), wb + 1)).copy()
-    result = np.where(len_a == 0, len_b, 0)
-    for i in range(1, wa + 1):
-        cost = (ca[:, i - 1 : i] != cb).astype(np.int64)  # P x wb
-        diag_or_up = np.minimum(prev[:, 1:] + 1, prev[:, :-1] + cost)
-        # left dependency: cur[j] = min_k<=j (base[k] + j - k), a running minimum of base - k
-        base = np.concatenate([np.full((len(a), 1), i), diag_or_up], axis=1)
-        cur = np.minimum.accumulate(base - cols, axis=1) + cols
-        done = len_a == i
-        result[done] = cur[done, len_b[done]]
-        prev = cur
-    return result
+    texts = [*a, *b]
+    codes = _encode(texts, max(1, max(map(len, texts))))
+    n = len(a)
+    return _distances(codes, np.array([len(t) for t in texts]), np.arange(n), np.arange(n, 2 * n))
 
 
 def mean_pairwise_edit(groups: Sequence[Sequence[str]], max_chars: int = 64) -> list[float]:
-    """Per group: mean over pairs of edit distance / longer length (0 for identical texts)."""
-    left, right, owner = [], [], []
-    for g, texts in enumerate(groups):
-        cut = [t[:max_chars] for t in texts]
-        for x, y in combinations(cut, 2):
+    """Per group: mean over pairs of edit distance / longer length (0 for identical texts).
+    One vectorised pass covers every pair of every group; each text is encoded once."""
+    texts, left, right, owner = [], [], [], []
+    for g, group in enumerate(groups):
+        first = len(texts)
+        texts += [t[:max_chars] for t in group]
+        for x, y in combinations(range(first, len(texts)), 2):
             left.append(x)
             right.append(y)
             owner.append(g)
     out = [0.0] * len(groups)
     if not left:
         return out
-    dist = levenshtein(left, right)
-    longest = np.maximum([len(x) for x in left], [len(y) for y in right])
+    lengths = np.array([len(t) for t in texts])
+    codes = _encode(texts, max(1, int(lengths.max())))
+    li, ri = np.array(left), np.array(right)
+    dist = _distances(codes, lengths, li, ri)
+    longest = np.maximum(lengths[li], lengths[ri])
     norm = np.where(longest > 0, dist / np.maximum(longest, 1), 0.0)
     sums = np.bincount(owner, weights=norm, minlength=len(groups))
     counts = np.bincount(owner, minlength=len(groups))

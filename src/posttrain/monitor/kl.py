@@ -8,6 +8,7 @@ The policy's log-probs are the behaviour log-probs the engine recorded.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -36,9 +37,12 @@ def kl_to_reference(reference: Any, groups: Sequence[Sequence[Any]], temperature
     device = next(reference.parameters()).device
     batch = [TrainRow.from_completion(r.completion, 0.0, 0, temperature) for r in picked]
     packed = pack_rows(batch, device)
-    logits_bsv = reference(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs).logits.float()
-    vocab = logits_bsv.shape[-1]
-    logits_bcv = logits_bsv.gather(1, packed.index_bc[..., None].expand(-1, -1, vocab))
+    kwargs = {}
+    if "logits_to_keep" in inspect.signature(reference.forward).parameters:
+        kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
+    logits_bsv = reference(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits.float()
+    vocab, offset = logits_bsv.shape[-1], packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
+    logits_bcv = logits_bsv.gather(1, (packed.index_bc - offset)[..., None].expand(-1, -1, vocab))
     ref_bc = (logits_bcv / packed.temperature_b[:, None, None]).log_softmax(-1)
     ref_bc = ref_bc.gather(-1, packed.target_bc[..., None]).squeeze(-1)
     d_bc = torch.where(packed.mask_bc > 0, ref_bc - packed.behaviour_bc, 0.0)

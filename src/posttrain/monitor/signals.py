@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from posttrain.domains.base import extract_answer
 from posttrain.monitor.diversity import distinct_answers, distinct_n, mean_pairwise_edit
 
 
@@ -72,10 +71,12 @@ def domain_signals(
     kept_ids: set[int],
     links: Mapping[int, Link],
     n: int = 2,
+    edit: Sequence[float] | None = None,
     max_chars: int = 64,
 ) -> DomainSignals:
     """Signals of one domain's groups. `kept_ids` holds id(group) of the groups
-    kept for training; `links` maps id(rollout) to its train link."""
+    kept for training; `links` maps id(rollout) to its train link; `edit` is each
+    group's mean pairwise edit distance when already computed."""
     rollouts = [r for g in groups for r in g]
     scored = [r for r in rollouts if r.reward is not None]
     rewards = [r.reward for r in scored]
@@ -91,7 +92,7 @@ def domain_signals(
         entropy=_entropy(rollouts),
         distinct_answers=_mean([distinct_answers(t) for t in texts]),
         distinct_n=_mean([distinct_n(t, n) for t in texts]),
-        edit_distance=_mean(mean_pairwise_edit(texts, max_chars)),
+        edit_distance=_mean(edit if edit is not None else mean_pairwise_edit(texts, max_chars)),
         length_mean=_mean([len(r.completion.token_ids) for r in rollouts]),
         truncated_share=_mean([float(r.completion.finish_reason == "length") for r in rollouts]),
         adv_mean=_mean(advs),
@@ -112,14 +113,10 @@ def step_signals(
     max_chars: int = 64,
 ) -> dict[str, DomainSignals]:
     """Signals per domain (sorted by name) of one step."""
+    groups = [g for g in groups if g]
+    edit = dict(zip(map(id, groups), mean_pairwise_edit([[r.completion.text for r in g] for g in groups], max_chars)))
     by_domain: dict[str, list[Sequence[Any]]] = {}
     for g in groups:
-        if g:
-            by_domain.setdefault(g[0].task.domain, []).append(g)
+        by_domain.setdefault(g[0].task.domain, []).append(g)
     kept_ids = {id(g) for g in kept}
-    return {d: domain_signals(gs, kept_ids, links, n, max_chars) for d, gs in sorted(by_domain.items())}
-
-
-def answers(rollouts: Sequence[Any]) -> list[str]:
-    """Extracted answers (for audits and reports)."""
-    return [extract_answer(r.completion.text) for r in rollouts]
+    return {d: domain_signals(gs, kept_ids, links, n, [edit[id(g)] for g in gs]) for d, gs in sorted(by_domain.items())}
