@@ -53,7 +53,7 @@ def cents(x: float) -> float:
 
 
 class NumberVerifier:
-    """One number; relative 1e-6 or absolute 0.011 tolerance ($, commas, % allowed)."""
+    """One number within 0.011 (a cent, or a rounded ratio) ($, commas, % allowed)."""
 
     name = "numeric_tolerance"
     version = "1"
@@ -61,7 +61,7 @@ class NumberVerifier:
     def score(self, task: Task, episode: Episode) -> Score:
         got = parse_number(extract_answer(episode.completion))
         gold = float(task.reference["value"])
-        ok = got is not None and close(got, gold, rel=1e-6)
+        ok = got is not None and close(got, gold, rel=1e-9)
         reason = "" if ok else ("not a number" if got is None else "wrong value")
         return Score(float(ok), {"outcome": float(ok)}, ok, reason)
 
@@ -84,7 +84,7 @@ def _norm(x: Any) -> str:
 def field_matches(gold: Any, got: Any) -> bool:
     if isinstance(gold, (int, float)) and not isinstance(gold, bool):
         value = got if isinstance(got, (int, float)) and not isinstance(got, bool) else parse_number(str(got))
-        return value is not None and close(float(value), float(gold), rel=1e-6)
+        return value is not None and close(float(value), float(gold), rel=1e-9)
     return _norm(gold) == _norm(got)
 
 
@@ -482,7 +482,7 @@ class DocDomain(ProceduralDomain):
         if ref["kind"] == "fields":
             fields = dict(ref["fields"])
             key = sorted(fields)[0]
-            fields[key] = fields[key] + 1 if isinstance(fields[key], (int, float)) else f"{fields[key]} X"
+            fields[key] = round(fields[key] * 1.1 + 1, 2) if isinstance(fields[key], (int, float)) else f"{fields[key]} X"
             return f"<answer>{json.dumps(fields)}</answer>"
         if ref["kind"] == "number":
             return f"<answer>{ref['value'] * 1.1 + 1:.2f}</answer>"

@@ -341,7 +341,7 @@ def distance_points(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def circle_area(rng: random.Random, d: int) -> tuple[str, str]:
-    r = rng.randint(1, 20 * d) + (rng.randint(1, 9) / 10 if d > 1 else 0)
+    r = rng.randint(1, 60 * d) + (rng.randint(1, 9) / 10 if d > 1 else 0)
     return f"What is the area of a circle of radius {r}? Round to 2 decimal places.", fmt_decimal(math.pi * r * r)
 
 

@@ -87,9 +87,14 @@ def build_db(schema: Schema, seed: int, rows: int) -> sqlite3.Connection:
         labels.add(f"{rng.choice(FIRST)} {rng.choice(LAST)}" if s.label == "name" else f"{rng.choice(WORDS)} {rng.choice(LAST)}")
     conn.executemany(f"INSERT INTO {s.fact} VALUES (?, ?, ?, ?, ?)",
                      [(i + 1, lab, rng.randint(1, len(dims)), rng.randint(*s.num_range), rng.randint(2000, 2024))
-                      for i, lab in enumerate(sorted(labels, key=lambda x: rng.random()))])
+                      for i, lab in enumerate(_shuffled(sorted(labels), rng))])
     conn.commit()
     return conn
+
+
+def _shuffled(items: list[str], rng: random.Random) -> list[str]:
+    rng.shuffle(items)  # from a sorted list: never from a set's (hash-seed dependent) order
+    return items
 
 
 def ddl(conn: sqlite3.Connection) -> str:

@@ -1,0 +1,237 @@
+"""Family-specific guarantees: exact and ungameable rg scoring, math answer
+forms (no code evaluation), read-only SQL, tool-world protocol and goals,
+field-level F1 for documents."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from posttrain.domains import rgym
+from posttrain.domains.registry import all_domains, get
+from posttrain.types import Episode, Turn
+
+JUNK = ["", " ", "0", "1", "-1", "yes", "no", "True", "False", "None", "[]", "{}", "a", "x", "0 1", "unknown"]
+
+
+def _norm(s: str) -> str:
+    text = " ".join(s.split()).casefold()
+    try:
+        return repr(float(text))  # "0" and "0.0" are the same answer
+    except ValueError:
+        return text
+
+
+# ---- reasoning-gym ------------------------------------------------------------
+
+
+def test_rg_catalog_covers_installed_reasoning_gym():
+    from reasoning_gym.factory import DATASETS
+
+    catalog = rgym._load_catalog()
+    assert set(catalog) <= set(DATASETS)
+    registered = {n[len(rgym.PREFIX):] for n in all_domains() if n.startswith(rgym.PREFIX)}
+    assert registered == set(catalog) - set(rgym.EXCLUDED)
+    assert len(registered) >= 85
+    for reason in rgym.EXCLUDED.values():
+        assert len(reason) > 20
+
+
+@pytest.mark.parametrize("name", sorted(n for n in all_domains() if n.startswith("rg_")))
+def test_rg_junk_answers_never_score(name):
+    d = get(name)
+    task = d.sample(2, "train", 1)
+    gold = _norm(task.reference["answer"])
+    for junk in JUNK:
+        if _norm(junk) != gold:
+            assert d.score(task, Episode(f"<answer>{junk}</answer>")).value < 1.0, junk
+
+
+def test_rg_scoring_is_exact_not_substring():
+    d = get("rg_basic_arithmetic")
+    task = d.sample(0, "train", 1)
+    gold = task.reference["answer"]
+    assert d.score(task, Episode(f"<answer>{gold}</answer>")).value == 1.0
+    padded = d.score(task, Episode(f"<answer>{gold}0.0 {gold}</answer>"))
+    assert padded.value == 0.0
+
+
+def test_rg_domains_do_not_import_reasoning_gym_at_registration():
+    import subprocess
+    import sys
+
+    code = "import sys; from posttrain.domains.registry import all_domains; all_domains(); print('reasoning_gym' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-1000:]
+
+
+# ---- math -------------------------------------------------------------------------
+
+
+def test_math_equivalent_forms_score_and_question_copies_do_not():
+    d = get("math_fraction_add")
+    task = d.sample(0, "train", 1)
+    q = task.prompt[0].content
+    expr = q[q.index("(") : q.index(" as a")]
+    assert d.score(task, Episode(f"<answer>{expr}</answer>")).value == 0.0
+    import re
+    from fractions import Fraction
+
+    m = re.fullmatch(r"(-?)\\frac\{(\d+)\}\{(\d+)\}", task.reference) or re.fullmatch(r"(-?)(\d+)()", task.reference)
+    sign, num, den = m.group(1), int(m.group(2)), int(m.group(3) or 1)
+    assert d.score(task, Episode(f"<answer>{sign}{num * 3}/{den * 3}</answer>")).value == 1.0
+    assert d.score(task, Episode(f"<answer>${sign}\\frac{{{num}}}{{{den}}}$</answer>")).value == 1.0
+    assert d.score(task, Episode(f"<answer>{sign}{num + 1}/{den}</answer>")).value == 0.0
+    if den in (2, 4, 5, 8, 10):
+        assert d.score(task, Episode(f"<answer>{sign}{float(Fraction(num, den))}</answer>")).value == 1.0
+
+
+def test_math_polynomial_form_rejects_the_unexpanded_product():
+    d = get("math_poly_expand")
+    task = d.sample(0, "train", 2)
+    q = task.prompt[0].content
+    product = q[len("Expand ") : q.index(" into")]
+    assert d.score(task, Episode(f"<answer>{product}</answer>")).value == 0.0
+    assert d.score(task, Episode(f"<answer>{task.reference}</answer>")).value == 1.0
+
+
+def test_math_answer_is_never_evaluated_as_code(tmp_path):
+    marker = tmp_path / "pwned"
+    d = get("math_poly_expand")
+    task = d.sample(0, "train", 1)
+    evil = f"__import__('os').system('touch {marker}')"
+    for text in (evil, f"${evil}$", f"x^2 + {evil}"):
+        assert d.score(task, Episode(f"<answer>{text}</answer>")).value == 0.0
+    assert not marker.exists()
+
+
+def test_math_roots_accept_any_order():
+    d = get("math_quadratic_roots")
+    for i in range(10):
+        task = d.sample(i, "train", 2)
+        roots = [r.strip() for r in task.reference.split(",")]
+        if len(roots) == 2:
+            assert d.score(task, Episode(f"<answer>{roots[1]}, {roots[0]}</answer>")).value == 1.0
+            assert d.score(task, Episode(f"<answer>{roots[0]}</answer>")).value == 0.0
+            return
+    pytest.fail("no two-root task found")
+
+
+# ---- SQL ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query,reason", [
+    ("DELETE FROM employees", "not authorized"),
+    ("INSERT INTO employees VALUES (999, 'a', 1, 1, 1)", "not authorized"),
+    ("SELECT 1; DROP TABLE employees", "one statement"),
+    ("ATTACH DATABASE '/tmp/x.db' AS x", "not authorized"),
+    ("PRAGMA query_only = OFF", "not authorized"),
+    ("SELECT load_extension('x')", "not authorized"),
+    ("SELECT zeroblob(1000000000)", "too big"),
+    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", "timeout"),
+])
+def test_sql_model_query_is_read_only_and_bounded(query, reason):
+    d = get("sql_filter_company")
+    task = d.sample(0, "train", 1)
+    score = d.score(task, Episode(f"<answer>{query}</answer>"))
+    assert score.value == 0.0 and reason in score.reason
+    assert d.score(task, Episode(d.gold(task))).value == 1.0  # the data is unchanged
+
+
+def test_sql_equivalent_query_and_ordering():
+    d = get("sql_top_k_company")
+    task = d.sample(0, "train", 2)
+    ref = task.reference["sql"]
+    assert d.score(task, Episode(f"```sql\n{ref.lower()}\n```")).value == 1.0
+    flipped = ref.replace("DESC,", "ASC,") if "DESC," in ref else ref.replace("ASC, name", "DESC, name")
+    assert d.score(task, Episode(f"<answer>{flipped}</answer>")).value == 0.0
+    f = get("sql_filter_company")
+    t2 = f.sample(0, "train", 1)
+    reordered = t2.reference["sql"] + " ORDER BY name DESC"
+    assert f.score(t2, Episode(f"<answer>{reordered}</answer>")).value == 1.0  # unordered question
+
+
+# ---- tool world ---------------------------------------------------------------------
+
+
+def _tool_task():
+    d = get("tool_cancel_refund")
+    return d, d.sample(0, "train", 2)
+
+
+def test_tool_multi_turn_replay_of_gold_scores_one():
+    d, task = _tool_task()
+    env = d.environment()
+    assert "ready" in env.reset(task)
+    turns = []
+    for action in task.reference["actions"]:
+        obs, done = env.step(action)
+        turns.append(Turn(action, obs))
+    assert done and d.score(task, Episode("", turns=tuple(turns))).value == 1.0
+
+
+def test_tool_protocol_violations_are_observed_and_scored():
+    d, task = _tool_task()
+    env = d.environment()
+    env.reset(task)
+    obs, done = env.step("not json")
+    assert obs.startswith("error") and not done
+    obs, _ = env.step(json.dumps({"tool": "transfer", "args": {"from_id": "A101"}}))
+    assert "takes exactly" in obs
+    gold = "\n".join(task.reference["actions"])
+    score = d.score(task, Episode(f"<answer>\n{{\"tool\": \"nope\", \"args\": {{}}}}\n{gold}\n</answer>"))
+    assert score.parts["outcome"] == 1.0 and score.parts["protocol"] < 1.0 and 0.8 <= score.value < 1.0
+
+
+def test_tool_collateral_change_fails_the_goal():
+    d, task = _tool_task()
+    actions = task.reference["actions"]
+    accounts = task.reference["world"]["accounts"]
+    a, b = sorted(accounts)[:2]
+    extra = json.dumps({"tool": "transfer", "args": {"from_id": a, "to_id": b, "amount": 0.01}})
+    if accounts[a]["balance"] < 0.01:
+        a, b = b, a
+        extra = json.dumps({"tool": "transfer", "args": {"from_id": a, "to_id": b, "amount": 0.01}})
+    seq = actions[:-1] + [extra, actions[-1]]
+    assert d.score(task, Episode("\n".join(seq))).parts["outcome"] == 0.0
+
+
+def test_tool_step_budget_lowers_efficiency():
+    d, task = _tool_task()
+    lookups = [task.reference["actions"][0]] * (task.reference["budget"])
+    seq = lookups + task.reference["actions"]
+    score = d.score(task, Episode("\n".join(seq)))
+    assert score.parts["outcome"] == 1.0 and score.parts["efficiency"] < 1.0 and not score.passed
+
+
+# ---- documents ----------------------------------------------------------------------
+
+
+def test_doc_fields_give_partial_credit_by_f1():
+    d = get("doc_invoice_fields_md")
+    task = d.sample(0, "train", 2)
+    fields = dict(task.reference["fields"])
+    assert d.score(task, Episode(f"<answer>{json.dumps(fields)}</answer>")).value == 1.0
+    half = dict(list(fields.items())[: len(fields) // 2])
+    s = d.score(task, Episode(f"<answer>{json.dumps(half)}</answer>"))
+    assert 0.0 < s.value < 1.0 and not s.passed and s.parts["precision"] == 1.0
+    loose = {k: (f"${v:,.2f}" if isinstance(v, float) else str(v).upper()) for k, v in fields.items()}
+    assert d.score(task, Episode(f"```json\n{json.dumps(loose)}\n```")).value == 1.0
+    assert d.score(task, Episode("<answer>not json</answer>")).value == 0.0
+
+
+def test_doc_numbers_tolerate_formatting_but_not_errors():
+    d = get("fin_working_capital")
+    task = d.sample(0, "train", 1)
+    v = task.reference["value"]
+    assert d.score(task, Episode(f"<answer>${v:,.2f}</answer>")).value == 1.0
+    assert d.score(task, Episode(f"<answer>{v + 0.05:.2f}</answer>")).value == 0.0
+
+
+def test_documents_use_fixed_dates_only():
+    d = get("doc_invoice_fields_text")
+    for i in range(20):
+        task = d.sample(i, "train", 3)
+        year = int(task.reference["fields"]["date"][:4])
+        assert 2019 <= year <= 2024
