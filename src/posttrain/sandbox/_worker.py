@@ -423,11 +423,13 @@ def _mount_task_root(task: Task) -> None:
 
 
 def _task_main(task: Task, pipes: dict) -> None:
+    st = pipes["st"][1]  # kept (close-on-exec) only to report a failed set-up
     try:
         os.dup2(pipes["in"][0], 0)
         os.dup2(pipes["out"][1], 1)
         os.dup2(pipes["err"][1], 2)
-        os.closerange(3, 1 << 16)
+        _close_except({st})
+        os.set_inheritable(st, False)
         _set_oom_adj(1000)
         _set_rlimits(task.lim)
         uid, gid = task.w.uid, task.w.gid
@@ -441,9 +443,10 @@ def _task_main(task: Task, pipes: dict) -> None:
         os.chdir(WORKDIR)
         env = dict(BASE_ENV)
         env.update(task.req.get("env", {}))
-    except BaseException:
-        os._exit(121)
+    except BaseException as exc:
+        _setup_failed(st, "C3", exc)
     if task.req.get("python_main"):
+        os.close(st)
         _run_python(task.req["python_main"], env, task.w.python_path)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)

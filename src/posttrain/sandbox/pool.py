@@ -71,8 +71,12 @@ class Pool:
         for slot in range(self.config.workers):
             self._idle.put(slot)
         if self.backend == "forkserver":
-            for slot in range(self.config.workers):
-                self._workers[slot] = self._spawn(slot)
+            try:
+                for slot in range(self.config.workers):
+                    self._workers[slot] = self._spawn(slot)
+            except BaseException:
+                self.close()
+                raise
 
     # ---- set-up
     def _ro_binds(self) -> tuple[str, ...]:
