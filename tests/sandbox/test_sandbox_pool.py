@@ -118,6 +118,7 @@ def test_one_shot_backends_run_and_limit(backend):
         assert ok.status == "ok" and ok.text == "42\n" and ok.backend == backend
         assert p.run(sh("sleep 30", wall_s=0.5)).status == "timeout"
         assert p.run(sh("exit 3")).exit_code == 3
+        assert p.run(sh("id -u")).text != "0\n"  # never root, even unsafe
         flood = p.run(sb.ExecRequest(files={"m.py": "print('x' * 10**6)"}, python_main="m.py", limits=sb.Limits(output_bytes=1000)))
         assert len(flood.stdout) == 1000 and flood.stdout_truncated
         with p.session({"f.txt": "a\n"}) as s:

@@ -25,6 +25,20 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR":
 RO_TOP = ("usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt")
 
 
+NOBODY = 65534
+
+
+def _preexec(lim: Limits, nproc: bool, drop_root: bool) -> None:
+    root = os.geteuid() == 0
+    _rlimits(lim, nproc and drop_root and root)  # NPROC only for nobody: a real user's count is machine-wide
+    if drop_root and root:
+        # even "unsafe" never runs model code as root: kill(-1) or a stray rm
+        # as root would reach every process and file on the machine
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+
+
 def _rlimits(lim: Limits, nproc: bool) -> None:
     cpu = max(1, int(-(-lim.cpu_s // 1)))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -44,6 +58,13 @@ def write_files(base: str, files) -> None:
         with open(path, "wb") as fh:
             fh.write(raw)
         os.chmod(path, 0o755 if raw[:2] == b"#!" else 0o644)
+
+
+def _chown_tree(top: str, uid: int) -> None:
+    os.chown(top, uid, uid)
+    for base, dirs, files in os.walk(top):
+        for name in dirs + files:
+            os.lchown(os.path.join(base, name), uid, uid)
 
 
 @dataclass
@@ -140,13 +161,15 @@ class OneShot:
         try:
             write_files(workdir, req.files)
             os.chmod(workdir, 0o777 if own else os.stat(workdir).st_mode & 0o7777)
+            if self.drop_root and os.geteuid() == 0:
+                _chown_tree(workdir, NOBODY)
             argv, cwd = self.command(req, workdir)
             env = dict(BASE_ENV, HOME=cwd or workdir, **req.env)
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             lim = req.limits
             proc = subprocess.Popen(argv, cwd=cwd or workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                    preexec_fn=lambda: _rlimits(lim, self.nproc))
+                                    preexec_fn=lambda: _preexec(lim, self.nproc, self.drop_root))
             p = pump(proc, req.stdin, lim.output_bytes, lim.wall_s)
             _killpg(proc)
             proc.wait()
@@ -172,10 +195,12 @@ class OneShot:
 
 
 class UnsafeBackend(OneShot):
-    """rlimits and a wall timer only: NO isolation. Named explicitly, for tests."""
+    """rlimits, a wall timer and (when started as root) uid nobody only: NO
+    isolation. Named explicitly, for tests of the layer itself."""
 
     name = "unsafe"
-    nproc = os.geteuid() != 0
+    nproc = True  # applied only when started as root (then counted for uid nobody)
+    drop_root = True
 
     def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
         if req.python_main:
@@ -189,6 +214,7 @@ class BwrapBackend(OneShot):
 
     name = "bwrap"
     nproc = False  # RLIMIT_NPROC counts the real uid machine-wide: the pid namespace contains forks instead
+    drop_root = False  # bubblewrap itself maps the task to uid 65534 in a user namespace
 
     def __init__(self, python: str, ro_binds: tuple[str, ...] = (), bwrap: str = "bwrap") -> None:
         super().__init__(python, ro_binds)
