@@ -97,6 +97,16 @@ def test_domain_limit_caps_concurrency(pool):
 
 
 @root_only
+def test_async_run(pool):
+    import asyncio
+
+    async def two():
+        return await asyncio.gather(pool.arun(sh("echo a")), pool.arun(sh("echo b"), domain="solo"))
+
+    assert [r.text for r in asyncio.run(two())] == ["a\n", "b\n"]
+
+
+@root_only
 def test_worker_rss_is_small(pool):
     assert all(info["peak_rss_kb"] < 50 * 1024 for info in pool.worker_info())
 

@@ -88,6 +88,7 @@ class Pool:
         h = _cgroups.detect()
         if h is None:
             raise SandboxError("fork-server: no cgroup hierarchy with memory, pids and cpu")
+        _remove_stale_state_dirs()
         self._tree = _cgroups.Tree(h, tag=str(self.seq))
         try:
             self._tree.create(self.config.cpu_weight)
@@ -270,6 +271,16 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _remove_stale_state_dirs() -> None:
+    """Worker state directories (empty mount points) left by owners that are gone."""
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if name.startswith(_cgroups.TREE_PREFIX):
+            pid = name[len(_cgroups.TREE_PREFIX):].split("-")[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
 class Session:
