@@ -16,7 +16,6 @@ Process tree of one task:
 """
 from __future__ import annotations
 
-import errno
 import gc
 import importlib
 import io
