@@ -102,13 +102,14 @@ class KLAcceleration:
     kind = "kl_acceleration"
 
     def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
-        rule, w, hits = cfg.kl_acceleration, cfg.window, []
+        rule, hits = cfg.kl_acceleration, []
+        w = rule.window
         for domain, points in h.kl.items():
             xs = [v for _, v in points]
             if len(xs) < 3 * w:
                 continue
             a, b, c = _mean(xs[-3 * w : -2 * w]), _mean(xs[-2 * w : -w]), _mean(xs[-w:])
-            before, now = max(b - a, rule.min_growth), c - b
+            before, now = max(b - a, rule.min_growth * b), c - b
             if c > rule.min_kl and now > rule.factor * before:
                 where = "overall" if domain == "all" else f"in {domain}"
                 hits.append(Hit(self.kind, None if domain == "all" else domain,

@@ -57,10 +57,13 @@ class LengthRule(AlarmRule):
 class KLRule(AlarmRule):
     """KL acceleration: KL to the reference grows much faster than it did."""
 
+    window: int = Field(3, ge=1, le=10_000)
+    """KL measurements per window (three consecutive windows are compared)."""
     factor: float = Field(3.0, gt=1.0, le=1000.0)
     """Fires when KL's growth over the last window exceeds factor x its growth over the window before ..."""
-    min_growth: float = Field(0.02, gt=0.0)
-    """... where a previous growth below this counts as this (so a flat KL does not trip on noise) ..."""
+    min_growth: float = Field(0.25, gt=0.0)
+    """... where a previous growth below this share of the KL level counts as this
+    share (so a flat or noisy KL does not trip) ..."""
     min_kl: float = Field(0.05, ge=0.0)
     """... and only once the KL itself exceeds this."""
 
@@ -142,7 +145,7 @@ class KLConfig(BaseModel):
     model_config = _STRICT
     every_steps: int = Field(10, ge=0)
     """Measure every N steps (0: off; the trainer's KL is used when it has a reference model)."""
-    rows: int = Field(32, ge=1, le=100_000)
+    rows: int = Field(64, ge=1, le=100_000)
     """Sampled completions per measurement (spread over domains)."""
 
 

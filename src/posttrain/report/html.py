@@ -18,7 +18,7 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1d2329;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2e7;padding-bottom:4px}
 .meta{color:#5b6670}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:12px}
-figure{margin:0;border:1px solid #e3e7eb;border-radius:6px;padding:6px;background:#fff}figure img{width:100%;height:auto}
+figure.wide{grid-column:1/-1}figure{margin:0;border:1px solid #e3e7eb;border-radius:6px;padding:6px;background:#fff}figure img{width:100%;height:auto}
 figcaption{color:#5b6670;font-size:12px;padding:2px 4px}table{border-collapse:collapse;margin:6px 0}
 td,th{border:1px solid #dde2e7;padding:3px 8px;text-align:right}th{background:#f3f5f7}td.l,th.l{text-align:left}
 .pos{color:#1a7f37}.neg{color:#cf222e}.alarm{color:#cf222e;font-weight:600}.empty{color:#8a949e;font-style:italic}
@@ -35,6 +35,15 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def _smooth(ys: Sequence[float], k: int) -> list[float]:
+    """Trailing running mean over k points (the first points average what exists)."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y - (ys[i - k] if i >= k else 0.0)
+        out.append(total / min(i + 1, k))
+    return out
+
+
 def _figure(title: str, panels: Sequence[tuple[str, Series]], ylabel: Sequence[str] = (), alarms: Sequence[dict] = ()) -> str | None:
     """One row of line panels (one line per key of each series); None when all are empty."""
     if not any(series for _, series in panels):
@@ -43,10 +52,14 @@ def _figure(title: str, panels: Sequence[tuple[str, Series]], ylabel: Sequence[s
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.0), squeeze=False)
     for i, (ax, (name, series)) in enumerate(zip(axes[0], panels)):
-        for key, points in sorted(series.items()):
+        for n, (key, points) in enumerate(sorted(series.items())):
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, label=key, linewidth=1.3, marker="o" if len(xs) < 12 else None, markersize=3)
+                colour = f"C{n % 10}"
+                if len(xs) >= 30:  # noisy per-step values: faint raw line, bold running mean
+                    ax.plot(xs, ys, color=colour, linewidth=0.6, alpha=0.25)
+                    ys = _smooth(ys, max(3, len(xs) // 25))
+                ax.plot(xs, ys, label=key, color=colour, linewidth=1.5, marker="o" if len(xs) < 12 else None, markersize=3)
         for a in alarms:
             ax.axvline(a["step"], color="#cf222e", alpha=0.25, linewidth=1)
         ax.set_title(name, fontsize=10)
@@ -96,7 +109,7 @@ def _alarm_timeline(data: RunData) -> str | None:
     domains = sorted({str(a.get("domain")) for a in data.alarms})
     colours = plt.get_cmap("tab10")
     last = max([r["step"] for r in data.train] + [a["step"] for a in data.alarms] + [1])
-    fig, ax = plt.subplots(figsize=(10.4, 0.6 + 0.45 * len(kinds)))
+    fig, ax = plt.subplots(figsize=(12.0, 1.2 + 0.5 * len(kinds)))
     for a in data.alarms:
         ax.scatter(a["step"], kinds.index(a["alarm"]), color=colours(domains.index(str(a.get("domain"))) % 10), s=60, zorder=3)
     for i, d in enumerate(domains):
@@ -135,10 +148,11 @@ def _sandbox_bars(data: RunData) -> str | None:
 # ---------------------------------------------------------------- HTML pieces
 
 
-def _img(src: str | None, caption: str) -> str:
+def _img(src: str | None, caption: str, wide: bool = False) -> str:
+    cls = ' class="wide"' if wide else ""
     if src is None:
-        return f'<figure><p class="empty">{html.escape(caption)}: no data in this run</p></figure>'
-    return f'<figure><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+        return f'<figure{cls}><p class="empty">{html.escape(caption)}: no data in this run</p></figure>'
+    return f'<figure{cls}><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
 
 
 def _eval_table(data: RunData) -> str:
@@ -169,15 +183,23 @@ def _alarm_table(data: RunData) -> str:
 
 
 def _probe_table(data: RunData) -> str:
+    """One row per domain: how often its verifier was probed and whether it ever accepted a cheat."""
     if not data.probes:
         return '<p class="empty">no probes ran</p>'
-    rows = ['<tr><th>step</th><th class="l">domain</th><th class="l">verifier</th><th>cheats</th><th>accepted</th><th class="l">verdict</th></tr>']
+    by_domain: dict[str, list[dict]] = {}
     for p in data.probes:
-        verdict = "no cheats declared" if not p.get("declared") else ("sound" if p.get("ok") else "ACCEPTS CHEATS: refused")
-        cls = "alarm" if p.get("declared") and not p.get("ok") else ""
-        rows.append(f'<tr><td>{p["step"]}</td><td class="l">{html.escape(p["domain"])}</td>'
-                    f'<td class="l">{html.escape(str(p.get("verifier", "-")))}</td><td>{p.get("cheats", 0)}</td>'
-                    f'<td>{p.get("accepted", 0)}</td><td class="l {cls}">{verdict}</td></tr>')
+        by_domain.setdefault(p["domain"], []).append(p)
+    rows = ['<tr><th class="l">domain</th><th class="l">verifier</th><th>probes</th><th>cheats scored</th>'
+            '<th>accepted</th><th class="l">steps probed</th><th class="l">verdict</th></tr>']
+    for name, probes in sorted(by_domain.items()):
+        declared = any(p.get("declared") for p in probes)
+        failed = [p for p in probes if p.get("declared") and not p.get("ok")]
+        verdict = "no cheats declared" if not declared else (f"ACCEPTS CHEATS at step {failed[0]['step']}: refused" if failed else "sound")
+        steps = ", ".join(str(p["step"]) for p in probes)
+        rows.append(f'<tr><td class="l">{html.escape(name)}</td><td class="l">{html.escape(str(probes[-1].get("verifier", "-")))}</td>'
+                    f'<td>{len(probes)}</td><td>{sum(p.get("cheats", 0) for p in probes)}</td>'
+                    f'<td>{sum(p.get("accepted", 0) for p in probes)}</td><td class="l">{html.escape(steps)}</td>'
+                    f'<td class="l{" alarm" if failed else ""}">{verdict}</td></tr>')
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -190,6 +212,9 @@ def _summary(data: RunData) -> str:
         parts.append(f"monitor overhead {1000 * sum(overhead) / len(overhead):.1f} ms/step "
                      f"(rollout+train {1000 * sum(step_s) / len(step_s):.0f} ms/step)")
     return " · ".join(parts)
+
+
+_WIDE = {0, 3, 4, 5, 6, 7, 10}  # multi-panel figures and the alarm timeline span the page
 
 
 def render(data: RunData) -> str:
@@ -218,7 +243,7 @@ def render(data: RunData) -> str:
         (_sandbox_bars(data), "sandbox outcome counts"),
         (_alarm_timeline(data), "alarms on a timeline"),
     ]
-    body = "".join(_img(src, cap) for src, cap in figures)
+    body = "".join(_img(src, cap, wide=i in _WIDE) for i, (src, cap) in enumerate(figures))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(data.path.name)}</title>
 <style>{_CSS}</style></head><body>
