@@ -97,6 +97,21 @@ def test_domain_limit_caps_concurrency(pool):
 
 
 @root_only
+def test_concurrent_mixed_load_has_no_infra_errors_and_cleans_up():
+    import concurrent.futures
+
+    reqs = [sh("echo ok"), sh("sleep 5", wall_s=0.3), sh("exit 2"),
+            sb.ExecRequest(files={"m.py": "print(sum(range(10**5)))"}, python_main="m.py")] * 6
+    with sb.Pool(sb.SandboxConfig(workers=2)) as p:
+        tree_dirs = list(p._tree.roots.values())
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            results = list(ex.map(p.run, reqs))
+        assert [r.status for r in results[:4]] == ["ok", "timeout", "failed", "ok"]
+        assert all(r.status != "infra_error" for r in results) and results[-1].text == "4999950000\n"
+    assert not any(os.path.exists(d) for d in tree_dirs)
+
+
+@root_only
 def test_async_run(pool):
     import asyncio
 

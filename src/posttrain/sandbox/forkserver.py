@@ -9,6 +9,7 @@ at a time (the pool guarantees it).
 from __future__ import annotations
 
 import os
+import pickle
 import select
 import socket
 import subprocess
@@ -70,8 +71,6 @@ class ForkServerWorker:
                 if not chunk:
                     raise WorkerDied(f"worker {self.slot} closed its channel mid-reply")
                 body += chunk
-            import pickle
-
             return pickle.loads(bytes(body))
         except (OSError, EOFError, socket.timeout) as exc:
             raise WorkerDied(f"worker {self.slot}: {type(exc).__name__}: {exc}") from exc
