@@ -194,6 +194,8 @@ def test_no_descriptor_is_inherited(pool):
         os.close(leaked)
     fds = eval(res.text)  # a list of ints printed by the task
     assert fds[:3] == [0, 1, 2] and len(fds) <= 4  # the 4th is listdir's own handle
+    listed = sh(pool, "ls /proc/$$/fd").text.split()
+    assert sorted(listed) == ["0", "1", "2"]
 
 
 def test_file_size_limit(pool):
