@@ -79,3 +79,34 @@ def test_int8_target_is_a_different_model(model):
     assert any(type(mod).__module__.startswith("torch.ao") for mod in q.modules())
     assert all(type(mod).__module__.startswith("torch.nn") or "quantized" not in type(mod).__module__
                for mod in m.modules())  # the float model is untouched
+
+
+def test_lean_decoder_matches_transformers_logits(model):
+    from posttrain.serve.lean import LeanDecoder
+
+    m, _ = model
+    ids = list(range(5, 40))
+    with torch.inference_mode():
+        want = m(input_ids=torch.tensor([ids])).logits[0]
+    dec = LeanDecoder(m)
+    got = torch.cat([dec.forward(ids[:9]), dec.forward(ids[9:10]), dec.forward(ids[10:])])  # prefill, step, chunk
+    assert (got - want).abs().max().item() < 1e-4
+    dec.truncate(9)  # rewinding the cache recomputes the same logits
+    assert (dec.forward(ids[9:12]) - want[9:12]).abs().max().item() < 1e-4
+    q = LeanDecoder(m, int8=True)
+    approx = q.forward(ids)
+    assert 0 < (approx - want).abs().max().item() < 0.5  # int8: close, not equal
+
+
+@pytest.mark.parametrize("kw", [{"target": "lean"}, {"draft_model": "lean"}, {"draft_model": "lean-int8"},
+                                {"target": "lean", "ngram": False, "draft_model": "none"}])
+def test_served_fast_configs_reproduce_the_standard_engine(model, kw):
+    from posttrain.serve.config import FastTierConfig
+    from posttrain.serve.tiers import build_fast
+
+    m, tok = model
+    reference = HFEngine(m, tok)
+    reqs = _requests(reference, 0.0)[:2] + _requests(reference, 0.8)[2:]
+    want = [[c.token_ids for c in g] for g in reference.generate(reqs)]
+    engine = build_fast(m, tok, FastTierConfig(**kw), "lossless", 0)
+    assert [[c.token_ids for c in g] for g in engine.generate(reqs)] == want

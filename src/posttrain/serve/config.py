@@ -42,11 +42,18 @@ class FastTierConfig(BaseModel):
     ngram_tokens: int = Field(6, ge=1, le=32)
     """Draft length of the n-gram drafter."""
 
-    int8_draft: bool = True
-    """Draft with an int8 copy of the same weights when the n-gram lookup finds nothing."""
+    target: Literal["hf", "lean"] = "hf"
+    """What verifies drafts in lossless mode: `hf`, the transformers module itself
+    (bitwise the standard tier's per-token computation); `lean`, the same float
+    weights on the lean decode path (equal to float32 rounding, faster)."""
 
-    int8_draft_tokens: int = Field(3, ge=1, le=16)
-    """Draft length of the int8 drafter."""
+    draft_model: Literal["lean", "lean-int8", "int8", "none"] = "lean-int8"
+    """Draft model used when the n-gram lookup finds nothing: `lean`, a copy of the
+    same float weights on the lean decode path (serve.lean); `lean-int8`, the same
+    with per-channel int8 weights; `int8`, an int8 copy through transformers; `none`."""
+
+    draft_model_tokens: int = Field(4, ge=1, le=16)
+    """Draft length of the draft model."""
 
     batch: BatchConfig = BatchConfig(max_batch=1, max_wait_ms=0.0)
     """Latency first: one request at a time, no waiting."""

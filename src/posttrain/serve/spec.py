@@ -53,8 +53,36 @@ def int8_copy(model: Any) -> Any:
         return torch.ao.quantization.quantize_dynamic(clone, {torch.nn.Linear}, dtype=torch.qint8)
 
 
+class Target(Protocol):
+    """One sequence's view of the verifying model: a KV cache and a forward."""
+
+    def forward(self, ids: Sequence[int]) -> torch.Tensor:
+        """float32 logits (len(ids), vocab) of `ids` appended after the cached positions."""
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` cached positions."""
+
+
+class HFTarget:
+    """A transformers causal LM with a DynamicCache (the standard tier's own module)."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache = model, DynamicCache(config=model.config)
+
+    def forward(self, ids: Sequence[int]) -> torch.Tensor:
+        out = self.model(input_ids=torch.tensor([list(ids)]), past_key_values=self.cache, use_cache=True)
+        return out.logits[0].float()
+
+    def truncate(self, length: int) -> None:
+        crop_cache(self.cache, length)
+
+
 class Drafter(Protocol):
     name: str
+    stop_ids: set[int]
+    """Token ids after which drafting stops (set by the engine: eos)."""
 
     def propose(self, ids: Sequence[int], k: int, choose: Chooser, step: int) -> list[int]:
         """Up to `k` guessed next tokens after `ids`; `step` is the generation
@@ -69,6 +97,7 @@ class NgramDrafter:
     (n from `max_n` down to `min_n`) and propose what followed it."""
 
     name = "ngram"
+    stop_ids: set[int] = set()
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
@@ -91,6 +120,8 @@ class NgramDrafter:
 class ModelDrafter:
     """A draft model over the same vocabulary with its own KV cache, kept in
     sync with the sequence by cropping to the common prefix."""
+
+    stop_ids: set[int] = set()
 
     def __init__(self, model: Any, name: str = "int8") -> None:
         self.model, self.name = model, name
@@ -121,6 +152,8 @@ class ModelDrafter:
             self.cached.extend(feed)
             token, _ = choose(logits[0, -1].float(), step + i)
             out.append(token)
+            if token in self.stop_ids:
+                break
             feed = [token]
         return out
 
@@ -195,8 +228,10 @@ class SpeculativeEngine:
         drafters: Sequence[Drafter] = (),
         draft_tokens: Sequence[int] | None = None,
         version: int = 0,
+        target: Callable[[], Target] | None = None,
     ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
+        self.new_target: Callable[[], Target] = target or (lambda: HFTarget(self.model))
         self.drafters = list(drafters)
         self.draft_tokens = list(draft_tokens) if draft_tokens is not None else [6 if d.name == "ngram" else 3 for d in self.drafters]
         if len(self.draft_tokens) != len(self.drafters):
@@ -204,6 +239,8 @@ class SpeculativeEngine:
         self.version = version
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.stats = SpecStats(drafters={d.name: DraftStats() for d in self.drafters})
+        for d in self.drafters:
+            d.stop_ids = {self.eos_token_id}
         self._lock = threading.Lock()
 
     # -- Engine contract -------------------------------------------------
@@ -230,8 +267,6 @@ class SpeculativeEngine:
 
     # -- decoding --------------------------------------------------------
     def _one(self, req: GenerationRequest, key: int, emit: Callable[[Sequence[int]], None] | None) -> Completion:
-        from transformers import DynamicCache
-
         if not req.prompt_ids:
             raise GenerationError("prompt_ids: empty prompt")
         limit = getattr(self.model.config, "max_position_embeddings", None)
@@ -240,7 +275,7 @@ class SpeculativeEngine:
             raise ConfigError(f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving no room to generate")
         seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room)
         choose = _chooser(req.params, key)
-        cache = DynamicCache(config=self.model.config)
+        cache = self.new_target()
         if len(seq.prompt) > 1:
             self._forward(seq.prompt[:-1], cache)
         for d in self.drafters:
@@ -256,7 +291,7 @@ class SpeculativeEngine:
             if emit and accepted:
                 emit(accepted)
             last = seq.out[-1] if seq.out else last
-            crop_cache(cache, len(seq.prompt) + len(seq.out) - 1)
+            cache.truncate(len(seq.prompt) + len(seq.out) - 1)
         self.stats.tokens += len(seq.out)
         return Completion(
             prompt_ids=tuple(seq.prompt),
@@ -291,9 +326,9 @@ class SpeculativeEngine:
         rounds, proposed, accepted = seq.tried.get(name, (0, 0, 0))
         return rounds < 4 or accepted * 5 >= proposed
 
-    def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
+    def _forward(self, ids: list[int], cache: Target) -> torch.Tensor:
         self.stats.target_forwards += 1
-        logits = self.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0].float()
+        logits = cache.forward(ids)
         if not bool(torch.isfinite(logits).all()):
             raise GenerationError("target model produced non-finite logits (broken weights?)")
         return logits
@@ -307,6 +342,8 @@ class SpeculativeEngine:
             if not self._paying(seq, drafter.name):
                 continue
             draft = drafter.propose(ids, min(k, room - 1), choose, len(seq.out))
+            if self.eos_token_id in draft:  # nothing after an end of sequence can be accepted
+                draft = draft[: draft.index(self.eos_token_id) + 1]
             if draft:
                 return draft, drafter
         return [], None

@@ -23,6 +23,7 @@ from posttrain.errors import ConfigError, GenerationError
 from posttrain.serve.config import BatchConfig, FastTierConfig
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
+from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
 from posttrain.types import Completion, GenerationRequest
 
@@ -61,11 +62,22 @@ def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, versi
     drafters: list[Any] = [NgramDrafter()] if cfg.ngram else []
     lengths = [cfg.ngram_tokens] if cfg.ngram else []
     if mode == "int8":
+        if cfg.target == "lean":
+            lossy = LeanDecoder(model, int8=True)
+            return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version,
+                                     target=lambda: LeanTarget(lossy))
         return SpeculativeEngine(int8_copy(model), tokenizer, drafters, lengths, version=version)
-    if cfg.int8_draft:
+    if cfg.draft_model in ("lean", "lean-int8"):
+        drafters.append(LeanDrafter(model, cfg.draft_model, int8=cfg.draft_model == "lean-int8"))
+    elif cfg.draft_model == "int8":
         drafters.append(ModelDrafter(int8_copy(model), "int8"))
-        lengths.append(cfg.int8_draft_tokens)
-    return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version)
+    if cfg.draft_model != "none":
+        lengths.append(cfg.draft_model_tokens)
+    target = None
+    if cfg.target == "lean":
+        decoder = LeanDecoder(model)
+        target = lambda: LeanTarget(decoder)  # noqa: E731
+    return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version, target=target)
 
 
 def check_request(req: GenerationRequest, vocab: int, max_positions: int | None) -> None:

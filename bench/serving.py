@@ -1,0 +1,301 @@
+"""Serving benchmarks: fast tier against standard tier, and a bounded load test.
+
+  speed: the same prompts through the standard tier (HFEngine) and each fast-tier
+         mode (SpeculativeEngine), one request at a time, one torch thread, in one
+         run; prints output tokens/s, ratios, greedy identity, acceptance per
+         drafter, and the held-out eval delta of the lossy int8 mode.
+  load:  starts `posttrain serve` as a separate process on loopback and drives it
+         with N concurrent streaming clients for a fixed number of requests;
+         prints errors, p50/p99 latency and time to first token.
+
+  .venv/bin/python bench/serving.py speed --model DIR [--label TEXT]
+  .venv/bin/python bench/serving.py speed --preset medium     (random weights)
+  .venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+DOMAINS = {"add": 2, "sub": 2, "mul": 2, "reverse": 3, "sort": 3}
+MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain serve` builds
+    ("lossless, hf target: ngram + lean-int8 draft", "lossless", {}),
+    ("lossless, hf target: ngram only", "lossless", {"draft_model": "none"}),
+    ("lossless, hf target: lean-int8 draft only", "lossless", {"ngram": False}),
+    ("lossless, hf target: ngram + lean fp32 draft", "lossless", {"draft_model": "lean"}),
+    ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"draft_model": "int8"}),
+    ("lossless, lean target: ngram + lean-int8 draft", "lossless", {"target": "lean"}),
+    ("lossless, lean target: no drafts", "lossless", {"target": "lean", "ngram": False, "draft_model": "none"}),
+    ("lossy int8, lean target: ngram", "int8", {"target": "lean", "draft_model": "none"}),
+]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load(args: argparse.Namespace):
+    from posttrain.model.arch import load_model, random_model
+
+    if args.model:
+        return load_model(args.model)
+    model, tok = random_model(args.preset, seed=0)
+    return model.eval(), tok
+
+
+def prompts(engine, n_per_domain: int, max_tokens: int):
+    from posttrain.evaluate import eval_tasks
+    from posttrain.types import GenerationRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
+    return [GenerationRequest(engine.encode_chat(t.prompt), params)
+            for d, lvl in DOMAINS.items() for t in eval_tasks(d, lvl, n_per_domain)]
+
+
+def timed(engines: dict, reqs, rounds: int):
+    """Per engine, best of `rounds` passes of tokens/s, one request at a time; the
+    engines take turns prompt by prompt so a busy machine slows all alike."""
+    best = {n: 0.0 for n in engines}
+    best_cpu = {n: 0.0 for n in engines}
+    outs: dict = {}
+    for _ in range(rounds):
+        secs = {n: 0.0 for n in engines}
+        cpu = {n: 0.0 for n in engines}
+        outs = {n: [] for n in engines}
+        for r in reqs:
+            for n, eng in engines.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                outs[n].append(eng.generate([r])[0][0])
+                secs[n] += time.perf_counter() - t0
+                cpu[n] += time.process_time() - c0
+        for n in engines:
+            tokens = sum(len(c.token_ids) for c in outs[n])
+            best[n] = max(best[n], tokens / secs[n])
+            best_cpu[n] = max(best_cpu[n], tokens / cpu[n])
+    return best, best_cpu, outs
+
+
+def speed(args: argparse.Namespace) -> None:
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.serve.config import FastTierConfig
+    from posttrain.serve.tiers import build_fast
+
+    torch.set_num_threads(1)
+    model, tok = load(args)
+    params = sum(p.numel() for p in model.parameters())
+    label = args.label or (args.model or f"random {args.preset}")
+    standard = HFEngine(model, tok)
+    reqs = prompts(standard, args.per_domain, args.max_tokens)
+    modes = {label: build_fast(model, tok, FastTierConfig(**kw), mode, 0) for label, mode, kw in MODES}
+    if args.modes:
+        modes = {n: e for i, (n, e) in enumerate(modes.items()) if str(i) in args.modes.split(",")}
+    best, best_cpu, outs = timed({"standard": standard, **modes}, reqs, args.rounds)
+    base_tps, base_out, base_cpu = best["standard"], outs["standard"], best_cpu["standard"]
+    n_tokens = sum(len(c.token_ids) for c in base_out)
+    print(f"model: {label} ({params / 1e6:.1f}M params); {len(reqs)} prompts "
+          f"({', '.join(f'{d}:{lv}' for d, lv in DOMAINS.items())}), greedy, max_tokens {args.max_tokens}, "
+          f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}")
+    print("tok/s: wall clock; cpu tok/s: per CPU-second of this process (robust to other load on the machine)")
+    print(f"{'tier / mode':44s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} {'tok/fwd':>7s}  acceptance")
+    print(f"{'standard (HFEngine, one request at a time)':44s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} {'-':>10s} {'1.00':>7s}")
+    rows = {"standard": {"tok_s": base_tps}}
+    for name, eng in modes.items():
+        tps = best[name]
+        same = sum(a.token_ids == b.token_ids for a, b in zip(outs[name], base_out))
+        st = eng.stats.as_dict()
+        acc = ", ".join(f"{d} {v['acceptance']:.2f} ({v['accepted']}/{v['proposed']})" for d, v in st["drafters"].items())
+        cpu = best_cpu[name]
+        print(f"{name:44s} {tps:7.1f} {tps / base_tps:6.2f} {cpu:9.1f} {cpu / base_cpu:6.2f} {same:>4d}/{len(reqs):<5d} "
+              f"{st['tokens_per_forward']:7.2f}  {acc}")
+        rows[name] = {"tok_s": tps, "ratio": tps / base_tps, "cpu_tok_s": cpu, "cpu_ratio": cpu / base_cpu,
+                      "identical": same, "n": len(reqs), "stats": st}
+    if args.batched:
+        t0 = time.perf_counter()
+        outs = standard.generate(reqs)
+        tps = sum(len(g[0].token_ids) for g in outs) / (time.perf_counter() - t0)
+        print(f"{'standard, all prompts in one batch':44s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not per stream)")
+    if args.gate_tasks:
+        gate(model, tok, args.gate_tasks)
+    print(f"peak RSS {peak_rss_mb():.0f} MB")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": label, "params": params, "rows": rows}, indent=2))
+
+
+def gate(model, tok, tasks: int) -> None:
+    """Held-out accuracy per domain: standard tier against the lossy int8 mode."""
+    from posttrain.engine.hf import HFEngine
+    from posttrain.evaluate import evaluate
+    from posttrain.serve.config import FastTierConfig
+    from posttrain.serve.tiers import build_fast
+
+    std = evaluate(HFEngine(model, tok), DOMAINS, tasks)
+    lossy = evaluate(build_fast(model, tok, FastTierConfig(target="lean", draft_model="none"), "int8", 0), DOMAINS, tasks)
+    cells = []
+    for d in DOMAINS:
+        s, f = std.results[d].accuracy, lossy.results[d].accuracy
+        cells.append(f"{d} {s:.2f}->{f:.2f} ({(f - s) * 100:+.1f} pt)")
+    worst = min((lossy.results[d].accuracy - std.results[d].accuracy) * 100 for d in DOMAINS)
+    print(f"eval delta of lossy int8 mode ({tasks} held-out tasks/domain, greedy): {'; '.join(cells)}; "
+          f"worst {worst:+.1f} pt -> gate (within 1 pt) {'PASSES' if worst >= -1 else 'FAILS'}")
+
+
+# -- load test ---------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def client_run(url: str, clients: int, requests: int, max_tokens: int):
+    import httpx
+
+    from posttrain.evaluate import eval_tasks
+
+    tasks = [t for d, lvl in DOMAINS.items() for t in eval_tasks(d, lvl, 20)]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    results: list[tuple[str, float, float, int]] = []
+    errors: list[str] = []
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        task = tasks[i % len(tasks)]
+        tier = "fast" if i % 2 else "standard"
+        body = {"model": "posttrain", "service_tier": tier, "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": m.role, "content": m.content} for m in task.prompt]}
+        t0 = time.perf_counter()
+        ttft, tokens = None, 0
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                errors.append(f"HTTP {resp.status_code}")
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    errors.append(data["error"]["message"])
+                    return
+                if ttft is None and data.get("choices"):
+                    ttft = time.perf_counter() - t0
+                if data.get("usage"):
+                    tokens = data["usage"]["completion_tokens"]
+        results.append((tier, time.perf_counter() - t0, ttft if ttft is not None else float("nan"), tokens))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            try:
+                await one(client, i)
+            except Exception as exc:  # noqa: BLE001 - every failure is counted
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=clients)) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return results, errors, wall
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def load_test(args: argparse.Namespace) -> None:
+    import httpx
+
+    model_dir = args.model
+    if not model_dir:
+        from posttrain.model.arch import random_model
+
+        model_dir = tempfile.mkdtemp(prefix="serve-bench-")
+        model, tok = random_model(args.preset, seed=0)
+        model.save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
+    port = free_port()
+    cmd = [sys.executable, "-m", "posttrain.cli", "serve", "--model", model_dir, "--port", str(port),
+           "--set", "canary.probe_domains=[]"]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"server did not start: {server.stderr.read().decode()[-2000:]}")
+            time.sleep(0.3)
+        results, errors, wall = asyncio.run(client_run(url, args.clients, args.requests, args.max_tokens))
+        metrics = httpx.get(url + "/metrics").text
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    lat = [r[1] for r in results]
+    ttft = [r[2] for r in results]
+    toks = sum(r[3] for r in results)
+    print(f"load: model {args.model or 'random ' + args.preset}; server in a separate process on loopback; "
+          f"{args.clients} concurrent streaming clients; {args.requests} requests (half standard, half fast); "
+          f"max_tokens {args.max_tokens}")
+    print(f"completed {len(results)}/{args.requests}, errors {len(errors)}{': ' + errors[0] if errors else ''}")
+    print(f"latency p50 {pct(lat, 0.5) * 1000:.0f} ms, p99 {pct(lat, 0.99) * 1000:.0f} ms; "
+          f"TTFT p50 {pct(ttft, 0.5) * 1000:.0f} ms, p99 {pct(ttft, 0.99) * 1000:.0f} ms")
+    for tier in ("standard", "fast"):
+        tl = [r[1] for r in results if r[0] == tier]
+        tt = [r[2] for r in results if r[0] == tier]
+        print(f"  {tier:8s}: latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 {pct(tl, 0.99) * 1000:.0f} ms; "
+              f"TTFT p50 {pct(tt, 0.5) * 1000:.0f} ms p99 {pct(tt, 0.99) * 1000:.0f} ms")
+    sizes = [ln for ln in metrics.splitlines() if ln.startswith("posttrain_batch_size_sum") or
+             ln.startswith("posttrain_batch_size_count")]
+    print(f"throughput {toks / wall:.0f} output tokens/s over {wall:.1f} s; {'; '.join(sizes)}")
+    print(f"peak RSS (client process) {peak_rss_mb():.0f} MB")
+    if errors:
+        raise SystemExit(1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("speed", "load"):
+        s = sub.add_parser(name)
+        s.add_argument("--model", help="model directory (default: random weights of --preset)")
+        s.add_argument("--preset", default="medium")
+        s.add_argument("--max-tokens", type=int, default=64)
+    sp = sub.choices["speed"]
+    sp.add_argument("--label")
+    sp.add_argument("--per-domain", type=int, default=4)
+    sp.add_argument("--rounds", type=int, default=2)
+    sp.add_argument("--gate-tasks", type=int, default=0, help="held-out tasks per domain for the int8 eval delta")
+    sp.add_argument("--batched", action="store_true")
+    sp.add_argument("--modes", help="comma-separated indices of the fast modes to run (default: all)")
+    sp.add_argument("--json")
+    lp = sub.choices["load"]
+    lp.add_argument("--clients", type=int, default=32)
+    lp.add_argument("--requests", type=int, default=256)
+    args = p.parse_args()
+    speed(args) if args.cmd == "speed" else load_test(args)
+
+
+if __name__ == "__main__":
+    main()
