@@ -119,13 +119,14 @@ def test_raising_verifier_masks_pauses_domain_with_alarm(monkeypatch):
     dom.verifier = _Boom()
     monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
     events = []
-    cfg = PipelineConfig(degrade_after=3, degrade_cooldown_s=3600, execute_workers=1, verify_workers=1, max_inflight=8,
+    cfg = PipelineConfig(degrade_after=3, degrade_cooldown_s=3600, execute_workers=1, verify_workers=1, max_inflight=2,
                          min_inflight=1, long_slots=0)
     tasks = [dom.sample(i, "train", 1) for i in range(10)] + [get("add").sample(0, "train", 1)]
     results, stats, sched = _run(tasks, ScriptedEngine(answer_policy), cfg, events=lambda *e: events.append(e),
                                  domains=(dom.name, "add"))
     flaky = [g for g in results[:10] if g is not None]
-    assert 3 <= len(flaky) < 10 and stats.counters["paused_skipped"] == 10 - len(flaky)
+    # at most max_inflight groups were admitted past the third failure before the pause
+    assert 3 <= len(flaky) <= 5 and stats.counters["paused_skipped"] == 10 - len(flaky)
     assert all(r.reward is None and r.error_kind == "verifier" and "verifier crashed" in r.error for g in flaky for r in g.rollouts)
     alarms = [e for e in events if e[0] == "alarm"]
     assert len(alarms) == 1 and alarms[0][2] == dom.name and "paused" in alarms[0][1]

@@ -135,6 +135,7 @@ class Pipeline:
         self._tasks: list[asyncio.Task] = []
         self._pending: deque[tuple[int, Task]] = deque()
         self._feeding = False
+        self._closing = False
         self._skipped: list[int] = []
 
     # ---- ownership -----------------------------------------------------
@@ -149,6 +150,7 @@ class Pipeline:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        self._closing = True  # also stops a loop whose cancellation wait_for swallowed (Python 3.11)
         for t in self._tasks:
             t.cancel()
         assert self._tg is not None
@@ -181,7 +183,7 @@ class Pipeline:
         self._pending = keep
 
     async def _feeder(self) -> None:
-        while True:
+        while not self._closing:
             task = None
             if self._room():
                 if self._pending:
@@ -226,12 +228,13 @@ class Pipeline:
 
     async def _get_either(self) -> _Item:
         """Next item from the continuation queue (priority) or the generate queue."""
-        while True:
+        while not self._closing:
             item = self.q_continue.get_nowait() or self.q_generate.get_nowait()
             if item is not None:
                 return item
             self._gen_ready.clear()
             await self._gen_ready.wait()
+        raise asyncio.CancelledError  # closing
 
     async def _to_generate(self, item: _Item, queue: BoundedQueue[_Item]) -> None:
         await queue.put(item)
@@ -249,7 +252,7 @@ class Pipeline:
         return [GenerationRequest(item.prompt_ids, dataclasses.replace(self.params, seed=base), item.group_id)]
 
     async def _generate_worker(self, index: int) -> None:
-        while True:
+        while not self._closing:
             batch = await self._take_batch()
             requests = [self._requests(it) for it in batch]
             token = next(self._tokens)
@@ -303,7 +306,7 @@ class Pipeline:
         return trajs
 
     async def _execute_worker(self) -> None:
-        while True:
+        while not self._closing:
             item = await self.q_execute.get()
             token = next(self._tokens)
             self.meters["execute"].begin(token)
@@ -343,7 +346,7 @@ class Pipeline:
         return any(not t.done for t in item.trajectories)
 
     async def _verify_worker(self) -> None:
-        while True:
+        while not self._closing:
             item = await self.q_verify.get()
             episodes = self._episodes(item)
             token = next(self._tokens)
