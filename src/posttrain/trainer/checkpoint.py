@@ -12,7 +12,10 @@ Layout: <run_dir>/checkpoints/step_00000012/
   optimizer.pt    torch.save(optimizer.state_dict())
   rng.pt          python, numpy, torch CPU and CUDA generator states
   loop_state.json the caller's loop state (JSON)
-  meta.json       {"format": 1, "step": 12}
+  meta.json       {"format": 1, "step": 12, "weights": "full" | "lora"}
+A LoRA model (peft) saves only its adapter (adapter_config.json,
+adapter_model.safetensors) in place of the model files; an FSDP-sharded
+model is gathered to full tensors and written by rank 0 alone.
 """
 from __future__ import annotations
 
@@ -90,9 +93,12 @@ def save_checkpoint(
     loop_state: dict[str, Any],
     step: int,
     keep: int | None = None,
+    full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> Path:
     """Write a complete checkpoint atomically; keep only the newest `keep`.
-    `tokenizer` is anything with save_pretrained, or None to skip it."""
+    `tokenizer` is anything with save_pretrained, or None to skip it;
+    `full_state` (model, optimizer) replaces the model's and optimizer's own
+    state dicts (gathered from FSDP shards)."""
     if step < 0:
         raise TrainerError(f"checkpoint step must be >= 0, got {step}")
     try:
@@ -103,7 +109,7 @@ def save_checkpoint(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     try:
-        _write_all(tmp, model, tokenizer, optimizer, loop_json, step)
+        _write_all(tmp, model, tokenizer, optimizer, loop_json, step, full_state)
         _install(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -113,18 +119,25 @@ def save_checkpoint(
 
 
 def _write_all(
-    tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int
+    tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int,
+    full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> None:
+    from posttrain.scale.lora import is_peft
+
     tmp.mkdir()
-    model.save_pretrained(tmp)
+    if full_state is not None:
+        model.save_pretrained(tmp, state_dict=full_state[0])
+    else:
+        model.save_pretrained(tmp)
     if not list(tmp.glob("*.safetensors")):
         raise TrainerError(f"save_pretrained wrote no safetensors file in {tmp}")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(full_state[1] if full_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(capture_rng(), tmp / "rng.pt")
     (tmp / "loop_state.json").write_text(loop_json)
-    (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step}))
+    weights = "lora" if is_peft(model) else "full"
+    (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step, "weights": weights}))
     _fsync_tree(tmp)
 
 
@@ -185,9 +198,15 @@ def load_checkpoint(
     meta = _read_json(ckpt / "meta.json")
     if meta.get("format") != FORMAT:
         raise TrainerError(f"checkpoint {ckpt} has format {meta.get('format')!r}, expected {FORMAT}")
-    load_model_weights(ckpt, model)
-    if optimizer is not None:
-        optimizer.load_state_dict(_torch_load(ckpt / "optimizer.pt"))
+    from posttrain.scale.fsdp import is_sharded, load_full_state
+
+    if is_sharded(model):
+        optim_state = _torch_load(ckpt / "optimizer.pt") if optimizer is not None else None
+        load_full_state(model, optimizer, _read_weights(ckpt), optim_state)
+    else:
+        load_model_weights(ckpt, model)
+        if optimizer is not None:
+            optimizer.load_state_dict(_torch_load(ckpt / "optimizer.pt"))
     if restore_rngs:
         restore_rng(_torch_load(ckpt / "rng.pt"))
     return Checkpoint(path=ckpt, step=int(meta["step"]), loop_state=_read_json(ckpt / "loop_state.json"))
@@ -216,9 +235,7 @@ def _torch_load(path: Path) -> Any:
         raise TrainerError(f"cannot read {path}: {exc}") from exc
 
 
-def load_model_weights(ckpt: Path, model: Any) -> None:
-    """Copy the safetensors weights of `ckpt` into `model`'s existing tensors.
-    Keys absent from the files are allowed only for tied parameters."""
+def _read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     files = sorted(ckpt.glob("*.safetensors"))
@@ -227,6 +244,23 @@ def load_model_weights(ckpt: Path, model: Any) -> None:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(file))
+    return state
+
+
+def load_model_weights(ckpt: Path, model: Any) -> None:
+    """Copy the safetensors weights of `ckpt` into `model`'s existing tensors.
+    Keys absent from the files are allowed only for tied parameters. A LoRA
+    model loads its adapter; a LoRA checkpoint does not fit a plain model."""
+    from posttrain.scale.lora import is_adapter_dir, is_peft, load_adapter_state
+
+    if is_peft(model) != is_adapter_dir(ckpt):
+        kind = "a LoRA adapter" if is_adapter_dir(ckpt) else "full weights"
+        raise TrainerError(f"checkpoint {ckpt} holds {kind}, which does not fit a "
+                           f"{'LoRA' if is_peft(model) else 'plain'} model (set trainer.lora alike)")
+    if is_peft(model):
+        load_adapter_state(model, ckpt)
+        return
+    state = _read_weights(ckpt)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # shape mismatches raise even when strict=False

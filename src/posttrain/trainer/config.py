@@ -61,6 +61,27 @@ class DAPOLossConfig(BaseModel):
 LossConfig = Annotated[Union[GRPOLossConfig, DrGRPOLossConfig, DAPOLossConfig], Field(discriminator="type")]
 
 
+class LoraConfig(BaseModel):
+    """LoRA through peft: only the adapters train; checkpoints and weight updates carry only them."""
+
+    model_config = _STRICT
+    rank: int = Field(8, ge=1, le=4096)
+    """Rank r of each adapter (A is r x in, B is out x r)."""
+    alpha: float = Field(16.0, gt=0.0)
+    """Scaling numerator: the update is (alpha / rank) x B A."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input (0 keeps on-policy ratios exactly 1)."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Names of the linear layers that get an adapter (Qwen2/Llama naming)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if not names or any(not n for n in names):
+            raise ValueError("target_modules must name at least one module, none empty")
+        return names
+
+
 class GuardConfig(BaseModel):
     """The loss-spike guard: what counts as a bad step and what to do about it."""
 
@@ -110,6 +131,29 @@ class TrainerConfig(BaseModel):
     """Seeds python, numpy and torch when a Trainer is constructed."""
     keep_checkpoints: int = Field(3, ge=1)
     """How many of the newest checkpoints to keep in a run directory."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (None: full fine-tuning)."""
+    precision: Literal["float32", "bf16_autocast"] = "float32"
+    """bf16_autocast runs forward/backward under torch.autocast(bfloat16) with
+    float32 master weights and a float32 log-softmax (CUDA, and CPU for tests)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (less memory, ~30% more compute)."""
+    micro_batch_tokens: int | Literal["auto"] | None = None
+    """Cap on padded tokens (rows x longest row) per micro-batch, on top of
+    micro_batch_size; "auto" sizes it from free CUDA memory (the whole batch on CPU)."""
+    deterministic: bool = False
+    """Pin RNG and kernels: torch.use_deterministic_algorithms, no cuDNN benchmark,
+    a fixed cuBLAS workspace; the same seed then gives the same step on CUDA."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state with FSDP2 (fully_shard) across
+    the torch.distributed process group (torchrun); rows are split across ranks."""
+
+    @field_validator("micro_batch_tokens")
+    @classmethod
+    def _token_budget(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1, 'auto' or null, got {value}")
+        return value
 
     @field_validator("betas")
     @classmethod

@@ -6,6 +6,9 @@ batch), or applies none and says why in its StepStats (no signal, skipped
 by the guard, or rolled back to the last good state). The model is updated
 in place, so an inference engine holding the same module sees the new
 weights; it runs on whatever device the model's parameters are on.
+The scale options (LoRA, FSDP, bf16 autocast, gradient checkpointing,
+memory-sized micro-batches, pinned RNG; see posttrain.scale) change the
+model it trains and how a step is cut, never what a step computes.
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.guard import SpikeGuard
 from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss
+from posttrain.scale.fsdp import DataParallel
+from posttrain.scale.memory import autocast, micro_slices, token_budget
+from posttrain.scale.prepare import prepare_model
 
 Outcome = Literal["applied", "no_signal", "skipped", "rolled_back"]
 
@@ -103,6 +109,8 @@ class Trainer:
         if config.kl_coef == 0.0 and ref_model is not None:
             raise ConfigError("trainer.kl_coef is 0, so no reference model should be loaded (ref_model given)")
         seed_everything(config.seed)
+        model = prepare_model(model, config)
+        self.parallel = DataParallel.current() if config.fsdp else DataParallel()
         self.model = model
         self.ref_model = ref_model
         self.config = config
@@ -120,6 +128,7 @@ class Trainer:
         self.rolled_back = 0
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
         self._take_snapshot()
+        self._max_tokens = token_budget(config.micro_batch_tokens, model, self.device, config.gradient_checkpointing)
 
     @property
     def device(self) -> torch.device:
@@ -193,21 +202,43 @@ class Trainer:
 
     def _accumulate(self, prepared: _Prepared) -> _Accumulated:
         was_training = self.model.training
-        self.model.eval()  # no dropout: on-policy ratios are exactly exp(0) = 1
+        # no dropout: on-policy ratios are exactly exp(0) = 1. Gradient checkpointing acts
+        # only in train mode, so with it the model trains in train mode, its dropout set to 0.
+        self.model.train(self.config.gradient_checkpointing)
         loss, stats, entropy_sum = 0.0, LossStats(), 0.0
         try:
-            size = self.config.micro_batch_size
-            for start in range(0, len(prepared.rows), size):
-                rows = prepared.rows[start : start + size]
-                advantage_b = prepared.advantage_b[start : start + size]
-                mb_loss, mb_stats, mb_entropy = self._micro_step(rows, advantage_b, prepared.totals)
-                loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
+            for rows, advantage_b, weight in self._micro_batches(prepared):
+                mb_loss, mb_stats, mb_entropy = self._micro_step(rows, advantage_b, prepared.totals, weight)
+                if weight:
+                    loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
         finally:
             self.model.train(was_training)
-        return _Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum)
+        return self._reduce(_Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum))
+
+    def _micro_batches(self, prepared: _Prepared) -> list[tuple[Sequence[TrainRow], Tensor, float]]:
+        """This rank's rows cut into micro-batches; with FSDP, zero-weighted padding
+        micro-batches so that every rank runs as many forward/backward passes."""
+        lo, hi = self.parallel.share(len(prepared.rows))
+        lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in prepared.rows[lo:hi]]
+        cuts = [(lo + a, lo + b) for a, b in micro_slices(lengths, self.config.micro_batch_size, self._max_tokens)]
+        batches = [(prepared.rows[a:b], prepared.advantage_b[a:b], 1.0) for a, b in cuts]
+        for _ in range(self.parallel.max_int(len(cuts)) - len(cuts)):
+            batches.append((prepared.rows[:1], torch.zeros(1), 0.0))
+        return batches
+
+    def _reduce(self, acc: _Accumulated) -> _Accumulated:
+        """Sum loss and stats over the data-parallel ranks (identity on one process)."""
+        if not self.parallel.active:
+            return acc
+        s = acc.stats
+        sums = self.parallel.sum_floats([acc.loss, acc.entropy_sum, s.n_tokens, s.clipped_low, s.clipped_high,
+                                         s.ratio_sum, s.kl_sum])
+        stats = LossStats(n_tokens=sums[2], clipped_low=sums[3], clipped_high=sums[4], ratio_sum=sums[5],
+                          ratio_max=self.parallel.max_float(s.ratio_max), kl_sum=sums[6])
+        return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1])
 
     def _micro_step(
-        self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals
+        self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
     ) -> tuple[float, LossStats, float]:
         packed = pack_rows(rows, self.device)
         logp_bcv = self._logp_vocab(self.model, packed)
@@ -222,7 +253,8 @@ class Trainer:
             ref_logp_bt=self._ref_logp(packed),
         )
         loss, stats = self.loss(inputs, totals)
-        loss.backward()
+        # FSDP averages gradients over ranks; each rank's loss is its share of the sum, so scale by world
+        (loss * (weight * self.parallel.world)).backward()
         return float(loss.detach()), stats, entropy_sum
 
     def _ref_logp(self, packed: _Packed) -> Tensor | None:
@@ -237,9 +269,11 @@ class Trainer:
     def _logp_vocab(self, model: Any, packed: _Packed) -> Tensor:
         """log_softmax(logits / temperature) at the positions predicting each completion token."""
         kwargs: dict[str, Any] = {}
-        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft forwards kwargs
+        if "logits_to_keep" in inspect.signature(inner.forward).parameters:
             kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
-        logits_bsv = model(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits
+        with autocast(packed.input_ids_bs.device, self.config.precision):
+            logits_bsv = model(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits
         offset = packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
         index_bc = packed.index_bc - offset
         vocab = logits_bsv.shape[-1]
@@ -316,8 +350,21 @@ class Trainer:
         if "trainer" in loop_state:
             raise TrainerError('loop_state key "trainer" is reserved for the trainer\'s own state')
         loop_state["trainer"] = self.state_dict()
-        return save_checkpoint(run_dir, self.model, tokenizer, self.optimizer, loop_state, self.steps,
-                               keep=self.config.keep_checkpoints)
+        full = None
+        if self.config.fsdp:
+            from posttrain.scale.fsdp import full_state
+
+            full = full_state(self.model, self.optimizer)  # a collective: every rank gathers
+            if self.parallel.rank != 0:
+                self.parallel.barrier()
+                from posttrain.trainer.checkpoint import checkpoint_path
+
+                return checkpoint_path(run_dir, self.steps)
+        path = save_checkpoint(run_dir, self.model, tokenizer, self.optimizer, loop_state, self.steps,
+                               keep=self.config.keep_checkpoints, full_state=full)
+        if self.config.fsdp:
+            self.parallel.barrier()
+        return path
 
     def resume(self, path: str | Path) -> dict[str, Any]:
         """Restore from a checkpoint (or a run directory's latest); returns the

@@ -1,0 +1,110 @@
+"""Precision, memory and reproducibility options of the trainer's step.
+
+Invariant: with every option off these helpers change nothing: `autocast`
+is a no-op context, `micro_slices` cuts exactly `range(0, n, max_rows)`, and
+no global torch flag is touched. With an option on, each helper does one
+documented thing (bf16 autocast, recomputed activations, a padded-token cap
+per micro-batch, deterministic kernels) on CPU and CUDA alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, ContextManager, Sequence
+
+import torch
+
+from posttrain.errors import TrainerError
+
+_AUTO_MEMORY_SHARE = 0.6
+"""Share of the free CUDA memory an auto-sized micro-batch may plan to use."""
+
+
+def autocast(device: torch.device, precision: str) -> ContextManager[Any]:
+    """torch.autocast(bfloat16) for `bf16_autocast`, else a no-op."""
+    if precision == "float32":
+        return contextlib.nullcontext()
+    if precision == "bf16_autocast":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise TrainerError(f"trainer.precision {precision!r} unknown; allowed: float32, bf16_autocast")
+
+
+def pin_determinism() -> None:
+    """Deterministic kernels (CPU and CUDA); cuBLAS needs its workspace fixed
+    before the first CUDA call, so set it as early as possible."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+def disable_dropout(model: Any) -> None:
+    """Set every dropout to p = 0 (RL needs on-policy ratios of exactly 1, even in train mode)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    cfg = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if cfg is not None and isinstance(getattr(cfg, name, None), float):
+            setattr(cfg, name, 0.0)
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute decoder layers in backward (transformers' non-reentrant checkpointing);
+    it acts only in train mode, so the trainer trains in train mode with dropout off."""
+    if not hasattr(model, "gradient_checkpointing_enable"):
+        raise TrainerError("trainer.gradient_checkpointing: the model has no gradient_checkpointing_enable")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    disable_dropout(model)
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()  # frozen embeddings (LoRA) still give checkpoints a grad path
+
+
+def micro_slices(lengths: Sequence[int], max_rows: int, max_tokens: int | None) -> list[tuple[int, int]]:
+    """Consecutive [start, end) slices of rows: at most `max_rows` rows each and,
+    when `max_tokens` is set, rows x longest row <= max_tokens (a row longer than
+    the cap gets a micro-batch of its own)."""
+    if max_tokens is None:
+        return [(s, min(s + max_rows, len(lengths))) for s in range(0, len(lengths), max_rows)]
+    slices, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if i > start and ((i - start + 1) * wider > max_tokens or i - start >= max_rows):
+            slices.append((start, i))
+            start, wider = i, n
+        longest = wider
+    if lengths:
+        slices.append((start, len(lengths)))
+    return slices
+
+
+def token_budget(setting: int | str | None, model: Any, device: torch.device, checkpointing: bool) -> int | None:
+    """The padded-token cap per micro-batch: the configured int, None, or for
+    "auto" an estimate from free CUDA memory (None on the CPU)."""
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(1, int(free * _AUTO_MEMORY_SHARE / bytes_per_token(model, checkpointing)))
+
+
+def bytes_per_token(model: Any, checkpointing: bool) -> int:
+    """A conservative training-memory estimate per token: float32 logits, their
+    log-softmax and gradient (3 x vocab x 4 bytes) plus activations (about 34
+    hidden-sized values per layer, 2 per layer with checkpointing, at 2-4 bytes)."""
+    cfg = model.config
+    vocab = int(getattr(cfg, "vocab_size"))
+    hidden = int(getattr(cfg, "hidden_size"))
+    layers = int(getattr(cfg, "num_hidden_layers"))
+    per_layer = 2 if checkpointing else 34
+    return 12 * vocab + 4 * hidden * (per_layer * layers + 8)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated CUDA memory, or the process's peak RSS on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
