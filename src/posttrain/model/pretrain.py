@@ -31,16 +31,16 @@ class BaseConfig(BaseModel):
 
     preset: str = "tiny"
     """Architecture preset: micro (22k params), tiny (0.8M), small (4.8M), medium (19M)."""
-    domains: dict[str, int] = Field(default_factory=lambda: {"add": 2, "sub": 2, "mul": 2, "reverse": 2, "sort": 2})
+    domains: dict[str, int] = Field(default_factory=lambda: {"add": 1, "sub": 1, "mul": 1, "reverse": 1, "sort": 1})
     """Built-in domains to pretrain on, each with the highest difficulty level of its text
     (levels 1..L are drawn uniformly)."""
-    steps: int = Field(1200, ge=1, le=1_000_000)
+    steps: int = Field(2000, ge=1, le=1_000_000)
     """Optimizer steps of pretraining."""
     batch_size: int = Field(64, ge=1, le=4096)
     """Examples per step."""
     lr: float = Field(3e-3, gt=0, le=1.0)
     """Peak learning rate (linear warm-up, cosine decay)."""
-    buggy_fraction: float = Field(0.7, ge=0.0, le=1.0)
+    buggy_fraction: float = Field(0.6, ge=0.0, le=1.0)
     """Share of examples answered by the domain's buggy solver instead of the gold answer."""
     seed: int = 0
     """Seed of weights, data and order: one seed, one model."""
