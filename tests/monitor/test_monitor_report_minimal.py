@@ -1,0 +1,28 @@
+"""The report of a run without monitor rows still renders, says what is missing, and escapes run text."""
+from __future__ import annotations
+
+import pytest
+
+from posttrain.errors import ConfigError
+from posttrain.report import write_report
+from posttrain.rundir import MetricsLog
+
+
+def test_report_of_a_bare_run(tmp_path):
+    run = tmp_path / "bare"
+    run.mkdir()
+    (run / "config.yaml").write_text("run:\n  name: '<script>alert(1)</script>'\n")
+    log = MetricsLog(run / "metrics.jsonl")
+    for step in range(1, 4):
+        log.write("train", step, reward_mean=0.1 * step, reward_by_domain={"add": 0.1 * step}, generate_idle_share=0.25)
+    log.write("alarm", 2, alarm="entropy_collapse", domain="<b>add</b>", message="m & <i>", action="log", done="logged", data={})
+    log.close()
+    page = write_report(run).read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;add&lt;/b&gt;" in page
+    assert "sandbox outcome counts: no data in this run" in page
+    assert "pipeline stage utilisation" in page and page.count("data:image/png;base64,") >= 3
+
+
+def test_report_refuses_a_non_run(tmp_path):
+    with pytest.raises(ConfigError, match="not a run directory"):
+        write_report(tmp_path)
