@@ -253,7 +253,7 @@ def t_permissions(rng):
 
 def t_sum_script(rng):
     nums = [rng.randint(-50, 200) for _ in range(rng.randint(3, 7))]
-    feed = "\\n".join(str(n) for n in nums)
+    feed = " ".join(str(n) for n in nums)  # printf '%s\\n' with a blank line at the end
     prog = rng.choice(["sum.py", "total.py", "add_up.py", "tally.py"])
     return dict(
         level=3,
@@ -262,7 +262,7 @@ def t_sum_script(rng):
         gold=f"cat > {prog} <<'PY'\nimport sys\nprint(sum(int(x) for x in sys.stdin if x.strip()))\nPY\n",
         wrong=f"cat > {prog} <<'PY'\nimport sys\nprint(sum(int(x) for x in sys.stdin.read().split()[:-1]))\nPY\n",
         checks=[{"type": "regex", "path": prog, "pattern": "stdin"}],
-        runs=[{"cmd": f"printf '{feed}\\n\\n' | python3 {prog}", "stdout": f"{sum(nums)}\n"}],
+        runs=[{"cmd": f"printf '%s\\n' {feed} '' | python3 {prog}", "stdout": f"{sum(nums)}\n"}],
     )
 
 
