@@ -246,7 +246,9 @@ class MeshVerifier:
         source = extract_script(episode.completion)
         if not source.strip():
             return Score(0.0, {"outcome": 0.0}, False, "no script")
-        result = episode.exec_result if isinstance(episode.exec_result, sandbox.ExecResult) else sandbox.run(
+        prior = episode.exec_result
+        reuse = isinstance(prior, sandbox.ExecResult) and (prior.status == "infra_error" or any(f in prior.files for f in OUTPUTS))
+        result = prior if reuse else sandbox.run(
             sandbox.ExecRequest(files={"main.py": source}, python_main="main.py", collect=OUTPUTS,
                                 limits=sandbox.Limits(wall_s=WALL_S, cpu_s=WALL_S, memory_bytes=1024 << 20)))
         if result.status == "infra_error":
