@@ -145,7 +145,7 @@ class KLConfig(BaseModel):
     model_config = _STRICT
     every_steps: int = Field(10, ge=0)
     """Measure every N steps (0: off; the trainer's KL is used when it has a reference model)."""
-    rows: int = Field(64, ge=1, le=100_000)
+    rows: int = Field(32, ge=1, le=100_000)
     """Sampled completions per measurement (spread over domains)."""
 
 
