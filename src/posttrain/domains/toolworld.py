@@ -202,7 +202,7 @@ class ToolEnv:
             return "error: episode is over", True
         self.steps += 1
         try:
-            name, args = validate(json.loads(action))
+            name, args = validate(json.loads(_action_text(action)))
         except (ValueError, RecursionError) as exc:
             return self._after(f"error: {exc}")
         self.valid += 1
@@ -219,6 +219,15 @@ class ToolEnv:
         if self.steps >= self.max_steps:
             self.done = True
         return observation, self.done
+
+
+def _action_text(action: str) -> str:
+    """One turn's JSON: the text inside <answer> tags or a ```json fence, if any."""
+    import re
+
+    body = extract_answer(action)
+    fenced = re.findall(r"```(?:json)?\s*(.*?)```", body, re.DOTALL)
+    return (fenced[-1] if fenced else body).strip()
 
 
 def actions_of(episode: Episode) -> list[str]:
