@@ -114,7 +114,9 @@ class Pool:
 
     # ---- acquire / release
     @contextlib.contextmanager
-    def _domain_slot(self, domain: str | None, timeout_s: float) -> Iterator[None]:
+    def domain_slot(self, domain: str | None, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold one of `domain`'s concurrency slots (a run of that domain inside needs another)."""
+        timeout_s = self.config.acquire_timeout_s if timeout_s is None else timeout_s
         sem = self._domain.get(domain or "")
         if sem is not None and not sem.acquire(timeout=timeout_s):
             raise SandboxError(f"sandbox: no {domain!r} slot free within {timeout_s:.0f}s (domain_limits[{domain!r}])")
@@ -169,7 +171,7 @@ class Pool:
         """Run one request in a fresh sandbox. Never raises for what the
         program does; raises SandboxError only when no slot can be had."""
         timeout_s = self.config.acquire_timeout_s if timeout_s is None else timeout_s
-        with self._domain_slot(domain, timeout_s):
+        with self.domain_slot(domain, timeout_s):
             slot = self.acquire(timeout_s)
             try:
                 result = self._run_on(slot, req, None)
@@ -195,7 +197,7 @@ class Pool:
                 domain: str | None = None) -> Iterator["Session"]:
         """A multi-step session holding one slot until it closes."""
         timeout_s = self.config.acquire_timeout_s
-        with self._domain_slot(domain, timeout_s):
+        with self.domain_slot(domain, timeout_s):
             slot = self.acquire(timeout_s)
             sess = None
             try:
