@@ -33,14 +33,14 @@ from pathlib import Path  # noqa: E402
 
 DOMAINS = {"add": 2, "sub": 2, "mul": 2, "reverse": 3, "sort": 3}
 MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain serve` builds
-    ("lossless, hf target: ngram + lean-int8 draft", "lossless", {}),
-    ("lossless, hf target: ngram only", "lossless", {"draft_model": "none"}),
-    ("lossless, hf target: lean-int8 draft only", "lossless", {"ngram": False}),
-    ("lossless, hf target: ngram + lean fp32 draft", "lossless", {"draft_model": "lean"}),
-    ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"draft_model": "int8"}),
-    ("lossless, lean target: ngram + lean-int8 draft", "lossless", {"target": "lean"}),
-    ("lossless, lean target: no drafts", "lossless", {"target": "lean", "ngram": False, "draft_model": "none"}),
-    ("lossy int8, lean target: ngram", "int8", {"target": "lean", "draft_model": "none"}),
+    ("lossless, lean target: ngram + lean-int8 (default)", "lossless", {}),
+    ("lossless, lean target: no drafts", "lossless", {"ngram": False, "draft_model": "none"}),
+    ("lossless, hf target: ngram + lean-int8 draft", "lossless", {"target": "hf"}),
+    ("lossless, hf target: ngram only", "lossless", {"target": "hf", "draft_model": "none"}),
+    ("lossless, hf target: lean-int8 draft only", "lossless", {"target": "hf", "ngram": False}),
+    ("lossless, hf target: ngram + lean fp32 draft", "lossless", {"target": "hf", "draft_model": "lean"}),
+    ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"target": "hf", "draft_model": "int8"}),
+    ("lossy int8, lean target: ngram", "int8", {"draft_model": "none"}),
 ]
 
 
@@ -112,8 +112,8 @@ def speed(args: argparse.Namespace) -> None:
           f"({', '.join(f'{d}:{lv}' for d, lv in DOMAINS.items())}), greedy, max_tokens {args.max_tokens}, "
           f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}")
     print("tok/s: wall clock; cpu tok/s: per CPU-second of this process (robust to other load on the machine)")
-    print(f"{'tier / mode':44s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} {'tok/fwd':>7s}  acceptance")
-    print(f"{'standard (HFEngine, one request at a time)':44s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} {'-':>10s} {'1.00':>7s}")
+    print(f"{'tier / mode':52s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} {'tok/fwd':>7s}  acceptance")
+    print(f"{'standard (HFEngine, one request at a time)':52s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} {'-':>10s} {'1.00':>7s}")
     rows = {"standard": {"tok_s": base_tps}}
     for name, eng in modes.items():
         tps = best[name]
@@ -121,7 +121,7 @@ def speed(args: argparse.Namespace) -> None:
         st = eng.stats.as_dict()
         acc = ", ".join(f"{d} {v['acceptance']:.2f} ({v['accepted']}/{v['proposed']})" for d, v in st["drafters"].items())
         cpu = best_cpu[name]
-        print(f"{name:44s} {tps:7.1f} {tps / base_tps:6.2f} {cpu:9.1f} {cpu / base_cpu:6.2f} {same:>4d}/{len(reqs):<5d} "
+        print(f"{name:52s} {tps:7.1f} {tps / base_tps:6.2f} {cpu:9.1f} {cpu / base_cpu:6.2f} {same:>4d}/{len(reqs):<5d} "
               f"{st['tokens_per_forward']:7.2f}  {acc}")
         rows[name] = {"tok_s": tps, "ratio": tps / base_tps, "cpu_tok_s": cpu, "cpu_ratio": cpu / base_cpu,
                       "identical": same, "n": len(reqs), "stats": st}
@@ -129,7 +129,7 @@ def speed(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         outs = standard.generate(reqs)
         tps = sum(len(g[0].token_ids) for g in outs) / (time.perf_counter() - t0)
-        print(f"{'standard, all prompts in one batch':44s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not per stream)")
+        print(f"{'standard, all prompts in one batch':52s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not per stream)")
     if args.gate_tasks:
         gate(model, tok, args.gate_tasks)
     print(f"peak RSS {peak_rss_mb():.0f} MB")

@@ -31,7 +31,7 @@ def test_ngram_lookup_proposes_continuation_of_latest_match():
 
 def _requests(engine, temperature, seed=5):
     prompts = [engine.encode_chat([Message("user", f"rev {w}=")]) for w in ("abcabc", "hello", "xyzzy", "aaaa")]
-    return [GenerationRequest(p, SamplingParams(max_tokens=40, temperature=temperature, seed=seed, n=2))
+    return [GenerationRequest(p, SamplingParams(max_tokens=24, temperature=temperature, seed=seed, n=2))
             for p in prompts]
 
 

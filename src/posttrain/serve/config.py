@@ -42,10 +42,10 @@ class FastTierConfig(BaseModel):
     ngram_tokens: int = Field(6, ge=1, le=32)
     """Draft length of the n-gram drafter."""
 
-    target: Literal["hf", "lean"] = "hf"
-    """What verifies drafts in lossless mode: `hf`, the transformers module itself
-    (bitwise the standard tier's per-token computation); `lean`, the same float
-    weights on the lean decode path (equal to float32 rounding, faster)."""
+    target: Literal["hf", "lean"] = "lean"
+    """What verifies drafts: `lean`, the same float weights on the lean decode path
+    (logits equal the transformers module's to float32 rounding; faster); `hf`, the
+    transformers module itself (the standard tier's own per-token computation)."""
 
     draft_model: Literal["lean", "lean-int8", "int8", "none"] = "lean-int8"
     """Draft model used when the n-gram lookup finds nothing: `lean`, a copy of the
