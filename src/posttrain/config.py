@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from posttrain.errors import ConfigError
 from posttrain.model.pretrain import BaseConfig
 from posttrain.pipeline.config import PipelineConfig, Runtime
+from posttrain.scale.config import EngineConfig
 from posttrain.monitor.config import MonitorConfig
 from posttrain.tasks.config import TasksConfig
 from posttrain.trainer.config import TrainerConfig
@@ -98,6 +99,8 @@ class Config(Section):
     """The rollout pipeline: stage workers, queues, scheduler, staleness, replacement."""
     runtime: Runtime = "embedded"
     """Where rollout workers run: embedded (threads and processes here) or ray (actors on a Ray cluster)."""
+    engine: EngineConfig = EngineConfig()
+    """Inference engine: hf (in process, default) or openai (a server that takes weight updates over HTTP)."""
 
 
 def _parse_scalar(text: str) -> Any:

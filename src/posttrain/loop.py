@@ -35,10 +35,10 @@ class RunResult:
 def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult:
     import torch
 
-    from posttrain.engine.hf import HFEngine
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
     from posttrain.monitor.monitor import Monitor
+    from posttrain.scale.remote import WeightSync, make_engine
     from posttrain.tasks.pool import TaskPool
     from posttrain.trainer.trainer import Trainer
 
@@ -50,7 +50,8 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
     ref_model = load_model(model_dir, device=device)[0] if cfg.trainer.kl_coef > 0 else None
     trainer = Trainer(model, cfg.trainer, ref_model=ref_model)
-    engine = HFEngine(model, tokenizer, seed=cfg.run.seed)
+    engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
+    sync = WeightSync(cfg.engine, engine, trainer.model, run.path)
     trace, metrics = TraceStore(run.trace_path), MetricsLog(run.metrics_path)
     levels = {name: pool.eval_difficulty(name) for name in pool.names}
     state = {"step": 0, "levels": levels, "before": None, "history": []}
@@ -58,7 +59,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     if resume:
         state = trainer.resume(run.path)
         pool.load_state_dict(state.pop("pool"))
-        engine.update_weights(None)
+        sync.push()
         levels = state["levels"]
         log(f"resumed {run.path} at step {state['step']}")
     monitor = Monitor(cfg, run.path, trace, metrics, pool, engine, trainer, model_dir, log, state.pop("monitor", None), state["step"])
@@ -81,15 +82,17 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         for r in (r for g in groups for r in g if r.reward is not None):
             pool.observe(r.task, r.reward)
         kept = [g for g in groups if informative(g)] if cfg.rollout.dynamic_sampling else groups
+        kept = sync.fresh(kept, cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
         gen_s = time.perf_counter() - t0
         stats = trainer.step(_batch(kept, params.temperature)) if kept else None
         if stats is not None and stats.weights_changed:
-            engine.update_weights(None)
+            sync.push()
         links = _links(trainer, groups, kept, ids)
         trace.mark_consumed(step, links)
         summary = _summary(groups, kept)
         trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k != "step"}
-        metrics.write("train", step, rollout_s=gen_s, **summary, **trained, **pipe_stats)
+        metrics.write("train", step, rollout_s=gen_s, **summary, **trained, **pipe_stats,
+                      engine_version=engine.version, engine_dropped_stale=sync.dropped_stale)
         monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
@@ -117,6 +120,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     log("held-out before and after training:\n" + format_table(before, after))
     monitor.close()
     rollouts.close()
+    sync.close()
     trace.close()
     metrics.close()
     if cfg.monitor.report:

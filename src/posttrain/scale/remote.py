@@ -1,0 +1,89 @@
+"""Weight sync between the trainer and its inference engine, and the staleness bound.
+
+Invariant: after `push()` returns, the engine samples with the trainer's
+current weights and `engine.version` is the version it acknowledged: in
+process (hf) the shared module is already updated; remote (openai) the
+weights (the adapter alone for a LoRA model) are written to a fresh folder
+under sync_dir, renamed into place complete, and loaded by the server
+through /v1/update_weights. `fresh` keeps only groups whose every rollout
+was produced within `max_staleness` versions of the engine's acknowledged
+version, as the server reported it, so a lagging or restarted server in
+another process never feeds the trainer stale samples.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+from posttrain.scale.config import EngineConfig
+
+
+def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any:
+    """The loop's engine: HFEngine over the trained module, or OpenAIEngine over cfg.url."""
+    if cfg.type == "openai":
+        from posttrain.engine.openai import OpenAIEngine
+
+        return OpenAIEngine(cfg.url or "", cfg.served_model, tokenizer, api_key=cfg.api_key,
+                            timeout_s=cfg.timeout_s, concurrency=cfg.concurrency)
+    from posttrain.engine.hf import HFEngine
+
+    return HFEngine(model, tokenizer, seed=seed)
+
+
+class WeightSync:
+    """Pushes the trainer's weights to the engine after each optimizer step."""
+
+    def __init__(self, cfg: EngineConfig, engine: Any, model: Any, run_dir: str | Path) -> None:
+        self.cfg, self.engine, self.model = cfg, engine, model
+        self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
+        self.pushed = 0
+        self.dropped_stale = 0
+
+    @property
+    def remote(self) -> bool:
+        return self.cfg.type == "openai"
+
+    def push(self) -> int:
+        """Make the engine sample with the current weights; returns its new version."""
+        self.pushed += 1
+        if not self.remote:
+            return self.engine.update_weights(None)
+        path = self._write(self.pushed)
+        version = self.engine.update_weights(str(path))
+        self._prune(path)
+        return version
+
+    def _write(self, n: int) -> Path:
+        """Save weights (adapter only for LoRA) to sync_dir/v<n>, complete before it has that name."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.dir / f"v{n:08d}"
+        tmp = self.dir / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            self.model.save_pretrained(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def _prune(self, current: Path) -> None:
+        versions = sorted(p for p in self.dir.glob("v*") if p.is_dir())
+        for old in versions[: max(0, len(versions) - self.cfg.keep_versions)]:
+            if old != current:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def fresh(self, groups: Sequence[Sequence[Any]], max_staleness: int) -> list[Sequence[Any]]:
+        """Groups whose rollouts are all within max_staleness of the engine's version; the rest are counted."""
+        version = int(self.engine.version)
+        kept = [g for g in groups if all(version - r.completion.model_version <= max_staleness for r in g)]
+        self.dropped_stale += len(groups) - len(kept)
+        return kept
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if self.remote and callable(close):
+            close()
