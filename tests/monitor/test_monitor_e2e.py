@@ -104,7 +104,7 @@ def test_report_is_self_contained(collapsed):
     assert "entropy_collapse" in page and "held-out accuracy before and after" in page
 
 
-def test_report_command_and_trace_explain(collapsed, tmp_path, capsys):
+def test_report_command_and_trace_explain(collapsed, tmp_path, capsys, monkeypatch):
     out = tmp_path / "r.html"
     assert main(["report", str(collapsed), "--out", str(out)]) == 0 and out.stat().st_size > 10_000
     store = TraceStore(collapsed / "trace.db")
@@ -116,6 +116,12 @@ def test_report_command_and_trace_explain(collapsed, tmp_path, capsys):
                    "-- verifier coin_flip@1", "reward parts: outcome=", "used by train step", "advantage", "ratio", "clipped"):
         assert needle in text, needle
     assert main(["trace", "explain", "nosuchid", "--run", str(collapsed)]) == 2
+    # without --run, the newest run under ./runs holding the id is found
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a").symlink_to(collapsed)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["trace", "explain", used]) == 0 and f"rollout {used}" in capsys.readouterr().out
     assert main(["trace", str(collapsed)]) == 0 and "alarm(s)" in capsys.readouterr().out
 
 
