@@ -27,7 +27,8 @@ def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_addr
         from posttrain.runtime.ray import RayWorkers
 
         return RayWorkers.from_engine(engine, config, address=ray_address)
-    return EmbeddedWorkers(engine, verify_processes=config.verify_processes)
+    return EmbeddedWorkers(engine, verify_processes=config.verify_processes, execute_threads=config.execute_workers,
+                           verify_threads=config.verify_workers)
 
 
 def trace_events(trace: Any, log: Callable[[str], None]) -> EventSink:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Executor as _PoolExecutor
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
@@ -62,20 +62,24 @@ class Workers(Protocol):
 
 
 class EmbeddedWorkers:
-    """In-process workers: the engine in a thread (one call at a time), the
-    executor in threads, verification in threads or a process pool."""
+    """In-process workers: the engine in its own thread (one call at a time), the
+    executor and the verifiers in thread pools sized for their stages (asyncio's
+    default pool has only cores + 4 threads), or verification in a process pool."""
 
     def __init__(self, engine: Any, execute: ExecuteFn | None = None, verify_processes: int = 0,
-                 verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group) -> None:
+                 verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group,
+                 execute_threads: int = 64, verify_threads: int = 16) -> None:
         self.engine = engine
         self._execute = execute
         self._verify = verify
         self._lock = threading.Lock()
-        self._pool: _PoolExecutor | None = None
+        self._gen_pool = ThreadPoolExecutor(1, thread_name_prefix="generate")
+        self._exec_pool = ThreadPoolExecutor(execute_threads, thread_name_prefix="execute")
+        self._verify_pool: _PoolExecutor = ThreadPoolExecutor(verify_threads, thread_name_prefix="verify")
         if verify_processes:
             import multiprocessing as mp
 
-            self._pool = ProcessPoolExecutor(verify_processes, mp_context=mp.get_context("forkserver"))
+            self._verify_pool = ProcessPoolExecutor(verify_processes, mp_context=mp.get_context("forkserver"))
 
     async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]:
         return self.engine.encode_chat(messages)
@@ -85,20 +89,17 @@ class EmbeddedWorkers:
             return self.engine.generate(requests)
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
-        return await asyncio.to_thread(self._generate, requests)
+        return await asyncio.get_running_loop().run_in_executor(self._gen_pool, self._generate, requests)
 
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
         if self._execute is None:
             return (None,) * len(completions)
         run = self._execute
-        return await asyncio.to_thread(lambda: tuple(run(task, c) for c in completions))
+        return await asyncio.get_running_loop().run_in_executor(self._exec_pool, lambda: tuple(run(task, c) for c in completions))
 
     async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
-        if self._pool is None:
-            return await asyncio.to_thread(self._verify, task, tuple(episodes))
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._verify, task, tuple(episodes))
+        return await asyncio.get_running_loop().run_in_executor(self._verify_pool, self._verify, task, tuple(episodes))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for pool in (self._gen_pool, self._exec_pool, self._verify_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
