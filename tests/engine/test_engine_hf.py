@@ -366,3 +366,30 @@ def test_models_with_other_layer_types_fall_back_to_the_dynamic_cache():
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[0, len(p):].tolist()
     ours = shared.generate([GenerationRequest(p, SamplingParams(max_tokens=16, temperature=0))])[0][0]
     assert list(ours.token_ids) == ref[: len(ours.token_ids)] and len(ours.token_ids) > 1
+
+
+def test_a_large_vocabulary_model_shares_prefixes_exactly_too():
+    """Above GUMBEL_MAX_VOCAB the engine samples by inverse CDF; prefix sharing
+    and batching still change nothing."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.engine.sampling import GUMBEL_MAX_VOCAB
+    from posttrain.model.arch import make_config
+    from posttrain.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = make_config("micro", GUMBEL_MAX_VOCAB + 500, tok.pad_token_id, tok.eos_token_id)
+    torch.manual_seed(4)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    shared = HFEngine(model, tok, config=HFEngineConfig(max_batch_rows=5))
+    naive = HFEngine(model, tok, config=HFEngineConfig(prefix_sharing=False))
+    reqs = mixed_requests(shared)
+    a, b = flat(shared.generate(reqs)), flat(naive.generate(reqs))
+    assert [x.token_ids for x in a] == [y.token_ids for y in b]
+    assert max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    assert len({x.token_ids for x in a[:8]}) > 1
+    assert any(t >= len(tok) for x in a for t in x.token_ids)  # the whole vocabulary is in play
