@@ -31,8 +31,15 @@ class History:
     evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     audits: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
-    def series(self, domain: str, name: str) -> list[float]:
-        return [getattr(s, name) for _, s in self.signals.get(domain, [])]
+    def count(self, domain: str) -> int:
+        return len(self.signals.get(domain, ()))
+
+    def first(self, domain: str, name: str, n: int) -> list[float]:
+        """The signal's first n values (a slice: checks stay O(window) however long the run)."""
+        return [getattr(s, name) for _, s in self.signals.get(domain, [])[:n]]
+
+    def last(self, domain: str, name: str, n: int) -> list[float]:
+        return [getattr(s, name) for _, s in self.signals.get(domain, [])[-n:]]
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -56,11 +63,11 @@ class _Collapse:
         rule = getattr(cfg, self.kind)
         hits = []
         for domain in h.signals:
-            xs = h.series(domain, self.signal)
-            if len(xs) < cfg.baseline_steps + cfg.window:
+            if h.count(domain) < cfg.baseline_steps + cfg.window:
                 continue
-            base, recent = _mean(xs[: cfg.baseline_steps]), _mean(xs[-cfg.window :])
-            reward = _mean(h.series(domain, "reward_mean")[-cfg.window :])
+            base = _mean(h.first(domain, self.signal, cfg.baseline_steps))
+            recent = _mean(h.last(domain, self.signal, cfg.window))
+            reward = _mean(h.last(domain, "reward_mean", cfg.window))
             if base > 0 and recent < rule.ratio * base and reward < rule.solved_at:
                 hits.append(Hit(self.kind, domain,
                                 f"{self.label} collapse in {domain}: {recent:.3f} over the last {cfg.window} steps, "
@@ -83,11 +90,12 @@ class LengthExplosion:
     def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
         rule, hits = cfg.length_explosion, []
         for domain in h.signals:
-            lengths, trunc = h.series(domain, "length_mean"), h.series(domain, "truncated_share")
-            if len(lengths) < cfg.baseline_steps + cfg.window:
+            if h.count(domain) < cfg.baseline_steps + cfg.window:
                 continue
-            base, recent = _mean(lengths[: cfg.baseline_steps]), _mean(lengths[-cfg.window :])
-            t_base, t_recent = _mean(trunc[: cfg.baseline_steps]), _mean(trunc[-cfg.window :])
+            base, recent = (_mean(h.first(domain, "length_mean", cfg.baseline_steps)),
+                            _mean(h.last(domain, "length_mean", cfg.window)))
+            t_base, t_recent = (_mean(h.first(domain, "truncated_share", cfg.baseline_steps)),
+                                _mean(h.last(domain, "truncated_share", cfg.window)))
             grew = base > 0 and recent > rule.factor * base
             truncating = t_recent > rule.truncated_share and t_base < rule.truncated_share / 2
             if grew or truncating:
@@ -105,7 +113,7 @@ class KLAcceleration:
         rule, hits = cfg.kl_acceleration, []
         w = rule.window
         for domain, points in h.kl.items():
-            xs = [v for _, v in points]
+            xs = [v for _, v in points[-3 * w :]]
             if len(xs) < 3 * w:
                 continue
             a, b, c = _mean(xs[-3 * w : -2 * w]), _mean(xs[-2 * w : -w]), _mean(xs[-w:])
@@ -152,10 +160,10 @@ class RewardHacking:
             return hits
         (_, first), (step, last) = h.evals[0], h.evals[-1]
         for domain in last:
-            rewards = h.series(domain, "reward_mean")
-            if domain not in first or len(rewards) < cfg.baseline_steps + cfg.window:
+            if domain not in first or h.count(domain) < cfg.baseline_steps + cfg.window:
                 continue
-            base, recent = _mean(rewards[: cfg.baseline_steps]), _mean(rewards[-cfg.window :])
+            base = _mean(h.first(domain, "reward_mean", cfg.baseline_steps))
+            recent = _mean(h.last(domain, "reward_mean", cfg.window))
             gain = last[domain] - first[domain]
             if recent - base >= rule.rise and gain <= rule.stall:
                 hits.append(Hit(self.kind, domain,
