@@ -23,6 +23,26 @@ def test_report_of_a_bare_run(tmp_path):
     assert "pipeline stage utilisation" in page and page.count("data:image/png;base64,") >= 3
 
 
+def test_sandbox_outcomes_are_counted(tmp_path):
+    from posttrain.report.data import load_run
+    from posttrain.trace import RolloutRecord, TraceStore
+
+    run = tmp_path / "sb"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")
+    base = dict(task_id="t", domain="code", split="train", difficulty=1, taskset_version="v", group_id="1:0", model_version=0,
+                sampling={}, prompt="p", completion="c", completion_tokens=1, finish_reason="stop", reward=0.0, passed=False,
+                parts={}, reason="", verifier="tests@1", timings={})
+    store = TraceStore(run / "trace.db")
+    store.write_rollouts([RolloutRecord(**base, exec_result={"status": "ok"}), RolloutRecord(**base, exec_result={"status": "ok"}),
+                          RolloutRecord(**base, exec_result={"status": "timeout"}),
+                          RolloutRecord(**{**base, "reward": None}, error_kind="sandbox", error="died"),
+                          RolloutRecord(**{**base, "domain": "add"})])
+    store.close()
+    assert load_run(run).sandbox == {"code": {"sandbox:ok": 2, "sandbox:timeout": 1, "error:sandbox": 1}}
+    assert "sandbox outcome counts</figcaption>" in write_report(run).read_text()
+
+
 def test_report_refuses_a_non_run(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         write_report(tmp_path)
