@@ -227,6 +227,7 @@ def test_no_requests_give_no_groups(engine):
     ((5,), SamplingParams(temperature=math.nan), "temperature"),
     ((5,), SamplingParams(top_p=0), "top_p"),
     ((5,), SamplingParams(stop=("",)), "stop"),
+    ((5,), SamplingParams(stop="ab"), "params.stop must be a tuple"),
     ((5, 10_000), SamplingParams(), "prompt_ids"),
     ((5,) * 512, SamplingParams(), "max_position_embeddings"),
 ])

@@ -198,6 +198,8 @@ class HFEngine:
             raise ConfigError(f"{where}.params.temperature must be a finite number >= 0, got {p.temperature}")
         if not (0 < p.top_p <= 1):
             raise ConfigError(f"{where}.params.top_p must be in (0, 1], got {p.top_p}")
+        if isinstance(p.stop, str) or not all(isinstance(s, str) for s in p.stop):
+            raise ConfigError(f"{where}.params.stop must be a tuple of strings, got {p.stop!r}")
         if any(not s for s in p.stop):
             raise ConfigError(f"{where}.params.stop holds an empty string")
 
@@ -342,11 +344,11 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 
 
 def _resolve_dtype(dtype: Any) -> Any:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
         return dtype
     resolved = getattr(torch, str(dtype), None)
     if not isinstance(resolved, torch.dtype):
-        raise ConfigError(f"dtype {dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16')")
+        raise ConfigError(f"dtype {dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16', or 'auto')")
     return resolved
 
 
