@@ -38,7 +38,11 @@ def test_sandbox_outcomes_are_counted(tmp_path):
                           RolloutRecord(**base, exec_result={"status": "timeout"}),
                           RolloutRecord(**{**base, "reward": None}, error_kind="sandbox", error="died"),
                           RolloutRecord(**{**base, "domain": "add"})])
+    store.add_event("alarm", "domain code paused: its verifier failed 20 groups in a row", domain="code", data={"fail_streak": 20})
+    store.add_event("alarm", "from the monitor", step=1, domain="code", data={"alarm": "audit_failure"})
     store.close()
+    (other,) = load_run(run).alarms  # the monitor's own alarms are read from metrics.jsonl, not twice
+    assert other["alarm"] == "pipeline" and other["message"].startswith("domain code paused")
     assert load_run(run).sandbox == {"code": {"sandbox:ok": 2, "sandbox:timeout": 1, "error:sandbox": 1}}
     assert "sandbox outcome counts</figcaption>" in write_report(run).read_text()
 

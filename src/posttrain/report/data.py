@@ -109,6 +109,39 @@ def _sandbox_outcomes(db: Path) -> dict[str, Counter]:
         con.close()
 
 
+def _step_at(when: float, train: list[dict[str, Any]]) -> int:
+    """The first train step logged at or after `when` (the last one when none is)."""
+    for row in train:
+        if row.get("time", 0.0) >= when:
+            return int(row["step"])
+    return int(train[-1]["step"]) if train else 0
+
+
+def _other_alarms(db: Path, train: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Alarm events written to the trace by others than the monitor (the pipeline's
+    verifier degradation, ...); the monitor's own are in metrics.jsonl already."""
+    if not db.is_file():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT created_at, step, domain, message, data FROM events WHERE kind='alarm' ORDER BY id").fetchall()
+    except sqlite3.DatabaseError:
+        return []
+    finally:
+        con.close()
+    out = []
+    for created_at, step, domain, message, data in rows:
+        try:
+            payload = json.loads(data or "{}")
+        except ValueError:
+            payload = {}
+        if "alarm" in payload:
+            continue
+        out.append({"step": step if step is not None else _step_at(created_at, train), "alarm": "pipeline", "domain": domain,
+                    "message": message, "action": "pipeline", "done": "recorded by the pipeline"})
+    return out
+
+
 def load_run(path: str | Path) -> RunData:
     run = Path(path)
     metrics = run / "metrics.jsonl"
@@ -126,7 +159,7 @@ def load_run(path: str | Path) -> RunData:
         monitor=by_kind.get("monitor", []),
         evals=by_kind.get("eval", []),
         heldout=by_kind.get("heldout", []),
-        alarms=by_kind.get("alarm", []),
+        alarms=sorted(by_kind.get("alarm", []) + _other_alarms(run / "trace.db", by_kind.get("train", [])), key=lambda a: a["step"]),
         probes=by_kind.get("probe", []),
         eval_table=json.loads(table_path.read_text()) if table_path.is_file() else None,
         sandbox=_sandbox_outcomes(run / "trace.db"),
