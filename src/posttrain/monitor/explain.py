@@ -34,10 +34,11 @@ def _siblings(store: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _training(row: dict[str, Any], siblings: list[dict[str, Any]]) -> list[str]:
     if row["train_step"] is not None:
+        lines = [f"   used by train step {row['train_step']}", f"   advantage {row['advantage']:+.4f}"]
+        if row["ratio"] is None:
+            return lines + ["   ratio     - (it entered no loss: no loss tokens, or its group had no signal)"]
         clipped = row["clipped"] or 0.0
-        return [
-            f"   used by train step {row['train_step']}",
-            f"   advantage {row['advantage']:+.4f}",
+        return lines + [
             f"   ratio     {row['ratio']:.4f} (mean over its tokens, current / behaviour policy)",
             f"   clipped   {'yes' if clipped > 0 else 'no'} ({clipped:.0%} of its tokens had their gradient clipped)",
         ]

@@ -22,8 +22,10 @@ class Link:
     """What the train step did with one rollout (see TraceStore.mark_consumed)."""
 
     advantage: float
-    ratio: float
-    clipped: float
+    ratio: float | None
+    """Mean importance ratio over the rollout's loss tokens (None: it entered no loss)."""
+    clipped: float | None
+    """Share of its loss tokens whose gradient the PPO clip removed."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,8 @@ def domain_signals(
         truncated_share=_mean([float(r.completion.finish_reason == "length") for r in rollouts]),
         adv_mean=_mean(advs),
         adv_std=_std(advs),
-        ratio_mean=_mean([u.ratio for u in used]),
-        clip_share=_mean([u.clipped for u in used]),
+        ratio_mean=_mean([u.ratio for u in used if u.ratio is not None]),
+        clip_share=_mean([u.clipped for u in used if u.clipped is not None]),
         groups=len(groups),
         filtered_share=_mean([float(id(g) not in kept_ids) for g in groups]),
         infra_error_rate=(len(rollouts) - len(scored)) / len(rollouts) if rollouts else 0.0,
