@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install the system packages posttrain's sandbox needs (Debian/Ubuntu):
-# bubblewrap (the non-root backend) and libseccomp2 (seccomp filters via
+# bubblewrap (the non-root backend), python3-venv (the project venv is made
+# from the system Python, outside /root) and libseccomp2 (seccomp filters via
 # pyseccomp). Idempotent: a no-op when every package is present; never fails
 # when not root and everything is present. Run by `make install`.
 set -euo pipefail
 
-PACKAGES=(bubblewrap libseccomp2)
+PACKAGES=(bubblewrap libseccomp2 python3-venv)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
