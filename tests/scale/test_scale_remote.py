@@ -1,0 +1,159 @@
+"""Remote inference: a trainer process and a separate `posttrain serve` process run the
+loop with weight updates over HTTP; every rollout's version is within the staleness bound."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from posttrain.config import load_config
+from posttrain.domains import registry
+from posttrain.domains.base import ProceduralDomain
+from posttrain.errors import ConfigError
+from posttrain.rundir import read_metrics
+from posttrain.scale.config import EngineConfig
+from posttrain.scale.remote import WeightSync
+from posttrain.trace import TraceStore
+
+TINY = [
+    "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "rollout.dynamic_sampling=false",
+    "eval.tasks_per_domain=4", "eval.max_tokens=6", "run.threads=1", "run.progress=false", "run.checkpoint_every=0",
+    "monitor.report=false", "trainer.lr=1e-2", "tasks.domains={test_scale_short: {difficulty: 1}}",
+]
+
+
+class _Short:
+    """Rewards a completion that stops early: a random base gets mixed rewards, so steps carry signal."""
+
+    name, version = "short", "1"
+
+    def score(self, task, episode):
+        from posttrain.types import Score
+
+        ok = episode.finish_reason == "stop" and len(episode.completion) <= 3
+        return Score(float(ok), {"outcome": float(ok)}, ok, "" if ok else "too long")
+
+
+class _ShortDomain(ProceduralDomain):
+    name = "test_scale_short"
+    category = "test"
+    verifier = _Short()
+
+    def generate(self, rng, difficulty):
+        text = "".join(rng.choices("abcdef", k=3))
+        return f"rev {text}=", text[::-1]
+
+
+@pytest.fixture
+def short_domain(monkeypatch):
+    dom = _ShortDomain()
+    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+    return dom
+
+
+def test_openai_engine_needs_a_url():
+    with pytest.raises(ConfigError, match="engine.url"):
+        load_config(None, ["engine.type=openai"])
+    assert load_config(None, ["engine.type=openai", "engine.url=http://h:1/v1"]).engine.type == "openai"
+
+
+@dataclass(frozen=True)
+class _C:
+    model_version: int
+
+
+@dataclass(frozen=True)
+class _R:
+    completion: _C
+
+
+class _Engine:
+    version = 5
+
+
+def test_stale_groups_are_dropped_and_counted(tmp_path):
+    sync = WeightSync(EngineConfig(), _Engine(), None, tmp_path)
+    groups = [[_R(_C(5)), _R(_C(5))], [_R(_C(4)), _R(_C(5))], [_R(_C(3))]]
+    assert sync.fresh(groups, 0) == [groups[0]]
+    assert sync.fresh(groups, 1) == groups[:2]
+    assert sync.dropped_stale == 2 + 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _serve(model_dir: str) -> Iterator[str]:
+    port = _free_port()
+    exe = Path(sys.executable).with_name("posttrain")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen([str(exe), "serve", "--model", model_dir, "--port", str(port),
+                             "--set", "canary.probe_domains=[]"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"posttrain serve exited: {proc.stderr.read()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("posttrain serve did not become healthy")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _check_versions(run_dir: Path, url: str, max_staleness: int) -> int:
+    train_rows = read_metrics(run_dir / "metrics.jsonl", "train")
+    pushed_after = {r["step"]: r["engine_version"] for r in train_rows}
+    store = TraceStore(run_dir / "trace.db")
+    rows = store.recent(10_000)
+    assert len(rows) == store.count() > 0
+    for row in rows:
+        step = int(row["group_id"].split(":")[0])
+        current = pushed_after.get(step - 1, 0)  # the version the trainer had pushed when step began
+        assert 0 <= current - row["model_version"] <= max_staleness, (step, current, row["model_version"])
+    final = train_rows[-1]["engine_version"]
+    assert final >= 1  # weights did travel
+    assert max(r["model_version"] for r in rows) <= final
+    state = httpx.get(url + "/admin/state", timeout=10).json()
+    assert state["loaded"][state["stable"]]["weights"] == final
+    return final
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_loop_against_separate_server_process(tmp_path, micro_base, lora, short_domain):
+    from posttrain.loop import train
+
+    with _serve(micro_base) as url:
+        extra = ["trainer.lora={rank: 4, alpha: 8}"] if lora else []
+        cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=remote",
+                                 "run.steps=3", "engine.type=openai", f"engine.url={url}/v1", *extra])
+        result = train(cfg, log=lambda *_: None)
+        _check_versions(result.run_dir, url, cfg.pipeline.max_staleness)
+        synced = sorted((result.run_dir / "weights").iterdir())
+        assert len(synced) <= cfg.engine.keep_versions
+        kinds = {p.name for p in synced[-1].iterdir()}
+        assert ("adapter_model.safetensors" in kinds) == lora and ("model.safetensors" in kinds) == (not lora)
