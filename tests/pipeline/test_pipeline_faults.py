@@ -132,3 +132,20 @@ def test_raising_verifier_masks_pauses_domain_with_alarm(monkeypatch):
     assert len(alarms) == 1 and alarms[0][2] == dom.name and "paused" in alarms[0][1]
     assert results[10] is not None and all(r.reward is not None for r in results[10].rollouts)  # other domains go on
     assert sched.mix()[dom.name]["paused"] == 1.0
+
+
+def test_process_pool_verification_matches_threads():
+    tasks = _tasks(4)
+    threads, _, _ = _run(tasks, ScriptedEngine(answer_policy), PipelineConfig(**FAST))
+    sched = Scheduler(PipelineConfig(), {"add": 1.0, "reverse": 1.0}, {"add": "short", "reverse": "short"})
+    workers = EmbeddedWorkers(ScriptedEngine(answer_policy), verify_processes=1)
+
+    async def go():
+        async with Pipeline(PipelineConfig(**FAST), workers, SamplingParams(n=4), sched, seed=3) as p:
+            return await p.run_groups(tasks)
+
+    try:
+        procs = asyncio.run(go())
+    finally:
+        workers.close()
+    assert [[r.score for r in g.rollouts] for g in procs] == [[r.score for r in g.rollouts] for g in threads]

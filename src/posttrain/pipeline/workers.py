@@ -102,4 +102,5 @@ class EmbeddedWorkers:
 
     def close(self) -> None:
         for pool in (self._gen_pool, self._exec_pool, self._verify_pool):
-            pool.shutdown(wait=False, cancel_futures=True)
+            # processes are joined (none outlive the run); threads finish their call on their own
+            pool.shutdown(wait=isinstance(pool, ProcessPoolExecutor), cancel_futures=True)
