@@ -87,3 +87,14 @@ def test_every_task_reference_is_json():
     for name in NAMES:
         task = DOMAINS[name].sample(0, "train", 1)
         json.dumps(to_dict(task))
+
+
+def test_declared_cheats_are_rejected_by_every_domain_of_ours():
+    from posttrain.monitor.probes import probe_domain
+
+    ours = [n for n in NAMES if n.startswith(("rg_", "math_", "doc_", "fin_", "sql_", "tool_", "geo_"))]
+    for name in ours:
+        d = DOMAINS[name]
+        assert hasattr(d, "cheats"), name
+        result = probe_domain(d, 1, 1 if name.startswith(("geo_", "rg_")) else 2)
+        assert result is not None and result.cheats > 0 and not result.accepted, result

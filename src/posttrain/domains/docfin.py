@@ -488,6 +488,10 @@ class DocDomain(ProceduralDomain):
             return f"<answer>{ref['value'] * 1.1 + 1:.2f}</answer>"
         return "<answer>none</answer>"
 
+    def cheats(self, task: Task) -> list[str]:
+        """Empty answers and the document echoed: never accepted."""
+        return ["<answer></answer>", "<answer>{}</answer>", f"<answer>{task.prompt[-1].content}</answer>"]
+
 
 for _key, (_kind, _builder, _desc) in BUILDERS.items():
     for _style in ("md", "text"):

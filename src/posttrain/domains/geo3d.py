@@ -288,6 +288,11 @@ class GeoDomain(ProceduralDomain):
         scaled = task.reference["script"].replace(SAVE_NPZ, "shape = shape.scale([1.25, 1.25, 1.25])\n" + SAVE_NPZ)
         return f"```python\n{scaled}```"
 
+    def cheats(self, task: Task) -> list[str]:
+        """No script, a script that writes nothing, or prints the target numbers: never accepted."""
+        c = task.reference["checks"]
+        return ["", "```python\nprint('done')\n```", f"```python\nprint({c['volume']!r}, {c['bbox']!r})\n```"]
+
 
 for _shape in SHAPES:
     register(GeoDomain(_shape))

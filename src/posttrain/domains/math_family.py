@@ -89,6 +89,12 @@ class MathDomain(ProceduralDomain):
             return ", ".join(f"{p.strip()}1" if "frac" not in p else "0" for p in answer.split(","))
         return "1" if answer == "0" else ("2" if answer == "1" else "0")
 
+    def cheats(self, task: Task) -> list[str]:
+        """The question (or its expression) echoed, code, an empty answer: never accepted."""
+        question = task.prompt[-1].content.split("\n")[0]
+        return ["<answer></answer>", f"<answer>{question}</answer>", "<answer>__import__('os').getcwd()</answer>",
+                f"<answer>{self.wrong(task)} {task.reference}</answer>"]
+
 
 # ---- generators: each (rng, difficulty) -> (question, LaTeX answer) -------------
 

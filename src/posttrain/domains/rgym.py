@@ -182,6 +182,14 @@ class RGymDomain(Domain):
                 return f"<answer>{candidate}</answer>"
         return "<answer></answer>"
 
+    def cheats(self, task: Task) -> list[str]:
+        """Outputs the exact scorer must reject (the monitor probes them)."""
+        gold = str(task.reference["answer"])
+        junk = ["", "0", "yes", "None", "{}", "unknown"]
+        out = [f"<answer>{j}</answer>" for j in junk if _same(j, gold) is False]
+        out += [task.prompt[-1].content, f"{self.wrong(task)} {gold}"]
+        return out
+
 
 def gold_answer(generator: str, item: dict[str, Any]) -> str:
     """The reference answer string (graph_color ships its solution in metadata)."""
@@ -196,6 +204,15 @@ def _literal_dict(value: Any) -> dict:
     import ast
 
     return ast.literal_eval(value)  # our generator's own metadata, never model output
+
+
+def _same(a: str, b: str) -> bool:
+    """Whether two answers are the same up to case, spacing and numeric form."""
+    x, y = " ".join(a.split()).casefold(), " ".join(b.split()).casefold()
+    try:
+        return float(x) == float(y)
+    except ValueError:
+        return x == y
 
 
 def wrong_candidates(gold: str) -> list[str]:

@@ -318,6 +318,12 @@ class SqlDomain(ProceduralDomain):
         s = SCHEMAS[task.reference["schema"]]
         return f"<answer>SELECT {s.label} FROM {s.fact} WHERE id < 0</answer>"
 
+    def cheats(self, task: Task) -> list[str]:
+        """Whole tables, writes, several statements and schema queries: never accepted."""
+        s = SCHEMAS[task.reference["schema"]]
+        return [f"<answer>SELECT * FROM {s.fact}</answer>", f"<answer>DELETE FROM {s.fact}</answer>",
+                f"<answer>SELECT 1; {task.reference['sql']}</answer>", "<answer>SELECT sql FROM sqlite_master</answer>", ""]
+
 
 for _template in TEMPLATES:
     for _schema in SCHEMAS.values():

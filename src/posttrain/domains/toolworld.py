@@ -515,6 +515,11 @@ class ToolDomain(Domain):
         actions = task.reference["actions"]
         return "<answer>\n" + "\n".join(actions[:-2] + actions[-1:]) + "\n</answer>"
 
+    def cheats(self, task: Task) -> list[str]:
+        """Doing nothing, only looking things up, or prose: never accepted."""
+        lookups = [a for a in task.reference["actions"] if json.loads(a)["tool"].startswith(("find", "search", "list"))]
+        return [_call("finish"), "\n".join(lookups + [_call("finish")]), "I have completed the task.", ""]
+
 
 for _scenario in SCENARIOS:
     register(ToolDomain(_scenario))
