@@ -33,12 +33,11 @@ from pathlib import Path  # noqa: E402
 
 DOMAINS = {"add": 2, "sub": 2, "mul": 2, "reverse": 3, "sort": 3}
 MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain serve` builds
-    ("lossless, lean target: ngram + lean-int8 (default)", "lossless", {}),
+    ("lossless, lean target: ngram + auto draft (default)", "lossless", {}),
+    ("lossless, lean target: ngram + lean-int8 draft", "lossless", {"draft_model": "lean-int8"}),
     ("lossless, lean target: no drafts", "lossless", {"ngram": False, "draft_model": "none"}),
-    ("lossless, hf target: ngram + lean-int8 draft", "lossless", {"target": "hf"}),
+    ("lossless, hf target: ngram + lean-int8 draft", "lossless", {"target": "hf", "draft_model": "lean-int8"}),
     ("lossless, hf target: ngram only", "lossless", {"target": "hf", "draft_model": "none"}),
-    ("lossless, hf target: lean-int8 draft only", "lossless", {"target": "hf", "ngram": False}),
-    ("lossless, hf target: ngram + lean fp32 draft", "lossless", {"target": "hf", "draft_model": "lean"}),
     ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"target": "hf", "draft_model": "int8"}),
     ("lossy int8, lean target: ngram", "int8", {"draft_model": "none"}),
 ]
@@ -182,7 +181,7 @@ async def client_run(url: str, clients: int, requests: int, max_tokens: int):
                 "stream": True, "stream_options": {"include_usage": True},
                 "messages": [{"role": m.role, "content": m.content} for m in task.prompt]}
         t0 = time.perf_counter()
-        ttft, tokens = None, 0
+        ttft, tokens, served = None, 0, tier
         async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
                 errors.append(f"HTTP {resp.status_code}")
@@ -196,9 +195,10 @@ async def client_run(url: str, clients: int, requests: int, max_tokens: int):
                     return
                 if ttft is None and data.get("choices"):
                     ttft = time.perf_counter() - t0
+                served = data.get("service_tier", served)
                 if data.get("usage"):
                     tokens = data["usage"]["completion_tokens"]
-        results.append((tier, time.perf_counter() - t0, ttft if ttft is not None else float("nan"), tokens))
+        results.append((served, time.perf_counter() - t0, ttft if ttft is not None else float("nan"), tokens))
 
     async def worker(client: httpx.AsyncClient) -> None:
         while not queue.empty():
@@ -264,10 +264,10 @@ def load_test(args: argparse.Namespace) -> None:
     for tier in ("standard", "fast"):
         tl = [r[1] for r in results if r[0] == tier]
         tt = [r[2] for r in results if r[0] == tier]
-        print(f"  {tier:8s}: latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 {pct(tl, 0.99) * 1000:.0f} ms; "
+        print(f"  served by {tier:8s} ({len(tl):3d}): latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 {pct(tl, 0.99) * 1000:.0f} ms; "
               f"TTFT p50 {pct(tt, 0.5) * 1000:.0f} ms p99 {pct(tt, 0.99) * 1000:.0f} ms")
-    sizes = [ln for ln in metrics.splitlines() if ln.startswith("posttrain_batch_size_sum") or
-             ln.startswith("posttrain_batch_size_count")]
+    sizes = [ln for ln in metrics.splitlines() if ln.startswith(("posttrain_batch_size_sum", "posttrain_batch_size_count",
+                                                                "posttrain_fast_overflows_total{"))]
     print(f"throughput {toks / wall:.0f} output tokens/s over {wall:.1f} s; {'; '.join(sizes)}")
     print(f"peak RSS (client process) {peak_rss_mb():.0f} MB")
     if errors:

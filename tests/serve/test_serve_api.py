@@ -145,3 +145,18 @@ def test_health_503_when_engine_dead(tmp_path):
         h = httpx.get(url + "/health")
         assert h.status_code == 503 and "standard" in h.json()["problems"]
         assert 'posttrain_errors_total{kind="infra",tier="standard",version="v0"} 1' in httpx.get(url + "/metrics").text
+
+
+def test_streamed_text_respects_stop_strings(server):
+    _, client = server
+    free = client.completions.create(model="posttrain", prompt="sort 4312=", max_tokens=20, temperature=0)
+    text = free.choices[0].text
+    if len(text) < 6:
+        pytest.skip("the random model ended too early to place a stop string")
+    stop = text[3:5]
+    full = client.completions.create(model="posttrain", prompt="sort 4312=", max_tokens=20, temperature=0, stop=[stop])
+    for model in ("posttrain", "posttrain:fast"):
+        chunks = list(client.completions.create(model=model, prompt="sort 4312=", max_tokens=20, temperature=0,
+                                                stop=[stop], stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text == text[:text.find(stop)]
+        assert chunks[-1].choices[0].finish_reason == "stop"

@@ -108,3 +108,14 @@ def test_manual_promote_and_rollback_endpoints(tmp_path):
         assert httpx.post(url + "/admin/rollback").status_code == 409
         assert client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model == \
             "posttrain@v2:standard"
+
+
+def test_canary_that_cannot_load_is_rolled_back_at_once(tmp_path):
+    reg = _registry(tmp_path, canary_broken=False)
+    (reg.root / "versions" / "v2" / "model.safetensors").write_bytes(b"not a safetensors file")
+    app = build_server(ServeConfig(registry=str(reg.root), canary={"probe_domains": []}))
+    with running(app) as url:
+        assert httpx.get(url + "/health").json()["canary"] is None
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model.startswith("posttrain@v1")
+    assert reg.state().canary is None and "failed to load" in reg.state().events[-1]["reason"]

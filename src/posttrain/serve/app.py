@@ -61,7 +61,7 @@ class Server:
             raise ConfigError("serve: give a registry or a model (serve.registry or serve.model)")
         self.cfg, self.registry = cfg, registry
         self.metrics = ServeMetrics()
-        self.router = Router(self.metrics, cfg.served_name)
+        self.router = Router(self.metrics, cfg.served_name, overflow_queue=cfg.fast.overflow_queue)
         self.controller = CanaryController(self.router, cfg.canary, registry,
                                            lambda info: load_deployment(info, cfg, self.metrics))
         self._initial = list(deployments)
@@ -157,6 +157,16 @@ class Server:
                  for p, (b, st) in enumerate(zip(builds, states))]
         sent: dict[int, str] = {}
         max_stop = max((len(s) for s in params.stop), default=0)
+        try:
+            async for event in self._events(kind, rid, tier, states, queue, tasks, sent, params, max_stop, body, endpoint, t0):
+                yield event
+        finally:  # a client that disconnects cancels its generation
+            for t in tasks:
+                t.cancel()
+
+    async def _events(self, kind: Literal["chat", "text"], rid: str, tier: P.Tier, states: list[_Stream],
+                      queue: asyncio.Queue, tasks: list[asyncio.Future], sent: dict[int, str],
+                      params: SamplingParams, max_stop: int, body: Any, endpoint: str, t0: float) -> AsyncIterator[str]:
         try:
             while not all(t.done() for t in tasks) or not queue.empty():
                 try:

@@ -80,10 +80,16 @@ class CanaryController:
         st = self.registry.state()
         if (st.stable, st.canary, st.canary_share) == self._seen_state:
             return
-        for name in (st.stable, st.canary):
-            if name and name not in self.router.deployments:
-                dep = await asyncio.to_thread(self.load, self.registry.version(name))
-                self.router.add(dep)
+        if st.stable and st.stable not in self.router.deployments:
+            self.router.add(await asyncio.to_thread(self.load, self.registry.version(st.stable)))
+        if st.canary and st.canary not in self.router.deployments:
+            try:
+                self.router.add(await asyncio.to_thread(self.load, self.registry.version(st.canary)))
+            except Exception as exc:  # noqa: BLE001 - a canary that cannot load is rolled back, not served
+                self.registry.rollback(f"automatic: canary failed to load: {type(exc).__name__}: {exc}")
+                self.router.metrics.rollbacks.inc(version=st.canary, reason="automatic")
+                self._seen_state = None
+                return await self.sync()
         if st.canary != self.router.canary:
             self.bad_streak = 0
         self.router.set_routes(st.stable, st.canary, st.canary_share)

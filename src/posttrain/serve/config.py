@@ -47,16 +47,26 @@ class FastTierConfig(BaseModel):
     (logits equal the transformers module's to float32 rounding; faster); `hf`, the
     transformers module itself (the standard tier's own per-token computation)."""
 
-    draft_model: Literal["lean", "lean-int8", "int8", "none"] = "lean-int8"
+    draft_model: Literal["auto", "lean", "lean-int8", "int8", "none"] = "auto"
     """Draft model used when the n-gram lookup finds nothing: `lean`, a copy of the
     same float weights on the lean decode path (serve.lean); `lean-int8`, the same
-    with per-channel int8 weights; `int8`, an int8 copy through transformers; `none`."""
+    with per-channel int8 weights; `int8`, an int8 copy through transformers; `none`;
+    `auto`: lean-int8 when one of its steps costs under `auto_draft_cost` of a
+    target step (measured when the tier is built), else none."""
+
+    auto_draft_cost: float = Field(0.5, gt=0.0, le=1.0)
+    """Largest draft/target step-cost ratio at which `auto` drafts with lean-int8."""
 
     draft_model_tokens: int = Field(4, ge=1, le=16)
     """Draft length of the draft model."""
 
     batch: BatchConfig = BatchConfig(max_batch=1, max_wait_ms=0.0)
     """Latency first: one request at a time, no waiting."""
+
+    overflow_queue: int = Field(2, ge=0, le=1_000_000)
+    """When this many requests already wait for the fast tier, a new fast request is
+    served by the batched standard tier instead (same weights and the same output;
+    the response reports `standard`); 0 disables."""
 
 
 class CanaryConfig(BaseModel):

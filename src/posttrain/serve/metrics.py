@@ -129,6 +129,7 @@ class ServeMetrics:
         self.requests = Counter("posttrain_requests_total", "Requests served, by endpoint, tier, version and HTTP status.")
         self.errors = Counter("posttrain_errors_total", "Failed requests or engine calls, by tier, version and error kind.")
         self.failovers = Counter("posttrain_failovers_total", "Canary requests that failed and were served by the stable version.")
+        self.overflows = Counter("posttrain_fast_overflows_total", "Fast-tier requests served by the standard tier because the fast queue was full.")
         self.latency = Histogram("posttrain_request_latency_seconds", "Request latency, by tier and version.")
         self.ttft = Histogram("posttrain_time_to_first_token_seconds", "Time to the first generated token, by tier and version.")
         self.tokens = Counter("posttrain_output_tokens_total", "Generated tokens, by tier and version.")
@@ -146,6 +147,6 @@ class ServeMetrics:
     def render(self) -> str:
         for (tier, version), win in list(self.windows.items()):
             self.tokens_per_s.set(win.rate(), tier=tier, version=version)
-        metrics = [self.requests, self.errors, self.failovers, self.latency, self.ttft, self.tokens,
+        metrics = [self.requests, self.errors, self.failovers, self.overflows, self.latency, self.ttft, self.tokens,
                    self.tokens_per_s, self.batch_size, self.acceptance, self.canary_share, self.rollbacks]
         return "\n".join(line for m in metrics for line in m.render()) + "\n"

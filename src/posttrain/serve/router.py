@@ -52,8 +52,8 @@ class Window:
 class Router:
     """Holds the deployments and sends each request to one of them."""
 
-    def __init__(self, metrics: ServeMetrics, served_name: str, seed: int | None = None) -> None:
-        self.metrics, self.served_name = metrics, served_name
+    def __init__(self, metrics: ServeMetrics, served_name: str, seed: int | None = None, overflow_queue: int = 0) -> None:
+        self.metrics, self.served_name, self.overflow_queue = metrics, served_name, overflow_queue
         self.deployments: dict[str, Deployment] = {}
         self.stable: str | None = None
         self.canary: str | None = None
@@ -142,6 +142,9 @@ class Router:
     async def _on(self, dep: Deployment, build: Callable[[Deployment], GenerationRequest], tier: Tier,
                   sink: TokenSink | None, where: list[Served] | None) -> tuple[list[Completion], Served]:
         req = build(dep)
+        if tier == "fast" and self.overflow_queue and dep.batchers["fast"].queue.qsize() >= self.overflow_queue:
+            tier = "standard"  # the fast tier is backed up: the batched tier gives the same output sooner
+            self.metrics.overflows.inc(version=dep.name)
         if where is not None:
             where[:] = [Served(dep.name, tier, dep.weights)]
         try:

@@ -67,17 +67,41 @@ def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, versi
             return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version,
                                      target=lambda: LeanTarget(lossy))
         return SpeculativeEngine(int8_copy(model), tokenizer, drafters, lengths, version=version)
-    if cfg.draft_model in ("lean", "lean-int8"):
-        drafters.append(LeanDrafter(model, cfg.draft_model, int8=cfg.draft_model == "lean-int8"))
-    elif cfg.draft_model == "int8":
+    draft = cfg.draft_model
+    if draft == "auto":
+        draft = "lean-int8" if draft_cost_ratio(model) < cfg.auto_draft_cost else "none"
+    if draft in ("lean", "lean-int8"):
+        drafters.append(LeanDrafter(model, draft, int8=draft == "lean-int8"))
+    elif draft == "int8":
         drafters.append(ModelDrafter(int8_copy(model), "int8"))
-    if cfg.draft_model != "none":
+    if draft != "none":
         lengths.append(cfg.draft_model_tokens)
     target = None
     if cfg.target == "lean":
         decoder = LeanDecoder(model)
         target = lambda: LeanTarget(decoder)  # noqa: E731
     return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version, target=target)
+
+
+def draft_cost_ratio(model: Any, reps: int = 8) -> float:
+    """CPU time of one lean-int8 draft step over one lean float32 target step
+    (best of `reps`, after a warm-up); small models are compute-bound and gain
+    nothing from int8, large ones are memory-bound and gain a lot."""
+    def step_cost(decoder: LeanDecoder) -> float:
+        decoder.forward(list(range(1, 17)))
+        best = float("inf")
+        for _ in range(reps):
+            decoder.truncate(16)
+            t0 = time.process_time()
+            decoder.forward([1])
+            best = min(best, time.process_time() - t0)
+        return best
+
+    try:
+        target = step_cost(LeanDecoder(model, max_positions=32))
+        return step_cost(LeanDecoder(model, max_positions=32, int8=True)) / max(target, 1e-9)
+    except (RuntimeError, ConfigError):  # weights int8 cannot represent (e.g. non-finite): no int8 draft
+        return float("inf")
 
 
 def check_request(req: GenerationRequest, vocab: int, max_positions: int | None) -> None:
