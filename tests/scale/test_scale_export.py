@@ -1,0 +1,64 @@
+"""`posttrain export`: a LoRA checkpoint merges into its base; a full one copies without trainer state."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.errors import ConfigError
+from posttrain.model.arch import load_model, random_model
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.config import LoraConfig, TrainerConfig
+from posttrain.trainer.trainer import Trainer
+
+
+def _batch() -> TrainBatch:
+    rows = [TrainRow((4, 30, 31), (40 + k, 41, 5), (-3.0, -3.1, -2.9), float(k % 2), "g", (1, 1, 1)) for k in range(4)]
+    return TrainBatch(tuple(rows))
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base") / "m"
+    model, tok = random_model("micro", 3)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_export_serves_the_trained_function(tmp_path, base_dir, lora):
+    model, tok = load_model(base_dir)
+    cfg = TrainerConfig(lr=1e-2, lora=LoraConfig(rank=4) if lora else None)
+    trainer = Trainer(model, cfg)
+    assert trainer.step(_batch()).outcome == "applied"
+    ckpt = trainer.save(tmp_path / "run", tok, {})
+    args = ["export", str(ckpt), "--out", str(tmp_path / "out")] + (["--base", str(base_dir)] if lora else [])
+    assert main(args) == 0
+    exported, _ = load_model(tmp_path / "out")
+    assert not (tmp_path / "out" / "optimizer.pt").exists()
+    assert not (tmp_path / "out" / "adapter_model.safetensors").exists()
+    ids = torch.tensor([[4, 30, 31, 40, 41]])
+    assert torch.allclose(_logits(exported, ids), _logits(trainer.model, ids), atol=1e-5)
+    assert not torch.allclose(_logits(load_model(base_dir)[0], ids), _logits(trainer.model, ids), atol=1e-4)
+
+
+def test_export_refuses_a_non_empty_out_and_a_baseless_adapter(tmp_path, base_dir, capsys):
+    model, tok = load_model(base_dir)
+    trainer = Trainer(model, TrainerConfig(lora=LoraConfig(rank=2)))
+    ckpt = trainer.save(tmp_path / "run", tok, {})
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep me")
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "full")]) != 0
+    assert "--out" in capsys.readouterr().err
+    assert (tmp_path / "full" / "x").read_text() == "keep me"
+    from posttrain.commands.export import export
+
+    with pytest.raises(ConfigError, match="--base"):
+        export(ckpt, tmp_path / "o2")
+    assert not (tmp_path / "o2").exists()
