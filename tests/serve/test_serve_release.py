@@ -43,3 +43,27 @@ def test_release_errors_name_the_problem(tmp_path, capsys):
     run = _run_dir(tmp_path, steps=(1,))
     assert main(["release", str(run), "--registry", str(tmp_path / "reg"), "--step", "7"]) == 2
     assert "--step 7" in capsys.readouterr().err
+
+
+def test_gate_fails_when_the_lossy_tier_drops_more_than_a_point(tmp_path, monkeypatch):
+    import posttrain.evaluate as ev
+    from posttrain.serve.gate import quality_gate
+
+    real = ev.evaluate
+    calls = []
+
+    def fake(engine, difficulties, n, **kw):  # standard first, then the int8 fast tier
+        table = real(engine, difficulties, n, **kw)
+        calls.append(type(engine).__name__)
+        if len(calls) == 2:
+            bumped = {d: ev.DomainResult(d, r.difficulty, r.n, r.accuracy - 0.02, r.mean_score) for d, r in table.results.items()}
+            return ev.EvalTable(table.model_version, bumped)
+        return table
+
+    monkeypatch.setattr(ev, "evaluate", fake)
+    path = save_model(tmp_path / "m", "micro")
+    result = quality_gate(path, "int8", ("reverse",), 3)
+    assert calls == ["StreamingHFEngine", "SpeculativeEngine"]
+    assert not result.passed and result.as_dict()["delta"]["reverse"] == -0.02
+    calls.clear()
+    assert quality_gate(path, "int8", ("reverse",), 3, max_drop=0.05).passed
