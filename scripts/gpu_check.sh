@@ -14,7 +14,7 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8
 OUT_DIR=${OUT:-bench/results}
 mkdir -p "$OUT_DIR"
 "$PY" - <<'PY' || { echo "gpu_check: missing python packages (see above)"; exit 2; }
-import importlib, sys
+import importlib.util, sys
 missing = [m for m in ("torch", "transformers", "peft", "pydantic", "yaml") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"gpu_check: missing {missing}")
