@@ -13,7 +13,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" OMP_WAIT_POLICY=PASSIVE 
 export CUBLAS_WORKSPACE_CONFIG=:4096:8
 OUT_DIR=${OUT:-bench/results}
 mkdir -p "$OUT_DIR"
-"$PY" - <<'PY' || { echo "gpu_check: missing python packages (see above)"; exit 2; }
+"$PY" - <<'PY' || { echo "gpu_check: environment check failed (see above)"; exit 2; }
 import importlib.util, sys
 missing = [m for m in ("torch", "transformers", "peft", "pydantic", "yaml") if importlib.util.find_spec(m) is None]
 if missing:
