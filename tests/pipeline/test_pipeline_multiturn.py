@@ -174,3 +174,53 @@ def test_tool_env_violation_kinds():
     assert env.step('{"tool": "answer", "arguments": {"value": "v"}}') == ("answer recorded", True)
     out = env.outcome()
     assert out.calls == 6 and len(out.violations) == 4 and out.answer == "v"
+
+
+class _FlakyToolEnv(ToolEnv):
+    made = 0
+
+    def __init__(self):
+        super().__init__({"lookup": (LOOKUP, lambda key: {"a": "42"}[key])})
+        type(self).made += 1
+        self.flaky = type(self).made == 2
+        self.steps = 0
+        self.all = getattr(type(self), "all", [])
+        self.all.append(self)
+
+    def step(self, action):
+        if self.flaky:
+            self.flaky = False
+            from posttrain.errors import SandboxError
+
+            raise SandboxError("environment worker died")
+        self.steps += 1
+        return super().step(action)
+
+
+def test_environment_infra_error_retries_only_unstepped_trajectories(monkeypatch):
+    dom = ToolWorld()
+    monkeypatch.setattr(dom, "environment", lambda: _FlakyToolEnv)
+    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+    _FlakyToolEnv.made, _FlakyToolEnv.all = 0, []
+    [group], stats = _run(dom, tool_policy, [dom.sample(0, "train", 1)], n=4)
+    assert stats.counters["retries"] == 1 and stats.counters["masked_groups"] == 0
+    assert [r.timings["turns"] for r in group.rollouts] == [3.0, 3.0, 3.0, 2.0]
+    # one environment per sample (the first is made at admission), and no action was stepped twice
+    assert [e.steps for e in _FlakyToolEnv.all] == [3, 3, 3, 2]
+
+
+def test_environment_that_cannot_start_masks_its_group(monkeypatch):
+    dom = ToolWorld()
+
+    class Broken:
+        def reset(self, task):
+            raise OSError("tool server unreachable")
+
+        def step(self, action):
+            raise AssertionError("never stepped")
+
+    monkeypatch.setattr(dom, "environment", lambda: Broken())
+    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+    [group], stats = _run(dom, tool_policy, [dom.sample(0, "train", 1)], n=2)
+    assert stats.counters["masked_groups"] == 1
+    assert all(r.reward is None and "tool server unreachable" in r.error for r in group.rollouts)

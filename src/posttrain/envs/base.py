@@ -34,7 +34,7 @@ def make_environment(domain: Any) -> Environment | None:
     made = domain.environment()
     if made is None:
         return None
-    env = made if hasattr(made, "reset") else made()
+    env = made() if isinstance(made, type) or not hasattr(made, "reset") else made
     if not (hasattr(env, "reset") and hasattr(env, "step")):
         raise TypeError(f"domain {domain.name}: environment() gave {type(env).__name__}, which has no reset/step")
     return env
@@ -53,6 +53,8 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     done: bool = False
+    awaiting_step: bool = False
+    """The last action has not been given to the environment yet."""
     finish_reason: FinishReason = "stop"
 
     def context(self) -> tuple[int, ...]:
@@ -67,6 +69,7 @@ class Trajectory:
         self.messages.append(Message("assistant", completion.text))
         self.turns.append(Turn(completion.text))
         self.finish_reason = completion.finish_reason
+        self.awaiting_step = True
 
     def add_observation(self, observation: str, rendered_before: Sequence[int], rendered_after: Sequence[int],
                         standalone: Sequence[int]) -> None:

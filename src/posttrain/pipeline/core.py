@@ -209,11 +209,15 @@ class Pipeline:
 
         domain = get(task.domain)
         item = _Item(task, f"{self._prefix}{seq}", tier, seq, time.perf_counter(), turn_budget=domain.budget.turns)
-        item.prompt_ids = await self.workers.encode(task.prompt)
-        env = make_environment(domain)
-        if env is not None:
-            item.trajectories = []
-            item.first_env, item.first_obs = env, env.reset(task)  # the other samples' envs start on turn one
+        try:
+            item.prompt_ids = await self.workers.encode(task.prompt)
+            env = make_environment(domain)
+            if env is not None:
+                item.trajectories = []
+                item.first_env, item.first_obs = env, env.reset(task)  # the other samples' envs start on turn one
+        except Exception as exc:  # a task that cannot start is masked and counted; the pipeline goes on
+            await self._retry(item, "admit", exc)
+            return
         await self._to_generate(item, self.q_generate)
 
     # ---- stages --------------------------------------------------------
@@ -329,21 +333,32 @@ class Pipeline:
                 await self.q_verify.put(item)
 
     async def _step_envs(self, item: _Item) -> bool:
-        """Step every active trajectory; True when another model turn is due."""
+        """Step every trajectory whose last action is not stepped yet, concurrently
+        (a retry after an infra error steps only those); True when another turn is due."""
         assert item.trajectories is not None
-        for t in item.trajectories:
-            if t.done:
+        pending = [t for t in item.trajectories if not t.done and t.awaiting_step]
+        stepped = await asyncio.gather(*(asyncio.to_thread(t.env.step, t.turns[-1].action) for t in pending),
+                                       return_exceptions=True)
+        failure = None
+        for t, got in zip(pending, stepped):
+            if isinstance(got, BaseException):
+                failure = failure or got
                 continue
-            before = await self.workers.encode(t.messages[:-1])
-            obs, done = await asyncio.to_thread(t.env.step, t.turns[-1].action)
-            if done or len(t.turns) >= item.turn_budget:
-                t.turns[-1] = dataclasses.replace(t.turns[-1], observation=obs)
-                t.done = True
-                continue
-            after = await self.workers.encode([*t.messages, Message("tool", obs)])
-            standalone = await self.workers.encode([Message("tool", obs)])
-            t.add_observation(obs, before, after, standalone)
+            await self._observe(item, t, *got)
+        if failure is not None:
+            raise failure
         return any(not t.done for t in item.trajectories)
+
+    async def _observe(self, item: _Item, t: Trajectory, obs: str, done: bool) -> None:
+        t.awaiting_step = False
+        if done or len(t.turns) >= item.turn_budget:
+            t.turns[-1] = dataclasses.replace(t.turns[-1], observation=obs)
+            t.done = True
+            return
+        before = await self.workers.encode(t.messages[:-1])
+        after = await self.workers.encode([*t.messages, Message("tool", obs)])
+        standalone = await self.workers.encode([Message("tool", obs)])
+        t.add_observation(obs, before, after, standalone)
 
     async def _verify_worker(self) -> None:
         while not self._closing:
@@ -419,7 +434,7 @@ class Pipeline:
     async def _retry(self, item: _Item, stage: str, exc: BaseException) -> None:
         kind = classify(exc)
         n = item.attempts.get(stage, 0)
-        if kind not in _NOT_INFRA and n < self.cfg.max_retries:
+        if stage != "admit" and kind not in _NOT_INFRA and n < self.cfg.max_retries:
             item.attempts[stage] = n + 1
             self.counters["retries"] += 1
             delay = self.cfg.backoff_s * (2**n)
