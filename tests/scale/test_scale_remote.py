@@ -157,3 +157,24 @@ def test_loop_against_separate_server_process(tmp_path, micro_base, lora, short_
         assert len(synced) <= cfg.engine.keep_versions
         kinds = {p.name for p in synced[-1].iterdir()}
         assert ("adapter_model.safetensors" in kinds) == lora and ("model.safetensors" in kinds) == (not lora)
+        _server_serves_the_trained_weights(url, micro_base, result.run_dir, tmp_path)
+
+
+def _server_serves_the_trained_weights(url: str, base: str, run_dir: Path, tmp: Path) -> None:
+    """Greedy tokens from the server equal those of the run's final checkpoint, exported and loaded here."""
+    from posttrain.commands.export import export
+    from posttrain.engine.hf import HFEngine
+    from posttrain.engine.openai import OpenAIEngine
+    from posttrain.model.arch import load_model
+    from posttrain.types import GenerationRequest, SamplingParams
+
+    export(run_dir, tmp / "exported", base)
+    local = HFEngine(*load_model(tmp / "exported"))
+    remote = OpenAIEngine.from_model_dir(url + "/v1", "posttrain", base)
+    try:
+        req = [GenerationRequest((4, 30, 31, 5), SamplingParams(max_tokens=8, temperature=0.0))]
+        want, got = local.generate(req)[0][0], remote.generate(req)[0][0]
+        assert got.token_ids == want.token_ids
+        assert all(abs(a - b) < 1e-4 for a, b in zip(got.logprobs, want.logprobs))
+    finally:
+        remote.close()
