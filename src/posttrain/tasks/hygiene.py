@@ -83,17 +83,27 @@ class ContaminationReport:
 
 
 def contamination(domain: str, train: Sequence[Task], eval_: Sequence[Task], n: int = 8,
-                  threshold: float = 0.5) -> ContaminationReport:
-    """N-gram overlap of each eval prompt with the union of train prompt n-grams."""
+                  threshold: float = 0.5, template_df: float = 0.05) -> ContaminationReport:
+    """N-gram overlap of each eval prompt with the union of train prompt n-grams.
+
+    Procedural prompts share their template text, so n-grams found in more
+    than `template_df` of the train prompts (and at least 2) are template, not
+    content, and are left out on both sides; an eval prompt with no content
+    n-grams left counts as overlap 0."""
     if n < 1:
         raise ValueError(f"contamination: n must be >= 1, got {n}")
-    train_grams: set[tuple[str, ...]] = set()
+    train_sets = [ngrams(prompt_text(t), n) for t in train]
+    df: dict[tuple[str, ...], int] = {}
+    for grams in train_sets:
+        for g in grams:
+            df[g] = df.get(g, 0) + 1
+    cutoff = max(2, template_df * len(train_sets))
+    template = {g for g, c in df.items() if c > cutoff}
+    train_grams = set(df) - template
     train_keys = {prompt_key(t) for t in train}
-    for task in train:
-        train_grams |= ngrams(prompt_text(task), n)
     overlaps = []
     for task in eval_:
-        grams = ngrams(prompt_text(task), n)
+        grams = ngrams(prompt_text(task), n) - template
         overlaps.append(len(grams & train_grams) / len(grams) if grams else 0.0)
     exact = sum(prompt_key(t) in train_keys for t in eval_)
     return ContaminationReport(
