@@ -166,8 +166,9 @@ class RGymDomain(Domain):
 
     def shipped_score(self, task: Task, answer: str) -> float:
         item = self._item_for(task)
+        dataset = self.dataset(int(task.reference["level"]))  # a failure here is infra, not a wrong answer
         try:
-            raw = float(self.dataset(int(task.reference["level"])).score_answer(answer, item))
+            raw = float(dataset.score_answer(answer, item))
         except Exception:  # the shipped scorer rejecting malformed model output is a wrong answer
             return 0.0
         return raw if raw == raw else 0.0
