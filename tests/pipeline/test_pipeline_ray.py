@@ -63,19 +63,32 @@ def _view(results):
 def test_ray_runtime_matches_in_process(ray_cluster, engine):
     from posttrain.runtime.ray import RayWorkers
 
+    import torch
+
     tasks = _tasks()
-    local, _ = _run(EmbeddedWorkers(engine), tasks)
     workers = RayWorkers.from_engine(engine, CFG)
+    views = []
     try:
-        workers.sync()
-        remote, stats = _run(workers, tasks)
+        for version in (0, 1):
+            if version:  # new weights in the driver reach the actors through sync()
+                gen = torch.Generator().manual_seed(0)
+                with torch.no_grad():
+                    for p in engine.model.parameters():
+                        p.add_(0.05 * torch.randn(p.shape, generator=gen))
+                engine.update_weights(None)
+            local, _ = _run(EmbeddedWorkers(engine), tasks)
+            workers.sync()
+            remote, stats = _run(workers, tasks)
+            assert _view(remote) == _view(local)
+            assert {r.completion.model_version for g in remote for r in g.rollouts} == {engine.version}
+            assert stats.counters["masked_groups"] == 0
+            for a, b in zip(local, remote):
+                for x, y in zip(a.rollouts, b.rollouts):
+                    assert x.completion.logprobs == pytest.approx(y.completion.logprobs, abs=1e-4)
+            views.append(_view(remote))
+        assert views[0] != views[1]  # the new weights changed the samples, so the push mattered
     finally:
         workers.close()
-    assert _view(remote) == _view(local)
-    assert stats.counters["masked_groups"] == 0
-    for a, b in zip(local, remote):
-        for x, y in zip(a.rollouts, b.rollouts):
-            assert x.completion.logprobs == pytest.approx(y.completion.logprobs, abs=1e-4)
 
 
 def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
@@ -104,3 +117,20 @@ def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
     assert os.path.exists(marker)
     assert stats.counters["retries"] >= 1 and stats.counters["masked_groups"] == 0
     assert all(r.reward is not None and r.exec_result == "ran" for g in results for r in g.rollouts)
+
+
+def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_path):
+    from posttrain.config import load_config
+    from posttrain.loop import train
+    from posttrain.trace import TraceStore
+
+    base = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.tasks_per_domain=4",
+            "eval.max_tokens=6", "run.threads=1", "run.progress=false", "monitor.report=false", "run.steps=2",
+            "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}", f"model.path={micro_base}", f"run.out_dir={tmp_path}"]
+    runs = {}
+    for runtime in ("embedded", "ray"):
+        result = train(load_config(None, [*base, f"runtime={runtime}", f"run.name={runtime}"]), log=lambda *_: None)
+        rows = TraceStore(result.run_dir / "trace.db").recent(1000)
+        runs[runtime] = sorted((r["group_id"], r["task_id"], r["completion"], r["reward"], r["model_version"]) for r in rows)
+    assert len(runs["ray"]) == 2 * 4 * 4
+    assert runs["ray"] == runs["embedded"]  # step 2 samples from weights pushed to the actor after step 1
