@@ -32,8 +32,13 @@ class RunResult:
     steps: int
 
 
-def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult:
+def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult | None:
     import torch
+
+    from posttrain.scale.distributed import LeaderTrainer, follow_unless_leader
+
+    if follow_unless_leader(cfg, resume):  # torchrun + trainer.fsdp: ranks > 0 replay rank 0's trainer calls
+        return None
 
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
@@ -50,8 +55,9 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
     ref_model = load_model(model_dir, device=device)[0] if cfg.trainer.kl_coef > 0 else None
     trainer = Trainer(model, cfg.trainer, ref_model=ref_model)
+    trainer = LeaderTrainer(trainer) if cfg.trainer.fsdp else trainer
     engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
-    sync = WeightSync(cfg.engine, engine, trainer.model, run.path)
+    sync = WeightSync(cfg.engine, engine, trainer, run.path)
     trace, metrics = TraceStore(run.trace_path), MetricsLog(run.metrics_path)
     levels = {name: pool.eval_difficulty(name) for name in pool.names}
     state = {"step": 0, "levels": levels, "before": None, "history": []}
@@ -121,6 +127,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     monitor.close()
     rollouts.close()
     sync.close()
+    trainer.close()
     trace.close()
     metrics.close()
     if cfg.monitor.report:

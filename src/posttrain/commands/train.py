@@ -26,5 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.loop import train
 
     result = train(cfg, resume=args.resume)
-    print(f"run directory: {result.run_dir}")
+    if result is not None:  # None on torchrun ranks > 0, which only follow rank 0's trainer
+        print(f"run directory: {result.run_dir}")
     return 0

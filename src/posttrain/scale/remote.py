@@ -36,8 +36,8 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any
 class WeightSync:
     """Pushes the trainer's weights to the engine after each optimizer step."""
 
-    def __init__(self, cfg: EngineConfig, engine: Any, model: Any, run_dir: str | Path) -> None:
-        self.cfg, self.engine, self.model = cfg, engine, model
+    def __init__(self, cfg: EngineConfig, engine: Any, trainer: Any, run_dir: str | Path) -> None:
+        self.cfg, self.engine, self.trainer = cfg, engine, trainer
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
         self.dropped_stale = 0
@@ -62,7 +62,7 @@ class WeightSync:
         final = self.dir / f"v{n:08d}"
         tmp = self.dir / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
         try:
-            self.model.save_pretrained(tmp)
+            self.trainer.save_weights(tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.rename(tmp, final)

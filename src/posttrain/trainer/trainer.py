@@ -366,6 +366,24 @@ class Trainer:
             self.parallel.barrier()
         return path
 
+    def save_weights(self, path: str | Path) -> Path:
+        """Only the weights (the adapter alone for LoRA) as a Hugging Face directory at
+        `path`, for an inference server; with FSDP every rank calls it and rank 0 writes."""
+        path = Path(path)
+        if not self.config.fsdp:
+            self.model.save_pretrained(path)
+            return path
+        from posttrain.scale.fsdp import full_state
+
+        state, _ = full_state(self.model, self.optimizer)
+        if self.parallel.rank == 0:
+            self.model.save_pretrained(path, state_dict=state)
+        self.parallel.barrier()
+        return path
+
+    def close(self) -> None:
+        """Nothing to release in one process (a distributed leader tells its followers to stop)."""
+
     def resume(self, path: str | Path) -> dict[str, Any]:
         """Restore from a checkpoint (or a run directory's latest); returns the
         caller's loop state. Model parameters are overwritten in place."""
