@@ -160,3 +160,10 @@ def test_streamed_text_respects_stop_strings(server):
                                                 stop=[stop], stream=True))
         assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text == text[:text.find(stop)]
         assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_chat_logprobs(server):
+    _, client = server
+    r = client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=5, logprobs=True, seed=1)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and all(t.logprob <= 0 for t in content)

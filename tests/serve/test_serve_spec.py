@@ -25,6 +25,8 @@ def test_ngram_lookup_proposes_continuation_of_latest_match():
     #         0  1  2  3  4  5  6  7  8
     ids = [1, 2, 3, 4, 9, 2, 3, 5, 2, 3]
     assert d.propose(ids, 3, _never, 0) == [5, 2, 3]  # latest "2 3" is at 5..6, followed by 5, 2, 3
+    assert d.propose(ids, 5, _never, 0) == [4, 9, 2, 3, 5]  # only the earlier "2 3" at 1..2 is followed by 5
+    assert d.propose([1, 1, 1, 1, 1], 3, _never, 0) == [1, 1, 1]  # a run: the earliest "1 1" has 3 after it
     assert d.propose([1, 2, 3], 4, _never, 0) == []  # "3" never occurred before
     assert d.propose([7, 8, 7], 2, _never, 0) == [8, 7]  # falls back to a 1-gram
 

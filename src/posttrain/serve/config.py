@@ -39,7 +39,7 @@ class FastTierConfig(BaseModel):
     ngram: bool = True
     """Draft with n-gram prompt lookup (no extra model)."""
 
-    ngram_tokens: int = Field(6, ge=1, le=32)
+    ngram_tokens: int = Field(10, ge=1, le=32)
     """Draft length of the n-gram drafter."""
 
     target: Literal["hf", "lean"] = "lean"
@@ -57,7 +57,7 @@ class FastTierConfig(BaseModel):
     auto_draft_cost: float = Field(0.5, gt=0.0, le=1.0)
     """Largest draft/target step-cost ratio at which `auto` drafts with lean-int8."""
 
-    draft_model_tokens: int = Field(4, ge=1, le=16)
+    draft_model_tokens: int = Field(5, ge=1, le=16)
     """Draft length of the draft model."""
 
     batch: BatchConfig = BatchConfig(max_batch=1, max_wait_ms=0.0)

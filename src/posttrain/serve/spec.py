@@ -94,7 +94,8 @@ class Drafter(Protocol):
 
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last n tokens
-    (n from `max_n` down to `min_n`) and propose what followed it."""
+    (n from `max_n` down to `min_n`) that is followed by k tokens (else the
+    one followed by the most) and propose what followed it."""
 
     name = "ngram"
     stop_ids: set[int] = set()
@@ -108,9 +109,16 @@ class NgramDrafter:
         seq = list(ids)
         for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
             tail = seq[-n:]
-            for start in range(len(seq) - n - 1, -1, -1):
+            best: list[int] = []
+            for start in range(len(seq) - n - 1, -1, -1):  # latest first; stop at a full-length continuation
                 if seq[start : start + n] == tail:
-                    return seq[start + n : start + n + k]
+                    follow = seq[start + n : start + n + k]
+                    if len(follow) > len(best):
+                        best = follow
+                    if len(best) == k:
+                        break
+            if best:
+                return best
         return []
 
     def reset(self) -> None:
@@ -206,6 +214,7 @@ class _Seq:
 
     prompt: list[int]
     max_tokens: int
+    greedy: bool = False
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str = ""
@@ -233,7 +242,7 @@ class SpeculativeEngine:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.new_target: Callable[[], Target] = target or (lambda: HFTarget(self.model))
         self.drafters = list(drafters)
-        self.draft_tokens = list(draft_tokens) if draft_tokens is not None else [6 if d.name == "ngram" else 3 for d in self.drafters]
+        self.draft_tokens = list(draft_tokens) if draft_tokens is not None else [10 if d.name == "ngram" else 5 for d in self.drafters]
         if len(self.draft_tokens) != len(self.drafters):
             raise ValueError("draft_tokens: need one draft length per drafter")
         self.version = version
@@ -273,7 +282,7 @@ class SpeculativeEngine:
         room = req.params.max_tokens if limit is None else min(req.params.max_tokens, limit - len(req.prompt_ids))
         if room < 1:
             raise ConfigError(f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving no room to generate")
-        seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room)
+        seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room, greedy=req.params.temperature <= 0)
         choose = _chooser(req.params, key)
         cache = self.new_target()
         if len(seq.prompt) > 1:
@@ -351,9 +360,14 @@ class SpeculativeEngine:
     def _verify(self, seq: _Seq, logits: torch.Tensor, draft: list[int], choose: Chooser) -> list[tuple[int, float]]:
         """Target choices position by position, up to and including the first
         one that differs from the draft (or one past the last draft token)."""
-        new = []
+        new: list[tuple[int, float]] = []
+        if seq.greedy:  # one argmax and one log-softmax for all positions (the same per-row math)
+            n = len(draft) + 1
+            tokens = logits[:n].argmax(dim=-1)
+            logps = torch.log_softmax(logits[:n], dim=-1).gather(-1, tokens[:, None])[:, 0]
+            pairs = list(zip(tokens.tolist(), logps.tolist()))
         for i in range(len(draft) + 1):
-            token, logprob = choose(logits[i], len(seq.out) + i)
+            token, logprob = pairs[i] if seq.greedy else choose(logits[i], len(seq.out) + i)
             new.append((token, logprob))
             if i >= len(draft) or token != draft[i] or token == self.eos_token_id:
                 break
