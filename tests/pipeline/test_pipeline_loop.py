@@ -29,3 +29,56 @@ def test_loop_records_pipeline_stats_and_replaces_filtered_groups(tmp_path, micr
     events = store.events("pipeline")
     assert [e["step"] for e in events] == [1, 2]
     assert store.count() == sum(r["groups"] for r in rows) * 4
+
+
+def test_loop_off_policy_overlaps_generation_with_staleness_bound(tmp_path, micro_base):
+    import threading
+
+    from posttrain.loop import train
+
+    cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=ahead",
+                             "run.steps=3", "pipeline.max_staleness=1", "rollout.dynamic_sampling=false"])
+    result = train(cfg, log=lambda *_: None)
+    assert not any(t.name == "rollout-pipeline" for t in threading.enumerate())  # the background loop was closed
+    rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["pipe_staleness_max"] <= 1 and r["pipe_dropped_stale"] == 0 for r in rows)
+    store = TraceStore(result.run_dir / "trace.db")
+    traced = store.recent(1000)
+    assert len(traced) == 3 * 4 * 4
+    # each rollout was trained at the step its group id names, from weights at most one version old
+    for r in traced:
+        assert r["train_step"] is None or r["group_id"].startswith(f"{r['train_step']}:")
+
+
+def test_ahead_mode_drops_groups_beyond_the_staleness_bound():
+    from pipeline_testlib import ScriptedEngine
+    from posttrain.pipeline import EmbeddedWorkers, PipelineConfig, StepRollouts
+    from posttrain.tasks.config import TasksConfig
+    from posttrain.tasks.pool import TaskPool
+    from posttrain.types import SamplingParams
+
+    class Driver:
+        version = 0
+
+    class TwinWorkers(EmbeddedWorkers):
+        def sync(self):  # the scripted engine has no weights: syncing copies the version
+            self.engine.version = self.source.version
+
+    pool = TaskPool(TasksConfig.model_validate({"domains": {"add": {"difficulty": 1}, "reverse": {"difficulty": 1}}}), seed=0)
+    driver = Driver()
+    workers = TwinWorkers(ScriptedEngine(lambda c, j: str(j)), source=driver)
+    rollouts = StepRollouts(PipelineConfig(max_staleness=1), workers, pool, seed=0)
+    params = SamplingParams(n=2)
+    try:
+        seen = []
+        for step, bumps in ((1, 1), (2, 2), (3, 1), (4, 0)):
+            groups, stats = rollouts.sample(pool.draw(4), params, step)
+            seen.append((len(groups), stats["pipe_dropped_stale"], stats["pipe_staleness_max"],
+                         {g[0].group_id.split(":")[0] for g in groups}))
+            driver.version += bumps
+    finally:
+        rollouts.close()
+    # step 1 runs its own tasks at once; later steps get groups made one call earlier:
+    # at step 3 they were made at version 1 while the trainer is at 3 -> dropped
+    assert seen == [(4, 0.0, 0.0, {"1"}), (4, 0.0, 1.0, {"2"}), (0, 4.0, 2.0, set()), (4, 0.0, 1.0, {"4"})]

@@ -137,6 +137,7 @@ class Pipeline:
         self._feeding = False
         self._closing = False
         self._skipped: list[int] = []
+        self._group_ids: dict[int, str] = {}
 
     # ---- ownership -----------------------------------------------------
     async def __aenter__(self) -> "Pipeline":
@@ -208,7 +209,8 @@ class Pipeline:
         from posttrain.domains.registry import get
 
         domain = get(task.domain)
-        item = _Item(task, f"{self._prefix}{seq}", tier, seq, time.perf_counter(), turn_budget=domain.budget.turns)
+        gid = self._group_ids.pop(seq, f"{self._prefix}{seq}")
+        item = _Item(task, gid, tier, seq, time.perf_counter(), turn_budget=domain.budget.turns)
         try:
             item.prompt_ids = await self.workers.encode(task.prompt)
             env = make_environment(domain)
@@ -456,10 +458,13 @@ class Pipeline:
             await queue.put(item)
 
     # ---- the two ways to use it ----------------------------------------
-    async def run_groups(self, tasks: Sequence[Task]) -> list[GroupResult | None]:
+    async def run_groups(self, tasks: Sequence[Task], prefix: str | None = None) -> list[GroupResult | None]:
         """Run a fixed set of tasks (long tier first); results in task order,
-        None for a task whose domain is paused (counted as paused_skipped)."""
+        None for a task whose domain is paused (counted as paused_skipped).
+        With `prefix`, group ids are prefix + the task's index in `tasks`."""
         seqs = [next(self._seq) for _ in tasks]
+        if prefix is not None:
+            self._group_ids.update({seq: f"{prefix}{i}" for i, seq in enumerate(seqs)})
         order = sorted(range(len(tasks)), key=lambda i: (self.scheduler.tier(tasks[i].domain) != "long", i))
         self._pending.extend((seqs[i], tasks[i]) for i in order)
         self._changed.set()

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any, Callable, Mapping, Sequence
 
 from posttrain.domains.base import stable_hash
+from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PipelineConfig, Runtime
 from posttrain.pipeline.core import Pipeline
 from posttrain.pipeline.scheduler import EventSink, Scheduler
@@ -27,8 +28,24 @@ def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_addr
         from posttrain.runtime.ray import RayWorkers
 
         return RayWorkers.from_engine(engine, config, address=ray_address)
+    source = None
+    if config.max_staleness > 0:  # generation overlaps training: it needs its own copy of the weights
+        source, engine = engine, detached_copy(engine)
     return EmbeddedWorkers(engine, verify_processes=config.verify_processes, execute_threads=config.execute_workers,
-                           verify_threads=config.verify_workers)
+                           verify_threads=config.verify_workers, source=source)
+
+
+def detached_copy(engine: Any) -> Any:
+    """An HF engine on a deep copy of `engine`'s model (same tokenizer, same version)."""
+    import copy
+
+    from posttrain.engine.hf import HFEngine
+
+    if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
+        raise ConfigError("pipeline.max_staleness > 0 in the embedded runtime needs an hf engine to copy")
+    twin = HFEngine(copy.deepcopy(engine.model), engine.tokenizer, seed=0)
+    twin.version = engine.version
+    return twin
 
 
 def trace_events(trace: Any, log: Callable[[str], None]) -> EventSink:
@@ -54,13 +71,17 @@ class StepRollouts:
         self.scheduler = Scheduler(config, pool.target_shares(), tiers, events)
         self.totals: dict[str, int] = {"replaced": 0}
         self._events = events
+        self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None
 
     def sample(self, tasks: Sequence[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
         """Every group of the step (first round, then replacement rounds) and the pipeline's stats."""
-        sync = getattr(self.workers, "sync", None)
-        if callable(sync):
-            sync()
-        groups, stats = asyncio.run(self._sample(list(tasks), params, step))
+        if self._ahead is not None:
+            groups, stats = self._ahead.sample(list(tasks), params, step)
+        else:
+            sync = getattr(self.workers, "sync", None)
+            if callable(sync):
+                sync()
+            groups, stats = asyncio.run(self._sample(list(tasks), params, step))
         if self._events is not None:
             self._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
         return groups, stats
@@ -90,4 +111,91 @@ class StepRollouts:
         return self.scheduler.mix()
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
         self.workers.close()
+
+
+class _Ahead:
+    """Off-policy mode (pipeline.max_staleness > 0): the tasks of call N are generated
+    in a background event loop while the trainer trains on the groups of call N-1;
+    call N returns the groups of the tasks given at call N-1 (the first call runs its
+    own tasks at once and draws one extra batch from the pool to start the overlap).
+    A group whose weights are more than max_staleness versions behind the trainer's
+    is dropped and counted (in metrics, not in the trace); the loss corrects accepted
+    ones with their behaviour log-probs. Stage stats are cumulative over the run.
+    The pipeline lives in one task of the background loop (its TaskGroup's owner);
+    a crash there surfaces from the next `sample`."""
+
+    def __init__(self, owner: StepRollouts) -> None:
+        import threading
+
+        self.owner = owner
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-pipeline", daemon=True)
+        self.thread.start()
+        self.pipe: Pipeline | None = None
+        self.serving: Any = None
+        self.pending: Any = None
+        self.dropped = 0
+
+    async def _serve(self, params: SamplingParams, ready: Any) -> None:
+        owner = self.owner
+        self._stop = asyncio.Event()
+        async with Pipeline(owner.config, owner.workers, params, owner.scheduler, seed=stable_hash("rollout", owner.seed)) as pipe:
+            self.pipe = pipe
+            ready.set()
+            await self._stop.wait()
+
+    def _start(self, params: SamplingParams) -> None:
+        import threading
+
+        ready = threading.Event()
+        self.serving = asyncio.run_coroutine_threadsafe(self._serve(params, ready), self.loop)
+        while not ready.wait(0.05):
+            if self.serving.done():
+                self.serving.result()  # raises what stopped it
+
+    def _submit(self, tasks: list[Task], step: int) -> None:
+        assert self.pipe is not None
+        self.pending = asyncio.run_coroutine_threadsafe(self.pipe.run_groups(tasks, prefix=f"{step}:"), self.loop)
+
+    def _wait(self) -> list[Any]:
+        import concurrent.futures as cf
+
+        cf.wait([self.pending, self.serving], return_when=cf.FIRST_COMPLETED)
+        if self.serving.done():
+            self.serving.result()
+            raise RuntimeError("the rollout pipeline stopped")
+        return self.pending.result()
+
+    def sample(self, tasks: list[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
+        owner = self.owner
+        if self.pipe is None:
+            self._start(params)
+            self._submit(tasks, step)
+            tasks = owner.pool.draw(len(tasks))
+        results = [r for r in self._wait() if r is not None]
+        owner.workers.sync()
+        self._submit(tasks, step + 1)
+        version = owner.workers.driver_version
+        fresh = [r for r in results if version - r.model_version <= owner.config.max_staleness]
+        self.dropped += len(results) - len(fresh)
+        assert self.pipe is not None
+        stats = self.pipe.stats().flat()
+        stats.update(pipe_dropped_stale=float(len(results) - len(fresh)),
+                     pipe_staleness_max=float(max((version - r.model_version for r in results), default=0)))
+        return [list(r.rollouts) for r in fresh], stats
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+        if self.serving is not None and not self.serving.done():
+            self.loop.call_soon_threadsafe(self._stop.set)
+            try:
+                self.serving.result(timeout=60)
+            except Exception:
+                pass  # closing: a crash already surfaced from sample()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()

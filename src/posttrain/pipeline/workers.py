@@ -68,8 +68,10 @@ class EmbeddedWorkers:
 
     def __init__(self, engine: Any, execute: ExecuteFn | None = None, verify_processes: int = 0,
                  verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group,
-                 execute_threads: int = 64, verify_threads: int = 16) -> None:
+                 execute_threads: int = 64, verify_threads: int = 16, source: Any = None) -> None:
         self.engine = engine
+        self.source = source
+        """With a source engine (the trainer's), `engine` is a detached copy that `sync()` refreshes."""
         self._execute = execute
         self._verify = verify
         self._lock = threading.Lock()
@@ -80,6 +82,20 @@ class EmbeddedWorkers:
             import multiprocessing as mp
 
             self._verify_pool = ProcessPoolExecutor(verify_processes, mp_context=mp.get_context("forkserver"))
+
+    @property
+    def driver_version(self) -> int:
+        """The weight version of the engine the trainer updates."""
+        return int((self.source or self.engine).version)
+
+    def sync(self) -> None:
+        """Copy the source engine's weights into the detached copy when its version moved."""
+        if self.source is None or self.engine.version == self.source.version:
+            return
+        state = {k: v.detach().clone() for k, v in self.source.model.state_dict().items()}
+        with self._lock:
+            self.engine.update_weights(state)
+            self.engine.version = self.source.version
 
     async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]:
         return self.engine.encode_chat(messages)

@@ -90,6 +90,10 @@ class RayWorkers:
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")
         return cls(config, HFEngineFactory(engine.model, engine.tokenizer), engine, execute, address or config.ray_address, engine)
 
+    @property
+    def driver_version(self) -> int:
+        return int(getattr(self._source, "version", 0))
+
     def sync(self) -> None:
         """Push the driver engine's weights to every generation actor when its version moved."""
         src = self._source
