@@ -53,7 +53,9 @@ class PipelineConfig(BaseModel):
     degrade_cooldown_s: float = Field(60.0, ge=0.0)
     """A paused domain gets one probe group after this many seconds."""
     max_staleness: int = Field(0, ge=0, le=1_000_000)
-    """Oldest accepted weight version lag (0: on-policy); older groups are dropped and counted."""
+    """Oldest accepted weight version lag; older groups are dropped and counted. 0: on-policy,
+    one step at a time, exact resume. > 0 in the loop: the next step's rollouts are generated
+    (on a detached copy of the weights) while the trainer trains; resume is then not exact."""
     replace_rounds: int = Field(0, ge=0, le=100)
     """Rounds of replacement for groups filtered by dynamic sampling or staleness
     in the per-step loop (the continuous pipeline always replaces)."""
