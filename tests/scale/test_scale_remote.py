@@ -160,6 +160,24 @@ def test_loop_against_separate_server_process(tmp_path, micro_base, lora, short_
         _server_serves_the_trained_weights(url, micro_base, result.run_dir, tmp_path)
 
 
+@pytest.mark.slow
+def test_fsdp_loop_under_torchrun_against_server(tmp_path, micro_base):
+    """Two torchrun ranks with trainer.fsdp: rank 0 runs the loop, rank 1 follows its trainer calls."""
+    worker = Path(__file__).with_name("scale_loop_worker.py")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    with _serve(micro_base) as url:
+        overrides = [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=fsdp", "run.steps=3",
+                     "run.checkpoint_every=2", "engine.type=openai", f"engine.url={url}/v1", "trainer.fsdp=true",
+                     "model.device=cpu"]
+        proc = subprocess.run([str(torchrun), "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0",
+                               str(worker), *overrides], env=env, capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        run_dir = tmp_path / "fsdp"
+        _check_versions(run_dir, url, 0)
+        _server_serves_the_trained_weights(url, micro_base, run_dir, tmp_path)
+
+
 def _server_serves_the_trained_weights(url: str, base: str, run_dir: Path, tmp: Path) -> None:
     """Greedy tokens from the server equal those of the run's final checkpoint, exported and loaded here."""
     from posttrain.commands.export import export
