@@ -196,3 +196,18 @@ def _server_serves_the_trained_weights(url: str, base: str, run_dir: Path, tmp: 
         assert all(abs(a - b) < 1e-4 for a, b in zip(got.logprobs, want.logprobs))
     finally:
         remote.close()
+
+
+def test_loop_in_process_with_lora(tmp_path, micro_base, short_domain):
+    """The default hf engine shares the module peft injected adapters into: it samples the adapted policy."""
+    from posttrain.loop import train
+    from posttrain.trainer.checkpoint import latest_checkpoint
+
+    cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=lora",
+                             "run.steps=2", "trainer.lora={rank: 4, alpha: 8}"])
+    result = train(cfg, log=lambda *_: None)
+    rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    assert rows[-1]["engine_version"] >= 1 and rows[-1]["engine_dropped_stale"] == 0
+    ckpt = latest_checkpoint(result.run_dir)
+    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
+    assert not (result.run_dir / "weights").exists()  # in process: nothing written for the engine
