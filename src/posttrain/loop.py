@@ -156,7 +156,8 @@ def _batch(groups: Sequence[Sequence[Rollout]], temperature: float) -> Any:
 
 
 def _links(trainer: Any, groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]], ids: list[str]):
-    """(rollout id, advantage, ratio, clipped) for the rollouts the step used."""
+    """(rollout id, advantage, ratio, clipped share) for the rollouts the step used; ratio and
+    clipped are the trainer's per-row figures (None for a row that entered no loss)."""
     import torch
 
     kept_ids = {id(g) for g in kept}
@@ -168,7 +169,12 @@ def _links(trainer: Any, groups: Sequence[Sequence[Rollout]], kept: Sequence[Seq
     adv = trainer.loss.advantages(
         torch.tensor([r.reward for _, r in used], dtype=torch.float64), torch.tensor([gids[r.group_id] for _, r in used])
     )
-    return [(rid, float(a), 1.0, 0.0) for (rid, _), a in zip(used, adv.tolist())]
+    rows, out, j = getattr(trainer, "row_stats", {}), [], 0
+    for (rid, r), a in zip(used, adv.tolist()):  # the batch holds the used rollouts that have tokens, in this order
+        ratio, clipped = rows.get(j, (None, None)) if r.completion.token_ids else (None, None)
+        j += bool(r.completion.token_ids)
+        out.append((rid, float(a), ratio, clipped))
+    return out
 
 
 def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]]) -> dict[str, Any]:

@@ -150,6 +150,19 @@ def _stats(
     return LossStats(n_tokens=n, clipped_low=lo, clipped_high=hi, ratio_sum=rsum, ratio_max=rmax, kl_sum=kl)
 
 
+def row_clip_stats(
+    logp_bt: Tensor, behaviour_logp_bt: Tensor, mask_bt: Tensor, advantage_b: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """Per row: the mean importance ratio over its loss tokens, and the share of
+    them whose gradient the clip removed (the same condition as `_stats`)."""
+    on_bt = mask_bt > 0
+    ratio_bt = torch.where(on_bt, logp_bt.detach() - behaviour_logp_bt, 0.0).exp()
+    adv_bt = advantage_b.to(ratio_bt.dtype)[:, None].expand_as(ratio_bt)
+    clipped_bt = ((ratio_bt < 1.0 - clip_low) & (adv_bt < 0) | (ratio_bt > 1.0 + clip_high) & (adv_bt > 0)) & on_bt
+    n_b = on_bt.sum(-1).clamp(min=1)
+    return (ratio_bt * on_bt).sum(-1) / n_b, clipped_bt.sum(-1) / n_b
+
+
 # ---------------------------------------------------------------- the losses
 
 

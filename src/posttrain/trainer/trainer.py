@@ -27,7 +27,7 @@ from posttrain.trainer.batch import TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.guard import SpikeGuard
-from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss
+from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss, row_clip_stats
 from posttrain.scale.fsdp import DataParallel
 from posttrain.scale.memory import autocast, micro_slices, token_budget
 from posttrain.scale.prepare import prepare_model
@@ -76,6 +76,8 @@ class _Prepared:
     totals: BatchTotals
     n_groups: int
     zero_adv_groups: int
+    index: tuple[int, ...] = ()
+    """Position in the step's batch of each of `rows`."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,10 @@ class Trainer:
         self.steps = 0
         self.skipped = 0
         self.rolled_back = 0
+        self.row_stats: dict[int, tuple[float, float]] = {}
+        """After `step`: batch row position -> (mean ratio, clipped token share) of
+        each row that entered this rank's loss (the monitor and the trace read it)."""
+        self._row_index: dict[int, int] = {}
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
         self._take_snapshot()
         self._max_tokens = token_budget(config.micro_batch_tokens, model, self.device, config.gradient_checkpointing)
@@ -142,6 +148,7 @@ class Trainer:
         self._check_ids(batch)
         self.steps += 1
         prepared = self._prepare(batch)
+        self.row_stats, self._row_index = {}, {id(r): i for i, r in zip(prepared.index, prepared.rows)}
         if not prepared.rows:
             return self._stats(batch, prepared, "no_signal", "", None, 0.0, started)
         try:
@@ -196,6 +203,7 @@ class Trainer:
             totals=totals,
             n_groups=len(group_index),
             zero_adv_groups=int((~signal_g).sum()),
+            index=tuple(keep),
         )
 
     # ------------------------------------------------------------ forward/backward
@@ -253,9 +261,17 @@ class Trainer:
             ref_logp_bt=self._ref_logp(packed),
         )
         loss, stats = self.loss(inputs, totals)
+        if weight:
+            self._record_rows(rows, inputs)
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum, so scale by world
         (loss * (weight * self.parallel.world)).backward()
         return float(loss.detach()), stats, entropy_sum
+
+    def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
+        ratio_b, clipped_b = row_clip_stats(inputs.logp_bt, inputs.behaviour_logp_bt, inputs.mask_bt, inputs.advantage_b,
+                                            self.config.loss.clip_low, self.config.loss.clip_high)
+        for row, ratio, clipped in zip(rows, ratio_b.tolist(), clipped_b.tolist()):
+            self.row_stats[self._row_index[id(row)]] = (ratio, clipped)
 
     def _ref_logp(self, packed: _Packed) -> Tensor | None:
         if self.ref_model is None:
