@@ -54,6 +54,10 @@ class FastTierConfig(BaseModel):
     `auto`: lean-int8 when one of its steps costs under `auto_draft_cost` of a
     target step (measured when the tier is built), else none."""
 
+    model_draft_after: int = Field(4, ge=0, le=1_000_000)
+    """Generated tokens before the draft model starts drafting (its prompt prefill
+    costs more than it saves on short answers); n-gram lookup drafts from the start."""
+
     auto_draft_cost: float = Field(0.5, gt=0.0, le=1.0)
     """Largest draft/target step-cost ratio at which `auto` drafts with lean-int8."""
 

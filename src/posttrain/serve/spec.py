@@ -238,7 +238,9 @@ class SpeculativeEngine:
         draft_tokens: Sequence[int] | None = None,
         version: int = 0,
         target: Callable[[], Target] | None = None,
+        model_draft_after: int = 0,
     ) -> None:
+        self.model_draft_after = model_draft_after
         self.model, self.tokenizer = model.eval(), tokenizer
         self.new_target: Callable[[], Target] = target or (lambda: HFTarget(self.model))
         self.drafters = list(drafters)
@@ -350,6 +352,8 @@ class SpeculativeEngine:
         for drafter, k in zip(self.drafters, self.draft_tokens):
             if not self._paying(seq, drafter.name):
                 continue
+            if drafter.name != "ngram" and len(seq.out) < self.model_draft_after:
+                continue  # a draft model's own prompt prefill only pays off on longer answers
             draft = drafter.propose(ids, min(k, room - 1), choose, len(seq.out))
             if self.eos_token_id in draft:  # nothing after an end of sequence can be accepted
                 draft = draft[: draft.index(self.eos_token_id) + 1]

@@ -59,13 +59,13 @@ class StreamingHFEngine(HFEngine):
 
 def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int) -> SpeculativeEngine:
     """The fast tier's engine: float target with drafts (lossless) or int8 target (lossy)."""
-    drafters: list[Any] = [NgramDrafter()] if cfg.ngram else []
+    drafters: list[Any] = [NgramDrafter(max_n=3, min_n=2)] if cfg.ngram else []  # 1-gram matches are noise
     lengths = [cfg.ngram_tokens] if cfg.ngram else []
     if mode == "int8":
         if cfg.target == "lean":
             lossy = LeanDecoder(model, int8=True)
             return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version,
-                                     target=lambda: LeanTarget(lossy))
+                                     target=lambda: LeanTarget(lossy), model_draft_after=cfg.model_draft_after)
         return SpeculativeEngine(int8_copy(model), tokenizer, drafters, lengths, version=version)
     draft = cfg.draft_model
     if draft == "auto":
@@ -80,7 +80,8 @@ def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, versi
     if cfg.target == "lean":
         decoder = LeanDecoder(model)
         target = lambda: LeanTarget(decoder)  # noqa: E731
-    return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version, target=target)
+    return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version, target=target,
+                             model_draft_after=cfg.model_draft_after)
 
 
 def draft_cost_ratio(model: Any, reps: int = 8) -> float:
