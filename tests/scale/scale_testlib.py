@@ -39,3 +39,20 @@ def batch(seed: int, n_groups: int = 4, group_size: int = 4) -> TrainBatch:
                 reward = 0.0
             rows.append(TrainRow(prompt, completion, behaviour, reward, f"g{g}", (1,) * len(completion), 1.0))
     return TrainBatch(tuple(rows))
+
+
+def step_grads(trainer, rows) -> dict[str, torch.Tensor]:
+    """The full gradient of one real `trainer.step(rows)`, captured just before AdamW applies it."""
+    grads: dict[str, torch.Tensor] = {}
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+
+    def capture(optimizer, args, kwargs):
+        grads.update({names[id(p)]: p.grad.detach().cpu().clone()
+                      for g in optimizer.param_groups for p in g["params"] if p.grad is not None})
+
+    handle = trainer.optimizer.register_step_pre_hook(capture)
+    try:
+        assert trainer.step(rows).outcome == "applied"
+    finally:
+        handle.remove()
+    return grads

@@ -6,16 +6,13 @@ import torch
 
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.trainer import Trainer
-from scale_testlib import batch, tiny_model
+from scale_testlib import batch, step_grads, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def _grads(device: str, cfg: TrainerConfig) -> dict[str, torch.Tensor]:
-    model = tiny_model(0).to(device)
-    trainer = Trainer(model, cfg)
-    trainer._accumulate(trainer._prepare(batch(5)))
-    return {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return step_grads(Trainer(tiny_model(0).to(device), cfg), batch(5))
 
 
 def test_cuda_step_matches_cpu():

@@ -6,7 +6,7 @@ import torch
 from posttrain.scale.memory import bytes_per_token, token_budget
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.trainer import Trainer
-from scale_testlib import batch, tiny_model
+from scale_testlib import batch, step_grads, tiny_model
 
 
 def _grads(cfg: TrainerConfig, counter: list[int] | None = None) -> tuple[Trainer, dict[str, torch.Tensor]]:
@@ -14,9 +14,8 @@ def _grads(cfg: TrainerConfig, counter: list[int] | None = None) -> tuple[Traine
     if counter is not None:
         model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: counter.append(1))
     trainer = Trainer(model, cfg)
-    prepared = trainer._prepare(batch(5))
-    trainer._accumulate(prepared)
-    return trainer, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = step_grads(trainer, batch(5))
+    return trainer, grads
 
 
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> bool:
