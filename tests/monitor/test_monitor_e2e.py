@@ -139,3 +139,21 @@ def test_report_opens_in_headless_chromium(collapsed, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.is_file() and shot.stat().st_size > 20_000
+
+
+def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted):
+    from posttrain.loop import train
+
+    extra = ["trainer.lr=0.3", "monitor.probes.enabled=false", "monitor.alarms.entropy_collapse.action=lower_weight",
+             "tasks.domains={test_coin: {difficulty: 1}, reverse: {difficulty: 1}}"]
+    full = _train(tmp_path, micro_base, "full", "run.steps=8", *extra)
+    part = _train(tmp_path, micro_base, "part", "run.steps=7", *extra)  # its checkpoint holds the lowered weight
+    cfg_path = part.run_dir / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("steps: 7", "steps: 8"))
+    resumed = train(None, resume=part.run_dir, log=lambda *_: None)
+    rows = lambda run: sorted((r["task_id"], r["completion"]) for r in TraceStore(run / "trace.db").recent(10_000))  # noqa: E731
+    fired = lambda run: [(a["step"], a["domain"], a["done"]) for a in _alarms(run, "entropy_collapse")]  # noqa: E731
+    assert all(done.startswith(f"weight of {d} x0.5") for _, d, done in fired(full.run_dir))
+    assert any(step <= 7 for step, _, _ in fired(full.run_dir))  # a weight lowered before the checkpoint
+    assert fired(resumed.run_dir) == fired(full.run_dir)  # the history was rebuilt from metrics.jsonl on resume
+    assert rows(full.run_dir) == rows(resumed.run_dir)  # same draws after the weight change, same samples
