@@ -40,6 +40,7 @@ MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain 
     ("lossless, hf target: ngram only", "lossless", {"target": "hf", "draft_model": "none"}),
     ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"target": "hf", "draft_model": "int8"}),
     ("lossy int8, lean target: ngram", "int8", {"draft_model": "none"}),
+    ("lossless, lean target: lean-int8 draft only", "lossless", {"ngram": False, "draft_model": "lean-int8"}),
 ]
 
 
