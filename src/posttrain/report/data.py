@@ -54,6 +54,23 @@ class RunData:
                 out.setdefault(domain, []).append((row["step"], float(value)))
         return out
 
+    def shares(self) -> Series:
+        """The pool's target sampling share per domain after each step (alarms may lower one)."""
+        out: Series = {}
+        for row in self.monitor:
+            for domain, value in row.get("weights", {}).items():
+                out.setdefault(domain, []).append((row["step"], float(value)))
+        return out
+
+    def audit_fail_share(self) -> Series:
+        """Share of audited top-reward rollouts failing the stricter check, per domain and step."""
+        out: Series = {}
+        for row in self.monitor:
+            for domain, a in row.get("audit", {}).items():
+                if a.get("audited"):
+                    out.setdefault(domain, []).append((row["step"], a["failed"] / a["audited"]))
+        return out
+
     def kl(self) -> Series:
         out: Series = {}
         for row in self.monitor:

@@ -214,7 +214,7 @@ def _summary(data: RunData) -> str:
     return " · ".join(parts)
 
 
-_WIDE = {0, 3, 4, 5, 6, 7, 10}  # multi-panel figures and the alarm timeline span the page
+_WIDE = {0, 3, 4, 5, 6, 7, 8, 11}  # multi-panel figures and the alarm timeline span the page
 
 
 def render(data: RunData) -> str:
@@ -239,6 +239,10 @@ def render(data: RunData) -> str:
          "advantage spread, PPO clip fraction and share of groups without signal"),
         (_figure("infra errors and truncation", [("infra-error rate", sig("infra_error_rate")), ("truncated share", sig("truncated_share"))]),
          "infra errors are masked from the loss, never scored 0"),
+        (_figure("sampling mix and audits", [("target sampling share", data.shares()),
+                                             ("audit: share of top-reward rollouts failing the stricter check", data.audit_fail_share())],
+                 alarms=alarms),
+         "the pool's target share per domain (lower_weight alarms and refused domains change it); stricter-check audit"),
         (_figure("pipeline stage utilisation", [("busy share", data.stage_utilisation())]), "pipeline stage utilisation"),
         (_sandbox_bars(data), "sandbox outcome counts"),
         (_alarm_timeline(data), "alarms on a timeline"),
