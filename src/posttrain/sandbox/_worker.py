@@ -414,6 +414,9 @@ def _mount_task_root(task: Task) -> None:
         _linux.mount("tmpfs", root + "/task", "tmpfs", flags, f"size={disk},mode=0755,uid={w.uid},gid={w.gid}")
     _linux.mount("tmpfs", root + "/tmp", "tmpfs", flags, f"size={disk},mode=1777")
     _linux.mount("tmpfs", root + "/dev/shm", "tmpfs", flags | _linux.MS_NOEXEC, "size=8m,mode=1777")
+    for host in w.conf.get("ro_binds", ()):  # the fresh /tmp hides read-only binds below it (a venv in /tmp)
+        if host.startswith("/tmp/") and os.path.exists(host):
+            w._bind_ro(host, root + host)
     _write_files(root + "/task", task.req.get("files", {}), w.uid, w.gid)
     _linux.pivot_root(root, root + "/.old")
     os.chdir("/")

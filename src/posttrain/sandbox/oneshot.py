@@ -223,6 +223,7 @@ class BwrapBackend(OneShot):
 
     def _base_args(self) -> list[str]:
         args = bwrap_base_args(self.bwrap, os.geteuid() == 0)
+        args += ["--tmpfs", "/tmp"]  # first, so read-only binds below /tmp (a venv there) stay visible
         for top in RO_TOP:
             host = "/" + top
             if os.path.islink(host):
@@ -235,7 +236,7 @@ class BwrapBackend(OneShot):
         for masked in ("/etc/shadow", "/etc/gshadow"):
             if os.path.exists(masked):
                 args += ["--ro-bind", "/dev/null", masked]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--hostname", "sandbox", "--clearenv"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--hostname", "sandbox", "--clearenv"]
         return args
 
     def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
