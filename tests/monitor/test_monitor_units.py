@@ -109,11 +109,11 @@ def test_length_explosion_and_audit_failure():
 def test_kl_acceleration():
     cfg = load_config(None, ["monitor.alarms.kl_acceleration.window=3"]).monitor.alarms
     h = History(kl={"add": [(i, v) for i, v in enumerate([0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.1, 0.3, 0.6])]})
-    # windows of 3: means 0.01, 0.04, 0.333: growth 0.293 > 3 x max(0.03, 0.25 x 0.04)
+    # windows of 3: means 0.01, 0.04, 0.333: growth 0.293 > 3 x max(0.03, 1.0 x 0.04)
     assert [hit.kind for hit in KLAcceleration().check(h, cfg)] == ["kl_acceleration"]
     h.kl["add"] = [(i, 0.01 * i) for i in range(9)]  # steady growth
     assert KLAcceleration().check(h, cfg) == []
-    # noise around a high level: means 0.8, 0.6, 0.9: growth 0.3 < 3 x max(-0.2, 0.25 x 0.6)
+    # noise around a high level: means 0.8, 0.6, 0.9: growth 0.3 < 3 x max(-0.2, 1.0 x 0.6)
     h.kl["add"] = [(i, v) for i, v in enumerate([0.7, 0.9, 0.8, 0.5, 0.7, 0.6, 1.0, 0.8, 0.9])]
     assert KLAcceleration().check(h, cfg) == []
 

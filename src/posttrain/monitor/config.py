@@ -57,11 +57,12 @@ class LengthRule(AlarmRule):
 class KLRule(AlarmRule):
     """KL acceleration: KL to the reference grows much faster than it did."""
 
-    window: int = Field(3, ge=1, le=10_000)
-    """KL measurements per window (three consecutive windows are compared)."""
+    window: int = Field(5, ge=1, le=10_000)
+    """KL measurements per window (three consecutive windows are compared); per-domain
+    KL comes from a few rows each, so short windows alarm on noise."""
     factor: float = Field(3.0, gt=1.0, le=1000.0)
     """Fires when KL's growth over the last window exceeds factor x its growth over the window before ..."""
-    min_growth: float = Field(0.25, gt=0.0)
+    min_growth: float = Field(1.0, gt=0.0)
     """... where a previous growth below this share of the KL level counts as this
     share (so a flat or noisy KL does not trip) ..."""
     min_kl: float = Field(0.05, ge=0.0)
