@@ -74,14 +74,14 @@ def box(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 
 
 def cylinder(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
-    r, h = _dim(rng, 2, 6 * d), _dim(rng, 3, 15 * d)
+    r, h = _dim(rng, 2, 8 * d), _dim(rng, 3, 25 * d)
     return (f"A solid cylinder of radius {r} mm and height {h} mm, axis along z.",
             f"shape = Manifold.cylinder({h}, {r}, {r}, {SEG})",
             {"volume": _cyl_vol(r, h), "vol_tol": 0.03, "bbox": [2 * r, 2 * r, h], "parts": 1, "genus": 0})
 
 
 def sphere(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
-    r = _dim(rng, 2, 8 * d)
+    r = _dim(rng, 4, 80 * d) / 2
     return (f"A solid sphere of radius {r} mm.", f"shape = Manifold.sphere({r}, {SEG})",
             {"volume": 4 / 3 * math.pi * r**3, "vol_tol": 0.04, "bbox": [2 * r] * 3, "parts": 1, "genus": 0})
 
@@ -148,7 +148,7 @@ def stacked(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 
 
 def pegs(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
-    n, r, h, gap = 1 + d, _dim(rng, 1, 3), _dim(rng, 4, 12), _dim(rng, 2, 5)
+    n, r, h, gap = 1 + d, _dim(rng, 1, 3), _dim(rng, 4, 30), _dim(rng, 2, 6)
     pitch = 2 * r + gap
     body = "shape = " + " + ".join(f"Manifold.cylinder({h}, {r}, {r}, {SEG}).translate([{i * pitch}, 0, 0])" for i in range(n))
     return (f"A row of {n} separate upright pins (cylinders of radius {r} mm, height {h} mm, axes along z) along x, "
@@ -267,6 +267,7 @@ class MeshVerifier:
 
 class GeoDomain(ProceduralDomain):
     category = "geometry3d"
+    version = "2"
     levels = 3
     cost_class = "long"
     budget = Budget(tokens=512, seconds=60.0)

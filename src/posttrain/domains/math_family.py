@@ -69,6 +69,7 @@ class MathVerifier:
 
 class MathDomain(ProceduralDomain):
     category = "math"
+    version = "2"
     levels = 4
     budget = Budget(tokens=64)
 
@@ -140,9 +141,9 @@ def linear_system(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def quadratic_roots(rng: random.Random, d: int) -> tuple[str, str]:
-    hi = 3 + 3 * d
+    hi = 5 + 3 * d
     r, s = rng.randint(-hi, hi), rng.randint(-hi, hi)
-    k = rng.randint(1, d)
+    k = rng.randint(1, d + 1)
     poly = _poly_text([k, -k * (r + s), k * r * s])
     roots = sorted({r, s})
     return f"Find all real roots of {poly} = 0, separated by commas.", ", ".join(map(str, roots))
@@ -239,20 +240,20 @@ def mod_pow(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def binomial(rng: random.Random, d: int) -> tuple[str, str]:
-    n = rng.randint(4, 6 + 4 * d)
+    n = rng.randint(4, 12 + 6 * d)
     k = rng.randint(1, n - 1)
     return f"How many ways are there to choose {k} items from {n} distinct items?", str(math.comb(n, k))
 
 
 def permutations(rng: random.Random, d: int) -> tuple[str, str]:
-    n = rng.randint(3, 5 + 2 * d)
+    n = rng.randint(3, 10 + 3 * d)
     k = rng.randint(1, min(n, 2 + d))
     return f"How many ordered arrangements of {k} items can be made from {n} distinct items?", str(math.perm(n, k))
 
 
 def dice_probability(rng: random.Random, d: int) -> tuple[str, str]:
-    k = 1 + (d + 1) // 2
-    sides = 6 if d < 4 else 8
+    k = rng.randint(1, 1 + (d + 1) // 2)
+    sides = rng.choice([4, 6, 8, 10, 12, 20][: 2 + d])
     target = rng.randint(k, k * sides)
     ways = _dice_ways(k, sides, target)
     return (f"{k} fair {sides}-sided dice are rolled. What is the probability that the sum is {target}? Give a reduced fraction.",
@@ -271,7 +272,7 @@ def _dice_ways(k: int, sides: int, target: int) -> int:
 
 
 def draw_probability(rng: random.Random, d: int) -> tuple[str, str]:
-    red, blue = rng.randint(1, 6 + 3 * d), rng.randint(1, 6 + 3 * d)
+    red, blue = rng.randint(1, 10 + 4 * d), rng.randint(1, 10 + 4 * d)
     k = min(rng.randint(1, 1 + d // 2), red)
     p = Fraction(math.comb(red, k), math.comb(red + blue, k))
     return (f"A bag holds {red} red and {blue} blue balls. {k} balls are drawn without replacement. "
@@ -289,7 +290,7 @@ def arith_nth(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def geom_series(rng: random.Random, d: int) -> tuple[str, str]:
-    a, r, n = _nonzero(rng, -5, 5), rng.choice([2, 3, -2, Fraction(1, 2)][: 2 + (d > 2) * 2]), rng.randint(3, 3 + d)
+    a, r, n = _nonzero(rng, -9, 9), rng.choice([2, 3, -2, Fraction(1, 2)][: 2 + (d > 2) * 2]), rng.randint(3, 4 + d)
     r = Fraction(r)
     total = sum(a * r**i for i in range(n))
     terms = ", ".join(_show(a * r**i) for i in range(3))
@@ -297,12 +298,12 @@ def geom_series(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def exponents(rng: random.Random, d: int) -> tuple[str, str]:
-    base, e1, e2 = rng.randint(2, 3 + d), rng.randint(1, 2 + d), rng.randint(-1, 1 + d)
+    base, e1, e2 = rng.randint(2, 5 + 2 * d), rng.randint(1, 3 + d), rng.randint(-2, 2 + d)
     return f"Compute {base}^{e1} * {base}^{e2} as a number.", latex_fraction(Fraction(base) ** (e1 + e2))
 
 
 def logarithm(rng: random.Random, d: int) -> tuple[str, str]:
-    base, k = rng.randint(2, 9 + 3 * d), rng.randint(-1 if d > 2 else 1, 3 + d)
+    base, k = rng.randint(2, 15 + 5 * d), rng.randint(-1 if d > 2 else 1, 3 + d)
     return f"Compute log base {base} of {_show(Fraction(base) ** k)}.", str(k)
 
 
@@ -347,7 +348,7 @@ def distance_points(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def circle_area(rng: random.Random, d: int) -> tuple[str, str]:
-    r = rng.randint(1, 60 * d) + (rng.randint(1, 9) / 10 if d > 1 else 0)
+    r = rng.randint(1, 200 * d) + (rng.randint(1, 9) / 10 if d > 1 else 0)
     return f"What is the area of a circle of radius {r}? Round to 2 decimal places.", fmt_decimal(math.pi * r * r)
 
 
@@ -372,7 +373,7 @@ def dot_product(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def percent_of(rng: random.Random, d: int) -> tuple[str, str]:
-    p, n = rng.choice([5, 10, 12.5, 15, 20, 25, 30, 40, 75][: 3 + 2 * d]), rng.randint(2, 40 * d) * 8
+    p, n = rng.choice([5, 10, 12.5, 15, 20, 25, 30, 40, 75][: 3 + 2 * d]), rng.randint(2, 100 * d) * 8
     return f"What is {p}% of {n}?", latex_fraction(Fraction(str(p)) * n / 100)
 
 
@@ -440,7 +441,7 @@ def _safe_eval(text: str) -> int:
 
 
 def base_convert(rng: random.Random, d: int) -> tuple[str, str]:
-    n = rng.randint(2, 16 ** (d + 1))
+    n = rng.randint(2, 4 * 16 ** (d + 1))
     base = rng.choice([2, 3, 8][: 1 + (d > 1) + (d > 2)])
     digits, m = [], n
     while m:
@@ -468,13 +469,15 @@ def digit_sum(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def count_divisors(rng: random.Random, d: int) -> tuple[str, str]:
-    n = rng.randint(10, 50 * 4**d)
+    n = rng.randint(10, 400 * 4 ** (d - 1))
     return f"How many positive divisors does {n} have?", str(sum(1 for k in range(1, n + 1) if n % k == 0))
 
 
 def sum_of_squares(rng: random.Random, d: int) -> tuple[str, str]:
-    n = rng.randint(3, 10 * d)
-    return f"What is 1^2 + 2^2 + ... + {n}^2?", str(n * (n + 1) * (2 * n + 1) // 6)
+    a = rng.randint(1, 5 * d)
+    n = a + rng.randint(2, 10 * d)
+    total = sum(k * k for k in range(a, n + 1))
+    return f"What is {a}^2 + {a + 1}^2 + ... + {n}^2?", str(total)
 
 
 def inequality_count(rng: random.Random, d: int) -> tuple[str, str]:
