@@ -235,3 +235,14 @@ def test_documents_use_fixed_dates_only():
         task = d.sample(i, "train", 3)
         year = int(task.reference["fields"]["date"][:4])
         assert 2019 <= year <= 2024
+
+
+def test_rg_item_generation_is_time_limited():
+    import time
+
+    with pytest.raises(rgym._ItemTimeout):
+        with rgym._time_limit(0.05):
+            time.sleep(2)
+    with rgym._time_limit(1.0):  # a fast block is untouched
+        pass
+    assert get("rg_arc_1d").levels == 3
