@@ -238,11 +238,16 @@ def test_documents_use_fixed_dates_only():
 
 
 def test_rg_item_generation_is_time_limited():
-    import time
+    # in a subprocess: pytest-timeout holds the interval timer here, and the
+    # limit steps aside when another timer runs
+    import subprocess
+    import sys
 
-    with pytest.raises(rgym._ItemTimeout):
-        with rgym._time_limit(0.05):
-            time.sleep(2)
-    with rgym._time_limit(1.0):  # a fast block is untouched
-        pass
+    code = (
+        "import time\nfrom posttrain.domains import rgym\n"
+        "try:\n    with rgym._time_limit(0.05):\n        time.sleep(2)\n    print('no')\n"
+        "except rgym._ItemTimeout:\n    print('limited')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "limited", out.stderr[-1000:]
     assert get("rg_arc_1d").levels == 3
