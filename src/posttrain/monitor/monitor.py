@@ -43,7 +43,7 @@ class Monitor:
     ) -> None:
         self.cfg = cfg.monitor
         self.temperature, self.eval_tokens = cfg.rollout.temperature, cfg.eval.max_tokens
-        self._base_weights = {n: pool.config.domains[n].weight for n in pool.names}
+        self._base_weights = {n: pool.weight(n) for n in pool.names}
         self.run_dir, self.trace, self.metrics, self.pool = Path(run_dir), trace, metrics, pool
         self.engine, self.trainer, self.model_dir, self.log = engine, trainer, model_dir, log
         self.history = History()
@@ -147,10 +147,7 @@ class Monitor:
 
     def _apply_weight(self, domain: str, multiplier: float) -> None:
         """Set the pool's weight of `domain` to its configured weight x multiplier."""
-        config = self.pool.config
-        spec = config.domains[domain].model_copy(update={"weight": self._base_weights[domain] * multiplier})
-        domains = {**config.domains, domain: spec}
-        self.pool.config = config.model_copy(update={"domains": domains})
+        self.pool.set_weight(domain, self._base_weights[domain] * multiplier)
 
     # ------------------------------------------------------------ probes
 

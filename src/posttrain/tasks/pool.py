@@ -10,6 +10,7 @@ config and its seed.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 from collections import deque
@@ -27,20 +28,49 @@ STATE_VERSION = 1
 _INDEX_SPACE = 10**12
 
 
-def resolve_domains(config: TasksConfig) -> dict[str, Domain]:
-    """The registered domains the config names; an unknown name or a bad
-    fixed difficulty raises TaskError naming it."""
-    from posttrain.domains.registry import get
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
 
-    domains: dict[str, Domain] = {}
-    for name, spec in sorted(config.domains.items()):
+
+def resolve_specs(config: TasksConfig) -> dict[str, tuple[Domain, DomainSpec]]:
+    """The registered domains the config names, each with its spec. A key may
+    be a glob pattern (`rg_*`, `*`) matching registered names; an explicit name
+    overrides a pattern's spec. An unknown name, a pattern matching nothing or a
+    bad fixed difficulty raises TaskError naming it."""
+    from posttrain.domains.registry import all_domains, get
+
+    specs: dict[str, DomainSpec] = {}
+    for key, spec in sorted(config.domains.items(), key=lambda kv: not _is_pattern(kv[0])):
+        if _is_pattern(key):
+            matched = fnmatch.filter(all_domains(), key)
+            if not matched:
+                raise TaskError(f"tasks.domains: pattern {key!r} matches no registered domain")
+            specs.update({name: spec for name in matched})
+        else:
+            get(key)  # raises TaskError with close matches
+            specs[key] = spec
+    out: dict[str, tuple[Domain, DomainSpec]] = {}
+    for name, spec in sorted(specs.items()):
         domain = get(name)
         if spec.difficulty is not None and not 1 <= spec.difficulty <= domain.levels:
-            raise TaskError(
-                f"tasks.domains.{name}.difficulty must be in 1..{domain.levels}, got {spec.difficulty}"
-            )
-        domains[name] = domain
-    return domains
+            if _is_pattern_source(config, name):
+                spec = spec.model_copy(update={"difficulty": domain.levels})
+            else:
+                raise TaskError(
+                    f"tasks.domains.{name}.difficulty must be in 1..{domain.levels}, got {spec.difficulty}"
+                )
+        out[name] = (domain, spec)
+    return out
+
+
+def _is_pattern_source(config: TasksConfig, name: str) -> bool:
+    """True when `name` got its spec from a pattern (a pattern's fixed difficulty is capped per domain)."""
+    return name not in config.domains
+
+
+def resolve_domains(config: TasksConfig) -> dict[str, Domain]:
+    """The registered domains the config names (patterns expanded)."""
+    return {name: domain for name, (domain, _) in resolve_specs(config).items()}
 
 
 class TaskPool:
@@ -49,7 +79,9 @@ class TaskPool:
     def __init__(self, config: TasksConfig, seed: int | None = None) -> None:
         self.config = config
         self.seed = config.seed if seed is None else int(seed)
-        self.domains = resolve_domains(config)
+        resolved = resolve_specs(config)
+        self.domains = {n: d for n, (d, _) in resolved.items()}
+        self.specs = {n: spec for n, (_, spec) in resolved.items()}
         self.names = tuple(self.domains)
         self.curriculum = Curriculum(config.curriculum, {n: d.levels for n, d in self.domains.items()})
         self.drift = DriftGuard(config.drift, self.names)
@@ -57,6 +89,7 @@ class TaskPool:
         self._versions = {n: f"{d.taskset_version}.{self._config_hash}" for n, d in self.domains.items()}
         self._draws = 0
         self._drawn = {n: 0 for n in self.names}
+        self._credit = {n: 0.0 for n in self.names}
         self._counters: dict[str, int] = {}
         self._duplicates = 0
         self._seen_order: deque[str] = deque()
@@ -66,26 +99,43 @@ class TaskPool:
     def target_shares(self) -> dict[str, float]:
         """Share of draws each domain should get now: (weight x drift boost) ** (1/temperature), normalised."""
         raw = {
-            n: (self.config.domains[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature)
+            n: (self.specs[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature)
             for n in self.names
         }
         total = sum(raw.values())
         return {n: v / total for n, v in raw.items()}
 
     def _pick_domain(self, shares: Mapping[str, float]) -> str:
-        # Stratified (deficit) sampling: the domain furthest below its target
-        # share goes next, so the realised mix tracks the target within one draw.
-        # Ties go to the domain with the smaller seeded hash of (seed, draw), so
-        # the order within a round is shuffled but reproducible.
-        total = self._draws + 1
+        # Smooth weighted round-robin: every domain earns its share in credit,
+        # the richest goes next and pays one draw. The realised mix tracks the
+        # target within one round, and a changed share takes effect at once
+        # (no back-pay of a cumulative deficit that would starve the others).
+        # Ties go to the smaller seeded hash of (seed, draw), reproducibly.
+        for n in self.names:
+            self._credit[n] += shares[n]
 
         def key(n: str) -> tuple[float, int]:
-            return (shares[n] * total - self._drawn[n], -stable_hash("tie", self.seed, self._draws, n))
+            return (self._credit[n], -stable_hash("tie", self.seed, self._draws, n))
 
-        return max(self.names, key=key)
+        name = max(self.names, key=key)
+        self._credit[name] -= 1.0
+        return name
+
+    def weight(self, name: str) -> float:
+        """The configured weight of a domain in this pool."""
+        return self.specs[name].weight
+
+    def set_weight(self, name: str, weight: float) -> None:
+        """Change a domain's weight (the monitor's lower_weight action; the
+        monitor keeps and re-applies such changes on resume)."""
+        if name not in self.specs:
+            raise TaskError(f"set_weight: domain {name!r} is not in this pool")
+        if not math.isfinite(weight) or weight <= 0:
+            raise TaskError(f"set_weight: weight must be a positive finite number, got {weight!r}")
+        self.specs[name] = self.specs[name].model_copy(update={"weight": float(weight)})
 
     def _pick_level(self, name: str) -> int:
-        spec = self.config.domains[name]
+        spec = self.specs[name]
         if spec.difficulty is not None:
             return spec.difficulty
         rng = stable_rng("level", self.seed, self._draws, name)
@@ -159,7 +209,7 @@ class TaskPool:
         curriculum off: `eval_default_difficulty`, clipped to the domain's levels)."""
         if name not in self.domains:
             raise TaskError(f"eval_difficulty: domain {name!r} is not in this pool")
-        spec = self.config.domains[name]
+        spec = self.specs[name]
         if spec.difficulty is not None:
             return spec.difficulty
         floor = min(self.config.eval_default_difficulty, self.domains[name].levels)
@@ -175,6 +225,7 @@ class TaskPool:
             "config_hash": self._config_hash,
             "draws": self._draws,
             "drawn": dict(self._drawn),
+            "credit": dict(self._credit),
             "counters": dict(self._counters),
             "duplicates": self._duplicates,
             "seen": list(self._seen_order),
@@ -195,6 +246,7 @@ class TaskPool:
                 )
             self._draws = int(state["draws"])
             self._drawn = drawn
+            self._credit = {n: float(state.get("credit", {}).get(n, 0.0)) for n in self.names}
             self._counters = {str(k): int(v) for k, v in state["counters"].items()}
             self._duplicates = int(state["duplicates"])
             self._seen_order = deque(str(s) for s in state["seen"])
