@@ -44,7 +44,7 @@ def make_config(preset: str, vocab_size: int, pad_id: int, eos_id: int, max_posi
     )
 
 
-def random_model(preset: str = "micro", seed: int = 0) -> tuple[Any, Any]:
+def random_model(preset: str = "micro", seed: int = 0, max_positions: int = 512) -> tuple[Any, Any]:
     """A randomly initialised model of a preset with the embedded tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -53,7 +53,7 @@ def random_model(preset: str = "micro", seed: int = 0) -> tuple[Any, Any]:
 
     tok = build_tokenizer()
     torch.manual_seed(seed)
-    cfg = make_config(preset, len(tok), tok.pad_token_id, tok.eos_token_id)
+    cfg = make_config(preset, len(tok), tok.pad_token_id, tok.eos_token_id, max_positions)
     model = AutoModelForCausalLM.from_config(cfg)
     return model, tok
 

@@ -46,6 +46,9 @@ class BaseConfig(BaseModel):
     """Seed of weights, data and order: one seed, one model."""
     threads: int = Field(2, ge=1, le=256)
     """torch threads during the build."""
+    max_positions: int = Field(8192, ge=64, le=1_000_000)
+    """Longest prompt plus completion the model accepts (RoPE: no parameters depend on it;
+    pretraining text is short, so long prompts run but are far outside what it learned)."""
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
@@ -110,7 +113,7 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
 
     out = Path(out_dir) if out_dir else default_dir(cfg)
     torch.set_num_threads(cfg.threads)
-    model, tok = random_model(cfg.preset, seed=cfg.seed)
+    model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=cfg.max_positions)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     warmup = max(1, cfg.steps // 20)
