@@ -123,6 +123,7 @@ class Router:
         `build` renders the request for a deployment's tokenizer; `where` receives who is serving
         before the first token is produced."""
         dep = self.choose(explicit)
+        was_canary = dep.name == self.canary  # decided now: a rollback may clear self.canary mid-request
         sent = [False]
 
         def guarded(s: int, ids: Sequence[int]) -> None:
@@ -134,7 +135,7 @@ class Router:
         except (ConfigError, ApiError):
             raise
         except Exception:
-            if explicit or dep.name != self.canary or sent[0] or self.stable not in self.deployments:
+            if explicit or not was_canary or sent[0] or self.stable not in self.deployments:
                 raise
             self.metrics.failovers.inc(version=dep.name, tier=tier)
             return await self._on(self.deployments[self.stable], build, tier, sink, where)  # type: ignore[index]
