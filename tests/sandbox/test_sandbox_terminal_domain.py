@@ -89,3 +89,25 @@ def test_infra_error_raises_instead_of_scoring(monkeypatch):
     task = DOMAIN.sample(0, "train", 2)
     with pytest.raises(SandboxError):
         DOMAIN.score(task, Episode(DOMAIN.gold(task)))
+
+
+@root_only
+def test_many_environments_share_a_small_pool_without_waiting(monkeypatch):
+    """G episodes run concurrently on a 1-worker pool: no environment holds a
+    slot between turns, so none waits for another to finish."""
+    from posttrain import sandbox
+
+    pool = sandbox.Pool(sandbox.SandboxConfig(workers=1, acquire_timeout_s=20))
+    monkeypatch.setattr(sandbox, "get_pool", lambda: pool)
+    task = DOMAIN.sample(0, "train", 1)
+    envs = [DOMAIN.environment()(max_turns=3) for _ in range(4)]
+    try:
+        for i, env in enumerate(envs):
+            env.reset(task)
+            env.step(f"echo {i} > mine.txt")  # every env's first turn before any second turn
+        outs = [env.step("cat mine.txt")[0] for env in envs]
+        assert [o.splitlines()[0] for o in outs] == ["0", "1", "2", "3"]
+    finally:
+        for env in envs:
+            env.close()
+        pool.close()

@@ -115,40 +115,40 @@ class TerminalVerifier:
 
 
 class TerminalEnvironment:
-    """Multi-turn use: reset(task) opens a session on the task's files,
-    step(command) runs one bash command there and returns its output."""
+    """Multi-turn use: step(command) runs one bash command on the task's files
+    and returns its output. The environment holds no sandbox slot between
+    turns: each step opens a fresh session, replays the earlier commands
+    (deterministic shell tasks) and runs the new one, so G concurrent episodes
+    never wait on each other for pool slots."""
 
     def __init__(self, max_turns: int = 8) -> None:
         self.max_turns = max_turns
-        self._ctx = None
-        self._session = None
+        self._files: dict[str, str | bytes] | None = None
+        self._done: list[str] = []
         self.turns = 0
 
     def reset(self, task: Task) -> str:
-        from posttrain import sandbox
-
-        self.close()
         ref: TerminalReference = task.reference
-        self._ctx = sandbox.get_pool().session(dict(ref.files), domain="terminal")
-        self._session = self._ctx.__enter__()
-        self.turns = 0
+        self._files, self._done, self.turns = dict(ref.files), [], 0
         return task.prompt[-1].content
 
     def step(self, action: str) -> tuple[str, bool]:
         from posttrain import sandbox
 
-        if self._session is None:
+        if self._files is None:
             raise VerifierError("TerminalEnvironment.step before reset")
         self.turns += 1
-        res = sandbox.raise_for_infra(self._session.run(sandbox.ExecRequest(argv=("bash", "-c", action), limits=_step_limits())))
+        with sandbox.get_pool().session(self._files, domain="terminal") as s:
+            for earlier in self._done:
+                sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", earlier), limits=_step_limits())))
+            res = sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", action), limits=_step_limits())))
+        self._done.append(action)
         obs = (res.stdout + res.stderr).decode("utf-8", "replace")[-4000:] + f"\n[exit {res.exit_code if res.exit_code is not None else res.status}]"
         done = self.turns >= self.max_turns or not action.strip()
         return obs, done
 
     def close(self) -> None:
-        if self._ctx is not None:
-            self._ctx.__exit__(None, None, None)
-        self._ctx = self._session = None
+        self._files, self._done = None, []
 
 
 class Terminal(Domain):

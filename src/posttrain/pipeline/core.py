@@ -47,6 +47,7 @@ class _Item:
     execs: tuple[Any, ...] = ()
     first_env: Any = None
     first_obs: str = ""
+    episodes: list[Episode] | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -365,7 +366,10 @@ class Pipeline:
     async def _verify_worker(self) -> None:
         while not self._closing:
             item = await self.q_verify.get()
-            episodes = self._episodes(item)
+            if item.episodes is None:
+                item.episodes = self._episodes(item)
+            episodes = item.episodes
+            _close_envs(item)  # free their sandbox sessions before verification needs slots
             token = next(self._tokens)
             self.meters["verify"].begin(token)
             try:
@@ -412,6 +416,7 @@ class Pipeline:
         return [Completion(item.prompt_ids, (), "", (), "error", 0) for _ in range(self.params.n)]
 
     async def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
+        _close_envs(item)
         comps = self._completions(item)
         item.timings["total_s"] = time.perf_counter() - item.admitted_at
         item.timings["queue_s"] = max(0.0, item.timings["total_s"] - sum(
@@ -515,3 +520,21 @@ class Pipeline:
             tuple(m.stats() for m in self.meters.values()), tuple(q.stats() for q in queues),
             dict(self.counters), self.scheduler.cap.value,
         )
+
+
+def _close_envs(item: _Item) -> None:
+    """Close every environment of a group once (a terminal env holds a sandbox
+    session, and so a pool slot, until closed)."""
+    envs = [item.first_env] + [t.env for t in item.trajectories or ()]
+    item.first_env = None
+    seen: set[int] = set()
+    for env in envs:
+        if env is None or id(env) in seen:
+            continue
+        seen.add(id(env))
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # closing is best effort; the pool replaces a broken worker
+                pass
