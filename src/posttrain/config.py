@@ -178,5 +178,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return validate(tree, str(path or "config"))
 
 
+def split_cli_args(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """A command line's optional config file and its dotted overrides: a first
+    positional argument that contains '=' is an override, not a file."""
+    if config and "=" in config:
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
 def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

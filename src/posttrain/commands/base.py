@@ -19,12 +19,10 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from posttrain.config import load_config
+    from posttrain.config import load_config, split_cli_args
     from posttrain.model.pretrain import build_base, default_dir
 
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config:
-        config, overrides = None, [config, *overrides]
+    config, overrides = split_cli_args(args.config, args.overrides)
     cfg = load_config(config, overrides).base
     out = args.out or default_dir(cfg)
     if (os.path.isfile(os.path.join(out, "config.json"))) and not args.force:

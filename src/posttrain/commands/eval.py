@@ -18,11 +18,9 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from posttrain.config import load_config
+    from posttrain.config import load_config, split_cli_args
 
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config:
-        config, overrides = None, [config, *overrides]
+    config, overrides = split_cli_args(args.config, args.overrides)
     cfg = load_config(config, overrides)
     from posttrain.engine.hf import HFEngine
     from posttrain.evaluate import evaluate, format_table

@@ -13,11 +13,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.config import load_config
+    from posttrain.config import load_config, split_cli_args
 
-    config, overrides = args.config, list(args.overrides)
-    if config and "=" in config:  # only overrides were given
-        config, overrides = None, [config, *overrides]
+    config, overrides = split_cli_args(args.config, args.overrides)
     if args.resume and (config or overrides):
         from posttrain.errors import ConfigError
 
