@@ -56,6 +56,14 @@ def extract_answer(text: str) -> str:
     return (found[-1] if found else text).strip()
 
 
+def last_fenced_block(text: str, languages: tuple[str, ...]) -> str:
+    """The last fenced code block (```, or ```LANG for a LANG in `languages`)
+    of a completion, else the whole text; stripped and newline-terminated."""
+    langs = "|".join(map(re.escape, languages))
+    blocks = re.findall(rf"```(?:{langs})?[ \t]*\n(.*?)```", text, re.DOTALL)
+    return (blocks[-1] if blocks else text).strip() + "\n"
+
+
 class ExactMatch:
     """Exact string match of the extracted answer against the reference."""
 

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 
-from posttrain.domains.base import Budget, Domain, split_of
+from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "code")
 INSTRUCTION = "Answer with the complete Python code in one ```python code block; do not print anything or read input."
-_BLOCK = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 TEST_TIMEOUT_S = {1: 2.0, 2: 2.0, 3: 4.0}
 
 
@@ -69,8 +67,7 @@ def harness_source() -> str:
 
 def extract_code(text: str) -> str:
     """The last fenced code block of the completion, else the whole text."""
-    blocks = _BLOCK.findall(text)
-    return (blocks[-1] if blocks else text).strip() + "\n"
+    return last_fenced_block(text, ("python", "py", "Python"))
 
 
 def build_request(ref: CodeReference, code: str, nonce: str):

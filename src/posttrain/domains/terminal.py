@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
 
-from posttrain.domains.base import Budget, Domain, split_of, stable_rng
+from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of, stable_rng
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError, VerifierError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
@@ -28,7 +27,6 @@ from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "terminal")
 INSTRUCTION = ("You are in a shell (bash) in a directory that holds: {files}. Answer with a bash script in one "
                "```bash code block; it runs non-interactively in that directory.")
-_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?[ \t]*\n(.*?)```", re.DOTALL)
 _MAX_ATTEMPTS = 1000
 
 
@@ -59,8 +57,8 @@ def checker_source() -> str:
 
 
 def extract_script(text: str) -> str:
-    blocks = _BLOCK.findall(text)
-    return (blocks[-1] if blocks else text).strip() + "\n"
+    """The last fenced shell block of the completion, else the whole text."""
+    return last_fenced_block(text, ("bash", "sh", "shell", "console"))
 
 
 def _step_limits():
