@@ -17,3 +17,32 @@ def micro_base(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("base") / "micro"
     build_base(BaseConfig(preset="micro", steps=30, batch_size=16, threads=1), out, progress=False)
     return str(out)
+
+
+@pytest.fixture
+def raising_domain(monkeypatch):
+    """Register, for one test, a procedural domain whose verifier always raises
+    (an infra failure: its rollouts must be masked and counted, never scored 0)."""
+    import random
+
+    from posttrain.domains import registry
+    from posttrain.domains.base import ProceduralDomain
+
+    class Boom:
+        name, version = "boom", "1"
+
+        def score(self, task, episode):
+            raise RuntimeError("verifier crashed")
+
+    def make(name: str) -> ProceduralDomain:
+        cls = type(name, (ProceduralDomain,), {
+            "name": name,
+            "category": "test",
+            "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 9)}+0=", "0"),
+        })
+        dom = cls()
+        dom.verifier = Boom()
+        monkeypatch.setitem(registry._REGISTRY, name, dom)
+        return dom
+
+    return make

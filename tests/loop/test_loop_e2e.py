@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from posttrain.cli import main
 from posttrain.config import load_config
-from posttrain.domains import registry
-from posttrain.domains.base import ProceduralDomain
 from posttrain.errors import ModelLoadError
 from posttrain.rundir import read_metrics
 from posttrain.trace import TraceStore
@@ -72,27 +69,10 @@ def test_resume_matches_uninterrupted(tmp_path, micro_base):
     assert sorted((r["task_id"], r["completion"]) for r in ta) == sorted((r["task_id"], r["completion"]) for r in tb)
 
 
-class Raising(ProceduralDomain):
-    name = "test_raising"
-    category = "test"
-
-    def generate(self, rng: random.Random, difficulty: int) -> tuple[str, str]:
-        return f"{rng.randint(0, 9)}+0=", "0"
-
-
-class _Boom:
-    name, version = "boom", "1"
-
-    def score(self, task, episode):
-        raise RuntimeError("verifier crashed")
-
-
-def test_raising_verifier_is_masked_not_zero(tmp_path, micro_base, monkeypatch):
+def test_raising_verifier_is_masked_not_zero(tmp_path, micro_base, raising_domain):
     from posttrain.loop import train
 
-    dom = Raising()
-    dom.verifier = _Boom()
-    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+    raising_domain("test_raising")
     cfg = _cfg(tmp_path, micro_base, "boom", "run.steps=2", "tasks.domains={test_raising: {difficulty: 1}, add: {difficulty: 1}}")
     result = train(cfg, log=lambda *_: None)
     rows = TraceStore(result.run_dir / "trace.db").recent(1000, "test_raising")

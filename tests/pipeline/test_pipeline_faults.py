@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 
 import pytest
 
 from pipeline_testlib import ScriptedEngine
-from posttrain.domains import registry
-from posttrain.domains.base import ProceduralDomain
 from posttrain.domains.registry import get
 from posttrain.errors import SandboxError
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
@@ -99,25 +96,8 @@ def test_sandbox_that_stays_down_is_masked_as_sandbox_error():
     assert all(r.reward is None and r.error_kind == "sandbox" for g in results for r in g.rollouts)
 
 
-class Flaky(ProceduralDomain):
-    name = "test_flaky_verifier"
-    category = "test"
-
-    def generate(self, rng: random.Random, difficulty: int) -> tuple[str, str]:
-        return f"{rng.randint(0, 9)}+0=", "0"
-
-
-class _Boom:
-    name, version = "boom", "1"
-
-    def score(self, task, episode):
-        raise RuntimeError("verifier crashed")
-
-
-def test_raising_verifier_masks_pauses_domain_with_alarm(monkeypatch):
-    dom = Flaky()
-    dom.verifier = _Boom()
-    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+def test_raising_verifier_masks_pauses_domain_with_alarm(raising_domain):
+    dom = raising_domain("test_flaky_verifier")
     events = []
     cfg = PipelineConfig(degrade_after=3, degrade_cooldown_s=3600, execute_workers=1, verify_workers=1, max_inflight=2,
                          min_inflight=1, long_slots=0)
