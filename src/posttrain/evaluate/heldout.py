@@ -105,8 +105,8 @@ class HeldoutSet:
             raise ConfigError(f"held-out set is malformed: {exc!r}") from None
         return cls(int(data["seed"]), sets)
 
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps({**self.to_json(), "version": self.version}, indent=1))
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({**self.to_json(), "version": self.version}, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "HeldoutSet":

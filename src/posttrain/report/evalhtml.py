@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 from posttrain.report.data import RunData
 
+_CSS_EXTRA = "h3{font-size:14px;margin:16px 0 6px}"
+
 
 def _e(x: Any) -> str:
     return html.escape(str(x))
