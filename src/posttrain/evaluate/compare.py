@@ -107,7 +107,7 @@ def write_outputs(out: Path, data: dict[str, Any]) -> tuple[Path, Path, Path]:
     js, png, page = out / "compare.json", out / "compare.png", out / "compare.html"
     js.write_text(json.dumps(data, indent=1))
     fig = delta_bars(list(data["before"]["domains"]), data["deltas"]["domains"],
-                     f"B - A per domain, paired 95% intervals (coloured: significant)")
+                     "B - A per domain, paired 95% intervals (coloured: significant)")
     fig.savefig(png, dpi=90, bbox_inches="tight")
     plt.close(fig)
     import html as h

@@ -10,9 +10,7 @@ errors has no accuracy (None), not 0.0.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from posttrain.domains.base import extract_answer
@@ -20,7 +18,7 @@ from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout
 from posttrain.evaluate.stats import maj_at_k, mean_interval, mean_over_domains_interval, pass_at_k, wilson
-from posttrain.evaluate.strict import checks_of
+from posttrain.evaluate.strict import checks_of, eval_verifier_name
 from posttrain.types import Episode, GenerationRequest, SamplingParams, Task
 
 Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, training verdict (None: infra error)
@@ -211,8 +209,6 @@ def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptio
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
-        from posttrain.evaluate.strict import eval_verifier_name
-
         out[key] = _result(s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling)
     return out
 

@@ -62,12 +62,13 @@ class PairedDelta:
     high: float
     improved: int
     regressed: int
-    p_value: float
+    p_value: float | None
+    """Exact McNemar p-value of one domain's pairs; None for the mean over domains (its interval decides)."""
 
     @property
     def significant(self) -> bool:
-        """The interval excludes 0 and the exact McNemar test agrees (p < 0.05)."""
-        return self.n > 0 and (self.low > 0 or self.high < 0) and self.p_value < 0.05
+        """The interval excludes 0 and, for one domain, the exact McNemar test agrees (p < 0.05)."""
+        return self.n > 0 and (self.low > 0 or self.high < 0) and (self.p_value is None or self.p_value < 0.05)
 
     @property
     def mark(self) -> str:
@@ -124,7 +125,7 @@ def paired_deltas(
     delta = sum(d.delta for d in scored) / len(scored)
     mean = PairedDelta(sum(d.n for d in scored), sum(d.before for d in scored) / len(scored),
                        sum(d.after for d in scored) / len(scored), delta, min(lo, delta), max(hi, delta),
-                       sum(d.improved for d in scored), sum(d.regressed for d in scored), 0.0 if (lo > 0 or hi < 0) else 1.0)
+                       sum(d.improved for d in scored), sum(d.regressed for d in scored), None)
     return per, mean
 
 
