@@ -31,7 +31,10 @@ def test_run_evaluates_during_training_and_reports(tmp_path, micro_base):
     assert [r["step"] for r in evals] == [0, 2, 4]  # before, one periodic evaluation, after
     assert all(r["n"]["add"] == 6 and len(r["ci"]["add"]) == 2 for r in evals)  # every point on the fixed subset
     assert evals[1]["rotation_n"]["add"] <= 3 and "full" in evals[0] and "full" not in evals[1]
-    assert len(read_metrics(run / "metrics.jsonl", "heldout")) == 3  # the monitor saw every evaluation
+    heldout = read_metrics(run / "metrics.jsonl", "heldout")
+    # the monitor saw every evaluation, as the evaluator scored it (no generation of its own)
+    assert [h["trusted"] for h in heldout] == [e["domains"] for e in evals]
+    assert [h["domains"] for h in heldout] == [e["train_verifier"] for e in evals]
     table = json.loads((run / "eval.json").read_text())
     assert table["heldout"]["version"] and (run / "heldout.json").is_file()
     assert table["before"]["domains"]["add"]["n"] == 10 and table["deltas"]["domains"]["add"]["ci"]

@@ -9,9 +9,9 @@ sampled metrics, strict eval verifiers, contamination and exposure checks.
 """
 from posttrain.evaluate.core import DomainResult, EvalOptions, EvalTable, eval_tasks, evaluate, evaluate_heldout, evaluate_sets
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout, rotation_slice
-from posttrain.evaluate.tables import format_details, format_table, write_table
+from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
 
 __all__ = [
     "DomainResult", "DomainSet", "EvalOptions", "EvalTable", "HeldoutSet", "build_heldout", "eval_tasks", "evaluate",
-    "evaluate_heldout", "evaluate_sets", "format_details", "format_table", "rotation_slice", "write_table",
+    "evaluate_heldout", "evaluate_sets", "format_details", "format_probes", "format_table", "rotation_slice", "write_table",
 ]

@@ -16,7 +16,7 @@ from posttrain.errors import ConfigError
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet
 from posttrain.evaluate.stats import paired_deltas
-from posttrain.evaluate.tables import delta_json, format_details, format_table
+from posttrain.evaluate.tables import delta_json, format_details, format_probes, format_table
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,9 @@ def run_compare(a: Side, b: Side, heldout: HeldoutSet, opts: EvalOptions, device
 def text(a: Side, b: Side, ta: EvalTable, tb: EvalTable, data: dict[str, Any]) -> str:
     lines = [f"A = {a.label} ({a.model_dir})", f"B = {b.label} ({b.model_dir})",
              format_table(ta, tb, labels=("A", "B")), "B in detail:", format_details(tb),
+             format_probes(ta, tb, labels=("A", "B")),
              "significantly improved (B over A): " + (", ".join(data["improved"]) or "none"),
              "significantly regressed: " + (", ".join(data["regressed"]) or "none")]
-    for key, d in data["deltas"]["probes"].items():
-        if d and d["n"]:
-            lines.append(f"probe {key}: {d['before']:.3f} -> {d['after']:.3f} ({d['delta']:+.3f} "
-                         f"[{d['ci'][0]:+.2f},{d['ci'][1]:+.2f}]{' *' if d['significant'] else ''})")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
-from posttrain.evaluate.tables import format_details, format_table, write_table
+from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
 
 
 def options(eval_cfg: Any, sampled: bool = True) -> EvalOptions:
@@ -152,5 +152,5 @@ class RunEvaluator:
 
     @staticmethod
     def describe(before: EvalTable, after: EvalTable | None = None) -> str:
-        table = after or before
-        return format_table(before, after) + "\n" + format_details(table)
+        parts = [format_table(before, after), format_details(after or before), format_probes(before, after)]
+        return "\n".join(p for p in parts if p)

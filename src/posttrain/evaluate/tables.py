@@ -81,14 +81,29 @@ def format_details(table: EvalTable) -> str:
         lines.append(f"{'sampled':<22}" + "".join(f"{m:>20}" for m in keys))
         for name, s in sampled.items():
             lines.append(f"{name:<22}" + "".join(f"{s[m][0]:>7.3f} [{s[m][1]:.2f},{s[m][2]:.2f}]" if m in s else f"{'':>20}" for m in keys))
-    for kind, title in (("above", "held-out one level above the trained one"), ("transfer", "families never trained on (transfer)")):
-        rows = [r for k, r in table.probes.items() if k.startswith(kind + ":")]
-        if rows:
-            lines.append(f"{title}:")
-            lines += [f"  {r.domain:<20}{r.difficulty:>6}{_n(r)}{_acc(r)}".rstrip() for r in rows]
     if table.rotation:
         lines.append("rotation slice (fresh items, not in the core set):")
         lines += [f"  {r.domain:<20}{r.difficulty:>6}{_n(r)}{_acc(r)}".rstrip() for r in table.rotation.values()]
+    return "\n".join(lines)
+
+
+def format_probes(before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")) -> str:
+    """The generalisation probes apart from the core: one level above the trained one, and
+    families never trained on; with `after`, paired deltas."""
+    per, _ = (paired_deltas({k: r.verdicts for k, r in before.probes.items()},
+                            {k: r.verdicts for k, r in after.probes.items()}) if after else ({}, None))
+    lines = []
+    for kind, title in (("above", "held-out one level above the trained one"), ("transfer", "families never trained on (transfer)")):
+        keys = [k for k in before.probes if k.startswith(kind + ":")]
+        if not keys:
+            continue
+        lines.append(f"{title}:" + (f"{'':>9}{labels[0]:>19}{labels[1]:>22}" if after else ""))
+        for key in keys:
+            b = before.probes[key]
+            row = f"  {b.domain:<20}{b.difficulty:>6}{_n(b)}{_acc(b)}"
+            if after:
+                row += _acc(after.probes.get(key)) + "  " + _delta(per.get(key))
+            lines.append(row.rstrip())
     return "\n".join(lines)
 
 
@@ -106,7 +121,10 @@ def write_table(path: Path, before: EvalTable, after: EvalTable | None,
     data: dict[str, Any] = {"before": before.to_json(), "after": after.to_json() if after else None}
     if after:
         per, mean = deltas(before, after)
-        data["deltas"] = {"domains": {k: delta_json(v) for k, v in per.items()}, "mean": delta_json(mean)}
+        probes, _ = paired_deltas({k: r.verdicts for k, r in before.probes.items()},
+                                  {k: r.verdicts for k, r in after.probes.items()})
+        data["deltas"] = {"domains": {k: delta_json(v) for k, v in per.items()}, "mean": delta_json(mean),
+                          "probes": {k: delta_json(v) for k, v in probes.items()}}
     data["history"] = [{"step": s, **t.to_json()} for s, t in history]
     data.update(extra or {})
     path.write_text(json.dumps(data, indent=1))

@@ -92,11 +92,13 @@ def probes_table(table: Mapping[str, Any]) -> str:
     before, after = table["before"].get("probes", {}), (table.get("after") or {}).get("probes", {})
     if not before:
         return '<p class="empty">no generalisation probes (eval.above_tasks=0 and no eval.transfer_domains)</p>'
-    rows = ['<tr><th class="l">probe</th><th class="l">domain</th><th>level</th><th>n</th><th>before</th><th>after</th></tr>']
+    deltas = (table.get("deltas") or {}).get("probes", {})
+    rows = ['<tr><th class="l">probe</th><th class="l">domain</th><th>level</th><th>n</th><th>before</th><th>after</th>'
+            '<th>delta [paired 95% CI]</th></tr>']
     for key, b in before.items():
         kind = "level above trained" if key.startswith("above:") else "transfer (never trained)"
         rows.append(f'<tr><td class="l">{kind}</td><td class="l">{_e(b["domain"])}</td><td>{b["difficulty"]}</td><td>{_n(b)}</td>'
-                    f'{_acc(b)}{_acc(after.get(key))}</tr>')
+                    f'{_acc(b)}{_acc(after.get(key))}{_delta(deltas.get(key))}</tr>')
     return "<table>" + "".join(rows) + "</table>"
 
 
