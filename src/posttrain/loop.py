@@ -16,7 +16,8 @@ from typing import Any, Sequence
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
 from posttrain.config import Config
-from posttrain.evaluate import EvalTable, evaluate, format_table, write_table
+from posttrain.evaluate import EvalTable
+from posttrain.evaluate.run import RunEvaluator
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import MetricsLog, RunDir
@@ -69,12 +70,13 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         levels = state["levels"]
         log(f"resumed {run.path} at step {state['step']}")
     monitor = Monitor(cfg, run.path, trace, metrics, pool, engine, trainer, model_dir, log, state.pop("monitor", None), state["step"])
+    evaluator = RunEvaluator(cfg, run.path, engine, metrics, levels, log)  # held-out set stored in the run dir
     if state["before"] is None:
-        before = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
+        evaluator.checks(model, tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))  # contamination, exposure
+        before = evaluator.full(0)
         state["before"] = before.to_json()
-        metrics.write("eval", 0, mean_accuracy=before.mean_accuracy, domains={k: v.accuracy for k, v in before.results.items()})
-        log("held-out before training:\n" + format_table(before))
-        monitor.after_eval(0, before)
+        log("held-out before training:\n" + evaluator.describe(before))
+        monitor.after_eval(0, evaluator.comparable(before))
     before = EvalTable.from_json(state["before"])
 
     params = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
@@ -102,11 +104,10 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
-        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0 and step < cfg.run.steps:
-            table = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
+        if evaluator.due(step, cfg.run.steps):  # the fixed subset and a rotation slice
+            table = evaluator.periodic(step)
             state["history"].append([step, table.to_json()])
-            pool.observe_eval({k: v.accuracy for k, v in table.results.items()})
-            metrics.write("eval", step, mean_accuracy=table.mean_accuracy, domains={k: v.accuracy for k, v in table.results.items()})
+            pool.observe_eval(table.accuracies)
             monitor.after_eval(step, table)
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
             state["step"] = step
@@ -116,14 +117,13 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             break
     bar.close()
 
-    after = evaluate(engine, levels, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
     state["step"] = step if monitor.stop_reason else cfg.run.steps
+    after = evaluator.full(state["step"])
     trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()})
-    monitor.after_eval(state["step"], after)
-    metrics.write("eval", state["step"], mean_accuracy=after.mean_accuracy, domains={k: v.accuracy for k, v in after.results.items()})
+    monitor.after_eval(state["step"], evaluator.comparable(after))
     history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
-    write_table(run.eval_path, before, after, history)
-    log("held-out before and after training:\n" + format_table(before, after))
+    evaluator.write(run.eval_path, before, after, history)
+    log("held-out before and after training:\n" + evaluator.describe(before, after))
     monitor.close()
     rollouts.close()
     sync.close()

@@ -11,7 +11,7 @@ TINY = [
     "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_tokens=6",
     "eval.tasks_per_domain=16", "eval.max_tokens=6", "run.threads=1", "run.progress=false",
     "run.checkpoint_every=0", "monitor.alarms.baseline_steps=3", "monitor.alarms.window=3",
-    "monitor.kl.every_steps=2", "monitor.kl.rows=16", "monitor.audit.heldout_tasks=16",
+    "monitor.kl.every_steps=2", "monitor.kl.rows=16",
 ]
 
 

@@ -1,4 +1,5 @@
-"""`posttrain eval [--model DIR] [CONFIG] [overrides]`: held-out accuracy per domain."""
+"""`posttrain eval [CONFIG] [overrides] [--model DIR | --run RUN_DIR] [--heldout FILE]`: held-out accuracy
+per domain with 95% intervals, on a stored held-out set when given one (same items, same JSON)."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +7,15 @@ import json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="held-out accuracy per domain of a model (seeded, greedy)")
+    p = sub.add_parser("eval", help="held-out accuracy per domain of a model, with intervals (seeded, greedy; pass@k/maj@k)")
     p.add_argument("config", nargs="?", help="YAML config naming the domains and eval settings")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.tasks_per_domain=50")
-    p.add_argument("--model", metavar="DIR", help="a local Hugging Face model directory (default: the embedded base)")
-    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--model", metavar="DIR", help="a local Hugging Face model directory (default: the run's latest "
+                   "checkpoint with --run, else the embedded base)")
+    p.add_argument("--run", metavar="RUN_DIR", help="evaluate a run: its config, its stored held-out set, its latest checkpoint")
+    p.add_argument("--heldout", metavar="FILE", help="a stored held-out set (a run's heldout.json) to evaluate exactly")
+    p.add_argument("--save-heldout", metavar="FILE", help="write the held-out set used, to rerun it later")
+    p.add_argument("--json", metavar="FILE", help="also write the table as JSON (identical on a rerun of the same set)")
     p.set_defaults(func=run)
 
 
@@ -19,22 +24,50 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from posttrain.config import load_config, split_cli_args
+    from posttrain.errors import ConfigError
 
     config, overrides = split_cli_args(args.config, args.overrides)
+    if args.run:
+        if config:
+            raise ConfigError("give either --run RUN_DIR or a config file, not both (overrides apply to the run's config)")
+        config = os.path.join(args.run, "config.yaml")
     cfg = load_config(config, overrides)
-    from posttrain.engine.hf import HFEngine
-    from posttrain.evaluate import evaluate, format_table
-    from posttrain.model.pretrain import ensure_base
-    from posttrain.tasks.pool import TaskPool
-
     import torch
 
+    from posttrain.engine.hf import HFEngine
+    from posttrain.evaluate import HeldoutSet, evaluate_heldout, format_details, format_table
+    from posttrain.evaluate.run import heldout_for, options
+
     torch.set_num_threads(cfg.run.threads)
-    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
-    engine = HFEngine.from_pretrained(args.model or cfg.model.path or ensure_base(cfg.base), device=cfg.model.device, seed=cfg.run.seed)
-    table = evaluate(engine, {n: pool.eval_difficulty(n) for n in pool.names}, cfg.eval.tasks_per_domain, cfg.eval.max_tokens)
+    heldout = HeldoutSet.load(args.heldout or args.run) if (args.heldout or args.run) else _build(cfg, heldout_for)
+    for warning in heldout.warnings():
+        print(f"warning: {warning}")
+    engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
+    table = evaluate_heldout(engine, heldout, options(cfg.eval))
     print(format_table(table))
+    print(format_details(table))
+    if args.save_heldout:
+        heldout.save(args.save_heldout)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(table.to_json(), f, indent=2)
+            json.dump(table.to_json(), f, indent=1)
     return 0
+
+
+def _build(cfg, heldout_for):
+    from posttrain.tasks.pool import TaskPool
+
+    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
+    return heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names})
+
+
+def _model(args, cfg) -> str:
+    if args.model:
+        return args.model
+    if args.run:
+        from posttrain.evaluate.compare import resolve
+
+        return str(resolve(args.run).model_dir)
+    from posttrain.model.pretrain import ensure_base
+
+    return str(cfg.model.path or ensure_base(cfg.base))

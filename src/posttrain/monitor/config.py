@@ -135,9 +135,6 @@ class AuditConfig(BaseModel):
     """Audit rollouts of domains that declare a stricter check."""
     per_step: int = Field(8, ge=1, le=10_000)
     """Top-reward rollouts audited per domain per step."""
-    heldout_tasks: int = Field(32, ge=0, le=100_000)
-    """At each evaluation, held-out tasks per audited domain scored by the stricter
-    check (the held-out accuracy the reward-hacking alarm trusts); 0 turns it off."""
 
 
 class KLConfig(BaseModel):

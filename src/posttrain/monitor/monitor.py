@@ -42,7 +42,7 @@ class Monitor:
         start_step: int = 0,
     ) -> None:
         self.cfg = cfg.monitor
-        self.temperature, self.eval_tokens = cfg.rollout.temperature, cfg.eval.max_tokens
+        self.temperature = cfg.rollout.temperature
         self._base_weights = {n: pool.weight(n) for n in pool.names}
         self.run_dir, self.trace, self.metrics, self.pool = Path(run_dir), trace, metrics, pool
         self.engine, self.trainer, self.model_dir, self.log = engine, trainer, model_dir, log
@@ -88,14 +88,17 @@ class Monitor:
         self._mirror(step, {"train": dict(train_row or {}), **row})
 
     def after_eval(self, step: int, table: Any) -> None:
-        """Record a held-out evaluation (and the stricter one, where domains have it); eval alarms."""
+        """Record a held-out evaluation of the loop's evaluator; eval alarms. The alarms trust the
+        eval verifier's accuracy (the domain's stricter checks included, see evaluate.strict);
+        the training verifier's accuracy on the same items is recorded beside it."""
         if not self.cfg.enabled:
             return
-        accs = {name: r.accuracy for name, r in table.results.items()}
-        strict = self._strict_heldout(table)
-        trusted = {**accs, **strict}
+        results = table.results.values()
+        accs = {r.domain: r.train_accuracy for r in results if getattr(r, "train_accuracy", None) is not None}
+        trusted = {r.domain: r.accuracy for r in results if r.accuracy is not None}
+        strict = {r.domain: r.accuracy for r in results if r.accuracy is not None and "+" in getattr(r, "eval_verifier", "")}
         self.history.evals.append((step, trusted))
-        self.metrics.write("heldout", step, domains=accs, strict=strict, trusted=trusted)
+        self.metrics.write("heldout", step, domains=accs or trusted, strict=strict, trusted=trusted)
         self._mirror(step, {"heldout": trusted})
         self._check(step, EVAL_DETECTORS)
 
@@ -185,7 +188,7 @@ class Monitor:
         if stop:
             self.stop_reason = self.stop_reason or message
 
-    # ------------------------------------------------------------ audits and held-out by the stricter check
+    # ------------------------------------------------------------ audits of top-reward rollouts
 
     def _audit(self, step: int, groups: Sequence[Sequence[Any]]) -> dict[str, dict[str, int]]:
         if not self.cfg.audit.enabled:
@@ -216,31 +219,6 @@ class Monitor:
             audited = len(top) - errors
             self.history.audits.setdefault(name, []).append((step, audited, failed))
             out[name] = {"audited": audited, "failed": failed, "errors": errors, "examples": examples[:3]}
-        return out
-
-    def _strict_heldout(self, table: Any) -> dict[str, float]:
-        n = self.cfg.audit.heldout_tasks
-        if not (self.cfg.audit.enabled and n and self.engine is not None):
-            return {}
-        from posttrain.domains.registry import get
-        from posttrain.evaluate import eval_tasks
-        from posttrain.types import GenerationRequest, SamplingParams
-
-        out = {}
-        for name, result in table.results.items():
-            fn = audit_of(get(name))
-            if fn is None:
-                continue
-            tasks = eval_tasks(name, result.difficulty, n)
-            params = SamplingParams(max_tokens=self.eval_tokens, temperature=0.0, n=1, seed=0)
-            outputs = self.engine.generate([GenerationRequest(self.engine.encode_chat(t.prompt), params, t.id) for t in tasks])
-            verdicts = []
-            for task, group in zip(tasks, outputs):
-                try:
-                    verdicts.append(bool(fn(task, group[0].text)))
-                except Exception:  # infra: excluded from the accuracy
-                    continue
-            out[name] = sum(verdicts) / len(verdicts) if verdicts else 0.0
         return out
 
     # ------------------------------------------------------------ KL to the initial model

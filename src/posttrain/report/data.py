@@ -85,7 +85,40 @@ class RunData:
         out: Series = {}
         for row in self.evals:
             for domain, value in row.get("domains", {}).items():
+                if isinstance(value, (int, float)):
+                    out.setdefault(domain, []).append((row["step"], float(value)))
+        return out
+
+    def heldout_intervals(self) -> dict[str, list[tuple[int, float, float, float]]]:
+        """Per domain and the mean over domains: (step, accuracy, low, high) at each evaluation
+        of the fixed subset (rows without intervals, from older runs, are left out)."""
+        out: dict[str, list[tuple[int, float, float, float]]] = {}
+        for row in self.evals:
+            for domain, value in row.get("domains", {}).items():
+                ci = row.get("ci", {}).get(domain)
+                if isinstance(value, (int, float)) and ci:
+                    out.setdefault(domain, []).append((row["step"], float(value), float(ci[0]), float(ci[1])))
+            if row.get("mean_ci") and isinstance(row.get("mean_accuracy"), (int, float)):
+                lo, hi = row["mean_ci"]
+                out.setdefault("mean over domains", []).append((row["step"], float(row["mean_accuracy"]), float(lo), float(hi)))
+        return out
+
+    def rotation_by_domain(self) -> Series:
+        """Accuracy on each evaluation's rotation slice (fresh items), per domain."""
+        out: Series = {}
+        for row in self.evals:
+            for domain, value in row.get("rotation", {}).items():
                 out.setdefault(domain, []).append((row["step"], float(value)))
+        return out
+
+    def train_vs_eval_verifier(self) -> Series:
+        """Training verifier minus eval verifier pass rate on the same held-out items, per domain."""
+        out: Series = {}
+        for row in self.evals:
+            for domain, train in row.get("train_verifier", {}).items():
+                value = row.get("domains", {}).get(domain)
+                if isinstance(value, (int, float)) and isinstance(train, (int, float)):
+                    out.setdefault(domain, []).append((row["step"], float(train) - float(value)))
         return out
 
     def stage_utilisation(self) -> Series:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from posttrain.report.data import RunData, Series, load_run
+from posttrain.report.evalhtml import eval_section, heldout_bars, heldout_curves
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1d2329;padding:0 16px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2e7;padding-bottom:4px}
+h1{font-size:22px;margin:0 0 4px}h3{font-size:14px;margin:16px 0 6px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde2e7;padding-bottom:4px}
 .meta{color:#5b6670}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:12px}
 figure.wide{grid-column:1/-1}figure{margin:0;border:1px solid #e3e7eb;border-radius:6px;padding:6px;background:#fff}figure img{width:100%;height:auto}
 figcaption{color:#5b6670;font-size:12px;padding:2px 4px}table{border-collapse:collapse;margin:6px 0}
@@ -82,8 +83,8 @@ def _heldout_bars(data: RunData) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    before = {d: v["accuracy"] for d, v in table["before"]["domains"].items()}
-    after = {d: v["accuracy"] for d, v in (table.get("after") or {}).get("domains", {}).items()}
+    before = {d: v["accuracy"] or 0.0 for d, v in table["before"]["domains"].items()}
+    after = {d: v["accuracy"] or 0.0 for d, v in (table.get("after") or {}).get("domains", {}).items()}
     names = sorted(before)
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(max(5.2, 1.1 * len(names) + 2), 3.0))
@@ -155,22 +156,6 @@ def _img(src: str | None, caption: str, wide: bool = False) -> str:
     return f'<figure{cls}><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
 
 
-def _eval_table(data: RunData) -> str:
-    table = data.eval_table
-    if not table:
-        return '<p class="empty">no eval.json</p>'
-    before, after = table["before"]["domains"], (table.get("after") or {}).get("domains", {})
-    rows = ['<tr><th class="l">domain</th><th>level</th><th>n</th><th>before</th><th>after</th><th>delta</th></tr>']
-    for name, b in sorted(before.items()):
-        a = after.get(name)
-        delta = "" if a is None else a["accuracy"] - b["accuracy"]
-        cls = "" if a is None else ("pos" if delta > 0 else "neg" if delta < 0 else "")
-        rows.append(f'<tr><td class="l">{html.escape(name)}</td><td>{b["difficulty"]}</td><td>{b["n"]}</td>'
-                    f'<td>{b["accuracy"]:.3f}</td><td>{"" if a is None else format(a["accuracy"], ".3f")}</td>'
-                    f'<td class="{cls}">{"" if a is None else format(delta, "+.3f")}</td></tr>')
-    return "<table>" + "".join(rows) + "</table>"
-
-
 def _alarm_table(data: RunData) -> str:
     if not data.alarms:
         return '<p class="empty">no alarm fired</p>'
@@ -223,9 +208,9 @@ def render(data: RunData) -> str:
     figures = [
         (_figure("reward and pass rate per domain", [("train reward", data.reward_by_domain()), ("pass rate", sig("pass_rate"))], alarms=alarms),
          "training reward (mean) and pass rate of each domain's rollouts; red lines mark alarms"),
-        (_heldout_bars(data), "held-out accuracy before and after training"),
-        (_figure("held-out accuracy over training", [("held-out accuracy (eval table)", data.heldout_by_domain())]),
-         "held-out accuracy at each evaluation"),
+        (heldout_bars(data) or _heldout_bars(data), "held-out accuracy before and after training: the change per domain with paired 95% intervals"),
+        (heldout_curves(data) or _figure("held-out accuracy over training", [("held-out accuracy (eval table)", data.heldout_by_domain())]),
+         "held-out accuracy of the fixed subset at each evaluation with 95% Wilson bands; rotation slices apart"),
         (_figure("policy entropy", [("token entropy (sampled tokens)", sig("entropy")),
                                     ("trainer entropy (full distribution)", {"all": data.train_series("entropy")})], alarms=alarms),
          "mean negative log-prob of sampled tokens per domain; the trainer's exact entropy over trained rows"),
@@ -253,7 +238,7 @@ def render(data: RunData) -> str:
 <style>{_CSS}</style></head><body>
 <h1>posttrain run report: {html.escape(data.path.name)}</h1>
 <p class="meta">{html.escape(str(data.path))} · {html.escape(_summary(data))}</p>
-<h2>Held-out accuracy</h2>{_eval_table(data)}
+<h2>Held-out accuracy</h2>{eval_section(data)}
 <h2>Alarms</h2>{_alarm_table(data)}
 <h2>Reward-hacking probes</h2>{_probe_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>

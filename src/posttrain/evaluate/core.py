@@ -1,0 +1,239 @@
+"""Held-out evaluation per domain: seeded, greedy, reproducible, with intervals.
+
+Invariant: the same model and held-out set give the same JSON twice (greedy
+decoding; sampled metrics use a fixed seed); only eval-split tasks are used;
+each item is scored by its domain's training verifier and by its eval
+verifier (`strict.py`: the training verdict AND the domain's stricter
+checks); a verifier that raises makes the item an infra error: counted,
+left out of every accuracy, never a 0. A domain whose items are all infra
+errors has no accuracy (None), not 0.0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from posttrain.domains.base import extract_answer
+from posttrain.domains.registry import get
+from posttrain.engine.base import Engine
+from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout
+from posttrain.evaluate.stats import maj_at_k, mean_interval, mean_over_domains_interval, pass_at_k, wilson
+from posttrain.evaluate.strict import checks_of, eval_verifier_name
+from posttrain.types import Episode, GenerationRequest, SamplingParams, Task
+
+Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, training verdict (None: infra error)
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How items are decoded and which sampled metrics are computed."""
+
+    max_tokens: int = 16
+    batch_size: int = 256
+    samples: int = 0
+    temperature: float = 1.0
+    ks: tuple[int, ...] = ()
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DomainResult:
+    """One domain's held-out figures. `n` is the number of distinct tasks in its set;
+    accuracies are over the `scored` ones (n minus infra errors)."""
+
+    domain: str
+    difficulty: int
+    n: int
+    accuracy: float | None
+    mean_score: float | None = None
+    infra_errors: int = 0
+    low: float = 0.0
+    high: float = 1.0
+    train_accuracy: float | None = None
+    eval_verifier: str = ""
+    requested: int = 0
+    kind: str = "core"
+    sampling: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    """`pass@k` / `maj@k` -> (value, low, high), over the items sampled."""
+    items: tuple[Item, ...] = ()
+
+    @property
+    def scored(self) -> int:
+        return self.n - self.infra_errors
+
+    @property
+    def verdicts(self) -> dict[str, bool | None]:
+        return {tid: ok for tid, ok, _ in self.items}
+
+    def to_json(self) -> dict:
+        return {"domain": self.domain, "difficulty": self.difficulty, "kind": self.kind, "requested": self.requested,
+                "n": self.n, "scored": self.scored, "infra_errors": self.infra_errors, "accuracy": self.accuracy,
+                "ci": [self.low, self.high], "train_accuracy": self.train_accuracy, "mean_score": self.mean_score,
+                "eval_verifier": self.eval_verifier, "sampling": {k: list(v) for k, v in self.sampling.items()},
+                "items": [list(i) for i in self.items]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "DomainResult":
+        low, high = d.get("ci", (0.0, 1.0))
+        return cls(d["domain"], d["difficulty"], d["n"], d["accuracy"], d.get("mean_score"), d.get("infra_errors", 0),
+                   low, high, d.get("train_accuracy"), d.get("eval_verifier", ""), d.get("requested", d["n"]),
+                   d.get("kind", "core"), {k: tuple(v) for k, v in d.get("sampling", {}).items()},
+                   tuple((i[0], i[1], i[2]) for i in d.get("items", ())))
+
+    def head(self, m: int) -> "DomainResult":
+        """This result restricted to its first m items (the fixed subset), figures recomputed."""
+        return _result(self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier,
+                       self.items[:m], [])
+
+
+def _result(domain: str, level: int, kind: str, requested: int, verifier: str, items: Sequence[Item],
+            values: Sequence[float], sampling: Mapping[str, tuple[float, float, float]] | None = None) -> DomainResult:
+    ok = [v for _, v, _ in items if v is not None]
+    train = [t for _, _, t in items if t is not None]
+    k = sum(ok)
+    acc = k / len(ok) if ok else None
+    low, high = wilson(k, len(ok))
+    return DomainResult(domain, level, len(items), acc, sum(values) / len(values) if values else None,
+                        len(items) - len(ok), low, high, sum(train) / len(train) if train else None, verifier,
+                        requested, kind, dict(sampling or {}), tuple(items))
+
+
+@dataclass(frozen=True)
+class EvalTable:
+    """One evaluation: core results per domain, generalisation probes and the rotation slice apart."""
+
+    model_version: int
+    results: Mapping[str, DomainResult] = field(default_factory=dict)
+    probes: Mapping[str, DomainResult] = field(default_factory=dict)
+    """`above:DOMAIN` and `transfer:DOMAIN` results."""
+    rotation: Mapping[str, DomainResult] = field(default_factory=dict)
+    heldout_version: str = ""
+
+    @property
+    def accuracies(self) -> dict[str, float]:
+        """Domain -> accuracy, for the domains that have one (infra-only domains left out)."""
+        return {k: r.accuracy for k, r in self.results.items() if r.accuracy is not None}
+
+    @property
+    def mean_accuracy(self) -> float:
+        vals = list(self.accuracies.values())
+        return sum(vals) / len(vals) if vals else 0.0
+
+    def mean_interval(self, seed: int = 0) -> tuple[float, float]:
+        outcomes = {k: [bool(v) for _, v, _ in r.items if v is not None] for k, r in self.results.items()}
+        if not any(outcomes.values()):  # an older table without items: Wilson of the pooled counts
+            return (0.0, 1.0)
+        return mean_over_domains_interval(outcomes, seed)
+
+    def head(self, m: int) -> "EvalTable":
+        """The fixed subset: every core result restricted to its first m items."""
+        return replace(self, results={k: r.head(m) for k, r in self.results.items()}, probes={}, rotation={})
+
+    def to_json(self) -> dict:
+        lo, hi = self.mean_interval()
+        return {"model_version": self.model_version, "heldout_version": self.heldout_version,
+                "mean_accuracy": self.mean_accuracy, "mean_ci": [lo, hi],
+                "domains": {k: r.to_json() for k, r in self.results.items()},
+                "probes": {k: r.to_json() for k, r in self.probes.items()},
+                "rotation": {k: r.to_json() for k, r in self.rotation.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "EvalTable":
+        def rs(key: str) -> dict[str, DomainResult]:
+            return {k: DomainResult.from_json(v) for k, v in (data.get(key) or {}).items()}
+
+        return cls(data["model_version"], rs("domains"), rs("probes"), rs("rotation"), data.get("heldout_version", ""))
+
+
+# ---------------------------------------------------------------- running an evaluation
+
+
+def eval_tasks(domain: str, difficulty: int, n: int) -> list[Task]:
+    """Up to n distinct eval tasks of a domain at a level (the core set with seed 0)."""
+    from posttrain.evaluate.heldout import domain_set
+
+    return domain_set(domain, difficulty, n, "core").tasks()
+
+
+def _generate(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for start in range(0, len(tasks), batch_size):
+        chunk = tasks[start : start + batch_size]
+        out.extend(engine.generate([GenerationRequest(engine.encode_chat(t.prompt), params, t.id) for t in chunk]))
+    return out
+
+
+def _verdict(task: Task, completion: Any) -> tuple[bool | None, bool | None, float | None]:
+    """(eval verdict, training verdict, training score); None where a verifier raised."""
+    dom = get(task.domain)
+    try:
+        score = dom.score(task, Episode(completion.text, finish_reason=completion.finish_reason))
+    except Exception:  # an infra error: never a wrong answer
+        return None, None, None
+    ok = bool(score.passed)
+    try:
+        strict = ok and all(bool(check(task, completion.text)) for _, check in checks_of(dom))
+    except Exception:  # the stricter check could not decide: infra for the eval verdict
+        return None, ok, float(score.value)
+    return strict, ok, float(score.value)
+
+
+def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
+    params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
+    per: dict[str, list[float]] = {}
+    for task, group in zip(tasks, _generate(engine, tasks, params, max(1, opts.batch_size // opts.samples))):
+        judged = [(extract_answer(c.text), v) for c in group for v in [_verdict(task, c)[0]] if v is not None]
+        answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
+        for k in opts.ks:
+            if k <= len(judged):
+                per.setdefault(f"pass@{k}", []).append(pass_at_k(len(judged), sum(correct), k))
+                per.setdefault(f"maj@{k}", []).append(maj_at_k(answers, correct, k, opts.seed))
+    return {key: (sum(v) / len(v), *mean_interval(v)) for key, v in sorted(per.items())}
+
+
+def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptions = EvalOptions(),
+                  sample_kinds: Iterable[str] = ()) -> dict[str, DomainResult]:
+    """Greedy results of every set (keyed as given); sampled metrics for the sets whose kind
+    is in `sample_kinds` when `opts.samples` > 0."""
+    tasks = {key: s.tasks() for key, s in sets.items()}
+    flat = [t for ts in tasks.values() for t in ts]
+    greedy = SamplingParams(max_tokens=opts.max_tokens, temperature=0.0, n=1, seed=0)
+    outputs = iter(_generate(engine, flat, greedy, opts.batch_size))
+    kinds = set(sample_kinds)
+    out = {}
+    for key, s in sets.items():
+        items, values = [], []
+        for task in tasks[key]:
+            ok, train_ok, value = _verdict(task, next(outputs)[0])
+            items.append((task.id, ok, train_ok))
+            if value is not None and ok is not None:
+                values.append(value)
+        sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
+        out[key] = _result(s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling)
+    return out
+
+
+def evaluate_heldout(engine: Engine, heldout: HeldoutSet, opts: EvalOptions = EvalOptions(), subset: int | None = None,
+                     rotation: Mapping[str, DomainSet] | None = None, probes: bool = True) -> EvalTable:
+    """The core sets (their first `subset` items when given), the probes (when `probes`)
+    and a rotation slice per domain (when given), in one batched generation."""
+    core = {s.domain: (s.head(subset) if subset else s) for s in heldout.of_kind("core").values()}
+    sets: dict[str, DomainSet] = {f"core:{k}": s for k, s in core.items()}
+    if probes:
+        sets.update({key: s for key, s in heldout.sets.items() if s.kind in ("above", "transfer")})
+    sets.update({f"rotation:{k}": s for k, s in (rotation or {}).items()})
+    res = evaluate_sets(engine, sets, opts, sample_kinds=("core",) if probes else ())
+    return EvalTable(
+        engine.version,
+        {k.split(":", 1)[1]: r for k, r in res.items() if k.startswith("core:")},
+        {k: r for k, r in res.items() if k.startswith(("above:", "transfer:"))},
+        {k.split(":", 1)[1]: r for k, r in res.items() if k.startswith("rotation:")},
+        heldout.version,
+    )
+
+
+def evaluate(engine: Engine, difficulties: Mapping[str, int], tasks_per_domain: int, max_tokens: int = 16,
+             batch_size: int = 256) -> EvalTable:
+    """Greedy held-out accuracy per domain on up to `tasks_per_domain` distinct tasks each."""
+    heldout = build_heldout(difficulties, tasks_per_domain)
+    return evaluate_heldout(engine, heldout, EvalOptions(max_tokens=max_tokens, batch_size=batch_size))

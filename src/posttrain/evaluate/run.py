@@ -1,0 +1,156 @@
+"""Evaluation inside a training run: the held-out set stored with the run, checks at start,
+the full set before and after, a fixed subset and a rotation slice during training.
+
+Invariant: a run's held-out set is built once, written to RUN_DIR/heldout.json
+before the first evaluation, and read back on resume, so every evaluation of
+a run (and `posttrain eval --run`, `posttrain compare` later) uses exactly
+those items. Every curve point (before, during, after) is measured on the
+same fixed subset (the first `eval.subset_tasks` items of each core set), so
+points compare; the rotation slice is reported apart and never mixed into
+it. The contamination and exposure checks run once, at the start of a new
+run, and are written to RUN_DIR/checks.json.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
+from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
+from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
+
+
+def options(eval_cfg: Any, sampled: bool = True) -> EvalOptions:
+    return EvalOptions(max_tokens=eval_cfg.max_tokens, batch_size=eval_cfg.batch_size,
+                       samples=eval_cfg.samples if sampled else 0, temperature=eval_cfg.temperature,
+                       ks=tuple(eval_cfg.k), seed=eval_cfg.seed)
+
+
+def heldout_for(eval_cfg: Any, levels: Mapping[str, int]) -> HeldoutSet:
+    return build_heldout(levels, eval_cfg.tasks_per_domain, eval_cfg.seed, eval_cfg.above_tasks,
+                         dict(eval_cfg.transfer_domains))
+
+
+class RunEvaluator:
+    """Owns a run's held-out set and its evaluations; the loop calls it at the marked points."""
+
+    def __init__(self, cfg: Any, run_dir: Path, engine: Any, metrics: Any, levels: Mapping[str, int],
+                 log: Callable[[str], Any] = print) -> None:
+        self.cfg, self.run_dir, self.engine, self.metrics, self.log = cfg.eval, Path(run_dir), engine, metrics, log
+        path = self.run_dir / "heldout.json"
+        if path.is_file():
+            self.heldout = HeldoutSet.load(path)
+        else:
+            self.heldout = heldout_for(self.cfg, levels)
+            self.heldout.save(path)
+        for warning in self.heldout.warnings():
+            log(f"warning: {warning}")
+        self.seconds = {"full": 0.0, "periodic": 0.0, "checks": 0.0}
+
+    # ------------------------------------------------------------ checks at the start of a run
+
+    def checks(self, model: Any, tokenizer: Any, pool_factory: Callable[[], Any]) -> dict[str, Any]:
+        """n-gram contamination of the held-out prompts by the run's first training draws, and
+        the exposure of the (base) model to the held-out answers; logged and written to checks.json."""
+        t0 = time.perf_counter()
+        out: dict[str, Any] = {}
+        if self.cfg.contamination:
+            out["contamination"] = self._contamination(pool_factory())
+            bad = [f"{d} ({r['contaminated']}/{r['eval_tasks']})" for d, r in out["contamination"].items() if r["contaminated"]]
+            self.log("contamination (n-gram overlap, held-out vs training draws): "
+                     + (f"OVERLAP in {', '.join(bad)}" if bad else "none found"))
+        if self.cfg.exposure and tokenizer is not None and hasattr(model, "parameters"):
+            from posttrain.evaluate.exposure import check_exposure, exposure_json
+
+            found = check_exposure(model, tokenizer, self.heldout, self.cfg.exposure_tasks, self.cfg.exposure_threshold,
+                                   self.cfg.seed)
+            out["exposure"] = exposure_json(found)
+            for e in found.values():
+                if e.flagged:
+                    self.log(f"warning: exposure check: {e.message()}")
+            if not any(e.flagged for e in found.values()):
+                self.log(f"exposure check of the base model: no domain looks memorised ({len(found)} checked)")
+        self.seconds["checks"] += time.perf_counter() - t0
+        (self.run_dir / "checks.json").write_text(json.dumps(out, indent=1))
+        return out
+
+    def _contamination(self, pool: Any) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        from posttrain.tasks.hygiene import contamination
+
+        drawn: dict[str, list[Any]] = {}
+        for task in pool.draw(self.cfg.contamination_train_tasks):
+            drawn.setdefault(task.domain, []).append(task)
+        out = {}
+        for key, s in self.heldout.sets.items():
+            if s.kind in ("core", "above"):
+                rep = contamination(s.domain, drawn.get(s.domain, []), s.tasks(), n=self.cfg.ngram)
+                out[key if s.kind == "above" else s.domain] = asdict(rep)
+        return out
+
+    # ------------------------------------------------------------ evaluations
+
+    def full(self, step: int) -> EvalTable:
+        """Every core item (sampled metrics included), the generalisation probes."""
+        t0 = time.perf_counter()
+        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg))
+        seconds = time.perf_counter() - t0
+        self.seconds["full"] += seconds
+        self._row(step, self.comparable(table), seconds, full=table)
+        return table
+
+    def due(self, step: int, last: int) -> bool:
+        return bool(self.cfg.every_steps) and step % self.cfg.every_steps == 0 and step < last
+
+    def periodic(self, step: int) -> EvalTable:
+        """The fixed subset and this evaluation's rotation slice."""
+        t0 = time.perf_counter()
+        rotation = {}
+        if self.cfg.rotation_tasks:
+            number = step // max(self.cfg.every_steps, 1)
+            rotation = {d: rotation_slice(s, self.cfg.rotation_tasks, number, self.cfg.seed)
+                        for d, s in self.heldout.of_kind("core").items()}
+        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, sampled=False), subset=self.cfg.subset_tasks,
+                                 rotation=rotation, probes=False)
+        seconds = time.perf_counter() - t0
+        self.seconds["periodic"] += seconds
+        self._row(step, table, seconds)
+        return table
+
+    def comparable(self, table: EvalTable) -> EvalTable:
+        """The view every curve point shares: the fixed subset of the core sets."""
+        return table.head(self.cfg.subset_tasks)
+
+    def _row(self, step: int, table: EvalTable, seconds: float, full: EvalTable | None = None) -> None:
+        lo, hi = table.mean_interval()
+        row: dict[str, Any] = {
+            "mean_accuracy": table.mean_accuracy, "mean_ci": [lo, hi], "seconds": seconds,
+            "domains": table.accuracies, "ci": {k: [r.low, r.high] for k, r in table.results.items()},
+            "n": {k: r.scored for k, r in table.results.items()},
+            "infra_errors": {k: r.infra_errors for k, r in table.results.items()},
+            "train_verifier": {k: r.train_accuracy for k, r in table.results.items() if r.train_accuracy is not None},
+            "rotation": {k: r.accuracy for k, r in table.rotation.items() if r.accuracy is not None},
+            "rotation_n": {k: r.scored for k, r in table.rotation.items()},
+        }
+        if full is not None:
+            row["full"] = {"domains": full.accuracies, "mean_accuracy": full.mean_accuracy,
+                           "probes": {k: r.accuracy for k, r in full.probes.items()}}
+        self.metrics.write("eval", step, **row)
+
+    # ------------------------------------------------------------ the end of a run
+
+    def write(self, path: Path, before: EvalTable, after: EvalTable, history: Sequence[tuple[int, EvalTable]]) -> None:
+        checks_path = self.run_dir / "checks.json"
+        checks = json.loads(checks_path.read_text()) if checks_path.is_file() else {}
+        extra = {"heldout": {**self.heldout.to_json(), "version": self.heldout.version,
+                             "warnings": self.heldout.warnings()},
+                 "subset_tasks": self.cfg.subset_tasks, "eval_seconds": dict(self.seconds), **checks}
+        write_table(path, before, after, history, extra)
+
+    @staticmethod
+    def describe(before: EvalTable, after: EvalTable | None = None) -> str:
+        parts = [format_table(before, after), format_details(after or before), format_probes(before, after)]
+        return "\n".join(p for p in parts if p)
