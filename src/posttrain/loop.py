@@ -107,7 +107,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         if evaluator.due(step, cfg.run.steps):  # the fixed subset and a rotation slice
             table = evaluator.periodic(step)
             state["history"].append([step, table.to_json()])
-            pool.observe_eval(table.accuracies)
+            pool.observe_eval(table.accuracies, table.counts)
             monitor.after_eval(step, table)
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
             state["step"] = step

@@ -127,6 +127,12 @@ def test_reward_hacking_and_domain_regression_at_evaluations():
     g = History(evals=[(0, {"add": 0.5, "sub": 0.2, "mul": 0.2}), (10, {"add": 0.6, "sub": 0.3, "mul": 0.3}),
                        (20, {"add": 0.4, "sub": 0.5, "mul": 0.5})])
     assert _kinds(g, EVAL_DETECTORS) == {("domain_regression", "add")}
+    # add's drop 0.6 -> 0.4 on 50 items each is within noise: 1.96 * sqrt(.24/50 + .24/50) = 0.192 < 0.2,
+    # so still an alarm; on 30 items each the margin is 0.248 > 0.2 and nothing fires
+    g.eval_counts = [{"add": 50, "sub": 50, "mul": 50}] * 3
+    assert _kinds(g, EVAL_DETECTORS) == {("domain_regression", "add")}
+    g.eval_counts = [{"add": 30, "sub": 30, "mul": 30}] * 3
+    assert _kinds(g, EVAL_DETECTORS) == set()
 
 
 @pytest.fixture()

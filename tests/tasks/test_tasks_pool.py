@@ -208,3 +208,19 @@ def test_pool_over_many_families():
     pool = TaskPool(cfg(domains={n: {} for n in names}))
     tasks = pool.draw(24)
     assert {t.domain for t in tasks} == set(names)
+
+
+def test_drift_guard_ignores_a_drop_within_sampling_noise():
+    # best 0.60 on 50 items, now 0.50 on 50: a 0.10 drop but the noise margin is
+    # 1.96 * sqrt(.6*.4/50 + .5*.5/50) = 1.96 * 0.0990 = 0.194, so no boost;
+    # the same drop measured on 2,000 items each (margin 0.031) boosts.
+    from posttrain.tasks.config import DriftConfig
+    from posttrain.tasks.drift import DriftGuard, drop_margin
+
+    assert abs(drop_margin(0.6, 50, 0.5, 50, 1.96) - 0.19401) < 1e-4
+    names = ["add", "sort"]
+    small, big = DriftGuard(DriftConfig(), names), DriftGuard(DriftConfig(), names)
+    for guard, n in ((small, 50), (big, 2000)):
+        guard.observe({"add": 0.6, "sort": 0.3}, {"add": n, "sort": n})
+    assert small.observe({"add": 0.5, "sort": 0.5}, {"add": 50, "sort": 50}) == []
+    assert big.observe({"add": 0.5, "sort": 0.5}, {"add": 2000, "sort": 2000}) == ["add"]

@@ -115,6 +115,11 @@ class EvalTable:
         return {k: r.accuracy for k, r in self.results.items() if r.accuracy is not None}
 
     @property
+    def counts(self) -> dict[str, int]:
+        """Domain -> how many scored items its accuracy rests on (distinct tasks less infra errors)."""
+        return {k: r.n - r.infra_errors for k, r in self.results.items() if r.accuracy is not None}
+
+    @property
     def mean_accuracy(self) -> float:
         vals = list(self.accuracies.values())
         return sum(vals) / len(vals) if vals else 0.0

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from posttrain.monitor.config import AlarmsConfig
 from posttrain.monitor.signals import DomainSignals
+from posttrain.tasks.drift import drop_margin
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class History:
     signals: dict[str, list[tuple[int, DomainSignals]]] = field(default_factory=dict)
     kl: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    eval_counts: list[dict[str, int]] = field(default_factory=list)
+    """Items behind each accuracy of `evals` (same order); empty where unknown."""
     audits: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
     def count(self, domain: str) -> int:
@@ -184,13 +187,15 @@ class DomainRegression:
         if len(h.evals) < 2:
             return hits
         first, (step, last) = h.evals[0][1], h.evals[-1]
+        counts = h.eval_counts if len(h.eval_counts) == len(h.evals) else [{} for _ in h.evals]
         for domain, now in last.items():
-            best = max(acc[domain] for _, acc in h.evals if domain in acc)
+            best, i = max((acc[domain], i) for i, (_, acc) in enumerate(h.evals) if domain in acc)
             others = [d for d in last if d != domain and d in first]
             if not others:
                 continue
             gain = _mean([last[d] - first[d] for d in others])
-            if best - now > tol and gain > tol:
+            noise = drop_margin(best, counts[i].get(domain), now, counts[-1].get(domain), cfg.domain_regression.z)
+            if best - now > max(tol, noise) and gain > tol:
                 hits.append(Hit(self.kind, domain,
                                 f"{domain} regressed on held-out to {now:.2f} (best {best:.2f}) while the other "
                                 f"domains gained {gain:+.2f} on average by step {step}",

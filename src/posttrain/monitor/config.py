@@ -76,6 +76,10 @@ class RegressionRule(AlarmRule):
     """A drop below the domain's best held-out accuracy by more than this is a
     regression; the others' mean must have gained more than this since the first evaluation."""
 
+    z: float = Field(1.96, ge=0.0, le=10.0)
+    """The drop must also exceed this many standard errors of the two accuracies (binomial,
+    from the evaluations' item counts), so a small eval subset's noise does not alarm."""
+
 
 class AuditRule(AlarmRule):
     """Top-reward rollouts that a domain's stricter check rejects."""

@@ -98,7 +98,9 @@ class Monitor:
         trusted = {r.domain: r.accuracy for r in results if r.accuracy is not None}
         strict = {r.domain: r.accuracy for r in results if r.accuracy is not None and "+" in getattr(r, "eval_verifier", "")}
         self.history.evals.append((step, trusted))
-        self.metrics.write("heldout", step, domains=accs or trusted, strict=strict, trusted=trusted)
+        counts = dict(table.counts)
+        self.history.eval_counts.append(counts)
+        self.metrics.write("heldout", step, domains=accs or trusted, strict=strict, trusted=trusted, counts=counts)
         self._mirror(step, {"heldout": trusted})
         self._check(step, EVAL_DETECTORS)
 
@@ -282,6 +284,7 @@ class Monitor:
         for (kind, step), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             if kind == "heldout":
                 self.history.evals.append((step, dict(row["trusted"])))
+                self.history.eval_counts.append(dict(row.get("counts", {})))
                 continue
             for domain, values in row["domains"].items():
                 self.history.signals.setdefault(domain, []).append((step, DomainSignals(**values)))

@@ -70,6 +70,10 @@ class DriftConfig(BaseModel):
     tolerance: float = Field(0.05, ge=0.0, le=1.0)
     """A drop of a domain's held-out pass rate below its best by more than this counts as a regression."""
 
+    z: float = Field(1.96, ge=0.0, le=10.0)
+    """... and only when the drop also exceeds this many standard errors of the two pass rates
+    (binomial, from the evaluations' item counts), so a small eval subset's noise does not boost."""
+
     boost: float = Field(2.0, gt=1.0, le=100.0)
     """Factor applied to a regressing domain's weight at each evaluation it stays regressed."""
 

@@ -196,12 +196,13 @@ class TaskPool:
             raise TaskError(f"observe: reward must be a finite number in [0, 1], got {reward!r}")
         self.curriculum.observe(task.domain, task.meta.difficulty, float(reward))
 
-    def observe_eval(self, pass_rates: Mapping[str, float]) -> list[str]:
-        """Record one held-out evaluation (domain -> pass rate); returns the domains the drift guard boosted."""
+    def observe_eval(self, pass_rates: Mapping[str, float], counts: Mapping[str, int] | None = None) -> list[str]:
+        """Record one held-out evaluation (domain -> pass rate, and the item count behind each);
+        returns the domains the drift guard boosted."""
         unknown = sorted(set(pass_rates) - set(self.domains))
         if unknown:
             raise TaskError(f"observe_eval: domains not in this pool: {', '.join(unknown)}")
-        return self.drift.observe(pass_rates)
+        return self.drift.observe(pass_rates, counts)
 
     def eval_difficulty(self, name: str) -> int:
         """Level the evaluator uses for `name`: the fixed difficulty when set,
