@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from posttrain.errors import SandboxError
-from posttrain.sandbox import _cgroups
+from posttrain.sandbox import _cgroups, _hide
 from posttrain.sandbox.config import SandboxConfig
 from posttrain.sandbox.forkserver import ForkServerWorker, WorkerDied
 from posttrain.sandbox.oneshot import BwrapBackend, OneShot, UnsafeBackend, write_files
@@ -30,6 +30,7 @@ from posttrain.sandbox.probe import Probe, probe, select_backend
 from posttrain.sandbox.records import ExecRequest, ExecResult, Limits
 
 _POOL_SEQ = itertools.count()
+RO_ROOTS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/opt")  # bound whole into every task
 _UID_SPAN = 512
 
 
@@ -62,12 +63,14 @@ class Pool:
         self._oneshot: OneShot | None = None
         self._tree: _cgroups.Tree | None = None
         binds = self._ro_binds()
+        self.hidden = _hide.hidden_paths(binds + RO_ROOTS)
         if self.backend == "forkserver":
             self._start_tree()
         elif self.backend == "bwrap":
-            self._oneshot = BwrapBackend(self.config.python, binds, self.found.bwrap or "bwrap")
+            self._oneshot = BwrapBackend(self.config.python, binds, self.found.bwrap or "bwrap", hidden=self.hidden)
         else:
-            self._oneshot = UnsafeBackend(self.config.python, binds)
+            self._oneshot = UnsafeBackend(self.config.python, binds, hidden=self.hidden, prefix=self._prefix(),
+                                          private_mounts=self.found.namespaces)
         for slot in range(self.config.workers):
             self._idle.put(slot)
         if self.backend == "forkserver":
@@ -79,9 +82,19 @@ class Pool:
                 raise
 
     # ---- set-up
+    def _prefix(self) -> str:
+        """The interpreter's prefix (a venv's root), as the host sees it."""
+        py = self.config.python
+        return os.path.realpath(sys.prefix if py == sys.executable else os.path.dirname(os.path.dirname(os.path.abspath(py))))
+
+    def _venv(self) -> str | None:
+        """The prefix to mount apart (at /venv inside), unless a bound system tree holds it."""
+        prefix = self._prefix()
+        return None if any(_hide.under(prefix, r) for r in RO_ROOTS) else prefix
+
     def _ro_binds(self) -> tuple[str, ...]:
-        prefix = os.path.realpath(sys.prefix if self.config.python == sys.executable else os.path.dirname(os.path.dirname(self.config.python)))
-        extra = () if prefix.startswith("/usr") else (prefix,)
+        prefix = self._prefix()
+        extra = () if any(_hide.under(prefix, r) for r in RO_ROOTS) else (prefix,)
         return tuple(dict.fromkeys(extra + tuple(self.config.ro_binds)))
 
     def _start_tree(self) -> None:
@@ -105,7 +118,8 @@ class Pool:
             "uid": uid, "gid": uid, "slot": slot,
             "state_dir": os.path.join(tempfile.gettempdir(), f"{self._tree.name}-slot{slot}"),
             "cgroup": {"version": self._tree.h.version, "dirs": self._tree.h.dirs, "owner_pid": os.getpid(), "tag": str(self.seq)},
-            "seccomp": True, "preimport": list(self.config.preimport), "ro_binds": list(self._ro_binds()),
+            "seccomp": True, "preimport": list(self.config.preimport),
+            "ro_binds": [b for b in self._ro_binds() if b != self._venv()], "venv": self._venv(), "hidden": list(self.hidden),
         }
         try:
             return ForkServerWorker(slot, conf, self.config.python, self.config.start_timeout_s, self.config.grace_s)
@@ -267,6 +281,8 @@ class Pool:
             self._workers[i] = None
         if self._tree is not None:
             self._tree.remove()
+        if self._oneshot is not None:
+            self._oneshot.close()
 
     def __enter__(self) -> "Pool":
         return self
