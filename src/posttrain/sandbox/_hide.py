@@ -7,7 +7,9 @@ directory and its metadata in every site-packages directory of the bound
 trees (a wheel install), the directories an editable install's `.pth` file
 puts on the path (the checkout's src/), and the package this process runs
 from. Each backend masks every listed path that a task could reach (an
-empty read-only tmpfs over a directory, /dev/null over a file).
+read-only directory holding only an __init__.py that
+raises ImportError over a directory (an empty one would still import as a
+namespace package), /dev/null over a file).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import os
 import stat
 
 PACKAGE = "posttrain"
+# what a masked directory holds: an empty one would still import as a namespace package
+STUB_INIT = b'raise ImportError("posttrain is not available inside the sandbox")\n'
 SITE_GLOBS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
               "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages", "lib64/python3*/site-packages")
 
@@ -65,7 +69,20 @@ def hidden_paths(roots) -> tuple[str, ...]:
     out.append(pkg)
     if os.path.basename(os.path.dirname(pkg)) == "src":
         out.append(os.path.dirname(pkg))
-    return tuple(dict.fromkeys(out))
+    out = list(dict.fromkeys(out))
+    return tuple(p for p in out if not any(q != p and under(p, q) for q in out))  # a masked folder covers its contents
+
+
+def make_stub(parent: str | None = None) -> str:
+    """A world-readable directory holding only the masking __init__.py."""
+    import tempfile
+
+    stub = tempfile.mkdtemp(prefix="posttrain-masked-", dir=parent)
+    with open(os.path.join(stub, "__init__.py"), "wb") as fh:
+        fh.write(STUB_INIT)
+    os.chmod(os.path.join(stub, "__init__.py"), 0o644)
+    os.chmod(stub, 0o555)
+    return stub
 
 
 def under(path: str, root: str) -> bool:

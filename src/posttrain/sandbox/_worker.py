@@ -85,6 +85,7 @@ class Worker:
         _linux.mount("tmpfs", self.sessions, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0700")
         _linux.mount("tmpfs", self.root, "tmpfs", _linux.MS_NOSUID, "size=1m,mode=0755")
         self.cgroupns = _can_unshare(_linux.CLONE_NEWCGROUP)
+        self.stub = self._make_stub()
         binds = []
         for top in RO_TOP:
             host = "/" + top
@@ -115,6 +116,18 @@ class Worker:
             open(target, "a").close()
         _linux.mount(host, target, None, _linux.MS_BIND)
         _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+
+    def _make_stub(self) -> str:
+        """A read-only tmpfs holding only an __init__.py that raises ImportError:
+        what a masked directory shows (an empty one imports as a namespace package)."""
+        stub = os.path.join(self.state, "stub")
+        os.makedirs(stub, exist_ok=True)
+        _linux.mount("tmpfs", stub, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0755")
+        with open(os.path.join(stub, "__init__.py"), "wb") as fh:
+            fh.write(b'raise ImportError("posttrain is not available inside the sandbox")\n')
+        os.chmod(os.path.join(stub, "__init__.py"), 0o644)
+        _linux.mount(None, stub, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+        return stub
 
     def _mount_venv(self, host: str) -> None:
         """The venv as a read-only overlay at /venv whose mount options name
@@ -152,8 +165,8 @@ class Worker:
         return host
 
     def _mask_hidden(self, root: str, only_under: str = "/") -> None:
-        """Cover each hidden path a task could reach: an empty read-only
-        tmpfs over a directory, /dev/null over a file."""
+        """Cover each hidden path a task could reach: the stub over a
+        directory, /dev/null over a file."""
         for host in self.hidden:
             inner = self._inner(host)
             target = root + inner
@@ -161,11 +174,8 @@ class Worker:
                 continue
             if not _under(os.path.realpath(target), root):
                 continue
-            if os.path.isdir(target):
-                _linux.mount("tmpfs", target, "tmpfs", _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0555")
-            else:
-                _linux.mount("/dev/null", target, None, _linux.MS_BIND)
-                _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY)
+            _linux.mount(self.stub if os.path.isdir(target) else "/dev/null", target, None, _linux.MS_BIND)
+            _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
 
     def _make_dev(self, dev: str) -> None:
         for name in DEVICES:

@@ -181,13 +181,17 @@ class OneShot:
         self.python = python
         self.ro_binds = ro_binds
         self.hidden = hidden
+        self.stub = _hide.make_stub() if hidden else None
 
     def view(self):
         """A callable run in the child before it drops root (a private mount view), or None."""
         return None
 
     def close(self) -> None:
-        pass
+        if self.stub:
+            os.chmod(self.stub, 0o755)
+            shutil.rmtree(self.stub, ignore_errors=True)
+            self.stub = None
 
     def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
         raise NotImplementedError
@@ -280,13 +284,13 @@ class UnsafeBackend(OneShot):
     def view(self):
         if not self.private:
             return None
-        hidden, prefix, stage = self.hidden, self.prefix, self.stage
+        hidden, prefix, stage, stub = self.hidden, self.prefix, self.stage, self.stub
 
         def enter() -> None:
             _linux.unshare(_linux.CLONE_NEWNS)
             _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
             for path in hidden:
-                _mask(path)
+                _mask(path, stub)
             if stage:
                 _linux.mount(prefix, stage, None, _linux.MS_BIND | _linux.MS_REC)
         return enter
@@ -303,6 +307,7 @@ class UnsafeBackend(OneShot):
         if self.stage:
             shutil.rmtree(self.stage, ignore_errors=True)
             self.stage = None
+        super().close()
 
 
 def _unreachable(folder: str, python: str) -> str:
@@ -312,15 +317,12 @@ def _unreachable(folder: str, python: str) -> str:
             "venv under a world-searchable folder, or use backend 'forkserver' or 'bwrap'")
 
 
-def _mask(path: str) -> None:
-    """Cover `path` (an empty read-only tmpfs over a directory, /dev/null over a file)."""
+def _mask(path: str, stub: str) -> None:
+    """Cover `path` (the stub package over a directory, /dev/null over a file), read-only."""
     if not os.path.lexists(path) or os.path.islink(path):
         return
-    if os.path.isdir(path):
-        _linux.mount("tmpfs", path, "tmpfs", _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0555")
-    else:
-        _linux.mount("/dev/null", path, None, _linux.MS_BIND)
-        _linux.mount(None, path, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY)
+    _linux.mount(stub if os.path.isdir(path) else "/dev/null", path, None, _linux.MS_BIND)
+    _linux.mount(None, path, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY)
 
 
 class BwrapBackend(OneShot):
@@ -351,7 +353,7 @@ class BwrapBackend(OneShot):
         bound = [r for r in ("/" + t for t in RO_TOP) if os.path.isdir(r) and not os.path.islink(r)] + list(self.ro_binds)
         for path in self.hidden:  # posttrain's package, wherever a bound tree holds it
             if os.path.lexists(path) and not os.path.islink(path) and any(_hide.under(path, b) for b in bound):
-                args += ["--tmpfs", path, "--remount-ro", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+                args += ["--ro-bind", self.stub if os.path.isdir(path) else "/dev/null", path]
         for masked in ("/etc/shadow", "/etc/gshadow"):
             if os.path.exists(masked):
                 args += ["--ro-bind", "/dev/null", masked]
