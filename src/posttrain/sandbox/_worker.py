@@ -2,7 +2,9 @@
 
 Invariant: every task runs in a process tree forked from this worker with
 fresh mount, pid, net, ipc and uts namespaces, in its own cgroup, as the
-slot's non-root uid with no capabilities under seccomp; when the task ends
+slot's non-root uid with no capabilities under seccomp, in a read-only root
+where posttrain's package is masked and no mount names a host folder;
+request files are written without following a symlink; when the task ends
 (exit, limit or timeout) every process of it is gone and its cgroup removed
 before the result is sent. The worker never runs task code itself.
 
