@@ -14,6 +14,7 @@ import itertools
 import os
 import queue
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -301,6 +302,16 @@ def _remove_stale_state_dirs() -> None:
                 shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
+def _special_files(folder: str, names: list[str]) -> set[str]:
+    """FIFOs, sockets and devices a task made: a copy snapshot skips them (opening a FIFO would block)."""
+    skip = set()
+    for name in names:
+        mode = os.lstat(os.path.join(folder, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            skip.add(name)
+    return skip
+
+
 class Session:
     """Steps that share one work directory, with snapshot() and restore().
 
@@ -355,7 +366,7 @@ class Session:
     def _copy_snapshot(self) -> int:
         assert self.dir is not None
         dest = os.path.join(self.dir, f"snap{len(self._snaps)}")
-        shutil.copytree(os.path.join(self.dir, "task"), dest, symlinks=True)
+        shutil.copytree(os.path.join(self.dir, "task"), dest, symlinks=True, ignore=_special_files)
         self._snaps.append(dest)
         return len(self._snaps) - 1
 
@@ -370,7 +381,7 @@ class Session:
             raise ValueError(f"unknown snapshot {snapshot}")
         task = os.path.join(self.dir, "task")
         shutil.rmtree(task)
-        shutil.copytree(self._snaps[snapshot], task, symlinks=True)
+        shutil.copytree(self._snaps[snapshot], task, symlinks=True, ignore=_special_files)
         for extra in self._snaps[snapshot + 1:]:
             shutil.rmtree(extra, ignore_errors=True)
         del self._snaps[snapshot + 1:]
