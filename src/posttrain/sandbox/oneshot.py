@@ -232,7 +232,7 @@ class OneShot:
             return ExecResult(status=status, exit_code=code, signal=sig, stdout=p.out, stderr=p.err,
                               stdout_truncated=p.out_trunc, stderr_truncated=p.err_trunc, cpu_s=cpu,
                               wall_s=time.monotonic() - t0, files=files, error=error, backend=self.name)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # the latter: a failed private view in the child
             return ExecResult.infra(f"{self.name}: {exc}", self.name, time.monotonic() - t0)
         finally:
             if own:
