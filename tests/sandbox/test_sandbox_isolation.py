@@ -201,3 +201,25 @@ def test_no_descriptor_is_inherited(pool):
 def test_file_size_limit(pool):
     res = py(pool, "open('/task/big', 'wb').write(b'x' * (4 << 20))\n", file_bytes=1 << 20)
     assert res.status == "failed" and b"File too large" in res.stderr
+
+
+def test_mountinfo_and_cgroup_show_no_host_path_or_pid(pool):
+    """Mount sources name no host folder (checkout, venv, session layers), and
+    the cgroup namespace shows "/" instead of the trainer's pid."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    show = "cat /proc/self/mountinfo; echo ---; cat /proc/self/cgroup"
+    with pool.session({"a.txt": "a"}) as s:
+        assert s.run(sb.ExecRequest(argv=("true",))).ok
+        s.snapshot()
+        in_session = s.run(sb.ExecRequest(argv=("sh", "-c", show))).text
+    for text in (sh(pool, show).text, in_session):
+        mounts, cgroups = text.split("---\n")
+        for host in (checkout, os.path.realpath(os.sys.prefix), "/tmp/", "posttrain-sandbox", "sessions"):
+            assert host not in mounts, (host, mounts)
+        assert "/task" in mounts and all(line.endswith(":/") for line in cgroups.splitlines()), cgroups
+        assert str(os.getpid()) not in cgroups
+
+
+def test_cpu_time_is_recorded_after_a_wall_kill(pool):
+    res = py(pool, "while True: pass\n", wall_s=1, cpu_s=60)
+    assert res.status == "timeout" and "wall" in res.error and res.cpu_s > 0

@@ -33,6 +33,13 @@ above 2 closed; when a task ends every process of it is killed (pid
 namespace teardown plus a cgroup sweep), so daemons do not survive and the
 next task sees a fresh /task. A worker killed mid-task yields infra_error
 and is replaced; callers never wait past acquire timeout + wall + grace.
+posttrain's own package (its hidden task data) is masked in every backend
+and install layout (`_hide`); request files are written, and collected
+files read, without following a symlink (`_fs`), so a session step's
+leftovers make a later step `failed` with a reason, never a write outside
+the task, and session layers are read-only; the venv is mounted at /venv
+and session overlays by relative paths, with a cgroup namespace, so
+/proc/self/mountinfo and /proc/self/cgroup show no host path or pid.
 
 Not covered: kernel exploits (the kernel is shared; seccomp is a deny list,
 not an allow list); timing side channels and CPU contention between tasks;
@@ -40,8 +47,10 @@ reading world-readable host files under the bound read-only directories
 (/usr, /etc except shadow files, the interpreter prefix); the memory limit
 includes about 16 MiB of slack for the worker's own processes in the slot;
 the bubblewrap backend enforces no cgroup limits (memory only via
-RLIMIT_AS, processes only via its pid namespace and the wall timer) and
-unsafe enforces nothing but rlimits and the wall timer.
+RLIMIT_AS, processes only via its pid namespace and the wall timer) and its
+mountinfo shows the host paths of its binds; unsafe enforces nothing but
+rlimits and the wall timer, and hides posttrain's package only from its
+task's python path (as root), not the rest of the host.
 """
 from __future__ import annotations
 

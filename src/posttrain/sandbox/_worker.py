@@ -2,7 +2,9 @@
 
 Invariant: every task runs in a process tree forked from this worker with
 fresh mount, pid, net, ipc and uts namespaces, in its own cgroup, as the
-slot's non-root uid with no capabilities under seccomp; when the task ends
+slot's non-root uid with no capabilities under seccomp, in a read-only root
+where posttrain's package is masked and no mount names a host folder;
+request files are written without following a symlink; when the task ends
 (exit, limit or timeout) every process of it is gone and its cgroup removed
 before the result is sent. The worker never runs task code itself.
 
@@ -30,10 +32,12 @@ import time
 import traceback
 
 import _cgroups
+import _fs
 import _linux
 import _proto
 
 WORKDIR = "/task"
+VENV_AT = "/venv"  # where the interpreter's venv is mounted; its host path is a relative symlink to it
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox"}
 RO_TOP = ("usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt")
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -50,7 +54,10 @@ class Worker:
         self.root = os.path.join(self.state, "root")
         self.sessions = os.path.join(self.state, "sessions")
         self.seq = 0
-        self.python_path = list(conf.get("python_path") or sys.path[1:])
+        self.hidden = tuple(conf.get("hidden", ()))
+        self.venv = conf.get("venv")
+        self.python_path = [p for p in (conf.get("python_path") or sys.path[1:]) if not any(_under(p, h) for h in self.hidden)]
+        self.cgroupns = False
         h = conf.get("cgroup")
         self.cg = None
         if h is not None:
@@ -79,6 +86,8 @@ class Worker:
         os.makedirs(self.sessions, exist_ok=True)
         _linux.mount("tmpfs", self.sessions, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0700")
         _linux.mount("tmpfs", self.root, "tmpfs", _linux.MS_NOSUID, "size=1m,mode=0755")
+        self.cgroupns = _can_unshare(_linux.CLONE_NEWCGROUP)
+        self.stub = self._make_stub()
         binds = []
         for top in RO_TOP:
             host = "/" + top
@@ -89,6 +98,9 @@ class Worker:
         binds += [p for p in self.conf.get("ro_binds", ()) if os.path.exists(p)]
         for host in binds:
             self._bind_ro(host, os.path.join(self.root, host.lstrip("/")))
+        if self.venv:
+            self._mount_venv(self.venv)
+        self._mask_hidden(self.root)
         for masked in MASKED:
             target = os.path.join(self.root, masked)
             if os.path.exists(target):
@@ -106,6 +118,66 @@ class Worker:
             open(target, "a").close()
         _linux.mount(host, target, None, _linux.MS_BIND)
         _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+
+    def _make_stub(self) -> str:
+        """A read-only tmpfs holding only an __init__.py that raises ImportError:
+        what a masked directory shows (an empty one imports as a namespace package)."""
+        stub = os.path.join(self.state, "stub")
+        os.makedirs(stub, exist_ok=True)
+        _linux.mount("tmpfs", stub, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=4k,mode=0755")
+        with open(os.path.join(stub, "__init__.py"), "wb") as fh:
+            fh.write(b'raise ImportError("posttrain is not available inside the sandbox")\n')
+        os.chmod(os.path.join(stub, "__init__.py"), 0o644)
+        _linux.mount(None, stub, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+        return stub
+
+    def _mount_venv(self, host: str) -> None:
+        """The venv as a read-only overlay at /venv whose mount options name
+        only /proc/self/fd/N (so /proc/self/mountinfo shows no host path), and
+        its host path a relative symlink to it (module paths, sys.executable)."""
+        target = self.root + VENV_AT
+        os.makedirs(target, exist_ok=True)
+        empty = os.path.join(self.state, "empty")
+        os.makedirs(empty, exist_ok=True)
+        _linux.mount("tmpfs", empty, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_RDONLY, "size=4k,mode=0555")
+        fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in (host, empty)]
+        try:
+            lower = ":".join(f"/proc/self/fd/{fd}" for fd in fds)
+            _linux.mount("overlay", target, "overlay", _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV, f"lowerdir={lower}")
+        except OSError:  # no overlay over this file system: bind it (its host path then shows in mountinfo)
+            os.rmdir(target)
+            self.venv = None
+            self._bind_ro(host, self.root + host)
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+            _linux.umount2(empty, _linux.MNT_DETACH)
+        self._link_venv(self.root)
+
+    def _link_venv(self, root: str) -> None:
+        link = root + self.venv
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.relpath(VENV_AT, os.path.dirname(self.venv)), link)
+
+    def _inner(self, host: str) -> str:
+        """Where a host path lies inside the task's root."""
+        if self.venv and _under(host, self.venv):
+            return VENV_AT + host[len(self.venv):]
+        return host
+
+    def _mask_hidden(self, root: str, only_under: str = "/") -> None:
+        """Cover each hidden path a task could reach: the stub over a
+        directory, /dev/null over a file."""
+        for host in self.hidden:
+            inner = self._inner(host)
+            target = root + inner
+            if not _under(inner, only_under) or not os.path.lexists(target) or os.path.islink(target):
+                continue
+            if not _under(os.path.realpath(target), root):
+                continue
+            _linux.mount(self.stub if os.path.isdir(target) else "/dev/null", target, None, _linux.MS_BIND)
+            _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
 
     def _make_dev(self, dev: str) -> None:
         for name in DEVICES:
@@ -141,7 +213,8 @@ class Worker:
         _linux.mount("tmpfs", path, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={int(msg['disk_bytes'])},mode=0700")
         for d in ("base", "layers", "upper", "work"):
             os.mkdir(os.path.join(path, d))
-        _write_files(os.path.join(path, "base"), msg.get("files", {}), self.uid, self.gid)
+        _fs.write_files(os.path.join(path, "base"), msg.get("files", {}), self.uid, self.gid)
+        _freeze(os.path.join(path, "base"))
         os.chown(os.path.join(path, "upper"), self.uid, self.gid)
         return {"ok": True}
 
@@ -149,6 +222,7 @@ class Worker:
         path = self._session_dir(msg["sid"])
         n = len(os.listdir(os.path.join(path, "layers")))
         os.rename(os.path.join(path, "upper"), os.path.join(path, "layers", str(n)))
+        _freeze(os.path.join(path, "layers", str(n)))
         os.mkdir(os.path.join(path, "upper"))
         os.chown(os.path.join(path, "upper"), self.uid, self.gid)
         return {"snapshot": n + 1}
@@ -159,6 +233,7 @@ class Worker:
         layers = os.path.join(path, "layers")
         for name in os.listdir(layers):
             if int(name) >= keep:
+                _linux.umount2(os.path.join(layers, name), _linux.MNT_DETACH)
                 shutil.rmtree(os.path.join(layers, name))
         shutil.rmtree(os.path.join(path, "upper"))
         os.mkdir(os.path.join(path, "upper"))
@@ -177,11 +252,13 @@ class Worker:
             raise ValueError(f"bad session id {sid!r}")
         return os.path.join(self.sessions, sid)
 
-    def _overlay_opts(self, sid: str) -> str:
+    def _overlay_opts(self, sid: str) -> tuple[str, str]:
+        """(session directory, overlay options relative to it): mounted from
+        inside that directory, so mountinfo shows no host path."""
         path = self._session_dir(sid)
         layers = sorted((int(n) for n in os.listdir(os.path.join(path, "layers"))), reverse=True)
-        lower = ":".join([os.path.join(path, "layers", str(n)) for n in layers] + [os.path.join(path, "base")])
-        return f"lowerdir={lower},upperdir={path}/upper,workdir={path}/work,index=off,redirect_dir=off,metacopy=off"
+        lower = ":".join([f"layers/{n}" for n in layers] + ["base"])
+        return path, f"lowerdir={lower},upperdir=upper,workdir=work,index=off,redirect_dir=off,metacopy=off"
 
     def op_run(self, msg: dict, ctl: int) -> dict:
         self.seq += 1
@@ -203,7 +280,7 @@ class Worker:
 class Task:
     """One run: fork the tree, feed stdin, collect output, enforce the wall."""
 
-    def __init__(self, worker: Worker, req: dict, oom0: int, overlay: str | None) -> None:
+    def __init__(self, worker: Worker, req: dict, oom0: int, overlay: tuple[str, str] | None) -> None:
         self.w, self.req, self.oom0, self.overlay = worker, req, oom0, overlay
         self.cg = worker.cg
         self.lim = req["limits"]
@@ -234,10 +311,12 @@ class Task:
         deadline = t0 + float(self.lim["wall_s"])
         timed_out = parent_gone = False
         c2 = None
+        cpu_at_kill = 0.0
         while fds:
             now = time.monotonic()
             if now > deadline and not timed_out:
                 timed_out = True
+                cpu_at_kill = self._tree_cpu()
                 self._kill(c1, c2)
             if timed_out and now > deadline + KILL_GRACE_S:
                 break
@@ -246,6 +325,7 @@ class Task:
             if ctl in r and not parent_gone:
                 parent_gone = True  # the pool closed our channel: abandon the task
                 timed_out = True
+                cpu_at_kill = self._tree_cpu()
                 self._kill(c1, c2)
             if w:
                 try:
@@ -289,7 +369,7 @@ class Task:
         res = {
             "stdout": bytes(bufs["out"]), "stderr": bytes(bufs["err"]),
             "stdout_truncated": total["out"] > cap, "stderr_truncated": total["err"] > cap,
-            "cpu_s": ru.ru_utime + ru.ru_stime, "exit_code": None, "signal": None, "files": {}, "error": "",
+            "cpu_s": max(ru.ru_utime + ru.ru_stime, cpu_at_kill), "exit_code": None, "signal": None, "files": {}, "error": "",
         }
         res.update(self._status(final, timed_out, parent_gone))
         return res
@@ -300,6 +380,8 @@ class Task:
         oom = self.cg is not None and self.cg.oom_kills() > self.oom0
         if final is not None and final["kind"] == "setup_error":
             return {"status": "infra_error", "error": final["error"]}
+        if final is not None and final["kind"] == "conflict":  # what an earlier step left: this step's failure
+            return {"status": "failed", "error": final["error"]}
         if timed_out:
             return {"status": "timeout", "error": f"wall limit {self.lim['wall_s']}s"}
         if final is None:
@@ -321,6 +403,24 @@ class Task:
         out["status"] = "oom" if oom and final["code"] != 0 else ("ok" if final["code"] == 0 else "failed")
         return out
 
+    def _tree_cpu(self) -> float:
+        """CPU seconds of the task's processes still alive (and the children
+        they reaped), read before a kill: a killed tree reports no rusage."""
+        if self.cg is None:
+            return 0.0
+        total = 0
+        me = os.getpid()
+        for pid in self.cg.pids():
+            if pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                total += sum(int(x) for x in fields[11:15])
+            except (OSError, IndexError, ValueError):
+                pass
+        return total / os.sysconf("SC_CLK_TCK")
+
     def _kill(self, c1: int, c2: int | None) -> None:
         for pid in (c2, c1):
             if pid:
@@ -337,7 +437,8 @@ def _child_main(task: Task, pipes: dict) -> None:
         _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})
         os.setsid()
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
+        flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
+        _linux.unshare(flags | (_linux.CLONE_NEWCGROUP if task.w.cgroupns else 0))
         c2 = os.fork()
         if c2 == 0:
             _init_main(task, pipes)
@@ -354,6 +455,12 @@ def _init_main(task: Task, pipes: dict) -> None:
     try:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         _mount_task_root(task)
+        try:
+            _fs.write_files(task.w.root + WORKDIR, task.req.get("files", {}), task.w.uid, task.w.gid)
+        except _fs.Conflict as exc:
+            _proto.write_frame(st, {"kind": "conflict", "error": str(exc)})
+            os._exit(0)
+        _enter_task_root(task)
         c3 = os.fork()
         if c3 == 0:
             _task_main(task, pipes)
@@ -409,7 +516,10 @@ def _mount_task_root(task: Task) -> None:
     _linux.sethostname("sandbox")
     flags = _linux.MS_NOSUID | _linux.MS_NODEV
     if task.overlay:
-        _linux.mount("overlay", root + "/task", "overlay", flags, task.overlay)
+        where, opts = task.overlay
+        os.chdir(where)
+        _linux.mount("overlay", root + "/task", "overlay", flags, opts)
+        os.chdir("/")
     else:
         _linux.mount("tmpfs", root + "/task", "tmpfs", flags, f"size={disk},mode=0755,uid={w.uid},gid={w.gid}")
     _linux.mount("tmpfs", root + "/tmp", "tmpfs", flags, f"size={disk},mode=1777")
@@ -417,7 +527,13 @@ def _mount_task_root(task: Task) -> None:
     for host in w.conf.get("ro_binds", ()):  # the fresh /tmp hides read-only binds below it (a venv in /tmp)
         if host.startswith("/tmp/") and os.path.exists(host):
             w._bind_ro(host, root + host)
-    _write_files(root + "/task", task.req.get("files", {}), w.uid, w.gid)
+    if w.venv and w.venv.startswith("/tmp/"):
+        w._link_venv(root)
+    w._mask_hidden(root, "/tmp")
+
+
+def _enter_task_root(task: Task) -> None:
+    root = task.w.root
     _linux.pivot_root(root, root + "/.old")
     os.chdir("/")
     _linux.umount2("/.old", _linux.MNT_DETACH)
@@ -520,41 +636,37 @@ def _set_oom_adj(value: int) -> None:
         pass
 
 
-def _write_files(base: str, files: dict, uid: int, gid: int) -> None:
-    for rel, data in files.items():
-        path = os.path.join(base, rel)
-        parent = os.path.dirname(path)
-        made = []
-        probe = parent
-        while not os.path.isdir(probe):
-            made.append(probe)
-            probe = os.path.dirname(probe)
-        for d in reversed(made):
-            os.mkdir(d, 0o755)
-            os.chown(d, uid, gid)
-        mode = 0o755 if isinstance(data, bytes) and data[:2] == b"#!" or isinstance(data, str) and data[:2] == "#!" else 0o644
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-        os.chown(path, uid, gid)
-
-
 def _collect(paths, cap: int) -> dict:
     """Read files the task left (all its processes are dead by now),
     refusing links and anything outside the work directory."""
     out = {}
     for rel in paths:
-        path = os.path.join(WORKDIR, rel)
-        if os.path.realpath(path) != os.path.normpath(path):
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with os.fdopen(fd, "rb") as fh:
-            if os.fstat(fh.fileno()).st_mode & 0o170000 == 0o100000:
-                out[rel] = fh.read(cap)
+        data = _fs.read_file(WORKDIR, rel, cap)
+        if data is not None:
+            out[rel] = data
     return out
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _freeze(path: str) -> None:
+    """Make a session layer read-only (for root too) by a read-only bind onto itself."""
+    _linux.mount(path, path, None, _linux.MS_BIND)
+    _linux.mount(None, path, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+
+
+def _can_unshare(flag: int) -> bool:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _linux.unshare(flag)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def _setup_failed(st: int, where: str, exc: BaseException) -> None:

@@ -2,9 +2,14 @@
 (rlimits only, for tests of the layer itself).
 
 Invariant: each run gets a fresh host temp directory as its work directory,
-removed afterwards; the process group is killed at the wall limit, so a run
-returns within wall_s plus a short grace; output beyond the cap is read and
-dropped, never buffered.
+removed afterwards (a session's directory is kept between its steps); request
+files are written and collected files read without following a symlink
+(`_fs`), so what a step left can make a later step fail, never write or read
+outside the work directory; the process group is killed at the wall limit,
+so a run returns within wall_s plus a short grace; output beyond the cap is
+read and dropped, never buffered. posttrain's own package (`_hide`) is masked
+in bubblewrap, and in unsafe where it starts as root (a private mount
+namespace); a non-root unsafe run can read whatever its user can.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from posttrain.errors import ConfigError
+from posttrain.sandbox import _fs, _hide, _linux
 from posttrain.sandbox.probe import bwrap_base_args
 from posttrain.sandbox.records import ExecRequest, ExecResult, Limits
 
@@ -28,8 +35,10 @@ RO_TOP = ("usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt")
 NOBODY = 65534
 
 
-def _preexec(lim: Limits, nproc: bool, drop_root: bool) -> None:
+def _preexec(lim: Limits, nproc: bool, drop_root: bool, view=None) -> None:
     root = os.geteuid() == 0
+    if view is not None:
+        view()
     _rlimits(lim, nproc and drop_root and root)  # NPROC only for nobody: a real user's count is machine-wide
     if drop_root and root:
         # even "unsafe" never runs model code as root: kill(-1) or a stray rm
@@ -51,13 +60,31 @@ def _rlimits(lim: Limits, nproc: bool) -> None:
 
 
 def write_files(base: str, files) -> None:
-    for rel, data in files.items():
-        path = os.path.join(base, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        raw = data.encode() if isinstance(data, str) else data
-        with open(path, "wb") as fh:
-            fh.write(raw)
-        os.chmod(path, 0o755 if raw[:2] == b"#!" else 0o644)
+    """Write request files below `base` without following a symlink (raises _fs.Conflict)."""
+    _fs.write_files(base, files)
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and its live descendants (and what they reaped), read before a kill."""
+    parent, ticks = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            parent[int(name)] = int(fields[1])
+            ticks[int(name)] = sum(int(x) for x in fields[11:15])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in found:
+            continue
+        found.add(p)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return sum(ticks.get(p, 0) for p in found) / os.sysconf("SC_CLK_TCK")
 
 
 def _chown_tree(top: str, uid: int) -> None:
@@ -74,6 +101,7 @@ class _Pumped:
     out_trunc: bool
     err_trunc: bool
     timed_out: bool
+    cpu_at_kill: float = 0.0
 
 
 def pump(proc: subprocess.Popen, stdin: bytes, cap: int, wall_s: float) -> _Pumped:
@@ -89,10 +117,12 @@ def pump(proc: subprocess.Popen, stdin: bytes, cap: int, wall_s: float) -> _Pump
         proc.stdin.close()
         in_fd = -1
     timed_out = False
+    cpu_at_kill = 0.0
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0 and not timed_out:
             timed_out = True
+            cpu_at_kill = _tree_cpu(proc.pid)
             _killpg(proc)
             deadline = time.monotonic() + 5.0
             continue
@@ -120,7 +150,7 @@ def pump(proc: subprocess.Popen, stdin: bytes, cap: int, wall_s: float) -> _Pump
     if in_fd >= 0:
         proc.stdin.close()
     o, e = proc.stdout.fileno(), proc.stderr.fileno()
-    return _Pumped(bytes(bufs[o]), bytes(bufs[e]), total[o] > cap, total[e] > cap, timed_out)
+    return _Pumped(bytes(bufs[o]), bytes(bufs[e]), total[o] > cap, total[e] > cap, timed_out, cpu_at_kill)
 
 
 def _killpg(proc: subprocess.Popen) -> None:
@@ -147,9 +177,21 @@ class OneShot:
 
     name = "oneshot"
 
-    def __init__(self, python: str, ro_binds: tuple[str, ...] = ()) -> None:
+    def __init__(self, python: str, ro_binds: tuple[str, ...] = (), hidden: tuple[str, ...] = ()) -> None:
         self.python = python
         self.ro_binds = ro_binds
+        self.hidden = hidden
+        self.stub = _hide.make_stub() if hidden else None
+
+    def view(self):
+        """A callable run in the child before it drops root (a private mount view), or None."""
+        return None
+
+    def close(self) -> None:
+        if self.stub:
+            os.chmod(self.stub, 0o755)
+            shutil.rmtree(self.stub, ignore_errors=True)
+            self.stub = None
 
     def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
         raise NotImplementedError
@@ -159,7 +201,10 @@ class OneShot:
         workdir = workdir or tempfile.mkdtemp(prefix="posttrain-oneshot-")
         t0 = time.monotonic()
         try:
-            write_files(workdir, req.files)
+            try:
+                write_files(workdir, req.files)
+            except _fs.Conflict as exc:  # what an earlier step of the session left in the way
+                return ExecResult(status="failed", error=str(exc), wall_s=time.monotonic() - t0, backend=self.name)
             os.chmod(workdir, 0o777 if own else os.stat(workdir).st_mode & 0o7777)
             if self.drop_root and os.geteuid() == 0:
                 _chown_tree(workdir, NOBODY)
@@ -167,27 +212,27 @@ class OneShot:
             env = dict(BASE_ENV, HOME=cwd or workdir, **req.env)
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             lim = req.limits
+            view = self.view()
             proc = subprocess.Popen(argv, cwd=cwd or workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                    preexec_fn=lambda: _preexec(lim, self.nproc, self.drop_root))
+                                    preexec_fn=lambda: _preexec(lim, self.nproc, self.drop_root, view))
             p = pump(proc, req.stdin, lim.output_bytes, lim.wall_s)
             _killpg(proc)
             proc.wait()
             for stream in (proc.stdout, proc.stderr):
                 stream.close()
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            cpu = max((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), p.cpu_at_kill)
             status, code, sig, error = classify(proc.returncode, p.timed_out, cpu, lim)
             files = {}
             for rel in req.collect:
-                path = os.path.join(workdir, rel)
-                if os.path.isfile(path) and not os.path.islink(path):
-                    with open(path, "rb") as fh:
-                        files[rel] = fh.read(lim.output_bytes)
+                data = _fs.read_file(workdir, rel, lim.output_bytes)
+                if data is not None:
+                    files[rel] = data
             return ExecResult(status=status, exit_code=code, signal=sig, stdout=p.out, stderr=p.err,
                               stdout_truncated=p.out_trunc, stderr_truncated=p.err_trunc, cpu_s=cpu,
                               wall_s=time.monotonic() - t0, files=files, error=error, backend=self.name)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # the latter: a failed private view in the child
             return ExecResult.infra(f"{self.name}: {exc}", self.name, time.monotonic() - t0)
         finally:
             if own:
@@ -196,16 +241,88 @@ class OneShot:
 
 class UnsafeBackend(OneShot):
     """rlimits, a wall timer and (when started as root) uid nobody only: NO
-    isolation. Named explicitly, for tests of the layer itself."""
+    isolation. Named explicitly, for tests of the layer itself.
+
+    Started as root, each run also gets a private mount namespace in which
+    posttrain's package is masked and, when uid nobody cannot search a folder
+    on the way to the interpreter's prefix (a checkout in a 0700 folder), the
+    prefix is bound at a world-searchable staging folder and run from there.
+    Where that namespace cannot be made, such a folder is a ConfigError that
+    names it."""
 
     name = "unsafe"
     nproc = True  # applied only when started as root (then counted for uid nobody)
     drop_root = True
 
+    def __init__(self, python: str, ro_binds: tuple[str, ...] = (), hidden: tuple[str, ...] = (), *,
+                 prefix: str | None = None, private_mounts: bool = False) -> None:
+        super().__init__(python, ro_binds, hidden)
+        self.private = private_mounts and os.geteuid() == 0
+        self.prefix = prefix or os.path.dirname(os.path.dirname(os.path.abspath(python)))
+        self.stage: str | None = None
+        if os.geteuid() == 0:
+            self._check_reachable()
+
+    def _check_reachable(self) -> None:
+        real = os.path.realpath(self.python)
+        if _hide.untraversable(real) is not None and not _hide.under(real, self.prefix):
+            raise ConfigError(_unreachable(_hide.untraversable(real), self.python))
+        blocked = _hide.untraversable(self.prefix)
+        if blocked is None:
+            return
+        if not self.private:
+            raise ConfigError(_unreachable(blocked, self.python))
+        self.stage = tempfile.mkdtemp(prefix="posttrain-unsafe-python-")
+        os.chmod(self.stage, 0o755)
+
+    def _staged(self, path: str) -> str:
+        path = os.path.abspath(path)
+        if self.stage and _hide.under(path, self.prefix):
+            return self.stage + path[len(self.prefix):]
+        return path
+
+    def view(self):
+        if not self.private:
+            return None
+        hidden, prefix, stage, stub = self.hidden, self.prefix, self.stage, self.stub
+
+        def enter() -> None:
+            _linux.unshare(_linux.CLONE_NEWNS)
+            _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
+            for path in hidden:
+                _mask(path, stub)
+            if stage:
+                _linux.mount(prefix, stage, None, _linux.MS_BIND | _linux.MS_REC)
+        return enter
+
     def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
         if req.python_main:
-            return [self.python, "-E", "-s", req.python_main], None
-        return list(req.argv), None
+            return [self._staged(self.python), "-E", "-s", req.python_main], None
+        argv = list(req.argv)
+        if self.stage and argv[0].startswith("/"):
+            argv[0] = self._staged(argv[0])
+        return argv, None
+
+    def close(self) -> None:
+        if self.stage:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
+        super().close()
+
+
+def _unreachable(folder: str, python: str) -> str:
+    mode = os.stat(folder).st_mode & 0o7777 if os.path.exists(folder) else 0
+    return (f"sandbox backend 'unsafe' runs tasks as uid nobody, which cannot search {folder} (mode {mode:o}) on the way "
+            f"to the interpreter {python}; make that folder searchable (chmod o+x {folder}), put the checkout and its "
+            "venv under a world-searchable folder, or use backend 'forkserver' or 'bwrap'")
+
+
+def _mask(path: str, stub: str) -> None:
+    """Cover `path` (the stub package over a directory, /dev/null over a file), read-only."""
+    if not os.path.lexists(path) or os.path.islink(path):
+        return
+    _linux.mount(stub if os.path.isdir(path) else "/dev/null", path, None, _linux.MS_BIND)
+    _linux.mount(None, path, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY)
 
 
 class BwrapBackend(OneShot):
@@ -216,8 +333,8 @@ class BwrapBackend(OneShot):
     nproc = False  # RLIMIT_NPROC counts the real uid machine-wide: the pid namespace contains forks instead
     drop_root = False  # bubblewrap itself maps the task to uid 65534 in a user namespace
 
-    def __init__(self, python: str, ro_binds: tuple[str, ...] = (), bwrap: str = "bwrap") -> None:
-        super().__init__(python, ro_binds)
+    def __init__(self, python: str, ro_binds: tuple[str, ...] = (), bwrap: str = "bwrap", hidden: tuple[str, ...] = ()) -> None:
+        super().__init__(python, ro_binds, hidden)
         self.bwrap = bwrap
         self.base = self._base_args()
 
@@ -233,6 +350,10 @@ class BwrapBackend(OneShot):
         for path in self.ro_binds:
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
+        bound = [r for r in ("/" + t for t in RO_TOP) if os.path.isdir(r) and not os.path.islink(r)] + list(self.ro_binds)
+        for path in self.hidden:  # posttrain's package, wherever a bound tree holds it
+            if os.path.lexists(path) and not os.path.islink(path) and any(_hide.under(path, b) for b in bound):
+                args += ["--ro-bind", self.stub if os.path.isdir(path) else "/dev/null", path]
         for masked in ("/etc/shadow", "/etc/gshadow"):
             if os.path.exists(masked):
                 args += ["--ro-bind", "/dev/null", masked]

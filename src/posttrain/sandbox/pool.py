@@ -14,6 +14,7 @@ import itertools
 import os
 import queue
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from posttrain.errors import SandboxError
-from posttrain.sandbox import _cgroups
+from posttrain.sandbox import _cgroups, _hide
 from posttrain.sandbox.config import SandboxConfig
 from posttrain.sandbox.forkserver import ForkServerWorker, WorkerDied
 from posttrain.sandbox.oneshot import BwrapBackend, OneShot, UnsafeBackend, write_files
@@ -30,6 +31,7 @@ from posttrain.sandbox.probe import Probe, probe, select_backend
 from posttrain.sandbox.records import ExecRequest, ExecResult, Limits
 
 _POOL_SEQ = itertools.count()
+RO_ROOTS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/opt")  # bound whole into every task
 _UID_SPAN = 512
 
 
@@ -62,12 +64,14 @@ class Pool:
         self._oneshot: OneShot | None = None
         self._tree: _cgroups.Tree | None = None
         binds = self._ro_binds()
+        self.hidden = _hide.hidden_paths(binds + RO_ROOTS)
         if self.backend == "forkserver":
             self._start_tree()
         elif self.backend == "bwrap":
-            self._oneshot = BwrapBackend(self.config.python, binds, self.found.bwrap or "bwrap")
+            self._oneshot = BwrapBackend(self.config.python, binds, self.found.bwrap or "bwrap", hidden=self.hidden)
         else:
-            self._oneshot = UnsafeBackend(self.config.python, binds)
+            self._oneshot = UnsafeBackend(self.config.python, binds, hidden=self.hidden, prefix=self._prefix(),
+                                          private_mounts=self.found.namespaces)
         for slot in range(self.config.workers):
             self._idle.put(slot)
         if self.backend == "forkserver":
@@ -79,9 +83,19 @@ class Pool:
                 raise
 
     # ---- set-up
+    def _prefix(self) -> str:
+        """The interpreter's prefix (a venv's root), as the host sees it."""
+        py = self.config.python
+        return os.path.realpath(sys.prefix if py == sys.executable else os.path.dirname(os.path.dirname(os.path.abspath(py))))
+
+    def _venv(self) -> str | None:
+        """The prefix to mount apart (at /venv inside), unless a bound system tree holds it."""
+        prefix = self._prefix()
+        return None if any(_hide.under(prefix, r) for r in RO_ROOTS) else prefix
+
     def _ro_binds(self) -> tuple[str, ...]:
-        prefix = os.path.realpath(sys.prefix if self.config.python == sys.executable else os.path.dirname(os.path.dirname(self.config.python)))
-        extra = () if prefix.startswith("/usr") else (prefix,)
+        prefix = self._prefix()
+        extra = () if any(_hide.under(prefix, r) for r in RO_ROOTS) else (prefix,)
         return tuple(dict.fromkeys(extra + tuple(self.config.ro_binds)))
 
     def _start_tree(self) -> None:
@@ -105,7 +119,8 @@ class Pool:
             "uid": uid, "gid": uid, "slot": slot,
             "state_dir": os.path.join(tempfile.gettempdir(), f"{self._tree.name}-slot{slot}"),
             "cgroup": {"version": self._tree.h.version, "dirs": self._tree.h.dirs, "owner_pid": os.getpid(), "tag": str(self.seq)},
-            "seccomp": True, "preimport": list(self.config.preimport), "ro_binds": list(self._ro_binds()),
+            "seccomp": True, "preimport": list(self.config.preimport),
+            "ro_binds": [b for b in self._ro_binds() if b != self._venv()], "venv": self._venv(), "hidden": list(self.hidden),
         }
         try:
             return ForkServerWorker(slot, conf, self.config.python, self.config.start_timeout_s, self.config.grace_s)
@@ -267,6 +282,8 @@ class Pool:
             self._workers[i] = None
         if self._tree is not None:
             self._tree.remove()
+        if self._oneshot is not None:
+            self._oneshot.close()
 
     def __enter__(self) -> "Pool":
         return self
@@ -283,6 +300,16 @@ def _remove_stale_state_dirs() -> None:
             pid = name[len(_cgroups.TREE_PREFIX):].split("-")[0]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
+def _special_files(folder: str, names: list[str]) -> set[str]:
+    """FIFOs, sockets and devices a task made: a copy snapshot skips them (opening a FIFO would block)."""
+    skip = set()
+    for name in names:
+        mode = os.lstat(os.path.join(folder, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            skip.add(name)
+    return skip
 
 
 class Session:
@@ -339,7 +366,7 @@ class Session:
     def _copy_snapshot(self) -> int:
         assert self.dir is not None
         dest = os.path.join(self.dir, f"snap{len(self._snaps)}")
-        shutil.copytree(os.path.join(self.dir, "task"), dest, symlinks=True)
+        shutil.copytree(os.path.join(self.dir, "task"), dest, symlinks=True, ignore=_special_files)
         self._snaps.append(dest)
         return len(self._snaps) - 1
 
@@ -354,7 +381,7 @@ class Session:
             raise ValueError(f"unknown snapshot {snapshot}")
         task = os.path.join(self.dir, "task")
         shutil.rmtree(task)
-        shutil.copytree(self._snaps[snapshot], task, symlinks=True)
+        shutil.copytree(self._snaps[snapshot], task, symlinks=True, ignore=_special_files)
         for extra in self._snaps[snapshot + 1:]:
             shutil.rmtree(extra, ignore_errors=True)
         del self._snaps[snapshot + 1:]

@@ -22,15 +22,20 @@ ENFORCES = {
     "forkserver": ("no network (net namespace)", "read-only root, tmpfs /task and /tmp (mount namespace)",
                    "pid/ipc/uts namespaces", "non-root uid per slot, no capabilities", "seccomp filter",
                    "cgroup memory (OOM kill)", "cgroup pids", "cgroup cpu quota", "rlimits cpu/fsize/as/nproc/nofile",
-                   "wall timer and output cap", "overlay snapshots", "warm in-process Python"),
+                   "wall timer and output cap", "overlay snapshots", "warm in-process Python",
+                   "posttrain's package masked", "cgroup namespace; mountinfo without host paths",
+                   "session writes never follow a symlink"),
     "bwrap": ("no network (net namespace)", "read-only root, tmpfs /tmp, host temp dir as /task",
               "pid/ipc/uts namespaces", "capabilities dropped (non-zero uid when root)", "rlimits cpu/fsize/as/nofile",
-              "wall timer and output cap", "copy snapshots"),
-    "unsafe": ("rlimits cpu/fsize/as/nofile", "wall timer and output cap", "copy snapshots"),
+              "wall timer and output cap", "copy snapshots", "posttrain's package masked", "cgroup namespace",
+              "session writes never follow a symlink"),
+    "unsafe": ("rlimits cpu/fsize/as/nofile", "wall timer and output cap", "copy snapshots",
+               "posttrain's package masked (root only)", "session writes never follow a symlink"),
 }
 NOT_ENFORCED = {
     "forkserver": (),
-    "bwrap": ("cgroup memory: only RLIMIT_AS", "pids: only the pid namespace and the wall timer", "cpu quota", "seccomp"),
+    "bwrap": ("cgroup memory: only RLIMIT_AS", "pids: only the pid namespace and the wall timer", "cpu quota", "seccomp",
+              "mountinfo shows the host paths of its binds"),
     "unsafe": ("network", "file system", "processes", "memory: only RLIMIT_AS", "everything else"),
 }
 
