@@ -12,6 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--category", help="only domains of this category (e.g. math, sql, agents, rg_games)")
     p.add_argument("--no-sample", action="store_true", help="skip the sample prompt column (fast)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--config", help="a run config: also list its source domains (tasks.domains.NAME.source)")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     s = verbs.add_parser("show", help="one domain: a sample task, its gold answer and the scores")
     s.add_argument("name")
@@ -39,23 +40,34 @@ def _one_line(text: str, width: int) -> str:
 
 
 def list_domains(args: argparse.Namespace) -> int:
-    from posttrain.domains.registry import all_domains
+    from posttrain.domains.registry import all_domains, origin
 
+    if args.config:
+        from posttrain.byo.build import register_sources
+        from posttrain.config import load_config
+
+        register_sources(load_config(args.config).tasks)
     rows = []
     for name, d in all_domains().items():
         if args.category and d.category != args.category:
             continue
         sample = "" if args.no_sample else d.sample(0, "train", 1).prompt[-1].content
         rows.append({"name": name, "category": d.category, "verifier": d.verifier.name, "cost": d.cost_class,
-                     "levels": d.levels, "sample": sample})
+                     "levels": d.levels, "origin": origin(name), "sample": sample})
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'NAME':<34} {'CATEGORY':<16} {'VERIFIER':<18} {'COST':<5} {'LV':>2}  SAMPLE")
+    print(f"{'NAME':<34} {'CATEGORY':<16} {'VERIFIER':<18} {'COST':<5} {'LV':>2}  {'ORIGIN':<28} SAMPLE")
     for r in rows:
-        print(f"{r['name']:<34} {r['category']:<16} {r['verifier']:<18} {r['cost']:<5} {r['levels']:>2}  {_one_line(r['sample'], 70)}")
+        print(f"{r['name']:<34} {r['category']:<16} {r['verifier']:<18} {r['cost']:<5} {r['levels']:>2}  "
+              f"{_one_line(_short(r['origin']), 28):<28} {_one_line(r['sample'], 60)}")
     print(f"{len(rows)} domains")
     return 0
+
+
+def _short(origin: str) -> str:
+    """builtin (posttrain.domains.add) -> builtin; plugin NAME VERSION (module:attr) -> plugin NAME VERSION."""
+    return origin.split(" (")[0] if origin.startswith(("builtin", "plugin")) else origin
 
 
 def show(args: argparse.Namespace) -> int:
@@ -69,7 +81,10 @@ def show(args: argparse.Namespace) -> int:
     task = d.sample(args.index, args.split, args.level)
     gold, wrong = d.gold(task), d.wrong(task)
     gs, ws = d.score(task, Episode(gold)), d.score(task, Episode(wrong))
+    from posttrain.domains.registry import origin
+
     print(f"{d.name}: {d.description}")
+    print(f"origin {origin(d.name)}")
     print(f"category {d.category} | verifier {d.verifier.name} v{d.verifier.version} | cost {d.cost_class} | "
           f"levels {d.levels} | budget {d.budget} | multi-turn {'yes' if d.environment() is not None else 'no'}")
     print(f"task {task.id} | taskset {task.meta.taskset_version}\n")
