@@ -124,6 +124,7 @@ class JudgeCache:
         self._lock = threading.Lock()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit is durable at the next checkpoint, no fsync per call
             self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, version TEXT, value REAL, raw TEXT, created_at REAL)")
             self._db.execute("CREATE TABLE IF NOT EXISTS judge_calls (id INTEGER PRIMARY KEY, key TEXT, version TEXT, task_id TEXT, "
                              "cached INTEGER, value REAL, raw TEXT, error TEXT, latency_s REAL, request TEXT, created_at REAL)")
@@ -218,7 +219,10 @@ class JudgeVerifier:
         m = self.pattern.search(reply)
         if m is None:
             raise VerifierError(f"judge reply has no score (pattern {self.params.score_pattern!r}): {reply[:80]!r}")
-        value = float(m.group(1))
+        try:
+            value = float(m.group(1))
+        except (TypeError, ValueError):
+            raise VerifierError(f"judge score {m.group(1)!r} is not a number") from None
         if not 0.0 <= value <= self.params.scale:
             raise VerifierError(f"judge score {value} is outside [0, {self.params.scale}]")
         return value / self.params.scale
