@@ -160,3 +160,35 @@ def test_datasets_missing_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if the extra were not installed
     with pytest.raises(TaskError, match=r"pip install 'posttrain\[data\]'"):
         source_domain("nods", DomainSpec.model_validate({"source": {"path": str(tmp_path / "ds")}}))
+
+
+def test_messages_system_prompt_and_template(tmp_path):
+    data = [{"chat": [{"role": "user", "content": f"{i}+{i}="}], "gold": str(2 * i), "sys": "be brief" if i % 2 else ""}
+            for i in range(10, 60)]
+    path = write_jsonl(tmp_path / "m.jsonl", data)
+    spec = DomainSpec.model_validate({"source": {"path": str(path), "fields": {"messages": "chat", "answer": "gold", "system": "sys"},
+                                                 "system_prompt": "answer with digits", "eval_percent": 30}})
+    d = source_domain("chat", spec)
+    roles = {tuple(m.role for m in d.sample(i, "train", 1).prompt) for i in range(d.size("train"))}
+    assert roles == {("system", "user")}
+    systems = {d.sample(i, "train", 1).prompt[0].content for i in range(d.size("train"))}
+    assert systems == {"be brief", "answer with digits"}
+    bad = write_jsonl(tmp_path / "b.jsonl", [{"chat": [{"role": "bot", "content": "x"}], "gold": "1"}] * 3)
+    with pytest.raises(TaskError, match=r"line 1: messages\[0\] must be"):
+        source_domain("badchat", DomainSpec.model_validate({"source": {"path": str(bad), "fields": {"messages": "chat", "answer": "gold"}}}))
+    t = source_domain("tpl", DomainSpec.model_validate({"source": {"path": str(write_jsonl(tmp_path / "t.jsonl", rows(40))),
+                      "fields": FIELDS, "template": "Compute: {prompt}"}})).sample(0, "train", 1)
+    assert t.prompt[-1].content.startswith("Compute: ") and t.prompt[-1].content.endswith("=")
+
+
+def test_difficulty_column_drives_the_curriculum_levels(files):
+    spec = f"{{mine: {{source: {{path: {files['jsonl']}, fields: {{prompt: q, answer: a, difficulty: lvl}}}}, verifier: numeric}}}}"
+    pool = TaskPool(load_config(None, [f"tasks.domains={spec}"]).tasks, seed=0)
+    assert pool.domains["mine"].levels == 2
+    for t in pool.draw(20):
+        b = int(t.prompt[-1].content.split("-")[1].rstrip("="))
+        assert (b >= 5) == (t.meta.difficulty == 2)  # level 2 rows are the ones with lvl 2 (b >= 5)
+    for _ in range(40):
+        for t in pool.draw(8):
+            pool.observe(t, 1.0)
+    assert pool.eval_difficulty("mine") == 2  # mastered level 1: the frontier moved up

@@ -74,3 +74,14 @@ def test_a_raising_callable_is_masked_and_counted(tmp_path, micro_base, monkeypa
     assert sum(r["infra_errors"] for r in train_rows) == len(boom)
     table = json.loads((result.run_dir / "eval.json").read_text())
     assert table["after"]["domains"]["boom"]["infra_errors"] == 6 and table["after"]["domains"]["boom"]["n"] == 0
+
+
+def test_verification_in_worker_processes_rebuilds_the_file_domain(tmp_path, micro_base):
+    from posttrain.loop import train
+
+    path = write_jsonl(tmp_path / "q.jsonl", rows(60))
+    domains = f"{{procs: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: numeric}}}}"
+    result = train(train_cfg(tmp_path, micro_base, "procs", domains, "run.steps=1", "pipeline.verify_processes=1"),
+                   log=lambda *_: None)
+    got = TraceStore(result.run_dir / "trace.db").recent(100)
+    assert len(got) == 16 and all(r["reward"] is not None for r in got)

@@ -3,6 +3,7 @@ in a worker with a time limit and its failures are infra errors (VerifierError),
 from __future__ import annotations
 
 import os
+import json
 import sqlite3
 
 import pytest
@@ -124,3 +125,19 @@ def test_callable_that_does_not_import_is_a_config_error(userfns):
                         ("byo_rewards:not_callable", "not a callable")):
         with pytest.raises(ConfigError, match=match):
             build_verifier(VerifierSpec.model_validate(path))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server sandbox backend needs root")
+def test_code_tests_per_row_run_in_the_sandbox():
+    tests = [{"args": [5, 0, 10], "expected": 5}, {"args": [-3, 0, 10], "expected": 0}, {"args": [12, 0, 10], "expected": 10}]
+    spec = {"name": "code", "entry": "clamp"}
+    good = "```python\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n```"
+    half = "```python\ndef clamp(x, lo, hi):\n    return max(lo, x)\n```"
+    assert score(spec, tests, good).value == 1.0
+    s = score(spec, tests, half)
+    assert s.value == pytest.approx(2 / 3) and not s.passed  # 12 -> 12 fails; 5 and -3 pass
+    cheat = "```python\nimport sys\nsys.exit(0)\n```"
+    assert score(spec, tests, cheat).value == 0.0
+    v = build_verifier(VerifierSpec.model_validate({"name": "code", "entry_field": "fn"}))
+    t = task(json.dumps(tests), fn="clamp", solution="def clamp(x, lo, hi):\n    return max(lo, min(x, hi))")
+    assert v.score(t, Episode(v.gold(t))).passed

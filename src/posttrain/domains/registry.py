@@ -80,7 +80,8 @@ def _from_environment(name: str) -> Domain | None:
     from posttrain.byo.build import source_domain
     from posttrain.tasks.config import DomainSpec
 
-    return source_domain(name, DomainSpec.model_validate_json(entry["spec"]), entry["base_dir"])
+    domain = source_domain(name, DomainSpec.model_validate_json(entry["spec"]), entry["base_dir"], check=False)
+    return register(domain, domain.origin)  # built once per process
 
 
 def get(name: str) -> Domain:
