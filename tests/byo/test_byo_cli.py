@@ -43,3 +43,18 @@ def test_unusable_input_exits_2(tmp_path, capsys):
     cfg.write_text(f"tasks:\n  domains:\n    x: {{source: {{path: {path}, fields: {{prompt: q, answr: a}}}}}}\n")
     assert main(["train", str(cfg)]) == 2
     assert "answr" in capsys.readouterr().err
+
+
+def test_the_example_validates_and_its_data_is_reproducible(tmp_path, monkeypatch, capsys):
+    import runpy
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    monkeypatch.chdir(root)
+    assert main(["tasks", "validate", "examples/byo.yaml"]) == 0
+    assert "78 held-out" in capsys.readouterr().out
+    committed = (root / "examples/data/subtraction.jsonl").read_bytes()
+    script = runpy.run_path(str(root / "examples/make_byo_data.py"))
+    monkeypatch.setitem(script["main"].__globals__, "OUT", tmp_path / "again.jsonl")
+    script["main"]()
+    assert (tmp_path / "again.jsonl").read_bytes() == committed
