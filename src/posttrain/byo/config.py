@@ -58,10 +58,15 @@ class FieldMap(Strict):
     metadata: tuple[str, ...] = ()
     """Further columns handed to the verifier (e.g. a code task's entry point, a SQL task's setup)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _messages_replace_prompt(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("messages") and "prompt" not in data:
+            return {**data, "prompt": None}  # messages given: the default prompt column does not apply
+        return data
+
     @model_validator(mode="after")
     def _one_prompt(self) -> "FieldMap":
-        if self.messages is not None and self.prompt == "prompt":
-            object.__setattr__(self, "prompt", None)  # messages given: the default prompt column does not apply
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("fields: set exactly one of prompt and messages")
         return self

@@ -12,7 +12,6 @@ per row; rows are read back one at a time.
 """
 from __future__ import annotations
 
-import json
 import random
 from array import array
 from dataclasses import dataclass, field
@@ -302,7 +301,3 @@ def _order(seed: int, n: int) -> tuple[int, ...]:
     order = list(range(n))
     random.Random(seed).shuffle(order)
     return tuple(order)
-
-
-def row_summary(task: Task) -> str:
-    return json.dumps({"id": task.id, "where": task.reference.where})

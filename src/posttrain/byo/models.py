@@ -235,13 +235,13 @@ class JudgeVerifier:
             cache.log(key, self.version, task.id, True, value, raw, "", 0.0, "")
             return self._verdict(value, key, raw, cached=True)
         request = _fill(self.params.rubric, task, episode.completion)
-        t0 = time.perf_counter()
+        t0, raw = time.perf_counter(), ""
         try:
             raw = self.engine().chat([Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0)
             value = self.parse(raw)
         except (GenerationError, VerifierError) as exc:
             if cache is not None:
-                cache.log(key, self.version, task.id, False, None, locals().get("raw", ""), str(exc), time.perf_counter() - t0, request)
+                cache.log(key, self.version, task.id, False, None, raw, str(exc), time.perf_counter() - t0, request)
             raise VerifierError(f"judge {self.params.base_url} ({self.params.model}): {exc}") from None
         if cache is not None:
             cache.put(key, self.version, value, raw)

@@ -11,6 +11,7 @@ lists the known ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -176,7 +177,7 @@ class Regex(_Base):
         return None if self.params.pattern is None else super().gold(task)
 
 
-_compile = __import__("functools").lru_cache(maxsize=1024)(re.compile)
+_compile = functools.lru_cache(maxsize=1024)(re.compile)
 
 
 class MathEquiv(_Base):

@@ -84,7 +84,7 @@ def _tokenizer(args: argparse.Namespace, model_path: str | None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from posttrain.byo.build import source_domain
-    from posttrain.byo.inspect import inspect, length_summary
+    from posttrain.byo.checks import inspect, length_summary
 
     specs, model_path = _specs(args)
     tokenizer = _tokenizer(args, model_path)
