@@ -84,4 +84,5 @@ def test_verification_in_worker_processes_rebuilds_the_file_domain(tmp_path, mic
     result = train(train_cfg(tmp_path, micro_base, "procs", domains, "run.steps=1", "pipeline.verify_processes=1"),
                    log=lambda *_: None)
     got = TraceStore(result.run_dir / "trace.db").recent(100)
-    assert len(got) == 16 and all(r["reward"] is not None for r in got)
+    assert len(got) == 16
+    assert all(r["reward"] is not None for r in got), {r["error"] for r in got}
