@@ -13,7 +13,8 @@ def test_validate_and_stats_on_a_clean_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "83 rows" in out and "3 exact" in out and "pass their verifier" in out and "ok" in out
     assert main(["tasks", "stats", str(path), "--field", "prompt=q", "--field", "answer=a"]) == 0
-    assert "prompt tokens: min 5" in capsys.readouterr().out  # `a-b=` is 5 characters: 5 tokens of the embedded model
+    # `a-b=` is 5 characters: 5 tokens of the embedded model, plus <|user|> and <|assistant|> of its chat template
+    assert "prompt tokens: min 7 | p50 7" in capsys.readouterr().out
 
 
 def test_validate_lists_bad_rows_and_rejected_gold(tmp_path, capsys):

@@ -87,9 +87,18 @@ def inspect(domain: SourceDomain, score_gold: int = 200, tokenizer: Any = None) 
                     rep.overlap_near += 1
                 seen_exact.setdefault(exact, split)
                 seen_near.setdefault(near, set()).add(split)
-                rep.lengths.append(len(tokenizer(text)["input_ids"]) if tokenizer is not None else len(text))
+                rep.lengths.append(prompt_tokens(tokenizer, task.prompt) if tokenizer is not None else len(text))
     _score_gold(domain, rep, score_gold)
     return rep
+
+
+def prompt_tokens(tokenizer: Any, messages: Any) -> int:
+    """Tokens the model reads for this prompt: its chat template with the generation prompt, when it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
+                                            add_generation_prompt=True, tokenize=True)
+        return len(out["input_ids"] if hasattr(out, "keys") else out)
+    return len(tokenizer("\n".join(m.content for m in messages))["input_ids"])
 
 
 def _score_gold(domain: SourceDomain, rep: Report, limit: int) -> None:

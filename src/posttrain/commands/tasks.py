@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, text in (("validate", "schema check (line of each bad row), duplicates, train/held-out overlap, "
                                     "gold answers scored by the verifier; exit 1 on any problem"),
-                       ("stats", "validate's counts plus the prompt-length distribution in tokens")):
+                       ("stats", "validate's counts plus the prompt-length distribution in tokens (chat template included)")):
         v = verbs.add_parser(verb, help=text)
         v.add_argument("path", help="a run config (.yaml) with tasks.domains.NAME.source, or a JSONL/CSV/Parquet file "
                                     "or datasets directory")
