@@ -59,3 +59,16 @@ def test_the_example_validates_and_its_data_is_reproducible(tmp_path, monkeypatc
     monkeypatch.setitem(script["main"].__globals__, "OUT", tmp_path / "again.jsonl")
     script["main"]()
     assert (tmp_path / "again.jsonl").read_bytes() == committed
+
+
+def test_domains_lists_shows_and_checks_a_configs_source_domains(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "q.jsonl", rows(60))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"tasks:\n  domains:\n    mine: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: numeric}}\n")
+    assert main(["domains", "--config", str(cfg), "--json", "--no-sample"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mine")
+    assert row["origin"] == f"file {path}" and row["verifier"] == "numeric"
+    assert main(["domains", "--config", str(cfg), "show", "mine"]) == 0
+    assert f"origin file {path}" in capsys.readouterr().out
+    assert main(["domains", "--config", str(cfg), "hygiene", "mine"]) == 0
+    assert "mine" in capsys.readouterr().out

@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--category", help="only domains of this category (e.g. math, sql, agents, rg_games)")
     p.add_argument("--no-sample", action="store_true", help="skip the sample prompt column (fast)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--config", help="a run config: also list its source domains (tasks.domains.NAME.source)")
+    p.add_argument("--config", help="a run config: its source domains (tasks.domains.NAME.source) join the list, show and hygiene")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     s = verbs.add_parser("show", help="one domain: a sample task, its gold answer and the scores")
     s.add_argument("name")
@@ -27,6 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config:
+        from posttrain.byo.build import register_sources
+        from posttrain.config import load_config
+
+        register_sources(load_config(args.config).tasks)
     if args.verb == "show":
         return show(args)
     if args.verb == "hygiene":
@@ -42,11 +47,6 @@ def _one_line(text: str, width: int) -> str:
 def list_domains(args: argparse.Namespace) -> int:
     from posttrain.domains.registry import all_domains, origin
 
-    if args.config:
-        from posttrain.byo.build import register_sources
-        from posttrain.config import load_config
-
-        register_sources(load_config(args.config).tasks)
     rows = []
     for name, d in all_domains().items():
         if args.category and d.category != args.category:
@@ -103,8 +103,11 @@ def hygiene(args: argparse.Namespace) -> int:
     print(f"{'DOMAIN':<30} {'TRAIN':>6} {'EXACT_DUP':>9} {'NORM_DUP':>8} {'EVAL':>5} {'IN_TRAIN':>8} {'CONTAM':>6} {'MAX_OV':>6}")
     for name in names:
         d = get(name)
-        train = [d.sample(i, "train", 1) for i in range(args.tasks)]
-        eval_ = [d.sample(i, "eval", 1) for i in range(max(args.tasks // 4, 1))]
+        size = getattr(d, "size", None)  # a file domain: at most its distinct rows
+        n_train = min(args.tasks, size("train", 1)) if size else args.tasks
+        n_eval = min(max(args.tasks // 4, 1), size("eval", 1)) if size else max(args.tasks // 4, 1)
+        train = [d.sample(i, "train", 1) for i in range(n_train)]
+        eval_ = [d.sample(i, "eval", 1) for i in range(n_eval)]
         dd = dedupe(train)
         rep = contamination(name, train, eval_, n=args.ngram)
         print(f"{name:<30} {dd.total:>6} {dd.exact_duplicates:>9} {dd.normalised_duplicates:>8} {rep.eval_tasks:>5} "
