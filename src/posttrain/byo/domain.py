@@ -272,11 +272,15 @@ class SourceDomain(Domain):
 
     # ---- contract ---------------------------------------------------------
     def gold(self, task: Task) -> str:
+        """The verifier's gold completion for the row, else the reference answer as text (a
+        verifier that cannot build one, e.g. `code` without a `solution` column)."""
+        got = self.declared_gold(task)
+        return got if got is not None else str(task.reference)
+
+    def declared_gold(self, task: Task) -> str | None:
+        """The verifier's own gold completion, or None when it has none for this row."""
         fn = getattr(self.verifier, "gold", None)
-        got = fn(task) if fn else None
-        if got is None:
-            raise TaskError(f"{self.name}: verifier {self.spec.name} has no gold completion for a row")
-        return got
+        return fn(task) if fn is not None else str(task.reference)
 
     def wrong(self, task: Task) -> str:
         fn = getattr(self.verifier, "wrong", None)

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  train/held-out overlap: {rep.overlap_rows} rows dropped (prompt in both splits), "
               f"{rep.overlap_near} near-duplicate prompts across splits")
         print(f"  gold answers: {rep.gold_passed}/{rep.gold_scored} pass their verifier"
-              f"{f', {rep.gold_infra} infra errors' if rep.gold_infra else ''}")
+              f"{f', {rep.gold_infra} infra errors' if rep.gold_infra else ''}"
+              f"{f', {rep.no_gold} rows without a gold completion (not scored)' if rep.no_gold else ''}")
         if tokenizer is not None:
             print(f"  prompt tokens: {length_summary(rep.lengths)}")
         problems = rep.problems()
