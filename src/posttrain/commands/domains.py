@@ -12,6 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--category", help="only domains of this category (e.g. math, sql, agents, rg_games)")
     p.add_argument("--no-sample", action="store_true", help="skip the sample prompt column (fast)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--config", help="a run config: its source domains (tasks.domains.NAME.source) join the list, show and hygiene")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     s = verbs.add_parser("show", help="one domain: a sample task, its gold answer and the scores")
     s.add_argument("name")
@@ -26,6 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config:
+        from posttrain.byo.build import register_sources
+        from posttrain.config import load_config
+
+        register_sources(load_config(args.config).tasks)
     if args.verb == "show":
         return show(args)
     if args.verb == "hygiene":
@@ -39,7 +45,7 @@ def _one_line(text: str, width: int) -> str:
 
 
 def list_domains(args: argparse.Namespace) -> int:
-    from posttrain.domains.registry import all_domains
+    from posttrain.domains.registry import all_domains, origin
 
     rows = []
     for name, d in all_domains().items():
@@ -47,15 +53,21 @@ def list_domains(args: argparse.Namespace) -> int:
             continue
         sample = "" if args.no_sample else d.sample(0, "train", 1).prompt[-1].content
         rows.append({"name": name, "category": d.category, "verifier": d.verifier.name, "cost": d.cost_class,
-                     "levels": d.levels, "sample": sample})
+                     "levels": d.levels, "origin": origin(name), "sample": sample})
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'NAME':<34} {'CATEGORY':<16} {'VERIFIER':<18} {'COST':<5} {'LV':>2}  SAMPLE")
+    print(f"{'NAME':<34} {'CATEGORY':<16} {'VERIFIER':<18} {'COST':<5} {'LV':>2}  {'ORIGIN':<28} SAMPLE")
     for r in rows:
-        print(f"{r['name']:<34} {r['category']:<16} {r['verifier']:<18} {r['cost']:<5} {r['levels']:>2}  {_one_line(r['sample'], 70)}")
+        print(f"{r['name']:<34} {r['category']:<16} {r['verifier']:<18} {r['cost']:<5} {r['levels']:>2}  "
+              f"{_one_line(_short(r['origin']), 28):<28} {_one_line(r['sample'], 60)}")
     print(f"{len(rows)} domains")
     return 0
+
+
+def _short(origin: str) -> str:
+    """builtin (posttrain.domains.add) -> builtin; plugin NAME VERSION (module:attr) -> plugin NAME VERSION."""
+    return origin.split(" (")[0] if origin.startswith(("builtin", "plugin")) else origin
 
 
 def show(args: argparse.Namespace) -> int:
@@ -69,7 +81,10 @@ def show(args: argparse.Namespace) -> int:
     task = d.sample(args.index, args.split, args.level)
     gold, wrong = d.gold(task), d.wrong(task)
     gs, ws = d.score(task, Episode(gold)), d.score(task, Episode(wrong))
+    from posttrain.domains.registry import origin
+
     print(f"{d.name}: {d.description}")
+    print(f"origin {origin(d.name)}")
     print(f"category {d.category} | verifier {d.verifier.name} v{d.verifier.version} | cost {d.cost_class} | "
           f"levels {d.levels} | budget {d.budget} | multi-turn {'yes' if d.environment() is not None else 'no'}")
     print(f"task {task.id} | taskset {task.meta.taskset_version}\n")
@@ -88,8 +103,11 @@ def hygiene(args: argparse.Namespace) -> int:
     print(f"{'DOMAIN':<30} {'TRAIN':>6} {'EXACT_DUP':>9} {'NORM_DUP':>8} {'EVAL':>5} {'IN_TRAIN':>8} {'CONTAM':>6} {'MAX_OV':>6}")
     for name in names:
         d = get(name)
-        train = [d.sample(i, "train", 1) for i in range(args.tasks)]
-        eval_ = [d.sample(i, "eval", 1) for i in range(max(args.tasks // 4, 1))]
+        size = getattr(d, "size", None)  # a file domain: at most its distinct rows
+        n_train = min(args.tasks, size("train", 1)) if size else args.tasks
+        n_eval = min(max(args.tasks // 4, 1), size("eval", 1)) if size else max(args.tasks // 4, 1)
+        train = [d.sample(i, "train", 1) for i in range(n_train)]
+        eval_ = [d.sample(i, "eval", 1) for i in range(n_eval)]
         dd = dedupe(train)
         rep = contamination(name, train, eval_, n=args.ngram)
         print(f"{name:<30} {dd.total:>6} {dd.exact_duplicates:>9} {dd.normalised_duplicates:>8} {rep.eval_tasks:>5} "

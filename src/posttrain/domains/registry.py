@@ -1,27 +1,46 @@
-"""The domain registry: one name, one domain.
+"""The domain registry: one name, one domain, each with its origin.
 
-Invariant: a name is registered once (a duplicate raises ValueError), and
-every module in `posttrain.domains` is imported before the registry is read,
-so a domain exists as soon as its module file does.
+Invariant: a name is registered once (a duplicate raises TaskError naming
+both origins), and every module in `posttrain.domains` is imported, then
+every installed plugin's `posttrain.domains` entry points loaded, before the
+registry is read, so a domain exists as soon as its module file (or its
+plugin) does. Domains read from files (`tasks.domains.NAME.source`) are
+registered by the task pool; one may replace an earlier file domain of the
+same name (a new config in the same process), never a module or plugin one.
+Their specs are also kept in the environment, so a worker process started
+later (a verification process pool) can rebuild them by name.
 """
 from __future__ import annotations
 
 import difflib
 import importlib
+import json
+import os
 import pkgutil
 
 from posttrain.domains.base import Domain
 from posttrain.errors import TaskError
 
 _REGISTRY: dict[str, Domain] = {}
+_ORIGINS: dict[str, str] = {}
 _LOADED = False
 _NOT_DOMAINS = {"base", "registry"}
+SOURCE_ENV = "POSTTRAIN_SOURCE_DOMAINS"
 
 
-def register(domain: Domain) -> Domain:
+def _default_origin(domain: Domain) -> str:
+    module = type(domain).__module__
+    return f"builtin ({module})" if module.startswith("posttrain.domains.") else f"module {module}"
+
+
+def register(domain: Domain, origin: str | None = None) -> Domain:
+    origin = origin or _default_origin(domain)
     if domain.name in _REGISTRY:
-        raise ValueError(f"domain {domain.name!r} is registered twice")
+        old = _ORIGINS.get(domain.name, "?")
+        if not (old.startswith("file ") and origin.startswith("file ")):
+            raise TaskError(f"domain {domain.name!r} is registered twice: by {old} and by {origin}")
     _REGISTRY[domain.name] = domain
+    _ORIGINS[domain.name] = origin
     return domain
 
 
@@ -35,6 +54,34 @@ def _load_builtin() -> None:
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name not in _NOT_DOMAINS and not info.name.startswith("_"):
             importlib.import_module(f"posttrain.domains.{info.name}")
+    from posttrain.byo.plugins import plugin_domains
+
+    for domain, origin in plugin_domains():
+        register(domain, origin)
+
+
+def origin(name: str) -> str:
+    """Where a registered domain comes from: builtin (module), plugin (distribution), file (path)."""
+    _load_builtin()
+    return _ORIGINS.get(name, "?")
+
+
+def remember_source(name: str, spec_json: str, base_dir: str | None) -> None:
+    """Keep a file domain's spec in the environment for worker processes started later."""
+    known = json.loads(os.environ.get(SOURCE_ENV, "{}"))
+    known[name] = {"spec": spec_json, "base_dir": base_dir}
+    os.environ[SOURCE_ENV] = json.dumps(known)
+
+
+def _from_environment(name: str) -> Domain | None:
+    entry = json.loads(os.environ.get(SOURCE_ENV, "{}")).get(name)
+    if entry is None:
+        return None
+    from posttrain.byo.build import source_domain
+    from posttrain.tasks.config import DomainSpec
+
+    domain = source_domain(name, DomainSpec.model_validate_json(entry["spec"]), entry["base_dir"], check=False)
+    return register(domain, domain.origin)  # built once per process
 
 
 def get(name: str) -> Domain:
@@ -42,6 +89,9 @@ def get(name: str) -> Domain:
     try:
         return _REGISTRY[name]
     except KeyError:
+        found = _from_environment(name)
+        if found is not None:
+            return found
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {len(_REGISTRY)} domains (posttrain domains)"
         raise TaskError(f"unknown domain {name!r}{hint}") from None

@@ -35,7 +35,7 @@ class OpenAIEngine:
             raise ConfigError(f"openai engine: base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.model, self.tokenizer, self.retries = model, tokenizer, retries
-        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.eos_token_id = int(tokenizer.eos_token_id) if tokenizer is not None else -1  # None: chat() only
         self.version = 0
         self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"},
                                     limits=httpx.Limits(max_connections=concurrency))
@@ -66,6 +66,18 @@ class OpenAIEngine:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         return list(self._pool.map(self._one, requests))
+
+    def chat(self, messages: Sequence[Message], max_tokens: int = 16, temperature: float = 0.0,
+             seed: int | None = None) -> str:
+        """The text of one `/chat/completions` answer (judges and other text-only callers; no tokenizer needed)."""
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature,
+                                "messages": [{"role": m.role, "content": m.content} for m in messages]}
+        if seed is not None:
+            body["seed"] = seed
+        choices = self._post("/chat/completions", body).get("choices") or []
+        if not choices or not isinstance(choices[0].get("message"), dict):
+            raise GenerationError("openai engine: /chat/completions returned no message")
+        return str(choices[0]["message"].get("content") or "")
 
     def update_weights(self, source: Any) -> int:
         """Ask the server to load a checkpoint directory it can read; returns the new version."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from posttrain.byo.config import SourceConfig, VerifierSpec
+
 BUILTIN_DOMAINS = ("add", "sub", "mul", "reverse", "sort")
 
 
@@ -22,6 +24,20 @@ class DomainSpec(BaseModel):
 
     difficulty: int | None = Field(None, ge=1)
     """A fixed difficulty level (1..domain.levels); None lets the curriculum choose."""
+
+    source: SourceConfig | None = None
+    """Bring your own tasks: a JSONL, CSV or Parquet file or a `datasets` directory read as this
+    domain (the key is its name); None names a registered domain (built-in or plugin)."""
+
+    verifier: VerifierSpec | None = None
+    """How a `source` domain is scored: a verifier by name with parameters (default: exact).
+    Only for `source` domains; registered domains keep their own verifier."""
+
+    @model_validator(mode="after")
+    def _verifier_needs_source(self) -> "DomainSpec":
+        if self.verifier is not None and self.source is None:
+            raise ValueError("verifier is only for a domain with a source (a registered domain keeps its own verifier)")
+        return self
 
 
 class CurriculumConfig(BaseModel):
@@ -117,4 +133,7 @@ class TasksConfig(BaseModel):
     def _check(self) -> "TasksConfig":
         if not self.domains:
             raise ValueError("tasks.domains must name at least one domain")
+        for key, spec in self.domains.items():
+            if spec.source is not None and any(c in key for c in "*?["):
+                raise ValueError(f"tasks.domains.{key}: a domain with a source needs a plain name, not a pattern")
         return self

@@ -37,8 +37,10 @@ def resolve_specs(config: TasksConfig) -> dict[str, tuple[Domain, DomainSpec]]:
     be a glob pattern (`rg_*`, `*`) matching registered names; an explicit name
     overrides a pattern's spec. An unknown name, a pattern matching nothing or a
     bad fixed difficulty raises TaskError naming it."""
+    from posttrain.byo.build import register_sources
     from posttrain.domains.registry import all_domains, get
 
+    register_sources(config)  # file and data-set domains (tasks.domains.NAME.source) join the registry
     specs: dict[str, DomainSpec] = {}
     for key, spec in sorted(config.domains.items(), key=lambda kv: not _is_pattern(kv[0])):
         if _is_pattern(key):

@@ -1,0 +1,260 @@
+"""Model-based rewards: a local sequence-classification reward model, and an LLM judge
+over the `openai` engine, with a score cache and a call log.
+
+Invariant: a model-based score is a pure function of (prompt, completion,
+answer, model version) as far as the cache can tell: a judge's scores are
+cached per (prompt, completion, answer, judge version), where the version
+hashes the model name, rubric, parse rule, scale and sampling, so a changed
+rubric never reads an old score. A judge that cannot be reached, answers an
+error, or replies with no score in range raises VerifierError (infra,
+masked, counted), never reward 0. Every judge call, cached or not, is a row
+of the `judge_calls` table in the cache database, keyed like the score, and
+the rollout's trace row names that key in its `reason`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from posttrain.byo.config import JudgeParams, RewardModelParams
+from posttrain.domains.base import stable_hash
+from posttrain.errors import ConfigError, GenerationError, VerifierError
+from posttrain.types import Episode, Message, Score, Task
+
+
+def _fill(template: str, task: Task, completion: str) -> str:
+    prompt = "\n".join(m.content for m in task.prompt if m.role != "system")
+    return (template.replace("{prompt}", prompt).replace("{answer}", str(task.reference))
+            .replace("{completion}", completion))
+
+
+# ---- reward model ---------------------------------------------------------------------
+
+_MODELS: dict[str, tuple[Any, Any, threading.Lock]] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _load_classifier(path: str) -> tuple[Any, Any, threading.Lock]:
+    with _MODELS_LOCK:
+        if path not in _MODELS:
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise ConfigError(f"verifier reward_model: {path} is not a model directory (no config.json)")
+            try:
+                tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True).eval()
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"verifier reward_model: cannot load {path}: {exc}") from None
+            _MODELS[path] = (model, tok, threading.Lock())
+        return _MODELS[path]
+
+
+class RewardModelVerifier:
+    """Reward = the classifier's probability of the good label (sigmoid of the logit with one label)."""
+
+    name = "reward_model"
+    programmatic = False
+
+    def __init__(self, params: RewardModelParams) -> None:
+        self.params = params
+        self.path = os.path.abspath(params.path)
+        model, _, _ = _load_classifier(self.path)
+        labels = int(model.config.num_labels)
+        if labels > 1 and params.label >= labels:
+            raise ConfigError(f"verifier reward_model: label {params.label} but the model has {labels} labels")
+        self.version = f"{stable_hash(self.path, _weights_stamp(self.path), params.template, params.label):x}"[:10]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"params": self.params, "path": self.path, "version": self.version}
+
+    def rewards(self, texts: list[str]) -> list[float]:
+        import torch
+
+        model, tok, lock = _load_classifier(self.path)
+        with lock, torch.no_grad():
+            enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=self.params.max_length)
+            logits_bl = model(**{k: v for k, v in enc.items() if k in ("input_ids", "attention_mask")}).logits.float()
+        if logits_bl.shape[-1] == 1:
+            return torch.sigmoid(logits_bl[:, 0]).tolist()
+        return torch.softmax(logits_bl, dim=-1)[:, self.params.label].tolist()
+
+    def score(self, task: Task, episode: Episode) -> Score:
+        value = self.rewards([_fill(self.params.template, task, episode.completion)])[0]
+        if not math.isfinite(value):
+            raise VerifierError(f"reward model {self.path} returned {value}")
+        ok = value >= self.params.pass_threshold
+        return Score(value, {"outcome": value, "reward_model": value}, ok, "" if ok else "below threshold")
+
+    def gold(self, task: Task) -> str | None:
+        return str(task.reference)
+
+    def wrong(self, task: Task) -> str:
+        return ""
+
+
+def _weights_stamp(path: str) -> str:
+    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+    return ",".join(f"{p.name}:{p.stat().st_size}:{int(p.stat().st_mtime)}" for p in files)
+
+
+# ---- judge cache --------------------------------------------------------------------------
+
+
+def default_cache_path() -> Path:
+    root = Path(os.environ.get("POSTTRAIN_CACHE", Path.home() / ".cache" / "posttrain"))
+    return root / "judge.sqlite"
+
+
+class JudgeCache:
+    """SQLite (WAL): `scores` (key -> value, raw reply) and `judge_calls` (one row per call)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit is durable at the next checkpoint, no fsync per call
+            self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, version TEXT, value REAL, raw TEXT, created_at REAL)")
+            self._db.execute("CREATE TABLE IF NOT EXISTS judge_calls (id INTEGER PRIMARY KEY, key TEXT, version TEXT, task_id TEXT, "
+                             "cached INTEGER, value REAL, raw TEXT, error TEXT, latency_s REAL, request TEXT, created_at REAL)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS judge_calls_key ON judge_calls(key)")
+            self._db.commit()
+
+    def get(self, key: str) -> tuple[float, str] | None:
+        with self._lock:
+            row = self._db.execute("SELECT value, raw FROM scores WHERE key=?", (key,)).fetchone()
+        return None if row is None else (float(row[0]), str(row[1]))
+
+    def put(self, key: str, version: str, value: float, raw: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)", (key, version, value, raw, time.time()))
+            self._db.commit()
+
+    def log(self, key: str, version: str, task_id: str, cached: bool, value: float | None, raw: str,
+            error: str, latency_s: float, request: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO judge_calls (key, version, task_id, cached, value, raw, error, latency_s, request, created_at) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (key, version, task_id, int(cached), value, raw, error, latency_s, request, time.time()))
+            self._db.commit()
+
+    def calls(self, key: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            self._db.row_factory = sqlite3.Row
+            try:
+                sql, args = ("SELECT * FROM judge_calls WHERE key=? ORDER BY id", (key,)) if key else ("SELECT * FROM judge_calls ORDER BY id", ())
+                return [dict(r) for r in self._db.execute(sql, args)]
+            finally:
+                self._db.row_factory = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+# ---- judge ------------------------------------------------------------------------------------
+
+
+class JudgeVerifier:
+    """Asks an OpenAI-compatible server to grade the completion with the rubric; reward = score / scale."""
+
+    name = "judge"
+    programmatic = False
+
+    def __init__(self, params: JudgeParams) -> None:
+        self.params = params
+        try:
+            self.pattern = re.compile(params.score_pattern)
+        except re.error as exc:
+            raise ConfigError(f"verifier judge: score_pattern does not compile: {exc}") from None
+        if self.pattern.groups < 1:
+            raise ConfigError("verifier judge: score_pattern needs a group around the score")
+        stamp = (params.model, params.rubric, params.score_pattern, params.scale, params.max_tokens, params.temperature)
+        self.version = f"{stable_hash(*stamp):016x}"[:12]
+        self._engine: Any = None
+        self._cache: JudgeCache | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"params": self.params}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["params"])  # type: ignore[misc]
+
+    @property
+    def cache(self) -> JudgeCache | None:
+        c = self.params.cache
+        if c is False:
+            return None
+        with self._lock:
+            if self._cache is None:
+                self._cache = JudgeCache(default_cache_path() if c is True else c)
+            return self._cache
+
+    def engine(self) -> Any:
+        with self._lock:
+            if self._engine is None:
+                from posttrain.engine.openai import OpenAIEngine
+
+                p = self.params
+                self._engine = OpenAIEngine(p.base_url, p.model, None, api_key=p.api_key, timeout_s=p.timeout_s, retries=p.retries)
+            return self._engine
+
+    def key(self, task: Task, completion: str) -> str:
+        blob = json.dumps([self.version, [m.content for m in task.prompt], str(task.reference), completion])
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def parse(self, reply: str) -> float:
+        m = self.pattern.search(reply)
+        if m is None:
+            raise VerifierError(f"judge reply has no score (pattern {self.params.score_pattern!r}): {reply[:80]!r}")
+        try:
+            value = float(m.group(1))
+        except (TypeError, ValueError):
+            raise VerifierError(f"judge score {m.group(1)!r} is not a number") from None
+        if not 0.0 <= value <= self.params.scale:
+            raise VerifierError(f"judge score {value} is outside [0, {self.params.scale}]")
+        return value / self.params.scale
+
+    def score(self, task: Task, episode: Episode) -> Score:
+        key, cache = self.key(task, episode.completion), self.cache
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None:
+            value, raw = hit
+            cache.log(key, self.version, task.id, True, value, raw, "", 0.0, "")
+            return self._verdict(value, key, raw, cached=True)
+        request = _fill(self.params.rubric, task, episode.completion)
+        t0, raw = time.perf_counter(), ""
+        try:
+            raw = self.engine().chat([Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0)
+            value = self.parse(raw)
+        except (GenerationError, VerifierError) as exc:
+            if cache is not None:
+                cache.log(key, self.version, task.id, False, None, raw, str(exc), time.perf_counter() - t0, request)
+            raise VerifierError(f"judge {self.params.base_url} ({self.params.model}): {exc}") from None
+        if cache is not None:
+            cache.put(key, self.version, value, raw)
+            cache.log(key, self.version, task.id, False, value, raw, "", time.perf_counter() - t0, request)
+        return self._verdict(value, key, raw, cached=False)
+
+    def _verdict(self, value: float, key: str, raw: str, cached: bool) -> Score:
+        ok = value >= self.params.pass_threshold
+        why = f"judge {self.version} key {key}{' cached' if cached else ''} reply {raw.strip()[:40]!r}"
+        return Score(value, {"outcome": value, "judge": value}, ok, why)
+
+    def gold(self, task: Task) -> str | None:
+        return str(task.reference)
+
+    def wrong(self, task: Task) -> str:
+        return ""

@@ -1,0 +1,264 @@
+"""Row readers of task files and local data sets, streamed.
+
+Invariant: no reader loads its file whole. `scan()` streams every row once,
+each with a locator (a byte offset for JSONL and CSV, a row number for
+Parquet and `datasets`) and the line a person would look at; `row(loc)`
+reads that one row again (a seek and one record, or one cached Parquet row
+group). A row that does not parse is yielded with its error and line, never
+skipped in silence.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from posttrain.byo.config import SourceConfig, resolve_format
+from posttrain.errors import TaskError
+
+DATA_EXTRA = "pip install 'posttrain[data]'"
+
+
+@dataclass(frozen=True)
+class RawRow:
+    """One row as read: its locator, the line (or row number) to report, the
+    columns, or the error that kept it from parsing; `split` is the split a
+    `datasets` dictionary put it in (None elsewhere)."""
+
+    loc: int
+    line: int
+    data: dict[str, Any] | None
+    error: str | None = None
+    split: str | None = None
+
+
+class JsonlReader:
+    """One JSON object per line; blank lines are skipped."""
+
+    unit = "line"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def scan(self) -> Iterator[RawRow]:
+        with open(self.path, "rb") as fh:
+            line, offset = 0, 0
+            for raw in fh:
+                line += 1
+                loc, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                yield self._parse(raw, loc, line)
+
+    def _parse(self, raw: bytes, loc: int, line: int) -> RawRow:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return RawRow(loc, line, None, f"not valid JSON: {exc}")
+        if not isinstance(data, dict):
+            return RawRow(loc, line, None, f"expected a JSON object, got {type(data).__name__}")
+        return RawRow(loc, line, data)
+
+    def row(self, loc: int) -> dict[str, Any]:
+        with open(self.path, "rb") as fh:
+            fh.seek(loc)
+            got = self._parse(fh.readline(), loc, 0)
+        if got.data is None:
+            raise TaskError(f"{self.path}: row at byte {loc} no longer parses ({got.error}); was the file changed?")
+        return got.data
+
+
+class _Lines:
+    """Line iterator over a binary file that remembers where each line began."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.offset, self.line, self.starts = fh, fh.tell(), 0, []
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        raw = self.fh.readline()
+        if not raw:
+            raise StopIteration
+        self.starts.append((self.offset, self.line + 1))
+        self.offset += len(raw)
+        self.line += 1
+        return raw.decode("utf-8", "replace")
+
+
+class CsvReader:
+    """A header row, then one record per row (quoted fields may span lines); values are strings."""
+
+    unit = "line"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as fh:
+            lines = _Lines(fh)
+            try:
+                self.header = next(csv.reader(lines))
+            except StopIteration:
+                raise TaskError(f"{path}: empty CSV file (no header row)") from None
+            self.data_start = lines.offset
+        if len(set(self.header)) != len(self.header):
+            raise TaskError(f"{path}: line 1: duplicate column names in the header {self.header}")
+
+    def scan(self) -> Iterator[RawRow]:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.data_start)
+            lines = _Lines(fh)
+            lines.line = 1
+            reader = csv.reader(lines)
+            while True:
+                lines.starts.clear()
+                try:
+                    record = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as exc:
+                    loc, line = lines.starts[0] if lines.starts else (lines.offset, lines.line)
+                    yield RawRow(loc, line, None, f"malformed CSV: {exc}")
+                    continue
+                loc, line = lines.starts[0]
+                if not record:
+                    continue
+                yield self._make(record, loc, line)
+
+    def _make(self, record: list[str], loc: int, line: int) -> RawRow:
+        if len(record) != len(self.header):
+            return RawRow(loc, line, None, f"{len(record)} fields, the header has {len(self.header)}")
+        return RawRow(loc, line, dict(zip(self.header, record)))
+
+    def row(self, loc: int) -> dict[str, Any]:
+        with open(self.path, "rb") as fh:
+            fh.seek(loc)
+            record = next(csv.reader(_Lines(fh)))
+        got = self._make(record, loc, 0)
+        if got.data is None:
+            raise TaskError(f"{self.path}: row at byte {loc} no longer parses ({got.error}); was the file changed?")
+        return got.data
+
+
+class ParquetReader:
+    """Row groups streamed through pyarrow; `row` reads (and caches a few) row groups."""
+
+    unit = "row"
+
+    def __init__(self, path: str, columns: list[str]) -> None:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise TaskError(f"{path}: reading Parquet needs pyarrow: {DATA_EXTRA}") from None
+        try:
+            self.file = pq.ParquetFile(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise TaskError(f"{path}: not a readable Parquet file: {exc}") from None
+        names = set(self.file.schema_arrow.names)
+        self.columns = [c for c in dict.fromkeys(columns) if c in names]
+        meta = self.file.metadata
+        self.starts = [0]
+        for g in range(meta.num_row_groups):
+            self.starts.append(self.starts[-1] + meta.row_group(g).num_rows)
+        self._cache: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
+
+    def scan(self) -> Iterator[RawRow]:
+        n = 0
+        for g in range(self.file.metadata.num_row_groups):
+            for data in self.file.read_row_group(g, columns=self.columns).to_pylist():
+                yield RawRow(n, n + 1, data)
+                n += 1
+
+    def row(self, loc: int) -> dict[str, Any]:
+        import bisect
+
+        g = bisect.bisect_right(self.starts, loc) - 1
+        rows = self._cache.get(g)
+        if rows is None:
+            rows = self.file.read_row_group(g, columns=self.columns).to_pylist()
+            self._cache[g] = rows
+            while len(self._cache) > 4:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(g)
+        return rows[loc - self.starts[g]]
+
+
+class DatasetsReader:
+    """A directory saved by `datasets` (`save_to_disk`): a Dataset, or a DatasetDict whose split
+    names say train or held-out. Memory-mapped Arrow: rows are read on demand."""
+
+    unit = "row"
+
+    def __init__(self, path: str) -> None:
+        try:
+            from datasets import load_from_disk
+        except ImportError:
+            raise TaskError(f"{path}: reading a `datasets` directory needs the datasets package: {DATA_EXTRA}") from None
+        try:
+            loaded = load_from_disk(path)
+        except Exception as exc:  # noqa: BLE001 - datasets raises FileNotFoundError and others
+            raise TaskError(f"{path}: not a directory saved by datasets.save_to_disk: {exc}") from None
+        parts = sorted(loaded.items()) if hasattr(loaded, "items") else [(None, loaded)]
+        self.parts = [(name, ds) for name, ds in parts]
+        self.starts = [0]
+        for _, ds in self.parts:
+            self.starts.append(self.starts[-1] + len(ds))
+
+    def scan(self) -> Iterator[RawRow]:
+        n = 0
+        for name, ds in self.parts:
+            for data in ds:
+                yield RawRow(n, n + 1, dict(data), split=name)
+                n += 1
+
+    def row(self, loc: int) -> dict[str, Any]:
+        import bisect
+
+        p = bisect.bisect_right(self.starts, loc) - 1
+        return dict(self.parts[p][1][loc - self.starts[p]])
+
+
+Reader = JsonlReader | CsvReader | ParquetReader | DatasetsReader
+
+
+def open_source(source: SourceConfig, base_dir: str | None = None) -> tuple[str, Reader]:
+    """The absolute path and a reader of `source` (a relative path is taken from `base_dir`,
+    else the current directory). A missing file or an unusable format is a TaskError."""
+    path = source.path if os.path.isabs(source.path) or base_dir is None else os.path.join(base_dir, source.path)
+    if not os.path.exists(path) and base_dir is not None and os.path.exists(source.path):
+        path = source.path
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise TaskError(f"task source {source.path!r} does not exist (looked at {path})")
+    try:
+        fmt = resolve_format(source, os.path.isdir(path))
+    except ValueError as exc:
+        raise TaskError(str(exc)) from None
+    if fmt != "datasets" and os.path.isdir(path):
+        raise TaskError(f"task source {path} is a directory; format {fmt} needs a file")
+    if fmt == "jsonl":
+        return path, JsonlReader(path)
+    if fmt == "csv":
+        return path, CsvReader(path)
+    if fmt == "parquet":
+        return path, ParquetReader(path, source.fields.columns())
+    return path, DatasetsReader(path)
+
+
+def text_of(value: Any) -> str:
+    """A cell as text (CSV cells already are)."""
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def json_cell(value: Any) -> Any:
+    """A list or object cell: as is, or parsed from the JSON text a CSV holds."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.load(io.StringIO(value))
+        except ValueError:
+            return value
+    return value

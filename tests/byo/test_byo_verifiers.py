@@ -1,0 +1,143 @@
+"""Verifiers by name: each built-in scores gold 1 and a wrong answer below 1; a user's callable runs
+in a worker with a time limit and its failures are infra errors (VerifierError), never reward 0."""
+from __future__ import annotations
+
+import os
+import json
+import sqlite3
+
+import pytest
+
+from posttrain.byo.config import VerifierSpec
+from posttrain.byo.domain import RowRef
+from posttrain.byo.verifiers import build_verifier
+from posttrain.errors import ConfigError, VerifierError
+from posttrain.types import Episode, Message, Task, TaskMeta
+
+USERFNS = os.path.join(os.path.dirname(__file__), "userfns")
+
+
+def task(answer, prompt="q", **metadata) -> Task:
+    return Task("t:1", "t", (Message("user", prompt),), RowRef(answer, metadata), TaskMeta("train", 1, "test", "v"))
+
+
+def score(spec, answer, completion, **metadata):
+    return build_verifier(VerifierSpec.model_validate(spec)).score(task(answer, **metadata), Episode(completion))
+
+
+@pytest.mark.parametrize("spec, answer, good, bad", [
+    ({"name": "exact"}, "Paris", "<answer>Paris</answer>", "<answer>paris</answer>"),
+    ({"name": "exact", "case_sensitive": False, "strip_punctuation": True}, "Paris", "<answer> paris. </answer>", "Lyon"),
+    ({"name": "exact"}, ["NYC", "New York"], "New  York", "York"),
+    ({"name": "numeric", "tolerance": 0.01}, "3.14159", "about 3.14", "3.2"),
+    ({"name": "numeric", "relative": 0.01}, 1000, "1,005", "1,020"),
+    ({"name": "numeric"}, "0.75", "3/4", "2/3"),
+    ({"name": "choice", "letters": "ABCDE"}, "C", "The answer is (C).", "I pick B"),
+    ({"name": "regex"}, r"\d{3}-\d{4}", "555-1234", "555-12345"),
+    ({"name": "regex", "pattern": "(?i)^.*{answer}$", "full": False}, "blue", "it is BLUE", "blue sky"),
+    ({"name": "json", "required": ["name"], "types": {"age": "integer"}}, {"name": "Ada", "age": 36},
+     '```json\n{"name": "ada", "age": 36}\n```', '{"name": "Ada", "age": 37}'),
+    ({"name": "math"}, "\\frac{1}{2}", "<answer>0.5</answer>", "<answer>1/3</answer>"),
+])
+def test_named_verifiers(spec, answer, good, bad):
+    assert score(spec, answer, good).value == 1.0
+    worse = score(spec, answer, bad)
+    assert worse.value < 1.0 and not worse.passed
+
+
+def test_json_f1_is_graded():
+    s = score({"name": "json"}, {"a": 1, "b": 2, "c": 3, "d": 4}, '{"a": 1, "b": 2, "c": 0}')
+    assert s.parts["f1"] == pytest.approx(2 * (2 / 3) * (2 / 4) / (2 / 3 + 2 / 4))  # precision 2/3, recall 2/4
+    assert s.parts["schema"] == 1.0 and not s.passed
+
+
+def test_sql_result_set_on_a_file_and_on_setup(tmp_path):
+    db = tmp_path / "shop.db"
+    con = sqlite3.connect(db)
+    con.executescript("CREATE TABLE p (id INTEGER, name TEXT, price REAL); INSERT INTO p VALUES (1,'pen',2.5),(2,'ink',9),(3,'cap',1);")
+    con.commit()
+    con.close()
+    spec = {"name": "sql", "database": str(db)}
+    gold = "SELECT name FROM p WHERE price > 2"
+    assert score(spec, gold, "<answer>SELECT name FROM p WHERE price >= 2.5</answer>").passed
+    assert not score(spec, gold, "<answer>SELECT name FROM p</answer>").passed
+    assert score(spec, gold, "<answer>DELETE FROM p</answer>").reason.startswith("error")
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM p").fetchone()[0] == 3  # never written
+    setup = "CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1),(2),(3);"
+    assert score({"name": "sql", "setup_field": "setup"}, "SELECT SUM(x) FROM t", "SELECT 6", setup=setup).passed
+    with pytest.raises(VerifierError, match="reference query"):
+        score({"name": "sql", "setup_field": "setup"}, "SELECT nope FROM t", "SELECT 1", setup=setup)
+
+
+def test_composite_weights_parts():
+    spec = {"name": "composite", "pass_threshold": 0.9, "parts": [
+        {"verifier": {"name": "exact"}, "weight": 3, "name": "right"},
+        {"verifier": {"name": "regex", "pattern": "^\\d+$", "extract": "whole"}, "weight": 1, "name": "digits_only"}]}
+    s = score(spec, "42", "<answer>42</answer>")
+    assert s.parts["right"] == 1.0 and s.parts["digits_only"] == 0.0 and s.value == pytest.approx(0.75) and not s.passed
+    assert score(spec, "42", "42").value == 1.0
+
+
+def test_unknown_verifier_and_bad_params():
+    with pytest.raises(ConfigError, match="unknown verifier 'fuzzy'"):
+        build_verifier(VerifierSpec.model_validate({"name": "fuzzy"}))
+    with pytest.raises(ValueError, match="allowed: .*tolerance"):
+        VerifierSpec.model_validate({"name": "numeric", "tol": 1})
+    with pytest.raises(ValueError, match="exactly one of database and setup_field"):
+        VerifierSpec.model_validate({"name": "sql"})
+
+
+@pytest.fixture
+def userfns(monkeypatch):
+    monkeypatch.chdir(USERFNS)  # the current directory is importable in the worker
+
+
+def test_callable_by_import_path(userfns):
+    v = build_verifier(VerifierSpec.model_validate("byo_rewards:exact_digits"))
+    try:
+        assert v.score(task("12"), Episode(" 12 ")).value == 1.0
+        assert v.score(task("12"), Episode("13")).value == 0.0
+    finally:
+        v.close()
+    g = build_verifier(VerifierSpec.model_validate({"name": "python", "path": "byo_rewards:graded"}))
+    try:
+        s = g.score(task("5"), Episode("6"))
+        assert s.value == 0.25 and s.parts["length"] == 0.1 and s.reason == "close"
+    finally:
+        g.close()
+
+
+def test_callable_failures_are_infra_errors(userfns):
+    for path, match in (("byo_rewards:raises", "raised: RuntimeError: user bug"),
+                        ("byo_rewards:out_of_range", "returned 7.5")):
+        v = build_verifier(VerifierSpec.model_validate(path))
+        with pytest.raises(VerifierError, match=match):
+            v.score(task("1"), Episode("1"))
+        v.close()
+    v = build_verifier(VerifierSpec.model_validate({"name": "python", "path": "byo_rewards:hangs", "timeout_s": 1}))
+    with pytest.raises(VerifierError, match="time limit"):
+        v.score(task("1"), Episode("1"))
+    v.close()
+
+
+def test_callable_that_does_not_import_is_a_config_error(userfns):
+    for path, match in (("no_such_module:f", "ModuleNotFoundError"), ("byo_rewards:missing", "AttributeError"),
+                        ("byo_rewards:not_callable", "not a callable")):
+        with pytest.raises(ConfigError, match=match):
+            build_verifier(VerifierSpec.model_validate(path))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server sandbox backend needs root")
+def test_code_tests_per_row_run_in_the_sandbox():
+    tests = [{"args": [5, 0, 10], "expected": 5}, {"args": [-3, 0, 10], "expected": 0}, {"args": [12, 0, 10], "expected": 10}]
+    spec = {"name": "code", "entry": "clamp"}
+    good = "```python\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n```"
+    half = "```python\ndef clamp(x, lo, hi):\n    return max(lo, x)\n```"
+    assert score(spec, tests, good).value == 1.0
+    s = score(spec, tests, half)
+    assert s.value == pytest.approx(2 / 3) and not s.passed  # 12 -> 12 fails; 5 and -3 pass
+    cheat = "```python\nimport sys\nsys.exit(0)\n```"
+    assert score(spec, tests, cheat).value == 0.0
+    v = build_verifier(VerifierSpec.model_validate({"name": "code", "entry_field": "fn"}))
+    t = task(json.dumps(tests), fn="clamp", solution="def clamp(x, lo, hi):\n    return max(lo, min(x, hi))")
+    assert v.score(t, Episode(v.gold(t))).passed

@@ -1,0 +1,27 @@
+"""Reward functions a user would write (imported by path in the tests: byo_rewards:NAME)."""
+import time
+
+
+def exact_digits(completion, answer):
+    return completion.strip() == str(answer)
+
+
+def graded(completion, answer, **kwargs):
+    ok = completion.strip() == str(answer)
+    return {"value": 1.0 if ok else 0.25, "parts": {"length": min(len(completion), 10) / 10}, "reason": "" if ok else "close"}
+
+
+def raises(completion):
+    raise RuntimeError("user bug")
+
+
+def hangs(completion):
+    time.sleep(60)
+    return 1.0
+
+
+def out_of_range(completion):
+    return 7.5
+
+
+not_callable = 3
