@@ -192,3 +192,11 @@ def test_difficulty_column_drives_the_curriculum_levels(files):
         for t in pool.draw(8):
             pool.observe(t, 1.0)
     assert pool.eval_difficulty("mine") == 2  # mastered level 1: the frontier moved up
+
+
+def test_relative_source_path_is_stored_absolute(tmp_path, monkeypatch):
+    # a run's config.yaml carries the absolute path, so `--resume` from another directory finds the file
+    write_jsonl(tmp_path / "q.jsonl", rows(4))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["tasks.domains={mine: {source: {path: q.jsonl}, verifier: exact}}"])
+    assert cfg.tasks.domains["mine"].source.path == str(tmp_path / "q.jsonl")

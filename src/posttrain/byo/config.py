@@ -9,11 +9,16 @@ name that is not built in (a plugin's) is checked when the domain is built.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _absolute_path(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
 
 
 class Strict(BaseModel):
@@ -82,7 +87,13 @@ class SourceConfig(Strict):
     model_config = _STRICT
 
     path: str
-    """A JSONL, CSV or Parquet file, or a directory saved by `datasets` (`save_to_disk`)."""
+    """A JSONL, CSV or Parquet file, or a directory saved by `datasets` (`save_to_disk`); a relative
+    path is taken from the current directory and stored absolute, so a resumed run finds it anywhere."""
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        return _absolute_path(v)
     format: Format = "auto"
     """File format; auto picks it from the suffix (a directory is a `datasets` directory)."""
     fields: FieldMap = FieldMap()
@@ -246,7 +257,12 @@ class RewardModelParams(Strict):
     model_config = _STRICT
 
     path: str
-    """The model directory (config, weights, tokenizer)."""
+    """The model directory (config, weights, tokenizer); stored absolute like a source path."""
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        return _absolute_path(v)
     template: str = "{prompt}\n{completion}"
     """Text the model reads: {prompt}, {completion} and {answer} are replaced."""
     label: int = Field(1, ge=0)
