@@ -325,3 +325,26 @@ def _with_file(req, name, text):
     from posttrain import sandbox
 
     return sandbox.run(dataclasses.replace(req, files=dict(req.files) | {name: text}))
+
+
+# ---------------------------------------------------------------- the probe at the start of `posttrain train`
+
+
+@root_only
+def test_posttrain_train_probes_the_code_and_terminal_cheats(tmp_path, micro_base):
+    """A real `posttrain train` on code and terminal scores every declared cheat
+    of both at start and finds every one rejected, so it trains on both."""
+    from posttrain.cli import main
+    from posttrain.rundir import read_metrics
+
+    code = main(["train", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens=6", "eval.tasks_per_domain=2",
+                 "eval.max_tokens=6", "run.threads=1", "run.progress=false", "run.steps=1", "monitor.probes.tasks=2",
+                 "tasks.domains={code: {difficulty: 1}, terminal: {difficulty: 1}}", f"model.path={micro_base}",
+                 f"run.out_dir={tmp_path}", "run.name=probe"])
+    assert code == 0
+    probes = {r["domain"]: r for r in read_metrics(tmp_path / "probe" / "metrics.jsonl", "probe")}
+    from posttrain.domains import terminal as T
+
+    assert probes["code"]["declared"] and probes["code"]["ok"] and probes["code"]["cheats"] == 2 * len(CHEATS)
+    assert probes["terminal"]["declared"] and probes["terminal"]["ok"] and probes["terminal"]["cheats"] == 2 * len(T.CHEATS)
+    assert probes["code"]["infra_errors"] == probes["terminal"]["infra_errors"] == 0
