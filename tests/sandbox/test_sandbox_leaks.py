@@ -289,10 +289,13 @@ def test_the_terminal_scan_finds_checks_planted_in_the_session(pool):
 # ---------------------------------------------------------------- the static files bound into every sandbox
 
 
-def grep_needles() -> dict[str, tuple[str, str]]:
-    """Single-line literal needles (grep -F), each with (task, test) it belongs to."""
+def grep_needles() -> tuple[dict[str, tuple[str, str]], dict[str, int]]:
+    """Single-line literal needles (grep -F), each with the (task, test) it
+    belongs to; and the number of tests (checks) of each task."""
     out: dict[str, tuple[str, str]] = {}
+    sizes: dict[str, int] = {}
     for task in code_tasks():
+        sizes[f"code/{task.reference.name}"] = len(task.reference.inputs())
         for i, t in enumerate(json.loads(task.reference.tests_json)):
             v = t["expected"]
             forms = {json.dumps(v), json.dumps(v, separators=(",", ":")), repr(v), f'"expected": {json.dumps(v)}'}
@@ -301,16 +304,18 @@ def grep_needles() -> dict[str, tuple[str, str]]:
                 if len(f) >= 10 and "\n" not in f:
                     out.setdefault(f, (f"code/{task.reference.name}", str(i)))
     for task in terminal_tasks():
+        sizes[f"terminal/{task.reference.template}"] = len(json.loads(task.reference.checks_json))
         for i, c in enumerate(json.loads(task.reference.checks_json)):
             for f in (json.dumps(c), json.dumps(c, separators=(",", ":"))):
                 out.setdefault(f, (f"terminal/{task.reference.template}", str(i)))
-    return out
+    return out, sizes
 
 
 def walk(p) -> dict[str, set[str]]:
     """Files (readable, < 4 MiB, outside /proc /sys /dev /task) holding needles of
-    at least two tests of one task: {path: {task, ...}}."""
-    needles = grep_needles()
+    most tests of one task (at least 3 and 60%; a value or two of a task, such as
+    a small permutation, turns up in unrelated files): {path: {task, ...}}."""
+    needles, sizes = grep_needles()
     cmd = ("find / \\( -path /proc -o -path /sys -o -path /dev -o -path /task \\) -prune -o -type f -size -4M -readable -print0 "
            "| xargs -0 -r grep -F -o -a -H -f /task/needles.txt | sort -u > /task/hits; true")
     req = sandbox.ExecRequest(argv=("bash", "-c", cmd), files={"needles.txt": "\n".join(needles) + "\n"}, collect=("hits",),
@@ -324,7 +329,7 @@ def walk(p) -> dict[str, set[str]]:
             tests_by_file.setdefault((path, task), set()).add(test)
     out: dict[str, set[str]] = {}
     for (path, task), tests in tests_by_file.items():
-        if len(tests) >= 2:
+        if len(tests) >= max(3, 0.6 * sizes[task]):
             out.setdefault(path, set()).add(task)
     return out
 
