@@ -348,3 +348,19 @@ def test_posttrain_train_probes_the_code_and_terminal_cheats(tmp_path, micro_bas
     assert probes["code"]["declared"] and probes["code"]["ok"] and probes["code"]["cheats"] == 2 * len(CHEATS)
     assert probes["terminal"]["declared"] and probes["terminal"]["ok"] and probes["terminal"]["cheats"] == 2 * len(T.CHEATS)
     assert probes["code"]["infra_errors"] == probes["terminal"]["infra_errors"] == 0
+
+
+@root_only
+def test_inputs_are_isolated_and_one_bad_input_does_not_sink_the_others():
+    """Module state is fresh for every input; an input that hangs, kills its
+    process or leaves a thread behind costs that input only."""
+    from posttrain.domains.code import CodeReference, execute
+
+    ref = CodeReference.build("f", "function", "exact", [{"args": [i], "expected": i} for i in range(6)], 1.0)
+    counter = "CALLS = []\ndef f(x):\n    CALLS.append(x)\n    return len(CALLS) - 1 + x\n"
+    assert [o.value for o in execute(ref, counter).outputs] == [0, 1, 2, 3, 4, 5]
+    bad = ("import os, threading, time\ndef f(x):\n    if x == 1:\n        while True: pass\n    if x == 2:\n        os._exit(3)\n"
+           "    if x == 3:\n        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    return x\n")
+    outs = execute(ref, bad).outputs
+    assert [(o.kind, o.value, o.detail) for o in outs] == [
+        ("value", 0, ""), ("none", None, "timeout"), ("none", None, "no result"), ("value", 3, ""), ("value", 4, ""), ("value", 5, "")]

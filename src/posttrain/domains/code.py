@@ -2,9 +2,10 @@
 
 Invariant: no expected value ever enters the sandbox. Execution and
 judgement are two steps: `execute` sends one sandbox request per completion
-holding the solution and the test INPUTS only (data/code/driver.py runs the
-solution once per input, each in a fresh forked child, and reports what it
-returned, as plain JSON data, or what it raised); `judge` compares those
+holding the solution and the test INPUTS only (data/code/driver.py feeds
+them one at a time to a forked solver child that executes the solution
+afresh in a new module for each, and reports what it returned, as plain
+JSON data, or what it raised); `judge` compares those
 outputs with the expected values on the host, so the solution can read its
 whole address space and every file it sees without finding an answer, and
 nothing it prints, patches or raises decides its score (an object equal to

@@ -1,18 +1,21 @@
 """Test driver of the `code` domain; runs inside the sandbox as __main__.
 
 Invariant: the driver never sees an expected value. Its request (stdin)
-holds the entry point and the test INPUTS only; it runs the solution once
-per input, each in a fresh forked child (stdin/stdout/stderr on /dev/null,
-every other descriptor closed, its own process group), and writes one line
-per input to stdout, in order: what the solution returned, as plain JSON
-data (exact builtin types, no subclasses, no objects of the solution's own),
-or the type of what it raised, or why there is no result (timeout, no
-reply, reply too large). The comparison with the expected values happens on
+holds the entry point and the test INPUTS only. It forks a solver child
+(stdin/stdout/stderr on /dev/null, every other descriptor closed, its own
+process group) and sends it one input at a time over a pipe; for each input
+the child executes the solution afresh in a new module (no state of one
+input reaches the next) and replies with what the entry point returned, as
+plain JSON data (exact builtin types, no subclasses, no objects of the
+solution's own; 64 KiB cap), or the type of what it raised. A child that
+times out, dies, breaks the protocol or leaves threads running is killed
+and the next input gets a fresh fork. The driver writes one line per input
+to stdout, in order; the comparison with the expected values happens on
 the host (posttrain.domains.code), outside the sandbox, so nothing the
 solution can read, patch or print decides its score. The driver is not
-dumpable, so a child cannot read its memory or descriptors through /proc.
+dumpable, so the child can neither read nor write its memory or
+descriptors through /proc.
 """
-import ctypes
 import json
 import math
 import os
@@ -26,8 +29,15 @@ MAX_REPLY = 64 << 10  # bytes of one serialised return value
 
 
 def _nondumpable():
+    """PR_SET_DUMPABLE 0, unless it already is: the kernel makes /proc/PID of a
+    non-dumpable process root's, as after the fork-server's drop to the slot uid
+    (importing ctypes would cost more than a test)."""
+    if os.getuid() != 0 and os.stat("/proc/self/mem").st_uid == 0:
+        return
     try:
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     except Exception:
         pass
 
@@ -86,64 +96,112 @@ def _run_one(code, entry, kind, test_json):
     return data if len(data) <= MAX_REPLY else b'{"error": "reply too large"}'
 
 
-def _child(code, entry, kind, test_json, w_fd):
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _write_frame(fd, data):
+    view = memoryview(len(data).to_bytes(4, "big") + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _solver(code, entry, kind, r_fd, w_fd):
+    """The child: one input at a time from r_fd, each in a fresh module."""
     os.setpgid(0, 0)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.closerange(3, w_fd)
-    os.closerange(w_fd + 1, 1 << 16)
-    data = _run_one(code, entry, kind, test_json)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(w_fd, view):]
-    os._exit(0)
-
-
-def _collect(r_fd, deadline):
-    buf = bytearray()
+    keep = sorted({r_fd, w_fd})
+    os.closerange(3, keep[0])
+    os.closerange(keep[0] + 1, keep[1])
+    os.closerange(keep[1] + 1, 1 << 16)
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([r_fd], [], [], left)
-        if ready:
-            chunk = os.read(r_fd, 65536)
-            if not chunk:
-                return bytes(buf)
-            buf += chunk
-            if len(buf) > MAX_REPLY + 64:
-                return b'{"error": "reply too large"}'
+        head = _read_exact(r_fd, 4)
+        if head is None:
+            os._exit(0)
+        test_json = _read_exact(r_fd, int.from_bytes(head, "big")).decode()
+        reply = _run_one(code, entry, kind, test_json)
+        # threads of this input would run on into the next: then the next input gets a fresh child
+        last = "threading" in sys.modules and sys.modules["threading"].active_count() > 1
+        _write_frame(w_fd, (b"X" if last else b"K") + reply)
+        if last:
+            os._exit(0)
 
 
-def _one(code, entry, kind, test_json, timeout_s):
-    r_fd, w_fd = os.pipe()
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
+class Solver:
+    """A forked child that runs inputs one at a time; replaced after a timeout or a crash."""
+
+    def __init__(self, code, entry, kind):
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        sys.stdout.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(req_w)
+                os.close(rep_r)
+                _solver(code, entry, kind, req_r, rep_w)
+            finally:
+                os._exit(1)
+        os.close(req_r)
+        os.close(rep_w)
+        self.w, self.r = req_w, rep_r
+
+    def ask(self, test_json, timeout_s):
+        """(reply, state): state "keep" or "last" (the child exits after it), or
+        (None, "timeout" | "gone")."""
         try:
-            os.close(r_fd)
-            _child(code, entry, kind, test_json, w_fd)
-        finally:
-            os._exit(1)
-    os.close(w_fd)
-    raw = _collect(r_fd, time.monotonic() + timeout_s)
-    os.close(r_fd)
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
+            _write_frame(self.w, test_json.encode())
         except OSError:
-            pass
-    os.waitpid(pid, 0)
+            return None, "gone"
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        while True:
+            need = 4 if len(buf) < 4 else 4 + int.from_bytes(buf[:4], "big")
+            if len(buf) >= 4 and need > MAX_REPLY + 64:
+                return b'{"error": "reply too large"}', "last"
+            if len(buf) >= need > 4:
+                return buf[5:need], "keep" if buf[4:5] == b"K" else "last"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, "timeout"
+            ready, _, _ = select.select([self.r], [], [], left)
+            if ready:
+                chunk = os.read(self.r, 65536)
+                if not chunk:
+                    return None, "gone"
+                buf += chunk
+
+    def close(self):
+        os.close(self.w)
+        os.close(self.r)
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.waitpid(self.pid, 0)
+
+
+def _one(solver, test_json, timeout_s):
+    """(the line for this input, whether the solver can take the next one)."""
+    raw, state = solver.ask(test_json, timeout_s)
     if raw is None:
-        return {"error": "timeout"}
+        return {"error": "timeout" if state == "timeout" else "no result"}, False
     try:
         reply = json.loads(raw)
     except (ValueError, RecursionError):
         reply = None
     if not isinstance(reply, dict) or not (reply.keys() == {"value"} or reply.keys() == {"raised"} or reply.keys() == {"error"}):
-        return {"error": "no result"}
-    return reply
+        return {"error": "no result"}, False
+    return reply, state == "keep"
 
 
 def main():
@@ -156,10 +214,17 @@ def main():
         code = compile(source, "solution.py", "exec")
     except BaseException as exc:  # noqa: BLE001 - a solution that does not compile raises on every input
         code = compile(f"raise {type(exc).__name__ if isinstance(exc, Exception) else 'SyntaxError'}()", "solution.py", "exec")
+    solver = None
     for i, test in enumerate(spec["inputs"]):
-        line = dict(_one(code, entry, kind, json.dumps(test), timeout_s), i=i)
-        sys.stdout.write(json.dumps(line) + "\n")
+        solver = solver or Solver(code, entry, kind)
+        reply, healthy = _one(solver, json.dumps(test), timeout_s)
+        if not healthy:
+            solver.close()
+            solver = None
+        sys.stdout.write(json.dumps(dict(reply, i=i)) + "\n")
         sys.stdout.flush()
+    if solver is not None:
+        solver.close()
 
 
 if __name__ == "__main__":
