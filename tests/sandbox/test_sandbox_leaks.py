@@ -341,9 +341,14 @@ def test_no_readable_file_holds_hidden_task_data():
 
 
 @pytest.mark.slow
-def test_the_file_walk_finds_task_data_where_it_is_bound():
-    """Control: bind the code domain's data read-only (as an install that ships
-    it inside the interpreter prefix would) and the walk flags tasks.json."""
-    with sandbox.Pool(sandbox.SandboxConfig(workers=1, ro_binds=(C.DATA,))) as p:
+def test_the_file_walk_finds_task_data_where_it_is_bound(tmp_path):
+    """Control: a copy of the code domain's data bound read-only into the
+    sandbox (as a careless install or a data copy would leave it) is flagged."""
+    import shutil
+
+    leaked = tmp_path / "leaked"
+    leaked.mkdir()
+    shutil.copy(os.path.join(C.DATA, "tasks.json"), leaked / "tasks.json")
+    with sandbox.Pool(sandbox.SandboxConfig(workers=1, ro_binds=(str(leaked),))) as p:
         flagged = walk(p)
-    assert os.path.join(C.DATA, "tasks.json") in flagged
+    assert str(leaked / "tasks.json") in flagged
