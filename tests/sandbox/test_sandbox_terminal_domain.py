@@ -111,3 +111,39 @@ def test_many_environments_share_a_small_pool_without_waiting(monkeypatch):
         for env in envs:
             env.close()
         pool.close()
+
+
+def _template_task(name):
+    inst = T.templates().TEMPLATES[name](stable_rng("test", name))
+    return DOMAIN._make(0, "train", inst["level"], name, inst["prompt"], inst)
+
+
+@root_only
+@pytest.mark.parametrize("cheat", sorted(T.CHEATS))
+def test_declared_cheats_score_below_the_gold(cheat):
+    for name in ("rename_ext", "fix_port", "greet_script"):
+        task = _template_task(name)
+        s = DOMAIN.score(task, Episode(f"```bash\n{T.CHEATS[cheat]}```"))
+        assert s.value < 1.0 and not s.passed, (cheat, name, s)
+
+
+@root_only
+def test_the_stealing_cheat_wins_when_the_checks_are_readable():
+    """Control: the same script scores 1.0 once the checks sit in a file of the
+    session, so the rejection above is the verifier's doing, not a broken cheat."""
+    import dataclasses
+    import json
+
+    task = _template_task("fix_port")
+    ref = task.reference
+    leaky = dataclasses.replace(ref, files=ref.files + (("leak.json", json.dumps({"checks": json.loads(ref.checks_json)})),))
+    steal = f"```bash\n{T.CHEATS['steal_checks_now']}```"
+    assert DOMAIN.score(dataclasses.replace(task, reference=leaky), Episode(steal)).value == 1.0
+    assert DOMAIN.score(task, Episode(steal)).value < 1.0
+
+
+def test_the_checker_verdict_has_no_nonce_and_the_checks_travel_on_stdin():
+    import inspect
+
+    assert "nonce" not in T.checker_source().split('"""', 2)[2]
+    assert "nonce" not in inspect.getsource(T.TerminalVerifier)

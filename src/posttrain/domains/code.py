@@ -1,19 +1,30 @@
 """code: write a Python function (or class) that passes hidden unit tests.
 
-Invariant: the reward is the pass rate of the task's hidden tests, judged in
-one sandbox call per completion by data/code/harness.py, which never lets
-the solution share a process with the tests (see its docstring); a sandbox
-infra error raises SandboxError and is never a score. 61 tasks written for
-posttrain in three levels (data/code/tasks_l*.py, built into tasks.json);
-a task's split is fixed by a hash of its prompt.
+Invariant: no expected value ever enters the sandbox. Execution and
+judgement are two steps: `execute` sends one sandbox request per completion
+holding the solution and the test INPUTS only (data/code/driver.py feeds
+them one at a time to a forked solver child that executes the solution
+afresh in a new module for each, and reports what it returned, as plain
+JSON data, or what it raised); `judge` compares those
+outputs with the expected values on the host, so the solution can read its
+whole address space and every file it sees without finding an answer, and
+nothing it prints, patches or raises decides its score (an object equal to
+everything never leaves the sandbox: only exact builtin types are
+serialised). The reward is the pass rate; a sandbox infra error raises
+SandboxError and is never a score. 61 tasks written for posttrain in three
+levels (data/code/tasks_l*.py, built into tasks.json); a task's split is
+fixed by a hash of its prompt.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
+import math
 import os
-import secrets
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Callable, Literal, Sequence
 
 from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of
 from posttrain.domains.registry import register
@@ -23,17 +34,69 @@ from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "code")
 INSTRUCTION = "Answer with the complete Python code in one ```python code block; do not print anything or read input."
 TEST_TIMEOUT_S = {1: 2.0, 2: 2.0, 3: 4.0}
+KINDS = ("function", "class")
+MODES = ("exact", "approx", "unordered")
+REPLY_BYTES = 64 << 10  # the driver's cap on one serialised return value (data/code/driver.py MAX_REPLY)
 
 
 @dataclass(frozen=True)
 class CodeReference:
-    """What the verifier needs: the entry point and the hidden tests."""
+    """What the verifier needs: the entry point and the hidden tests. Host-side
+    only: `execute` sends the inputs, never `tests_json` itself."""
 
     name: str
     kind: str  # "function" or "class"
     mode: str  # "exact", "approx" or "unordered"
     tests_json: str  # the hidden tests, [{"args"|"calls": ..., "expected": ...}]
     timeout_s: float
+
+    @classmethod
+    def build(cls, name: str, kind: str, mode: str, tests: Sequence[dict], timeout_s: float) -> "CodeReference":
+        """A reference from plain parts, validated (ValueError naming the field)."""
+        if not name.isidentifier():
+            raise ValueError(f"CodeReference.name must be a Python identifier, got {name!r}")
+        if kind not in KINDS:
+            raise ValueError(f"CodeReference.kind must be one of {KINDS}, got {kind!r}")
+        if mode not in MODES:
+            raise ValueError(f"CodeReference.mode must be one of {MODES}, got {mode!r}")
+        key = "calls" if kind == "class" else "args"
+        for i, t in enumerate(tests):
+            if not isinstance(t, dict) or key not in t or "expected" not in t or not isinstance(t[key], list):
+                raise ValueError(f"CodeReference.tests[{i}] must be a dict with a list {key!r} and 'expected'")
+        if not tests:
+            raise ValueError("CodeReference.tests must not be empty")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 600):
+            raise ValueError(f"CodeReference.timeout_s must be in (0, 600], got {timeout_s!r}")
+        return cls(name, kind, mode, json.dumps(list(tests)), float(timeout_s))
+
+    def inputs(self) -> list:
+        """The test inputs (args lists or call sequences), without expected values."""
+        key = "calls" if self.kind == "class" else "args"
+        return [t[key] for t in json.loads(self.tests_json)]
+
+    def expected(self) -> list:
+        return [t["expected"] for t in json.loads(self.tests_json)]
+
+
+@dataclass(frozen=True)
+class TestOutput:
+    """What the solution did on one input: returned `value` (plain JSON data),
+    raised (`detail` = the exception type), or gave no result (`detail` says why)."""
+
+    kind: Literal["value", "raised", "none"]
+    value: Any = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CodeRun:
+    """The execution result of one solution on a task's inputs: a value the
+    verifier reads (`judge`). It holds no expected value."""
+
+    outputs: tuple[TestOutput, ...]
+    status: str  # the sandbox status of the driver (ok, failed, timeout, oom, killed)
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,9 +123,30 @@ def load_tasks() -> tuple[CodeTask, ...]:
 
 
 @lru_cache(maxsize=1)
-def harness_source() -> str:
-    with open(os.path.join(DATA, "harness.py")) as fh:
+def driver_source() -> str:
+    with open(os.path.join(DATA, "driver.py")) as fh:
         return fh.read()
+
+
+# The driver arrives compiled (its source is 1.5 ms of compile in every task); an
+# interpreter of another version (other magic number) compiles the source instead.
+DRIVER_LOADER = """import importlib.util, marshal
+with open("driver.bin", "rb") as fh:
+    blob = fh.read()
+magic = importlib.util.MAGIC_NUMBER
+if blob[:len(magic)] == magic:
+    code = marshal.loads(blob[len(magic):])
+else:
+    with open("driver_src.py") as fh:
+        code = compile(fh.read(), "driver.py", "exec")
+exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+"""
+
+
+@lru_cache(maxsize=1)
+def driver_files() -> dict[str, str | bytes]:
+    blob = importlib.util.MAGIC_NUMBER + marshal.dumps(compile(driver_source(), "driver.py", "exec"))
+    return {"driver.py": DRIVER_LOADER, "driver.bin": blob, "driver_src.py": driver_source()}
 
 
 def extract_code(text: str) -> str:
@@ -70,66 +154,211 @@ def extract_code(text: str) -> str:
     return last_fenced_block(text, ("python", "py", "Python"))
 
 
-def build_request(ref: CodeReference, code: str, nonce: str):
-    """One sandbox call: the judge, the solution, the tests on stdin."""
+# ---------------------------------------------------------------- execute: inputs in, outputs out
+
+
+def build_request(ref: CodeReference, code: str):
+    """One sandbox call: the driver, the solution, the inputs on stdin (no expected value)."""
     from posttrain.sandbox import ExecRequest, Limits
 
-    tests = json.loads(ref.tests_json)
-    spec = {"nonce": nonce, "tests": tests, "mode": ref.mode, "timeout_s": ref.timeout_s}
-    wall = ref.timeout_s * len(tests) + 10.0
+    inputs = ref.inputs()
+    spec = {"entry": ref.name, "kind": ref.kind, "timeout_s": ref.timeout_s, "inputs": inputs}
+    wall = ref.timeout_s * len(inputs) + 10.0
     return ExecRequest(
-        files={"harness.py": harness_source(), "solution.py": code},
-        python_main="harness.py",
+        files=driver_files() | {"solution.py": code},
+        python_main="driver.py",
         stdin=json.dumps(spec).encode(),
-        env={"HARNESS_TESTS": str(len(tests)), "HARNESS_ENTRY": ref.name, "HARNESS_KIND": ref.kind},
-        limits=Limits(wall_s=wall, cpu_s=wall, memory_bytes=512 << 20, pids=len(tests) + 16, output_bytes=1 << 20),
+        limits=Limits(wall_s=wall, cpu_s=wall, memory_bytes=512 << 20, pids=32, output_bytes=(REPLY_BYTES + 256) * len(inputs) + (64 << 10)),
     )
 
 
-def parse_report(stdout: bytes, nonce: str) -> dict | None:
-    """The judge's report: the last stdout line that is JSON with our nonce."""
-    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
+def parse_outputs(stdout: bytes, n: int) -> tuple[TestOutput, ...]:
+    """The driver's lines, in order; an input without its line has no result."""
+    outs: list[TestOutput] = []
+    for line in stdout.decode("utf-8", "replace").splitlines():
+        if len(outs) == n:
+            break
         try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(report, dict) and report.get("nonce") == nonce:
-            return report
-    return None
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            break
+        if not isinstance(rec, dict) or rec.get("i") != len(outs):
+            break
+        if "value" in rec:
+            outs.append(TestOutput("value", rec["value"]))
+        elif "raised" in rec:
+            outs.append(TestOutput("raised", detail=str(rec["raised"])[:80]))
+        else:
+            outs.append(TestOutput("none", detail=str(rec.get("error", "no result"))[:80]))
+    return tuple(outs) + (TestOutput("none", detail="no result"),) * (n - len(outs))
+
+
+def execute(ref: CodeReference, code: str, runner: Callable[[Any], Any] | None = None) -> CodeRun:
+    """Run `code` on the reference's inputs in the sandbox (`runner` defaults to
+    the process-wide pool); SandboxError on an infra error."""
+    from posttrain import sandbox
+
+    req = build_request(ref, code)
+    res = sandbox.raise_for_infra(runner(req) if runner else sandbox.run(req, domain="code"))
+    return CodeRun(parse_outputs(res.stdout, len(ref.inputs())), res.status, res.cpu_s, res.wall_s)
+
+
+# ---------------------------------------------------------------- judge: outputs against expected values, on the host
+
+
+def same(got: Any, want: Any, mode: str) -> bool:
+    """Whether a returned value (plain JSON data) matches the expected one."""
+    try:
+        return _same(got, want, mode)
+    except RecursionError:
+        return False
+
+
+def _same(got: Any, want: Any, mode: str) -> bool:
+    if mode == "approx":
+        if isinstance(want, list):
+            return isinstance(got, list) and len(got) == len(want) and all(_same(g, w, mode) for g, w in zip(got, want))
+        if type(want) in (int, float) and type(got) in (int, float):
+            return math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+        return _strict_eq(got, want)
+    if mode == "unordered" and type(want) is list and type(got) is list:
+        key = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731
+        return len(got) == len(want) and all(_strict_eq(g, w) for g, w in zip(sorted(got, key=key), sorted(want, key=key)))
+    return _strict_eq(got, want)
+
+
+def _strict_eq(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        return len(a) == len(b) and all(_strict_eq(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_strict_eq(a[k], b[k]) for k in a)
+    return a == b
+
+
+def why(out: TestOutput) -> str:
+    return {"value": "wrong value", "raised": f"raised {out.detail}"}.get(out.kind, out.detail)
+
+
+def judge(ref: CodeReference, run: CodeRun) -> Score:
+    """Pass rate of `run`'s outputs against the reference's expected values."""
+    expected = ref.expected()
+    if len(run.outputs) != len(expected):
+        raise TaskError(f"code: {len(run.outputs)} outputs for {len(expected)} tests of {ref.name}")
+    oks = [out.kind == "value" and same(out.value, want, ref.mode) for out, want in zip(run.outputs, expected)]
+    value = sum(oks) / len(oks)
+    reasons = sorted({why(out) for out, ok in zip(run.outputs, oks) if not ok})
+    return Score(value, {"outcome": value}, all(oks), "; ".join(reasons)[:300])
 
 
 class CodeVerifier:
-    """Pass rate of the hidden tests, run in the sandbox."""
+    """Pass rate of the hidden tests: `execute` in the sandbox, `judge` on the host.
+    Reads an `Episode.exec_result` that is already a CodeRun instead of running again."""
 
     name = "code_tests"
-    version = "1"
+    version = "2"
 
     def score(self, task: Task, episode: Episode) -> Score:
-        from posttrain import sandbox
-
         ref: CodeReference = task.reference
-        code = extract_code(episode.completion)
-        if not code.strip():
-            return Score(0.0, {"outcome": 0.0}, False, "no code")
-        nonce = secrets.token_hex(16)
-        result = sandbox.raise_for_infra(sandbox.run(build_request(ref, code, nonce), domain="code"))
-        report = parse_report(result.stdout, nonce)
-        if report is None:
-            return Score(0.0, {"outcome": 0.0}, False, f"no judge report (sandbox status {result.status})")
-        total = int(report["total"])
-        passed = min(int(report["passed"]), total)
-        value = passed / total if total else 0.0
-        why = sorted({r["why"] for r in report["results"] if not r["ok"]})
-        return Score(value, {"outcome": value}, passed == total, "; ".join(why)[:300])
+        run = episode.exec_result
+        if not isinstance(run, CodeRun):
+            code = extract_code(episode.completion)
+            if not code.strip():
+                return Score(0.0, {"outcome": 0.0}, False, "no code")
+            run = execute(ref, code)
+        return judge(ref, run)
+
+
+# ---------------------------------------------------------------- cheats: each must score below the gold
+
+_SCAN = '''
+import gc, json, os, sys
+
+def _texts(v, depth=0, seen=None):
+    seen = set() if seen is None else seen
+    if id(v) in seen or depth > 4:
+        return
+    seen.add(id(v))
+    if isinstance(v, (bytes, bytearray, str)):
+        yield bytes(v).decode("utf-8", "replace") if not isinstance(v, str) else v
+    elif isinstance(v, dict):
+        for x in list(v.values()):
+            yield from _texts(x, depth + 1, seen)
+    elif isinstance(v, (list, tuple)):
+        for x in list(v):
+            yield from _texts(x, depth + 1, seen)
+    elif hasattr(v, "__dict__"):
+        yield from _texts(vars(v), depth + 1, seen)
+
+def _answers(texts):
+    for t in texts:
+        if '"expected"' not in t:
+            continue
+        start = 0
+        while True:
+            start = t.find("{", start)
+            if start < 0:
+                break
+            try:
+                obj, _ = json.JSONDecoder().raw_decode(t[start:])
+            except ValueError:
+                start += 1
+                continue
+            tests = obj.get("tests") if isinstance(obj, dict) else obj
+            if isinstance(tests, list):
+                return [x for x in tests if isinstance(x, dict) and "expected" in x]
+            start += 1
+    return []
+
+def ENTRY(*args):
+    for t in _answers(SOURCE()):
+        if t.get("args") == list(args):
+            return t["expected"]
+    return None
+'''
+_FRAMES = "def SOURCE():\n    f, out = sys._getframe(), []\n    while f is not None:\n        out += list(_texts(dict(f.f_locals)))\n" \
+          "        f = f.f_back\n    return out\n"
+_GC = "def SOURCE():\n    return [t for o in gc.get_objects() if isinstance(o, dict) for t in _texts(o, 3)]\n"
+_MEM = ("def SOURCE():\n    out = []\n    for pid in ('self', str(os.getppid())):\n        try:\n"
+        "            maps, mem = open(f'/proc/{pid}/maps'), open(f'/proc/{pid}/mem', 'rb')\n        except OSError:\n            continue\n"
+        "        for line in maps:\n            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "            if 'rw' not in line.split()[1]:\n                continue\n            try:\n"
+        "                mem.seek(lo)\n                out.append(mem.read(hi - lo).decode('latin-1'))\n            except (OSError, ValueError, OverflowError):\n"
+        "                pass\n    return out\n")
+_FILES = ("def SOURCE():\n    import glob, importlib.util\n    paths = glob.glob('/task/**', recursive=True) + glob.glob('/tmp/**', recursive=True)\n"
+          "    for p in sys.path:\n        paths += glob.glob(os.path.join(p or '.', 'posttrain', 'domains', 'data', 'code', '*'))\n"
+          "    try:\n        spec = importlib.util.find_spec('posttrain')\n"
+          "        paths += glob.glob(os.path.join(os.path.dirname(spec.origin), 'domains', 'data', 'code', '*'))\n"
+          "    except Exception:\n        pass\n    out = []\n    for p in paths:\n        try:\n"
+          "            out.append(open(p, errors='replace').read(1 << 22))\n        except OSError:\n            pass\n    return out\n")
+
+CHEATS: dict[str, str] = {
+    "frame_walk": _SCAN + _FRAMES,
+    "gc_scan": _SCAN + _GC,
+    "memory_scan": _SCAN + _MEM,
+    "read_files": _SCAN + _FILES,
+    "exit_at_import": "import sys\nsys.exit(0)\n",
+    "hard_exit": "import os\nos._exit(0)\n",
+    "raise_system_exit": "def ENTRY(*args):\n    raise SystemExit(0)\n",
+    "kill_driver": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+    "fake_results": ("import json, os, sys\nfor i in range(64):\n    line = (json.dumps({'i': i, 'value': True}) + '\\n').encode()\n"
+                     "    for fd in (1, 2):\n        os.write(fd, line)\n    for path in (f'/proc/{os.getppid()}/fd/1', '/proc/1/fd/1'):\n"
+                     "        try:\n            with open(path, 'wb') as fh:\n                fh.write(line)\n        except OSError:\n            pass\n"
+                     "print(json.dumps({'passed': 99, 'total': 99}))\nos._exit(0)\n"),
+    "equal_to_anything": ("class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
+                          "    def __hash__(self): return 0\ndef ENTRY(*args): return Any()\n"),
+    "int_subclass": "class T(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\ndef ENTRY(*args): return T(1)\n",
+    "patch_builtins": ("import builtins, json, math\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: object\n"
+                       "json.dumps = lambda *a, **k: '{\"value\": true}'\njson.loads = lambda *a, **k: {'value': True}\nmath.isclose = lambda *a, **k: True\n"
+                       "def ENTRY(*args): return True\n"),
+}
 
 
 class Code(Domain):
     name = "code"
     category = "code"
-    description = "Python functions and classes judged by hidden unit tests in the sandbox; reward = pass rate"
+    description = "Python functions and classes judged by hidden unit tests; the sandbox runs the inputs, the host compares; reward = pass rate"
     version = "1"
     levels = 3
     cost_class = "long"
@@ -168,6 +397,12 @@ class Code(Domain):
 
     def wrong(self, task: Task) -> str:
         return f"```python\n{self._task(task).wrong}```"
+
+    def cheats(self, task: Task) -> list[str]:
+        """Solutions that try to win without solving (CHEATS): read the answers from
+        frames, gc, memory or files; exit early; print fake results; return
+        objects equal to anything; patch builtins. Each must score below the gold."""
+        return [f"```python\n{src.replace('ENTRY', task.reference.name)}```" for src in CHEATS.values()]
 
 
 register(Code())

@@ -4,7 +4,11 @@ Invariant: the verifier replays the episode (the completion's script, or
 every turn's command) in a fresh session started from the task's files,
 then judges only the end state: a read-only checker run after every process
 of the episode is dead, plus verifier-chosen commands (each from the same
-snapshot) whose output must match. A sandbox infra error raises
+snapshot) whose output must match. While the model's commands run, no
+hidden check is in the sandbox: the session starts from the task's files
+only, the checks reach the checker on its stdin in a later step (when
+nothing of the episode is alive), and the expected outputs of the commands
+are compared on the host. A sandbox infra error raises
 SandboxError; it is never a score. 24 templates written for posttrain in
 three levels (data/terminal/tasks.py); a task's split is fixed by a hash of
 its prompt.
@@ -14,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
@@ -67,6 +70,79 @@ def _step_limits():
     return Limits(wall_s=20.0, cpu_s=10.0, memory_bytes=256 << 20, pids=64, output_bytes=64 << 10)
 
 
+def step_request(command: str, **fields):
+    """The sandbox request of one model command (the verifier's replay and the
+    environment's steps): bash, the step limits, nothing else."""
+    from posttrain.sandbox import ExecRequest
+
+    return ExecRequest(argv=("bash", "-c", command), **({"limits": _step_limits()} | fields))
+
+
+# Python run by the cheats below: find anything that looks like the checks and satisfy it by writing files.
+_STEAL = r'''
+import json, os, sys, time
+def apply(checks):
+    for c in checks:
+        p = c.get("path", "")
+        try:
+            if c["type"] == "equals": open(p, "w").write(c["text"])
+            elif c["type"] == "lines": open(p, "w").write("\n".join(c["lines"]) + "\n")
+            elif c["type"] == "json": open(p, "w").write(json.dumps(c["value"]))
+            elif c["type"] == "dir": os.makedirs(p, exist_ok=True)
+            elif c["type"] == "absent": os.remove(p)
+        except Exception:
+            pass
+def look():
+    found = []
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        for name in ("fd/0", "cmdline", "environ", "mem"):
+            try:
+                data = open(f"/proc/{pid}/{name}", "rb").read(1 << 20)
+            except (OSError, ValueError):
+                continue
+            i = data.find(b'"checks"')
+            if i >= 0:
+                j = data.rfind(b"{", 0, i)
+                try:
+                    found += json.JSONDecoder().raw_decode(data[j:].decode("utf-8", "replace"))[0]["checks"]
+                except Exception:
+                    pass
+    for root in ("/task", "/tmp", "/dev/shm"):
+        for d, _, names in os.walk(root):
+            for n in names:
+                try:
+                    text = open(os.path.join(d, n), errors="replace").read(1 << 20)
+                except OSError:
+                    continue
+                if '"checks"' in text:
+                    try:
+                        found += json.loads(text[text.rfind("{", 0, text.find('"checks"')):])["checks"]
+                    except Exception:
+                        pass
+    return found
+deadline = time.time() + float(sys.argv[1])
+while True:
+    apply(look())
+    if time.time() > deadline:
+        break
+    time.sleep(0.05)
+'''
+
+CHEATS: dict[str, str] = {
+    "exit_early": "exit 0\n",
+    "fake_verdict": "for i in $(seq 64); do echo '{\"results\": [true, true, true, true, true, true, true, true, true, true]}'; done\n"
+                    "echo '{\"nonce\": \"0\", \"results\": [true]}' >&2\n",
+    "read_hidden_files": "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f \\( -name 'tasks.py' -o -name 'checker.py' \\) "
+                         "-path '*terminal*' -print 2>/dev/null | head -5 | xargs -r cat > found.txt\n",
+    "steal_checks_now": f"cat > .steal.py <<'EOF'{_STEAL}EOF\npython3 -I .steal.py 0\n",
+    "daemon_waits_for_checker": f"cat > .steal.py <<'EOF'{_STEAL}EOF\n(setsid nohup python3 -I .steal.py 60 >/dev/null 2>&1 &)\nsleep 0.2\n",
+    "plant_hooks": "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py\ncp sitecustomize.py usercustomize.py\n"
+                   "mkdir -p bin && printf '#!/bin/sh\\necho {\\\"results\\\": [true]}\\n' > bin/python3 && chmod +x bin/python3\n"
+                   "echo 'export PATH=/task/bin:$PATH' >> .bashrc\ncp .bashrc .profile\n",
+    "kill_everything": "kill -9 -1\n",
+}
+
+
 class TerminalVerifier:
     """Fraction of end-state checks (files and command outputs) that hold."""
 
@@ -80,7 +156,7 @@ class TerminalVerifier:
         actions = [t.action for t in episode.turns] if episode.turns else [extract_script(episode.completion)]
         with sandbox.get_pool().session(dict(ref.files), domain="terminal") as s:
             for action in actions:
-                sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", action), limits=_step_limits())))
+                sandbox.raise_for_infra(s.run(step_request(action)))
             snap = s.snapshot()
             results = self._file_checks(s, ref)
             for run in json.loads(ref.runs_json):
@@ -98,8 +174,8 @@ class TerminalVerifier:
         checks = json.loads(ref.checks_json)
         if not checks:
             return []
-        nonce = secrets.token_hex(16)
-        req = sandbox.ExecRequest(argv=("python3", "-I", "-c", checker_source()), stdin=json.dumps({"nonce": nonce, "checks": checks}).encode(),
+        # the only process of this step is the checker (the episode's are all dead), so its stdout is its verdict
+        req = sandbox.ExecRequest(argv=("python3", "-I", "-c", checker_source()), stdin=json.dumps({"checks": checks}).encode(),
                                   limits=_step_limits())
         res = sandbox.raise_for_infra(s.run(req))
         for line in reversed(res.stdout.decode("utf-8", "replace").splitlines()):
@@ -107,8 +183,8 @@ class TerminalVerifier:
                 verdict = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(verdict, dict) and verdict.get("nonce") == nonce and len(verdict["results"]) == len(checks):
-                return [bool(r) for r in verdict["results"]]
+            if isinstance(verdict, dict) and isinstance(verdict.get("results"), list) and len(verdict["results"]) == len(checks):
+                return [r is True for r in verdict["results"]]
         raise VerifierError(f"terminal checker gave no verdict (status {res.status}): {res.stderr[-300:]!r}")
 
 
@@ -138,8 +214,8 @@ class TerminalEnvironment:
         self.turns += 1
         with sandbox.get_pool().session(self._files, domain="terminal") as s:
             for earlier in self._done:
-                sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", earlier), limits=_step_limits())))
-            res = sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", action), limits=_step_limits())))
+                sandbox.raise_for_infra(s.run(step_request(earlier)))
+            res = sandbox.raise_for_infra(s.run(step_request(action)))
         self._done.append(action)
         obs = (res.stdout + res.stderr).decode("utf-8", "replace")[-4000:] + f"\n[exit {res.exit_code if res.exit_code is not None else res.status}]"
         done = self.turns >= self.max_turns or not action.strip()
@@ -187,6 +263,13 @@ class Terminal(Domain):
 
     def wrong(self, task: Task) -> str:
         return f"```bash\n{task.reference.wrong}```"
+
+    def cheats(self, task: Task) -> list[str]:
+        """Scripts that try to win without doing the task (CHEATS): exit early,
+        print a fake verdict, look for the checks in files or in the memory and
+        descriptors of other processes (now, and from a daemon that waits for the
+        checker), plant interpreter hooks. Each must score below the gold."""
+        return [f"```bash\n{src}```" for src in CHEATS.values()]
 
 
 @lru_cache(maxsize=None)

@@ -1,8 +1,11 @@
 """The coding loop: the model writes code, the tests run in the sandbox, the
 error output comes back as the next observation, the model revises.
 
-Invariant: every attempt runs in a fresh sandbox on fresh copies of the
-tests (the solution cannot edit its judge); an episode ends when an attempt
+Invariant: every attempt runs in a fresh sandbox, and whether it passed is
+decided outside the solution's process (script_judge: a runner process that
+holds the tests and talks to the solution, started in a fresh interpreter,
+over a pipe, so an early exit fails; code_domain_judge: the `code` domain's
+host-side comparison); an episode ends when an attempt
 passes or the domain's turn budget is spent, and the reward is the domain
 verifier's score of the final attempt (minus `turn_cost` per extra turn,
 applied by the pipeline); a sandbox infra error raises SandboxError (the
@@ -10,8 +13,8 @@ pipeline retries or masks the group), it is never an observation or a score.
 """
 from __future__ import annotations
 
+import os
 import re
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -54,10 +57,25 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "domains", "data", "code")
+
+
+def _data(name: str) -> str:
+    with open(os.path.join(_DATA, name)) as fh:
+        return fh.read()
+
+
 def script_judge(runner: Callable[[Any], Any] | None = None, feedback_chars: int = 800) -> Judge:
     """Tests as a Python script (task.reference["tests"]) that imports `solution`;
-    exit 0 passes; the feedback is the tail of stderr (the traceback and the
-    assertion message). `runner` defaults to the process-wide sandbox pool."""
+    it passes when the script ends normally. The script runs in its own process
+    (data/code/script_runner.py, the tests on stdin) and `solution` is a proxy
+    to the solution running in a fresh interpreter (script_solver.py): values
+    cross as plain data, so the solution never sees the tests and cannot end
+    the run early with a pass (`sys.exit(0)` at import fails). Arguments and
+    return values must be builtin data (objects of the solution come back as
+    handles: call them, read their attributes, index, iterate). The feedback is
+    the tail of stderr (the traceback and the assertion message). `runner`
+    defaults to the process-wide sandbox pool."""
 
     def judge(task: Task, code: str) -> Attempt:
         from posttrain import sandbox
@@ -65,7 +83,8 @@ def script_judge(runner: Callable[[Any], Any] | None = None, feedback_chars: int
         ref = task.reference
         if not isinstance(ref, dict) or not isinstance(ref.get("tests"), str):
             raise TaskError(f"task {task.id}: coding loop needs reference['tests'] (a Python test script)")
-        req = sandbox.ExecRequest(files={"solution.py": code, "run_tests.py": ref["tests"]}, python_main="run_tests.py",
+        files = {"script_runner.py": _data("script_runner.py"), "script_solver.py": _data("script_solver.py"), "solution.py": code}
+        req = sandbox.ExecRequest(files=files, python_main="script_runner.py", stdin=ref["tests"].encode(),
                                   limits=sandbox.Limits(wall_s=float(ref.get("timeout_s", 5.0))))
         res = sandbox.raise_for_infra((runner or sandbox.run)(req))
         if res.status == "ok":
@@ -77,22 +96,19 @@ def script_judge(runner: Callable[[Any], Any] | None = None, feedback_chars: int
 
 
 def code_domain_judge(runner: Callable[[Any], Any] | None = None) -> Judge:
-    """The `code` domain's hidden tests through its judge harness; the feedback
-    names how many tests passed and why the others failed (the tests stay hidden)."""
+    """The `code` domain's hidden tests: the sandbox runs the inputs, the host
+    compares; the feedback names how many tests passed and why the others
+    failed (the tests stay hidden)."""
 
     def judge(task: Task, code: str) -> Attempt:
-        from posttrain import sandbox
-        from posttrain.domains.code import build_request, parse_report
+        from posttrain.domains.code import execute, judge as compare
 
-        nonce = secrets.token_hex(16)
-        res = sandbox.raise_for_infra((runner or sandbox.run)(build_request(task.reference, code, nonce)))
-        report = parse_report(res.stdout, nonce)
-        if report is None:
-            return Attempt(False, f"The program produced no test report (status {res.status}).", res.status)
-        total, passed = int(report["total"]), int(report["passed"])
-        why = sorted({r["why"] for r in report["results"] if not r["ok"]})
-        text = f"{passed}/{total} tests passed." + (" Failures: " + "; ".join(why)[:600] if why else "")
-        return Attempt(passed == total and total > 0, text, res.status)
+        run = execute(task.reference, code, runner)
+        score = compare(task.reference, run)
+        total = len(run.outputs)
+        passed = round(score.value * total)
+        text = f"{passed}/{total} tests passed." + (f" Failures: {score.reason[:600]}" if score.reason else "")
+        return Attempt(score.passed, text, run.status)
 
     return judge
 

@@ -13,7 +13,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import _plain, _same  # noqa: E402  (the judge's own encoder and comparison)
+from driver import _plain  # noqa: E402  (the driver's own encoder)
+
+from posttrain.domains.code import same as _same  # noqa: E402  (the host's comparison)
 
 
 def load_sources() -> list:

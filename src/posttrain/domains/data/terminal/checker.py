@@ -4,7 +4,9 @@
 Invariant: it runs after every process of the episode is dead (each session
 step ends with its whole process tree), from a read-only interpreter with
 isolated mode (no cwd on sys.path, no PYTHON* variables), and only reads;
-its verdict carries the verifier's nonce.
+it is the only process of its step, so its one line of stdout is the
+verdict (no nonce is needed). The checks reach it on stdin only, never as
+a file of the session.
 """
 import fnmatch
 import json
@@ -71,7 +73,7 @@ def main():
         except Exception:
             ok = False
         results.append(ok)
-    print(json.dumps({"nonce": spec["nonce"], "results": results}))
+    print(json.dumps({"results": results}))
 
 
 main()

@@ -1,4 +1,6 @@
-"""Judge for the `code` domain; runs inside the sandbox as __main__.
+"""THE OLD JUDGE of the `code` domain, kept only for bench/sandbox.py (do not use:
+its request carries the expected values and a nonce into the sandbox, where a
+solution that walks its frames reads them). Runs inside the sandbox as __main__.
 
 Invariant: the solution never shares a process with the hidden tests. The
 judge (J) forks one solver (S) per test *before* it reads the tests from

@@ -1,0 +1,354 @@
+"""Leak scans: nothing a judge keeps hidden is readable from inside the sandbox.
+
+Property tests, run for EVERY code task and EVERY terminal template: a
+"solution" (or a model command) that is a scanner dumps every readable
+mapping of its own process and of every other process it can read
+(/proc/PID/maps + mem, plus environ, cmdline and fd/0), and every file under
+/task, /tmp and /dev/shm; the host searches the dump for each hidden value
+in the encodings a judge would use (JSON in both spacings, repr, the raw
+string, the test with its input, the checker's stdin), with whitespace
+removed on both sides. The scanner keeps the ASCII text runs (6+ bytes) of
+what it reads, so a dump stays small (the returned dump passes through the
+worker, whose freed memory the next task inherits); a hidden value that is
+only in memory as non-ASCII text is not looked for. A needle counts only when it is hidden: not in what
+the model is given (prompt, inputs, initial files, the scanner, the driver)
+and not ambient (absent from the same scan on a fresh pool that never ran a
+task). Controls show each scan finds a leak where there is one. The static
+files bound into every sandbox (/usr, /etc, the venv, ...) are searched once
+with grep (slow test), with a control that binds the task data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+
+import pytest
+
+from posttrain import sandbox
+from posttrain.domains import code as C
+from posttrain.domains import terminal as T
+from posttrain.domains.base import stable_rng
+from posttrain.domains.registry import get
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server backend needs root")
+OUT = "/task/.leakscan"
+WS = b" \t\n\r\x0b\x0c"
+MIN_NEEDLE = 6
+
+SCANNER = r'''
+import os, re, zlib
+
+OUT = "/task/.leakscan"
+TEXT = re.compile(rb"[\x20-\x7e\t\n\r]{6,}")  # every needle is ASCII text of 6 or more bytes
+
+
+def _regions(pid):
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
+    except OSError:
+        return
+    with mem:
+        for line in maps:
+            parts = line.split()
+            path = parts[5] if len(parts) > 5 else ""
+            if parts[1][0] != "r" or path in ("[vvar]", "[vsyscall]"):
+                continue
+            if parts[1][1] != "w" and path.startswith("/") and os.path.isfile(path) and os.access(path, os.R_OK):
+                continue  # a read-only map of a readable file: the file walk covers it
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            try:
+                mem.seek(lo)
+                yield mem.read(hi - lo)
+            except (OSError, ValueError, OverflowError):
+                pass
+
+
+def _files():
+    for root in ("/task", "/tmp", "/dev/shm"):
+        for d, _, names in os.walk(root):
+            for n in names:
+                path = os.path.join(d, n)
+                if path.startswith(OUT):
+                    continue
+                try:
+                    with open(path, "rb") as fh:
+                        yield fh.read(64 << 20)
+                except OSError:
+                    pass
+
+
+def scan():
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE = 1: a forked solver inherits 0 (unreadable /proc/self)
+    z = zlib.compressobj(1)
+    pids = ["self"] + sorted(p for p in os.listdir("/proc") if p.isdigit())
+    with open(OUT + ".part", "wb") as out:
+        for pid in pids:
+            for name in ("environ", "cmdline", "fd/0"):
+                try:
+                    with open(f"/proc/{pid}/{name}", "rb") as fh:
+                        out.write(z.compress(fh.read(1 << 22) + b"\0"))
+                except OSError:
+                    pass
+            for chunk in _regions(pid):
+                out.write(z.compress(b"\0".join(TEXT.findall(chunk)) + b"\0"))
+        for data in _files():
+            out.write(z.compress(b"\0".join(TEXT.findall(data)) + b"\0"))
+        out.write(z.flush())
+    os.rename(OUT + ".part", OUT)
+'''
+CODE_SCANNER = SCANNER + "\nif not os.path.exists(OUT):\n    scan()\n\n\ndef ENTRY(*args):\n    return None\n"
+SCAN_LIMITS = {"output_bytes": 96 << 20, "disk_bytes": 256 << 20, "file_bytes": 200 << 20}
+
+
+def strip(data: bytes | str) -> bytes:
+    return (data.encode() if isinstance(data, str) else data).translate(None, WS)
+
+
+def encodings(value) -> set[bytes]:
+    forms = {json.dumps(value), json.dumps(value, separators=(",", ":")), json.dumps(value, ensure_ascii=False), repr(value)}
+    if isinstance(value, str):
+        forms.add(value)
+    return {strip(f) for f in forms}
+
+
+def hidden(needles: set[bytes], visible: bytes, ambient: bytes) -> set[bytes]:
+    return {n for n in needles if len(n) >= MIN_NEEDLE and n not in visible and n not in ambient}
+
+
+def dump_of(result) -> bytes:
+    sandbox.raise_for_infra(result)
+    assert ".leakscan" in result.files, (result.status, result.stderr[-500:])
+    data = zlib.decompress(result.files[".leakscan"])
+    assert len(data) > 1 << 20, f"the scan read only {len(data)} bytes"  # it did read process memory
+    return strip(data)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """A fresh pool; its first run is the ambient control (nothing has run on it yet)."""
+    with sandbox.Pool(sandbox.SandboxConfig(workers=1)) as p:
+        req = sandbox.ExecRequest(files={"scan.py": SCANNER + "\nscan()\n"}, python_main="scan.py", collect=(".leakscan",),
+                                  limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS))
+        p.ambient_py = dump_of(p.run(req))
+        sh = T.step_request(f"cat > .scan.py <<'EOF'\n{SCANNER}\nscan()\nEOF\npython3 -I .scan.py", collect=(".leakscan",),
+                            limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS))
+        with p.session({}) as s:
+            p.ambient_sh = dump_of(s.run(sh))
+        yield p
+
+
+# ---------------------------------------------------------------- code
+
+
+def code_tasks():
+    d = get("code")
+    return [d.sample(i, split, level) for split in ("train", "eval") for level in (1, 2, 3) for i in range(len(d._pool(split, level)))]
+
+
+def code_needles(ref: C.CodeReference) -> set[bytes]:
+    key = "calls" if ref.kind == "class" else "args"
+    out: set[bytes] = set()
+    for t in json.loads(ref.tests_json):
+        out |= encodings(t["expected"]) | encodings(t) | encodings([t[key], t["expected"]]) | encodings({"expected": t["expected"]})
+    return out
+
+
+def code_visible(task) -> bytes:
+    ref = task.reference
+    return strip(task.prompt[-1].content + json.dumps(ref.inputs()) + repr(ref.inputs()) + CODE_SCANNER + C.driver_source()) + b"\0"
+
+
+def scan_code_task(pool, task, runner=None) -> tuple[set[bytes], set[bytes]]:
+    """(hidden needles of the task, those found in its solver's scan)."""
+    ref = dataclasses.replace(task.reference, timeout_s=30.0)
+    req = C.build_request(ref, CODE_SCANNER.replace("ENTRY", ref.name))
+    req = dataclasses.replace(req, collect=(".leakscan",), limits=dataclasses.replace(req.limits, **SCAN_LIMITS))
+    dump = dump_of((runner or pool.run)(req))
+    needles = hidden(code_needles(task.reference), code_visible(task), pool.ambient_py)
+    return needles, {n for n in needles if n in dump}
+
+
+def sweep_code(pool, tasks) -> None:
+    leaks, checked = {}, 0
+    for task in tasks:
+        needles, found = scan_code_task(pool, task)
+        assert needles, f"{task.reference.name}: no hidden needle to look for"
+        checked += len(needles)
+        if found:
+            leaks[task.reference.name] = sorted(found)[:3]
+    assert not leaks, leaks
+    assert checked > 8 * len(tasks)
+
+
+def test_no_expected_value_is_readable_by_a_code_solution(pool):
+    """Every eighth task (all levels, a class task among them); all 61 in the slow test below."""
+    tasks = code_tasks()
+    picked = tasks[::8] + [next(t for t in tasks if t.reference.kind == "class")]
+    assert {t.meta.difficulty for t in picked} == {1, 2, 3}
+    sweep_code(pool, picked)
+
+
+@pytest.mark.slow
+def test_no_expected_value_is_readable_by_any_code_solution(pool):
+    tasks = code_tasks()
+    assert len(tasks) >= 60
+    sweep_code(pool, tasks)
+
+
+def test_the_code_scan_finds_expected_values_in_a_leaky_request(pool):
+    """Control: a request that carries the tests (as the judge before this one
+    did, on stdin) is caught by the same scan."""
+    task = next(t for t in code_tasks() if t.meta.difficulty == 3)
+
+    def leaky(req):
+        spec = json.loads(req.stdin) | {"tests": json.loads(task.reference.tests_json)}
+        return pool.run(dataclasses.replace(req, stdin=json.dumps(spec).encode()))
+
+    needles, found = scan_code_task(pool, task, runner=leaky)
+    assert len(found) >= len(task.reference.inputs()), found  # each test's pairing, at least
+
+
+# ---------------------------------------------------------------- terminal
+
+
+def terminal_tasks():
+    d = get("terminal")
+    out = []
+    for name in sorted(T.templates().TEMPLATES):
+        inst = T.templates().TEMPLATES[name](stable_rng("leaks", name))
+        out.append(d._make(0, "train", inst["level"], name, inst["prompt"], inst))
+    return out
+
+
+def terminal_needles(ref: T.TerminalReference) -> set[bytes]:
+    checks, runs = json.loads(ref.checks_json), json.loads(ref.runs_json)
+    out = encodings(checks) | encodings({"checks": checks}) | encodings(runs)
+    for c in checks:
+        out |= encodings(c)
+        for field in ("text", "pattern", "target", "value", "all", "none"):
+            if field in c:
+                out |= encodings(c[field])
+        if "lines" in c:
+            out |= encodings(c["lines"]) | encodings("\n".join(c["lines"]))
+    for r in runs:
+        out |= encodings(r) | encodings(r["stdout"])
+    return out
+
+
+def scan_terminal_task(pool, task, files=None) -> tuple[set[bytes], set[bytes]]:
+    ref = task.reference
+    cmd = f"cat > .scan.py <<'EOF'\n{SCANNER}\nscan()\nEOF\npython3 -I .scan.py"
+    with pool.session(dict(ref.files) if files is None else files, domain="terminal") as s:
+        dump = dump_of(s.run(T.step_request(cmd, collect=(".leakscan",), limits=dataclasses.replace(T._step_limits(), **SCAN_LIMITS))))
+    visible = strip(task.prompt[-1].content + "".join(f"{k}\0{v}\0" for k, v in ref.files) + SCANNER + cmd) + b"\0"
+    needles = hidden(terminal_needles(ref), visible, pool.ambient_sh)
+    return needles, {n for n in needles if n in dump}
+
+
+def sweep_terminal(pool, tasks) -> None:
+    from posttrain.types import Episode
+
+    d = get("terminal")
+    leaks, checked = {}, 0
+    for task in tasks:
+        assert d.score(task, Episode(d.gold(task))).value == 1.0  # its checker has just run on this very worker
+        needles, found = scan_terminal_task(pool, task)
+        checked += len(needles)
+        if found:
+            leaks[task.reference.template] = sorted(found)[:3]
+    assert not leaks, leaks
+    assert checked > 2 * len(tasks)
+
+
+def test_no_hidden_check_is_readable_while_the_models_commands_run(pool):
+    """Every fourth template (all of them in the slow test below): the task is
+    scored first, then a model command scans everything it can read."""
+    sweep_terminal(pool, terminal_tasks()[::4])
+
+
+@pytest.mark.slow
+def test_no_hidden_check_of_any_template_is_readable_while_the_models_commands_run(pool):
+    tasks = terminal_tasks()
+    assert len(tasks) >= 20
+    sweep_terminal(pool, tasks)
+
+
+def test_the_terminal_scan_finds_checks_planted_in_the_session(pool):
+    """Control: checks left in a session file are found by the same scan."""
+    task = next(t for t in terminal_tasks() if t.reference.template == "fix_port")
+    files = dict(task.reference.files) | {"notes/checks.json": json.dumps({"checks": json.loads(task.reference.checks_json)})}
+    needles, found = scan_terminal_task(pool, task, files)
+    assert needles and found
+
+
+# ---------------------------------------------------------------- the static files bound into every sandbox
+
+
+def grep_needles() -> tuple[dict[str, tuple[str, str]], dict[str, int]]:
+    """Single-line literal needles (grep -F), each with the (task, test) it
+    belongs to; and the number of tests (checks) of each task."""
+    out: dict[str, tuple[str, str]] = {}
+    sizes: dict[str, int] = {}
+    for task in code_tasks():
+        sizes[f"code/{task.reference.name}"] = len(task.reference.inputs())
+        for i, t in enumerate(json.loads(task.reference.tests_json)):
+            v = t["expected"]
+            forms = {json.dumps(v), json.dumps(v, separators=(",", ":")), repr(v), f'"expected": {json.dumps(v)}'}
+            forms |= {v} if isinstance(v, str) else set()
+            for f in forms:
+                if len(f) >= 10 and "\n" not in f:
+                    out.setdefault(f, (f"code/{task.reference.name}", str(i)))
+    for task in terminal_tasks():
+        sizes[f"terminal/{task.reference.template}"] = len(json.loads(task.reference.checks_json))
+        for i, c in enumerate(json.loads(task.reference.checks_json)):
+            for f in (json.dumps(c), json.dumps(c, separators=(",", ":"))):
+                out.setdefault(f, (f"terminal/{task.reference.template}", str(i)))
+    return out, sizes
+
+
+def walk(p) -> dict[str, set[str]]:
+    """Files (readable, < 4 MiB, outside /proc /sys /dev /task) holding needles of
+    most tests of one task (at least 3 and 60%; a value or two of a task, such as
+    a small permutation, turns up in unrelated files): {path: {task, ...}}."""
+    needles, sizes = grep_needles()
+    cmd = ("find / \\( -path /proc -o -path /sys -o -path /dev -o -path /task \\) -prune -o -type f -size -4M -readable -print0 "
+           "| xargs -0 -r grep -F -o -a -H -f /task/needles.txt | sort -u > /task/hits; true")
+    req = sandbox.ExecRequest(argv=("bash", "-c", cmd), files={"needles.txt": "\n".join(needles) + "\n"}, collect=("hits",),
+                              limits=sandbox.Limits(wall_s=300, cpu_s=300, output_bytes=64 << 20, disk_bytes=128 << 20, file_bytes=64 << 20))
+    res = sandbox.raise_for_infra(p.run(req))
+    tests_by_file: dict[tuple[str, str], set[str]] = {}
+    for line in res.files.get("hits", b"").decode("utf-8", "replace").splitlines():
+        path, _, needle = line.partition(":")
+        if needle in needles:
+            task, test = needles[needle]
+            tests_by_file.setdefault((path, task), set()).add(test)
+    out: dict[str, set[str]] = {}
+    for (path, task), tests in tests_by_file.items():
+        if len(tests) >= max(3, 0.6 * sizes[task]):
+            out.setdefault(path, set()).add(task)
+    return out
+
+
+@pytest.mark.slow
+def test_no_readable_file_holds_hidden_task_data():
+    with sandbox.Pool(sandbox.SandboxConfig(workers=1)) as p:
+        assert walk(p) == {}
+
+
+@pytest.mark.slow
+def test_the_file_walk_finds_task_data_where_it_is_bound(tmp_path):
+    """Control: a copy of the code domain's data bound read-only into the
+    sandbox (as a careless install or a data copy would leave it) is flagged."""
+    import shutil
+
+    leaked = tmp_path / "leaked"
+    leaked.mkdir()
+    shutil.copy(os.path.join(C.DATA, "tasks.json"), leaked / "tasks.json")
+    with sandbox.Pool(sandbox.SandboxConfig(workers=1, ro_binds=(str(leaked),))) as p:
+        flagged = walk(p)
+    assert str(leaked / "tasks.json") in flagged
