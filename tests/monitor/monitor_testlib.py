@@ -58,3 +58,33 @@ class CoinFlip:
 class Coin(Letters):
     name = "test_coin"
     verifier = CoinFlip()
+
+
+def plant_collapse(mp, from_step: int, scale: float = 50.0) -> None:
+    """Plant a policy collapse with `mp` (a pytest MonkeyPatch): from step `from_step` on,
+    just before the step samples, the policy's final norm weight is set to `scale`, so
+    every logit is ~`scale` x sharper and sampling is all but greedy (entropy ~0).
+
+    The collapse is a pure function of the step number, not of a training trajectory:
+    the alarm fires by construction on any CPU, and a run resumed from a checkpoint
+    plants exactly what the uninterrupted run did."""
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.pipeline.step import StepRollouts
+
+    engines: list = []
+    init, sample = HFEngine.__init__, StepRollouts.sample
+
+    def recording_init(self, model, *args, **kwargs):
+        init(self, model, *args, **kwargs)
+        engines.append(self)
+
+    def planted_sample(self, tasks, params, step):
+        if step >= from_step:
+            with torch.no_grad():
+                engines[-1].model.model.norm.weight.fill_(scale)
+        return sample(self, tasks, params, step)
+
+    mp.setattr(HFEngine, "__init__", recording_init)
+    mp.setattr(StepRollouts, "sample", planted_sample)
