@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from monitor_testlib import TINY, Coin, Letters, plant_collapse
+from monitor_testlib import TINY, Coin, Letters, plant_collapse, plant_digit_hack
 from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.domains import registry
@@ -52,16 +52,21 @@ def test_probe_refuses_hackable_verifier(tmp_path, micro_base, planted):
     assert probes["test_letters"]["ok"] is False and probes["reverse"]["ok"] is True
 
 
-def test_reward_hacking_alarm_fires_with_probe_off(tmp_path, micro_base, planted):
+def test_reward_hacking_alarm_fires_with_probe_off(tmp_path, micro_base, planted, monkeypatch):
+    # the policy 'learns' the digit hack at step 4 (planted: train reward 0 before, 1 from then on);
+    # a 3-letter answer never fits in 2 tokens, so held-out accuracy stays 0 by construction
+    plant_digit_hack(monkeypatch, 4)
     result = _train(
-        tmp_path, micro_base, "hack", "run.steps=16", "eval.every_steps=4", "rollout.max_tokens=2", "trainer.lr=3e-3",
+        tmp_path, micro_base, "hack", "run.steps=10", "eval.every_steps=4", "rollout.max_tokens=2",
         "monitor.probes.enabled=false", "tasks.domains={test_letters: {difficulty: 1}}",
     )
     (hit, *_) = _alarms(result.run_dir, "reward_hacking")
-    assert hit["step"] <= 16 and hit["domain"] == "test_letters"
+    # checked at evaluations (steps 4, 8): step 8 is the first whose 3-step recent window is all hacked
+    assert hit["step"] == 8 and hit["domain"] == "test_letters"
+    assert hit["data"]["train_recent"] - hit["data"]["train_baseline"] > 0.9  # the rule needs a rise of 0.15
     assert hit["data"]["heldout_last"] <= hit["data"]["heldout_first"] + 0.02
-    # the audit by the stricter check saw it from the first steps
-    assert _alarms(result.run_dir, "audit_failure")[0]["step"] <= 3
+    # the audit by the stricter check sees it in the first hacked step: 8 top-reward rollouts, all failing
+    assert _alarms(result.run_dir, "audit_failure")[0]["step"] == 4
     events = TraceStore(result.run_dir / "trace.db").events("alarm")
     assert any(e["message"].startswith("reward hacking suspected in test_letters") for e in events)
 
