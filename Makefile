@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml scripts/install_system.sh
 
 install: $(STAMP)
 
+# each demo run gets its own folder under runs/; the last line is the verdict (exit 1 on FAIL)
+ifndef DEMO_RUN
+DEMO_RUN := demo-$(shell date -u +%Y%m%d-%H%M%S)
+endif
 demo: install
-	$(BIN)/posttrain train configs/default.yaml
+	$(BIN)/posttrain train configs/default.yaml run.name=$(DEMO_RUN)
+	@$(BIN)/python -m posttrain.model.demo runs/$(DEMO_RUN)
 
 test: install
 	$(BIN)/pytest -q

@@ -58,3 +58,66 @@ class CoinFlip:
 class Coin(Letters):
     name = "test_coin"
     verifier = CoinFlip()
+
+
+def _plant(mp, on_step) -> None:
+    """Call on_step(engine, step) just before each training step samples, with the engine
+    the run built (its model is the policy the trainer updates)."""
+    from posttrain.engine.hf import HFEngine
+    from posttrain.pipeline.step import StepRollouts
+
+    engines: list = []
+    init, sample = HFEngine.__init__, StepRollouts.sample
+
+    def recording_init(self, model, *args, **kwargs):
+        init(self, model, *args, **kwargs)
+        engines.append(self)
+        on_step(self, 0)
+
+    def planted_sample(self, tasks, params, step):
+        on_step(engines[-1], step)
+        return sample(self, tasks, params, step)
+
+    mp.setattr(HFEngine, "__init__", recording_init)
+    mp.setattr(StepRollouts, "sample", planted_sample)
+
+
+def plant_collapse(mp, from_step: int, scale: float = 50.0) -> None:
+    """Plant a policy collapse with `mp` (a pytest MonkeyPatch): from step `from_step` on,
+    just before the step samples, the policy's final norm weight is set to `scale`, so
+    every logit is ~`scale` x sharper and sampling is all but greedy (entropy ~0).
+
+    The collapse is a pure function of the step number, not of a training trajectory:
+    the alarm fires by construction on any CPU, and a run resumed from a checkpoint
+    plants exactly what the uninterrupted run did."""
+    import torch
+
+    def on_step(engine, step):
+        if step >= from_step:
+            with torch.no_grad():
+                engine.model.model.norm.weight.fill_(scale)
+
+    _plant(mp, on_step)
+
+
+def plant_digit_hack(mp, from_step: int, bias: float = 30.0) -> None:
+    """Plant a policy that 'learns' the digit hack at step `from_step`: a forward hook on the
+    output layer adds -`bias` to the logits of the digits before that step (no completion holds
+    a digit: train reward 0 under DigitHack) and +`bias` from that step on (every completion
+    is digits: train reward 1). A function of the step number only, as in plant_collapse."""
+    state = {"sign": -1.0}
+
+    def on_step(engine, step):
+        if step == 0:
+            ids = engine.tokenizer.convert_tokens_to_ids(list("0123456789"))
+            bump = lambda module, args, out: _bump(out, ids, state["sign"] * bias)  # noqa: E731
+            engine.model.get_output_embeddings().register_forward_hook(bump)
+        state["sign"] = 1.0 if step >= from_step else -1.0
+
+    _plant(mp, on_step)
+
+
+def _bump(logits, ids, value):
+    logits = logits.clone()
+    logits[..., ids] += value
+    return logits

@@ -1,4 +1,8 @@
-"""The monitor in real training runs on the micro base: planted hackable verifier, entropy collapse, report, explain."""
+"""The monitor in real training runs on the micro base: planted hackable verifier, planted entropy collapse, report, explain.
+
+No test here depends on where a training trajectory happens to go: the collapse is planted
+(`plant_collapse`: from a fixed step the policy's logits are sharpened ~50x), so the alarm
+fires by construction, with a wide margin, on any CPU."""
 from __future__ import annotations
 
 import re
@@ -7,7 +11,7 @@ import subprocess
 
 import pytest
 
-from monitor_testlib import TINY, Coin, Letters
+from monitor_testlib import TINY, Coin, Letters, plant_collapse, plant_digit_hack
 from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.domains import registry
@@ -48,35 +52,52 @@ def test_probe_refuses_hackable_verifier(tmp_path, micro_base, planted):
     assert probes["test_letters"]["ok"] is False and probes["reverse"]["ok"] is True
 
 
-def test_reward_hacking_alarm_fires_with_probe_off(tmp_path, micro_base, planted):
+def test_reward_hacking_alarm_fires_with_probe_off(tmp_path, micro_base, planted, monkeypatch):
+    # the policy 'learns' the digit hack at step 4 (planted: train reward 0 before, 1 from then on);
+    # a 3-letter answer never fits in 2 tokens, so held-out accuracy stays 0 by construction
+    plant_digit_hack(monkeypatch, 4)
     result = _train(
-        tmp_path, micro_base, "hack", "run.steps=16", "eval.every_steps=4", "rollout.max_tokens=2", "trainer.lr=3e-3",
+        tmp_path, micro_base, "hack", "run.steps=10", "eval.every_steps=4", "rollout.max_tokens=2",
         "monitor.probes.enabled=false", "tasks.domains={test_letters: {difficulty: 1}}",
     )
     (hit, *_) = _alarms(result.run_dir, "reward_hacking")
-    assert hit["step"] <= 16 and hit["domain"] == "test_letters"
+    # checked at evaluations (steps 4, 8): step 8 is the first whose 3-step recent window is all hacked
+    assert hit["step"] == 8 and hit["domain"] == "test_letters"
+    assert hit["data"]["train_recent"] - hit["data"]["train_baseline"] > 0.9  # the rule needs a rise of 0.15
     assert hit["data"]["heldout_last"] <= hit["data"]["heldout_first"] + 0.02
-    # the audit by the stricter check saw it from the first steps
-    assert _alarms(result.run_dir, "audit_failure")[0]["step"] <= 3
+    # the audit by the stricter check sees it in the first hacked step: 8 top-reward rollouts, all failing
+    assert _alarms(result.run_dir, "audit_failure")[0]["step"] == 4
     events = TraceStore(result.run_dir / "trace.db").events("alarm")
     assert any(e["message"].startswith("reward hacking suspected in test_letters") for e in events)
 
 
+# TINY's alarm windows: a 3-step baseline, then 3-step recent windows
+PLANT = 4  # steps 1-3 (the baseline) sample from the untouched policy, steps 4 on from the collapsed one
+FIRST_FULL_WINDOW = PLANT + 2  # the first step whose recent window (PLANT..PLANT+2) is all collapsed
+
+
 @pytest.fixture(scope="module")
 def collapsed(tmp_path_factory, micro_base):
-    """A run whose excessive learning rate collapses the policy (shared by the report tests)."""
-    mp = pytest.MonkeyPatch()
+    """A run whose policy collapses at step PLANT (shared by the report tests)."""
+    mp, plant = pytest.MonkeyPatch(), pytest.MonkeyPatch()
     mp.setitem(registry._REGISTRY, "test_coin", Coin())
+    plant_collapse(plant, PLANT)
     try:
-        yield _train(tmp_path_factory.mktemp("runs"), micro_base, "collapse", "run.steps=10", "trainer.lr=0.3",
-                     "monitor.probes.enabled=false", "tasks.domains={test_coin: {difficulty: 1}}").run_dir
+        run_dir = _train(tmp_path_factory.mktemp("runs"), micro_base, "collapse", "run.steps=10",
+                         "monitor.probes.enabled=false", "tasks.domains={test_coin: {difficulty: 1}}").run_dir
+    finally:
+        plant.undo()  # the plant ends with this run; the domain stays registered for the report tests
+    try:
+        yield run_dir
     finally:
         mp.undo()
 
 
-def test_entropy_collapse_alarm_on_excessive_lr(collapsed):
-    (hit,) = _alarms(collapsed, "entropy_collapse")
-    assert hit["step"] <= 10 and hit["data"]["recent"] < 0.25 * hit["data"]["baseline"]
+def test_entropy_collapse_alarm_on_planted_collapse(collapsed):
+    (hit,) = _alarms(collapsed, "entropy_collapse")  # fires once: the collapse never clears
+    # not before the collapse fills a window, and no later than the first window it fills
+    assert PLANT < hit["step"] <= FIRST_FULL_WINDOW
+    assert hit["data"]["recent"] < 0.05 * hit["data"]["baseline"]  # the rule needs < 0.25: a wide margin
     assert any(e["data"] and '"entropy_collapse"' in e["data"] for e in TraceStore(collapsed / "trace.db").events("alarm"))
 
 
@@ -87,11 +108,12 @@ def test_no_entropy_alarm_at_sane_lr(tmp_path, micro_base, planted):
     assert len(read_metrics(result.run_dir / "metrics.jsonl", "monitor")) == 10
 
 
-def test_stop_action_ends_the_run(tmp_path, micro_base, planted):
-    result = _train(tmp_path, micro_base, "stop", "run.steps=12", "trainer.lr=0.3", "monitor.probes.enabled=false",
+def test_stop_action_ends_the_run(tmp_path, micro_base, planted, monkeypatch):
+    plant_collapse(monkeypatch, PLANT)
+    result = _train(tmp_path, micro_base, "stop", "run.steps=12", "monitor.probes.enabled=false",
                     "monitor.alarms.entropy_collapse.action=stop", "tasks.domains={test_coin: {difficulty: 1}}")
     (hit,) = _alarms(result.run_dir, "entropy_collapse")
-    assert result.steps == hit["step"] < 12
+    assert result.steps == hit["step"] <= FIRST_FULL_WINDOW < 12
     assert [r["step"] for r in read_metrics(result.run_dir / "metrics.jsonl", "train")][-1] == hit["step"]
     assert (result.run_dir / "report.html").is_file()
 
@@ -141,10 +163,13 @@ def test_report_opens_in_headless_chromium(collapsed, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 20_000
 
 
-def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted):
+def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted, monkeypatch):
+    """Resume == uninterrupted, compared in one process on one machine (a property of exact
+    resume, not of any trajectory); the collapse that lowers a weight before the checkpoint is planted."""
     from posttrain.loop import train
 
-    extra = ["trainer.lr=0.3", "monitor.probes.enabled=false", "monitor.alarms.entropy_collapse.action=lower_weight",
+    plant_collapse(monkeypatch, PLANT)  # fires at step FIRST_FULL_WINDOW at the latest, before the step-7 checkpoint
+    extra = ["monitor.probes.enabled=false", "monitor.alarms.entropy_collapse.action=lower_weight",
              "tasks.domains={test_coin: {difficulty: 1}, reverse: {difficulty: 1}}"]
     full = _train(tmp_path, micro_base, "full", "run.steps=8", *extra)
     part = _train(tmp_path, micro_base, "part", "run.steps=7", *extra)  # its checkpoint holds the lowered weight
@@ -154,6 +179,7 @@ def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted):
     rows = lambda run: sorted((r["task_id"], r["completion"]) for r in TraceStore(run / "trace.db").recent(10_000))  # noqa: E731
     fired = lambda run: [(a["step"], a["domain"], a["done"]) for a in _alarms(run, "entropy_collapse")]  # noqa: E731
     assert all(done.startswith(f"weight of {d} x0.5") for _, d, done in fired(full.run_dir))
-    assert any(step <= 7 for step, _, _ in fired(full.run_dir))  # a weight lowered before the checkpoint
+    assert FIRST_FULL_WINDOW < 7
+    assert {d for step, d, _ in fired(full.run_dir) if step <= 7} == {"test_coin", "reverse"}  # lowered before the checkpoint
     assert fired(resumed.run_dir) == fired(full.run_dir)  # the history was rebuilt from metrics.jsonl on resume
     assert rows(full.run_dir) == rows(resumed.run_dir)  # same draws after the weight change, same samples

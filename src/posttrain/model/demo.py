@@ -1,0 +1,65 @@
+"""The demo's one-line verdict: did `make demo` show what it claims?
+
+Invariant: the verdict reads only the run's `eval.json` (held-out accuracy before
+and after training, greedy, seeded) and says PASS exactly when the held-out mean
+gained at least MIN_GAIN and no domain ended more than MAX_FALL below where it
+started; otherwise FAIL, naming each criterion that failed.
+
+    python -m posttrain.model.demo runs/<run>      # prints the line; exit 0 on PASS, 1 on FAIL
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Mapping
+
+MIN_GAIN = 0.20
+"""Held-out mean accuracy the run must gain (0.20 = 20 points)."""
+MAX_FALL = 0.02
+"""How far below its start any single domain may end."""
+
+
+def verdict(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[bool, str]:
+    """(passed, one line) from per-domain held-out accuracies before and after."""
+    if not before or set(before) != set(after):
+        return False, f"demo: FAIL the evaluation tables do not cover the same domains ({sorted(before)} vs {sorted(after)})"
+    b, a = sum(before.values()) / len(before), sum(after.values()) / len(after)
+    deltas = {d: after[d] - before[d] for d in before}
+    improved = sum(v > 0 for v in deltas.values())
+    fell = {d: v for d, v in deltas.items() if v < -MAX_FALL - 1e-9}
+    head = f"held-out mean {b:.2f} -> {a:.2f} ({a - b:+.2f}), {improved}/{len(deltas)} domains improved"
+    why = []
+    if a - b < MIN_GAIN - 1e-9:
+        why.append(f"gain {a - b:+.2f} is below the demo's {MIN_GAIN:+.2f}")
+    if fell:
+        why.append("fell more than {:.0f} points: {}".format(
+            MAX_FALL * 100, ", ".join(f"{d} {before[d]:.2f} -> {after[d]:.2f}" for d, v in sorted(fell.items()))))
+    if why:
+        return False, f"demo: FAIL {head}; " + "; ".join(why)
+    return True, f"demo: PASS {head}, no domain fell more than {MAX_FALL * 100:.0f} points"
+
+
+def verdict_of_run(run_dir: str | Path) -> tuple[bool, str]:
+    path = Path(run_dir) / "eval.json"
+    if not path.is_file():
+        return False, f"demo: FAIL no evaluation table at {path} (did the run finish?)"
+    table = json.loads(path.read_text())
+    if not table.get("after"):
+        return False, f"demo: FAIL {path} has no after-training evaluation"
+    acc = lambda t: {d: r["accuracy"] for d, r in t["domains"].items()}  # noqa: E731
+    return verdict(acc(table["before"]), acc(table["after"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m posttrain.model.demo RUN_DIR", file=sys.stderr)
+        return 2
+    ok, line = verdict_of_run(args[0])
+    print(line)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The one-line verdict `make demo` ends with: PASS only when the held-out gain and every domain hold."""
+from __future__ import annotations
+
+import json
+
+from posttrain.model.demo import main, verdict
+
+
+def test_pass_names_the_figures():
+    ok, line = verdict({"add": 0.2, "sort": 0.1}, {"add": 0.6, "sort": 0.3})
+    assert ok and line == ("demo: PASS held-out mean 0.15 -> 0.45 (+0.30), 2/2 domains improved, "
+                           "no domain fell more than 2 points")
+
+
+def test_small_gain_fails_with_why():
+    ok, line = verdict({"add": 0.2, "sort": 0.1}, {"add": 0.3, "sort": 0.2})
+    assert not ok and line.startswith("demo: FAIL") and "gain +0.10 is below the demo's +0.20" in line
+
+
+def test_a_falling_domain_fails_even_with_a_large_mean_gain():
+    ok, line = verdict({"add": 0.2, "mul": 0.30, "sort": 0.1}, {"add": 0.9, "mul": 0.27, "sort": 0.9})
+    assert not ok and "fell more than 2 points: mul 0.30 -> 0.27" in line and "1/3" not in line and "2/3" in line
+    assert verdict({"add": 0.2, "mul": 0.30}, {"add": 0.9, "mul": 0.29})[0]  # one point down is within the margin
+
+
+def test_cli_reads_the_run_and_sets_the_exit_code(tmp_path, capsys):
+    table = lambda accs: {"mean_accuracy": 0, "domains": {d: {"accuracy": a} for d, a in accs.items()}}  # noqa: E731
+    (tmp_path / "eval.json").write_text(json.dumps({"before": table({"add": 0.1}), "after": table({"add": 0.5})}))
+    assert main([str(tmp_path)]) == 0 and capsys.readouterr().out.startswith("demo: PASS")
+    (tmp_path / "eval.json").write_text(json.dumps({"before": table({"add": 0.1}), "after": None}))
+    assert main([str(tmp_path)]) == 1 and "no after-training evaluation" in capsys.readouterr().out
+    assert main([str(tmp_path / "missing")]) == 1 and "no evaluation table" in capsys.readouterr().out
