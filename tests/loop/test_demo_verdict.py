@@ -30,3 +30,14 @@ def test_cli_reads_the_run_and_sets_the_exit_code(tmp_path, capsys):
     (tmp_path / "eval.json").write_text(json.dumps({"before": table({"add": 0.1}), "after": None}))
     assert main([str(tmp_path)]) == 1 and "no after-training evaluation" in capsys.readouterr().out
     assert main([str(tmp_path / "missing")]) == 1 and "no evaluation table" in capsys.readouterr().out
+
+
+def test_an_infra_only_domain_fails_and_the_gain_interval_is_shown(tmp_path, capsys):
+    table = lambda accs: {"domains": {d: {"accuracy": a} for d, a in accs.items()}}  # noqa: E731
+    run = {"before": table({"add": 0.1, "sort": 0.2}), "after": table({"add": 0.7, "sort": 0.8}),
+           "deltas": {"mean": {"delta": 0.6, "ci": [0.5, 0.7]}}}
+    (tmp_path / "eval.json").write_text(json.dumps(run))
+    assert main([str(tmp_path)]) == 0 and "(95% interval of the gain +0.50 to +0.70)" in capsys.readouterr().out
+    run["after"]["domains"]["sort"]["accuracy"] = None
+    (tmp_path / "eval.json").write_text(json.dumps(run))
+    assert main([str(tmp_path)]) == 1 and "no held-out accuracy for sort" in capsys.readouterr().out

@@ -3,7 +3,9 @@
 Invariant: the verdict reads only the run's `eval.json` (held-out accuracy before
 and after training, greedy, seeded) and says PASS exactly when the held-out mean
 gained at least MIN_GAIN and no domain ended more than MAX_FALL below where it
-started; otherwise FAIL, naming each criterion that failed.
+started; otherwise FAIL, naming each criterion that failed. A domain without an
+accuracy (every item an infra error) is a FAIL, never counted as 0. The paired
+95% interval of the mean gain is appended when the table carries it.
 
     python -m posttrain.model.demo runs/<run>      # prints the line; exit 0 on PASS, 1 on FAIL
 """
@@ -47,8 +49,15 @@ def verdict_of_run(run_dir: str | Path) -> tuple[bool, str]:
     table = json.loads(path.read_text())
     if not table.get("after"):
         return False, f"demo: FAIL {path} has no after-training evaluation"
+    missing = sorted(d for t in (table["before"], table["after"]) for d, r in t["domains"].items() if r["accuracy"] is None)
+    if missing:
+        return False, f"demo: FAIL no held-out accuracy for {', '.join(missing)} (every item an infra error)"
     acc = lambda t: {d: r["accuracy"] for d, r in t["domains"].items()}  # noqa: E731
-    return verdict(acc(table["before"]), acc(table["after"]))
+    ok, line = verdict(acc(table["before"]), acc(table["after"]))
+    mean = (table.get("deltas") or {}).get("mean")
+    if mean and mean.get("ci"):
+        line += f" (95% interval of the gain {mean['ci'][0]:+.2f} to {mean['ci'][1]:+.2f})"
+    return ok, line
 
 
 def main(argv: list[str] | None = None) -> int:
