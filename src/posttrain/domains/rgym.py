@@ -37,7 +37,9 @@ MAX_SPLIT_ATTEMPTS = 400
 ENTRY_CACHE = 4096
 SLOW_ITEM_S = 0.05  # an item slower than this makes the domain cost class "long"
 MAX_ITEM_S = 0.5  # levels whose items take longer are not offered
-ITEM_TIMEOUT_S = 5.0  # a generator stuck on one item (arc_1d level 4 loops forever on some seeds) is skipped
+ITEM_TIMEOUT_S = 20.0  # a generator stuck on one item (arc_1d level 4 loops forever on some seeds) is skipped;
+# generous, because a timeout changes which item is drawn: on a loaded machine a slow (not stuck)
+# item must not time out, or two processes would draw different tasks
 
 EXCLUDED: dict[str, str] = {
     "composite": "meta-generator that mixes other generators (each is its own domain)",
@@ -137,6 +139,7 @@ class RGymDomain(Domain):
         self.check_difficulty(difficulty)
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self.dataset(difficulty)  # built outside the item time limit: an interrupted build would leave it half-made
         for attempt in range(MAX_SPLIT_ATTEMPTS):
             idx = stable_hash(self.name, self.version, difficulty, split, index, attempt) % self.size
             try:
