@@ -85,7 +85,8 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     budgets = domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens)  # tokens per turn and turns, per domain
     params = SamplingParams(max_tokens=max(b.tokens for b in budgets.values()), temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
-    execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s)
+    execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s,
+                            {n: b.seconds for n, b in budgets.items()})  # each domain's runs within its budget seconds
     workers = make_workers(cfg.runtime, cfg.pipeline, engine, execute=execute)
     rollouts = StepRollouts(cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling,
                             budgets)

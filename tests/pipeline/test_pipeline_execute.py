@@ -197,3 +197,51 @@ def test_budget_cap_and_eval_use_the_same_budgets():
     out = _generate(engine, tasks, SamplingParams(n=1), 8, opts)
     assert [len(g[0].token_ids) for g in out] == [24, 16, 16]  # task order kept
     assert engine.call_budgets == [{16}, {24}]
+
+
+@needs_root
+def test_train_runs_code_beside_add_with_their_budgets_and_traces_exec_result(tmp_path, micro_base):
+    from posttrain.config import load_config
+    from posttrain.loop import train
+    from posttrain.rundir import read_metrics
+    from posttrain.trace import TraceStore
+
+    cfg = load_config(None, [
+        "rollout.prompts_per_step=4", "rollout.group_size=2", "eval.tasks_per_domain=2", "eval.samples=0",
+        "eval.contamination=false", "eval.exposure=false", "eval.above_tasks=0", "run.threads=1", "run.progress=false",
+        "tasks.domains={add: {difficulty: 1}, code: {difficulty: 1, max_tokens: 24}}", "sandbox.workers=2",
+        "sandbox.max_memory_mb=256", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=mixed", "run.steps=2",
+        "monitor.report=false",
+    ])
+    result = train(cfg, log=lambda *_: None)
+    store = TraceStore(result.run_dir / "trace.db")
+    rows = store.recent(100)
+    code = [r for r in rows if r["domain"] == "code"]
+    add = [r for r in rows if r["domain"] == "add"]
+    assert code and add
+    assert all(r["completion_tokens"] <= 16 and r["sampling"]["max_tokens"] == 16 for r in add)
+    assert all(r["completion_tokens"] <= 24 and r["sampling"]["max_tokens"] == 24 for r in code)
+    assert all(r["exec_result"] is None for r in add)
+    ran = [r for r in code if r["exec_result"] is not None]
+    assert ran and all(r["exec_result"]["status"] in ("ok", "failed", "timeout", "oom", "killed") for r in ran)
+    assert all(r["timings"]["execute_s"] > 0 for r in ran)
+    train_rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    assert train_rows[-1]["token_budget_code"] == 24 and train_rows[-1]["token_budget_add"] == 16
+    assert 0.0 <= train_rows[-1]["truncated_share_code"] <= 1.0
+    store.close()
+
+
+def test_sandbox_section_caps_each_domains_requests(monkeypatch):
+    from posttrain.config import load_config
+
+    cfg = load_config(None, ["sandbox.workers=3", "sandbox.max_memory_mb=128", "sandbox.max_wall_s=20"])
+    assert cfg.sandbox.pool_config().workers == 3 and not hasattr(cfg.sandbox.pool_config(), "max_wall_s")
+    seen = []
+    monkeypatch.setattr(sandbox, "run", lambda req, domain=None: seen.append((req.limits, domain)) or sandbox.ExecResult("ok"))
+    execute = DomainExecute(None, cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, {"code": 3.0})
+    task = get("code").sample(0, "train", 1)
+    ran = execute(task, Completion((), (), get("code").gold(task), (), "stop", 0))
+    (limits, domain), = seen
+    assert domain == "code" and limits.memory_bytes == 128 << 20 and limits.wall_s == limits.cpu_s == 3.0
+    assert isinstance(ran, CodeRun) and ran.status == "ok"
+    assert execute(get("add").sample(0, "train", 1), Completion((), (), "1", (), "stop", 0)) is None  # no execute step

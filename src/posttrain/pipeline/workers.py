@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import Executor as _PoolExecutor
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from posttrain.errors import classify
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
@@ -62,6 +62,8 @@ class DomainExecute:
     """A SandboxConfig for the process-wide pool (None: leave the pool as configured)."""
     max_memory_mb: int | None = None
     max_wall_s: float | None = None
+    seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Per-domain budget seconds: a cap on each of the domain's runs (wall and CPU)."""
 
     def __call__(self, task: Task, completion: Completion) -> Any:
         from posttrain.domains.registry import get
@@ -76,17 +78,20 @@ class DomainExecute:
 
         _configure(self.pool)
 
+        wall = min((x for x in (self.max_wall_s, self.seconds.get(domain)) if x), default=None)
+
         def run(req: Any) -> Any:
-            return sandbox.run(self.capped(req), domain=domain)
+            return sandbox.run(self.capped(req, wall), domain=domain)
 
         return run
 
-    def capped(self, req: Any) -> Any:
+    def capped(self, req: Any, wall: float | None) -> Any:
+        """`req` with its limits capped at max_memory_mb and `wall` seconds (wall and CPU)."""
         lim, changes = req.limits, {}
         if self.max_memory_mb and lim.memory_bytes > self.max_memory_mb << 20:
             changes["memory_bytes"] = self.max_memory_mb << 20
-        if self.max_wall_s:
-            changes.update({k: self.max_wall_s for k in ("wall_s", "cpu_s") if getattr(lim, k) > self.max_wall_s})
+        if wall:
+            changes.update({k: wall for k in ("wall_s", "cpu_s") if getattr(lim, k) > wall})
         return dataclasses.replace(req, limits=dataclasses.replace(lim, **changes)) if changes else req
 
 
