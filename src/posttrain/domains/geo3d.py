@@ -1,7 +1,9 @@
 """geo_*: 3D modelling. The model writes a short Python script (manifold3d,
 trimesh, numpy) that builds a solid and writes it to `out.stl`, `out.obj` or
-`out.npz` (arrays `vertices` n x 3 and `faces` m x 3); the script runs in the
-sandbox, and the verifier checks the mesh it wrote against the task's
+`out.npz` (arrays `vertices` n x 3 and `faces` m x 3); the execute step
+(`MeshVerifier.execute`, run by the pipeline's execute stage) runs the script
+in the sandbox and measures the mesh it wrote (a GeoRun: the constraint
+report), and the verifier checks that report against the task's
 constraints with manifold3d and trimesh: watertight (a valid manifold),
 volume, bounding box, number of parts, genus (through-holes) and the
 clearance between parts. Never by string matching.
