@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from posttrain.errors import ConfigError
 from posttrain.model.pretrain import BaseConfig
 from posttrain.pipeline.config import PipelineConfig, Runtime
+from posttrain.sandbox.config import SandboxConfig
 from posttrain.scale.config import EngineConfig
 from posttrain.monitor.config import MonitorConfig
 from posttrain.tasks.config import TasksConfig
@@ -48,8 +49,10 @@ class RolloutConfig(Section):
     """Sampling temperature of rollouts."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
-    max_tokens: int = Field(16, ge=1, le=32768)
-    """Completion token limit; a completion that hits it finishes with reason `length`."""
+    max_tokens: int | None = Field(None, ge=1, le=32768)
+    """A cap over every domain's tokens per turn (None: no cap). Each domain generates with its
+    own budget (declared, or `tasks.domains.<name>.max_tokens`), in batches of equal budget; a
+    completion that hits it finishes with reason `length`."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (they carry no signal) and count them."""
 
@@ -70,8 +73,9 @@ class EvalConfig(Section):
     rotation_tasks: int = Field(16, ge=0, le=100_000)
     """Fresh distinct held-out items per domain drawn anew at each evaluation during training
     (none equal to a core item), reported apart from the core (0: off)."""
-    max_tokens: int = Field(16, ge=1, le=32768)
-    """Completion token limit at eval."""
+    max_tokens: int | None = Field(None, ge=1, le=32768)
+    """A cap over every domain's tokens at eval (None: no cap); each domain is evaluated with the
+    budget it is trained with (declared, or `tasks.domains.<name>.max_tokens`)."""
     batch_size: int = Field(256, ge=1, le=65536)
     """Prompts per generation call at eval."""
     seed: int = Field(0, ge=0)
@@ -119,6 +123,21 @@ class EvalConfig(Section):
         return self
 
 
+class SandboxSection(SandboxConfig):
+    """The sandbox pool the execute stage runs programs on: the pool's settings
+    (backend, workers, per-domain caps, ...) and run-wide caps over the limits
+    each domain asks for."""
+
+    max_memory_mb: int | None = Field(None, ge=16, le=1_048_576)
+    """Cap on any one program's memory, MiB (None: each domain's own limit)."""
+    max_wall_s: float | None = Field(None, gt=0.0, le=86_400.0)
+    """Cap on any one program's wall and CPU seconds (None: each domain's own limit)."""
+
+    def pool_config(self) -> SandboxConfig:
+        """The pool's part (what `posttrain.sandbox.Pool` takes)."""
+        return SandboxConfig(**self.model_dump(exclude={"max_memory_mb", "max_wall_s"}))
+
+
 class RunConfig(Section):
     """The run itself."""
 
@@ -153,6 +172,8 @@ class Config(Section):
     """The rollout pipeline: stage workers, queues, scheduler, staleness, replacement."""
     runtime: Runtime = "embedded"
     """Where rollout workers run: embedded (threads and processes here) or ray (actors on a Ray cluster)."""
+    sandbox: SandboxSection = SandboxSection()
+    """The sandbox pool of the execute stage (backend, workers, limit caps)."""
     engine: EngineConfig = EngineConfig()
     """Inference engine: hf (in process, default) or openai (a server that takes weight updates over HTTP)."""
 

@@ -7,18 +7,21 @@ as the uninterrupted run would have (same tasks, same samples, same weights).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
 from posttrain.config import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
+from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
+from posttrain.pipeline.workers import DomainExecute
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import MetricsLog, RunDir
 from posttrain.trace import RolloutRecord, TraceStore
@@ -79,14 +82,19 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         monitor.after_eval(0, evaluator.comparable(before))
     before = EvalTable.from_json(state["before"])
 
-    params = SamplingParams(max_tokens=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
-    workers = make_workers(cfg.runtime, cfg.pipeline, engine)
-    rollouts = StepRollouts(cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling)
+    budgets = domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens)  # tokens per turn and turns, per domain
+    params = SamplingParams(max_tokens=max(b.tokens for b in budgets.values()), temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
+    execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s,
+                            {n: b.seconds for n, b in budgets.items()})  # each domain's runs within its budget seconds
+    workers = make_workers(cfg.runtime, cfg.pipeline, engine, execute=execute)
+    rollouts = StepRollouts(cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling,
+                            budgets)
     bar = _progress(cfg, state["step"])
     for step in range(state["step"] + 1, cfg.run.steps + 1):
         t0 = time.perf_counter()
         groups, pipe_stats = rollouts.sample(pool.draw(cfg.rollout.prompts_per_step), params, step)
-        ids = trace.write_rollouts([_record(r, params) for g in groups for r in g])
+        ids = trace.write_rollouts([_record(r, params, budgets) for g in groups for r in g])
         for r in (r for g in groups for r in g if r.reward is not None):
             pool.observe(r.task, r.reward)
         kept = [g for g in groups if informative(g)] if cfg.rollout.dynamic_sampling else groups
@@ -97,7 +105,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             sync.push()
         links = _links(trainer, groups, kept, ids)
         trace.mark_consumed(step, links)
-        summary = _summary(groups, kept)
+        summary = _summary(groups, kept, budgets)
         trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k != "step"}
         metrics.write("train", step, rollout_s=gen_s, **summary, **trained, **pipe_stats,
                       engine_version=engine.version, engine_dropped_stale=sync.dropped_stale)
@@ -177,17 +185,23 @@ def _links(trainer: Any, groups: Sequence[Sequence[Rollout]], kept: Sequence[Seq
     return out
 
 
-def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]]) -> dict[str, Any]:
+def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]],
+             budgets: Mapping[str, Any] | None = None) -> dict[str, Any]:
     by_domain: dict[str, list[float]] = {}
     errors = truncated = 0
+    tokens: dict[str, list[int]] = {}
     for g in groups:
         for r in g:
             errors += r.reward is None
             truncated += r.completion.finish_reason == "length"
+            row = tokens.setdefault(r.task.domain, [0, 0, 0])  # rollouts, completion tokens, truncated
+            row[0] += 1
+            row[1] += len(r.completion.token_ids)
+            row[2] += r.completion.finish_reason == "length"
             if r.reward is not None:
                 by_domain.setdefault(r.task.domain, []).append(r.reward)
     rewards = [x for v in by_domain.values() for x in v]
-    return {
+    out = {
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "reward_by_domain": {d: sum(v) / len(v) for d, v in sorted(by_domain.items())},
         "groups": len(groups),
@@ -196,10 +210,18 @@ def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollou
         "infra_errors": errors,
         "truncated": truncated,
     }
+    for d, (n, toks, cut) in sorted(tokens.items()):  # per-domain token use against its budget
+        out[f"tokens_mean_{d}"] = round(toks / n, 3)
+        out[f"truncated_share_{d}"] = round(cut / n, 4)
+        if budgets and d in budgets:
+            out[f"token_budget_{d}"] = budgets[d].tokens
+    return out
 
 
-def _record(r: Rollout, params: SamplingParams) -> RolloutRecord:
+def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | None = None) -> RolloutRecord:
     s = r.score
+    if budgets and r.task.domain in budgets:
+        params = dataclasses.replace(params, max_tokens=budgets[r.task.domain].tokens)
     return RolloutRecord(
         task_id=r.task.id,
         domain=r.task.domain,
@@ -221,7 +243,15 @@ def _record(r: Rollout, params: SamplingParams) -> RolloutRecord:
         timings=dict(r.timings),
         error_kind=r.error_kind,
         error=r.error,
+        exec_result=exec_summary(r.exec_result),
     )
+
+
+def exec_summary(result: Any) -> dict[str, Any] | None:
+    """The trace's view of an execution result: its `summary()` (plain JSON data), else
+    None (nothing ran, or a result type that declares no summary)."""
+    summary = getattr(result, "summary", None)
+    return summary() if callable(summary) else None
 
 
 def _verifier_name(domain: str) -> str:

@@ -115,7 +115,7 @@ class SourceConfig(Strict):
     description: str = ""
     """One line shown by `posttrain domains`."""
     max_tokens: int = Field(64, ge=1, le=1_000_000)
-    """Budget: tokens per completion this domain expects (informational; rollout.max_tokens still applies)."""
+    """Budget: tokens per completion of this domain (tasks.domains.<name>.max_tokens overrides it; rollout.max_tokens caps it)."""
 
     @field_validator("template")
     @classmethod

@@ -336,7 +336,14 @@ class CodeTests(_Base):
             raise VerifierError(f"code verifier: {task.id} needs an entry point and a non-empty list of tests")
         return CodeReference(entry, p.kind, p.mode, json.dumps(tests), p.timeout_s)
 
+    def execute(self, task: Task, completion: str, run: Any = None) -> Any:
+        """The execute step (the pipeline's execute stage): the `code` domain's one sandbox run."""
+        from posttrain.domains.code import CodeVerifier
+
+        return CodeVerifier().execute(dataclasses.replace(task, reference=self.reference(task)), completion, run)
+
     def score(self, task: Task, episode: Episode) -> Score:
+        """Judged on the host from the CodeRun in Episode.exec_result (no sandbox call then)."""
         from posttrain.domains.code import CodeVerifier
 
         return CodeVerifier().score(dataclasses.replace(task, reference=self.reference(task)), episode)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in heldout.warnings():
         print(f"warning: {warning}")
     engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
-    table = evaluate_heldout(engine, heldout, options(cfg.eval))
+    table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks))
     print(format_table(table))
     print(format_details(table))
     if args.save_heldout:

@@ -12,7 +12,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 from posttrain.types import CostClass, Episode, Message, Score, Split, Task, TaskMeta
 
@@ -22,11 +22,29 @@ _MAX_SPLIT_ATTEMPTS = 10_000
 
 @dataclass(frozen=True)
 class Budget:
-    """Per-episode limits: turns, generated tokens, wall seconds."""
+    """Per-episode limits: turns, generated tokens per turn, wall seconds. The
+    pipeline and the evaluator generate each domain's turns with its own token
+    budget (overridable per domain in `tasks.domains`)."""
 
     turns: int = 1
-    tokens: int = 32
+    tokens: int = 16
     seconds: float = 30.0
+
+
+Runner = Callable[[Any], Any]
+"""Runs one sandbox ExecRequest and returns its ExecResult (the pipeline's pool, or
+the process-wide one)."""
+
+
+class ExecutionResult(Protocol):
+    """What a domain's `execute` step returns: a frozen record the verifier reads
+    (Episode.exec_result) and whose `summary()` (plain JSON data: status, exit
+    code, cpu_s, wall_s, the program, per-test outcomes or the report, truncated
+    output) goes into the trace row."""
+
+    status: str
+
+    def summary(self) -> dict[str, Any]: ...
 
 
 class Verifier(Protocol):
@@ -104,6 +122,22 @@ class Domain(abc.ABC):
 
     def score(self, task: Task, episode: Episode) -> Score:
         return self.verifier.score(task, episode)
+
+    @property
+    def executes(self) -> bool:
+        """Whether the domain declares an execute step (its verifier has `execute`)."""
+        return callable(getattr(self.verifier, "execute", None))
+
+    def execute(self, task: Task, completion: str, run: Runner | None = None) -> ExecutionResult | None:
+        """The execute step of a domain that runs what the model wrote: one
+        sandbox run (through `run`, default the process-wide pool) whose typed
+        result the verifier then reads as Episode.exec_result, so `score` makes
+        no sandbox call of its own. None when nothing runs (no such step, or no
+        program in the completion). Raises SandboxError when the sandbox, not the
+        program, failed: the pipeline retries it, then masks and counts it.
+        Default: the verifier's own `execute(task, completion, run)`, if it has one."""
+        step = getattr(self.verifier, "execute", None)
+        return step(task, completion, run) if callable(step) else None
 
     def environment(self) -> Any | None:
         """A multi-turn environment factory, or None for single-turn domains."""

@@ -97,6 +97,25 @@ class CodeRun:
     status: str  # the sandbox status of the driver (ok, failed, timeout, oom, killed)
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    exit_code: int | None = None
+    stderr: str = ""  # the driver's stderr, truncated to its last STDERR_CHARS characters
+    program: str = ""  # the solution that ran, truncated to PROGRAM_CHARS
+
+    def summary(self) -> dict[str, Any]:
+        """The trace's view: status, exit code, times, the program, each input's outcome."""
+        tests = [{"kind": o.kind, **({"value": _short(o.value)} if o.kind == "value" else {"detail": o.detail})}
+                 for o in self.outputs]
+        return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
+                "wall_s": round(self.wall_s, 4), "program": self.program, "tests": tests, "stderr": self.stderr}
+
+
+PROGRAM_CHARS = 4000
+STDERR_CHARS = 2000
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(frozen=True)
@@ -200,7 +219,9 @@ def execute(ref: CodeReference, code: str, runner: Callable[[Any], Any] | None =
 
     req = build_request(ref, code)
     res = sandbox.raise_for_infra(runner(req) if runner else sandbox.run(req, domain="code"))
-    return CodeRun(parse_outputs(res.stdout, len(ref.inputs())), res.status, res.cpu_s, res.wall_s)
+    stderr = res.stderr.decode("utf-8", "replace")[-STDERR_CHARS:]
+    return CodeRun(parse_outputs(res.stdout, len(ref.inputs())), res.status, res.cpu_s, res.wall_s,
+                   res.exit_code, stderr, code[:PROGRAM_CHARS])
 
 
 # ---------------------------------------------------------------- judge: outputs against expected values, on the host
@@ -253,20 +274,26 @@ def judge(ref: CodeReference, run: CodeRun) -> Score:
 
 
 class CodeVerifier:
-    """Pass rate of the hidden tests: `execute` in the sandbox, `judge` on the host.
-    Reads an `Episode.exec_result` that is already a CodeRun instead of running again."""
+    """Pass rate of the hidden tests: `execute` in the sandbox (the pipeline's
+    execute stage calls it), `judge` on the host. `score` reads the CodeRun in
+    Episode.exec_result and makes no sandbox call; only a caller that skipped
+    the execute step (a direct `score`) gets one run inside it."""
 
     name = "code_tests"
     version = "2"
+
+    def execute(self, task: Task, completion: str, run: Callable[[Any], Any] | None = None) -> CodeRun | None:
+        """The domain's execute step: one sandbox run, or None when there is no code."""
+        code = extract_code(completion)
+        return execute(task.reference, code, run) if code.strip() else None
 
     def score(self, task: Task, episode: Episode) -> Score:
         ref: CodeReference = task.reference
         run = episode.exec_result
         if not isinstance(run, CodeRun):
-            code = extract_code(episode.completion)
-            if not code.strip():
-                return Score(0.0, {"outcome": 0.0}, False, "no code")
-            run = execute(ref, code)
+            run = self.execute(task, episode.completion)
+        if run is None:
+            return Score(0.0, {"outcome": 0.0}, False, "no code")
         return judge(ref, run)
 
 

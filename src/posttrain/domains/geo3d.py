@@ -1,7 +1,9 @@
 """geo_*: 3D modelling. The model writes a short Python script (manifold3d,
 trimesh, numpy) that builds a solid and writes it to `out.stl`, `out.obj` or
-`out.npz` (arrays `vertices` n x 3 and `faces` m x 3); the script runs in the
-sandbox, and the verifier checks the mesh it wrote against the task's
+`out.npz` (arrays `vertices` n x 3 and `faces` m x 3); the execute step
+(`MeshVerifier.execute`, run by the pipeline's execute stage) runs the script
+in the sandbox and measures the mesh it wrote (a GeoRun: the constraint
+report), and the verifier checks that report against the task's
 constraints with manifold3d and trimesh: watertight (a valid manifold),
 volume, bounding box, number of parts, genus (through-holes) and the
 clearance between parts. Never by string matching.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import io
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from posttrain.domains._common import ANSWER_INSTRUCTION
@@ -236,29 +239,75 @@ def check(checks: dict[str, Any], m: dict[str, Any]) -> dict[str, float]:
     return results
 
 
+@dataclass(frozen=True)
+class GeoRun:
+    """The execute step's result: how the script ran and the constraint report of
+    the mesh it wrote (`measures`: watertight, extents, volume, parts, genus,
+    clearance), measured on the host from the returned file as data; None with
+    `note` when the script failed or wrote no readable mesh."""
+
+    status: str  # the sandbox status of the script (ok, failed, timeout, oom, killed)
+    exit_code: int | None = None
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    stderr: str = ""  # the script's stderr, its last STDERR_CHARS characters
+    measures: dict[str, Any] | None = None
+    note: str = ""
+    program: str = ""  # the script that ran, truncated to PROGRAM_CHARS
+
+    def summary(self) -> dict[str, Any]:
+        return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
+                "wall_s": round(self.wall_s, 4), "program": self.program, "report": self.measures,
+                "note": self.note, "stderr": self.stderr}
+
+
+PROGRAM_CHARS = 4000
+STDERR_CHARS = 2000
+
+
+def run_script(source: str, run: Callable[[Any], Any] | None = None) -> GeoRun:
+    """Run a mesh script in the sandbox and measure what it wrote; SandboxError on an infra error."""
+    from posttrain import sandbox
+
+    req = sandbox.ExecRequest(files={"main.py": source}, python_main="main.py", collect=OUTPUTS,
+                              limits=sandbox.Limits(wall_s=WALL_S, cpu_s=WALL_S, memory_bytes=1024 << 20))
+    result = run(req) if run else sandbox.run(req)
+    if result.status == "infra_error":
+        raise SandboxError(f"geo sandbox run failed: {result.error}")
+    stderr = result.stderr.decode("utf-8", "replace")[-STDERR_CHARS:]
+    base = dict(status=result.status, exit_code=result.exit_code, cpu_s=result.cpu_s, wall_s=result.wall_s,
+                stderr=stderr, program=source[:PROGRAM_CHARS])
+    if not result.ok:
+        return GeoRun(**base, note=f"script {result.status}")
+    mesh = load_mesh(dict(result.files))
+    if mesh is None:
+        return GeoRun(**base, note=f"no readable mesh in {', '.join(OUTPUTS)}")
+    return GeoRun(**base, measures=measure(*mesh))
+
+
 class MeshVerifier:
+    """The share of the task's constraints the mesh meets. `execute` runs the
+    script in the sandbox (the pipeline's execute stage calls it); `score`
+    reads the GeoRun in Episode.exec_result and makes no sandbox call (a direct
+    `score` without one runs the script itself)."""
+
     name = "mesh_constraints"
     version = "1"
 
-    def score(self, task: Task, episode: Episode) -> Score:
-        from posttrain import sandbox
+    def execute(self, task: Task, completion: str, run: Callable[[Any], Any] | None = None) -> GeoRun | None:
+        source = extract_script(completion)
+        return run_script(source, run) if source.strip() else None
 
-        source = extract_script(episode.completion)
-        if not source.strip():
+    def score(self, task: Task, episode: Episode) -> Score:
+        got = episode.exec_result
+        if not isinstance(got, GeoRun):
+            got = self.execute(task, episode.completion)
+        if got is None:
             return Score(0.0, {"outcome": 0.0}, False, "no script")
-        prior = episode.exec_result
-        reuse = isinstance(prior, sandbox.ExecResult) and (prior.status == "infra_error" or any(f in prior.files for f in OUTPUTS))
-        result = prior if reuse else sandbox.run(
-            sandbox.ExecRequest(files={"main.py": source}, python_main="main.py", collect=OUTPUTS,
-                                limits=sandbox.Limits(wall_s=WALL_S, cpu_s=WALL_S, memory_bytes=1024 << 20)))
-        if result.status == "infra_error":
-            raise SandboxError(f"geo sandbox run failed: {result.error}")
-        if not result.ok:
-            return Score(0.0, {"outcome": 0.0}, False, f"script {result.status}: {result.stderr[-300:].decode('utf-8', 'replace')}")
-        mesh = load_mesh(dict(result.files))
-        if mesh is None:
-            return Score(0.0, {"outcome": 0.0}, False, f"no readable mesh in {', '.join(OUTPUTS)}")
-        results = check(task.reference["checks"], measure(*mesh))
+        if got.measures is None:
+            reason = f"{got.note}: {got.stderr[-300:]}" if got.status != "ok" else got.note
+            return Score(0.0, {"outcome": 0.0}, False, reason)
+        results = check(task.reference["checks"], got.measures)
         passed = all(results.values())
         value = sum(results.values()) / len(results) if results["watertight"] else 0.0
         failed = [k for k, v in results.items() if not v]

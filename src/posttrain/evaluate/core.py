@@ -28,7 +28,10 @@ Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, traini
 class EvalOptions:
     """How items are decoded and which sampled metrics are computed."""
 
-    max_tokens: int = 16
+    max_tokens: int | None = None
+    """A cap over every domain's tokens (None: no cap)."""
+    budgets: Mapping[str, int] = field(default_factory=dict)
+    """Tokens per domain, as in training; a domain not named uses its declared budget."""
     batch_size: int = 256
     samples: int = 0
     temperature: float = 1.0
@@ -160,19 +163,37 @@ def eval_tasks(domain: str, difficulty: int, n: int) -> list[Task]:
     return domain_set(domain, difficulty, n, "core").tasks()
 
 
-def _generate(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int) -> list[list[Any]]:
-    out: list[list[Any]] = []
-    for start in range(0, len(tasks), batch_size):
-        chunk = tasks[start : start + batch_size]
-        out.extend(engine.generate([GenerationRequest(engine.encode_chat(t.prompt), params, t.id) for t in chunk]))
+def tokens_for(domain: str, opts: EvalOptions) -> int:
+    """A domain's eval token budget: the training one, capped by `opts.max_tokens`."""
+    tokens = opts.budgets.get(domain) or get(domain).budget.tokens
+    return min(tokens, opts.max_tokens) if opts.max_tokens else tokens
+
+
+def _generate(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int,
+              opts: EvalOptions | None = None) -> list[list[Any]]:
+    """Completions in task order; generated in batches of one token budget each (per domain
+    with `opts`, else `params.max_tokens` for all), so a short domain never pads to a long one."""
+    budget = {t.domain: tokens_for(t.domain, opts) for t in tasks} if opts else {}
+    order: dict[int, list[int]] = {}
+    for i, t in enumerate(tasks):
+        order.setdefault(budget.get(t.domain, params.max_tokens), []).append(i)
+    out: list[list[Any]] = [[] for _ in tasks]
+    for tokens, idx in sorted(order.items()):
+        p = replace(params, max_tokens=tokens)
+        for start in range(0, len(idx), batch_size):
+            chunk = idx[start : start + batch_size]
+            got = engine.generate([GenerationRequest(engine.encode_chat(tasks[i].prompt), p, tasks[i].id) for i in chunk])
+            for i, g in zip(chunk, got):
+                out[i] = g
     return out
 
 
 def _verdict(task: Task, completion: Any) -> tuple[bool | None, bool | None, float | None]:
     """(eval verdict, training verdict, training score); None where a verifier raised."""
     dom = get(task.domain)
-    try:
-        score = dom.score(task, Episode(completion.text, finish_reason=completion.finish_reason))
+    try:  # the execute step first (a sandbox run where the domain declares one), then the verifier
+        ran = dom.execute(task, completion.text) if dom.executes else None
+        score = dom.score(task, Episode(completion.text, finish_reason=completion.finish_reason, exec_result=ran))
     except Exception:  # an infra error: never a wrong answer
         return None, None, None
     ok = bool(score.passed)
@@ -184,9 +205,9 @@ def _verdict(task: Task, completion: Any) -> tuple[bool | None, bool | None, flo
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
-    params = SamplingParams(max_tokens=opts.max_tokens, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
+    params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
-    for task, group in zip(tasks, _generate(engine, tasks, params, max(1, opts.batch_size // opts.samples))):
+    for task, group in zip(tasks, _generate(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)):
         judged = [(extract_answer(c.text), v) for c in group for v in [_verdict(task, c)[0]] if v is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
@@ -202,8 +223,8 @@ def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptio
     is in `sample_kinds` when `opts.samples` > 0."""
     tasks = {key: s.tasks() for key, s in sets.items()}
     flat = [t for ts in tasks.values() for t in ts]
-    greedy = SamplingParams(max_tokens=opts.max_tokens, temperature=0.0, n=1, seed=0)
-    outputs = iter(_generate(engine, flat, greedy, opts.batch_size))
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, n=1, seed=0)
+    outputs = iter(_generate(engine, flat, greedy, opts.batch_size, opts))
     kinds = set(sample_kinds)
     out = {}
     for key, s in sets.items():

@@ -22,8 +22,15 @@ from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
 from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
 
 
-def options(eval_cfg: Any, sampled: bool = True) -> EvalOptions:
-    return EvalOptions(max_tokens=eval_cfg.max_tokens, batch_size=eval_cfg.batch_size,
+def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None) -> EvalOptions:
+    """Eval options; with the run's `tasks` config, each domain's token budget is the one
+    it trains with (tasks.domains.<name>.max_tokens, else its declaration)."""
+    budgets: dict[str, int] = {}
+    if tasks is not None:
+        from posttrain.tasks.pool import resolve_specs
+
+        budgets = {n: spec.max_tokens for n, (_, spec) in resolve_specs(tasks).items() if spec.max_tokens}
+    return EvalOptions(max_tokens=eval_cfg.max_tokens, budgets=budgets, batch_size=eval_cfg.batch_size,
                        samples=eval_cfg.samples if sampled else 0, temperature=eval_cfg.temperature,
                        ks=tuple(eval_cfg.k), seed=eval_cfg.seed)
 
@@ -39,6 +46,7 @@ class RunEvaluator:
     def __init__(self, cfg: Any, run_dir: Path, engine: Any, metrics: Any, levels: Mapping[str, int],
                  log: Callable[[str], Any] = print) -> None:
         self.cfg, self.run_dir, self.engine, self.metrics, self.log = cfg.eval, Path(run_dir), engine, metrics, log
+        self.tasks = cfg.tasks
         path = self.run_dir / "heldout.json"
         if path.is_file():
             self.heldout = HeldoutSet.load(path)
@@ -96,7 +104,7 @@ class RunEvaluator:
     def full(self, step: int) -> EvalTable:
         """Every core item (sampled metrics included), the generalisation probes."""
         t0 = time.perf_counter()
-        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg))
+        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, tasks=self.tasks))
         seconds = time.perf_counter() - t0
         self.seconds["full"] += seconds
         self._row(step, self.comparable(table), seconds, full=table)
@@ -113,7 +121,7 @@ class RunEvaluator:
             number = step // max(self.cfg.every_steps, 1)
             rotation = {d: rotation_slice(s, self.cfg.rotation_tasks, number, self.cfg.seed)
                         for d, s in self.heldout.of_kind("core").items()}
-        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, sampled=False), subset=self.cfg.subset_tasks,
+        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, sampled=False, tasks=self.tasks), subset=self.cfg.subset_tasks,
                                  rotation=rotation, probes=False)
         seconds = time.perf_counter() - t0
         self.seconds["periodic"] += seconds

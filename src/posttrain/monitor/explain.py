@@ -50,6 +50,26 @@ def _training(row: dict[str, Any], siblings: list[dict[str, Any]]) -> list[str]:
     return ["   not trained on (yet): no train step has consumed it"]
 
 
+def _execution(row: dict[str, Any]) -> list[str]:
+    """The program that ran and what running it gave (the execute stage's summary)."""
+    result = row["exec_result"]
+    if not isinstance(result, dict):
+        if row["error_kind"] == "sandbox":
+            return _block("execution result", "(none: the sandbox failed after its retries; masked, see below)")
+        return _block("execution result", "(none: no program ran for this rollout)")
+    rest = {k: v for k, v in result.items() if k not in ("program", "stderr", "tests", "report")}
+    head = "  ".join(f"{k} {v}" for k, v in rest.items())
+    body = [head]
+    if result.get("tests") is not None:
+        body += [f"test {i}: " + " ".join(f"{k}={v}" for k, v in t.items()) for i, t in enumerate(result["tests"])]
+    if result.get("report") is not None:
+        body += ["report: " + json.dumps(result["report"], default=str)]
+    if result.get("stderr"):
+        body += ["stderr (tail):", *result["stderr"].splitlines()[-20:]]
+    lines = _block("program that ran", result["program"]) if result.get("program") else []
+    return lines + _block("execution result", "\n".join(body))
+
+
 def explain(store: Any, rollout_id: str) -> str:
     """A readable account of one rollout; ConfigError when the id is unknown."""
     row = store.get(rollout_id)
@@ -60,7 +80,6 @@ def explain(store: Any, rollout_id: str) -> str:
     reward = "masked (infra error)" if row["reward"] is None else f"{row['reward']:.4f}"
     passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
     sampling = " ".join(f"{k}={v}" for k, v in (row["sampling"] or {}).items())
-    execution = json.dumps(row["exec_result"], indent=2, default=str) if row["exec_result"] is not None else "(none: no program ran for this domain)"
     parts = ", ".join(f"{k}={v:.4f}" for k, v in (row["parts"] or {}).items()) or "(none)"
     timings = ", ".join(f"{k}={v * 1000:.2f}ms" for k, v in (row["timings"] or {}).items()) or "(none)"
     lines = [
@@ -72,7 +91,7 @@ def explain(store: Any, rollout_id: str) -> str:
         *_block("prompt", row["prompt"]),
         *_block("sampling parameters", sampling),
         *_block(f"completion ({row['completion_tokens']} tokens, finish reason {row['finish_reason']})", row["completion"]),
-        *_block("execution result", execution),
+        *_execution(row),
         f"-- verifier {row['verifier']}",
         f"   reward {reward}  passed {passed}  reason {row['reason'] or '-'}",
         f"   reward parts: {parts}",

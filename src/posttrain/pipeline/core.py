@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from posttrain.domains.base import stable_hash
+from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Trajectory, make_environment
 from posttrain.errors import GenerationError, classify
 from posttrain.pipeline.config import PipelineConfig
@@ -41,6 +41,7 @@ class _Item:
     seq: int
     admitted_at: float
     turn_budget: int = 1
+    max_tokens: int = 16
     prompt_ids: tuple[int, ...] = ()
     completions: list[Completion] = field(default_factory=list)
     trajectories: list[Trajectory] | None = None
@@ -106,8 +107,12 @@ class Pipeline:
         events: EventSink | None = None,
         group_prefix: str = "",
         seed: int | None = None,
+        budgets: Mapping[str, Budget] | None = None,
     ) -> None:
         self.cfg, self.workers, self.params, self.scheduler = config, workers, params, scheduler
+        self.budgets = budgets
+        """Per-domain budgets: each group generates with its domain's tokens per turn and
+        turns (None: `params.max_tokens` and the declared turns for every domain)."""
         self.source = source
         self._events = events
         self._prefix = group_prefix
@@ -127,7 +132,7 @@ class Pipeline:
         }
         self.counters = {k: 0 for k in ("admitted", "finished", "retries", "masked_groups", "masked_rollouts",
                                          "paused_skipped", "dropped_stale", "filtered", "long_sampled", "long_trained",
-                                         "trained")}
+                                         "trained", "masked_execute")}
         self._seq = itertools.count()
         self._tokens = itertools.count()
         self._changed = asyncio.Event()
@@ -211,7 +216,9 @@ class Pipeline:
 
         domain = get(task.domain)
         gid = self._group_ids.pop(seq, f"{self._prefix}{seq}")
-        item = _Item(task, gid, tier, seq, time.perf_counter(), turn_budget=domain.budget.turns)
+        budget = (self.budgets or {}).get(task.domain)
+        item = _Item(task, gid, tier, seq, time.perf_counter(), turn_budget=(budget or domain.budget).turns,
+                     max_tokens=budget.tokens if budget else self.params.max_tokens)
         try:
             item.prompt_ids = await self.workers.encode(task.prompt)
             env = make_environment(domain)
@@ -249,43 +256,52 @@ class Pipeline:
 
     def _requests(self, item: _Item) -> list[GenerationRequest]:
         base = None if self.seed is None else stable_hash("group", self.seed, item.group_id, item.attempts.get("generate", 0))
+        params = dataclasses.replace(self.params, max_tokens=item.max_tokens)
         if item.multi_turn and item.trajectories:
             reqs = []
             for i, t in enumerate(item.trajectories):
                 if not t.done:
                     seed = None if base is None else stable_hash(base, i, len(t.turns))
-                    reqs.append(GenerationRequest(t.context(), dataclasses.replace(self.params, n=1, seed=seed), f"{item.group_id}:{i}"))
+                    reqs.append(GenerationRequest(t.context(), dataclasses.replace(params, n=1, seed=seed), f"{item.group_id}:{i}"))
             return reqs
-        return [GenerationRequest(item.prompt_ids, dataclasses.replace(self.params, seed=base), item.group_id)]
+        return [GenerationRequest(item.prompt_ids, dataclasses.replace(params, seed=base), item.group_id)]
 
     async def _generate_worker(self, index: int) -> None:
+        """Each batch is split by token budget, shortest first, one engine call per
+        budget: a 16-token row neither waits for nor pads to a 1024-token one."""
         while not self._closing:
-            batch = await self._take_batch()
-            requests = [self._requests(it) for it in batch]
-            token = next(self._tokens)
-            meter = self.meters["generate"]
-            meter.begin(token)
-            try:
-                flat = [r for rs in requests for r in rs]
-                call = self.workers.generate(flat)
-                outs = await (asyncio.wait_for(call, self.cfg.generate_timeout_s) if self.cfg.generate_timeout_s else call)
-                if len(outs) != len(flat):
-                    raise GenerationError(f"engine returned {len(outs)} groups for {len(flat)} requests")
-            except Exception as exc:
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                meter.end(token, len(batch), error=True)
-                if isinstance(exc, TimeoutError):
-                    exc = GenerationError(f"generation timed out after {self.cfg.generate_timeout_s}s")
-                for it in batch:
-                    await self._retry(it, "generate", exc)
-                continue
-            took = meter.end(token, len(batch))
-            cursor = 0
-            for it, rs in zip(batch, requests):
-                got, cursor = outs[cursor: cursor + len(rs)], cursor + len(rs)
-                it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
-                await self._after_generate(it, got)
+            buckets: dict[int, list[_Item]] = {}
+            for it in await self._take_batch():
+                buckets.setdefault(it.max_tokens, []).append(it)
+            for _, batch in sorted(buckets.items()):
+                await self._generate_bucket(batch)
+
+    async def _generate_bucket(self, batch: list[_Item]) -> None:
+        requests = [self._requests(it) for it in batch]
+        token = next(self._tokens)
+        meter = self.meters["generate"]
+        meter.begin(token)
+        try:
+            flat = [r for rs in requests for r in rs]
+            call = self.workers.generate(flat)
+            outs = await (asyncio.wait_for(call, self.cfg.generate_timeout_s) if self.cfg.generate_timeout_s else call)
+            if len(outs) != len(flat):
+                raise GenerationError(f"engine returned {len(outs)} groups for {len(flat)} requests")
+        except Exception as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            meter.end(token, len(batch), error=True)
+            if isinstance(exc, TimeoutError):
+                exc = GenerationError(f"generation timed out after {self.cfg.generate_timeout_s}s")
+            for it in batch:
+                await self._retry(it, "generate", exc)
+            return
+        took = meter.end(token, len(batch))
+        cursor = 0
+        for it, rs in zip(batch, requests):
+            got, cursor = outs[cursor: cursor + len(rs)], cursor + len(rs)
+            it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
+            await self._after_generate(it, got)
 
     async def _after_generate(self, item: _Item, got: list[list[Completion]]) -> None:
         if not item.multi_turn:
@@ -451,6 +467,9 @@ class Pipeline:
         self.counters["masked_groups"] += 1
         n_samples = len(item.completions) or (len(item.trajectories) if item.trajectories else self.params.n)
         self.counters["masked_rollouts"] += n_samples
+        if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
+            self.counters["masked_execute"] += n_samples
+            self.scheduler.record_verification(item.task.domain, True)
         verdict = Verdict(None, "sandbox" if stage == "execute" and kind == "infra" else kind, f"{type(exc).__name__}: {exc}")
         await self._finish(item, [verdict] * n_samples)
 

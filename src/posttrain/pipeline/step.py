@@ -14,27 +14,31 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Mapping, Sequence
 
-from posttrain.domains.base import stable_hash
+from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PipelineConfig, Runtime
 from posttrain.pipeline.core import Pipeline
 from posttrain.pipeline.scheduler import EventSink, Scheduler
-from posttrain.pipeline.workers import EmbeddedWorkers, Workers
+from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Workers
 from posttrain.rollout import Rollout, informative
 from posttrain.types import SamplingParams, Task
 
 
-def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_address: str | None = None) -> Workers:
-    """Embedded: the engine in a thread, verification in threads or processes.
-    Ray: generation, execution and verification actors on a Ray cluster."""
+def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_address: str | None = None,
+                 execute: ExecuteFn | None = None) -> Workers:
+    """Embedded: the engine in a thread, execution and verification in threads (or
+    verification in processes). Ray: generation, execution and verification actors
+    on a Ray cluster. `execute` (default: each domain's declared execute step on the
+    process-wide sandbox pool) is what the execute stage runs."""
+    execute = execute or DomainExecute()
     if runtime == "ray":
         from posttrain.runtime.ray import RayWorkers
 
-        return RayWorkers.from_engine(engine, config, address=ray_address)
+        return RayWorkers.from_engine(engine, config, address=ray_address, execute=execute)
     source = None
     if config.max_staleness > 0:  # generation overlaps training: it needs its own copy of the weights
         source, engine = engine, detached_copy(engine)
-    return EmbeddedWorkers(engine, verify_processes=config.verify_processes, execute_threads=config.execute_workers,
+    return EmbeddedWorkers(engine, execute, verify_processes=config.verify_processes, execute_threads=config.execute_workers,
                            verify_threads=config.verify_workers, source=source)
 
 
@@ -64,8 +68,11 @@ def trace_events(trace: Any, log: Callable[[str], None]) -> EventSink:
 
 class StepRollouts:
     def __init__(self, config: PipelineConfig, workers: Workers, pool: Any, seed: int,
-                 events: EventSink | None = None, dynamic_sampling: bool = True) -> None:
+                 events: EventSink | None = None, dynamic_sampling: bool = True,
+                 budgets: Mapping[str, Budget] | None = None) -> None:
         self.config = config
+        self.budgets = budgets
+        """Per-domain budgets (tokens per turn, turns); None: the sampling params' max_tokens for all."""
         self.workers = workers
         self.pool = pool
         self.seed = seed
@@ -93,7 +100,8 @@ class StepRollouts:
         seed = stable_hash("rollout", self.seed, step)
         groups: list[list[Rollout]] = []
         replaced = 0
-        async with Pipeline(self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:", seed=seed) as pipe:
+        async with Pipeline(self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:", seed=seed,
+                            budgets=self.budgets) as pipe:
             for round_ in range(self.config.replace_rounds + 1):
                 results = await pipe.run_groups(tasks)
                 new = [list(r.rollouts) for r in results if r is not None]
@@ -145,7 +153,8 @@ class _Ahead:
     async def _serve(self, params: SamplingParams, ready: Any) -> None:
         owner = self.owner
         self._stop = asyncio.Event()
-        async with Pipeline(owner.config, owner.workers, params, owner.scheduler, seed=stable_hash("rollout", owner.seed)) as pipe:
+        async with Pipeline(owner.config, owner.workers, params, owner.scheduler, seed=stable_hash("rollout", owner.seed),
+                            budgets=owner.budgets) as pipe:
             self.pipe = pipe
             ready.set()
             await self._stop.wait()

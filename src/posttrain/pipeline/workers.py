@@ -8,11 +8,12 @@ masked Verdict (kind and message, no score), never reward 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from concurrent.futures import Executor as _PoolExecutor
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from posttrain.errors import classify
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
@@ -49,6 +50,67 @@ result reaches the verifier as Episode.exec_result. It raises SandboxError
 (or any infra error) when the sandbox, not the program, failed."""
 
 
+@dataclass(frozen=True)
+class DomainExecute:
+    """The default ExecuteFn: the domain's declared execute step (`Domain.execute`),
+    its sandbox runs on this process's sandbox pool (configured from `pool`
+    the first time, so a Ray actor configures its own) with each request's
+    limits capped at `max_memory_mb` / `max_wall_s`. None for a domain with no
+    execute step."""
+
+    pool: Any = None
+    """A SandboxConfig for the process-wide pool (None: leave the pool as configured)."""
+    max_memory_mb: int | None = None
+    max_wall_s: float | None = None
+    seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Per-domain budget seconds: a cap on each of the domain's runs (wall and CPU)."""
+
+    def __call__(self, task: Task, completion: Completion) -> Any:
+        from posttrain.domains.registry import get
+
+        domain = get(task.domain)
+        if not domain.executes:
+            return None
+        return domain.execute(task, completion.text, self.runner(task.domain))
+
+    def runner(self, domain: str) -> Callable[[Any], Any]:
+        from posttrain import sandbox
+
+        _configure(self.pool)
+
+        wall = min((x for x in (self.max_wall_s, self.seconds.get(domain)) if x), default=None)
+
+        def run(req: Any) -> Any:
+            return sandbox.run(self.capped(req, wall), domain=domain)
+
+        return run
+
+    def capped(self, req: Any, wall: float | None) -> Any:
+        """`req` with its limits capped at max_memory_mb and `wall` seconds (wall and CPU)."""
+        lim, changes = req.limits, {}
+        if self.max_memory_mb and lim.memory_bytes > self.max_memory_mb << 20:
+            changes["memory_bytes"] = self.max_memory_mb << 20
+        if wall:
+            changes.update({k: wall for k in ("wall_s", "cpu_s") if getattr(lim, k) > wall})
+        return dataclasses.replace(req, limits=dataclasses.replace(lim, **changes)) if changes else req
+
+
+_POOL_CONFIG: list[Any] = [None]
+_POOL_LOCK = threading.Lock()
+
+
+def _configure(config: Any) -> None:
+    """Configure this process's sandbox pool once per distinct config."""
+    if config is None or _POOL_CONFIG[0] == config:
+        return
+    from posttrain import sandbox
+
+    with _POOL_LOCK:
+        if _POOL_CONFIG[0] != config:
+            sandbox.set_pool_config(config)
+            _POOL_CONFIG[0] = config
+
+
 class Workers(Protocol):
     async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]: ...
 
@@ -66,7 +128,7 @@ class EmbeddedWorkers:
     executor and the verifiers in thread pools sized for their stages (asyncio's
     default pool has only cores + 4 threads), or verification in a process pool."""
 
-    def __init__(self, engine: Any, execute: ExecuteFn | None = None, verify_processes: int = 0,
+    def __init__(self, engine: Any, execute: ExecuteFn | None = DomainExecute(), verify_processes: int = 0,
                  verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group,
                  execute_threads: int = 64, verify_threads: int = 16, source: Any = None) -> None:
         self.engine = engine
@@ -108,10 +170,11 @@ class EmbeddedWorkers:
         return await asyncio.get_running_loop().run_in_executor(self._gen_pool, self._generate, requests)
 
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
+        """Each completion's execution result, the group's runs concurrently."""
         if self._execute is None:
             return (None,) * len(completions)
-        run = self._execute
-        return await asyncio.get_running_loop().run_in_executor(self._exec_pool, lambda: tuple(run(task, c) for c in completions))
+        loop = asyncio.get_running_loop()
+        return tuple(await asyncio.gather(*(loop.run_in_executor(self._exec_pool, self._execute, task, c) for c in completions)))
 
     async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
         return await asyncio.get_running_loop().run_in_executor(self._verify_pool, self._verify, task, tuple(episodes))

@@ -44,6 +44,17 @@ class RunData:
                     out.setdefault(domain, []).append((row["step"], float(values[name])))
         return out
 
+    def token_use(self) -> dict[str, dict[str, float]]:
+        """Per domain over the run: its token budget, mean completion tokens and truncated
+        share of its rollouts (averaged over the steps that sampled it)."""
+        acc: dict[str, dict[str, list[float]]] = {}
+        for row in self.train:
+            for key, value in row.items():
+                for field_ in ("tokens_mean", "truncated_share", "token_budget"):
+                    if key.startswith(field_ + "_") and isinstance(value, (int, float)):
+                        acc.setdefault(key[len(field_) + 1:], {}).setdefault(field_, []).append(float(value))
+        return {d: {k: sum(v) / len(v) for k, v in fields.items()} for d, fields in sorted(acc.items())}
+
     def train_series(self, key: str) -> list[tuple[int, float]]:
         return [(r["step"], float(r[key])) for r in self.train if isinstance(r.get(key), (int, float))]
 

@@ -188,6 +188,19 @@ def _probe_table(data: RunData) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _token_table(data: RunData) -> str:
+    """Per domain: token budget per turn, mean completion tokens, share truncated at the budget."""
+    use = data.token_use()
+    if not use:
+        return '<p class="empty">no per-domain token figures in this run</p>'
+    rows = ['<tr><th class="l">domain</th><th>budget (tokens)</th><th>mean tokens</th><th>truncated share</th></tr>']
+    for name, u in use.items():
+        budget = f'{u["token_budget"]:.0f}' if "token_budget" in u else "-"
+        rows.append(f'<tr><td class="l">{html.escape(name)}</td><td>{budget}</td><td>{u.get("tokens_mean", 0.0):.1f}</td>'
+                    f'<td>{u.get("truncated_share", 0.0):.1%}</td></tr>')
+    return "<table>" + "".join(rows) + "</table>"
+
+
 def _summary(data: RunData) -> str:
     steps = data.train[-1]["step"] if data.train else 0
     overhead = [r.get("monitor_s", 0.0) for r in data.monitor]
@@ -241,6 +254,7 @@ def render(data: RunData) -> str:
 <h2>Held-out accuracy</h2>{eval_section(data)}
 <h2>Alarms</h2>{_alarm_table(data)}
 <h2>Reward-hacking probes</h2>{_probe_table(data)}
+<h2>Token use per domain</h2>{_token_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>
 <h2>Config</h2><pre>{html.escape(data.config)}</pre>
 </body></html>

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PipelineConfig
-from posttrain.pipeline.workers import ExecuteFn, Verdict, verify_group
+from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, verify_group
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Task
 
 
@@ -64,7 +64,7 @@ class RayWorkers:
     """The pipeline's Workers backed by Ray actors (a local or a remote cluster)."""
 
     def __init__(self, config: PipelineConfig, factory: Callable[[], Any], encoder: Any,
-                 execute: ExecuteFn | None = None, address: str | None = None, state_source: Any = None) -> None:
+                 execute: ExecuteFn | None = DomainExecute(), address: str | None = None, state_source: Any = None) -> None:
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - ray is in the scale extra
@@ -84,7 +84,7 @@ class RayWorkers:
 
     @classmethod
     def from_engine(cls, engine: Any, config: PipelineConfig, address: str | None = None,
-                    execute: ExecuteFn | None = None) -> "RayWorkers":
+                    execute: ExecuteFn | None = DomainExecute()) -> "RayWorkers":
         """Generation actors running the same HF engine on a copy of `engine`'s weights."""
         if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")

@@ -29,6 +29,15 @@ class DomainSpec(BaseModel):
     """Bring your own tasks: a JSONL, CSV or Parquet file or a `datasets` directory read as this
     domain (the key is its name); None names a registered domain (built-in or plugin)."""
 
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    """Tokens per turn for this domain (None: the domain's declared budget, `posttrain domains`)."""
+
+    max_turns: int | None = Field(None, ge=1, le=10_000)
+    """Turns per episode of a multi-turn domain (None: its declared budget)."""
+
+    max_seconds: float | None = Field(None, gt=0.0, le=86_400.0)
+    """Seconds per episode (None: its declared budget)."""
+
     verifier: VerifierSpec | None = None
     """How a `source` domain is scored: a verifier by name with parameters (default: exact).
     Only for `source` domains; registered domains keep their own verifier."""

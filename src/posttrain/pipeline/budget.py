@@ -1,0 +1,32 @@
+"""Per-domain budgets: tokens per turn, turns and seconds for each domain of a run.
+
+Invariant: a domain's budget is its declaration (`Domain.budget`), each field
+replaced where `tasks.domains.<name>` sets it (max_tokens, max_turns,
+max_seconds), and its tokens then capped by the run-wide cap when one is set
+(`rollout.max_tokens` in training, `eval.max_tokens` in evaluation); training
+and evaluation resolve budgets with this one function, so a domain is
+evaluated with the budget it is trained with.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+from posttrain.domains.base import Budget
+
+
+def domain_budget(domain: Any, spec: Any = None, cap: int | None = None) -> Budget:
+    """One domain's effective budget (`spec`: its tasks.domains entry, or None)."""
+    b = domain.budget
+    tokens = getattr(spec, "max_tokens", None) or b.tokens
+    turns = getattr(spec, "max_turns", None) or b.turns
+    seconds = getattr(spec, "max_seconds", None) or b.seconds
+    return dataclasses.replace(b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds)
+
+
+def domain_budgets(names: Iterable[str], specs: Mapping[str, Any] | None = None, cap: int | None = None) -> dict[str, Budget]:
+    """Effective budgets of the named registered domains."""
+    from posttrain.domains.registry import get
+
+    specs = specs or {}
+    return {n: domain_budget(get(n), specs.get(n), cap) for n in names}
