@@ -134,3 +134,24 @@ def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_pa
         runs[runtime] = sorted((r["group_id"], r["task_id"], r["completion"], r["reward"], r["model_version"]) for r in rows)
     assert len(runs["ray"]) == 2 * 4 * 4
     assert runs["ray"] == runs["embedded"]  # step 2 samples from weights pushed to the actor after step 1
+
+
+def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):
+    # the cluster started before the file domain existed: the actors learn it from their runtime_env
+    import json
+
+    from posttrain.config import load_config
+    from posttrain.loop import train
+    from posttrain.trace import TraceStore
+
+    rows = [{"q": f"{a}-{b}=", "a": str(a - b)} for a in range(10, 60) for b in range(3)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_tokens=6",
+                             "eval.tasks_per_domain=2", "eval.max_tokens=6", "eval.samples=0", "run.threads=1",
+                             "run.progress=false", "monitor.report=false", "run.steps=1", "runtime=ray",
+                             f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=ray-file",
+                             "tasks.domains={add: {difficulty: 1}, mine: {source: {path: %s, fields: {prompt: q, answer: a}}, "
+                             "verifier: numeric}}" % (tmp_path / "q.jsonl")])
+    result = train(cfg, log=lambda *_: None)
+    mine = [r for r in TraceStore(result.run_dir / "trace.db").recent(100) if r["domain"] == "mine"]
+    assert mine and all(r["reward"] is not None and r["error_kind"] is None for r in mine)

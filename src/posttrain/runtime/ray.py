@@ -6,13 +6,17 @@ the requests carry their seeds; the verifier actor calls the same
 `verify_group`), so a run's rollouts do not depend on the runtime; actors
 restart when they die (the call in flight fails as an infra error, which
 the pipeline retries), and weights reach the generation actors whenever the
-driver's engine version moves.
+driver's engine version moves. File domains (`tasks.domains.NAME.source`)
+reach the execution and verification actors as their specs in the actors'
+environment; the files themselves must be readable at the same path on every node.
 """
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any, Callable, Sequence
 
+from posttrain.domains.registry import SOURCE_ENV
 from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, verify_group
@@ -73,10 +77,12 @@ class RayWorkers:
         self._owns = not ray.is_initialized()
         if self._owns:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-        opts = {"max_restarts": -1, "num_cpus": 0}
+        opts: dict[str, Any] = {"max_restarts": -1, "num_cpus": 0}
+        sources = os.environ.get(SOURCE_ENV)  # file domains: actors rebuild them by name from their specs
+        scoring = {**opts, "runtime_env": {"env_vars": {SOURCE_ENV: sources}}} if sources else opts
         self.generators = [ray.remote(GenerationWorker).options(**opts).remote(factory) for _ in range(config.generate_workers)]
-        self.executors = [ray.remote(ExecutionWorker).options(**opts).remote(execute) for _ in range(config.execute_workers)]
-        self.verifiers = [ray.remote(VerifierWorker).options(**opts).remote() for _ in range(config.verify_workers)]
+        self.executors = [ray.remote(ExecutionWorker).options(**scoring).remote(execute) for _ in range(config.execute_workers)]
+        self.verifiers = [ray.remote(VerifierWorker).options(**scoring).remote() for _ in range(config.verify_workers)]
         self._rr = {k: itertools.cycle(v) for k, v in (("g", self.generators), ("e", self.executors), ("v", self.verifiers))}
         self.encoder = encoder
         self._source = state_source
