@@ -4,7 +4,6 @@ field-level F1 for documents."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

@@ -79,10 +79,15 @@ def wheel_python(tmp_path_factory) -> str:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, proj / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(work / "dist"), str(proj)], check=True)
+    subprocess.run(
+        pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(work / "dist"), str(proj)],
+        check=True,
+    )
     (wheel,) = (work / "dist").glob("posttrain-*.whl")
     venv = work / "venv"
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True
+    )
     python = str(venv / "bin" / "python")
     subprocess.run(pip + ["--python", python, "install", "--no-deps", "--no-index", str(wheel)], check=True)
     site = next(venv.glob("lib/python3*/site-packages"))

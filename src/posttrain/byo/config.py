@@ -32,7 +32,9 @@ class Strict(BaseModel):
         if isinstance(data, dict):
             unknown = sorted(set(map(str, data)) - set(cls.model_fields))
             if unknown:
-                raise ValueError(f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(cls.model_fields))}")
+                raise ValueError(
+                    f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(cls.model_fields))}"
+                )
         return data
 
 Format = Literal["auto", "jsonl", "csv", "parquet", "datasets"]
@@ -71,13 +73,22 @@ class FieldMap(Strict):
         return data
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> "FieldMap":
+    def _one_prompt(self) -> FieldMap:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("fields: set exactly one of prompt and messages")
         return self
 
     def columns(self) -> list[str]:
-        named = [self.prompt, self.messages, self.answer, self.system, self.difficulty, self.id, self.split, self.cheats]
+        named = [
+            self.prompt,
+            self.messages,
+            self.answer,
+            self.system,
+            self.difficulty,
+            self.id,
+            self.split,
+            self.cheats,
+        ]
         return [c for c in named if c] + list(self.metadata)
 
 
@@ -125,9 +136,11 @@ class SourceConfig(Strict):
         return v
 
     @model_validator(mode="after")
-    def _splits(self) -> "SourceConfig":
+    def _splits(self) -> SourceConfig:
         if set(self.train_values) & set(self.eval_values):
-            raise ValueError(f"train_values and eval_values overlap: {sorted(set(self.train_values) & set(self.eval_values))}")
+            raise ValueError(
+                f"train_values and eval_values overlap: {sorted(set(self.train_values) & set(self.eval_values))}"
+            )
         return self
 
 
@@ -208,7 +221,7 @@ class SqlParams(_Params):
     """Compare rows in order (false: as a multiset)."""
 
     @model_validator(mode="after")
-    def _one_db(self) -> "SqlParams":
+    def _one_db(self) -> SqlParams:
         if (self.database is None) == (self.setup_field is None):
             raise ValueError("sql verifier: set exactly one of database and setup_field")
         return self
@@ -230,7 +243,7 @@ class CodeParams(_Params):
     """Time limit of one test."""
 
     @model_validator(mode="after")
-    def _one_entry(self) -> "CodeParams":
+    def _one_entry(self) -> CodeParams:
         if (self.entry is None) == (self.entry_field is None):
             raise ValueError("code verifier: set exactly one of entry and entry_field")
         return self
@@ -316,7 +329,7 @@ class PartSpec(Strict):
 
     model_config = _STRICT
 
-    verifier: "VerifierSpec"
+    verifier: VerifierSpec
     """The part's verifier."""
     weight: float = Field(1.0, gt=0.0)
     """Its weight (normalised over the parts)."""
@@ -373,7 +386,7 @@ class VerifierSpec(BaseModel):
         return dict(self.model_extra or {})
 
     @model_validator(mode="after")
-    def _check_builtin(self) -> "VerifierSpec":
+    def _check_builtin(self) -> VerifierSpec:
         model = BUILTIN_PARAMS.get(self.name)
         if model is not None:
             try:

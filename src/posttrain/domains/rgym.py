@@ -82,7 +82,7 @@ class RGymVerifier:
     name = "reasoning_gym"
     version = "1"
 
-    def __init__(self, domain: "RGymDomain") -> None:
+    def __init__(self, domain: RGymDomain) -> None:
         self.domain = domain
 
     def score(self, task: Task, episode: Episode) -> Score:
@@ -159,7 +159,9 @@ class RGymDomain(Domain):
             domain=self.name,
             prompt=(Message("user", prompt),),
             reference={"answer": gold_answer(self.generator, item), "item": idx, "level": difficulty},
-            meta=TaskMeta(split=split, difficulty=difficulty, source="reasoning-gym", taskset_version=self.taskset_version),
+            meta=TaskMeta(
+                split=split, difficulty=difficulty, source="reasoning-gym", taskset_version=self.taskset_version
+            ),
         )
 
     def _gold_passes(self, difficulty: int, item: dict[str, Any]) -> bool:
@@ -213,7 +215,10 @@ class _ItemTimeout(Exception):
 def _time_limit(seconds: float):
     """Interrupt the block after `seconds` (SIGALRM; only on the main thread and
     only when no other interval timer is running, else no limit)."""
-    usable = threading.current_thread() is threading.main_thread() and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    usable = threading.current_thread() is threading.main_thread() and signal.getitimer(signal.ITIMER_REAL) == (
+        0.0,
+        0.0,
+    )
     if not usable:
         yield
         return

@@ -9,8 +9,9 @@ model's own tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from posttrain.types import Completion, FinishReason, Message, Task, Turn
 

@@ -43,7 +43,7 @@ class DomainSpec(BaseModel):
     Only for `source` domains; registered domains keep their own verifier."""
 
     @model_validator(mode="after")
-    def _verifier_needs_source(self) -> "DomainSpec":
+    def _verifier_needs_source(self) -> DomainSpec:
         if self.verifier is not None and self.source is None:
             raise ValueError("verifier is only for a domain with a source (a registered domain keeps its own verifier)")
         return self
@@ -76,7 +76,7 @@ class CurriculumConfig(BaseModel):
     """Share of a domain's draws from the hard tier (the level above the frontier); the rest is the frontier itself."""
 
     @model_validator(mode="after")
-    def _check(self) -> "CurriculumConfig":
+    def _check(self) -> CurriculumConfig:
         if self.warmup_share + self.hard_share > 1.0:
             raise ValueError("curriculum.warmup_share + curriculum.hard_share must be <= 1")
         if self.demote_at >= self.promote_at:
@@ -139,7 +139,7 @@ class TasksConfig(BaseModel):
     """Eval difficulty of a domain with no fixed difficulty before the curriculum has moved (clipped to its levels)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "TasksConfig":
+    def _check(self) -> TasksConfig:
         if not self.domains:
             raise ValueError("tasks.domains must name at least one domain")
         for key, spec in self.domains.items():

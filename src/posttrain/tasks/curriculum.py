@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from posttrain.tasks.config import CurriculumConfig
 

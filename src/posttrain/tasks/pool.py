@@ -14,7 +14,8 @@ import fnmatch
 import json
 import math
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from posttrain.domains.base import Domain, stable_hash, stable_rng
 from posttrain.errors import TaskError
