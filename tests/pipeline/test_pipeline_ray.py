@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.ray
-
 from posttrain.domains.registry import get
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
 from posttrain.types import SamplingParams
+
+pytestmark = pytest.mark.ray
 
 CFG = PipelineConfig(generate_workers=1, execute_workers=2, verify_workers=2, backoff_s=0.01, max_retries=3)
 

@@ -35,7 +35,7 @@ def make_environment(domain: Any) -> Environment | None:
     made = domain.environment()
     if made is None:
         return None
-    env = made() if isinstance(made, type) or not hasattr(made, "reset") else made
+    env: Environment = made() if isinstance(made, type) or not hasattr(made, "reset") else made
     if not (hasattr(env, "reset") and hasattr(env, "step")):
         raise TypeError(f"domain {domain.name}: environment() gave {type(env).__name__}, which has no reset/step")
     return env

@@ -92,7 +92,7 @@ def parse_call(action: str) -> tuple[str, Any] | str:
     text = (found[-1] if found else action).strip()
     try:
         obj = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return f"malformed tool call: not JSON ({exc.msg})"
     if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
         return 'malformed tool call: expected {"tool": name, "arguments": {...}}'

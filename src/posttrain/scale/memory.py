@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
@@ -21,7 +21,7 @@ _AUTO_MEMORY_SHARE = 0.6
 """Share of the free CUDA memory an auto-sized micro-batch may plan to use."""
 
 
-def autocast(device: torch.device, precision: str) -> ContextManager[Any]:
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
     """torch.autocast(bfloat16) for `bf16_autocast`, else a no-op."""
     if precision == "float32":
         return contextlib.nullcontext()

@@ -19,7 +19,7 @@ from typing import Any
 
 from posttrain.domains.base import Domain, stable_hash, stable_rng
 from posttrain.errors import TaskError
-from posttrain.tasks.config import TasksConfig
+from posttrain.tasks.config import DomainSpec, TasksConfig
 from posttrain.tasks.curriculum import Curriculum
 from posttrain.tasks.drift import DriftGuard
 from posttrain.tasks.hygiene import prompt_key
