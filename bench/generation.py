@@ -130,7 +130,8 @@ def main() -> None:
                 for i, p in enumerate(prompts)]
     params = sum(p.numel() for p in model.parameters())
     print(
-        f"model {args.model or args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x G={args.group}, "
+        f"model {args.model or args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x "
+        f"G={args.group}, "
         f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens, max_tokens {args.max_tokens}, "
         f"best of {args.repeats}"
     )

@@ -97,10 +97,12 @@ def main() -> None:
     if kl_ms is not None:
         every = load_config("configs/default.yaml").monitor.kl.every_steps
         print(
-            f"KL measurement (tiny model)    {kl_ms['kl']:7.2f} ms   (every {every} steps: {kl_ms['kl'] / every:.2f} ms/step)"
+            f"KL measurement (tiny model)    {kl_ms['kl']:7.2f} ms   (every {every} steps: {kl_ms['kl'] / every:.2f} "
+            "ms/step)"
         )
         print(
-            f"trainer step on the same batch {kl_ms['train_step']:7.2f} ms   (KL / train step = {kl_ms['kl'] / kl_ms['train_step']:.2f})"
+            f"trainer step on the same batch {kl_ms['train_step']:7.2f} ms   (KL / train step = "
+            f"{kl_ms['kl'] / kl_ms['train_step']:.2f})"
         )
     print(f"peak RSS {rss:.0f} MiB")
 

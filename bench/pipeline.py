@@ -95,7 +95,12 @@ def run_sync(engine, steps, params, execute, cfg):
         order = sorted(
             range(len(tasks)), key=lambda i: tasks[i].domain != LONG_DOMAIN
         )  # long first, as the pipeline does
-        runs = list(ex.map(lambda i, tasks=tasks, groups=groups: timed(lambda: tuple(execute(tasks[i], c) for c in groups[i])), order))
+        runs = list(
+            ex.map(
+                lambda i, tasks=tasks, groups=groups: timed(lambda: tuple(execute(tasks[i], c) for c in groups[i])),
+                order,
+            )
+        )
         totals["execute"] += sum(r[0] for r in runs)
         eps = [[Episode(c.text, finish_reason=c.finish_reason) for c in g] for g in groups]
         verdicts = list(vx.map(lambda te: timed(verify_group, te[0], te[1]), zip(tasks, eps)))

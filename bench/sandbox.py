@@ -219,7 +219,8 @@ def main() -> None:
     meter.close()
 
     print(
-        f"{args.n} solution+unittest programs, concurrency {args.concurrency}, {os.cpu_count()} cores; CPU from {meter.source}"
+        f"{args.n} solution+unittest programs, concurrency {args.concurrency}, {os.cpu_count()} cores; CPU from "
+        f"{meter.source}"
     )
     print(f"{'backend':34s} {'ok':>7s} {'tasks/s':>8s} {'CPU ms/task':>12s}")
     for r in rows:
@@ -230,7 +231,8 @@ def main() -> None:
     print(f"peak RSS of a warm worker (VmHWM): {worker_rss / 1024:.1f} MiB (target < 50)")
     print()
     print(
-        f"{args.code_n} code tasks judged end to end (reference solutions, {len(load_tasks())} tasks in turn), concurrency {args.concurrency}"
+        f"{args.code_n} code tasks judged end to end (reference solutions, {len(load_tasks())} tasks in turn), "
+        f"concurrency {args.concurrency}"
     )
     print(f"{'judge':34s} {'passed':>7s} {'tasks/s':>8s} {'CPU ms/task':>12s}")
     for r in code_rows:
@@ -238,10 +240,12 @@ def main() -> None:
     new_r, old_r, bwc_r = code_rows
     print(f"code tasks/s new judge / old judge (warm): {new_r['tasks_per_s'] / old_r['tasks_per_s']:.2f}x")
     print(
-        f"code tasks/s new judge warm / new judge one-shot bwrap: {new_r['tasks_per_s'] / bwc_r['tasks_per_s']:.2f}x (target >= 3)"
+        f"code tasks/s new judge warm / new judge one-shot bwrap: {new_r['tasks_per_s'] / bwc_r['tasks_per_s']:.2f}x "
+        "(target >= 3)"
     )
     print(
-        f"peak RSS of a warm worker (VmHWM) after the new judge: {rss_new / 1024:.1f} MiB; after the old judge too: {rss_old / 1024:.1f} MiB"
+        f"peak RSS of a warm worker (VmHWM) after the new judge: {rss_new / 1024:.1f} MiB; after the old judge too: "
+        f"{rss_old / 1024:.1f} MiB"
     )
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB")
 

@@ -112,10 +112,12 @@ def speed(args: argparse.Namespace) -> None:
           f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}")
     print("tok/s: wall clock; cpu tok/s: per CPU-second of this process (robust to other load on the machine)")
     print(
-        f"{'tier / mode':52s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} {'tok/fwd':>7s}  acceptance"
+        f"{'tier / mode':52s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} "
+        f"{'tok/fwd':>7s}  acceptance"
     )
     print(
-        f"{'standard (HFEngine, one request at a time)':52s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} {'-':>10s} {'1.00':>7s}"
+        f"{'standard (HFEngine, one request at a time)':52s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} "
+        f"{'-':>10s} {'1.00':>7s}"
     )
     rows = {"standard": {"tok_s": base_tps}}
     for name, eng in modes.items():
@@ -137,7 +139,8 @@ def speed(args: argparse.Namespace) -> None:
         outs = standard.generate(reqs)
         tps = sum(len(g[0].token_ids) for g in outs) / (time.perf_counter() - t0)
         print(
-            f"{'standard, all prompts in one batch':52s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not per stream)"
+            f"{'standard, all prompts in one batch':52s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not "
+            "per stream)"
         )
     if args.gate_tasks:
         gate(model, tok, args.gate_tasks)
@@ -277,7 +280,8 @@ def load_test(args: argparse.Namespace) -> None:
         tl = [r[1] for r in results if r[0] == tier]
         tt = [r[2] for r in results if r[0] == tier]
         print(
-            f"  served by {tier:8s} ({len(tl):3d}): latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 {pct(tl, 0.99) * 1000:.0f} ms; "
+            f"  served by {tier:8s} ({len(tl):3d}): latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 "
+            f"{pct(tl, 0.99) * 1000:.0f} ms; "
             f"TTFT p50 {pct(tt, 0.5) * 1000:.0f} ms p99 {pct(tt, 0.99) * 1000:.0f} ms"
         )
     sizes = [

@@ -152,7 +152,8 @@ def byo(args: argparse.Namespace) -> None:
     rm = _reward_model(tmp)
     v = build_verifier(VerifierSpec.model_validate({"name": "reward_model", "path": rm}))
     print(
-        f"{'reward_model (micro, CPU, 1 thread)':<38} {n // 4:>7} {_rate(v, [(_task('9'), ep('9'), ep('x'))], n // 4):>9.1f}"
+        f"{'reward_model (micro, CPU, 1 thread)':<38} {n // 4:>7} "
+        f"{_rate(v, [(_task('9'), ep('9'), ep('x'))], n // 4):>9.1f}"
     )
     _judge(tmp, n)
 

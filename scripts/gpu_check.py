@@ -232,7 +232,8 @@ def main() -> int:
     loop = results.get("loop", {})
     if loop:
         print(
-            f"\n{results['gpu']} | {results['parameters']:,} parameters | generation {loop['gen_tokens_per_s']:.0f} tok/s "
+            f"\n{results['gpu']} | {results['parameters']:,} parameters | generation {loop['gen_tokens_per_s']:.0f} "
+            "tok/s "
             f"| {loop['train_s_per_step']:.2f} s/train step | peak memory {loop['peak_memory_bytes'] / 2**30:.2f} GiB"
         )
         print(

@@ -71,7 +71,8 @@ def test_domains_lists_shows_and_checks_a_configs_source_domains(tmp_path, capsy
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        f"tasks:\n  domains:\n    mine: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: numeric}}\n"
+        f"tasks:\n  domains:\n    mine: {{source: {{path: {path}, "
+        "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: numeric}\n"
     )
     assert main(["domains", "--config", str(cfg), "--json", "--no-sample"]) == 0
     row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mine")

@@ -44,7 +44,8 @@ def test_plugin_is_listed_and_trains(installed, tmp_path, micro_base):
     cfg = tmp_path / "plug.yaml"
     cfg.write_text(
         "tasks:\n  domains:\n    plug_double: {}\n"
-        f"    ends: {{source: {{path: {data}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: {{name: last_digit}}}}\n"
+        f"    ends: {{source: {{path: {data}, "
+        "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: {name: last_digit}}\n"
         "rollout: {prompts_per_step: 4, group_size: 4, max_tokens: 6}\neval: {tasks_per_domain: 4, max_tokens: 6}\n"
         f"run: {{steps: 2, threads: 1, progress: false, checkpoint_every: 0, out_dir: {tmp_path}, name: plug}}\n"
         f"model: {{path: {micro_base}}}\nmonitor: {{report: false}}\n"

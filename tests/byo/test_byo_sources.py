@@ -209,7 +209,10 @@ def test_messages_system_prompt_and_template(tmp_path):
 
 
 def test_difficulty_column_drives_the_curriculum_levels(files):
-    spec = f"{{mine: {{source: {{path: {files['jsonl']}, fields: {{prompt: q, answer: a, difficulty: lvl}}}}, verifier: numeric}}}}"
+    spec = (
+        f"{{mine: {{source: {{path: {files['jsonl']}, "
+        "fields: {prompt: q, answer: a, difficulty: lvl}}, verifier: numeric}}"
+    )
     pool = TaskPool(load_config(None, [f"tasks.domains={spec}"]).tasks, seed=0)
     assert pool.domains["mine"].levels == 2
     for t in pool.draw(20):

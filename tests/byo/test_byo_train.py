@@ -86,7 +86,10 @@ def test_verification_in_worker_processes_rebuilds_the_file_domain(tmp_path, mic
     from posttrain.loop import train
 
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
-    domains = f"{{procs: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: numeric}}}}"
+    domains = (
+        f"{{procs: {{source: {{path: {path}, "
+        "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: numeric}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, "procs", domains, "run.steps=1", "pipeline.verify_processes=1"),
                    log=lambda *_: None)
     got = TraceStore(result.run_dir / "trace.db").recent(100)

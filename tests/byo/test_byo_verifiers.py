@@ -67,7 +67,8 @@ def test_sql_result_set_on_a_file_and_on_setup(tmp_path):
     db = tmp_path / "shop.db"
     con = sqlite3.connect(db)
     con.executescript(
-        "CREATE TABLE p (id INTEGER, name TEXT, price REAL); INSERT INTO p VALUES (1,'pen',2.5),(2,'ink',9),(3,'cap',1);"
+        "CREATE TABLE p (id INTEGER, name TEXT, price REAL); INSERT INTO p VALUES "
+        "(1,'pen',2.5),(2,'ink',9),(3,'cap',1);"
     )
     con.commit()
     con.close()

@@ -45,7 +45,8 @@ def test_missing_hole_fails_genus_but_keeps_partial_credit():
     x, y, z = task.reference["checks"]["bbox"]
     body = (
         f"import numpy as np\nfrom manifold3d import Manifold\nshape = Manifold.cube([{x}, {y}, {z}])\n"
-        + "mesh = shape.to_mesh()\nnp.savez('out.npz', vertices=np.asarray(mesh.vert_properties)[:, :3], faces=np.asarray(mesh.tri_verts))"
+        + "mesh = shape.to_mesh()\nnp.savez('out.npz', vertices=np.asarray(mesh.vert_properties)[:, :3], "
+          "faces=np.asarray(mesh.tri_verts))"
     )
     s = d.score(task, Episode(f"```python\n{body}\n```"))
     assert s.parts["genus"] == 0.0 and s.parts["bbox"] == 1.0 and 0.0 < s.value < 1.0 and not s.passed

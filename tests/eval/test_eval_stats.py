@@ -9,7 +9,8 @@ from posttrain.evaluate.stats import maj_at_k, mcnemar_p, paired_deltas, pass_at
 
 
 def test_wilson_matches_hand_derivation():
-    # k=8, n=10, z=1.96: centre = (0.8 + 1.9208/10) / 1.38416 = 0.71672; half = 1.96*sqrt(0.016 + 0.009604)/1.38416 = 0.22656
+    # k=8, n=10, z=1.96: centre = (0.8 + 1.9208/10) / 1.38416 = 0.71672;
+    # half = 1.96*sqrt(0.016 + 0.009604)/1.38416 = 0.22656
     lo, hi = wilson(8, 10)
     assert lo == pytest.approx(0.49016, abs=2e-4) and hi == pytest.approx(0.94330, abs=2e-4)
     assert (

@@ -1,4 +1,5 @@
-"""The monitor in real training runs on the micro base: planted hackable verifier, planted entropy collapse, report, explain.
+"""The monitor in real training runs on the micro base: planted hackable verifier, planted entropy
+collapse, report, explain.
 
 No test here depends on where a training trajectory happens to go: the collapse is planted
 (`plant_collapse`: from a fixed step the policy's logits are sharpened ~50x), so the alarm

@@ -250,8 +250,10 @@ SCRIPT_CHEATS = {
     "fake_success": "import os, sys\nprint('All tests passed.')\nsys.stdout.flush()\nos._exit(0)\n",
     "equal_to_anything": "class A:\n    def __eq__(self, other): return True\ndef f(x): return A()\n",
     "int_subclass": "class T(int):\n    def __eq__(self, other): return True\ndef f(x): return T(0)\n",
-    "read_tests": "import gc, glob, os\nSEEN = [open(p, errors='replace').read() for p in glob.glob('/task/*') + glob.glob('/tmp/*')]\n"
-    "def f(x):\n    return [s for s in SEEN if 'expected' in s] or [o for o in gc.get_objects() if isinstance(o, str) and 'expected' in o]\n",
+    "read_tests": "import gc, glob, os\nSEEN = [open(p, errors='replace').read() for p in glob.glob('/task/*') + "
+                  "glob.glob('/tmp/*')]\n"
+    "def f(x):\n    return [s for s in SEEN if 'expected' in s] or [o for o in gc.get_objects() if isinstance(o, str) "
+    "and 'expected' in o]\n",
 }
 
 
@@ -394,7 +396,8 @@ def test_inputs_are_isolated_and_one_bad_input_does_not_sink_the_others():
     counter = "CALLS = []\ndef f(x):\n    CALLS.append(x)\n    return len(CALLS) - 1 + x\n"
     assert [o.value for o in execute(ref, counter).outputs] == [0, 1, 2, 3, 4, 5]
     bad = (
-        "import os, threading, time\ndef f(x):\n    if x == 1:\n        while True: pass\n    if x == 2:\n        os._exit(3)\n"
+        "import os, threading, time\ndef f(x):\n    if x == 1:\n        while True: pass\n    if x == 2:\n        "
+        "os._exit(3)\n"
         "    if x == 3:\n        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    return x\n"
     )
     outs = execute(ref, bad).outputs

@@ -42,8 +42,11 @@ PROBE = textwrap.dedent("""
         dirs[:] = [d for d in dirs if os.path.join(top, d) not in ("/proc", "/sys", "/dev")]
         for name in files:
             path = os.path.join(top, name)
-            wanted = any(k in path for k in ("posttrain", "/src/", "/domains/", "/venv")) or name in ("tasks.json", "checker.py", "harness.py")
-            if not wanted or os.path.islink(path) or os.path.realpath(path) == own or not name.endswith((".json", ".py", ".txt", ".md", ".pth")):
+            wanted = any(k in path for k in ("posttrain", "/src/", "/domains/", "/venv"))
+            wanted = wanted or name in ("tasks.json", "checker.py", "harness.py")
+            if not wanted or os.path.islink(path) or os.path.realpath(path) == own:
+                continue
+            if not name.endswith((".json", ".py", ".txt", ".md", ".pth")):
                 continue
             try:
                 with open(path, errors="replace") as fh:

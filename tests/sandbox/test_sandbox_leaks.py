@@ -350,7 +350,8 @@ def walk(p) -> dict[str, set[str]]:
     a small permutation, turns up in unrelated files): {path: {task, ...}}."""
     needles, sizes = grep_needles()
     cmd = (
-        "find / \\( -path /proc -o -path /sys -o -path /dev -o -path /task \\) -prune -o -type f -size -4M -readable -print0 "
+        "find / \\( -path /proc -o -path /sys -o -path /dev -o -path /task \\) -prune -o -type f -size -4M -readable "
+        "-print0 "
         "| xargs -0 -r grep -F -o -a -H -f /task/needles.txt | sort -u > /task/hits; true"
     )
     req = sandbox.ExecRequest(

@@ -168,7 +168,8 @@ def test_bwrap_has_no_network_and_read_only_root():
     with sb.Pool(sb.SandboxConfig(backend="bwrap", workers=1)) as p:
         res = p.run(
             sh(
-                "touch /usr/x 2>/dev/null && echo WROTE; cat /sys/class/net/*/operstate 2>/dev/null | tr '\\n' ' '; id -u"
+                "touch /usr/x 2>/dev/null && echo WROTE; cat /sys/class/net/*/operstate 2>/dev/null | tr '\\n' ' '; id "
+                "-u"
             )
         )
         assert "WROTE" not in res.text and res.text.split()[-1] != "0"

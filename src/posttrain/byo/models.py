@@ -128,7 +128,8 @@ class JudgeCache:
                 "PRAGMA synchronous=NORMAL"
             )  # WAL: a commit is durable at the next checkpoint, no fsync per call
             self._db.execute(
-                "CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, version TEXT, value REAL, raw TEXT, created_at REAL)"
+                "CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, version TEXT, value REAL, raw TEXT, "
+                "created_at REAL)"
             )
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS judge_calls (id INTEGER PRIMARY KEY, key TEXT, version TEXT, task_id TEXT, "
@@ -153,7 +154,8 @@ class JudgeCache:
             error: str, latency_s: float, request: str) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO judge_calls (key, version, task_id, cached, value, raw, error, latency_s, request, created_at) "
+                "INSERT INTO judge_calls (key, version, task_id, cached, value, raw, error, latency_s, request, "
+                "created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key, version, task_id, int(cached), value, raw, error, latency_s, request, time.time()),
             )

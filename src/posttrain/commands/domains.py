@@ -103,7 +103,8 @@ def hygiene(args: argparse.Namespace) -> int:
 
     names = args.names or ["add", "sub", "mul", "reverse", "sort"]
     print(
-        f"{'DOMAIN':<30} {'TRAIN':>6} {'EXACT_DUP':>9} {'NORM_DUP':>8} {'EVAL':>5} {'IN_TRAIN':>8} {'CONTAM':>6} {'MAX_OV':>6}"
+        f"{'DOMAIN':<30} {'TRAIN':>6} {'EXACT_DUP':>9} {'NORM_DUP':>8} {'EVAL':>5} {'IN_TRAIN':>8} {'CONTAM':>6} "
+        f"{'MAX_OV':>6}"
     )
     for name in names:
         d = get(name)

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(res.stdout.decode("utf-8", "replace"))
     sys.stderr.write(res.stderr.decode("utf-8", "replace"))
     print(
-        f"[{res.backend}] status={res.status} exit={res.exit_code} signal={res.signal} cpu={res.cpu_s:.3f}s wall={res.wall_s:.3f}s"
+        f"[{res.backend}] status={res.status} exit={res.exit_code} signal={res.signal} cpu={res.cpu_s:.3f}s "
+        f"wall={res.wall_s:.3f}s"
         + (f" error={res.error}" if res.error else ""),
         file=sys.stderr,
     )

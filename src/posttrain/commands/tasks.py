@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         domain = source_domain(name, spec, check=False)
         rep = inspect(domain, args.gold, tokenizer)
         print(
-            f"{name}: {rep.path} | verifier {domain.spec.name} | {rep.rows} rows: {rep.train} train, {rep.eval} held-out, "
+            f"{name}: {rep.path} | verifier {domain.spec.name} | {rep.rows} rows: {rep.train} train, {rep.eval} "
+            "held-out, "
             f"{len(rep.bad)} bad, {rep.skipped} skipped (split value neither train nor held-out) | levels {rep.levels}"
         )
         print(f"  duplicates: {rep.duplicates} exact, {rep.near_duplicates} near (same words, other punctuation/case)")

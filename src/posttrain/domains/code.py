@@ -356,25 +356,31 @@ def ENTRY(*args):
     return None
 '''
 _FRAMES = (
-    "def SOURCE():\n    f, out = sys._getframe(), []\n    while f is not None:\n        out += list(_texts(dict(f.f_locals)))\n"
+    "def SOURCE():\n    f, out = sys._getframe(), []\n    while f is not None:\n        out += "
+    "list(_texts(dict(f.f_locals)))\n"
     "        f = f.f_back\n    return out\n"
 )
 _GC = "def SOURCE():\n    return [t for o in gc.get_objects() if isinstance(o, dict) for t in _texts(o, 3)]\n"
 _MEM = (
     "def SOURCE():\n    out = []\n    for pid in ('self', str(os.getppid())):\n        try:\n"
-    "            maps, mem = open(f'/proc/{pid}/maps'), open(f'/proc/{pid}/mem', 'rb')\n        except OSError:\n            continue\n"
+    "            maps, mem = open(f'/proc/{pid}/maps'), open(f'/proc/{pid}/mem', 'rb')\n        except OSError:\n      "
+    "      continue\n"
     "        for line in maps:\n            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
     "            if 'rw' not in line.split()[1]:\n                continue\n            try:\n"
-    "                mem.seek(lo)\n                out.append(mem.read(hi - lo).decode('latin-1'))\n            except (OSError, ValueError, OverflowError):\n"
+    "                mem.seek(lo)\n                out.append(mem.read(hi - lo).decode('latin-1'))\n            except "
+    "(OSError, ValueError, OverflowError):\n"
     "                pass\n    return out\n"
 )
 _FILES = (
-    "def SOURCE():\n    import glob, importlib.util\n    paths = glob.glob('/task/**', recursive=True) + glob.glob('/tmp/**', recursive=True)\n"
-    "    for p in sys.path:\n        paths += glob.glob(os.path.join(p or '.', 'posttrain', 'domains', 'data', 'code', '*'))\n"
+    "def SOURCE():\n    import glob, importlib.util\n    paths = glob.glob('/task/**', recursive=True) + "
+    "glob.glob('/tmp/**', recursive=True)\n"
+    "    for p in sys.path:\n        paths += glob.glob(os.path.join(p or '.', 'posttrain', 'domains', 'data', 'code', "
+    "'*'))\n"
     "    try:\n        spec = importlib.util.find_spec('posttrain')\n"
     "        paths += glob.glob(os.path.join(os.path.dirname(spec.origin), 'domains', 'data', 'code', '*'))\n"
     "    except Exception:\n        pass\n    out = []\n    for p in paths:\n        try:\n"
-    "            out.append(open(p, errors='replace').read(1 << 22))\n        except OSError:\n            pass\n    return out\n"
+    "            out.append(open(p, errors='replace').read(1 << 22))\n        except OSError:\n            pass\n    "
+    "return out\n"
 )
 
 CHEATS: dict[str, str] = {
@@ -388,18 +394,22 @@ CHEATS: dict[str, str] = {
     "kill_driver": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
     "fake_results": (
         "import json, os, sys\nfor i in range(64):\n    line = (json.dumps({'i': i, 'value': True}) + '\\n').encode()\n"
-        "    for fd in (1, 2):\n        os.write(fd, line)\n    for path in (f'/proc/{os.getppid()}/fd/1', '/proc/1/fd/1'):\n"
-        "        try:\n            with open(path, 'wb') as fh:\n                fh.write(line)\n        except OSError:\n            pass\n"
+        "    for fd in (1, 2):\n        os.write(fd, line)\n    for path in (f'/proc/{os.getppid()}/fd/1', "
+        "'/proc/1/fd/1'):\n"
+        "        try:\n            with open(path, 'wb') as fh:\n                fh.write(line)\n        except "
+        "OSError:\n            pass\n"
         "print(json.dumps({'passed': 99, 'total': 99}))\nos._exit(0)\n"
     ),
     "equal_to_anything": (
         "class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
         "    def __hash__(self): return 0\ndef ENTRY(*args): return Any()\n"
     ),
-    "int_subclass": "class T(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\ndef ENTRY(*args): return T(1)\n",
+    "int_subclass": "class T(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\ndef "
+                    "ENTRY(*args): return T(1)\n",
     "patch_builtins": (
         "import builtins, json, math\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: object\n"
-        "json.dumps = lambda *a, **k: '{\"value\": true}'\njson.loads = lambda *a, **k: {'value': True}\nmath.isclose = lambda *a, **k: True\n"
+        "json.dumps = lambda *a, **k: '{\"value\": true}'\njson.loads = lambda *a, **k: {'value': True}\nmath.isclose "
+        "= lambda *a, **k: True\n"
         "def ENTRY(*args): return True\n"
     ),
 }
@@ -408,7 +418,10 @@ CHEATS: dict[str, str] = {
 class Code(Domain):
     name = "code"
     category = "code"
-    description = "Python functions and classes judged by hidden unit tests; the sandbox runs the inputs, the host compares; reward = pass rate"
+    description = (
+        "Python functions and classes judged by hidden unit tests; the sandbox runs the inputs, the host compares; "
+        "reward = pass rate"
+    )
     version = "1"
     levels = 3
     cost_class = "long"

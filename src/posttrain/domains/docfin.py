@@ -296,14 +296,18 @@ def invoice_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[st
     if d >= 3:
         fields.update(due_date=inv.due.isoformat(), subtotal=inv.subtotal)
     keys = ", ".join(fields)
-    q = f"{render_invoice(inv, style)}\n\nExtract these fields as one JSON object (keys: {keys}; dates as YYYY-MM-DD, amounts as numbers)."
+    q = (
+        f"{render_invoice(inv, style)}\n\nExtract these fields as one JSON object (keys: {keys}; dates as YYYY-MM-DD, "
+        "amounts as numbers)."
+    )
     return q, _fields(fields)
 
 
 def invoice_total(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
     inv = make_invoice(rng, d)
     return (
-        f"{render_invoice(inv, style, show_totals=False)}\n\nTax applies to the subtotal after discount; shipping is not taxed. "
+        f"{render_invoice(inv, style, show_totals=False)}\n\nTax applies to the subtotal after discount; shipping is "
+        "not taxed. "
         "What is the total due? Round to cents.",
         _num(inv.total),
     )

@@ -96,7 +96,8 @@ def box_hole(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     body = (f"shape = Manifold.cube([{x}, {y}, {z}]) - "
             f"Manifold.cylinder({z + 2}, {r}, {r}, {SEG}).translate([{x / 2}, {y / 2}, -1])")
     return (
-        f"A block {x} x {y} x {z} mm with one round through-hole of radius {r} mm along z, centred in the {x} x {y} face.",
+        f"A block {x} x {y} x {z} mm with one round through-hole of radius {r} mm along z, centred in the {x} x {y} "
+        "face.",
         body,
         {"volume": x * y * z - _cyl_vol(r, z), "vol_tol": 0.02, "bbox": [x, y, z], "parts": 1, "genus": 1},
     )
@@ -105,7 +106,10 @@ def box_hole(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 def tube(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     ro, h = _dim(rng, 5, 8 * d + 4), _dim(rng, 4, 15 * d)
     ri = _dim(rng, 2, ro - 2)
-    body = f"shape = Manifold.cylinder({h}, {ro}, {ro}, {SEG}) - Manifold.cylinder({h + 2}, {ri}, {ri}, {SEG}).translate([0, 0, -1])"
+    body = (
+        f"shape = Manifold.cylinder({h}, {ro}, {ro}, {SEG}) - Manifold.cylinder({h + 2}, {ri}, {ri}, "
+        f"{SEG}).translate([0, 0, -1])"
+    )
     return (
         f"A tube (hollow cylinder) of outer radius {ro} mm, inner radius {ri} mm and height {h} mm, axis along z.",
         body,
@@ -162,7 +166,10 @@ def l_bracket(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 
 def frame(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     X, Y, w, t = _dim(rng, 20, 20 + 15 * d), _dim(rng, 20, 20 + 15 * d), _dim(rng, 2, 6), _dim(rng, 2, 6)
-    body = f"shape = Manifold.cube([{X}, {Y}, {t}]) - Manifold.cube([{X - 2 * w}, {Y - 2 * w}, {t + 2}]).translate([{w}, {w}, -1])"
+    body = (
+        f"shape = Manifold.cube([{X}, {Y}, {t}]) - Manifold.cube([{X - 2 * w}, {Y - 2 * w}, {t + 2}]).translate([{w}, "
+        f"{w}, -1])"
+    )
     return (
         f"A rectangular picture frame: outer size {X} x {Y} mm, border width {w} mm, thickness {t} mm.",
         body,
@@ -173,7 +180,10 @@ def frame(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 def stacked(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     s, h1, r, h2 = _dim(rng, 10, 10 + 10 * d), _dim(rng, 3, 10), 0, _dim(rng, 3, 12)
     r = _dim(rng, 2, s // 2 - 1)
-    body = f"shape = Manifold.cube([{s}, {s}, {h1}]) + Manifold.cylinder({h2}, {r}, {r}, {SEG}).translate([{s / 2}, {s / 2}, {h1}])"
+    body = (
+        f"shape = Manifold.cube([{s}, {s}, {h1}]) + Manifold.cylinder({h2}, {r}, {r}, {SEG}).translate([{s / 2}, "
+        f"{s / 2}, {h1}])"
+    )
     return (
         f"A square base {s} x {s} x {h1} mm with a cylinder of radius {r} mm and height {h2} mm standing on the centre "
         f"of its top face, as one solid.",

@@ -263,7 +263,8 @@ def dice_probability(rng: random.Random, d: int) -> tuple[str, str]:
     target = rng.randint(k, k * sides)
     ways = _dice_ways(k, sides, target)
     return (
-        f"{k} fair {sides}-sided dice are rolled. What is the probability that the sum is {target}? Give a reduced fraction.",
+        f"{k} fair {sides}-sided dice are rolled. What is the probability that the sum is {target}? Give a reduced "
+        "fraction.",
         latex_fraction(Fraction(ways, sides**k)),
     )
 

@@ -80,7 +80,8 @@ def build_db(schema: Schema, seed: int, rows: int) -> sqlite3.Connection:
         f"CREATE TABLE {s.dim} (id INTEGER PRIMARY KEY, {s.dim_label} TEXT NOT NULL, {s.dim_attr} TEXT NOT NULL)"
     )
     conn.execute(
-        f"CREATE TABLE {s.fact} (id INTEGER PRIMARY KEY, {s.label} TEXT NOT NULL, {s.fk} INTEGER REFERENCES {s.dim}(id), "
+        f"CREATE TABLE {s.fact} (id INTEGER PRIMARY KEY, {s.label} TEXT NOT NULL, {s.fk} INTEGER REFERENCES "
+        f"{s.dim}(id), "
         f"{s.num} INTEGER NOT NULL, {s.year} INTEGER NOT NULL)"
     )
     n_dim = max(3, rows // 6)
@@ -227,7 +228,8 @@ def t_filter(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) ->
         )
     y = rng.randint(2005, 2020)
     return (
-        f"List the {s.label} and {s.num} of every {s.noun} whose {s.num} is at least {x} and whose {s.year} is {y} or later.",
+        f"List the {s.label} and {s.num} of every {s.noun} whose {s.num} is at least {x} and whose {s.year} is {y} or "
+        "later.",
         f"SELECT {s.label}, {s.num} FROM {s.fact} WHERE {s.num} >= {x} AND {s.year} >= {y}",
         False,
     )
@@ -248,8 +250,10 @@ def t_aggregate(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int)
     name = _pick(conn, f"SELECT d.{s.dim_label} FROM {s.dim} d JOIN {s.fact} f ON f.{s.fk} = d.id", rng)
     fn, word = rng.choice([("AVG", "average"), ("MAX", "largest"), ("MIN", "smallest"), ("SUM", "total")][: 1 + d])
     return (
-        f"What is the {word} {s.num} of the {s.noun}s of the {s.dim_noun} named {name}? (Round averages to 2 decimals.)",
-        f"SELECT ROUND({fn}(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id WHERE d.{s.dim_label} = '{name}'",
+        f"What is the {word} {s.num} of the {s.noun}s of the {s.dim_noun} named {name}? (Round averages to 2 "
+        "decimals.)",
+        f"SELECT ROUND({fn}(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id WHERE d.{s.dim_label} = "
+        f"'{name}'",
         False,
     )
 
@@ -262,8 +266,10 @@ def t_group_by(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) 
             False,
         )
     return (
-        f"For each {s.dim_noun} that has {s.noun}s, give its {s.dim_label} and the average {s.num} of its {s.noun}s rounded to 2 decimals.",
-        f"SELECT d.{s.dim_label}, ROUND(AVG(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY d.id",
+        f"For each {s.dim_noun} that has {s.noun}s, give its {s.dim_label} and the average {s.num} of its {s.noun}s "
+        "rounded to 2 decimals.",
+        f"SELECT d.{s.dim_label}, ROUND(AVG(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY "
+        "d.id",
         False,
     )
 
@@ -275,7 +281,10 @@ def t_join(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> t
     if d >= 2:
         y = rng.randint(2004, 2018)
         sql += f" AND f.{s.year} < {y}"
-        q = f"List the {s.label} of every {s.noun} whose {s.dim_noun}'s {s.attr_noun} is {attr} and whose {s.year} is before {y}."
+        q = (
+            f"List the {s.label} of every {s.noun} whose {s.dim_noun}'s {s.attr_noun} is {attr} and whose {s.year} is "
+            f"before {y}."
+        )
     return q, sql, False
 
 
@@ -283,7 +292,8 @@ def t_top_k(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> 
     k = rng.randint(2, 2 + 2 * d)
     order, word = rng.choice([("DESC", "highest"), ("ASC", "lowest")])
     return (
-        f"List the {s.label} of the {k} {s.noun}s with the {word} {s.num}, in that order (break ties by {s.label} ascending).",
+        f"List the {s.label} of the {k} {s.noun}s with the {word} {s.num}, in that order (break ties by {s.label} "
+        "ascending).",
         f"SELECT {s.label} FROM {s.fact} ORDER BY {s.num} {order}, {s.label} ASC LIMIT {k}",
         True,
     )
@@ -305,7 +315,8 @@ def t_above_average(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: 
                 f"SELECT {s.label} FROM {s.fact} WHERE {s.num} > (SELECT AVG({s.num}) FROM {s.fact})", False)
     return (
         f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of its own {s.dim_noun}.",
-        f"SELECT f.{s.label} FROM {s.fact} f WHERE f.{s.num} > (SELECT AVG(g.{s.num}) FROM {s.fact} g WHERE g.{s.fk} = f.{s.fk})",
+        f"SELECT f.{s.label} FROM {s.fact} f WHERE f.{s.num} > (SELECT AVG(g.{s.num}) FROM {s.fact} g WHERE g.{s.fk} = "
+        f"f.{s.fk})",
         False,
     )
 
@@ -345,7 +356,8 @@ class SqlDomain(ProceduralDomain):
             conn.close()
         try:
             prompt = (
-                f"SQLite database:\n{ddl(conn)}\n{preview(conn, self.schema.dim)}\n{preview(conn, self.schema.fact)}\n\n"
+                "SQLite "
+                f"database:\n{ddl(conn)}\n{preview(conn, self.schema.dim)}\n{preview(conn, self.schema.fact)}\n\n"
                 f"Write one SQLite SELECT query that answers: {question}\n{ANSWER_INSTRUCTION}"
             )
         finally:

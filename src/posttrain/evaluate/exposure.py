@@ -40,7 +40,8 @@ class Exposure:
         verdict = "LOOKS MEMORISED" if self.flagged else "no sign of exposure"
         return (
             f"{self.domain}: gold-vs-wrong log-likelihood margin {self.heldout_margin:+.2f} on held-out items, "
-            f"{self.control_margin:+.2f} on control items; gap {self.gap:+.2f} [{self.low:+.2f},{self.high:+.2f}] nats: {verdict}"
+            f"{self.control_margin:+.2f} on control items; gap {self.gap:+.2f} [{self.low:+.2f},{self.high:+.2f}] "
+            f"nats: {verdict}"
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -152,7 +152,8 @@ def _sandbox_outcomes(db: Path) -> dict[str, Counter]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = con.execute(
-            "SELECT domain, exec_result, error_kind FROM rollouts WHERE exec_result IS NOT NULL OR error_kind IS NOT NULL"
+            "SELECT domain, exec_result, error_kind FROM rollouts WHERE exec_result IS NOT NULL OR error_kind IS NOT "
+            "NULL"
         )
         out: dict[str, Counter] = {}
         for domain, exec_result, error_kind in rows:

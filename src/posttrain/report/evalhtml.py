@@ -57,7 +57,8 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
     for name, b in before["domains"].items():
         a = after.get("domains", {}).get(name)
         rows.append(
-            f'<tr><td class="l">{_e(name)}</td><td>{b.get("difficulty")}</td><td>{_n(b)}</td>{_acc(b)}{_acc(a)}{_delta(deltas.get(name))}</tr>'
+            '<tr><td '
+            f'class="l">{_e(name)}</td><td>{b.get("difficulty")}</td><td>{_n(b)}</td>{_acc(b)}{_acc(a)}{_delta(deltas.get(name))}</tr>'
         )
     mean = (table.get("deltas") or {}).get("mean")
     blo, bhi = before.get("mean_ci", (0, 1))
@@ -67,7 +68,8 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
         cells += f'<td>{after["mean_accuracy"]:.3f} <span class="meta">[{alo:.2f}, {ahi:.2f}]</span></td>{_delta(mean)}'
     rows.append(f'<tr><th class="l">mean over domains</th><td></td><td></td>{cells}</tr>')
     note = (
-        '<p class="meta">n: distinct tasks scored (infra errors left out); 95% Wilson intervals; deltas paired over the '
+        '<p class="meta">n: distinct tasks scored (infra errors left out); 95% Wilson intervals; deltas paired over '
+        'the '
         "same items (bootstrap interval), * where it excludes 0 and the exact McNemar test agrees (p &lt; 0.05).</p>"
     )
     return "<table>" + "".join(rows) + "</table>" + note
@@ -75,7 +77,8 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
 
 def verifier_table(result: Mapping[str, Any]) -> str:
     rows = [
-        '<tr><th class="l">domain</th><th>training verifier</th><th>eval verifier</th><th>gap</th><th class="l">eval verifier</th></tr>'
+        '<tr><th class="l">domain</th><th>training verifier</th><th>eval verifier</th><th>gap</th><th class="l">eval '
+        'verifier</th></tr>'
     ]
     for name, r in result["domains"].items():
         t, a = r.get("train_accuracy"), r.get("accuracy")
@@ -119,7 +122,8 @@ def probes_table(table: Mapping[str, Any]) -> str:
     for key, b in before.items():
         kind = "level above trained" if key.startswith("above:") else "transfer (never trained)"
         rows.append(
-            f'<tr><td class="l">{kind}</td><td class="l">{_e(b["domain"])}</td><td>{b["difficulty"]}</td><td>{_n(b)}</td>'
+            f'<tr><td class="l">{kind}</td><td '
+            f'class="l">{_e(b["domain"])}</td><td>{b["difficulty"]}</td><td>{_n(b)}</td>'
             f"{_acc(b)}{_acc(after.get(key))}{_delta(deltas.get(key))}</tr>"
         )
     return "<table>" + "".join(rows) + "</table>"
@@ -130,14 +134,17 @@ def checks_tables(table: Mapping[str, Any]) -> str:
     cont = table.get("contamination")
     if cont:
         rows = [
-            '<tr><th class="l">held-out set</th><th>n-gram</th><th>held-out</th><th>train draws</th><th>exact overlap</th>'
+            '<tr><th class="l">held-out set</th><th>n-gram</th><th>held-out</th><th>train draws</th><th>exact '
+            'overlap</th>'
             "<th>contaminated</th><th>max overlap</th></tr>"
         ]
         for key, c in cont.items():
             cls = "alarm" if c["contaminated"] or c["exact_overlap"] else ""
             rows.append(
-                f'<tr><td class="l">{_e(key)}</td><td>{c["n"]}</td><td>{c["eval_tasks"]}</td><td>{c["train_tasks"]}</td>'
-                f'<td class="{cls}">{c["exact_overlap"]}</td><td class="{cls}">{c["contaminated"]}</td><td>{c["max_overlap"]:.2f}</td></tr>'
+                '<tr><td '
+                f'class="l">{_e(key)}</td><td>{c["n"]}</td><td>{c["eval_tasks"]}</td><td>{c["train_tasks"]}</td>'
+                f'<td class="{cls}">{c["exact_overlap"]}</td><td '
+                f'class="{cls}">{c["contaminated"]}</td><td>{c["max_overlap"]:.2f}</td></tr>'
             )
         parts.append(
             "<h3>n-gram overlap of held-out prompts with training draws</h3><table>" + "".join(rows) + "</table>"
@@ -145,16 +152,20 @@ def checks_tables(table: Mapping[str, Any]) -> str:
     exp = table.get("exposure")
     if exp:
         rows = [
-            '<tr><th class="l">domain</th><th>items</th><th>held-out margin</th><th>control margin</th><th>gap [95% CI]</th><th class="l">verdict</th></tr>'
+            '<tr><th class="l">domain</th><th>items</th><th>held-out margin</th><th>control margin</th><th>gap [95% '
+            'CI]</th><th class="l">verdict</th></tr>'
         ]
         for name, e in exp.items():
             verdict = '<span class="alarm">looks memorised</span>' if e["flagged"] else "no sign of exposure"
             rows.append(
-                f'<tr><td class="l">{_e(name)}</td><td>{e["n"]}</td><td>{e["heldout_margin"]:+.2f}</td><td>{e["control_margin"]:+.2f}</td>'
-                f'<td>{e["gap"]:+.2f} <span class="meta">[{e["low"]:+.2f}, {e["high"]:+.2f}]</span></td><td class="l">{verdict}</td></tr>'
+                '<tr><td '
+                f'class="l">{_e(name)}</td><td>{e["n"]}</td><td>{e["heldout_margin"]:+.2f}</td><td>{e["control_margin"]:+.2f}</td>'
+                f'<td>{e["gap"]:+.2f} <span class="meta">[{e["low"]:+.2f}, {e["high"]:+.2f}]</span></td><td '
+                f'class="l">{verdict}</td></tr>'
             )
         parts.append(
-            "<h3>Exposure of the base model (log-likelihood of gold over wrong answers, held-out vs control)</h3><table>"
+            "<h3>Exposure of the base model (log-likelihood of gold over wrong answers, held-out vs "
+            "control)</h3><table>"
             + "".join(rows)
             + "</table>"
         )

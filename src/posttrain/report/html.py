@@ -160,19 +160,24 @@ def _img(src: str | None, caption: str, wide: bool = False) -> str:
     cls = ' class="wide"' if wide else ""
     if src is None:
         return f'<figure{cls}><p class="empty">{html.escape(caption)}: no data in this run</p></figure>'
-    return f'<figure{cls}><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+    return (
+        f'<figure{cls}><img src="{src}" '
+        f'alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+    )
 
 
 def _alarm_table(data: RunData) -> str:
     if not data.alarms:
         return '<p class="empty">no alarm fired</p>'
     rows = [
-        '<tr><th>step</th><th class="l">alarm</th><th class="l">domain</th><th class="l">message</th><th class="l">action</th></tr>'
+        '<tr><th>step</th><th class="l">alarm</th><th class="l">domain</th><th class="l">message</th><th '
+        'class="l">action</th></tr>'
     ]
     for a in data.alarms:
         rows.append(
             f'<tr><td>{a["step"]}</td><td class="l alarm">{html.escape(a["alarm"])}</td>'
-            f'<td class="l">{html.escape(str(a.get("domain") or "-"))}</td><td class="l">{html.escape(a["message"])}</td>'
+            f'<td class="l">{html.escape(str(a.get("domain") or "-"))}</td><td '
+            f'class="l">{html.escape(a["message"])}</td>'
             f'<td class="l">{html.escape(str(a.get("done") or a.get("action")))}</td></tr>'
         )
     return "<table>" + "".join(rows) + "</table>"
@@ -197,7 +202,8 @@ def _probe_table(data: RunData) -> str:
         )
         steps = ", ".join(str(p["step"]) for p in probes)
         rows.append(
-            f'<tr><td class="l">{html.escape(name)}</td><td class="l">{html.escape(str(probes[-1].get("verifier", "-")))}</td>'
+            f'<tr><td class="l">{html.escape(name)}</td><td '
+            f'class="l">{html.escape(str(probes[-1].get("verifier", "-")))}</td>'
             f"<td>{len(probes)}</td><td>{sum(p.get('cheats', 0) for p in probes)}</td>"
             f'<td>{sum(p.get("accepted", 0) for p in probes)}</td><td class="l">{html.escape(steps)}</td>'
             f'<td class="l{" alarm" if failed else ""}">{verdict}</td></tr>'
@@ -315,7 +321,8 @@ def render(data: RunData) -> str:
                 ],
                 alarms=alarms,
             ),
-            "the pool's target share per domain (lower_weight alarms and refused domains change it); stricter-check audit",
+            "the pool's target share per domain (lower_weight alarms and refused domains change it); stricter-check "
+            "audit",
         ),
         (
             _figure("pipeline stage utilisation", [("busy share", data.stage_utilisation())]),

@@ -294,7 +294,8 @@ class SpeculativeEngine:
         room = req.params.max_tokens if limit is None else min(req.params.max_tokens, limit - len(req.prompt_ids))
         if room < 1:
             raise ConfigError(
-                f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving no room to generate"
+                f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving "
+                "no room to generate"
             )
         seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room, greedy=req.params.temperature <= 0)
         choose = _chooser(req.params, key)

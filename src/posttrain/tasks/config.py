@@ -121,7 +121,7 @@ class TasksConfig(BaseModel):
     """Seed of the pool: which task indices are drawn and in what order."""
 
     temperature: float = Field(1.0, gt=0.0, le=1000.0)
-    """Cross-domain temperature: shares are proportional to weight**(1/temperature); large values flatten towards uniform."""
+    """Cross-domain temperature: shares are proportional to weight**(1/temperature); large values flatten towards uniform."""  # noqa: E501 (field docstring = its help text)
 
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     """Difficulty tiers by online pass rate."""
@@ -133,7 +133,7 @@ class TasksConfig(BaseModel):
     """Number of recently drawn normalised prompts a new draw may not repeat (0 turns dedupe off)."""
 
     dedupe_attempts: int = Field(8, ge=1, le=1000)
-    """Draw attempts per task before a duplicate is accepted (and counted in stats) for a domain with few distinct tasks."""
+    """Draw attempts per task before a duplicate is accepted (and counted in stats) for a domain with few distinct tasks."""  # noqa: E501 (field docstring = its help text)
 
     eval_default_difficulty: int = Field(1, ge=1)
     """Eval difficulty of a domain with no fixed difficulty before the curriculum has moved (clipped to its levels)."""
