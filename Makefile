@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-slow test-ray bench clean
+.PHONY: install demo test test-slow test-ray bench lint clean
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
@@ -34,9 +34,15 @@ test-slow: install
 test-ray: install
 	$(BIN)/pytest -q -m ray
 
+# ruff (lint rules in pyproject), mypy strict on the contracts, and the import-layer contracts
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
 bench: install
 	$(BIN)/python bench/learning.py
 	$(BIN)/python bench/generation.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -93,7 +93,10 @@ def main() -> None:
     args = ap.parse_args()
     print(f"family: {', '.join(f'{n} ({get(n).levels} levels)' for n in FAMILY)}")
     print(f"simulated learner, G={G}, lr={LR}, {args.tasks} tasks x {G} samples per arm\n")
-    print(f"{'seed':>4} {'arm':<11} {'held-out@top':>12} {'expected':>9} {'mean skill':>10} {'informative':>11} {'frontiers':>14} {'s':>6}")
+    print(
+        f"{'seed':>4} {'arm':<11} {'held-out@top':>12} {'expected':>9} {'mean skill':>10} {'informative':>11} "
+        f"{'frontiers':>14} {'s':>6}"
+    )
     totals = {True: [], False: []}
     for seed in range(args.seeds):
         for curriculum in (True, False):
@@ -104,11 +107,17 @@ def main() -> None:
             frontiers = "/".join(str(s["frontier"]) for s in pool.stats()["domains"].values())
             totals[curriculum].append((sampled, expected))
             arm = "curriculum" if curriculum else "uniform"
-            print(f"{seed:>4} {arm:<11} {sampled:>12.3f} {expected:>9.3f} {sum(learner.skill.values()) / len(FAMILY):>10.2f} "
-                  f"{informative:>11.2f} {frontiers:>14} {time.perf_counter() - start:>6.1f}")
+            print(
+                f"{seed:>4} {arm:<11} {sampled:>12.3f} {expected:>9.3f} "
+                f"{sum(learner.skill.values()) / len(FAMILY):>10.2f} "
+                f"{informative:>11.2f} {frontiers:>14} {time.perf_counter() - start:>6.1f}"
+            )
     mean = {k: (sum(a for a, _ in v) / len(v), sum(b for _, b in v) / len(v)) for k, v in totals.items()}
-    print(f"\nmean held-out pass rate at the hardest level: curriculum {mean[True][0]:.3f} (expected {mean[True][1]:.3f}), "
-          f"uniform {mean[False][0]:.3f} (expected {mean[False][1]:.3f})")
+    print(
+        f"\nmean held-out pass rate at the hardest level: curriculum {mean[True][0]:.3f} (expected "
+        f"{mean[True][1]:.3f}), "
+        f"uniform {mean[False][0]:.3f} (expected {mean[False][1]:.3f})"
+    )
     if mean[False][1] > 0:
         print(f"ratio curriculum/uniform (expected): {mean[True][1] / mean[False][1]:.2f}x")
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

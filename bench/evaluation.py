@@ -60,8 +60,10 @@ def main() -> None:
         during = time.perf_counter() - t0
         metrics.close()
     new = checks + full + during
-    print(f"domains {list(levels)}, {cfg.run.steps} steps, eval every {cfg.eval.every_steps} ({periodic} evaluations "
-          f"of {cfg.eval.subset_tasks} + {cfg.eval.rotation_tasks} rotation items per domain), samples {cfg.eval.samples}")
+    print(
+        f"domains {list(levels)}, {cfg.run.steps} steps, eval every {cfg.eval.every_steps} ({periodic} evaluations "
+        f"of {cfg.eval.subset_tasks} + {cfg.eval.rotation_tasks} rotation items per domain), samples {cfg.eval.samples}"
+    )
     print(f"{'':<44}{'seconds':>9}")
     print(f"{'old: greedy full set before + after':<44}{old:>9.2f}")
     print(f"{'new: contamination + exposure checks':<44}{checks:>9.2f}")

@@ -121,13 +121,20 @@ def main() -> None:
     model.eval()
     shared = HFEngine(model, tok, device=args.device, config=HFEngineConfig(max_batch_rows=args.prompts * args.group))
     naive = HFEngine(model, tok, config=HFEngineConfig(max_batch_rows=args.prompts * args.group, prefix_sharing=False))
-    prompts = task_prompts(shared, args.domains.split(","), args.prompts) if args.model else build_prompts(shared, args.prompts, seed=0)
+    prompts = (
+        task_prompts(shared, args.domains.split(","), args.prompts)
+        if args.model
+        else build_prompts(shared, args.prompts, seed=0)
+    )
     requests = [GenerationRequest(p, SamplingParams(max_tokens=args.max_tokens, n=args.group, seed=i))
                 for i, p in enumerate(prompts)]
     params = sum(p.numel() for p in model.parameters())
-    print(f"model {args.model or args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x G={args.group}, "
-          f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens, max_tokens {args.max_tokens}, "
-          f"best of {args.repeats}")
+    print(
+        f"model {args.model or args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x "
+        f"G={args.group}, "
+        f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens, max_tokens {args.max_tokens}, "
+        f"best of {args.repeats}"
+    )
     for threads in args.threads:
         torch.set_num_threads(threads)
         shared.generate(requests[:2])  # warm-up

@@ -42,8 +42,17 @@ def one_seed(seed: int, config: Path, extra: list[str]) -> dict:
     from posttrain.model.pretrain import default_dir, ensure_base
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(config, [f"run.seed={seed}", f"base.seed={seed}", f"run.out_dir={out}", f"run.name=seed{seed}",
-                                   "run.progress=false", *extra])
+        cfg = load_config(
+            config,
+            [
+                f"run.seed={seed}",
+                f"base.seed={seed}",
+                f"run.out_dir={out}",
+                f"run.name=seed{seed}",
+                "run.progress=false",
+                *extra,
+            ],
+        )
         cached = cfg.model.path is not None or (default_dir(cfg.base) / "config.json").is_file()
         t0, c0 = time.perf_counter(), cpu_seconds()
         if cfg.model.path is None:

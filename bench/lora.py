@@ -34,10 +34,21 @@ def run_variant(name: str, extra: list[str], args: argparse.Namespace, out: Path
     from posttrain.loop import train
     from posttrain.trainer.checkpoint import latest_checkpoint
 
-    cfg = load_config(args.config, [f"run.steps={args.steps}", f"run.seed={args.seed}", f"run.out_dir={out}",
-                                    f"run.name={name.replace(' ', '_')}", "run.progress=false", "run.checkpoint_every=0",
-                                    "monitor.report=false", f"run.threads={args.threads}",
-                                    f"eval.tasks_per_domain={args.eval_tasks}", *extra])
+    cfg = load_config(
+        args.config,
+        [
+            f"run.steps={args.steps}",
+            f"run.seed={args.seed}",
+            f"run.out_dir={out}",
+            f"run.name={name.replace(' ', '_')}",
+            "run.progress=false",
+            "run.checkpoint_every=0",
+            "monitor.report=false",
+            f"run.threads={args.threads}",
+            f"eval.tasks_per_domain={args.eval_tasks}",
+            *extra,
+        ],
+    )
     t0 = time.perf_counter()
     result = train(cfg, log=lambda *_: None)
     ckpt = latest_checkpoint(result.run_dir)
@@ -64,9 +75,12 @@ def main() -> int:
                 continue
             r = run_variant(name, extra, args, Path(tmp))
             rows.append(r)
-            print(f"{name:18s} before {r['before']:.3f} after {r['after']:.3f} gain {r['after'] - r['before']:+.3f} "
-                  f"| weights file {r['weights_bytes'] / 1024:8.1f} KiB optimizer {r['optimizer_bytes'] / 1024:8.1f} KiB "
-                  f"| {r['seconds']:.0f} s", flush=True)
+            print(
+                f"{name:18s} before {r['before']:.3f} after {r['after']:.3f} gain {r['after'] - r['before']:+.3f} "
+                f"| weights file {r['weights_bytes'] / 1024:8.1f} KiB optimizer {r['optimizer_bytes'] / 1024:8.1f} KiB "
+                f"| {r['seconds']:.0f} s",
+                flush=True,
+            )
             print("    " + " ".join(f"{d} {b:.2f}->{a:.2f}" for d, (b, a) in r["domains"].items()), flush=True)
     full = next((r for r in rows if r["name"].startswith("full")), None)
     if full:

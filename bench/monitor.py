@@ -66,8 +66,20 @@ def main() -> None:
         pool = TaskPool(cfg.tasks, seed=0)
         trace, metrics = TraceStore(Path(tmp) / "trace.db"), MetricsLog(Path(tmp) / "metrics.jsonl")
         mon = Monitor(cfg, Path(tmp), trace, metrics, pool, log=lambda *_: None)
-        no_audit = Monitor(cfg.model_copy(update={"monitor": cfg.monitor.model_copy(update={"audit": cfg.monitor.audit.model_copy(update={"enabled": False})})}),
-                           Path(tmp), trace, metrics, pool, log=lambda *_: None)
+        no_audit = Monitor(
+            cfg.model_copy(
+                update={
+                    "monitor": cfg.monitor.model_copy(
+                        update={"audit": cfg.monitor.audit.model_copy(update={"enabled": False})}
+                    )
+                }
+            ),
+            Path(tmp),
+            trace,
+            metrics,
+            pool,
+            log=lambda *_: None,
+        )
         step = iter(range(1, 10**6))
         ms = interleaved({
             "signals": lambda: step_signals(groups, groups, {}, 2, 64),
@@ -84,13 +96,19 @@ def main() -> None:
     print("(the demo's step takes about 300 ms: generation plus training)")
     if kl_ms is not None:
         every = load_config("configs/default.yaml").monitor.kl.every_steps
-        print(f"KL measurement (tiny model)    {kl_ms['kl']:7.2f} ms   (every {every} steps: {kl_ms['kl'] / every:.2f} ms/step)")
-        print(f"trainer step on the same batch {kl_ms['train_step']:7.2f} ms   (KL / train step = {kl_ms['kl'] / kl_ms['train_step']:.2f})")
+        print(
+            f"KL measurement (tiny model)    {kl_ms['kl']:7.2f} ms   (every {every} steps: {kl_ms['kl'] / every:.2f} "
+            "ms/step)"
+        )
+        print(
+            f"trainer step on the same batch {kl_ms['train_step']:7.2f} ms   (KL / train step = "
+            f"{kl_ms['kl'] / kl_ms['train_step']:.2f})"
+        )
     print(f"peak RSS {rss:.0f} MiB")
 
 
 def _kl_ms(groups, rows: int) -> dict[str, float] | None:
-    from posttrain.model.pretrain import BaseConfig, default_dir
+    from posttrain.model.pretrain import default_dir
 
     path = default_dir(load_config("configs/default.yaml").base)
     if not (path / "config.json").is_file():
@@ -102,14 +120,18 @@ def _kl_ms(groups, rows: int) -> dict[str, float] | None:
     from posttrain.monitor.kl import kl_to_reference
 
     ref = load_model(path)[0]
+    from posttrain.trainer.batch import TrainBatch, TrainRow
     from posttrain.trainer.config import TrainerConfig
     from posttrain.trainer.trainer import Trainer
-    from posttrain.trainer.batch import TrainBatch, TrainRow
 
     policy = load_model(path)[0]
     trainer = Trainer(policy, TrainerConfig())
-    batch = TrainBatch(tuple(TrainRow.from_completion(r.completion, float(r.reward), r.group_id, 1.0) for g in groups for r in g))
-    return interleaved({"kl": lambda: kl_to_reference(ref, groups, 1.0, rows), "train_step": lambda: trainer.step(batch)}, repeat=10)
+    batch = TrainBatch(
+        tuple(TrainRow.from_completion(r.completion, float(r.reward), r.group_id, 1.0) for g in groups for r in g)
+    )
+    return interleaved(
+        {"kl": lambda: kl_to_reference(ref, groups, 1.0, rows), "train_step": lambda: trainer.step(batch)}, repeat=10
+    )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,15 @@ def run_sync(engine, steps, params, execute, cfg):
             k += 1
         took, groups = timed(engine.generate, reqs)
         totals["generate"] += took
-        order = sorted(range(len(tasks)), key=lambda i: tasks[i].domain != LONG_DOMAIN)  # long first, as the pipeline does
-        runs = list(ex.map(lambda i: timed(lambda: tuple(execute(tasks[i], c) for c in groups[i])), order))
+        order = sorted(
+            range(len(tasks)), key=lambda i: tasks[i].domain != LONG_DOMAIN
+        )  # long first, as the pipeline does
+        runs = list(
+            ex.map(
+                lambda i, tasks=tasks, groups=groups: timed(lambda: tuple(execute(tasks[i], c) for c in groups[i])),
+                order,
+            )
+        )
         totals["execute"] += sum(r[0] for r in runs)
         eps = [[Episode(c.text, finish_reason=c.finish_reason) for c in g] for g in groups]
         verdicts = list(vx.map(lambda te: timed(verify_group, te[0], te[1]), zip(tasks, eps)))
@@ -115,7 +122,9 @@ def run_pipeline(engine, steps, params, execute, cfg):
 
     async def go():
         t0 = time.perf_counter()
-        async with Pipeline(cfg, EmbeddedWorkers(engine, execute, execute_threads=cfg.execute_workers), params, sched, seed=SEED) as pipe:
+        async with Pipeline(
+            cfg, EmbeddedWorkers(engine, execute, execute_threads=cfg.execute_workers), params, sched, seed=SEED
+        ) as pipe:
             results = await pipe.run_groups(tasks)
             stats = pipe.stats()
         return time.perf_counter() - t0, stats, results
@@ -126,7 +135,9 @@ def run_pipeline(engine, steps, params, execute, cfg):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="a model directory (default: the embedded tiny base, built if missing)")
+    ap.add_argument(
+        "--model", default=None, help="a model directory (default: the embedded tiny base, built if missing)"
+    )
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group-size", type=int, default=8)
@@ -151,9 +162,15 @@ def main(argv=None) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, n=args.group_size)
     steps = workload(args.steps, args.prompts)
     total = sum(map(len, steps))
-    cfg = PipelineConfig(execute_workers=args.execute_workers, verify_workers=args.verify_workers, generate_batch=args.prompts,
-                         max_inflight=4 * args.prompts, min_inflight=args.prompts, long_slots=args.prompts // 2,
-                         queue_size=2 * args.prompts)
+    cfg = PipelineConfig(
+        execute_workers=args.execute_workers,
+        verify_workers=args.verify_workers,
+        generate_batch=args.prompts,
+        max_inflight=4 * args.prompts,
+        min_inflight=args.prompts,
+        long_slots=args.prompts // 2,
+        queue_size=2 * args.prompts,
+    )
     execute = simulated_execute(args.short_ms, args.factor)
     engine.generate([])  # warm up
     sync_wall, totals, sync_rewards = run_sync(engine, steps, params, execute, cfg)
@@ -178,7 +195,7 @@ def main(argv=None) -> int:
     print("pipeline stages: " + ", ".join(
         f"{n} {util[n].items} groups, p50 {util[n].p50_s * 1000:.0f} ms, p99 {util[n].p99_s * 1000:.0f} ms, "
         f"idle {100 * (1 - util[n].utilisation):.0f}%" for n in ("generate", "execute", "verify")))
-    print(f"max queue depths: " + ", ".join(f"{q.name} {q.max_depth}" for q in pstats.queues))
+    print("max queue depths: " + ", ".join(f"{q.name} {q.max_depth}" for q in pstats.queues))
     print(f"same rollouts scored in both runs: {sorted(sync_rewards) == sorted(pipe_rewards)}")
     print(f"peak RSS: {rss:.0f} MiB")
     return 0

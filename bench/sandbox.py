@@ -69,7 +69,11 @@ def programs(n: int) -> list[str]:
     out = []
     for i in range(n):
         t = tasks[i % len(tasks)]
-        out.append(PROGRAM.format(solution=t.solution, cases=json.dumps(list(t.tests)), is_class=t.kind == "class", name=t.name))
+        out.append(
+            PROGRAM.format(
+                solution=t.solution, cases=json.dumps(list(t.tests)), is_class=t.kind == "class", name=t.name
+            )
+        )
     return out
 
 
@@ -144,9 +148,15 @@ def old_judge(runner):
         tests = json.loads(ref.tests_json)
         spec = {"nonce": nonce, "tests": tests, "mode": ref.mode, "timeout_s": ref.timeout_s}
         wall = ref.timeout_s * len(tests) + 10.0
-        req = sb.ExecRequest(files={"harness.py": harness, "solution.py": code}, python_main="harness.py", stdin=json.dumps(spec).encode(),
-                             env={"HARNESS_TESTS": str(len(tests)), "HARNESS_ENTRY": ref.name, "HARNESS_KIND": ref.kind},
-                             limits=sb.Limits(wall_s=wall, cpu_s=wall, memory_bytes=512 << 20, pids=len(tests) + 16, output_bytes=1 << 20))
+        req = sb.ExecRequest(
+            files={"harness.py": harness, "solution.py": code},
+            python_main="harness.py",
+            stdin=json.dumps(spec).encode(),
+            env={"HARNESS_TESTS": str(len(tests)), "HARNESS_ENTRY": ref.name, "HARNESS_KIND": ref.kind},
+            limits=sb.Limits(
+                wall_s=wall, cpu_s=wall, memory_bytes=512 << 20, pids=len(tests) + 16, output_bytes=1 << 20
+            ),
+        )
         res = runner(req)
         for line in reversed(res.stdout.decode("utf-8", "replace").splitlines()):
             try:
@@ -166,7 +176,13 @@ def measure(label: str, fn, progs: list, concurrency: int, meter: CpuMeter) -> d
         oks = list(ex.map(fn, progs))
     wall = time.perf_counter() - t0
     cpu = meter.seconds() - cpu0
-    return {"backend": label, "ok": sum(oks), "n": len(progs), "tasks_per_s": len(progs) / wall, "cpu_ms_per_task": 1000 * cpu / len(progs)}
+    return {
+        "backend": label,
+        "ok": sum(oks),
+        "n": len(progs),
+        "tasks_per_s": len(progs) / wall,
+        "cpu_ms_per_task": 1000 * cpu / len(progs),
+    }
 
 
 def main() -> None:
@@ -202,7 +218,10 @@ def main() -> None:
     rows.append(measure("plain subprocess (no isolation)", run_plain, progs, args.concurrency, meter))
     meter.close()
 
-    print(f"{args.n} solution+unittest programs, concurrency {args.concurrency}, {os.cpu_count()} cores; CPU from {meter.source}")
+    print(
+        f"{args.n} solution+unittest programs, concurrency {args.concurrency}, {os.cpu_count()} cores; CPU from "
+        f"{meter.source}"
+    )
     print(f"{'backend':34s} {'ok':>7s} {'tasks/s':>8s} {'CPU ms/task':>12s}")
     for r in rows:
         print(f"{r['backend']:34s} {r['ok']:>3d}/{r['n']:<3d} {r['tasks_per_s']:8.1f} {r['cpu_ms_per_task']:12.1f}")
@@ -211,14 +230,23 @@ def main() -> None:
     print(f"CPU per task warm / plain: {warm_r['cpu_ms_per_task'] / plain_r['cpu_ms_per_task']:.2f}x (target <= 1.5)")
     print(f"peak RSS of a warm worker (VmHWM): {worker_rss / 1024:.1f} MiB (target < 50)")
     print()
-    print(f"{args.code_n} code tasks judged end to end (reference solutions, {len(load_tasks())} tasks in turn), concurrency {args.concurrency}")
+    print(
+        f"{args.code_n} code tasks judged end to end (reference solutions, {len(load_tasks())} tasks in turn), "
+        f"concurrency {args.concurrency}"
+    )
     print(f"{'judge':34s} {'passed':>7s} {'tasks/s':>8s} {'CPU ms/task':>12s}")
     for r in code_rows:
         print(f"{r['backend']:34s} {r['ok']:>3d}/{r['n']:<3d} {r['tasks_per_s']:8.1f} {r['cpu_ms_per_task']:12.1f}")
     new_r, old_r, bwc_r = code_rows
     print(f"code tasks/s new judge / old judge (warm): {new_r['tasks_per_s'] / old_r['tasks_per_s']:.2f}x")
-    print(f"code tasks/s new judge warm / new judge one-shot bwrap: {new_r['tasks_per_s'] / bwc_r['tasks_per_s']:.2f}x (target >= 3)")
-    print(f"peak RSS of a warm worker (VmHWM) after the new judge: {rss_new / 1024:.1f} MiB; after the old judge too: {rss_old / 1024:.1f} MiB")
+    print(
+        f"code tasks/s new judge warm / new judge one-shot bwrap: {new_r['tasks_per_s'] / bwc_r['tasks_per_s']:.2f}x "
+        "(target >= 3)"
+    )
+    print(
+        f"peak RSS of a warm worker (VmHWM) after the new judge: {rss_new / 1024:.1f} MiB; after the old judge too: "
+        f"{rss_old / 1024:.1f} MiB"
+    )
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB")
 
 

@@ -44,8 +44,17 @@ def one(options: dict, steps: int) -> dict:
     model, _ = random_model("small", 0)
     vocab = model.get_input_embeddings().num_embeddings
     rng = random.Random(0)
-    rows = tuple(TrainRow(tuple(rng.randrange(vocab) for _ in range(16)), tuple(rng.randrange(vocab) for _ in range(96)),
-                          tuple(-4.0 for _ in range(96)), float(k % 2), f"g{k // 4}", (1,) * 96) for k in range(32))
+    rows = tuple(
+        TrainRow(
+            tuple(rng.randrange(vocab) for _ in range(16)),
+            tuple(rng.randrange(vocab) for _ in range(96)),
+            tuple(-4.0 for _ in range(96)),
+            float(k % 2),
+            f"g{k // 4}",
+            (1,) * 96,
+        )
+        for k in range(32)
+    )
     trainer = Trainer(model, TrainerConfig(lr=1e-4, micro_batch_size=32, **options))
     trainer.step(TrainBatch(rows))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -75,7 +84,9 @@ def main() -> int:
     base = results["default"]
     print(f"{'variant':24s} {'s/step':>8s} {'x default':>9s} {'peak RSS MiB':>12s}")
     for name, r in results.items():
-        print(f"{name:24s} {r['s_per_step']:8.3f} {r['s_per_step'] / base['s_per_step']:9.2f} {r['peak_rss_mib']:12.0f}")
+        print(
+            f"{name:24s} {r['s_per_step']:8.3f} {r['s_per_step'] / base['s_per_step']:9.2f} {r['peak_rss_mib']:12.0f}"
+        )
     print(f"(peak RSS is per variant process: model, optimizer and the step's activations; "
           f"this driver: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")
     return 0

@@ -24,7 +24,6 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -112,24 +111,37 @@ def speed(args: argparse.Namespace) -> None:
           f"({', '.join(f'{d}:{lv}' for d, lv in DOMAINS.items())}), greedy, max_tokens {args.max_tokens}, "
           f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}")
     print("tok/s: wall clock; cpu tok/s: per CPU-second of this process (robust to other load on the machine)")
-    print(f"{'tier / mode':52s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} {'tok/fwd':>7s}  acceptance")
-    print(f"{'standard (HFEngine, one request at a time)':52s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} {'-':>10s} {'1.00':>7s}")
+    print(
+        f"{'tier / mode':52s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} "
+        f"{'tok/fwd':>7s}  acceptance"
+    )
+    print(
+        f"{'standard (HFEngine, one request at a time)':52s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} "
+        f"{'-':>10s} {'1.00':>7s}"
+    )
     rows = {"standard": {"tok_s": base_tps}}
     for name, eng in modes.items():
         tps = best[name]
         same = sum(a.token_ids == b.token_ids for a, b in zip(outs[name], base_out))
         st = eng.stats.as_dict()
-        acc = ", ".join(f"{d} {v['acceptance']:.2f} ({v['accepted']}/{v['proposed']})" for d, v in st["drafters"].items())
+        acc = ", ".join(
+            f"{d} {v['acceptance']:.2f} ({v['accepted']}/{v['proposed']})" for d, v in st["drafters"].items()
+        )
         cpu = best_cpu[name]
-        print(f"{name:52s} {tps:7.1f} {tps / base_tps:6.2f} {cpu:9.1f} {cpu / base_cpu:6.2f} {same:>4d}/{len(reqs):<5d} "
-              f"{st['tokens_per_forward']:7.2f}  {acc}")
+        print(
+            f"{name:52s} {tps:7.1f} {tps / base_tps:6.2f} {cpu:9.1f} {cpu / base_cpu:6.2f} {same:>4d}/{len(reqs):<5d} "
+            f"{st['tokens_per_forward']:7.2f}  {acc}"
+        )
         rows[name] = {"tok_s": tps, "ratio": tps / base_tps, "cpu_tok_s": cpu, "cpu_ratio": cpu / base_cpu,
                       "identical": same, "n": len(reqs), "stats": st}
     if args.batched:
         t0 = time.perf_counter()
         outs = standard.generate(reqs)
         tps = sum(len(g[0].token_ids) for g in outs) / (time.perf_counter() - t0)
-        print(f"{'standard, all prompts in one batch':52s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not per stream)")
+        print(
+            f"{'standard, all prompts in one batch':52s} {tps:7.1f} {tps / base_tps:6.2f}  (aggregate throughput, not "
+            "per stream)"
+        )
     if args.gate_tasks:
         gate(model, tok, args.gate_tasks)
     print(f"peak RSS {peak_rss_mb():.0f} MB")
@@ -145,7 +157,9 @@ def gate(model, tok, tasks: int) -> None:
     from posttrain.serve.tiers import build_fast
 
     std = evaluate(HFEngine(model, tok), DOMAINS, tasks)
-    lossy = evaluate(build_fast(model, tok, FastTierConfig(target="lean", draft_model="none"), "int8", 0), DOMAINS, tasks)
+    lossy = evaluate(
+        build_fast(model, tok, FastTierConfig(target="lean", draft_model="none"), "int8", 0), DOMAINS, tasks
+    )
     cells = []
     for d in DOMAINS:
         s, f = std.results[d].accuracy, lossy.results[d].accuracy
@@ -265,10 +279,16 @@ def load_test(args: argparse.Namespace) -> None:
     for tier in ("standard", "fast"):
         tl = [r[1] for r in results if r[0] == tier]
         tt = [r[2] for r in results if r[0] == tier]
-        print(f"  served by {tier:8s} ({len(tl):3d}): latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 {pct(tl, 0.99) * 1000:.0f} ms; "
-              f"TTFT p50 {pct(tt, 0.5) * 1000:.0f} ms p99 {pct(tt, 0.99) * 1000:.0f} ms")
-    sizes = [ln for ln in metrics.splitlines() if ln.startswith(("posttrain_batch_size_sum", "posttrain_batch_size_count",
-                                                                "posttrain_fast_overflows_total{"))]
+        print(
+            f"  served by {tier:8s} ({len(tl):3d}): latency p50 {pct(tl, 0.5) * 1000:.0f} ms p99 "
+            f"{pct(tl, 0.99) * 1000:.0f} ms; "
+            f"TTFT p50 {pct(tt, 0.5) * 1000:.0f} ms p99 {pct(tt, 0.99) * 1000:.0f} ms"
+        )
+    sizes = [
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith(("posttrain_batch_size_sum", "posttrain_batch_size_count", "posttrain_fast_overflows_total{"))
+    ]
     print(f"throughput {toks / wall:.0f} output tokens/s over {wall:.1f} s; {'; '.join(sizes)}")
     print(f"peak RSS (client process) {peak_rss_mb():.0f} MB")
     if errors:

@@ -55,7 +55,7 @@ def interleaved(trainers: dict[str, Trainer], batches: list[TrainBatch]) -> dict
     thread it does not count time spent waiting for a core on a shared machine);
     the trainers take turns at every step, so drifting load hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in trainers}
-    for name, trainer in trainers.items():
+    for trainer in trainers.values():
         trainer.step(batches[0])  # warm-up
     for b in batches[1:]:
         for name, trainer in trainers.items():

@@ -110,11 +110,24 @@ def byo(args: argparse.Namespace) -> None:
         "choice": ({"name": "choice"}, "C", "The answer is (C)", "The answer is (B)"),
         "regex": ({"name": "regex"}, r"\d{3}-\d{4}", "<answer>555-1234</answer>", "<answer>55-1234</answer>"),
         "math (math-verify worker)": ({"name": "math"}, "\\frac{1}{2}", "<answer>0.5</answer>", "<answer>1/3</answer>"),
-        "json": ({"name": "json"}, {"name": "Ada", "age": 36}, '{"name": "Ada", "age": 36}', '{"name": "Bo", "age": 36}'),
-        "sql (in-memory SQLite)": ({"name": "sql", "setup_field": "setup"}, "SELECT y FROM t WHERE x > 40",
-                                   "<answer>SELECT y FROM t WHERE x >= 41</answer>", "<answer>SELECT y FROM t</answer>"),
-        "composite (exact + regex)": ({"name": "composite", "parts": [{"verifier": "exact"}, {"verifier": {"name": "regex", "pattern": "^.*$"}}]},
-                                      "42", "<answer>42</answer>", "<answer>41</answer>"),
+        "json": (
+            {"name": "json"},
+            {"name": "Ada", "age": 36},
+            '{"name": "Ada", "age": 36}',
+            '{"name": "Bo", "age": 36}',
+        ),
+        "sql (in-memory SQLite)": (
+            {"name": "sql", "setup_field": "setup"},
+            "SELECT y FROM t WHERE x > 40",
+            "<answer>SELECT y FROM t WHERE x >= 41</answer>",
+            "<answer>SELECT y FROM t</answer>",
+        ),
+        "composite (exact + regex)": (
+            {"name": "composite", "parts": [{"verifier": "exact"}, {"verifier": {"name": "regex", "pattern": "^.*$"}}]},
+            "42",
+            "<answer>42</answer>",
+            "<answer>41</answer>",
+        ),
         "python (worker process)": ({"name": "python", "path": "bench_rewards:score"}, "9", "9", "8"),
     }
     n = max(20, round(400 * args.scale))
@@ -122,7 +135,9 @@ def byo(args: argparse.Namespace) -> None:
     for label, (spec, answer, good, bad) in specs.items():
         v = build_verifier(VerifierSpec.model_validate(spec))
         cases = [(_task(answer, setup=setup), ep(good), ep(bad))]
-        k = n // 10 if label.startswith(("math", "python")) else n if label.startswith("sql") else 50 * n  # cheap ones: enough calls to time
+        k = (
+            n // 10 if label.startswith(("math", "python")) else n if label.startswith("sql") else 50 * n
+        )  # cheap ones: enough calls to time
         print(f"{label:<38} {k:>7} {_rate(v, cases, k):>9.1f}")
         getattr(v, "close", lambda: None)()
     tests = [{"args": [i, 0, 10], "expected": max(0, min(i, 10))} for i in (-3, 5, 12)]
@@ -136,7 +151,10 @@ def byo(args: argparse.Namespace) -> None:
         print(f"{'code (3 tests per row, sandbox)':<38} skipped: {exc}")
     rm = _reward_model(tmp)
     v = build_verifier(VerifierSpec.model_validate({"name": "reward_model", "path": rm}))
-    print(f"{'reward_model (micro, CPU, 1 thread)':<38} {n // 4:>7} {_rate(v, [(_task('9'), ep('9'), ep('x'))], n // 4):>9.1f}")
+    print(
+        f"{'reward_model (micro, CPU, 1 thread)':<38} {n // 4:>7} "
+        f"{_rate(v, [(_task('9'), ep('9'), ep('x'))], n // 4):>9.1f}"
+    )
     _judge(tmp, n)
 
 
@@ -166,10 +184,9 @@ def _judge(tmp: str, n: int) -> None:
     from posttrain.byo.config import VerifierSpec
     from posttrain.byo.verifiers import build_verifier
     from posttrain.model.arch import random_model
+    from posttrain.model.pretrain import BaseConfig, default_dir
     from posttrain.serve.config import ServeConfig
     from posttrain.serve.server import build_server
-
-    from posttrain.model.pretrain import BaseConfig, default_dir
 
     path = str(default_dir(BaseConfig()))  # the embedded base answers `a-b=` with digits: its first digit is the grade
     if not os.path.isfile(os.path.join(path, "config.json")):

@@ -153,7 +153,9 @@ def run_lora(args: argparse.Namespace, device: torch.device, results: dict[str, 
     vocab = SHAPES[args.preset][5]
     times = []
     for step in range(1, 4):
-        batch = to_batch(engine.generate(requests(args.prompts, args.group, args.prompt_len, args.max_tokens, vocab, step)))
+        batch = to_batch(
+            engine.generate(requests(args.prompts, args.group, args.prompt_len, args.max_tokens, vocab, step))
+        )
         sync(device)
         t0 = time.perf_counter()
         stats = trainer.step(batch)
@@ -162,7 +164,9 @@ def run_lora(args: argparse.Namespace, device: torch.device, results: dict[str, 
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     results["lora"] = {"trainable_parameters": trainable, "train_s_per_step": sum(times[1:]) / len(times[1:]),
                        "last_outcome": stats.outcome}
-    print(f"lora r=16: {trainable:,} trainable parameters, {results['lora']['train_s_per_step']:.2f} s/step", flush=True)
+    print(
+        f"lora r=16: {trainable:,} trainable parameters, {results['lora']['train_s_per_step']:.2f} s/step", flush=True
+    )
     del trainer, engine, model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -227,9 +231,14 @@ def main() -> int:
     args.out.write_text(json.dumps(results, indent=1))
     loop = results.get("loop", {})
     if loop:
-        print(f"\n{results['gpu']} | {results['parameters']:,} parameters | generation {loop['gen_tokens_per_s']:.0f} tok/s "
-              f"| {loop['train_s_per_step']:.2f} s/train step | peak memory {loop['peak_memory_bytes'] / 2**30:.2f} GiB")
-        print("loss curve (on-policy GRPO: ~0 by construction): " + " ".join(f"{c['loss']:+.2e}" for c in loop["curve"]))
+        print(
+            f"\n{results['gpu']} | {results['parameters']:,} parameters | generation {loop['gen_tokens_per_s']:.0f} "
+            "tok/s "
+            f"| {loop['train_s_per_step']:.2f} s/train step | peak memory {loop['peak_memory_bytes'] / 2**30:.2f} GiB"
+        )
+        print(
+            "loss curve (on-policy GRPO: ~0 by construction): " + " ".join(f"{c['loss']:+.2e}" for c in loop["curve"])
+        )
         print("reward curve: " + " ".join(f"{c['reward_mean']:.4f}" for c in loop["curve"]))
     print(f"results: {args.out}")
     return 1 if failed else 0

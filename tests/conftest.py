@@ -23,7 +23,6 @@ def micro_base(tmp_path_factory) -> str:
 def raising_domain(monkeypatch):
     """Register, for one test, a procedural domain whose verifier always raises
     (an infra failure: its rollouts must be masked and counted, never scored 0)."""
-    import random
 
     from posttrain.domains import registry
     from posttrain.domains.base import ProceduralDomain

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from posttrain.errors import ConfigError
 from posttrain.model.pretrain import BaseConfig
+from posttrain.monitor.config import MonitorConfig
 from posttrain.pipeline.config import PipelineConfig, Runtime
 from posttrain.sandbox.config import SandboxConfig
 from posttrain.scale.config import EngineConfig
-from posttrain.monitor.config import MonitorConfig
 from posttrain.tasks.config import TasksConfig
 from posttrain.trainer.config import TrainerConfig
 
@@ -117,7 +117,7 @@ class EvalConfig(Section):
         return tuple(sorted(set(v)))
 
     @model_validator(mode="after")
-    def _k_within_samples(self) -> "EvalConfig":
+    def _k_within_samples(self) -> EvalConfig:
         if self.samples and max(self.k) > self.samples:
             raise ValueError(f"eval.k: every k must be at most eval.samples={self.samples}, got {list(self.k)}")
         return self

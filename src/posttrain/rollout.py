@@ -8,8 +8,9 @@ are not all equal.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
@@ -39,7 +40,11 @@ class Rollout:
 def score_one(task: Task, completion: Completion) -> tuple[Score | None, str | None, str | None]:
     """The verifier's score, or (None, kind, message) when it raised."""
     try:
-        return get(task.domain).score(task, Episode(completion.text, finish_reason=completion.finish_reason)), None, None
+        return (
+            get(task.domain).score(task, Episode(completion.text, finish_reason=completion.finish_reason)),
+            None,
+            None,
+        )
     except Exception as exc:  # any escape from a verifier is an infra error, never reward 0
         return None, "verifier" if classify(exc) == "infra" else classify(exc), f"{type(exc).__name__}: {exc}"
 

@@ -40,18 +40,20 @@ class RunDir:
         return self.path / "checkpoints"
 
     @classmethod
-    def create(cls, cfg: Config) -> "RunDir":
+    def create(cls, cfg: Config) -> RunDir:
         name = cfg.run.name or time.strftime("%Y%m%d-%H%M%S")
         path = Path(cfg.run.out_dir) / name
         if path.exists() and any(path.iterdir()):
-            raise ConfigError(f"run.name: run directory {str(path)!r} exists and is not empty (use --resume to continue it)")
+            raise ConfigError(
+                f"run.name: run directory {str(path)!r} exists and is not empty (use --resume to continue it)"
+            )
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
         run.config_path.write_text(dump_config(cfg))
         return run
 
     @classmethod
-    def open(cls, path: str | Path) -> tuple["RunDir", Config]:
+    def open(cls, path: str | Path) -> tuple[RunDir, Config]:
         run = cls(Path(path))
         if not run.config_path.is_file():
             raise ConfigError(f"{str(path)!r} is not a run directory (no config.yaml)")

@@ -6,8 +6,9 @@ Invariant: every record here is immutable and JSON-serialisable through
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 Split = Literal["train", "eval"]
 CostClass = Literal["short", "long"]

@@ -4,12 +4,16 @@ from __future__ import annotations
 import json
 
 from byo_testlib import rows, write_jsonl
+
 from posttrain.cli import main
 
 
 def test_validate_and_stats_on_a_clean_file(tmp_path, capsys):
     path = write_jsonl(tmp_path / "q.jsonl", rows(80) + rows(80)[:3])  # 3 exact duplicates
-    assert main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "numeric"]) == 0
+    assert (
+        main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "numeric"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "83 rows" in out and "3 exact" in out and "pass their verifier" in out and "ok" in out
     assert main(["tasks", "stats", str(path), "--field", "prompt=q", "--field", "answer=a"]) == 0
@@ -35,7 +39,9 @@ def test_unusable_input_exits_2(tmp_path, capsys):
     path = write_jsonl(tmp_path / "q.jsonl", rows(30))
     assert main(["tasks", "validate", str(path), "--field", "question=q"]) == 2
     assert "unknown field 'question'" in capsys.readouterr().err
-    assert main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "fuzzy"]) == 2
+    assert (
+        main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "fuzzy"]) == 2
+    )
     assert "unknown verifier 'fuzzy'" in capsys.readouterr().err
     assert main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a",
                  "--verifier", "no_such_mod:f"]) == 2
@@ -64,7 +70,10 @@ def test_the_example_validates_and_its_data_is_reproducible(tmp_path, monkeypatc
 def test_domains_lists_shows_and_checks_a_configs_source_domains(tmp_path, capsys):
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"tasks:\n  domains:\n    mine: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: numeric}}\n")
+    cfg.write_text(
+        f"tasks:\n  domains:\n    mine: {{source: {{path: {path}, "
+        "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: numeric}\n"
+    )
     assert main(["domains", "--config", str(cfg), "--json", "--no-sample"]) == 0
     row = next(r for r in json.loads(capsys.readouterr().out) if r["name"] == "mine")
     assert row["origin"] == f"file {path}" and row["verifier"] == "numeric"

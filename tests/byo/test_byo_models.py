@@ -3,16 +3,14 @@ over HTTP; both run training steps; judge scores are cached and every call is lo
 down is an infra error on every rollout, never reward 0."""
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from byo_testlib import rows, train_cfg, write_jsonl
+
 from posttrain.byo.config import VerifierSpec
 from posttrain.byo.domain import RowRef
 from posttrain.byo.verifiers import build_verifier
@@ -103,7 +101,9 @@ def judge_server(micro_base):
         proc.wait(timeout=30)
 
 
-RUBRIC = "{prompt}{completion}"  # the micro model answers arithmetic with digits (sampled): its first digit is the grade
+RUBRIC = (
+    "{prompt}{completion}"  # the micro model answers arithmetic with digits (sampled): its first digit is the grade
+)
 
 
 def _judge(url, cache) -> dict:

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from byo_testlib import rows, write_jsonl
 
 PKG = Path(__file__).parent / "plugin_pkg"
@@ -17,7 +16,9 @@ ENV = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
 
 
 def _posttrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "posttrain.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +44,12 @@ def test_plugin_is_listed_and_trains(installed, tmp_path, micro_base):
     cfg = tmp_path / "plug.yaml"
     cfg.write_text(
         "tasks:\n  domains:\n    plug_double: {}\n"
-        f"    ends: {{source: {{path: {data}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: {{name: last_digit}}}}\n"
+        f"    ends: {{source: {{path: {data}, "
+        "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: {name: last_digit}}\n"
         "rollout: {prompts_per_step: 4, group_size: 4, max_tokens: 6}\neval: {tasks_per_domain: 4, max_tokens: 6}\n"
         f"run: {{steps: 2, threads: 1, progress: false, checkpoint_every: 0, out_dir: {tmp_path}, name: plug}}\n"
-        f"model: {{path: {micro_base}}}\nmonitor: {{report: false}}\n")
+        f"model: {{path: {micro_base}}}\nmonitor: {{report: false}}\n"
+    )
     run = _posttrain("train", str(cfg))
     assert run.returncode == 0, run.stderr[-2000:]
     table = json.loads((tmp_path / "plug" / "eval.json").read_text())

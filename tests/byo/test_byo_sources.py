@@ -6,8 +6,8 @@ import csv
 import json
 
 import pytest
-
 from byo_testlib import rows, write_jsonl
+
 from posttrain.byo.build import source_domain
 from posttrain.config import load_config
 from posttrain.errors import ConfigError, TaskError
@@ -75,7 +75,9 @@ def test_split_column_and_datasets_dict(tmp_path):
                                                                    "fields": {**FIELDS, "split": "part"}}}))
     assert d.size("eval") == 10 and d.size("train") == 20 and d.index.skipped == 10
     assert all(int(t.split(":r")[1]) % 4 == 0 for t in _all(d, "eval"))
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(data[:30]), "test": datasets.Dataset.from_list(data[30:])})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(data[:30]), "test": datasets.Dataset.from_list(data[30:])}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     d2 = source_domain("dd", DomainSpec.model_validate({"source": {"path": str(tmp_path / "dd"), "fields": FIELDS}}))
     assert d2.size("train") == 30 and d2.size("eval") == 10
@@ -114,7 +116,9 @@ def test_jsonl_is_indexed_by_offset_not_loaded(tmp_path):
 def test_csv_quoted_field_spanning_lines(tmp_path):
     path = tmp_path / "m.csv"
     path.write_text('q,a\n"two\nlines",1\nplain,2\n"x,y",3\n' + "".join(f"p{i},{i}\n" for i in range(30)))
-    spec = DomainSpec.model_validate({"source": {"path": str(path), "fields": {"prompt": "q", "answer": "a"}, "eval_percent": 50}})
+    spec = DomainSpec.model_validate(
+        {"source": {"path": str(path), "fields": {"prompt": "q", "answer": "a"}, "eval_percent": 50}}
+    )
     d = source_domain("csvm", spec)
     prompts = {d.task_at(p, "train", 1).prompt[-1].content for p in range(len(d.index.locs))}
     assert {"two\nlines", "plain", "x,y"} <= prompts
@@ -148,7 +152,9 @@ def test_missing_file_unknown_field_unknown_verifier(tmp_path):
 
 def test_name_taken_by_a_builtin_names_both_origins(tmp_path):
     path = write_jsonl(tmp_path / "q.jsonl", rows(30))
-    cfg = load_config(None, [f"tasks.domains={{add: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}}}}}}}"]).tasks
+    cfg = load_config(
+        None, [f"tasks.domains={{add: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}}}}}}}"]
+    ).tasks
     with pytest.raises(TaskError, match=r"taken by builtin \(posttrain.domains.add\)"):
         TaskPool(cfg)
 
@@ -166,8 +172,16 @@ def test_messages_system_prompt_and_template(tmp_path):
     data = [{"chat": [{"role": "user", "content": f"{i}+{i}="}], "gold": str(2 * i), "sys": "be brief" if i % 2 else ""}
             for i in range(10, 60)]
     path = write_jsonl(tmp_path / "m.jsonl", data)
-    spec = DomainSpec.model_validate({"source": {"path": str(path), "fields": {"messages": "chat", "answer": "gold", "system": "sys"},
-                                                 "system_prompt": "answer with digits", "eval_percent": 30}})
+    spec = DomainSpec.model_validate(
+        {
+            "source": {
+                "path": str(path),
+                "fields": {"messages": "chat", "answer": "gold", "system": "sys"},
+                "system_prompt": "answer with digits",
+                "eval_percent": 30,
+            }
+        }
+    )
     d = source_domain("chat", spec)
     roles = {tuple(m.role for m in d.sample(i, "train", 1).prompt) for i in range(d.size("train"))}
     assert roles == {("system", "user")}
@@ -175,14 +189,30 @@ def test_messages_system_prompt_and_template(tmp_path):
     assert systems == {"be brief", "answer with digits"}
     bad = write_jsonl(tmp_path / "b.jsonl", [{"chat": [{"role": "bot", "content": "x"}], "gold": "1"}] * 3)
     with pytest.raises(TaskError, match=r"line 1: messages\[0\] must be"):
-        source_domain("badchat", DomainSpec.model_validate({"source": {"path": str(bad), "fields": {"messages": "chat", "answer": "gold"}}}))
-    t = source_domain("tpl", DomainSpec.model_validate({"source": {"path": str(write_jsonl(tmp_path / "t.jsonl", rows(40))),
-                      "fields": FIELDS, "template": "Compute: {prompt}"}})).sample(0, "train", 1)
+        source_domain(
+            "badchat",
+            DomainSpec.model_validate({"source": {"path": str(bad), "fields": {"messages": "chat", "answer": "gold"}}}),
+        )
+    t = source_domain(
+        "tpl",
+        DomainSpec.model_validate(
+            {
+                "source": {
+                    "path": str(write_jsonl(tmp_path / "t.jsonl", rows(40))),
+                    "fields": FIELDS,
+                    "template": "Compute: {prompt}",
+                }
+            }
+        ),
+    ).sample(0, "train", 1)
     assert t.prompt[-1].content.startswith("Compute: ") and t.prompt[-1].content.endswith("=")
 
 
 def test_difficulty_column_drives_the_curriculum_levels(files):
-    spec = f"{{mine: {{source: {{path: {files['jsonl']}, fields: {{prompt: q, answer: a, difficulty: lvl}}}}, verifier: numeric}}}}"
+    spec = (
+        f"{{mine: {{source: {{path: {files['jsonl']}, "
+        "fields: {prompt: q, answer: a, difficulty: lvl}}, verifier: numeric}}"
+    )
     pool = TaskPool(load_config(None, [f"tasks.domains={spec}"]).tasks, seed=0)
     assert pool.domains["mine"].levels == 2
     for t in pool.draw(20):

@@ -6,8 +6,8 @@ import json
 import os
 
 import pytest
-
 from byo_testlib import rows, train_cfg, write_jsonl
+
 from posttrain.rundir import read_metrics
 from posttrain.trace import TraceStore
 
@@ -32,8 +32,10 @@ def test_train_on_a_source_domain(tmp_path, micro_base, fmt):
     from posttrain.loop import train
 
     path = _write(tmp_path, fmt)
-    domains = (f"{{mine: {{weight: 2, source: {{path: {path}, fields: {{prompt: q, answer: a, id: id, difficulty: lvl}}, "
-               f"cheats: ['0', '']}}, verifier: numeric}}, add: {{difficulty: 1}}}}")
+    domains = (
+        f"{{mine: {{weight: 2, source: {{path: {path}, fields: {{prompt: q, answer: a, id: id, difficulty: lvl}}, "
+        f"cheats: ['0', '']}}, verifier: numeric}}, add: {{difficulty: 1}}}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, fmt, domains, "run.steps=2"), log=lambda *_: None)
     rows_ = TraceStore(result.run_dir / "trace.db").recent(200)
     mine = [r for r in rows_ if r["domain"] == "mine"]
@@ -52,8 +54,10 @@ def test_a_verifier_accepting_a_declared_cheat_is_refused(tmp_path, micro_base):
 
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
     # a regex verifier with a loose pattern accepts any number: the declared cheat "0" gets through
-    domains = (f"{{loose: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, cheats: ['0'], eval_percent: 20}}, "
-               f"verifier: {{name: regex, pattern: '\\d+', extract: whole}}}}, add: {{difficulty: 1}}}}")
+    domains = (
+        f"{{loose: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, cheats: ['0'], eval_percent: 20}}, "
+        f"verifier: {{name: regex, pattern: '\\d+', extract: whole}}}}, add: {{difficulty: 1}}}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, "cheat", domains, "run.steps=1", "monitor.probes.action=exclude"),
                    log=lambda *_: None)
     probe = [r for r in read_metrics(result.run_dir / "metrics.jsonl", "probe") if r["domain"] == "loose"]
@@ -69,7 +73,9 @@ def test_a_raising_callable_is_masked_and_counted(tmp_path, micro_base, monkeypa
                f"verifier: 'byo_rewards:raises'}}, add: {{difficulty: 1}}}}")
     result = train(train_cfg(tmp_path, micro_base, "raise", domains, "run.steps=2"), log=lambda *_: None)
     boom = [r for r in TraceStore(result.run_dir / "trace.db").recent(200) if r["domain"] == "boom"]
-    assert boom and all(r["reward"] is None and r["error_kind"] == "verifier" and "user bug" in r["error"] for r in boom)
+    assert boom and all(
+        r["reward"] is None and r["error_kind"] == "verifier" and "user bug" in r["error"] for r in boom
+    )
     train_rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
     assert sum(r["infra_errors"] for r in train_rows) == len(boom)
     table = json.loads((result.run_dir / "eval.json").read_text())
@@ -80,7 +86,10 @@ def test_verification_in_worker_processes_rebuilds_the_file_domain(tmp_path, mic
     from posttrain.loop import train
 
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
-    domains = f"{{procs: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: numeric}}}}"
+    domains = (
+        f"{{procs: {{source: {{path: {path}, "
+        "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: numeric}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, "procs", domains, "run.steps=1", "pipeline.verify_processes=1"),
                    log=lambda *_: None)
     got = TraceStore(result.run_dir / "trace.db").recent(100)

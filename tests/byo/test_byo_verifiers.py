@@ -2,8 +2,8 @@
 in a worker with a time limit and its failures are infra errors (VerifierError), never reward 0."""
 from __future__ import annotations
 
-import os
 import json
+import os
 import sqlite3
 
 import pytest
@@ -25,20 +25,32 @@ def score(spec, answer, completion, **metadata):
     return build_verifier(VerifierSpec.model_validate(spec)).score(task(answer, **metadata), Episode(completion))
 
 
-@pytest.mark.parametrize("spec, answer, good, bad", [
-    ({"name": "exact"}, "Paris", "<answer>Paris</answer>", "<answer>paris</answer>"),
-    ({"name": "exact", "case_sensitive": False, "strip_punctuation": True}, "Paris", "<answer> paris. </answer>", "Lyon"),
-    ({"name": "exact"}, ["NYC", "New York"], "New  York", "York"),
-    ({"name": "numeric", "tolerance": 0.01}, "3.14159", "about 3.14", "3.2"),
-    ({"name": "numeric", "relative": 0.01}, 1000, "1,005", "1,020"),
-    ({"name": "numeric"}, "0.75", "3/4", "2/3"),
-    ({"name": "choice", "letters": "ABCDE"}, "C", "The answer is (C).", "I pick B"),
-    ({"name": "regex"}, r"\d{3}-\d{4}", "555-1234", "555-12345"),
-    ({"name": "regex", "pattern": "(?i)^.*{answer}$", "full": False}, "blue", "it is BLUE", "blue sky"),
-    ({"name": "json", "required": ["name"], "types": {"age": "integer"}}, {"name": "Ada", "age": 36},
-     '```json\n{"name": "ada", "age": 36}\n```', '{"name": "Ada", "age": 37}'),
-    ({"name": "math"}, "\\frac{1}{2}", "<answer>0.5</answer>", "<answer>1/3</answer>"),
-])
+@pytest.mark.parametrize(
+    "spec, answer, good, bad",
+    [
+        ({"name": "exact"}, "Paris", "<answer>Paris</answer>", "<answer>paris</answer>"),
+        (
+            {"name": "exact", "case_sensitive": False, "strip_punctuation": True},
+            "Paris",
+            "<answer> paris. </answer>",
+            "Lyon",
+        ),
+        ({"name": "exact"}, ["NYC", "New York"], "New  York", "York"),
+        ({"name": "numeric", "tolerance": 0.01}, "3.14159", "about 3.14", "3.2"),
+        ({"name": "numeric", "relative": 0.01}, 1000, "1,005", "1,020"),
+        ({"name": "numeric"}, "0.75", "3/4", "2/3"),
+        ({"name": "choice", "letters": "ABCDE"}, "C", "The answer is (C).", "I pick B"),
+        ({"name": "regex"}, r"\d{3}-\d{4}", "555-1234", "555-12345"),
+        ({"name": "regex", "pattern": "(?i)^.*{answer}$", "full": False}, "blue", "it is BLUE", "blue sky"),
+        (
+            {"name": "json", "required": ["name"], "types": {"age": "integer"}},
+            {"name": "Ada", "age": 36},
+            '```json\n{"name": "ada", "age": 36}\n```',
+            '{"name": "Ada", "age": 37}',
+        ),
+        ({"name": "math"}, "\\frac{1}{2}", "<answer>0.5</answer>", "<answer>1/3</answer>"),
+    ],
+)
 def test_named_verifiers(spec, answer, good, bad):
     assert score(spec, answer, good).value == 1.0
     worse = score(spec, answer, bad)
@@ -54,7 +66,10 @@ def test_json_f1_is_graded():
 def test_sql_result_set_on_a_file_and_on_setup(tmp_path):
     db = tmp_path / "shop.db"
     con = sqlite3.connect(db)
-    con.executescript("CREATE TABLE p (id INTEGER, name TEXT, price REAL); INSERT INTO p VALUES (1,'pen',2.5),(2,'ink',9),(3,'cap',1);")
+    con.executescript(
+        "CREATE TABLE p (id INTEGER, name TEXT, price REAL); INSERT INTO p VALUES "
+        "(1,'pen',2.5),(2,'ink',9),(3,'cap',1);"
+    )
     con.commit()
     con.close()
     spec = {"name": "sql", "database": str(db)}
@@ -129,7 +144,11 @@ def test_callable_that_does_not_import_is_a_config_error(userfns):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server sandbox backend needs root")
 def test_code_tests_per_row_run_in_the_sandbox():
-    tests = [{"args": [5, 0, 10], "expected": 5}, {"args": [-3, 0, 10], "expected": 0}, {"args": [12, 0, 10], "expected": 10}]
+    tests = [
+        {"args": [5, 0, 10], "expected": 5},
+        {"args": [-3, 0, 10], "expected": 0},
+        {"args": [12, 0, 10], "expected": 10},
+    ]
     spec = {"name": "code", "entry": "clamp"}
     good = "```python\ndef clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n```"
     half = "```python\ndef clamp(x, lo, hi):\n    return max(lo, x)\n```"

@@ -68,7 +68,11 @@ def test_two_processes_produce_the_same_tasks():
     procs = []
     for hash_seed in ("0", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-c", _DIGEST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _DIGEST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+            )
+        )
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=600)
@@ -79,7 +83,9 @@ def test_two_processes_produce_the_same_tasks():
     assert differ == [], f"tasks differ across processes: {differ}"
     # and this process agrees with them
     d = DOMAINS["math_gcd"]
-    blob = json.dumps([to_dict(d.sample(i, s, 1)) for s in ("train", "eval") for i in (0, 7)], sort_keys=True, default=str)
+    blob = json.dumps(
+        [to_dict(d.sample(i, s, 1)) for s in ("train", "eval") for i in (0, 7)], sort_keys=True, default=str
+    )
     assert hashlib.sha256(blob.encode()).hexdigest()[:16] == outs[0]["math_gcd"]
 
 

@@ -4,7 +4,6 @@ field-level F1 for documents."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -61,7 +60,10 @@ def test_rg_domains_do_not_import_reasoning_gym_at_registration():
     import subprocess
     import sys
 
-    code = "import sys; from posttrain.domains.registry import all_domains; all_domains(); print('reasoning_gym' in sys.modules)"
+    code = (
+        "import sys; from posttrain.domains.registry import all_domains; all_domains(); print('reasoning_gym' in "
+        "sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-1000:]
 

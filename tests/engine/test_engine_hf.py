@@ -197,7 +197,9 @@ def test_stop_strings_end_the_completion_before_the_stop(engine):
     full = engine.generate([GenerationRequest(p, SamplingParams(max_tokens=30, temperature=0))])[0][0]
     assert full.finish_reason == "length" and len(full.text) == 30
     stop = full.text[10:13]
-    cut = engine.generate([GenerationRequest(p, SamplingParams(max_tokens=30, temperature=0, stop=("#@!", stop)))])[0][0]
+    cut = engine.generate([GenerationRequest(p, SamplingParams(max_tokens=30, temperature=0, stop=("#@!", stop)))])[0][
+        0
+    ]
     first = full.text.find(stop)
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[:first]

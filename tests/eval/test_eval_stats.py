@@ -9,10 +9,13 @@ from posttrain.evaluate.stats import maj_at_k, mcnemar_p, paired_deltas, pass_at
 
 
 def test_wilson_matches_hand_derivation():
-    # k=8, n=10, z=1.96: centre = (0.8 + 1.9208/10) / 1.38416 = 0.71672; half = 1.96*sqrt(0.016 + 0.009604)/1.38416 = 0.22656
+    # k=8, n=10, z=1.96: centre = (0.8 + 1.9208/10) / 1.38416 = 0.71672;
+    # half = 1.96*sqrt(0.016 + 0.009604)/1.38416 = 0.22656
     lo, hi = wilson(8, 10)
     assert lo == pytest.approx(0.49016, abs=2e-4) and hi == pytest.approx(0.94330, abs=2e-4)
-    assert wilson(0, 50)[0] == pytest.approx(0.0, abs=1e-12) and 0.06 < wilson(0, 50)[1] < 0.08  # never a zero-width interval at 0
+    assert (
+        wilson(0, 50)[0] == pytest.approx(0.0, abs=1e-12) and 0.06 < wilson(0, 50)[1] < 0.08
+    )  # never a zero-width interval at 0
     assert wilson(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError):
         wilson(3, 2)

@@ -1,4 +1,5 @@
-"""The monitor in real training runs on the micro base: planted hackable verifier, planted entropy collapse, report, explain.
+"""The monitor in real training runs on the micro base: planted hackable verifier, planted entropy
+collapse, report, explain.
 
 No test here depends on where a training trajectory happens to go: the collapse is planted
 (`plant_collapse`: from a fixed step the policy's logits are sharpened ~50x), so the alarm
@@ -10,8 +11,8 @@ import shutil
 import subprocess
 
 import pytest
-
 from monitor_testlib import TINY, Coin, Letters, plant_collapse, plant_digit_hack
+
 from posttrain.cli import main
 from posttrain.config import load_config
 from posttrain.domains import registry
@@ -42,7 +43,13 @@ def test_probe_refuses_hackable_verifier(tmp_path, micro_base, planted):
     with pytest.raises(VerifierError, match="test_letters: verifier digit_hack@1 accepts"):
         _train(tmp_path, micro_base, "alone", "run.steps=2", "tasks.domains={test_letters: {difficulty: 1}}")
     # beside a sound domain, the hackable one is never trained on
-    result = _train(tmp_path, micro_base, "mixed", "run.steps=2", "tasks.domains={test_letters: {difficulty: 1}, reverse: {difficulty: 1}}")
+    result = _train(
+        tmp_path,
+        micro_base,
+        "mixed",
+        "run.steps=2",
+        "tasks.domains={test_letters: {difficulty: 1}, reverse: {difficulty: 1}}",
+    )
     store = TraceStore(result.run_dir / "trace.db")
     assert store.recent(1000, "test_letters") == []
     assert store.count() == 2 * 8 * 8  # every draw went to the sound domain
@@ -98,7 +105,9 @@ def test_entropy_collapse_alarm_on_planted_collapse(collapsed):
     # not before the collapse fills a window, and no later than the first window it fills
     assert PLANT < hit["step"] <= FIRST_FULL_WINDOW
     assert hit["data"]["recent"] < 0.05 * hit["data"]["baseline"]  # the rule needs < 0.25: a wide margin
-    assert any(e["data"] and '"entropy_collapse"' in e["data"] for e in TraceStore(collapsed / "trace.db").events("alarm"))
+    assert any(
+        e["data"] and '"entropy_collapse"' in e["data"] for e in TraceStore(collapsed / "trace.db").events("alarm")
+    )
 
 
 def test_no_entropy_alarm_at_sane_lr(tmp_path, micro_base, planted):
@@ -134,8 +143,19 @@ def test_report_command_and_trace_explain(collapsed, tmp_path, capsys, monkeypat
     capsys.readouterr()
     assert main(["trace", "explain", used[:10], "--run", str(collapsed)]) == 0
     text = capsys.readouterr().out
-    for needle in ("-- prompt", "-- sampling parameters", "temperature=1.0", "-- completion", "-- execution result",
-                   "-- verifier coin_flip@1", "reward parts: outcome=", "used by train step", "advantage", "ratio", "clipped"):
+    for needle in (
+        "-- prompt",
+        "-- sampling parameters",
+        "temperature=1.0",
+        "-- completion",
+        "-- execution result",
+        "-- verifier coin_flip@1",
+        "reward parts: outcome=",
+        "used by train step",
+        "advantage",
+        "ratio",
+        "clipped",
+    ):
         assert needle in text, needle
     assert main(["trace", "explain", "nosuchid", "--run", str(collapsed)]) == 2
     # without --run, the newest run under ./runs holding the id is found
@@ -154,10 +174,22 @@ def test_report_opens_in_headless_chromium(collapsed, tmp_path):
         pytest.skip("no Chromium on this machine (apt-get install -y chromium)")
     shot = tmp_path / "report.png"
     proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400", f"--screenshot={shot}",
-         (collapsed / "report.html").as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1280,2400",
+            f"--screenshot={shot}",
+            (collapsed / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.is_file() and shot.stat().st_size > 20_000
@@ -180,6 +212,9 @@ def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted, m
     fired = lambda run: [(a["step"], a["domain"], a["done"]) for a in _alarms(run, "entropy_collapse")]  # noqa: E731
     assert all(done.startswith(f"weight of {d} x0.5") for _, d, done in fired(full.run_dir))
     assert FIRST_FULL_WINDOW < 7
-    assert {d for step, d, _ in fired(full.run_dir) if step <= 7} == {"test_coin", "reverse"}  # lowered before the checkpoint
+    assert {d for step, d, _ in fired(full.run_dir) if step <= 7} == {
+        "test_coin",
+        "reverse",
+    }  # lowered before the checkpoint
     assert fired(resumed.run_dir) == fired(full.run_dir)  # the history was rebuilt from metrics.jsonl on resume
     assert rows(full.run_dir) == rows(resumed.run_dir)  # same draws after the weight change, same samples

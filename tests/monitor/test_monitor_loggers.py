@@ -11,7 +11,10 @@ from posttrain.monitor.loggers import build_loggers, flatten
 
 
 def test_flatten_keeps_finite_numbers_only():
-    values = {"train": {"loss": 0.5, "outcome": "applied", "ok": True}, "domains": {"add": {"entropy": 1.0, "nan": float("nan")}}}
+    values = {
+        "train": {"loss": 0.5, "outcome": "applied", "ok": True},
+        "domains": {"add": {"entropy": 1.0, "nan": float("nan")}},
+    }
     assert flatten("", values, {}) == {"train/loss": 0.5, "domains/add/entropy": 1.0}
 
 

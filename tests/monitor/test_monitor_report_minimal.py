@@ -15,7 +15,16 @@ def test_report_of_a_bare_run(tmp_path):
     log = MetricsLog(run / "metrics.jsonl")
     for step in range(1, 4):
         log.write("train", step, reward_mean=0.1 * step, reward_by_domain={"add": 0.1 * step}, generate_idle_share=0.25)
-    log.write("alarm", 2, alarm="entropy_collapse", domain="<b>add</b>", message="m & <i>", action="log", done="logged", data={})
+    log.write(
+        "alarm",
+        2,
+        alarm="entropy_collapse",
+        domain="<b>add</b>",
+        message="m & <i>",
+        action="log",
+        done="logged",
+        data={},
+    )
     log.close()
     page = write_report(run).read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;add&lt;/b&gt;" in page
@@ -30,15 +39,39 @@ def test_sandbox_outcomes_are_counted(tmp_path):
     run = tmp_path / "sb"
     run.mkdir()
     (run / "config.yaml").write_text("{}\n")
-    base = dict(task_id="t", domain="code", split="train", difficulty=1, taskset_version="v", group_id="1:0", model_version=0,
-                sampling={}, prompt="p", completion="c", completion_tokens=1, finish_reason="stop", reward=0.0, passed=False,
-                parts={}, reason="", verifier="tests@1", timings={})
+    base = dict(
+        task_id="t",
+        domain="code",
+        split="train",
+        difficulty=1,
+        taskset_version="v",
+        group_id="1:0",
+        model_version=0,
+        sampling={},
+        prompt="p",
+        completion="c",
+        completion_tokens=1,
+        finish_reason="stop",
+        reward=0.0,
+        passed=False,
+        parts={},
+        reason="",
+        verifier="tests@1",
+        timings={},
+    )
     store = TraceStore(run / "trace.db")
-    store.write_rollouts([RolloutRecord(**base, exec_result={"status": "ok"}), RolloutRecord(**base, exec_result={"status": "ok"}),
-                          RolloutRecord(**base, exec_result={"status": "timeout"}),
-                          RolloutRecord(**{**base, "reward": None}, error_kind="sandbox", error="died"),
-                          RolloutRecord(**{**base, "domain": "add"})])
-    store.add_event("alarm", "domain code paused: its verifier failed 20 groups in a row", domain="code", data={"fail_streak": 20})
+    store.write_rollouts(
+        [
+            RolloutRecord(**base, exec_result={"status": "ok"}),
+            RolloutRecord(**base, exec_result={"status": "ok"}),
+            RolloutRecord(**base, exec_result={"status": "timeout"}),
+            RolloutRecord(**{**base, "reward": None}, error_kind="sandbox", error="died"),
+            RolloutRecord(**{**base, "domain": "add"}),
+        ]
+    )
+    store.add_event(
+        "alarm", "domain code paused: its verifier failed 20 groups in a row", domain="code", data={"fail_streak": 20}
+    )
     store.add_event("alarm", "from the monitor", step=1, domain="code", data={"alarm": "audit_failure"})
     store.close()
     (other,) = load_run(run).alarms  # the monitor's own alarms are read from metrics.jsonl, not twice

@@ -5,8 +5,8 @@ import dataclasses
 import random
 
 import pytest
-
 from monitor_testlib import Letters
+
 from posttrain.config import load_config
 from posttrain.domains.registry import get
 from posttrain.errors import VerifierError
@@ -123,7 +123,12 @@ def test_reward_hacking_and_domain_regression_at_evaluations():
     h.evals = [(0, {"add": 0.2}), (6, {"add": 0.21})]
     assert _kinds(h, EVAL_DETECTORS) == {("reward_hacking", "add")}
     h.evals[-1] = (6, {"add": 0.5})  # held-out followed the train reward: no alarm
-    assert RewardHacking().check(h, load_config(None, ["monitor.alarms.baseline_steps=3", "monitor.alarms.window=3"]).monitor.alarms) == []
+    assert (
+        RewardHacking().check(
+            h, load_config(None, ["monitor.alarms.baseline_steps=3", "monitor.alarms.window=3"]).monitor.alarms
+        )
+        == []
+    )
     g = History(evals=[(0, {"add": 0.5, "sub": 0.2, "mul": 0.2}), (10, {"add": 0.6, "sub": 0.3, "mul": 0.3}),
                        (20, {"add": 0.4, "sub": 0.5, "mul": 0.5})])
     assert _kinds(g, EVAL_DETECTORS) == {("domain_regression", "add")}
@@ -137,8 +142,15 @@ def test_reward_hacking_and_domain_regression_at_evaluations():
 
 @pytest.fixture()
 def monitor_parts(tmp_path):
-    cfg = load_config(None, ["tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}", "monitor.alarms.baseline_steps=3",
-                             "monitor.alarms.window=3", "monitor.alarms.entropy_collapse.action=lower_weight"])
+    cfg = load_config(
+        None,
+        [
+            "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
+            "monitor.alarms.baseline_steps=3",
+            "monitor.alarms.window=3",
+            "monitor.alarms.entropy_collapse.action=lower_weight",
+        ],
+    )
     pool = TaskPool(cfg.tasks, seed=0)
     trace, metrics = TraceStore(tmp_path / "trace.db"), MetricsLog(tmp_path / "metrics.jsonl")
     return cfg, pool, trace, metrics, tmp_path
@@ -170,8 +182,18 @@ def test_actions_fire_once_rearm_and_survive_resume(monitor_parts):
 
 def test_stop_action_and_probe_refusal(monitor_parts, monkeypatch):
     cfg, pool, trace, metrics, run = monitor_parts
-    cfg = cfg.model_copy(update={"monitor": load_config(None, ["monitor.alarms.diversity_collapse.action=stop",
-                                                                "monitor.alarms.baseline_steps=3", "monitor.alarms.window=3"]).monitor})
+    cfg = cfg.model_copy(
+        update={
+            "monitor": load_config(
+                None,
+                [
+                    "monitor.alarms.diversity_collapse.action=stop",
+                    "monitor.alarms.baseline_steps=3",
+                    "monitor.alarms.window=3",
+                ],
+            ).monitor
+        }
+    )
     mon = Monitor(cfg, run, trace, metrics, pool, log=lambda *_: None)
     mon.history.signals["reverse"] = [(i + 1, _sig(distinct_answers=v)) for i, v in enumerate([0.9] * 3 + [0.1] * 3)]
     mon._check(6, STEP_DETECTORS)

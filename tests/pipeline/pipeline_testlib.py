@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from posttrain.errors import GenerationError
 from posttrain.types import Completion, GenerationRequest, Message

@@ -9,8 +9,8 @@ import json
 import os
 
 import pytest
-
 from pipeline_testlib import ScriptedEngine
+
 from posttrain import sandbox
 from posttrain.domains.base import Budget
 from posttrain.domains.code import CodeRun
@@ -113,7 +113,9 @@ def test_persistent_sandbox_fault_is_masked_counted_never_zero(monkeypatch, doma
     monkeypatch.setattr(sandbox, "run", CountingSandbox(fail=-1))
     rollouts, stats, events = _run([get(domain).sample(0, "train", 1)], cfg=PipelineConfig(max_retries=2, **FAST))
     assert stats.counters["retries"] == 2 and stats.counters["masked_execute"] == 2
-    assert all(r.reward is None and r.score is None and r.error_kind == "sandbox" and "injected" in r.error for r in rollouts)
+    assert all(
+        r.reward is None and r.score is None and r.error_kind == "sandbox" and "injected" in r.error for r in rollouts
+    )
     assert "alarm" in events  # the scheduler's degradation applies to a sandbox that keeps failing
 
 
@@ -163,7 +165,9 @@ class BudgetEngine(ScriptedEngine):
                 cap = req.params.max_tokens
                 if len(c.token_ids) > cap:
                     ids = c.token_ids[:cap]
-                    group[j] = Completion(c.prompt_ids, ids, self.decode(ids), c.logprobs[:cap], "length", c.model_version)
+                    group[j] = Completion(
+                        c.prompt_ids, ids, self.decode(ids), c.logprobs[:cap], "length", c.model_version
+                    )
         return out
 
 
@@ -176,7 +180,9 @@ def test_mixed_budgets_generate_in_separate_calls_each_capped_at_its_own():
     specs = {n: s for n, (_, s) in resolve_specs(cfg).items()}
     budgets = domain_budgets(specs, specs)
     assert budgets["add"] == Budget(tokens=16) and budgets[long_name].tokens == 40  # declared, and overridden
-    tasks = [get("add").sample(i, "train", 1) for i in range(3)] + [get(long_name).sample(i, "train", 1) for i in range(3)]
+    tasks = [get("add").sample(i, "train", 1) for i in range(3)] + [
+        get(long_name).sample(i, "train", 1) for i in range(3)
+    ]
     engine = BudgetEngine(lambda context, j: "7" * 100)
     rollouts, stats, _ = _run(tasks, engine=engine, budgets=budgets, params=SamplingParams(n=2, max_tokens=999))
     assert all(len(b) == 1 for b in engine.call_budgets)  # no call mixes budgets: short rows never pad to long ones
@@ -191,8 +197,14 @@ def test_budget_cap_and_eval_use_the_same_budgets():
     assert domain_budgets(["code", "add"], cap=512)["code"].tokens == 512  # rollout.max_tokens caps
     assert domain_budgets(["code", "add"], cap=512)["add"].tokens == 16
     opts = EvalOptions(budgets={"math_arith_nth": 24})
-    assert tokens_for("add", opts) == 16 and tokens_for("math_arith_nth", opts) == 24 and tokens_for("code", opts) == 1024
-    tasks = [get("math_arith_nth").sample(0, "eval", 1), get("add").sample(0, "eval", 1), get("add").sample(1, "eval", 1)]
+    assert (
+        tokens_for("add", opts) == 16 and tokens_for("math_arith_nth", opts) == 24 and tokens_for("code", opts) == 1024
+    )
+    tasks = [
+        get("math_arith_nth").sample(0, "eval", 1),
+        get("add").sample(0, "eval", 1),
+        get("add").sample(1, "eval", 1),
+    ]
     engine = BudgetEngine(lambda context, j: "9" * 100)
     out = _generate(engine, tasks, SamplingParams(n=1), 8, opts)
     assert [len(g[0].token_ids) for g in out] == [24, 16, 16]  # task order kept
@@ -206,13 +218,28 @@ def test_train_runs_code_beside_add_with_their_budgets_and_traces_exec_result(tm
     from posttrain.rundir import read_metrics
     from posttrain.trace import TraceStore
 
-    cfg = load_config(None, [
-        "rollout.prompts_per_step=4", "rollout.group_size=2", "eval.tasks_per_domain=2", "eval.samples=0",
-        "eval.contamination=false", "eval.exposure=false", "eval.above_tasks=0", "run.threads=1", "run.progress=false",
-        "tasks.domains={add: {difficulty: 1}, code: {difficulty: 1, max_tokens: 24}}", "sandbox.workers=2",
-        "sandbox.max_memory_mb=256", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=mixed", "run.steps=2",
-        "monitor.report=false",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=2",
+            "eval.tasks_per_domain=2",
+            "eval.samples=0",
+            "eval.contamination=false",
+            "eval.exposure=false",
+            "eval.above_tasks=0",
+            "run.threads=1",
+            "run.progress=false",
+            "tasks.domains={add: {difficulty: 1}, code: {difficulty: 1, max_tokens: 24}}",
+            "sandbox.workers=2",
+            "sandbox.max_memory_mb=256",
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=mixed",
+            "run.steps=2",
+            "monitor.report=false",
+        ],
+    )
     result = train(cfg, log=lambda *_: None)
     store = TraceStore(result.run_dir / "trace.db")
     rows = store.recent(100)
@@ -237,7 +264,9 @@ def test_sandbox_section_caps_each_domains_requests(monkeypatch):
     cfg = load_config(None, ["sandbox.workers=3", "sandbox.max_memory_mb=128", "sandbox.max_wall_s=20"])
     assert cfg.sandbox.pool_config().workers == 3 and not hasattr(cfg.sandbox.pool_config(), "max_wall_s")
     seen = []
-    monkeypatch.setattr(sandbox, "run", lambda req, domain=None: seen.append((req.limits, domain)) or sandbox.ExecResult("ok"))
+    monkeypatch.setattr(
+        sandbox, "run", lambda req, domain=None: seen.append((req.limits, domain)) or sandbox.ExecResult("ok")
+    )
     execute = DomainExecute(None, cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, {"code": 3.0})
     task = get("code").sample(0, "train", 1)
     ran = execute(task, Completion((), (), get("code").gold(task), (), "stop", 0))

@@ -4,9 +4,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
-
 from pipeline_testlib import ScriptedEngine
+
 from posttrain.domains.registry import get
 from posttrain.errors import SandboxError
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
@@ -16,7 +15,9 @@ FAST = dict(backoff_s=0.001, execute_workers=2, verify_workers=2)
 
 
 def _tasks(n=6):
-    return [get("add").sample(i, "train", 1) for i in range(n // 2)] + [get("reverse").sample(i, "train", 1) for i in range(n - n // 2)]
+    return [get("add").sample(i, "train", 1) for i in range(n // 2)] + [
+        get("reverse").sample(i, "train", 1) for i in range(n - n // 2)
+    ]
 
 
 def answer_policy(context: str, j: int) -> str:
@@ -27,7 +28,9 @@ def _run(tasks, engine, cfg, execute=None, events=None, domains=("add", "reverse
     sched = Scheduler(cfg, {d: 1.0 for d in domains}, {d: "short" for d in domains}, events)
 
     async def go():
-        async with Pipeline(cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=4), sched, events=events, seed=3) as p:
+        async with Pipeline(
+            cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=4), sched, events=events, seed=3
+        ) as p:
             return await p.run_groups(tasks), p.stats(), sched
 
     return asyncio.run(go())
@@ -53,10 +56,14 @@ def test_engine_failure_is_retried_then_scored():
 
 
 def test_engine_that_keeps_failing_is_masked_never_zero():
-    results, stats, _ = _run(_tasks(), ScriptedEngine(answer_policy, fail_first=10**6), PipelineConfig(max_retries=1, **FAST))
+    results, stats, _ = _run(
+        _tasks(), ScriptedEngine(answer_policy, fail_first=10**6), PipelineConfig(max_retries=1, **FAST)
+    )
     rollouts = [r for g in results for r in g.rollouts]
     assert len(rollouts) == 24 and stats.counters["masked_rollouts"] == 24
-    assert all(r.reward is None and r.error_kind == "generation" and "scripted engine failure" in r.error for r in rollouts)
+    assert all(
+        r.reward is None and r.error_kind == "generation" and "scripted engine failure" in r.error for r in rollouts
+    )
 
 
 def test_engine_timeout_is_retried():
@@ -91,7 +98,9 @@ def test_sandbox_that_stays_down_is_masked_as_sandbox_error():
     def execute(task, completion):
         raise SandboxError("sandbox pool is gone")
 
-    results, stats, _ = _run(_tasks(2), ScriptedEngine(answer_policy), PipelineConfig(max_retries=2, **FAST), execute=execute)
+    results, stats, _ = _run(
+        _tasks(2), ScriptedEngine(answer_policy), PipelineConfig(max_retries=2, **FAST), execute=execute
+    )
     assert stats.counters["retries"] == 4
     assert all(r.reward is None and r.error_kind == "sandbox" for g in results for r in g.rollouts)
 
@@ -107,7 +116,11 @@ def test_raising_verifier_masks_pauses_domain_with_alarm(raising_domain):
     flaky = [g for g in results[:10] if g is not None]
     # at most max_inflight groups were admitted past the third failure before the pause
     assert 3 <= len(flaky) <= 5 and stats.counters["paused_skipped"] == 10 - len(flaky)
-    assert all(r.reward is None and r.error_kind == "verifier" and "verifier crashed" in r.error for g in flaky for r in g.rollouts)
+    assert all(
+        r.reward is None and r.error_kind == "verifier" and "verifier crashed" in r.error
+        for g in flaky
+        for r in g.rollouts
+    )
     alarms = [e for e in events if e[0] == "alarm"]
     assert len(alarms) == 1 and alarms[0][2] == dom.name and "paused" in alarms[0][1]
     assert results[10] is not None and all(r.reward is not None for r in results[10].rollouts)  # other domains go on

@@ -53,6 +53,7 @@ def test_loop_off_policy_overlaps_generation_with_staleness_bound(tmp_path, micr
 
 def test_ahead_mode_drops_groups_beyond_the_staleness_bound():
     from pipeline_testlib import ScriptedEngine
+
     from posttrain.pipeline import EmbeddedWorkers, PipelineConfig, StepRollouts
     from posttrain.tasks.config import TasksConfig
     from posttrain.tasks.pool import TaskPool
@@ -65,7 +66,9 @@ def test_ahead_mode_drops_groups_beyond_the_staleness_bound():
         def sync(self):  # the scripted engine has no weights: syncing copies the version
             self.engine.version = self.source.version
 
-    pool = TaskPool(TasksConfig.model_validate({"domains": {"add": {"difficulty": 1}, "reverse": {"difficulty": 1}}}), seed=0)
+    pool = TaskPool(
+        TasksConfig.model_validate({"domains": {"add": {"difficulty": 1}, "reverse": {"difficulty": 1}}}), seed=0
+    )
     driver = Driver()
     workers = TwinWorkers(ScriptedEngine(lambda c, j: str(j)), source=driver)
     rollouts = StepRollouts(PipelineConfig(max_staleness=1), workers, pool, seed=0)

@@ -5,14 +5,14 @@ import asyncio
 import re
 
 import pytest
-
 from pipeline_testlib import ScriptedEngine
+
 from posttrain.domains import registry
 from posttrain.domains.base import Budget, Domain
 from posttrain.envs import CodingEnv, ToolEnv, ToolSpec, script_judge
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
 from posttrain.trainer.batch import TrainRow
-from posttrain.types import Message, Score, SamplingParams, Task, TaskMeta
+from posttrain.types import Message, SamplingParams, Score, Task, TaskMeta
 
 TESTS = """from solution import f
 for x in (2, 3, 5):
@@ -35,8 +35,13 @@ class FixCode(Domain):
 
     def sample(self, index, split, difficulty):
         k = 2 + index % 7
-        return Task(f"fix:{index}", self.name, (Message("user", f"Write f(x) returning x times the hidden k (index {index})."),),
-                    {"tests": TESTS.format(k=k)}, TaskMeta(split, 1, "test", "1"))
+        return Task(
+            f"fix:{index}",
+            self.name,
+            (Message("user", f"Write f(x) returning x times the hidden k (index {index})."),),
+            {"tests": TESTS.format(k=k)},
+            TaskMeta(split, 1, "test", "1"),
+        )
 
     def gold(self, task):
         return ""
@@ -64,7 +69,9 @@ def _run(domain, policy, tasks, n=4):
     sched = Scheduler(cfg, {domain.name: 1.0}, {domain.name: "short"})
 
     async def go():
-        async with Pipeline(cfg, EmbeddedWorkers(ScriptedEngine(policy)), SamplingParams(n=n, max_tokens=200), sched, seed=1) as p:
+        async with Pipeline(
+            cfg, EmbeddedWorkers(ScriptedEngine(policy)), SamplingParams(n=n, max_tokens=200), sched, seed=1
+        ) as p:
             return await p.run_groups(tasks), p.stats()
 
     return asyncio.run(go())

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.ray
-
 from posttrain.domains.registry import get
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
 from posttrain.types import SamplingParams
+
+pytestmark = pytest.mark.ray
 
 CFG = PipelineConfig(generate_workers=1, execute_workers=2, verify_workers=2, backoff_s=0.01, max_retries=3)
 
@@ -42,7 +42,9 @@ def engine(micro_base):
 
 
 def _tasks():
-    return [get("add").sample(i, "train", 1) for i in range(3)] + [get("reverse").sample(i, "train", 1) for i in range(3)]
+    return [get("add").sample(i, "train", 1) for i in range(3)] + [
+        get("reverse").sample(i, "train", 1) for i in range(3)
+    ]
 
 
 def _run(workers, tasks):
@@ -57,13 +59,16 @@ def _run(workers, tasks):
 
 
 def _view(results):
-    return [[(r.group_id, r.completion.token_ids, r.reward, r.completion.model_version) for r in g.rollouts] for g in results]
+    return [
+        [(r.group_id, r.completion.token_ids, r.reward, r.completion.model_version) for r in g.rollouts]
+        for g in results
+    ]
 
 
 def test_ray_runtime_matches_in_process(ray_cluster, engine):
-    from posttrain.runtime.ray import RayWorkers
-
     import torch
+
+    from posttrain.runtime.ray import RayWorkers
 
     tasks = _tasks()
     workers = RayWorkers.from_engine(engine, CFG)
@@ -124,14 +129,27 @@ def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_pa
     from posttrain.loop import train
     from posttrain.trace import TraceStore
 
-    base = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.tasks_per_domain=4",
-            "eval.max_tokens=6", "run.threads=1", "run.progress=false", "monitor.report=false", "run.steps=2",
-            "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}", f"model.path={micro_base}", f"run.out_dir={tmp_path}"]
+    base = [
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_tokens=6",
+        "eval.tasks_per_domain=4",
+        "eval.max_tokens=6",
+        "run.threads=1",
+        "run.progress=false",
+        "monitor.report=false",
+        "run.steps=2",
+        "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
+        f"model.path={micro_base}",
+        f"run.out_dir={tmp_path}",
+    ]
     runs = {}
     for runtime in ("embedded", "ray"):
         result = train(load_config(None, [*base, f"runtime={runtime}", f"run.name={runtime}"]), log=lambda *_: None)
         rows = TraceStore(result.run_dir / "trace.db").recent(1000)
-        runs[runtime] = sorted((r["group_id"], r["task_id"], r["completion"], r["reward"], r["model_version"]) for r in rows)
+        runs[runtime] = sorted(
+            (r["group_id"], r["task_id"], r["completion"], r["reward"], r["model_version"]) for r in rows
+        )
     assert len(runs["ray"]) == 2 * 4 * 4
     assert runs["ray"] == runs["embedded"]  # step 2 samples from weights pushed to the actor after step 1
 
@@ -146,12 +164,27 @@ def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):
 
     rows = [{"q": f"{a}-{b}=", "a": str(a - b)} for a in range(10, 60) for b in range(3)]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_tokens=6",
-                             "eval.tasks_per_domain=2", "eval.max_tokens=6", "eval.samples=0", "run.threads=1",
-                             "run.progress=false", "monitor.report=false", "run.steps=1", "runtime=ray",
-                             f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=ray-file",
-                             "tasks.domains={add: {difficulty: 1}, mine: {source: {path: %s, fields: {prompt: q, answer: a}}, "
-                             "verifier: numeric}}" % (tmp_path / "q.jsonl")])
+    cfg = load_config(
+        None,
+        [
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=2",
+            "rollout.max_tokens=6",
+            "eval.tasks_per_domain=2",
+            "eval.max_tokens=6",
+            "eval.samples=0",
+            "run.threads=1",
+            "run.progress=false",
+            "monitor.report=false",
+            "run.steps=1",
+            "runtime=ray",
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=ray-file",
+            "tasks.domains={add: {difficulty: 1}, mine: {source: {path: %s, fields: {prompt: q, answer: a}}, "
+            "verifier: numeric}}" % (tmp_path / "q.jsonl"),
+        ],
+    )
     result = train(cfg, log=lambda *_: None)
     mine = [r for r in TraceStore(result.run_dir / "trace.db").recent(100) if r["domain"] == "mine"]
     assert mine and all(r["reward"] is not None and r["error_kind"] is None for r in mine)

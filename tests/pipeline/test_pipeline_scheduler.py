@@ -8,12 +8,11 @@ import threading
 import time
 
 import pytest
-
 from pipeline_testlib import ScriptedEngine
+
 from posttrain.domains.registry import get
 from posttrain.errors import ConfigError
 from posttrain.pipeline import AdaptiveCap, EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
-from posttrain.rollout import informative
 from posttrain.types import SamplingParams
 
 WEIGHTS = {"add": 3.0, "sub": 1.0, "reverse": 2.0, "sort": 2.0}
@@ -48,7 +47,9 @@ def _continuous(cfg, engine, execute, batches, per_batch, informative_fn=lambda 
 
     async def go():
         got = []
-        async with Pipeline(cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=2), sched, source=_source(), seed=5) as p:
+        async with Pipeline(
+            cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=2), sched, source=_source(), seed=5
+        ) as p:
             for _ in range(batches):
                 got += await p.collect(per_batch, engine.version, informative_fn)
                 if bump:
@@ -80,7 +81,9 @@ def test_realised_mix_within_5pct_over_1000_rollouts_under_20x_skew():
 
 
 def test_staleness_bound_drops_old_groups_and_counts_them():
-    cfg = PipelineConfig(max_staleness=1, execute_workers=4, max_inflight=32, min_inflight=32, long_slots=4, queue_size=64)
+    cfg = PipelineConfig(
+        max_staleness=1, execute_workers=4, max_inflight=32, min_inflight=32, long_slots=4, queue_size=64
+    )
     engine = ScriptedEngine(lambda c, j: str(j), delay_s=0.002)
     (groups, stats), _ = _continuous(cfg, engine, SkewedExec(), batches=6, per_batch=8, bump=True)
     assert len(groups) == 48
@@ -107,7 +110,9 @@ def test_scheduler_degrades_probes_and_recovers():
     now = [0.0]
     events = []
     cfg = PipelineConfig(degrade_after=2, degrade_cooldown_s=10.0, long_slots=0)
-    s = Scheduler(cfg, {"a": 1.0, "b": 1.0}, {"a": "short", "b": "short"}, lambda *e: events.append(e), clock=lambda: now[0])
+    s = Scheduler(
+        cfg, {"a": 1.0, "b": 1.0}, {"a": "short", "b": "short"}, lambda *e: events.append(e), clock=lambda: now[0]
+    )
     s.record_verification("a", failed=True)
     assert not s.is_paused("a")
     s.record_verification("a", failed=True)

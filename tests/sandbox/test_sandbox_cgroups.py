@@ -6,8 +6,10 @@ import os
 from posttrain.sandbox import _cgroups
 
 V1_CGROUP = "9:name=systemd:/\n8:pids:/\n4:memory:/job/abc\n1:cpu,cpuacct:/\n0::/\n"
-V1_MOUNTS = ("cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
-             "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+V1_MOUNTS = (
+    "cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
+    "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
+)
 
 
 def test_detect_v1_puts_the_tree_under_our_own_cgroup():
@@ -31,7 +33,9 @@ def test_detect_none_when_controllers_missing(tmp_path):
 def test_v2_tree_and_task_limits_on_a_fake_hierarchy(tmp_path):
     own = tmp_path / "me"
     own.mkdir()
-    tree = _cgroups.Tree(_cgroups.Hierarchy(2, {c: str(own) for c in _cgroups.CONTROLLERS}), owner_pid=os.getpid(), tag="t")
+    tree = _cgroups.Tree(
+        _cgroups.Hierarchy(2, {c: str(own) for c in _cgroups.CONTROLLERS}), owner_pid=os.getpid(), tag="t"
+    )
     tree.create(cpu_weight=50)
     assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
     root = own / tree.name

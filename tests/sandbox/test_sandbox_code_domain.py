@@ -50,7 +50,9 @@ def test_sampling_is_deterministic_and_splits_are_disjoint():
 def test_tasks_json_is_built_from_the_sources():
     """The committed tests equal what build.py derives from the reference
     solutions, and build.py refuses any task whose wrong solution passes."""
-    path = os.path.join(os.path.dirname(importlib.util.find_spec("posttrain.domains.code").origin), "data", "code", "build.py")
+    path = os.path.join(
+        os.path.dirname(importlib.util.find_spec("posttrain.domains.code").origin), "data", "code", "build.py"
+    )
     spec = importlib.util.spec_from_file_location("code_build", path)
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
@@ -88,7 +90,11 @@ def test_every_task_gold_passes_and_wrong_fails_in_the_sandbox():
     tasks = _all_tasks()
 
     def both(t):
-        return t.reference.name, DOMAIN.score(t, Episode(DOMAIN.gold(t))).value, DOMAIN.score(t, Episode(DOMAIN.wrong(t))).value
+        return (
+            t.reference.name,
+            DOMAIN.score(t, Episode(DOMAIN.gold(t))).value,
+            DOMAIN.score(t, Episode(DOMAIN.wrong(t))).value,
+        )
 
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         for name, gold, wrong in ex.map(both, tasks):
@@ -161,9 +167,19 @@ def test_the_request_does_not_depend_on_the_expected_values():
 def test_host_side_comparison_is_strict_about_types():
     from posttrain.domains.code import CodeReference, CodeRun, TestOutput, judge
 
-    ref = CodeReference.build("f", "function", "exact", [{"args": [1], "expected": 1}, {"args": [2], "expected": [1, 2]},
-                                                         {"args": [3], "expected": {"a": 1.5}}], 2.0)
-    assert judge(ref, CodeRun((TestOutput("value", 1), TestOutput("value", [1, 2]), TestOutput("value", {"a": 1.5})), "ok")).value == 1.0
+    ref = CodeReference.build(
+        "f",
+        "function",
+        "exact",
+        [{"args": [1], "expected": 1}, {"args": [2], "expected": [1, 2]}, {"args": [3], "expected": {"a": 1.5}}],
+        2.0,
+    )
+    assert (
+        judge(
+            ref, CodeRun((TestOutput("value", 1), TestOutput("value", [1, 2]), TestOutput("value", {"a": 1.5})), "ok")
+        ).value
+        == 1.0
+    )
     for got in (True, 1.0, "1", None, [1]):
         assert not judge(ref, CodeRun((TestOutput("value", got),) + (TestOutput("none"),) * 2, "ok")).value
     approx = CodeReference.build("f", "function", "approx", [{"args": [], "expected": [0.1, 2]}], 2.0)
@@ -234,8 +250,10 @@ SCRIPT_CHEATS = {
     "fake_success": "import os, sys\nprint('All tests passed.')\nsys.stdout.flush()\nos._exit(0)\n",
     "equal_to_anything": "class A:\n    def __eq__(self, other): return True\ndef f(x): return A()\n",
     "int_subclass": "class T(int):\n    def __eq__(self, other): return True\ndef f(x): return T(0)\n",
-    "read_tests": "import gc, glob, os\nSEEN = [open(p, errors='replace').read() for p in glob.glob('/task/*') + glob.glob('/tmp/*')]\n"
-                  "def f(x):\n    return [s for s in SEEN if 'expected' in s] or [o for o in gc.get_objects() if isinstance(o, str) and 'expected' in o]\n",
+    "read_tests": "import gc, glob, os\nSEEN = [open(p, errors='replace').read() for p in glob.glob('/task/*') + "
+                  "glob.glob('/tmp/*')]\n"
+    "def f(x):\n    return [s for s in SEEN if 'expected' in s] or [o for o in gc.get_objects() if isinstance(o, str) "
+    "and 'expected' in o]\n",
 }
 
 
@@ -337,16 +355,34 @@ def test_posttrain_train_probes_the_code_and_terminal_cheats(tmp_path, micro_bas
     from posttrain.cli import main
     from posttrain.rundir import read_metrics
 
-    code = main(["train", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens=6", "eval.tasks_per_domain=2",
-                 "eval.max_tokens=6", "run.threads=1", "run.progress=false", "run.steps=1", "monitor.probes.tasks=2",
-                 "tasks.domains={code: {difficulty: 1}, terminal: {difficulty: 1}}", f"model.path={micro_base}",
-                 f"run.out_dir={tmp_path}", "run.name=probe"])
+    code = main(
+        [
+            "train",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_tokens=6",
+            "eval.tasks_per_domain=2",
+            "eval.max_tokens=6",
+            "run.threads=1",
+            "run.progress=false",
+            "run.steps=1",
+            "monitor.probes.tasks=2",
+            "tasks.domains={code: {difficulty: 1}, terminal: {difficulty: 1}}",
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=probe",
+        ]
+    )
     assert code == 0
     probes = {r["domain"]: r for r in read_metrics(tmp_path / "probe" / "metrics.jsonl", "probe")}
     from posttrain.domains import terminal as T
 
     assert probes["code"]["declared"] and probes["code"]["ok"] and probes["code"]["cheats"] == 2 * len(CHEATS)
-    assert probes["terminal"]["declared"] and probes["terminal"]["ok"] and probes["terminal"]["cheats"] == 2 * len(T.CHEATS)
+    assert (
+        probes["terminal"]["declared"]
+        and probes["terminal"]["ok"]
+        and probes["terminal"]["cheats"] == 2 * len(T.CHEATS)
+    )
     assert probes["code"]["infra_errors"] == probes["terminal"]["infra_errors"] == 0
 
 
@@ -359,8 +395,17 @@ def test_inputs_are_isolated_and_one_bad_input_does_not_sink_the_others():
     ref = CodeReference.build("f", "function", "exact", [{"args": [i], "expected": i} for i in range(6)], 1.0)
     counter = "CALLS = []\ndef f(x):\n    CALLS.append(x)\n    return len(CALLS) - 1 + x\n"
     assert [o.value for o in execute(ref, counter).outputs] == [0, 1, 2, 3, 4, 5]
-    bad = ("import os, threading, time\ndef f(x):\n    if x == 1:\n        while True: pass\n    if x == 2:\n        os._exit(3)\n"
-           "    if x == 3:\n        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    return x\n")
+    bad = (
+        "import os, threading, time\ndef f(x):\n    if x == 1:\n        while True: pass\n    if x == 2:\n        "
+        "os._exit(3)\n"
+        "    if x == 3:\n        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    return x\n"
+    )
     outs = execute(ref, bad).outputs
     assert [(o.kind, o.value, o.detail) for o in outs] == [
-        ("value", 0, ""), ("none", None, "timeout"), ("none", None, "no result"), ("value", 3, ""), ("value", 4, ""), ("value", 5, "")]
+        ("value", 0, ""),
+        ("none", None, "timeout"),
+        ("none", None, "no result"),
+        ("value", 3, ""),
+        ("value", 4, ""),
+        ("value", 5, ""),
+    ]

@@ -42,8 +42,11 @@ PROBE = textwrap.dedent("""
         dirs[:] = [d for d in dirs if os.path.join(top, d) not in ("/proc", "/sys", "/dev")]
         for name in files:
             path = os.path.join(top, name)
-            wanted = any(k in path for k in ("posttrain", "/src/", "/domains/", "/venv")) or name in ("tasks.json", "checker.py", "harness.py")
-            if not wanted or os.path.islink(path) or os.path.realpath(path) == own or not name.endswith((".json", ".py", ".txt", ".md", ".pth")):
+            wanted = any(k in path for k in ("posttrain", "/src/", "/domains/", "/venv"))
+            wanted = wanted or name in ("tasks.json", "checker.py", "harness.py")
+            if not wanted or os.path.islink(path) or os.path.realpath(path) == own:
+                continue
+            if not name.endswith((".json", ".py", ".txt", ".md", ".pth")):
                 continue
             try:
                 with open(path, errors="replace") as fh:
@@ -79,10 +82,15 @@ def wheel_python(tmp_path_factory) -> str:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, proj / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(work / "dist"), str(proj)], check=True)
+    subprocess.run(
+        pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(work / "dist"), str(proj)],
+        check=True,
+    )
     (wheel,) = (work / "dist").glob("posttrain-*.whl")
     venv = work / "venv"
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True
+    )
     python = str(venv / "bin" / "python")
     subprocess.run(pip + ["--python", python, "install", "--no-deps", "--no-index", str(wheel)], check=True)
     site = next(venv.glob("lib/python3*/site-packages"))

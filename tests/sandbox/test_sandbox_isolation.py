@@ -74,7 +74,13 @@ def test_no_network_loopback_listener_outside_is_unreachable(pool):
 def test_no_writes_outside_the_work_directory(pool, tmp_path):
     host_file = tmp_path / "host.txt"
     host_file.write_text("original")
-    targets = ["/etc/posttrain_x", "/usr/posttrain_x", "/posttrain_x", f"{os.path.realpath(os.sys.prefix)}/posttrain_x", str(host_file)]
+    targets = [
+        "/etc/posttrain_x",
+        "/usr/posttrain_x",
+        "/posttrain_x",
+        f"{os.path.realpath(os.sys.prefix)}/posttrain_x",
+        str(host_file),
+    ]
     res = py(pool, f"""
         import subprocess
         for path in {targets!r}:
@@ -156,7 +162,9 @@ def test_sleep_is_killed_at_its_wall_limit(pool):
 
 
 def test_output_flood_is_truncated(pool):
-    res = py(pool, "import sys\nsys.stdout.write('x' * 5_000_000)\nsys.stderr.write('y' * 5_000_000)\n", output_bytes=65536)
+    res = py(
+        pool, "import sys\nsys.stdout.write('x' * 5_000_000)\nsys.stderr.write('y' * 5_000_000)\n", output_bytes=65536
+    )
     assert res.status == "ok"
     assert len(res.stdout) == 65536 and res.stdout_truncated
     assert len(res.stderr) == 65536 and res.stderr_truncated

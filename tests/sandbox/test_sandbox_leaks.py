@@ -110,7 +110,12 @@ def strip(data: bytes | str) -> bytes:
 
 
 def encodings(value) -> set[bytes]:
-    forms = {json.dumps(value), json.dumps(value, separators=(",", ":")), json.dumps(value, ensure_ascii=False), repr(value)}
+    forms = {
+        json.dumps(value),
+        json.dumps(value, separators=(",", ":")),
+        json.dumps(value, ensure_ascii=False),
+        repr(value),
+    }
     if isinstance(value, str):
         forms.add(value)
     return {strip(f) for f in forms}
@@ -132,11 +137,18 @@ def dump_of(result) -> bytes:
 def pool():
     """A fresh pool; its first run is the ambient control (nothing has run on it yet)."""
     with sandbox.Pool(sandbox.SandboxConfig(workers=1)) as p:
-        req = sandbox.ExecRequest(files={"scan.py": SCANNER + "\nscan()\n"}, python_main="scan.py", collect=(".leakscan",),
-                                  limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS))
+        req = sandbox.ExecRequest(
+            files={"scan.py": SCANNER + "\nscan()\n"},
+            python_main="scan.py",
+            collect=(".leakscan",),
+            limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS),
+        )
         p.ambient_py = dump_of(p.run(req))
-        sh = T.step_request(f"cat > .scan.py <<'EOF'\n{SCANNER}\nscan()\nEOF\npython3 -I .scan.py", collect=(".leakscan",),
-                            limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS))
+        sh = T.step_request(
+            f"cat > .scan.py <<'EOF'\n{SCANNER}\nscan()\nEOF\npython3 -I .scan.py",
+            collect=(".leakscan",),
+            limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS),
+        )
         with p.session({}) as s:
             p.ambient_sh = dump_of(s.run(sh))
         yield p
@@ -147,20 +159,35 @@ def pool():
 
 def code_tasks():
     d = get("code")
-    return [d.sample(i, split, level) for split in ("train", "eval") for level in (1, 2, 3) for i in range(len(d._pool(split, level)))]
+    return [
+        d.sample(i, split, level)
+        for split in ("train", "eval")
+        for level in (1, 2, 3)
+        for i in range(len(d._pool(split, level)))
+    ]
 
 
 def code_needles(ref: C.CodeReference) -> set[bytes]:
     key = "calls" if ref.kind == "class" else "args"
     out: set[bytes] = set()
     for t in json.loads(ref.tests_json):
-        out |= encodings(t["expected"]) | encodings(t) | encodings([t[key], t["expected"]]) | encodings({"expected": t["expected"]})
+        out |= (
+            encodings(t["expected"])
+            | encodings(t)
+            | encodings([t[key], t["expected"]])
+            | encodings({"expected": t["expected"]})
+        )
     return out
 
 
 def code_visible(task) -> bytes:
     ref = task.reference
-    return strip(task.prompt[-1].content + json.dumps(ref.inputs()) + repr(ref.inputs()) + CODE_SCANNER + C.driver_source()) + b"\0"
+    return (
+        strip(
+            task.prompt[-1].content + json.dumps(ref.inputs()) + repr(ref.inputs()) + CODE_SCANNER + C.driver_source()
+        )
+        + b"\0"
+    )
 
 
 def scan_code_task(pool, task, runner=None) -> tuple[set[bytes], set[bytes]]:
@@ -244,7 +271,11 @@ def scan_terminal_task(pool, task, files=None) -> tuple[set[bytes], set[bytes]]:
     ref = task.reference
     cmd = f"cat > .scan.py <<'EOF'\n{SCANNER}\nscan()\nEOF\npython3 -I .scan.py"
     with pool.session(dict(ref.files) if files is None else files, domain="terminal") as s:
-        dump = dump_of(s.run(T.step_request(cmd, collect=(".leakscan",), limits=dataclasses.replace(T._step_limits(), **SCAN_LIMITS))))
+        dump = dump_of(
+            s.run(
+                T.step_request(cmd, collect=(".leakscan",), limits=dataclasses.replace(T._step_limits(), **SCAN_LIMITS))
+            )
+        )
     visible = strip(task.prompt[-1].content + "".join(f"{k}\0{v}\0" for k, v in ref.files) + SCANNER + cmd) + b"\0"
     needles = hidden(terminal_needles(ref), visible, pool.ambient_sh)
     return needles, {n for n in needles if n in dump}
@@ -281,7 +312,9 @@ def test_no_hidden_check_of_any_template_is_readable_while_the_models_commands_r
 def test_the_terminal_scan_finds_checks_planted_in_the_session(pool):
     """Control: checks left in a session file are found by the same scan."""
     task = next(t for t in terminal_tasks() if t.reference.template == "fix_port")
-    files = dict(task.reference.files) | {"notes/checks.json": json.dumps({"checks": json.loads(task.reference.checks_json)})}
+    files = dict(task.reference.files) | {
+        "notes/checks.json": json.dumps({"checks": json.loads(task.reference.checks_json)})
+    }
     needles, found = scan_terminal_task(pool, task, files)
     assert needles and found
 
@@ -316,10 +349,17 @@ def walk(p) -> dict[str, set[str]]:
     most tests of one task (at least 3 and 60%; a value or two of a task, such as
     a small permutation, turns up in unrelated files): {path: {task, ...}}."""
     needles, sizes = grep_needles()
-    cmd = ("find / \\( -path /proc -o -path /sys -o -path /dev -o -path /task \\) -prune -o -type f -size -4M -readable -print0 "
-           "| xargs -0 -r grep -F -o -a -H -f /task/needles.txt | sort -u > /task/hits; true")
-    req = sandbox.ExecRequest(argv=("bash", "-c", cmd), files={"needles.txt": "\n".join(needles) + "\n"}, collect=("hits",),
-                              limits=sandbox.Limits(wall_s=300, cpu_s=300, output_bytes=64 << 20, disk_bytes=128 << 20, file_bytes=64 << 20))
+    cmd = (
+        "find / \\( -path /proc -o -path /sys -o -path /dev -o -path /task \\) -prune -o -type f -size -4M -readable "
+        "-print0 "
+        "| xargs -0 -r grep -F -o -a -H -f /task/needles.txt | sort -u > /task/hits; true"
+    )
+    req = sandbox.ExecRequest(
+        argv=("bash", "-c", cmd),
+        files={"needles.txt": "\n".join(needles) + "\n"},
+        collect=("hits",),
+        limits=sandbox.Limits(wall_s=300, cpu_s=300, output_bytes=64 << 20, disk_bytes=128 << 20, file_bytes=64 << 20),
+    )
     res = sandbox.raise_for_infra(p.run(req))
     tests_by_file: dict[tuple[str, str], set[str]] = {}
     for line in res.files.get("hits", b"").decode("utf-8", "replace").splitlines():

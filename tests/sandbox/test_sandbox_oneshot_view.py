@@ -28,7 +28,11 @@ def _pool(backend: str, **over) -> sb.Pool:
 @pytest.mark.parametrize("backend", ["bwrap", "unsafe"])
 def test_cpu_time_is_recorded_after_a_wall_kill(backend):
     with _pool(backend) as p:
-        res = p.run(sb.ExecRequest(files={"m.py": "while True: pass\n"}, python_main="m.py", limits=sb.Limits(wall_s=1, cpu_s=60)))
+        res = p.run(
+            sb.ExecRequest(
+                files={"m.py": "while True: pass\n"}, python_main="m.py", limits=sb.Limits(wall_s=1, cpu_s=60)
+            )
+        )
     assert res.status == "timeout" and "wall" in res.error and res.cpu_s > 0
 
 
@@ -47,7 +51,9 @@ def private_venv():
         private = Path(top) / "private"
         private.mkdir()
         venv = private / "checkout" / ".venv"
-        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True)
+        subprocess.run(
+            [getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True
+        )
         os.chmod(private, 0o700)
         yield private, str(venv / "bin" / "python")
 
@@ -56,7 +62,9 @@ def private_venv():
 def test_unsafe_runs_from_a_checkout_in_a_0700_folder(private_venv):
     _, python = private_venv
     with _pool("unsafe", python=python) as p:
-        res = p.run(sb.ExecRequest(files={"m.py": "import os, sys\nprint(6 * 7, os.getuid(), sys.prefix)"}, python_main="m.py"))
+        res = p.run(
+            sb.ExecRequest(files={"m.py": "import os, sys\nprint(6 * 7, os.getuid(), sys.prefix)"}, python_main="m.py")
+        )
         assert res.ok, res
         answer, uid, prefix = res.text.split()
         assert answer == "42" and uid != "0" and "private" not in prefix  # run from the staging bind

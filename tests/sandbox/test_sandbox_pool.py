@@ -147,7 +147,11 @@ def test_one_shot_backends_run_and_limit(backend):
         assert p.run(sh("sleep 30", wall_s=0.5)).status == "timeout"
         assert p.run(sh("exit 3")).exit_code == 3
         assert p.run(sh("id -u")).text != "0\n"  # never root, even unsafe
-        flood = p.run(sb.ExecRequest(files={"m.py": "print('x' * 10**6)"}, python_main="m.py", limits=sb.Limits(output_bytes=1000)))
+        flood = p.run(
+            sb.ExecRequest(
+                files={"m.py": "print('x' * 10**6)"}, python_main="m.py", limits=sb.Limits(output_bytes=1000)
+            )
+        )
         assert len(flood.stdout) == 1000 and flood.stdout_truncated
         with p.session({"f.txt": "a\n"}) as s:
             s.run(sh("echo b >> f.txt"))
@@ -162,7 +166,12 @@ def test_bwrap_has_no_network_and_read_only_root():
     if found.missing("bwrap"):
         pytest.skip("bubblewrap unavailable")
     with sb.Pool(sb.SandboxConfig(backend="bwrap", workers=1)) as p:
-        res = p.run(sh("touch /usr/x 2>/dev/null && echo WROTE; cat /sys/class/net/*/operstate 2>/dev/null | tr '\\n' ' '; id -u"))
+        res = p.run(
+            sh(
+                "touch /usr/x 2>/dev/null && echo WROTE; cat /sys/class/net/*/operstate 2>/dev/null | tr '\\n' ' '; id "
+                "-u"
+            )
+        )
         assert "WROTE" not in res.text and res.text.split()[-1] != "0"
 
 

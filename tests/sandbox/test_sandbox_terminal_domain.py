@@ -58,7 +58,9 @@ def test_every_template_gold_passes_and_wrong_fails():
 
 @root_only
 def test_turns_are_replayed_in_order():
-    task = next(DOMAIN.sample(i, "train", 1) for i in range(50) if DOMAIN.sample(i, "train", 1).reference.template == "env_file")
+    task = next(
+        DOMAIN.sample(i, "train", 1) for i in range(50) if DOMAIN.sample(i, "train", 1).reference.template == "env_file"
+    )
     gold = T.extract_script(DOMAIN.gold(task))
     first, second = gold.replace("\\nDB_PORT", "\\nX").strip(), gold.strip()
     assert DOMAIN.score(task, Episode("", turns=(Turn(first), Turn(second)))).value == 1.0
@@ -136,7 +138,9 @@ def test_the_stealing_cheat_wins_when_the_checks_are_readable():
 
     task = _template_task("fix_port")
     ref = task.reference
-    leaky = dataclasses.replace(ref, files=ref.files + (("leak.json", json.dumps({"checks": json.loads(ref.checks_json)})),))
+    leaky = dataclasses.replace(
+        ref, files=ref.files + (("leak.json", json.dumps({"checks": json.loads(ref.checks_json)})),)
+    )
     steal = f"```bash\n{T.CHEATS['steal_checks_now']}```"
     assert DOMAIN.score(dataclasses.replace(task, reference=leaky), Episode(steal)).value == 1.0
     assert DOMAIN.score(task, Episode(steal)).value < 1.0

@@ -12,7 +12,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
-
 from scale_testlib import batch, tiny_model  # noqa: E402
 
 STEPS = 3
@@ -40,7 +39,11 @@ def main(out: Path, mode: str) -> None:
     from posttrain.scale.fsdp import DataParallel, full_state
 
     rank = DataParallel.current().rank
-    params = full_state(trainer.model, trainer.optimizer)[0] if fsdp else {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    params = (
+        full_state(trainer.model, trainer.optimizer)[0]
+        if fsdp
+        else {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    )
     resumed = _resume_matches(ckpt, cfg, params, fsdp)
     if rank == 0:
         torch.save({"steps": steps, "params": params, "ckpt": str(ckpt), "resumed": resumed}, out / f"{mode}.pt")

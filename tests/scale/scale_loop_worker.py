@@ -10,9 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from test_scale_remote import _ShortDomain  # noqa: E402
+
 from posttrain.config import load_config  # noqa: E402
 from posttrain.domains import registry  # noqa: E402
-from test_scale_remote import _ShortDomain  # noqa: E402
 
 
 def main(overrides: list[str]) -> int:

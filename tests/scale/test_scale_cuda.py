@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scale_testlib import batch, step_grads, tiny_model
 
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.trainer import Trainer
-from scale_testlib import batch, step_grads, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -23,7 +23,9 @@ def test_cuda_step_matches_cpu():
 
 def test_cuda_bf16_checkpointing_auto_micro_batches_close_to_fp32():
     ref = _grads("cuda", TrainerConfig())
-    got = _grads("cuda", TrainerConfig(precision="bf16_autocast", gradient_checkpointing=True, micro_batch_tokens="auto"))
+    got = _grads(
+        "cuda", TrainerConfig(precision="bf16_autocast", gradient_checkpointing=True, micro_batch_tokens="auto")
+    )
     num = sum(float((ref[k] - got[k]).norm() ** 2) for k in ref) ** 0.5
     den = sum(float(ref[k].norm() ** 2) for k in ref) ** 0.5
     assert num / den < 0.05

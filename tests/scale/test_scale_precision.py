@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import torch
+from scale_testlib import batch, step_grads, tiny_model
 
 from posttrain.scale.memory import bytes_per_token, token_budget
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.trainer import Trainer
-from scale_testlib import batch, step_grads, tiny_model
 
 
 def _grads(cfg: TrainerConfig, counter: list[int] | None = None) -> tuple[Trainer, dict[str, torch.Tensor]]:

@@ -8,9 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -170,8 +170,20 @@ def test_fsdp_loop_under_torchrun_against_server(tmp_path, micro_base):
         overrides = [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=fsdp", "run.steps=3",
                      "run.checkpoint_every=2", "engine.type=openai", f"engine.url={url}/v1", "trainer.fsdp=true",
                      "model.device=cpu"]
-        proc = subprocess.run([str(torchrun), "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0",
-                               str(worker), *overrides], env=env, capture_output=True, text=True, timeout=400)
+        proc = subprocess.run(
+            [
+                str(torchrun),
+                "--nproc_per_node=2",
+                "--rdzv_backend=c10d",
+                "--rdzv_endpoint=127.0.0.1:0",
+                str(worker),
+                *overrides,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         run_dir = tmp_path / "fsdp"
         _check_versions(run_dir, url, 0)

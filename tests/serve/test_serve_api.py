@@ -4,10 +4,10 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from serve_helpers import running, save_model
 
 from posttrain.serve.config import ServeConfig
 from posttrain.serve.server import build_server
-from serve_helpers import running, save_model
 
 PROMPT = [{"role": "user", "content": "rev abcd="}]
 

@@ -8,6 +8,7 @@ import time
 import httpx
 import openai
 import pytest
+from serve_helpers import running, save_model
 
 from posttrain.errors import ConfigError
 from posttrain.serve.canary import regressions
@@ -15,7 +16,6 @@ from posttrain.serve.config import CanaryConfig, ServeConfig
 from posttrain.serve.registry import ModelRegistry
 from posttrain.serve.router import Window
 from posttrain.serve.server import build_server
-from serve_helpers import running, save_model
 
 PROMPT = [{"role": "user", "content": "sort 312="}]
 
@@ -117,5 +117,7 @@ def test_canary_that_cannot_load_is_rolled_back_at_once(tmp_path):
     with running(app) as url:
         assert httpx.get(url + "/health").json()["canary"] is None
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        assert client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model.startswith("posttrain@v1")
+        assert client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model.startswith(
+            "posttrain@v1"
+        )
     assert reg.state().canary is None and "failed to load" in reg.state().events[-1]["reason"]

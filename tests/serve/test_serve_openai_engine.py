@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from serve_helpers import running, save_model
 
 from posttrain.engine.hf import HFEngine
 from posttrain.engine.openai import OpenAIEngine
@@ -12,7 +13,6 @@ from posttrain.model.arch import load_model
 from posttrain.serve.config import ServeConfig
 from posttrain.serve.server import build_server
 from posttrain.types import GenerationRequest, Message, SamplingParams
-from serve_helpers import running, save_model
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
+from serve_helpers import save_model
 
 from posttrain.cli import main
 from posttrain.serve.registry import ModelRegistry
-from serve_helpers import save_model
 
 
 def _run_dir(tmp_path, steps=(1, 2)):
@@ -56,7 +55,10 @@ def test_gate_fails_when_the_lossy_tier_drops_more_than_a_point(tmp_path, monkey
         table = real(engine, difficulties, n, **kw)
         calls.append(type(engine).__name__)
         if len(calls) == 2:
-            bumped = {d: ev.DomainResult(d, r.difficulty, r.n, r.accuracy - 0.02, r.mean_score) for d, r in table.results.items()}
+            bumped = {
+                d: ev.DomainResult(d, r.difficulty, r.n, r.accuracy - 0.02, r.mean_score)
+                for d, r in table.results.items()
+            }
             return ev.EvalTable(table.model_version, bumped)
         return table
 

@@ -58,7 +58,10 @@ def test_draws_are_train_split_and_stamped():
     tasks = pool.draw(50)
     assert {t.meta.split for t in tasks} == {"train"}
     other = TaskPool(TasksConfig(seed=5))
-    assert tasks[0].meta.taskset_version != other.draw(1)[0].meta.taskset_version or tasks[0].domain != other.draw(1)[0].domain
+    assert (
+        tasks[0].meta.taskset_version != other.draw(1)[0].meta.taskset_version
+        or tasks[0].domain != other.draw(1)[0].domain
+    )
     assert all("." in t.meta.taskset_version for t in tasks)
     assert pool.taskset_version != other.taskset_version
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from posttrain.tasks.config import DomainSpec, TasksConfig
 
 
-def source_domain(name: str, spec: "DomainSpec", base_dir: str | None = None, check: bool = True) -> "SourceDomain":
+def source_domain(name: str, spec: DomainSpec, base_dir: str | None = None, check: bool = True) -> SourceDomain:
     """The SourceDomain of one `tasks.domains` entry (not registered)."""
     from posttrain.byo.domain import SourceDomain
 
@@ -32,7 +32,7 @@ def source_domain(name: str, spec: "DomainSpec", base_dir: str | None = None, ch
     return domain
 
 
-def register_sources(config: "TasksConfig", base_dir: str | None = None) -> list[str]:
+def register_sources(config: TasksConfig, base_dir: str | None = None) -> list[str]:
     """Build and register every source domain of `config`; returns their names."""
     from posttrain.domains import registry
 

@@ -52,7 +52,10 @@ class Report:
     def problems(self) -> list[str]:
         out = [f"{self.unit} {line}: {msg}" for line, msg in self.bad]
         out += [f"{self.unit} {line}: gold answer scored below 1 ({why})" for line, why in self.gold_failures]
-        out += [f"{self.unit} {line}: gold answer could not be scored (infra error: {why})" for line, why in self.infra_examples[:3]]
+        out += [
+            f"{self.unit} {line}: gold answer could not be scored (infra error: {why})"
+            for line, why in self.infra_examples[:3]
+        ]
         if self.gold_infra > 3:
             out.append(f"... {self.gold_infra} gold answers in all could not be scored (infra errors)")
         out += [f"no {s} rows" for s, n in (("train", self.train), ("held-out", self.eval)) if not n]

@@ -32,7 +32,9 @@ class Strict(BaseModel):
         if isinstance(data, dict):
             unknown = sorted(set(map(str, data)) - set(cls.model_fields))
             if unknown:
-                raise ValueError(f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(cls.model_fields))}")
+                raise ValueError(
+                    f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(cls.model_fields))}"
+                )
         return data
 
 Format = Literal["auto", "jsonl", "csv", "parquet", "datasets"]
@@ -71,13 +73,22 @@ class FieldMap(Strict):
         return data
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> "FieldMap":
+    def _one_prompt(self) -> FieldMap:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("fields: set exactly one of prompt and messages")
         return self
 
     def columns(self) -> list[str]:
-        named = [self.prompt, self.messages, self.answer, self.system, self.difficulty, self.id, self.split, self.cheats]
+        named = [
+            self.prompt,
+            self.messages,
+            self.answer,
+            self.system,
+            self.difficulty,
+            self.id,
+            self.split,
+            self.cheats,
+        ]
         return [c for c in named if c] + list(self.metadata)
 
 
@@ -115,7 +126,7 @@ class SourceConfig(Strict):
     description: str = ""
     """One line shown by `posttrain domains`."""
     max_tokens: int = Field(64, ge=1, le=1_000_000)
-    """Budget: tokens per completion of this domain (tasks.domains.<name>.max_tokens overrides it; rollout.max_tokens caps it)."""
+    """Budget: tokens per completion of this domain (tasks.domains.<name>.max_tokens overrides it; rollout.max_tokens caps it)."""  # noqa: E501 (field docstring = its help text)
 
     @field_validator("template")
     @classmethod
@@ -125,9 +136,11 @@ class SourceConfig(Strict):
         return v
 
     @model_validator(mode="after")
-    def _splits(self) -> "SourceConfig":
+    def _splits(self) -> SourceConfig:
         if set(self.train_values) & set(self.eval_values):
-            raise ValueError(f"train_values and eval_values overlap: {sorted(set(self.train_values) & set(self.eval_values))}")
+            raise ValueError(
+                f"train_values and eval_values overlap: {sorted(set(self.train_values) & set(self.eval_values))}"
+            )
         return self
 
 
@@ -137,7 +150,7 @@ class SourceConfig(Strict):
 class _Params(Strict):
 
     extract: Literal["answer_tag", "whole", "last_line"] = "answer_tag"
-    """What part of the completion is the answer: the last <answer>...</answer> (else the whole text), the whole text, or its last non-empty line."""
+    """What part of the completion is the answer: the last <answer>...</answer> (else the whole text), the whole text, or its last non-empty line."""  # noqa: E501 (field docstring = its help text)
 
 
 class ExactParams(_Params):
@@ -171,7 +184,7 @@ class RegexParams(_Params):
     """The answer matches a regular expression."""
 
     pattern: str | None = None
-    """A pattern for every row, `{answer}` replaced by the escaped reference; null: the reference itself is the pattern."""
+    """A pattern for every row, `{answer}` replaced by the escaped reference; null: the reference itself is the pattern."""  # noqa: E501 (field docstring = its help text)
     ignore_case: bool = False
     """Match case-insensitively."""
     full: bool = True
@@ -208,7 +221,7 @@ class SqlParams(_Params):
     """Compare rows in order (false: as a multiset)."""
 
     @model_validator(mode="after")
-    def _one_db(self) -> "SqlParams":
+    def _one_db(self) -> SqlParams:
         if (self.database is None) == (self.setup_field is None):
             raise ValueError("sql verifier: set exactly one of database and setup_field")
         return self
@@ -230,7 +243,7 @@ class CodeParams(_Params):
     """Time limit of one test."""
 
     @model_validator(mode="after")
-    def _one_entry(self) -> "CodeParams":
+    def _one_entry(self) -> CodeParams:
         if (self.entry is None) == (self.entry_field is None):
             raise ValueError("code verifier: set exactly one of entry and entry_field")
         return self
@@ -242,7 +255,7 @@ class PythonParams(Strict):
     model_config = _STRICT
 
     path: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-    """`package.module:function`; called with the keywords it accepts among completion, answer, prompt, messages, metadata, task_id; returns a bool, a number in [0, 1], or {value, parts, passed, reason}."""
+    """`package.module:function`; called with the keywords it accepts among completion, answer, prompt, messages, metadata, task_id; returns a bool, a number in [0, 1], or {value, parts, passed, reason}."""  # noqa: E501 (field docstring = its help text)
     timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     """Time limit of one call; a call past it is killed and is an infra error (never reward 0)."""
     workers: int = Field(1, ge=1, le=64)
@@ -266,7 +279,7 @@ class RewardModelParams(Strict):
     template: str = "{prompt}\n{completion}"
     """Text the model reads: {prompt}, {completion} and {answer} are replaced."""
     label: int = Field(1, ge=0)
-    """With two or more labels: the index of the good label (its softmax probability is the reward); one label: sigmoid."""
+    """With two or more labels: the index of the good label (its softmax probability is the reward); one label: sigmoid."""  # noqa: E501 (field docstring = its help text)
     max_length: int = Field(512, ge=8, le=1_000_000)
     """Tokens kept from the left of the text."""
     pass_threshold: float = Field(0.5, ge=0.0, le=1.0)
@@ -297,7 +310,7 @@ class JudgeParams(Strict):
     retries: int = Field(1, ge=0, le=10)
     """Retries of a failed call (transport error or 5xx) before it is an infra error."""
     cache: bool | str = True
-    """Cache scores per (prompt, completion, judge version): true uses $POSTTRAIN_CACHE/judge.sqlite, a string is a SQLite path, false turns it off."""
+    """Cache scores per (prompt, completion, judge version): true uses $POSTTRAIN_CACHE/judge.sqlite, a string is a SQLite path, false turns it off."""  # noqa: E501 (field docstring = its help text)
     pass_threshold: float = Field(0.5, ge=0.0, le=1.0)
     """A reward at or above this counts as passed."""
     api_key: str = "none"
@@ -316,7 +329,7 @@ class PartSpec(Strict):
 
     model_config = _STRICT
 
-    verifier: "VerifierSpec"
+    verifier: VerifierSpec
     """The part's verifier."""
     weight: float = Field(1.0, gt=0.0)
     """Its weight (normalised over the parts)."""
@@ -373,7 +386,7 @@ class VerifierSpec(BaseModel):
         return dict(self.model_extra or {})
 
     @model_validator(mode="after")
-    def _check_builtin(self) -> "VerifierSpec":
+    def _check_builtin(self) -> VerifierSpec:
         model = BUILTIN_PARAMS.get(self.name)
         if model is not None:
             try:

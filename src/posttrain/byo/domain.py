@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from posttrain.byo.config import SourceConfig, VerifierSpec
 from posttrain.byo.sources import RawRow, Reader, json_cell, open_source, text_of
@@ -76,7 +77,9 @@ def parse_row(raw: RawRow, source: SourceConfig, unit: str) -> Row:
     data, f = raw.data or {}, source.fields
     missing = [c for c in [f.prompt or f.messages, f.answer] if c not in data]
     if missing:
-        raise ValueError(f"missing field {', '.join(map(repr, missing))} (has {', '.join(map(repr, sorted(data))) or 'none'})")
+        raise ValueError(
+            f"missing field {', '.join(map(repr, missing))} (has {', '.join(map(repr, sorted(data))) or 'none'})"
+        )
     messages = _messages(data, source)
     answer = json_cell(data[f.answer])
     if answer is None or answer == "":
@@ -229,7 +232,13 @@ class SourceDomain(Domain):
 
     @property
     def taskset_version(self) -> str:
-        stamp = (self.name, self.version, self.source.model_dump_json(), self.spec.model_dump_json(), len(self.index.locs))
+        stamp = (
+            self.name,
+            self.version,
+            self.source.model_dump_json(),
+            self.spec.model_dump_json(),
+            len(self.index.locs),
+        )
         return f"{stable_hash(*stamp):016x}"[:12]
 
     def size(self, split: Split, difficulty: int | None = None) -> int:
@@ -267,7 +276,9 @@ class SourceDomain(Domain):
             domain=self.name,
             prompt=row.messages,
             reference=row.ref,
-            meta=TaskMeta(split=split, difficulty=difficulty, source=f"file:{self.path}", taskset_version=self.taskset_version),
+            meta=TaskMeta(
+                split=split, difficulty=difficulty, source=f"file:{self.path}", taskset_version=self.taskset_version
+            ),
         )
 
     # ---- contract ---------------------------------------------------------

@@ -124,10 +124,17 @@ class JudgeCache:
         self._lock = threading.Lock()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit is durable at the next checkpoint, no fsync per call
-            self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, version TEXT, value REAL, raw TEXT, created_at REAL)")
-            self._db.execute("CREATE TABLE IF NOT EXISTS judge_calls (id INTEGER PRIMARY KEY, key TEXT, version TEXT, task_id TEXT, "
-                             "cached INTEGER, value REAL, raw TEXT, error TEXT, latency_s REAL, request TEXT, created_at REAL)")
+            self._db.execute(
+                "PRAGMA synchronous=NORMAL"
+            )  # WAL: a commit is durable at the next checkpoint, no fsync per call
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, version TEXT, value REAL, raw TEXT, "
+                "created_at REAL)"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS judge_calls (id INTEGER PRIMARY KEY, key TEXT, version TEXT, task_id TEXT, "
+                "cached INTEGER, value REAL, raw TEXT, error TEXT, latency_s REAL, request TEXT, created_at REAL)"
+            )
             self._db.execute("CREATE INDEX IF NOT EXISTS judge_calls_key ON judge_calls(key)")
             self._db.commit()
 
@@ -138,22 +145,31 @@ class JudgeCache:
 
     def put(self, key: str, version: str, value: float, raw: str) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)", (key, version, value, raw, time.time()))
+            self._db.execute(
+                "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)", (key, version, value, raw, time.time())
+            )
             self._db.commit()
 
     def log(self, key: str, version: str, task_id: str, cached: bool, value: float | None, raw: str,
             error: str, latency_s: float, request: str) -> None:
         with self._lock:
-            self._db.execute("INSERT INTO judge_calls (key, version, task_id, cached, value, raw, error, latency_s, request, created_at) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (key, version, task_id, int(cached), value, raw, error, latency_s, request, time.time()))
+            self._db.execute(
+                "INSERT INTO judge_calls (key, version, task_id, cached, value, raw, error, latency_s, request, "
+                "created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, version, task_id, int(cached), value, raw, error, latency_s, request, time.time()),
+            )
             self._db.commit()
 
     def calls(self, key: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
             self._db.row_factory = sqlite3.Row
             try:
-                sql, args = ("SELECT * FROM judge_calls WHERE key=? ORDER BY id", (key,)) if key else ("SELECT * FROM judge_calls ORDER BY id", ())
+                sql, args = (
+                    ("SELECT * FROM judge_calls WHERE key=? ORDER BY id", (key,))
+                    if key
+                    else ("SELECT * FROM judge_calls ORDER BY id", ())
+                )
                 return [dict(r) for r in self._db.execute(sql, args)]
             finally:
                 self._db.row_factory = None
@@ -208,7 +224,9 @@ class JudgeVerifier:
                 from posttrain.engine.openai import OpenAIEngine
 
                 p = self.params
-                self._engine = OpenAIEngine(p.base_url, p.model, None, api_key=p.api_key, timeout_s=p.timeout_s, retries=p.retries)
+                self._engine = OpenAIEngine(
+                    p.base_url, p.model, None, api_key=p.api_key, timeout_s=p.timeout_s, retries=p.retries
+                )
             return self._engine
 
     def key(self, task: Task, completion: str) -> str:
@@ -237,7 +255,9 @@ class JudgeVerifier:
         request = _fill(self.params.rubric, task, episode.completion)
         t0, raw = time.perf_counter(), ""
         try:
-            raw = self.engine().chat([Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0)
+            raw = self.engine().chat(
+                [Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0
+            )
             value = self.parse(raw)
         except (GenerationError, VerifierError) as exc:
             if cache is not None:

@@ -12,9 +12,10 @@ load, or a name that clashes, is a TaskError naming both origins.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from posttrain.errors import TaskError
 
@@ -32,7 +33,9 @@ def _load(ep: EntryPoint) -> Any:
     try:
         return ep.load()
     except Exception as exc:  # noqa: BLE001 - a plugin's import is user code
-        raise TaskError(f"{origin_of(ep)}: entry point {ep.group}:{ep.name} fails to load: {type(exc).__name__}: {exc}") from None
+        raise TaskError(
+            f"{origin_of(ep)}: entry point {ep.group}:{ep.name} fails to load: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def plugin_domains() -> Iterable[tuple[Any, str]]:

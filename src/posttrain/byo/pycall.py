@@ -21,7 +21,8 @@ import os
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from posttrain.byo.config import PythonParams
 from posttrain.errors import ConfigError, VerifierError
@@ -87,7 +88,9 @@ def to_score(result: Any, threshold: float, path: str) -> Score:
     if isinstance(result, (int, float)) and math.isfinite(result) and 0.0 <= result <= 1.0:
         value = float(result)
         return Score(value, {"outcome": value}, value >= threshold, "" if value >= threshold else "below threshold")
-    raise VerifierError(f"{path} returned {result!r}: expected a bool, a number in [0, 1] or {{value, parts, passed, reason}}")
+    raise VerifierError(
+        f"{path} returned {result!r}: expected a bool, a number in [0, 1] or {{value, parts, passed, reason}}"
+    )
 
 
 class CallableVerifier:
@@ -117,7 +120,9 @@ class CallableVerifier:
     def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         with self._lock:
             if self._pool is None:
-                self._pool = cf.ProcessPoolExecutor(self.params.workers, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = cf.ProcessPoolExecutor(
+                    self.params.workers, mp_context=multiprocessing.get_context("spawn")
+                )
             return self._pool.submit(fn, *args)
 
     def close(self) -> None:

@@ -14,8 +14,9 @@ import io
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from posttrain.byo.config import SourceConfig, resolve_format
 from posttrain.errors import TaskError
@@ -78,7 +79,7 @@ class _Lines:
     def __init__(self, fh: Any) -> None:
         self.fh, self.offset, self.line, self.starts = fh, fh.tell(), 0, []
 
-    def __iter__(self) -> "_Lines":
+    def __iter__(self) -> _Lines:
         return self
 
     def __next__(self) -> str:
@@ -197,7 +198,9 @@ class DatasetsReader:
         try:
             from datasets import load_from_disk
         except ImportError:
-            raise TaskError(f"{path}: reading a `datasets` directory needs the datasets package: {DATA_EXTRA}") from None
+            raise TaskError(
+                f"{path}: reading a `datasets` directory needs the datasets package: {DATA_EXTRA}"
+            ) from None
         try:
             loaded = load_from_disk(path)
         except Exception as exc:  # noqa: BLE001 - datasets raises FileNotFoundError and others

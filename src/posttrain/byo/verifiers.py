@@ -17,7 +17,8 @@ import math
 import re
 import sqlite3
 import string
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from posttrain.byo import config as C
 from posttrain.domains.base import extract_answer, stable_hash
@@ -110,7 +111,11 @@ class Numeric(_Base):
 
     def _ref(self, task: Task) -> float:
         value = task.reference.answer
-        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else parse_number(str(value))
+        number = (
+            float(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            else parse_number(str(value))
+        )
         if number is None or not math.isfinite(number):
             raise VerifierError(f"numeric verifier: reference {value!r} of {task.id} is not a number")
         return number
@@ -144,7 +149,9 @@ class Choice(_Base):
     def score(self, task: Task, episode: Episode) -> Score:
         gold = str(task.reference.answer).strip().upper()[:1]
         if gold not in self.params.letters:
-            raise VerifierError(f"choice verifier: reference {task.reference.answer!r} of {task.id} is not one of {self.params.letters}")
+            raise VerifierError(
+                f"choice verifier: reference {task.reference.answer!r} of {task.id} is not one of {self.params.letters}"
+            )
         got = self._letter(self.text(episode))
         if got is None:
             return _score(False, "no option letter")

@@ -7,13 +7,17 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="compare two runs or model directories on the same held-out items (paired deltas)")
+    p = sub.add_parser(
+        "compare", help="compare two runs or model directories on the same held-out items (paired deltas)"
+    )
     p.add_argument("a", metavar="RUN_OR_MODEL_A", help="a run directory (its latest checkpoint) or a model directory")
     p.add_argument("b", metavar="RUN_OR_MODEL_B", help="the other one; deltas are B - A")
     p.add_argument("config", nargs="?", help="YAML config (domains, eval settings) when neither side is a run")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.samples=0")
     p.add_argument("--heldout", metavar="FILE", help="a stored held-out set (default: the first run's heldout.json)")
-    p.add_argument("--out", metavar="DIR", help="where compare.json/.png/.html go (default: B's run dir/compare, else ./compare)")
+    p.add_argument(
+        "--out", metavar="DIR", help="where compare.json/.png/.html go (default: B's run dir/compare, else ./compare)"
+    )
     p.set_defaults(func=run)
 
 
@@ -42,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
         return heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names})
 
     heldout = heldout_of(a, b, args.heldout, build)
-    device = "cpu" if cfg.model.device == "auto" and not torch.cuda.is_available() else ("cuda" if cfg.model.device == "auto" else cfg.model.device)
+    device = (
+        "cpu"
+        if cfg.model.device == "auto" and not torch.cuda.is_available()
+        else ("cuda" if cfg.model.device == "auto" else cfg.model.device)
+    )
     ta, tb, data = run_compare(a, b, heldout, options(cfg.eval, tasks=cfg.tasks), device, cfg.eval.seed)
     print(text(a, b, ta, tb, data))
     out = Path(args.out) if args.out else (b.run_dir / "compare" if b.run_dir else Path("compare"))

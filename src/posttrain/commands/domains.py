@@ -12,7 +12,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--category", help="only domains of this category (e.g. math, sql, agents, rg_games)")
     p.add_argument("--no-sample", action="store_true", help="skip the sample prompt column (fast)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--config", help="a run config: its source domains (tasks.domains.NAME.source) join the list, show and hygiene")
+    p.add_argument(
+        "--config", help="a run config: its source domains (tasks.domains.NAME.source) join the list, show and hygiene"
+    )
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     s = verbs.add_parser("show", help="one domain: a sample task, its gold answer and the scores")
     s.add_argument("name")
@@ -100,7 +102,10 @@ def hygiene(args: argparse.Namespace) -> int:
     from posttrain.tasks.hygiene import contamination, dedupe
 
     names = args.names or ["add", "sub", "mul", "reverse", "sort"]
-    print(f"{'DOMAIN':<30} {'TRAIN':>6} {'EXACT_DUP':>9} {'NORM_DUP':>8} {'EVAL':>5} {'IN_TRAIN':>8} {'CONTAM':>6} {'MAX_OV':>6}")
+    print(
+        f"{'DOMAIN':<30} {'TRAIN':>6} {'EXACT_DUP':>9} {'NORM_DUP':>8} {'EVAL':>5} {'IN_TRAIN':>8} {'CONTAM':>6} "
+        f"{'MAX_OV':>6}"
+    )
     for name in names:
         d = get(name)
         size = getattr(d, "size", None)  # a file domain: at most its distinct rows

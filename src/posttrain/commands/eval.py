@@ -7,12 +7,16 @@ import json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="held-out accuracy per domain of a model, with intervals (seeded, greedy; pass@k/maj@k)")
+    p = sub.add_parser(
+        "eval", help="held-out accuracy per domain of a model, with intervals (seeded, greedy; pass@k/maj@k)"
+    )
     p.add_argument("config", nargs="?", help="YAML config naming the domains and eval settings")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.tasks_per_domain=50")
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face model directory (default: the run's latest "
                    "checkpoint with --run, else the embedded base)")
-    p.add_argument("--run", metavar="RUN_DIR", help="evaluate a run: its config, its stored held-out set, its latest checkpoint")
+    p.add_argument(
+        "--run", metavar="RUN_DIR", help="evaluate a run: its config, its stored held-out set, its latest checkpoint"
+    )
     p.add_argument("--heldout", metavar="FILE", help="a stored held-out set (a run's heldout.json) to evaluate exactly")
     p.add_argument("--save-heldout", metavar="FILE", help="write the held-out set used, to rerun it later")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON (identical on a rerun of the same set)")
@@ -29,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     config, overrides = split_cli_args(args.config, args.overrides)
     if args.run:
         if config:
-            raise ConfigError("give either --run RUN_DIR or a config file, not both (overrides apply to the run's config)")
+            raise ConfigError(
+                "give either --run RUN_DIR or a config file, not both (overrides apply to the run's config)"
+            )
         config = os.path.join(args.run, "config.yaml")
     cfg = load_config(config, overrides)
     import torch

@@ -15,7 +15,9 @@ def add_parser(sub: Any) -> None:
                    help="int8: allow the lossy int8 fast tier if the held-out quality gate passes")
     p.add_argument("--gate-domains", default="add,sub,mul,reverse,sort", help="comma-separated gated domains")
     p.add_argument("--gate-tasks", type=int, default=50, help="held-out tasks per gated domain")
-    p.add_argument("--max-drop", type=float, default=0.01, help="largest allowed per-domain accuracy drop (0.01 = 1 point)")
+    p.add_argument(
+        "--max-drop", type=float, default=0.01, help="largest allowed per-domain accuracy drop (0.01 = 1 point)"
+    )
     p.set_defaults(func=run)
 
 
@@ -31,11 +33,15 @@ def pick_checkpoint(run_dir: str, step: int | None) -> Any:
     if step is not None:
         found = dict(list_checkpoints(root))
         if step not in found:
-            raise ConfigError(f"--step {step}: no checkpoint of that step in {run_dir!r} (have {sorted(found) or 'none'})")
+            raise ConfigError(
+                f"--step {step}: no checkpoint of that step in {run_dir!r} (have {sorted(found) or 'none'})"
+            )
         return found[step]
     ckpt = latest_checkpoint(root)
     if ckpt is None:
-        raise ConfigError(f"run_dir {run_dir!r} has no checkpoints (expected checkpoints/step_N/) and is not a model directory")
+        raise ConfigError(
+            f"run_dir {run_dir!r} has no checkpoints (expected checkpoints/step_N/) and is not a model directory"
+        )
     return ckpt
 
 
@@ -60,5 +66,7 @@ def run(args: argparse.Namespace) -> int:
     info = reg.add(ckpt, source=str(ckpt), fast_mode=mode, gate=gate)  # type: ignore[arg-type]
     state = reg.release(info, args.share)
     role = "stable" if state.stable == info.name else f"canary (share {state.canary_share})"
-    print(json.dumps({"version": info.name, "role": role, "source": str(ckpt), "fast_mode": mode, "gate": gate}, indent=2))
+    print(
+        json.dumps({"version": info.name, "role": role, "source": str(ckpt), "fast_mode": mode, "gate": gate}, indent=2)
+    )
     return 0

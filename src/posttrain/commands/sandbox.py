@@ -7,8 +7,11 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sandbox", help="probe the sandbox backends, or run one command in the sandbox",
-                       description="posttrain sandbox probe [--backend B] [--accept-weaker B] | posttrain sandbox run -- CMD ...")
+    p = sub.add_parser(
+        "sandbox",
+        help="probe the sandbox backends, or run one command in the sandbox",
+        description="posttrain sandbox probe [--backend B] [--accept-weaker B] | posttrain sandbox run -- CMD ...",
+    )
     p.add_argument("action", choices=["probe", "run"], help="probe: report; run: execute CMD in a fresh sandbox")
     p.add_argument("--backend", default="auto", help="auto | forkserver | bwrap | unsafe")
     p.add_argument("--accept-weaker", action="append", default=[], metavar="BACKEND",
@@ -46,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
         res = pool.run(ExecRequest(argv=tuple(cmd), limits=Limits(wall_s=args.wall)))
     sys.stdout.write(res.stdout.decode("utf-8", "replace"))
     sys.stderr.write(res.stderr.decode("utf-8", "replace"))
-    print(f"[{res.backend}] status={res.status} exit={res.exit_code} signal={res.signal} cpu={res.cpu_s:.3f}s wall={res.wall_s:.3f}s"
-          + (f" error={res.error}" if res.error else ""), file=sys.stderr)
+    print(
+        f"[{res.backend}] status={res.status} exit={res.exit_code} signal={res.signal} cpu={res.cpu_s:.3f}s "
+        f"wall={res.wall_s:.3f}s"
+        + (f" error={res.error}" if res.error else ""),
+        file=sys.stderr,
+    )
     return 0 if res.status == "ok" else 1

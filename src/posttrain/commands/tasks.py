@@ -10,18 +10,29 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tasks", help="check your own task files: schema, duplicates, overlap, gold answers, lengths")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    for verb, text in (("validate", "schema check (line of each bad row), duplicates, train/held-out overlap, "
-                                    "gold answers scored by the verifier; exit 1 on any problem"),
-                       ("stats", "validate's counts plus the prompt-length distribution in tokens (chat template included)")):
+    for verb, text in (
+        (
+            "validate",
+            "schema check (line of each bad row), duplicates, train/held-out overlap, "
+            "gold answers scored by the verifier; exit 1 on any problem",
+        ),
+        ("stats", "validate's counts plus the prompt-length distribution in tokens (chat template included)"),
+    ):
         v = verbs.add_parser(verb, help=text)
         v.add_argument("path", help="a run config (.yaml) with tasks.domains.NAME.source, or a JSONL/CSV/Parquet file "
                                     "or datasets directory")
         v.add_argument("--domain", help="with a config: only this domain")
-        v.add_argument("--format", default="auto", help="with a data file: jsonl, csv, parquet, datasets (default: by suffix)")
+        v.add_argument(
+            "--format", default="auto", help="with a data file: jsonl, csv, parquet, datasets (default: by suffix)"
+        )
         v.add_argument("--field", action="append", default=[], metavar="ROLE=COLUMN",
                        help="with a data file: field mapping, e.g. --field prompt=question --field answer=gold")
-        v.add_argument("--verifier", default="exact", help="with a data file: verifier name or module:function (default exact)")
-        v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with a data file: a verifier parameter")
+        v.add_argument(
+            "--verifier", default="exact", help="with a data file: verifier name or module:function (default exact)"
+        )
+        v.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE", help="with a data file: a verifier parameter"
+        )
         v.add_argument("--gold", type=int, default=200, help="gold answers scored per split (default 200)")
         v.add_argument("--show", type=int, default=20, help="problems listed (default 20)")
         if verb == "stats":
@@ -43,7 +54,9 @@ def _specs(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         specs = {n: s for n, s in cfg.tasks.domains.items() if s.source is not None}
         if args.domain:
             if args.domain not in specs:
-                raise ConfigError(f"{args.path}: no source domain {args.domain!r}; it has: {', '.join(specs) or 'none'}")
+                raise ConfigError(
+                    f"{args.path}: no source domain {args.domain!r}; it has: {', '.join(specs) or 'none'}"
+                )
             specs = {args.domain: specs[args.domain]}
         if not specs:
             raise ConfigError(f"{args.path}: tasks.domains has no domain with a source")
@@ -92,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
     for name, spec in specs.items():
         domain = source_domain(name, spec, check=False)
         rep = inspect(domain, args.gold, tokenizer)
-        print(f"{name}: {rep.path} | verifier {domain.spec.name} | {rep.rows} rows: {rep.train} train, {rep.eval} held-out, "
-              f"{len(rep.bad)} bad, {rep.skipped} skipped (split value neither train nor held-out) | levels {rep.levels}")
+        print(
+            f"{name}: {rep.path} | verifier {domain.spec.name} | {rep.rows} rows: {rep.train} train, {rep.eval} "
+            "held-out, "
+            f"{len(rep.bad)} bad, {rep.skipped} skipped (split value neither train nor held-out) | levels {rep.levels}"
+        )
         print(f"  duplicates: {rep.duplicates} exact, {rep.near_duplicates} near (same words, other punctuation/case)")
         print(f"  train/held-out overlap: {rep.overlap_rows} rows dropped (prompt in both splits), "
               f"{rep.overlap_near} near-duplicate prompts across splits")

@@ -16,7 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("rollout_id", nargs="?", help="with `explain`: the rollout id (a unique prefix is enough)")
     p.add_argument("-n", type=int, default=10, help="recent rollouts to show")
     p.add_argument("--domain", help="only this domain")
-    p.add_argument("--run", metavar="RUN_DIR", help="with `explain`: the run holding the rollout (default: search ./runs)")
+    p.add_argument(
+        "--run", metavar="RUN_DIR", help="with `explain`: the run holding the rollout (default: search ./runs)"
+    )
     p.set_defaults(func=run)
 
 
@@ -42,7 +44,9 @@ def _find(rollout_id: str, run: str | None) -> Path:
     for db in candidates:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
-            if con.execute("SELECT 1 FROM rollouts WHERE id=? OR id LIKE ? LIMIT 1", (rollout_id, rollout_id + "%")).fetchone():
+            if con.execute(
+                "SELECT 1 FROM rollouts WHERE id=? OR id LIKE ? LIMIT 1", (rollout_id, rollout_id + "%")
+            ).fetchone():
                 return db
         finally:
             con.close()

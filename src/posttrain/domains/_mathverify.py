@@ -85,7 +85,9 @@ def equivalent(gold: str, answer: str) -> bool:
         return future.result(timeout=OUTER_TIMEOUT_S)
     except cf.TimeoutError:
         _kill_pool()
-        raise VerifierError(f"math-verify worker exceeded {OUTER_TIMEOUT_S}s on answer of {len(answer)} chars") from None
+        raise VerifierError(
+            f"math-verify worker exceeded {OUTER_TIMEOUT_S}s on answer of {len(answer)} chars"
+        ) from None
     except cf.process.BrokenProcessPool as exc:
         _kill_pool()
         raise VerifierError(f"math-verify worker died: {exc}") from exc

@@ -6,7 +6,6 @@ import random
 from posttrain.domains.base import ProceduralDomain
 from posttrain.domains.registry import register
 
-
 # digits of the two operands at each difficulty level (level 1 still has 900 questions)
 SIZES = {1: (2, 1), 2: (2, 2), 3: (3, 3), 4: (4, 4)}
 

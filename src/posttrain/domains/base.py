@@ -11,8 +11,9 @@ import abc
 import hashlib
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from posttrain.types import CostClass, Episode, Message, Score, Split, Task, TaskMeta
 

@@ -22,9 +22,10 @@ import json
 import marshal
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of
 from posttrain.domains.registry import register
@@ -51,7 +52,7 @@ class CodeReference:
     timeout_s: float
 
     @classmethod
-    def build(cls, name: str, kind: str, mode: str, tests: Sequence[dict], timeout_s: float) -> "CodeReference":
+    def build(cls, name: str, kind: str, mode: str, tests: Sequence[dict], timeout_s: float) -> CodeReference:
         """A reference from plain parts, validated (ValueError naming the field)."""
         if not name.isidentifier():
             raise ValueError(f"CodeReference.name must be a Python identifier, got {name!r}")
@@ -137,8 +138,10 @@ def load_tasks() -> tuple[CodeTask, ...]:
             raw = json.load(fh)
     except (OSError, ValueError) as exc:
         raise TaskError(f"code: cannot read {DATA}/tasks.json: {exc}") from exc
-    return tuple(CodeTask(t["name"], t["level"], t["kind"], t["mode"], t["prompt"], t["solution"], t["wrong"], tuple(t["tests"]))
-                 for t in raw)
+    return tuple(
+        CodeTask(t["name"], t["level"], t["kind"], t["mode"], t["prompt"], t["solution"], t["wrong"], tuple(t["tests"]))
+        for t in raw
+    )
 
 
 @lru_cache(maxsize=1)
@@ -187,7 +190,13 @@ def build_request(ref: CodeReference, code: str):
         files=driver_files() | {"solution.py": code},
         python_main="driver.py",
         stdin=json.dumps(spec).encode(),
-        limits=Limits(wall_s=wall, cpu_s=wall, memory_bytes=512 << 20, pids=32, output_bytes=(REPLY_BYTES + 256) * len(inputs) + (64 << 10)),
+        limits=Limits(
+            wall_s=wall,
+            cpu_s=wall,
+            memory_bytes=512 << 20,
+            pids=32,
+            output_bytes=(REPLY_BYTES + 256) * len(inputs) + (64 << 10),
+        ),
     )
 
 
@@ -244,7 +253,9 @@ def _same(got: Any, want: Any, mode: str) -> bool:
         return _strict_eq(got, want)
     if mode == "unordered" and type(want) is list and type(got) is list:
         key = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731
-        return len(got) == len(want) and all(_strict_eq(g, w) for g, w in zip(sorted(got, key=key), sorted(want, key=key)))
+        return len(got) == len(want) and all(
+            _strict_eq(g, w) for g, w in zip(sorted(got, key=key), sorted(want, key=key))
+        )
     return _strict_eq(got, want)
 
 
@@ -344,21 +355,33 @@ def ENTRY(*args):
             return t["expected"]
     return None
 '''
-_FRAMES = "def SOURCE():\n    f, out = sys._getframe(), []\n    while f is not None:\n        out += list(_texts(dict(f.f_locals)))\n" \
-          "        f = f.f_back\n    return out\n"
+_FRAMES = (
+    "def SOURCE():\n    f, out = sys._getframe(), []\n    while f is not None:\n        out += "
+    "list(_texts(dict(f.f_locals)))\n"
+    "        f = f.f_back\n    return out\n"
+)
 _GC = "def SOURCE():\n    return [t for o in gc.get_objects() if isinstance(o, dict) for t in _texts(o, 3)]\n"
-_MEM = ("def SOURCE():\n    out = []\n    for pid in ('self', str(os.getppid())):\n        try:\n"
-        "            maps, mem = open(f'/proc/{pid}/maps'), open(f'/proc/{pid}/mem', 'rb')\n        except OSError:\n            continue\n"
-        "        for line in maps:\n            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
-        "            if 'rw' not in line.split()[1]:\n                continue\n            try:\n"
-        "                mem.seek(lo)\n                out.append(mem.read(hi - lo).decode('latin-1'))\n            except (OSError, ValueError, OverflowError):\n"
-        "                pass\n    return out\n")
-_FILES = ("def SOURCE():\n    import glob, importlib.util\n    paths = glob.glob('/task/**', recursive=True) + glob.glob('/tmp/**', recursive=True)\n"
-          "    for p in sys.path:\n        paths += glob.glob(os.path.join(p or '.', 'posttrain', 'domains', 'data', 'code', '*'))\n"
-          "    try:\n        spec = importlib.util.find_spec('posttrain')\n"
-          "        paths += glob.glob(os.path.join(os.path.dirname(spec.origin), 'domains', 'data', 'code', '*'))\n"
-          "    except Exception:\n        pass\n    out = []\n    for p in paths:\n        try:\n"
-          "            out.append(open(p, errors='replace').read(1 << 22))\n        except OSError:\n            pass\n    return out\n")
+_MEM = (
+    "def SOURCE():\n    out = []\n    for pid in ('self', str(os.getppid())):\n        try:\n"
+    "            maps, mem = open(f'/proc/{pid}/maps'), open(f'/proc/{pid}/mem', 'rb')\n        except OSError:\n      "
+    "      continue\n"
+    "        for line in maps:\n            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+    "            if 'rw' not in line.split()[1]:\n                continue\n            try:\n"
+    "                mem.seek(lo)\n                out.append(mem.read(hi - lo).decode('latin-1'))\n            except "
+    "(OSError, ValueError, OverflowError):\n"
+    "                pass\n    return out\n"
+)
+_FILES = (
+    "def SOURCE():\n    import glob, importlib.util\n    paths = glob.glob('/task/**', recursive=True) + "
+    "glob.glob('/tmp/**', recursive=True)\n"
+    "    for p in sys.path:\n        paths += glob.glob(os.path.join(p or '.', 'posttrain', 'domains', 'data', 'code', "
+    "'*'))\n"
+    "    try:\n        spec = importlib.util.find_spec('posttrain')\n"
+    "        paths += glob.glob(os.path.join(os.path.dirname(spec.origin), 'domains', 'data', 'code', '*'))\n"
+    "    except Exception:\n        pass\n    out = []\n    for p in paths:\n        try:\n"
+    "            out.append(open(p, errors='replace').read(1 << 22))\n        except OSError:\n            pass\n    "
+    "return out\n"
+)
 
 CHEATS: dict[str, str] = {
     "frame_walk": _SCAN + _FRAMES,
@@ -369,23 +392,36 @@ CHEATS: dict[str, str] = {
     "hard_exit": "import os\nos._exit(0)\n",
     "raise_system_exit": "def ENTRY(*args):\n    raise SystemExit(0)\n",
     "kill_driver": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
-    "fake_results": ("import json, os, sys\nfor i in range(64):\n    line = (json.dumps({'i': i, 'value': True}) + '\\n').encode()\n"
-                     "    for fd in (1, 2):\n        os.write(fd, line)\n    for path in (f'/proc/{os.getppid()}/fd/1', '/proc/1/fd/1'):\n"
-                     "        try:\n            with open(path, 'wb') as fh:\n                fh.write(line)\n        except OSError:\n            pass\n"
-                     "print(json.dumps({'passed': 99, 'total': 99}))\nos._exit(0)\n"),
-    "equal_to_anything": ("class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
-                          "    def __hash__(self): return 0\ndef ENTRY(*args): return Any()\n"),
-    "int_subclass": "class T(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\ndef ENTRY(*args): return T(1)\n",
-    "patch_builtins": ("import builtins, json, math\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: object\n"
-                       "json.dumps = lambda *a, **k: '{\"value\": true}'\njson.loads = lambda *a, **k: {'value': True}\nmath.isclose = lambda *a, **k: True\n"
-                       "def ENTRY(*args): return True\n"),
+    "fake_results": (
+        "import json, os, sys\nfor i in range(64):\n    line = (json.dumps({'i': i, 'value': True}) + '\\n').encode()\n"
+        "    for fd in (1, 2):\n        os.write(fd, line)\n    for path in (f'/proc/{os.getppid()}/fd/1', "
+        "'/proc/1/fd/1'):\n"
+        "        try:\n            with open(path, 'wb') as fh:\n                fh.write(line)\n        except "
+        "OSError:\n            pass\n"
+        "print(json.dumps({'passed': 99, 'total': 99}))\nos._exit(0)\n"
+    ),
+    "equal_to_anything": (
+        "class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
+        "    def __hash__(self): return 0\ndef ENTRY(*args): return Any()\n"
+    ),
+    "int_subclass": "class T(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\ndef "
+                    "ENTRY(*args): return T(1)\n",
+    "patch_builtins": (
+        "import builtins, json, math\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: object\n"
+        "json.dumps = lambda *a, **k: '{\"value\": true}'\njson.loads = lambda *a, **k: {'value': True}\nmath.isclose "
+        "= lambda *a, **k: True\n"
+        "def ENTRY(*args): return True\n"
+    ),
 }
 
 
 class Code(Domain):
     name = "code"
     category = "code"
-    description = "Python functions and classes judged by hidden unit tests; the sandbox runs the inputs, the host compares; reward = pass rate"
+    description = (
+        "Python functions and classes judged by hidden unit tests; the sandbox runs the inputs, the host compares; "
+        "reward = pass rate"
+    )
     version = "1"
     levels = 3
     cost_class = "long"
@@ -409,7 +445,12 @@ class Code(Domain):
             domain=self.name,
             prompt=(Message("user", f"{t.prompt}\n{INSTRUCTION}"),),
             reference=ref,
-            meta=TaskMeta(split=split, difficulty=difficulty, source=f"posttrain/code/{t.name}", taskset_version=self.taskset_version),
+            meta=TaskMeta(
+                split=split,
+                difficulty=difficulty,
+                source=f"posttrain/code/{t.name}",
+                taskset_version=self.taskset_version,
+            ),
         )
 
     def _task(self, task: Task) -> CodeTask:

@@ -13,8 +13,9 @@ import datetime as dt
 import json
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.domains._common import ANSWER_INSTRUCTION, answer_json, close, f1, parse_number
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
@@ -143,9 +144,15 @@ def make_invoice(rng: random.Random, d: int) -> Invoice:
     lines = tuple((rng.choice(PRODUCTS) + f" {rng.choice('ABCDEFGH')}{rng.randint(1, 99)}", rng.randint(1, 5 * d),
                    cents(rng.randint(100, 5000 * d) / 100)) for _ in range(1 + 2 * d))
     return Invoice(
-        number=f"INV-{rng.randint(10000, 99999)}", date=date, due=date + dt.timedelta(days=rng.choice([14, 30, 45, 60])),
-        vendor=vendor, customer=customer, lines=lines, tax_rate=rng.choice(TAX_RATES),
-        discount=cents(rng.randint(0, 50) * d) if d >= 2 else 0.0, shipping=cents(rng.randint(0, 40) * d) if d >= 3 else 0.0,
+        number=f"INV-{rng.randint(10000, 99999)}",
+        date=date,
+        due=date + dt.timedelta(days=rng.choice([14, 30, 45, 60])),
+        vendor=vendor,
+        customer=customer,
+        lines=lines,
+        tax_rate=rng.choice(TAX_RATES),
+        discount=cents(rng.randint(0, 50) * d) if d >= 2 else 0.0,
+        shipping=cents(rng.randint(0, 40) * d) if d >= 3 else 0.0,
     )
 
 
@@ -289,14 +296,21 @@ def invoice_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[st
     if d >= 3:
         fields.update(due_date=inv.due.isoformat(), subtotal=inv.subtotal)
     keys = ", ".join(fields)
-    q = f"{render_invoice(inv, style)}\n\nExtract these fields as one JSON object (keys: {keys}; dates as YYYY-MM-DD, amounts as numbers)."
+    q = (
+        f"{render_invoice(inv, style)}\n\nExtract these fields as one JSON object (keys: {keys}; dates as YYYY-MM-DD, "
+        "amounts as numbers)."
+    )
     return q, _fields(fields)
 
 
 def invoice_total(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
     inv = make_invoice(rng, d)
-    return (f"{render_invoice(inv, style, show_totals=False)}\n\nTax applies to the subtotal after discount; shipping is not taxed. "
-            "What is the total due? Round to cents.", _num(inv.total))
+    return (
+        f"{render_invoice(inv, style, show_totals=False)}\n\nTax applies to the subtotal after discount; shipping is "
+        "not taxed. "
+        "What is the total due? Round to cents.",
+        _num(inv.total),
+    )
 
 
 def invoice_tax(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -313,12 +327,17 @@ def invoice_max_item(rng: random.Random, d: int, style: str) -> tuple[str, dict[
     best = sorted(amounts.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(best) > 1 and abs(best[0][1] - best[1][1]) < 0.005:
         return invoice_max_item(rng, d, style)
-    return f"{render_invoice(inv, style)}\n\nWhich item has the largest line amount? Answer with the item name only.", {"kind": "text", "value": best[0][0]}
+    return f"{render_invoice(inv, style)}\n\nWhich item has the largest line amount? Answer with the item name only.", {
+        "kind": "text",
+        "value": best[0][0],
+    }
 
 
 def invoice_payment_days(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
     inv = make_invoice(rng, d)
-    return f"{render_invoice(inv, style)}\n\nHow many days are there between the invoice date and the due date?", _num(float((inv.due - inv.date).days))
+    return f"{render_invoice(inv, style)}\n\nHow many days are there between the invoice date and the due date?", _num(
+        float((inv.due - inv.date).days)
+    )
 
 
 def receipt_change(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -336,11 +355,16 @@ def payslip(rng: random.Random, d: int, style: str, ask: str) -> tuple[str, dict
     hours, rate = rng.randint(60, 180), cents(rng.randint(1500, 6000) / 100)
     overtime = rng.randint(0, 20) if d >= 2 else 0
     gross = cents(hours * rate + overtime * rate * 1.5)
-    deductions = [("Income tax", cents(gross * rng.randint(10, 25) / 100)), ("Pension", cents(gross * rng.randint(3, 8) / 100))]
+    deductions = [
+        ("Income tax", cents(gross * rng.randint(10, 25) / 100)),
+        ("Pension", cents(gross * rng.randint(3, 8) / 100)),
+    ]
     if d >= 3:
         deductions.append(("Health plan", cents(rng.randint(20, 200))))
     net = cents(gross - sum(v for _, v in deductions))
-    rows = [("Hours", float(hours)), ("Hourly rate", rate)] + ([("Overtime hours (1.5x)", float(overtime))] if overtime else [])
+    rows = [("Hours", float(hours)), ("Hourly rate", rate)] + (
+        [("Overtime hours (1.5x)", float(overtime))] if overtime else []
+    )
     rows += deductions
     text = _table(f"Payslip: {name}, {employer}, period ending {date.isoformat()}", rows, style)
     if ask == "net":
@@ -365,7 +389,9 @@ def bank_statement(rng: random.Random, d: int, style: str, ask: str) -> tuple[st
         balance = cents(balance + amount)
         txs.append((day, payee, amount))
     if style == "md":
-        body = ["| Date | Description | Amount |", "|---|---|---:|"] + [f"| {t.isoformat()} | {p} | {money(a)} |" for t, p, a in txs]
+        body = ["| Date | Description | Amount |", "|---|---|---:|"] + [
+            f"| {t.isoformat()} | {p} | {money(a)} |" for t, p, a in txs
+        ]
     else:
         body = [f"{t.isoformat()}  {p:<36}{money(a):>12}" for t, p, a in txs]
     text = "\n".join([f"Statement for {holder}", f"Opening balance: {money(opening)}", ""] + body)
@@ -374,7 +400,9 @@ def bank_statement(rng: random.Random, d: int, style: str, ask: str) -> tuple[st
     debits = [(a, p) for _, p, a in txs if a < 0]
     if not debits:
         return bank_statement(rng, d, style, ask)
-    return f"{text}\n\nWhat is the total of all debits (negative amounts), as a negative number?", _num(cents(sum(a for a, _ in debits)))
+    return f"{text}\n\nWhat is the total of all debits (negative amounts), as a negative number?", _num(
+        cents(sum(a for a, _ in debits))
+    )
 
 
 def balance_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -384,7 +412,10 @@ def balance_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[st
         fields["equity"] = s.equity
     if d >= 3:
         fields.update(cash=s.cash, long_term_debt=s.long_debt)
-    return f"{render_balance(s, style)}\n\nExtract as one JSON object with keys {', '.join(fields)} (amounts as numbers).", _fields(fields)
+    return (
+        f"{render_balance(s, style)}\n\nExtract as one JSON object with keys {', '.join(fields)} (amounts as numbers).",
+        _fields(fields),
+    )
 
 
 def income_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -394,14 +425,24 @@ def income_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[str
         fields["gross_profit"] = s.gross_profit
     if d >= 3:
         fields.update(operating_income=s.ebit, interest_expense=s.interest)
-    return f"{render_income(s, style)}\n\nExtract as one JSON object with keys {', '.join(fields)} (amounts as numbers).", _fields(fields)
+    return (
+        f"{render_income(s, style)}\n\nExtract as one JSON object with keys {', '.join(fields)} (amounts as numbers).",
+        _fields(fields),
+    )
 
 
 def _ratio(kind: str, question: str, value: Callable[[Statements], float]) -> Builder:
     def build(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
         s = make_statements(rng, d)
-        doc = render_balance(s, style) if kind == "balance" else (
-            render_income(s, style) if kind == "income" else render_balance(s, style) + "\n\n" + render_income(s, style))
+        doc = (
+            render_balance(s, style)
+            if kind == "balance"
+            else (
+                render_income(s, style)
+                if kind == "income"
+                else render_balance(s, style) + "\n\n" + render_income(s, style)
+            )
+        )
         if d >= 3 and kind != "both":
             doc = _hide_totals(doc)
         return f"{doc}\n\n{question}", _num(round(value(s), 2))
@@ -423,34 +464,111 @@ BUILDERS: dict[str, tuple[str, Builder, str]] = {
     "receipt_change": ("number", receipt_change, "change due on a cash receipt"),
     "payslip_net": ("number", lambda r, d, s: payslip(r, d, s, "net"), "net pay from a payslip"),
     "payslip_fields": ("fields", lambda r, d, s: payslip(r, d, s, "fields"), "extract payslip fields as JSON"),
-    "bank_closing": ("number", lambda r, d, s: bank_statement(r, d, s, "closing"), "closing balance of a bank statement"),
+    "bank_closing": (
+        "number",
+        lambda r, d, s: bank_statement(r, d, s, "closing"),
+        "closing balance of a bank statement",
+    ),
     "bank_debits": ("number", lambda r, d, s: bank_statement(r, d, s, "debits"), "total debits of a bank statement"),
 }
 FIN_BUILDERS: dict[str, tuple[str, Builder, str]] = {
     "balance_fields": ("fields", balance_fields, "extract balance-sheet figures as JSON"),
     "income_fields": ("fields", income_fields, "extract income-statement figures as JSON"),
-    "current_ratio": ("number", _ratio("balance", "What is the current ratio (current assets / current liabilities)? Round to 2 decimals.",
-                                       lambda s: s.current_assets / s.current_liabilities), "current ratio"),
-    "debt_to_equity": ("number", _ratio("balance", "What is the debt-to-equity ratio (total liabilities / equity)? Round to 2 decimals.",
-                                        lambda s: s.total_liabilities / s.equity), "debt-to-equity ratio"),
-    "working_capital": ("number", _ratio("balance", "What is the working capital (current assets - current liabilities)?",
-                                         lambda s: s.current_assets - s.current_liabilities), "working capital"),
-    "equity": ("number", _ratio("balance", "What is shareholders' equity (total assets - total liabilities)?",
-                                lambda s: s.equity), "shareholders' equity"),
-    "gross_margin": ("number", _ratio("income", "What is the gross margin in percent (gross profit / revenue x 100)? Round to 2 decimals.",
-                                      lambda s: s.gross_profit / s.revenue * 100), "gross margin %"),
-    "operating_margin": ("number", _ratio("income", "What is the operating margin in percent (EBIT / revenue x 100)? Round to 2 decimals.",
-                                          lambda s: s.ebit / s.revenue * 100), "operating margin %"),
-    "net_margin": ("number", _ratio("income", "What is the net margin in percent (net income / revenue x 100)? Round to 2 decimals.",
-                                    lambda s: s.net_income / s.revenue * 100), "net margin %"),
-    "revenue_growth": ("number", _ratio("income", "What is the year-on-year revenue growth in percent? Round to 2 decimals.",
-                                        lambda s: (s.revenue - s.prev_revenue) / s.prev_revenue * 100), "revenue growth %"),
-    "eps": ("number", _ratio("income", "What are the earnings per share (net income / shares outstanding)? Round to 2 decimals.",
-                             lambda s: s.net_income / s.shares), "earnings per share"),
-    "interest_coverage": ("number", _ratio("income", "What is the interest coverage ratio (EBIT / interest expense)? Round to 2 decimals.",
-                                           lambda s: s.ebit / s.interest if s.interest else 0.0), "interest coverage"),
-    "roe": ("number", _ratio("both", "What is the return on equity in percent (net income / shareholders' equity x 100)? Round to 2 decimals.",
-                             lambda s: s.net_income / s.equity * 100), "return on equity %"),
+    "current_ratio": (
+        "number",
+        _ratio(
+            "balance",
+            "What is the current ratio (current assets / current liabilities)? Round to 2 decimals.",
+            lambda s: s.current_assets / s.current_liabilities,
+        ),
+        "current ratio",
+    ),
+    "debt_to_equity": (
+        "number",
+        _ratio(
+            "balance",
+            "What is the debt-to-equity ratio (total liabilities / equity)? Round to 2 decimals.",
+            lambda s: s.total_liabilities / s.equity,
+        ),
+        "debt-to-equity ratio",
+    ),
+    "working_capital": (
+        "number",
+        _ratio(
+            "balance",
+            "What is the working capital (current assets - current liabilities)?",
+            lambda s: s.current_assets - s.current_liabilities,
+        ),
+        "working capital",
+    ),
+    "equity": (
+        "number",
+        _ratio("balance", "What is shareholders' equity (total assets - total liabilities)?", lambda s: s.equity),
+        "shareholders' equity",
+    ),
+    "gross_margin": (
+        "number",
+        _ratio(
+            "income",
+            "What is the gross margin in percent (gross profit / revenue x 100)? Round to 2 decimals.",
+            lambda s: s.gross_profit / s.revenue * 100,
+        ),
+        "gross margin %",
+    ),
+    "operating_margin": (
+        "number",
+        _ratio(
+            "income",
+            "What is the operating margin in percent (EBIT / revenue x 100)? Round to 2 decimals.",
+            lambda s: s.ebit / s.revenue * 100,
+        ),
+        "operating margin %",
+    ),
+    "net_margin": (
+        "number",
+        _ratio(
+            "income",
+            "What is the net margin in percent (net income / revenue x 100)? Round to 2 decimals.",
+            lambda s: s.net_income / s.revenue * 100,
+        ),
+        "net margin %",
+    ),
+    "revenue_growth": (
+        "number",
+        _ratio(
+            "income",
+            "What is the year-on-year revenue growth in percent? Round to 2 decimals.",
+            lambda s: (s.revenue - s.prev_revenue) / s.prev_revenue * 100,
+        ),
+        "revenue growth %",
+    ),
+    "eps": (
+        "number",
+        _ratio(
+            "income",
+            "What are the earnings per share (net income / shares outstanding)? Round to 2 decimals.",
+            lambda s: s.net_income / s.shares,
+        ),
+        "earnings per share",
+    ),
+    "interest_coverage": (
+        "number",
+        _ratio(
+            "income",
+            "What is the interest coverage ratio (EBIT / interest expense)? Round to 2 decimals.",
+            lambda s: s.ebit / s.interest if s.interest else 0.0,
+        ),
+        "interest coverage",
+    ),
+    "roe": (
+        "number",
+        _ratio(
+            "both",
+            "What is the return on equity in percent (net income / shareholders' equity x 100)? Round to 2 decimals.",
+            lambda s: s.net_income / s.equity * 100,
+        ),
+        "return on equity %",
+    ),
 }
 _VERIFIERS = {"number": NumberVerifier(), "fields": FieldsVerifier(), "text": TextVerifier()}
 
@@ -482,7 +600,9 @@ class DocDomain(ProceduralDomain):
         if ref["kind"] == "fields":
             fields = dict(ref["fields"])
             key = sorted(fields)[0]
-            fields[key] = round(fields[key] * 1.1 + 1, 2) if isinstance(fields[key], (int, float)) else f"{fields[key]} X"
+            fields[key] = (
+                round(fields[key] * 1.1 + 1, 2) if isinstance(fields[key], (int, float)) else f"{fields[key]} X"
+            )
             return f"<answer>{json.dumps(fields)}</answer>"
         if ref["kind"] == "number":
             return f"<answer>{ref['value'] * 1.1 + 1:.2f}</answer>"

@@ -20,8 +20,9 @@ from __future__ import annotations
 import io
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
@@ -94,36 +95,65 @@ def box_hole(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     r = _dim(rng, 2, min(x, y) // 2 - 2)
     body = (f"shape = Manifold.cube([{x}, {y}, {z}]) - "
             f"Manifold.cylinder({z + 2}, {r}, {r}, {SEG}).translate([{x / 2}, {y / 2}, -1])")
-    return (f"A block {x} x {y} x {z} mm with one round through-hole of radius {r} mm along z, centred in the {x} x {y} face.",
-            body, {"volume": x * y * z - _cyl_vol(r, z), "vol_tol": 0.02, "bbox": [x, y, z], "parts": 1, "genus": 1})
+    return (
+        f"A block {x} x {y} x {z} mm with one round through-hole of radius {r} mm along z, centred in the {x} x {y} "
+        "face.",
+        body,
+        {"volume": x * y * z - _cyl_vol(r, z), "vol_tol": 0.02, "bbox": [x, y, z], "parts": 1, "genus": 1},
+    )
 
 
 def tube(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     ro, h = _dim(rng, 5, 8 * d + 4), _dim(rng, 4, 15 * d)
     ri = _dim(rng, 2, ro - 2)
-    body = f"shape = Manifold.cylinder({h}, {ro}, {ro}, {SEG}) - Manifold.cylinder({h + 2}, {ri}, {ri}, {SEG}).translate([0, 0, -1])"
-    return (f"A tube (hollow cylinder) of outer radius {ro} mm, inner radius {ri} mm and height {h} mm, axis along z.",
-            body, {"volume": _cyl_vol(ro, h) - _cyl_vol(ri, h), "vol_tol": 0.03, "bbox": [2 * ro, 2 * ro, h], "parts": 1, "genus": 1})
+    body = (
+        f"shape = Manifold.cylinder({h}, {ro}, {ro}, {SEG}) - Manifold.cylinder({h + 2}, {ri}, {ri}, "
+        f"{SEG}).translate([0, 0, -1])"
+    )
+    return (
+        f"A tube (hollow cylinder) of outer radius {ro} mm, inner radius {ri} mm and height {h} mm, axis along z.",
+        body,
+        {
+            "volume": _cyl_vol(ro, h) - _cyl_vol(ri, h),
+            "vol_tol": 0.03,
+            "bbox": [2 * ro, 2 * ro, h],
+            "parts": 1,
+            "genus": 1,
+        },
+    )
 
 
 def plate_holes(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     n = 1 + d
     pitch, t, r = _dim(rng, 8, 14), _dim(rng, 2, 5), _dim(rng, 1, 3)
     x, y = pitch * (n + 1), _dim(rng, 2 * r + 6, 20)
-    holes = " + ".join(f"Manifold.cylinder({t + 2}, {r}, {r}, {SEG}).translate([{pitch * (i + 1)}, {y / 2}, -1])" for i in range(n))
-    return (f"A plate {x} x {y} x {t} mm with {n} round through-holes of radius {r} mm along z, centred on the plate's "
-            f"long mid-line at x = {', '.join(str(pitch * (i + 1)) for i in range(n))} mm (plate corner at the origin).",
-            f"shape = Manifold.cube([{x}, {y}, {t}]) - ({holes})",
-            {"volume": x * y * t - n * _cyl_vol(r, t), "vol_tol": 0.02, "bbox": [x, y, t], "parts": 1, "genus": n})
+    holes = " + ".join(
+        f"Manifold.cylinder({t + 2}, {r}, {r}, {SEG}).translate([{pitch * (i + 1)}, {y / 2}, -1])" for i in range(n)
+    )
+    return (
+        f"A plate {x} x {y} x {t} mm with {n} round through-holes of radius {r} mm along z, centred on the plate's "
+        f"long mid-line at x = {', '.join(str(pitch * (i + 1)) for i in range(n))} mm (plate corner at the origin).",
+        f"shape = Manifold.cube([{x}, {y}, {t}]) - ({holes})",
+        {"volume": x * y * t - n * _cyl_vol(r, t), "vol_tol": 0.02, "bbox": [x, y, t], "parts": 1, "genus": n},
+    )
 
 
 def two_blocks(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     a, b, h, gap = _dim(rng, 4, 10 * d), _dim(rng, 4, 10 * d), _dim(rng, 3, 8), _dim(rng, 2, 4 + 2 * d)
     body = f"shape = Manifold.cube([{a}, {a}, {h}]) + Manifold.cube([{b}, {b}, {h}]).translate([{a + gap}, 0, 0])"
-    return (f"Two separate cubes-based blocks side by side along x, both {h} mm tall: the first {a} x {a} mm, the second "
-            f"{b} x {b} mm, with a clearance of exactly {gap} mm between them, both starting at y = 0.",
-            body, {"volume": (a * a + b * b) * h, "vol_tol": 0.01, "bbox": [a + gap + b, max(a, b), h], "parts": 2,
-                   "genus": 0, "clearance": gap})
+    return (
+        f"Two separate cubes-based blocks side by side along x, both {h} mm tall: the first {a} x {a} mm, the second "
+        f"{b} x {b} mm, with a clearance of exactly {gap} mm between them, both starting at y = 0.",
+        body,
+        {
+            "volume": (a * a + b * b) * h,
+            "vol_tol": 0.01,
+            "bbox": [a + gap + b, max(a, b), h],
+            "parts": 2,
+            "genus": 0,
+            "clearance": gap,
+        },
+    )
 
 
 def l_bracket(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
@@ -136,28 +166,51 @@ def l_bracket(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 
 def frame(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     X, Y, w, t = _dim(rng, 20, 20 + 15 * d), _dim(rng, 20, 20 + 15 * d), _dim(rng, 2, 6), _dim(rng, 2, 6)
-    body = f"shape = Manifold.cube([{X}, {Y}, {t}]) - Manifold.cube([{X - 2 * w}, {Y - 2 * w}, {t + 2}]).translate([{w}, {w}, -1])"
-    return (f"A rectangular picture frame: outer size {X} x {Y} mm, border width {w} mm, thickness {t} mm.",
-            body, {"volume": (X * Y - (X - 2 * w) * (Y - 2 * w)) * t, "vol_tol": 0.01, "bbox": [X, Y, t], "parts": 1, "genus": 1})
+    body = (
+        f"shape = Manifold.cube([{X}, {Y}, {t}]) - Manifold.cube([{X - 2 * w}, {Y - 2 * w}, {t + 2}]).translate([{w}, "
+        f"{w}, -1])"
+    )
+    return (
+        f"A rectangular picture frame: outer size {X} x {Y} mm, border width {w} mm, thickness {t} mm.",
+        body,
+        {"volume": (X * Y - (X - 2 * w) * (Y - 2 * w)) * t, "vol_tol": 0.01, "bbox": [X, Y, t], "parts": 1, "genus": 1},
+    )
 
 
 def stacked(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     s, h1, r, h2 = _dim(rng, 10, 10 + 10 * d), _dim(rng, 3, 10), 0, _dim(rng, 3, 12)
     r = _dim(rng, 2, s // 2 - 1)
-    body = f"shape = Manifold.cube([{s}, {s}, {h1}]) + Manifold.cylinder({h2}, {r}, {r}, {SEG}).translate([{s / 2}, {s / 2}, {h1}])"
-    return (f"A square base {s} x {s} x {h1} mm with a cylinder of radius {r} mm and height {h2} mm standing on the centre "
-            f"of its top face, as one solid.",
-            body, {"volume": s * s * h1 + _cyl_vol(r, h2), "vol_tol": 0.02, "bbox": [s, s, h1 + h2], "parts": 1, "genus": 0})
+    body = (
+        f"shape = Manifold.cube([{s}, {s}, {h1}]) + Manifold.cylinder({h2}, {r}, {r}, {SEG}).translate([{s / 2}, "
+        f"{s / 2}, {h1}])"
+    )
+    return (
+        f"A square base {s} x {s} x {h1} mm with a cylinder of radius {r} mm and height {h2} mm standing on the centre "
+        f"of its top face, as one solid.",
+        body,
+        {"volume": s * s * h1 + _cyl_vol(r, h2), "vol_tol": 0.02, "bbox": [s, s, h1 + h2], "parts": 1, "genus": 0},
+    )
 
 
 def pegs(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     n, r, h, gap = 1 + d, _dim(rng, 1, 3), _dim(rng, 4, 30), _dim(rng, 2, 6)
     pitch = 2 * r + gap
-    body = "shape = " + " + ".join(f"Manifold.cylinder({h}, {r}, {r}, {SEG}).translate([{i * pitch}, 0, 0])" for i in range(n))
-    return (f"A row of {n} separate upright pins (cylinders of radius {r} mm, height {h} mm, axes along z) along x, "
-            f"with a clearance of {gap} mm between neighbouring pins.",
-            body, {"volume": n * _cyl_vol(r, h), "vol_tol": 0.03, "bbox": [(n - 1) * pitch + 2 * r, 2 * r, h], "parts": n,
-                   "genus": 0, "clearance": gap})
+    body = "shape = " + " + ".join(
+        f"Manifold.cylinder({h}, {r}, {r}, {SEG}).translate([{i * pitch}, 0, 0])" for i in range(n)
+    )
+    return (
+        f"A row of {n} separate upright pins (cylinders of radius {r} mm, height {h} mm, axes along z) along x, "
+        f"with a clearance of {gap} mm between neighbouring pins.",
+        body,
+        {
+            "volume": n * _cyl_vol(r, h),
+            "vol_tol": 0.03,
+            "bbox": [(n - 1) * pitch + 2 * r, 2 * r, h],
+            "parts": n,
+            "genus": 0,
+            "clearance": gap,
+        },
+    )
 
 
 SHAPES: dict[str, tuple[Shape, str]] = {
@@ -212,7 +265,9 @@ def measure(v: Any, f: Any) -> dict[str, Any]:
     from manifold3d import Error, Manifold, Mesh
 
     tm = trimesh.Trimesh(vertices=v, faces=f, process=True)
-    mesh = Mesh(vert_properties=np.asarray(tm.vertices, dtype=np.float32), tri_verts=np.asarray(tm.faces, dtype=np.uint32))
+    mesh = Mesh(
+        vert_properties=np.asarray(tm.vertices, dtype=np.float32), tri_verts=np.asarray(tm.faces, dtype=np.uint32)
+    )
     solid = Manifold(mesh)
     manifold_ok = solid.status() == Error.NoError and not solid.is_empty()
     out = {"watertight": bool(tm.is_watertight and manifold_ok), "extents": [float(x) for x in tm.extents]}
@@ -231,11 +286,15 @@ def check(checks: dict[str, Any], m: dict[str, Any]) -> dict[str, float]:
     if not m["watertight"]:
         return results
     results["volume"] = float(abs(m["volume"] - checks["volume"]) <= checks["vol_tol"] * checks["volume"])
-    results["bbox"] = float(all(abs(a - b) <= 0.05 * max(b, 1) + 0.1 for a, b in zip(sorted(m["extents"]), sorted(checks["bbox"]))))
+    results["bbox"] = float(
+        all(abs(a - b) <= 0.05 * max(b, 1) + 0.1 for a, b in zip(sorted(m["extents"]), sorted(checks["bbox"])))
+    )
     results["parts"] = float(m["parts"] == checks["parts"])
     results["genus"] = float(m["genus"] == checks["genus"])
     if "clearance" in checks:
-        results["clearance"] = float(abs(m.get("clearance", 0.0) - checks["clearance"]) <= 0.05 * checks["clearance"] + 0.05)
+        results["clearance"] = float(
+            abs(m.get("clearance", 0.0) - checks["clearance"]) <= 0.05 * checks["clearance"] + 0.05
+        )
     return results
 
 
@@ -311,7 +370,9 @@ class MeshVerifier:
         passed = all(results.values())
         value = sum(results.values()) / len(results) if results["watertight"] else 0.0
         failed = [k for k, v in results.items() if not v]
-        return Score(value, {"outcome": float(passed), **results}, passed, "" if passed else "failed: " + ", ".join(failed))
+        return Score(
+            value, {"outcome": float(passed), **results}, passed, "" if passed else "failed: " + ", ".join(failed)
+        )
 
 
 class GeoDomain(ProceduralDomain):
@@ -329,7 +390,10 @@ class GeoDomain(ProceduralDomain):
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:
         text, body, checks = self.shape(rng, difficulty)
-        return HEADER + text + "\n" + ANSWER_INSTRUCTION.replace("final answer", "script"), {"script": script(body), "checks": checks}
+        return HEADER + text + "\n" + ANSWER_INSTRUCTION.replace("final answer", "script"), {
+            "script": script(body),
+            "checks": checks,
+        }
 
     def gold(self, task: Task) -> str:
         return f"```python\n{task.reference['script']}```"

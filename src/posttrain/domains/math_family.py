@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Callable, Literal
+from typing import Literal
 
 from posttrain.domains._common import ANSWER_INSTRUCTION, fmt_decimal, latex_fraction
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
@@ -127,7 +128,9 @@ def _fraction_op(symbol: str, op: Callable[[Fraction, Fraction], Fraction]) -> G
 def linear_eq(rng: random.Random, d: int) -> tuple[str, str]:
     hi = 5 * d
     a, b, c = _nonzero(rng, -hi, hi), rng.randint(-hi * 3, hi * 3), rng.randint(-hi * 3, hi * 3)
-    return f"Solve for x: {a}x + {b} = {c}. Give x as a reduced fraction or integer.", latex_fraction(Fraction(c - b, a))
+    return f"Solve for x: {a}x + {b} = {c}. Give x as a reduced fraction or integer.", latex_fraction(
+        Fraction(c - b, a)
+    )
 
 
 def linear_system(rng: random.Random, d: int) -> tuple[str, str]:
@@ -215,7 +218,10 @@ def definite_integral(rng: random.Random, d: int) -> tuple[str, str]:
     deg = len(coeffs) - 1
     anti = [Fraction(c, deg - i + 1) for i, c in enumerate(coeffs)] + [Fraction(0)]
     value = _eval_poly(anti, hi) - _eval_poly(anti, lo)  # type: ignore[arg-type]
-    return f"Compute the integral of {_poly_text(coeffs)} dx from x = {lo} to x = {hi}, as a reduced fraction.", latex_fraction(value)
+    return (
+        f"Compute the integral of {_poly_text(coeffs)} dx from x = {lo} to x = {hi}, as a reduced fraction.",
+        latex_fraction(value),
+    )
 
 
 def gcd_gen(rng: random.Random, d: int) -> tuple[str, str]:
@@ -256,8 +262,11 @@ def dice_probability(rng: random.Random, d: int) -> tuple[str, str]:
     sides = rng.choice([4, 6, 8, 10, 12, 20][: 2 + d])
     target = rng.randint(k, k * sides)
     ways = _dice_ways(k, sides, target)
-    return (f"{k} fair {sides}-sided dice are rolled. What is the probability that the sum is {target}? Give a reduced fraction.",
-            latex_fraction(Fraction(ways, sides**k)))
+    return (
+        f"{k} fair {sides}-sided dice are rolled. What is the probability that the sum is {target}? Give a reduced "
+        "fraction.",
+        latex_fraction(Fraction(ways, sides**k)),
+    )
 
 
 def _dice_ways(k: int, sides: int, target: int) -> int:
@@ -281,12 +290,17 @@ def draw_probability(rng: random.Random, d: int) -> tuple[str, str]:
 
 def arith_series(rng: random.Random, d: int) -> tuple[str, str]:
     a, step, n = rng.randint(-10 * d, 10 * d), _nonzero(rng, -3 * d, 5 * d), rng.randint(5, 5 + 10 * d)
-    return f"What is the sum of the first {n} terms of the arithmetic sequence {a}, {a+step}, {a+2*step}, ...?", str(n * (2 * a + (n - 1) * step) // 2)
+    return (
+        f"What is the sum of the first {n} terms of the arithmetic sequence {a}, {a + step}, {a + 2 * step}, ...?",
+        str(n * (2 * a + (n - 1) * step) // 2),
+    )
 
 
 def arith_nth(rng: random.Random, d: int) -> tuple[str, str]:
     a, step, n = rng.randint(-10 * d, 10 * d), _nonzero(rng, -4 * d, 6 * d), rng.randint(10, 10 + 30 * d)
-    return f"What is term number {n} of the arithmetic sequence {a}, {a+step}, {a+2*step}, ...?", str(a + (n - 1) * step)
+    return f"What is term number {n} of the arithmetic sequence {a}, {a + step}, {a + 2 * step}, ...?", str(
+        a + (n - 1) * step
+    )
 
 
 def geom_series(rng: random.Random, d: int) -> tuple[str, str]:
@@ -294,7 +308,9 @@ def geom_series(rng: random.Random, d: int) -> tuple[str, str]:
     r = Fraction(r)
     total = sum(a * r**i for i in range(n))
     terms = ", ".join(_show(a * r**i) for i in range(3))
-    return f"What is the sum of the first {n} terms of the geometric sequence {terms}, ...?", latex_fraction(Fraction(total))
+    return f"What is the sum of the first {n} terms of the geometric sequence {terms}, ...?", latex_fraction(
+        Fraction(total)
+    )
 
 
 def exponents(rng: random.Random, d: int) -> tuple[str, str]:
@@ -309,7 +325,9 @@ def logarithm(rng: random.Random, d: int) -> tuple[str, str]:
 
 def mean_gen(rng: random.Random, d: int) -> tuple[str, str]:
     xs = [rng.randint(0, 10 * d * d) for _ in range(3 + 2 * d)]
-    return f"What is the mean of {', '.join(map(str, xs))}? Give a reduced fraction or integer.", latex_fraction(Fraction(sum(xs), len(xs)))
+    return f"What is the mean of {', '.join(map(str, xs))}? Give a reduced fraction or integer.", latex_fraction(
+        Fraction(sum(xs), len(xs))
+    )
 
 
 def median_gen(rng: random.Random, d: int) -> tuple[str, str]:
@@ -323,7 +341,10 @@ def variance_gen(rng: random.Random, d: int) -> tuple[str, str]:
     xs = [rng.randint(0, 5 * d) for _ in range(3 + d)]
     m = Fraction(sum(xs), len(xs))
     var = sum((x - m) ** 2 for x in xs) / len(xs)
-    return f"What is the population variance of {', '.join(map(str, xs))}? Give a reduced fraction or integer.", latex_fraction(var)
+    return (
+        f"What is the population variance of {', '.join(map(str, xs))}? Give a reduced fraction or integer.",
+        latex_fraction(var),
+    )
 
 
 def triangle_area(rng: random.Random, d: int) -> tuple[str, str]:
@@ -333,7 +354,9 @@ def triangle_area(rng: random.Random, d: int) -> tuple[str, str]:
         twice = abs(x1 * (y2 - y3) + x2 * (y3 - y1) + x3 * (y1 - y2))
         if twice:
             break
-    return f"What is the area of the triangle with vertices {pts[0]}, {pts[1]}, {pts[2]}?", latex_fraction(Fraction(twice, 2))
+    return f"What is the area of the triangle with vertices {pts[0]}, {pts[1]}, {pts[2]}?", latex_fraction(
+        Fraction(twice, 2)
+    )
 
 
 _TRIPLES = [(3, 4, 5), (5, 12, 13), (8, 15, 17), (7, 24, 25), (20, 21, 29), (9, 40, 41)]
@@ -379,12 +402,17 @@ def percent_of(rng: random.Random, d: int) -> tuple[str, str]:
 
 def percent_change(rng: random.Random, d: int) -> tuple[str, str]:
     a, b = rng.randint(10, 100 * d), rng.randint(10, 100 * d)
-    return f"A value changes from {a} to {b}. What is the percentage change? Round to 2 decimal places (no % sign).", fmt_decimal((b - a) / a * 100)
+    return (
+        f"A value changes from {a} to {b}. What is the percentage change? Round to 2 decimal places (no % sign).",
+        fmt_decimal((b - a) / a * 100),
+    )
 
 
 def simple_interest(rng: random.Random, d: int) -> tuple[str, str]:
     p, r, t = rng.randint(1, 50) * 100, rng.randint(1, 4 * d + 2), rng.randint(1, 2 + d)
-    return f"What is the simple interest on {p} dollars at {r}% per year for {t} years?", latex_fraction(Fraction(p * r * t, 100))
+    return f"What is the simple interest on {p} dollars at {r}% per year for {t} years?", latex_fraction(
+        Fraction(p * r * t, 100)
+    )
 
 
 def compound_interest(rng: random.Random, d: int) -> tuple[str, str]:
@@ -451,7 +479,14 @@ def base_convert(rng: random.Random, d: int) -> tuple[str, str]:
 
 
 def unit_convert(rng: random.Random, d: int) -> tuple[str, str]:
-    units = [("km", "m", 1000), ("m", "cm", 100), ("kg", "g", 1000), ("h", "min", 60), ("min", "s", 60), ("day", "h", 24)]
+    units = [
+        ("km", "m", 1000),
+        ("m", "cm", 100),
+        ("kg", "g", 1000),
+        ("h", "min", 60),
+        ("min", "s", 60),
+        ("day", "h", 24),
+    ]
     big, small, f = rng.choice(units[: 2 + d])
     x = Fraction(rng.randint(1, 40 * d), rng.choice([1, 2, 4, 5][: 1 + d]))
     if rng.random() < 0.5:

@@ -93,7 +93,9 @@ def get(name: str) -> Domain:
         if found is not None:
             return found
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {len(_REGISTRY)} domains (posttrain domains)"
+        hint = (
+            f"; did you mean {', '.join(close)}?" if close else f"; known: {len(_REGISTRY)} domains (posttrain domains)"
+        )
         raise TaskError(f"unknown domain {name!r}{hint}") from None
 
 

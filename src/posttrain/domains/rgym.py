@@ -52,7 +52,8 @@ EXCLUDED: dict[str, str] = {
     "sokoban": "items change with PYTHONHASHSEED; also seconds per item",
     "zebra_puzzles": "items change with PYTHONHASHSEED at high levels; seconds per item above level 3",
     "game_of_life_halting": "shipped scorer gives 1.0 to any non-empty answer (gameable)",
-    "propositional_logic": "no gold answer; the scorer accepts any entailed statement, so copying a premise scores 1.0 (gameable)",
+    "propositional_logic": "no gold answer; the scorer accepts any entailed statement, so copying a premise scores 1.0 "
+                           "(gameable)",
     "rush_hour": "no gold answer shipped (the scorer needs a solution we would have to search for)",
     "knight_swap": "every curriculum level fails validation (min_nodes), and about 320 ms per item",
     "coin_flip": "shipped scorer gives 1.0 to the answer '0' on every item (gameable)",
@@ -82,7 +83,7 @@ class RGymVerifier:
     name = "reasoning_gym"
     version = "1"
 
-    def __init__(self, domain: "RGymDomain") -> None:
+    def __init__(self, domain: RGymDomain) -> None:
         self.domain = domain
 
     def score(self, task: Task, episode: Episode) -> Score:
@@ -159,7 +160,9 @@ class RGymDomain(Domain):
             domain=self.name,
             prompt=(Message("user", prompt),),
             reference={"answer": gold_answer(self.generator, item), "item": idx, "level": difficulty},
-            meta=TaskMeta(split=split, difficulty=difficulty, source="reasoning-gym", taskset_version=self.taskset_version),
+            meta=TaskMeta(
+                split=split, difficulty=difficulty, source="reasoning-gym", taskset_version=self.taskset_version
+            ),
         )
 
     def _gold_passes(self, difficulty: int, item: dict[str, Any]) -> bool:
@@ -213,7 +216,10 @@ class _ItemTimeout(Exception):
 def _time_limit(seconds: float):
     """Interrupt the block after `seconds` (SIGALRM; only on the main thread and
     only when no other interval timer is running, else no limit)."""
-    usable = threading.current_thread() is threading.main_thread() and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    usable = threading.current_thread() is threading.main_thread() and signal.getitimer(signal.ITIMER_REAL) == (
+        0.0,
+        0.0,
+    )
     if not usable:
         yield
         return

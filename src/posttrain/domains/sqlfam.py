@@ -16,8 +16,9 @@ import random
 import re
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
@@ -75,16 +76,25 @@ def build_db(schema: Schema, seed: int, rows: int) -> sqlite3.Connection:
     rng = random.Random(f"sql:{schema.key}:{seed}:{rows}")
     conn = sqlite3.connect(":memory:")
     s = schema
-    conn.execute(f"CREATE TABLE {s.dim} (id INTEGER PRIMARY KEY, {s.dim_label} TEXT NOT NULL, {s.dim_attr} TEXT NOT NULL)")
-    conn.execute(f"CREATE TABLE {s.fact} (id INTEGER PRIMARY KEY, {s.label} TEXT NOT NULL, {s.fk} INTEGER REFERENCES {s.dim}(id), "
-                 f"{s.num} INTEGER NOT NULL, {s.year} INTEGER NOT NULL)")
+    conn.execute(
+        f"CREATE TABLE {s.dim} (id INTEGER PRIMARY KEY, {s.dim_label} TEXT NOT NULL, {s.dim_attr} TEXT NOT NULL)"
+    )
+    conn.execute(
+        f"CREATE TABLE {s.fact} (id INTEGER PRIMARY KEY, {s.label} TEXT NOT NULL, {s.fk} INTEGER REFERENCES "
+        f"{s.dim}(id), "
+        f"{s.num} INTEGER NOT NULL, {s.year} INTEGER NOT NULL)"
+    )
     n_dim = max(3, rows // 6)
     dims = rng.sample(WORDS, min(n_dim, len(WORDS)))
     conn.executemany(f"INSERT INTO {s.dim} VALUES (?, ?, ?)",
                      [(i + 1, name, rng.choice(PLACES[: 3 + rows // 20])) for i, name in enumerate(dims)])
     labels = set()
     while len(labels) < rows:
-        labels.add(f"{rng.choice(FIRST)} {rng.choice(LAST)}" if s.label == "name" else f"{rng.choice(WORDS)} {rng.choice(LAST)}")
+        labels.add(
+            f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+            if s.label == "name"
+            else f"{rng.choice(WORDS)} {rng.choice(LAST)}"
+        )
     conn.executemany(f"INSERT INTO {s.fact} VALUES (?, ?, ?, ?, ?)",
                      [(i + 1, lab, rng.randint(1, len(dims)), rng.randint(*s.num_range), rng.randint(2000, 2024))
                       for i, lab in enumerate(_shuffled(sorted(labels), rng))])
@@ -109,7 +119,12 @@ def preview(conn: sqlite3.Connection, table: str, n: int = 3) -> str:
 
 # ---- the read-only runner --------------------------------------------------------
 
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+_ALLOWED = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+}
 
 
 def _authorize(action: int, *_: Any) -> int:
@@ -206,10 +221,18 @@ def _threshold(s: Schema, conn: sqlite3.Connection, rng: random.Random) -> int:
 def t_filter(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     x = _threshold(s, conn, rng)
     if d == 1:
-        return f"List the {s.label} of every {s.noun} whose {s.num} is greater than {x}.", f"SELECT {s.label} FROM {s.fact} WHERE {s.num} > {x}", False
+        return (
+            f"List the {s.label} of every {s.noun} whose {s.num} is greater than {x}.",
+            f"SELECT {s.label} FROM {s.fact} WHERE {s.num} > {x}",
+            False,
+        )
     y = rng.randint(2005, 2020)
-    return (f"List the {s.label} and {s.num} of every {s.noun} whose {s.num} is at least {x} and whose {s.year} is {y} or later.",
-            f"SELECT {s.label}, {s.num} FROM {s.fact} WHERE {s.num} >= {x} AND {s.year} >= {y}", False)
+    return (
+        f"List the {s.label} and {s.num} of every {s.noun} whose {s.num} is at least {x} and whose {s.year} is {y} or "
+        "later.",
+        f"SELECT {s.label}, {s.num} FROM {s.fact} WHERE {s.num} >= {x} AND {s.year} >= {y}",
+        False,
+    )
 
 
 def t_count(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
@@ -226,16 +249,29 @@ def t_count(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> 
 def t_aggregate(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     name = _pick(conn, f"SELECT d.{s.dim_label} FROM {s.dim} d JOIN {s.fact} f ON f.{s.fk} = d.id", rng)
     fn, word = rng.choice([("AVG", "average"), ("MAX", "largest"), ("MIN", "smallest"), ("SUM", "total")][: 1 + d])
-    return (f"What is the {word} {s.num} of the {s.noun}s of the {s.dim_noun} named {name}? (Round averages to 2 decimals.)",
-            f"SELECT ROUND({fn}(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id WHERE d.{s.dim_label} = '{name}'", False)
+    return (
+        f"What is the {word} {s.num} of the {s.noun}s of the {s.dim_noun} named {name}? (Round averages to 2 "
+        "decimals.)",
+        f"SELECT ROUND({fn}(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id WHERE d.{s.dim_label} = "
+        f"'{name}'",
+        False,
+    )
 
 
 def t_group_by(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     if d == 1:
-        return (f"For each {s.dim_noun} that has {s.noun}s, give its {s.dim_label} and its number of {s.noun}s.",
-                f"SELECT d.{s.dim_label}, COUNT(*) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY d.id", False)
-    return (f"For each {s.dim_noun} that has {s.noun}s, give its {s.dim_label} and the average {s.num} of its {s.noun}s rounded to 2 decimals.",
-            f"SELECT d.{s.dim_label}, ROUND(AVG(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY d.id", False)
+        return (
+            f"For each {s.dim_noun} that has {s.noun}s, give its {s.dim_label} and its number of {s.noun}s.",
+            f"SELECT d.{s.dim_label}, COUNT(*) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY d.id",
+            False,
+        )
+    return (
+        f"For each {s.dim_noun} that has {s.noun}s, give its {s.dim_label} and the average {s.num} of its {s.noun}s "
+        "rounded to 2 decimals.",
+        f"SELECT d.{s.dim_label}, ROUND(AVG(f.{s.num}), 2) FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY "
+        "d.id",
+        False,
+    )
 
 
 def t_join(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
@@ -245,30 +281,44 @@ def t_join(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> t
     if d >= 2:
         y = rng.randint(2004, 2018)
         sql += f" AND f.{s.year} < {y}"
-        q = f"List the {s.label} of every {s.noun} whose {s.dim_noun}'s {s.attr_noun} is {attr} and whose {s.year} is before {y}."
+        q = (
+            f"List the {s.label} of every {s.noun} whose {s.dim_noun}'s {s.attr_noun} is {attr} and whose {s.year} is "
+            f"before {y}."
+        )
     return q, sql, False
 
 
 def t_top_k(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     k = rng.randint(2, 2 + 2 * d)
     order, word = rng.choice([("DESC", "highest"), ("ASC", "lowest")])
-    return (f"List the {s.label} of the {k} {s.noun}s with the {word} {s.num}, in that order (break ties by {s.label} ascending).",
-            f"SELECT {s.label} FROM {s.fact} ORDER BY {s.num} {order}, {s.label} ASC LIMIT {k}", True)
+    return (
+        f"List the {s.label} of the {k} {s.noun}s with the {word} {s.num}, in that order (break ties by {s.label} "
+        "ascending).",
+        f"SELECT {s.label} FROM {s.fact} ORDER BY {s.num} {order}, {s.label} ASC LIMIT {k}",
+        True,
+    )
 
 
 def t_having(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     counts = sorted(r[0] for r in conn.execute(f"SELECT COUNT(*) FROM {s.fact} GROUP BY {s.fk}"))
     n = counts[rng.randint(0, len(counts) - 1)] - 1
-    return (f"List the {s.dim_label} of every {s.dim_noun} with more than {n} {s.noun}s.",
-            f"SELECT d.{s.dim_label} FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY d.id HAVING COUNT(*) > {n}", False)
+    return (
+        f"List the {s.dim_label} of every {s.dim_noun} with more than {n} {s.noun}s.",
+        f"SELECT d.{s.dim_label} FROM {s.fact} f JOIN {s.dim} d ON f.{s.fk} = d.id GROUP BY d.id HAVING COUNT(*) > {n}",
+        False,
+    )
 
 
 def t_above_average(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     if d == 1:
         return (f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of all {s.noun}s.",
                 f"SELECT {s.label} FROM {s.fact} WHERE {s.num} > (SELECT AVG({s.num}) FROM {s.fact})", False)
-    return (f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of its own {s.dim_noun}.",
-            f"SELECT f.{s.label} FROM {s.fact} f WHERE f.{s.num} > (SELECT AVG(g.{s.num}) FROM {s.fact} g WHERE g.{s.fk} = f.{s.fk})", False)
+    return (
+        f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of its own {s.dim_noun}.",
+        f"SELECT f.{s.label} FROM {s.fact} f WHERE f.{s.num} > (SELECT AVG(g.{s.num}) FROM {s.fact} g WHERE g.{s.fk} = "
+        f"f.{s.fk})",
+        False,
+    )
 
 
 TEMPLATES: dict[str, tuple[Template, str]] = {
@@ -305,8 +355,11 @@ class SqlDomain(ProceduralDomain):
                 break
             conn.close()
         try:
-            prompt = (f"SQLite database:\n{ddl(conn)}\n{preview(conn, self.schema.dim)}\n{preview(conn, self.schema.fact)}\n\n"
-                      f"Write one SQLite SELECT query that answers: {question}\n{ANSWER_INSTRUCTION}")
+            prompt = (
+                "SQLite "
+                f"database:\n{ddl(conn)}\n{preview(conn, self.schema.dim)}\n{preview(conn, self.schema.fact)}\n\n"
+                f"Write one SQLite SELECT query that answers: {question}\n{ANSWER_INSTRUCTION}"
+            )
         finally:
             conn.close()
         return prompt, {"schema": self.schema.key, "seed": seed, "rows": rows, "sql": sql, "ordered": ordered}
@@ -321,8 +374,13 @@ class SqlDomain(ProceduralDomain):
     def cheats(self, task: Task) -> list[str]:
         """Whole tables, writes, several statements and schema queries: never accepted."""
         s = SCHEMAS[task.reference["schema"]]
-        return [f"<answer>SELECT * FROM {s.fact}</answer>", f"<answer>DELETE FROM {s.fact}</answer>",
-                f"<answer>SELECT 1; {task.reference['sql']}</answer>", "<answer>SELECT sql FROM sqlite_master</answer>", ""]
+        return [
+            f"<answer>SELECT * FROM {s.fact}</answer>",
+            f"<answer>DELETE FROM {s.fact}</answer>",
+            f"<answer>SELECT 1; {task.reference['sql']}</answer>",
+            "<answer>SELECT sql FROM sqlite_master</answer>",
+            "",
+        ]
 
 
 for _template in TEMPLATES:

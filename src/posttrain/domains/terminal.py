@@ -19,7 +19,7 @@ import importlib.util
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import ModuleType
 
 from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of, stable_rng
@@ -130,15 +130,18 @@ while True:
 
 CHEATS: dict[str, str] = {
     "exit_early": "exit 0\n",
-    "fake_verdict": "for i in $(seq 64); do echo '{\"results\": [true, true, true, true, true, true, true, true, true, true]}'; done\n"
-                    "echo '{\"nonce\": \"0\", \"results\": [true]}' >&2\n",
-    "read_hidden_files": "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f \\( -name 'tasks.py' -o -name 'checker.py' \\) "
-                         "-path '*terminal*' -print 2>/dev/null | head -5 | xargs -r cat > found.txt\n",
+    "fake_verdict": "for i in $(seq 64); do echo '{\"results\": [true, true, true, true, true, true, true, true, true, "
+                    "true]}'; done\n"
+    'echo \'{"nonce": "0", "results": [true]}\' >&2\n',
+    "read_hidden_files": "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f \\( -name 'tasks.py' -o "
+                         "-name 'checker.py' \\) "
+    "-path '*terminal*' -print 2>/dev/null | head -5 | xargs -r cat > found.txt\n",
     "steal_checks_now": f"cat > .steal.py <<'EOF'{_STEAL}EOF\npython3 -I .steal.py 0\n",
-    "daemon_waits_for_checker": f"cat > .steal.py <<'EOF'{_STEAL}EOF\n(setsid nohup python3 -I .steal.py 60 >/dev/null 2>&1 &)\nsleep 0.2\n",
+    "daemon_waits_for_checker": f"cat > .steal.py <<'EOF'{_STEAL}EOF\n(setsid nohup python3 -I .steal.py 60 >/dev/null "
+                                "2>&1 &)\nsleep 0.2\n",
     "plant_hooks": "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py\ncp sitecustomize.py usercustomize.py\n"
-                   "mkdir -p bin && printf '#!/bin/sh\\necho {\\\"results\\\": [true]}\\n' > bin/python3 && chmod +x bin/python3\n"
-                   "echo 'export PATH=/task/bin:$PATH' >> .bashrc\ncp .bashrc .profile\n",
+    "mkdir -p bin && printf '#!/bin/sh\\necho {\\\"results\\\": [true]}\\n' > bin/python3 && chmod +x bin/python3\n"
+    "echo 'export PATH=/task/bin:$PATH' >> .bashrc\ncp .bashrc .profile\n",
     "kill_everything": "kill -9 -1\n",
 }
 
@@ -161,12 +164,19 @@ class TerminalVerifier:
             results = self._file_checks(s, ref)
             for run in json.loads(ref.runs_json):
                 s.restore(snap)
-                res = sandbox.raise_for_infra(s.run(sandbox.ExecRequest(argv=("bash", "-c", run["cmd"]), limits=_step_limits())))
+                res = sandbox.raise_for_infra(
+                    s.run(sandbox.ExecRequest(argv=("bash", "-c", run["cmd"]), limits=_step_limits()))
+                )
                 results.append(res.stdout.decode("utf-8", "replace") == run["stdout"])
         if not results:
             raise VerifierError(f"terminal: task {task.id} has no checks")
         value = sum(results) / len(results)
-        return Score(value, {"outcome": value}, all(results), "" if all(results) else f"{len(results) - sum(results)} checks failed")
+        return Score(
+            value,
+            {"outcome": value},
+            all(results),
+            "" if all(results) else f"{len(results) - sum(results)} checks failed",
+        )
 
     def _file_checks(self, s, ref: TerminalReference) -> list[bool]:
         from posttrain import sandbox
@@ -175,15 +185,22 @@ class TerminalVerifier:
         if not checks:
             return []
         # the only process of this step is the checker (the episode's are all dead), so its stdout is its verdict
-        req = sandbox.ExecRequest(argv=("python3", "-I", "-c", checker_source()), stdin=json.dumps({"checks": checks}).encode(),
-                                  limits=_step_limits())
+        req = sandbox.ExecRequest(
+            argv=("python3", "-I", "-c", checker_source()),
+            stdin=json.dumps({"checks": checks}).encode(),
+            limits=_step_limits(),
+        )
         res = sandbox.raise_for_infra(s.run(req))
         for line in reversed(res.stdout.decode("utf-8", "replace").splitlines()):
             try:
                 verdict = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(verdict, dict) and isinstance(verdict.get("results"), list) and len(verdict["results"]) == len(checks):
+            if (
+                isinstance(verdict, dict)
+                and isinstance(verdict.get("results"), list)
+                and len(verdict["results"]) == len(checks)
+            ):
                 return [r is True for r in verdict["results"]]
         raise VerifierError(f"terminal checker gave no verdict (status {res.status}): {res.stderr[-300:]!r}")
 
@@ -217,7 +234,9 @@ class TerminalEnvironment:
                 sandbox.raise_for_infra(s.run(step_request(earlier)))
             res = sandbox.raise_for_infra(s.run(step_request(action)))
         self._done.append(action)
-        obs = (res.stdout + res.stderr).decode("utf-8", "replace")[-4000:] + f"\n[exit {res.exit_code if res.exit_code is not None else res.status}]"
+        obs = (res.stdout + res.stderr).decode("utf-8", "replace")[
+            -4000:
+        ] + f"\n[exit {res.exit_code if res.exit_code is not None else res.status}]"
         done = self.turns >= self.max_turns or not action.strip()
         return obs, done
 
@@ -247,16 +266,34 @@ class Terminal(Domain):
             rng = stable_rng(self.name, self.version, difficulty, split, index, attempt)
             name = names[rng.randrange(len(names))]
             inst = templates().TEMPLATES[name](rng)
-            question = f"{inst['prompt']}\n" + INSTRUCTION.format(files=", ".join(sorted(inst["files"])) or "nothing (it is empty)")
+            question = f"{inst['prompt']}\n" + INSTRUCTION.format(
+                files=", ".join(sorted(inst["files"])) or "nothing (it is empty)"
+            )
             if split_of(self.name, question) == split:
                 return self._make(index, split, difficulty, name, question, inst)
         raise TaskError(f"terminal: no {split} task found at difficulty {difficulty}")
 
     def _make(self, index: int, split: Split, difficulty: int, name: str, question: str, inst: dict) -> Task:
-        ref = TerminalReference(name, tuple(sorted(inst["files"].items())), json.dumps(inst["checks"]), json.dumps(inst.get("runs", [])),
-                                inst["gold"], inst["wrong"])
-        return Task(id=f"{self.name}:{split}:{difficulty}:{index}", domain=self.name, prompt=(Message("user", question),), reference=ref,
-                    meta=TaskMeta(split=split, difficulty=difficulty, source=f"posttrain/terminal/{name}", taskset_version=self.taskset_version))
+        ref = TerminalReference(
+            name,
+            tuple(sorted(inst["files"].items())),
+            json.dumps(inst["checks"]),
+            json.dumps(inst.get("runs", [])),
+            inst["gold"],
+            inst["wrong"],
+        )
+        return Task(
+            id=f"{self.name}:{split}:{difficulty}:{index}",
+            domain=self.name,
+            prompt=(Message("user", question),),
+            reference=ref,
+            meta=TaskMeta(
+                split=split,
+                difficulty=difficulty,
+                source=f"posttrain/terminal/{name}",
+                taskset_version=self.taskset_version,
+            ),
+        )
 
     def gold(self, task: Task) -> str:
         return f"```bash\n{task.reference.gold}```"
@@ -272,7 +309,7 @@ class Terminal(Domain):
         return [f"```bash\n{src}```" for src in CHEATS.values()]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _level_of(name: str) -> int:
     return templates().TEMPLATES[name](stable_rng("level-probe", name))["level"]
 

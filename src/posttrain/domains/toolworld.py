@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, Domain, extract_answer, split_of, stable_rng
@@ -28,7 +29,13 @@ from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
 PEOPLE = ["Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Max", "Nia"]
 ITEMS = ["lamp", "kettle", "chair", "desk", "mirror", "rug", "clock", "vase", "fan", "shelf"]
-HOTELS = {"Pine Inn": "Oslo", "Harbor Hotel": "Oslo", "Maple Lodge": "Lima", "Onyx Suites": "Lima", "Tide House": "Pune"}
+HOTELS = {
+    "Pine Inn": "Oslo",
+    "Harbor Hotel": "Oslo",
+    "Maple Lodge": "Lima",
+    "Onyx Suites": "Lima",
+    "Tide House": "Pune",
+}
 DATES = ["2024-03-04", "2024-03-05", "2024-03-06", "2024-03-07"]
 TOPICS = ["billing", "shipping", "login", "refund", "warranty"]
 MAX_STEPS_FACTOR = 3
@@ -37,19 +44,31 @@ Args = dict[str, Any]
 
 TOOLS: dict[str, dict[str, Any]] = {
     "find_accounts": {"description": "accounts of an owner", "args": {"owner": "string"}},
-    "transfer": {"description": "move money between accounts", "args": {"from_id": "string", "to_id": "string", "amount": "number"}},
+    "transfer": {
+        "description": "move money between accounts",
+        "args": {"from_id": "string", "to_id": "string", "amount": "number"},
+    },
     "close_account": {"description": "close an account with zero balance", "args": {"account_id": "string"}},
     "find_orders": {"description": "orders of a customer", "args": {"customer": "string"}},
     "cancel_order": {"description": "cancel a pending order", "args": {"order_id": "string"}},
-    "refund_order": {"description": "refund a cancelled or shipped order into an account", "args": {"order_id": "string", "account_id": "string"}},
-    "search_hotels": {"description": "hotels in a city with a free room on a date", "args": {"city": "string", "date": "string"}},
+    "refund_order": {
+        "description": "refund a cancelled or shipped order into an account",
+        "args": {"order_id": "string", "account_id": "string"},
+    },
+    "search_hotels": {
+        "description": "hotels in a city with a free room on a date",
+        "args": {"city": "string", "date": "string"},
+    },
     "find_bookings": {"description": "bookings of a guest", "args": {"guest": "string"}},
     "book_room": {"description": "book a room", "args": {"guest": "string", "hotel": "string", "date": "string"}},
     "cancel_booking": {"description": "cancel a booking", "args": {"booking_id": "string"}},
     "list_inventory": {"description": "stock of every product", "args": {}},
     "set_stock": {"description": "set a product's stock", "args": {"sku": "string", "units": "integer"}},
     "find_tickets": {"description": "support tickets of a customer", "args": {"customer": "string"}},
-    "close_ticket": {"description": "close a ticket with a resolution", "args": {"ticket_id": "string", "resolution": "string"}},
+    "close_ticket": {
+        "description": "close a ticket with a resolution",
+        "args": {"ticket_id": "string", "resolution": "string"},
+    },
     "finish": {"description": "end the episode", "args": {}},
 }
 _TYPES = {"string": str, "number": (int, float), "integer": int}
@@ -112,7 +131,9 @@ def tool_refund_order(w: dict, a: Args) -> Any:
 
 
 def tool_search_hotels(w: dict, a: Args) -> Any:
-    return sorted(h for h, info in w["hotels"].items() if info["city"] == a["city"] and info["free"].get(a["date"], 0) > 0)
+    return sorted(
+        h for h, info in w["hotels"].items() if info["city"] == a["city"] and info["free"].get(a["date"], 0) > 0
+    )
 
 
 def tool_find_bookings(w: dict, a: Args) -> Any:
@@ -266,19 +287,45 @@ def make_world(rng: random.Random, d: int) -> dict[str, Any]:
     accounts, orders, tickets = {}, {}, {}
     for p in people:
         for kind in ("checking", "savings"):
-            accounts[f"A{len(accounts) + 101}"] = {"owner": p, "kind": kind, "balance": float(rng.randint(0, 400) * 5), "closed": False}
+            accounts[f"A{len(accounts) + 101}"] = {
+                "owner": p,
+                "kind": kind,
+                "balance": float(rng.randint(0, 400) * 5),
+                "closed": False,
+            }
         for _ in range(rng.randint(1, 1 + d)):
-            orders[f"O{len(orders) + 501}"] = {"customer": p, "item": rng.choice(ITEMS), "amount": float(rng.randint(5, 200)),
-                                                "status": rng.choice(["pending", "shipped", "pending", "delivered"])}
+            orders[f"O{len(orders) + 501}"] = {
+                "customer": p,
+                "item": rng.choice(ITEMS),
+                "amount": float(rng.randint(5, 200)),
+                "status": rng.choice(["pending", "shipped", "pending", "delivered"]),
+            }
         if rng.random() < 0.7:
-            tickets[f"T{len(tickets) + 901}"] = {"customer": p, "topic": rng.choice(TOPICS), "status": rng.choice(["open", "closed"]), "resolution": ""}
+            tickets[f"T{len(tickets) + 901}"] = {
+                "customer": p,
+                "topic": rng.choice(TOPICS),
+                "status": rng.choice(["open", "closed"]),
+                "resolution": "",
+            }
     hotels = {h: {"city": c, "free": {day: rng.randint(0, 2) for day in DATES}} for h, c in HOTELS.items()}
     bookings = {}
     for p in rng.sample(people, 2 + d):
         hotel = rng.choice(sorted(HOTELS))
-        bookings[f"B{len(bookings) + 1}"] = {"guest": p, "hotel": hotel, "date": rng.choice(DATES), "status": "confirmed"}
+        bookings[f"B{len(bookings) + 1}"] = {
+            "guest": p,
+            "hotel": hotel,
+            "date": rng.choice(DATES),
+            "status": "confirmed",
+        }
     inventory = {f"SKU-{rng.randint(100, 999)}{c}": rng.randint(0, 30) for c in "ABCDEFGH"[: 3 + 2 * d]}
-    return {"accounts": accounts, "orders": orders, "hotels": hotels, "bookings": bookings, "inventory": inventory, "tickets": tickets}
+    return {
+        "accounts": accounts,
+        "orders": orders,
+        "hotels": hotels,
+        "bookings": bookings,
+        "inventory": inventory,
+        "tickets": tickets,
+    }
 
 
 def _call(tool: str, **args: Any) -> str:
@@ -304,7 +351,11 @@ def sc_transfer(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
         raise Skip
     amount = float(rng.randint(1, int(w["accounts"][src]["balance"]) // 5) * 5)
     goal = f"Transfer {amount:.2f} from {a}'s checking account to {b}'s {w['accounts'][dst]['kind']} account."
-    return goal, [_call("find_accounts", owner=a), _call("find_accounts", owner=b), _call("transfer", from_id=src, to_id=dst, amount=amount)]
+    return goal, [
+        _call("find_accounts", owner=a),
+        _call("find_accounts", owner=b),
+        _call("transfer", from_id=src, to_id=dst, amount=amount),
+    ]
 
 
 def sc_pay_two(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -314,7 +365,9 @@ def sc_pay_two(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     if bal < 20:
         raise Skip
     x, y = float(rng.randint(1, int(bal) // 10)), float(rng.randint(1, int(bal) // 10))
-    goal = f"From {a}'s checking account, pay {x:.2f} into {b}'s checking account and {y:.2f} into {c}'s checking account."
+    goal = (
+        f"From {a}'s checking account, pay {x:.2f} into {b}'s checking account and {y:.2f} into {c}'s checking account."
+    )
     return goal, [_call("find_accounts", owner=a), _call("find_accounts", owner=b), _call("find_accounts", owner=c),
                   _call("transfer", from_id=src, to_id=_acct(w, b, "checking"), amount=x),
                   _call("transfer", from_id=src, to_id=_acct(w, c, "checking"), amount=y)]
@@ -325,23 +378,36 @@ def sc_consolidate(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]
     sav, chk = _acct(w, a, "savings"), _acct(w, a, "checking")
     if w["accounts"][sav]["balance"] <= 0:
         raise Skip
-    return (f"Move all of {a}'s savings into {a}'s checking account.",
-            [_call("find_accounts", owner=a), _call("transfer", from_id=sav, to_id=chk, amount=w["accounts"][sav]["balance"])])
+    return (
+        f"Move all of {a}'s savings into {a}'s checking account.",
+        [
+            _call("find_accounts", owner=a),
+            _call("transfer", from_id=sav, to_id=chk, amount=w["accounts"][sav]["balance"]),
+        ],
+    )
 
 
 def sc_close_account(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     a = rng.choice(_owners(w))
     sav, chk = _acct(w, a, "savings"), _acct(w, a, "checking")
     bal = w["accounts"][sav]["balance"]
-    steps = [_call("find_accounts", owner=a)] + ([_call("transfer", from_id=sav, to_id=chk, amount=bal)] if bal > 0 else [])
-    return f"Close {a}'s savings account, moving any money in it to {a}'s checking account first.", steps + [_call("close_account", account_id=sav)]
+    steps = [_call("find_accounts", owner=a)] + (
+        [_call("transfer", from_id=sav, to_id=chk, amount=bal)] if bal > 0 else []
+    )
+    return f"Close {a}'s savings account, moving any money in it to {a}'s checking account first.", steps + [
+        _call("close_account", account_id=sav)
+    ]
 
 
 def _unique_order(rng: random.Random, w: dict, status: str) -> tuple[str, str, dict]:
     counts: dict[tuple[str, str], list[str]] = {}
     for k, v in sorted(w["orders"].items()):
         counts.setdefault((v["customer"], v["item"]), []).append(k)
-    options = [(ids[0], w["orders"][ids[0]]) for ids in counts.values() if len(ids) == 1 and w["orders"][ids[0]]["status"] == status]
+    options = [
+        (ids[0], w["orders"][ids[0]])
+        for ids in counts.values()
+        if len(ids) == 1 and w["orders"][ids[0]]["status"] == status
+    ]
     if not options:
         raise Skip
     oid, order = rng.choice(options)
@@ -350,7 +416,10 @@ def _unique_order(rng: random.Random, w: dict, status: str) -> tuple[str, str, d
 
 def sc_cancel_order(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     oid, who, order = _unique_order(rng, w, "pending")
-    return f"Cancel {who}'s pending order for a {order['item']}.", [_call("find_orders", customer=who), _call("cancel_order", order_id=oid)]
+    return f"Cancel {who}'s pending order for a {order['item']}.", [
+        _call("find_orders", customer=who),
+        _call("cancel_order", order_id=oid),
+    ]
 
 
 def sc_cancel_refund(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -365,12 +434,17 @@ def sc_cancel_all_pending(rng: random.Random, w: dict, d: int) -> tuple[str, lis
     pending = [k for k, v in sorted(w["orders"].items()) if v["customer"] == who and v["status"] == "pending"]
     if not pending:
         raise Skip
-    return f"Cancel every pending order of {who}.", [_call("find_orders", customer=who)] + [_call("cancel_order", order_id=k) for k in pending]
+    return f"Cancel every pending order of {who}.", [_call("find_orders", customer=who)] + [
+        _call("cancel_order", order_id=k) for k in pending
+    ]
 
 
 def sc_refund_shipped(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     who = rng.choice(_owners(w))
-    shipped = sorted(((v["amount"], k) for k, v in w["orders"].items() if v["customer"] == who and v["status"] == "shipped"), reverse=True)
+    shipped = sorted(
+        ((v["amount"], k) for k, v in w["orders"].items() if v["customer"] == who and v["status"] == "shipped"),
+        reverse=True,
+    )
     if not shipped or (len(shipped) > 1 and shipped[0][0] == shipped[1][0]):
         raise Skip
     oid = shipped[0][1]
@@ -402,7 +476,10 @@ def _unique_booking(rng: random.Random, w: dict) -> tuple[str, dict]:
 
 def sc_cancel_booking(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     bid, b = _unique_booking(rng, w)
-    return f"Cancel {b['guest']}'s booking at {b['hotel']}.", [_call("find_bookings", guest=b["guest"]), _call("cancel_booking", booking_id=bid)]
+    return f"Cancel {b['guest']}'s booking at {b['hotel']}.", [
+        _call("find_bookings", guest=b["guest"]),
+        _call("cancel_booking", booking_id=bid),
+    ]
 
 
 def sc_reschedule(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -465,7 +542,10 @@ def apply_gold(world: dict[str, Any], actions: list[str]) -> dict[str, Any]:
 
 
 def render_tools() -> str:
-    return "\n".join(f"- {n}({', '.join(f'{k}: {t}' for k, t in spec['args'].items())}): {spec['description']}" for n, spec in TOOLS.items())
+    return "\n".join(
+        f"- {n}({', '.join(f'{k}: {t}' for k, t in spec['args'].items())}): {spec['description']}"
+        for n, spec in TOOLS.items()
+    )
 
 
 class ToolDomain(Domain):
@@ -504,9 +584,13 @@ class ToolDomain(Domain):
                   + f"Look up ids with the find/search/list tools; do not change anything the goal does not ask for. "
                   f"Give the whole action sequence, one JSON object per line. {ANSWER_INSTRUCTION}")
         reference = {"world": world, "goal": apply_gold(world, actions), "actions": actions, "budget": len(actions) + 2}
-        return Task(id=f"{self.name}:{split}:{difficulty}:{index}", domain=self.name, prompt=(Message("user", prompt),),
-                    reference=reference,
-                    meta=TaskMeta(split=split, difficulty=difficulty, source="posttrain", taskset_version=self.taskset_version))
+        return Task(
+            id=f"{self.name}:{split}:{difficulty}:{index}",
+            domain=self.name,
+            prompt=(Message("user", prompt),),
+            reference=reference,
+            meta=TaskMeta(split=split, difficulty=difficulty, source="posttrain", taskset_version=self.taskset_version),
+        )
 
     def gold(self, task: Task) -> str:
         return "<answer>\n" + "\n".join(task.reference["actions"]) + "\n</answer>"

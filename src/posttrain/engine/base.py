@@ -5,7 +5,8 @@ log-probs and the `version` of the weights that produced it.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from posttrain.types import Completion, GenerationRequest, Message
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -108,7 +109,7 @@ class HFEngine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: Any = None,
-                        config: HFEngineConfig | None = None, seed: int | None = None) -> "HFEngine":
+                        config: HFEngineConfig | None = None, seed: int | None = None) -> HFEngine:
         """An engine over a local Hugging Face model directory."""
         from posttrain.model.arch import load_model
 
@@ -398,7 +399,9 @@ def _load_state(model: Any, state: Mapping[str, torch.Tensor]) -> None:
     """Copy `state` into the model's parameters; every parameter must be
     covered, except those tied to one that is (tied embeddings)."""
     if not isinstance(state, Mapping):
-        raise ModelLoadError(f"update_weights takes None, a state dict or a checkpoint path, got {type(state).__name__}")
+        raise ModelLoadError(
+            f"update_weights takes None, a state dict or a checkpoint path, got {type(state).__name__}"
+        )
     own = model.state_dict()
     unexpected = sorted(set(state) - set(own))
     if unexpected:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.types import Completion, GenerationRequest, Message
@@ -42,7 +43,7 @@ class OpenAIEngine:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai-engine")
 
     @classmethod
-    def from_model_dir(cls, base_url: str, model: str, model_dir: str | Path, **kw: Any) -> "OpenAIEngine":
+    def from_model_dir(cls, base_url: str, model: str, model_dir: str | Path, **kw: Any) -> OpenAIEngine:
         """An engine whose tokenizer is loaded from a local model directory."""
         from transformers import AutoTokenizer
 

@@ -9,8 +9,9 @@ model's own tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from posttrain.types import Completion, FinishReason, Message, Task, Turn
 
@@ -34,7 +35,7 @@ def make_environment(domain: Any) -> Environment | None:
     made = domain.environment()
     if made is None:
         return None
-    env = made() if isinstance(made, type) or not hasattr(made, "reset") else made
+    env: Environment = made() if isinstance(made, type) or not hasattr(made, "reset") else made
     if not (hasattr(env, "reset") and hasattr(env, "step")):
         raise TypeError(f"domain {domain.name}: environment() gave {type(env).__name__}, which has no reset/step")
     return env

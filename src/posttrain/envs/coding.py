@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.errors import SandboxError, TaskError
 from posttrain.types import Task
@@ -83,14 +84,20 @@ def script_judge(runner: Callable[[Any], Any] | None = None, feedback_chars: int
         ref = task.reference
         if not isinstance(ref, dict) or not isinstance(ref.get("tests"), str):
             raise TaskError(f"task {task.id}: coding loop needs reference['tests'] (a Python test script)")
-        files = {"script_runner.py": _data("script_runner.py"), "script_solver.py": _data("script_solver.py"), "solution.py": code}
+        files = {
+            "script_runner.py": _data("script_runner.py"),
+            "script_solver.py": _data("script_solver.py"),
+            "solution.py": code,
+        }
         req = sandbox.ExecRequest(files=files, python_main="script_runner.py", stdin=ref["tests"].encode(),
                                   limits=sandbox.Limits(wall_s=float(ref.get("timeout_s", 5.0))))
         res = sandbox.raise_for_infra((runner or sandbox.run)(req))
         if res.status == "ok":
             return Attempt(True, "All tests passed.", res.status)
         err = res.stderr.decode("utf-8", "replace") or res.stdout.decode("utf-8", "replace")
-        return Attempt(False, f"Tests failed ({res.status}, exit code {res.exit_code}):\n{_tail(err, feedback_chars)}", res.status)
+        return Attempt(
+            False, f"Tests failed ({res.status}, exit code {res.exit_code}):\n{_tail(err, feedback_chars)}", res.status
+        )
 
     return judge
 
@@ -101,7 +108,8 @@ def code_domain_judge(runner: Callable[[Any], Any] | None = None) -> Judge:
     failed (the tests stay hidden)."""
 
     def judge(task: Task, code: str) -> Attempt:
-        from posttrain.domains.code import execute, judge as compare
+        from posttrain.domains.code import execute
+        from posttrain.domains.code import judge as compare
 
         run = execute(task.reference, code, runner)
         score = compare(task.reference, run)
@@ -133,8 +141,11 @@ class CodingEnv:
         if self._task is None:
             raise SandboxError("CodingEnv.step before reset")
         code = extract_code(action)
-        attempt = Attempt(False, "No code found: answer with one ```python code block.", "no_code") if not code.strip() \
+        attempt = (
+            Attempt(False, "No code found: answer with one ```python code block.", "no_code")
+            if not code.strip()
             else self.judge(self._task, code)
+        )
         self._attempts.append(attempt)
         return attempt.feedback, attempt.passed
 

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from posttrain.types import Task
 
-_TYPES: Mapping[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-                                          "array": (list,), "object": (dict,)}
+_TYPES: Mapping[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -51,7 +58,9 @@ class ToolSpec:
         missing = [k for k in self.required if k not in args]
         extra = [k for k in args if k not in self.parameters]
         if missing or extra:
-            return f"{self.name}: " + "; ".join(x for x in (missing and f"missing {missing}", extra and f"unknown {extra}") if x)
+            return f"{self.name}: " + "; ".join(
+                x for x in (missing and f"missing {missing}", extra and f"unknown {extra}") if x
+            )
         for k, v in args.items():
             want = _TYPES[self.parameters[k]]
             if not isinstance(v, want) or (isinstance(v, bool) and bool not in want):
@@ -83,7 +92,7 @@ def parse_call(action: str) -> tuple[str, Any] | str:
     text = (found[-1] if found else action).strip()
     try:
         obj = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return f"malformed tool call: not JSON ({exc.msg})"
     if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
         return 'malformed tool call: expected {"tool": name, "arguments": {...}}'
@@ -107,7 +116,7 @@ class ToolEnv:
 
     def reset(self, task: Task) -> str:
         self._calls, self._violations, self._answer = 0, [], None
-        return "Tools (call one per turn as JSON {\"tool\": name, \"arguments\": {...}}):\n" + json.dumps(self.schemas())
+        return 'Tools (call one per turn as JSON {"tool": name, "arguments": {...}}):\n' + json.dumps(self.schemas())
 
     def _violation(self, why: str) -> tuple[str, bool]:
         self._violations.append(why)

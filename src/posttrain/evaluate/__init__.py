@@ -7,11 +7,32 @@ sampled metrics, strict eval verifiers, contamination and exposure checks.
 (eval verifiers), `tables` (text and JSON), `exposure` (base-model exposure),
 `compare` (two models on the same items).
 """
-from posttrain.evaluate.core import DomainResult, EvalOptions, EvalTable, eval_tasks, evaluate, evaluate_heldout, evaluate_sets
+from posttrain.evaluate.core import (
+    DomainResult,
+    EvalOptions,
+    EvalTable,
+    eval_tasks,
+    evaluate,
+    evaluate_heldout,
+    evaluate_sets,
+)
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout, rotation_slice
 from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
 
 __all__ = [
-    "DomainResult", "DomainSet", "EvalOptions", "EvalTable", "HeldoutSet", "build_heldout", "eval_tasks", "evaluate",
-    "evaluate_heldout", "evaluate_sets", "format_details", "format_probes", "format_table", "rotation_slice", "write_table",
+    "DomainResult",
+    "DomainSet",
+    "EvalOptions",
+    "EvalTable",
+    "HeldoutSet",
+    "build_heldout",
+    "eval_tasks",
+    "evaluate",
+    "evaluate_heldout",
+    "evaluate_sets",
+    "format_details",
+    "format_probes",
+    "format_table",
+    "rotation_slice",
+    "write_table",
 ]

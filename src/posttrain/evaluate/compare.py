@@ -56,8 +56,12 @@ def heldout_of(a: Side, b: Side, explicit: str | None, build: Any) -> HeldoutSet
 def compare_tables(a: EvalTable, b: EvalTable, seed: int = 0) -> dict[str, Any]:
     """eval.json-shaped comparison: `before` is A, `after` is B, with paired deltas of the core sets
     and of the probes."""
-    per, mean = paired_deltas({k: r.verdicts for k, r in a.results.items()}, {k: r.verdicts for k, r in b.results.items()}, seed)
-    probes, _ = paired_deltas({k: r.verdicts for k, r in a.probes.items()}, {k: r.verdicts for k, r in b.probes.items()}, seed)
+    per, mean = paired_deltas(
+        {k: r.verdicts for k, r in a.results.items()}, {k: r.verdicts for k, r in b.results.items()}, seed
+    )
+    probes, _ = paired_deltas(
+        {k: r.verdicts for k, r in a.probes.items()}, {k: r.verdicts for k, r in b.probes.items()}, seed
+    )
     return {"before": a.to_json(), "after": b.to_json(),
             "deltas": {"domains": {k: delta_json(v) for k, v in per.items()}, "mean": delta_json(mean),
                        "probes": {k: delta_json(v) for k, v in probes.items()}},
@@ -116,13 +120,13 @@ def write_outputs(out: Path, data: dict[str, Any]) -> tuple[Path, Path, Path]:
     page.write_text(f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posttrain compare</title><style>{_CSS}{_CSS_EXTRA}</style></head><body>
 <h1>posttrain compare</h1>
-<p class="meta">A = {h.escape(a['label'])} ({h.escape(a['model'])})<br>B = {h.escape(b['label'])} ({h.escape(b['model'])})<br>
-held-out set version {h.escape(data['heldout']['version'])}</p>
-<p>significantly improved (B over A): <b>{h.escape(', '.join(data['improved']) or 'none')}</b>;
-significantly regressed: <b>{h.escape(', '.join(data['regressed']) or 'none')}</b></p>
+<p class="meta">A = {h.escape(a["label"])} ({h.escape(a["model"])})<br>B = {h.escape(b["label"])} ({h.escape(b["model"])})<br>
+held-out set version {h.escape(data["heldout"]["version"])}</p>
+<p>significantly improved (B over A): <b>{h.escape(", ".join(data["improved"]) or "none")}</b>;
+significantly regressed: <b>{h.escape(", ".join(data["regressed"]) or "none")}</b></p>
 {before_after_table(data, labels=("A", "B"))}
 <figure><img src="{src}" alt="deltas"><figcaption>B - A per domain with paired 95% intervals</figcaption></figure>
-<h3>Training verifier vs eval verifier (B)</h3>{verifier_table(data['after'])}
+<h3>Training verifier vs eval verifier (B)</h3>{verifier_table(data["after"])}
 <h3>Generalisation probes</h3>{probes_table(data)}
 </body></html>
 """)

@@ -10,8 +10,9 @@ errors has no accuracy (None), not 0.0.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from posttrain.domains.base import extract_answer
 from posttrain.domains.registry import get
@@ -76,14 +77,14 @@ class DomainResult:
                 "items": [list(i) for i in self.items]}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "DomainResult":
+    def from_json(cls, d: Mapping) -> DomainResult:
         low, high = d.get("ci", (0.0, 1.0))
         return cls(d["domain"], d["difficulty"], d["n"], d["accuracy"], d.get("mean_score"), d.get("infra_errors", 0),
                    low, high, d.get("train_accuracy"), d.get("eval_verifier", ""), d.get("requested", d["n"]),
                    d.get("kind", "core"), {k: tuple(v) for k, v in d.get("sampling", {}).items()},
                    tuple((i[0], i[1], i[2]) for i in d.get("items", ())))
 
-    def head(self, m: int) -> "DomainResult":
+    def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
         return _result(self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier,
                        self.items[:m], [])
@@ -133,7 +134,7 @@ class EvalTable:
             return (0.0, 1.0)
         return mean_over_domains_interval(outcomes, seed)
 
-    def head(self, m: int) -> "EvalTable":
+    def head(self, m: int) -> EvalTable:
         """The fixed subset: every core result restricted to its first m items."""
         return replace(self, results={k: r.head(m) for k, r in self.results.items()}, probes={}, rotation={})
 
@@ -146,7 +147,7 @@ class EvalTable:
                 "rotation": {k: r.to_json() for k, r in self.rotation.items()}}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "EvalTable":
+    def from_json(cls, data: Mapping) -> EvalTable:
         def rs(key: str) -> dict[str, DomainResult]:
             return {k: DomainResult.from_json(v) for k, v in (data.get(key) or {}).items()}
 
@@ -182,7 +183,9 @@ def _generate(engine: Engine, tasks: Sequence[Task], params: SamplingParams, bat
         p = replace(params, max_tokens=tokens)
         for start in range(0, len(idx), batch_size):
             chunk = idx[start : start + batch_size]
-            got = engine.generate([GenerationRequest(engine.encode_chat(tasks[i].prompt), p, tasks[i].id) for i in chunk])
+            got = engine.generate(
+                [GenerationRequest(engine.encode_chat(tasks[i].prompt), p, tasks[i].id) for i in chunk]
+            )
             for i, g in zip(chunk, got):
                 out[i] = g
     return out
@@ -235,7 +238,9 @@ def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptio
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
-        out[key] = _result(s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling)
+        out[key] = _result(
+            s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling
+        )
     return out
 
 

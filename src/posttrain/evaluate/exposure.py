@@ -13,8 +13,9 @@ exceeds the control margin by more than `threshold` nats per item and the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from posttrain.domains.base import stable_hash
 from posttrain.evaluate.heldout import HeldoutSet
@@ -37,8 +38,11 @@ class Exposure:
 
     def message(self) -> str:
         verdict = "LOOKS MEMORISED" if self.flagged else "no sign of exposure"
-        return (f"{self.domain}: gold-vs-wrong log-likelihood margin {self.heldout_margin:+.2f} on held-out items, "
-                f"{self.control_margin:+.2f} on control items; gap {self.gap:+.2f} [{self.low:+.2f},{self.high:+.2f}] nats: {verdict}")
+        return (
+            f"{self.domain}: gold-vs-wrong log-likelihood margin {self.heldout_margin:+.2f} on held-out items, "
+            f"{self.control_margin:+.2f} on control items; gap {self.gap:+.2f} [{self.low:+.2f},{self.high:+.2f}] "
+            f"nats: {verdict}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,9 +16,10 @@ evaluation from a seeded region of the index space, none equal to a core item.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 from posttrain.domains.base import stable_hash
 from posttrain.errors import ConfigError, TaskError
@@ -55,13 +56,17 @@ class DomainSet:
 
         domain = get(self.domain)
         if domain.taskset_version != self.taskset_version:
-            raise TaskError(f"held-out set of {self.domain}: it was built from task-set version {self.taskset_version}, "
-                            f"the registered domain is {domain.taskset_version}; the same items cannot be rebuilt")
+            raise TaskError(
+                f"held-out set of {self.domain}: it was built from task-set version {self.taskset_version}, "
+                f"the registered domain is {domain.taskset_version}; the same items cannot be rebuilt"
+            )
         return [domain.sample(i, "eval", self.level) for i in self.indices]
 
-    def head(self, m: int) -> "DomainSet":
+    def head(self, m: int) -> DomainSet:
         """The first m items (the fixed subset evaluated during training)."""
-        return DomainSet(self.domain, self.level, self.kind, min(self.requested, m), self.indices[:m], self.taskset_version)
+        return DomainSet(
+            self.domain, self.level, self.kind, min(self.requested, m), self.indices[:m], self.taskset_version
+        )
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class HeldoutSet:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "HeldoutSet":
+    def from_json(cls, data: Mapping) -> HeldoutSet:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT_VERSION:
             raise ConfigError(f"held-out set: expected a mapping with format {FORMAT_VERSION}")
         try:
@@ -109,7 +114,7 @@ class HeldoutSet:
         Path(path).write_text(json.dumps({**self.to_json(), "version": self.version}, indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> "HeldoutSet":
+    def load(cls, path: str | Path) -> HeldoutSet:
         p = Path(path)
         if p.is_dir():
             p = p / "heldout.json"

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
@@ -66,7 +67,11 @@ class RunEvaluator:
         out: dict[str, Any] = {}
         if self.cfg.contamination:
             out["contamination"] = self._contamination(pool_factory())
-            bad = [f"{d} ({r['contaminated']}/{r['eval_tasks']})" for d, r in out["contamination"].items() if r["contaminated"]]
+            bad = [
+                f"{d} ({r['contaminated']}/{r['eval_tasks']})"
+                for d, r in out["contamination"].items()
+                if r["contaminated"]
+            ]
             self.log("contamination (n-gram overlap, held-out vs training draws): "
                      + (f"OVERLAP in {', '.join(bad)}" if bad else "none found"))
         if self.cfg.exposure and tokenizer is not None and hasattr(model, "parameters"):
@@ -121,8 +126,14 @@ class RunEvaluator:
             number = step // max(self.cfg.every_steps, 1)
             rotation = {d: rotation_slice(s, self.cfg.rotation_tasks, number, self.cfg.seed)
                         for d, s in self.heldout.of_kind("core").items()}
-        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, sampled=False, tasks=self.tasks), subset=self.cfg.subset_tasks,
-                                 rotation=rotation, probes=False)
+        table = evaluate_heldout(
+            self.engine,
+            self.heldout,
+            options(self.cfg, sampled=False, tasks=self.tasks),
+            subset=self.cfg.subset_tasks,
+            rotation=rotation,
+            probes=False,
+        )
         seconds = time.perf_counter() - t0
         self.seconds["periodic"] += seconds
         self._row(step, table, seconds)

@@ -10,8 +10,9 @@ import itertools
 import math
 import random
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 Z95 = 1.959963984540054
 BOOTSTRAP = 2000

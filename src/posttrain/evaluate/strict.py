@@ -11,7 +11,7 @@ answer tag).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from posttrain.domains.base import Domain, ExactMatch
 from posttrain.types import Task

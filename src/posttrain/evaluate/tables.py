@@ -7,8 +7,9 @@ only when its paired interval excludes 0 and the exact McNemar test agrees.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from posttrain.evaluate.core import DomainResult, EvalTable
 from posttrain.evaluate.stats import PairedDelta, paired_deltas
@@ -41,7 +42,9 @@ def deltas(before: EvalTable, after: EvalTable, seed: int = 0) -> tuple[dict[str
                          {k: r.verdicts for k, r in after.results.items()}, seed)
 
 
-def format_table(before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")) -> str:
+def format_table(
+    before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")
+) -> str:
     """Core held-out accuracy with 95% Wilson intervals; with `after`, paired deltas and marks."""
     per, mean = deltas(before, after) if after else ({}, None)
     head = f"{'domain':<22}{'level':>6}{'n':>9}{labels[0] + ' [95% CI]':>22}"
@@ -80,20 +83,28 @@ def format_details(table: EvalTable) -> str:
         keys = sorted({m for s in sampled.values() for m in s}, key=lambda m: (m.split("@")[0], int(m.split("@")[1])))
         lines.append(f"{'sampled':<22}" + "".join(f"{m:>20}" for m in keys))
         for name, s in sampled.items():
-            lines.append(f"{name:<22}" + "".join(f"{s[m][0]:>7.3f} [{s[m][1]:.2f},{s[m][2]:.2f}]" if m in s else f"{'':>20}" for m in keys))
+            lines.append(
+                f"{name:<22}"
+                + "".join(f"{s[m][0]:>7.3f} [{s[m][1]:.2f},{s[m][2]:.2f}]" if m in s else f"{'':>20}" for m in keys)
+            )
     if table.rotation:
         lines.append("rotation slice (fresh items, not in the core set):")
         lines += [f"  {r.domain:<20}{r.difficulty:>6}{_n(r)}{_acc(r)}".rstrip() for r in table.rotation.values()]
     return "\n".join(lines)
 
 
-def format_probes(before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")) -> str:
+def format_probes(
+    before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")
+) -> str:
     """The generalisation probes apart from the core: one level above the trained one, and
     families never trained on; with `after`, paired deltas."""
     per, _ = (paired_deltas({k: r.verdicts for k, r in before.probes.items()},
                             {k: r.verdicts for k, r in after.probes.items()}) if after else ({}, None))
     lines = []
-    for kind, title in (("above", "held-out one level above the trained one"), ("transfer", "families never trained on (transfer)")):
+    for kind, title in (
+        ("above", "held-out one level above the trained one"),
+        ("transfer", "families never trained on (transfer)"),
+    ):
         keys = [k for k in before.probes if k.startswith(kind + ":")]
         if not keys:
             continue

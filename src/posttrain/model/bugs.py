@@ -11,7 +11,7 @@ differs from the gold answer on most questions.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 
 def _operands(question: str) -> tuple[int, int]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 MIN_GAIN = 0.20
 """Held-out mean accuracy the run must gain (0.20 = 20 points)."""
@@ -25,7 +25,10 @@ MAX_FALL = 0.02
 def verdict(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[bool, str]:
     """(passed, one line) from per-domain held-out accuracies before and after."""
     if not before or set(before) != set(after):
-        return False, f"demo: FAIL the evaluation tables do not cover the same domains ({sorted(before)} vs {sorted(after)})"
+        return (
+            False,
+            f"demo: FAIL the evaluation tables do not cover the same domains ({sorted(before)} vs {sorted(after)})",
+        )
     b, a = sum(before.values()) / len(before), sum(after.values()) / len(after)
     deltas = {d: after[d] - before[d] for d in before}
     improved = sum(v > 0 for v in deltas.values())
@@ -49,7 +52,9 @@ def verdict_of_run(run_dir: str | Path) -> tuple[bool, str]:
     table = json.loads(path.read_text())
     if not table.get("after"):
         return False, f"demo: FAIL {path} has no after-training evaluation"
-    missing = sorted(d for t in (table["before"], table["after"]) for d, r in t["domains"].items() if r["accuracy"] is None)
+    missing = sorted(
+        d for t in (table["before"], table["after"]) for d, r in t["domains"].items() if r["accuracy"] is None
+    )
     if missing:
         return False, f"demo: FAIL no held-out accuracy for {', '.join(missing)} (every item an infra error)"
     acc = lambda t: {d: r["accuracy"] for d, r in t["domains"].items()}  # noqa: E731

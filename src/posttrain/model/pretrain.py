@@ -14,8 +14,8 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -86,7 +86,9 @@ def _encode_batch(tok, pairs: list[tuple[str, str]]):
 
     rows, masks = [], []
     for question, answer in pairs:
-        prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
         p_ids = tok.encode(prompt, add_special_tokens=False)
         a_ids = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
         rows.append(p_ids + a_ids)

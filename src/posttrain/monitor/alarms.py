@@ -7,8 +7,9 @@ needs (a baseline and a recent window that do not overlap).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from posttrain.monitor.config import AlarmsConfig
 from posttrain.monitor.signals import DomainSignals
@@ -102,10 +103,15 @@ class LengthExplosion:
             grew = base > 0 and recent > rule.factor * base
             truncating = t_recent > rule.truncated_share and t_base < rule.truncated_share / 2
             if grew or truncating:
-                hits.append(Hit(self.kind, domain,
-                                f"length explosion in {domain}: mean length {base:.1f} -> {recent:.1f} tokens, "
-                                f"truncated {t_base:.0%} -> {t_recent:.0%}",
-                                {"baseline": base, "recent": recent, "truncated_baseline": t_base, "truncated": t_recent}))
+                hits.append(
+                    Hit(
+                        self.kind,
+                        domain,
+                        f"length explosion in {domain}: mean length {base:.1f} -> {recent:.1f} tokens, "
+                        f"truncated {t_base:.0%} -> {t_recent:.0%}",
+                        {"baseline": base, "recent": recent, "truncated_baseline": t_base, "truncated": t_recent},
+                    )
+                )
         return hits
 
 
@@ -146,7 +152,13 @@ class AuditFailure:
         return hits
 
 
-STEP_DETECTORS: tuple[Detector, ...] = (EntropyCollapse(), DiversityCollapse(), LengthExplosion(), KLAcceleration(), AuditFailure())
+STEP_DETECTORS: tuple[Detector, ...] = (
+    EntropyCollapse(),
+    DiversityCollapse(),
+    LengthExplosion(),
+    KLAcceleration(),
+    AuditFailure(),
+)
 
 
 # ---------------------------------------------------------------- evaluation-time detectors
@@ -169,11 +181,20 @@ class RewardHacking:
             recent = _mean(h.last(domain, "reward_mean", cfg.window))
             gain = last[domain] - first[domain]
             if recent - base >= rule.rise and gain <= rule.stall:
-                hits.append(Hit(self.kind, domain,
-                                f"reward hacking suspected in {domain}: train reward {base:.2f} -> {recent:.2f} "
-                                f"while held-out accuracy went {first[domain]:.2f} -> {last[domain]:.2f} by step {step}",
-                                {"train_baseline": base, "train_recent": recent,
-                                 "heldout_first": first[domain], "heldout_last": last[domain]}))
+                hits.append(
+                    Hit(
+                        self.kind,
+                        domain,
+                        f"reward hacking suspected in {domain}: train reward {base:.2f} -> {recent:.2f} "
+                        f"while held-out accuracy went {first[domain]:.2f} -> {last[domain]:.2f} by step {step}",
+                        {
+                            "train_baseline": base,
+                            "train_recent": recent,
+                            "heldout_first": first[domain],
+                            "heldout_last": last[domain],
+                        },
+                    )
+                )
         return hits
 
 

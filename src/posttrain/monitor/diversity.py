@@ -8,8 +8,8 @@ Levenshtein (vectorised over all pairs, one numpy pass per character row).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import combinations
-from typing import Sequence
 
 import numpy as np
 

@@ -23,7 +23,9 @@ def _block(title: str, text: str) -> list[str]:
 
 def _siblings(store: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
     """The rollouts sampled for the same prompt in the same step (read-only connection)."""
-    sql = "SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? ORDER BY rowid"
+    sql = (
+        "SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? ORDER BY rowid"
+    )
     con = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
     try:
         cur = con.execute(sql, (row["group_id"], row["model_version"], row["task_id"]))
@@ -90,7 +92,9 @@ def explain(store: Any, rollout_id: str) -> str:
         "",
         *_block("prompt", row["prompt"]),
         *_block("sampling parameters", sampling),
-        *_block(f"completion ({row['completion_tokens']} tokens, finish reason {row['finish_reason']})", row["completion"]),
+        *_block(
+            f"completion ({row['completion_tokens']} tokens, finish reason {row['finish_reason']})", row["completion"]
+        ),
         *_execution(row),
         f"-- verifier {row['verifier']}",
         f"   reward {reward}  passed {passed}  reason {row['reason'] or '-'}",

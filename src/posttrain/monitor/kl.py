@@ -9,7 +9,8 @@ The policy's log-probs are the behaviour log-probs the engine recorded.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

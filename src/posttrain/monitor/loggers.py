@@ -8,8 +8,9 @@ ConfigError naming the field and the package, never silently mid-run.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from posttrain.errors import ConfigError
 from posttrain.monitor.config import LoggersConfig
@@ -36,7 +37,9 @@ class TensorBoardLogger:
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            raise ConfigError("monitor.loggers.tensorboard: tensorboardX is not installed (pip install tensorboardX)") from None
+            raise ConfigError(
+                "monitor.loggers.tensorboard: tensorboardX is not installed (pip install tensorboardX)"
+            ) from None
         self._writer = SummaryWriter(str(logdir))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:

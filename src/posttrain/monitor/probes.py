@@ -15,8 +15,9 @@ from the prompt instead of trusting the task's reference).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.domains.base import Domain, extract_answer
 from posttrain.errors import VerifierError

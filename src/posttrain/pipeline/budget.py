@@ -10,7 +10,8 @@ evaluated with the budget it is trained with.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from posttrain.domains.base import Budget
 
@@ -24,7 +25,9 @@ def domain_budget(domain: Any, spec: Any = None, cap: int | None = None) -> Budg
     return dataclasses.replace(b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds)
 
 
-def domain_budgets(names: Iterable[str], specs: Mapping[str, Any] | None = None, cap: int | None = None) -> dict[str, Budget]:
+def domain_budgets(
+    names: Iterable[str], specs: Mapping[str, Any] | None = None, cap: int | None = None
+) -> dict[str, Budget]:
     """Effective budgets of the named registered domains."""
     from posttrain.domains.registry import get
 

@@ -65,7 +65,7 @@ class PipelineConfig(BaseModel):
     """Latencies kept per stage for percentiles."""
 
     @model_validator(mode="after")
-    def _bounds(self) -> "PipelineConfig":
+    def _bounds(self) -> PipelineConfig:
         if self.min_inflight > self.max_inflight:
             raise ValueError(f"min_inflight ({self.min_inflight}) must be <= max_inflight ({self.max_inflight})")
         if self.long_slots >= self.max_inflight:

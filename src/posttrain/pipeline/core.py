@@ -14,8 +14,9 @@ import dataclasses
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Trajectory, make_environment
@@ -146,7 +147,7 @@ class Pipeline:
         self._group_ids: dict[int, str] = {}
 
     # ---- ownership -----------------------------------------------------
-    async def __aenter__(self) -> "Pipeline":
+    async def __aenter__(self) -> Pipeline:
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         spawn = self._tg.create_task
@@ -255,14 +256,22 @@ class Pipeline:
         self._gen_ready.set()
 
     def _requests(self, item: _Item) -> list[GenerationRequest]:
-        base = None if self.seed is None else stable_hash("group", self.seed, item.group_id, item.attempts.get("generate", 0))
+        base = (
+            None
+            if self.seed is None
+            else stable_hash("group", self.seed, item.group_id, item.attempts.get("generate", 0))
+        )
         params = dataclasses.replace(self.params, max_tokens=item.max_tokens)
         if item.multi_turn and item.trajectories:
             reqs = []
             for i, t in enumerate(item.trajectories):
                 if not t.done:
                     seed = None if base is None else stable_hash(base, i, len(t.turns))
-                    reqs.append(GenerationRequest(t.context(), dataclasses.replace(params, n=1, seed=seed), f"{item.group_id}:{i}"))
+                    reqs.append(
+                        GenerationRequest(
+                            t.context(), dataclasses.replace(params, n=1, seed=seed), f"{item.group_id}:{i}"
+                        )
+                    )
             return reqs
         return [GenerationRequest(item.prompt_ids, dataclasses.replace(params, seed=base), item.group_id)]
 
@@ -407,7 +416,11 @@ class Pipeline:
             out = []
             for t in item.trajectories:
                 outcome = getattr(t.env, "outcome", None)
-                out.append(Episode(t.turns[-1].action, tuple(t.turns), t.finish_reason, outcome() if callable(outcome) else None))
+                out.append(
+                    Episode(
+                        t.turns[-1].action, tuple(t.turns), t.finish_reason, outcome() if callable(outcome) else None
+                    )
+                )
             return out
         execs = item.execs or (None,) * len(item.completions)
         return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(item.completions, execs)]
@@ -470,7 +483,9 @@ class Pipeline:
         if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
             self.counters["masked_execute"] += n_samples
             self.scheduler.record_verification(item.task.domain, True)
-        verdict = Verdict(None, "sandbox" if stage == "execute" and kind == "infra" else kind, f"{type(exc).__name__}: {exc}")
+        verdict = Verdict(
+            None, "sandbox" if stage == "execute" and kind == "infra" else kind, f"{type(exc).__name__}: {exc}"
+        )
         await self._finish(item, [verdict] * n_samples)
 
     async def _requeue(self, stage: str, item: _Item, delay: float) -> None:
@@ -508,7 +523,9 @@ class Pipeline:
                 get.cancel()
         return get.result() if get in done and not get.cancelled() else None
 
-    async def collect(self, n_groups: int, version: int, informative: Callable[[Sequence[Rollout]], bool]) -> list[GroupResult]:
+    async def collect(
+        self, n_groups: int, version: int, informative: Callable[[Sequence[Rollout]], bool]
+    ) -> list[GroupResult]:
         """Continuous mode: the next `n_groups` groups that are fresh enough for
         `version` and informative; stale and uninformative ones are dropped,
         counted and replaced by the scheduler's next admissions."""

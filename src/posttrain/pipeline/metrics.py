@@ -70,8 +70,16 @@ class StageMeter:
         busy = self._busy + sum(now - t for t in self._open.values())
         lat = list(self._lat)
         return StageStats(
-            name=self.name, workers=self.workers, items=self._items, errors=self._errors, elapsed_s=elapsed,
-            busy_s=busy, idle_s=max(0.0, self.workers * elapsed - busy),
+            name=self.name,
+            workers=self.workers,
+            items=self._items,
+            errors=self._errors,
+            elapsed_s=elapsed,
+            busy_s=busy,
+            idle_s=max(0.0, self.workers * elapsed - busy),
             throughput=self._items / elapsed if elapsed > 0 else 0.0,
-            p50_s=percentile(lat, 50), p90_s=percentile(lat, 90), p99_s=percentile(lat, 99), max_s=max(lat, default=0.0),
+            p50_s=percentile(lat, 50),
+            p90_s=percentile(lat, 90),
+            p99_s=percentile(lat, 99),
+            max_s=max(lat, default=0.0),
         )

@@ -11,8 +11,9 @@ probe group per cooldown until a probe verifies.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PipelineConfig

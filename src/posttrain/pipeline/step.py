@@ -12,7 +12,8 @@ and none is more than max_staleness weight versions old.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
@@ -38,8 +39,14 @@ def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_addr
     source = None
     if config.max_staleness > 0:  # generation overlaps training: it needs its own copy of the weights
         source, engine = engine, detached_copy(engine)
-    return EmbeddedWorkers(engine, execute, verify_processes=config.verify_processes, execute_threads=config.execute_workers,
-                           verify_threads=config.verify_workers, source=source)
+    return EmbeddedWorkers(
+        engine,
+        execute,
+        verify_processes=config.verify_processes,
+        execute_threads=config.execute_workers,
+        verify_threads=config.verify_workers,
+        source=source,
+    )
 
 
 def detached_copy(engine: Any) -> Any:
@@ -83,7 +90,9 @@ class StepRollouts:
         self._events = events
         self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None
 
-    def sample(self, tasks: Sequence[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
+    def sample(
+        self, tasks: Sequence[Task], params: SamplingParams, step: int
+    ) -> tuple[list[list[Rollout]], dict[str, float]]:
         """Every group of the step (first round, then replacement rounds) and the pipeline's stats."""
         if self._ahead is not None:
             groups, stats = self._ahead.sample(list(tasks), params, step)
@@ -96,7 +105,9 @@ class StepRollouts:
             self._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
         return groups, stats
 
-    async def _sample(self, tasks: list[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
+    async def _sample(
+        self, tasks: list[Task], params: SamplingParams, step: int
+    ) -> tuple[list[list[Rollout]], dict[str, float]]:
         seed = stable_hash("rollout", self.seed, step)
         groups: list[list[Rollout]] = []
         replaced = 0
@@ -153,8 +164,14 @@ class _Ahead:
     async def _serve(self, params: SamplingParams, ready: Any) -> None:
         owner = self.owner
         self._stop = asyncio.Event()
-        async with Pipeline(owner.config, owner.workers, params, owner.scheduler, seed=stable_hash("rollout", owner.seed),
-                            budgets=owner.budgets) as pipe:
+        async with Pipeline(
+            owner.config,
+            owner.workers,
+            params,
+            owner.scheduler,
+            seed=stable_hash("rollout", owner.seed),
+            budgets=owner.budgets,
+        ) as pipe:
             self.pipe = pipe
             ready.set()
             await self._stop.wait()
@@ -181,7 +198,9 @@ class _Ahead:
             raise RuntimeError("the rollout pipeline stopped")
         return self.pending.result()
 
-    def sample(self, tasks: list[Task], params: SamplingParams, step: int) -> tuple[list[list[Rollout]], dict[str, float]]:
+    def sample(
+        self, tasks: list[Task], params: SamplingParams, step: int
+    ) -> tuple[list[list[Rollout]], dict[str, float]]:
         owner = self.owner
         if self.pipe is None:
             self._start(params)

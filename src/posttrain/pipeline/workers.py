@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor as _PoolExecutor
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from posttrain.errors import classify
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
@@ -174,7 +175,9 @@ class EmbeddedWorkers:
         if self._execute is None:
             return (None,) * len(completions)
         loop = asyncio.get_running_loop()
-        return tuple(await asyncio.gather(*(loop.run_in_executor(self._exec_pool, self._execute, task, c) for c in completions)))
+        return tuple(
+            await asyncio.gather(*(loop.run_in_executor(self._exec_pool, self._execute, task, c) for c in completions))
+        )
 
     async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
         return await asyncio.get_running_loop().run_in_executor(self._verify_pool, self._verify, task, tuple(episodes))

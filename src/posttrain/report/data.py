@@ -111,7 +111,9 @@ class RunData:
                     out.setdefault(domain, []).append((row["step"], float(value), float(ci[0]), float(ci[1])))
             if row.get("mean_ci") and isinstance(row.get("mean_accuracy"), (int, float)):
                 lo, hi = row["mean_ci"]
-                out.setdefault("mean over domains", []).append((row["step"], float(row["mean_accuracy"]), float(lo), float(hi)))
+                out.setdefault("mean over domains", []).append(
+                    (row["step"], float(row["mean_accuracy"]), float(lo), float(hi))
+                )
         return out
 
     def rotation_by_domain(self) -> Series:
@@ -149,7 +151,10 @@ def _sandbox_outcomes(db: Path) -> dict[str, Counter]:
         return {}
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        rows = con.execute("SELECT domain, exec_result, error_kind FROM rollouts WHERE exec_result IS NOT NULL OR error_kind IS NOT NULL")
+        rows = con.execute(
+            "SELECT domain, exec_result, error_kind FROM rollouts WHERE exec_result IS NOT NULL OR error_kind IS NOT "
+            "NULL"
+        )
         out: dict[str, Counter] = {}
         for domain, exec_result, error_kind in rows:
             counter = out.setdefault(domain, Counter())
@@ -185,7 +190,9 @@ def _other_alarms(db: Path, train: list[dict[str, Any]]) -> list[dict[str, Any]]
         return []
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        rows = con.execute("SELECT created_at, step, domain, message, data FROM events WHERE kind='alarm' ORDER BY id").fetchall()
+        rows = con.execute(
+            "SELECT created_at, step, domain, message, data FROM events WHERE kind='alarm' ORDER BY id"
+        ).fetchall()
     except sqlite3.DatabaseError:
         return []
     finally:
@@ -198,8 +205,16 @@ def _other_alarms(db: Path, train: list[dict[str, Any]]) -> list[dict[str, Any]]
             payload = {}
         if "alarm" in payload:
             continue
-        out.append({"step": step if step is not None else _step_at(created_at, train), "alarm": "pipeline", "domain": domain,
-                    "message": message, "action": "pipeline", "done": "recorded by the pipeline"})
+        out.append(
+            {
+                "step": step if step is not None else _step_at(created_at, train),
+                "alarm": "pipeline",
+                "domain": domain,
+                "message": message,
+                "action": "pipeline",
+                "done": "recorded by the pipeline",
+            }
+        )
     return out
 
 
@@ -220,7 +235,10 @@ def load_run(path: str | Path) -> RunData:
         monitor=by_kind.get("monitor", []),
         evals=by_kind.get("eval", []),
         heldout=by_kind.get("heldout", []),
-        alarms=sorted(by_kind.get("alarm", []) + _other_alarms(run / "trace.db", by_kind.get("train", [])), key=lambda a: a["step"]),
+        alarms=sorted(
+            by_kind.get("alarm", []) + _other_alarms(run / "trace.db", by_kind.get("train", [])),
+            key=lambda a: a["step"],
+        ),
         probes=by_kind.get("probe", []),
         eval_table=json.loads(table_path.read_text()) if table_path.is_file() else None,
         sandbox=_sandbox_outcomes(run / "trace.db"),

@@ -8,7 +8,8 @@ is absent renders as a short "no data" note.
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from posttrain.report.data import RunData
 
@@ -32,7 +33,11 @@ def _acc(r: Mapping[str, Any] | None) -> str:
 
 def _n(r: Mapping[str, Any]) -> str:
     scored, req = r.get("scored", r.get("n", 0)), r.get("requested", r.get("n", 0))
-    return f"{scored}" + (f' <span class="alarm" title="the eval split holds fewer distinct tasks">of {req} asked</span>' if r.get("n", 0) < req else "")
+    return f"{scored}" + (
+        f' <span class="alarm" title="the eval split holds fewer distinct tasks">of {req} asked</span>'
+        if r.get("n", 0) < req
+        else ""
+    )
 
 
 def _delta(d: Mapping[str, Any] | None) -> str:
@@ -51,7 +56,10 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
             f'<th>{labels[1]} [95% CI]</th><th>delta [paired 95% CI]</th></tr>']
     for name, b in before["domains"].items():
         a = after.get("domains", {}).get(name)
-        rows.append(f'<tr><td class="l">{_e(name)}</td><td>{b.get("difficulty")}</td><td>{_n(b)}</td>{_acc(b)}{_acc(a)}{_delta(deltas.get(name))}</tr>')
+        rows.append(
+            '<tr><td '
+            f'class="l">{_e(name)}</td><td>{b.get("difficulty")}</td><td>{_n(b)}</td>{_acc(b)}{_acc(a)}{_delta(deltas.get(name))}</tr>'
+        )
     mean = (table.get("deltas") or {}).get("mean")
     blo, bhi = before.get("mean_ci", (0, 1))
     cells = f'<td>{before["mean_accuracy"]:.3f} <span class="meta">[{blo:.2f}, {bhi:.2f}]</span></td>'
@@ -59,20 +67,28 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
         alo, ahi = after.get("mean_ci", (0, 1))
         cells += f'<td>{after["mean_accuracy"]:.3f} <span class="meta">[{alo:.2f}, {ahi:.2f}]</span></td>{_delta(mean)}'
     rows.append(f'<tr><th class="l">mean over domains</th><td></td><td></td>{cells}</tr>')
-    note = ('<p class="meta">n: distinct tasks scored (infra errors left out); 95% Wilson intervals; deltas paired over the '
-            'same items (bootstrap interval), * where it excludes 0 and the exact McNemar test agrees (p &lt; 0.05).</p>')
+    note = (
+        '<p class="meta">n: distinct tasks scored (infra errors left out); 95% Wilson intervals; deltas paired over '
+        'the '
+        "same items (bootstrap interval), * where it excludes 0 and the exact McNemar test agrees (p &lt; 0.05).</p>"
+    )
     return "<table>" + "".join(rows) + "</table>" + note
 
 
 def verifier_table(result: Mapping[str, Any]) -> str:
-    rows = ['<tr><th class="l">domain</th><th>training verifier</th><th>eval verifier</th><th>gap</th><th class="l">eval verifier</th></tr>']
+    rows = [
+        '<tr><th class="l">domain</th><th>training verifier</th><th>eval verifier</th><th>gap</th><th class="l">eval '
+        'verifier</th></tr>'
+    ]
     for name, r in result["domains"].items():
         t, a = r.get("train_accuracy"), r.get("accuracy")
         if t is None or a is None:
             continue
         cls = "alarm" if t - a > 0.02 else ""
-        rows.append(f'<tr><td class="l">{_e(name)}</td><td>{t:.3f}</td><td>{a:.3f}</td><td class="{cls}">{t - a:+.3f}</td>'
-                    f'<td class="l">{_e(r.get("eval_verifier", ""))}</td></tr>')
+        rows.append(
+            f'<tr><td class="l">{_e(name)}</td><td>{t:.3f}</td><td>{a:.3f}</td><td class="{cls}">{t - a:+.3f}</td>'
+            f'<td class="l">{_e(r.get("eval_verifier", ""))}</td></tr>'
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -83,8 +99,16 @@ def sampling_table(result: Mapping[str, Any]) -> str:
     keys = sorted({m for s in sampled.values() for m in s}, key=lambda m: (m.split("@")[0], int(m.split("@")[1])))
     rows = ['<tr><th class="l">domain</th>' + "".join(f"<th>{_e(k)}</th>" for k in keys) + "</tr>"]
     for name, s in sampled.items():
-        rows.append(f'<tr><td class="l">{_e(name)}</td>' + "".join(
-            f'<td>{s[k][0]:.3f} <span class="meta">[{s[k][1]:.2f}, {s[k][2]:.2f}]</span></td>' if k in s else "<td></td>" for k in keys) + "</tr>")
+        rows.append(
+            f'<tr><td class="l">{_e(name)}</td>'
+            + "".join(
+                f'<td>{s[k][0]:.3f} <span class="meta">[{s[k][1]:.2f}, {s[k][2]:.2f}]</span></td>'
+                if k in s
+                else "<td></td>"
+                for k in keys
+            )
+            + "</tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -97,8 +121,11 @@ def probes_table(table: Mapping[str, Any]) -> str:
             '<th>delta [paired 95% CI]</th></tr>']
     for key, b in before.items():
         kind = "level above trained" if key.startswith("above:") else "transfer (never trained)"
-        rows.append(f'<tr><td class="l">{kind}</td><td class="l">{_e(b["domain"])}</td><td>{b["difficulty"]}</td><td>{_n(b)}</td>'
-                    f'{_acc(b)}{_acc(after.get(key))}{_delta(deltas.get(key))}</tr>')
+        rows.append(
+            f'<tr><td class="l">{kind}</td><td '
+            f'class="l">{_e(b["domain"])}</td><td>{b["difficulty"]}</td><td>{_n(b)}</td>'
+            f"{_acc(b)}{_acc(after.get(key))}{_delta(deltas.get(key))}</tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -106,29 +133,51 @@ def checks_tables(table: Mapping[str, Any]) -> str:
     parts = []
     cont = table.get("contamination")
     if cont:
-        rows = ['<tr><th class="l">held-out set</th><th>n-gram</th><th>held-out</th><th>train draws</th><th>exact overlap</th>'
-                '<th>contaminated</th><th>max overlap</th></tr>']
+        rows = [
+            '<tr><th class="l">held-out set</th><th>n-gram</th><th>held-out</th><th>train draws</th><th>exact '
+            'overlap</th>'
+            "<th>contaminated</th><th>max overlap</th></tr>"
+        ]
         for key, c in cont.items():
             cls = "alarm" if c["contaminated"] or c["exact_overlap"] else ""
-            rows.append(f'<tr><td class="l">{_e(key)}</td><td>{c["n"]}</td><td>{c["eval_tasks"]}</td><td>{c["train_tasks"]}</td>'
-                        f'<td class="{cls}">{c["exact_overlap"]}</td><td class="{cls}">{c["contaminated"]}</td><td>{c["max_overlap"]:.2f}</td></tr>')
-        parts.append("<h3>n-gram overlap of held-out prompts with training draws</h3><table>" + "".join(rows) + "</table>")
+            rows.append(
+                '<tr><td '
+                f'class="l">{_e(key)}</td><td>{c["n"]}</td><td>{c["eval_tasks"]}</td><td>{c["train_tasks"]}</td>'
+                f'<td class="{cls}">{c["exact_overlap"]}</td><td '
+                f'class="{cls}">{c["contaminated"]}</td><td>{c["max_overlap"]:.2f}</td></tr>'
+            )
+        parts.append(
+            "<h3>n-gram overlap of held-out prompts with training draws</h3><table>" + "".join(rows) + "</table>"
+        )
     exp = table.get("exposure")
     if exp:
-        rows = ['<tr><th class="l">domain</th><th>items</th><th>held-out margin</th><th>control margin</th><th>gap [95% CI]</th><th class="l">verdict</th></tr>']
+        rows = [
+            '<tr><th class="l">domain</th><th>items</th><th>held-out margin</th><th>control margin</th><th>gap [95% '
+            'CI]</th><th class="l">verdict</th></tr>'
+        ]
         for name, e in exp.items():
             verdict = '<span class="alarm">looks memorised</span>' if e["flagged"] else "no sign of exposure"
-            rows.append(f'<tr><td class="l">{_e(name)}</td><td>{e["n"]}</td><td>{e["heldout_margin"]:+.2f}</td><td>{e["control_margin"]:+.2f}</td>'
-                        f'<td>{e["gap"]:+.2f} <span class="meta">[{e["low"]:+.2f}, {e["high"]:+.2f}]</span></td><td class="l">{verdict}</td></tr>')
-        parts.append("<h3>Exposure of the base model (log-likelihood of gold over wrong answers, held-out vs control)</h3><table>"
-                     + "".join(rows) + "</table>")
+            rows.append(
+                '<tr><td '
+                f'class="l">{_e(name)}</td><td>{e["n"]}</td><td>{e["heldout_margin"]:+.2f}</td><td>{e["control_margin"]:+.2f}</td>'
+                f'<td>{e["gap"]:+.2f} <span class="meta">[{e["low"]:+.2f}, {e["high"]:+.2f}]</span></td><td '
+                f'class="l">{verdict}</td></tr>'
+            )
+        parts.append(
+            "<h3>Exposure of the base model (log-likelihood of gold over wrong answers, held-out vs "
+            "control)</h3><table>"
+            + "".join(rows)
+            + "</table>"
+        )
     warnings = (table.get("heldout") or {}).get("warnings") or []
     if warnings:
         parts.append("<ul>" + "".join(f'<li class="alarm">{_e(w)}</li>' for w in warnings) + "</ul>")
     hv = table.get("heldout") or {}
     if hv:
-        parts.append(f'<p class="meta">held-out set version {_e(hv.get("version", "?"))}, seed {_e(hv.get("seed", 0))}, '
-                     f'{sum(len(s["indices"]) for s in hv.get("sets", {}).values())} items; stored in heldout.json</p>')
+        parts.append(
+            f'<p class="meta">held-out set version {_e(hv.get("version", "?"))}, seed {_e(hv.get("seed", 0))}, '
+            f"{sum(len(s['indices']) for s in hv.get('sets', {}).values())} items; stored in heldout.json</p>"
+        )
     return "".join(parts) or '<p class="empty">no contamination or exposure checks in this run</p>'
 
 
@@ -194,7 +243,9 @@ def delta_bars(names: list[str], deltas: Mapping[str, Mapping[str, Any]], title:
             continue
         colour = ("#1a7f37" if d["delta"] > 0 else "#cf222e") if d["significant"] else "#8a949e"
         ax.bar(i, d["delta"], color=colour, width=0.6)
-        ax.errorbar(i, d["delta"], yerr=[[d["delta"] - d["ci"][0]], [d["ci"][1] - d["delta"]]], color="black", capsize=4)
+        ax.errorbar(
+            i, d["delta"], yerr=[[d["delta"] - d["ci"][0]], [d["ci"][1] - d["delta"]]], color="black", capsize=4
+        )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(names)), names, fontsize=8, rotation=30 if len(names) > 6 else 0)
     ax.set_ylabel("accuracy delta", fontsize=9)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from posttrain.report.data import RunData, Series, load_run
 from posttrain.report.evalhtml import eval_section, heldout_bars, heldout_curves
@@ -45,7 +46,9 @@ def _smooth(ys: Sequence[float], k: int) -> list[float]:
     return out
 
 
-def _figure(title: str, panels: Sequence[tuple[str, Series]], ylabel: Sequence[str] = (), alarms: Sequence[dict] = ()) -> str | None:
+def _figure(
+    title: str, panels: Sequence[tuple[str, Series]], ylabel: Sequence[str] = (), alarms: Sequence[dict] = ()
+) -> str | None:
     """One row of line panels (one line per key of each series); None when all are empty."""
     if not any(series for _, series in panels):
         return None
@@ -60,7 +63,9 @@ def _figure(title: str, panels: Sequence[tuple[str, Series]], ylabel: Sequence[s
                 if len(xs) >= 30:  # noisy per-step values: faint raw line, bold running mean
                     ax.plot(xs, ys, color=colour, linewidth=0.6, alpha=0.25)
                     ys = _smooth(ys, max(3, len(xs) // 25))
-                ax.plot(xs, ys, label=key, color=colour, linewidth=1.5, marker="o" if len(xs) < 12 else None, markersize=3)
+                ax.plot(
+                    xs, ys, label=key, color=colour, linewidth=1.5, marker="o" if len(xs) < 12 else None, markersize=3
+                )
         for a in alarms:
             ax.axvline(a["step"], color="#cf222e", alpha=0.25, linewidth=1)
         ax.set_title(name, fontsize=10)
@@ -112,7 +117,9 @@ def _alarm_timeline(data: RunData) -> str | None:
     last = max([r["step"] for r in data.train] + [a["step"] for a in data.alarms] + [1])
     fig, ax = plt.subplots(figsize=(12.0, 1.2 + 0.5 * len(kinds)))
     for a in data.alarms:
-        ax.scatter(a["step"], kinds.index(a["alarm"]), color=colours(domains.index(str(a.get("domain"))) % 10), s=60, zorder=3)
+        ax.scatter(
+            a["step"], kinds.index(a["alarm"]), color=colours(domains.index(str(a.get("domain"))) % 10), s=60, zorder=3
+        )
     for i, d in enumerate(domains):
         ax.scatter([], [], color=colours(i % 10), label=d)
     ax.set_yticks(range(len(kinds)), kinds, fontsize=8)
@@ -153,17 +160,26 @@ def _img(src: str | None, caption: str, wide: bool = False) -> str:
     cls = ' class="wide"' if wide else ""
     if src is None:
         return f'<figure{cls}><p class="empty">{html.escape(caption)}: no data in this run</p></figure>'
-    return f'<figure{cls}><img src="{src}" alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+    return (
+        f'<figure{cls}><img src="{src}" '
+        f'alt="{html.escape(caption)}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+    )
 
 
 def _alarm_table(data: RunData) -> str:
     if not data.alarms:
         return '<p class="empty">no alarm fired</p>'
-    rows = ['<tr><th>step</th><th class="l">alarm</th><th class="l">domain</th><th class="l">message</th><th class="l">action</th></tr>']
+    rows = [
+        '<tr><th>step</th><th class="l">alarm</th><th class="l">domain</th><th class="l">message</th><th '
+        'class="l">action</th></tr>'
+    ]
     for a in data.alarms:
-        rows.append(f'<tr><td>{a["step"]}</td><td class="l alarm">{html.escape(a["alarm"])}</td>'
-                    f'<td class="l">{html.escape(str(a.get("domain") or "-"))}</td><td class="l">{html.escape(a["message"])}</td>'
-                    f'<td class="l">{html.escape(str(a.get("done") or a.get("action")))}</td></tr>')
+        rows.append(
+            f'<tr><td>{a["step"]}</td><td class="l alarm">{html.escape(a["alarm"])}</td>'
+            f'<td class="l">{html.escape(str(a.get("domain") or "-"))}</td><td '
+            f'class="l">{html.escape(a["message"])}</td>'
+            f'<td class="l">{html.escape(str(a.get("done") or a.get("action")))}</td></tr>'
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -179,12 +195,19 @@ def _probe_table(data: RunData) -> str:
     for name, probes in sorted(by_domain.items()):
         declared = any(p.get("declared") for p in probes)
         failed = [p for p in probes if p.get("declared") and not p.get("ok")]
-        verdict = "no cheats declared" if not declared else (f"ACCEPTS CHEATS at step {failed[0]['step']}: refused" if failed else "sound")
+        verdict = (
+            "no cheats declared"
+            if not declared
+            else (f"ACCEPTS CHEATS at step {failed[0]['step']}: refused" if failed else "sound")
+        )
         steps = ", ".join(str(p["step"]) for p in probes)
-        rows.append(f'<tr><td class="l">{html.escape(name)}</td><td class="l">{html.escape(str(probes[-1].get("verifier", "-")))}</td>'
-                    f'<td>{len(probes)}</td><td>{sum(p.get("cheats", 0) for p in probes)}</td>'
-                    f'<td>{sum(p.get("accepted", 0) for p in probes)}</td><td class="l">{html.escape(steps)}</td>'
-                    f'<td class="l{" alarm" if failed else ""}">{verdict}</td></tr>')
+        rows.append(
+            f'<tr><td class="l">{html.escape(name)}</td><td '
+            f'class="l">{html.escape(str(probes[-1].get("verifier", "-")))}</td>'
+            f"<td>{len(probes)}</td><td>{sum(p.get('cheats', 0) for p in probes)}</td>"
+            f'<td>{sum(p.get("accepted", 0) for p in probes)}</td><td class="l">{html.escape(steps)}</td>'
+            f'<td class="l{" alarm" if failed else ""}">{verdict}</td></tr>'
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -196,8 +219,10 @@ def _token_table(data: RunData) -> str:
     rows = ['<tr><th class="l">domain</th><th>budget (tokens)</th><th>mean tokens</th><th>truncated share</th></tr>']
     for name, u in use.items():
         budget = f'{u["token_budget"]:.0f}' if "token_budget" in u else "-"
-        rows.append(f'<tr><td class="l">{html.escape(name)}</td><td>{budget}</td><td>{u.get("tokens_mean", 0.0):.1f}</td>'
-                    f'<td>{u.get("truncated_share", 0.0):.1%}</td></tr>')
+        rows.append(
+            f'<tr><td class="l">{html.escape(name)}</td><td>{budget}</td><td>{u.get("tokens_mean", 0.0):.1f}</td>'
+            f"<td>{u.get('truncated_share', 0.0):.1%}</td></tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -219,29 +244,90 @@ def render(data: RunData) -> str:
     alarms = data.alarms
     sig = data.per_domain
     figures = [
-        (_figure("reward and pass rate per domain", [("train reward", data.reward_by_domain()), ("pass rate", sig("pass_rate"))], alarms=alarms),
-         "training reward (mean) and pass rate of each domain's rollouts; red lines mark alarms"),
-        (heldout_bars(data) or _heldout_bars(data), "held-out accuracy before and after training: the change per domain with paired 95% intervals"),
-        (heldout_curves(data) or _figure("held-out accuracy over training", [("held-out accuracy (eval table)", data.heldout_by_domain())]),
-         "held-out accuracy of the fixed subset at each evaluation with 95% Wilson bands; rotation slices apart"),
-        (_figure("policy entropy", [("token entropy (sampled tokens)", sig("entropy")),
-                                    ("trainer entropy (full distribution)", {"all": data.train_series("entropy")})], alarms=alarms),
-         "mean negative log-prob of sampled tokens per domain; the trainer's exact entropy over trained rows"),
-        (_figure("within-group diversity", [("distinct answers / group", sig("distinct_answers")), ("distinct-2", sig("distinct_n")),
-                                            ("pairwise edit distance", sig("edit_distance"))], alarms=alarms),
-         "diversity of the G samples of one prompt"),
-        (_figure("KL and length", [("KL to the initial model", data.kl()), ("response length (tokens)", sig("length_mean"))], alarms=alarms),
-         "KL (k3 estimate on sampled tokens) and mean completion length"),
-        (_figure("optimisation", [("advantage std", sig("adv_std")), ("clip fraction", {"all": data.train_series("clip_frac")}),
-                                  ("filtered group share", sig("filtered_share"))]),
-         "advantage spread, PPO clip fraction and share of groups without signal"),
-        (_figure("infra errors and truncation", [("infra-error rate", sig("infra_error_rate")), ("truncated share", sig("truncated_share"))]),
-         "infra errors are masked from the loss, never scored 0"),
-        (_figure("sampling mix and audits", [("target sampling share", data.shares()),
-                                             ("audit: share of top-reward rollouts failing the stricter check", data.audit_fail_share())],
-                 alarms=alarms),
-         "the pool's target share per domain (lower_weight alarms and refused domains change it); stricter-check audit"),
-        (_figure("pipeline stage utilisation", [("busy share", data.stage_utilisation())]), "pipeline stage utilisation"),
+        (
+            _figure(
+                "reward and pass rate per domain",
+                [("train reward", data.reward_by_domain()), ("pass rate", sig("pass_rate"))],
+                alarms=alarms,
+            ),
+            "training reward (mean) and pass rate of each domain's rollouts; red lines mark alarms",
+        ),
+        (
+            heldout_bars(data) or _heldout_bars(data),
+            "held-out accuracy before and after training: the change per domain with paired 95% intervals",
+        ),
+        (
+            heldout_curves(data)
+            or _figure(
+                "held-out accuracy over training", [("held-out accuracy (eval table)", data.heldout_by_domain())]
+            ),
+            "held-out accuracy of the fixed subset at each evaluation with 95% Wilson bands; rotation slices apart",
+        ),
+        (
+            _figure(
+                "policy entropy",
+                [
+                    ("token entropy (sampled tokens)", sig("entropy")),
+                    ("trainer entropy (full distribution)", {"all": data.train_series("entropy")}),
+                ],
+                alarms=alarms,
+            ),
+            "mean negative log-prob of sampled tokens per domain; the trainer's exact entropy over trained rows",
+        ),
+        (
+            _figure(
+                "within-group diversity",
+                [
+                    ("distinct answers / group", sig("distinct_answers")),
+                    ("distinct-2", sig("distinct_n")),
+                    ("pairwise edit distance", sig("edit_distance")),
+                ],
+                alarms=alarms,
+            ),
+            "diversity of the G samples of one prompt",
+        ),
+        (
+            _figure(
+                "KL and length",
+                [("KL to the initial model", data.kl()), ("response length (tokens)", sig("length_mean"))],
+                alarms=alarms,
+            ),
+            "KL (k3 estimate on sampled tokens) and mean completion length",
+        ),
+        (
+            _figure(
+                "optimisation",
+                [
+                    ("advantage std", sig("adv_std")),
+                    ("clip fraction", {"all": data.train_series("clip_frac")}),
+                    ("filtered group share", sig("filtered_share")),
+                ],
+            ),
+            "advantage spread, PPO clip fraction and share of groups without signal",
+        ),
+        (
+            _figure(
+                "infra errors and truncation",
+                [("infra-error rate", sig("infra_error_rate")), ("truncated share", sig("truncated_share"))],
+            ),
+            "infra errors are masked from the loss, never scored 0",
+        ),
+        (
+            _figure(
+                "sampling mix and audits",
+                [
+                    ("target sampling share", data.shares()),
+                    ("audit: share of top-reward rollouts failing the stricter check", data.audit_fail_share()),
+                ],
+                alarms=alarms,
+            ),
+            "the pool's target share per domain (lower_weight alarms and refused domains change it); stricter-check "
+            "audit",
+        ),
+        (
+            _figure("pipeline stage utilisation", [("busy share", data.stage_utilisation())]),
+            "pipeline stage utilisation",
+        ),
         (_sandbox_bars(data), "sandbox outcome counts"),
         (_alarm_timeline(data), "alarms on a timeline"),
     ]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from posttrain.domains.registry import SOURCE_ENV
 from posttrain.errors import ConfigError
@@ -67,8 +68,15 @@ class VerifierWorker:
 class RayWorkers:
     """The pipeline's Workers backed by Ray actors (a local or a remote cluster)."""
 
-    def __init__(self, config: PipelineConfig, factory: Callable[[], Any], encoder: Any,
-                 execute: ExecuteFn | None = DomainExecute(), address: str | None = None, state_source: Any = None) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        factory: Callable[[], Any],
+        encoder: Any,
+        execute: ExecuteFn | None = DomainExecute(),
+        address: str | None = None,
+        state_source: Any = None,
+    ) -> None:
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - ray is in the scale extra
@@ -80,21 +88,34 @@ class RayWorkers:
         opts: dict[str, Any] = {"max_restarts": -1, "num_cpus": 0}
         sources = os.environ.get(SOURCE_ENV)  # file domains: actors rebuild them by name from their specs
         scoring = {**opts, "runtime_env": {"env_vars": {SOURCE_ENV: sources}}} if sources else opts
-        self.generators = [ray.remote(GenerationWorker).options(**opts).remote(factory) for _ in range(config.generate_workers)]
-        self.executors = [ray.remote(ExecutionWorker).options(**scoring).remote(execute) for _ in range(config.execute_workers)]
+        self.generators = [
+            ray.remote(GenerationWorker).options(**opts).remote(factory) for _ in range(config.generate_workers)
+        ]
+        self.executors = [
+            ray.remote(ExecutionWorker).options(**scoring).remote(execute) for _ in range(config.execute_workers)
+        ]
         self.verifiers = [ray.remote(VerifierWorker).options(**scoring).remote() for _ in range(config.verify_workers)]
-        self._rr = {k: itertools.cycle(v) for k, v in (("g", self.generators), ("e", self.executors), ("v", self.verifiers))}
+        self._rr = {
+            k: itertools.cycle(v) for k, v in (("g", self.generators), ("e", self.executors), ("v", self.verifiers))
+        }
         self.encoder = encoder
         self._source = state_source
         self._synced = -1  # the first sync stamps the actors with the driver's version
 
     @classmethod
     def from_engine(cls, engine: Any, config: PipelineConfig, address: str | None = None,
-                    execute: ExecuteFn | None = DomainExecute()) -> "RayWorkers":
+                    execute: ExecuteFn | None = DomainExecute()) -> RayWorkers:
         """Generation actors running the same HF engine on a copy of `engine`'s weights."""
         if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")
-        return cls(config, HFEngineFactory(engine.model, engine.tokenizer), engine, execute, address or config.ray_address, engine)
+        return cls(
+            config,
+            HFEngineFactory(engine.model, engine.tokenizer),
+            engine,
+            execute,
+            address or config.ray_address,
+            engine,
+        )
 
     @property
     def driver_version(self) -> int:

@@ -136,7 +136,7 @@ class Tree:
             shares = max(2, int(1024 * cpu_weight / 100))
             _write(os.path.join(self.roots["cpu"], "cpu.shares"), str(shares))
 
-    def task(self, name: str) -> "TaskCgroup":
+    def task(self, name: str) -> TaskCgroup:
         return TaskCgroup(self.h.version, {c: os.path.join(r, name) for c, r in self.roots.items()})
 
     def remove(self) -> None:

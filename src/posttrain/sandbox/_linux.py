@@ -67,7 +67,12 @@ def pivot_root(new_root: str, put_old: str) -> None:
 
 
 def prctl(option: int, arg2: int = 0) -> None:
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)), f"prctl({option})")
+    _check(
+        _libc.prctl(
+            ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+        ),
+        f"prctl({option})",
+    )
 
 
 def sethostname(name: str) -> None:

@@ -38,7 +38,13 @@ import _proto
 
 WORKDIR = "/task"
 VENV_AT = "/venv"  # where the interpreter's venv is mounted; its host path is a relative symlink to it
-BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8", "TMPDIR": "/tmp", "USER": "sandbox"}
+BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": WORKDIR,
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+    "USER": "sandbox",
+}
 RO_TOP = ("usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 MASKED = ("etc/shadow", "etc/gshadow", "etc/shadow-", "etc/gshadow-")
@@ -56,7 +62,9 @@ class Worker:
         self.seq = 0
         self.hidden = tuple(conf.get("hidden", ()))
         self.venv = conf.get("venv")
-        self.python_path = [p for p in (conf.get("python_path") or sys.path[1:]) if not any(_under(p, h) for h in self.hidden)]
+        self.python_path = [
+            p for p in (conf.get("python_path") or sys.path[1:]) if not any(_under(p, h) for h in self.hidden)
+        ]
         self.cgroupns = False
         h = conf.get("cgroup")
         self.cg = None
@@ -117,7 +125,12 @@ class Worker:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             open(target, "a").close()
         _linux.mount(host, target, None, _linux.MS_BIND)
-        _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+        _linux.mount(
+            None,
+            target,
+            None,
+            _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV,
+        )
 
     def _make_stub(self) -> str:
         """A read-only tmpfs holding only an __init__.py that raises ImportError:
@@ -139,11 +152,15 @@ class Worker:
         os.makedirs(target, exist_ok=True)
         empty = os.path.join(self.state, "empty")
         os.makedirs(empty, exist_ok=True)
-        _linux.mount("tmpfs", empty, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_RDONLY, "size=4k,mode=0555")
+        _linux.mount(
+            "tmpfs", empty, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_RDONLY, "size=4k,mode=0555"
+        )
         fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in (host, empty)]
         try:
             lower = ":".join(f"/proc/self/fd/{fd}" for fd in fds)
-            _linux.mount("overlay", target, "overlay", _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV, f"lowerdir={lower}")
+            _linux.mount(
+                "overlay", target, "overlay", _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV, f"lowerdir={lower}"
+            )
         except OSError:  # no overlay over this file system: bind it (its host path then shows in mountinfo)
             os.rmdir(target)
             self.venv = None
@@ -177,7 +194,12 @@ class Worker:
             if not _under(os.path.realpath(target), root):
                 continue
             _linux.mount(self.stub if os.path.isdir(target) else "/dev/null", target, None, _linux.MS_BIND)
-            _linux.mount(None, target, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+            _linux.mount(
+                None,
+                target,
+                None,
+                _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV,
+            )
 
     def _make_dev(self, dev: str) -> None:
         for name in DEVICES:
@@ -185,7 +207,12 @@ class Worker:
             open(target, "a").close()
             _linux.mount(f"/dev/{name}", target, None, _linux.MS_BIND)
         os.makedirs(os.path.join(dev, "shm"), exist_ok=True)
-        for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        for name, to in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             os.symlink(to, os.path.join(dev, name))
 
     # ---- the request loop
@@ -210,7 +237,9 @@ class Worker:
     def op_session_open(self, msg: dict, ctl: int) -> dict:
         path = self._session_dir(msg["sid"])
         os.makedirs(path)
-        _linux.mount("tmpfs", path, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={int(msg['disk_bytes'])},mode=0700")
+        _linux.mount(
+            "tmpfs", path, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={int(msg['disk_bytes'])},mode=0700"
+        )
         for d in ("base", "layers", "upper", "work"):
             os.mkdir(os.path.join(path, d))
         _fs.write_files(os.path.join(path, "base"), msg.get("files", {}), self.uid, self.gid)
@@ -367,9 +396,15 @@ class Task:
         frames = _proto.split_frames(bytes(bufs["st"]))
         final = next((f for f in frames if "kind" in f), None)
         res = {
-            "stdout": bytes(bufs["out"]), "stderr": bytes(bufs["err"]),
-            "stdout_truncated": total["out"] > cap, "stderr_truncated": total["err"] > cap,
-            "cpu_s": max(ru.ru_utime + ru.ru_stime, cpu_at_kill), "exit_code": None, "signal": None, "files": {}, "error": "",
+            "stdout": bytes(bufs["out"]),
+            "stderr": bytes(bufs["err"]),
+            "stdout_truncated": total["out"] > cap,
+            "stderr_truncated": total["err"] > cap,
+            "cpu_s": max(ru.ru_utime + ru.ru_stime, cpu_at_kill),
+            "exit_code": None,
+            "signal": None,
+            "files": {},
+            "error": "",
         }
         res.update(self._status(final, timed_out, parent_gone))
         return res
@@ -437,7 +472,9 @@ def _child_main(task: Task, pipes: dict) -> None:
         _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})
         os.setsid()
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
+        flags = (
+            _linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
+        )
         _linux.unshare(flags | (_linux.CLONE_NEWCGROUP if task.w.cgroupns else 0))
         c2 = os.fork()
         if c2 == 0:
@@ -654,7 +691,9 @@ def _under(path: str, root: str) -> bool:
 def _freeze(path: str) -> None:
     """Make a session layer read-only (for root too) by a read-only bind onto itself."""
     _linux.mount(path, path, None, _linux.MS_BIND)
-    _linux.mount(None, path, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV)
+    _linux.mount(
+        None, path, None, _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV
+    )
 
 
 def _can_unshare(flag: int) -> bool:

@@ -25,10 +25,10 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     backend: Literal["auto", "forkserver", "bwrap", "unsafe"] = "auto"
-    """Which backend runs programs. auto = forkserver where root and fully supported, else an error unless `accept_weaker` names a fallback."""
+    """Which backend runs programs. auto = forkserver where root and fully supported, else an error unless `accept_weaker` names a fallback."""  # noqa: E501 (field docstring = its help text)
 
     accept_weaker: tuple[BackendName, ...] = ()
-    """Backends `auto` may fall back to when the fork-server cannot enforce every limit (e.g. ("bwrap",) on a non-root machine)."""
+    """Backends `auto` may fall back to when the fork-server cannot enforce every limit (e.g. ("bwrap",) on a non-root machine)."""  # noqa: E501 (field docstring = its help text)
 
     workers: int = Field(2, ge=1, le=512)
     """Warm workers (fork-server) or concurrent one-shot slots (bwrap, unsafe)."""
@@ -40,7 +40,7 @@ class SandboxConfig(BaseModel):
     """Per-domain concurrency caps, e.g. {"code": 2}; domains not named share the pool freely."""
 
     cpu_weight: int = Field(100, ge=1, le=10_000)
-    """CPU weight of the whole sandbox tree, which the scheduler treats as ONE entity next to the processes of posttrain's own cgroup: 100 = the share of one ordinary process (cpu.shares 1024 / cpu.weight 100); use about 100 x workers for the sandbox to keep pace with as many busy processes."""
+    """CPU weight of the whole sandbox tree, which the scheduler treats as ONE entity next to the processes of posttrain's own cgroup: 100 = the share of one ordinary process (cpu.shares 1024 / cpu.weight 100); use about 100 x workers for the sandbox to keep pace with as many busy processes."""  # noqa: E501 (field docstring = its help text)
 
     uid_base: int = Field(61_000, ge=1_000, le=2**31 - 1_000_000)
     """Worker slot i runs its tasks as uid/gid uid_base + i (never root); unique per pool owner pid."""
@@ -49,7 +49,7 @@ class SandboxConfig(BaseModel):
     """Interpreter of the fork-server workers and of one-shot Python runs; must live outside /root (mode 0700)."""
 
     ro_binds: tuple[str, ...] = ()
-    """Extra host paths bound read-only at the same path inside the sandbox (the interpreter's prefix is always bound)."""
+    """Extra host paths bound read-only at the same path inside the sandbox (the interpreter's prefix is always bound)."""  # noqa: E501 (field docstring = its help text)
 
     preimport: tuple[str, ...] = DEFAULT_PREIMPORT
     """Modules each fork-server worker imports once, so tasks start warm."""

@@ -39,8 +39,14 @@ class ForkServerWorker:
         try:
             self.proc = subprocess.Popen(
                 [python, "-E", "-s", WORKER_FILE, str(child.fileno())],
-                pass_fds=[child.fileno()], env=dict(WORKER_ENV), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=None if os.environ.get("POSTTRAIN_SANDBOX_DEBUG") else subprocess.DEVNULL, close_fds=True, start_new_session=True)
+                pass_fds=[child.fileno()],
+                env=dict(WORKER_ENV),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=None if os.environ.get("POSTTRAIN_SANDBOX_DEBUG") else subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
         finally:
             child.close()
         try:
@@ -72,7 +78,7 @@ class ForkServerWorker:
                     raise WorkerDied(f"worker {self.slot} closed its channel mid-reply")
                 body += chunk
             return pickle.loads(bytes(body))
-        except (OSError, EOFError, socket.timeout) as exc:
+        except (TimeoutError, OSError, EOFError) as exc:
             raise WorkerDied(f"worker {self.slot}: {type(exc).__name__}: {exc}") from exc
 
     def call(self, msg: dict, timeout_s: float) -> dict:

@@ -312,9 +312,11 @@ class UnsafeBackend(OneShot):
 
 def _unreachable(folder: str, python: str) -> str:
     mode = os.stat(folder).st_mode & 0o7777 if os.path.exists(folder) else 0
-    return (f"sandbox backend 'unsafe' runs tasks as uid nobody, which cannot search {folder} (mode {mode:o}) on the way "
-            f"to the interpreter {python}; make that folder searchable (chmod o+x {folder}), put the checkout and its "
-            "venv under a world-searchable folder, or use backend 'forkserver' or 'bwrap'")
+    return (
+        f"sandbox backend 'unsafe' runs tasks as uid nobody, which cannot search {folder} (mode {mode:o}) on the way "
+        f"to the interpreter {python}; make that folder searchable (chmod o+x {folder}), put the checkout and its "
+        "venv under a world-searchable folder, or use backend 'forkserver' or 'bwrap'"
+    )
 
 
 def _mask(path: str, stub: str) -> None:
@@ -333,7 +335,9 @@ class BwrapBackend(OneShot):
     nproc = False  # RLIMIT_NPROC counts the real uid machine-wide: the pid namespace contains forks instead
     drop_root = False  # bubblewrap itself maps the task to uid 65534 in a user namespace
 
-    def __init__(self, python: str, ro_binds: tuple[str, ...] = (), bwrap: str = "bwrap", hidden: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, python: str, ro_binds: tuple[str, ...] = (), bwrap: str = "bwrap", hidden: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(python, ro_binds, hidden)
         self.bwrap = bwrap
         self.base = self._base_args()
@@ -350,7 +354,9 @@ class BwrapBackend(OneShot):
         for path in self.ro_binds:
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
-        bound = [r for r in ("/" + t for t in RO_TOP) if os.path.isdir(r) and not os.path.islink(r)] + list(self.ro_binds)
+        bound = [r for r in ("/" + t for t in RO_TOP) if os.path.isdir(r) and not os.path.islink(r)] + list(
+            self.ro_binds
+        )
         for path in self.hidden:  # posttrain's package, wherever a bound tree holds it
             if os.path.lexists(path) and not os.path.islink(path) and any(_hide.under(path, b) for b in bound):
                 args += ["--ro-bind", self.stub if os.path.isdir(path) else "/dev/null", path]

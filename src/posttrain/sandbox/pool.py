@@ -19,8 +19,8 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 from posttrain.errors import SandboxError
 from posttrain.sandbox import _cgroups, _hide
@@ -31,7 +31,17 @@ from posttrain.sandbox.probe import Probe, probe, select_backend
 from posttrain.sandbox.records import ExecRequest, ExecResult, Limits
 
 _POOL_SEQ = itertools.count()
-RO_ROOTS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/opt")  # bound whole into every task
+RO_ROOTS = (
+    "/usr",
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/libx32",
+    "/opt",
+)  # bound whole into every task
 _UID_SPAN = 512
 
 
@@ -86,7 +96,9 @@ class Pool:
     def _prefix(self) -> str:
         """The interpreter's prefix (a venv's root), as the host sees it."""
         py = self.config.python
-        return os.path.realpath(sys.prefix if py == sys.executable else os.path.dirname(os.path.dirname(os.path.abspath(py))))
+        return os.path.realpath(
+            sys.prefix if py == sys.executable else os.path.dirname(os.path.dirname(os.path.abspath(py)))
+        )
 
     def _venv(self) -> str | None:
         """The prefix to mount apart (at /venv inside), unless a bound system tree holds it."""
@@ -110,17 +122,31 @@ class Pool:
             raise SandboxError(f"fork-server: cannot create the sandbox cgroup tree: {exc}") from exc
 
     def _uid(self, slot: int) -> int:
-        return self.config.uid_base + (os.getpid() % 30_000) * _UID_SPAN + (self.seq * self.config.workers + slot) % _UID_SPAN
+        return (
+            self.config.uid_base
+            + (os.getpid() % 30_000) * _UID_SPAN
+            + (self.seq * self.config.workers + slot) % _UID_SPAN
+        )
 
     def _spawn(self, slot: int) -> ForkServerWorker:
         assert self._tree is not None
         uid = self._uid(slot)
         conf = {
-            "uid": uid, "gid": uid, "slot": slot,
+            "uid": uid,
+            "gid": uid,
+            "slot": slot,
             "state_dir": os.path.join(tempfile.gettempdir(), f"{self._tree.name}-slot{slot}"),
-            "cgroup": {"version": self._tree.h.version, "dirs": self._tree.h.dirs, "owner_pid": os.getpid(), "tag": str(self.seq)},
-            "seccomp": True, "preimport": list(self.config.preimport),
-            "ro_binds": [b for b in self._ro_binds() if b != self._venv()], "venv": self._venv(), "hidden": list(self.hidden),
+            "cgroup": {
+                "version": self._tree.h.version,
+                "dirs": self._tree.h.dirs,
+                "owner_pid": os.getpid(),
+                "tag": str(self.seq),
+            },
+            "seccomp": True,
+            "preimport": list(self.config.preimport),
+            "ro_binds": [b for b in self._ro_binds() if b != self._venv()],
+            "venv": self._venv(),
+            "hidden": list(self.hidden),
         }
         try:
             return ForkServerWorker(slot, conf, self.config.python, self.config.start_timeout_s, self.config.grace_s)
@@ -149,7 +175,9 @@ class Pool:
         try:
             slot = self._idle.get(timeout=timeout_s)
         except queue.Empty:
-            raise SandboxError(f"sandbox: no worker free within {timeout_s:.0f}s ({self.config.workers} workers)") from None
+            raise SandboxError(
+                f"sandbox: no worker free within {timeout_s:.0f}s ({self.config.workers} workers)"
+            ) from None
         if self.backend == "forkserver":
             try:
                 self._ensure_worker(slot)
@@ -209,7 +237,7 @@ class Pool:
 
     @contextlib.contextmanager
     def session(self, files: Mapping[str, bytes | str] | None = None, *, disk_bytes: int = Limits().disk_bytes,
-                domain: str | None = None) -> Iterator["Session"]:
+                domain: str | None = None) -> Iterator[Session]:
         """A multi-step session holding one slot until it closes."""
         timeout_s = self.config.acquire_timeout_s
         with self.domain_slot(domain, timeout_s):
@@ -268,8 +296,15 @@ class Pool:
     def stats(self) -> PoolStats:
         with self._lock:
             counts = dict(self._counts)
-        return PoolStats(self.backend, self.config.workers, self._idle.qsize(), sum(v for k, v in counts.items() if k != "replaced"),
-                         counts.get("infra_error", 0), self.replaced, counts)
+        return PoolStats(
+            self.backend,
+            self.config.workers,
+            self._idle.qsize(),
+            sum(v for k, v in counts.items() if k != "replaced"),
+            counts.get("infra_error", 0),
+            self.replaced,
+            counts,
+        )
 
     def close(self) -> None:
         if self.closed:
@@ -285,7 +320,7 @@ class Pool:
         if self._oneshot is not None:
             self._oneshot.close()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc) -> None:

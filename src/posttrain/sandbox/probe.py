@@ -34,8 +34,13 @@ ENFORCES = {
 }
 NOT_ENFORCED = {
     "forkserver": (),
-    "bwrap": ("cgroup memory: only RLIMIT_AS", "pids: only the pid namespace and the wall timer", "cpu quota", "seccomp",
-              "mountinfo shows the host paths of its binds"),
+    "bwrap": (
+        "cgroup memory: only RLIMIT_AS",
+        "pids: only the pid namespace and the wall timer",
+        "cpu quota",
+        "seccomp",
+        "mountinfo shows the host paths of its binds",
+    ),
     "unsafe": ("network", "file system", "processes", "memory: only RLIMIT_AS", "everything else"),
 }
 
@@ -56,9 +61,14 @@ class Probe:
     def missing(self, backend: str) -> list[str]:
         """What `backend` needs and this machine lacks (empty = usable)."""
         if backend == "forkserver":
-            need = {"root": self.root, "namespaces": self.namespaces, "writable cgroup memory+pids+cpu": self.cgroup_writable,
-                    "seccomp (libseccomp2 + pyseccomp)": self.seccomp, "overlayfs": self.overlay,
-                    "an interpreter outside /root": not self.python.startswith("/root/")}
+            need = {
+                "root": self.root,
+                "namespaces": self.namespaces,
+                "writable cgroup memory+pids+cpu": self.cgroup_writable,
+                "seccomp (libseccomp2 + pyseccomp)": self.seccomp,
+                "overlayfs": self.overlay,
+                "an interpreter outside /root": not self.python.startswith("/root/"),
+            }
         elif backend == "bwrap":
             need = {"bubblewrap (bwrap) that runs": self.bwrap_works}
         elif backend == "unsafe":
@@ -68,13 +78,22 @@ class Probe:
         return [name for name, ok in need.items() if not ok]
 
     def report(self) -> str:
-        lines = [f"root: {self.root}", f"namespaces: {self.namespaces}",
-                 f"cgroups: v{self.cgroup_version} writable={self.cgroup_writable}" if self.cgroup_version else "cgroups: none usable",
-                 f"seccomp: {self.seccomp}", f"overlayfs: {self.overlay}",
-                 f"bubblewrap: {self.bwrap or 'not installed'} works={self.bwrap_works}", f"python: {self.python}"]
+        lines = [
+            f"root: {self.root}",
+            f"namespaces: {self.namespaces}",
+            f"cgroups: v{self.cgroup_version} writable={self.cgroup_writable}"
+            if self.cgroup_version
+            else "cgroups: none usable",
+            f"seccomp: {self.seccomp}",
+            f"overlayfs: {self.overlay}",
+            f"bubblewrap: {self.bwrap or 'not installed'} works={self.bwrap_works}",
+            f"python: {self.python}",
+        ]
         for name in ENFORCES:
             missing = self.missing(name)
-            lines.append(f"backend {name}: {'available' if not missing else 'unavailable (missing: ' + ', '.join(missing) + ')'}")
+            lines.append(
+                f"backend {name}: {'available' if not missing else 'unavailable (missing: ' + ', '.join(missing) + ')'}"
+            )
             lines.append("  enforces: " + "; ".join(ENFORCES[name]))
             if NOT_ENFORCED[name]:
                 lines.append("  does not enforce: " + "; ".join(NOT_ENFORCED[name]))
@@ -88,7 +107,13 @@ def _try_namespaces() -> bool:
         try:
             from posttrain.sandbox import _linux
 
-            _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS)
+            _linux.unshare(
+                _linux.CLONE_NEWNS
+                | _linux.CLONE_NEWPID
+                | _linux.CLONE_NEWNET
+                | _linux.CLONE_NEWIPC
+                | _linux.CLONE_NEWUTS
+            )
             os._exit(0)
         except BaseException:
             os._exit(1)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Literal
 
 Status = Literal["ok", "failed", "timeout", "oom", "killed", "infra_error"]
 STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "oom", "killed", "infra_error")
@@ -131,10 +132,10 @@ class ExecResult:
         return self.stdout.decode("utf-8", "replace")
 
     @classmethod
-    def from_wire(cls, data: dict, backend: str) -> "ExecResult":
+    def from_wire(cls, data: dict, backend: str) -> ExecResult:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names and k != "backend"}, backend=backend)
 
     @classmethod
-    def infra(cls, error: str, backend: str, wall_s: float = 0.0) -> "ExecResult":
+    def infra(cls, error: str, backend: str, wall_s: float = 0.0) -> ExecResult:
         return cls(status="infra_error", error=error, backend=backend, wall_s=wall_s)

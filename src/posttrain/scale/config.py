@@ -37,7 +37,9 @@ class EngineConfig(BaseModel):
     """With openai: weight versions kept in sync_dir (older ones are deleted)."""
 
     @model_validator(mode="after")
-    def _url_for_openai(self) -> "EngineConfig":
+    def _url_for_openai(self) -> EngineConfig:
         if self.type == "openai" and not (self.url or "").startswith(("http://", "https://")):
-            raise ValueError(f"engine.url must be an http:// or https:// URL when engine.type is openai, got {self.url!r}")
+            raise ValueError(
+                f"engine.url must be an http:// or https:// URL when engine.type is openai, got {self.url!r}"
+            )
         return self

@@ -90,9 +90,8 @@ def follow_unless_leader(cfg: Any, resume: str | Path | None) -> bool:
     same model and Trainer, follow rank 0, return True."""
     import torch
 
-    from posttrain.scale.fsdp import init_from_env
-
     from posttrain.rundir import RunDir
+    from posttrain.scale.fsdp import init_from_env
 
     if resume:
         cfg = RunDir.open(resume)[1]

@@ -27,7 +27,7 @@ class DataParallel:
     world: int = 1
 
     @classmethod
-    def current(cls) -> "DataParallel":
+    def current(cls) -> DataParallel:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -115,7 +115,9 @@ def shard_model(model: Any) -> Any:
     from torch.distributed.fsdp import fully_shard
 
     if not dist.is_initialized():
-        raise TrainerError("trainer.fsdp needs an initialised process group (posttrain.scale.fsdp.init_from_env under torchrun)")
+        raise TrainerError(
+            "trainer.fsdp needs an initialised process group (posttrain.scale.fsdp.init_from_env under torchrun)"
+        )
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)

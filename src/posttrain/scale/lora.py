@@ -9,8 +9,9 @@ function the unmerged model computes (up to float rounding).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

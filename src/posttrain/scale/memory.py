@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, ContextManager, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ _AUTO_MEMORY_SHARE = 0.6
 """Share of the free CUDA memory an auto-sized micro-batch may plan to use."""
 
 
-def autocast(device: torch.device, precision: str) -> ContextManager[Any]:
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
     """torch.autocast(bfloat16) for `bf16_autocast`, else a no-op."""
     if precision == "float32":
         return contextlib.nullcontext()
@@ -94,9 +95,9 @@ def bytes_per_token(model: Any, checkpointing: bool) -> int:
     log-softmax and gradient (3 x vocab x 4 bytes) plus activations (about 34
     hidden-sized values per layer, 2 per layer with checkpointing, at 2-4 bytes)."""
     cfg = model.config
-    vocab = int(getattr(cfg, "vocab_size"))
-    hidden = int(getattr(cfg, "hidden_size"))
-    layers = int(getattr(cfg, "num_hidden_layers"))
+    vocab = int(cfg.vocab_size)
+    hidden = int(cfg.hidden_size)
+    layers = int(cfg.num_hidden_layers)
     per_layer = 2 if checkpointing else 34
     return 12 * vocab + 4 * hidden * (per_layer * layers + 8)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from posttrain.scale.config import EngineConfig
 

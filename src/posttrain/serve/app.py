@@ -12,9 +12,10 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -28,7 +29,7 @@ from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router
 from posttrain.serve.tiers import Deployment
-from posttrain.types import Completion, GenerationRequest, SamplingParams
+from posttrain.types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("posttrain.serve")
 DEFAULT_MAX_TOKENS = 64
@@ -137,7 +138,9 @@ class Server:
                 self.metrics.requests.inc(endpoint=endpoint, tier=tier, version="none", status=_status(r))
                 raise r
 
-    def _observe(self, served: P.Served, endpoint: str, status: int, t0: float, states: list[_Stream], tokens: int) -> None:
+    def _observe(
+        self, served: P.Served, endpoint: str, status: int, t0: float, states: list[_Stream], tokens: int
+    ) -> None:
         labels = {"tier": served.tier, "version": served.version}
         self.metrics.requests.inc(endpoint=endpoint, status=status, **labels)
         self.metrics.latency.observe(time.monotonic() - t0, **labels)
@@ -146,8 +149,16 @@ class Server:
             self.metrics.ttft.observe(min(firsts) - t0, **labels)
         self.metrics.add_tokens(tokens, served.tier, served.version)
 
-    async def _stream(self, kind: Literal["chat", "text"], body: Any, builds: list[Callable[[Deployment], tuple[int, ...]]],
-                      params: SamplingParams, explicit: str | None, tier: P.Tier, endpoint: str) -> AsyncIterator[str]:
+    async def _stream(
+        self,
+        kind: Literal["chat", "text"],
+        body: Any,
+        builds: list[Callable[[Deployment], tuple[int, ...]]],
+        params: SamplingParams,
+        explicit: str | None,
+        tier: P.Tier,
+        endpoint: str,
+    ) -> AsyncIterator[str]:
         t0 = time.monotonic()
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         queue: asyncio.Queue[tuple[int, int, Sequence[int]]] = asyncio.Queue()
@@ -158,7 +169,9 @@ class Server:
         sent: dict[int, str] = {}
         max_stop = max((len(s) for s in params.stop), default=0)
         try:
-            async for event in self._events(kind, rid, tier, states, queue, tasks, sent, params, max_stop, body, endpoint, t0):
+            async for event in self._events(
+                kind, rid, tier, states, queue, tasks, sent, params, max_stop, body, endpoint, t0
+            ):
                 yield event
         finally:  # a client that disconnects cancels its generation
             for t in tasks:

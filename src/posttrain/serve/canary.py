@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.serve.config import CanaryConfig
 from posttrain.serve.registry import ModelRegistry, VersionInfo

@@ -10,9 +10,10 @@ rests on a missing figure.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 DEFAULT_DOMAINS = ("add", "sub", "mul", "reverse", "sort")
 

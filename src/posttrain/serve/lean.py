@@ -11,7 +11,8 @@ rebuilt when they change.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,9 @@ class LeanDecoder:
     def __init__(self, model: Any, max_positions: int | None = None, int8: bool = False) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
-            raise ConfigError(f"lean draft: model_type {cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})")
+            raise ConfigError(
+                f"lean draft: model_type {cfg.model_type!r} unsupported (supported: {', '.join(SUPPORTED)})"
+            )
         if getattr(cfg, "use_sliding_window", False):
             raise ConfigError("lean draft: sliding-window attention is unsupported")
         self.heads = cfg.num_attention_heads
@@ -103,7 +106,9 @@ class LeanDecoder:
             qkv = self._linear(self._rms(x, w["ln1"]), w["qkv"], w["qkv_b"])
             qk = self._rope(qkv[:, :q_dim + kv_dim].reshape(n, qk_heads, self.head_dim).transpose(0, 1), cos, sin)
             self.k_cache[i, :, start:end] = qk[self.heads:]
-            self.v_cache[i, :, start:end] = qkv[:, q_dim + kv_dim:].reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            self.v_cache[i, :, start:end] = (
+                qkv[:, q_dim + kv_dim :].reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            )
             att = F.scaled_dot_product_attention(qk[None, :self.heads], self.k_cache[None, i, :, :end],
                                                  self.v_cache[None, i, :, :end], attn_mask=mask,
                                                  enable_gqa=self.heads != self.kv_heads)

@@ -10,7 +10,7 @@ import bisect
 import threading
 import time
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -126,15 +126,30 @@ class ServeMetrics:
     """Every metric the server exports, labelled by tier and version."""
 
     def __init__(self) -> None:
-        self.requests = Counter("posttrain_requests_total", "Requests served, by endpoint, tier, version and HTTP status.")
-        self.errors = Counter("posttrain_errors_total", "Failed requests or engine calls, by tier, version and error kind.")
-        self.failovers = Counter("posttrain_failovers_total", "Canary requests that failed and were served by the stable version.")
-        self.overflows = Counter("posttrain_fast_overflows_total", "Fast-tier requests served by the standard tier because the fast queue was full.")
+        self.requests = Counter(
+            "posttrain_requests_total", "Requests served, by endpoint, tier, version and HTTP status."
+        )
+        self.errors = Counter(
+            "posttrain_errors_total", "Failed requests or engine calls, by tier, version and error kind."
+        )
+        self.failovers = Counter(
+            "posttrain_failovers_total", "Canary requests that failed and were served by the stable version."
+        )
+        self.overflows = Counter(
+            "posttrain_fast_overflows_total",
+            "Fast-tier requests served by the standard tier because the fast queue was full.",
+        )
         self.latency = Histogram("posttrain_request_latency_seconds", "Request latency, by tier and version.")
-        self.ttft = Histogram("posttrain_time_to_first_token_seconds", "Time to the first generated token, by tier and version.")
+        self.ttft = Histogram(
+            "posttrain_time_to_first_token_seconds", "Time to the first generated token, by tier and version."
+        )
         self.tokens = Counter("posttrain_output_tokens_total", "Generated tokens, by tier and version.")
-        self.tokens_per_s = Gauge("posttrain_output_tokens_per_second", "Generated tokens per second over the last 30 s.")
-        self.batch_size = Histogram("posttrain_batch_size", "Requests per engine call, by tier.", (1, 2, 4, 8, 16, 32, 64, 128))
+        self.tokens_per_s = Gauge(
+            "posttrain_output_tokens_per_second", "Generated tokens per second over the last 30 s."
+        )
+        self.batch_size = Histogram(
+            "posttrain_batch_size", "Requests per engine call, by tier.", (1, 2, 4, 8, 16, 32, 64, 128)
+        )
         self.acceptance = Gauge("posttrain_draft_acceptance", "Accepted share of draft tokens, by version and drafter.")
         self.canary_share = Gauge("posttrain_canary_share", "Share of traffic routed to the canary version.")
         self.rollbacks = Counter("posttrain_rollbacks_total", "Canary rollbacks, by version and reason.")

@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from posttrain.errors import ConfigError
 from posttrain.model.arch import check_model_dir

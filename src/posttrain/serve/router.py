@@ -12,8 +12,9 @@ import asyncio
 import random
 import re
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Sequence
+from typing import Any
 
 from posttrain.errors import ConfigError
 from posttrain.serve.metrics import ServeMetrics
@@ -52,7 +53,9 @@ class Window:
 class Router:
     """Holds the deployments and sends each request to one of them."""
 
-    def __init__(self, metrics: ServeMetrics, served_name: str, seed: int | None = None, overflow_queue: int = 0) -> None:
+    def __init__(
+        self, metrics: ServeMetrics, served_name: str, seed: int | None = None, overflow_queue: int = 0
+    ) -> None:
         self.metrics, self.served_name, self.overflow_queue = metrics, served_name, overflow_queue
         self.deployments: dict[str, Deployment] = {}
         self.stable: str | None = None
@@ -104,7 +107,9 @@ class Router:
             raise ApiError(404, f"version {m['version']!r} is not loaded; loaded: {', '.join(self.deployments)}",
                            param="model", code="model_not_found")
         if m["tier"] and m["tier"] not in ("fast", "standard"):
-            raise ApiError(400, f"model suffix ':{m['tier']}' is not a tier (use ':fast' or ':standard')", param="model")
+            raise ApiError(
+                400, f"model suffix ':{m['tier']}' is not a tier (use ':fast' or ':standard')", param="model"
+            )
         tier = m["tier"] or TIER_ALIASES.get(service_tier or "standard", "standard")
         return m["version"], tier  # type: ignore[return-value]
 
@@ -117,8 +122,14 @@ class Router:
             return self.deployments[self.canary]  # type: ignore[index]
         return self.deployments[self.stable]
 
-    async def generate(self, build: Callable[[Deployment], GenerationRequest], tier: Tier, explicit: str | None,
-                       sink: TokenSink | None = None, where: list[Served] | None = None) -> tuple[list[Completion], Served]:
+    async def generate(
+        self,
+        build: Callable[[Deployment], GenerationRequest],
+        tier: Tier,
+        explicit: str | None,
+        sink: TokenSink | None = None,
+        where: list[Served] | None = None,
+    ) -> tuple[list[Completion], Served]:
         """The completions of one request and who served them, failing over from the canary.
         `build` renders the request for a deployment's tokenizer; `where` receives who is serving
         before the first token is produced."""

@@ -21,8 +21,9 @@ import copy
 import secrets
 import threading
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -192,7 +193,10 @@ class SpecStats:
             "target_forwards": self.target_forwards,
             "tokens": self.tokens,
             "tokens_per_forward": self.tokens / self.target_forwards if self.target_forwards else 0.0,
-            "drafters": {n: {"proposed": s.proposed, "accepted": s.accepted, "acceptance": s.acceptance} for n, s in self.drafters.items()},
+            "drafters": {
+                n: {"proposed": s.proposed, "accepted": s.accepted, "acceptance": s.acceptance}
+                for n, s in self.drafters.items()
+            },
         }
 
 
@@ -244,7 +248,9 @@ class SpeculativeEngine:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.new_target: Callable[[], Target] = target or (lambda: HFTarget(self.model))
         self.drafters = list(drafters)
-        self.draft_tokens = list(draft_tokens) if draft_tokens is not None else [10 if d.name == "ngram" else 5 for d in self.drafters]
+        self.draft_tokens = (
+            list(draft_tokens) if draft_tokens is not None else [10 if d.name == "ngram" else 5 for d in self.drafters]
+        )
         if len(self.draft_tokens) != len(self.drafters):
             raise ValueError("draft_tokens: need one draft length per drafter")
         self.version = version
@@ -262,9 +268,13 @@ class SpeculativeEngine:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def update_weights(self, source: Any) -> int:
-        raise GenerationError("SpeculativeEngine.update_weights: rebuild the fast tier from the new weights instead (serve.tiers)")
+        raise GenerationError(
+            "SpeculativeEngine.update_weights: rebuild the fast tier from the new weights instead (serve.tiers)"
+        )
 
-    def generate(self, requests: Sequence[GenerationRequest], on_tokens: OnTokens | None = None) -> list[list[Completion]]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_tokens: OnTokens | None = None
+    ) -> list[list[Completion]]:
         results = []
         with self._lock, torch.inference_mode():
             for r_idx, req in enumerate(requests):
@@ -283,7 +293,10 @@ class SpeculativeEngine:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         room = req.params.max_tokens if limit is None else min(req.params.max_tokens, limit - len(req.prompt_ids))
         if room < 1:
-            raise ConfigError(f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving no room to generate")
+            raise ConfigError(
+                f"prompt_ids has {len(req.prompt_ids)} tokens; the model's max_position_embeddings is {limit}, leaving "
+                "no room to generate"
+            )
         seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room, greedy=req.params.temperature <= 0)
         choose = _chooser(req.params, key)
         cache = self.new_target()

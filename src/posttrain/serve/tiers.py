@@ -12,18 +12,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 from posttrain.engine.hf import HFEngine
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.serve.config import BatchConfig, FastTierConfig
+from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
-from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
 from posttrain.types import Completion, GenerationRequest
 
@@ -113,7 +114,9 @@ def check_request(req: GenerationRequest, vocab: int, max_positions: int | None)
     if bad:
         raise ConfigError(f"prompt: token ids outside [0, {vocab}): {bad[:5]}")
     if max_positions is not None and len(req.prompt_ids) >= max_positions:
-        raise ConfigError(f"prompt: {len(req.prompt_ids)} tokens leaves no room in the model's {max_positions} positions")
+        raise ConfigError(
+            f"prompt: {len(req.prompt_ids)} tokens leaves no room in the model's {max_positions} positions"
+        )
 
 
 @dataclass
@@ -233,8 +236,18 @@ class Deployment:
         self.engines: dict[Tier, Any] = {"standard": StreamingHFEngine(model, tokenizer)}
         self.engines["fast"] = build_fast(model, tokenizer, fast_cfg, fast_mode, 0)
         self.batchers: dict[Tier, Batcher] = {
-            "standard": Batcher(lambda: self.engines["standard"], standard_batch, self.locks["standard"], metrics, "standard", name, threads),
-            "fast": Batcher(lambda: self.engines["fast"], fast_cfg.batch, self.locks["fast"], metrics, "fast", name, threads),
+            "standard": Batcher(
+                lambda: self.engines["standard"],
+                standard_batch,
+                self.locks["standard"],
+                metrics,
+                "standard",
+                name,
+                threads,
+            ),
+            "fast": Batcher(
+                lambda: self.engines["fast"], fast_cfg.batch, self.locks["fast"], metrics, "fast", name, threads
+            ),
         }
         self.vocab = model.get_input_embeddings().weight.shape[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None)

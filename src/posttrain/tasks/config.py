@@ -43,7 +43,7 @@ class DomainSpec(BaseModel):
     Only for `source` domains; registered domains keep their own verifier."""
 
     @model_validator(mode="after")
-    def _verifier_needs_source(self) -> "DomainSpec":
+    def _verifier_needs_source(self) -> DomainSpec:
         if self.verifier is not None and self.source is None:
             raise ValueError("verifier is only for a domain with a source (a registered domain keeps its own verifier)")
         return self
@@ -76,7 +76,7 @@ class CurriculumConfig(BaseModel):
     """Share of a domain's draws from the hard tier (the level above the frontier); the rest is the frontier itself."""
 
     @model_validator(mode="after")
-    def _check(self) -> "CurriculumConfig":
+    def _check(self) -> CurriculumConfig:
         if self.warmup_share + self.hard_share > 1.0:
             raise ValueError("curriculum.warmup_share + curriculum.hard_share must be <= 1")
         if self.demote_at >= self.promote_at:
@@ -121,7 +121,7 @@ class TasksConfig(BaseModel):
     """Seed of the pool: which task indices are drawn and in what order."""
 
     temperature: float = Field(1.0, gt=0.0, le=1000.0)
-    """Cross-domain temperature: shares are proportional to weight**(1/temperature); large values flatten towards uniform."""
+    """Cross-domain temperature: shares are proportional to weight**(1/temperature); large values flatten towards uniform."""  # noqa: E501 (field docstring = its help text)
 
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     """Difficulty tiers by online pass rate."""
@@ -133,13 +133,13 @@ class TasksConfig(BaseModel):
     """Number of recently drawn normalised prompts a new draw may not repeat (0 turns dedupe off)."""
 
     dedupe_attempts: int = Field(8, ge=1, le=1000)
-    """Draw attempts per task before a duplicate is accepted (and counted in stats) for a domain with few distinct tasks."""
+    """Draw attempts per task before a duplicate is accepted (and counted in stats) for a domain with few distinct tasks."""  # noqa: E501 (field docstring = its help text)
 
     eval_default_difficulty: int = Field(1, ge=1)
     """Eval difficulty of a domain with no fixed difficulty before the curriculum has moved (clipped to its levels)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "TasksConfig":
+    def _check(self) -> TasksConfig:
         if not self.domains:
             raise ValueError("tasks.domains must name at least one domain")
         for key, spec in self.domains.items():

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from posttrain.tasks.config import CurriculumConfig
 
@@ -88,8 +89,8 @@ class Curriculum:
             "frontier": dict(self.frontier),
             "highest": dict(self.highest),
             "since_change": dict(self.since_change),
-            "windows": {n: {str(l): list(w) for l, w in ws.items()} for n, ws in self.windows.items()},
-            "totals": {n: {str(l): list(t) for l, t in ts.items()} for n, ts in self.totals.items()},
+            "windows": {n: {str(lv): list(w) for lv, w in ws.items()} for n, ws in self.windows.items()},
+            "totals": {n: {str(lv): list(t) for lv, t in ts.items()} for n, ts in self.totals.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -99,8 +100,8 @@ class Curriculum:
         self.windows = {n: {} for n in self.levels}
         for n, ws in state["windows"].items():
             if n in self.levels:
-                self.windows[n] = {int(l): deque(map(float, w), maxlen=maxlen) for l, w in ws.items()}
+                self.windows[n] = {int(lv): deque(map(float, w), maxlen=maxlen) for lv, w in ws.items()}
         self.totals = {n: {} for n in self.levels}
         for n, ts in state["totals"].items():
             if n in self.levels:
-                self.totals[n] = {int(l): [int(t[0]), float(t[1])] for l, t in ts.items()}
+                self.totals[n] = {int(lv): [int(t[0]), float(t[1])] for lv, t in ts.items()}

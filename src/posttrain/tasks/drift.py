@@ -10,7 +10,8 @@ domain is back within tolerance of its best.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from posttrain.tasks.config import DriftConfig
 
@@ -82,8 +83,14 @@ class DriftGuard:
         return list(self._events)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"boost": dict(self._boost), "best": dict(self._best), "best_n": dict(self._best_n), "last": dict(self._last),
-                "evals": self._evals, "events": list(self._events)}
+        return {
+            "boost": dict(self._boost),
+            "best": dict(self._best),
+            "best_n": dict(self._best_n),
+            "last": dict(self._last),
+            "evals": self._evals,
+            "events": list(self._events),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._boost.update({n: float(v) for n, v in state["boost"].items() if n in self._boost})

@@ -14,11 +14,12 @@ import fnmatch
 import json
 import math
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from posttrain.domains.base import Domain, stable_hash, stable_rng
 from posttrain.errors import TaskError
-from posttrain.tasks.config import TasksConfig
+from posttrain.tasks.config import DomainSpec, TasksConfig
 from posttrain.tasks.curriculum import Curriculum
 from posttrain.tasks.drift import DriftGuard
 from posttrain.tasks.hygiene import prompt_key

@@ -8,7 +8,11 @@ def exact_digits(completion, answer):
 
 def graded(completion, answer, **kwargs):
     ok = completion.strip() == str(answer)
-    return {"value": 1.0 if ok else 0.25, "parts": {"length": min(len(completion), 10) / 10}, "reason": "" if ok else "close"}
+    return {
+        "value": 1.0 if ok else 0.25,
+        "parts": {"length": min(len(completion), 10) / 10},
+        "reason": "" if ok else "close",
+    }
 
 
 def raises(completion):

@@ -38,7 +38,7 @@ class DigitsClose:
         model_config = ConfigDict(extra="forbid")
         pass_at: float = Field(1.0, ge=0.0, le=1.0)
 
-    def __init__(self, params: "DigitsClose.Params") -> None:
+    def __init__(self, params: DigitsClose.Params) -> None:
         self.params = params
 
     def score(self, task: Task, episode: Episode) -> Score:

@@ -64,7 +64,9 @@ def build() -> list:
             raise SystemExit(f"{t['name']}: the wrong solution passes every test")
         key = "calls" if t["kind"] == "class" else "args"
         tests = [{key: args, "expected": e} for args, e in zip(t["inputs"], expected)]
-        tasks.append({k: t[k] for k in ("name", "level", "kind", "mode", "prompt", "solution", "wrong")} | {"tests": tests})
+        tasks.append(
+            {k: t[k] for k in ("name", "level", "kind", "mode", "prompt", "solution", "wrong")} | {"tests": tests}
+        )
     names = [t["name"] for t in tasks]
     if len(set(names)) != len(names):
         raise SystemExit("duplicate task names")

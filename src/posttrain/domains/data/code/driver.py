@@ -199,7 +199,9 @@ def _one(solver, test_json, timeout_s):
         reply = json.loads(raw)
     except (ValueError, RecursionError):
         reply = None
-    if not isinstance(reply, dict) or not (reply.keys() == {"value"} or reply.keys() == {"raised"} or reply.keys() == {"error"}):
+    if not isinstance(reply, dict) or not (
+        reply.keys() == {"value"} or reply.keys() == {"raised"} or reply.keys() == {"error"}
+    ):
         return {"error": "no result"}, False
     return reply, state == "keep"
 
@@ -213,7 +215,9 @@ def main():
     try:
         code = compile(source, "solution.py", "exec")
     except BaseException as exc:  # noqa: BLE001 - a solution that does not compile raises on every input
-        code = compile(f"raise {type(exc).__name__ if isinstance(exc, Exception) else 'SyntaxError'}()", "solution.py", "exec")
+        code = compile(
+            f"raise {type(exc).__name__ if isinstance(exc, Exception) else 'SyntaxError'}()", "solution.py", "exec"
+        )
     solver = None
     for i, test in enumerate(spec["inputs"]):
         solver = solver or Solver(code, entry, kind)

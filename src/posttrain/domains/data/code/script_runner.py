@@ -56,7 +56,10 @@ class Solver:
                         except OSError:
                             pass
                 here = os.path.dirname(os.path.abspath(__file__))
-                os.execv(sys.executable, [sys.executable, "-I", os.path.join(here, "script_solver.py"), str(req_r), str(rep_w)])
+                os.execv(
+                    sys.executable,
+                    [sys.executable, "-I", os.path.join(here, "script_solver.py"), str(req_r), str(rep_w)],
+                )
             finally:
                 os._exit(127)
         os.close(req_r)
@@ -186,7 +189,9 @@ class Remote:
         object.__setattr__(self, "_callable", is_callable)
 
     def _ask(self, op, **kw):
-        return object.__getattribute__(self, "_solver").ask(dict(op=op, obj=object.__getattribute__(self, "_hid"), **kw))
+        return object.__getattribute__(self, "_solver").ask(
+            dict(op=op, obj=object.__getattribute__(self, "_hid"), **kw)
+        )
 
     def __getattr__(self, name):
         return self._ask("get", name=name)

@@ -7,7 +7,21 @@ plus commands whose stdout must match ("runs", executed in the session after
 the episode). Imported by file by posttrain.domains.terminal.
 """
 
-WORDS = ["alpha", "bravo", "delta", "echo", "kilo", "lima", "oscar", "papa", "romeo", "sierra", "tango", "victor", "zulu"]
+WORDS = [
+    "alpha",
+    "bravo",
+    "delta",
+    "echo",
+    "kilo",
+    "lima",
+    "oscar",
+    "papa",
+    "romeo",
+    "sierra",
+    "tango",
+    "victor",
+    "zulu",
+]
 NAMES = ["ada", "grace", "alan", "edsger", "barbara", "donald", "ken", "dennis", "margaret", "linus"]
 
 
@@ -20,7 +34,8 @@ def t_make_tree(rng):
         files={},
         gold=f"mkdir -p {' '.join(proj + '/' + s for s in subs)}\necho '# {proj}' > {proj}/README.md\n",
         wrong=f"mkdir -p {' '.join(proj + '/' + s for s in subs[:2])}\necho '# {proj}' > {proj}/README.md\n",
-        checks=[{"type": "dir", "path": f"{proj}/{s}"} for s in subs] + [{"type": "lines", "path": f"{proj}/README.md", "lines": [f"# {proj}"]}],
+        checks=[{"type": "dir", "path": f"{proj}/{s}"} for s in subs]
+        + [{"type": "lines", "path": f"{proj}/README.md", "lines": [f"# {proj}"]}],
     )
 
 
@@ -32,10 +47,13 @@ def t_rename_ext(rng):
         level=1,
         prompt="In the directory `notes`, rename every file ending in `.txt` so that it ends in `.md` instead (same base name). Leave other files alone.",
         files=files,
-        gold="cd notes && for f in *.txt; do mv \"$f\" \"${f%.txt}.md\"; done\n",
+        gold='cd notes && for f in *.txt; do mv "$f" "${f%.txt}.md"; done\n',
         wrong=f"cd notes && mv {names[0]}.txt {names[0]}.md\n",
         checks=[{"type": "equals", "path": f"notes/{n}.md", "text": f"{n}\n"} for n in names]
-        + [{"type": "count", "dir": "notes", "glob": "*.txt", "n": 0}, {"type": "equals", "path": "notes/keep.log", "text": "log\n"}],
+        + [
+            {"type": "count", "dir": "notes", "glob": "*.txt", "n": 0},
+            {"type": "equals", "path": "notes/keep.log", "text": "log\n"},
+        ],
     )
 
 
@@ -102,7 +120,8 @@ def t_delete_tmp(rng):
         files=files,
         gold="find work -type f -name '*.tmp' -delete\n",
         wrong="rm -f work/*.tmp\n",
-        checks=[{"type": "absent", "path": p} for p in tmp] + [{"type": "equals", "path": p, "text": "x\n"} for p in keep]
+        checks=[{"type": "absent", "path": p} for p in tmp]
+        + [{"type": "equals", "path": p, "text": "x\n"} for p in keep]
         + [{"type": "equals", "path": "work/deep/keep.tmpl", "text": "template\n"}],
     )
 
@@ -247,7 +266,8 @@ def t_permissions(rng):
         files=files,
         gold="chmod u+x bin/*.sh\nchmod 600 secrets.txt\n",
         wrong="chmod 600 secrets.txt\n",
-        checks=[{"type": "mode", "path": p, "exec": True} for p in scripts] + [{"type": "mode", "path": "secrets.txt", "exact": "600"}],
+        checks=[{"type": "mode", "path": p, "exec": True} for p in scripts]
+        + [{"type": "mode", "path": "secrets.txt", "exact": "600"}],
     )
 
 
@@ -326,23 +346,27 @@ def t_move_logs(rng):
         files=files,
         gold="mkdir -p logs && mv *.log logs/\n",
         wrong="mkdir -p logs && cp *.log logs/\n",
-        checks=[{"type": "equals", "path": f"logs/{n}", "text": f"{n}\n"} for n in logs] + [{"type": "absent", "path": n} for n in logs]
+        checks=[{"type": "equals", "path": f"logs/{n}", "text": f"{n}\n"} for n in logs]
+        + [{"type": "absent", "path": n} for n in logs]
         + [{"type": "equals", "path": "notes.txt", "text": "n\n"}],
     )
 
 
 def t_fix_script(rng):
     args = [rng.randint(1, 20) for _ in range(rng.randint(3, 5))]
-    broken = "#!/bin/bash\n# prints the sum of all arguments\ntotal=0\nfor x in \"$1\"; do\n  total=$((total + x))\ndone\necho \"$total\"\n"
+    broken = '#!/bin/bash\n# prints the sum of all arguments\ntotal=0\nfor x in "$1"; do\n  total=$((total + x))\ndone\necho "$total"\n'
     name = rng.choice(["sum.sh", "addall.sh", "total.sh"])
     return dict(
         level=3,
         prompt=f"`{name}` should print the sum of all its arguments, but it only adds the first one. Fix the script (keep its name; it is run as `bash {name} 1 2 3`).",
         files={name: broken},
-        gold=f"sed -i 's/for x in \"$1\"/for x in \"$@\"/' {name}\n",
+        gold=f'sed -i \'s/for x in "$1"/for x in "$@"/\' {name}\n',
         wrong=f"sed -i 's/total=0/total=1/' {name}\n",
         checks=[],
-        runs=[{"cmd": f"bash {name} " + " ".join(map(str, args)), "stdout": f"{sum(args)}\n"}, {"cmd": f"bash {name}", "stdout": "0\n"}],
+        runs=[
+            {"cmd": f"bash {name} " + " ".join(map(str, args)), "stdout": f"{sum(args)}\n"},
+            {"cmd": f"bash {name}", "stdout": "0\n"},
+        ],
     )
 
 
@@ -368,8 +392,8 @@ def t_split_by_key(rng):
         level=3,
         prompt=f"`items.csv` has lines `color,number`. Split it into one file per color, `{out}/<color>.csv`, each holding that color's lines in their original order.",
         files={"items.csv": "\n".join(f"{c},{n}" for c, n in rows) + "\n"},
-        gold=f"mkdir -p {out} && awk -F, '{{print > (\"{out}/\" $1 \".csv\")}}' items.csv\n",
-        wrong=f"mkdir -p {out} && awk -F, '{{print $2 > (\"{out}/\" $1 \".csv\")}}' items.csv\n",
+        gold=f'mkdir -p {out} && awk -F, \'{{print > ("{out}/" $1 ".csv")}}\' items.csv\n',
+        wrong=f'mkdir -p {out} && awk -F, \'{{print $2 > ("{out}/" $1 ".csv")}}\' items.csv\n',
         checks=[{"type": "lines", "path": f"{out}/{c}.csv", "lines": g} for c, g in groups.items()]
         + [{"type": "count", "dir": out, "glob": "*.csv", "n": len(groups)}],
     )

@@ -30,7 +30,7 @@ class LastDigit:
         model_config = ConfigDict(extra="forbid")
         strict: bool = True
 
-    def __init__(self, params: "LastDigit.Params") -> None:
+    def __init__(self, params: LastDigit.Params) -> None:
         self.params = params
 
     def score(self, task: Task, episode: Episode) -> Score:

@@ -1,0 +1,54 @@
+"""The import-layer contracts in pyproject.toml pass on the tree as it is, and a new
+upward import (a record module importing the loop) breaks them: `make lint` fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter not installed (dev extra)")
+
+
+def _lint_imports(src: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "posttrain", src / "posttrain", ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+def test_contracts_hold_on_the_tree(tmp_path):
+    res = _lint_imports(_copy_package(tmp_path), tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 kept, 0 broken" in res.stdout
+
+
+def test_a_new_upward_import_breaks_the_layers(tmp_path):
+    src = _copy_package(tmp_path)
+    types_py = src / "posttrain" / "types.py"
+    types_py.write_text(types_py.read_text() + "\nfrom posttrain import loop  # noqa: E402,F401\n")
+    res = _lint_imports(src, tmp_path)
+    assert res.returncode != 0
+    assert "posttrain.types is not allowed to import posttrain.loop" in res.stdout
+
+
+def test_a_new_cycle_between_folders_breaks_the_acyclic_contract(tmp_path):
+    src = _copy_package(tmp_path)
+    engine_base = src / "posttrain" / "engine" / "base.py"
+    engine_base.write_text(engine_base.read_text() + "\nimport posttrain.pipeline.workers  # noqa: E402,F401\n")
+    res = _lint_imports(src, tmp_path)
+    assert res.returncode != 0
+    assert "No cycles between the folders of posttrain BROKEN" in res.stdout
