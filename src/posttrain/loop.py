@@ -125,12 +125,14 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             break
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < cfg.run.steps:
             state["step"] = step  # named by the loop step; the last step's checkpoint is the final one below
-            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, step)
+            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()},
+                         step)
     bar.close()
 
     state["step"] = step if monitor.stop_reason else cfg.run.steps
     after = evaluator.full(state["step"])
-    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, state["step"])
+    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()},
+                 state["step"])
     monitor.after_eval(state["step"], evaluator.comparable(after))
     history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
     evaluator.write(run.eval_path, before, after, history)

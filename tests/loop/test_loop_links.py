@@ -16,8 +16,6 @@ from posttrain.types import Completion, Message, SamplingParams, Score, Task, Ta
 def parity_domain(monkeypatch):
     """A procedural domain whose verifier pays for an odd-length answer: the micro model earns
     mixed rewards from the first step, so groups carry signal and the trainer steps."""
-    import random
-
     from posttrain.domains import registry
     from posttrain.domains.base import ProceduralDomain
 
@@ -48,6 +46,8 @@ def _rollout(gid: str, reward: float | None, tokens: tuple[int, ...], logp: tupl
 
 
 def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(tmp_path, micro_base):
+    import torch
+
     from posttrain.loop import _batch, _record
     from posttrain.model.arch import load_model
     from posttrain.trainer.config import TrainerConfig
@@ -79,8 +79,6 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     assert seen.keys() == {good, bad}
     assert got[good]["advantage"] == seen[good] and got[bad]["advantage"] == seen[bad]
     # the loss's advantages count the empty completion (group rewards 1, 0, 0), not only the rows with tokens
-    import torch
-
     want = trainer.loss.advantages(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.zeros(3, dtype=torch.long))
     assert [seen[good], seen[bad], got[empty]["advantage"]] == want.to(torch.float32).tolist()
     alone = trainer.loss.advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.zeros(2, dtype=torch.long))
@@ -90,7 +88,8 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     assert got[infra]["train_step"] is None and got[infra]["advantage"] is None
 
 
-def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_path, micro_base, monkeypatch, parity_domain):
+def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_path, micro_base, monkeypatch,
+                                                                          parity_domain):
     import posttrain.loop as loop
     from posttrain.loop import train
     from posttrain.trainer.trainer import Trainer
@@ -132,7 +131,8 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_pa
     assert any(x[4] is False for x in la) and any(x[5] != 0 for x in la)  # the run trained
 
 
-def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(tmp_path, micro_base, monkeypatch, parity_domain):
+def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(tmp_path, micro_base, monkeypatch,
+                                                                        parity_domain):
     import posttrain.loop as loop
     from posttrain.loop import train
     from posttrain.rollout import informative
