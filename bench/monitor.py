@@ -19,7 +19,7 @@ from pathlib import Path
 from posttrain.config import load_config
 from posttrain.domains.registry import get
 from posttrain.monitor.monitor import Monitor
-from posttrain.monitor.signals import step_signals
+from posttrain.monitor.signals import Link, step_signals
 from posttrain.rollout import Rollout
 from posttrain.rundir import MetricsLog
 from posttrain.tasks.pool import TaskPool
@@ -59,8 +59,8 @@ def interleaved(fns: dict, repeat: int = REPEAT) -> dict[str, float]:
 def main() -> None:
     rng = random.Random(0)
     groups = synthetic_groups(rng)
-    ids = [f"r{i}" for i in range(PROMPTS * G)]
-    links = [(rid, 0.5, 1.0, 0.0) for rid in ids]
+    ids = {id(r): f"r{i}" for i, r in enumerate(r for g in groups for r in g)}
+    links = {rid: Link(0.5, 1.0, 0.0) for rid in ids.values()}
     cfg = load_config("configs/default.yaml", ["monitor.kl.every_steps=0", "monitor.probes.every_steps=0"])
     with tempfile.TemporaryDirectory() as tmp:
         pool = TaskPool(cfg.tasks, seed=0)

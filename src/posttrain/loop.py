@@ -94,19 +94,22 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     for step in range(state["step"] + 1, cfg.run.steps + 1):
         t0 = time.perf_counter()
         groups, pipe_stats = rollouts.sample(pool.draw(cfg.rollout.prompts_per_step), params, step)
-        ids = trace.write_rollouts([_record(r, params, budgets) for g in groups for r in g])
+        records = {id(r): _record(r, params, budgets) for g in groups for r in g}
+        trace.write_rollouts(list(records.values()))
+        ids = {key: rec.id for key, rec in records.items()}  # id(rollout) -> its trace id, the id it keeps
         for r in (r for g in groups for r in g if r.reward is not None):
             pool.observe(r.task, r.reward)
         kept = [g for g in groups if informative(g)] if cfg.rollout.dynamic_sampling else groups
         kept = sync.fresh(kept, cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
         gen_s = time.perf_counter() - t0
-        stats = trainer.step(_batch(kept, params.temperature)) if kept else None
+        batch = _batch(kept, ids, params.temperature)
+        stats = trainer.step(batch) if batch is not None else None
         if stats is not None and stats.weights_changed:
             sync.push()
-        links = _links(trainer, groups, kept, ids)
+        links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
         trace.mark_consumed(step, links)
         summary = _summary(groups, kept, budgets)
-        trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k != "step"}
+        trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k not in ("step", "rollouts")}
         metrics.write("train", step, rollout_s=gen_s, **summary, **trained, **pipe_stats,
                       engine_version=engine.version, engine_dropped_stale=sync.dropped_stale)
         monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
@@ -117,17 +120,19 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             state["history"].append([step, table.to_json()])
             pool.observe_eval(table.accuracies, table.counts)
             monitor.after_eval(step, table)
-        if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
-            state["step"] = step
-            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()})
         if monitor.stop_reason:
             log(f"stopping the run after step {step}: {monitor.stop_reason}")
             break
+        if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < cfg.run.steps:
+            state["step"] = step  # named by the loop step; the last step's checkpoint is the final one below
+            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()},
+                         step)
     bar.close()
 
     state["step"] = step if monitor.stop_reason else cfg.run.steps
     after = evaluator.full(state["step"])
-    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()})
+    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()},
+                 state["step"])
     monitor.after_eval(state["step"], evaluator.comparable(after))
     history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
     evaluator.write(run.eval_path, before, after, history)
@@ -151,38 +156,19 @@ def _progress(cfg: Config, done: int) -> Any:
     return tqdm(total=cfg.run.steps, initial=done, desc="train", unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
 
 
-def _batch(groups: Sequence[Sequence[Rollout]], temperature: float) -> Any:
+def _batch(groups: Sequence[Sequence[Rollout]], ids: Mapping[int, str], temperature: float) -> Any:
+    """One row per scored rollout of the kept groups, carrying its trace id; a scored empty
+    completion is a row too (it counts in its group's advantages, enters no loss).
+    None when no rollout is scored (nothing to train on)."""
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
     rows = [
-        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask)
+        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask, rollout_id=ids[id(r)])
         for g in groups
         for r in g
-        if r.reward is not None and r.completion.token_ids
+        if r.reward is not None
     ]
-    return TrainBatch(tuple(rows))
-
-
-def _links(trainer: Any, groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]], ids: list[str]):
-    """(rollout id, advantage, ratio, clipped share) for the rollouts the step used; ratio and
-    clipped are the trainer's per-row figures (None for a row that entered no loss)."""
-    import torch
-
-    kept_ids = {id(g) for g in kept}
-    flat = [(rid, r, id(g) in kept_ids) for rid, (r, g) in zip(ids, ((r, g) for g in groups for r in g))]
-    used = [(rid, r) for rid, r, k in flat if k and r.reward is not None]
-    if not used:
-        return []
-    gids = {gid: i for i, gid in enumerate(dict.fromkeys(r.group_id for _, r in used))}
-    adv = trainer.loss.advantages(
-        torch.tensor([r.reward for _, r in used], dtype=torch.float64), torch.tensor([gids[r.group_id] for _, r in used])
-    )
-    rows, out, j = getattr(trainer, "row_stats", {}), [], 0
-    for (rid, r), a in zip(used, adv.tolist()):  # the batch holds the used rollouts that have tokens, in this order
-        ratio, clipped = rows.get(j, (None, None)) if r.completion.token_ids else (None, None)
-        j += bool(r.completion.token_ids)
-        out.append((rid, float(a), ratio, clipped))
-    return out
+    return TrainBatch(tuple(rows)) if rows else None
 
 
 def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]],

@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from posttrain.errors import ConfigError
 
@@ -144,12 +144,13 @@ class TraceStore:
             self._db.executemany(f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({marks})", [_row(r) for r in records])
         return [r.id for r in records]
 
-    def mark_consumed(self, step: int, links: Iterable[tuple[str, float, float, float]]) -> None:
-        """Link rollouts to `step`: (rollout id, advantage, ratio, clipped share)."""
+    def mark_consumed(self, step: int, links: Mapping[str, Any]) -> None:
+        """Link rollouts to `step`: rollout id -> what the step did with it (anything with
+        `advantage`, `ratio` and `clipped`, such as the trainer's StepStats.rollouts)."""
         with self._db:
             self._db.executemany(
                 "UPDATE rollouts SET train_step=?, advantage=?, ratio=?, clipped=? WHERE id=?",
-                [(step, adv, ratio, clipped, rid) for rid, adv, ratio, clipped in links],
+                [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in links.items()],
             )
 
     def add_event(self, kind: str, message: str, step: int | None = None, domain: str | None = None, data: Any = None) -> None:

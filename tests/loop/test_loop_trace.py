@@ -7,6 +7,7 @@ import pytest
 
 from posttrain.errors import ConfigError
 from posttrain.trace import SCHEMA_VERSION, RolloutRecord, TraceStore
+from posttrain.trainer.batch import RolloutLink
 
 
 def _rec(**kw) -> RolloutRecord:
@@ -24,7 +25,7 @@ def test_write_read_and_link(tmp_path):
     store = TraceStore(tmp_path / "t.db")
     ids = store.write_rollouts([_rec(), _rec(reward=None, passed=None, error_kind="verifier", error="boom")])
     assert store.count() == 2
-    store.mark_consumed(5, [(ids[0], 0.5, 1.0, 0.0)])
+    store.mark_consumed(5, {ids[0]: RolloutLink(0.5, 1.0, 0.0)})
     row = store.get(ids[0])
     assert row["train_step"] == 5 and row["advantage"] == 0.5 and row["parts"] == {"outcome": 1.0}
     masked = store.get(ids[1])

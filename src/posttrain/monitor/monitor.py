@@ -64,16 +64,15 @@ class Monitor:
     # ------------------------------------------------------------ the hooks
 
     def after_step(
-        self, step: int, groups: Sequence[Sequence[Any]], kept: Sequence[Sequence[Any]], ids: Sequence[str],
-        links: Sequence[tuple[str, float, float, float]], stats: Any = None, train_row: Mapping[str, Any] | None = None,
+        self, step: int, groups: Sequence[Sequence[Any]], kept: Sequence[Sequence[Any]], ids: Mapping[int, str],
+        links: Mapping[str, Link], stats: Any = None, train_row: Mapping[str, Any] | None = None,
     ) -> None:
-        """Signals, audits, KL and step alarms of one finished step; periodic probes."""
+        """Signals, audits, KL and step alarms of one finished step; periodic probes. `ids`: each
+        rollout's trace id by id(rollout); `links`: what the train step did with each, by that id."""
         if not self.cfg.enabled:
             return
         started = time.perf_counter()
-        by_rid = {rid: Link(adv, ratio, clipped) for rid, adv, ratio, clipped in links}
-        flat = [r for g in groups for r in g]
-        by_obj = {id(r): by_rid[rid] for rid, r in zip(ids, flat) if rid in by_rid}
+        by_obj = {id(r): links[ids[id(r)]] for g in groups for r in g if ids.get(id(r)) in links}
         signals = step_signals(groups, kept, by_obj, self.cfg.diversity.n, self.cfg.diversity.max_chars)
         for domain, s in signals.items():
             self.history.signals.setdefault(domain, []).append((step, s))

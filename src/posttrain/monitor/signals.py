@@ -15,17 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from posttrain.monitor.diversity import distinct_answers, distinct_n, mean_pairwise_edit
+from posttrain.trainer.batch import RolloutLink
 
 
-@dataclass(frozen=True)
-class Link:
-    """What the train step did with one rollout (see TraceStore.mark_consumed)."""
-
-    advantage: float
-    ratio: float | None
-    """Mean importance ratio over the rollout's loss tokens (None: it entered no loss)."""
-    clipped: float | None
-    """Share of its loss tokens whose gradient the PPO clip removed."""
+Link = RolloutLink
+"""What the train step did with one rollout: the trainer's own record (StepStats.rollouts)."""
 
 
 @dataclass(frozen=True)

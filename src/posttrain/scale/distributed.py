@@ -42,9 +42,10 @@ class LeaderTrainer:
         _send(("step", batch))
         return self._trainer.step(batch)
 
-    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None) -> Path:
-        _send(("save", str(run_dir)))
-        return self._trainer.save(run_dir, tokenizer, loop_state)
+    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None,
+             step: int | None = None) -> Path:
+        _send(("save", str(run_dir), step))
+        return self._trainer.save(run_dir, tokenizer, loop_state, step)
 
     def save_weights(self, path: str | Path) -> Path:
         _send(("save_weights", str(path)))
@@ -68,7 +69,7 @@ def follow(trainer: Any) -> int:
         if kind == "step":
             trainer.step(args[0])
         elif kind == "save":
-            trainer.save(args[0], None, {})
+            trainer.save(args[0], None, {}, *args[1:])
         elif kind == "save_weights":
             trainer.save_weights(args[0])
         elif kind == "resume":

@@ -24,7 +24,11 @@ class TrainRow:
     for tokens the model produced and 0 for tokens it did not (tool output,
     observations in multi-turn episodes). `group_id` ties the samples of
     one prompt together; advantages are computed within a group.
-    `temperature` 0 (greedy) is scored at temperature 1.
+    `temperature` 0 (greedy) is scored at temperature 1. `rollout_id` is the
+    trace id of the rollout the row came from ("" for none): the trainer
+    reports what it did with the row under that id (StepStats.rollouts).
+    A scored completion with no tokens is a row too: it counts in its
+    group's advantages and enters no loss.
     """
 
     prompt_ids: tuple[int, ...]
@@ -34,6 +38,7 @@ class TrainRow:
     group_id: Hashable
     loss_mask: tuple[int, ...]
     temperature: float = 1.0
+    rollout_id: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -70,6 +75,7 @@ class TrainRow:
         group_id: Hashable,
         temperature: float,
         loss_mask: Sequence[int] | None = None,
+        rollout_id: str = "",
     ) -> "TrainRow":
         """A row from an engine Completion; the mask defaults to all ones."""
         mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
@@ -81,7 +87,20 @@ class TrainRow:
             group_id=group_id,
             loss_mask=mask,
             temperature=float(temperature),
+            rollout_id=rollout_id,
         )
+
+
+@dataclass(frozen=True)
+class RolloutLink:
+    """What one train step did with one rollout (StepStats.rollouts, keyed by rollout id)."""
+
+    advantage: float
+    """The advantage the loss used (float32, as the loss saw it)."""
+    ratio: float | None
+    """Mean importance ratio over the rollout's loss tokens (None: it entered no loss on this rank)."""
+    clipped: float | None
+    """Share of its loss tokens whose gradient the PPO clip removed (None: as for `ratio`)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +114,9 @@ class TrainBatch:
             raise TrainerError("TrainBatch.rows is empty")
         if not all(isinstance(r, TrainRow) for r in self.rows):
             raise TrainerError("TrainBatch.rows must hold TrainRow records")
+        ids = [r.rollout_id for r in self.rows if r.rollout_id]
+        if len(set(ids)) != len(ids):
+            raise TrainerError("TrainBatch.rows hold a rollout_id twice: each row is one rollout")
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -15,15 +15,15 @@ from __future__ import annotations
 import copy
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import ConfigError, TrainerError
-from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.guard import SpikeGuard
@@ -60,6 +60,9 @@ class StepStats:
     skipped_total: int
     rolled_back_total: int
     seconds: float
+    rollouts: Mapping[str, RolloutLink] = field(default_factory=dict)
+    """Rollout id -> advantage, ratio and clipped share of every batch row that carries
+    a rollout id (the trace and the monitor read these: computed once, here)."""
 
     @property
     def weights_changed(self) -> bool:
@@ -76,8 +79,8 @@ class _Prepared:
     totals: BatchTotals
     n_groups: int
     zero_adv_groups: int
-    index: tuple[int, ...] = ()
-    """Position in the step's batch of each of `rows`."""
+    batch_advantage_b: Tensor
+    """The advantage of every row of the batch, in batch order (float32, as the loss sees it)."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +131,9 @@ class Trainer:
         self.steps = 0
         self.skipped = 0
         self.rolled_back = 0
-        self.row_stats: dict[int, tuple[float, float]] = {}
-        """After `step`: batch row position -> (mean ratio, clipped token share) of
-        each row that entered this rank's loss (the monitor and the trace read it)."""
-        self._row_index: dict[int, int] = {}
+        self._row_clip: dict[int, tuple[float, float]] = {}
+        """During `step`: id(row) -> (mean ratio, clipped token share) of each row that
+        entered this rank's loss; reported under the row's rollout id in StepStats.rollouts."""
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
         self._take_snapshot()
         self._max_tokens = token_budget(config.micro_batch_tokens, model, self.device, config.gradient_checkpointing)
@@ -148,7 +150,7 @@ class Trainer:
         self._check_ids(batch)
         self.steps += 1
         prepared = self._prepare(batch)
-        self.row_stats, self._row_index = {}, {id(r): i for i, r in zip(prepared.index, prepared.rows)}
+        self._row_clip = {}
         if not prepared.rows:
             return self._stats(batch, prepared, "no_signal", "", None, 0.0, started)
         try:
@@ -189,8 +191,9 @@ class Trainer:
         group_index: dict[Any, int] = {}
         group_b = torch.tensor([group_index.setdefault(r.group_id, len(group_index)) for r in batch.rows])
         reward_b = torch.tensor([r.reward for r in batch.rows], dtype=torch.float64)
-        advantage_b = self.loss.advantages(reward_b, group_b)
-        nonzero_b = (advantage_b != 0).long()
+        exact_b = self.loss.advantages(reward_b, group_b)  # the one advantage computation of a step
+        advantage_b = exact_b.to(torch.float32)  # as the loss, the trace and the monitor see it
+        nonzero_b = (exact_b != 0).long()
         signal_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, nonzero_b) > 0
         keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
         if self.config.sort_by_length:  # similar lengths share a micro-batch: less padding
@@ -199,11 +202,11 @@ class Trainer:
         totals = BatchTotals(n_sequences=len(rows), n_tokens=sum(r.n_loss_tokens for r in rows))
         return _Prepared(
             rows=rows,
-            advantage_b=advantage_b[keep].to(torch.float32),
+            advantage_b=advantage_b[keep],
             totals=totals,
             n_groups=len(group_index),
             zero_adv_groups=int((~signal_g).sum()),
-            index=tuple(keep),
+            batch_advantage_b=advantage_b,
         )
 
     # ------------------------------------------------------------ forward/backward
@@ -271,7 +274,16 @@ class Trainer:
         ratio_b, clipped_b = row_clip_stats(inputs.logp_bt, inputs.behaviour_logp_bt, inputs.mask_bt, inputs.advantage_b,
                                             self.config.loss.clip_low, self.config.loss.clip_high)
         for row, ratio, clipped in zip(rows, ratio_b.tolist(), clipped_b.tolist()):
-            self.row_stats[self._row_index[id(row)]] = (ratio, clipped)
+            self._row_clip[id(row)] = (ratio, clipped)
+
+    def _links(self, batch: TrainBatch, prepared: _Prepared) -> dict[str, RolloutLink]:
+        """Each row's advantage (as the loss used it) and clip figures, by its rollout id."""
+        out = {}
+        for row, adv in zip(batch.rows, prepared.batch_advantage_b.tolist()):
+            if row.rollout_id:
+                ratio, clipped = self._row_clip.get(id(row), (None, None))
+                out[row.rollout_id] = RolloutLink(float(adv), ratio, clipped)
+        return out
 
     def _ref_logp(self, packed: _Packed) -> Tensor | None:
         if self.ref_model is None:
@@ -344,6 +356,7 @@ class Trainer:
             skipped_total=self.skipped,
             rolled_back_total=self.rolled_back,
             seconds=time.perf_counter() - started,
+            rollouts=self._links(batch, prepared),
         )
 
     # ------------------------------------------------------------ state and checkpoints
@@ -359,9 +372,13 @@ class Trainer:
         self.rolled_back = int(state["rolled_back"])
         self.guard.load_state_dict(state["guard"])
 
-    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None) -> Path:
-        """Checkpoint model, tokenizer, optimizer, RNG, `loop_state` and the
-        trainer's state (under the reserved key "trainer"), at step `self.steps`."""
+    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None,
+             step: int | None = None) -> Path:
+        """Checkpoint model, tokenizer, optimizer, RNG, `loop_state` and the trainer's
+        state (under the reserved key "trainer") as checkpoints/step_<step>; the loop
+        passes its own step, so distinct loop steps never share a folder. Without
+        `step`, the trainer's update count names it."""
+        step = self.steps if step is None else step
         loop_state = dict(loop_state or {})
         if "trainer" in loop_state:
             raise TrainerError('loop_state key "trainer" is reserved for the trainer\'s own state')
@@ -375,8 +392,8 @@ class Trainer:
                 self.parallel.barrier()
                 from posttrain.trainer.checkpoint import checkpoint_path
 
-                return checkpoint_path(run_dir, self.steps)
-        path = save_checkpoint(run_dir, self.model, tokenizer, self.optimizer, loop_state, self.steps,
+                return checkpoint_path(run_dir, step)
+        path = save_checkpoint(run_dir, self.model, tokenizer, self.optimizer, loop_state, step,
                                keep=self.config.keep_checkpoints, full_state=full)
         if self.config.fsdp:
             self.parallel.barrier()

@@ -1,0 +1,156 @@
+"""Rollouts and trainer rows meet by rollout id, never by position: the trace holds the
+advantage the loss used (scored empty completions too), a reordered batch changes nothing,
+and checkpoints are named by the loop step."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_loop_e2e import _cfg, _params
+
+from posttrain.trace import TraceStore
+from posttrain.types import Completion, Message, SamplingParams, Score, Task, TaskMeta
+
+
+@pytest.fixture
+def parity_domain(monkeypatch):
+    """A procedural domain whose verifier pays for an odd-length answer: the micro model earns
+    mixed rewards from the first step, so groups carry signal and the trainer steps."""
+    from posttrain.domains import registry
+    from posttrain.domains.base import ProceduralDomain
+
+    class Parity:
+        name, version = "parity", "1"
+
+        def score(self, task, episode):
+            return Score(float(len(episode.completion) % 2), reason="" if len(episode.completion) % 2 else "even")
+
+    cls = type("parity", (ProceduralDomain,), {
+        "name": "parity", "category": "test",
+        "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 999)}+{rng.randint(0, 999)}=", "0"),
+    })
+    dom = cls()
+    dom.verifier = Parity()
+    monkeypatch.setitem(registry._REGISTRY, "parity", dom)
+    return "tasks.domains={parity: {difficulty: 1}}"
+
+
+def _rollout(gid: str, reward: float | None, tokens: tuple[int, ...], logp: tuple[float, ...]):
+    from posttrain.rollout import Rollout
+
+    task = Task(f"add-{gid}", "add", (Message("user", "1+1="),), "2", TaskMeta("train", 1, "test", "v1"))
+    completion = Completion((5, 6, 7), tokens, "2" if tokens else "", logp, "stop")
+    if reward is None:
+        return Rollout(task, completion, gid, None, "verifier", "RuntimeError: verifier crashed")
+    return Rollout(task, completion, gid, Score(reward))
+
+
+def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(tmp_path, micro_base):
+    import torch
+
+    from posttrain.loop import _batch, _record
+    from posttrain.model.arch import load_model
+    from posttrain.trainer.config import TrainerConfig
+    from posttrain.trainer.trainer import Trainer
+
+    trainer = Trainer(load_model(micro_base)[0], TrainerConfig(lr=1e-4))
+    seen, step = {}, trainer._micro_step  # rollout id -> the advantage the loss was given
+
+    def spy(rows, advantage_b, totals, weight=1.0):
+        seen.update(zip((r.rollout_id for r in rows), advantage_b.tolist()))
+        return step(rows, advantage_b, totals, weight)
+
+    trainer._micro_step = spy
+    group = [
+        _rollout("1:0", 1.0, (8, 9), (-2.0, -2.0)),
+        _rollout("1:0", 0.0, (10, 11), (-2.0, -2.0)),
+        _rollout("1:0", 0.0, (), ()),  # a scored empty completion: in the baseline, in no loss
+        _rollout("1:0", None, (8,), (-2.0,)),  # an infra error: neither
+    ]
+    trace = TraceStore(tmp_path / "trace.db")
+    params = SamplingParams(max_tokens=4, temperature=1.0, n=4)
+    records = {id(r): _record(r, params) for r in group}
+    trace.write_rollouts(list(records.values()))
+    ids = {k: rec.id for k, rec in records.items()}
+    stats = trainer.step(_batch([group], ids, 1.0))
+    trace.mark_consumed(1, stats.rollouts)
+    got = {rid: trace.get(rid) for rid in ids.values()}
+    good, bad, empty, infra = (ids[id(r)] for r in group)
+    assert seen.keys() == {good, bad}
+    assert got[good]["advantage"] == seen[good] and got[bad]["advantage"] == seen[bad]
+    # the loss's advantages count the empty completion (group rewards 1, 0, 0), not only the rows with tokens
+    want = trainer.loss.advantages(torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.zeros(3, dtype=torch.long))
+    assert [seen[good], seen[bad], got[empty]["advantage"]] == want.to(torch.float32).tolist()
+    alone = trainer.loss.advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.zeros(2, dtype=torch.long))
+    assert seen[good] != pytest.approx(float(alone[0]), abs=1e-3)
+    assert got[empty]["advantage"] == stats.rollouts[empty].advantage < 0
+    assert got[empty]["train_step"] == 1 and got[empty]["ratio"] is None
+    assert got[infra]["train_step"] is None and got[infra]["advantage"] is None
+
+
+def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_path, micro_base, monkeypatch,
+                                                                          parity_domain):
+    import posttrain.loop as loop
+    from posttrain.loop import train
+    from posttrain.trainer.trainer import Trainer
+
+    recorded: dict[str, object] = {}
+    step = Trainer.step
+
+    def spy(self, batch):
+        stats = step(self, batch)
+        recorded.update(stats.rollouts)
+        return stats
+
+    monkeypatch.setattr(Trainer, "step", spy)
+    plain = train(_cfg(tmp_path, micro_base, "plain", "run.steps=3", parity_domain), log=lambda *_: None)
+    rows = TraceStore(plain.run_dir / "trace.db").recent(1000)
+    consumed = [r for r in rows if r["train_step"] is not None]
+    assert recorded and {r["id"] for r in consumed} == set(recorded)
+    for r in consumed:  # the trace holds the trainer's figures, by rollout id
+        link = recorded[r["id"]]
+        assert (r["advantage"], r["ratio"], r["clipped"]) == (link.advantage, link.ratio, link.clipped)
+
+    batch = loop._batch  # the same groups, handed to the trainer in the reverse order, each reversed
+    monkeypatch.setattr(loop, "_batch", lambda groups, ids, t: batch([g[::-1] for g in groups[::-1]], ids, t))
+    reordered = train(_cfg(tmp_path, micro_base, "reordered", "run.steps=3", parity_domain), log=lambda *_: None)
+    a, b = _params(plain.run_dir), _params(reordered.run_dir)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k] - b[k]).abs().max() <= 1e-6, k
+
+    def links(run_dir):
+        out = TraceStore(run_dir / "trace.db").recent(1000)
+        return sorted((r["group_id"], r["completion"], r["reward"], r["train_step"], r["ratio"] is None,
+                       r["advantage"] or 0.0, r["ratio"] or 0.0) for r in out)
+
+    la, lb = links(plain.run_dir), links(reordered.run_dir)
+    assert [x[:5] for x in la] == [x[:5] for x in lb]  # same rollouts, rewards, consuming steps, loss rows
+    assert [x[5] for x in lb] == pytest.approx([x[5] for x in la], abs=1e-6)  # advantages
+    assert [x[6] for x in lb] == pytest.approx([x[6] for x in la], abs=1e-5)  # ratios
+    assert any(x[4] is False for x in la) and any(x[5] != 0 for x in la)  # the run trained
+
+
+def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(tmp_path, micro_base, monkeypatch,
+                                                                        parity_domain):
+    import posttrain.loop as loop
+    from posttrain.loop import train
+    from posttrain.rollout import informative
+
+    # step 2 keeps no group, so the trainer does not step: its count falls behind the loop's
+    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("2:") and informative(g))
+    extra = ("run.steps=4", "run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
+    first = train(_cfg(tmp_path, micro_base, "ckpt", *extra), log=lambda *_: None)
+    root = first.run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == [f"step_{s:08d}" for s in (1, 2, 3, 4)]
+    states = {s: json.loads((root / f"step_{s:08d}" / "loop_state.json").read_text()) for s in (1, 2, 3, 4)}
+    assert all(json.loads((root / f"step_{s:08d}" / "meta.json").read_text())["step"] == s for s in states)
+    assert [states[s]["step"] for s in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    updates = [states[s]["trainer"]["steps"] for s in (1, 2, 3, 4)]
+    assert updates[0] == 1 and updates[1] == 1 and updates[3] == 3  # no update at step 2: the counts differ
+    cfg_path = first.run_dir / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("steps: 4", "steps: 5"))
+    said: list[str] = []
+    resumed = train(None, resume=first.run_dir, log=said.append)
+    assert any(s.startswith("resumed") and s.endswith("at step 4") for s in said)
+    assert resumed.steps == 5 and (root / "step_00000005").is_dir()
