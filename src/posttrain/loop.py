@@ -5,14 +5,16 @@ train step that consumes it; infra errors are masked from the loss and
 counted, never scored 0; a run resumed from a checkpoint continues exactly
 as the uninterrupted run would have (same tasks, same samples, same weights).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
@@ -51,11 +53,15 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     from posttrain.tasks.pool import TaskPool
     from posttrain.trainer.trainer import Trainer
 
-    run, cfg = (RunDir.open(resume) if resume else (RunDir.create(cfg), cfg))
+    run, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
     torch.set_num_threads(cfg.run.threads)
     pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
     model_dir = cfg.model.path or ensure_base(cfg.base, progress=cfg.run.progress)
-    device = "cuda" if cfg.model.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.model.device == "auto" else cfg.model.device)
+    device = (
+        "cuda"
+        if cfg.model.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if cfg.model.device == "auto" else cfg.model.device)
+    )
     model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
     ref_model = load_model(model_dir, device=device)[0] if cfg.trainer.kl_coef > 0 else None
     trainer = Trainer(model, cfg.trainer, ref_model=ref_model)
@@ -72,7 +78,9 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         sync.push()
         levels = state["levels"]
         log(f"resumed {run.path} at step {state['step']}")
-    monitor = Monitor(cfg, run.path, trace, metrics, pool, engine, trainer, model_dir, log, state.pop("monitor", None), state["step"])
+    monitor = Monitor(
+        cfg, run.path, trace, metrics, pool, engine, trainer, model_dir, log, state.pop("monitor", None), state["step"]
+    )
     evaluator = RunEvaluator(cfg, run.path, engine, metrics, levels, log)  # held-out set stored in the run dir
     if state["before"] is None:
         evaluator.checks(model, tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))  # contamination, exposure
@@ -83,13 +91,22 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     before = EvalTable.from_json(state["before"])
 
     budgets = domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens)  # tokens per turn and turns, per domain
-    params = SamplingParams(max_tokens=max(b.tokens for b in budgets.values()), temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
-    execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s,
-                            {n: b.seconds for n, b in budgets.items()})  # each domain's runs within its budget seconds
+    params = SamplingParams(
+        max_tokens=max(b.tokens for b in budgets.values()),
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        n=cfg.rollout.group_size,
+    )
+    execute = DomainExecute(
+        cfg.sandbox.pool_config(),
+        cfg.sandbox.max_memory_mb,
+        cfg.sandbox.max_wall_s,
+        {n: b.seconds for n, b in budgets.items()},
+    )  # each domain's runs within its budget seconds
     workers = make_workers(cfg.runtime, cfg.pipeline, engine, execute=execute)
-    rollouts = StepRollouts(cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling,
-                            budgets)
+    rollouts = StepRollouts(
+        cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling, budgets
+    )
     bar = _progress(cfg, state["step"])
     for step in range(state["step"] + 1, cfg.run.steps + 1):
         t0 = time.perf_counter()
@@ -110,8 +127,16 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         trace.mark_consumed(step, links)
         summary = _summary(groups, kept, budgets)
         trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k not in ("step", "rollouts")}
-        metrics.write("train", step, rollout_s=gen_s, **summary, **trained, **pipe_stats,
-                      engine_version=engine.version, engine_dropped_stale=sync.dropped_stale)
+        metrics.write(
+            "train",
+            step,
+            rollout_s=gen_s,
+            **summary,
+            **trained,
+            **pipe_stats,
+            engine_version=engine.version,
+            engine_dropped_stale=sync.dropped_stale,
+        )
         monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
@@ -125,14 +150,16 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             break
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < cfg.run.steps:
             state["step"] = step  # named by the loop step; the last step's checkpoint is the final one below
-            trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()},
-                         step)
+            trainer.save(
+                run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, step
+            )
     bar.close()
 
     state["step"] = step if monitor.stop_reason else cfg.run.steps
     after = evaluator.full(state["step"])
-    trainer.save(run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()},
-                 state["step"])
+    trainer.save(
+        run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, state["step"]
+    )
     monitor.after_eval(state["step"], evaluator.comparable(after))
     history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
     evaluator.write(run.eval_path, before, after, history)
@@ -153,7 +180,9 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
 def _progress(cfg: Config, done: int) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=cfg.run.steps, initial=done, desc="train", unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
+    return tqdm(
+        total=cfg.run.steps, initial=done, desc="train", unit="step", disable=not cfg.run.progress, dynamic_ncols=True
+    )
 
 
 def _batch(groups: Sequence[Sequence[Rollout]], ids: Mapping[int, str], temperature: float) -> Any:
@@ -171,8 +200,9 @@ def _batch(groups: Sequence[Sequence[Rollout]], ids: Mapping[int, str], temperat
     return TrainBatch(tuple(rows)) if rows else None
 
 
-def _summary(groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]],
-             budgets: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _summary(
+    groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]], budgets: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     by_domain: dict[str, list[float]] = {}
     errors = truncated = 0
     tokens: dict[str, list[int]] = {}

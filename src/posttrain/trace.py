@@ -5,15 +5,17 @@ mode, before the train step that consumes it; `mark_consumed` later links it
 to that step. The schema is versioned: an older file is migrated, a newer
 one is refused with a clear error.
 """
+
 from __future__ import annotations
 
 import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from posttrain.errors import ConfigError
 
@@ -95,7 +97,8 @@ class RolloutRecord:
 
 _COLUMNS = (
     "id created_at task_id domain split difficulty taskset_version group_id model_version sampling prompt "
-    "completion completion_tokens finish_reason reward passed parts reason verifier error_kind error exec_result timings"
+    "completion completion_tokens finish_reason reward passed parts reason verifier error_kind error "
+    "exec_result timings"
 ).split()
 _JSON_COLUMNS = {"sampling", "parts", "timings", "exec_result"}
 
@@ -132,7 +135,8 @@ class TraceStore:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(row["value"]) > SCHEMA_VERSION:
                 raise ConfigError(
-                    f"trace database {self.path} has schema version {row['value']}, newer than this posttrain's {SCHEMA_VERSION}"
+                    f"trace database {self.path} has schema version {row['value']}, "
+                    f"newer than this posttrain's {SCHEMA_VERSION}"
                 )
 
     def close(self) -> None:
@@ -141,7 +145,9 @@ class TraceStore:
     def write_rollouts(self, records: Sequence[RolloutRecord]) -> list[str]:
         marks = ",".join("?" * len(_COLUMNS))
         with self._db:
-            self._db.executemany(f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({marks})", [_row(r) for r in records])
+            self._db.executemany(
+                f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({marks})", [_row(r) for r in records]
+            )
         return [r.id for r in records]
 
     def mark_consumed(self, step: int, links: Mapping[str, Any]) -> None:
@@ -153,7 +159,9 @@ class TraceStore:
                 [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in links.items()],
             )
 
-    def add_event(self, kind: str, message: str, step: int | None = None, domain: str | None = None, data: Any = None) -> None:
+    def add_event(
+        self, kind: str, message: str, step: int | None = None, domain: str | None = None, data: Any = None
+    ) -> None:
         with self._db:
             self._db.execute(
                 "INSERT INTO events (created_at, step, kind, domain, message, data) VALUES (?,?,?,?,?,?)",
@@ -164,7 +172,9 @@ class TraceStore:
         return self._db.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
 
     def get(self, rollout_id: str) -> dict[str, Any] | None:
-        row = self._db.execute("SELECT * FROM rollouts WHERE id=? OR id LIKE ?", (rollout_id, rollout_id + "%")).fetchone()
+        row = self._db.execute(
+            "SELECT * FROM rollouts WHERE id=? OR id LIKE ?", (rollout_id, rollout_id + "%")
+        ).fetchone()
         return _decode(row) if row else None
 
     def recent(self, limit: int = 20, domain: str | None = None) -> list[dict[str, Any]]:

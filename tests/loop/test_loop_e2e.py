@@ -1,4 +1,5 @@
 """`posttrain train` end to end on a micro config: traces, eval table, resume, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,13 @@ from posttrain.rundir import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [
-    "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6",
-    "eval.tasks_per_domain=8", "eval.max_tokens=6", "run.threads=1", "run.progress=false",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_tokens=6",
+    "eval.tasks_per_domain=8",
+    "eval.max_tokens=6",
+    "run.threads=1",
+    "run.progress=false",
     "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
 ]
 
@@ -51,16 +57,23 @@ def test_train_end_to_end(tmp_path, micro_base):
     assert all(r["groups"] == 4 for r in train_rows)
 
 
-def test_resume_matches_uninterrupted(tmp_path, micro_base):
+def test_resume_matches_uninterrupted(tmp_path, micro_base, parity_domain):
+    # the parity domain pays the micro model mixed rewards, so every step really trains
+    from safetensors.torch import load_file
+
     from posttrain.loop import train
 
-    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", "run.checkpoint_every=2"), log=lambda *_: None)
-    part = train(_cfg(tmp_path, micro_base, "part", "run.steps=2", "run.checkpoint_every=2"), log=lambda *_: None)
+    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", "run.checkpoint_every=2", parity_domain),
+                 log=lambda *_: None)
+    part = train(_cfg(tmp_path, micro_base, "part", "run.steps=2", "run.checkpoint_every=2", parity_domain),
+                 log=lambda *_: None)
     # extend the interrupted run to 4 steps and resume it
     cfg_path = part.run_dir / "config.yaml"
     cfg_path.write_text(cfg_path.read_text().replace("steps: 2", "steps: 4"))
     resumed = train(None, resume=part.run_dir, log=lambda *_: None)
     a, b = _params(full.run_dir), _params(resumed.run_dir)
+    start = load_file(f"{micro_base}/model.safetensors")
+    assert any((a[k] != start[k]).any() for k in a), "the run never trained: the comparison would be vacuous"
     assert a.keys() == b.keys()
     for k in a:
         assert (a[k] == b[k]).all(), k
@@ -73,7 +86,13 @@ def test_raising_verifier_is_masked_not_zero(tmp_path, micro_base, raising_domai
     from posttrain.loop import train
 
     raising_domain("test_raising")
-    cfg = _cfg(tmp_path, micro_base, "boom", "run.steps=2", "tasks.domains={test_raising: {difficulty: 1}, add: {difficulty: 1}}")
+    cfg = _cfg(
+        tmp_path,
+        micro_base,
+        "boom",
+        "run.steps=2",
+        "tasks.domains={test_raising: {difficulty: 1}, add: {difficulty: 1}}",
+    )
     result = train(cfg, log=lambda *_: None)
     rows = TraceStore(result.run_dir / "trace.db").recent(1000, "test_raising")
     assert rows and all(r["reward"] is None and r["error_kind"] == "verifier" for r in rows)

@@ -18,12 +18,20 @@ from __future__ import annotations
 import math
 
 import pytest
-import trainer_testlib  # noqa: F401  (sets OMP threads before torch)
 import torch
+import trainer_testlib  # noqa: F401  (sets OMP threads before torch)
 
 from posttrain.trainer.config import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig
 from posttrain.trainer.losses import (
-    LOSSES, BatchTotals, DAPOLoss, DrGRPOLoss, GRPOLoss, LossInputs, build_loss, group_centred, group_normalised,
+    LOSSES,
+    BatchTotals,
+    DAPOLoss,
+    DrGRPOLoss,
+    GRPOLoss,
+    LossInputs,
+    build_loss,
+    group_centred,
+    group_normalised,
 )
 
 EPS = 1e-6

@@ -6,7 +6,13 @@ import copy
 import pytest
 import torch
 from trainer_testlib import (
-    optimizer_tensors, params_of, reference_logprobs, same_params, sample, synthetic_batch, tiny_model,
+    optimizer_tensors,
+    params_of,
+    reference_logprobs,
+    same_params,
+    sample,
+    synthetic_batch,
+    tiny_model,
 )
 
 from posttrain.errors import ConfigError, TrainerError

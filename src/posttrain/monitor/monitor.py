@@ -10,12 +10,14 @@ declared cheat is never trained on again (probe action exclude), or the run
 refuses to start / stops (probe action stop). Weight changes are part of
 `state_dict`, so a resumed run draws the same tasks as an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from posttrain.errors import VerifierError
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, Detector, History, Hit
@@ -53,7 +55,9 @@ class Monitor:
         self.stop_reason = ""
         self.fired: list[dict[str, Any]] = []
         self._reference: Any = None
-        self.loggers = build_loggers(self.cfg.loggers, self.run_dir, cfg.model_dump(mode="json")) if self.cfg.enabled else []
+        self.loggers = (
+            build_loggers(self.cfg.loggers, self.run_dir, cfg.model_dump(mode="json")) if self.cfg.enabled else []
+        )
         if state:
             self.load_state_dict(state)
         if start_step:
@@ -64,8 +68,14 @@ class Monitor:
     # ------------------------------------------------------------ the hooks
 
     def after_step(
-        self, step: int, groups: Sequence[Sequence[Any]], kept: Sequence[Sequence[Any]], ids: Mapping[int, str],
-        links: Mapping[str, Link], stats: Any = None, train_row: Mapping[str, Any] | None = None,
+        self,
+        step: int,
+        groups: Sequence[Sequence[Any]],
+        kept: Sequence[Sequence[Any]],
+        ids: Mapping[int, str],
+        links: Mapping[str, Link],
+        stats: Any = None,
+        train_row: Mapping[str, Any] | None = None,
     ) -> None:
         """Signals, audits, KL and step alarms of one finished step; periodic probes. `ids`: each
         rollout's trace id by id(rollout); `links`: what the train step did with each, by that id."""
@@ -81,8 +91,13 @@ class Monitor:
         self._check(step, STEP_DETECTORS)
         if self.cfg.probes.enabled and self.cfg.probes.every_steps and step % self.cfg.probes.every_steps == 0:
             self.probe(step)
-        row = {"domains": {d: asdict(s) for d, s in signals.items()}, "kl": kl, "audit": audits,
-               "weights": self.pool.target_shares(), "monitor_s": time.perf_counter() - started}
+        row = {
+            "domains": {d: asdict(s) for d, s in signals.items()},
+            "kl": kl,
+            "audit": audits,
+            "weights": self.pool.target_shares(),
+            "monitor_s": time.perf_counter() - started,
+        }
         self.metrics.write("monitor", step, **row)
         self._mirror(step, {"train": dict(train_row or {}), **row})
 
@@ -95,7 +110,9 @@ class Monitor:
         results = table.results.values()
         accs = {r.domain: r.train_accuracy for r in results if getattr(r, "train_accuracy", None) is not None}
         trusted = {r.domain: r.accuracy for r in results if r.accuracy is not None}
-        strict = {r.domain: r.accuracy for r in results if r.accuracy is not None and "+" in getattr(r, "eval_verifier", "")}
+        strict = {
+            r.domain: r.accuracy for r in results if r.accuracy is not None and "+" in getattr(r, "eval_verifier", "")
+        }
         self.history.evals.append((step, trusted))
         counts = dict(table.counts)
         self.history.eval_counts.append(counts)
@@ -125,9 +142,19 @@ class Monitor:
         done = self._act(action, hit)
         data = {"alarm": hit.kind, "action": action, "done": done, **hit.data}
         self.trace.add_event("alarm", hit.message, step=step, domain=hit.domain, data=data)
-        self.metrics.write("alarm", step, alarm=hit.kind, domain=hit.domain, message=hit.message, action=action,
-                           done=done, data=dict(hit.data))
-        self.fired.append({"step": step, "alarm": hit.kind, "domain": hit.domain, "message": hit.message, "action": action})
+        self.metrics.write(
+            "alarm",
+            step,
+            alarm=hit.kind,
+            domain=hit.domain,
+            message=hit.message,
+            action=action,
+            done=done,
+            data=dict(hit.data),
+        )
+        self.fired.append(
+            {"step": step, "alarm": hit.kind, "domain": hit.domain, "message": hit.message, "action": action}
+        )
         self.log(f"ALARM step {step}: {hit.message} [{done}]")
 
     def _act(self, action: str, hit: Hit) -> str:
@@ -165,8 +192,13 @@ class Monitor:
                 if at_start:
                     self.metrics.write("probe", step, domain=name, declared=False, ok=None, cheats=0, accepted=0)
                 continue
-            data = {"verifier": result.verifier, "cheats": result.cheats, "accepted": len(result.accepted),
-                    "infra_errors": result.infra_errors, "examples": [asdict(a) for a in result.accepted[:3]]}
+            data = {
+                "verifier": result.verifier,
+                "cheats": result.cheats,
+                "accepted": len(result.accepted),
+                "infra_errors": result.infra_errors,
+                "examples": [asdict(a) for a in result.accepted[:3]],
+            }
             self.metrics.write("probe", step, domain=name, declared=True, ok=result.ok, **data)
             self.trace.add_event("probe", result.message(), step=step, domain=name, data=data)
             if not result.ok:
@@ -179,13 +211,26 @@ class Monitor:
         left = [n for n in self.pool.names if n not in self.excluded]
         stop = action == "stop" or not left
         done = "refused to train on it" + ("; no domain left" if not left else "")
-        self.trace.add_event("alarm", message, step=step, domain=domain, data={"alarm": "probe_failure", "action": action, "done": done, **data})
-        self.metrics.write("alarm", step, alarm="probe_failure", domain=domain, message=message, action=action, done=done, data=data)
-        self.fired.append({"step": step, "alarm": "probe_failure", "domain": domain, "message": message, "action": action})
+        self.trace.add_event(
+            "alarm",
+            message,
+            step=step,
+            domain=domain,
+            data={"alarm": "probe_failure", "action": action, "done": done, **data},
+        )
+        self.metrics.write(
+            "alarm", step, alarm="probe_failure", domain=domain, message=message, action=action, done=done, data=data
+        )
+        self.fired.append(
+            {"step": step, "alarm": "probe_failure", "domain": domain, "message": message, "action": action}
+        )
         self.log(f"ALARM step {step}: {message} [{done}]")
         if stop and at_start:
-            raise VerifierError(message + (" (no domain left to train on)" if not left else "")
-                                + "; set monitor.probes.enabled=false to train anyway")
+            raise VerifierError(
+                message
+                + (" (no domain left to train on)" if not left else "")
+                + "; set monitor.probes.enabled=false to train anyway"
+            )
         if stop:
             self.stop_reason = self.stop_reason or message
 
@@ -258,8 +303,12 @@ class Monitor:
                 logger.log(step, scalars)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"weights": dict(self.weights), "excluded": sorted(self.excluded),
-                "active": [list(k) for k in sorted(self.active, key=str)], "stop_reason": self.stop_reason}
+        return {
+            "weights": dict(self.weights),
+            "excluded": sorted(self.excluded),
+            "active": [list(k) for k in sorted(self.active, key=str)],
+            "stop_reason": self.stop_reason,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for domain in state.get("excluded", ()):

@@ -11,12 +11,12 @@ per-token entropy at the sampling temperature, at no extra forward pass.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from posttrain.monitor.diversity import distinct_answers, distinct_n, mean_pairwise_edit
 from posttrain.trainer.batch import RolloutLink
-
 
 Link = RolloutLink
 """What the train step did with one rollout: the trainer's own record (StepStats.rollouts)."""

@@ -8,8 +8,8 @@ Torch-free, so the loop can build batches without importing torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 from posttrain.errors import TrainerError
 from posttrain.types import Completion
@@ -76,7 +76,7 @@ class TrainRow:
         temperature: float,
         loss_mask: Sequence[int] | None = None,
         rollout_id: str = "",
-    ) -> "TrainRow":
+    ) -> TrainRow:
         """A row from an engine Completion; the mask defaults to all ones."""
         mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
         return cls(

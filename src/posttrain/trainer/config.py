@@ -6,7 +6,8 @@ checked here, unknown keys are rejected, and the model is frozen.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -58,7 +59,7 @@ class DAPOLossConfig(BaseModel):
     """Added to the group's reward standard deviation before dividing."""
 
 
-LossConfig = Annotated[Union[GRPOLossConfig, DrGRPOLossConfig, DAPOLossConfig], Field(discriminator="type")]
+LossConfig = Annotated[GRPOLossConfig | DrGRPOLossConfig | DAPOLossConfig, Field(discriminator="type")]
 
 
 class LoraConfig(BaseModel):

@@ -9,8 +9,9 @@ Masked tokens (padding, tool output) have weight 0 and a log-ratio forced to
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -53,7 +54,7 @@ class LossStats:
     ratio_max: float = 0.0
     kl_sum: float = 0.0
 
-    def merge(self, other: "LossStats") -> "LossStats":
+    def merge(self, other: LossStats) -> LossStats:
         return LossStats(
             n_tokens=self.n_tokens + other.n_tokens,
             clipped_low=self.clipped_low + other.clipped_low,

@@ -10,27 +10,29 @@ The scale options (LoRA, FSDP, bf16 autocast, gradient checkpointing,
 memory-sized micro-batches, pinned RNG; see posttrain.scale) change the
 model it trains and how a step is cut, never what a step computes.
 """
+
 from __future__ import annotations
 
 import copy
 import inspect
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import ConfigError, TrainerError
+from posttrain.scale.fsdp import DataParallel
+from posttrain.scale.memory import autocast, micro_slices, token_budget
+from posttrain.scale.prepare import prepare_model
 from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.guard import SpikeGuard
 from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss, row_clip_stats
-from posttrain.scale.fsdp import DataParallel
-from posttrain.scale.memory import autocast, micro_slices, token_budget
-from posttrain.scale.prepare import prepare_model
 
 Outcome = Literal["applied", "no_signal", "skipped", "rolled_back"]
 
@@ -184,7 +186,7 @@ class Trainer:
         for i, row in enumerate(batch.rows):
             for name in ("prompt_ids", "completion_ids"):
                 ids = getattr(row, name)
-                if ids and not (0 <= min(ids) and max(ids) < self.vocab_size):
+                if ids and not (min(ids) >= 0 and max(ids) < self.vocab_size):
                     raise TrainerError(f"rows[{i}].{name} holds token ids outside [0, {self.vocab_size})")
 
     def _prepare(self, batch: TrainBatch) -> _Prepared:
@@ -242,10 +244,17 @@ class Trainer:
         if not self.parallel.active:
             return acc
         s = acc.stats
-        sums = self.parallel.sum_floats([acc.loss, acc.entropy_sum, s.n_tokens, s.clipped_low, s.clipped_high,
-                                         s.ratio_sum, s.kl_sum])
-        stats = LossStats(n_tokens=sums[2], clipped_low=sums[3], clipped_high=sums[4], ratio_sum=sums[5],
-                          ratio_max=self.parallel.max_float(s.ratio_max), kl_sum=sums[6])
+        sums = self.parallel.sum_floats(
+            [acc.loss, acc.entropy_sum, s.n_tokens, s.clipped_low, s.clipped_high, s.ratio_sum, s.kl_sum]
+        )
+        stats = LossStats(
+            n_tokens=sums[2],
+            clipped_low=sums[3],
+            clipped_high=sums[4],
+            ratio_sum=sums[5],
+            ratio_max=self.parallel.max_float(s.ratio_max),
+            kl_sum=sums[6],
+        )
         return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1])
 
     def _micro_step(
@@ -271,8 +280,14 @@ class Trainer:
         return float(loss.detach()), stats, entropy_sum
 
     def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
-        ratio_b, clipped_b = row_clip_stats(inputs.logp_bt, inputs.behaviour_logp_bt, inputs.mask_bt, inputs.advantage_b,
-                                            self.config.loss.clip_low, self.config.loss.clip_high)
+        ratio_b, clipped_b = row_clip_stats(
+            inputs.logp_bt,
+            inputs.behaviour_logp_bt,
+            inputs.mask_bt,
+            inputs.advantage_b,
+            self.config.loss.clip_low,
+            self.config.loss.clip_high,
+        )
         for row, ratio, clipped in zip(rows, ratio_b.tolist(), clipped_b.tolist()):
             self._row_clip[id(row)] = (ratio, clipped)
 
@@ -329,8 +344,14 @@ class Trainer:
     # ------------------------------------------------------------ stats
 
     def _stats(
-        self, batch: TrainBatch, prepared: _Prepared, outcome: Outcome, reason: str,
-        acc: _Accumulated | None, grad_norm: float, started: float,
+        self,
+        batch: TrainBatch,
+        prepared: _Prepared,
+        outcome: Outcome,
+        reason: str,
+        acc: _Accumulated | None,
+        grad_norm: float,
+        started: float,
     ) -> StepStats:
         stats = acc.stats if acc is not None else LossStats()
         adv_b = prepared.advantage_b
@@ -363,8 +384,12 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own JSON state (counters and guard history)."""
-        return {"steps": self.steps, "skipped": self.skipped, "rolled_back": self.rolled_back,
-                "guard": self.guard.state_dict()}
+        return {
+            "steps": self.steps,
+            "skipped": self.skipped,
+            "rolled_back": self.rolled_back,
+            "guard": self.guard.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
@@ -372,8 +397,9 @@ class Trainer:
         self.rolled_back = int(state["rolled_back"])
         self.guard.load_state_dict(state["guard"])
 
-    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None,
-             step: int | None = None) -> Path:
+    def save(
+        self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None, step: int | None = None
+    ) -> Path:
         """Checkpoint model, tokenizer, optimizer, RNG, `loop_state` and the trainer's
         state (under the reserved key "trainer") as checkpoints/step_<step>; the loop
         passes its own step, so distinct loop steps never share a folder. Without
@@ -393,8 +419,16 @@ class Trainer:
                 from posttrain.trainer.checkpoint import checkpoint_path
 
                 return checkpoint_path(run_dir, step)
-        path = save_checkpoint(run_dir, self.model, tokenizer, self.optimizer, loop_state, step,
-                               keep=self.config.keep_checkpoints, full_state=full)
+        path = save_checkpoint(
+            run_dir,
+            self.model,
+            tokenizer,
+            self.optimizer,
+            loop_state,
+            step,
+            keep=self.config.keep_checkpoints,
+            full_state=full,
+        )
         if self.config.fsdp:
             self.parallel.barrier()
         return path
