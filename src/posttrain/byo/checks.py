@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.byo.domain import SourceDomain
-from posttrain.tasks.hygiene import normalise
+from posttrain.tasks.hygiene import exact_key, normalise, prompt_text
 from posttrain.types import Episode
 
 _NEAR = re.compile(r"[^\w]+")
@@ -81,8 +81,8 @@ def inspect(domain: SourceDomain, score_gold: int = 200, tokenizer: Any = None) 
         for lv in idx.levels:
             for pos in idx.pools.get((split, lv), ()):
                 task = domain.task_at(pos, split, lv)
-                text = "\n".join(m.content for m in task.prompt)
-                exact, near = hashlib.sha1(text.encode()).hexdigest(), _near_key(text)
+                text = prompt_text(task)
+                exact, near = exact_key(task), _near_key(text)
                 if exact in seen_exact:
                     rep.duplicates += 1
                 elif near in seen_near and split in seen_near[near]:
