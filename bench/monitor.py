@@ -18,7 +18,7 @@ from pathlib import Path
 
 from posttrain.config import load_config
 from posttrain.domains.registry import get
-from posttrain.monitor.monitor import Monitor
+from posttrain.monitor.monitor import Monitor, RunContext
 from posttrain.monitor.signals import Link, step_signals
 from posttrain.rollout import Rollout
 from posttrain.rundir import MetricsLog
@@ -65,21 +65,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pool = TaskPool(cfg.tasks, seed=0)
         trace, metrics = TraceStore(Path(tmp) / "trace.db"), MetricsLog(Path(tmp) / "metrics.jsonl")
-        mon = Monitor(cfg, Path(tmp), trace, metrics, pool, log=lambda *_: None)
-        no_audit = Monitor(
-            cfg.model_copy(
-                update={
-                    "monitor": cfg.monitor.model_copy(
-                        update={"audit": cfg.monitor.audit.model_copy(update={"enabled": False})}
-                    )
-                }
-            ),
-            Path(tmp),
-            trace,
-            metrics,
-            pool,
-            log=lambda *_: None,
-        )
+        run = RunContext.of(cfg, Path(tmp))
+        mon = Monitor(cfg.monitor, run, trace, metrics, pool, log=lambda *_: None)
+        no_audit_cfg = cfg.monitor.model_copy(update={"audit": cfg.monitor.audit.model_copy(update={"enabled": False})})
+        no_audit = Monitor(no_audit_cfg, run, trace, metrics, pool, log=lambda *_: None)
         step = iter(range(1, 10**6))
         ms = interleaved({
             "signals": lambda: step_signals(groups, groups, {}, 2, 64),

@@ -6,6 +6,7 @@ counted; it is never scored 0.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 ErrorKind = Literal["config", "task", "generation", "sandbox", "verifier", "trainer", "infra"]
@@ -66,3 +67,21 @@ def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, (TimeoutError, OSError, MemoryError)):
         return "infra"
     return "infra"
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """What a boundary records for an exception that escaped the code it called:
+    the typed kind and a one-line message (`Type: text`)."""
+
+    kind: ErrorKind
+    message: str
+
+
+def capture(exc: BaseException, boundary: ErrorKind = "infra") -> ErrorRecord:
+    """The record of `exc` caught at `boundary` (the one helper every catch site of a
+    rollout uses): an error posttrain raised on purpose keeps its own kind; anything
+    else takes the boundary's kind, so a KeyError escaping a verifier is a verifier
+    error, never a wrong answer."""
+    kind = classify(exc)
+    return ErrorRecord(boundary if kind == "infra" else kind, f"{type(exc).__name__}: {exc}")

@@ -9,18 +9,20 @@ as the uninterrupted run would have (same tasks, same samples, same weights).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
 from posttrain.config import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
+from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
@@ -28,6 +30,9 @@ from posttrain.rollout import Rollout, informative
 from posttrain.rundir import MetricsLog, RunDir
 from posttrain.trace import RolloutRecord, TraceStore
 from posttrain.types import SamplingParams, to_dict
+
+if TYPE_CHECKING:
+    from posttrain.tasks.pool import TaskPool
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
 
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
-    from posttrain.monitor.monitor import Monitor
+    from posttrain.monitor.monitor import Monitor, RunContext
     from posttrain.scale.remote import WeightSync, make_engine
     from posttrain.tasks.pool import TaskPool
     from posttrain.trainer.trainer import Trainer
@@ -78,16 +83,16 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         sync.push()
         levels = state["levels"]
         log(f"resumed {run.path} at step {state['step']}")
-    monitor = Monitor(
-        cfg, run.path, trace, metrics, pool, engine, trainer, model_dir, log, state.pop("monitor", None), state["step"]
-    )
+    base_copy = functools.cache(lambda: ref_model if ref_model is not None else load_model(model_dir, device=device)[0])
+    monitor = Monitor(cfg.monitor, RunContext.of(cfg, run.path), trace, metrics, pool, base_copy, log)
+    stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
     evaluator = RunEvaluator(cfg, run.path, engine, metrics, levels, log)  # held-out set stored in the run dir
     if state["before"] is None:
         evaluator.checks(model, tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))  # contamination, exposure
         before = evaluator.full(0)
         state["before"] = before.to_json()
         log("held-out before training:\n" + evaluator.describe(before))
-        monitor.after_eval(0, evaluator.comparable(before))
+        stop = apply_actions(monitor.after_eval(0, evaluator.comparable(before)), pool, stop)
     before = EvalTable.from_json(state["before"])
 
     budgets = domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens)  # tokens per turn and turns, per domain
@@ -137,16 +142,17 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             engine_version=engine.version,
             engine_dropped_stale=sync.dropped_stale,
         )
-        monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
+        actions = monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
+        stop = apply_actions(actions, pool, stop)  # the monitor observes, the loop acts
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
         if evaluator.due(step, cfg.run.steps):  # the fixed subset and a rotation slice
             table = evaluator.periodic(step)
             state["history"].append([step, table.to_json()])
             pool.observe_eval(table.accuracies, table.counts)
-            monitor.after_eval(step, table)
-        if monitor.stop_reason:
-            log(f"stopping the run after step {step}: {monitor.stop_reason}")
+            stop = apply_actions(monitor.after_eval(step, table), pool, stop)
+        if stop:
+            log(f"stopping the run after step {step}: {stop}")
             break
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < cfg.run.steps:
             state["step"] = step  # named by the loop step; the last step's checkpoint is the final one below
@@ -155,12 +161,12 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             )
     bar.close()
 
-    state["step"] = step if monitor.stop_reason else cfg.run.steps
+    state["step"] = step if stop else cfg.run.steps
     after = evaluator.full(state["step"])
     trainer.save(
         run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, state["step"]
     )
-    monitor.after_eval(state["step"], evaluator.comparable(after))
+    monitor.after_eval(state["step"], evaluator.comparable(after))  # its actions: too late, nothing is drawn after
     history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
     evaluator.write(run.eval_path, before, after, history)
     log("held-out before and after training:\n" + evaluator.describe(before, after))
@@ -175,6 +181,20 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
 
         log(f"report: {write_report(run.path)}")
     return RunResult(run.path, before, after, state["step"])
+
+
+def apply_actions(actions: Sequence[Action], pool: TaskPool, stop: str = "") -> str:
+    """Apply the monitor's actions, in order, through the task pool's API. Returns why the run
+    stops: `stop` when already set (the first reason wins), else the first Stop's, else ''."""
+    for action in actions:
+        match action:
+            case LowerWeight(domain, factor):
+                pool.set_weight(domain, pool.weight(domain) * factor)
+            case ExcludeDomain(domain):
+                pool.exclude(domain)
+            case Stop(reason):
+                stop = stop or reason
+    return stop
 
 
 def _progress(cfg: Config, done: int) -> Any:

@@ -193,6 +193,63 @@ class TraceStore:
                  SUM(train_step IS NOT NULL) AS consumed FROM rollouts GROUP BY domain ORDER BY domain"""
         return [dict(r) for r in self._db.execute(sql)]
 
+    # ---- read queries (report, commands); every read of a trace goes through these ----
+
+    @classmethod
+    def read_only(cls, path: str | Path) -> TraceStore:
+        """An existing trace opened for reading only: nothing is created, migrated or
+        written (a report, or `posttrain trace` while another process trains). Raises
+        ConfigError when `path` is not a file."""
+        return _ReadOnlyTrace(path)
+
+    def has(self, rollout_id: str) -> bool:
+        """Whether a rollout with this id (or a unique-enough prefix of it) is stored."""
+        sql = "SELECT 1 FROM rollouts WHERE id=? OR id LIKE ? LIMIT 1"
+        return self._db.execute(sql, (rollout_id, rollout_id + "%")).fetchone() is not None
+
+    def siblings(self, rollout: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The rollouts sampled for the same prompt in the same step as `rollout` (a row of
+        `get`), itself included, in write order: id, reward and completion."""
+        sql = (
+            "SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? "
+            "ORDER BY rowid"
+        )
+        args = (rollout["group_id"], rollout["model_version"], rollout["task_id"])
+        return [dict(r) for r in self._db.execute(sql, args)]
+
+    def outcomes(self) -> list[tuple[str, str | None, str | None]]:
+        """(domain, sandbox status, infra-error kind) of every rollout that ran a program or
+        hit an infra error; the status is None when the execution summary has none."""
+        sql = (
+            "SELECT domain, exec_result, error_kind FROM rollouts "
+            "WHERE exec_result IS NOT NULL OR error_kind IS NOT NULL"
+        )
+        return [(r["domain"], _status(r["exec_result"]), r["error_kind"]) for r in self._db.execute(sql)]
+
+
+class _ReadOnlyTrace(TraceStore):
+    """A TraceStore on a read-only connection (`TraceStore.read_only`)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(f"no trace database at {str(self.path)!r}")
+        self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _status(exec_result: str | None) -> str | None:
+    """The `status` of a stored execution summary (None when absent or unreadable)."""
+    try:
+        value = json.loads(exec_result) if exec_result else None
+    except ValueError:
+        return None
+    status = value.get("status") if isinstance(value, dict) else None
+    return str(status) if status else None
+
 
 def _decode(row: sqlite3.Row) -> dict[str, Any]:
     out = dict(row)

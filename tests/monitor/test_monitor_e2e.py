@@ -198,12 +198,25 @@ def test_report_opens_in_headless_chromium(collapsed, tmp_path):
 def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted, monkeypatch):
     """Resume == uninterrupted, compared in one process on one machine (a property of exact
     resume, not of any trajectory); the collapse that lowers a weight before the checkpoint is planted."""
+    import posttrain.loop as loop
     from posttrain.loop import train
+    from posttrain.monitor.actions import LowerWeight
 
     plant_collapse(monkeypatch, PLANT)  # fires at step FIRST_FULL_WINDOW at the latest, before the step-7 checkpoint
+    applied, apply = [], loop.apply_actions
+
+    def recording(actions, pool, stop=""):  # the loop's own apply_actions, watched
+        out = apply(actions, pool, stop)
+        applied.extend((a.domain, pool.weight(a.domain)) for a in actions if isinstance(a, LowerWeight))
+        return out
+
+    monkeypatch.setattr(loop, "apply_actions", recording)
     extra = ["monitor.probes.enabled=false", "monitor.alarms.entropy_collapse.action=lower_weight",
              "tasks.domains={test_coin: {difficulty: 1}, reverse: {difficulty: 1}}"]
     full = _train(tmp_path, micro_base, "full", "run.steps=8", *extra)
+    # every lower_weight alarm reached the pool through the loop: weight 1 -> 0.5 per firing
+    assert [d for d, _ in applied] == [a["domain"] for a in _alarms(full.run_dir, "entropy_collapse")]
+    assert all(w == 0.5 ** [x for x, _ in applied[: i + 1]].count(d) for i, (d, w) in enumerate(applied))
     part = _train(tmp_path, micro_base, "part", "run.steps=7", *extra)  # its checkpoint holds the lowered weight
     cfg_path = part.run_dir / "config.yaml"
     cfg_path.write_text(cfg_path.read_text().replace("steps: 7", "steps: 8"))

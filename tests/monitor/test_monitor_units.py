@@ -10,10 +10,12 @@ from monitor_testlib import Letters
 from posttrain.config import load_config
 from posttrain.domains.registry import get
 from posttrain.errors import VerifierError
+from posttrain.loop import apply_actions
+from posttrain.monitor.actions import ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, History, KLAcceleration, RewardHacking
 from posttrain.monitor.diversity import distinct_answers, distinct_n, levenshtein, mean_pairwise_edit
-from posttrain.monitor.monitor import Monitor
-from posttrain.monitor.probes import audit, cheats_of, probe_domain
+from posttrain.monitor.monitor import Monitor, RunContext
+from posttrain.monitor.probes import probe_domain
 from posttrain.monitor.signals import DomainSignals
 from posttrain.rundir import MetricsLog, read_metrics
 from posttrain.tasks.pool import TaskPool
@@ -55,9 +57,23 @@ def test_builtin_verifiers_reject_their_cheats_and_audits_agree(name):
     assert result is not None and result.cheats >= 4 * 5 and result.ok, result.message()
     for i in range(4):
         task = domain.sample(i, "train", 1)
-        assert audit(domain, task, domain.gold(task)) is True
-        assert audit(domain, task, domain.wrong(task)) is False
-        assert not any(audit(domain, task, c) for c in cheats_of(domain)(task))
+        assert domain.has_audit and domain.audit(task, domain.gold(task)) is True
+        assert domain.audit(task, domain.wrong(task)) is False
+        assert not any(domain.audit(task, c) for c in domain.cheats(task))
+
+
+def test_builtin_audit_recomputes_from_the_question_not_the_reference():
+    import dataclasses as dc
+
+    domain = get("add")
+    task = domain.sample(0, "train", 1)
+    lying = dc.replace(task, reference=str(int(task.reference) + 5))  # a task whose stored reference is wrong
+    assert domain.score(lying, Episode(lying.reference)).passed  # the reward trusts the reference ...
+    assert domain.audit(lying, lying.reference) is False  # ... the audit does not
+    bad = dc.replace(task, prompt=(dc.replace(task.prompt[-1], content="what is two plus two?"),))
+    with pytest.raises(VerifierError, match="cannot parse question"):
+        domain.audit(bad, "4")
+    assert not get("code").has_audit and get("code").audit(task, "") is True  # the declared default: no stricter check
 
 
 def test_probe_catches_the_digit_hack():
@@ -156,28 +172,48 @@ def monitor_parts(tmp_path):
     return cfg, pool, trace, metrics, tmp_path
 
 
+def _monitor(cfg, run, trace, metrics, pool, state=None, start_step=0):
+    """A started monitor and the loop's answer to its start actions (the stop reason, if any)."""
+    mon = Monitor(cfg.monitor, RunContext.of(cfg, run), trace, metrics, pool, log=lambda *_: None)
+    return mon, apply_actions(mon.start(start_step, state), pool)
+
+
+def _check(mon, pool, step, detectors=STEP_DETECTORS):
+    """One alarm check as the loop sees it: the monitor returns actions, the loop applies them."""
+    mon._check(step, detectors)
+    actions = mon._take()
+    return actions, apply_actions(actions, pool)
+
+
 def test_actions_fire_once_rearm_and_survive_resume(monitor_parts):
     cfg, pool, trace, metrics, run = monitor_parts
-    mon = Monitor(cfg, run, trace, metrics, pool, log=lambda *_: None)
+    mon, _ = _monitor(cfg, run, trace, metrics, pool)
     falling = [_sig(entropy=2.0)] * 3 + [_sig(entropy=0.1)] * 3
     mon.history.signals["add"] = [(i + 1, s) for i, s in enumerate(falling)]
-    for step in (6, 7):
-        mon._check(step, STEP_DETECTORS)
+    mon._check(6, STEP_DETECTORS)
+    assert pool.target_shares()["add"] == pytest.approx(1 / 2)  # the monitor only observes ...
+    assert apply_actions(mon._take(), pool) == ""  # ... the loop acts
+    assert _check(mon, pool, 7) == ([], "")
     alarms = read_metrics(run / "metrics.jsonl", "alarm")
     assert [(a["alarm"], a["step"]) for a in alarms] == [("entropy_collapse", 6)]  # once, not every step
+    assert alarms[0]["done"] == "weight of add x0.5 (now x0.5)"
     assert pool.target_shares()["add"] == pytest.approx(1 / 3)  # weight 1 -> 0.5 against reverse's 1
     assert [e["domain"] for e in trace.events("alarm")] == ["add"]
     # the condition clears, then holds again: it fires again and lowers the weight again
     mon.history.signals["add"] += [(7 + i, _sig(entropy=2.0)) for i in range(3)]
-    mon._check(10, STEP_DETECTORS)
+    assert _check(mon, pool, 10) == ([], "")
     mon.history.signals["add"] += [(10 + i, _sig(entropy=0.01)) for i in range(3)]
-    mon._check(13, STEP_DETECTORS)
+    assert _check(mon, pool, 13) == ([LowerWeight("add", 0.5)], "")
     assert len(read_metrics(run / "metrics.jsonl", "alarm")) == 2
     assert pool.target_shares()["add"] == pytest.approx(0.25 / 1.25)
-    # a fresh pool restored with the monitor's state draws with the same weights
+    # a fresh pool given the actions a restored monitor returns draws with the same weights
     fresh = TaskPool(cfg.tasks, seed=0)
-    Monitor(cfg, run, trace, metrics, fresh, log=lambda *_: None, state=mon.state_dict())
+    _monitor(cfg, run, trace, metrics, fresh, state=mon.state_dict())
     assert fresh.target_shares() == pool.target_shares()
+    # a checkpoint written before the actions were typed (multipliers only) restores the same weights
+    older = TaskPool(cfg.tasks, seed=0)
+    _monitor(cfg, run, trace, metrics, older, state={"weights": {"add": 0.25}, "excluded": [], "active": []})
+    assert older.target_shares() == pool.target_shares()
 
 
 def test_stop_action_and_probe_refusal(monitor_parts, monkeypatch):
@@ -194,20 +230,39 @@ def test_stop_action_and_probe_refusal(monitor_parts, monkeypatch):
             ).monitor
         }
     )
-    mon = Monitor(cfg, run, trace, metrics, pool, log=lambda *_: None)
+    mon, _ = _monitor(cfg, run, trace, metrics, pool)
     mon.history.signals["reverse"] = [(i + 1, _sig(distinct_answers=v)) for i, v in enumerate([0.9] * 3 + [0.1] * 3)]
-    mon._check(6, STEP_DETECTORS)
-    assert mon.stop_reason.startswith("diversity (distinct answers per group) collapse in reverse")
+    (action,), stop = _check(mon, pool, 6)
+    assert isinstance(action, Stop) and stop == action.reason
+    assert stop.startswith("diversity (distinct answers per group) collapse in reverse")
     from posttrain.domains import registry
 
     monkeypatch.setitem(registry._REGISTRY, "test_letters", Letters())
     cfg2 = load_config(None, ["tasks.domains={test_letters: {difficulty: 1}, add: {difficulty: 1}}"])
     pool2 = TaskPool(cfg2.tasks, seed=0)
-    Monitor(cfg2, run, trace, metrics, pool2, log=lambda *_: None)
-    assert pool2.names == ("add",) and {t.domain for t in pool2.draw(20)} == {"add"}
+    mon2 = Monitor(cfg2.monitor, RunContext.of(cfg2, run), trace, metrics, pool2, log=lambda *_: None)
+    (exclude,) = mon2.start()
+    assert isinstance(exclude, ExcludeDomain) and exclude.domain == "test_letters"
+    assert pool2.names == ("add", "test_letters")  # the monitor never writes to the pool ...
+    assert apply_actions([exclude], pool2) == ""  # ... the loop applies the action through its API
+    assert pool2.names == ("add",) and pool2.excluded == ("test_letters",)
+    assert {t.domain for t in pool2.draw(20)} == {"add"}
+    assert mon2.state_dict()["excluded"] == ["test_letters"]
     stop = cfg2.model_copy(update={"monitor": load_config(None, ["monitor.probes.action=stop"]).monitor})
     with pytest.raises(VerifierError, match="refusing to train"):
-        Monitor(stop, run, trace, metrics, TaskPool(cfg2.tasks, seed=0), log=lambda *_: None)
+        _monitor(stop, run, trace, metrics, TaskPool(cfg2.tasks, seed=0))
+
+
+def test_loop_applies_actions_through_the_pool_api(monitor_parts):
+    cfg, pool, *_ = monitor_parts
+    assert apply_actions([], pool) == ""
+    stop = apply_actions([LowerWeight("add", 0.5), Stop("first"), ExcludeDomain("add", "r"), Stop("second")], pool)
+    assert stop == "first" and pool.weight("add") == 0.5 and pool.names == ("reverse",)
+    assert apply_actions([Stop("later")], pool, stop) == "first"  # the first reason wins
+    from posttrain.errors import TaskError
+
+    with pytest.raises(TaskError, match="not in this pool"):
+        apply_actions([ExcludeDomain("mul", "r")], pool)
 
 
 def test_signals_reload_from_metrics_on_resume(monitor_parts):
@@ -216,6 +271,6 @@ def test_signals_reload_from_metrics_on_resume(monitor_parts):
     for step in (1, 2, 3):
         metrics.write("monitor", step, domains={"add": dataclasses.asdict(s)}, kl={"add": 0.01 * step}, audit={})
     metrics.write("heldout", 0, domains={"add": 0.1}, strict={}, trusted={"add": 0.1})
-    mon = Monitor(cfg, run, trace, metrics, pool, log=lambda *_: None, start_step=2)
+    mon, _ = _monitor(cfg, run, trace, metrics, pool, start_step=2)
     assert [st for st, _ in mon.history.signals["add"]] == [1, 2]
     assert mon.history.kl["add"] == [(1, 0.01), (2, 0.02)] and mon.history.evals == [(0, {"add": 0.1})]

@@ -33,7 +33,7 @@ def _copy_package(tmp_path: Path) -> Path:
 def test_contracts_hold_on_the_tree(tmp_path):
     res = _lint_imports(_copy_package(tmp_path), tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "2 kept, 0 broken" in res.stdout
+    assert "3 kept, 0 broken" in res.stdout
 
 
 def test_a_new_upward_import_breaks_the_layers(tmp_path):
@@ -52,3 +52,14 @@ def test_a_new_cycle_between_folders_breaks_the_acyclic_contract(tmp_path):
     res = _lint_imports(src, tmp_path)
     assert res.returncode != 0
     assert "No cycles between the folders of posttrain BROKEN" in res.stdout
+
+
+def test_a_part_importing_the_monitor_breaks_the_monitor_contract(tmp_path):
+    """The monitor observes: a domain that reached back into it (as the eval verifier once did
+    for audits) breaks `make lint`."""
+    src = _copy_package(tmp_path)
+    add_py = src / "posttrain" / "domains" / "add.py"
+    add_py.write_text(add_py.read_text() + "\nimport posttrain.monitor.probes  # noqa: E402,F401\n")
+    res = _lint_imports(src, tmp_path)
+    assert res.returncode != 0
+    assert "The monitor observes" in res.stdout and "BROKEN" in res.stdout

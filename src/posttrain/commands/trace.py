@@ -34,22 +34,19 @@ def _db_path(arg: str) -> Path:
 
 def _find(rollout_id: str, run: str | None) -> Path:
     """The trace database holding `rollout_id`: the given run's, else the newest run under ./runs that has it."""
-    import sqlite3
-
     from posttrain.errors import ConfigError
+    from posttrain.trace import TraceStore
 
     if run:
         return _db_path(run)
     candidates = sorted(Path("runs").glob("*/trace.db"), key=lambda p: p.stat().st_mtime, reverse=True)
     for db in candidates:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        store = TraceStore.read_only(db)
         try:
-            if con.execute(
-                "SELECT 1 FROM rollouts WHERE id=? OR id LIKE ? LIMIT 1", (rollout_id, rollout_id + "%")
-            ).fetchone():
+            if store.has(rollout_id):
                 return db
         finally:
-            con.close()
+            store.close()
     raise ConfigError(f"rollout {rollout_id!r} not found in {len(candidates)} run(s) under ./runs (pass --run RUN_DIR)")
 
 
@@ -60,7 +57,7 @@ def _explain(args: argparse.Namespace) -> int:
 
     if not args.rollout_id:
         raise ConfigError("trace explain needs a ROLLOUT_ID (see `posttrain trace RUN_DIR` for ids)")
-    store = TraceStore(_find(args.rollout_id, args.run))
+    store = TraceStore.read_only(_find(args.rollout_id, args.run))
     try:
         print(explain(store, args.rollout_id), end="")
     finally:
@@ -73,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.run_dir == "explain" and not Path("explain").is_dir():
         return _explain(args)
-    store = TraceStore(_db_path(args.run_dir))
+    store = TraceStore.read_only(_db_path(args.run_dir))
     print(f"{'domain':<20}{'rollouts':>9}{'reward':>8}{'pass':>7}{'errors':>7}{'trunc':>7}{'used':>7}")
     for s in store.domain_stats():
         print(

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
-from posttrain.domains.base import ProceduralDomain
+from posttrain.domains.base import ProceduralDomain, answer_cheats, extract_answer, question_match
 from posttrain.domains.registry import register
+from posttrain.types import Task
 
 # digits of the two operands at each difficulty level (level 1 still has 900 questions)
 SIZES = {1: (2, 1), 2: (2, 2), 3: (3, 3), 4: (4, 4)}
@@ -31,6 +33,14 @@ class Add(ProceduralDomain):
 
     def corrupt(self, answer: str) -> str:
         return str(int(answer) + 1)
+
+    def cheats(self, task: Task) -> Sequence[str]:
+        return answer_cheats(task, self.wrong(task))
+
+    def audit(self, task: Task, completion: str) -> bool:
+        """The sum recomputed from the question, not the stored reference."""
+        a, b = (int(x) for x in question_match(task, r"\s*(\d+)\s*\+\s*(\d+)\s*=\s*").groups())
+        return extract_answer(completion) == str(a + b)
 
 
 register(Add())

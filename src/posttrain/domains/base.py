@@ -11,10 +11,11 @@ import abc
 import hashlib
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from posttrain.errors import VerifierError
 from posttrain.types import CostClass, Episode, Message, Score, Split, Task, TaskMeta
 
 EVAL_PERCENT = 10
@@ -83,6 +84,32 @@ def last_fenced_block(text: str, languages: tuple[str, ...]) -> str:
     return (blocks[-1] if blocks else text).strip() + "\n"
 
 
+def answer_cheats(task: Task, wrong: str) -> tuple[str, ...]:
+    """Outputs a verifier comparing one extracted answer must reject (`wrong` is a wrong
+    answer of the task): empty, blank, the prompt echoed, the answer hidden among wrong
+    ones, the answer outside or before the final answer tag, the answer then a second line."""
+    ref = str(task.reference)
+    return (
+        "",
+        " ",
+        task.prompt[-1].content,
+        f"{wrong} {ref} {wrong}",
+        f"{ref} <answer>{wrong}</answer>",
+        f"<answer>{wrong}</answer> {ref}",
+        f"{ref}\n{wrong}",
+    )
+
+
+def question_match(task: Task, pattern: str) -> re.Match[str]:
+    """The task's question (its last message) matched in full by `pattern`; VerifierError
+    when it does not match (a stricter check that cannot read its question cannot decide)."""
+    question = task.prompt[-1].content
+    m = re.fullmatch(pattern, question)
+    if m is None:
+        raise VerifierError(f"audit {task.domain}: cannot parse question {question!r}")
+    return m
+
+
 class ExactMatch:
     """Exact string match of the extracted answer against the reference."""
 
@@ -143,6 +170,32 @@ class Domain(abc.ABC):
     def environment(self) -> Any | None:
         """A multi-turn environment factory, or None for single-turn domains."""
         return None
+
+    # ---- what the monitor and the eval verifier ask of a domain (declared, with defaults) ----
+    partial_credit: bool = False
+    """Whether the verifier gives scores strictly between 0 and 1 (a share of the fields,
+    checks or tests passed); False: every score is 0 or 1. A domain sets it as a class or
+    instance attribute; its verifier reads it (rgym's exact scorer rounds to 0/1 without it)."""
+
+    def cheats(self, task: Task) -> Sequence[str]:
+        """Outputs that do not solve `task` and that a sound verifier must reject. The
+        monitor's reward-hacking probe scores them against the live verifier and refuses a
+        domain whose verifier passes one. Default: none (the domain is not probed)."""
+        return ()
+
+    def audit(self, task: Task, completion: str) -> bool:
+        """A check stricter than the reward: whether `completion` really solves `task`
+        (the answer recomputed from the question instead of the stored reference, hidden
+        tests the reward does not use, ...). The monitor audits each step's top-reward
+        rollouts with it; the eval verifier ANDs it into its verdict. Raise VerifierError
+        when it cannot decide (an infra error, never a failure). Default: True, no
+        stricter check (`has_audit` is then False and nobody calls it)."""
+        return True
+
+    @property
+    def has_audit(self) -> bool:
+        """Whether this domain declares a stricter check (its class overrides `audit`)."""
+        return type(self).audit is not Domain.audit
 
     @property
     def taskset_version(self) -> str:

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from posttrain.domains.add import operand
-from posttrain.domains.base import ProceduralDomain
+from posttrain.domains.base import ProceduralDomain, answer_cheats, extract_answer, question_match
 from posttrain.domains.registry import register
+from posttrain.types import Task
 
 
 class Mul(ProceduralDomain):
@@ -20,6 +22,14 @@ class Mul(ProceduralDomain):
 
     def corrupt(self, answer: str) -> str:
         return str(int(answer) + 1)
+
+    def cheats(self, task: Task) -> Sequence[str]:
+        return answer_cheats(task, self.wrong(task))
+
+    def audit(self, task: Task, completion: str) -> bool:
+        """The product recomputed from the question, not the stored reference."""
+        a, b = (int(x) for x in question_match(task, r"\s*(\d+)\s*\*\s*(\d+)\s*=\s*").groups())
+        return extract_answer(completion) == str(a * b)
 
 
 register(Mul())

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Sequence
 
-from posttrain.domains.base import ProceduralDomain
+from posttrain.domains.base import ProceduralDomain, answer_cheats, extract_answer, question_match
 from posttrain.domains.registry import register
+from posttrain.types import Task
 
 LENGTHS = {1: (2, 3), 2: (3, 5), 3: (5, 7), 4: (7, 9)}
 
@@ -22,6 +24,14 @@ class Reverse(ProceduralDomain):
 
     def corrupt(self, answer: str) -> str:
         return answer[::-1] if answer != answer[::-1] else answer + "a"
+
+    def cheats(self, task: Task) -> Sequence[str]:
+        return answer_cheats(task, self.wrong(task))
+
+    def audit(self, task: Task, completion: str) -> bool:
+        """The string reversed from the question, not the stored reference."""
+        text = question_match(task, r"\s*rev\s+(\S+)\s*=\s*").group(1)
+        return extract_answer(completion) == text[::-1]
 
 
 register(Reverse())

@@ -3,8 +3,8 @@
 Invariant: an eval verifier never accepts what the training verifier rejects
 (its verdict is the training verdict AND every stricter check), so a gap
 between the two pass rates can only mean the policy found something the
-training verifier lets through. Stricter checks, in order: the domain's own
-`eval_check(task, completion) -> bool`, its audit (`monitor.probes`: the
+training verifier lets through. Stricter checks, in order: the domain's
+audit (`Domain.audit`, where it declares one: for the built-in domains the
 answer recomputed from the prompt), and format exactness for exact-match
 domains (the completion is the answer and nothing else, bare or in one
 answer tag).
@@ -27,15 +27,9 @@ def format_exact(task: Task, completion: str) -> bool:
 
 def checks_of(domain: Domain) -> list[tuple[str, Check]]:
     """The named stricter checks of a domain (empty: eval uses the training verifier alone)."""
-    from posttrain.monitor.probes import audit_of
-
     out: list[tuple[str, Check]] = []
-    own = getattr(domain, "eval_check", None)
-    if own is not None:
-        out.append(("eval_check", own))
-    audit = audit_of(domain)
-    if audit is not None:
-        out.append(("audit", audit))
+    if domain.has_audit:
+        out.append(("audit", domain.audit))
     if isinstance(domain.verifier, ExactMatch):
         out.append(("format", format_exact))
     return out

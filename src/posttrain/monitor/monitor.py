@@ -1,86 +1,142 @@
-"""The training monitor: per-domain signals each step, alarms with actions, probes, audits.
+"""The training monitor: per-domain signals each step, alarms, probes, audits; it observes, the loop acts.
 
 Invariant: every alarm that fires is written three times, as a trace event,
 a metrics row of kind "alarm" and a log line, and fires once per episode
-(it re-arms only after its condition has cleared). Its action is applied
-before the next step draws tasks: log does nothing more, lower_weight scales
-the domain's sampling weight, stop sets `stop_reason` (the loop ends the
-run after the current step). A domain whose live verifier accepts a
-declared cheat is never trained on again (probe action exclude), or the run
-refuses to start / stops (probe action stop). Weight changes are part of
-`state_dict`, so a resumed run draws the same tasks as an uninterrupted one.
+(it re-arms only after its condition has cleared). The monitor never
+changes the run: each hook returns the actions its alarms ask for
+(monitor/actions.py: lower a weight, exclude a domain, stop), and the loop
+applies them through the task pool's API before the next step draws
+tasks. A domain whose live verifier accepts a declared cheat is never
+trained on again (probe action exclude), or the run refuses to start /
+stops (probe action stop). The actions issued are part of `state_dict`, and
+`start` returns them again on resume, so a resumed run draws the same
+tasks as an uninterrupted one. Held-out figures come from the loop's own
+evaluations (`after_eval`); the monitor generates nothing itself.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from posttrain.errors import VerifierError
+from posttrain.errors import VerifierError, capture
+from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, Detector, History, Hit
+from posttrain.monitor.config import MonitorConfig
 from posttrain.monitor.loggers import build_loggers, flatten
-from posttrain.monitor.probes import audit_of, probe_domain
+from posttrain.monitor.probes import probe_domain
 from posttrain.monitor.signals import DomainSignals, Link, step_signals
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from posttrain.config import Config
+    from posttrain.evaluate import EvalTable
+    from posttrain.rollout import Rollout
+    from posttrain.rundir import MetricsLog
+    from posttrain.trace import TraceStore
+
+Log = Callable[[str], object]
+Reference = Callable[[], "nn.Module"]
+"""The frozen initial model, loaded on first call (the loop passes the trainer's
+reference model when it has one, else a copy of the base loaded once)."""
+
+
+class PoolView(Protocol):
+    """What the monitor reads of the task pool (it never writes to it)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def eval_difficulty(self, name: str) -> int: ...
+
+    def target_shares(self) -> dict[str, float]: ...
+
+
+class TrainerStats(Protocol):
+    """What the monitor reads of a train step's statistics."""
+
+    kl: float
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the monitor needs to know of the run it watches."""
+
+    run_dir: Path
+    temperature: float
+    """The rollout sampling temperature (KL is measured at it)."""
+    trainer_kl: bool = False
+    """The trainer's loss has a KL term: its per-step KL is recorded as the `all` series."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """The whole run config as JSON data, for the W&B and TensorBoard mirrors."""
+
+    @classmethod
+    def of(cls, cfg: Config, run_dir: Path) -> RunContext:
+        return cls(Path(run_dir), cfg.rollout.temperature, cfg.trainer.kl_coef > 0, cfg.model_dump(mode="json"))
 
 
 class Monitor:
-    """Watches one run. Construct it after the pool, engine and trainer exist."""
+    """Watches one run. Construct it after the pool exists; call `start` before the first step."""
 
     def __init__(
         self,
-        cfg: Any,
-        run_dir: Path,
-        trace: Any,
-        metrics: Any,
-        pool: Any,
-        engine: Any = None,
-        trainer: Any = None,
-        model_dir: str | Path | None = None,
-        log: Callable[[str], Any] = print,
-        state: Mapping[str, Any] | None = None,
-        start_step: int = 0,
+        cfg: MonitorConfig,
+        run: RunContext,
+        trace: TraceStore,
+        metrics: MetricsLog,
+        pool: PoolView,
+        reference: Reference | None = None,
+        log: Log = print,
     ) -> None:
-        self.cfg = cfg.monitor
-        self.temperature = cfg.rollout.temperature
-        self._base_weights = {n: pool.weight(n) for n in pool.names}
-        self.run_dir, self.trace, self.metrics, self.pool = Path(run_dir), trace, metrics, pool
-        self.engine, self.trainer, self.model_dir, self.log = engine, trainer, model_dir, log
+        self.cfg, self.run = cfg, run
+        self.trace, self.metrics, self.pool, self.log = trace, metrics, pool, log
+        self._reference_of = reference
         self.history = History()
         self.weights: dict[str, float] = {}
+        """Per domain: the product of the lower_weight factors issued (1 when none)."""
+        self.lowered: dict[str, list[float]] = {}
+        """Per domain: the lower_weight factors issued, in order (replayed on resume)."""
         self.excluded: set[str] = set()
         self.active: set[tuple[str, str | None]] = set()
-        self.stop_reason = ""
         self.fired: list[dict[str, Any]] = []
-        self._reference: Any = None
-        self.loggers = (
-            build_loggers(self.cfg.loggers, self.run_dir, cfg.model_dump(mode="json")) if self.cfg.enabled else []
-        )
-        if state:
-            self.load_state_dict(state)
-        if start_step:
-            self._reload(start_step)
-        if self.cfg.enabled and self.cfg.probes.enabled:
-            self.probe(start_step, at_start=True)
+        self._actions: list[Action] = []
+        self.loggers = build_loggers(cfg.loggers, run.run_dir, run.config) if cfg.enabled else []
 
     # ------------------------------------------------------------ the hooks
+
+    def start(self, step: int = 0, state: Mapping[str, Any] | None = None) -> list[Action]:
+        """Before the first step (`step`: the step a resumed run continues from, with its
+        checkpoint's monitor `state`): the actions issued before the checkpoint, to be
+        applied again, then the start probe's. Raises VerifierError when the probe leaves
+        no domain to train on, or finds a hackable verifier with `probes.action: stop`."""
+        if state:
+            self.load_state_dict(state)
+        if step:
+            self._reload(step)
+        if self.cfg.enabled and self.cfg.probes.enabled:
+            self.probe(step, at_start=True)
+        return self._take()
 
     def after_step(
         self,
         step: int,
-        groups: Sequence[Sequence[Any]],
-        kept: Sequence[Sequence[Any]],
+        groups: Sequence[Sequence[Rollout]],
+        kept: Sequence[Sequence[Rollout]],
         ids: Mapping[int, str],
         links: Mapping[str, Link],
-        stats: Any = None,
+        stats: TrainerStats | None = None,
         train_row: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> list[Action]:
         """Signals, audits, KL and step alarms of one finished step; periodic probes. `ids`: each
-        rollout's trace id by id(rollout); `links`: what the train step did with each, by that id."""
+        rollout's trace id by id(rollout); `links`: what the train step did with each, by that id.
+        Returns the actions the alarms ask for."""
         if not self.cfg.enabled:
-            return
+            return []
         started = time.perf_counter()
         by_obj = {id(r): links[ids[id(r)]] for g in groups for r in g if ids.get(id(r)) in links}
         signals = step_signals(groups, kept, by_obj, self.cfg.diversity.n, self.cfg.diversity.max_chars)
@@ -88,6 +144,7 @@ class Monitor:
             self.history.signals.setdefault(domain, []).append((step, s))
         kl = self._kl(step, groups, stats)
         audits = self._audit(step, groups)
+        shares = self.pool.target_shares()  # the shares this step drew with, before its actions
         self._check(step, STEP_DETECTORS)
         if self.cfg.probes.enabled and self.cfg.probes.every_steps and step % self.cfg.probes.every_steps == 0:
             self.probe(step)
@@ -95,35 +152,40 @@ class Monitor:
             "domains": {d: asdict(s) for d, s in signals.items()},
             "kl": kl,
             "audit": audits,
-            "weights": self.pool.target_shares(),
+            "weights": shares,
             "monitor_s": time.perf_counter() - started,
         }
         self.metrics.write("monitor", step, **row)
         self._mirror(step, {"train": dict(train_row or {}), **row})
+        return self._take()
 
-    def after_eval(self, step: int, table: Any) -> None:
+    def after_eval(self, step: int, table: EvalTable) -> list[Action]:
         """Record a held-out evaluation of the loop's evaluator; eval alarms. The alarms trust the
         eval verifier's accuracy (the domain's stricter checks included, see evaluate.strict);
-        the training verifier's accuracy on the same items is recorded beside it."""
+        the training verifier's accuracy on the same items is recorded beside it. A domain whose
+        items were all infra errors has no accuracy: it is left out, never counted as 0."""
         if not self.cfg.enabled:
-            return
+            return []
         results = table.results.values()
-        accs = {r.domain: r.train_accuracy for r in results if getattr(r, "train_accuracy", None) is not None}
+        accs = {r.domain: r.train_accuracy for r in results if r.train_accuracy is not None}
         trusted = {r.domain: r.accuracy for r in results if r.accuracy is not None}
-        strict = {
-            r.domain: r.accuracy for r in results if r.accuracy is not None and "+" in getattr(r, "eval_verifier", "")
-        }
+        strict = {r.domain: r.accuracy for r in results if r.accuracy is not None and "+" in r.eval_verifier}
         self.history.evals.append((step, trusted))
         counts = dict(table.counts)
         self.history.eval_counts.append(counts)
         self.metrics.write("heldout", step, domains=accs or trusted, strict=strict, trusted=trusted, counts=counts)
         self._mirror(step, {"heldout": trusted})
         self._check(step, EVAL_DETECTORS)
+        return self._take()
 
     def close(self) -> None:
         for logger in self.loggers:
             logger.close()
         self.loggers = []
+
+    def _take(self) -> list[Action]:
+        actions, self._actions = self._actions, []
+        return actions
 
     # ------------------------------------------------------------ alarms and actions
 
@@ -158,27 +220,28 @@ class Monitor:
         self.log(f"ALARM step {step}: {hit.message} [{done}]")
 
     def _act(self, action: str, hit: Hit) -> str:
+        """Queue the action an alarm asks for; what applying it will do, in words."""
         if action == "stop":
-            self.stop_reason = self.stop_reason or hit.message
+            self._actions.append(Stop(hit.message))
             return "stopping the run"
-        if action == "lower_weight" and hit.domain is not None and hit.domain in self.pool.names:
+        if action == "lower_weight" and hit.domain is not None and hit.domain in self._live():
             factor = self.cfg.alarms.weight_factor
-            self._scale_weight(hit.domain, factor)
+            self._lower(hit.domain, factor)
             return f"weight of {hit.domain} x{factor:g} (now x{self.weights[hit.domain]:.3g})"
         return "logged"
 
-    def _exclude(self, domain: str) -> None:
-        """Take `domain` out of the pool's drawable domains (its state is kept, so resume still fits)."""
-        self.excluded.add(domain)
-        self.pool.names = tuple(n for n in self.pool.names if n != domain)
+    def _live(self) -> list[str]:
+        """The pool's drawable domains less those this monitor has asked to exclude."""
+        return [n for n in self.pool.names if n not in self.excluded]
 
-    def _scale_weight(self, domain: str, factor: float) -> None:
+    def _lower(self, domain: str, factor: float) -> None:
         self.weights[domain] = self.weights.get(domain, 1.0) * factor
-        self._apply_weight(domain, self.weights[domain])
+        self.lowered.setdefault(domain, []).append(factor)
+        self._actions.append(LowerWeight(domain, factor))
 
-    def _apply_weight(self, domain: str, multiplier: float) -> None:
-        """Set the pool's weight of `domain` to its configured weight x multiplier."""
-        self.pool.set_weight(domain, self._base_weights[domain] * multiplier)
+    def _exclude(self, domain: str, reason: str) -> None:
+        self.excluded.add(domain)
+        self._actions.append(ExcludeDomain(domain, reason))
 
     # ------------------------------------------------------------ probes
 
@@ -186,7 +249,7 @@ class Monitor:
         """Score every live domain's declared cheats; refuse the domains whose verifier accepts one."""
         from posttrain.domains.registry import get
 
-        for name in [n for n in self.pool.names if n not in self.excluded]:
+        for name in self._live():
             result = probe_domain(get(name), self.pool.eval_difficulty(name), self.cfg.probes.tasks)
             if result is None:
                 if at_start:
@@ -199,6 +262,8 @@ class Monitor:
                 "infra_errors": result.infra_errors,
                 "examples": [asdict(a) for a in result.accepted[:3]],
             }
+            if result.first_error is not None:
+                data["first_error"] = asdict(result.first_error)
             self.metrics.write("probe", step, domain=name, declared=True, ok=result.ok, **data)
             self.trace.add_event("probe", result.message(), step=step, domain=name, data=data)
             if not result.ok:
@@ -207,8 +272,8 @@ class Monitor:
     def _refuse(self, step: int, domain: str, message: str, data: dict[str, Any], at_start: bool) -> None:
         action = self.cfg.probes.action
         if action == "exclude":
-            self._exclude(domain)
-        left = [n for n in self.pool.names if n not in self.excluded]
+            self._exclude(domain, message)
+        left = self._live()
         stop = action == "stop" or not left
         done = "refused to train on it" + ("; no domain left" if not left else "")
         self.trace.add_event(
@@ -232,67 +297,57 @@ class Monitor:
                 + "; set monitor.probes.enabled=false to train anyway"
             )
         if stop:
-            self.stop_reason = self.stop_reason or message
+            self._actions.append(Stop(message))
 
     # ------------------------------------------------------------ audits of top-reward rollouts
 
-    def _audit(self, step: int, groups: Sequence[Sequence[Any]]) -> dict[str, dict[str, int]]:
+    def _audit(self, step: int, groups: Sequence[Sequence[Rollout]]) -> dict[str, dict[str, Any]]:
         if not self.cfg.audit.enabled:
             return {}
         from posttrain.domains.registry import get
 
-        by_domain: dict[str, list[Any]] = {}
+        by_domain: dict[str, list[Rollout]] = {}
         for g in groups:
             for r in g:
                 if r.reward is not None and r.reward > 0:
                     by_domain.setdefault(r.task.domain, []).append(r)
         out = {}
         for name, rollouts in sorted(by_domain.items()):
-            fn = audit_of(get(name))
-            if fn is None:
+            domain = get(name)
+            if not domain.has_audit:
                 continue
-            top = sorted(rollouts, key=lambda r: -r.reward)[: self.cfg.audit.per_step]
-            failed, errors, examples = 0, 0, []
+            top = sorted(rollouts, key=lambda r: -(r.reward or 0.0))[: self.cfg.audit.per_step]
+            failed, examples, errors = 0, [], []
             for r in top:
                 try:
-                    ok = fn(r.task, r.completion.text)
-                except Exception:  # an audit that cannot decide is an infra error, not a failure
-                    errors += 1
+                    ok = domain.audit(r.task, r.completion.text)
+                except Exception as exc:  # an audit that cannot decide is an infra error, not a failure
+                    errors.append(capture(exc, "verifier"))
                     continue
                 if not ok:
                     failed += 1
                     examples.append(r.completion.text[:80])
-            audited = len(top) - errors
+            audited = len(top) - len(errors)
             self.history.audits.setdefault(name, []).append((step, audited, failed))
-            out[name] = {"audited": audited, "failed": failed, "errors": errors, "examples": examples[:3]}
+            out[name] = {"audited": audited, "failed": failed, "errors": len(errors), "examples": examples[:3]}
+            if errors:
+                out[name]["first_error"] = asdict(errors[0])
         return out
 
     # ------------------------------------------------------------ KL to the initial model
 
-    def _kl(self, step: int, groups: Sequence[Sequence[Any]], stats: Any) -> dict[str, float]:
-        if stats is not None and getattr(self.trainer, "ref_model", None) is not None and stats.n_tokens:
+    def _kl(self, step: int, groups: Sequence[Sequence[Rollout]], stats: TrainerStats | None) -> dict[str, float]:
+        if stats is not None and self.run.trainer_kl and stats.n_tokens:
             self.history.kl.setdefault("all", []).append((step, float(stats.kl)))
         every = self.cfg.kl.every_steps
-        if not every or step % every or self.model_dir is None and getattr(self.trainer, "ref_model", None) is None:
+        if not every or step % every or self._reference_of is None:
             return {}
         from posttrain.monitor.kl import kl_to_reference
 
-        per_domain = kl_to_reference(self.reference(), groups, self.temperature, self.cfg.kl.rows)
+        per_domain = kl_to_reference(self._reference_of(), groups, self.run.temperature, self.cfg.kl.rows)
         for domain, value in per_domain.items():
             self.history.kl.setdefault(domain, []).append((step, value))
         return per_domain
-
-    def reference(self) -> Any:
-        """The frozen initial model: the trainer's reference when it has one, else loaded once."""
-        if self._reference is None:
-            ref = getattr(self.trainer, "ref_model", None)
-            if ref is None:
-                from posttrain.model.arch import load_model
-
-                device = next(self.trainer.model.parameters()).device if self.trainer is not None else "cpu"
-                ref = load_model(self.model_dir, device=str(device))[0]
-            self._reference = ref
-        return self._reference
 
     # ------------------------------------------------------------ loggers, state and resume
 
@@ -305,28 +360,30 @@ class Monitor:
     def state_dict(self) -> dict[str, Any]:
         return {
             "weights": dict(self.weights),
+            "lowered": {d: list(f) for d, f in self.lowered.items()},
             "excluded": sorted(self.excluded),
             "active": [list(k) for k in sorted(self.active, key=str)],
-            "stop_reason": self.stop_reason,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take a checkpoint's state back; the exclusions and weight changes it holds are queued
+        again as actions (a fresh pool has none of them), in the order they were first issued."""
         for domain in state.get("excluded", ()):
-            if domain in self.pool.names:
-                self._exclude(domain)
+            if domain in self._live():
+                self._exclude(domain, "excluded before the checkpoint")
         self.active = {(k, d) for k, d in state.get("active", ())}
-        # stop_reason is not restored: resuming a stopped run means continuing it
-        for domain, multiplier in state.get("weights", {}).items():
-            if domain in self.pool.names:
-                self.weights[domain] = float(multiplier)
-                self._apply_weight(domain, float(multiplier))
+        lowered = state.get("lowered") or {d: [m] for d, m in state.get("weights", {}).items()}  # older checkpoints
+        for domain, factors in lowered.items():
+            if domain in self._live():
+                for factor in factors:
+                    self._lower(domain, float(factor))
 
     def _reload(self, upto: int) -> None:
         """Rebuild the history from metrics.jsonl rows up to `upto` (the resumed step)."""
         from posttrain.rundir import read_metrics
 
         rows: dict[tuple[str, int], dict[str, Any]] = {}
-        for row in read_metrics(self.run_dir / "metrics.jsonl"):
+        for row in read_metrics(self.run.run_dir / "metrics.jsonl"):
             if row["kind"] in ("monitor", "heldout") and row["step"] <= upto:
                 rows[(row["kind"], row["step"])] = row  # a rerun step: the last row wins
         for (kind, step), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -11,12 +11,16 @@ import json
 import re
 import sqlite3
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from posttrain.errors import ConfigError
 from posttrain.rundir import read_metrics
+from posttrain.trace import TraceStore
+
+T = TypeVar("T")
 
 Series = dict[str, list[tuple[int, float]]]
 _IDLE = re.compile(r"^(\w+)_idle_share$")
@@ -147,32 +151,30 @@ class RunData:
 
 def _sandbox_outcomes(db: Path) -> dict[str, Counter]:
     """Per domain: sandbox result statuses (exec_result.status) and infra-error kinds."""
+    out: dict[str, Counter] = {}
+    for domain, status, error_kind in _read(db, lambda store: store.outcomes(), []):
+        counter = out.setdefault(domain, Counter())
+        if status:
+            counter[f"sandbox:{status}"] += 1
+        if error_kind:
+            counter[f"error:{error_kind}"] += 1
+    return out
+
+
+def _read(db: Path, query: Callable[[TraceStore], T], empty: T) -> T:
+    """One query of the run's trace, read-only; `empty` when there is no trace or it is unreadable."""
     if not db.is_file():
-        return {}
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        return empty
     try:
-        rows = con.execute(
-            "SELECT domain, exec_result, error_kind FROM rollouts WHERE exec_result IS NOT NULL OR error_kind IS NOT "
-            "NULL"
-        )
-        out: dict[str, Counter] = {}
-        for domain, exec_result, error_kind in rows:
-            counter = out.setdefault(domain, Counter())
-            status = None
-            if exec_result:
-                try:
-                    status = (json.loads(exec_result) or {}).get("status")
-                except (ValueError, AttributeError):
-                    status = None
-            if status:
-                counter[f"sandbox:{status}"] += 1
-            if error_kind:
-                counter[f"error:{error_kind}"] += 1
-        return out
+        store = TraceStore.read_only(db)
     except sqlite3.DatabaseError:
-        return {}
+        return empty
+    try:
+        return query(store)
+    except sqlite3.DatabaseError:
+        return empty
     finally:
-        con.close()
+        store.close()
 
 
 def _step_at(when: float, train: list[dict[str, Any]]) -> int:
@@ -186,31 +188,21 @@ def _step_at(when: float, train: list[dict[str, Any]]) -> int:
 def _other_alarms(db: Path, train: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Alarm events written to the trace by others than the monitor (the pipeline's
     verifier degradation, ...); the monitor's own are in metrics.jsonl already."""
-    if not db.is_file():
-        return []
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute(
-            "SELECT created_at, step, domain, message, data FROM events WHERE kind='alarm' ORDER BY id"
-        ).fetchall()
-    except sqlite3.DatabaseError:
-        return []
-    finally:
-        con.close()
     out = []
-    for created_at, step, domain, message, data in rows:
+    for event in _read(db, lambda store: store.events("alarm"), []):
         try:
-            payload = json.loads(data or "{}")
+            payload = json.loads(event["data"] or "{}")
         except ValueError:
             payload = {}
         if "alarm" in payload:
             continue
+        step = event["step"]
         out.append(
             {
-                "step": step if step is not None else _step_at(created_at, train),
+                "step": step if step is not None else _step_at(event["created_at"], train),
                 "alarm": "pipeline",
-                "domain": domain,
-                "message": message,
+                "domain": event["domain"],
+                "message": event["message"],
                 "action": "pipeline",
                 "done": "recorded by the pipeline",
             }

@@ -137,6 +137,19 @@ class TaskPool:
             raise TaskError(f"set_weight: weight must be a positive finite number, got {weight!r}")
         self.specs[name] = self.specs[name].model_copy(update={"weight": float(weight)})
 
+    def exclude(self, name: str) -> None:
+        """Take a domain out of the drawable domains for good (the monitor's exclude action,
+        applied by the loop). Its counters stay in `state_dict`, so a checkpoint still fits a
+        pool of the same config; excluding an excluded domain does nothing."""
+        if name not in self.domains:
+            raise TaskError(f"exclude: domain {name!r} is not in this pool")
+        self.names = tuple(n for n in self.names if n != name)
+
+    @property
+    def excluded(self) -> tuple[str, ...]:
+        """The domains of the config that are no longer drawn."""
+        return tuple(n for n in self.domains if n not in self.names)
+
     def _pick_level(self, name: str) -> int:
         spec = self.specs[name]
         if spec.difficulty is not None:
