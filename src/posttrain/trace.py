@@ -204,8 +204,7 @@ class TraceStore:
 
     def has(self, rollout_id: str) -> bool:
         """Whether a rollout with this id (or a unique-enough prefix of it) is stored."""
-        sql = "SELECT 1 FROM rollouts WHERE id=? OR id LIKE ? LIMIT 1"
-        return self._db.execute(sql, (rollout_id, rollout_id + "%")).fetchone() is not None
+        return self.get(rollout_id) is not None
 
     def siblings(self, rollout: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The rollouts sampled for the same prompt in the same step as `rollout` (a row of
@@ -236,9 +235,6 @@ class _ReadOnlyTrace(TraceStore):
             raise ConfigError(f"no trace database at {str(self.path)!r}")
         self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-
-    def close(self) -> None:
-        self._db.close()
 
 
 def _status(exec_result: str | None) -> str | None:
