@@ -33,6 +33,19 @@ class PassedVerifier:
         return Score(1.0 if ok else 0.0, {"outcome": float(ok)}, ok)
 
 
+@dataclasses.dataclass(frozen=True)
+class AttemptRun:
+    """One turn's sandbox run, as an execution result the trace summarises."""
+
+    program: str
+    passed: bool
+    feedback: str
+    status: str
+
+    def summary(self):
+        return {"status": self.status, "passed": self.passed, "program": self.program, "stderr": self.feedback}
+
+
 class FixCodeEnv:
     """Each action's last ```python block runs against the tests in the sandbox; the
     failure is the observation; done when they pass."""
@@ -42,8 +55,10 @@ class FixCodeEnv:
         return ""
 
     def step(self, action):
-        attempt = script_judge()(self.task, extract_code(action))
-        return StepResult(attempt.feedback, attempt.passed, {"process": float(attempt.passed)}, attempt)
+        code = extract_code(action)
+        attempt = script_judge()(self.task, code)
+        run = AttemptRun(code, attempt.passed, attempt.feedback, attempt.status)
+        return StepResult(attempt.feedback, attempt.passed, {"process": float(attempt.passed)}, run)
 
     def close(self):
         pass
@@ -142,6 +157,24 @@ def test_coding_loop_loss_mask_covers_only_model_tokens(fixcode):
         assert row.n_loss_tokens == sum(mask) < len(ids)
 
 
+
+
+def test_trace_explain_shows_each_turn_program_result_and_verdict(fixcode, tmp_path):
+    from posttrain.loop import _record
+    from posttrain.monitor.explain import explain
+    from posttrain.trace import TraceStore
+
+    [group], _ = _run(fixcode, coding_policy, [fixcode.sample(2, "train", 1)], n=2)
+    store = TraceStore(tmp_path / "trace.db")
+    ids = store.write_rollouts([_record(r, SamplingParams(max_tokens=200)) for r in group.rollouts])
+    row = store.get(ids[1])
+    assert [t["action"] for t in row["turns"]] == [t.action for t in group.rollouts[1].turns]
+    out = explain(store, ids[1])
+    assert "-- turn 1/3: action" in out and "-- turn 3/3: action" in out
+    assert "-- turn 1: program that ran" in out and "return x * factor" in out
+    assert "-- turn 1: execution result" in out and "NameError" in out
+    assert "turn 3 reward parts: process=1.0000" in out and "turn 1 reward parts: process=0.0000" in out
+    assert "-- verifier final_attempt@1" in out and "reward 1.0000  passed yes" in out
 
 class Lookup:
     """The value is only reachable through the world: reset shows the keys, `get KEY`
@@ -297,3 +330,20 @@ def test_execute_stage_fault_that_persists_is_masked_and_counted(lookup, monkeyp
                           execute=LastActionExecute(fail=100))
     assert stats.counters["masked_execute"] == 2
     assert all(r.reward is None and r.error_kind == "sandbox" for r in group.rollouts)
+
+
+def test_a_version_1_trace_gains_the_turns_column(tmp_path):
+    import sqlite3
+
+    from posttrain.trace import _SCHEMA, SCHEMA_VERSION, TraceStore
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(_SCHEMA.replace("    turns TEXT,\n", ""))
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.commit()
+    db.close()
+    store = TraceStore(path)
+    cols = [r["name"] for r in store._db.execute("PRAGMA table_info(rollouts)")]
+    version = store._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+    assert "turns" in cols and int(version) == SCHEMA_VERSION == 2
