@@ -50,7 +50,8 @@ def first_messages(task: Task, observation: str) -> list[Message]:
 def start(envs: Sequence[tuple[Environment, str]], task: Task, prompt_ids: Sequence[tuple[int, ...]],
           max_turns: int) -> list[Trajectory]:
     """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded."""
-    return [Trajectory(env, first_messages(task, obs), ids, max_turns) for (env, obs), ids in zip(envs, prompt_ids)]
+    return [Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs)
+            for (env, obs), ids in zip(envs, prompt_ids)]
 
 
 def requests(trajectories: Sequence[Trajectory], params: SamplingParams, base_seed: int | None,
