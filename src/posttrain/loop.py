@@ -28,7 +28,7 @@ from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import MetricsLog, RunDir
-from posttrain.trace import RolloutRecord, TraceStore
+from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
 from posttrain.types import SamplingParams, to_dict
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         group_id=r.group_id,
         model_version=r.completion.model_version,
         sampling=to_dict(params),
-        prompt="\n".join(m.content for m in r.task.prompt),
+        prompt=r.prompt_text,
         completion=r.completion.text,
         completion_tokens=len(r.completion.token_ids),
         finish_reason=r.completion.finish_reason,
@@ -280,14 +280,8 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         error_kind=r.error_kind,
         error=r.error,
         exec_result=exec_summary(r.exec_result),
+        turns=transcript(r.turns),
     )
-
-
-def exec_summary(result: Any) -> dict[str, Any] | None:
-    """The trace's view of an execution result: its `summary()` (plain JSON data), else
-    None (nothing ran, or a result type that declares no summary)."""
-    summary = getattr(result, "summary", None)
-    return summary() if callable(summary) else None
 
 
 def _verifier_name(domain: str) -> str:
