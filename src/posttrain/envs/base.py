@@ -9,11 +9,19 @@ model's own tokens.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from posttrain.types import Completion, FinishReason, Message, Task, Turn
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    done: bool = False
+    parts: Mapping[str, float] = field(default_factory=dict)
+    exec_result: Any = None
 
 
 class Environment(Protocol):
