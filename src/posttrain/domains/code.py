@@ -425,7 +425,7 @@ CHEATS: dict[str, str] = {
 }
 
 
-# ---------------------------------------------------------------- the coding loop (code_revise): visible tests each turn
+# ---------------------------------------------------------------- the coding loop (code_revise)
 
 REVISE_INSTRUCTION = (
     "Answer with the complete Python code in one ```python code block; do not print anything or read input. "

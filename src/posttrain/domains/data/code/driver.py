@@ -218,9 +218,7 @@ def _one(solver, test_json, timeout_s):
         reply = json.loads(raw)
     except (ValueError, RecursionError):
         reply = None
-    if not isinstance(reply, dict) or not (
-        reply.keys() in ({"value"}, {"raised"}, {"raised", "trace"}, {"error"})
-    ):
+    if not isinstance(reply, dict) or reply.keys() not in ({"value"}, {"raised"}, {"raised", "trace"}, {"error"}):
         return {"error": "no result"}, False
     return reply, state == "keep"
 
