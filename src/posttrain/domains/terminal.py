@@ -200,9 +200,9 @@ class TerminalRun:
     def summary(self) -> dict:
         """The trace's view: the script, its output and exit code, the checks."""
         return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
-                "wall_s": round(self.wall_s, 4), "program": self.program, "stdout": self.stdout,
-                "stderr": self.stderr, "checks": list(self.checks),
-                "report": f"{sum(self.checks)} of {len(self.checks)} end-state checks hold"}
+                "wall_s": round(self.wall_s, 4), "program": self.program, "stderr": self.stderr,
+                "report": {"checks_passed": sum(self.checks), "checks": list(self.checks),
+                           "stdout": self.stdout[-500:]}}
 
 
 OUTPUT_CHARS = 2000
