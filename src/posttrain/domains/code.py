@@ -14,6 +14,13 @@ serialised). The reward is the pass rate; a sandbox infra error raises
 SandboxError and is never a score. 61 tasks written for posttrain in three
 levels (data/code/tasks_l*.py, built into tasks.json); a task's split is
 fixed by a hash of its prompt.
+
+`code_revise` is the coding loop on the same tasks: the prompt shows the
+visible tests (build.py `visible_tests`), each turn CodeRevisionEnv runs them
+(the same inputs-only request) and observes what failed, the episode ends
+when they pass or at the turn budget, and the execute step then runs the
+hidden tests (the others) on the last answer, which decide the reward. No
+hidden test reaches an environment step or an observation.
 """
 from __future__ import annotations
 
