@@ -113,10 +113,23 @@ def gold_policy(tasks):
     return policy
 
 
-def _run(task, execute: DomainExecute, n: int = 2):
+def revising_policy(tasks):
+    """Sample 0 answers gold; sample 1 answers wrong until it has seen a failure, then gold."""
+    table = [(t.prompt[0].content, get(t.domain).gold(t), get(t.domain).wrong(t)) for t in tasks]
+
+    def policy(context: str, j: int) -> str:
+        for prompt, gold, wrong in table:
+            if prompt in context:
+                return gold if j == 0 or "FAILED" in context else wrong
+        raise AssertionError("unknown prompt")
+
+    return policy
+
+
+def _run(task, execute: DomainExecute, n: int = 2, policy=None):
     cfg = PipelineConfig(max_retries=RETRIES, **FAST)
     sched = Scheduler(cfg, {task.domain: 1.0}, {task.domain: "short"}, lambda *a: None)
-    engine = ScriptedEngine(gold_policy([task]))
+    engine = ScriptedEngine(policy or gold_policy([task]))
 
     async def go():
         async with Pipeline(cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=n, max_tokens=4096), sched,
@@ -149,6 +162,20 @@ def _assert_masked_never_zero(rollouts, metrics, faults):
     assert all(
         r.score is None and r.reward is None and r.error_kind == "sandbox" and "injected" in r.error for r in rollouts
     )
+
+
+@needs_driver
+def test_without_faults_the_loops_run_to_their_end_and_score():
+    """The baseline of the faults below: code_revise revises after a failure (the
+    hidden tests score the last answer), terminal's gold ends on `done` in one turn."""
+    task = get("code_revise").sample(0, "train", 1)  # clamp: its wrong solution fails a visible test
+    rollouts, metrics = _run(task, DomainExecute(), policy=revising_policy([task]))
+    assert [r.timings["turns"] for r in rollouts] == [1.0, 2.0] and metrics["pipe_retries"] == 0
+    assert [r.score.value for r in rollouts] == [1.0, 1.0]
+    assert rollouts[1].score.parts == {"outcome": 1.0, "process": 0.75, "efficiency": 0.5}
+    assert all(r.exec_result.suite == "hidden" for r in rollouts)
+    rollouts, _ = _run(get("terminal").sample(0, "train", 1), DomainExecute())
+    assert [r.timings["turns"] for r in rollouts] == [1.0, 1.0] and all(r.score.value == 1.0 for r in rollouts)
 
 
 @pytest.mark.parametrize("mode", ["status", "raise"])
