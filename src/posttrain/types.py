@@ -42,12 +42,13 @@ class Task:
 
 @dataclass(frozen=True)
 class Turn:
-    """One exchange of a multi-turn episode: the model's action and what came back."""
+    """One exchange of a multi-turn episode: the model's action, what came back,
+    the sandbox result of the turn (traced) and the turn's reward parts."""
 
-    action: str                  # the model's text this turn
-    observation: str = ""        # what the environment returned
-    exec_result: Any = None      # sandbox result of this turn (sandbox.ExecutionResult or None), traced
-    parts: Mapping[str, float] = field(default_factory=dict)   # per-turn reward parts, e.g. {"process": 1.0}
+    action: str
+    observation: str = ""
+    exec_result: Any = None
+    parts: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
