@@ -69,13 +69,13 @@ def test_turns_are_replayed_in_order():
 
 @root_only
 def test_environment_keeps_state_between_steps():
-    env = DOMAIN.environment()(max_turns=3)
+    env = DOMAIN.environment()()
     task = DOMAIN.sample(0, "train", 1)
     try:
-        assert env.reset(task) == task.prompt[0].content
+        assert env.reset(task) == ""
         env.step("echo one > f.txt")
-        obs, done = env.step("cat f.txt")
-        assert obs.startswith("one\n") and not done
+        got = env.step("```bash\ncat f.txt\n```")
+        assert got.observation.startswith("stdout:\none\n") and not got.done
     finally:
         env.close()
 
@@ -102,13 +102,13 @@ def test_many_environments_share_a_small_pool_without_waiting(monkeypatch):
     pool = sandbox.Pool(sandbox.SandboxConfig(workers=1, acquire_timeout_s=20))
     monkeypatch.setattr(sandbox, "get_pool", lambda: pool)
     task = DOMAIN.sample(0, "train", 1)
-    envs = [DOMAIN.environment()(max_turns=3) for _ in range(4)]
+    envs = [DOMAIN.environment()() for _ in range(4)]
     try:
         for i, env in enumerate(envs):
             env.reset(task)
             env.step(f"echo {i} > mine.txt")  # every env's first turn before any second turn
-        outs = [env.step("cat mine.txt")[0] for env in envs]
-        assert [o.splitlines()[0] for o in outs] == ["0", "1", "2", "3"]
+        outs = [env.step("cat mine.txt").observation for env in envs]
+        assert [o.splitlines()[1] for o in outs] == ["0", "1", "2", "3"]
     finally:
         for env in envs:
             env.close()

@@ -14,6 +14,13 @@ serialised). The reward is the pass rate; a sandbox infra error raises
 SandboxError and is never a score. 61 tasks written for posttrain in three
 levels (data/code/tasks_l*.py, built into tasks.json); a task's split is
 fixed by a hash of its prompt.
+
+`code_revise` is the coding loop on the same tasks: the prompt shows the
+visible tests (build.py `visible_tests`), each turn CodeRevisionEnv runs them
+(the same inputs-only request) and observes what failed, the episode ends
+when they pass or at the turn budget, and the execute step then runs the
+hidden tests (the others) on the last answer, which decide the reward. No
+hidden test reaches an environment step or an observation.
 """
 from __future__ import annotations
 
@@ -87,6 +94,7 @@ class TestOutput:
     kind: Literal["value", "raised", "none"]
     value: Any = None
     detail: str = ""
+    trace: str = ""  # the traceback tail, for an explained run (the coding loop's visible tests)
 
 
 @dataclass(frozen=True)
@@ -101,13 +109,15 @@ class CodeRun:
     exit_code: int | None = None
     stderr: str = ""  # the driver's stderr, truncated to its last STDERR_CHARS characters
     program: str = ""  # the solution that ran, truncated to PROGRAM_CHARS
+    suite: str = "all"  # which tests ran: "all" (code), "visible" or "hidden" (the coding loop, code_revise)
 
     def summary(self) -> dict[str, Any]:
         """The trace's view: status, exit code, times, the program, each input's outcome."""
         tests = [{"kind": o.kind, **({"value": _short(o.value)} if o.kind == "value" else {"detail": o.detail})}
                  for o in self.outputs]
         return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
-                "wall_s": round(self.wall_s, 4), "program": self.program, "tests": tests, "stderr": self.stderr}
+                "wall_s": round(self.wall_s, 4), "program": self.program, "tests": tests, "stderr": self.stderr,
+                **({"suite": self.suite} if self.suite != "all" else {})}
 
 
 PROGRAM_CHARS = 4000
@@ -129,6 +139,7 @@ class CodeTask:
     solution: str
     wrong: str
     tests: tuple
+    visible: tuple[int, ...] = ()  # the tests the coding loop shows (build.py visible_tests)
 
 
 @lru_cache(maxsize=1)
@@ -139,7 +150,8 @@ def load_tasks() -> tuple[CodeTask, ...]:
     except (OSError, ValueError) as exc:
         raise TaskError(f"code: cannot read {DATA}/tasks.json: {exc}") from exc
     return tuple(
-        CodeTask(t["name"], t["level"], t["kind"], t["mode"], t["prompt"], t["solution"], t["wrong"], tuple(t["tests"]))
+        CodeTask(t["name"], t["level"], t["kind"], t["mode"], t["prompt"], t["solution"], t["wrong"], tuple(t["tests"]),
+                 tuple(t.get("visible", ())))
         for t in raw
     )
 
@@ -179,12 +191,15 @@ def extract_code(text: str) -> str:
 # ---------------------------------------------------------------- execute: inputs in, outputs out
 
 
-def build_request(ref: CodeReference, code: str):
-    """One sandbox call: the driver, the solution, the inputs on stdin (no expected value)."""
+def build_request(ref: CodeReference, code: str, explain: bool = False):
+    """One sandbox call: the driver, the solution, the inputs on stdin (no expected
+    value); `explain` asks the driver for the traceback of what raised."""
     from posttrain.sandbox import ExecRequest, Limits
 
     inputs = ref.inputs()
     spec = {"entry": ref.name, "kind": ref.kind, "timeout_s": ref.timeout_s, "inputs": inputs}
+    if explain:
+        spec["explain"] = True
     wall = ref.timeout_s * len(inputs) + 10.0
     return ExecRequest(
         files=driver_files() | {"solution.py": code},
@@ -215,22 +230,24 @@ def parse_outputs(stdout: bytes, n: int) -> tuple[TestOutput, ...]:
         if "value" in rec:
             outs.append(TestOutput("value", rec["value"]))
         elif "raised" in rec:
-            outs.append(TestOutput("raised", detail=str(rec["raised"])[:80]))
+            outs.append(TestOutput("raised", detail=str(rec["raised"])[:80], trace=str(rec.get("trace", ""))[:2000]))
         else:
             outs.append(TestOutput("none", detail=str(rec.get("error", "no result"))[:80]))
     return tuple(outs) + (TestOutput("none", detail="no result"),) * (n - len(outs))
 
 
-def execute(ref: CodeReference, code: str, runner: Callable[[Any], Any] | None = None) -> CodeRun:
+def execute(ref: CodeReference, code: str, runner: Callable[[Any], Any] | None = None, explain: bool = False,
+            domain: str = "code", suite: str = "all") -> CodeRun:
     """Run `code` on the reference's inputs in the sandbox (`runner` defaults to
-    the process-wide pool); SandboxError on an infra error."""
+    the process-wide pool, under `domain`'s concurrency cap); SandboxError on an
+    infra error."""
     from posttrain import sandbox
 
-    req = build_request(ref, code)
-    res = sandbox.raise_for_infra(runner(req) if runner else sandbox.run(req, domain="code"))
+    req = build_request(ref, code, explain)
+    res = sandbox.raise_for_infra(runner(req) if runner else sandbox.run(req, domain=domain))
     stderr = res.stderr.decode("utf-8", "replace")[-STDERR_CHARS:]
     return CodeRun(parse_outputs(res.stdout, len(ref.inputs())), res.status, res.cpu_s, res.wall_s,
-                   res.exit_code, stderr, code[:PROGRAM_CHARS])
+                   res.exit_code, stderr, code[:PROGRAM_CHARS], suite)
 
 
 # ---------------------------------------------------------------- judge: outputs against expected values, on the host
@@ -415,6 +432,146 @@ CHEATS: dict[str, str] = {
 }
 
 
+# ---------------------------------------------------------------- the coding loop (code_revise)
+
+REVISE_INSTRUCTION = (
+    "Answer with the complete Python code in one ```python code block; do not print anything or read input. "
+    "After each answer the visible tests run and you see what failed (input, expected and got, or the traceback); "
+    "then answer again with the whole corrected code. Hidden tests decide the score."
+)
+OBS_CHARS = 1500  # an observation's length cap
+NO_CODE = "No code found: answer with the complete Python code in one ```python code block."
+
+
+@dataclass(frozen=True)
+class RevisionReference:
+    """The coding loop's tests, split in two. `visible`: shown in the prompt, run
+    by the environment after every turn, their expected values may appear in
+    observations. `hidden`: the others, run only by the execute step after the
+    episode (judged on the host); no observation ever holds one of them."""
+
+    visible: CodeReference
+    hidden: CodeReference
+
+    @property
+    def name(self) -> str:
+        return self.hidden.name
+
+
+def _py(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def render_call(ref: CodeReference, inp: list) -> str:
+    """One test input as Python: `f(1, 2)`, or a class's call sequence."""
+    if ref.kind != "class":
+        return f"{ref.name}({', '.join(_py(a, 80) for a in inp)})"
+    calls = [f"{ref.name if m == '__init__' else m}({', '.join(_py(a, 60) for a in args)})" for m, args in inp]
+    return "; ".join(calls)
+
+
+def show_tests(ref: CodeReference) -> str:
+    """The visible tests, as the prompt lists them."""
+    rows = []
+    for inp, want in zip(ref.inputs(), ref.expected()):
+        sep = " -> returns " if ref.kind == "class" else " == "
+        rows.append(f"  {render_call(ref, inp)}{sep}{_py(want)}")
+    return "Visible tests (run after each answer):\n" + "\n".join(rows)
+
+
+def feedback(ref: CodeReference, run: CodeRun) -> tuple[str, float]:
+    """The observation of one run of the visible tests, and their pass rate."""
+    expected = ref.expected()
+    lines, passed = [], 0
+    for inp, out, want in zip(ref.inputs(), run.outputs, expected):
+        if out.kind == "value" and same(out.value, want, ref.mode):
+            passed += 1
+            continue
+        lines += [f"FAILED {render_call(ref, inp)}", f"  expected: {_py(want)}"]
+        if out.kind == "value":
+            lines.append(f"  got:      {_py(out.value)}")
+        elif out.kind == "raised":
+            lines.append("  " + (out.trace or f"raised {out.detail}").strip().replace("\n", "\n  "))
+        else:
+            lines.append(f"  no result ({out.detail})")
+    text = "\n".join([f"Visible tests: {passed} of {len(expected)} passed.", *lines])
+    if len(text) > OBS_CHARS:
+        text = text[:OBS_CHARS] + "\n[truncated]"
+    return text, passed / len(expected)
+
+
+class CodeRevisionEnv:
+    """One episode of the coding loop: `step(action)` runs the action's code on
+    the visible tests in the sandbox (inputs in, outputs out, compared on the
+    host); the observation is what failed; done when every visible test passes.
+    Per-turn part: process = the visible pass rate (0 without code). The hidden
+    tests never reach the environment: its reference is the visible half only."""
+
+    def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "code_revise") -> None:
+        self.runner, self.domain = runner, domain
+        self._visible: CodeReference | None = None
+
+    def reset(self, task: Task) -> str:
+        self._visible = task.reference.visible
+        return ""  # the prompt lists the visible tests
+
+    def step(self, action: str):
+        from posttrain.envs.base import StepResult
+
+        if self._visible is None:
+            raise TaskError("code_revise: step before reset")
+        code = extract_code(action)
+        if not code.strip():
+            return StepResult(NO_CODE, False, {"process": 0.0})
+        run = execute(self._visible, code, self.runner, explain=True, domain=self.domain, suite="visible")
+        text, rate = feedback(self._visible, run)
+        return StepResult(text, rate == 1.0, {"process": rate}, run)
+
+    def close(self) -> None:
+        self._visible = None
+
+
+class RevisionVerifier:
+    """The coding loop's verdict: the hidden tests' pass rate (outcome), run by
+    the execute step on the last action; process = mean visible pass rate over
+    the turns (the environment's per-turn parts); efficiency = 1 / turns used.
+    value = outcome; passed = every hidden test passed."""
+
+    name = "code_hidden_tests"
+    version = "1"
+
+    def execute(self, task: Task, completion: str, run: Callable[[Any], Any] | None = None) -> CodeRun | None:
+        """The execute step: the hidden tests on the completion's code, or None without code."""
+        code = extract_code(completion)
+        if not code.strip():
+            return None
+        return execute(task.reference.hidden, code, run, domain="code_revise", suite="hidden")
+
+    def score(self, task: Task, episode: Episode) -> Score:
+        ref: RevisionReference = task.reference
+        run = episode.exec_result
+        if not (isinstance(run, CodeRun) and run.suite == "hidden"):  # a direct `score`: no execute step ran
+            run = self.execute(task, episode.completion)
+        hidden = judge(ref.hidden, run) if run is not None else Score(0.0, {"outcome": 0.0}, False, "no code")
+        parts = {"outcome": hidden.value, "efficiency": 1.0 / max(1, len(episode.turns))}
+        if episode.turns:
+            parts["process"] = sum(t.parts.get("process", 0.0) for t in episode.turns) / len(episode.turns)
+        return Score(hidden.value, parts, hidden.passed, hidden.reason)
+
+
+def visible_lookup(task: Task) -> str | None:
+    """A cheat for the coding loop: a table of the visible tests' answers (it passes
+    them and ends the episode in one turn); None for class tasks."""
+    vis: CodeReference = task.reference.visible
+    if vis.kind == "class":
+        return None
+    table = {json.dumps(i): e for i, e in zip(vis.inputs(), vis.expected())}
+    return (f"import json\n_T = {table!r}\n\ndef {vis.name}(*args):\n"
+            "    return _T.get(json.dumps(list(args)))\n")
+
+
+
 class Code(Domain):
     name = "code"
     category = "code"
@@ -429,7 +586,8 @@ class Code(Domain):
     verifier = CodeVerifier()
 
     def _pool(self, split: Split, difficulty: int) -> list[CodeTask]:
-        return [t for t in load_tasks() if t.level == difficulty and split_of(self.name, t.prompt) == split]
+        # split by the `code` domain's hash: code and code_revise share their eval tasks
+        return [t for t in load_tasks() if t.level == difficulty and split_of("code", t.prompt) == split]
 
     def sample(self, index: int, split: Split, difficulty: int) -> Task:
         self.check_difficulty(difficulty)
@@ -439,11 +597,11 @@ class Code(Domain):
         if not pool:
             raise TaskError(f"code: no {split} task at difficulty {difficulty}")
         t = pool[index % len(pool)]
-        ref = CodeReference(t.name, t.kind, t.mode, json.dumps(list(t.tests)), TEST_TIMEOUT_S[t.level])
+        ref, prompt = self._reference(t)
         return Task(
             id=f"{self.name}:{split}:{difficulty}:{index}",
             domain=self.name,
-            prompt=(Message("user", f"{t.prompt}\n{INSTRUCTION}"),),
+            prompt=(Message("user", prompt),),
             reference=ref,
             meta=TaskMeta(
                 split=split,
@@ -452,6 +610,11 @@ class Code(Domain):
                 taskset_version=self.taskset_version,
             ),
         )
+
+    def _reference(self, t: CodeTask) -> tuple[Any, str]:
+        """The task's reference and prompt text."""
+        ref = CodeReference(t.name, t.kind, t.mode, json.dumps(list(t.tests)), TEST_TIMEOUT_S[t.level])
+        return ref, f"{t.prompt}\n{INSTRUCTION}"
 
     def _task(self, task: Task) -> CodeTask:
         name = task.reference.name
@@ -474,3 +637,47 @@ class Code(Domain):
 
 
 register(Code())
+
+
+class CodeRevise(Code):
+    """The coding loop: the same tasks as `code` (and the same eval split), multi-turn.
+    The prompt lists the visible tests; each turn the environment runs them and
+    shows what failed; the episode ends when they pass or at the turn budget; the
+    execute step then runs the hidden tests on the last answer, which decide the
+    reward (RevisionVerifier)."""
+
+    name = "code_revise"
+    description = (
+        "the coding loop: write code, the visible tests run in the sandbox, read the failure, revise; hidden tests "
+        "decide the reward"
+    )
+    budget = Budget(turns=4, tokens=1024, seconds=120.0)
+    verifier = RevisionVerifier()
+
+    def _reference(self, t: CodeTask) -> tuple[Any, str]:
+        timeout = TEST_TIMEOUT_S[t.level]
+        tests = list(t.tests)
+        shown = [tests[i] for i in t.visible]
+        rest = [x for i, x in enumerate(tests) if i not in t.visible]
+        if not shown or not rest:
+            raise TaskError(f"code_revise: task {t.name} needs visible and hidden tests (tasks.json 'visible')")
+        ref = RevisionReference(
+            CodeReference(t.name, t.kind, t.mode, json.dumps(shown), timeout),
+            CodeReference(t.name, t.kind, t.mode, json.dumps(rest), timeout),
+        )
+        return ref, f"{t.prompt}\n{show_tests(ref.visible)}\n{REVISE_INSTRUCTION}"
+
+    def environment(self):
+        return CodeRevisionEnv
+
+    def gold_turns(self, task: Task) -> list[str]:
+        """The gold trajectory: the reference solution, which passes the visible tests at once."""
+        return [self.gold(task)]
+
+    def cheats(self, task: Task) -> list[str]:
+        """The `code` cheats on the hidden tests, and a table of the visible answers."""
+        table = visible_lookup(task)
+        return super().cheats(task) + ([f"```python\n{table}```"] if table else [])
+
+
+register(CodeRevise())

@@ -1,35 +1,47 @@
 """terminal: shell tasks in a sandbox session, judged by the end state of the files.
 
-Invariant: the verifier replays the episode (the completion's script, or
-every turn's command) in a fresh session started from the task's files,
-then judges only the end state: a read-only checker run after every process
-of the episode is dead, plus verifier-chosen commands (each from the same
-snapshot) whose output must match. While the model's commands run, no
-hidden check is in the sandbox: the session starts from the task's files
-only, the checks reach the checker on its stdin in a later step (when
-nothing of the episode is alive), and the expected outputs of the commands
-are compared on the host. A sandbox infra error raises
-SandboxError; it is never a score. 24 templates written for posttrain in
-three levels (data/terminal/tasks.py); a task's split is fixed by a hash of
-its prompt.
+The loop: each action's commands (its fenced ```bash/```sh blocks, else its
+raw text; `parse_action`) run in the task's directory, which keeps its state
+between turns; the observation is their stdout, stderr and exit code; a line
+`done` outside the blocks (or the answer `done`) ends the episode, else the
+turn budget does. Each environment step replays the earlier scripts in a
+fresh session, runs the new one and then checks the end state (`run_state`);
+its TerminalRun is the turn's execution result, and the verifier reads the
+last turn's (a direct `score` without one replays the scripts itself).
+
+Invariant: the end state is judged only by a read-only checker run after
+every process of the episode is dead, plus verifier-chosen commands (each
+from the same snapshot) whose output must match. While the model's commands
+run, no hidden check is in the sandbox: the session starts from the task's
+files only, the checks reach the checker on its stdin in a later step (when
+nothing of the episode is alive), the expected outputs of the commands are
+compared on the host, and no check result reaches an observation. A sandbox
+infra error raises SandboxError; it is never a score. 24 templates written
+for posttrain in three levels (data/terminal/tasks.py); a task's split is
+fixed by a hash of its prompt.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import ModuleType
 
-from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of, stable_rng
+from posttrain.domains.base import Budget, Domain, split_of, stable_rng
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError, VerifierError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "terminal")
-INSTRUCTION = ("You are in a shell (bash) in a directory that holds: {files}. Answer with a bash script in one "
-               "```bash code block; it runs non-interactively in that directory.")
+INSTRUCTION = (
+    "You are in a shell (bash) in a directory that holds: {files}. Put commands in one ```bash code block: they "
+    "run non-interactively in that directory, which keeps its state between answers, and you see their stdout, "
+    "stderr and exit code. When the task is complete, write `done` on its own line after the block (or answer "
+    "just `done`)."
+)
 _MAX_ATTEMPTS = 1000
 
 
@@ -59,9 +71,28 @@ def checker_source() -> str:
         return fh.read()
 
 
+_FENCE = re.compile(r"```([A-Za-z]*)[ \t]*\n(.*?)```", re.DOTALL)
+SHELLS = ("", "bash", "sh", "shell", "console")
+
+
+def parse_action(text: str) -> tuple[str, bool]:
+    """(the commands, whether the action ends the episode). The commands are the
+    action's fenced shell blocks (```bash, ```sh, ```shell, ```console or bare ```),
+    joined in order; without a fenced block, the whole text. The action ends the
+    episode when a line outside the blocks is `done` (a `done` inside a block is
+    bash's loop keyword), or when the whole text is `done`."""
+    blocks = list(_FENCE.finditer(text))
+    if not blocks:
+        raw = text.strip()
+        return ("", True) if raw.lower() in ("done", "done.") else (raw, False)
+    script = "\n".join(m.group(2).strip() for m in blocks if m.group(1).lower() in SHELLS).strip()
+    outside = _FENCE.sub("\n", text)
+    return script, any(line.strip().lower() in ("done", "done.", "`done`") for line in outside.splitlines())
+
+
 def extract_script(text: str) -> str:
-    """The last fenced shell block of the completion, else the whole text."""
-    return last_fenced_block(text, ("bash", "sh", "shell", "console"))
+    """The commands of a completion (parse_action), newline-terminated."""
+    return parse_action(text)[0] + "\n"
 
 
 def _step_limits():
@@ -146,102 +177,159 @@ CHEATS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class TerminalRun:
+    """The execution result of one terminal step (or of the verifier's replay): what
+    the last script did, and the end state's checks after it (file checks by the
+    checker, then each verifier command from the same snapshot). The checks are the
+    verifier's evidence; the model sees only the script's output."""
+
+    status: str  # the last script's sandbox status (ok, failed, timeout, oom, killed)
+    exit_code: int | None
+    stdout: str  # tail, OUTPUT_CHARS
+    stderr: str  # tail, OUTPUT_CHARS
+    checks: tuple[bool, ...]
+    program: str = ""  # the last script, truncated to PROGRAM_CHARS
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+    def observation(self) -> str:
+        code = self.exit_code if self.exit_code is not None else f"none ({self.status})"
+        return f"stdout:\n{self.stdout}\nstderr:\n{self.stderr}\nexit code: {code}"
+
+    def summary(self) -> dict:
+        """The trace's view: the script, its output and exit code, the checks."""
+        return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
+                "wall_s": round(self.wall_s, 4), "program": self.program, "stderr": self.stderr,
+                "report": {"checks_passed": sum(self.checks), "checks": list(self.checks),
+                           "stdout": self.stdout[-500:]}}
+
+
+OUTPUT_CHARS = 2000
+PROGRAM_CHARS = 4000
+
+
+def _tail(data: bytes, limit: int = OUTPUT_CHARS) -> str:
+    text = data.decode("utf-8", "replace")
+    return text if len(text) <= limit else "[...]" + text[-limit:]
+
+
+def run_state(ref: TerminalReference, scripts: list[str], domain: str = "terminal") -> TerminalRun:
+    """One fresh session from the task's files: the scripts in order, then (every
+    process of theirs dead) the end-state checks. SandboxError on an infra error."""
+    from posttrain import sandbox
+
+    with sandbox.get_pool().session(dict(ref.files), domain=domain) as s:
+        last = sandbox.ExecResult("ok", exit_code=None)
+        for script in scripts:
+            last = sandbox.raise_for_infra(s.run(step_request(script)))
+        snap = s.snapshot()
+        results = _file_checks(s, ref)
+        for run in json.loads(ref.runs_json):
+            s.restore(snap)
+            res = sandbox.raise_for_infra(
+                s.run(sandbox.ExecRequest(argv=("bash", "-c", run["cmd"]), limits=_step_limits()))
+            )
+            results.append(res.stdout.decode("utf-8", "replace") == run["stdout"])
+    return TerminalRun(last.status, last.exit_code, _tail(last.stdout), _tail(last.stderr), tuple(results),
+                       (scripts[-1] if scripts else "")[:PROGRAM_CHARS], last.cpu_s, last.wall_s)
+
+
+def _file_checks(s, ref: TerminalReference) -> list[bool]:
+    from posttrain import sandbox
+
+    checks = json.loads(ref.checks_json)
+    if not checks:
+        return []
+    # the only process of this step is the checker (the episode's are all dead), so its stdout is its verdict
+    req = sandbox.ExecRequest(
+        argv=("python3", "-I", "-c", checker_source()),
+        stdin=json.dumps({"checks": checks}).encode(),
+        limits=_step_limits(),
+    )
+    res = sandbox.raise_for_infra(s.run(req))
+    for line in reversed(res.stdout.decode("utf-8", "replace").splitlines()):
+        try:
+            verdict = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            isinstance(verdict, dict)
+            and isinstance(verdict.get("results"), list)
+            and len(verdict["results"]) == len(checks)
+        ):
+            return [r is True for r in verdict["results"]]
+    raise VerifierError(f"terminal checker gave no verdict (status {res.status}): {res.stderr[-300:]!r}")
+
+
 class TerminalVerifier:
-    """Fraction of end-state checks (files and command outputs) that hold."""
+    """Fraction of end-state checks (files and command outputs) that hold (outcome),
+    read from the episode's execution result (the last step's TerminalRun); a
+    direct `score` without one replays the scripts in a fresh session. Parts:
+    outcome; process = share of the turns with commands whose script exited 0;
+    efficiency = 1 / turns used. value = outcome."""
 
     name = "terminal_state"
-    version = "1"
+    version = "2"
 
     def score(self, task: Task, episode: Episode) -> Score:
-        from posttrain import sandbox
-
         ref: TerminalReference = task.reference
-        actions = [t.action for t in episode.turns] if episode.turns else [extract_script(episode.completion)]
-        with sandbox.get_pool().session(dict(ref.files), domain="terminal") as s:
-            for action in actions:
-                sandbox.raise_for_infra(s.run(step_request(action)))
-            snap = s.snapshot()
-            results = self._file_checks(s, ref)
-            for run in json.loads(ref.runs_json):
-                s.restore(snap)
-                res = sandbox.raise_for_infra(
-                    s.run(sandbox.ExecRequest(argv=("bash", "-c", run["cmd"]), limits=_step_limits()))
-                )
-                results.append(res.stdout.decode("utf-8", "replace") == run["stdout"])
+        run = episode.exec_result
+        if not isinstance(run, TerminalRun):
+            actions = [t.action for t in episode.turns] if episode.turns else [episode.completion]
+            run = run_state(ref, [sc for sc in (parse_action(a)[0] for a in actions) if sc.strip()])
+        results = run.checks
         if not results:
             raise VerifierError(f"terminal: task {task.id} has no checks")
         value = sum(results) / len(results)
-        return Score(
-            value,
-            {"outcome": value},
-            all(results),
-            "" if all(results) else f"{len(results) - sum(results)} checks failed",
-        )
+        parts = {"outcome": value, "efficiency": 1.0 / max(1, len(episode.turns))}
+        ran = [t.parts["process"] for t in episode.turns if "process" in t.parts]
+        if ran:
+            parts["process"] = sum(ran) / len(ran)
+        return Score(value, parts, all(results), "" if all(results) else f"{len(results) - sum(results)} checks failed")
 
-    def _file_checks(self, s, ref: TerminalReference) -> list[bool]:
-        from posttrain import sandbox
 
-        checks = json.loads(ref.checks_json)
-        if not checks:
-            return []
-        # the only process of this step is the checker (the episode's are all dead), so its stdout is its verdict
-        req = sandbox.ExecRequest(
-            argv=("python3", "-I", "-c", checker_source()),
-            stdin=json.dumps({"checks": checks}).encode(),
-            limits=_step_limits(),
-        )
-        res = sandbox.raise_for_infra(s.run(req))
-        for line in reversed(res.stdout.decode("utf-8", "replace").splitlines()):
-            try:
-                verdict = json.loads(line)
-            except ValueError:
-                continue
-            if (
-                isinstance(verdict, dict)
-                and isinstance(verdict.get("results"), list)
-                and len(verdict["results"]) == len(checks)
-            ):
-                return [r is True for r in verdict["results"]]
-        raise VerifierError(f"terminal checker gave no verdict (status {res.status}): {res.stderr[-300:]!r}")
+NO_COMMAND = ("No command found: put the commands in one ```bash code block, and write `done` on its own line "
+              "when the task is complete.")
 
 
 class TerminalEnvironment:
-    """Multi-turn use: step(command) runs one bash command on the task's files
-    and returns its output. The environment holds no sandbox slot between
-    turns: each step opens a fresh session, replays the earlier commands
-    (deterministic shell tasks) and runs the new one, so G concurrent episodes
-    never wait on each other for pool slots."""
+    """Multi-turn use: step(action) runs the action's commands (parse_action) on the
+    task's files and observes their stdout, stderr and exit code; a `done` line
+    ends the episode. The environment holds no sandbox slot between turns: each
+    step opens a fresh session, replays the earlier scripts (deterministic shell
+    tasks), runs the new one and checks the end state (run_state), so G concurrent
+    episodes never wait on each other for pool slots. A step without commands
+    changes nothing: it reuses the last step's result. Per-turn part: process =
+    1.0 when the script exited 0, else 0.0 (none on a turn without commands)."""
 
-    def __init__(self, max_turns: int = 8) -> None:
-        self.max_turns = max_turns
-        self._files: dict[str, str | bytes] | None = None
-        self._done: list[str] = []
-        self.turns = 0
+    def __init__(self, domain: str = "terminal") -> None:
+        self.domain = domain
+        self._ref: TerminalReference | None = None
+        self._scripts: list[str] = []
+        self._last: TerminalRun | None = None
 
     def reset(self, task: Task) -> str:
-        ref: TerminalReference = task.reference
-        self._files, self._done, self.turns = dict(ref.files), [], 0
-        return task.prompt[-1].content
+        self._ref, self._scripts, self._last = task.reference, [], None
+        return ""  # the prompt lists the directory's files
 
-    def step(self, action: str) -> tuple[str, bool]:
-        from posttrain import sandbox
+    def step(self, action: str):
+        from posttrain.envs.base import StepResult
 
-        if self._files is None:
-            raise VerifierError("TerminalEnvironment.step before reset")
-        self.turns += 1
-        with sandbox.get_pool().session(self._files, domain="terminal") as s:
-            for earlier in self._done:
-                sandbox.raise_for_infra(s.run(step_request(earlier)))
-            res = sandbox.raise_for_infra(s.run(step_request(action)))
-        self._done.append(action)
-        obs = (res.stdout + res.stderr).decode("utf-8", "replace")[
-            -4000:
-        ] + f"\n[exit {res.exit_code if res.exit_code is not None else res.status}]"
-        done = self.turns >= self.max_turns or not action.strip()
-        return obs, done
+        if self._ref is None:
+            raise TaskError("terminal: step before reset")
+        script, finish = parse_action(action)
+        if not script.strip():
+            if self._last is None:
+                self._last = run_state(self._ref, [], self.domain)
+            return StepResult("Done." if finish else NO_COMMAND, finish, {}, self._last)
+        ran = run_state(self._ref, [*self._scripts, script], self.domain)
+        self._scripts.append(script)
+        self._last = ran
+        return StepResult(ran.observation(), finish, {"process": float(ran.exit_code == 0)}, ran)
 
     def close(self) -> None:
-        self._files, self._done = None, []
+        self._ref, self._scripts, self._last = None, [], None
 
 
 class Terminal(Domain):
@@ -296,10 +384,14 @@ class Terminal(Domain):
         )
 
     def gold(self, task: Task) -> str:
-        return f"```bash\n{task.reference.gold}```"
+        return f"```bash\n{task.reference.gold}```\ndone"
 
     def wrong(self, task: Task) -> str:
-        return f"```bash\n{task.reference.wrong}```"
+        return f"```bash\n{task.reference.wrong}```\ndone"
+
+    def gold_turns(self, task: Task) -> list[str]:
+        """The gold trajectory: the reference script and `done`, in one turn."""
+        return [self.gold(task)]
 
     def cheats(self, task: Task) -> list[str]:
         """Scripts that try to win without doing the task (CHEATS): exit early,

@@ -2,7 +2,8 @@
 
 Invariant: every expected value is what the task's reference solution returns
 on a fresh copy of the arguments, converted to plain JSON data; a task whose
-wrong solution passes every test is refused. Run after editing a task:
+wrong solution passes every test is refused. `visible` lists the tests the
+coding loop shows (`visible_tests`); the others stay hidden. Run after editing a task:
 
     .venv/bin/python src/posttrain/domains/data/code/build.py
 """
@@ -53,6 +54,20 @@ def run_all(source: str, task: dict) -> list:
     return outs
 
 
+def visible_tests(wrong_fails: list) -> list:
+    """The tests the coding loop (`code_revise`) shows and runs each turn: about a
+    third, in order, never the last test the wrong solution fails, so the
+    hidden rest still tells the wrong solution from the reference."""
+    want, out = max(1, len(wrong_fails) // 3), []
+    for i, fails in enumerate(wrong_fails):
+        if len(out) == want:
+            break
+        if fails and sum(wrong_fails[j] for j in range(len(wrong_fails)) if j != i and j not in out) == 0:
+            continue
+        out.append(i)
+    return out
+
+
 def build() -> list:
     tasks = []
     for t in load_sources():
@@ -64,8 +79,10 @@ def build() -> list:
             raise SystemExit(f"{t['name']}: the wrong solution passes every test")
         key = "calls" if t["kind"] == "class" else "args"
         tests = [{key: args, "expected": e} for args, e in zip(t["inputs"], expected)]
+        fails = [isinstance(w, tuple) or not _same(w, e, t["mode"]) for w, e in zip(wrong, expected)]
         tasks.append(
-            {k: t[k] for k in ("name", "level", "kind", "mode", "prompt", "solution", "wrong")} | {"tests": tests}
+            {k: t[k] for k in ("name", "level", "kind", "mode", "prompt", "solution", "wrong")}
+            | {"tests": tests, "visible": visible_tests(fails)}
         )
     names = [t["name"] for t in tasks]
     if len(set(names)) != len(names):

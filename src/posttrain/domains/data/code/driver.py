@@ -7,7 +7,9 @@ process group) and sends it one input at a time over a pipe; for each input
 the child executes the solution afresh in a new module (no state of one
 input reaches the next) and replies with what the entry point returned, as
 plain JSON data (exact builtin types, no subclasses, no objects of the
-solution's own; 64 KiB cap), or the type of what it raised. A child that
+solution's own; 64 KiB cap), or the type of what it raised (with "explain"
+in the request, also the tail of its traceback in solution.py, for the
+visible tests of the coding loop). A child that
 times out, dies, breaks the protocol or leaves threads running is killed
 and the next input gets a fresh fork. The driver writes one line per input
 to stdout, in order; the comparison with the expected values happens on
@@ -66,7 +68,22 @@ def _plain(value, depth=0):
     raise TypeError(f"unsupported return type {t.__name__}")
 
 
-def _run_one(code, entry, kind, test_json):
+TRACE_CHARS = 1200  # the tail of a traceback kept in an explained reply
+
+
+def _trace(exc):
+    """The traceback of `exc` through solution.py only, and its message; the tail."""
+    try:
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "solution.py"]
+        text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))
+        return ("Traceback (most recent call last):\n" if frames else "") + text[-TRACE_CHARS:]
+    except BaseException:  # noqa: BLE001 - a message that cannot be formatted is left out
+        return type(exc).__name__
+
+
+def _run_one(code, entry, kind, test_json, explain=False):
     """In the child: run the solution on one input; the reply as bytes."""
     try:
         mod = types.ModuleType("solution")
@@ -89,6 +106,8 @@ def _run_one(code, entry, kind, test_json):
         reply = {"value": _plain(value)}
     except BaseException as exc:  # SystemExit too: a solution that exits has no result
         reply = {"raised": type(exc).__name__}
+        if explain:
+            reply["trace"] = _trace(exc)
     try:
         data = json.dumps(reply).encode()
     except (TypeError, ValueError, RecursionError):
@@ -112,7 +131,7 @@ def _write_frame(fd, data):
         view = view[os.write(fd, view):]
 
 
-def _solver(code, entry, kind, r_fd, w_fd):
+def _solver(code, entry, kind, r_fd, w_fd, explain=False):
     """The child: one input at a time from r_fd, each in a fresh module."""
     os.setpgid(0, 0)
     null = os.open(os.devnull, os.O_RDWR)
@@ -127,7 +146,7 @@ def _solver(code, entry, kind, r_fd, w_fd):
         if head is None:
             os._exit(0)
         test_json = _read_exact(r_fd, int.from_bytes(head, "big")).decode()
-        reply = _run_one(code, entry, kind, test_json)
+        reply = _run_one(code, entry, kind, test_json, explain)
         # threads of this input would run on into the next: then the next input gets a fresh child
         last = "threading" in sys.modules and sys.modules["threading"].active_count() > 1
         _write_frame(w_fd, (b"X" if last else b"K") + reply)
@@ -138,7 +157,7 @@ def _solver(code, entry, kind, r_fd, w_fd):
 class Solver:
     """A forked child that runs inputs one at a time; replaced after a timeout or a crash."""
 
-    def __init__(self, code, entry, kind):
+    def __init__(self, code, entry, kind, explain=False):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         sys.stdout.flush()
@@ -147,7 +166,7 @@ class Solver:
             try:
                 os.close(req_w)
                 os.close(rep_r)
-                _solver(code, entry, kind, req_r, rep_w)
+                _solver(code, entry, kind, req_r, rep_w, explain)
             finally:
                 os._exit(1)
         os.close(req_r)
@@ -199,9 +218,7 @@ def _one(solver, test_json, timeout_s):
         reply = json.loads(raw)
     except (ValueError, RecursionError):
         reply = None
-    if not isinstance(reply, dict) or not (
-        reply.keys() == {"value"} or reply.keys() == {"raised"} or reply.keys() == {"error"}
-    ):
+    if not isinstance(reply, dict) or reply.keys() not in ({"value"}, {"raised"}, {"raised", "trace"}, {"error"}):
         return {"error": "no result"}, False
     return reply, state == "keep"
 
@@ -210,17 +227,18 @@ def main():
     _nondumpable()
     spec = json.loads(sys.stdin.read())
     entry, kind, timeout_s = spec["entry"], spec["kind"], float(spec["timeout_s"])
+    explain = spec.get("explain") is True
     with open("solution.py") as fh:
         source = fh.read()
     try:
         code = compile(source, "solution.py", "exec")
     except BaseException as exc:  # noqa: BLE001 - a solution that does not compile raises on every input
-        code = compile(
-            f"raise {type(exc).__name__ if isinstance(exc, Exception) else 'SyntaxError'}()", "solution.py", "exec"
-        )
+        name = type(exc).__name__ if isinstance(exc, Exception) else "SyntaxError"
+        detail = f"{getattr(exc, 'msg', '')} (line {getattr(exc, 'lineno', '?')})"[:300] if explain else ""
+        code = compile(f"raise {name}({detail!r})", "<compile>", "exec")
     solver = None
     for i, test in enumerate(spec["inputs"]):
-        solver = solver or Solver(code, entry, kind)
+        solver = solver or Solver(code, entry, kind, explain)
         reply, healthy = _one(solver, json.dumps(test), timeout_s)
         if not healthy:
             solver.close()
