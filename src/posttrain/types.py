@@ -27,6 +27,10 @@ class TaskMeta:
     difficulty: int
     source: str
     taskset_version: str
+    reward_weights: tuple[tuple[str, float], ...] = ()
+    """(part, weight) pairs from `tasks.domains.<name>.reward_weights`, stamped by the
+    task pool: `Domain.score` makes the reward their weighted mean. Empty: the
+    verifier's own value."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,10 @@ class Turn:
 
     action: str
     observation: str = ""
+    exec_result: Any = None
+    """The sandbox result of this turn (an ExecutionResult or None), traced."""
+    parts: Mapping[str, float] = field(default_factory=dict)
+    """Per-turn reward parts the environment reported, e.g. {"process": 1.0}."""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,22 @@ model's own tokens.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from posttrain.types import Completion, FinishReason, Message, Task, Turn
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one environment step returns: the observation, whether the episode
+    is over, this turn's reward parts and its sandbox result (if one ran)."""
+
+    observation: str
+    done: bool = False
+    parts: Mapping[str, float] = field(default_factory=dict)
+    exec_result: Any = None
 
 
 class Environment(Protocol):
