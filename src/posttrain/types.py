@@ -48,12 +48,10 @@ class Task:
 class Turn:
     """One exchange of a multi-turn episode: the model's action and what came back."""
 
-    action: str
-    observation: str = ""
-    exec_result: Any = None
-    """The sandbox result of this turn (an ExecutionResult or None), traced."""
-    parts: Mapping[str, float] = field(default_factory=dict)
-    """Per-turn reward parts the environment reported, e.g. {"process": 1.0}."""
+    action: str                  # the model's text this turn
+    observation: str = ""        # what the environment returned
+    exec_result: Any = None      # sandbox result of this turn (sandbox.ExecutionResult or None), traced
+    parts: Mapping[str, float] = field(default_factory=dict)   # per-turn reward parts, e.g. {"process": 1.0}
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,6 @@ from posttrain.types import Completion, FinishReason, Message, Task, Turn
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one environment step returns: the observation, whether the episode
-    is over, this turn's reward parts and its sandbox result (if one ran)."""
-
     observation: str
     done: bool = False
     parts: Mapping[str, float] = field(default_factory=dict)
