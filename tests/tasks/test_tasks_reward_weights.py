@@ -79,3 +79,32 @@ def test_weights_reach_tasks_of_a_pattern():
     task = pool.draw(1)[0]
     assert task.domain.startswith("tool_") and task.meta.reward_weights == (("outcome", 1.0),)
     assert dataclasses.replace(task.meta, reward_weights=()).taskset_version == task.meta.taskset_version
+
+
+def test_posttrain_train_applies_the_weights(tmp_path, micro_base, monkeypatch):
+    """A config's reward_weights reach the rewards `posttrain train` traces."""
+    from posttrain.domains import registry
+    from posttrain.domains.base import ProceduralDomain
+    from posttrain.loop import train
+    from posttrain.trace import TraceStore
+
+    class HalfDone:  # the goal is never reached, the process always right
+        name, version = "half_done", "1"
+
+        def score(self, task, episode):
+            return Score(0.0, {"outcome": 0.0, "process": 1.0}, False, "goal not reached")
+
+    cls = type("weighted_probe", (ProceduralDomain,), {
+        "name": "weighted_probe", "category": "test",
+        "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 99)}+0=", "0")})
+    dom = cls()
+    dom.verifier = HalfDone()
+    monkeypatch.setitem(registry._REGISTRY, "weighted_probe", dom)
+    cfg = load_config(None, [
+        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens=4", "eval.tasks_per_domain=2",
+        "eval.max_tokens=4", "run.threads=1", "run.progress=false", "run.steps=1", "run.checkpoint_every=0",
+        f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=w",
+        "tasks.domains={weighted_probe: {reward_weights: {outcome: 3.0, process: 1.0}}}"])
+    result = train(cfg, log=lambda *_: None)
+    rows = TraceStore(result.run_dir / "trace.db").recent(100, "weighted_probe")
+    assert rows and all(r["reward"] == pytest.approx(0.25) for r in rows)  # (0 x 3 + 1 x 1) / 4
