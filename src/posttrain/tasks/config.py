@@ -47,7 +47,7 @@ class DomainSpec(BaseModel):
     reward_weights: dict[str, float] | None = None
     """Weights of the reward parts (outcome, process, efficiency), e.g. {outcome: 1.0, process: 0.2,
     efficiency: 0.1}: the reward becomes the weighted mean of the weighted parts the domain reports;
-    None keeps the domain's own reward (`posttrain domains` and docs/domains.md list each family's parts)."""
+    None keeps the domain's own reward (docs/domains.md lists the parts each family reports)."""
 
     verifier: VerifierSpec | None = None
     """How a `source` domain is scored: a verifier by name with parameters (default: exact).
