@@ -27,6 +27,10 @@ class TaskMeta:
     difficulty: int
     source: str
     taskset_version: str
+    reward_weights: tuple[tuple[str, float], ...] = ()
+    """(part, weight) pairs from `tasks.domains.<name>.reward_weights`, stamped by the
+    task pool: `Domain.score` makes the reward their weighted mean. Empty: the
+    verifier's own value."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Family-specific guarantees: exact and ungameable rg scoring, math answer
-forms (no code evaluation), read-only SQL, tool-world protocol and goals,
-field-level F1 for documents."""
+forms (no code evaluation), read-only SQL, field-level F1 for documents
+(the tool world: test_domains_toolworld.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from posttrain.domains import rgym
 from posttrain.domains.registry import all_domains, get
-from posttrain.types import Episode, Turn
+from posttrain.types import Episode
 
 JUNK = ["", " ", "0", "1", "-1", "yes", "no", "True", "False", "None", "[]", "{}", "a", "x", "0 1", "unknown"]
 
@@ -152,59 +152,6 @@ def test_sql_equivalent_query_and_ordering():
     t2 = f.sample(0, "train", 1)
     reordered = t2.reference["sql"] + " ORDER BY name DESC"
     assert f.score(t2, Episode(f"<answer>{reordered}</answer>")).value == 1.0  # unordered question
-
-
-# ---- tool world ---------------------------------------------------------------------
-
-
-def _tool_task():
-    d = get("tool_cancel_refund")
-    return d, d.sample(0, "train", 2)
-
-
-def test_tool_multi_turn_replay_of_gold_scores_one():
-    d, task = _tool_task()
-    env = d.environment()
-    assert "ready" in env.reset(task)
-    turns = []
-    for action in task.reference["actions"]:
-        obs, done = env.step(action)
-        turns.append(Turn(action, obs))
-    assert done and d.score(task, Episode("", turns=tuple(turns))).value == 1.0
-
-
-def test_tool_protocol_violations_are_observed_and_scored():
-    d, task = _tool_task()
-    env = d.environment()
-    env.reset(task)
-    obs, done = env.step("not json")
-    assert obs.startswith("error") and not done
-    obs, _ = env.step(json.dumps({"tool": "transfer", "args": {"from_id": "A101"}}))
-    assert "takes exactly" in obs
-    gold = "\n".join(task.reference["actions"])
-    score = d.score(task, Episode(f"<answer>\n{{\"tool\": \"nope\", \"args\": {{}}}}\n{gold}\n</answer>"))
-    assert score.parts["outcome"] == 1.0 and score.parts["protocol"] < 1.0 and 0.8 <= score.value < 1.0
-
-
-def test_tool_collateral_change_fails_the_goal():
-    d, task = _tool_task()
-    actions = task.reference["actions"]
-    accounts = task.reference["world"]["accounts"]
-    a, b = sorted(accounts)[:2]
-    extra = json.dumps({"tool": "transfer", "args": {"from_id": a, "to_id": b, "amount": 0.01}})
-    if accounts[a]["balance"] < 0.01:
-        a, b = b, a
-        extra = json.dumps({"tool": "transfer", "args": {"from_id": a, "to_id": b, "amount": 0.01}})
-    seq = actions[:-1] + [extra, actions[-1]]
-    assert d.score(task, Episode("\n".join(seq))).parts["outcome"] == 0.0
-
-
-def test_tool_step_budget_lowers_efficiency():
-    d, task = _tool_task()
-    lookups = [task.reference["actions"][0]] * (task.reference["budget"])
-    seq = lookups + task.reference["actions"]
-    score = d.score(task, Episode("\n".join(seq)))
-    assert score.parts["outcome"] == 1.0 and score.parts["efficiency"] < 1.0 and not score.passed
 
 
 # ---- documents ----------------------------------------------------------------------

@@ -8,10 +8,11 @@ so a question that hashes to eval can never be drawn for train.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -123,6 +124,20 @@ class ExactMatch:
         return Score(value=1.0 if ok else 0.0, parts={"outcome": 1.0 if ok else 0.0}, passed=ok, reason=reason)
 
 
+def weigh(score: Score, weights: Iterable[tuple[str, float]]) -> Score:
+    """The reward under per-domain part weights (`tasks.domains.<name>.reward_weights`):
+    the weighted mean of the weighted parts the score reports (each clipped to
+    [0, 1]; a part the domain does not report is left out of the mean). `passed`,
+    the parts and the reason are the verifier's. No weights, or none of the
+    weighted parts reported: the verifier's own value, unchanged."""
+    named = [(score.parts[k], w) for k, w in weights if k in score.parts and w > 0]
+    if not named:
+        return score
+    total = sum(w for _, w in named)
+    value = sum(min(1.0, max(0.0, float(p))) * w for p, w in named) / total
+    return dataclasses.replace(score, value=min(1.0, max(0.0, value)))
+
+
 class Domain(abc.ABC):
     """A task family. Subclasses set the class attributes and implement
     `sample` (or `generate`, through `ProceduralDomain`)."""
@@ -155,7 +170,8 @@ class Domain(abc.ABC):
         """A plausible completion that scores below 1.0."""
 
     def score(self, task: Task, episode: Episode) -> Score:
-        return self.verifier.score(task, episode)
+        """The verifier's score, weighted by the task's reward weights (see `weigh`)."""
+        return weigh(self.verifier.score(task, episode), task.meta.reward_weights)
 
     @property
     def executes(self) -> bool:

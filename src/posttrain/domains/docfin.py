@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 from posttrain.domains._common import ANSWER_INSTRUCTION, answer_json, close, f1, parse_number
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
+from posttrain.envs.base import StepResult
 from posttrain.types import Episode, Score, Task
 
 DATE_LO, DATE_HI = dt.date(2019, 1, 1), dt.date(2024, 12, 31)
@@ -91,7 +93,10 @@ def field_matches(gold: Any, got: Any) -> bool:
 
 class FieldsVerifier:
     """A JSON object of fields: F1 of correct fields (precision over the fields
-    given, recall over the fields asked); numbers within tolerance."""
+    given, recall over the fields asked); numbers within tolerance. A multi-turn
+    task (its reference has a validator `check`) also reports process (the
+    validator accepts the final object) and efficiency (1 / turns used, 0 when
+    not every field is right); the value stays F1 of the final object."""
 
     name = "field_f1"
     version = "1"
@@ -99,13 +104,153 @@ class FieldsVerifier:
     def score(self, task: Task, episode: Episode) -> Score:
         got = answer_json(episode.completion)
         gold: dict[str, Any] = task.reference["fields"]
+        loop = {}
+        if "check" in task.reference:
+            loop = {"process": float(not validate_fields(got, task.reference["check"])), "efficiency": 0.0}
         if not isinstance(got, dict):
-            return Score(0.0, {"outcome": 0.0, "precision": 0.0, "recall": 0.0}, False, "answer is not a JSON object")
+            return Score(0.0, {"outcome": 0.0, "precision": 0.0, "recall": 0.0, **loop}, False,
+                         "answer is not a JSON object")
         tp = sum(1 for k, v in got.items() if k in gold and field_matches(gold[k], v))
         precision, recall, value = f1(tp, len(got), len(gold))
         ok = tp == len(gold) == len(got)
-        return Score(value, {"outcome": float(ok), "precision": precision, "recall": recall}, ok,
+        if loop:
+            loop["efficiency"] = float(ok) / max(1, len(episode.turns))
+        return Score(value, {"outcome": float(ok), "precision": precision, "recall": recall, **loop}, ok,
                      "" if ok else f"{tp}/{len(gold)} fields right")
+
+
+# ---- the validator of multi-turn extraction ----------------------------------------
+# It sees only `check`: the asked keys with their types, and figures printed in the
+# document (line items, discount, shipping, tax rate). It checks form and internal
+# consistency, never the hidden gold fields, and its complaints name fields and
+# rules, never a value.
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _typed(value: Any, kind: str) -> tuple[Any, str]:
+    """(parsed value, "") or (None, what is wrong) for one extracted field."""
+    if kind == "text":
+        ok = isinstance(value, str) and value.strip() != ""
+        return (value, "") if ok else (None, "must be a non-empty string")
+    if kind == "date":
+        try:
+            if isinstance(value, str) and _DATE.fullmatch(value.strip()):
+                return dt.date.fromisoformat(value.strip()), ""
+        except ValueError:
+            pass
+        return None, "bad date format (want YYYY-MM-DD)"
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else (
+        parse_number(value) if isinstance(value, str) else None)
+    if number is None:
+        return None, "not a number"
+    if kind == "integer" and float(number) != int(number):
+        return None, "not a whole number"
+    return float(number), ""
+
+
+def _near(a: float, b: float) -> bool:
+    return close(a, b, rel=1e-9)
+
+
+def _invoice_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+    out = []
+    if "invoice_number" in v and not re.fullmatch(r"INV-\d{5}", v["invoice_number"].strip()):
+        out.append("invoice_number: bad format (want INV- and five digits)")
+    subtotal = cents(sum(q * p for q, p in facts["lines"]))
+    if "subtotal" in v and not _near(v["subtotal"], subtotal):
+        out.append("subtotal does not reconcile with the line items (quantity x unit price)")
+    tax = cents((subtotal - facts["discount"]) * facts["tax_rate"] / 100)
+    if "tax" in v and not _near(v["tax"], tax):
+        out.append("tax does not match the tax rate applied to the subtotal after discount")
+    total = cents(subtotal - facts["discount"] + v.get("tax", tax) + facts["shipping"])
+    if "total" in v and not _near(v["total"], total):
+        out.append("total does not reconcile with the line items, discount, tax and shipping")
+    if "date" in v and "due_date" in v and v["due_date"] < v["date"]:
+        out.append("due_date is before date")
+    if "vendor" in v and "customer" in v and _norm(v["vendor"]) == _norm(v["customer"]):
+        out.append("vendor and customer are the same company")
+    return out
+
+
+def _payslip_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+    out = []
+    if "hours" in v and not 0 < v["hours"] <= 744:
+        out.append("hours: not the hours of one pay period")
+    if "hourly_rate" in v and v["hourly_rate"] <= 0:
+        out.append("hourly_rate must be positive")
+    if "employee" in v and "employer" in v and _norm(v["employee"]) == _norm(v["employer"]):
+        out.append("employee and employer are the same name")
+    return out
+
+
+def _balance_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+    out = [f"{k} must not be negative" for k in ("total_assets", "total_liabilities", "cash", "long_term_debt")
+           if k in v and v[k] < 0]
+    if {"equity", "total_assets", "total_liabilities"} <= set(v) and not _near(
+            v["equity"], v["total_assets"] - v["total_liabilities"]):
+        out.append("equity does not equal total_assets - total_liabilities")
+    if "cash" in v and "total_assets" in v and v["cash"] > v["total_assets"]:
+        out.append("cash exceeds total_assets")
+    if "long_term_debt" in v and "total_liabilities" in v and v["long_term_debt"] > v["total_liabilities"]:
+        out.append("long_term_debt exceeds total_liabilities")
+    return out
+
+
+def _income_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+    out = []
+    order = ("revenue", "gross_profit", "operating_income", "net_income")
+    present = [k for k in order if k in v]
+    out += [f"{b} exceeds {a}" for a, b in zip(present, present[1:]) if v[b] > v[a] + 0.011]
+    if "interest_expense" in v and v["interest_expense"] < 0:
+        out.append("interest_expense must not be negative")
+    return out
+
+
+RULES: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[str]]] = {
+    "invoice": _invoice_rules, "payslip": _payslip_rules, "balance": _balance_rules, "income": _income_rules,
+}
+
+
+def validate_fields(got: Any, check: dict[str, Any]) -> list[str]:
+    """The validator's complaints about an extracted object; [] when it accepts."""
+    if not isinstance(got, dict):
+        return ["the answer is not one JSON object"]
+    types: dict[str, str] = check["types"]
+    out = [f"missing field: {k}" for k in types if k not in got]
+    out += [f"unknown field: {k}" for k in got if k not in types]
+    values = {}
+    for key, kind in types.items():
+        if key in got:
+            value, problem = _typed(got[key], kind)
+            if problem:
+                out.append(f"{key}: {problem}")
+            else:
+                values[key] = value
+    return out + RULES[check["family"]](values, check.get("facts", {}))
+
+
+class DocEnv:
+    """Multi-turn extraction (the Environment contract): each action is the
+    extracted JSON object; the observation is "accepted" (the episode ends) or
+    "rejected: " and the validator's complaints. Turn parts: {"process": 1.0
+    when accepted, else 0.0}."""
+
+    def __init__(self) -> None:
+        self.check: dict[str, Any] = {}
+
+    def reset(self, task: Task) -> str:
+        self.check = task.reference["check"]
+        return ""  # the document and the keys are in the prompt
+
+    def step(self, action: str) -> StepResult:
+        complaints = validate_fields(answer_json(action), self.check)
+        if not complaints:
+            return StepResult("accepted", True, {"process": 1.0})
+        return StepResult("rejected: " + "; ".join(complaints), False, {"process": 0.0})
+
+    def close(self) -> None:
+        self.check = {}
 
 
 # ---- documents -------------------------------------------------------------------
@@ -284,8 +429,13 @@ def _num(value: float) -> dict[str, Any]:
     return {"kind": "number", "value": value}
 
 
-def _fields(fields: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "fields", "fields": fields}
+def _fields(fields: dict[str, Any], family: str, types: dict[str, str],
+            facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fields reference: the hidden gold `fields` and the validator's `check`
+    (the asked keys' types and figures the document prints; never a gold value
+    the document does not show)."""
+    check = {"family": family, "types": {k: types.get(k, "number") for k in fields}, "facts": facts or {}}
+    return {"kind": "fields", "fields": fields, "check": check}
 
 
 def invoice_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -300,7 +450,10 @@ def invoice_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[st
         f"{render_invoice(inv, style)}\n\nExtract these fields as one JSON object (keys: {keys}; dates as YYYY-MM-DD, "
         "amounts as numbers)."
     )
-    return q, _fields(fields)
+    types = {"invoice_number": "text", "date": "date", "due_date": "date", "vendor": "text", "customer": "text"}
+    facts = {"lines": [[q_, p] for _, q_, p in inv.lines], "discount": inv.discount, "shipping": inv.shipping,
+             "tax_rate": inv.tax_rate}
+    return q, _fields(fields, "invoice", types, facts)
 
 
 def invoice_total(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -372,7 +525,8 @@ def payslip(rng: random.Random, d: int, style: str, ask: str) -> tuple[str, dict
     fields = {"employee": name, "employer": employer, "period_end": date.isoformat(), "hours": hours}
     if d >= 2:
         fields["hourly_rate"] = rate
-    return f"{text}\n\nExtract as one JSON object with keys {', '.join(fields)}.", _fields(fields)
+    types = {"employee": "text", "employer": "text", "period_end": "date", "hours": "integer"}
+    return f"{text}\n\nExtract as one JSON object with keys {', '.join(fields)}.", _fields(fields, "payslip", types)
 
 
 def bank_statement(rng: random.Random, d: int, style: str, ask: str) -> tuple[str, dict[str, Any]]:
@@ -414,7 +568,7 @@ def balance_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[st
         fields.update(cash=s.cash, long_term_debt=s.long_debt)
     return (
         f"{render_balance(s, style)}\n\nExtract as one JSON object with keys {', '.join(fields)} (amounts as numbers).",
-        _fields(fields),
+        _fields(fields, "balance", {"company": "text"}),
     )
 
 
@@ -427,7 +581,7 @@ def income_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[str
         fields.update(operating_income=s.ebit, interest_expense=s.interest)
     return (
         f"{render_income(s, style)}\n\nExtract as one JSON object with keys {', '.join(fields)} (amounts as numbers).",
-        _fields(fields),
+        _fields(fields, "income", {"company": "text"}),
     )
 
 
@@ -573,7 +727,16 @@ FIN_BUILDERS: dict[str, tuple[str, Builder, str]] = {
 _VERIFIERS = {"number": NumberVerifier(), "fields": FieldsVerifier(), "text": TextVerifier()}
 
 
+FEEDBACK = ("A validator checks your object (every key present, dates as YYYY-MM-DD, numbers, figures that "
+            "reconcile with the document) and answers \"accepted\" or says what is wrong; then send the corrected "
+            "object.")
+
+
 class DocDomain(ProceduralDomain):
+    """One document task family. Field extraction (`kind` "fields") is multi-turn:
+    extract, read the validator's complaints, re-extract (DocEnv); the reward is the
+    final object's F1 against the hidden gold. The other kinds are single-turn."""
+
     levels = 3
     budget = Budget(tokens=256)
 
@@ -583,10 +746,20 @@ class DocDomain(ProceduralDomain):
         self.verifier = _VERIFIERS[kind]
         self.partial_credit = kind == "fields"
         self._builder, self._style = builder, style
+        if kind == "fields":
+            self.version, self.budget = "2", Budget(turns=3, tokens=256)
+
+    def environment(self) -> type[DocEnv] | None:
+        return DocEnv if self.kind == "fields" else None
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:
         question, reference = self._builder(rng, difficulty, self._style)
-        return f"{question}\n{ANSWER_INSTRUCTION}", reference
+        feedback = f" {FEEDBACK}" if self.kind == "fields" else ""
+        return f"{question}{feedback}\n{ANSWER_INSTRUCTION}", reference
+
+    def gold_turns(self, task: Task) -> list[str]:
+        """The gold trajectory: the gold object, accepted at the first turn."""
+        return [self.gold(task)]
 
     def gold(self, task: Task) -> str:
         ref = task.reference

@@ -27,6 +27,7 @@ from typing import Any
 from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
+from posttrain.envs.base import StepResult
 from posttrain.errors import SandboxError
 from posttrain.types import Episode, Score, Task
 
@@ -38,6 +39,8 @@ HEADER = (
     "(or out.npz with arrays `vertices` and `faces`). manifold3d, trimesh and numpy are available; "
     "units are millimetres; there is no network. Give the script in a ```python block.\n\n"
 )
+FEEDBACK = ("Each script you send is run and you get its constraint report (watertight, volume, bounding box, "
+            "parts, through-holes); adjust the script and send it again until every constraint holds.")
 SAVE_NPZ = (
     "mesh = shape.to_mesh()\n"
     "np.savez('out.npz', vertices=np.asarray(mesh.vert_properties)[:, :3], faces=np.asarray(mesh.tri_verts))\n"
@@ -344,6 +347,62 @@ def run_script(source: str, run: Callable[[Any], Any] | None = None) -> GeoRun:
     return GeoRun(**base, measures=measure(*mesh))
 
 
+NOTHING_MET = {"outcome": 0.0, "process": 0.0, "efficiency": 0.0}
+
+
+def report(checks: dict[str, Any], m: dict[str, Any], results: dict[str, float]) -> str:
+    """The constraint report the model reads after a run: each measure, its target
+    (the task's stated constraints) and ok / FAIL."""
+    mark = {1.0: "ok", 0.0: "FAIL"}
+    if not m["watertight"]:
+        return ("watertight: no (not a closed, valid manifold): FAIL; volume, parts and holes need a "
+                "watertight mesh; bounding box " + " x ".join(f"{x:.2f}" for x in m["extents"]) + " mm")
+    lines = ["watertight: yes",
+             f"volume: {m['volume']:.2f} mm^3 (target {checks['volume']:.2f} +- {checks['vol_tol']:.0%}): "
+             f"{mark[results['volume']]}",
+             "bounding box: " + " x ".join(f"{x:.2f}" for x in m["extents"]) + " mm (target "
+             + " x ".join(f"{x:g}" for x in checks["bbox"]) + f", any order): {mark[results['bbox']]}",
+             f"parts: {m['parts']} (target {checks['parts']}): {mark[results['parts']]}",
+             f"through-holes (genus): {m['genus']} (target {checks['genus']}): {mark[results['genus']]}"]
+    if "clearance" in checks:
+        lines.append(f"clearance between parts: {m.get('clearance', 0.0):.2f} mm (target {checks['clearance']:g}): "
+                     f"{mark[results['clearance']]}")
+    return "\n".join(lines)
+
+
+class GeoEnv:
+    """Build, read the constraint report, adjust (the Environment contract): each
+    action is a script; `step` runs it in the sandbox (SandboxError on an infra
+    failure) and answers with the report of the mesh it wrote (or why there is
+    none); the episode is done when every constraint holds. Turn parts:
+    {"process": the share of constraints met}; the turn's exec_result is the GeoRun.
+    The reward is not decided here: the pipeline's execute step runs the last
+    script again and the verifier checks that mesh."""
+
+    def __init__(self) -> None:
+        self.checks: dict[str, Any] = {}
+
+    def reset(self, task: Task) -> str:
+        self.checks = task.reference["checks"]
+        return ""  # the solid's description is in the prompt
+
+    def step(self, action: str) -> StepResult:
+        source = extract_script(action)
+        if not source.strip():
+            return StepResult("no script: send the script in a ```python block", False, {"process": 0.0})
+        run = run_script(source)
+        if run.measures is None:
+            code = f" (exit code {run.exit_code})" if run.exit_code not in (None, 0) else ""
+            tail = f"\n{run.stderr[-600:]}" if run.stderr.strip() else ""
+            return StepResult(f"{run.note}{code}{tail}", False, {"process": 0.0}, run)
+        results = check(self.checks, run.measures)
+        share = sum(results.values()) / len(results) if results["watertight"] else 0.0
+        return StepResult(report(self.checks, run.measures, results), all(results.values()), {"process": share}, run)
+
+    def close(self) -> None:
+        self.checks = {}
+
+
 class MeshVerifier:
     """The share of the task's constraints the mesh meets. `execute` runs the
     script in the sandbox (the pipeline's execute stage calls it); `score`
@@ -362,25 +421,27 @@ class MeshVerifier:
         if not isinstance(got, GeoRun):
             got = self.execute(task, episode.completion)
         if got is None:
-            return Score(0.0, {"outcome": 0.0}, False, "no script")
+            return Score(0.0, dict(NOTHING_MET), False, "no script")
         if got.measures is None:
             reason = f"{got.note}: {got.stderr[-300:]}" if got.status != "ok" else got.note
-            return Score(0.0, {"outcome": 0.0}, False, reason)
+            return Score(0.0, dict(NOTHING_MET), False, reason)
         results = check(task.reference["checks"], got.measures)
         passed = all(results.values())
         value = sum(results.values()) / len(results) if results["watertight"] else 0.0
         failed = [k for k, v in results.items() if not v]
-        return Score(
-            value, {"outcome": float(passed), **results}, passed, "" if passed else "failed: " + ", ".join(failed)
-        )
+        loop = {"process": value, "efficiency": float(passed) / max(1, len(episode.turns))}
+        return Score(value, {"outcome": float(passed), **loop, **results}, passed,
+                     "" if passed else "failed: " + ", ".join(failed))
 
 
 class GeoDomain(ProceduralDomain):
+    """One shape family, multi-turn: build, read the constraint report, adjust (GeoEnv)."""
+
     category = "geometry3d"
-    version = "2"
+    version = "3"
     levels = 3
     cost_class = "long"
-    budget = Budget(tokens=512, seconds=60.0)
+    budget = Budget(turns=3, tokens=512, seconds=60.0)
     partial_credit = True
 
     def __init__(self, shape: str) -> None:
@@ -388,9 +449,16 @@ class GeoDomain(ProceduralDomain):
         self.shape, self.description = SHAPES[shape]
         self.verifier = MeshVerifier()
 
+    def environment(self) -> type[GeoEnv]:
+        return GeoEnv
+
+    def gold_turns(self, task: Task) -> list[str]:
+        """The gold trajectory: the gold script, every constraint met at the first run."""
+        return [self.gold(task)]
+
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:
         text, body, checks = self.shape(rng, difficulty)
-        return HEADER + text + "\n" + ANSWER_INSTRUCTION.replace("final answer", "script"), {
+        return HEADER + text + "\n" + FEEDBACK + "\n" + ANSWER_INSTRUCTION.replace("final answer", "script"), {
             "script": script(body),
             "checks": checks,
         }

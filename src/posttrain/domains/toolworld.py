@@ -1,29 +1,32 @@
 """tool_*: tool-using agents in a small JSON world (accounts, orders, hotel
-bookings, inventory, support tickets).
+bookings, inventory, support tickets), through one tool-call protocol.
 
 Invariant: the world is a JSON value built from the task seed; tools are pure
-functions of (world, arguments) declared with JSON schemas; the reference is
-the gold action sequence, and the goal is the world the gold sequence reaches.
-Reward: outcome (the final world equals the goal world exactly, so collateral
-changes fail) x (0.8 + 0.1 protocol + 0.1 efficiency), where protocol is the
-share of actions that are valid calls of declared tools and efficiency falls
-once the step budget is exceeded. A malformed action is observed ("error: ...")
-and scored, never a crash. One completion holding the whole action sequence
-(one JSON object per line) is scored by replaying it through the same
-environment as a multi-turn episode. At level 1 the prompt shows the records,
-so a single completion can reach the goal; above it ids must be looked up.
+functions of (world, arguments) declared with schemas; the reference holds the
+gold calls, and the goal is the world they reach. Each turn the model sends
+one OpenAI-style call, {"name": TOOL, "arguments": {...}}, or a JSON list of
+them; each call's result (or `error: ...` for a malformed call) comes back as
+the observation, and `finish` ends the episode. A malformed action is observed
+and scored, never a crash. The verifier replays the episode's actions through
+a fresh environment and never reads an observation: reward = outcome (the
+final world equals the goal world exactly, so collateral changes fail) x (0.8 +
+0.1 process + 0.1 efficiency), where process is the share of well-formed calls
+and efficiency falls once the call budget is exceeded. One completion holding
+every call as a list is one turn of the same environment. At level 1 the
+prompt shows the records; above it ids must be looked up.
 """
 from __future__ import annotations
 
 import copy
 import json
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, Domain, extract_answer, split_of, stable_rng
 from posttrain.domains.registry import register
+from posttrain.envs.base import StepResult
 from posttrain.errors import TaskError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
@@ -39,6 +42,7 @@ HOTELS = {
 DATES = ["2024-03-04", "2024-03-05", "2024-03-06", "2024-03-07"]
 TOPICS = ["billing", "shipping", "login", "refund", "warranty"]
 MAX_STEPS_FACTOR = 3
+CALL_FORMAT = '{"name": TOOL, "arguments": {...}}'
 
 Args = dict[str, Any]
 
@@ -186,12 +190,12 @@ def tool_close_ticket(w: dict, a: Args) -> Any:
 IMPL: dict[str, Callable[[dict, Args], Any]] = {name: globals()[f"tool_{name}"] for name in TOOLS if name != "finish"}
 
 
-def validate(action: Any) -> tuple[str, Args]:
-    """(tool, args) of a well-formed action, or ValueError saying what is wrong."""
-    if not isinstance(action, dict) or set(action) - {"tool", "args"} or "tool" not in action:
-        raise ValueError('an action is {"tool": NAME, "args": {...}}')
-    name, args = action["tool"], action.get("args", {})
-    if name not in TOOLS:
+def validate(call: Any) -> tuple[str, Args]:
+    """(tool, arguments) of a well-formed call, or ValueError saying what is wrong."""
+    if not isinstance(call, dict) or set(call) - {"name", "arguments"} or "name" not in call:
+        raise ValueError('a tool call is {"name": TOOL, "arguments": {...}}')
+    name, args = call["name"], call.get("arguments", {})
+    if not isinstance(name, str) or name not in TOOLS:
         raise ValueError(f"unknown tool {name!r}")
     schema = TOOLS[name]["args"]
     if not isinstance(args, dict) or set(args) != set(schema):
@@ -202,81 +206,105 @@ def validate(action: Any) -> tuple[str, Args]:
     return name, args
 
 
+def parse_calls(action: str) -> list[Any]:
+    """The tool calls of one action: a JSON object, or a JSON list of them (bare, in
+    <answer> tags or in a ```json fence); ValueError when it is neither."""
+    body = extract_answer(action)
+    fenced = re.findall(r"```(?:json)?\s*(.*?)```", body, re.DOTALL)
+    try:
+        value = json.loads((fenced[-1] if fenced else body).strip())
+    except (ValueError, RecursionError) as exc:
+        raise ValueError('not JSON: send {"name": TOOL, "arguments": {...}} or a list of such calls') from exc
+    calls = value if isinstance(value, list) else [value]
+    if not calls:
+        raise ValueError("an empty list calls no tool")
+    return calls
+
+
 class ToolEnv:
-    """Multi-turn environment: reset(task) -> observation; step(action) -> (observation, done)."""
+    """One episode in the tool world (the Environment contract): each action is a
+    call or a list of calls; the observation is one line per call (the result as
+    JSON, or `error: ...` for a malformed call, `failed: ...` for a call the world
+    refuses); `finish` ends the episode, and so does the call limit
+    (MAX_STEPS_FACTOR x the task's call budget). Turn parts: {"process": share of
+    this turn's calls that were well formed}."""
 
     def __init__(self) -> None:
         self.world: dict[str, Any] = {}
-        self.steps = self.valid = 0
+        self.calls = self.valid = 0
         self.done = False
-        self.max_steps = 1
+        self.max_calls = 1
 
     def reset(self, task: Task) -> str:
         self.world = copy.deepcopy(task.reference["world"])
-        self.steps = self.valid = 0
+        self.calls = self.valid = 0
         self.done = False
-        self.max_steps = MAX_STEPS_FACTOR * task.reference["budget"]
-        return "ready: send one JSON action per turn"
+        self.max_calls = MAX_STEPS_FACTOR * task.reference["budget"]
+        return ""  # the goal, the tools and (level 1) the records are in the prompt
 
-    def step(self, action: str) -> tuple[str, bool]:
+    def step(self, action: str) -> StepResult:
         if self.done:
-            return "error: episode is over", True
-        self.steps += 1
+            return StepResult("error: the episode is over", True, {"process": 0.0})
+        calls0, valid0 = self.calls, self.valid
         try:
-            name, args = validate(json.loads(_action_text(action)))
-        except (ValueError, RecursionError) as exc:
-            return self._after(f"error: {exc}")
+            lines = [self._call(call) for call in parse_calls(action) if not self.done]
+        except ValueError as exc:
+            self.calls += 1
+            lines = [f"error: {exc}"]
+        if not self.done and self.calls >= self.max_calls:
+            self.done = True
+            lines.append(f"error: the call limit ({self.max_calls}) is reached")
+        process = (self.valid - valid0) / max(1, self.calls - calls0)
+        return StepResult("\n".join(lines), self.done, {"process": process})
+
+    def _call(self, call: Any) -> str:
+        self.calls += 1
+        try:
+            name, args = validate(call)
+        except ValueError as exc:
+            return f"error: {exc}"
         self.valid += 1
         if name == "finish":
             self.done = True
-            return "finished", True
+            return "finished"
         try:
-            result = IMPL[name](self.world, args)
+            return json.dumps(IMPL[name](self.world, args), sort_keys=True)
         except ToolFailure as exc:
-            return self._after(f"failed: {exc}")
-        return self._after(json.dumps(result, sort_keys=True))
+            return f"failed: {exc}"
 
-    def _after(self, observation: str) -> tuple[str, bool]:
-        if self.steps >= self.max_steps:
-            self.done = True
-        return observation, self.done
-
-
-def _action_text(action: str) -> str:
-    """One turn's JSON: the text inside <answer> tags or a ```json fence, if any."""
-    import re
-
-    body = extract_answer(action)
-    fenced = re.findall(r"```(?:json)?\s*(.*?)```", body, re.DOTALL)
-    return (fenced[-1] if fenced else body).strip()
+    def close(self) -> None:
+        self.world = {}
 
 
 def actions_of(episode: Episode) -> list[str]:
-    """The actions of an episode: its turns, or the non-empty lines of one completion."""
-    if episode.turns:
-        return [t.action for t in episode.turns]
-    return [line.strip() for line in extract_answer(episode.completion).splitlines() if line.strip()]
+    """The actions of an episode: its turns' actions, or the one completion."""
+    return [t.action for t in episode.turns] if episode.turns else [episode.completion]
 
 
 class ToolVerifier:
+    """Replays the episode's actions through a fresh ToolEnv (never reading its
+    observations): outcome = the final world equals the goal world; process = the
+    share of well-formed calls; efficiency = 1 within the call budget, falling
+    linearly above it, and 0 when the goal is not reached. Value = outcome x
+    (0.8 + 0.1 process + 0.1 efficiency)."""
+
     name = "tool_world_goal"
-    version = "1"
+    version = "2"
 
     def score(self, task: Task, episode: Episode) -> Score:
         env = ToolEnv()
         env.reset(task)
         for action in actions_of(episode):
-            _, done = env.step(action)
-            if done:
+            if env.step(action).done:
                 break
         outcome = float(env.world == task.reference["goal"])
-        protocol = env.valid / env.steps if env.steps else 0.0
+        process = env.valid / env.calls if env.calls else 0.0
         budget = task.reference["budget"]
-        efficiency = 1.0 if env.steps <= budget else max(0.0, 1.0 - (env.steps - budget) / budget)
-        value = outcome * (0.8 + 0.1 * protocol + 0.1 * efficiency)
-        passed = outcome == 1.0 and protocol == 1.0 and efficiency == 1.0
-        reason = "" if passed else ("goal not reached" if not outcome else "protocol or budget")
-        return Score(value, {"outcome": outcome, "protocol": protocol, "efficiency": efficiency}, passed, reason)
+        efficiency = outcome * (1.0 if env.calls <= budget else max(0.0, 1.0 - (env.calls - budget) / budget))
+        value = outcome * (0.8 + 0.1 * process + 0.1 * efficiency)
+        passed = outcome == 1.0 and process == 1.0 and efficiency == 1.0
+        reason = "" if passed else ("goal not reached" if not outcome else "malformed calls or over the call budget")
+        return Score(value, {"outcome": outcome, "process": process, "efficiency": efficiency}, passed, reason)
 
 
 # ---- worlds and scenarios: (rng, difficulty) -> (world, goal text, gold actions) --
@@ -329,7 +357,7 @@ def make_world(rng: random.Random, d: int) -> dict[str, Any]:
 
 
 def _call(tool: str, **args: Any) -> str:
-    return json.dumps({"tool": tool, "args": args})
+    return json.dumps({"name": tool, "arguments": args})
 
 
 def _acct(w: dict, owner: str, kind: str) -> str:
@@ -551,7 +579,7 @@ def render_tools() -> str:
 class ToolDomain(Domain):
     category = "agents"
     levels = 3
-    version = "1"
+    version = "2"
     budget = Budget(turns=12, tokens=512)
 
     def __init__(self, scenario: str) -> None:
@@ -559,8 +587,8 @@ class ToolDomain(Domain):
         self.scenario, self.description = SCENARIOS[scenario]
         self.verifier = ToolVerifier()
 
-    def environment(self) -> ToolEnv:
-        return ToolEnv()
+    def environment(self) -> type[ToolEnv]:
+        return ToolEnv
 
     def sample(self, index: int, split: Split, difficulty: int) -> Task:
         self.check_difficulty(difficulty)
@@ -578,11 +606,11 @@ class ToolDomain(Domain):
         raise TaskError(f"{self.name}: no {split} task found at difficulty {difficulty}")
 
     def _task(self, index: int, split: Split, difficulty: int, world: dict, goal: str, actions: list[str]) -> Task:
-        prompt = (f"You operate a back-office system through tools. Goal: {goal}\n\nTools (call one per line as "
-                  f'{{"tool": NAME, "args": {{...}}}}; call finish when done):\n{render_tools()}\n\n'
+        prompt = (f"You operate a back-office system through tools. Goal: {goal}\n\nTools:\n{render_tools()}\n\n"
                   + (f"Current records (JSON): {json.dumps(world, sort_keys=True)}\n\n" if difficulty == 1 else "")
-                  + f"Look up ids with the find/search/list tools; do not change anything the goal does not ask for. "
-                  f"Give the whole action sequence, one JSON object per line. {ANSWER_INSTRUCTION}")
+                  + f"Call one tool per turn as a JSON object {CALL_FORMAT} (or send a JSON list of calls); the "
+                  "result of each call comes back to you. Look up ids with the find/search/list tools; change "
+                  "nothing the goal does not ask for. Call finish when the goal is reached.")
         reference = {"world": world, "goal": apply_gold(world, actions), "actions": actions, "budget": len(actions) + 2}
         return Task(
             id=f"{self.name}:{split}:{difficulty}:{index}",
@@ -592,17 +620,28 @@ class ToolDomain(Domain):
             meta=TaskMeta(split=split, difficulty=difficulty, source="posttrain", taskset_version=self.taskset_version),
         )
 
+    def gold_turns(self, task: Task) -> list[str]:
+        """The gold trajectory: one call per turn, the last one finish."""
+        return list(task.reference["actions"])
+
     def gold(self, task: Task) -> str:
-        return "<answer>\n" + "\n".join(task.reference["actions"]) + "\n</answer>"
+        """The whole gold sequence as one action: a JSON list of calls."""
+        return _calls(task.reference["actions"])
 
     def wrong(self, task: Task) -> str:
         actions = task.reference["actions"]
-        return "<answer>\n" + "\n".join(actions[:-2] + actions[-1:]) + "\n</answer>"
+        return _calls(actions[:-2] + actions[-1:])
 
     def cheats(self, task: Task) -> list[str]:
-        """Doing nothing, only looking things up, or prose: never accepted."""
-        lookups = [a for a in task.reference["actions"] if json.loads(a)["tool"].startswith(("find", "search", "list"))]
-        return [_call("finish"), "\n".join(lookups + [_call("finish")]), "I have completed the task.", ""]
+        """Doing nothing, only looking things up, finish claiming success, or prose: never accepted."""
+        lookups = [a for a in task.reference["actions"] if json.loads(a)["name"].startswith(("find", "search", "list"))]
+        return [_call("finish"), _calls(lookups + [_call("finish")]),
+                json.dumps({"name": "finish", "arguments": {"goal_reached": True}}),
+                "I have completed the task.", ""]
+
+
+def _calls(actions: list[str]) -> str:
+    return "[" + ", ".join(actions) + "]"
 
 
 for _scenario in SCENARIOS:

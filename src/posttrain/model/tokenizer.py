@@ -13,12 +13,30 @@ ROLES = ("system", "user", "assistant", "tool")
 CHARS = [c for c in string.printable if c not in "\x0b\x0c\r"]
 
 CHAT_TEMPLATE = (
+    "{%- if tools -%}<|system|>Tools: {{ tools | tojson }}{%- endif -%}"
     "{%- for message in messages -%}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}"
+    "<|{{ message['role'] }}|>"
+    "{%- if message.tool_calls -%}"
+    "{%- if message['content'] -%}{{ message['content'] }}{%- endif -%}"
+    "{%- if message.tool_calls | length > 1 -%}[{%- endif -%}"
+    "{%- for call in message.tool_calls -%}"
+    "{%- set fn = call.function if call.function is defined else call -%}"
+    "{{ '{\"name\": ' }}{{ fn.name | tojson }}{{ ', \"arguments\": ' }}"
+    "{%- if fn.arguments is string -%}{{ fn.arguments }}{%- else -%}{{ fn.arguments | tojson }}{%- endif -%}"
+    "{{ '}' }}{%- if not loop.last -%}{{ ', ' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if message.tool_calls | length > 1 -%}]{%- endif -%}"
+    "{%- else -%}{{ message['content'] }}{%- endif -%}"
     "{%- if message['role'] == 'assistant' -%}<|end|>{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
+"""Roles are special tokens; only an assistant turn ends with <|end|>. Tool use
+(OpenAI style): `tools` (declarations) render as a leading system turn; an
+assistant message's `tool_calls` render as the JSON text the model itself sends
+in the tool world, {"name": ..., "arguments": {...}} (a list when there are
+several), and a "tool" message is the call's result. Messages without
+tool_calls, and calls without `tools`, render exactly as before tools existed."""
 
 
 def build_tokenizer():

@@ -7,11 +7,17 @@ module itself imports no domain).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from posttrain.byo.config import SourceConfig, VerifierSpec
 
 BUILTIN_DOMAINS = ("add", "sub", "mul", "reverse", "sort")
+REWARD_PARTS = ("outcome", "process", "efficiency")
+"""The reward parts a weight may name: outcome (the task's goal), process (how the
+episode went: well-formed calls, a validator's acceptance, constraints met per
+turn), efficiency (calls or turns against the budget)."""
 
 
 class DomainSpec(BaseModel):
@@ -38,6 +44,11 @@ class DomainSpec(BaseModel):
     max_seconds: float | None = Field(None, gt=0.0, le=86_400.0)
     """Seconds per episode (None: its declared budget)."""
 
+    reward_weights: dict[str, float] | None = None
+    """Weights of the reward parts (outcome, process, efficiency), e.g. {outcome: 1.0, process: 0.2,
+    efficiency: 0.1}: the reward becomes the weighted mean of the weighted parts the domain reports;
+    None keeps the domain's own reward (docs/domains.md lists the parts each family reports)."""
+
     verifier: VerifierSpec | None = None
     """How a `source` domain is scored: a verifier by name with parameters (default: exact).
     Only for `source` domains; registered domains keep their own verifier."""
@@ -47,6 +58,22 @@ class DomainSpec(BaseModel):
         if self.verifier is not None and self.source is None:
             raise ValueError("verifier is only for a domain with a source (a registered domain keeps its own verifier)")
         return self
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _check_weights(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is None:
+            return None
+        unknown = sorted(set(weights) - set(REWARD_PARTS))
+        if unknown:
+            raise ValueError(f"reward_weights: unknown part(s) {', '.join(map(repr, unknown))}; "
+                             f"the parts are {', '.join(REWARD_PARTS)}")
+        bad = {k: w for k, w in weights.items() if not math.isfinite(w) or w < 0}
+        if bad:
+            raise ValueError(f"reward_weights: weights must be finite and >= 0, got {bad}")
+        if not any(w > 0 for w in weights.values()):
+            raise ValueError("reward_weights: at least one weight must be > 0")
+        return weights
 
 
 class CurriculumConfig(BaseModel):

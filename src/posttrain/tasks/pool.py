@@ -90,6 +90,7 @@ class TaskPool:
         self.drift = DriftGuard(config.drift, self.names)
         self._config_hash = f"{stable_hash(config.model_dump_json(), self.seed):016x}"[:8]
         self._versions = {n: f"{d.taskset_version}.{self._config_hash}" for n, d in self.domains.items()}
+        self._weights = {n: tuple(sorted((s.reward_weights or {}).items())) for n, s in self.specs.items()}
         self._draws = 0
         self._drawn = {n: 0 for n in self.names}
         self._credit = {n: 0.0 for n in self.names}
@@ -186,7 +187,9 @@ class TaskPool:
                 del self._seen[old]
 
     def _stamp(self, task: Task) -> Task:
-        meta = dataclasses.replace(task.meta, taskset_version=self._versions[task.domain])
+        """The pool's task-set version and the domain's reward weights (which `Domain.score` applies)."""
+        meta = dataclasses.replace(task.meta, taskset_version=self._versions[task.domain],
+                                   reward_weights=self._weights[task.domain])
         return dataclasses.replace(task, meta=meta)
 
     def draw(self, n: int) -> list[Task]:
