@@ -42,10 +42,13 @@ class Task:
 
 @dataclass(frozen=True)
 class Turn:
-    """One exchange of a multi-turn episode: the model's action and what came back."""
+    """One exchange of a multi-turn episode: the model's action, what came back,
+    the sandbox result of the turn (traced) and the turn's reward parts."""
 
     action: str
     observation: str = ""
+    exec_result: Any = None
+    parts: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
-"""posttrain.envs: multi-turn episodes on the Environment contract (reset, step).
+"""posttrain.envs: multi-turn episodes on the Environment contract (reset, step, close).
 
 Invariant: an environment's observations enter the model's context with loss
 mask 0, so the loss covers only the model's own tokens; a malformed action is
-an observation, an environment that fails is an infra error.
+an observation, an environment that fails is an infra error. One driver
+(`envs.driver`) steps every multi-turn episode, in the pipeline and in `play`.
 
-    CodingEnv(judge)  the coding loop: code -> sandboxed tests -> error output -> revise
-    ToolEnv(tools)    the tool loop: JSON calls against declared ToolSpecs, violations counted
+    Environment, StepResult   the contract (base.py)
+    Trajectory                the token ledger of one episode
+    driver.play               n episodes per task, synchronously (evaluation, tests)
+    script_judge              a test script against a solution, in the sandbox (coding.py)
 """
-from posttrain.envs.base import Environment, Trajectory, make_environment
-from posttrain.envs.coding import CodingEnv, CodingOutcome, code_domain_judge, script_judge
-from posttrain.envs.tool import ANSWER, ToolEnv, ToolOutcome, ToolSpec, parse_call
+from posttrain.envs.base import Environment, StepResult, Trajectory, make_environment
+from posttrain.envs.coding import script_judge
+from posttrain.envs.driver import Played, play
 
-__all__ = [
-    "Environment", "Trajectory", "make_environment", "CodingEnv", "CodingOutcome", "code_domain_judge", "script_judge",
-    "ToolEnv", "ToolOutcome", "ToolSpec", "ANSWER", "parse_call",
-]
+__all__ = ["Environment", "StepResult", "Trajectory", "make_environment", "Played", "play", "script_judge"]

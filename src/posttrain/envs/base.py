@@ -9,29 +9,42 @@ model's own tokens.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from posttrain.types import Completion, FinishReason, Message, Task, Turn
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one `step` returns: the observation, whether the episode is over,
+    the turn's reward parts and the turn's sandbox result (traced)."""
+
+    observation: str
+    done: bool = False
+    parts: Mapping[str, float] = field(default_factory=dict)
+    exec_result: Any = None
+
+
 class Environment(Protocol):
-    """A multi-turn world. `reset` starts an episode for a task and returns a
-    first observation ("" for none); `step` takes the model's action and
-    returns (observation, done). A malformed action is an observation, not an
-    exception; exceptions mean the environment itself failed (infra).
-    Optional: `outcome()` (what the verifier sees as Episode.exec_result) and
-    `turn_cost` (reward subtracted per turn after the first)."""
+    """A multi-turn world. `reset` starts an episode for a task and returns the
+    first observation ("" for none), which the driver puts in the prompt (a
+    "tool" message after the task's messages) before the first generation.
+    `step` takes the model's action; a malformed action is an observation,
+    never an exception; SandboxError means the sandbox failed (the driver
+    retries, then masks and counts the episode; never reward 0)."""
 
     def reset(self, task: Task) -> str: ...
 
-    def step(self, action: str) -> tuple[str, bool]: ...
+    def step(self, action: str) -> StepResult: ...
+
+    def close(self) -> None: ...
 
 
 def make_environment(domain: Any) -> Environment | None:
-    """A fresh environment of `domain` (its `environment()` returns a factory
-    or an instance), or None for single-turn domains."""
+    """A fresh environment of `domain` (its `environment()` returns a factory:
+    a class or a zero-arg callable), or None for single-turn domains."""
     made = domain.environment()
     if made is None:
         return None
@@ -41,13 +54,23 @@ def make_environment(domain: Any) -> Environment | None:
     return env
 
 
+def as_step_result(got: Any) -> StepResult:
+    """`step`'s answer as a StepResult (an `(observation, done)` pair is accepted too)."""
+    if isinstance(got, StepResult):
+        return got
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], str):
+        return StepResult(got[0], bool(got[1]))
+    raise TypeError(f"Environment.step must return a StepResult, got {type(got).__name__}")
+
+
 @dataclass
 class Trajectory:
-    """One multi-turn episode in progress (owned by one pipeline item)."""
+    """One multi-turn episode in progress (owned by one pipeline item or one `play` call)."""
 
     env: Environment
     messages: list[Message]
     prompt_ids: tuple[int, ...]
+    max_turns: int = 1
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -57,6 +80,8 @@ class Trajectory:
     awaiting_step: bool = False
     """The last action has not been given to the environment yet."""
     finish_reason: FinishReason = "stop"
+    error: str | None = None
+    """The infra error kind that masked this episode (None: it ran to its end)."""
 
     def context(self) -> tuple[int, ...]:
         """What the model conditions on for its next turn."""
@@ -72,15 +97,30 @@ class Trajectory:
         self.finish_reason = completion.finish_reason
         self.awaiting_step = True
 
-    def add_observation(self, observation: str, rendered_before: Sequence[int], rendered_after: Sequence[int],
+    def record(self, result: StepResult) -> None:
+        """The environment's answer to the last action: kept in its Turn (observation,
+        parts, exec_result); the episode ends on done, at the turn budget, or when the
+        action was truncated at its token budget."""
+        self.turns[-1] = replace(self.turns[-1], observation=result.observation, parts=dict(result.parts),
+                                 exec_result=result.exec_result)
+        self.awaiting_step = False
+        self.done = result.done or len(self.turns) >= self.max_turns or self.finish_reason == "length"
+
+    def render_inputs(self) -> tuple[list[Message], list[Message], list[Message]]:
+        """The three chat renderings `add_observation` needs (encode each with the
+        model's chat template): up to the last action's turn opener, with the last
+        observation appended, and the observation alone."""
+        obs = Message("tool", self.turns[-1].observation)
+        return self.messages[:-1], [*self.messages, obs], [obs]
+
+    def add_observation(self, rendered_before: Sequence[int], rendered_after: Sequence[int],
                         standalone: Sequence[int]) -> None:
-        """Append the observation's tokens (mask 0). `rendered_before` is the chat
-        rendering up to the last action's turn opener, `rendered_after` the one
-        including the action and the observation; when the tokenizer is prefix
-        stable the bridge is what follows the action in `rendered_after`, else
-        the observation's `standalone` rendering."""
-        self.turns[-1] = Turn(self.turns[-1].action, observation)
-        self.messages.append(Message("tool", observation))
+        """Append the last turn's observation tokens (mask 0). `rendered_before` is the
+        chat rendering up to the last action's turn opener, `rendered_after` the one
+        including the action and the observation; when the tokenizer is prefix stable
+        the bridge is what follows the action in `rendered_after`, else the
+        observation's `standalone` rendering."""
+        self.messages.append(Message("tool", self.turns[-1].observation))
         head = tuple(rendered_before) + tuple(self.ids[len(self.ids) - self._last_action_len():])
         bridge = tuple(rendered_after[len(head):]) if tuple(rendered_after[: len(head)]) == head else tuple(standalone)
         self.ids += bridge

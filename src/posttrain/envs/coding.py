@@ -1,25 +1,20 @@
-"""The coding loop: the model writes code, the tests run in the sandbox, the
-error output comes back as the next observation, the model revises.
+"""A test script against a solution, in the sandbox (`script_judge`).
 
 Invariant: every attempt runs in a fresh sandbox, and whether it passed is
-decided outside the solution's process (script_judge: a runner process that
-holds the tests and talks to the solution, started in a fresh interpreter,
-over a pipe, so an early exit fails; code_domain_judge: the `code` domain's
-host-side comparison); an episode ends when an attempt
-passes or the domain's turn budget is spent, and the reward is the domain
-verifier's score of the final attempt (minus `turn_cost` per extra turn,
-applied by the pipeline); a sandbox infra error raises SandboxError (the
-pipeline retries or masks the group), it is never an observation or a score.
+decided outside the solution's process: a runner process holds the tests and
+talks to the solution, started in a fresh interpreter, over a pipe, so an
+early exit fails; a sandbox infra error raises SandboxError, it is never an
+attempt that failed.
 """
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from posttrain.errors import SandboxError, TaskError
+from posttrain.errors import TaskError
 from posttrain.types import Task
 
 _BLOCK = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -36,17 +31,6 @@ class Attempt:
     passed: bool
     feedback: str
     status: str
-
-
-@dataclass(frozen=True)
-class CodingOutcome:
-    """What the verifier sees as Episode.exec_result: every attempt, in order."""
-
-    attempts: tuple[Attempt, ...] = field(default_factory=tuple)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.attempts) and self.attempts[-1].passed
 
 
 Judge = Callable[[Task, str], Attempt]
@@ -100,54 +84,3 @@ def script_judge(runner: Callable[[Any], Any] | None = None, feedback_chars: int
         )
 
     return judge
-
-
-def code_domain_judge(runner: Callable[[Any], Any] | None = None) -> Judge:
-    """The `code` domain's hidden tests: the sandbox runs the inputs, the host
-    compares; the feedback names how many tests passed and why the others
-    failed (the tests stay hidden)."""
-
-    def judge(task: Task, code: str) -> Attempt:
-        from posttrain.domains.code import execute
-        from posttrain.domains.code import judge as compare
-
-        run = execute(task.reference, code, runner)
-        score = compare(task.reference, run)
-        total = len(run.outputs)
-        passed = round(score.value * total)
-        text = f"{passed}/{total} tests passed." + (f" Failures: {score.reason[:600]}" if score.reason else "")
-        return Attempt(score.passed, text, run.status)
-
-    return judge
-
-
-class CodingEnv:
-    """One coding episode. `step(action)` runs the action's code; the observation
-    is the judge's feedback; done when the tests pass."""
-
-    def __init__(self, judge: Judge | None = None, turn_cost: float = 0.0) -> None:
-        if not 0.0 <= turn_cost <= 1.0:
-            raise ValueError(f"CodingEnv.turn_cost must be in [0, 1], got {turn_cost!r}")
-        self.judge = judge or script_judge()
-        self.turn_cost = turn_cost
-        self._task: Task | None = None
-        self._attempts: list[Attempt] = []
-
-    def reset(self, task: Task) -> str:
-        self._task, self._attempts = task, []
-        return ""
-
-    def step(self, action: str) -> tuple[str, bool]:
-        if self._task is None:
-            raise SandboxError("CodingEnv.step before reset")
-        code = extract_code(action)
-        attempt = (
-            Attempt(False, "No code found: answer with one ```python code block.", "no_code")
-            if not code.strip()
-            else self.judge(self._task, code)
-        )
-        self._attempts.append(attempt)
-        return attempt.feedback, attempt.passed
-
-    def outcome(self) -> CodingOutcome:
-        return CodingOutcome(tuple(self._attempts))

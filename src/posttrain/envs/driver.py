@@ -1,0 +1,204 @@
+"""The one episode driver: every multi-turn episode, in training and in evaluation, steps here.
+
+Invariant: an episode's first observation (`reset`'s return) is in the prompt
+before the first generation; each turn appends the model's action (loss mask 1)
+and, unless the episode ended, the observation rendered by the chat template
+(mask 0); the episode ends when `step` says done, at the turn budget, or when
+the action was truncated at its token budget; each Turn keeps the step's
+observation, parts and exec_result. The pipeline (embedded and Ray runtimes
+alike) and `play` (synchronous, for evaluation and tests) call these same
+functions; verification is never done here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.domains.base import Budget, stable_hash
+from posttrain.envs.base import Environment, Trajectory, as_step_result, make_environment
+from posttrain.errors import classify
+from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, Task
+
+_UNSET: Any = object()
+
+
+def open_envs(domain: Any, task: Task, n: int) -> list[tuple[Environment, str]]:
+    """`n` fresh environments of `domain`, each reset on `task`, with its first
+    observation. If one fails to start, those already open are closed."""
+    opened: list[tuple[Environment, str]] = []
+    try:
+        for _ in range(n):
+            env = make_environment(domain)
+            if env is None:
+                raise TypeError(f"domain {domain.name} has no environment")
+            opened.append((env, ""))
+            opened[-1] = (env, env.reset(task) or "")
+    except BaseException:
+        close_envs(e for e, _ in opened)
+        raise
+    return opened
+
+
+def first_messages(task: Task, observation: str) -> list[Message]:
+    """The prompt of an episode: the task's messages, then the first observation as a tool message."""
+    return [*task.prompt, Message("tool", observation)] if observation else list(task.prompt)
+
+
+def start(envs: Sequence[tuple[Environment, str]], task: Task, prompt_ids: Sequence[tuple[int, ...]],
+          max_turns: int) -> list[Trajectory]:
+    """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded."""
+    return [Trajectory(env, first_messages(task, obs), ids, max_turns) for (env, obs), ids in zip(envs, prompt_ids)]
+
+
+def requests(trajectories: Sequence[Trajectory], params: SamplingParams, base_seed: int | None,
+             request_id: str) -> tuple[list[GenerationRequest], list[list[Trajectory]]]:
+    """The generation requests of the trajectories due a turn, and for each request
+    the trajectories its completions go to (in order). On the first turn, samples
+    that share a prompt are one request of n (shared-prefix group sampling)."""
+    due = [(i, t) for i, t in enumerate(trajectories) if not t.done and not t.awaiting_step]
+    one = dataclasses.replace(params, n=1)
+    if due and all(not t.turns for _, t in due) and len({t.prompt_ids for _, t in due}) == 1:
+        group = dataclasses.replace(params, n=len(due), seed=base_seed)
+        return [GenerationRequest(due[0][1].prompt_ids, group, request_id)], [[t for _, t in due]]
+    reqs = [
+        GenerationRequest(t.context(), dataclasses.replace(
+            one, seed=None if base_seed is None else stable_hash(base_seed, i, len(t.turns))), f"{request_id}:{i}")
+        for i, t in due
+    ]
+    return reqs, [[t] for _, t in due]
+
+
+def add_actions(targets: Sequence[Sequence[Trajectory]], outputs: Sequence[Sequence[Completion]]) -> None:
+    """Each request's completions become the next action of its trajectories."""
+    for ts, group in zip(targets, outputs):
+        for t, c in zip(ts, group):
+            t.add_action(c)
+
+
+def step(t: Trajectory) -> None:
+    """Give the last action to the environment and record its answer (blocking:
+    the pipeline runs it in a thread). Exceptions (SandboxError: the sandbox
+    failed) propagate; the action stays unstepped, so a retry steps it again."""
+    t.record(as_step_result(t.env.step(t.turns[-1].action)))
+
+
+def observe(t: Trajectory, encode: Callable[[Sequence[Message]], Sequence[int]]) -> None:
+    """After a step that did not end the episode: the observation's tokens join the context."""
+    if not t.done:
+        t.add_observation(*(encode(m) for m in t.render_inputs()))
+
+
+def exec_action(t: Trajectory) -> Completion:
+    """What the execute stage runs after the episode: the last action."""
+    c = t.completion()
+    return dataclasses.replace(c, token_ids=(), logprobs=(), text=t.turns[-1].action if t.turns else "")
+
+
+def episode(t: Trajectory, exec_result: Any = _UNSET) -> Episode:
+    """What the verifier scores: the last action, every turn, and the execute stage's
+    result (for a domain that executes) or else the last turn's exec_result."""
+    last = t.turns[-1].exec_result if t.turns else None
+    return Episode(t.turns[-1].action if t.turns else "", tuple(t.turns), t.finish_reason,
+                   last if exec_result is _UNSET else exec_result)
+
+
+def close_envs(envs: Any) -> None:
+    """Close each environment once (a terminal env holds a sandbox session until closed)."""
+    seen: set[int] = set()
+    for env in envs:
+        if env is None or id(env) in seen:
+            continue
+        seen.add(id(env))
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # closing is best effort; the pool replaces a broken worker
+                pass
+
+
+def turns_of(domain: Any, budget: Budget | None) -> int:
+    """The episode's turn budget: the override (tasks.domains.X) or the domain's declaration."""
+    return max(1, (budget or domain.budget).turns)
+
+
+# ---- play: the synchronous driver (evaluation, tests) -----------------------
+
+
+@dataclass(frozen=True)
+class Played:
+    """One episode run by `play`: the token ledger (with the loss mask), what the
+    verifier would score, how many turns it used, and the infra error kind that
+    masked it (None when it ran to its end)."""
+
+    completion: Completion
+    episode: Episode
+    turns: int
+    error: str | None = None
+    loss_mask: tuple[int, ...] = ()
+
+
+def play(engine: Any, tasks: Sequence[Task], params: SamplingParams, n: int = 1,
+         budgets: Mapping[str, Budget] | None = None, retries: int = 2) -> list[list[Played]]:
+    """`n` episodes per task, run to their end through the same stepping code as the
+    pipeline; a step or execute that keeps failing (after `retries` retries) masks
+    its episode with the error kind. Single-turn domains: one generation each."""
+    from posttrain.domains.registry import get
+
+    out = []
+    for k, task in enumerate(tasks):
+        domain = get(task.domain)
+        budget = (budgets or {}).get(task.domain)
+        p = dataclasses.replace(params, max_tokens=budget.tokens if budget else params.max_tokens)
+        seed = None if params.seed is None else stable_hash("play", params.seed, k)
+        out.append(_play_task(engine, domain, task, p, n, budget, seed, retries))
+    return out
+
+
+def _play_task(engine: Any, domain: Any, task: Task, params: SamplingParams, n: int, budget: Budget | None,
+               seed: int | None, retries: int) -> list[Played]:
+    if domain.environment() is None:
+        prompt = engine.encode_chat(task.prompt)
+        group = engine.generate([GenerationRequest(prompt, dataclasses.replace(params, n=n, seed=seed), task.id)])[0]
+        played = []
+        for c in group:
+            res, err = _retried(lambda c=c: domain.execute(task, c.text) if domain.executes else None, retries)
+            ep = Episode(c.text, finish_reason=c.finish_reason, exec_result=res)
+            played.append(Played(c, ep, 1, err, (1,) * len(c.token_ids)))
+        return played
+    envs = open_envs(domain, task, n)
+    try:
+        trajs = start(envs, task, [engine.encode_chat(first_messages(task, o)) for _, o in envs], turns_of(domain, budget))
+        while any(not t.done for t in trajs):
+            reqs, targets = requests(trajs, params, seed, task.id)
+            add_actions(targets, engine.generate(reqs))
+            for t in (t for ts in targets for t in ts):
+                _, t.error = _retried(lambda t=t: step(t), retries)
+                if t.error is not None:
+                    t.done = True
+                observe(t, engine.encode_chat)
+        return [_played(domain, task, t, retries) for t in trajs]
+    finally:
+        close_envs(e for e, _ in envs)
+
+
+def _played(domain: Any, task: Task, t: Trajectory, retries: int) -> Played:
+    ep = episode(t)
+    if domain.executes and t.error is None:
+        res, t.error = _retried(lambda: domain.execute(task, t.turns[-1].action), retries)
+        ep = dataclasses.replace(ep, exec_result=res)
+    return Played(t.completion(), ep, len(t.turns), t.error, tuple(t.mask))
+
+
+def _retried(call: Callable[[], Any], retries: int) -> tuple[Any, str | None]:
+    """(call's result, None), or (None, error kind) once it failed `retries` + 1 times."""
+    for attempt in range(retries + 1):
+        try:
+            return call(), None
+        except Exception as exc:  # an environment or sandbox that fails is infra, never a score
+            kind = classify(exc)
+            if kind in ("config", "task") or attempt == retries:
+                return None, "sandbox" if kind == "infra" else kind
+    return None, "infra"  # unreachable: the loop returns

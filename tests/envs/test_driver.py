@@ -1,0 +1,124 @@
+"""The episode driver (`envs.driver.play`): first observation in the prompt, turns through the
+chat template, loss only on the model's tokens, turns recorded with parts and exec_result."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
+from pipeline_testlib import ScriptedEngine  # noqa: E402
+
+from posttrain.domains import registry  # noqa: E402
+from posttrain.domains.base import Budget, Domain  # noqa: E402
+from posttrain.envs import StepResult, play  # noqa: E402
+from posttrain.errors import SandboxError  # noqa: E402
+from posttrain.types import Message, SamplingParams, Score, Task, TaskMeta  # noqa: E402
+
+
+class Lookup:
+    """The answer is only in the first observation; 'check' actions get the digit count back."""
+
+    fail_steps = 0
+    closed = 0
+
+    def reset(self, task):
+        self.key = task.reference
+        return f"secret={self.key}"
+
+    def step(self, action):
+        if Lookup.fail_steps:
+            Lookup.fail_steps -= 1
+            raise SandboxError("sandbox worker died")
+        if action.startswith("answer "):
+            ok = action.split()[-1] == self.key
+            return StepResult("recorded", True, {"process": 1.0}, {"answered": ok})
+        return StepResult(f"unknown action {action!r}", False, {"process": 0.0})
+
+    def close(self):
+        Lookup.closed += 1
+
+
+class LookupVerifier:
+    name, version = "lookup", "1"
+
+    def score(self, task, episode):
+        ok = episode.completion == f"answer {task.reference}"
+        return Score(float(ok), {"outcome": float(ok)}, ok)
+
+
+class LookupDomain(Domain):
+    name, category, budget = "test_lookup", "test", Budget(turns=3, tokens=40)
+    verifier = LookupVerifier()
+
+    def sample(self, index, split, difficulty):
+        return Task(f"lk:{index}", self.name, (Message("user", "Read the secret, then answer it."),),
+                    str(100 + index), TaskMeta(split, 1, "test", "1"))
+
+    def gold(self, task):
+        return f"answer {task.reference}"
+
+    def wrong(self, task):
+        return "answer 0"
+
+    def environment(self):
+        return Lookup
+
+
+@pytest.fixture
+def lookup(monkeypatch):
+    dom = LookupDomain()
+    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+    Lookup.fail_steps, Lookup.closed = 0, 0
+    return dom
+
+
+def policy(context: str, j: int) -> str:
+    """Copies the secret when it saw it; sample 1 wastes its first turn."""
+    if j == 1 and "<|tool|>unknown" not in context:
+        return "look around"
+    secret = context.split("secret=")[1].split("<|")[0] if "secret=" in context else "?"
+    return f"answer {secret}"
+
+
+def test_first_observation_is_in_the_prompt_and_turns_are_recorded(lookup):
+    task = lookup.sample(7, "train", 1)
+    [group] = play(ScriptedEngine(policy), [task], SamplingParams(max_tokens=40), n=2)
+    first, second = group
+    assert first.turns == 1 and first.episode.completion == "answer 107" and first.error is None
+    assert first.episode.turns[0].parts == {"process": 1.0}
+    assert first.episode.exec_result == {"answered": True}  # the last turn's exec_result
+    assert second.turns == 2 and [t.action for t in second.episode.turns] == ["look around", "answer 107"]
+    assert second.episode.turns[0].observation == "unknown action 'look around'"
+    assert lookup.score(task, second.episode).passed
+    assert Lookup.closed == 2
+
+
+def test_only_the_models_tokens_carry_loss(lookup):
+    engine = ScriptedEngine(policy)
+    task = lookup.sample(3, "train", 1)
+    [[_, second]] = play(engine, [task], SamplingParams(max_tokens=40), n=2)
+    c, mask = second.completion, second.loss_mask
+    assert len(mask) == len(c.token_ids) == len(c.logprobs)
+    model = "".join(engine.decode([i]) for i, m in zip(c.token_ids, mask) if m)
+    env = "".join(engine.decode([i]) for i, m in zip(c.token_ids, mask) if not m)
+    assert model == "look aroundanswer 103"
+    assert env == "<|tool|>unknown action 'look around'<|assistant|>"  # the chat template's rendering
+    assert all(lp == 0.0 for lp, m in zip(c.logprobs, mask) if not m)
+    assert engine.decode(c.prompt_ids).endswith("<|tool|>secret=103<|assistant|>")
+
+
+def test_turn_budget_ends_the_episode(lookup):
+    task = lookup.sample(0, "train", 1)
+    [[p]] = play(ScriptedEngine(lambda c, j: "look around"), [task], SamplingParams(max_tokens=40))
+    assert p.turns == 3 and not lookup.score(task, p.episode).passed
+
+
+def test_a_sandbox_fault_is_retried_then_masked_never_scored(lookup):
+    Lookup.fail_steps = 2
+    [[p]] = play(ScriptedEngine(policy), [lookup.sample(1, "train", 1)], SamplingParams(max_tokens=40), retries=2)
+    assert p.error is None and p.episode.completion == "answer 101"
+    Lookup.fail_steps = 10
+    [[p]] = play(ScriptedEngine(policy), [lookup.sample(1, "train", 1)], SamplingParams(max_tokens=40), retries=2)
+    assert p.error == "sandbox"
