@@ -13,7 +13,8 @@ the final answer equals the hidden value AND an earlier action looked up the
 asked key. So guessing (even a lucky guess), echoing the prompt, copying the
 observation line, or stopping without an answer all score 0.
 Reward parts: outcome, process (share of well-formed actions) and efficiency
-(2 turns / turns used); value = outcome x (0.7 + 0.15 process + 0.15 efficiency).
+(2 turns / turns used); value = outcome x (0.7 + 0.15 process + 0.15 efficiency);
+passed = outcome (a retry that gets there passes, at a lower reward).
 One completion holding the actions one per line is replayed the same way
 (the contract test's single-completion gold).
 """
@@ -27,17 +28,7 @@ from typing import Any
 
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
-try:  # TODO(agentic): drop the fallback once the episode contract is merged
-    from posttrain.envs.base import StepResult
-except ImportError:  # pragma: no cover
-    from dataclasses import field as _field
-
-    @dataclass(frozen=True)
-    class StepResult:  # type: ignore[no-redef]
-        observation: str
-        done: bool = False
-        parts: dict = _field(default_factory=dict)
-        exec_result: Any = None
+from posttrain.envs.base import StepResult
 from posttrain.types import Episode, Score, Task
 
 DIGITS = {1: 3, 2: 5}
@@ -121,7 +112,7 @@ class LookupVerifier:
         if not outcome:
             why = "no answer" if answer is None else ("answered without looking up" if not looked else "wrong value")
             return Score(0.0, parts, False, why)
-        return Score(0.7 + 0.15 * process + 0.15 * efficiency, parts, process == 1.0 and efficiency == 1.0)
+        return Score(0.7 + 0.15 * process + 0.15 * efficiency, parts, True)
 
 
 class Lookup(ProceduralDomain):

@@ -229,30 +229,24 @@ def turns_for(domain: str, opts: EvalOptions) -> int:
 
 
 def _play(engine: Engine, tasks: Sequence[Task], params: SamplingParams, opts: EvalOptions) -> list[list[Any]]:
-    """Episodes of multi-turn tasks in task order (`n` per task), played to their end by the
-    episode driver, one call per (token budget, turn budget)."""
+    """Episodes of multi-turn tasks in task order (`params.n` per task), played to their end by
+    the episode driver with each domain's training budgets (tokens per turn, turns)."""
     from posttrain.envs.driver import play
 
-    order: dict[tuple[int, int], list[int]] = {}
-    for i, t in enumerate(tasks):
-        order.setdefault((tokens_for(t.domain, opts), turns_for(t.domain, opts)), []).append(i)
-    out: list[list[Any]] = [[] for _ in tasks]
-    for (tokens, turns), idx in sorted(order.items()):
-        got = play(engine, [tasks[i] for i in idx], replace(params, max_tokens=tokens), n=params.n,
-                   max_turns=turns)
-        for i, g in zip(idx, got):
-            out[i] = g
-    return out
+    budgets = {d: replace(get(d).budget, tokens=tokens_for(d, opts), turns=turns_for(d, opts))
+               for d in {t.domain for t in tasks}}
+    return play(engine, tasks, params, n=params.n, budgets=budgets)
 
 
 @dataclass(frozen=True)
 class _Outcome:
-    """What one item produced: an episode (multi-turn: its turn count, or the infra error that
-    masked it) or one completion."""
+    """What one item produced: an episode played by the driver (its turn count, or the infra
+    error that masked it; its execute step already run) or one completion (not executed yet)."""
 
     episode: Episode
     turns: int = 1
     error: str | None = None
+    executed: bool = False
 
 
 def _outcomes(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int,
@@ -267,7 +261,7 @@ def _outcomes(engine: Engine, tasks: Sequence[Task], params: SamplingParams, bat
             out[i] = [_Outcome(Episode(c.text, finish_reason=c.finish_reason)) for c in group]
     if multi:
         for i, group in zip(multi, _play(engine, [tasks[i] for i in multi], params, opts)):
-            out[i] = [_Outcome(p.episode, p.turns, p.error) for p in group]
+            out[i] = [_Outcome(p.episode, p.turns, p.error, executed=True) for p in group]
     return out
 
 
@@ -279,7 +273,7 @@ def _verdict(task: Task, outcome: _Outcome) -> tuple[bool | None, bool | None, f
     dom = get(task.domain)
     episode = outcome.episode
     try:  # the execute step first (a sandbox run where the domain declares one), then the verifier
-        if dom.executes and episode.exec_result is None:
+        if dom.executes and not outcome.executed:
             episode = replace(episode, exec_result=dom.execute(task, episode.completion))
         score = dom.score(task, episode)
     except Exception:  # an infra error: never a wrong answer
