@@ -26,7 +26,7 @@ from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import MetricsLog, RunDir
-from posttrain.trace import RolloutRecord, TraceStore
+from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
 from posttrain.types import SamplingParams, to_dict
 
 
@@ -260,14 +260,8 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         error_kind=r.error_kind,
         error=r.error,
         exec_result=exec_summary(r.exec_result),
+        turns=transcript(r.turns),
     )
-
-
-def exec_summary(result: Any) -> dict[str, Any] | None:
-    """The trace's view of an execution result: its `summary()` (plain JSON data), else
-    None (nothing ran, or a result type that declares no summary)."""
-    summary = getattr(result, "summary", None)
-    return summary() if callable(summary) else None
 
 
 def _verifier_name(domain: str) -> str:

@@ -1,9 +1,11 @@
 """TraceStore: one SQLite row per rollout, linked to the train step that used it.
 
 Invariant: every rollout the loop generates is written exactly once, in WAL
-mode, before the train step that consumes it; `mark_consumed` later links it
-to that step. The schema is versioned: an older file is migrated, a newer
-one is refused with a clear error.
+mode, before the train step that consumes it, with its whole transcript (a
+multi-turn episode's every action, observation, execution result and reward
+parts in `turns`); `mark_consumed` later links it to that step. The schema
+is versioned: an older file is migrated, a newer one is refused with a clear
+error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from posttrain.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -46,6 +48,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     error_kind TEXT,
     error TEXT,
     exec_result TEXT,
+    turns TEXT,
     timings TEXT NOT NULL,
     train_step INTEGER,
     advantage REAL,
@@ -91,6 +94,8 @@ class RolloutRecord:
     error_kind: str | None = None
     error: str | None = None
     exec_result: Any = None
+    turns: Any = None
+    """Multi-turn episodes: `transcript(rollout.turns)` (None: a single-turn rollout)."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     created_at: float = field(default_factory=time.time)
 
@@ -98,9 +103,26 @@ class RolloutRecord:
 _COLUMNS = (
     "id created_at task_id domain split difficulty taskset_version group_id model_version sampling prompt "
     "completion completion_tokens finish_reason reward passed parts reason verifier error_kind error "
-    "exec_result timings"
+    "exec_result turns timings"
 ).split()
-_JSON_COLUMNS = {"sampling", "parts", "timings", "exec_result"}
+_JSON_COLUMNS = {"sampling", "parts", "timings", "exec_result", "turns"}
+_NULLABLE_JSON = {"exec_result", "turns"}
+
+
+def exec_summary(result: Any) -> dict[str, Any] | None:
+    """The trace's view of an execution result: its `summary()` (plain JSON data), else
+    None (nothing ran, or a result type that declares no summary)."""
+    summary = getattr(result, "summary", None)
+    return summary() if callable(summary) else None
+
+
+def transcript(turns: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """A multi-turn episode's turns as plain JSON: action, observation, the turn's
+    execution result summary and reward parts (None for a single-turn rollout)."""
+    if not turns:
+        return None
+    return [{"action": t.action, "observation": t.observation, "exec_result": exec_summary(t.exec_result),
+             "parts": dict(t.parts)} for t in turns]
 
 
 def _row(rec: RolloutRecord) -> tuple:
@@ -108,7 +130,7 @@ def _row(rec: RolloutRecord) -> tuple:
     for col in _COLUMNS:
         value = getattr(rec, col)
         if col in _JSON_COLUMNS:
-            value = json.dumps(value, default=str) if value is not None or col != "exec_result" else None
+            value = json.dumps(value, default=str) if value is not None or col not in _NULLABLE_JSON else None
         elif col == "passed" and value is not None:
             value = int(value)
         out.append(value)
@@ -138,6 +160,15 @@ class TraceStore:
                     f"trace database {self.path} has schema version {row['value']}, "
                     f"newer than this posttrain's {SCHEMA_VERSION}"
                 )
+            elif int(row["value"]) < SCHEMA_VERSION:
+                self._migrate(int(row["value"]))
+
+    def _migrate(self, version: int) -> None:
+        """Version 1 -> 2: the `turns` column (multi-turn transcripts)."""
+        cols = {r["name"] for r in self._db.execute("PRAGMA table_info(rollouts)")}
+        if version < 2 and "turns" not in cols:
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN turns TEXT")
+        self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self._db.close()
@@ -181,6 +212,12 @@ class TraceStore:
         where, args = ("WHERE domain=?", (domain,)) if domain else ("", ())
         rows = self._db.execute(f"SELECT * FROM rollouts {where} ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [_decode(r) for r in rows]
+
+    def group(self, group_id: str, model_version: int, task_id: str) -> list[dict[str, Any]]:
+        """The rollouts sampled for the same prompt in the same step (id, reward, completion), in order."""
+        sql = ("SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? "
+               "ORDER BY rowid")
+        return [dict(r) for r in self._db.execute(sql, (group_id, model_version, task_id))]
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         where, args = ("WHERE kind=?", (kind,)) if kind else ("", ())

@@ -1,7 +1,9 @@
-"""Multi-turn episodes through the pipeline: the coding loop (real sandbox) and the tool loop."""
+"""Multi-turn episodes through the pipeline (envs.driver): a coding loop on the real sandbox and a
+lookup world, both small Environments defined here."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 
 import pytest
@@ -9,7 +11,9 @@ from pipeline_testlib import ScriptedEngine
 
 from posttrain.domains import registry
 from posttrain.domains.base import Budget, Domain
-from posttrain.envs import CodingEnv, ToolEnv, ToolSpec, script_judge
+from posttrain.envs import StepResult, script_judge
+from posttrain.envs.coding import extract_code
+from posttrain.errors import SandboxError
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
 from posttrain.trainer.batch import TrainRow
 from posttrain.types import Message, SamplingParams, Score, Task, TaskMeta
@@ -27,6 +31,37 @@ class PassedVerifier:
     def score(self, task, episode):
         ok = bool(episode.exec_result and episode.exec_result.passed)
         return Score(1.0 if ok else 0.0, {"outcome": float(ok)}, ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRun:
+    """One turn's sandbox run, as an execution result the trace summarises."""
+
+    program: str
+    passed: bool
+    feedback: str
+    status: str
+
+    def summary(self):
+        return {"status": self.status, "passed": self.passed, "program": self.program, "stderr": self.feedback}
+
+
+class FixCodeEnv:
+    """Each action's last ```python block runs against the tests in the sandbox; the
+    failure is the observation; done when they pass."""
+
+    def reset(self, task):
+        self.task = task
+        return ""
+
+    def step(self, action):
+        code = extract_code(action)
+        attempt = script_judge()(self.task, code)
+        run = AttemptRun(code, attempt.passed, attempt.feedback, attempt.status)
+        return StepResult(attempt.feedback, attempt.passed, {"process": float(attempt.passed)}, run)
+
+    def close(self):
+        pass
 
 
 class FixCode(Domain):
@@ -50,7 +85,7 @@ class FixCode(Domain):
         return ""
 
     def environment(self):
-        return lambda: CodingEnv(script_judge(), turn_cost=0.0)
+        return FixCodeEnv
 
 
 def coding_policy(context: str, j: int) -> str:
@@ -64,14 +99,14 @@ def coding_policy(context: str, j: int) -> str:
     return "```python\ndef f(x):\n    return x * factor\n```"
 
 
-def _run(domain, policy, tasks, n=4):
-    cfg = PipelineConfig(execute_workers=2)
+def _run(domain, policy, tasks, n=4, execute=None, engine=None):
+    cfg = PipelineConfig(execute_workers=2, backoff_s=0.0)
     sched = Scheduler(cfg, {domain.name: 1.0}, {domain.name: "short"})
+    workers = EmbeddedWorkers(engine or ScriptedEngine(policy), execute) if execute else EmbeddedWorkers(
+        engine or ScriptedEngine(policy))
 
     async def go():
-        async with Pipeline(
-            cfg, EmbeddedWorkers(ScriptedEngine(policy)), SamplingParams(n=n, max_tokens=200), sched, seed=1
-        ) as p:
+        async with Pipeline(cfg, workers, SamplingParams(n=n, max_tokens=200), sched, seed=1) as p:
             return await p.run_groups(tasks), p.stats()
 
     return asyncio.run(go())
@@ -94,14 +129,17 @@ def test_coding_loop_pass_rate_rises_over_turns(fixcode):
     for t in range(3):
         by_turn.append(sum(_attempt_passed(r, t) for r in rollouts) / len(rollouts))
     assert by_turn == [0.0, 0.5, 1.0]
-    assert any("NameError" in a.feedback for r in rollouts for a in r.exec_result.attempts)
+    assert any("NameError" in t.observation for r in rollouts for t in r.turns)
     assert all(r.reward == 1.0 for r in rollouts)
+    # every turn keeps its own sandbox result and parts; the episode's exec_result is the last turn's
+    assert all(t.exec_result is not None and "process" in t.parts for r in rollouts for t in r.turns)
+    assert all(r.exec_result is r.turns[-1].exec_result for r in rollouts)
     assert stats.counters["finished"] == 4
 
 
 def _attempt_passed(rollout, turn: int) -> bool:
-    attempts = rollout.exec_result.attempts  # CodingOutcome: every sandboxed attempt, in order
-    return attempts[min(turn, len(attempts) - 1)].passed  # an episode that passed stopped there
+    turns = rollout.turns  # every sandboxed attempt, in order; an episode that passed stopped there
+    return turns[min(turn, len(turns) - 1)].exec_result.passed
 
 
 def test_coding_loop_loss_mask_covers_only_model_tokens(fixcode):
@@ -119,106 +157,135 @@ def test_coding_loop_loss_mask_covers_only_model_tokens(fixcode):
         assert row.n_loss_tokens == sum(mask) < len(ids)
 
 
-LOOKUP = ToolSpec("lookup", "Value stored under a key.", {"key": "string"}, ("key",))
 
 
-class ToolVerifier:
-    name, version = "tool_answer", "1"
+def test_trace_explain_shows_each_turn_program_result_and_verdict(fixcode, tmp_path):
+    from posttrain.loop import _record
+    from posttrain.monitor.explain import explain
+    from posttrain.trace import TraceStore
 
-    def score(self, task, episode):
-        out = episode.exec_result
-        ok = out is not None and out.answer == task.reference
-        protocol = out.compliance if out is not None else 0.0
-        return Score(0.5 * float(ok) + 0.5 * protocol, {"outcome": float(ok), "protocol": protocol}, ok)
+    [group], _ = _run(fixcode, coding_policy, [fixcode.sample(2, "train", 1)], n=2)
+    store = TraceStore(tmp_path / "trace.db")
+    ids = store.write_rollouts([_record(r, SamplingParams(max_tokens=200)) for r in group.rollouts])
+    row = store.get(ids[1])
+    assert [t["action"] for t in row["turns"]] == [t.action for t in group.rollouts[1].turns]
+    out = explain(store, ids[1])
+    assert "-- turn 1/3: action" in out and "-- turn 3/3: action" in out
+    assert "-- turn 1: program that ran" in out and "return x * factor" in out
+    assert "-- turn 1: execution result" in out and "NameError" in out
+    assert "turn 3 reward parts: process=1.0000" in out and "turn 1 reward parts: process=0.0000" in out
+    assert "-- verifier final_attempt@1" in out and "reward 1.0000  passed yes" in out
 
+class Lookup:
+    """The value is only reachable through the world: reset shows the keys, `get KEY`
+    returns a value, `answer V` ends the episode; anything else is a protocol error
+    (an observation, counted)."""
 
-class ToolWorld(Domain):
-    name, category, budget = "test_toolworld", "test", Budget(turns=4, tokens=200)
-    verifier = ToolVerifier()
-
-    def sample(self, index, split, difficulty):
-        return Task(f"tool:{index}", self.name, (Message("user", "What is stored under key a?"),), "42",
-                    TaskMeta(split, 1, "test", "1"))
-
-    def gold(self, task):
-        return ""
-
-    def wrong(self, task):
-        return ""
-
-    def environment(self):
-        return lambda: ToolEnv({"lookup": (LOOKUP, lambda key: {"a": "42"}[key])})
-
-
-def tool_policy(context: str, j: int) -> str:
-    if "returned" in context or "<|tool|>42" in context:
-        return '{"tool": "answer", "arguments": {"value": "42"}}'
-    if "protocol error" in context:
-        return '<tool_call>{"tool": "lookup", "arguments": {"key": "a"}}</tool_call>'
-    return ["lookup a please", '{"tool": "search", "arguments": {}}', '{"tool": "lookup", "arguments": {"key": 1}}',
-            '{"tool": "lookup", "arguments": {"key": "a"}}'][j % 4]
-
-
-def test_tool_loop_records_protocol_violations(monkeypatch):
-    dom = ToolWorld()
-    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
-    [group], _ = _run(dom, tool_policy, [dom.sample(0, "train", 1)], n=4)
-    parts = [r.score.parts for r in group.rollouts]
-    assert all(p["outcome"] == 1.0 for p in parts)
-    # samples 0-2 broke the protocol once (malformed JSON, unknown tool, mistyped argument); sample 3 never did
-    assert [p["protocol"] for p in parts] == [pytest.approx(2 / 3)] * 3 + [1.0]
-    assert [r.timings["turns"] for r in group.rollouts] == [3.0, 3.0, 3.0, 2.0]
-
-
-def test_tool_env_violation_kinds():
-    env = ToolEnv({"lookup": (LOOKUP, lambda key: "v")})
-    env.reset(ToolWorld().sample(0, "train", 1))
-    assert env.step("not json")[0].startswith("protocol error: malformed")
-    assert "unknown tool" in env.step('{"tool": "rm", "arguments": {}}')[0]
-    assert "missing" in env.step('{"tool": "lookup", "arguments": {}}')[0]
-    assert "must be string" in env.step('{"tool": "lookup", "arguments": {"key": 3}}')[0]
-    assert env.step('{"tool": "lookup", "arguments": {"key": "k"}}') == ("v", False)
-    assert env.step('{"tool": "answer", "arguments": {"value": "v"}}') == ("answer recorded", True)
-    out = env.outcome()
-    assert out.calls == 6 and len(out.violations) == 4 and out.answer == "v"
-
-
-class _FlakyToolEnv(ToolEnv):
-    made = 0
+    made: list = []
+    flaky_at = 0
 
     def __init__(self):
-        super().__init__({"lookup": (LOOKUP, lambda key: {"a": "42"}[key])})
-        type(self).made += 1
-        self.flaky = type(self).made == 2
         self.steps = 0
-        self.all = getattr(type(self), "all", [])
-        self.all.append(self)
+        Lookup.made.append(self)
+        self.flaky = len(Lookup.made) == Lookup.flaky_at
+
+    def reset(self, task):
+        self.errors = 0
+        return "keys: a, b"
 
     def step(self, action):
         if self.flaky:
             self.flaky = False
-            from posttrain.errors import SandboxError
-
             raise SandboxError("environment worker died")
         self.steps += 1
-        return super().step(action)
+        verb, _, arg = action.partition(" ")
+        if verb == "get" and arg in ("a", "b"):
+            return StepResult({"a": "42", "b": "7"}[arg], False, {"protocol": 1.0})
+        if verb == "answer":
+            return StepResult("recorded", True, {"protocol": 1.0}, {"answer": arg})
+        self.errors += 1
+        return StepResult(f"protocol error: unknown action {action!r}", False, {"protocol": 0.0})
+
+    def close(self):
+        pass
 
 
-def test_environment_infra_error_retries_only_unstepped_trajectories(monkeypatch):
-    dom = ToolWorld()
-    monkeypatch.setattr(dom, "environment", lambda: _FlakyToolEnv)
+class LookupVerifier:
+    name, version = "lookup_answer", "1"
+
+    def score(self, task, episode):
+        ok = episode.completion == f"answer {task.reference}"
+        protocol = sum(t.parts.get("protocol", 0.0) for t in episode.turns) / max(1, len(episode.turns))
+        return Score(0.5 * float(ok) + 0.5 * protocol, {"outcome": float(ok), "protocol": protocol}, ok)
+
+
+class LookupWorld(Domain):
+    name, category, budget = "test_lookup", "test", Budget(turns=4, tokens=200)
+    verifier = LookupVerifier()
+
+    def sample(self, index, split, difficulty):
+        return Task(f"lookup:{index}", self.name, (Message("user", "What is stored under key a?"),), "42",
+                    TaskMeta(split, 1, "test", "1"))
+
+    def gold(self, task):
+        return "answer 42"
+
+    def wrong(self, task):
+        return "answer 7"
+
+    def environment(self):
+        return Lookup
+
+
+def lookup_policy(context: str, j: int) -> str:
+    """Needs the first observation to act; samples 0-2 break the protocol once."""
+    if "keys: a, b" not in context:
+        return "answer ?"
+    if "<|tool|>42" in context:
+        return "answer 42"
+    if "protocol error" in context:
+        return "get a"
+    return ["look a", "search a", "get", "get a"][j % 4]
+
+
+@pytest.fixture
+def lookup(monkeypatch):
+    dom = LookupWorld()
     monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
-    _FlakyToolEnv.made, _FlakyToolEnv.all = 0, []
-    [group], stats = _run(dom, tool_policy, [dom.sample(0, "train", 1)], n=4)
+    Lookup.made, Lookup.flaky_at = [], 0
+    return dom
+
+
+def test_first_observation_is_in_the_prompt_and_parts_reach_the_verifier(lookup):
+    [group], _ = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=4)
+    parts = [r.score.parts for r in group.rollouts]
+    assert all(p["outcome"] == 1.0 for p in parts)
+    assert [p["protocol"] for p in parts] == [pytest.approx(2 / 3)] * 3 + [1.0]
+    assert [r.timings["turns"] for r in group.rollouts] == [3.0, 3.0, 3.0, 2.0]
+    assert all(r.exec_result == {"answer": "42"} for r in group.rollouts)  # the last turn's exec_result
+
+
+def test_a_truncated_action_ends_the_episode(lookup):
+    class Truncating(ScriptedEngine):
+        def generate(self, requests):
+            out = super().generate(requests)
+            return [[dataclasses.replace(c, finish_reason="length") for c in g] for g in out]
+
+    [group], _ = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2,
+                      engine=Truncating(lookup_policy))
+    assert all(r.timings["turns"] == 1.0 and r.completion.finish_reason == "length" for r in group.rollouts)
+
+
+def test_environment_infra_error_retries_only_unstepped_trajectories(lookup):
+    Lookup.flaky_at = 2
+    [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=4)
     assert stats.counters["retries"] == 1 and stats.counters["masked_groups"] == 0
     assert [r.timings["turns"] for r in group.rollouts] == [3.0, 3.0, 3.0, 2.0]
-    # one environment per sample (the first is made at admission), and no action was stepped twice
-    assert [e.steps for e in _FlakyToolEnv.all] == [3, 3, 3, 2]
+    # one environment per sample, made at admission, and no action was stepped twice
+    assert [e.steps for e in Lookup.made] == [3, 3, 3, 2]
 
 
-def test_environment_that_cannot_start_masks_its_group(monkeypatch):
-    dom = ToolWorld()
-
+def test_environment_that_cannot_start_masks_its_group(lookup, monkeypatch):
     class Broken:
         def reset(self, task):
             raise OSError("tool server unreachable")
@@ -226,8 +293,57 @@ def test_environment_that_cannot_start_masks_its_group(monkeypatch):
         def step(self, action):
             raise AssertionError("never stepped")
 
-    monkeypatch.setattr(dom, "environment", lambda: Broken())
-    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
-    [group], stats = _run(dom, tool_policy, [dom.sample(0, "train", 1)], n=2)
+    monkeypatch.setattr(lookup, "environment", lambda: Broken)
+    [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2)
     assert stats.counters["masked_groups"] == 1
     assert all(r.reward is None and "tool server unreachable" in r.error for r in group.rollouts)
+
+
+class LastActionExecute:
+    """The execute stage of a multi-turn domain that executes: it runs each episode's
+    last action once the episode is over (the first `fail` calls die as a sandbox)."""
+
+    def __init__(self, fail=0):
+        self.fail, self.seen = fail, []
+
+    def __call__(self, task, completion):
+        if self.fail:
+            self.fail -= 1
+            raise SandboxError("sandbox worker died")
+        self.seen.append(completion.text)
+        return {"ran": completion.text}
+
+
+def test_execute_stage_runs_the_last_action_after_the_episode(lookup, monkeypatch):
+    monkeypatch.setattr(type(lookup), "executes", property(lambda self: True))
+    ex = LastActionExecute(fail=1)
+    [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=4, execute=ex)
+    # only ever the last action, after the episode ended; the stage retried the group (3 + 4 calls)
+    assert ex.seen == ["answer 42"] * 7
+    assert stats.counters["retries"] == 1
+    assert all(r.exec_result == {"ran": "answer 42"} and r.reward is not None for r in group.rollouts)
+
+
+def test_execute_stage_fault_that_persists_is_masked_and_counted(lookup, monkeypatch):
+    monkeypatch.setattr(type(lookup), "executes", property(lambda self: True))
+    [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2,
+                          execute=LastActionExecute(fail=100))
+    assert stats.counters["masked_execute"] == 2
+    assert all(r.reward is None and r.error_kind == "sandbox" for r in group.rollouts)
+
+
+def test_a_version_1_trace_gains_the_turns_column(tmp_path):
+    import sqlite3
+
+    from posttrain.trace import _SCHEMA, SCHEMA_VERSION, TraceStore
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(_SCHEMA.replace("    turns TEXT,\n", ""))
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.commit()
+    db.close()
+    store = TraceStore(path)
+    cols = [r["name"] for r in store._db.execute("PRAGMA table_info(rollouts)")]
+    version = store._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+    assert "turns" in cols and int(version) == SCHEMA_VERSION == 2

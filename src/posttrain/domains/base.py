@@ -117,6 +117,12 @@ class Domain(abc.ABC):
     def gold(self, task: Task) -> str:
         """A completion that scores 1.0 (the contract test uses it)."""
 
+    def gold_turns(self, task: Task) -> list[str]:
+        """The actions of a gold multi-turn episode, one per turn, that the domain's
+        environment and verifier score 1.0 (the contract test drives them through the
+        training pipeline). Default: the single gold completion."""
+        return [self.gold(task)]
+
     @abc.abstractmethod
     def wrong(self, task: Task) -> str:
         """A plausible completion that scores below 1.0."""

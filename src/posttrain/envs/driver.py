@@ -170,7 +170,8 @@ def _play_task(engine: Any, domain: Any, task: Task, params: SamplingParams, n: 
         return played
     envs = open_envs(domain, task, n)
     try:
-        trajs = start(envs, task, [engine.encode_chat(first_messages(task, o)) for _, o in envs], turns_of(domain, budget))
+        prompts = [engine.encode_chat(first_messages(task, obs)) for _, obs in envs]
+        trajs = start(envs, task, prompts, turns_of(domain, budget))
         while any(not t.done for t in trajs):
             reqs, targets = requests(trajs, params, seed, task.id)
             add_actions(targets, engine.generate(reqs))

@@ -1,7 +1,9 @@
 """Full-chain attribution of one rollout: prompt to reward to the train step that used it.
 
-Invariant: `explain` only reads the trace store; it shows every stored field
-of the chain (prompt, sampling parameters, completion, execution result,
+Invariant: `explain` only reads the trace store (through TraceStore); it
+shows every stored field of the chain (prompt, sampling parameters,
+completion, each turn of a multi-turn episode with its action or program,
+observation, execution result and reward parts, the execution result,
 verifier name and version, reward parts, the train step with advantage,
 ratio and clip share), and says why a rollout was not trained on when it
 was not (masked infra error, or a group whose rewards were all equal).
@@ -9,7 +11,6 @@ was not (masked infra error, or a group whose rewards were all equal).
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from typing import Any
 
@@ -22,16 +23,8 @@ def _block(title: str, text: str) -> list[str]:
 
 
 def _siblings(store: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rollouts sampled for the same prompt in the same step (read-only connection)."""
-    sql = (
-        "SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? ORDER BY rowid"
-    )
-    con = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)
-    try:
-        cur = con.execute(sql, (row["group_id"], row["model_version"], row["task_id"]))
-        return [dict(zip(("id", "reward", "completion"), r)) for r in cur]
-    finally:
-        con.close()
+    """The rollouts sampled for the same prompt in the same step."""
+    return store.group(row["group_id"], row["model_version"], row["task_id"])
 
 
 def _training(row: dict[str, Any], siblings: list[dict[str, Any]]) -> list[str]:
@@ -59,6 +52,26 @@ def _execution(row: dict[str, Any]) -> list[str]:
         if row["error_kind"] == "sandbox":
             return _block("execution result", "(none: the sandbox failed after its retries; masked, see below)")
         return _block("execution result", "(none: no program ran for this rollout)")
+    return _result("program that ran", "execution result", result)
+
+
+def _turns(row: dict[str, Any]) -> list[str]:
+    """A multi-turn episode's transcript: each turn's action (or the program it ran),
+    the observation that came back, the turn's execution result and reward parts."""
+    lines: list[str] = []
+    turns = row.get("turns") or []
+    for i, turn in enumerate(turns, 1):
+        result = turn.get("exec_result")
+        lines += _block(f"turn {i}/{len(turns)}: action", turn["action"])
+        if isinstance(result, dict):
+            lines += _result(f"turn {i}: program that ran", f"turn {i}: execution result", result)
+        lines += _block(f"turn {i}: observation", turn["observation"])
+        if turn.get("parts"):
+            lines += [f"   turn {i} reward parts: " + ", ".join(f"{k}={v:.4f}" for k, v in turn["parts"].items()), ""]
+    return lines
+
+
+def _result(program_title: str, title: str, result: dict[str, Any]) -> list[str]:
     rest = {k: v for k, v in result.items() if k not in ("program", "stderr", "tests", "report")}
     head = "  ".join(f"{k} {v}" for k, v in rest.items())
     body = [head]
@@ -68,8 +81,8 @@ def _execution(row: dict[str, Any]) -> list[str]:
         body += ["report: " + json.dumps(result["report"], default=str)]
     if result.get("stderr"):
         body += ["stderr (tail):", *result["stderr"].splitlines()[-20:]]
-    lines = _block("program that ran", result["program"]) if result.get("program") else []
-    return lines + _block("execution result", "\n".join(body))
+    lines = _block(program_title, result["program"]) if result.get("program") else []
+    return lines + _block(title, "\n".join(body))
 
 
 def explain(store: Any, rollout_id: str) -> str:
@@ -95,6 +108,7 @@ def explain(store: Any, rollout_id: str) -> str:
         *_block(
             f"completion ({row['completion_tokens']} tokens, finish reason {row['finish_reason']})", row["completion"]
         ),
+        *_turns(row),
         *_execution(row),
         f"-- verifier {row['verifier']}",
         f"   reward {reward}  passed {passed}  reason {row['reason'] or '-'}",

@@ -14,12 +14,13 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
-from posttrain.envs.base import Trajectory, make_environment
+from posttrain.envs import driver
+from posttrain.envs.base import Trajectory
 from posttrain.errors import GenerationError, classify
 from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.metrics import StageMeter, StageStats
@@ -27,7 +28,7 @@ from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import Verdict, Workers
 from posttrain.rollout import Rollout
-from posttrain.types import Completion, CostClass, Episode, GenerationRequest, Message, SamplingParams, Score, Task
+from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
 
 _NOT_INFRA = ("config", "task")
 
@@ -44,14 +45,17 @@ class _Item:
     turn_budget: int = 1
     max_tokens: int = 16
     prompt_ids: tuple[int, ...] = ()
+    executes: bool = False
     completions: list[Completion] = field(default_factory=list)
     trajectories: list[Trajectory] | None = None
+    """Multi-turn groups: one episode per sample, stepped by `envs.driver`."""
+    targets: list[list[Trajectory]] = field(default_factory=list)
+    """The trajectories each of the last generation requests feeds (driver.requests)."""
     execs: tuple[Any, ...] = ()
-    first_env: Any = None
-    first_obs: str = ""
     episodes: list[Episode] | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    closed: bool = False
 
     @property
     def multi_turn(self) -> bool:
@@ -95,8 +99,10 @@ class PipelineStats:
 
 class Pipeline:
     """Use as `async with Pipeline(...) as pipe:`; then `await pipe.run_groups(tasks)`
-    (a fixed set, results in task order) or `await pipe.collect(n, version)`
-    (continuous: the scheduler draws from `source`)."""
+    (a fixed set, results in task order). Multi-turn domains (an `environment()`)
+    run their episodes through `envs.driver`: generate and execute alternate until
+    every episode of the group is done, then the execute stage runs the domain's
+    execute step on each last action (for a domain that executes), then verify."""
 
     def __init__(
         self,
@@ -104,7 +110,6 @@ class Pipeline:
         workers: Workers,
         params: SamplingParams,
         scheduler: Scheduler,
-        source: Callable[[str], Task] | None = None,
         events: EventSink | None = None,
         group_prefix: str = "",
         seed: int | None = None,
@@ -114,7 +119,6 @@ class Pipeline:
         self.budgets = budgets
         """Per-domain budgets: each group generates with its domain's tokens per turn and
         turns (None: `params.max_tokens` and the declared turns for every domain)."""
-        self.source = source
         self._events = events
         self._prefix = group_prefix
         self.seed = seed
@@ -132,8 +136,7 @@ class Pipeline:
             "verify": StageMeter("verify", config.verify_workers, w),
         }
         self.counters = {k: 0 for k in ("admitted", "finished", "retries", "masked_groups", "masked_rollouts",
-                                         "paused_skipped", "dropped_stale", "filtered", "long_sampled", "long_trained",
-                                         "trained", "masked_execute")}
+                                         "paused_skipped", "long_sampled", "masked_execute")}
         self._seq = itertools.count()
         self._tokens = itertools.count()
         self._changed = asyncio.Event()
@@ -141,7 +144,6 @@ class Pipeline:
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task] = []
         self._pending: deque[tuple[int, Task]] = deque()
-        self._feeding = False
         self._closing = False
         self._skipped: list[int] = []
         self._group_ids: dict[int, str] = {}
@@ -193,13 +195,9 @@ class Pipeline:
     async def _feeder(self) -> None:
         while not self._closing:
             task = None
-            if self._room():
-                if self._pending:
-                    self._drop_paused()
-                    task = self._next_pending()
-                elif self._feeding and self.source is not None:
-                    name = self.scheduler.pick()
-                    task = (next(self._seq), self.source(name)) if name is not None else None
+            if self._room() and self._pending:
+                self._drop_paused()
+                task = self._next_pending()
             if task is None:
                 self._changed.clear()
                 try:
@@ -218,18 +216,32 @@ class Pipeline:
         domain = get(task.domain)
         gid = self._group_ids.pop(seq, f"{self._prefix}{seq}")
         budget = (self.budgets or {}).get(task.domain)
-        item = _Item(task, gid, tier, seq, time.perf_counter(), turn_budget=(budget or domain.budget).turns,
-                     max_tokens=budget.tokens if budget else self.params.max_tokens)
+        item = _Item(task, gid, tier, seq, time.perf_counter(), turn_budget=driver.turns_of(domain, budget),
+                     max_tokens=budget.tokens if budget else self.params.max_tokens, executes=domain.executes)
         try:
-            item.prompt_ids = await self.workers.encode(task.prompt)
-            env = make_environment(domain)
-            if env is not None:
-                item.trajectories = []
-                item.first_env, item.first_obs = env, env.reset(task)  # the other samples' envs start on turn one
+            if domain.environment() is None:
+                item.prompt_ids = await self.workers.encode(task.prompt)
+            else:
+                item.trajectories = await self._open(item, domain)
         except Exception as exc:  # a task that cannot start is masked and counted; the pipeline goes on
             await self._retry(item, "admit", exc)
             return
         await self._to_generate(item, self.q_generate)
+
+    async def _open(self, item: _Item, domain: Any) -> list[Trajectory]:
+        """The group's episodes: fresh environments reset on the task, their first
+        observations in the prompt (samples that share one prompt share its encoding)."""
+        envs = await asyncio.to_thread(driver.open_envs, domain, item.task, self.params.n)
+        try:
+            encoded: dict[str, tuple[int, ...]] = {}
+            for _, obs in envs:
+                if obs not in encoded:
+                    encoded[obs] = await self.workers.encode(driver.first_messages(item.task, obs))
+        except BaseException:
+            driver.close_envs(e for e, _ in envs)
+            raise
+        item.prompt_ids = encoded[envs[0][1]]
+        return driver.start(envs, item.task, [encoded[o] for _, o in envs], item.turn_budget)
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[_Item]:
@@ -262,16 +274,8 @@ class Pipeline:
             else stable_hash("group", self.seed, item.group_id, item.attempts.get("generate", 0))
         )
         params = dataclasses.replace(self.params, max_tokens=item.max_tokens)
-        if item.multi_turn and item.trajectories:
-            reqs = []
-            for i, t in enumerate(item.trajectories):
-                if not t.done:
-                    seed = None if base is None else stable_hash(base, i, len(t.turns))
-                    reqs.append(
-                        GenerationRequest(
-                            t.context(), dataclasses.replace(params, n=1, seed=seed), f"{item.group_id}:{i}"
-                        )
-                    )
+        if item.trajectories is not None:
+            reqs, item.targets = driver.requests(item.trajectories, params, base, item.group_id)
             return reqs
         return [GenerationRequest(item.prompt_ids, dataclasses.replace(params, seed=base), item.group_id)]
 
@@ -313,29 +317,11 @@ class Pipeline:
             await self._after_generate(it, got)
 
     async def _after_generate(self, item: _Item, got: list[list[Completion]]) -> None:
-        if not item.multi_turn:
-            item.completions = list(got[0])
-        elif not item.trajectories:
-            item.trajectories = await self._start_trajectories(item, got[0])
+        if item.multi_turn:
+            driver.add_actions(item.targets, got)
         else:
-            active = [t for t in item.trajectories if not t.done]
-            for t, group in zip(active, got):
-                t.add_action(group[0])
+            item.completions = list(got[0])
         await self.q_execute.put(item)
-
-    async def _start_trajectories(self, item: _Item, completions: Sequence[Completion]) -> list[Trajectory]:
-        from posttrain.domains.registry import get
-
-        trajs = []
-        env0, first = item.first_env, item.first_obs
-        for i, c in enumerate(completions):
-            env = env0 if i == 0 else make_environment(get(item.task.domain))
-            if i > 0:
-                env.reset(item.task)
-            t = Trajectory(env, list(item.task.prompt) + ([Message("user", first)] if first else []), item.prompt_ids)
-            t.add_action(c)
-            trajs.append(t)
-        return trajs
 
     async def _execute_worker(self) -> None:
         while not self._closing:
@@ -343,11 +329,9 @@ class Pipeline:
             token = next(self._tokens)
             self.meters["execute"].begin(token)
             try:
-                if item.multi_turn:
-                    again = await self._step_envs(item)
-                else:
-                    item.execs = await self.workers.execute(item.task, item.completions)
-                    again = False
+                again = await self._step_envs(item) if item.multi_turn else False
+                if not again and (item.executes or not item.multi_turn):  # the ExecuteFn decides for single-turn
+                    item.execs = await self.workers.execute(item.task, self._to_execute(item))
             except Exception as exc:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -360,33 +344,28 @@ class Pipeline:
             else:
                 await self.q_verify.put(item)
 
+    def _to_execute(self, item: _Item) -> list[Completion]:
+        """What the execute stage runs: the completions, or each episode's last action."""
+        if item.trajectories is None:
+            return item.completions
+        return [driver.exec_action(t) for t in item.trajectories]
+
     async def _step_envs(self, item: _Item) -> bool:
         """Step every trajectory whose last action is not stepped yet, concurrently
         (a retry after an infra error steps only those); True when another turn is due."""
         assert item.trajectories is not None
-        pending = [t for t in item.trajectories if not t.done and t.awaiting_step]
-        stepped = await asyncio.gather(*(asyncio.to_thread(t.env.step, t.turns[-1].action) for t in pending),
+        pending = [t for t in item.trajectories if t.awaiting_step]
+        stepped = await asyncio.gather(*(asyncio.to_thread(driver.step, t) for t in pending),
                                        return_exceptions=True)
         failure = None
         for t, got in zip(pending, stepped):
             if isinstance(got, BaseException):
                 failure = failure or got
-                continue
-            await self._observe(item, t, *got)
+            elif not t.done:  # the observation joins the context through the chat template
+                t.add_observation(*[await self.workers.encode(m) for m in t.render_inputs()])
         if failure is not None:
             raise failure
         return any(not t.done for t in item.trajectories)
-
-    async def _observe(self, item: _Item, t: Trajectory, obs: str, done: bool) -> None:
-        t.awaiting_step = False
-        if done or len(t.turns) >= item.turn_budget:
-            t.turns[-1] = dataclasses.replace(t.turns[-1], observation=obs)
-            t.done = True
-            return
-        before = await self.workers.encode(t.messages[:-1])
-        after = await self.workers.encode([*t.messages, Message("tool", obs)])
-        standalone = await self.workers.encode([Message("tool", obs)])
-        t.add_observation(obs, before, after, standalone)
 
     async def _verify_worker(self) -> None:
         while not self._closing:
@@ -408,33 +387,15 @@ class Pipeline:
             item.timings["verify_s"] = self.meters["verify"].end(token)
             failed = any(v.error_kind == "verifier" for v in verdicts)
             self.scheduler.record_verification(item.task.domain, failed)
-            await self._finish(item, [self._adjust(item, i, v) for i, v in enumerate(verdicts)], episodes)
+            await self._finish(item, verdicts, episodes)
 
     def _episodes(self, item: _Item) -> list[Episode]:
-        if item.multi_turn:
-            assert item.trajectories is not None
-            out = []
-            for t in item.trajectories:
-                outcome = getattr(t.env, "outcome", None)
-                out.append(
-                    Episode(
-                        t.turns[-1].action, tuple(t.turns), t.finish_reason, outcome() if callable(outcome) else None
-                    )
-                )
-            return out
+        if item.trajectories is not None:
+            if item.executes:
+                return [driver.episode(t, e) for t, e in zip(item.trajectories, item.execs)]
+            return [driver.episode(t) for t in item.trajectories]
         execs = item.execs or (None,) * len(item.completions)
         return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(item.completions, execs)]
-
-    def _adjust(self, item: _Item, i: int, v: Verdict) -> Verdict:
-        """Per-turn cost of multi-turn episodes: reward of the final attempt minus cost x extra turns."""
-        if v.score is None or not item.multi_turn:
-            return v
-        t = item.trajectories[i]  # type: ignore[index]
-        cost = float(getattr(t.env, "turn_cost", 0.0)) * (len(t.turns) - 1)
-        if cost <= 0:
-            return v
-        s = v.score
-        return Verdict(Score(max(0.0, s.value - cost), {**s.parts, "turn_cost": -cost}, s.passed, s.reason))
 
     # ---- endings -------------------------------------------------------
     def _completions(self, item: _Item) -> list[Completion]:
@@ -459,8 +420,9 @@ class Pipeline:
                 mask = tuple(t.mask)
             else:
                 mask = None
+            ep = episodes[i] if episodes else None
             rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask,
-                                    episodes[i].exec_result if episodes else None))
+                                    ep.exec_result if ep else None, ep.turns if ep else ()))
         version = min((c.model_version for c in comps), default=0)
         self.scheduler.finish(item.task.domain)
         self.counters["finished"] += 1
@@ -523,33 +485,6 @@ class Pipeline:
                 get.cancel()
         return get.result() if get in done and not get.cancelled() else None
 
-    async def collect(
-        self, n_groups: int, version: int, informative: Callable[[Sequence[Rollout]], bool]
-    ) -> list[GroupResult]:
-        """Continuous mode: the next `n_groups` groups that are fresh enough for
-        `version` and informative; stale and uninformative ones are dropped,
-        counted and replaced by the scheduler's next admissions."""
-        self._feeding = True
-        self._changed.set()
-        out: list[GroupResult] = []
-        while len(out) < n_groups:
-            res = await self.results.get()
-            if version - res.model_version > self.cfg.max_staleness:
-                self.counters["dropped_stale"] += 1
-                self.counters["dropped_stale_long"] = self.counters.get("dropped_stale_long", 0) + (res.tier == "long")
-                continue
-            if not informative(res.rollouts):
-                self.counters["filtered"] += 1
-                continue
-            self.counters["trained"] += 1
-            self.counters["long_trained"] += res.tier == "long"
-            out.append(res)
-        return out
-
-    def pause_feeding(self) -> None:
-        """Continuous mode: stop drawing new tasks (groups in flight still finish)."""
-        self._feeding = False
-
     def stats(self) -> PipelineStats:
         queues = (self.q_generate, self.q_continue, self.q_execute, self.q_verify, self.results)
         return PipelineStats(
@@ -561,16 +496,6 @@ class Pipeline:
 def _close_envs(item: _Item) -> None:
     """Close every environment of a group once (a terminal env holds a sandbox
     session, and so a pool slot, until closed)."""
-    envs = [item.first_env] + [t.env for t in item.trajectories or ()]
-    item.first_env = None
-    seen: set[int] = set()
-    for env in envs:
-        if env is None or id(env) in seen:
-            continue
-        seen.add(id(env))
-        close = getattr(env, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:  # closing is best effort; the pool replaces a broken worker
-                pass
+    if item.trajectories is not None and not item.closed:
+        item.closed = True
+        driver.close_envs(t.env for t in item.trajectories)
