@@ -28,7 +28,6 @@ from typing import Any
 
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
-from posttrain.envs.base import StepResult
 from posttrain.types import Episode, Score, Task
 
 DIGITS = {1: 3, 2: 5}
@@ -63,20 +62,22 @@ def key_of(task: Task) -> str:
 
 
 class LookupEnv:
-    """The tool: `look KEY` returns `KEY=VALUE` for the task's key; an answer or `done` ends the episode."""
+    """The tool: `look KEY` returns `KEY=VALUE` for the task's key; an answer or `done` ends the episode.
+    `step` answers (observation, done), which the driver takes as a StepResult without parts (importing
+    StepResult from posttrain.envs here would make a domains <-> envs import cycle); the verifier computes
+    the process and efficiency parts from the actions."""
 
     def reset(self, task: Task) -> str:
         self.key, self.value = key_of(task), str(task.reference["value"])
         return ""
 
-    def step(self, action: str) -> StepResult:
+    def step(self, action: str) -> tuple[str, bool]:
         act = parse_action(action)
         if act.kind == "look":
-            obs = f"{self.key}={self.value}" if act.arg == self.key else f"no key {act.arg}"
-            return StepResult(obs, parts={"process": 1.0})
+            return (f"{self.key}={self.value}" if act.arg == self.key else f"no key {act.arg}"), False
         if act.kind in ("answer", "done"):
-            return StepResult("", done=True, parts={"process": 1.0})
-        return StepResult("error: say look KEY, then the value", parts={"process": 0.0})
+            return "", True
+        return "error: say look KEY, then the value", False
 
     def close(self) -> None:
         pass

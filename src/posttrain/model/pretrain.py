@@ -94,6 +94,8 @@ def transcript(domain, task, bug: TurnBug | None = None) -> Conversation:
     gold trajectory (`domain.gold_turns`), or the buggy policy `bug(question, last
     observation)`; the first observation, when there is one, follows the prompt as a
     tool message (as the episode driver puts it)."""
+    from posttrain.envs.base import as_step_result
+
     env = domain.environment()()
     question = task.prompt[-1].content
     gold = domain.gold_turns(task)
@@ -102,7 +104,7 @@ def transcript(domain, task, bug: TurnBug | None = None) -> Conversation:
     for turn in range(domain.budget.turns):
         action = bug(question, obs) if bug else gold[min(turn, len(gold) - 1)]
         messages.append(("assistant", action))
-        result = env.step(action)
+        result = as_step_result(env.step(action))
         if result.done:
             break
         obs = result.observation
