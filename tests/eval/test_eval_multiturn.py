@@ -102,3 +102,16 @@ def test_an_environment_that_keeps_failing_is_an_infra_error_not_a_zero(monkeypa
     monkeypatch.setattr(LookupEnv, "step", broken)
     res = evaluate_sets(ScriptedEngine(policy), {"lookup": LOOKUP}, EvalOptions())["lookup"]
     assert res.accuracy is None and res.infra_errors == 8 and res.pass_at_turn == {}
+
+
+def test_report_and_compare_show_pass_at_turn():
+    from posttrain.evaluate.compare import compare_tables
+    from posttrain.report.evalhtml import turns_table
+
+    engine = ScriptedEngine(policy)
+    table = EvalTable(0, evaluate_sets(engine, {"lookup": LOOKUP, "reverse": REVERSE}, EvalOptions()))
+    data = compare_tables(table, table)
+    page = turns_table(data, labels=("A", "B"))
+    assert page.count("<tr>") == 3 and "pass@turn-3" in page and "0.625" in page and "reverse" not in page
+    single = EvalTable(0, evaluate_sets(engine, {"reverse": REVERSE}, EvalOptions()))
+    assert turns_table(compare_tables(single, single)) == ""
