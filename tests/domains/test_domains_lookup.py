@@ -50,30 +50,30 @@ def test_cheats_score_zero_as_one_completion_and_as_turns(task):
 def test_a_lucky_guess_before_the_lookup_scores_zero():
     task = TASKS[0]
     value = task.reference["value"]
-    score = DOMAIN.score(task, play_through_env(task, [value, f"look {task.reference['key']}", value]))
+    score = DOMAIN.score(task, play_through_env(task, [value, f"look:{task.reference['key']}", value]))
     assert score.value == 0.0 and score.reason == "answered without looking up"
 
 
 def test_forged_observations_are_not_trusted():
     task = TASKS[0]
     key = task.reference["key"]
-    forged = Episode("999", (Turn(f"look {key}", f"{key}=999"), Turn("999")))
+    forged = Episode("999", (Turn(f"look:{key}", f"{key}=999"), Turn("999")))
     assert DOMAIN.score(task, forged).value == 0.0
-    real = Episode(task.reference["value"], (Turn(f"look {key}", "anything"), Turn(task.reference["value"])))
+    real = Episode(task.reference["value"], (Turn(f"look:{key}", "anything"), Turn(task.reference["value"])))
     assert DOMAIN.score(task, real).value == 1.0
 
 
 def test_retries_are_observed_and_cost_efficiency_not_the_pass():
     task = TASKS[0]
     key, value = task.reference["key"], task.reference["value"]
-    episode = play_through_env(task, ["hello", f"look {key}", value])
+    episode = play_through_env(task, ["hello", f"look:{key}", value])
     assert episode.turns[0].observation.startswith("error:")
     score = DOMAIN.score(task, episode)
     assert score.passed and score.parts["outcome"] == 1.0
     # hand-derived: process 2/3, efficiency 2/3 -> 0.7 + 0.15 * 2/3 + 0.15 * 2/3 = 0.9
     assert score.value == pytest.approx(0.9)
-    wrong_key = play_through_env(task, [f"look {key[::-1]}x", f"look {key}", value])
-    assert wrong_key.turns[0].observation == f"no key {key[::-1]}x"
+    wrong_key = play_through_env(task, [f"look:{key[::-1]}x", f"look:{key}", value])
+    assert wrong_key.turns[0].observation == f"no_key:{key[::-1]}x"
 
 
 def test_parse_action_reads_the_first_line_only():

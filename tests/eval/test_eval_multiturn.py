@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
 from pipeline_testlib import ScriptedEngine  # noqa: E402
 
+from posttrain.domains.lookup import _miscopy  # noqa: E402
 from posttrain.evaluate.core import EvalOptions, EvalTable, _result, evaluate_sets  # noqa: E402
 from posttrain.evaluate.heldout import domain_set  # noqa: E402
 from posttrain.evaluate.tables import format_turns  # noqa: E402
@@ -27,14 +28,14 @@ def policy(context: str, j: int) -> str:
     """A scripted agent that reads its context (prompt and observations) like the model would."""
     if m := re.search(r"rev (\w+)=", context):
         return m.group(1)[::-1]
-    key = re.search(r"value of (\w+)\?", context).group(1)
+    key = re.search(r"value_of:(\w+)\?", context).group(1)
     kind = BEHAVIOUR[key]
     seen = re.findall(rf"{key}=(\d+)", context)
     if kind == "guess":
         return "123"
     if not seen:
-        return f"look {key}x" if kind == "retry" and "no key" not in context else f"look {key}"
-    return seen[-1][::-1] if kind == "miscopy" else seen[-1]
+        return f"look:{key}x" if kind == "retry" and "no_key" not in context else f"look:{key}"
+    return _miscopy(seen[-1]) if kind == "miscopy" else seen[-1]
 
 
 def test_pass_at_turn_from_items_by_hand():

@@ -34,13 +34,13 @@ def test_transcripts_render_through_the_chat_template_with_loss_on_actions_only(
     task = domain.sample(3, "train", 1)
     key, value = task.reference["key"], task.reference["value"]
     messages = transcript(domain, task)
-    assert messages == [("user", task.prompt[-1].content), ("assistant", f"look {key}"), ("tool", f"{key}={value}"),
+    assert messages == [("user", task.prompt[-1].content), ("assistant", f"look:{key}"), ("tool", f"{key}={value}"),
                         ("assistant", value)]
     ids, mask = _encode(tok, messages)
     text = tok.decode(ids)
     assert text == tok.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False)
     learned = tok.decode([i for i, m in zip(ids, mask) if m])
-    assert learned == f"look {key}<|end|>{value}<|end|>"
+    assert learned == f"look:{key}<|end|>{value}<|end|>"
 
 
 def test_buggy_policy_is_wrong_in_two_ways_and_never_passes():

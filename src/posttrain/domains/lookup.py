@@ -2,10 +2,13 @@
 
 The prompt names a key (three letters); its value (digits) is hidden in the
 task's reference and nowhere in the prompt. The model calls the tool with
-`look KEY`, the environment answers `KEY=VALUE`, and the model replies with
+`look:KEY`, the environment answers `KEY=VALUE`, and the model replies with
 the value. An answer ends the episode (so does `done`); a malformed action or
-a lookup of another key is observed ("error: ...", "no key xyz") and the
-episode goes on until the turn budget.
+a lookup of another key is observed ("error:...", "no_key:xyz") and the
+episode goes on until the turn budget. No text the model reads or writes has
+whitespace: the embedded tokenizer, reloaded through AutoTokenizer, drops
+spaces and newlines (see docs/agentic.md), and pretraining must see what the
+engine sees.
 
 Invariant: the verifier decides from the task's reference and the model's own
 actions only (never from an observation's text): outcome is 1 exactly when
@@ -33,7 +36,7 @@ from posttrain.types import Episode, Score, Task
 DIGITS = {1: 3, 2: 5}
 """Digits of the hidden value at each level."""
 MIN_TURNS = 2
-_LOOK = re.compile(r"look\s+([a-z]+)")
+_LOOK = re.compile(r"look[:\s]\s*([a-z]+)")
 _NUMBER = re.compile(r"\d+")
 
 
@@ -46,7 +49,8 @@ class Action:
 
 
 def parse_action(text: str) -> Action:
-    """An action is its first non-empty line: `look KEY`, `done`, or a number (bare or in <answer> tags)."""
+    """An action is its first non-empty line: `look:KEY` (or `look KEY`), `done`, or a number (bare or in
+    <answer> tags)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     line = lines[0] if lines else ""
     if m := _LOOK.fullmatch(line):
@@ -62,7 +66,7 @@ def key_of(task: Task) -> str:
 
 
 class LookupEnv:
-    """The tool: `look KEY` returns `KEY=VALUE` for the task's key; an answer or `done` ends the episode.
+    """The tool: `look:KEY` returns `KEY=VALUE` for the task's key; an answer or `done` ends the episode.
     `step` answers (observation, done), which the driver takes as a StepResult without parts (importing
     StepResult from posttrain.envs here would make a domains <-> envs import cycle); the verifier computes
     the process and efficiency parts from the actions."""
@@ -74,10 +78,10 @@ class LookupEnv:
     def step(self, action: str) -> tuple[str, bool]:
         act = parse_action(action)
         if act.kind == "look":
-            return (f"{self.key}={self.value}" if act.arg == self.key else f"no key {act.arg}"), False
+            return (f"{self.key}={self.value}" if act.arg == self.key else f"no_key:{act.arg}"), False
         if act.kind in ("answer", "done"):
             return "", True
-        return "error: say look KEY, then the value", False
+        return "error:say_look:KEY,then_the_value", False
 
     def close(self) -> None:
         pass
@@ -119,7 +123,7 @@ class LookupVerifier:
 class Lookup(ProceduralDomain):
     name = "lookup"
     category = "agents"
-    description = "look a key up with a tool (look KEY), then reply with its value: only the observation has it"
+    description = "look a key up with a tool (look:KEY), then reply with its value: only the observation has it"
     levels = 2
     budget = Budget(turns=3, tokens=12)
     verifier = LookupVerifier()
@@ -128,27 +132,28 @@ class Lookup(ProceduralDomain):
         key = "".join(rng.choices(string.ascii_lowercase, k=3))
         digits = DIGITS[difficulty]
         value = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
-        return f"value of {key}? look it up", {"key": key, "value": value}
+        return f"value_of:{key}?", {"key": key, "value": value}
 
     def environment(self) -> type[LookupEnv]:
         return LookupEnv
 
     def gold_turns(self, task: Task) -> list[str]:
         """The gold trajectory: look the key up, then copy the value."""
-        return [f"look {key_of(task)}", str(task.reference["value"])]
+        return [f"look:{key_of(task)}", str(task.reference["value"])]
 
     def gold(self, task: Task) -> str:
         return "\n".join(self.gold_turns(task))
 
     def wrong(self, task: Task) -> str:
-        return f"look {key_of(task)}\n{_miscopy(str(task.reference['value']))}"
+        return f"look:{key_of(task)}\n{_miscopy(str(task.reference['value']))}"
 
     def cheats(self, task: Task) -> list[str]:
         """Completions that try for reward without using the observation: each scores 0
         (as one completion and as the turns of an episode)."""
         value = str(task.reference["value"])
-        return [value, task.prompt[-1].content, "done", "", f"look {key_of(task)}\ndone",
-                f"look {key_of(task)}\n{key_of(task)}={value}", f"look {_other_key(key_of(task))}\n{value}"]
+        key = key_of(task)
+        return [value, task.prompt[-1].content, "done", "", f"look:{key}\ndone", f"look:{key}\n{key}={value}",
+                f"look:{_other_key(key)}\n{value}"]
 
 
 def _other_key(key: str) -> str:

@@ -59,7 +59,7 @@ BUGS: dict[str, Callable[[str], str]] = {
 
 
 def _lookup_key(question: str) -> str:
-    return question.split(" ")[2].rstrip("?")
+    return question.split(":", 1)[1].rstrip("?")
 
 
 def lookup_buggy(question: str, observation: str) -> str:
@@ -70,7 +70,7 @@ def lookup_buggy(question: str, observation: str) -> str:
     if digest[0] % 2 == 0:
         return str(100 + int.from_bytes(digest[1:3], "big") % 900)
     if "=" not in observation:
-        return f"look {key}"
+        return f"look:{key}"
     return observation.split("=", 1)[1][::-1]
 
 
