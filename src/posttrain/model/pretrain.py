@@ -133,10 +133,13 @@ def _encode(tok, messages: Conversation) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def _encode_batch(tok, conversations: list[Conversation]):
+def _encode_batch(tok, conversations: list[Conversation] | list[tuple[str, str]]):
+    """Padded ids, attention and loss masks of conversations (a (question, answer) pair is one
+    user turn and one assistant turn)."""
     import torch
 
-    rows, masks = zip(*(_encode(tok, c) for c in conversations))
+    convs = [[("user", c[0]), ("assistant", c[1])] if isinstance(c, tuple) else c for c in conversations]
+    rows, masks = zip(*(_encode(tok, c) for c in convs))
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tok.pad_token_id)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
