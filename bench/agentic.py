@@ -56,6 +56,8 @@ def one_seed(seed: int, overrides: list[str]) -> dict:
                f"run.name=seed{seed}", "run.progress=false", *overrides]
         t = timed(cmd)
         table = json.loads((Path(out) / f"seed{seed}" / "eval.json").read_text())
+        print(f"seed {seed}: {t['wall_s']:.0f} s wall, {t['cpu_s']:.0f} CPU-s, eval {table['eval_seconds']}",
+              flush=True)
     before, after = turns(table["before"]), turns(table["after"])
     last = max(before)
     t.pop("stdout")
