@@ -247,7 +247,7 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         group_id=r.group_id,
         model_version=r.completion.model_version,
         sampling=to_dict(params),
-        prompt="\n".join(m.content for m in r.task.prompt),
+        prompt=r.prompt_text,
         completion=r.completion.text,
         completion_tokens=len(r.completion.token_ids),
         finish_reason=r.completion.finish_reason,

@@ -29,6 +29,14 @@ class Rollout:
     a multi-turn episode's last turn's)."""
     turns: tuple[Turn, ...] = ()
     """Multi-turn episodes: every turn (action, observation, exec_result, parts), traced."""
+    first_observation: str = ""
+    """Multi-turn episodes: the environment's first observation (part of the prompt)."""
+
+    @property
+    def prompt_text(self) -> str:
+        """What the model was shown before its first turn, as text (the trace's prompt):
+        the task's messages and, for a multi-turn episode, the first observation."""
+        return "\n".join([*(m.content for m in self.task.prompt), *filter(None, [self.first_observation])])
 
     @property
     def reward(self) -> float | None:

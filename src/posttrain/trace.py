@@ -213,12 +213,6 @@ class TraceStore:
         rows = self._db.execute(f"SELECT * FROM rollouts {where} ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [_decode(r) for r in rows]
 
-    def group(self, group_id: str, model_version: int, task_id: str) -> list[dict[str, Any]]:
-        """The rollouts sampled for the same prompt in the same step (id, reward, completion), in order."""
-        sql = ("SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? "
-               "ORDER BY rowid")
-        return [dict(r) for r in self._db.execute(sql, (group_id, model_version, task_id))]
-
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         where, args = ("WHERE kind=?", (kind,)) if kind else ("", ())
         return [dict(r) for r in self._db.execute(f"SELECT * FROM events {where} ORDER BY id", args)]
@@ -229,6 +223,16 @@ class TraceStore:
                  SUM(error_kind IS NOT NULL) AS errors, SUM(finish_reason='length') AS truncated,
                  SUM(train_step IS NOT NULL) AS consumed FROM rollouts GROUP BY domain ORDER BY domain"""
         return [dict(r) for r in self._db.execute(sql)]
+
+    def siblings(self, rollout: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The rollouts sampled for the same prompt in the same step as `rollout` (a row of
+        `get`), itself included, in write order: id, reward and completion."""
+        sql = (
+            "SELECT id, reward, completion FROM rollouts WHERE group_id=? AND model_version=? AND task_id=? "
+            "ORDER BY rowid"
+        )
+        args = (rollout["group_id"], rollout["model_version"], rollout["task_id"])
+        return [dict(r) for r in self._db.execute(sql, args)]
 
 
 def _decode(row: sqlite3.Row) -> dict[str, Any]:

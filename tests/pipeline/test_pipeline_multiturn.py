@@ -261,6 +261,7 @@ def test_first_observation_is_in_the_prompt_and_parts_reach_the_verifier(lookup)
     parts = [r.score.parts for r in group.rollouts]
     assert all(p["outcome"] == 1.0 for p in parts)
     assert [p["protocol"] for p in parts] == [pytest.approx(2 / 3)] * 3 + [1.0]
+    assert all(r.first_observation == "keys: a, b" and r.prompt_text.endswith("\nkeys: a, b") for r in group.rollouts)
     assert [r.timings["turns"] for r in group.rollouts] == [3.0, 3.0, 3.0, 2.0]
     assert all(r.exec_result == {"answer": "42"} for r in group.rollouts)  # the last turn's exec_result
 

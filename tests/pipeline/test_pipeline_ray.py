@@ -188,3 +188,36 @@ def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):
     result = train(cfg, log=lambda *_: None)
     mine = [r for r in TraceStore(result.run_dir / "trace.db").recent(100) if r["domain"] == "mine"]
     assert mine and all(r["reward"] is not None and r["error_kind"] is None for r in mine)
+
+
+def test_multi_turn_episodes_on_ray_match_in_process(ray_cluster, engine):
+    """The same envs.driver steps the episodes on both runtimes (environments in the
+    pipeline's process, verification on the actors): identical transcripts and rewards."""
+    from posttrain.domains.base import Budget
+    from posttrain.runtime.ray import RayWorkers
+
+    name = "tool_transfer"
+    tasks = [get(name).sample(i, "train", 1) for i in range(2)]
+    sched_args = ({name: 1.0}, {name: "short"})
+    budgets = {name: Budget(turns=3, tokens=6)}
+    params = SamplingParams(max_tokens=6, n=2, stop=tuple("aeiou 0123456789{"))  # short turns that end on a stop
+
+    def run(workers):
+        async def go():
+            async with Pipeline(CFG, workers, params, Scheduler(CFG, *sched_args),
+                                group_prefix="3:", seed=5, budgets=budgets) as p:
+                return await p.run_groups(tasks)
+
+        return [[(r.completion.token_ids, r.loss_mask, r.reward, [(t.action, t.observation) for t in r.turns])
+                 for r in g.rollouts] for g in asyncio.run(go())]
+
+    workers = RayWorkers.from_engine(engine, CFG)
+    try:
+        workers.sync()
+        remote = run(workers)
+    finally:
+        workers.close()
+    local = run(EmbeddedWorkers(engine))
+    assert remote == local
+    assert all(turns and rew is not None for g in remote for _, _, rew, turns in g)
+    assert any(len(turns) > 1 for g in remote for _, _, _, turns in g)  # observations went back in

@@ -82,6 +82,8 @@ class Trajectory:
     finish_reason: FinishReason = "stop"
     error: str | None = None
     """The infra error kind that masked this episode (None: it ran to its end)."""
+    first_observation: str = ""
+    """What `reset` returned (in the prompt, after the task's messages)."""
 
     def context(self) -> tuple[int, ...]:
         """What the model conditions on for its next turn."""

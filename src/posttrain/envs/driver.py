@@ -12,6 +12,7 @@ functions; verification is never done here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,8 @@ def first_messages(task: Task, observation: str) -> list[Message]:
 def start(envs: Sequence[tuple[Environment, str]], task: Task, prompt_ids: Sequence[tuple[int, ...]],
           max_turns: int) -> list[Trajectory]:
     """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded."""
-    return [Trajectory(env, first_messages(task, obs), ids, max_turns) for (env, obs), ids in zip(envs, prompt_ids)]
+    return [Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs)
+            for (env, obs), ids in zip(envs, prompt_ids)]
 
 
 def requests(trajectories: Sequence[Trajectory], params: SamplingParams, base_seed: int | None,
@@ -164,7 +166,8 @@ def _play_task(engine: Any, domain: Any, task: Task, params: SamplingParams, n: 
         group = engine.generate([GenerationRequest(prompt, dataclasses.replace(params, n=n, seed=seed), task.id)])[0]
         played = []
         for c in group:
-            res, err = _retried(lambda c=c: domain.execute(task, c.text) if domain.executes else None, retries)
+            run = functools.partial(domain.execute, task, c.text) if domain.executes else lambda: None
+            res, err = _retried(run, retries)
             ep = Episode(c.text, finish_reason=c.finish_reason, exec_result=res)
             played.append(Played(c, ep, 1, err, (1,) * len(c.token_ids)))
         return played
@@ -176,7 +179,7 @@ def _play_task(engine: Any, domain: Any, task: Task, params: SamplingParams, n: 
             reqs, targets = requests(trajs, params, seed, task.id)
             add_actions(targets, engine.generate(reqs))
             for t in (t for ts in targets for t in ts):
-                _, t.error = _retried(lambda t=t: step(t), retries)
+                _, t.error = _retried(functools.partial(step, t), retries)
                 if t.error is not None:
                     t.done = True
                 observe(t, engine.encode_chat)

@@ -24,7 +24,7 @@ def _block(title: str, text: str) -> list[str]:
 
 def _siblings(store: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
     """The rollouts sampled for the same prompt in the same step."""
-    return store.group(row["group_id"], row["model_version"], row["task_id"])
+    return store.siblings(row)
 
 
 def _training(row: dict[str, Any], siblings: list[dict[str, Any]]) -> list[str]:

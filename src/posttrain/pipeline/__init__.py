@@ -5,8 +5,7 @@ masked with a typed infra error (never scored 0), and every background task
 is owned by one asyncio.TaskGroup.
 
     async with Pipeline(cfg, EmbeddedWorkers(engine), params, scheduler) as pipe:
-        results = await pipe.run_groups(tasks)                 # one step's tasks, in order
-        batch = await pipe.collect(32, version, informative)   # continuous, off-policy
+        results = await pipe.run_groups(tasks)   # one step's tasks, in order (multi-turn: envs.driver)
     pipe.stats().flat()   # queue depths, throughput, latency percentiles, idle share
 """
 from posttrain.pipeline.config import PipelineConfig, Runtime

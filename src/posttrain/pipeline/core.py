@@ -414,15 +414,16 @@ class Pipeline:
         rollouts = []
         for i, (c, v) in enumerate(zip(comps, verdicts)):
             timings = dict(item.timings)
+            first = ""
             if item.multi_turn and item.trajectories:
                 t = item.trajectories[i]
                 timings["turns"] = float(len(t.turns))
-                mask = tuple(t.mask)
+                mask, first = tuple(t.mask), t.first_observation
             else:
                 mask = None
             ep = episodes[i] if episodes else None
             rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask,
-                                    ep.exec_result if ep else None, ep.turns if ep else ()))
+                                    ep.exec_result if ep else None, ep.turns if ep else (), first))
         version = min((c.model_version for c in comps), default=0)
         self.scheduler.finish(item.task.domain)
         self.counters["finished"] += 1

@@ -46,8 +46,9 @@ def verify_group(task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]
 
 
 ExecuteFn = Callable[[Task, Completion], Any]
-"""Runs one single-turn completion (a sandbox run, a simulated delay); its
-result reaches the verifier as Episode.exec_result. It raises SandboxError
+"""Runs one completion (a sandbox run, a simulated delay): a single-turn
+sample, or a finished multi-turn episode's last action (domains that execute);
+its result reaches the verifier as Episode.exec_result. It raises SandboxError
 (or any infra error) when the sandbox, not the program, failed."""
 
 

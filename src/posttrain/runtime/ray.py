@@ -6,7 +6,10 @@ the requests carry their seeds; the verifier actor calls the same
 `verify_group`), so a run's rollouts do not depend on the runtime; actors
 restart when they die (the call in flight fails as an infra error, which
 the pipeline retries), and weights reach the generation actors whenever the
-driver's engine version moves. File domains (`tasks.domains.NAME.source`)
+driver's engine version moves. Multi-turn episodes are stepped by the
+same `envs.driver` code as in the embedded runtime, in the pipeline's
+process (an environment is stateful: it stays with its episode); the
+execute stage after an episode and verification run on the actors. File domains (`tasks.domains.NAME.source`)
 reach the execution and verification actors as their specs in the actors'
 environment; the files themselves must be readable at the same path on every node.
 """
