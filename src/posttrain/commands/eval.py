@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
     table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks))
     print(format_table(table))
-    if turns := format_turns(table):
+    if turns := format_turns(table, labels=("model", "")):
         print(turns)
     print(format_details(table))
     if args.save_heldout:
