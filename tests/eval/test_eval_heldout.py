@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from posttrain.evaluate import EvalTable, HeldoutSet, build_heldout, format_table, rotation_slice
-from posttrain.evaluate.core import _result, _verdict
+from posttrain.evaluate.core import _Outcome, _result, _verdict
 from posttrain.tasks.hygiene import prompt_key
-from posttrain.types import Completion
+from posttrain.types import Episode
 
 
 def test_n_counts_distinct_tasks_and_a_small_split_says_so():
@@ -61,7 +61,7 @@ def test_eval_verifier_is_stricter_than_the_training_one():
     ref = str(task.reference)
 
     def done(text):
-        return Completion((), (), text, (), "stop")
+        return _Outcome(Episode(text))
 
     assert _verdict(task, done(ref))[:2] == (True, True)
     # the training verifier reads the last answer tag; the eval verifier also wants nothing else around it

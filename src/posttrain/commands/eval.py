@@ -1,5 +1,6 @@
 """`posttrain eval [CONFIG] [overrides] [--model DIR | --run RUN_DIR] [--heldout FILE]`: held-out accuracy
-per domain with 95% intervals, on a stored held-out set when given one (same items, same JSON)."""
+per domain with 95% intervals, on a stored held-out set when given one (same items, same JSON); multi-turn
+domains are played as episodes, with pass@turn-k."""
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from posttrain.engine.hf import HFEngine
-    from posttrain.evaluate import HeldoutSet, evaluate_heldout, format_details, format_table
+    from posttrain.evaluate import HeldoutSet, evaluate_heldout, format_details, format_table, format_turns
     from posttrain.evaluate.run import heldout_for, options
 
     torch.set_num_threads(cfg.run.threads)
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
     table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks))
     print(format_table(table))
+    if turns := format_turns(table, labels=("model", "")):
+        print(turns)
     print(format_details(table))
     if args.save_heldout:
         heldout.save(args.save_heldout)

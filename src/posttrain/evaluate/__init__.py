@@ -17,7 +17,7 @@ from posttrain.evaluate.core import (
     evaluate_sets,
 )
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout, rotation_slice
-from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
+from posttrain.evaluate.tables import format_details, format_probes, format_table, format_turns, write_table
 
 __all__ = [
     "DomainResult",
@@ -33,6 +33,7 @@ __all__ = [
     "format_details",
     "format_probes",
     "format_table",
+    "format_turns",
     "rotation_slice",
     "write_table",
 ]

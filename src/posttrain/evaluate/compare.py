@@ -16,7 +16,7 @@ from posttrain.errors import ConfigError
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet
 from posttrain.evaluate.stats import paired_deltas
-from posttrain.evaluate.tables import delta_json, format_details, format_probes, format_table
+from posttrain.evaluate.tables import delta_json, format_details, format_probes, format_table, format_turns
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,12 @@ def run_compare(a: Side, b: Side, heldout: HeldoutSet, opts: EvalOptions, device
 
 def text(a: Side, b: Side, ta: EvalTable, tb: EvalTable, data: dict[str, Any]) -> str:
     lines = [f"A = {a.label} ({a.model_dir})", f"B = {b.label} ({b.model_dir})",
-             format_table(ta, tb, labels=("A", "B")), "B in detail:", format_details(tb),
+             format_table(ta, tb, labels=("A", "B")), format_turns(ta, tb, labels=("A", "B")),
+             "B in detail:", format_details(tb),
              format_probes(ta, tb, labels=("A", "B")),
              "significantly improved (B over A): " + (", ".join(data["improved"]) or "none"),
              "significantly regressed: " + (", ".join(data["regressed"]) or "none")]
-    return "\n".join(lines)
+    return "\n".join(line for line in lines if line)
 
 
 def write_outputs(out: Path, data: dict[str, Any]) -> tuple[Path, Path, Path]:
@@ -102,7 +103,14 @@ def write_outputs(out: Path, data: dict[str, Any]) -> tuple[Path, Path, Path]:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from posttrain.report.evalhtml import _CSS_EXTRA, before_after_table, delta_bars, probes_table, verifier_table
+    from posttrain.report.evalhtml import (
+        _CSS_EXTRA,
+        before_after_table,
+        delta_bars,
+        probes_table,
+        turns_table,
+        verifier_table,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     js, png, page = out / "compare.json", out / "compare.png", out / "compare.html"
@@ -126,6 +134,7 @@ held-out set version {h.escape(data["heldout"]["version"])}</p>
 significantly regressed: <b>{h.escape(", ".join(data["regressed"]) or "none")}</b></p>
 {before_after_table(data, labels=("A", "B"))}
 <figure><img src="{src}" alt="deltas"><figcaption>B - A per domain with paired 95% intervals</figcaption></figure>
+{turns_table(data, labels=("A", "B"))}
 <h3>Training verifier vs eval verifier (B)</h3>{verifier_table(data["after"])}
 <h3>Generalisation probes</h3>{probes_table(data)}
 </body></html>

@@ -6,7 +6,10 @@ each item is scored by its domain's training verifier and by its eval
 verifier (`strict.py`: the training verdict AND the domain's stricter
 checks); a verifier that raises makes the item an infra error: counted,
 left out of every accuracy, never a 0. A domain whose items are all infra
-errors has no accuracy (None), not 0.0.
+errors has no accuracy (None), not 0.0. A multi-turn domain (one with an
+environment) is evaluated as it is trained: each item is an episode played to
+its end by `posttrain.envs.driver.play`, scored by the domain, and its turn
+count kept, so pass@turn-k (passed using at most k turns) is reported per turn.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ class EvalOptions:
     """A cap over every domain's tokens (None: no cap)."""
     budgets: Mapping[str, int] = field(default_factory=dict)
     """Tokens per domain, as in training; a domain not named uses its declared budget."""
+    turns: Mapping[str, int] = field(default_factory=dict)
+    """Turns per multi-turn domain, as in training; a domain not named uses its declared budget."""
     batch_size: int = 256
     samples: int = 0
     temperature: float = 1.0
@@ -60,6 +65,20 @@ class DomainResult:
     sampling: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     """`pass@k` / `maj@k` -> (value, low, high), over the items sampled."""
     items: tuple[Item, ...] = ()
+    turns: tuple[int, ...] = ()
+    """Multi-turn domains: turns each item's episode used (same order as `items`); empty otherwise."""
+    turn_budget: int = 0
+    """Multi-turn domains: the turn budget the episodes ran with (0: single-turn)."""
+
+    @property
+    def pass_at_turn(self) -> dict[int, tuple[float, float, float]]:
+        """k -> (share of scored items passed within k turns, 95% Wilson low, high), k = 1..turn budget."""
+        scored = [(ok, n) for (_, ok, _), n in zip(self.items, self.turns) if ok is not None]
+        out = {}
+        for k in range(1, self.turn_budget + 1):
+            hits = sum(bool(ok) and n <= k for ok, n in scored)
+            out[k] = (hits / len(scored) if scored else 0.0, *wilson(hits, len(scored)))
+        return out if scored else {}
 
     @property
     def scored(self) -> int:
@@ -74,7 +93,13 @@ class DomainResult:
                 "n": self.n, "scored": self.scored, "infra_errors": self.infra_errors, "accuracy": self.accuracy,
                 "ci": [self.low, self.high], "train_accuracy": self.train_accuracy, "mean_score": self.mean_score,
                 "eval_verifier": self.eval_verifier, "sampling": {k: list(v) for k, v in self.sampling.items()},
-                "items": [list(i) for i in self.items]}
+                "items": [list(i) for i in self.items], **self._turns_json()}
+
+    def _turns_json(self) -> dict:
+        if not self.turn_budget:
+            return {}
+        return {"turn_budget": self.turn_budget, "turns": list(self.turns),
+                "pass_at_turn": {str(k): list(v) for k, v in self.pass_at_turn.items()}}
 
     @classmethod
     def from_json(cls, d: Mapping) -> DomainResult:
@@ -82,16 +107,18 @@ class DomainResult:
         return cls(d["domain"], d["difficulty"], d["n"], d["accuracy"], d.get("mean_score"), d.get("infra_errors", 0),
                    low, high, d.get("train_accuracy"), d.get("eval_verifier", ""), d.get("requested", d["n"]),
                    d.get("kind", "core"), {k: tuple(v) for k, v in d.get("sampling", {}).items()},
-                   tuple((i[0], i[1], i[2]) for i in d.get("items", ())))
+                   tuple((i[0], i[1], i[2]) for i in d.get("items", ())), tuple(d.get("turns", ())),
+                   d.get("turn_budget", 0))
 
     def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
         return _result(self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier,
-                       self.items[:m], [])
+                       self.items[:m], [], turns=self.turns[:m], turn_budget=self.turn_budget)
 
 
 def _result(domain: str, level: int, kind: str, requested: int, verifier: str, items: Sequence[Item],
-            values: Sequence[float], sampling: Mapping[str, tuple[float, float, float]] | None = None) -> DomainResult:
+            values: Sequence[float], sampling: Mapping[str, tuple[float, float, float]] | None = None,
+            turns: Sequence[int] = (), turn_budget: int = 0) -> DomainResult:
     ok = [v for _, v, _ in items if v is not None]
     train = [t for _, _, t in items if t is not None]
     k = sum(ok)
@@ -99,7 +126,7 @@ def _result(domain: str, level: int, kind: str, requested: int, verifier: str, i
     low, high = wilson(k, len(ok))
     return DomainResult(domain, level, len(items), acc, sum(values) / len(values) if values else None,
                         len(items) - len(ok), low, high, sum(train) / len(train) if train else None, verifier,
-                        requested, kind, dict(sampling or {}), tuple(items))
+                        requested, kind, dict(sampling or {}), tuple(items), tuple(turns), turn_budget)
 
 
 @dataclass(frozen=True)
@@ -191,17 +218,69 @@ def _generate(engine: Engine, tasks: Sequence[Task], params: SamplingParams, bat
     return out
 
 
-def _verdict(task: Task, completion: Any) -> tuple[bool | None, bool | None, float | None]:
-    """(eval verdict, training verdict, training score); None where a verifier raised."""
+def is_multi_turn(domain: str) -> bool:
+    """Whether a domain runs episodes (it has an environment)."""
+    return get(domain).environment() is not None
+
+
+def turns_for(domain: str, opts: EvalOptions) -> int:
+    """A multi-turn domain's eval turn budget: the training one."""
+    return opts.turns.get(domain) or get(domain).budget.turns
+
+
+def _play(engine: Engine, tasks: Sequence[Task], params: SamplingParams, opts: EvalOptions) -> list[list[Any]]:
+    """Episodes of multi-turn tasks in task order (`params.n` per task), played to their end by
+    the episode driver with each domain's training budgets (tokens per turn, turns)."""
+    from posttrain.envs.driver import play
+
+    budgets = {d: replace(get(d).budget, tokens=tokens_for(d, opts), turns=turns_for(d, opts))
+               for d in {t.domain for t in tasks}}
+    return play(engine, tasks, params, n=params.n, budgets=budgets)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one item produced: an episode played by the driver (its turn count, or the infra
+    error that masked it; its execute step already run) or one completion (not executed yet)."""
+
+    episode: Episode
+    turns: int = 1
+    error: str | None = None
+    executed: bool = False
+
+
+def _outcomes(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int,
+              opts: EvalOptions) -> list[list[_Outcome]]:
+    """Every task's outcomes (`params.n` each), in task order: single-turn tasks generated in
+    batches by token budget, multi-turn ones played as episodes."""
+    multi = [i for i, t in enumerate(tasks) if is_multi_turn(t.domain)]
+    single = [i for i, t in enumerate(tasks) if not is_multi_turn(t.domain)]
+    out: list[list[_Outcome]] = [[] for _ in tasks]
+    if single:
+        for i, group in zip(single, _generate(engine, [tasks[i] for i in single], params, batch_size, opts)):
+            out[i] = [_Outcome(Episode(c.text, finish_reason=c.finish_reason)) for c in group]
+    if multi:
+        for i, group in zip(multi, _play(engine, [tasks[i] for i in multi], params, opts)):
+            out[i] = [_Outcome(p.episode, p.turns, p.error, executed=True) for p in group]
+    return out
+
+
+def _verdict(task: Task, outcome: _Outcome) -> tuple[bool | None, bool | None, float | None]:
+    """(eval verdict, training verdict, training score); None where a verifier raised or the
+    episode was masked by an infra error."""
+    if outcome.error is not None:
+        return None, None, None
     dom = get(task.domain)
+    episode = outcome.episode
     try:  # the execute step first (a sandbox run where the domain declares one), then the verifier
-        ran = dom.execute(task, completion.text) if dom.executes else None
-        score = dom.score(task, Episode(completion.text, finish_reason=completion.finish_reason, exec_result=ran))
+        if dom.executes and not outcome.executed:
+            episode = replace(episode, exec_result=dom.execute(task, episode.completion))
+        score = dom.score(task, episode)
     except Exception:  # an infra error: never a wrong answer
         return None, None, None
     ok = bool(score.passed)
     try:
-        strict = ok and all(bool(check(task, completion.text)) for _, check in checks_of(dom))
+        strict = ok and all(bool(check(task, episode.completion)) for _, check in checks_of(dom))
     except Exception:  # the stricter check could not decide: infra for the eval verdict
         return None, ok, float(score.value)
     return strict, ok, float(score.value)
@@ -210,8 +289,9 @@ def _verdict(task: Task, completion: Any) -> tuple[bool | None, bool | None, flo
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
-    for task, group in zip(tasks, _generate(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)):
-        judged = [(extract_answer(c.text), v) for c in group for v in [_verdict(task, c)[0]] if v is not None]
+    for task, group in zip(tasks, _outcomes(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)):
+        judged = [(extract_answer(o.episode.completion), v) for o in group for v in [_verdict(task, o)[0]]
+                  if v is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
             if k <= len(judged):
@@ -223,23 +303,27 @@ def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[
 def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptions = EvalOptions(),
                   sample_kinds: Iterable[str] = ()) -> dict[str, DomainResult]:
     """Greedy results of every set (keyed as given); sampled metrics for the sets whose kind
-    is in `sample_kinds` when `opts.samples` > 0."""
+    is in `sample_kinds` when `opts.samples` > 0. Multi-turn domains are played as episodes."""
     tasks = {key: s.tasks() for key, s in sets.items()}
     flat = [t for ts in tasks.values() for t in ts]
     greedy = SamplingParams(max_tokens=16, temperature=0.0, n=1, seed=0)
-    outputs = iter(_generate(engine, flat, greedy, opts.batch_size, opts))
+    outputs = iter(_outcomes(engine, flat, greedy, opts.batch_size, opts))
     kinds = set(sample_kinds)
     out = {}
     for key, s in sets.items():
-        items, values = [], []
+        items, values, turns = [], [], []
         for task in tasks[key]:
-            ok, train_ok, value = _verdict(task, next(outputs)[0])
+            outcome = next(outputs)[0]
+            ok, train_ok, value = _verdict(task, outcome)
             items.append((task.id, ok, train_ok))
+            turns.append(outcome.turns)
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
+        multi = is_multi_turn(s.domain)
         out[key] = _result(
-            s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling
+            s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling,
+            turns=turns if multi else (), turn_budget=turns_for(s.domain, opts) if multi else 0,
         )
     return out
 

@@ -20,18 +20,21 @@ from typing import Any
 
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
-from posttrain.evaluate.tables import format_details, format_probes, format_table, write_table
+from posttrain.evaluate.tables import format_details, format_probes, format_table, format_turns, write_table
 
 
 def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None) -> EvalOptions:
-    """Eval options; with the run's `tasks` config, each domain's token budget is the one
-    it trains with (tasks.domains.<name>.max_tokens, else its declaration)."""
+    """Eval options; with the run's `tasks` config, each domain's token and turn budgets are
+    the ones it trains with (tasks.domains.<name>.max_tokens / max_turns, else its declaration)."""
     budgets: dict[str, int] = {}
+    turns: dict[str, int] = {}
     if tasks is not None:
         from posttrain.tasks.pool import resolve_specs
 
-        budgets = {n: spec.max_tokens for n, (_, spec) in resolve_specs(tasks).items() if spec.max_tokens}
-    return EvalOptions(max_tokens=eval_cfg.max_tokens, budgets=budgets, batch_size=eval_cfg.batch_size,
+        specs = resolve_specs(tasks)
+        budgets = {n: spec.max_tokens for n, (_, spec) in specs.items() if spec.max_tokens}
+        turns = {n: spec.max_turns for n, (_, spec) in specs.items() if spec.max_turns}
+    return EvalOptions(max_tokens=eval_cfg.max_tokens, budgets=budgets, turns=turns, batch_size=eval_cfg.batch_size,
                        samples=eval_cfg.samples if sampled else 0, temperature=eval_cfg.temperature,
                        ks=tuple(eval_cfg.k), seed=eval_cfg.seed)
 
@@ -154,6 +157,9 @@ class RunEvaluator:
             "rotation": {k: r.accuracy for k, r in table.rotation.items() if r.accuracy is not None},
             "rotation_n": {k: r.scored for k, r in table.rotation.items()},
         }
+        by_turn = {k: [v for v, _, _ in r.pass_at_turn.values()] for k, r in table.results.items() if r.turn_budget}
+        if by_turn:
+            row["pass_at_turn"] = by_turn
         if full is not None:
             row["full"] = {"domains": full.accuracies, "mean_accuracy": full.mean_accuracy,
                            "probes": {k: r.accuracy for k, r in full.probes.items()}}
@@ -171,5 +177,6 @@ class RunEvaluator:
 
     @staticmethod
     def describe(before: EvalTable, after: EvalTable | None = None) -> str:
-        parts = [format_table(before, after), format_details(after or before), format_probes(before, after)]
+        parts = [format_table(before, after), format_turns(before, after), format_details(after or before),
+                 format_probes(before, after)]
         return "\n".join(p for p in parts if p)

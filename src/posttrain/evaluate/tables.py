@@ -118,6 +118,25 @@ def format_probes(
     return "\n".join(lines)
 
 
+def format_turns(
+    before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")
+) -> str:
+    """pass@turn-k of each multi-turn domain (passed using at most k turns), k = 1..its turn budget,
+    with 95% Wilson intervals; with `after`, both sides. Empty when no domain is multi-turn."""
+    lines = []
+    for name, b in before.results.items():
+        a = after.results.get(name) if after else None
+        sides = [(labels[0], b)] + ([(labels[1], a)] if a is not None else [])
+        if not any(r.pass_at_turn for _, r in sides):
+            continue
+        if not lines:
+            lines.append("pass@turn-k (multi-turn domains: passed using at most k turns):")
+        for label, r in sides:
+            cells = "".join(f"  turn-{k} {v:.3f} [{lo:.2f},{hi:.2f}]" for k, (v, lo, hi) in r.pass_at_turn.items())
+            lines.append(f"  {name:<20}{label:>7}{cells}")
+    return "\n".join(lines)
+
+
 def delta_json(d: PairedDelta | None) -> dict[str, Any] | None:
     if d is None:
         return None

@@ -6,10 +6,13 @@ in ways a verifier can see and RL can fix. This is a property of the demo's
 base model, stated in the README, not of RL in general.
 
 Invariant: each bug is a deterministic function of the question text, and it
-differs from the gold answer on most questions.
+differs from the gold answer on most questions. A multi-turn bug (`TURN_BUGS`)
+is a buggy policy: a deterministic function of the question and the last
+observation that gives the next action.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 
@@ -53,3 +56,23 @@ BUGS: dict[str, Callable[[str], str]] = {
     "reverse": reverse_copy,
     "sort": sort_descending,
 }
+
+
+def _lookup_key(question: str) -> str:
+    return question.split(":", 1)[1].rstrip("?")
+
+
+def lookup_buggy(question: str, observation: str) -> str:
+    """lookup's buggy policy: on half the questions it ignores the tool and answers a
+    made-up number at once; on the others it looks the key up and copies the value reversed."""
+    key = _lookup_key(question)
+    digest = hashlib.sha256(question.encode()).digest()
+    if digest[0] % 2 == 0:
+        return str(100 + int.from_bytes(digest[1:3], "big") % 900)
+    if "=" not in observation:
+        return f"look:{key}"
+    return observation.split("=", 1)[1][::-1]
+
+
+TurnBug = Callable[[str, str], str]
+TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from posttrain.model.bugs import BUGS
+from posttrain.model.bugs import BUGS, TURN_BUGS, TurnBug
 
 DEFAULT_CACHE = Path(os.environ.get("POSTTRAIN_CACHE", Path.home() / ".cache" / "posttrain"))
 
@@ -58,14 +58,18 @@ def default_dir(cfg: BaseConfig) -> Path:
     return DEFAULT_CACHE / f"base-{cfg.preset}-{cfg.fingerprint()}"
 
 
-def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[tuple[str, str]]]:
+Conversation = list[tuple[str, str]]
+"""(role, content) messages; the loss covers the assistant ones."""
+
+
+def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[Conversation]]:
     from posttrain.domains.registry import get
 
     domains = {name: (get(name), level) for name, level in cfg.domains.items()}
     names = sorted(domains)
     counter = {"i": 0}
 
-    def batch(n: int) -> list[tuple[str, str]]:
+    def batch(n: int) -> list[Conversation]:
         out = []
         for _ in range(n):
             name = rng.choice(names)
@@ -73,26 +77,69 @@ def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[tuple
             task = domain.sample(counter["i"], "train", rng.randint(1, top))
             counter["i"] += 1
             question = task.prompt[-1].content
+            if name in TURN_BUGS:
+                buggy = rng.random() < cfg.buggy_fraction
+                out.append(transcript(domain, task, TURN_BUGS[name] if buggy else None))
+                continue
             bug = BUGS.get(name)
             answer = bug(question) if bug and rng.random() < cfg.buggy_fraction else domain.gold(task)
-            out.append((question, answer))
+            out.append([("user", question), ("assistant", answer)])
         return out
 
     return batch
 
 
-def _encode_batch(tok, pairs: list[tuple[str, str]]):
+def transcript(domain, task, bug: TurnBug | None = None) -> Conversation:
+    """One episode of a multi-turn domain played through its real environment: the
+    gold trajectory (`domain.gold_turns`), or the buggy policy `bug(question, last
+    observation)`; the first observation, when there is one, follows the prompt as a
+    tool message (as the episode driver puts it)."""
+    from posttrain.envs.base import as_step_result
+
+    env = domain.environment()()
+    question = task.prompt[-1].content
+    gold = domain.gold_turns(task)
+    obs = env.reset(task)
+    messages: Conversation = [(m.role, m.content) for m in task.prompt] + ([("tool", obs)] if obs else [])
+    for turn in range(domain.budget.turns):
+        action = bug(question, obs) if bug else gold[min(turn, len(gold) - 1)]
+        messages.append(("assistant", action))
+        result = as_step_result(env.step(action))
+        if result.done:
+            break
+        obs = result.observation
+        messages.append(("tool", obs))
+    env.close()
+    return messages if messages[-1][0] == "assistant" else messages[:-1]
+
+
+def _encode(tok, messages: Conversation) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of one conversation rendered by the chat template: each
+    assistant turn is what the template puts before it (mask 0) and its content plus
+    end-of-turn (mask 1). One user question and one answer render as they always have."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, (role, content) in enumerate(messages):
+        if role != "assistant":
+            continue
+        head = [{"role": r, "content": c} for r, c in messages[:i]]
+        prompt = tok.encode(tok.apply_chat_template(head, add_generation_prompt=True, tokenize=False),
+                            add_special_tokens=False)
+        if prompt[: len(ids)] != ids:
+            raise ValueError("the chat template is not prefix-stable; multi-turn pretraining needs it to be")
+        answer = tok.encode(content, add_special_tokens=False) + [tok.eos_token_id]
+        mask += [0] * (len(prompt) - len(ids)) + [1] * len(answer)
+        ids = prompt + answer
+    return ids, mask
+
+
+def _encode_batch(tok, conversations: list[Conversation] | list[tuple[str, str]]):
+    """Padded ids, attention and loss masks of conversations (a (question, answer) pair is one
+    user turn and one assistant turn)."""
     import torch
 
-    rows, masks = [], []
-    for question, answer in pairs:
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
-        )
-        p_ids = tok.encode(prompt, add_special_tokens=False)
-        a_ids = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
-        rows.append(p_ids + a_ids)
-        masks.append([0] * len(p_ids) + [1] * len(a_ids))
+    convs = [[("user", c[0]), ("assistant", c[1])] if isinstance(c, tuple) else c for c in conversations]
+    rows, masks = zip(*(_encode(tok, c) for c in convs))
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tok.pad_token_id)
     attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -146,6 +193,8 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     info = {"base_config": cfg.model_dump(), "pretrain_seconds": round(seconds, 1), "buggy_solvers": sorted(BUGS)}
+    if set(cfg.domains) & set(TURN_BUGS):
+        info["buggy_policies"] = sorted(set(cfg.domains) & set(TURN_BUGS))
     (tmp / "posttrain_base.json").write_text(json.dumps(info, indent=2))
     if out.exists():
         import shutil

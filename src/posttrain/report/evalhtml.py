@@ -112,6 +112,63 @@ def sampling_table(result: Mapping[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _by_turn(result: Mapping[str, Any] | None) -> dict[str, list[tuple[int, float, float, float]]]:
+    """Multi-turn domains of one eval.json side -> [(k, pass@turn-k, low, high)]."""
+    out = {}
+    for name, r in ((result or {}).get("domains") or {}).items():
+        if r.get("pass_at_turn"):
+            out[name] = [(int(k), *v) for k, v in sorted(r["pass_at_turn"].items(), key=lambda kv: int(kv[0]))]
+    return out
+
+
+def turns_table(table: Mapping[str, Any], labels: tuple[str, str] = ("before", "after")) -> str:
+    """pass@turn-k of each multi-turn domain, both sides; empty when no domain is multi-turn."""
+    sides = [(labels[0], _by_turn(table.get("before"))), (labels[1], _by_turn(table.get("after")))]
+    names = list(sides[0][1]) + [n for n in sides[1][1] if n not in sides[0][1]]
+    if not names:
+        return ""
+    width = max(len(pts) for _, side in sides for pts in side.values())
+    rows = ['<tr><th class="l">domain</th><th class="l">model</th>'
+            + "".join(f"<th>pass@turn-{k}</th>" for k in range(1, width + 1)) + "</tr>"]
+    for name in names:
+        for label, side in sides:
+            if name in side:
+                rows.append(f'<tr><td class="l">{_e(name)}</td><td class="l">{_e(label)}</td>' + "".join(
+                    f'<td>{v:.3f} <span class="meta">[{lo:.2f}, {hi:.2f}]</span></td>' for _, v, lo, hi in side[name])
+                    + "</tr>")
+    note = ('<p class="meta">multi-turn domains are evaluated as episodes, as they are trained; pass@turn-k: '
+            "share of scored items whose episode passed using at most k turns (95% Wilson intervals).</p>")
+    return "<h3>Pass rate by turn</h3><table>" + "".join(rows) + "</table>" + note
+
+
+def turns_plot(data: RunData) -> str | None:
+    """pass@turn-k against k for each multi-turn domain, before and after training, with 95% bands."""
+    table = data.eval_table or {}
+    before, after = _by_turn(table.get("before")), _by_turn(table.get("after"))
+    if not before and not after:
+        return None
+    import matplotlib.pyplot as plt
+
+    from posttrain.report.html import _png
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    for i, name in enumerate(sorted(set(before) | set(after))):
+        for side, style in ((before, "--"), (after, "-")):
+            if name in side:
+                ks, ys, lo, hi = zip(*side[name])
+                label = f"{name} ({'before' if side is before else 'after'})"
+                ax.plot(ks, ys, style, marker="o", markersize=3, color=f"C{i % 10}", label=label)
+                ax.fill_between(ks, lo, hi, color=f"C{i % 10}", alpha=0.1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("turns allowed (k)", fontsize=9)
+    ax.set_ylabel("pass@turn-k", fontsize=9)
+    ax.set_title("multi-turn domains: pass rate by turn", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def probes_table(table: Mapping[str, Any]) -> str:
     before, after = table["before"].get("probes", {}), (table.get("after") or {}).get("probes", {})
     if not before:
@@ -188,7 +245,7 @@ def eval_section(data: RunData) -> str:
     if "deltas" not in table:  # an older eval.json: accuracies only
         return before_after_table({**table, "deltas": {}})
     last = table.get("after") or table["before"]
-    return (before_after_table(table)
+    return (before_after_table(table) + turns_table(table)
             + "<h3>Training verifier vs eval verifier (after)</h3>" + verifier_table(last)
             + "<h3>Sampled metrics (after)</h3>" + sampling_table(last)
             + "<h3>Generalisation probes</h3>" + probes_table(table)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.report.data import RunData, Series, load_run
-from posttrain.report.evalhtml import eval_section, heldout_bars, heldout_curves
+from posttrain.report.evalhtml import eval_section, heldout_bars, heldout_curves, turns_plot
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#1d2329;padding:0 16px}
@@ -263,6 +263,7 @@ def render(data: RunData) -> str:
             ),
             "held-out accuracy of the fixed subset at each evaluation with 95% Wilson bands; rotation slices apart",
         ),
+
         (
             _figure(
                 "policy entropy",
@@ -331,6 +332,10 @@ def render(data: RunData) -> str:
         (_sandbox_bars(data), "sandbox outcome counts"),
         (_alarm_timeline(data), "alarms on a timeline"),
     ]
+    turns = turns_plot(data)
+    if turns is not None:  # only runs with a multi-turn domain
+        figures.append((turns, "multi-turn domains, evaluated as episodes: pass rate within k turns, before (dashed) "
+                               "and after training"))
     body = "".join(_img(src, cap, wide=i in _WIDE) for i, (src, cap) in enumerate(figures))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(data.path.name)}</title>

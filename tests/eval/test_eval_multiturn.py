@@ -1,0 +1,118 @@
+"""Evaluation in the mode of training: multi-turn domains are played as episodes by the episode
+driver, and pass@turn-k (passed using at most k turns) is reported; single-turn domains unchanged."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
+from pipeline_testlib import ScriptedEngine  # noqa: E402
+
+from posttrain.domains.lookup import _miscopy  # noqa: E402
+from posttrain.evaluate.core import EvalOptions, EvalTable, _result, evaluate_sets  # noqa: E402
+from posttrain.evaluate.heldout import domain_set  # noqa: E402
+from posttrain.evaluate.tables import format_turns  # noqa: E402
+
+LOOKUP = domain_set("lookup", 1, 8, "core")
+REVERSE = domain_set("reverse", 1, 4, "core")
+KEYS = [t.reference["key"] for t in LOOKUP.tasks()]
+# one behaviour per held-out item (by its key), and what each gives: (passed, turns used)
+BEHAVIOUR = dict(zip(KEYS, ["copy", "copy", "copy", "retry", "guess", "miscopy", "copy", "copy"]))
+EXPECTED = {"copy": (True, 2), "retry": (True, 3), "guess": (False, 1), "miscopy": (False, 2)}
+
+
+def policy(context: str, j: int) -> str:
+    """A scripted agent that reads its context (prompt and observations) like the model would."""
+    if m := re.search(r"rev (\w+)=", context):
+        return m.group(1)[::-1]
+    key = re.search(r"value_of:(\w+)\?", context).group(1)
+    kind = BEHAVIOUR[key]
+    seen = re.findall(rf"{key}=(\d+)", context)
+    if kind == "guess":
+        return "123"
+    if not seen:
+        return f"look:{key}x" if kind == "retry" and "no_key" not in context else f"look:{key}"
+    return _miscopy(seen[-1]) if kind == "miscopy" else seen[-1]
+
+
+def test_pass_at_turn_from_items_by_hand():
+    # items (verdict, turns): pass@2, pass@3, fail@3, pass@1, infra@2 -> 4 scored;
+    # by turn 1: 1/4, by turn 2: 2/4, by turn 3: 3/4
+    items = [("a", True, True), ("b", True, True), ("c", False, False), ("d", True, True), ("e", None, None)]
+    r = _result("lookup", 1, "core", 5, "v", items, [], turns=[2, 3, 3, 1, 2], turn_budget=3)
+    assert {k: v[0] for k, v in r.pass_at_turn.items()} == {1: 0.25, 2: 0.5, 3: 0.75}
+    assert r.accuracy == 0.75 and r.pass_at_turn[3][0] == r.accuracy
+    low, high = r.pass_at_turn[1][1:]
+    assert low < 0.25 < high
+    head = r.head(2)  # the fixed subset keeps each item's turns: (pass@2, pass@3)
+    assert {k: v[0] for k, v in head.pass_at_turn.items()} == {1: 0.0, 2: 0.5, 3: 1.0}
+    back = type(r).from_json(r.to_json())
+    assert back.pass_at_turn == r.pass_at_turn and back.turns == r.turns
+
+
+def test_multi_turn_domain_is_evaluated_as_episodes_with_pass_at_turn():
+    engine = ScriptedEngine(policy)
+    res = evaluate_sets(engine, {"lookup": LOOKUP, "reverse": REVERSE}, EvalOptions())
+    lookup, reverse = res["lookup"], res["reverse"]
+    want = [EXPECTED[BEHAVIOUR[k]] for k in KEYS]
+    assert [ok for _, ok, _ in lookup.items] == [ok for ok, _ in want]
+    assert list(lookup.turns) == [n for _, n in want]
+    # hand-derived: 5 of 8 pass within 2 turns (the copies), 6 within 3 (and the retry)
+    assert lookup.turn_budget == 3
+    assert {k: v[0] for k, v in lookup.pass_at_turn.items()} == {1: 0.0, 2: 5 / 8, 3: 6 / 8}
+    assert lookup.accuracy == 6 / 8
+    assert reverse.accuracy == 1.0 and reverse.turn_budget == 0 and not reverse.pass_at_turn
+    assert "pass_at_turn" not in reverse.to_json() and lookup.to_json()["pass_at_turn"]["2"][0] == 5 / 8
+
+
+def test_turn_budget_override_is_the_training_one():
+    engine = ScriptedEngine(policy)
+    res = evaluate_sets(engine, {"lookup": LOOKUP}, EvalOptions(turns={"lookup": 2}))["lookup"]
+    # with 2 turns the retry (wrong key, then the right one) never gets to answer
+    assert res.turn_budget == 2 and res.accuracy == 5 / 8
+    assert max(res.turns) == 2
+
+
+def test_format_turns_shows_both_sides_and_skips_single_turn_tables():
+    engine = ScriptedEngine(policy)
+    table = EvalTable(0, evaluate_sets(engine, {"lookup": LOOKUP, "reverse": REVERSE}, EvalOptions()))
+    text = format_turns(table, table)
+    assert "lookup" in text and "turn-2 0.625" in text and "turn-3 0.750" in text and "reverse" not in text
+    single = EvalTable(0, evaluate_sets(engine, {"reverse": REVERSE}, EvalOptions()))
+    assert format_turns(single) == ""
+
+
+@pytest.mark.parametrize("samples", [4])
+def test_sampled_metrics_of_a_multi_turn_domain_come_from_episodes(samples):
+    engine = ScriptedEngine(policy)
+    opts = EvalOptions(samples=samples, ks=(1, 4))
+    res = evaluate_sets(engine, {"lookup": LOOKUP}, opts, sample_kinds=("core",))["lookup"]
+    assert res.sampling["pass@1"][0] == pytest.approx(6 / 8)  # the scripted agent is deterministic
+
+
+def test_an_environment_that_keeps_failing_is_an_infra_error_not_a_zero(monkeypatch):
+    from posttrain.domains.lookup import LookupEnv
+    from posttrain.errors import SandboxError
+
+    def broken(self, action):
+        raise SandboxError("the tool's sandbox died")
+
+    monkeypatch.setattr(LookupEnv, "step", broken)
+    res = evaluate_sets(ScriptedEngine(policy), {"lookup": LOOKUP}, EvalOptions())["lookup"]
+    assert res.accuracy is None and res.infra_errors == 8 and res.pass_at_turn == {}
+
+
+def test_report_and_compare_show_pass_at_turn():
+    from posttrain.evaluate.compare import compare_tables
+    from posttrain.report.evalhtml import turns_table
+
+    engine = ScriptedEngine(policy)
+    table = EvalTable(0, evaluate_sets(engine, {"lookup": LOOKUP, "reverse": REVERSE}, EvalOptions()))
+    data = compare_tables(table, table)
+    page = turns_table(data, labels=("A", "B"))
+    assert page.count("<tr>") == 3 and "pass@turn-3" in page and "0.625" in page and "reverse" not in page
+    single = EvalTable(0, evaluate_sets(engine, {"reverse": REVERSE}, EvalOptions()))
+    assert turns_table(compare_tables(single, single)) == ""
