@@ -237,7 +237,7 @@ class Trainer:
         signal_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, nonzero_b) > 0
         keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
         if self.config.sort_by_length:  # similar lengths share a micro-batch: less padding
-            keep.sort(key=lambda i: len(batch.rows[i].prompt_ids) + len(batch.rows[i].completion_ids))
+            keep.sort(key=lambda i: _order_key(batch.rows[i]))
         rows = tuple(batch.rows[i] for i in keep)
         n_tokens = sum(r.n_loss_tokens for r in rows)
         if self.config.normalise == "sampled":  # zero-gradient rows count: filtering only saves compute
@@ -625,6 +625,13 @@ def cost_slices(lengths: Sequence[int], max_tokens: int | None) -> list[tuple[in
         slices += [(start + a, start + b) for a, b in micro_slices(lengths[start:end], end - start, max_tokens)]
         start = end
     return slices
+
+
+def _order_key(row: TrainRow) -> tuple[Any, ...]:
+    """Length first; ties broken by content, so any order of the same rows gives the
+    same micro-batches and the same float summation order."""
+    return (len(row.prompt_ids) + len(row.completion_ids), row.prompt_ids, row.completion_ids, row.reward,
+            row.loss_mask, row.behaviour_logprobs)
 
 
 def available_memory_bytes() -> int:
