@@ -9,6 +9,7 @@ as the uninterrupted run would have (same tasks, same samples, same weights).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -245,10 +246,16 @@ def _summary(
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _sampling(params: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
+    """The trace's view of the sampling parameters (with the domain's token budget), built
+    once per distinct value: every rollout of a domain shares it. Callers copy it."""
+    return to_dict(params if max_tokens is None else dataclasses.replace(params, max_tokens=max_tokens))
+
+
 def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | None = None) -> RolloutRecord:
     s = r.score
-    if budgets and r.task.domain in budgets:
-        params = dataclasses.replace(params, max_tokens=budgets[r.task.domain].tokens)
+    tokens = budgets[r.task.domain].tokens if budgets and r.task.domain in budgets else None
     return RolloutRecord(
         task_id=r.task.id,
         domain=r.task.domain,
@@ -257,7 +264,7 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         taskset_version=r.task.meta.taskset_version,
         group_id=r.group_id,
         model_version=r.completion.model_version,
-        sampling=to_dict(params),
+        sampling=dict(_sampling(params, tokens)),
         prompt="\n".join(m.content for m in r.task.prompt),
         completion=r.completion.text,
         completion_tokens=len(r.completion.token_ids),
