@@ -2,7 +2,10 @@
 
 Recorded with torch 2.13.0 (CPU), transformers 5.23.0, on 1 and on 2 threads
 (identical). A refactor of the trainer or the losses must keep these values;
-a deliberate numerical change must re-record them and say why.
+a deliberate numerical change must re-record them and say why. They run under
+`normalise: kept` (the normalisation they were recorded with); the default
+`sampled` scales each step by the informative share, checked exactly against
+these in test_trainer_step.py (test_sampled_normalisation_scales_...).
 """
 from __future__ import annotations
 
