@@ -49,7 +49,7 @@ bench: install
 # into it so the TRL side uses posttrain's tasks, chat template and verifiers.
 PEER_VENV  := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed-stamp
-PEER_PINS  := torch==2.13.0 transformers==5.23.0 trl==1.16.0 accelerate==1.15.0 datasets==5.2.0
+PEER_PINS  := torch==2.13.0 transformers==5.23.0 trl==1.16.0 accelerate==1.15.0 datasets==5.2.0 py-spy==0.4.3
 
 $(PEER_STAMP): pyproject.toml Makefile
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)

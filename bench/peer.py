@@ -98,6 +98,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, default=None, help="base model directory (default: the mix config's base)")
     p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--keep", action="store_true", help="keep checkpoints after evaluation")
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="profile every training run with py-spy (the peer venv's) and write the summary here")
     p.add_argument("--summarize", type=Path, default=None, metavar="WORK",
                    help="only rebuild the report from a finished work folder")
     args = p.parse_args(argv)
@@ -259,6 +261,103 @@ def report(results: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------ profiles (py-spy)
+
+# Where a sampled stack's time goes: the first category whose marker is in any of its frames.
+CATEGORIES = {
+    "posttrain": (
+        ("generate", ("generate (posttrain/engine/hf.py",)),
+        ("verify", ("score (posttrain/domains/", "verify_one (posttrain/pipeline/")),
+        ("train", ("step (posttrain/trainer/trainer.py",)),
+        ("checkpoint", ("save (posttrain/trainer/",)),
+        ("trace store", ("(posttrain/trace.py",)),
+        ("monitor", ("(posttrain/monitor/",)),
+        ("task pool", ("(posttrain/tasks/",)),
+        ("pipeline, asyncio", ("(posttrain/pipeline/", "asyncio/")),
+    ),
+    "trl": (
+        ("generate", ("_generate (trl/trainer/grpo_trainer.py",)),
+        ("verify", ("_calculate_rewards (trl/trainer/grpo_trainer.py",)),
+        ("train", ("training_step (", "clip_grad_norm", "step (torch/optim/", "optimizer.py")),
+        ("checkpoint", ("_save_checkpoint (",)),
+        ("data loading", ("dataloader", "data_loader")),
+    ),
+}
+
+
+class Profiler:
+    """py-spy attached to this process while it trains: on when PEER_PYSPY (the py-spy binary) and
+    PEER_PROFILE (the output, py-spy's raw collapsed stacks) are set, otherwise nothing."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        exe, out = os.environ.get("PEER_PYSPY"), os.environ.get("PEER_PROFILE")
+        if exe and out:
+            cmd = [exe, "record", "--pid", str(os.getpid()), "--rate", "100", "--format", "raw", "--nonblocking",
+                   "--output", out]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            import signal
+
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=120)
+            self.proc = None
+
+
+def parse_collapsed(text: str) -> list[tuple[list[str], int]]:
+    """py-spy raw output: one 'frame;frame;...;leaf COUNT' line per distinct stack."""
+    out = []
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            out.append((stack.split(";"), int(count)))
+    return out
+
+
+def profile_summary(text: str, system: str, steps: int, rate: float = 100.0, top: int = 12) -> dict[str, Any]:
+    """Samples per category (CPU ms per step: samples / rate / steps) and the top functions by own samples."""
+    stacks = parse_collapsed(text)
+    total = sum(c for _, c in stacks)
+    by_cat: dict[str, int] = {}
+    own: dict[str, int] = {}
+    for frames, count in stacks:
+        cat = next((name for name, marks in CATEGORIES[system] if any(m in f for f in frames for m in marks)), "other")
+        by_cat[cat] = by_cat.get(cat, 0) + count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+    per_step = 1000.0 / rate / max(steps, 1)
+    return {
+        "samples": total,
+        "steps": steps,
+        "categories": {k: {"share": v / total if total else 0.0, "ms_per_step": v * per_step}
+                       for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top_own": [(f, c / total if total else 0.0) for f, c in sorted(own.items(), key=lambda kv: -kv[1])[:top]],
+    }
+
+
+def profile_report(profiles: Mapping[str, Mapping[str, Any]]) -> str:
+    out = ["Sampled with py-spy (100 Hz, non-blocking, every thread, idle threads left out) from the first step",
+           "to the step that spent the CPU budget; ms per step = samples / 100 Hz / steps (CPU time of active",
+           "threads, one step on average).", ""]
+    for label, p in profiles.items():
+        out.append(f"### {label}: {p['steps']} steps, {p['samples']} samples\n")
+        out.append("| where | share | ms per step |")
+        out.append("|---|---:|---:|")
+        for cat, v in p["categories"].items():
+            out.append(f"| {cat} | {100 * v['share']:.1f}% | {v['ms_per_step']:.1f} |")
+        out.append("")
+        out.append("Top functions by own samples:\n")
+        out.append("| function (file:line) | share |")
+        out.append("|---|---:|")
+        for fn, share in p["top_own"]:
+            out.append(f"| `{fn}` | {100 * share:.1f}% |")
+        out.append("")
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------ the posttrain worker
 
 
@@ -338,7 +437,7 @@ def posttrain_worker(argv: Sequence[str]) -> int:
         f"run.out_dir={out}", "run.name=run", "run.progress=false", "monitor.report=false",
     ])
     stopped: dict[str, float] = {}
-    _budget_monitor(clock, stopped)
+    _budget_monitor(clock, stopped, Profiler())
     train(cfg, log=lambda m: print(m, file=sys.stderr))
     run_dir = out / "run"
     checkpoints = {int(d.name.split("_")[1]): str(d) for d in (run_dir / "checkpoints").glob("step_*")}
@@ -366,7 +465,7 @@ def _instrument(clock: StepClock) -> None:
     Trainer.step = _timed(clock, "train", Trainer.step)  # type: ignore[method-assign]
 
 
-def _budget_monitor(clock: StepClock, stopped: dict[str, float]) -> None:
+def _budget_monitor(clock: StepClock, stopped: dict[str, float], profiler: Profiler) -> None:
     """Replace the loop's Monitor by a subclass that starts the clock after the held-out evaluation
     before training and stops the run (the monitor's stop_reason) once the budget is spent."""
     import posttrain.monitor.monitor as mm
@@ -377,11 +476,13 @@ def _budget_monitor(clock: StepClock, stopped: dict[str, float]) -> None:
         def after_eval(self, step: int, table: Any) -> None:
             super().after_eval(step, table)
             if step == 0 and not clock.rows and not clock.running:
+                profiler.start()
                 clock.start()
 
         def after_step(self, step: int, *a: Any, **k: Any) -> None:
             super().after_step(step, *a, **k)
             if clock.running and clock.end_step(step):
+                profiler.stop()
                 stopped["cpu_s"] = clock.rows[-1]["cpu_s"]
                 stopped["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 self.stop_reason = f"bench: CPU budget {clock.budget_cpu_s:g}s reached"
@@ -460,8 +561,8 @@ class Unit:
         return work / self.mix.name / f"threads{self.threads}" / f"seed{self.seed}"
 
 
-def _run(cmd: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONHASHSEED": "0"}
+def _run(cmd: list[str], log: Path, extra_env: Mapping[str, str] | None = None) -> None:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONHASHSEED": "0", **(extra_env or {})}
     with open(log, "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
@@ -486,7 +587,10 @@ def train_one(system: str, unit: Unit, args: argparse.Namespace, model: Path) ->
         shutil.rmtree(out)
     out.mkdir(parents=True)
     print(f"[peer] {unit.key} seed {unit.seed}: {system} training", flush=True)
-    _run(train_command(system, unit, args, model, out), out / "train.log")
+    env = {}
+    if args.profile:
+        env = {"PEER_PYSPY": str(args.peer_python.parent / "py-spy"), "PEER_PROFILE": str(out / "profile.txt")}
+    _run(train_command(system, unit, args, model, out), out / "train.log", env)
 
 
 def curve_steps(pt: Mapping[str, Any], trl: Mapping[str, Any]) -> list[int]:
@@ -539,6 +643,18 @@ def summarize(work: Path, units: Sequence[Unit]) -> dict[str, Any]:
     return results
 
 
+def profiles(work: Path, units: Sequence[Unit]) -> dict[str, Any]:
+    out = {}
+    for unit in units:
+        for system in SYSTEMS:
+            folder = unit.folder(work) / system
+            if (folder / "profile.txt").is_file():
+                steps = json.loads((folder / f"{system}.json").read_text())["steps"]
+                label = f"{system}, {unit.key}, seed {unit.seed}"
+                out[label] = profile_summary((folder / "profile.txt").read_text(), system, steps)
+    return out
+
+
 def units_of(args: argparse.Namespace) -> list[Unit]:
     return [Unit(MIXES[m], s, t) for m in args.mixes for t in args.threads for s in args.seeds]
 
@@ -565,6 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if not args.peer_python.is_file():
             raise SystemExit(f"bench/peer.py: no peer venv python at {args.peer_python}; run `make bench-peer`")
+        if args.profile and not (args.peer_python.parent / "py-spy").is_file():
+            raise SystemExit("bench/peer.py: --profile needs py-spy in the peer venv; run `make bench-peer`")
         args.work = args.work or ROOT / "runs" / time.strftime("peer-%Y%m%d-%H%M%S", time.gmtime())
         args.work.mkdir(parents=True, exist_ok=True)
         model = base_model(args)
@@ -575,6 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(lambda u: evaluate_one(u, args, model), units))
     results = summarize(args.work, units)
+    if args.profile:
+        args.profile.write_text(profile_report(profiles(args.work, units)) + "\n")
     (args.work / "summary.json").write_text(json.dumps(results, indent=1, default=str))
     text = report(results)
     print(text)

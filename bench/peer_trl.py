@@ -231,12 +231,18 @@ def main(argv: list[str] | None = None) -> int:
 
     trl_logs: list[dict[str, Any]] = []
 
+    from peer import Profiler  # bench/ is this script's folder: py-spy on this process while it trains
+
+    profiler = Profiler()
+
     class Budget(TrainerCallback):
         def on_train_begin(self, a, state, control, **kw):
+            profiler.start()
             clock.start()
 
         def on_step_end(self, a, state, control, **kw):
             if clock.end_step(state.global_step):
+                profiler.stop()
                 control.should_training_stop = True
 
         def on_log(self, a, state, control, logs=None, **kw):

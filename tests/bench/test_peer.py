@@ -221,7 +221,7 @@ def test_trl_draws_posttrains_task_order():
 def test_trl_side_trains_under_a_cpu_budget(micro_base, tmp_path):
     out = tmp_path / "trl"
     cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_trl.py"), "--config", str(ROOT / "configs" / "default.yaml"),
-           "--model", micro_base, "--out", str(out), "--budget-cpu-s", "2", "--save-every", "1",
+           "--model", micro_base, "--out", str(out), "--budget-cpu-s", "2", "--save-every", "1", "--min-step-s", "0.02",
            "rollout.prompts_per_step=4"]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=600)
     rec = json.loads((out / "trl.json").read_text())
