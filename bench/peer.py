@@ -64,19 +64,16 @@ class Mix:
 
 MIXES = {
     "demo": Mix("demo", "configs/default.yaml", (), "the demo: add, sub, reverse, sort at level 1"),
-    # Harder: the same four domains one level up (operands of 2+2 digits, longer strings), where
-    # the demo's base starts lower and, measured here, learning still climbs after the first
-    # minute; plus the demo's level-1 pairs are gone, so nothing is already solved.
+    # Harder: the demo's domains with reverse and sort drawn three times as often as add and sub.
+    # The demo's base starts near zero on those two (greedy 0.03 and 0.00, pass@8 0.12 and 0.00
+    # here), so early groups rarely carry signal and the held-out gain comes later: learning is not
+    # over in the first minute. Level 2 was measured and left out: the base scores 0 there even at
+    # pass@8, so RL has nothing to reinforce on either side.
     "hard": Mix(
         "hard",
         "configs/default.yaml",
-        (
-            "tasks.domains.add.difficulty=2",
-            "tasks.domains.sub.difficulty=2",
-            "tasks.domains.reverse.difficulty=2",
-            "tasks.domains.sort.difficulty=2",
-        ),
-        "add, sub, reverse, sort at level 2 (outside the base's pretraining levels)",
+        ("tasks.domains.reverse.weight=3", "tasks.domains.sort.weight=3"),
+        "reverse and sort at weight 3 against add and sub at 1 (level 1), where the base starts near zero",
     ),
 }
 

@@ -71,7 +71,7 @@ def test_mixes_are_valid_posttrain_configs():
         cfg = load_config(ROOT / mix.config, [*mix.overrides, *peer.EVAL_OVERRIDES])
         assert cfg.eval.every_steps == 0 and cfg.eval.samples == 0
     hard = load_config(ROOT / peer.MIXES["hard"].config, list(peer.MIXES["hard"].overrides))
-    assert {n: s.difficulty for n, s in hard.tasks.domains.items()} == {"add": 2, "sub": 2, "reverse": 2, "sort": 2}
+    assert {n: s.weight for n, s in hard.tasks.domains.items()} == {"add": 1, "sub": 1, "reverse": 3, "sort": 3}
 
 
 # ---------------------------------------------------------------- summaries
