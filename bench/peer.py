@@ -88,7 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, nargs="+", default=[1], help="torch threads per process (default: 1)")
     p.add_argument("--budget-cpu-s", type=float, default=105.0, help="CPU seconds of training per run (105)")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps on both sides (25)")
-    p.add_argument("--jobs", type=int, default=1, help="training processes at once; 2 runs each seed's pair together")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="training processes at once: 2 runs each seed's pair together, 4 two seeds' pairs")
     p.add_argument("--work", type=Path, default=None, help="work folder (default: runs/peer-<UTC time>)")
     p.add_argument("--peer-python", type=Path, default=ROOT / ".venv-peer" / "bin" / "python",
                    help="python of the peer venv (make bench-peer)")
@@ -619,6 +620,17 @@ def evaluate_one(unit: Unit, args: argparse.Namespace, model: Path) -> None:
                     shutil.rmtree(d, ignore_errors=True)
 
 
+def run_unit(unit: Unit, args: argparse.Namespace, model: Path) -> None:
+    """Both trainings of one mix/seed/threads (at once when --jobs >= 2: the same load on both), then
+    their evaluation, so a unit's results are complete as soon as it ends."""
+    try:
+        with ThreadPoolExecutor(2 if args.jobs >= 2 else 1) as pool:
+            list(pool.map(lambda s: train_one(s, unit, args, model), SYSTEMS))
+        evaluate_one(unit, args, model)
+    except Exception as exc:  # one failed unit leaves the others running; the summary says what is missing
+        print(f"[peer] {unit.key} seed {unit.seed} FAILED: {exc}", flush=True)
+
+
 def order_check(pt: Mapping[str, Any], trl: Mapping[str, Any]) -> dict[str, Any]:
     """Whether both sides saw the same tasks in the same order, over the steps both ran."""
     n = min(len(pt["task_ids"]), len(trl["task_ids"]))
@@ -630,6 +642,9 @@ def summarize(work: Path, units: Sequence[Unit]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for unit in units:
         folder = unit.folder(work)
+        if not (folder / "evals.json").is_file():
+            print(f"[peer] {unit.key} seed {unit.seed}: no results (not run, failed or unfinished)", flush=True)
+            continue
         runs = {s: json.loads((folder / s / f"{s}.json").read_text()) for s in SYSTEMS}
         evals = json.loads((folder / "evals.json").read_text())
         block = results.setdefault(unit.key, {"why": unit.mix.why, "seeds": {}, "order": {}})
@@ -684,11 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.work.mkdir(parents=True, exist_ok=True)
         model = base_model(args)
         print(f"[peer] work folder {args.work}; base {model}", flush=True)
-        jobs = [(s, u) for u in units for s in SYSTEMS]  # each seed's pair adjacent: --jobs 2 runs it together
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda j: train_one(j[0], j[1], args, model), jobs))
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda u: evaluate_one(u, args, model), units))
+        with ThreadPoolExecutor(max(1, args.jobs // 2)) as pool:
+            list(pool.map(lambda u: run_unit(u, args, model), units))
     results = summarize(args.work, units)
     if args.profile:
         args.profile.write_text(profile_report(profiles(args.work, units)) + "\n")

@@ -230,3 +230,9 @@ def test_trl_side_trains_under_a_cpu_budget(micro_base, tmp_path):
     assert len(rec["task_ids"]) == 4 * rec["steps"]
     assert set(rec["checkpoints"]) == {str(s) for s in range(1, rec["steps"] + 1)}
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_summary_leaves_out_units_without_results(tmp_path, capsys):
+    units = peer.units_of(peer.parse_args(["--seeds", "0", "1", "--mixes", "demo"]))
+    assert peer.summarize(tmp_path, units) == {}
+    assert "demo/threads1 seed 1: no results" in capsys.readouterr().out
