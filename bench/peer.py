@@ -337,9 +337,11 @@ def profile_summary(text: str, system: str, steps: int, rate: float = 100.0, top
 
 
 def profile_report(profiles: Mapping[str, Mapping[str, Any]]) -> str:
-    out = ["Sampled with py-spy (100 Hz, non-blocking, every thread, idle threads left out) from the first step",
-           "to the step that spent the CPU budget; ms per step = samples / 100 Hz / steps (CPU time of active",
-           "threads, one step on average).", ""]
+    out = ["Sampled with py-spy 0.4.3 (100 Hz, non-blocking, every thread; sleeping threads left out) from the",
+           "first training step to the step that spent the CPU budget. A stack counts in the first category",
+           "whose marker is one of its frames (`CATEGORIES` in bench/peer.py). Shares are what to read;",
+           "ms per step = samples / 100 / steps is the active threads' wall time per step, which the",
+           "machine's load inflates as it does the step times.", ""]
     for label, p in profiles.items():
         out.append(f"### {label}: {p['steps']} steps, {p['samples']} samples\n")
         out.append("| where | share | ms per step |")

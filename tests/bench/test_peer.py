@@ -236,3 +236,22 @@ def test_summary_leaves_out_units_without_results(tmp_path, capsys):
     units = peer.units_of(peer.parse_args(["--seeds", "0", "1", "--mixes", "demo"]))
     assert peer.summarize(tmp_path, units) == {}
     assert "demo/threads1 seed 1: no results" in capsys.readouterr().out
+
+
+def test_profile_summary_categories_and_own_time():
+    raw = "\n".join([
+        "<module> (peer.py:1);train (posttrain/loop.py:9);step (posttrain/trainer/trainer.py:40);backward (t.py:3) 60",
+        "_bootstrap (threading.py:1);generate (posttrain/engine/hf.py:200);forward (m.py:5) 30",
+        "<module> (peer.py:1);write_rollouts (posttrain/trace.py:80);execute (sqlite.py:2) 8",
+        "<module> (peer.py:1);train (posttrain/loop.py:9);backward (t.py:3) 2",
+        "not a stack line",
+    ])
+    p = peer.profile_summary(raw, "posttrain", steps=5)
+    # 100 samples at 100 Hz over 5 steps: 1 sample = 10 ms / 5 steps = 2 ms per step
+    assert p["samples"] == 100
+    assert {k: v["share"] for k, v in p["categories"].items()} == pytest.approx(
+        {"train": 0.60, "generate": 0.30, "trace store": 0.08, "other": 0.02})
+    assert p["categories"]["train"]["ms_per_step"] == pytest.approx(120.0)
+    assert p["top_own"][0] == ("backward (t.py:3)", pytest.approx(0.62))  # own samples: 60 + 2
+    text = peer.profile_report({"posttrain, demo/threads1, seed 0": p})
+    assert "| train | 60.0% | 120.0 |" in text and "| `backward (t.py:3)` | 62.0% |" in text
