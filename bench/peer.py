@@ -96,6 +96,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, default=None, help="base model directory (default: the mix config's base)")
     p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--keep", action="store_true", help="keep checkpoints after evaluation")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
+                   help="train only these sides now (the other's finished runs in --work are reused); a unit is "
+                        "evaluated once both sides have run")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",
                    help="profile every training run with py-spy (the peer venv's) and write the summary here")
     p.add_argument("--summarize", type=Path, default=None, metavar="WORK",
@@ -627,8 +630,9 @@ def run_unit(unit: Unit, args: argparse.Namespace, model: Path) -> None:
     their evaluation, so a unit's results are complete as soon as it ends."""
     try:
         with ThreadPoolExecutor(2 if args.jobs >= 2 else 1) as pool:
-            list(pool.map(lambda s: train_one(s, unit, args, model), SYSTEMS))
-        evaluate_one(unit, args, model)
+            list(pool.map(lambda s: train_one(s, unit, args, model), args.systems))
+        if all((unit.folder(args.work) / s / f"{s}.json").is_file() for s in SYSTEMS):
+            evaluate_one(unit, args, model)
     except Exception as exc:  # one failed unit leaves the others running; the summary says what is missing
         print(f"[peer] {unit.key} seed {unit.seed} FAILED: {exc}", flush=True)
 
@@ -701,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.work.mkdir(parents=True, exist_ok=True)
         model = base_model(args)
         print(f"[peer] work folder {args.work}; base {model}", flush=True)
-        with ThreadPoolExecutor(max(1, args.jobs // 2)) as pool:
+        with ThreadPoolExecutor(max(1, args.jobs // len(args.systems))) as pool:
             list(pool.map(lambda u: run_unit(u, args, model), units))
     results = summarize(args.work, units)
     if args.profile:
