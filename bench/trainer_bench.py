@@ -1,9 +1,11 @@
-"""Trainer step cost, side by side in one run: micro-batch size, rows sorted by
-length before micro-batching against batch order, logits_to_keep
-(LM head on completion positions only) against full logits, and the guard's
-rollback copy against skip. Prints ratios and peak RSS.
+"""Trainer step cost, side by side in one run: micro-batch sizes against the
+automatic one (the default), rows sorted by length against batch order, the LM
+head on loss tokens only (the default) against the model's forward with
+`logits_to_keep` and against full logits, and the guard's rollback copy against
+skip. Prints ratios and peak RSS.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/trainer_bench.py
+    OMP_NUM_THREADS=1 ... bench/trainer_bench.py --prompts 13 --prompt-len 20 --max-tokens 6   # the demo's shape
 """
 from __future__ import annotations
 
@@ -25,18 +27,22 @@ from posttrain.trainer.config import GuardConfig, TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 
-class FullLogits(torch.nn.Module):
-    """The same model without `logits_to_keep` in its forward signature."""
+class ModelForward(torch.nn.Module):
+    """The same model seen only through its forward: no get_decoder, so the trainer
+    cannot split off the LM head and calls the forward (with `logits_to_keep` when
+    `keep` is true, else full logits at every position)."""
 
-    def __init__(self, inner: torch.nn.Module) -> None:
+    def __init__(self, inner: torch.nn.Module, keep: bool) -> None:
         super().__init__()
         self.inner = inner
+        self.keep = keep
 
     def get_input_embeddings(self):
         return self.inner.get_input_embeddings()
 
-    def forward(self, input_ids, attention_mask):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+    def forward(self, input_ids, attention_mask, logits_to_keep=0):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                          logits_to_keep=logits_to_keep if self.keep else 0)
 
 
 def batch(seed: int, vocab: int, prompts: int, group: int, prompt_len: int, max_tokens: int) -> TrainBatch:
@@ -82,23 +88,25 @@ def main() -> None:
     print(f"preset {args.preset} ({n_params / 1e6:.2f}M params), {args.prompts}x{args.group} rows, "
           f"prompts <= {args.prompt_len}, completions <= {args.max_tokens}, threads {torch.get_num_threads()}")
     configs = {
-        "mb16": (False, TrainerConfig(micro_batch_size=16)),
-        "mb16 unsorted": (False, TrainerConfig(micro_batch_size=16, sort_by_length=False)),
-        "mb64": (False, TrainerConfig(micro_batch_size=64)),
-        "mb256": (False, TrainerConfig(micro_batch_size=256)),
-        "mb64 full logits": (True, TrainerConfig(micro_batch_size=64)),
-        "mb64 rollback guard": (False, TrainerConfig(micro_batch_size=64, guard=GuardConfig(action="rollback"))),
+        "mb8 (old default)": (None, TrainerConfig(micro_batch_size=8)),
+        "mb16 unsorted": (None, TrainerConfig(micro_batch_size=16, sort_by_length=False)),
+        "mb64": (None, TrainerConfig(micro_batch_size=64)),
+        "mb256": (None, TrainerConfig(micro_batch_size=256)),
+        "auto (default)": (None, TrainerConfig()),
+        "auto, forward+logits_to_keep": (True, TrainerConfig()),
+        "auto, full logits": (False, TrainerConfig()),
+        "auto, rollback guard": (None, TrainerConfig(guard=GuardConfig(action="rollback"))),
     }
     trainers = {}
-    for name, (wrap, cfg) in configs.items():
+    for name, (keep, cfg) in configs.items():
         fresh, _ = random_model(args.preset, seed=0)
-        trainers[name] = Trainer(FullLogits(fresh) if wrap else fresh, cfg)
+        trainers[name] = Trainer(fresh if keep is None else ModelForward(fresh, keep), cfg)
     results = interleaved(trainers, batches)
     tokens = sum(len(r.completion_ids) for r in batches[1].rows)
     for name, seconds in results.items():
-        print(f"  {name:22s} {seconds * 1e3:8.1f} ms CPU/step  {tokens / seconds:9.0f} completion tokens per CPU-s")
-    base = results["mb64"]
-    print("ratios (time / mb64): " + ", ".join(f"{k} {v / base:.2f}" for k, v in results.items()))
+        print(f"  {name:30s} {seconds * 1e3:8.1f} ms CPU/step  {tokens / seconds:9.0f} completion tokens per CPU-s")
+    base = results["mb8 (old default)"]
+    print("ratios (time / mb8, the old default): " + ", ".join(f"{k} {v / base:.2f}" for k, v in results.items()))
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

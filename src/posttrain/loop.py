@@ -9,6 +9,7 @@ as the uninterrupted run would have (same tasks, same samples, same weights).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -119,7 +120,9 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         kept = [g for g in groups if informative(g)] if cfg.rollout.dynamic_sampling else groups
         kept = sync.fresh(kept, cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
         gen_s = time.perf_counter() - t0
-        batch = _batch(kept, ids, params.temperature)
+        kept_ids = {id(g) for g in kept}
+        filtered = [g for g in groups if id(g) not in kept_ids]  # sampled this step, not trained on
+        batch = _batch(kept, ids, params.temperature, filtered)
         stats = trainer.step(batch) if batch is not None else None
         if stats is not None and stats.weights_changed:
             sync.push()
@@ -185,9 +188,16 @@ def _progress(cfg: Config, done: int) -> Any:
     )
 
 
-def _batch(groups: Sequence[Sequence[Rollout]], ids: Mapping[int, str], temperature: float) -> Any:
+def _batch(
+    groups: Sequence[Sequence[Rollout]],
+    ids: Mapping[int, str],
+    temperature: float,
+    filtered: Sequence[Sequence[Rollout]] = (),
+) -> Any:
     """One row per scored rollout of the kept groups, carrying its trace id; a scored empty
     completion is a row too (it counts in its group's advantages, enters no loss).
+    The scored rollouts of the `filtered` groups (sampled this step, left out) are counted,
+    with their loss tokens, for the loss's normalisers (trainer.normalise).
     None when no rollout is scored (nothing to train on)."""
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
@@ -197,7 +207,9 @@ def _batch(groups: Sequence[Sequence[Rollout]], ids: Mapping[int, str], temperat
         for r in g
         if r.reward is not None
     ]
-    return TrainBatch(tuple(rows)) if rows else None
+    dropped = [r for g in filtered for r in g if r.reward is not None]
+    tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
+    return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows else None
 
 
 def _summary(
@@ -234,10 +246,16 @@ def _summary(
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _sampling(params: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
+    """The trace's view of the sampling parameters (with the domain's token budget), built
+    once per distinct value: every rollout of a domain shares it. Callers copy it."""
+    return to_dict(params if max_tokens is None else dataclasses.replace(params, max_tokens=max_tokens))
+
+
 def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | None = None) -> RolloutRecord:
     s = r.score
-    if budgets and r.task.domain in budgets:
-        params = dataclasses.replace(params, max_tokens=budgets[r.task.domain].tokens)
+    tokens = budgets[r.task.domain].tokens if budgets and r.task.domain in budgets else None
     return RolloutRecord(
         task_id=r.task.id,
         domain=r.task.domain,
@@ -246,7 +264,7 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         taskset_version=r.task.meta.taskset_version,
         group_id=r.group_id,
         model_version=r.completion.model_version,
-        sampling=to_dict(params),
+        sampling=dict(_sampling(params, tokens)),
         prompt="\n".join(m.content for m in r.task.prompt),
         completion=r.completion.text,
         completion_tokens=len(r.completion.token_ids),

@@ -89,7 +89,7 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_pa
         assert (r["advantage"], r["ratio"], r["clipped"]) == (link.advantage, link.ratio, link.clipped)
 
     batch = loop._batch  # the same groups, handed to the trainer in the reverse order, each reversed
-    monkeypatch.setattr(loop, "_batch", lambda groups, ids, t: batch([g[::-1] for g in groups[::-1]], ids, t))
+    monkeypatch.setattr(loop, "_batch", lambda gs, ids, t, *more: batch([g[::-1] for g in gs[::-1]], ids, t, *more))
     reordered = train(_cfg(tmp_path, micro_base, "reordered", "run.steps=3", parity_domain), log=lambda *_: None)
     a, b = _params(plain.run_dir), _params(reordered.run_dir)
     assert a.keys() == b.keys()

@@ -2,7 +2,10 @@
 
 Recorded with torch 2.13.0 (CPU), transformers 5.23.0, on 1 and on 2 threads
 (identical). A refactor of the trainer or the losses must keep these values;
-a deliberate numerical change must re-record them and say why.
+a deliberate numerical change must re-record them and say why. They run under
+`normalise: kept` (the normalisation they were recorded with); the default
+`sampled` scales each step by the informative share, checked exactly against
+these in test_trainer_step.py (test_sampled_normalisation_scales_...).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ GOLDEN = {
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_three_steps_match_the_recorded_losses(name):
     loss_config, losses, grad_norms = GOLDEN[name]
-    trainer = Trainer(tiny_model(0), TrainerConfig(loss=loss_config, micro_batch_size=4))
+    trainer = Trainer(tiny_model(0), TrainerConfig(loss=loss_config, micro_batch_size=4, normalise="kept"))
     stats = [trainer.step(synthetic_batch(seed=10 + i)) for i in range(3)]
     assert [s.outcome for s in stats] == ["applied"] * 3
     assert [s.loss for s in stats] == pytest.approx(losses, abs=1e-6)

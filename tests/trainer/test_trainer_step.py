@@ -89,15 +89,41 @@ def test_micro_batching_gives_the_full_batch_gradient():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_all_zero_advantage_groups_contribute_nothing():
+@pytest.mark.parametrize("normalise", ["sampled", "kept"])
+def test_all_zero_advantage_groups_contribute_nothing(normalise):
+    """Dropping a group without signal, inside the trainer or before it (then counted in
+    filtered_rows/filtered_tokens under `sampled`), gives the same gradient."""
     batch = synthetic_batch(seed=5)  # group g2 has reward 1 everywhere
-    signal_only = TrainBatch(tuple(r for r in batch.rows if r.group_id != "g2"))
-    s_all, g_all = grads_after_one_backward(tiny_model(0), TrainerConfig(), batch)
-    s_sig, g_sig = grads_after_one_backward(tiny_model(0), TrainerConfig(), signal_only)
+    dropped = [r for r in batch.rows if r.group_id == "g2"]
+    counts = {"filtered_rows": len(dropped), "filtered_tokens": sum(r.n_loss_tokens for r in dropped)}
+    signal_only = TrainBatch(tuple(r for r in batch.rows if r.group_id != "g2"),
+                             **(counts if normalise == "sampled" else {}))
+    config = TrainerConfig(normalise=normalise)
+    s_all, g_all = grads_after_one_backward(tiny_model(0), config, batch)
+    s_sig, g_sig = grads_after_one_backward(tiny_model(0), config, signal_only)
     assert (s_all.n_groups, s_all.zero_adv_groups, s_all.n_rows, s_all.n_sequences) == (3, 1, 12, 8)
     assert s_sig.zero_adv_groups == 0
     for a, b in zip(g_all, g_sig):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo"])
+def test_sampled_normalisation_scales_the_step_by_the_informative_share(loss):
+    """The first step from the same weights: every token weight of `sampled` is the `kept`
+    one times kept/sampled (sequences for grpo and dr_grpo: 8 of 12; loss tokens for dapo),
+    so the loss and the gradient norm scale by exactly that share."""
+    batch = synthetic_batch(seed=5)  # 3 groups of 4; g2 carries no signal
+    kept_rows = [r for r in batch.rows if r.group_id != "g2"]
+    share = {"grpo": 8 / 12, "dr_grpo": 8 / 12,
+             "dapo": sum(r.n_loss_tokens for r in kept_rows) / sum(r.n_loss_tokens for r in batch.rows)}[loss]
+    loss_config = {"type": loss, "max_completion_tokens": 6} if loss == "dr_grpo" else {"type": loss}
+    stats = {}
+    for normalise in ("kept", "sampled"):
+        config = TrainerConfig(loss=loss_config, normalise=normalise, grad_clip=1e9)
+        stats[normalise], _ = grads_after_one_backward(tiny_model(0), config, batch)
+    assert stats["sampled"].loss == pytest.approx(stats["kept"].loss * share, rel=1e-5)
+    assert stats["sampled"].grad_norm == pytest.approx(stats["kept"].grad_norm * share, rel=1e-5)
+    assert stats["sampled"].n_sequences == stats["kept"].n_sequences == 8
 
 
 def test_a_batch_without_signal_does_not_step():

@@ -96,6 +96,13 @@ class DomainExecute:
         return dataclasses.replace(req, limits=dataclasses.replace(lim, **changes)) if changes else req
 
 
+def _executes(domain: str) -> bool:
+    """Whether the domain declares an execute step (DomainExecute returns None otherwise)."""
+    from posttrain.domains.registry import get
+
+    return bool(get(domain).executes)
+
+
 _POOL_CONFIG: list[Any] = [None]
 _POOL_LOCK = threading.Lock()
 
@@ -172,8 +179,8 @@ class EmbeddedWorkers:
 
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
         """Each completion's execution result, the group's runs concurrently."""
-        if self._execute is None:
-            return (None,) * len(completions)
+        if self._execute is None or (isinstance(self._execute, DomainExecute) and not _executes(task.domain)):
+            return (None,) * len(completions)  # nothing to run: no thread hop per completion
         loop = asyncio.get_running_loop()
         return tuple(
             await asyncio.gather(*(loop.run_in_executor(self._exec_pool, self._execute, task, c) for c in completions))

@@ -105,13 +105,27 @@ class RolloutLink:
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """The rows of one optimizer step (all groups of the step, whole)."""
+    """The rows of one optimizer step (all groups of the step, whole).
+
+    `filtered_rows` and `filtered_tokens` count the scored rows (and their loss
+    tokens) the caller sampled in this step but left out of `rows` because their
+    groups carry no signal (all rewards equal: a gradient of exactly zero). With
+    `trainer.normalise: sampled` they count in the loss's normalisers, so that
+    filtering before the trainer gives the same gradient as passing them in.
+    """
 
     rows: tuple[TrainRow, ...]
+    filtered_rows: int = 0
+    filtered_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.rows:
             raise TrainerError("TrainBatch.rows is empty")
+        if self.filtered_rows < 0 or self.filtered_tokens < 0:
+            raise TrainerError(
+                "TrainBatch.filtered_rows and filtered_tokens must be >= 0, "
+                f"got {self.filtered_rows} and {self.filtered_tokens}"
+            )
         if not all(isinstance(r, TrainRow) for r in self.rows):
             raise TrainerError("TrainBatch.rows must hold TrainRow records")
         ids = [r.rollout_id for r in self.rows if r.rollout_id]

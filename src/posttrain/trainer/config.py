@@ -121,8 +121,18 @@ class TrainerConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL estimate to a reference model; 0 means no reference
     model is loaded."""
-    micro_batch_size: int = Field(8, ge=1)
-    """Rows per forward/backward; gradients accumulate over the step's batch."""
+    micro_batch_size: int | Literal["auto"] = "auto"
+    """Rows per forward/backward; gradients accumulate over the step's batch. "auto" (the
+    default): no row cap; the step's rows, sorted by length, are cut where a new
+    forward/backward costs less than the padding it saves, within a padded-token budget
+    sized from available memory (free CUDA memory on a GPU, MemAvailable on the CPU),
+    unless micro_batch_tokens sets that budget. An integer caps the rows per micro-batch."""
+    normalise: Literal["sampled", "kept"] = "sampled"
+    """What the loss's normalisers count. "sampled" (the default): every scored row (and its
+    loss tokens) the step sampled, including groups dropped because their rewards are all
+    equal (their gradient is exactly zero, so dropping them only saves compute); the
+    gradient then scales with the share of informative groups. "kept": only the rows that
+    enter the loss (the behaviour before 2026-11-30; every step has the same scale)."""
     sort_by_length: bool = True
     """Order the step's rows by length before cutting micro-batches, so that
     each pads to a similar length; the loss is the same up to float summation order."""
@@ -148,6 +158,13 @@ class TrainerConfig(BaseModel):
     fsdp: bool = False
     """Shard parameters, gradients and optimizer state with FSDP2 (fully_shard) across
     the torch.distributed process group (torchrun); rows are split across ranks."""
+
+    @field_validator("micro_batch_size")
+    @classmethod
+    def _row_cap(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or 'auto', got {value}")
+        return value
 
     @field_validator("micro_batch_tokens")
     @classmethod

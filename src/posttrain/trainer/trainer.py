@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +28,7 @@ from torch import Tensor
 
 from posttrain.errors import ConfigError, TrainerError
 from posttrain.scale.fsdp import DataParallel
-from posttrain.scale.memory import autocast, micro_slices, token_budget
+from posttrain.scale.memory import autocast, bytes_per_token, micro_slices, token_budget
 from posttrain.scale.prepare import prepare_model
 from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
@@ -35,6 +37,13 @@ from posttrain.trainer.guard import SpikeGuard
 from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss, row_clip_stats
 
 Outcome = Literal["applied", "no_signal", "skipped", "rolled_back"]
+
+_AUTO_CPU_MEMORY_SHARE = 0.25
+"""Share of the CPU's available memory an automatic micro-batch may plan to use (the
+engine, the sandbox and other processes share it)."""
+_PASS_COST_TOKENS = 128
+"""The fixed cost of one forward/backward pass, in padded tokens, for `cost_slices`:
+a new micro-batch pays off when it saves more padding than this."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,9 @@ class _Prepared:
     rows: tuple[TrainRow, ...]
     advantage_b: Tensor
     totals: BatchTotals
+    """The loss's normalisers (trainer.normalise says what they count)."""
+    n_tokens: int
+    """Loss tokens of the rows that enter the loss."""
     n_groups: int
     zero_adv_groups: int
     batch_advantage_b: Tensor
@@ -88,7 +100,8 @@ class _Prepared:
 @dataclass(frozen=True)
 class _Packed:
     """A micro-batch as tensors: right-padded prompt+completion and
-    completion-aligned targets (position c of row b is completion token c)."""
+    completion-aligned targets (position c of row b is completion token c),
+    plus the loss tokens flattened (n: every token with mask 1, row-major)."""
 
     input_ids_bs: Tensor
     attention_bs: Tensor
@@ -98,6 +111,14 @@ class _Packed:
     behaviour_bc: Tensor
     temperature_b: Tensor
     first_index: int
+    row_n: Tensor
+    """Row of each loss token."""
+    col_n: Tensor
+    """Completion position of each loss token."""
+    pos_n: Tensor
+    """Sequence position whose logits predict each loss token (prompt length - 1 + c)."""
+    target_n: Tensor
+    """Each loss token's id."""
 
 
 @dataclass(frozen=True)
@@ -137,12 +158,29 @@ class Trainer:
         """During `step`: id(row) -> (mean ratio, clipped token share) of each row that
         entered this rank's loss; reported under the row's rollout id in StepStats.rollouts."""
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
+        self._ref_head: tuple[Any, Any] | bool | None = None
         self._take_snapshot()
-        self._max_tokens = token_budget(config.micro_batch_tokens, model, self.device, config.gradient_checkpointing)
+        self._max_tokens = self._token_budget()
+        self._split_head = split_head(model) if not config.fsdp else None
+        """(decoder, lm_head) when the model's logits are exactly lm_head(decoder output): the
+        step then sends only loss positions through the head (None: the model's own forward)."""
 
     @property
     def device(self) -> torch.device:
         return self.params[0].device
+
+    def _token_budget(self) -> int | None:
+        """Padded tokens per micro-batch: micro_batch_tokens when set; with an automatic
+        micro-batch size, a budget from available memory (CUDA or CPU); else none."""
+        cfg = self.config
+        if cfg.micro_batch_tokens is not None or cfg.micro_batch_size != "auto":
+            return token_budget(cfg.micro_batch_tokens, self.model, self.device, cfg.gradient_checkpointing)
+        if self.device.type == "cuda":
+            return token_budget("auto", self.model, self.device, cfg.gradient_checkpointing)
+        if not all(hasattr(getattr(self.model, "config", None), k) for k in ("vocab_size", "hidden_size")):
+            return None  # no sizes to estimate from: the whole step in one pass
+        per_token = bytes_per_token(self.model, cfg.gradient_checkpointing)
+        return max(1, int(available_memory_bytes() * _AUTO_CPU_MEMORY_SHARE / per_token))
 
     # ------------------------------------------------------------ the step
 
@@ -199,13 +237,21 @@ class Trainer:
         signal_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, nonzero_b) > 0
         keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
         if self.config.sort_by_length:  # similar lengths share a micro-batch: less padding
-            keep.sort(key=lambda i: len(batch.rows[i].prompt_ids) + len(batch.rows[i].completion_ids))
+            keep.sort(key=lambda i: _order_key(batch.rows[i]))
         rows = tuple(batch.rows[i] for i in keep)
-        totals = BatchTotals(n_sequences=len(rows), n_tokens=sum(r.n_loss_tokens for r in rows))
+        n_tokens = sum(r.n_loss_tokens for r in rows)
+        if self.config.normalise == "sampled":  # zero-gradient rows count: filtering only saves compute
+            totals = BatchTotals(
+                n_sequences=len(batch.rows) + batch.filtered_rows,
+                n_tokens=sum(r.n_loss_tokens for r in batch.rows) + batch.filtered_tokens,
+            )
+        else:
+            totals = BatchTotals(n_sequences=len(rows), n_tokens=n_tokens)
         return _Prepared(
             rows=rows,
             advantage_b=advantage_b[keep],
             totals=totals,
+            n_tokens=n_tokens,
             n_groups=len(group_index),
             zero_adv_groups=int((~signal_g).sum()),
             batch_advantage_b=advantage_b,
@@ -233,7 +279,11 @@ class Trainer:
         micro-batches so that every rank runs as many forward/backward passes."""
         lo, hi = self.parallel.share(len(prepared.rows))
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in prepared.rows[lo:hi]]
-        cuts = [(lo + a, lo + b) for a, b in micro_slices(lengths, self.config.micro_batch_size, self._max_tokens)]
+        if self.config.micro_batch_size == "auto":
+            slices = cost_slices(lengths, self._max_tokens)
+        else:
+            slices = micro_slices(lengths, self.config.micro_batch_size, self._max_tokens)
+        cuts = [(lo + a, lo + b) for a, b in slices]
         batches = [(prepared.rows[a:b], prepared.advantage_b[a:b], 1.0) for a, b in cuts]
         for _ in range(self.parallel.max_int(len(cuts)) - len(cuts)):
             batches.append((prepared.rows[:1], torch.zeros(1), 0.0))
@@ -261,10 +311,11 @@ class Trainer:
         self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
     ) -> tuple[float, LossStats, float]:
         packed = pack_rows(rows, self.device)
-        logp_bcv = self._logp_vocab(self.model, packed)
-        logp_bc = logp_bcv.gather(-1, packed.target_bc[..., None]).squeeze(-1)
+        logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
+        logp_n = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1)
         with torch.no_grad():
-            entropy_sum = float((torch.special.entr(logp_bcv.exp()).sum(-1) * packed.mask_bc).sum())
+            entropy_sum = float(torch.special.entr(logp_nv.exp()).sum())
+        logp_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
         inputs = LossInputs(
             logp_bt=logp_bc,
             behaviour_logp_bt=packed.behaviour_bc,
@@ -303,25 +354,30 @@ class Trainer:
     def _ref_logp(self, packed: _Packed) -> Tensor | None:
         if self.ref_model is None:
             return None
+        if self._ref_head is None:
+            self._ref_head = split_head(self.ref_model) or False
         ref_device = next(self.ref_model.parameters()).device
+        on_ref = _to_device(packed, ref_device)
         with torch.no_grad():
-            logp_bcv = self._logp_vocab(self.ref_model, _to_device(packed, ref_device))
-            logp_bc = logp_bcv.gather(-1, packed.target_bc.to(ref_device)[..., None]).squeeze(-1)
-        return logp_bc.to(self.device)
+            logp_nv = self._loss_token_logp(self.ref_model, self._ref_head or None, on_ref)
+            logp_n = logp_nv.gather(-1, on_ref.target_n[:, None]).squeeze(-1).to(self.device)
+        return torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
 
-    def _logp_vocab(self, model: Any, packed: _Packed) -> Tensor:
-        """log_softmax(logits / temperature) at the positions predicting each completion token."""
-        kwargs: dict[str, Any] = {}
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft forwards kwargs
-        if "logits_to_keep" in inspect.signature(inner.forward).parameters:
-            kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
+    def _loss_token_logp(self, model: Any, head: tuple[Any, Any] | None, packed: _Packed) -> Tensor:
+        """log_softmax(logits / temperature) over the vocabulary at the positions that predict
+        each loss token (n x vocab): only those positions reach the LM head when `head` splits
+        the model; otherwise the model's forward, from the first loss position on."""
         with autocast(packed.input_ids_bs.device, self.config.precision):
-            logits_bsv = model(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits
-        offset = packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
-        index_bc = packed.index_bc - offset
-        vocab = logits_bsv.shape[-1]
-        logits_bcv = logits_bsv.gather(1, index_bc[..., None].expand(-1, -1, vocab)).float()
-        return (logits_bcv / packed.temperature_b[:, None, None]).log_softmax(-1)
+            if head is not None:
+                decoder, lm_head = head
+                hidden_bsh = decoder(
+                    input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, use_cache=False
+                ).last_hidden_state
+                logits_nv = lm_head(hidden_bsh[packed.row_n, packed.pos_n])
+            else:
+                logits_nv = _forward_logits(model, packed)
+        temperature_n = packed.temperature_b[packed.row_n]
+        return (logits_nv.float() / temperature_n[:, None]).log_softmax(-1)
 
     # ------------------------------------------------------------ rollback
 
@@ -365,8 +421,8 @@ class Trainer:
             n_rows=len(batch.rows),
             n_groups=prepared.n_groups,
             zero_adv_groups=prepared.zero_adv_groups,
-            n_sequences=prepared.totals.n_sequences,
-            n_tokens=prepared.totals.n_tokens,
+            n_sequences=len(prepared.rows),
+            n_tokens=prepared.n_tokens,
             adv_mean=float(adv_b.mean()) if adv_b.numel() else 0.0,
             adv_std=float(adv_b.std(unbiased=False)) if adv_b.numel() else 0.0,
             clip_frac=stats.clip_frac,
@@ -468,32 +524,128 @@ class Trainer:
 
 def pack_rows(rows: Sequence[TrainRow], device: torch.device) -> _Packed:
     """Right-pad prompt+completion; index_bc[b, c] is the position whose
-    logits predict completion token c of row b (prompt length - 1 + c)."""
-    seq_len = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    comp_len = max(len(r.completion_ids) for r in rows)
-    ids, attention, index, target, mask, behaviour = [], [], [], [], [], []
-    for r in rows:
-        full = list(r.prompt_ids) + list(r.completion_ids)
-        pad, cpad = seq_len - len(full), comp_len - len(r.completion_ids)
-        ids.append(full + [0] * pad)
-        attention.append([1] * len(full) + [0] * pad)
-        start = len(r.prompt_ids) - 1
-        index.append([min(start + c, seq_len - 2) for c in range(comp_len)])
-        target.append(list(r.completion_ids) + [0] * cpad)
-        mask.append(list(r.loss_mask) + [0] * cpad)
-        behaviour.append(list(r.behaviour_logprobs) + [0.0] * cpad)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
+    logits predict completion token c of row b (prompt length - 1 + c).
+    Built with tensor ops over the concatenated tokens (no per-token Python)."""
+    prompt_b = torch.tensor([len(r.prompt_ids) for r in rows])
+    comp_b = torch.tensor([len(r.completion_ids) for r in rows])
+    seq_len, comp_len = int((prompt_b + comp_b).max()), int(comp_b.max())
+    in_seq_bs = torch.arange(seq_len)[None, :] < (prompt_b + comp_b)[:, None]
+    in_comp_bc = torch.arange(comp_len)[None, :] < comp_b[:, None]
+    ids_bs = torch.zeros(len(rows), seq_len, dtype=torch.long)
+    ids_bs[in_seq_bs] = torch.tensor(list(chain.from_iterable(r.prompt_ids + r.completion_ids for r in rows)))
+    target_bc = torch.zeros(len(rows), comp_len, dtype=torch.long)
+    mask_bc = torch.zeros(len(rows), comp_len)
+    behaviour_bc = torch.zeros(len(rows), comp_len)
+    if comp_len:
+        target_bc[in_comp_bc] = torch.tensor(list(chain.from_iterable(r.completion_ids for r in rows)))
+        mask_bc[in_comp_bc] = torch.tensor(list(chain.from_iterable(r.loss_mask for r in rows)), dtype=torch.float32)
+        behaviour_bc[in_comp_bc] = torch.tensor(
+            list(chain.from_iterable(r.behaviour_logprobs for r in rows)), dtype=torch.float32
+        )
+    index_bc = (prompt_b[:, None] - 1 + torch.arange(comp_len)[None, :]).clamp(max=max(seq_len - 2, 0))
+    row_n, col_n = (mask_bc > 0).nonzero(as_tuple=True)
     return _Packed(
-        input_ids_bs=as_long(ids),
-        attention_bs=as_long(attention),
-        index_bc=as_long(index),
-        target_bc=as_long(target),
-        mask_bc=as_float(mask),
-        behaviour_bc=as_float(behaviour),
-        temperature_b=as_float([r.score_temperature for r in rows]),
-        first_index=min(len(r.prompt_ids) for r in rows) - 1,
+        input_ids_bs=ids_bs.to(device),
+        attention_bs=in_seq_bs.long().to(device),
+        index_bc=index_bc.to(device),
+        target_bc=target_bc.to(device),
+        mask_bc=mask_bc.to(device),
+        behaviour_bc=behaviour_bc.to(device),
+        temperature_b=torch.tensor([r.score_temperature for r in rows], dtype=torch.float32, device=device),
+        first_index=int(prompt_b.min()) - 1,
+        row_n=row_n.to(device),
+        col_n=col_n.to(device),
+        pos_n=(prompt_b[row_n] - 1 + col_n).to(device),
+        target_n=target_bc[row_n, col_n].to(device),
     )
+
+
+def _forward_logits(model: Any, packed: _Packed) -> Tensor:
+    """The model's own forward (logits_to_keep from the first loss position when it
+    accepts it), then the logits at each loss token's position (n x vocab)."""
+    kwargs: dict[str, Any] = {}
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft forwards kwargs
+    if "logits_to_keep" in inspect.signature(inner.forward).parameters:
+        kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
+    logits_bsv = model(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits
+    offset = packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
+    return logits_bsv[packed.row_n, packed.pos_n - offset]
+
+
+def split_head(model: Any) -> tuple[Any, Any] | None:
+    """(decoder, lm_head) of a Hugging Face causal LM whose logits are exactly
+    lm_head(decoder(...).last_hidden_state), checked once on a short input (a model
+    that scales or soft-caps its logits fails the check); None otherwise."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: adapters sit inside
+    get_decoder, get_head = getattr(inner, "get_decoder", None), getattr(inner, "get_output_embeddings", None)
+    if not (callable(get_decoder) and callable(get_head)):
+        return None
+    decoder, head = get_decoder(), get_head()
+    if decoder is None or head is None or decoder is inner:
+        return None
+    device = next(inner.parameters()).device
+    ids = torch.arange(1, 7, device=device)[None, :] % int(inner.get_input_embeddings().num_embeddings)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
+            split = head(decoder(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state)
+    except Exception:  # a decoder with another calling convention: use the model's forward
+        return None
+    finally:
+        model.train(was_training)
+    return (decoder, head) if torch.allclose(full, split.float(), rtol=1e-5, atol=1e-5) else None
+
+
+def cost_slices(lengths: Sequence[int], max_tokens: int | None) -> list[tuple[int, int]]:
+    """Consecutive [start, end) slices of rows sorted by length (ascending) that minimise
+    the modelled cost of the step's forward/backward passes: each pass costs
+    _PASS_COST_TOKENS plus rows x longest row (padding included), and none exceeds
+    `max_tokens` padded tokens (a longer row gets a pass of its own). Exact dynamic
+    programming over the distinct lengths (rows of equal length never need a cut)."""
+    if not lengths:
+        return []
+    bounds = [i for i in range(1, len(lengths)) if lengths[i] != lengths[i - 1]] + [len(lengths)]
+    best = [0.0] + [math.inf] * len(bounds)  # best[k]: cost of the rows before bounds[k - 1]
+    cut_at = [0] * (len(bounds) + 1)
+    for k, end in enumerate(bounds, 1):
+        for j in range(k):
+            start = bounds[j - 1] if j else 0
+            cost = best[j] + _PASS_COST_TOKENS + (end - start) * lengths[end - 1]
+            if cost < best[k]:
+                best[k], cut_at[k] = cost, j
+    ends, k = [], len(bounds)
+    while k:
+        ends.append(k)
+        k = cut_at[k]
+    slices, start = [], 0
+    for k in reversed(ends):
+        end = bounds[k - 1]
+        slices += [(start + a, start + b) for a, b in micro_slices(lengths[start:end], end - start, max_tokens)]
+        start = end
+    return slices
+
+
+def _order_key(row: TrainRow) -> tuple[Any, ...]:
+    """Length first; ties broken by content, so any order of the same rows gives the
+    same micro-batches and the same float summation order."""
+    return (len(row.prompt_ids) + len(row.completion_ids), row.prompt_ids, row.completion_ids, row.reward,
+            row.loss_mask, row.behaviour_logprobs)
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory size."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def _to_device(packed: _Packed, device: torch.device) -> _Packed:

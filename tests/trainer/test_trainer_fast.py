@@ -1,0 +1,100 @@
+"""The fast defaults: automatic micro-batches, the LM head on loss tokens only, tensor packing.
+None of them may change what a step computes (only float summation order)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_testlib import reference_logprobs, synthetic_batch, tiny_model
+
+from posttrain.errors import ConfigError
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.config import TrainerConfig, load_trainer_config
+from posttrain.trainer.trainer import Trainer, cost_slices, pack_rows, split_head
+
+
+class ScaledLogits(torch.nn.Module):
+    """A causal LM whose logits are 2 x lm_head(hidden): splitting off the head would be wrong."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def get_decoder(self):
+        return self.inner.get_decoder()
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, input_ids, attention_mask, logits_to_keep=0):
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep)
+        out.logits = out.logits * 2.0
+        return out
+
+
+def test_cost_slices_by_hand():
+    # one pass costs 128 + rows x longest. [10]*4 + [50]: together 128 + 5*50 = 378, apart
+    # (128 + 4*10) + (128 + 50) = 346 -> cut. [10, 10, 12]: together 164, apart 288 -> one pass.
+    assert cost_slices([10, 10, 10, 10, 50], None) == [(0, 4), (4, 5)]
+    assert cost_slices([10, 10, 12], None) == [(0, 3)]
+    assert cost_slices([], None) == []
+    # the padded-token budget still binds: 3 x 10 = 30 fits 30, not 25
+    assert cost_slices([10, 10, 10], 30) == [(0, 3)]
+    assert cost_slices([10, 10, 10], 25) == [(0, 2), (2, 3)]
+
+
+def test_split_head_only_when_it_gives_the_model_logits():
+    model = tiny_model(0)
+    assert split_head(model) is not None
+    assert split_head(ScaledLogits(tiny_model(0))) is None
+
+
+def test_packing_indexes_every_loss_token():
+    rows = [TrainRow((1, 2, 3), (4, 5), (-1.0, -2.0), 1.0, "g", (1, 0)),
+            TrainRow((6,), (7, 8, 9), (-3.0, -4.0, -5.0), 0.0, "g", (1, 1, 1))]
+    p = pack_rows(rows, torch.device("cpu"))
+    assert p.input_ids_bs.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+    assert p.attention_bs.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert p.index_bc.tolist() == [[2, 3, 3], [0, 1, 2]]  # prompt length - 1 + c, padding clamped
+    assert (p.row_n.tolist(), p.pos_n.tolist(), p.target_n.tolist()) == ([0, 1, 1, 1], [2, 0, 1, 2], [4, 7, 8, 9])
+    assert p.behaviour_bc.tolist() == [[-1.0, -2.0, 0.0], [-3.0, -4.0, -5.0]]
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_auto_micro_batches_and_the_split_head_give_the_same_step(wrap):
+    """Auto micro-batches with the head on loss tokens, against micro-batches of 3 through the
+    model's forward (a wrapper the trainer cannot split): same loss and gradient norm."""
+    batch = synthetic_batch(seed=4)
+    ref = Trainer(tiny_model(0), TrainerConfig(micro_batch_size=3, grad_clip=1e9))
+    ref._split_head = None  # the model's own forward
+    model = ScaledLogits(tiny_model(0)) if wrap else tiny_model(0)
+    fast = Trainer(model, TrainerConfig(grad_clip=1e9))
+    assert (fast._split_head is None) == wrap
+    a = ref.step(batch)
+    b = fast.step(batch)
+    if wrap:  # doubled logits: a different policy, but still run through its forward
+        assert b.outcome == "applied"
+        return
+    assert b.loss == pytest.approx(a.loss, abs=1e-6)
+    assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+    assert b.entropy == pytest.approx(a.entropy, rel=1e-5)
+
+
+def test_on_policy_ratios_are_one_through_the_split_head():
+    model = tiny_model(0)
+    batch = synthetic_batch(seed=3)
+    rows = tuple(TrainRow(r.prompt_ids, r.completion_ids, reference_logprobs(model, r.prompt_ids, r.completion_ids),
+                          r.reward, r.group_id, r.loss_mask) for r in batch.rows)
+    stats = Trainer(model, TrainerConfig()).step(TrainBatch(rows))
+    assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5) and stats.ratio_max == pytest.approx(1.0, abs=1e-5)
+
+
+def test_micro_batch_size_is_auto_or_a_positive_int():
+    assert TrainerConfig().micro_batch_size == "auto"
+    assert load_trainer_config({"micro_batch_size": 256}).micro_batch_size == 256
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        load_trainer_config({"micro_batch_size": 0})
+    with pytest.raises(ConfigError, match="normalise"):
+        load_trainer_config({"normalise": "tokens"})
