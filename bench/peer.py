@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("posttrain", "trl")
 CURVE_STEPS = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600)
 TARGET_GAIN_RATIO, TARGET_STEP_RATIO = 2.0, 1 / 3
+CPU_MARKS = (1 / 3, 2 / 3)  # earlier budgets read from the same runs: the checkpoint where this share was spent
 EVAL_OVERRIDES = ("eval.every_steps=0", "eval.samples=0", "eval.above_tasks=0")
 
 
@@ -138,6 +139,27 @@ def step_medians(rows: Sequence[Mapping[str, float]], skip: int = 1) -> dict[str
     return out
 
 
+def checkpoint_at_cpu(run: Mapping[str, Any], cpu_s: float) -> int | None:
+    """The first checkpoint step by which the run had spent `cpu_s` of training CPU time."""
+    spent = {int(r["step"]): r["cpu_s"] for r in run["step_rows"]}
+    steps = sorted(int(k) for k in run["checkpoints"] if int(k) in spent and spent[int(k)] >= cpu_s)
+    return steps[0] if steps else None
+
+
+def at_cpu(run: Mapping[str, Any], evals: Mapping[str, Any]) -> dict[str, Any]:
+    """Gain per CPU-minute at the checkpoints where 1/3 and 2/3 of the budget had been spent."""
+    out = {}
+    spent = {int(r["step"]): r["cpu_s"] for r in run["step_rows"]}
+    for share in CPU_MARKS:
+        step = checkpoint_at_cpu(run, share * run["budget_cpu_s"])
+        label = f"{run['system']}:step{step}"
+        if step is not None and label in evals:
+            gain = 100.0 * (evals[label]["mean"] - evals["base"]["mean"])
+            out[f"{share:.2f}"] = {"step": step, "cpu_s": spent[step], "gain_pp": gain,
+                                   "gain_per_cpu_min": gain / (spent[step] / 60.0)}
+    return out
+
+
 def system_figures(run: Mapping[str, Any], evals: Mapping[str, Any]) -> dict[str, Any]:
     """One system's figures for one seed from its run record and the evaluations:
     gain in points, gain per CPU-minute, step medians, peak RSS, curve {step: mean}."""
@@ -156,6 +178,7 @@ def system_figures(run: Mapping[str, Any], evals: Mapping[str, Any]) -> dict[str
         "peak_rss_mib": run["peak_rss_mib"],
         "curve": dict(sorted(curve.items())),
         "half_width": _half_width(evals[f"{run['system']}:final"]),
+        "at_cpu": at_cpu(run, evals),
     }
 
 
@@ -195,6 +218,27 @@ def verdicts(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, 
         "noise": noise,
         "curve_ok": curve_ok,
     }
+
+
+def _at_cpu_lines(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """Seed means of gain per CPU-minute at the earlier budgets (the checkpoints where 1/3 and 2/3
+    of the CPU budget had been spent), where every seed of both sides has that checkpoint evaluated."""
+    out = []
+    for share in (f"{m:.2f}" for m in CPU_MARKS):
+        rows = [s for s in seeds.values() if all(share in s[n].get("at_cpu", {}) for n in SYSTEMS)]
+        if len(rows) != len(seeds) or not rows:
+            continue
+        p = [r["posttrain"]["at_cpu"][share] for r in rows]
+        t = [r["trl"]["at_cpu"][share] for r in rows]
+        mp = statistics.mean(x["gain_per_cpu_min"] for x in p)
+        mt = statistics.mean(x["gain_per_cpu_min"] for x in t)
+        out.append(
+            f"- at {float(share):.0%} of the budget (posttrain steps {'/'.join(str(x['step']) for x in p)}, "
+            f"TRL {'/'.join(str(x['step']) for x in t)}): gain per CPU-minute {mp:.2f} against {mt:.2f}, "
+            f"**{_f(ratio(mp, mt))}x** (gain {statistics.mean(x['gain_pp'] for x in p):+.1f} against "
+            f"{statistics.mean(x['gain_pp'] for x in t):+.1f} pp)"
+        )
+    return [*out, ""] if out else []
 
 
 def _f(x: float | None, fmt: str = ".2f") -> str:
@@ -259,6 +303,7 @@ def report(results: Mapping[str, Any]) -> str:
             f"half-width on one mean / sqrt(seeds)): {curve}"
         )
         out.append("")
+        out.extend(_at_cpu_lines(seeds))
     return "\n".join(out)
 
 
@@ -530,7 +575,7 @@ def eval_worker(argv: Sequence[str]) -> int:
 
     job = json.loads(Path(argv[0]).read_text())
     out_dir = Path(job["out"])
-    results = {}
+    results = json.loads((out_dir / "evals.json").read_text()) if (out_dir / "evals.json").is_file() else {}
     for label, model in job["models"].items():
         path = out_dir / f"eval-{label.replace(':', '-')}.json"
         ns = argparse.Namespace(config=job["config"], overrides=[*job["overrides"], *EVAL_OVERRIDES, "run.threads=1"],
@@ -603,15 +648,23 @@ def curve_steps(pt: Mapping[str, Any], trl: Mapping[str, Any]) -> list[int]:
 
 
 def evaluate_one(unit: Unit, args: argparse.Namespace, model: Path) -> None:
+    """Evaluate what this unit still lacks: base, finals, matched-step and CPU-mark checkpoints."""
     folder = unit.folder(args.work)
-    if (folder / "evals.json").is_file():
-        return
     pt = json.loads((folder / "posttrain" / "posttrain.json").read_text())
     trl = json.loads((folder / "trl" / "trl.json").read_text())
     models = {"base": str(model), "posttrain:final": pt["final"], "trl:final": trl["final"]}
     for s in curve_steps(pt, trl):
         models[f"posttrain:step{s}"] = pt["checkpoints"][str(s)]
         models[f"trl:step{s}"] = trl["checkpoints"][str(s)]
+    for run in (pt, trl):
+        for share in CPU_MARKS:
+            step = checkpoint_at_cpu(run, share * run["budget_cpu_s"])
+            if step is not None and Path(run["checkpoints"][str(step)]).is_dir():
+                models[f"{run['system']}:step{step}"] = run["checkpoints"][str(step)]
+    done = json.loads((folder / "evals.json").read_text()) if (folder / "evals.json").is_file() else {}
+    models = {k: v for k, v in models.items() if k not in done}
+    if not models:
+        return
     job = {"config": unit.mix.config, "overrides": list(unit.mix.overrides), "heldout": pt["heldout"],
            "models": models, "out": str(folder)}
     (folder / "eval-job.json").write_text(json.dumps(job, indent=1))

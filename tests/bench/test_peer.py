@@ -89,17 +89,23 @@ def test_step_medians_skip_the_first_step_and_split_the_wall():
 
 
 def test_system_figures_gain_per_cpu_minute_and_curve():
-    run = {"system": "trl", "steps": 150, "cpu_s": 90.0, "peak_rss_mib": 800.0,
-           "step_rows": [_row(0.6, 0.2, 0.01, 0.35, 0.6)] * 3}
+    rows = [{**_row(0.6, 0.2, 0.01, 0.35, 0.6), "step": i, "cpu_s": 30.0 * i} for i in (1, 2, 3)]
+    run = {"system": "trl", "steps": 3, "cpu_s": 90.0, "budget_cpu_s": 90.0, "peak_rss_mib": 800.0,
+           "step_rows": rows, "checkpoints": {"1": "c1", "2": "c2", "3": "c3"}}
     evals = {"base": {"mean": 0.20, "ci": [0.16, 0.24]}, "trl:final": {"mean": 0.35, "ci": [0.30, 0.40]},
-             "trl:step50": {"mean": 0.30}, "trl:step25": {"mean": 0.25}, "posttrain:step25": {"mean": 0.9}}
+             "trl:step2": {"mean": 0.30}, "trl:step1": {"mean": 0.26}, "posttrain:step1": {"mean": 0.9}}
     f = peer.system_figures(run, evals)
     # gain 0.35 - 0.20 = 15 points over 90 CPU-s = 1.5 CPU-minutes: 10 points per CPU-minute
     assert f["gain_pp"] == pytest.approx(15.0)
     assert f["gain_per_cpu_min"] == pytest.approx(10.0)
-    assert f["curve"] == {25: 0.25, 50: 0.30}  # its own checkpoints only, by step
+    assert f["curve"] == {1: 0.26, 2: 0.30}  # its own checkpoints only, by step
     assert f["half_width"] == pytest.approx(0.05)
     assert f["ms"]["wall"] == pytest.approx(600)
+    # 1/3 of the budget (30 CPU-s) was spent by step 1: +6 points in 0.5 min = 12 per CPU-minute;
+    # 2/3 (60 CPU-s) by step 2: +10 points in 1 min = 10
+    assert f["at_cpu"]["0.33"] == pytest.approx({"step": 1, "cpu_s": 30.0, "gain_pp": 6.0, "gain_per_cpu_min": 12.0})
+    assert f["at_cpu"]["0.67"] == pytest.approx({"step": 2, "cpu_s": 60.0, "gain_pp": 10.0, "gain_per_cpu_min": 10.0})
+    assert peer.checkpoint_at_cpu(run, 61.0) == 3 and peer.checkpoint_at_cpu(run, 91.0) is None
 
 
 def test_verdicts_on_the_seed_mean():
