@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-slow test-ray bench lint clean
+.PHONY: install demo test test-slow test-ray bench bench-peer lint clean
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
@@ -43,6 +43,22 @@ lint: install
 bench: install
 	$(BIN)/python bench/learning.py
 	$(BIN)/python bench/generation.py
+
+# bench/peer.py: posttrain against TRL's GRPOTrainer (issue 16). TRL lives in its own venv,
+# pinned, with the project's torch (the CPU wheel) and transformers, and posttrain installed
+# into it so the TRL side uses posttrain's tasks, chat template and verifiers.
+PEER_VENV  := .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed-stamp
+PEER_PINS  := torch==2.13.0 transformers==5.23.0 trl==1.16.0 accelerate==1.15.0 datasets==5.2.0 py-spy==0.4.3
+
+$(PEER_STAMP): pyproject.toml Makefile
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q --upgrade "pip>=24"
+	$(PEER_VENV)/bin/pip install -q $(PEER_PINS) -e .
+	touch $(PEER_STAMP)
+
+bench-peer: install $(PEER_STAMP)
+	@echo "peer venv ready: $(BIN)/python bench/peer.py --seeds 0 1 2 --jobs 2 --report bench/results/peer.md"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
