@@ -45,6 +45,17 @@ class Task:
 
 
 @dataclass(frozen=True)
+class StepResult:
+    """What one `Environment.step` (envs/base.py) returns: the observation, whether the episode is over,
+    the turn's reward parts and the turn's sandbox result (traced)."""
+
+    observation: str
+    done: bool = False
+    parts: Mapping[str, float] = field(default_factory=dict)
+    exec_result: Any = None
+
+
+@dataclass(frozen=True)
 class Turn:
     """One exchange of a multi-turn episode: the model's action, what came back,
     the sandbox result of the turn (traced) and the turn's reward parts."""

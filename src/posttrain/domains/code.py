@@ -517,7 +517,7 @@ class CodeRevisionEnv:
         return ""  # the prompt lists the visible tests
 
     def step(self, action: str):
-        from posttrain.envs.base import StepResult
+        from posttrain.types import StepResult
 
         if self._visible is None:
             raise TaskError("code_revise: step before reset")

@@ -21,8 +21,7 @@ from typing import Any
 from posttrain.domains._common import ANSWER_INSTRUCTION, answer_json, close, f1, parse_number
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
-from posttrain.envs.base import StepResult
-from posttrain.types import Episode, Score, Task
+from posttrain.types import Episode, Score, StepResult, Task
 
 DATE_LO, DATE_HI = dt.date(2019, 1, 1), dt.date(2024, 12, 31)
 PRODUCTS = ["Widget", "Gasket", "Bracket", "Cable", "Sensor", "Valve", "Panel", "Filter", "Bearing", "Switch",

@@ -27,9 +27,8 @@ from typing import Any
 from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
-from posttrain.envs.base import StepResult
 from posttrain.errors import SandboxError
-from posttrain.types import Episode, Score, Task
+from posttrain.types import Episode, Score, StepResult, Task
 
 OUTPUTS = ("out.stl", "out.obj", "out.npz")
 MAX_FACES = 500_000

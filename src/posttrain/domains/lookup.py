@@ -67,9 +67,8 @@ def key_of(task: Task) -> str:
 
 class LookupEnv:
     """The tool: `look:KEY` returns `KEY=VALUE` for the task's key; an answer or `done` ends the episode.
-    `step` answers (observation, done), which the driver takes as a StepResult without parts (importing
-    StepResult from posttrain.envs here would make a domains <-> envs import cycle); the verifier computes
-    the process and efficiency parts from the actions."""
+    `step` answers (observation, done), which the driver takes as a StepResult without parts; the
+    verifier computes the process and efficiency parts from the actions."""
 
     def reset(self, task: Task) -> str:
         self.key, self.value = key_of(task), str(task.reference["value"])

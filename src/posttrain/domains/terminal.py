@@ -314,7 +314,7 @@ class TerminalEnvironment:
         return ""  # the prompt lists the directory's files
 
     def step(self, action: str):
-        from posttrain.envs.base import StepResult
+        from posttrain.types import StepResult
 
         if self._ref is None:
             raise TaskError("terminal: step before reset")

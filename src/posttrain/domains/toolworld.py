@@ -26,9 +26,8 @@ from typing import Any
 
 from posttrain.domains.base import Budget, Domain, extract_answer, split_of, stable_rng
 from posttrain.domains.registry import register
-from posttrain.envs.base import StepResult
 from posttrain.errors import TaskError
-from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
+from posttrain.types import Episode, Message, Score, Split, StepResult, Task, TaskMeta
 
 PEOPLE = ["Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Max", "Nia"]
 ITEMS = ["lamp", "kettle", "chair", "desk", "mirror", "rug", "clock", "vase", "fan", "shelf"]

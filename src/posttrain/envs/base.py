@@ -9,22 +9,13 @@ model's own tokens.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from posttrain.types import Completion, FinishReason, Message, Task, Turn
+from posttrain.types import Completion, FinishReason, Message, StepResult, Task, Turn
 
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one `step` returns: the observation, whether the episode is over,
-    the turn's reward parts and the turn's sandbox result (traced)."""
-
-    observation: str
-    done: bool = False
-    parts: Mapping[str, float] = field(default_factory=dict)
-    exec_result: Any = None
+__all__ = ["Environment", "StepResult", "as_step_result", "make_environment"]
 
 
 class Environment(Protocol):
