@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 
 import pytest
 from pipeline_testlib import ScriptedEngine
@@ -279,3 +280,27 @@ def test_sandbox_section_caps_each_domains_requests(monkeypatch):
     assert domain == "code" and limits.memory_bytes == 128 << 20 and limits.wall_s == limits.cpu_s == 3.0
     assert isinstance(ran, CodeRun) and ran.status == "ok"
     assert execute(get("add").sample(0, "train", 1), Completion((), (), "1", (), "stop", 0)) is None  # no execute step
+
+
+@needs_root
+def test_trace_explain_on_a_code_revise_rollout_shows_each_turn(tmp_path):
+    """The real coding loop: a wrong first program, the visible tests' failure as the
+    observation, a revision; `trace explain` prints every turn's program, its execution
+    result and the verifier's verdict."""
+    from posttrain.loop import _record
+    from posttrain.monitor.explain import explain
+    from posttrain.trace import TraceStore
+
+    rollouts, _, _ = _run([get("code_revise").sample(0, "train", 1)])
+    wrong_first = rollouts[1]
+    assert len(wrong_first.turns) >= 2 and all(t.exec_result is not None for t in wrong_first.turns)
+    store = TraceStore(tmp_path / "trace.db")
+    ids = store.write_rollouts([_record(r, SamplingParams(n=2)) for r in rollouts])
+    out = explain(store, ids[1])
+    n = len(wrong_first.turns)
+    for k in range(1, n + 1):
+        assert f"-- turn {k}/{n}: action" in out and f"-- turn {k}: program that ran" in out
+        assert f"-- turn {k}: execution result" in out
+    assert "-- verifier" in out and "reward" in out and "no program ran" not in out
+    assert re.search(rf"\bturns={n}(,|\s|$)", out, re.M)  # the turn count as a count, not as milliseconds
+    store.close()
