@@ -102,3 +102,22 @@ def test_all_infra_domain_is_no_accuracy_in_the_heldout_row(tmp_path):
 
     line = next(ln for ln in format_table(table).splitlines() if ln.lstrip().startswith("add"))
     assert "infra (4 errors)" in line and "0.000" not in line
+
+
+def test_report_draws_no_bar_for_an_all_infra_domain(tmp_path, monkeypatch):
+    """An accuracy of None (every item an infra error) is not drawn as a 0.0 bar."""
+    import math
+
+    from posttrain.report import html as report_html
+    from posttrain.report.data import RunData
+
+    figs = []
+    monkeypatch.setattr(report_html, "_png", lambda fig: figs.append(fig) or "png")
+    domains = {"add": {"accuracy": 0.5}, "code": {"accuracy": None}}
+    data = RunData(tmp_path, "", [], [], [], [], [], [], {"before": {"domains": domains},
+                                                          "after": {"domains": domains}})
+    assert report_html._heldout_bars(data) == "png"
+    ax = figs[0].axes[0]
+    heights = [p.get_height() for p in ax.patches]  # before add, before code, after add, after code
+    assert heights[0] == heights[2] == 0.5 and math.isnan(heights[1]) and math.isnan(heights[3])
+    assert [t.get_text() for t in ax.texts] == ["no score", "no score"]

@@ -88,14 +88,20 @@ def _heldout_bars(data: RunData) -> str | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    before = {d: v["accuracy"] or 0.0 for d, v in table["before"]["domains"].items()}
-    after = {d: v["accuracy"] or 0.0 for d, v in (table.get("after") or {}).get("domains", {}).items()}
+    # a domain whose every item hit an infra error has no accuracy (None): no bar and a
+    # "no score" mark, never a bar at 0.0
+    before = {d: v["accuracy"] for d, v in table["before"]["domains"].items()}
+    after = {d: v["accuracy"] for d, v in (table.get("after") or {}).get("domains", {}).items()}
     names = sorted(before)
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(max(5.2, 1.1 * len(names) + 2), 3.0))
-    ax.bar(x - 0.2, [before[n] for n in names], 0.4, label="before", color="#8a949e")
-    if after:
-        ax.bar(x + 0.2, [after.get(n, 0.0) for n in names], 0.4, label="after", color="#2f81f7")
+    sides = [(-0.2, before, "before", "#8a949e")] + ([(0.2, after, "after", "#2f81f7")] if after else [])
+    for dx, acc, label, color in sides:
+        values = [acc.get(n) for n in names]
+        ax.bar(x + dx, [np.nan if v is None else v for v in values], 0.4, label=label, color=color)
+        for xi, v in zip(x, values):
+            if v is None:
+                ax.text(xi + dx, 0.02, "no score", rotation=90, ha="center", va="bottom", fontsize=6, color="#b42318")
     ax.set_xticks(x, names, fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out accuracy", fontsize=9)
