@@ -21,7 +21,7 @@ from typing import Any
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import GenerationError, classify
+from posttrain.errors import GenerationError, capture, classify
 from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
@@ -446,9 +446,8 @@ class Pipeline:
         if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
             self.counters["masked_execute"] += n_samples
             self.scheduler.record_verification(item.task.domain, True)
-        verdict = Verdict(
-            None, "sandbox" if stage == "execute" and kind == "infra" else kind, f"{type(exc).__name__}: {exc}"
-        )
+        rec = capture(exc, "sandbox" if stage == "execute" else "infra")
+        verdict = Verdict(None, rec.kind, rec.message)
         await self._finish(item, [verdict] * n_samples)
 
     async def _requeue(self, stage: str, item: _Item, delay: float) -> None:

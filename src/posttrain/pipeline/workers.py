@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from posttrain.errors import classify
+from posttrain.errors import capture
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
 
 
@@ -36,8 +36,8 @@ def verify_one(task: Task, episode: Episode) -> Verdict:
     try:
         return Verdict(get(task.domain).score(task, episode))
     except Exception as exc:  # any escape from a verifier is an infra error, never reward 0
-        kind = classify(exc)
-        return Verdict(None, "verifier" if kind == "infra" else kind, f"{type(exc).__name__}: {exc}")
+        rec = capture(exc, "verifier")
+        return Verdict(None, rec.kind, rec.message)
 
 
 def verify_group(task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
