@@ -294,6 +294,9 @@ def test_environment_that_cannot_start_masks_its_group(lookup, monkeypatch):
         def step(self, action):
             raise AssertionError("never stepped")
 
+        def close(self):
+            pass
+
     monkeypatch.setattr(lookup, "environment", lambda: Broken)
     [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2)
     assert stats.counters["masked_groups"] == 1
@@ -348,3 +351,17 @@ def test_a_version_1_trace_gains_the_turns_column(tmp_path):
     cols = [r["name"] for r in store._db.execute("PRAGMA table_info(rollouts)")]
     version = store._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
     assert "turns" in cols and int(version) == SCHEMA_VERSION == 2
+
+
+def test_environment_without_close_is_a_clear_error_never_a_score(lookup, monkeypatch):
+    class NoClose:
+        def reset(self, task):
+            return ""
+
+        def step(self, action):
+            return "ok", True
+
+    monkeypatch.setattr(lookup, "environment", lambda: NoClose)
+    [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2)
+    assert stats.counters["masked_groups"] == 1
+    assert all(r.reward is None and "has no close" in r.error for r in group.rollouts)

@@ -40,8 +40,12 @@ def make_environment(domain: Any) -> Environment | None:
     if made is None:
         return None
     env: Environment = made() if isinstance(made, type) or not hasattr(made, "reset") else made
-    if not (hasattr(env, "reset") and hasattr(env, "step")):
-        raise TypeError(f"domain {domain.name}: environment() gave {type(env).__name__}, which has no reset/step")
+    missing = [m for m in ("reset", "step", "close") if not callable(getattr(env, m, None))]
+    if missing:
+        raise TypeError(
+            f"domain {domain.name}: environment() gave {type(env).__name__}, which has no "
+            f"{'/'.join(missing)} (the Environment contract: reset, step, close)"
+        )
     return env
 
 

@@ -113,12 +113,10 @@ def close_envs(envs: Any) -> None:
         if env is None or id(env) in seen:
             continue
         seen.add(id(env))
-        close = getattr(env, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:  # closing is best effort; the pool replaces a broken worker
-                pass
+        try:
+            env.close()  # a declared member of the contract (make_environment checks it)
+        except Exception:  # closing is best effort; the pool replaces a broken worker
+            pass
 
 
 def turns_of(domain: Any, budget: Budget | None) -> int:
