@@ -21,7 +21,7 @@ from typing import Any
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import GenerationError, capture, classify
+from posttrain.errors import GenerationError, capture
 from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
@@ -431,9 +431,9 @@ class Pipeline:
         await self.results.put(GroupResult(item.seq, item.tier, tuple(rollouts), version))
 
     async def _retry(self, item: _Item, stage: str, exc: BaseException) -> None:
-        kind = classify(exc)
+        rec = capture(exc, "sandbox" if stage == "execute" else "infra")
         n = item.attempts.get(stage, 0)
-        if stage != "admit" and kind not in _NOT_INFRA and n < self.cfg.max_retries:
+        if stage != "admit" and rec.kind not in _NOT_INFRA and n < self.cfg.max_retries:
             item.attempts[stage] = n + 1
             self.counters["retries"] += 1
             delay = self.cfg.backoff_s * (2**n)
@@ -446,9 +446,7 @@ class Pipeline:
         if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
             self.counters["masked_execute"] += n_samples
             self.scheduler.record_verification(item.task.domain, True)
-        rec = capture(exc, "sandbox" if stage == "execute" else "infra")
-        verdict = Verdict(None, rec.kind, rec.message)
-        await self._finish(item, [verdict] * n_samples)
+        await self._finish(item, [Verdict(None, rec.kind, rec.message)] * n_samples)
 
     async def _requeue(self, stage: str, item: _Item, delay: float) -> None:
         await asyncio.sleep(delay)
