@@ -45,12 +45,14 @@ _MODELS_LOCK = threading.Lock()
 def _load_classifier(path: str) -> tuple[Any, Any, threading.Lock]:
     with _MODELS_LOCK:
         if path not in _MODELS:
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+            from transformers import AutoModelForSequenceClassification
+
+            from posttrain.model.arch import load_tokenizer
 
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise ConfigError(f"verifier reward_model: {path} is not a model directory (no config.json)")
             try:
-                tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                tok = load_tokenizer(path)
                 model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True).eval()
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"verifier reward_model: cannot load {path}: {exc}") from None

@@ -87,9 +87,9 @@ def _tokenizer(args: argparse.Namespace, model_path: str | None) -> Any:
         return None
     path = args.model or model_path
     if path:
-        from transformers import AutoTokenizer
+        from posttrain.model.arch import load_tokenizer
 
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return load_tokenizer(path)
     from posttrain.model.tokenizer import build_tokenizer
 
     return build_tokenizer()

@@ -6,9 +6,8 @@ task's reference and nowhere in the prompt. The model calls the tool with
 the value. An answer ends the episode (so does `done`); a malformed action or
 a lookup of another key is observed ("error:...", "no_key:xyz") and the
 episode goes on until the turn budget. No text the model reads or writes has
-whitespace: the embedded tokenizer, reloaded through AutoTokenizer, drops
-spaces and newlines (see docs/agentic.md), and pretraining must see what the
-engine sees.
+whitespace (keys, values and actions are single words), so the transcripts
+its base is pretrained on stay short.
 
 Invariant: the verifier decides from the task's reference and the model's own
 actions only (never from an observation's text): outcome is 1 exactly when

@@ -45,9 +45,9 @@ class OpenAIEngine:
     @classmethod
     def from_model_dir(cls, base_url: str, model: str, model_dir: str | Path, **kw: Any) -> OpenAIEngine:
         """An engine whose tokenizer is loaded from a local model directory."""
-        from transformers import AutoTokenizer
+        from posttrain.model.arch import load_tokenizer
 
-        return cls(base_url, model, AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True), **kw)
+        return cls(base_url, model, load_tokenizer(model_dir), **kw)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

@@ -1,11 +1,14 @@
 """Model presets and loading of any Hugging Face-format model directory.
 
 Invariant: every model, embedded or user-supplied, is loaded through
-AutoModelForCausalLM and AutoTokenizer from a local directory, with no hub
-access; a directory without weights raises ModelLoadError naming what is missing.
+AutoModelForCausalLM from a local directory, with no hub access, and its
+tokenizer exactly as it was saved (`load_tokenizer`): text round-trips through
+encode and decode as it did before saving; a directory without weights raises
+ModelLoadError naming what is missing.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,14 +75,38 @@ def check_model_dir(path: str | Path) -> Path:
 
 def load_model(path: str | Path, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
     """Model and tokenizer from a local HF directory (no hub)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     p = check_model_dir(path)
     try:
-        tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
+        tok = load_tokenizer(p)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model from {str(p)!r}: {exc}") from exc
     return model.to(device).eval(), tok
+
+
+GENERIC_TOKENIZERS = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in a local model directory, as it was saved.
+
+    AutoTokenizer picks the tokenizer class from config.json's model type, even
+    when tokenizer_config.json names the generic fast tokenizer: the embedded
+    base (a Qwen2 with a one-character-per-token tokenizer) came back as a
+    Qwen2Tokenizer whose ByteLevel pre-tokenizer maps a space to a symbol the
+    vocabulary lacks, so spaces and newlines vanished from every prompt. A
+    directory whose tokenizer_config.json names the generic class is therefore
+    loaded with that class, from its tokenizer.json; any other through AutoTokenizer.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    p = Path(path)
+    config = p / "tokenizer_config.json"
+    named = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if named in GENERIC_TOKENIZERS and (p / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(str(p), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
