@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.engine.hf import HFEngine
 from posttrain.evaluate import evaluate
 from posttrain.evaluate.run import RunEvaluator

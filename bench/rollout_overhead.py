@@ -126,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
 
     torch.set_num_threads(1)
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), [])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
-from posttrain.config import Config
+from posttrain.configs import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop

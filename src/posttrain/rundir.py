@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import Config, dump_config, load_config
+from posttrain.configs import Config, dump_config, load_config
 from posttrain.errors import ConfigError
 
 

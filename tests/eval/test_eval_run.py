@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.rundir import read_metrics
 
 RUN = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.max_tokens=6",

@@ -7,7 +7,7 @@ import random
 import pytest
 from monitor_testlib import Letters
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.domains.registry import get
 from posttrain.errors import VerifierError
 from posttrain.loop import apply_actions

@@ -9,12 +9,13 @@ import re
 import pytest
 from pipeline_testlib import ScriptedEngine
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains import registry
 from posttrain.domains.base import Budget, Domain
 from posttrain.envs import StepResult, script_judge
 from posttrain.envs.coding import extract_code
 from posttrain.errors import SandboxError
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.trainer.batch import TrainRow
 from posttrain.types import Message, SamplingParams, Score, Task, TaskMeta
 

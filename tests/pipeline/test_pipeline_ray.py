@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import get
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.types import SamplingParams
 
 pytestmark = pytest.mark.ray
@@ -125,7 +126,7 @@ def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
 
 
 def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_path):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
     from posttrain.trace import TraceStore
 
@@ -158,7 +159,7 @@ def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):
     # the cluster started before the file domain existed: the actors learn it from their runtime_env
     import json
 
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
     from posttrain.trace import TraceStore
 

@@ -18,7 +18,7 @@ STEPS = 3
 
 
 def main(out: Path, mode: str) -> None:
-    from posttrain.trainer.config import TrainerConfig
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     torch.set_num_threads(1)

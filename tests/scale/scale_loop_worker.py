@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_scale_remote import _ShortDomain  # noqa: E402
 
-from posttrain.config import load_config  # noqa: E402
+from posttrain.configs import load_config  # noqa: E402
 from posttrain.domains import registry  # noqa: E402
 
 

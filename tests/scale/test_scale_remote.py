@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
+from posttrain.configs.engine import EngineConfig
 from posttrain.domains import registry
 from posttrain.domains.base import ProceduralDomain
 from posttrain.errors import ConfigError
 from posttrain.rundir import read_metrics
-from posttrain.scale.config import EngineConfig
 from posttrain.scale.remote import WeightSync
 from posttrain.trace import TraceStore
 

@@ -14,7 +14,7 @@ from posttrain.errors import ConfigError, PosttrainError, TaskError
 
 if TYPE_CHECKING:
     from posttrain.byo.domain import SourceDomain
-    from posttrain.tasks.config import DomainSpec, TasksConfig
+    from posttrain.configs.tasks import DomainSpec, TasksConfig
 
 
 def source_domain(name: str, spec: DomainSpec, base_dir: str | None = None, check: bool = True) -> SourceDomain:

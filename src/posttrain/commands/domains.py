@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.config:
         from posttrain.byo.build import register_sources
-        from posttrain.config import load_config
+        from posttrain.configs import load_config
 
         register_sources(load_config(args.config).tasks)
     if args.verb == "show":

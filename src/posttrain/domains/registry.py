@@ -78,7 +78,7 @@ def _from_environment(name: str) -> Domain | None:
     if entry is None:
         return None
     from posttrain.byo.build import source_domain
-    from posttrain.tasks.config import DomainSpec
+    from posttrain.configs.tasks import DomainSpec
 
     domain = source_domain(name, DomainSpec.model_validate_json(entry["spec"]), entry["base_dir"], check=False)
     return register(domain, domain.origin)  # built once per process

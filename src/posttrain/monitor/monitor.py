@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from posttrain.configs.monitor import MonitorConfig
 from posttrain.errors import VerifierError, capture
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, Detector, History, Hit
-from posttrain.monitor.config import MonitorConfig
 from posttrain.monitor.loggers import build_loggers, flatten
 from posttrain.monitor.probes import probe_domain
 from posttrain.monitor.signals import DomainSignals, Link, step_signals
@@ -33,7 +33,7 @@ from posttrain.monitor.signals import DomainSignals, Link, step_signals
 if TYPE_CHECKING:
     from torch import nn
 
-    from posttrain.config import Config
+    from posttrain.configs import Config
     from posttrain.evaluate import EvalTable
     from posttrain.rollout import Rollout
     from posttrain.rundir import MetricsLog

@@ -15,9 +15,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from posttrain.configs.pipeline import PipelineConfig, Runtime
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
-from posttrain.pipeline.config import PipelineConfig, Runtime
 from posttrain.pipeline.core import Pipeline
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Workers

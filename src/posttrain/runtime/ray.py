@@ -20,9 +20,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import SOURCE_ENV
 from posttrain.errors import ConfigError
-from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, verify_group
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Task
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.trainer.config import TrainerConfig
+from posttrain.configs.trainer import TrainerConfig
 
 
 def prepare_model(model: Any, config: TrainerConfig) -> Any:

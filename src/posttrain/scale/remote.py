@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.scale.config import EngineConfig
+from posttrain.configs.engine import EngineConfig
 
 
 def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any:

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from posttrain.configs.serve import BatchConfig, FastTierConfig
 from posttrain.engine.hf import HFEngine
 from posttrain.errors import ConfigError, GenerationError
-from posttrain.serve.config import BatchConfig, FastTierConfig
 from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier

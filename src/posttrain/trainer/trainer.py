@@ -26,13 +26,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from posttrain.configs.trainer import TrainerConfig
 from posttrain.errors import ConfigError, TrainerError
 from posttrain.scale.fsdp import DataParallel
 from posttrain.scale.memory import autocast, bytes_per_token, micro_slices, token_budget
 from posttrain.scale.prepare import prepare_model
 from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
-from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.guard import SpikeGuard
 from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss, row_clip_stats
 
