@@ -65,11 +65,11 @@ def legacy_record(r: Any, params: Any, budgets: Any) -> Any:
 def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, Any]:
     import torch
 
+    from posttrain.engine.sync import make_engine
     from posttrain.model.arch import load_model, random_model
     from posttrain.pipeline.budget import domain_budgets
     from posttrain.pipeline.step import StepRollouts, make_workers
     from posttrain.pipeline.workers import DomainExecute
-    from posttrain.scale.remote import make_engine
     from posttrain.tasks.pool import TaskPool
     from posttrain.trace import TraceStore
     from posttrain.types import SamplingParams

@@ -94,7 +94,7 @@ def sync(device: torch.device) -> None:
 def run_loop(args: argparse.Namespace, device: torch.device, results: dict[str, Any]) -> None:
     from posttrain.configs.trainer import TrainerConfig
     from posttrain.engine.hf import HFEngine
-    from posttrain.scale.memory import peak_memory_bytes
+    from posttrain.trainer.memory import peak_memory_bytes
     from posttrain.trainer.trainer import Trainer
 
     model = build_model(args.preset, str(device), 0)

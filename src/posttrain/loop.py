@@ -46,15 +46,15 @@ class RunResult:
 def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult | None:
     import torch
 
-    from posttrain.scale.distributed import LeaderTrainer, follow_unless_leader
+    from posttrain.trainer.distributed import LeaderTrainer, follow_unless_leader
 
     if follow_unless_leader(cfg, resume):  # torchrun + trainer.fsdp: ranks > 0 replay rank 0's trainer calls
         return None
 
+    from posttrain.engine.sync import WeightSync, make_engine
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
     from posttrain.monitor.monitor import Monitor, RunContext
-    from posttrain.scale.remote import WeightSync, make_engine
     from posttrain.tasks.pool import TaskPool
     from posttrain.trainer.trainer import Trainer
 

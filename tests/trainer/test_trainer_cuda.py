@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scale_testlib import batch, step_grads, tiny_model
+from scaleout_testlib import batch, step_grads, tiny_model
 
 from posttrain.configs.trainer import TrainerConfig
 from posttrain.trainer.trainer import Trainer

@@ -1,4 +1,5 @@
-"""Weight sync between the trainer and its inference engine, and the staleness bound.
+"""The loop's engine choice (`make_engine`: hf in process or openai over HTTP), weight sync
+between the trainer and its inference engine, and the staleness bound.
 
 Invariant: after `push()` returns, the engine samples with the trainer's
 current weights and `engine.version` is the version it acknowledged: in
