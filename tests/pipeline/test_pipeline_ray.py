@@ -69,7 +69,7 @@ def _view(results):
 def test_ray_runtime_matches_in_process(ray_cluster, engine):
     import torch
 
-    from posttrain.runtime.ray import RayWorkers
+    from posttrain.pipeline.ray import RayWorkers
 
     tasks = _tasks()
     workers = RayWorkers.from_engine(engine, CFG)
@@ -98,7 +98,7 @@ def test_ray_runtime_matches_in_process(ray_cluster, engine):
 
 
 def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
-    from posttrain.runtime.ray import RayWorkers
+    from posttrain.pipeline.ray import RayWorkers
 
     marker = str(tmp_path / "killed")
 
@@ -195,7 +195,7 @@ def test_multi_turn_episodes_on_ray_match_in_process(ray_cluster, engine):
     """The same envs.driver steps the episodes on both runtimes (environments in the
     pipeline's process, verification on the actors): identical transcripts and rewards."""
     from posttrain.domains.base import Budget
-    from posttrain.runtime.ray import RayWorkers
+    from posttrain.pipeline.ray import RayWorkers
 
     name = "tool_transfer"
     tasks = [get(name).sample(i, "train", 1) for i in range(2)]

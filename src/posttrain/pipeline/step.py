@@ -33,7 +33,7 @@ def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_addr
     process-wide sandbox pool) is what the execute stage runs."""
     execute = execute or DomainExecute()
     if runtime == "ray":
-        from posttrain.runtime.ray import RayWorkers
+        from posttrain.pipeline.ray import RayWorkers
 
         return RayWorkers.from_engine(engine, config, address=ray_address, execute=execute)
     source = None
