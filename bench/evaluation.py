@@ -21,9 +21,9 @@ from posttrain.configs import load_config
 from posttrain.engine.hf import HFEngine
 from posttrain.evaluate import evaluate
 from posttrain.evaluate.run import RunEvaluator
+from posttrain.metrics_log import MetricsLog
 from posttrain.model.arch import load_model
 from posttrain.model.pretrain import ensure_base
-from posttrain.rundir import MetricsLog
 from posttrain.tasks.pool import TaskPool
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from posttrain.configs import load_config
 from posttrain.domains.registry import get
+from posttrain.metrics_log import MetricsLog
 from posttrain.monitor.monitor import Monitor, RunContext
 from posttrain.monitor.signals import Link, step_signals
 from posttrain.rollout import Rollout
-from posttrain.rundir import MetricsLog
 from posttrain.tasks.pool import TaskPool
 from posttrain.trace import TraceStore
 from posttrain.types import Completion, Episode

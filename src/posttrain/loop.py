@@ -22,12 +22,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning
 from posttrain.configs import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
+from posttrain.metrics_log import MetricsLog
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
 from posttrain.rollout import Rollout, informative
-from posttrain.rundir import MetricsLog, RunDir
+from posttrain.rundir import RunDir
 from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
 from posttrain.types import SamplingParams, to_dict
 

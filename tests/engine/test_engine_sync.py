@@ -21,7 +21,7 @@ from posttrain.domains import registry
 from posttrain.domains.base import ProceduralDomain
 from posttrain.engine.sync import WeightSync
 from posttrain.errors import ConfigError
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [

@@ -17,7 +17,7 @@ from posttrain.cli import main
 from posttrain.configs import load_config
 from posttrain.domains import registry
 from posttrain.errors import VerifierError
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 

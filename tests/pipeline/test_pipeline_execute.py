@@ -222,7 +222,7 @@ def test_budget_cap_and_eval_use_the_same_budgets():
 def test_train_runs_code_beside_add_with_their_budgets_and_traces_exec_result(tmp_path, micro_base):
     from posttrain.configs import load_config
     from posttrain.loop import train
-    from posttrain.rundir import read_metrics
+    from posttrain.metrics_log import read_metrics
     from posttrain.trace import TraceStore
 
     cfg = load_config(

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from posttrain.configs import load_config
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [

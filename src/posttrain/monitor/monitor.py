@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
     from posttrain.configs import Config
     from posttrain.evaluate import EvalTable
+    from posttrain.metrics_log import MetricsLog
     from posttrain.rollout import Rollout
-    from posttrain.rundir import MetricsLog
     from posttrain.trace import TraceStore
 
 Log = Callable[[str], object]
@@ -380,7 +380,7 @@ class Monitor:
 
     def _reload(self, upto: int) -> None:
         """Rebuild the history from metrics.jsonl rows up to `upto` (the resumed step)."""
-        from posttrain.rundir import read_metrics
+        from posttrain.metrics_log import read_metrics
 
         rows: dict[tuple[str, int], dict[str, Any]] = {}
         for row in read_metrics(self.run.run_dir / "metrics.jsonl"):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from posttrain.errors import ConfigError
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 T = TypeVar("T")
