@@ -84,8 +84,8 @@ def test_code_runs_in_the_execute_stage_and_the_verifier_makes_no_sandbox_call(m
 
     # the trace row carries the execution result; `trace explain` shows program, result and verdict
     from posttrain.loop import _record
-    from posttrain.monitor.explain import explain
     from posttrain.trace import TraceStore
+    from posttrain.trace.explain import explain
 
     store = TraceStore(tmp_path / "trace.db")
     ids = store.write_rollouts([_record(r, SamplingParams(n=2)) for r in rollouts])
@@ -289,8 +289,8 @@ def test_trace_explain_on_a_code_revise_rollout_shows_each_turn(tmp_path):
     observation, a revision; `trace explain` prints every turn's program, its execution
     result and the verifier's verdict."""
     from posttrain.loop import _record
-    from posttrain.monitor.explain import explain
     from posttrain.trace import TraceStore
+    from posttrain.trace.explain import explain
 
     rollouts, _, _ = _run([get("code_revise").sample(0, "train", 1)])
     wrong_first = rollouts[1]
