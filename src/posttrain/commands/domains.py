@@ -98,8 +98,8 @@ def show(args: argparse.Namespace) -> int:
 
 
 def hygiene(args: argparse.Namespace) -> int:
+    from posttrain.domains.hygiene import contamination, dedupe
     from posttrain.domains.registry import get
-    from posttrain.tasks.hygiene import contamination, dedupe
 
     names = args.names or ["add", "sub", "mul", "reverse", "sort"]
     print(
