@@ -40,7 +40,7 @@ def timed(cmd: list[str]) -> dict:
 
 
 def build_base(overrides: list[str]) -> dict:
-    code = ("import sys; from posttrain.config import load_config; from posttrain.model.pretrain import default_dir, "
+    code = ("import sys; from posttrain.configs import load_config; from posttrain.model.pretrain import default_dir, "
             "ensure_base; cfg = load_config(sys.argv[1], sys.argv[2:]); cached = (default_dir(cfg.base) / "
             "'config.json').is_file(); ensure_base(cfg.base, progress=False); print('CACHED' if cached else 'BUILT')")
     return timed([sys.executable, "-c", code, str(CONFIG), *overrides])

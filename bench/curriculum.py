@@ -23,9 +23,10 @@ import random
 import resource
 import time
 
+from posttrain.configs.tasks import TasksConfig
 from posttrain.domains.base import stable_rng
 from posttrain.domains.registry import get
-from posttrain.tasks import TaskPool, TasksConfig
+from posttrain.tasks import TaskPool
 from posttrain.types import Episode
 
 FAMILY = ["rg_basic_arithmetic", "rg_chain_sum", "rg_products", "rg_bitwise_arithmetic", "rg_decimal_chain_sum"]

@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.engine.hf import HFEngine
 from posttrain.evaluate import evaluate
 from posttrain.evaluate.run import RunEvaluator
+from posttrain.metrics_log import MetricsLog
 from posttrain.model.arch import load_model
 from posttrain.model.pretrain import ensure_base
-from posttrain.rundir import MetricsLog
 from posttrain.tasks.pool import TaskPool
 
 

@@ -37,7 +37,7 @@ def cpu_seconds() -> float:
 
 def one_seed(seed: int, config: Path, extra: list[str]) -> dict:
     """Build (or reuse) seed's base, run the loop, evaluate; plain data only (it may run in a worker)."""
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
     from posttrain.model.pretrain import default_dir, ensure_base
 

@@ -30,7 +30,7 @@ VARIANTS = {
 
 
 def run_variant(name: str, extra: list[str], args: argparse.Namespace, out: Path) -> dict:
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
     from posttrain.trainer.checkpoint import latest_checkpoint
 

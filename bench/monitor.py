@@ -16,12 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.domains.registry import get
+from posttrain.metrics_log import MetricsLog
 from posttrain.monitor.monitor import Monitor, RunContext
 from posttrain.monitor.signals import Link, step_signals
 from posttrain.rollout import Rollout
-from posttrain.rundir import MetricsLog
 from posttrain.tasks.pool import TaskPool
 from posttrain.trace import TraceStore
 from posttrain.types import Completion, Episode
@@ -109,8 +109,8 @@ def _kl_ms(groups, rows: int) -> dict[str, float] | None:
     from posttrain.monitor.kl import kl_to_reference
 
     ref = load_model(path)[0]
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.trainer.batch import TrainBatch, TrainRow
-    from posttrain.trainer.config import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     policy = load_model(path)[0]

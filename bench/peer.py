@@ -476,7 +476,7 @@ def posttrain_worker(argv: Sequence[str]) -> int:
     out = Path(a.out)
     clock = StepClock(a.budget_cpu_s)
     _instrument(clock)
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
 
     cfg = load_config(a.config, [
@@ -733,7 +733,7 @@ def units_of(args: argparse.Namespace) -> list[Unit]:
 def base_model(args: argparse.Namespace) -> Path:
     if args.model:
         return args.model
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.model.pretrain import ensure_base
 
     return ensure_base(load_config(ROOT / "configs" / "default.yaml").base, progress=False)

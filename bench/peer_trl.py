@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.pipeline.budget import domain_budgets
     from posttrain.tasks.pool import TaskPool
 

@@ -53,7 +53,7 @@ def simulated_execute(short_ms: float, factor: float):
 
 def workload(steps: int, prompts: int):
     """Five domains; the long one is drawn 1 time in 10."""
-    from posttrain.tasks.config import TasksConfig
+    from posttrain.configs.tasks import TasksConfig
     from posttrain.tasks.pool import TaskPool
 
     domains = {d: {"difficulty": 1, "weight": 2.25} for d in ("add", "sub", "reverse", "sort")}
@@ -150,10 +150,11 @@ def main(argv=None) -> int:
 
     import torch
 
+    from posttrain.configs.base import BaseConfig
+    from posttrain.configs.pipeline import PipelineConfig
     from posttrain.engine.hf import HFEngine
     from posttrain.model.arch import load_model
-    from posttrain.model.pretrain import BaseConfig, ensure_base
-    from posttrain.pipeline import PipelineConfig
+    from posttrain.model.pretrain import ensure_base
     from posttrain.types import SamplingParams
 
     torch.set_num_threads(1)

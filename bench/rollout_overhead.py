@@ -65,11 +65,11 @@ def legacy_record(r: Any, params: Any, budgets: Any) -> Any:
 def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, Any]:
     import torch
 
+    from posttrain.engine.sync import make_engine
     from posttrain.model.arch import load_model, random_model
     from posttrain.pipeline.budget import domain_budgets
     from posttrain.pipeline.step import StepRollouts, make_workers
     from posttrain.pipeline.workers import DomainExecute
-    from posttrain.scale.remote import make_engine
     from posttrain.tasks.pool import TaskPool
     from posttrain.trace import TraceStore
     from posttrain.types import SamplingParams
@@ -126,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
 
     torch.set_num_threads(1)
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), [])

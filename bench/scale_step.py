@@ -35,9 +35,9 @@ def one(options: dict, steps: int) -> dict:
 
     import torch
 
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.model.arch import random_model
     from posttrain.trainer.batch import TrainBatch, TrainRow
-    from posttrain.trainer.config import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     torch.set_num_threads(1)

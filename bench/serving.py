@@ -91,8 +91,8 @@ def timed(engines: dict, reqs, rounds: int):
 def speed(args: argparse.Namespace) -> None:
     import torch
 
+    from posttrain.configs.serve import FastTierConfig
     from posttrain.engine.hf import HFEngine
-    from posttrain.serve.config import FastTierConfig
     from posttrain.serve.tiers import build_fast
 
     torch.set_num_threads(1)
@@ -151,9 +151,9 @@ def speed(args: argparse.Namespace) -> None:
 
 def gate(model, tok, tasks: int) -> None:
     """Held-out accuracy per domain: standard tier against the lossy int8 mode."""
+    from posttrain.configs.serve import FastTierConfig
     from posttrain.engine.hf import HFEngine
     from posttrain.evaluate import evaluate
-    from posttrain.serve.config import FastTierConfig
     from posttrain.serve.tiers import build_fast
 
     std = evaluate(HFEngine(model, tok), DOMAINS, tasks)

@@ -21,9 +21,9 @@ import time
 
 import torch
 
+from posttrain.configs.trainer import GuardConfig, TrainerConfig
 from posttrain.model.arch import random_model
 from posttrain.trainer.batch import TrainBatch, TrainRow
-from posttrain.trainer.config import GuardConfig, TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 

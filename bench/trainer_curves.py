@@ -34,7 +34,7 @@ VARIANTS = {
 
 
 def one_run(name: str, overrides: list[str], seed: int, model_path: str | None) -> dict:
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
 
     with tempfile.TemporaryDirectory() as out:

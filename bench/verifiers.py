@@ -94,8 +94,8 @@ def byo(args: argparse.Namespace) -> None:
     import sys
     import tempfile
 
-    from posttrain.byo.config import VerifierSpec
     from posttrain.byo.verifiers import build_verifier
+    from posttrain.configs.byo import VerifierSpec
 
     tmp = tempfile.mkdtemp(prefix="bench-byo-")
     with open(os.path.join(tmp, "bench_rewards.py"), "w") as fh:
@@ -181,11 +181,12 @@ def _judge(tmp: str, n: int) -> None:
 
     import uvicorn
 
-    from posttrain.byo.config import VerifierSpec
     from posttrain.byo.verifiers import build_verifier
+    from posttrain.configs.base import BaseConfig
+    from posttrain.configs.byo import VerifierSpec
+    from posttrain.configs.serve import ServeConfig
     from posttrain.model.arch import random_model
-    from posttrain.model.pretrain import BaseConfig, default_dir
-    from posttrain.serve.config import ServeConfig
+    from posttrain.model.pretrain import default_dir
     from posttrain.serve.server import build_server
 
     path = str(default_dir(BaseConfig()))  # the embedded base answers `a-b=` with digits: its first digit is the grade

@@ -92,9 +92,9 @@ def sync(device: torch.device) -> None:
 
 
 def run_loop(args: argparse.Namespace, device: torch.device, results: dict[str, Any]) -> None:
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.engine.hf import HFEngine
-    from posttrain.scale.memory import peak_memory_bytes
-    from posttrain.trainer.config import TrainerConfig
+    from posttrain.trainer.memory import peak_memory_bytes
     from posttrain.trainer.trainer import Trainer
 
     model = build_model(args.preset, str(device), 0)
@@ -141,8 +141,8 @@ def run_loop(args: argparse.Namespace, device: torch.device, results: dict[str, 
 
 
 def run_lora(args: argparse.Namespace, device: torch.device, results: dict[str, Any]) -> None:
+    from posttrain.configs.trainer import LoraConfig, TrainerConfig
     from posttrain.engine.hf import HFEngine
-    from posttrain.trainer.config import LoraConfig, TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     model = build_model(args.preset, str(device), 0)
@@ -173,8 +173,8 @@ def run_lora(args: argparse.Namespace, device: torch.device, results: dict[str, 
 
 
 def run_pinned(args: argparse.Namespace, device: torch.device, results: dict[str, Any]) -> None:
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.engine.hf import HFEngine
-    from posttrain.trainer.config import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     finals = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check, run in one call on a machine with a CUDA GPU, from the repository root:
 #   scripts/gpu_check.sh            (writes $OUT/gpu_check.json when $OUT is set, else bench/results/gpu_check.json)
-# 1. the scale tests marked gpu (CUDA trainer/engine paths against the CPU ones);
+# 1. the tests marked gpu (CUDA trainer/engine paths against the CPU ones);
 # 2. scripts/gpu_check.py: a short real loop on a randomly initialised Qwen2 of ~0.5B parameters
 #    (no hub): generation tokens/s, seconds per training step, peak memory, loss curve, a LoRA step,
 #    pinned-RNG repeatability. Each stage reports even when another fails.
@@ -26,7 +26,7 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee "$OUT_DIR/gpu_check_nvidia.txt"
 rc=0
 if "$PY" -c "import pytest" 2>/dev/null; then
-  timeout 180 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/scale 2>&1 | tail -n 25 | tee "$OUT_DIR/gpu_check_pytest.txt" || rc=1
+  timeout 180 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/trainer tests/engine 2>&1 | tail -n 25 | tee "$OUT_DIR/gpu_check_pytest.txt" || rc=1
 fi
 timeout 420 "$PY" scripts/gpu_check.py --out "$OUT_DIR/gpu_check.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check_log.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
 
-from posttrain.config import Config
+from posttrain.configs import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
+from posttrain.metrics_log import MetricsLog
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
 from posttrain.rollout import Rollout, informative
-from posttrain.rundir import MetricsLog, RunDir
+from posttrain.rundir import RunDir
 from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
 from posttrain.types import SamplingParams, to_dict
 
@@ -46,15 +47,15 @@ class RunResult:
 def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult | None:
     import torch
 
-    from posttrain.scale.distributed import LeaderTrainer, follow_unless_leader
+    from posttrain.trainer.distributed import LeaderTrainer, follow_unless_leader
 
     if follow_unless_leader(cfg, resume):  # torchrun + trainer.fsdp: ranks > 0 replay rank 0's trainer calls
         return None
 
+    from posttrain.engine.sync import WeightSync, make_engine
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
     from posttrain.monitor.monitor import Monitor, RunContext
-    from posttrain.scale.remote import WeightSync, make_engine
     from posttrain.tasks.pool import TaskPool
     from posttrain.trainer.trainer import Trainer
 

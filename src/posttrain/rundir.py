@@ -1,17 +1,16 @@
-"""A run directory: resolved config, metrics JSONL, checkpoints, trace database, eval table.
+"""A run directory: resolved config, metrics JSONL (written by `metrics_log`), checkpoints,
+trace database, eval table.
 
 Invariant: a run directory is self-describing: `config.yaml` is the resolved
 config it was started with, and everything the run wrote lives below it.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from posttrain.config import Config, dump_config, load_config
+from posttrain.configs import Config, dump_config, load_config
 from posttrain.errors import ConfigError
 
 
@@ -58,23 +57,3 @@ class RunDir:
         if not run.config_path.is_file():
             raise ConfigError(f"{str(path)!r} is not a run directory (no config.yaml)")
         return run, load_config(run.config_path)
-
-
-class MetricsLog:
-    """Appends one JSON object per line; readable while the run goes on."""
-
-    def __init__(self, path: Path) -> None:
-        self._f = path.open("a", buffering=1)
-
-    def write(self, kind: str, step: int, **values: Any) -> None:
-        self._f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **values}, default=float) + "\n")
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if kind is None or r["kind"] == kind]

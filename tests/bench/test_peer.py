@@ -65,7 +65,7 @@ def test_bad_arguments_exit_2(bad, capsys):
 
 
 def test_mixes_are_valid_posttrain_configs():
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
 
     for mix in peer.MIXES.values():
         cfg = load_config(ROOT / mix.config, [*mix.overrides, *peer.EVAL_OVERRIDES])
@@ -187,7 +187,7 @@ def test_step_clock_splits_and_stops_at_the_budget(monkeypatch):
 
 
 def test_trl_reward_is_posttrains_verifier():
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
 
     cfg = load_config(ROOT / "configs" / "default.yaml")
     tasks = peer_trl.draw_tasks(cfg, 1)
@@ -210,7 +210,7 @@ def test_trl_reward_marks_infra_errors_none(raising_domain):
 
 
 def test_trl_draws_posttrains_task_order():
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.tasks.pool import TaskPool
 
     cfg = load_config(ROOT / "configs" / "default.yaml", ["run.seed=3"])

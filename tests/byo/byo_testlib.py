@@ -22,7 +22,7 @@ def write_jsonl(path: Path, data: list[dict]) -> Path:
 
 
 def train_cfg(tmp_path: Path, base: str, name: str, domains: str, *extra: str):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
 
     return load_config(None, [*TINY, f"model.path={base}", f"run.out_dir={tmp_path}", f"run.name={name}",
                               f"tasks.domains={domains}", *extra])

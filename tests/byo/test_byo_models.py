@@ -11,9 +11,9 @@ import time
 import pytest
 from byo_testlib import rows, train_cfg, write_jsonl
 
-from posttrain.byo.config import VerifierSpec
 from posttrain.byo.domain import RowRef
 from posttrain.byo.verifiers import build_verifier
+from posttrain.configs.byo import VerifierSpec
 from posttrain.errors import VerifierError
 from posttrain.trace import TraceStore
 from posttrain.types import Episode, Message, Task, TaskMeta

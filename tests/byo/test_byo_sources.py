@@ -9,9 +9,9 @@ import pytest
 from byo_testlib import rows, write_jsonl
 
 from posttrain.byo.build import source_domain
-from posttrain.config import load_config
+from posttrain.configs import load_config
+from posttrain.configs.tasks import DomainSpec
 from posttrain.errors import ConfigError, TaskError
-from posttrain.tasks.config import DomainSpec
 from posttrain.tasks.pool import TaskPool
 
 FIELDS = {"prompt": "q", "answer": "a", "id": "id", "difficulty": "lvl"}

@@ -8,7 +8,7 @@ import os
 import pytest
 from byo_testlib import rows, train_cfg, write_jsonl
 
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 USERFNS = os.path.join(os.path.dirname(__file__), "userfns")

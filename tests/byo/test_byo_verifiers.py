@@ -8,9 +8,9 @@ import sqlite3
 
 import pytest
 
-from posttrain.byo.config import VerifierSpec
 from posttrain.byo.domain import RowRef
 from posttrain.byo.verifiers import build_verifier
+from posttrain.configs.byo import VerifierSpec
 from posttrain.errors import ConfigError, VerifierError
 from posttrain.types import Episode, Message, Task, TaskMeta
 

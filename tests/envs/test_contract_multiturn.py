@@ -17,8 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
 from pipeline_testlib import ScriptedEngine  # noqa: E402
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import all_domains  # noqa: E402
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler  # noqa: E402
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler  # noqa: E402
 from posttrain.types import SamplingParams  # noqa: E402
 
 DOMAINS = all_domains()

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain.domains.hygiene import prompt_key
 from posttrain.evaluate import EvalTable, HeldoutSet, build_heldout, format_table, rotation_slice
 from posttrain.evaluate.core import _Outcome, _result, _verdict
-from posttrain.tasks.hygiene import prompt_key
 from posttrain.types import Episode
 
 

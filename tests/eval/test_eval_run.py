@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from posttrain.config import load_config
-from posttrain.rundir import read_metrics
+from posttrain.configs import load_config
+from posttrain.metrics_log import read_metrics
 
 RUN = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.max_tokens=6",
        "eval.tasks_per_domain=10", "eval.subset_tasks=6", "eval.rotation_tasks=3", "eval.samples=2", "eval.k=[1,2]",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import apply_override, load_config
+from posttrain.configs import apply_override, load_config
 from posttrain.errors import ConfigError
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.errors import ModelLoadError
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [

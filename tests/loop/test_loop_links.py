@@ -25,9 +25,9 @@ def _rollout(gid: str, reward: float | None, tokens: tuple[int, ...], logp: tupl
 def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(tmp_path, micro_base):
     import torch
 
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.loop import _batch, _record
     from posttrain.model.arch import load_model
-    from posttrain.trainer.config import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     trainer = Trainer(load_model(micro_base)[0], TrainerConfig(lr=1e-4))

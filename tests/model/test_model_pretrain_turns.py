@@ -7,9 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from posttrain.configs.base import BaseConfig
 from posttrain.domains.registry import get
 from posttrain.model.bugs import TURN_BUGS
-from posttrain.model.pretrain import BaseConfig, _encode, _encode_batch, _examples, default_dir, transcript
+from posttrain.model.pretrain import _encode, _encode_batch, _examples, default_dir, transcript
 from posttrain.model.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

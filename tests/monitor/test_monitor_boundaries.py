@@ -78,9 +78,9 @@ def test_trace_reads_go_through_the_store_read_only(tmp_path):
 
 
 def test_all_infra_domain_is_no_accuracy_in_the_heldout_row(tmp_path):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
+    from posttrain.metrics_log import MetricsLog, read_metrics
     from posttrain.monitor.monitor import Monitor, RunContext
-    from posttrain.rundir import MetricsLog, read_metrics
     from posttrain.tasks.pool import TaskPool
 
     cfg = load_config(None, ["tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}"])

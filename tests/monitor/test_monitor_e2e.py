@@ -14,10 +14,10 @@ import pytest
 from monitor_testlib import TINY, Coin, Letters, plant_collapse, plant_digit_hack
 
 from posttrain.cli import main
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.domains import registry
 from posttrain.errors import VerifierError
-from posttrain.rundir import read_metrics
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 

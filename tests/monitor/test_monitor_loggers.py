@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
+from posttrain.configs.monitor import LoggersConfig
 from posttrain.errors import ConfigError
-from posttrain.monitor.config import LoggersConfig
 from posttrain.monitor.loggers import build_loggers, flatten
 
 

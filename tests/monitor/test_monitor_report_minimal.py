@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from posttrain.errors import ConfigError
+from posttrain.metrics_log import MetricsLog
 from posttrain.report import write_report
-from posttrain.rundir import MetricsLog
 
 
 def test_report_of_a_bare_run(tmp_path):

@@ -7,9 +7,9 @@ import pytest
 def test_row_stats_match_the_step_and_the_clip_rule(micro_base):
     import torch
 
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.model.arch import load_model
     from posttrain.trainer.batch import TrainBatch, TrainRow
-    from posttrain.trainer.config import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     model = load_model(micro_base)[0]

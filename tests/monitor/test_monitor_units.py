@@ -7,17 +7,17 @@ import random
 import pytest
 from monitor_testlib import Letters
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 from posttrain.domains.registry import get
 from posttrain.errors import VerifierError
 from posttrain.loop import apply_actions
+from posttrain.metrics_log import MetricsLog, read_metrics
 from posttrain.monitor.actions import ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, History, KLAcceleration, RewardHacking
 from posttrain.monitor.diversity import distinct_answers, distinct_n, levenshtein, mean_pairwise_edit
 from posttrain.monitor.monitor import Monitor, RunContext
 from posttrain.monitor.probes import probe_domain
 from posttrain.monitor.signals import DomainSignals
-from posttrain.rundir import MetricsLog, read_metrics
 from posttrain.tasks.pool import TaskPool
 from posttrain.trace import TraceStore
 from posttrain.types import Episode

@@ -21,9 +21,10 @@ import pytest
 from pipeline_testlib import ScriptedEngine
 
 from posttrain import sandbox
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import get
 from posttrain.errors import SandboxError
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.pipeline.workers import DomainExecute
 from posttrain.types import SamplingParams
 

@@ -13,11 +13,12 @@ import pytest
 from pipeline_testlib import ScriptedEngine
 
 from posttrain import sandbox
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget
 from posttrain.domains.code import CodeRun
 from posttrain.domains.geo3d import GeoRun
 from posttrain.domains.registry import get
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.workers import DomainExecute
 from posttrain.types import Completion, Episode, SamplingParams
@@ -83,8 +84,8 @@ def test_code_runs_in_the_execute_stage_and_the_verifier_makes_no_sandbox_call(m
 
     # the trace row carries the execution result; `trace explain` shows program, result and verdict
     from posttrain.loop import _record
-    from posttrain.monitor.explain import explain
     from posttrain.trace import TraceStore
+    from posttrain.trace.explain import explain
 
     store = TraceStore(tmp_path / "trace.db")
     ids = store.write_rollouts([_record(r, SamplingParams(n=2)) for r in rollouts])
@@ -137,9 +138,9 @@ def test_geo_execute_step_reports_the_mesh_and_score_reads_it(monkeypatch):
 
 @needs_root
 def test_byo_code_verifier_declares_the_execute_step(monkeypatch):
-    from posttrain.byo.config import VerifierSpec
     from posttrain.byo.domain import RowRef
     from posttrain.byo.verifiers import build_verifier
+    from posttrain.configs.byo import VerifierSpec
     from posttrain.types import Message, Task, TaskMeta
 
     tests = [{"args": [5, 0, 10], "expected": 5}, {"args": [12, 0, 10], "expected": 10}]
@@ -178,7 +179,7 @@ class BudgetEngine(ScriptedEngine):
 
 
 def test_mixed_budgets_generate_in_separate_calls_each_capped_at_its_own():
-    from posttrain.tasks.config import TasksConfig
+    from posttrain.configs.tasks import TasksConfig
     from posttrain.tasks.pool import resolve_specs
 
     long_name = "math_arith_nth"
@@ -219,9 +220,9 @@ def test_budget_cap_and_eval_use_the_same_budgets():
 
 @needs_root
 def test_train_runs_code_beside_add_with_their_budgets_and_traces_exec_result(tmp_path, micro_base):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
-    from posttrain.rundir import read_metrics
+    from posttrain.metrics_log import read_metrics
     from posttrain.trace import TraceStore
 
     cfg = load_config(
@@ -265,7 +266,7 @@ def test_train_runs_code_beside_add_with_their_budgets_and_traces_exec_result(tm
 
 
 def test_sandbox_section_caps_each_domains_requests(monkeypatch):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
 
     cfg = load_config(None, ["sandbox.workers=3", "sandbox.max_memory_mb=128", "sandbox.max_wall_s=20"])
     assert cfg.sandbox.pool_config().workers == 3 and not hasattr(cfg.sandbox.pool_config(), "max_wall_s")
@@ -288,8 +289,8 @@ def test_trace_explain_on_a_code_revise_rollout_shows_each_turn(tmp_path):
     observation, a revision; `trace explain` prints every turn's program, its execution
     result and the verifier's verdict."""
     from posttrain.loop import _record
-    from posttrain.monitor.explain import explain
     from posttrain.trace import TraceStore
+    from posttrain.trace.explain import explain
 
     rollouts, _, _ = _run([get("code_revise").sample(0, "train", 1)])
     wrong_first = rollouts[1]

@@ -6,9 +6,10 @@ import threading
 
 from pipeline_testlib import ScriptedEngine
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import get
 from posttrain.errors import SandboxError
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.types import SamplingParams
 
 FAST = dict(backoff_s=0.001, execute_workers=2, verify_workers=2)

@@ -1,8 +1,8 @@
 """The closed loop's rollout step through the pipeline: per-step stats in metrics and trace, replacement."""
 from __future__ import annotations
 
-from posttrain.config import load_config
-from posttrain.rundir import read_metrics
+from posttrain.configs import load_config
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [
@@ -54,8 +54,9 @@ def test_loop_off_policy_overlaps_generation_with_staleness_bound(tmp_path, micr
 def test_ahead_mode_drops_groups_beyond_the_staleness_bound():
     from pipeline_testlib import ScriptedEngine
 
-    from posttrain.pipeline import EmbeddedWorkers, PipelineConfig, StepRollouts
-    from posttrain.tasks.config import TasksConfig
+    from posttrain.configs.pipeline import PipelineConfig
+    from posttrain.configs.tasks import TasksConfig
+    from posttrain.pipeline import EmbeddedWorkers, StepRollouts
     from posttrain.tasks.pool import TaskPool
     from posttrain.types import SamplingParams
 

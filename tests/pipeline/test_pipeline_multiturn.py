@@ -9,12 +9,13 @@ import re
 import pytest
 from pipeline_testlib import ScriptedEngine
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains import registry
 from posttrain.domains.base import Budget, Domain
 from posttrain.envs import StepResult, script_judge
 from posttrain.envs.coding import extract_code
 from posttrain.errors import SandboxError
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.trainer.batch import TrainRow
 from posttrain.types import Message, SamplingParams, Score, Task, TaskMeta
 
@@ -161,8 +162,8 @@ def test_coding_loop_loss_mask_covers_only_model_tokens(fixcode):
 
 def test_trace_explain_shows_each_turn_program_result_and_verdict(fixcode, tmp_path):
     from posttrain.loop import _record
-    from posttrain.monitor.explain import explain
     from posttrain.trace import TraceStore
+    from posttrain.trace.explain import explain
 
     [group], _ = _run(fixcode, coding_policy, [fixcode.sample(2, "train", 1)], n=2)
     store = TraceStore(tmp_path / "trace.db")

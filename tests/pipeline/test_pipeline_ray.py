@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import get
-from posttrain.pipeline import EmbeddedWorkers, Pipeline, PipelineConfig, Scheduler
+from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.types import SamplingParams
 
 pytestmark = pytest.mark.ray
@@ -68,7 +69,7 @@ def _view(results):
 def test_ray_runtime_matches_in_process(ray_cluster, engine):
     import torch
 
-    from posttrain.runtime.ray import RayWorkers
+    from posttrain.pipeline.ray import RayWorkers
 
     tasks = _tasks()
     workers = RayWorkers.from_engine(engine, CFG)
@@ -97,7 +98,7 @@ def test_ray_runtime_matches_in_process(ray_cluster, engine):
 
 
 def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
-    from posttrain.runtime.ray import RayWorkers
+    from posttrain.pipeline.ray import RayWorkers
 
     marker = str(tmp_path / "killed")
 
@@ -125,7 +126,7 @@ def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
 
 
 def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_path):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
     from posttrain.trace import TraceStore
 
@@ -158,7 +159,7 @@ def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):
     # the cluster started before the file domain existed: the actors learn it from their runtime_env
     import json
 
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.loop import train
     from posttrain.trace import TraceStore
 
@@ -194,7 +195,7 @@ def test_multi_turn_episodes_on_ray_match_in_process(ray_cluster, engine):
     """The same envs.driver steps the episodes on both runtimes (environments in the
     pipeline's process, verification on the actors): identical transcripts and rewards."""
     from posttrain.domains.base import Budget
-    from posttrain.runtime.ray import RayWorkers
+    from posttrain.pipeline.ray import RayWorkers
 
     name = "tool_transfer"
     tasks = [get(name).sample(i, "train", 1) for i in range(2)]

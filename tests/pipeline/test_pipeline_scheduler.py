@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.errors import ConfigError
-from posttrain.pipeline import AdaptiveCap, PipelineConfig, Scheduler
+from posttrain.pipeline import AdaptiveCap, Scheduler
 
 WEIGHTS = {"add": 3.0, "sub": 1.0, "reverse": 2.0, "sort": 2.0}
 TIERS = {"add": "short", "sub": "short", "reverse": "short", "sort": "long"}

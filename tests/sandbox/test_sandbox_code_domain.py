@@ -353,7 +353,7 @@ def test_posttrain_train_probes_the_code_and_terminal_cheats(tmp_path, micro_bas
     """A real `posttrain train` on code and terminal scores every declared cheat
     of both at start and finds every one rejected, so it trains on both."""
     from posttrain.cli import main
-    from posttrain.rundir import read_metrics
+    from posttrain.metrics_log import read_metrics
 
     code = main(
         [

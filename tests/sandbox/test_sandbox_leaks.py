@@ -27,6 +27,7 @@ import zlib
 import pytest
 
 from posttrain import sandbox
+from posttrain.configs.sandbox import SandboxConfig
 from posttrain.domains import code as C
 from posttrain.domains import terminal as T
 from posttrain.domains.base import stable_rng
@@ -136,7 +137,7 @@ def dump_of(result) -> bytes:
 @pytest.fixture(scope="module")
 def pool():
     """A fresh pool; its first run is the ambient control (nothing has run on it yet)."""
-    with sandbox.Pool(sandbox.SandboxConfig(workers=1)) as p:
+    with sandbox.Pool(SandboxConfig(workers=1)) as p:
         req = sandbox.ExecRequest(
             files={"scan.py": SCANNER + "\nscan()\n"},
             python_main="scan.py",
@@ -376,7 +377,7 @@ def walk(p) -> dict[str, set[str]]:
 
 @pytest.mark.slow
 def test_no_readable_file_holds_hidden_task_data():
-    with sandbox.Pool(sandbox.SandboxConfig(workers=1)) as p:
+    with sandbox.Pool(SandboxConfig(workers=1)) as p:
         assert walk(p) == {}
 
 
@@ -389,6 +390,6 @@ def test_the_file_walk_finds_task_data_where_it_is_bound(tmp_path):
     leaked = tmp_path / "leaked"
     leaked.mkdir()
     shutil.copy(os.path.join(C.DATA, "tasks.json"), leaked / "tasks.json")
-    with sandbox.Pool(sandbox.SandboxConfig(workers=1, ro_binds=(str(leaked),))) as p:
+    with sandbox.Pool(SandboxConfig(workers=1, ro_binds=(str(leaked),))) as p:
         flagged = walk(p)
     assert str(leaked / "tasks.json") in flagged

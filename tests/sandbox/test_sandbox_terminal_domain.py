@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from posttrain.configs.sandbox import SandboxConfig
 from posttrain.domains import terminal as T
 from posttrain.domains.base import stable_rng
 from posttrain.domains.registry import get
@@ -99,7 +100,7 @@ def test_many_environments_share_a_small_pool_without_waiting(monkeypatch):
     slot between turns, so none waits for another to finish."""
     from posttrain import sandbox
 
-    pool = sandbox.Pool(sandbox.SandboxConfig(workers=1, acquire_timeout_s=20))
+    pool = sandbox.Pool(SandboxConfig(workers=1, acquire_timeout_s=20))
     monkeypatch.setattr(sandbox, "get_pool", lambda: pool)
     task = DOMAIN.sample(0, "train", 1)
     envs = [DOMAIN.environment()() for _ in range(4)]

@@ -6,7 +6,7 @@ import openai
 import pytest
 from serve_helpers import running, save_model
 
-from posttrain.serve.config import ServeConfig
+from posttrain.configs.serve import ServeConfig
 from posttrain.serve.server import build_server
 
 PROMPT = [{"role": "user", "content": "rev abcd="}]

@@ -10,9 +10,9 @@ import openai
 import pytest
 from serve_helpers import running, save_model
 
+from posttrain.configs.serve import CanaryConfig, ServeConfig
 from posttrain.errors import ConfigError
 from posttrain.serve.canary import regressions
-from posttrain.serve.config import CanaryConfig, ServeConfig
 from posttrain.serve.registry import ModelRegistry
 from posttrain.serve.router import Window
 from posttrain.serve.server import build_server

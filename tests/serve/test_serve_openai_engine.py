@@ -6,11 +6,11 @@ import math
 import pytest
 from serve_helpers import running, save_model
 
+from posttrain.configs.serve import ServeConfig
 from posttrain.engine.hf import HFEngine
 from posttrain.engine.openai import OpenAIEngine
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.model.arch import load_model
-from posttrain.serve.config import ServeConfig
 from posttrain.serve.server import build_server
 from posttrain.types import GenerationRequest, Message, SamplingParams
 

@@ -103,7 +103,7 @@ def test_lean_decoder_matches_transformers_logits(model):
 @pytest.mark.parametrize("kw", [{"target": "lean"}, {"draft_model": "lean"}, {"draft_model": "lean-int8"},
                                 {"target": "lean", "ngram": False, "draft_model": "none"}])
 def test_served_fast_configs_reproduce_the_standard_engine(model, kw):
-    from posttrain.serve.config import FastTierConfig
+    from posttrain.configs.serve import FastTierConfig
     from posttrain.serve.tiers import build_fast
 
     m, tok = model

@@ -6,10 +6,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from posttrain.configs.tasks import DomainSpec, TasksConfig
 from posttrain.domains.base import ProceduralDomain
 from posttrain.errors import TaskError
-from posttrain.tasks import TaskPool, TasksConfig
-from posttrain.tasks.config import DomainSpec
+from posttrain.tasks import TaskPool
 
 
 def cfg(**kw) -> TasksConfig:
@@ -217,7 +217,7 @@ def test_drift_guard_ignores_a_drop_within_sampling_noise():
     # best 0.60 on 50 items, now 0.50 on 50: a 0.10 drop but the noise margin is
     # 1.96 * sqrt(.6*.4/50 + .5*.5/50) = 1.96 * 0.0990 = 0.194, so no boost;
     # the same drop measured on 2,000 items each (margin 0.031) boosts.
-    from posttrain.tasks.config import DriftConfig
+    from posttrain.configs.tasks import DriftConfig
     from posttrain.tasks.drift import DriftGuard, drop_margin
 
     assert abs(drop_margin(0.6, 50, 0.5, 50, 1.96) - 0.19401) < 1e-4

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
+from posttrain.configs.tasks import TasksConfig
 from posttrain.domains.registry import all_domains
 from posttrain.errors import TaskError
-from posttrain.tasks.config import TasksConfig
 from posttrain.tasks.pool import TaskPool
 
 

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import load_config
+from posttrain.configs import load_config
+from posttrain.configs.tasks import TasksConfig
 from posttrain.domains.base import weigh
 from posttrain.domains.registry import get
 from posttrain.errors import ConfigError
-from posttrain.tasks import TaskPool, TasksConfig
+from posttrain.tasks import TaskPool
 from posttrain.types import Episode, Score
 
 WEIGHTS = {"outcome": 1.0, "process": 0.2, "efficiency": 0.1}

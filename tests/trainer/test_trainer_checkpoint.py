@@ -9,10 +9,10 @@ import pytest
 import torch
 from trainer_testlib import optimizer_tensors, params_of, same_params, synthetic_batch, tiny_model
 
+from posttrain.configs.trainer import GuardConfig, TrainerConfig
 from posttrain.errors import TrainerError
 from posttrain.model.tokenizer import build_tokenizer
 from posttrain.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from posttrain.trainer.config import GuardConfig, TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 

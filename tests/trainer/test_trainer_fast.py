@@ -6,9 +6,9 @@ import pytest
 import torch
 from trainer_testlib import reference_logprobs, synthetic_batch, tiny_model
 
+from posttrain.configs.trainer import TrainerConfig, load_trainer_config
 from posttrain.errors import ConfigError
 from posttrain.trainer.batch import TrainBatch, TrainRow
-from posttrain.trainer.config import TrainerConfig, load_trainer_config
 from posttrain.trainer.trainer import Trainer, cost_slices, pack_rows, split_head
 
 

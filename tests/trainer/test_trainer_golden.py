@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from trainer_testlib import synthetic_batch, tiny_model
 
-from posttrain.trainer.config import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig, TrainerConfig
+from posttrain.configs.trainer import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig, TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 GOLDEN = {

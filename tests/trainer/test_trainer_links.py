@@ -8,9 +8,9 @@ import pytest
 import torch
 from trainer_testlib import reference_logprobs, tiny_model
 
+from posttrain.configs.trainer import TrainerConfig
 from posttrain.errors import TrainerError
 from posttrain.trainer.batch import TrainBatch, TrainRow
-from posttrain.trainer.config import TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 

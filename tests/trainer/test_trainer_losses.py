@@ -21,7 +21,7 @@ import pytest
 import torch
 import trainer_testlib  # noqa: F401  (sets OMP threads before torch)
 
-from posttrain.trainer.config import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig
+from posttrain.configs.trainer import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig
 from posttrain.trainer.losses import (
     LOSSES,
     BatchTotals,

@@ -15,9 +15,9 @@ from trainer_testlib import (
     tiny_model,
 )
 
+from posttrain.configs.trainer import DrGRPOLossConfig, GuardConfig, TrainerConfig
 from posttrain.errors import ConfigError, TrainerError
 from posttrain.trainer.batch import TrainBatch, TrainRow
-from posttrain.trainer.config import DrGRPOLossConfig, GuardConfig, TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 

@@ -14,7 +14,7 @@ from posttrain.errors import ConfigError, PosttrainError, TaskError
 
 if TYPE_CHECKING:
     from posttrain.byo.domain import SourceDomain
-    from posttrain.tasks.config import DomainSpec, TasksConfig
+    from posttrain.configs.tasks import DomainSpec, TasksConfig
 
 
 def source_domain(name: str, spec: DomainSpec, base_dir: str | None = None, check: bool = True) -> SourceDomain:
@@ -32,6 +32,14 @@ def source_domain(name: str, spec: DomainSpec, base_dir: str | None = None, chec
     return domain
 
 
+def rebuild(name: str, spec_json: str, base_dir: str | None) -> SourceDomain:
+    """A file domain in a worker process, from the spec `register_sources` kept in the
+    environment (the registry calls this by its import path; not checked again)."""
+    from posttrain.configs.tasks import DomainSpec
+
+    return source_domain(name, DomainSpec.model_validate_json(spec_json), base_dir, check=False)
+
+
 def register_sources(config: TasksConfig, base_dir: str | None = None) -> list[str]:
     """Build and register every source domain of `config`; returns their names."""
     from posttrain.domains import registry
@@ -46,6 +54,6 @@ def register_sources(config: TasksConfig, base_dir: str | None = None) -> list[s
             raise TaskError(f"tasks.domains.{name}: the name is taken by {old}; a source domain needs its own name")
         domain = source_domain(name, spec, base_dir)
         registry.register(domain, domain.origin)
-        registry.remember_source(name, spec.model_dump_json(), base_dir)
+        registry.remember_source(name, f"{__name__}:rebuild", spec.model_dump_json(), base_dir)
         names.append(name)
     return names

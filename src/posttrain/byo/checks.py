@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.byo.domain import SourceDomain
-from posttrain.tasks.hygiene import exact_key, normalise, prompt_text
+from posttrain.domains.hygiene import exact_key, normalise, prompt_text
 from posttrain.types import Episode
 
 _NEAR = re.compile(r"[^\w]+")

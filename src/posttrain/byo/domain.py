@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from posttrain.byo.config import SourceConfig, VerifierSpec
 from posttrain.byo.sources import RawRow, Reader, json_cell, open_source, text_of
+from posttrain.configs.byo import SourceConfig, VerifierSpec
 from posttrain.domains.base import Budget, Domain, stable_hash
+from posttrain.domains.hygiene import normalise
 from posttrain.errors import TaskError
-from posttrain.tasks.hygiene import normalise
 from posttrain.types import Message, Split, Task, TaskMeta
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.byo.config import JudgeParams, RewardModelParams
+from posttrain.configs.byo import JudgeParams, RewardModelParams
 from posttrain.domains.base import stable_hash
 from posttrain.errors import ConfigError, GenerationError, VerifierError
 from posttrain.types import Episode, Message, Score, Task

@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.byo.config import PythonParams
+from posttrain.configs.byo import PythonParams
 from posttrain.errors import ConfigError, VerifierError
 from posttrain.types import Episode, Score, Task
 

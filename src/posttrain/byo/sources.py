@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.byo.config import SourceConfig, resolve_format
+from posttrain.configs.byo import SourceConfig, resolve_format
 from posttrain.errors import TaskError
 
 DATA_EXTRA = "pip install 'posttrain[data]'"

@@ -20,7 +20,7 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.byo import config as C
+from posttrain.configs import byo as C
 from posttrain.domains.base import extract_answer, stable_hash
 from posttrain.errors import ConfigError, VerifierError
 from posttrain.types import Episode, Score, Task

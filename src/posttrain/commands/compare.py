@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from posttrain.config import load_config, split_cli_args
+    from posttrain.configs import load_config, split_cli_args
     from posttrain.evaluate.compare import heldout_of, resolve, run_compare, text, write_outputs
 
     a, b = resolve(args.a), resolve(args.b)

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.config:
         from posttrain.byo.build import register_sources
-        from posttrain.config import load_config
+        from posttrain.configs import load_config
 
         register_sources(load_config(args.config).tasks)
     if args.verb == "show":
@@ -98,8 +98,8 @@ def show(args: argparse.Namespace) -> int:
 
 
 def hygiene(args: argparse.Namespace) -> int:
+    from posttrain.domains.hygiene import contamination, dedupe
     from posttrain.domains.registry import get
-    from posttrain.tasks.hygiene import contamination, dedupe
 
     names = args.names or ["add", "sub", "mul", "reverse", "sort"]
     print(

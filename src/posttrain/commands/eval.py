@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from posttrain.config import load_config, split_cli_args
+    from posttrain.configs import load_config, split_cli_args
     from posttrain.errors import ConfigError
 
     config, overrides = split_cli_args(args.config, args.overrides)

@@ -38,8 +38,8 @@ def export(source: Any, out: Any, base: str | None = None) -> dict[str, str]:
 
     from posttrain.errors import ConfigError
     from posttrain.model.arch import check_model_dir
-    from posttrain.scale.lora import is_adapter_dir, merge_to_dir
     from posttrain.trainer.checkpoint import _resolve
+    from posttrain.trainer.lora import is_adapter_dir, merge_to_dir
 
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out: {str(out)!r} exists and is not empty")

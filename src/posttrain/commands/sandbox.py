@@ -26,8 +26,9 @@ def run(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
+    from posttrain.configs.sandbox import SandboxConfig
     from posttrain.errors import ConfigError
-    from posttrain.sandbox import ExecRequest, Limits, Pool, SandboxConfig, probe, select_backend
+    from posttrain.sandbox import ExecRequest, Limits, Pool, probe, select_backend
 
     try:
         config = SandboxConfig(backend=args.backend, accept_weaker=tuple(args.accept_weaker))

@@ -21,8 +21,8 @@ def add_parser(sub: Any) -> None:
 def build_config(args: argparse.Namespace) -> Any:
     import yaml
 
+    from posttrain.configs.serve import load_serve_config
     from posttrain.errors import ConfigError
-    from posttrain.serve.config import load_serve_config
 
     data: dict[str, Any] = {}
     if args.config:

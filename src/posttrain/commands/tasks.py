@@ -44,11 +44,11 @@ def _specs(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """(name -> DomainSpec, model path) from a config file, or from a data file and the options."""
     import yaml
 
+    from posttrain.configs.tasks import DomainSpec
     from posttrain.errors import ConfigError
-    from posttrain.tasks.config import DomainSpec
 
     if args.path.endswith((".yaml", ".yml")):
-        from posttrain.config import load_config
+        from posttrain.configs import load_config
 
         cfg = load_config(args.path)
         specs = {n: s for n, s in cfg.tasks.domains.items() if s.source is not None}

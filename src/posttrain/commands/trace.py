@@ -52,8 +52,8 @@ def _find(rollout_id: str, run: str | None) -> Path:
 
 def _explain(args: argparse.Namespace) -> int:
     from posttrain.errors import ConfigError
-    from posttrain.monitor.explain import explain
     from posttrain.trace import TraceStore
+    from posttrain.trace.explain import explain
 
     if not args.rollout_id:
         raise ConfigError("trace explain needs a ROLLOUT_ID (see `posttrain trace RUN_DIR` for ids)")

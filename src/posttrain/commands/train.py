@@ -13,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.config import load_config, split_cli_args
+    from posttrain.configs import load_config, split_cli_args
 
     config, overrides = split_cli_args(args.config, args.overrides)
     if args.resume and (config or overrides):

@@ -5,10 +5,12 @@ both origins), and every module in `posttrain.domains` is imported, then
 every installed plugin's `posttrain.domains` entry points loaded, before the
 registry is read, so a domain exists as soon as its module file (or its
 plugin) does. Domains read from files (`tasks.domains.NAME.source`) are
-registered by the task pool; one may replace an earlier file domain of the
-same name (a new config in the same process), never a module or plugin one.
-Their specs are also kept in the environment, so a worker process started
-later (a verification process pool) can rebuild them by name.
+registered by the task pool (through byo); one may replace an earlier file domain
+of the same name (a new config in the same process), never a module or plugin one.
+Their specs are also kept in the environment with the import path of what builds
+them (`remember_source`), so a worker process started later (a verification
+process pool, a Ray actor) rebuilds them by name; the registry itself imports
+nothing above the domains.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from posttrain.errors import TaskError
 _REGISTRY: dict[str, Domain] = {}
 _ORIGINS: dict[str, str] = {}
 _LOADED = False
-_NOT_DOMAINS = {"base", "registry"}
+_NOT_DOMAINS = {"base", "registry", "plugins", "hygiene"}
 SOURCE_ENV = "POSTTRAIN_SOURCE_DOMAINS"
 
 
@@ -54,7 +56,7 @@ def _load_builtin() -> None:
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name not in _NOT_DOMAINS and not info.name.startswith("_"):
             importlib.import_module(f"posttrain.domains.{info.name}")
-    from posttrain.byo.plugins import plugin_domains
+    from posttrain.domains.plugins import plugin_domains
 
     for domain, origin in plugin_domains():
         register(domain, origin)
@@ -66,10 +68,12 @@ def origin(name: str) -> str:
     return _ORIGINS.get(name, "?")
 
 
-def remember_source(name: str, spec_json: str, base_dir: str | None) -> None:
-    """Keep a file domain's spec in the environment for worker processes started later."""
+def remember_source(name: str, builder: str, spec_json: str, base_dir: str | None) -> None:
+    """Keep a file domain's spec in the environment for worker processes started later, with
+    `builder`, the import path (`module:function`) of `function(name, spec_json, base_dir) -> Domain`
+    that rebuilds it there."""
     known = json.loads(os.environ.get(SOURCE_ENV, "{}"))
-    known[name] = {"spec": spec_json, "base_dir": base_dir}
+    known[name] = {"builder": builder, "spec": spec_json, "base_dir": base_dir}
     os.environ[SOURCE_ENV] = json.dumps(known)
 
 
@@ -77,11 +81,9 @@ def _from_environment(name: str) -> Domain | None:
     entry = json.loads(os.environ.get(SOURCE_ENV, "{}")).get(name)
     if entry is None:
         return None
-    from posttrain.byo.build import source_domain
-    from posttrain.tasks.config import DomainSpec
-
-    domain = source_domain(name, DomainSpec.model_validate_json(entry["spec"]), entry["base_dir"], check=False)
-    return register(domain, domain.origin)  # built once per process
+    module, _, function = entry["builder"].partition(":")
+    domain = getattr(importlib.import_module(module), function)(name, entry["spec"], entry["base_dir"])
+    return register(domain, getattr(domain, "origin", None))  # built once per process
 
 
 def get(name: str) -> Domain:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 from posttrain.domains.base import stable_hash
+from posttrain.domains.hygiene import prompt_key
 from posttrain.errors import ConfigError, TaskError
-from posttrain.tasks.hygiene import prompt_key
 from posttrain.types import Task
 
 FORMAT_VERSION = 1

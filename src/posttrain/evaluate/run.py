@@ -95,7 +95,7 @@ class RunEvaluator:
     def _contamination(self, pool: Any) -> dict[str, Any]:
         from dataclasses import asdict
 
-        from posttrain.tasks.hygiene import contamination
+        from posttrain.domains.hygiene import contamination
 
         drawn: dict[str, list[Any]] = {}
         for task in pool.draw(self.cfg.contamination_train_tasks):

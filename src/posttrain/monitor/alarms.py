@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from posttrain.monitor.config import AlarmsConfig
+from posttrain.configs.monitor import AlarmsConfig
 from posttrain.monitor.signals import DomainSignals
 from posttrain.tasks.drift import drop_margin
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from posttrain.configs.monitor import LoggersConfig
 from posttrain.errors import ConfigError
-from posttrain.monitor.config import LoggersConfig
 
 
 class ScalarLogger(Protocol):

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from posttrain.configs.monitor import MonitorConfig
 from posttrain.errors import VerifierError, capture
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, Detector, History, Hit
-from posttrain.monitor.config import MonitorConfig
 from posttrain.monitor.loggers import build_loggers, flatten
 from posttrain.monitor.probes import probe_domain
 from posttrain.monitor.signals import DomainSignals, Link, step_signals
@@ -33,10 +33,10 @@ from posttrain.monitor.signals import DomainSignals, Link, step_signals
 if TYPE_CHECKING:
     from torch import nn
 
-    from posttrain.config import Config
+    from posttrain.configs import Config
     from posttrain.evaluate import EvalTable
+    from posttrain.metrics_log import MetricsLog
     from posttrain.rollout import Rollout
-    from posttrain.rundir import MetricsLog
     from posttrain.trace import TraceStore
 
 Log = Callable[[str], object]
@@ -380,7 +380,7 @@ class Monitor:
 
     def _reload(self, upto: int) -> None:
         """Rebuild the history from metrics.jsonl rows up to `upto` (the resumed step)."""
-        from posttrain.rundir import read_metrics
+        from posttrain.metrics_log import read_metrics
 
         rows: dict[tuple[str, int], dict[str, Any]] = {}
         for row in read_metrics(self.run.run_dir / "metrics.jsonl"):

@@ -8,18 +8,16 @@ is owned by one asyncio.TaskGroup.
         results = await pipe.run_groups(tasks)   # one step's tasks, in order (multi-turn: envs.driver)
     pipe.stats().flat()   # queue depths, throughput, latency percentiles, idle share
 """
-from posttrain.pipeline.config import PipelineConfig, Runtime
-
 _LAZY = {
     "Pipeline": "core", "PipelineStats": "core", "GroupResult": "core", "Scheduler": "scheduler",
     "AdaptiveCap": "scheduler", "EmbeddedWorkers": "workers", "Workers": "workers", "Verdict": "workers",
     "verify_group": "workers", "StepRollouts": "step", "make_workers": "step",
 }
-__all__ = ["PipelineConfig", "Runtime", *_LAZY]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str):
-    """Heavy parts load on first use, so reading the config stays light."""
+    """Heavy parts load on first use, so importing the package stays light."""
     if name in _LAZY:
         import importlib
 

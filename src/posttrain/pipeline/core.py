@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
 from posttrain.errors import GenerationError, capture
-from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler

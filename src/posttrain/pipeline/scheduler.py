@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.errors import ConfigError
-from posttrain.pipeline.config import PipelineConfig
 from posttrain.types import CostClass
 
 EventSink = Callable[[str, str, "str | None", Mapping[str, Any]], None]

@@ -15,9 +15,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from posttrain.configs.pipeline import PipelineConfig, Runtime
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
-from posttrain.pipeline.config import PipelineConfig, Runtime
 from posttrain.pipeline.core import Pipeline
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Workers
@@ -33,7 +33,7 @@ def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_addr
     process-wide sandbox pool) is what the execute stage runs."""
     execute = execute or DomainExecute()
     if runtime == "ray":
-        from posttrain.runtime.ray import RayWorkers
+        from posttrain.pipeline.ray import RayWorkers
 
         return RayWorkers.from_engine(engine, config, address=ray_address, execute=execute)
     source = None

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from posttrain.errors import ConfigError
-from posttrain.rundir import read_metrics
-from posttrain.trace import TraceStore
-
-T = TypeVar("T")
+from posttrain.metrics_log import read_metrics
+from posttrain.trace import read_or
 
 Series = dict[str, list[tuple[int, float]]]
 _IDLE = re.compile(r"^(\w+)_idle_share$")
@@ -152,29 +148,13 @@ class RunData:
 def _sandbox_outcomes(db: Path) -> dict[str, Counter]:
     """Per domain: sandbox result statuses (exec_result.status) and infra-error kinds."""
     out: dict[str, Counter] = {}
-    for domain, status, error_kind in _read(db, lambda store: store.outcomes(), []):
+    for domain, status, error_kind in read_or(db, lambda store: store.outcomes(), []):
         counter = out.setdefault(domain, Counter())
         if status:
             counter[f"sandbox:{status}"] += 1
         if error_kind:
             counter[f"error:{error_kind}"] += 1
     return out
-
-
-def _read(db: Path, query: Callable[[TraceStore], T], empty: T) -> T:
-    """One query of the run's trace, read-only; `empty` when there is no trace or it is unreadable."""
-    if not db.is_file():
-        return empty
-    try:
-        store = TraceStore.read_only(db)
-    except sqlite3.DatabaseError:
-        return empty
-    try:
-        return query(store)
-    except sqlite3.DatabaseError:
-        return empty
-    finally:
-        store.close()
 
 
 def _step_at(when: float, train: list[dict[str, Any]]) -> int:
@@ -189,7 +169,7 @@ def _other_alarms(db: Path, train: list[dict[str, Any]]) -> list[dict[str, Any]]
     """Alarm events written to the trace by others than the monitor (the pipeline's
     verifier degradation, ...); the monitor's own are in metrics.jsonl already."""
     out = []
-    for event in _read(db, lambda store: store.events("alarm"), []):
+    for event in read_or(db, lambda store: store.events("alarm"), []):
         try:
             payload = json.loads(event["data"] or "{}")
         except ValueError:

@@ -15,7 +15,7 @@ API (module level, one process-wide pool, created on first use):
     with sandbox.get_pool().session({"notes.txt": "hi"}) as s:   # multi-step, overlay root
         s.run(sandbox.ExecRequest(argv=("sh", "-c", "echo more >> notes.txt")))
         snap = s.snapshot(); ...; s.restore(snap)
-    pool = sandbox.Pool(sandbox.SandboxConfig(workers=4, domain_limits={"code": 2}))
+    pool = sandbox.Pool(SandboxConfig(workers=4, domain_limits={"code": 2}))  # posttrain.configs.sandbox
     await pool.arun(req, domain="code")        # per-domain concurrency caps
 
 Covered by the default (fork-server) backend, each with an adversarial test
@@ -57,14 +57,14 @@ from __future__ import annotations
 import atexit
 import threading
 
+from posttrain.configs.sandbox import SandboxConfig
 from posttrain.errors import SandboxError
-from posttrain.sandbox.config import SandboxConfig
 from posttrain.sandbox.pool import Pool, PoolStats, Session
 from posttrain.sandbox.probe import Probe, probe, select_backend
 from posttrain.sandbox.records import STATUSES, ExecRequest, ExecResult, Limits, Status
 
 __all__ = [
-    "ExecRequest", "ExecResult", "Limits", "Status", "STATUSES", "SandboxConfig", "Pool", "PoolStats", "Session",
+    "ExecRequest", "ExecResult", "Limits", "Status", "STATUSES", "Pool", "PoolStats", "Session",
     "Probe", "probe", "select_backend", "get_pool", "set_pool_config", "run", "raise_for_infra", "close_pool",
 ]
 

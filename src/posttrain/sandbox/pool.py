@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from posttrain.configs.sandbox import SandboxConfig
 from posttrain.errors import SandboxError
 from posttrain.sandbox import _cgroups, _hide
-from posttrain.sandbox.config import SandboxConfig
 from posttrain.sandbox.forkserver import ForkServerWorker, WorkerDied
 from posttrain.sandbox.oneshot import BwrapBackend, OneShot, UnsafeBackend, write_files
 from posttrain.sandbox.probe import Probe, probe, select_backend

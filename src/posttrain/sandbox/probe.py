@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from posttrain.configs.sandbox import SandboxConfig
 from posttrain.errors import ConfigError
 from posttrain.sandbox import _cgroups
-from posttrain.sandbox.config import SandboxConfig
 
 ENFORCES = {
     "forkserver": ("no network (net namespace)", "read-only root, tmpfs /task and /tmp (mount namespace)",

@@ -21,10 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from posttrain.configs.serve import ServeConfig
 from posttrain.errors import ConfigError, ModelLoadError, PosttrainError
 from posttrain.serve import protocol as P
 from posttrain.serve.canary import CanaryController
-from posttrain.serve.config import ServeConfig
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.serve.config import CanaryConfig
+from posttrain.configs.serve import CanaryConfig
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router, Window
 from posttrain.serve.tiers import Deployment

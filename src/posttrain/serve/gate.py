@@ -38,9 +38,9 @@ class GateResult:
 def quality_gate(model_dir: str | Path, mode: str = "int8", domains: tuple[str, ...] = DEFAULT_DOMAINS,
                  tasks_per_domain: int = 50, max_drop: float = 0.01, difficulty: int = 1) -> GateResult:
     """Evaluate the standard tier and the `mode` fast tier of a model directory side by side."""
+    from posttrain.configs.serve import FastTierConfig
     from posttrain.evaluate import evaluate
     from posttrain.model.arch import load_model
-    from posttrain.serve.config import FastTierConfig
     from posttrain.serve.tiers import StreamingHFEngine, build_fast
 
     model, tok = load_model(model_dir)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from posttrain.configs.serve import ServeConfig
 from posttrain.errors import ConfigError
 from posttrain.serve.app import Server, create_app
-from posttrain.serve.config import ServeConfig
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry
 from posttrain.serve.tiers import Deployment

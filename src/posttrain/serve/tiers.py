@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from posttrain.configs.serve import BatchConfig, FastTierConfig
 from posttrain.engine.hf import HFEngine
 from posttrain.errors import ConfigError, GenerationError
-from posttrain.serve.config import BatchConfig, FastTierConfig
 from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
@@ -269,7 +269,7 @@ class Deployment:
     def update_weights(self, path: str) -> int:
         """Load a checkpoint into the shared weights and rebuild the fast tier (blocking).
         A LoRA adapter directory is merged into the base weights held at the first adapter update."""
-        from posttrain.scale.lora import resolve_update
+        from posttrain.trainer.lora import resolve_update
 
         with self.locks["standard"], self.locks["fast"]:
             version = self.engines["standard"].update_weights(resolve_update(self.model, path))

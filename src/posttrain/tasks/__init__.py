@@ -4,7 +4,6 @@ Invariant: everything here is a deterministic function of the config, the
 seed and the observed history, so a pool restored from `state_dict()` draws
 exactly the tasks the original would have drawn.
 """
-from posttrain.tasks.config import CurriculumConfig, DomainSpec, DriftConfig, TasksConfig
 from posttrain.tasks.pool import TaskPool
 
-__all__ = ["CurriculumConfig", "DomainSpec", "DriftConfig", "TasksConfig", "TaskPool"]
+__all__ = ["TaskPool"]

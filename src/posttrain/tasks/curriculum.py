@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from posttrain.tasks.config import CurriculumConfig
+from posttrain.configs.tasks import CurriculumConfig
 
 
 class Curriculum:

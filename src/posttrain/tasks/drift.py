@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from posttrain.tasks.config import DriftConfig
+from posttrain.configs.tasks import DriftConfig
 
 _MAX_EVENTS = 50
 

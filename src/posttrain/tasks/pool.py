@@ -17,12 +17,12 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from posttrain.configs.tasks import DomainSpec, TasksConfig
 from posttrain.domains.base import Domain, stable_hash, stable_rng
+from posttrain.domains.hygiene import prompt_key
 from posttrain.errors import TaskError
-from posttrain.tasks.config import DomainSpec, TasksConfig
 from posttrain.tasks.curriculum import Curriculum
 from posttrain.tasks.drift import DriftGuard
-from posttrain.tasks.hygiene import prompt_key
 from posttrain.types import Task
 
 STATE_VERSION = 1

@@ -122,7 +122,7 @@ def _write_all(
     tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int,
     full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> None:
-    from posttrain.scale.lora import is_peft
+    from posttrain.trainer.lora import is_peft
 
     tmp.mkdir()
     if full_state is not None:
@@ -198,7 +198,7 @@ def load_checkpoint(
     meta = _read_json(ckpt / "meta.json")
     if meta.get("format") != FORMAT:
         raise TrainerError(f"checkpoint {ckpt} has format {meta.get('format')!r}, expected {FORMAT}")
-    from posttrain.scale.fsdp import is_sharded, load_full_state
+    from posttrain.trainer.fsdp import is_sharded, load_full_state
 
     if is_sharded(model):
         optim_state = _torch_load(ckpt / "optimizer.pt") if optimizer is not None else None
@@ -251,7 +251,7 @@ def load_model_weights(ckpt: Path, model: Any) -> None:
     """Copy the safetensors weights of `ckpt` into `model`'s existing tensors.
     Keys absent from the files are allowed only for tied parameters. A LoRA
     model loads its adapter; a LoRA checkpoint does not fit a plain model."""
-    from posttrain.scale.lora import is_adapter_dir, is_peft, load_adapter_state
+    from posttrain.trainer.lora import is_adapter_dir, is_peft, load_adapter_state
 
     if is_peft(model) != is_adapter_dir(ckpt):
         kind = "a LoRA adapter" if is_adapter_dir(ckpt) else "full weights"

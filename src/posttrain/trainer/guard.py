@@ -12,7 +12,7 @@ import statistics
 from collections import deque
 from typing import Any
 
-from posttrain.trainer.config import GuardConfig
+from posttrain.configs.trainer import GuardConfig
 
 
 class SpikeGuard:

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from posttrain.trainer.config import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig, LossConfig
+from posttrain.configs.trainer import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig, LossConfig
 
 
 @dataclass(frozen=True)

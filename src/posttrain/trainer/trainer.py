@@ -7,7 +7,7 @@ by the guard, or rolled back to the last good state). The model is updated
 in place, so an inference engine holding the same module sees the new
 weights; it runs on whatever device the model's parameters are on.
 The scale options (LoRA, FSDP, bf16 autocast, gradient checkpointing,
-memory-sized micro-batches, pinned RNG; see posttrain.scale) change the
+memory-sized micro-batches, pinned RNG; see prepare.py) change the
 model it trains and how a step is cut, never what a step computes.
 """
 
@@ -26,15 +26,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from posttrain.configs.trainer import TrainerConfig
 from posttrain.errors import ConfigError, TrainerError
-from posttrain.scale.fsdp import DataParallel
-from posttrain.scale.memory import autocast, bytes_per_token, micro_slices, token_budget
-from posttrain.scale.prepare import prepare_model
 from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
-from posttrain.trainer.config import TrainerConfig
+from posttrain.trainer.fsdp import DataParallel
 from posttrain.trainer.guard import SpikeGuard
 from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss, row_clip_stats
+from posttrain.trainer.memory import autocast, bytes_per_token, micro_slices, token_budget
+from posttrain.trainer.prepare import prepare_model
 
 Outcome = Literal["applied", "no_signal", "skipped", "rolled_back"]
 
@@ -467,7 +467,7 @@ class Trainer:
         loop_state["trainer"] = self.state_dict()
         full = None
         if self.config.fsdp:
-            from posttrain.scale.fsdp import full_state
+            from posttrain.trainer.fsdp import full_state
 
             full = full_state(self.model, self.optimizer)  # a collective: every rank gathers
             if self.parallel.rank != 0:
@@ -496,7 +496,7 @@ class Trainer:
         if not self.config.fsdp:
             self.model.save_pretrained(path)
             return path
-        from posttrain.scale.fsdp import full_state
+        from posttrain.trainer.fsdp import full_state
 
         state, _ = full_state(self.model, self.optimizer)
         if self.parallel.rank == 0:

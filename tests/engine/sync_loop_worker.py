@@ -1,4 +1,4 @@
-"""The closed loop under torchrun (trainer.fsdp) against a server: `torchrun ... scale_loop_worker.py OVERRIDE...`.
+"""The closed loop under torchrun (trainer.fsdp) against a server: `torchrun ... sync_loop_worker.py OVERRIDE...`.
 
 Registers the test domain `test_scale_short` (rewards short completions) in every
 rank, then runs posttrain.loop.train with the given dotted overrides.
@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_scale_remote import _ShortDomain  # noqa: E402
+from test_engine_sync import _ShortDomain  # noqa: E402
 
-from posttrain.config import load_config  # noqa: E402
+from posttrain.configs import load_config  # noqa: E402
 from posttrain.domains import registry  # noqa: E402
 
 

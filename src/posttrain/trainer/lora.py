@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from posttrain.configs.trainer import LoraConfig
 from posttrain.errors import ModelLoadError, TrainerError
-from posttrain.trainer.config import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

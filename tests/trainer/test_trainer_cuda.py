@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scale_testlib import batch, step_grads, tiny_model
+from scaleout_testlib import batch, step_grads, tiny_model
 
-from posttrain.trainer.config import TrainerConfig
+from posttrain.configs.trainer import TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

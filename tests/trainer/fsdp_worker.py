@@ -1,7 +1,7 @@
 """Run a few trainer steps on fixed batches, with FSDP2 under torchrun or in one process.
 
-Usage: torchrun --nproc_per_node=2 scale_fsdp_worker.py OUT_DIR fsdp
-       python scale_fsdp_worker.py OUT_DIR single
+Usage: torchrun --nproc_per_node=2 fsdp_worker.py OUT_DIR fsdp
+       python fsdp_worker.py OUT_DIR single
 Rank 0 writes OUT_DIR/<mode>.pt: per-step loss, grad norm, stats, and the full parameters.
 """
 from __future__ import annotations
@@ -12,19 +12,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
-from scale_testlib import batch, tiny_model  # noqa: E402
+from scaleout_testlib import batch, tiny_model  # noqa: E402
 
 STEPS = 3
 
 
 def main(out: Path, mode: str) -> None:
-    from posttrain.trainer.config import TrainerConfig
+    from posttrain.configs.trainer import TrainerConfig
     from posttrain.trainer.trainer import Trainer
 
     torch.set_num_threads(1)
     fsdp = mode == "fsdp"
     if fsdp:
-        from posttrain.scale.fsdp import init_from_env
+        from posttrain.trainer.fsdp import init_from_env
 
         init_from_env("gloo")
     model = tiny_model(0)
@@ -36,7 +36,7 @@ def main(out: Path, mode: str) -> None:
         steps.append({"loss": st.loss, "grad_norm": st.grad_norm, "clip_frac": st.clip_frac,
                       "ratio_mean": st.ratio_mean, "n_tokens": st.n_tokens, "outcome": st.outcome})
     ckpt = trainer.save(out / f"run-{mode}", None, {"mode": mode})
-    from posttrain.scale.fsdp import DataParallel, full_state
+    from posttrain.trainer.fsdp import DataParallel, full_state
 
     rank = DataParallel.current().rank
     params = (
@@ -55,7 +55,7 @@ def main(out: Path, mode: str) -> None:
 
 def _resume_matches(ckpt: Path, cfg, params, fsdp: bool) -> bool:
     """A fresh (sharded) trainer resumed from the checkpoint holds the same full parameters."""
-    from posttrain.scale.fsdp import full_state
+    from posttrain.trainer.fsdp import full_state
     from posttrain.trainer.trainer import Trainer
 
     fresh = Trainer(tiny_model(7), cfg)

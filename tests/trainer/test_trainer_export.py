@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from posttrain.cli import main
+from posttrain.configs.trainer import LoraConfig, TrainerConfig
 from posttrain.errors import ConfigError
 from posttrain.model.arch import load_model, random_model
 from posttrain.trainer.batch import TrainBatch, TrainRow
-from posttrain.trainer.config import LoraConfig, TrainerConfig
 from posttrain.trainer.trainer import Trainer
 
 

@@ -92,7 +92,7 @@ def follow_unless_leader(cfg: Any, resume: str | Path | None) -> bool:
     import torch
 
     from posttrain.rundir import RunDir
-    from posttrain.scale.fsdp import init_from_env
+    from posttrain.trainer.fsdp import init_from_env
 
     if resume:
         cfg = RunDir.open(resume)[1]

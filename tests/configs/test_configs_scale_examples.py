@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "scale").glob("*.yaml"))
 

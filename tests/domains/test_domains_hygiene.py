@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain.domains.hygiene import contamination, dedupe, eval_indices, normalise, prompt_key
 from posttrain.domains.registry import get
-from posttrain.tasks.hygiene import contamination, dedupe, eval_indices, normalise, prompt_key
 from posttrain.types import Message, Task, TaskMeta
 
 

@@ -67,3 +67,18 @@ class SandboxConfig(BaseModel):
             if n < 1:
                 raise ValueError(f"domain_limits[{name!r}] must be >= 1, got {n}")
         return value
+
+
+class SandboxSection(SandboxConfig):
+    """The sandbox pool the execute stage runs programs on: the pool's settings
+    (backend, workers, per-domain caps, ...) and run-wide caps over the limits
+    each domain asks for."""
+
+    max_memory_mb: int | None = Field(None, ge=16, le=1_048_576)
+    """Cap on any one program's memory, MiB (None: each domain's own limit)."""
+    max_wall_s: float | None = Field(None, gt=0.0, le=86_400.0)
+    """Cap on any one program's wall and CPU seconds (None: each domain's own limit)."""
+
+    def pool_config(self) -> SandboxConfig:
+        """The pool's part (what `posttrain.sandbox.Pool` takes)."""
+        return SandboxConfig(**self.model_dump(exclude={"max_memory_mb", "max_wall_s"}))

@@ -1,7 +1,9 @@
-"""`runtime: ray`: generation, execution (sandbox) and verification workers as Ray actors.
+"""`runtime: ray`: generation, execution (sandbox) and verification workers as Ray actors,
+beside the embedded runtime (`workers.py`). Ray is imported only when `runtime: ray` is chosen.
 
-Invariant: the actors compute exactly what the embedded workers compute
-(the generation actor runs the same engine class on the same weights and
+Invariant: a runtime only changes where the pipeline's worker calls execute, never
+what they compute (tests/pipeline/test_pipeline_ray.py): the actors compute exactly
+what the embedded workers compute (the generation actor runs the same engine class on the same weights and
 the requests carry their seeds; the verifier actor calls the same
 `verify_group`), so a run's rollouts do not depend on the runtime; actors
 restart when they die (the call in flight fails as an infra error, which
@@ -20,9 +22,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import SOURCE_ENV
 from posttrain.errors import ConfigError
-from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, verify_group
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Task
 

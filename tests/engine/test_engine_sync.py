@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from posttrain.config import load_config
+from posttrain.configs import load_config
+from posttrain.configs.engine import EngineConfig
 from posttrain.domains import registry
 from posttrain.domains.base import ProceduralDomain
+from posttrain.engine.sync import WeightSync
 from posttrain.errors import ConfigError
-from posttrain.rundir import read_metrics
-from posttrain.scale.config import EngineConfig
-from posttrain.scale.remote import WeightSync
+from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [
@@ -163,7 +163,7 @@ def test_loop_against_separate_server_process(tmp_path, micro_base, lora, short_
 @pytest.mark.slow
 def test_fsdp_loop_under_torchrun_against_server(tmp_path, micro_base):
     """Two torchrun ranks with trainer.fsdp: rank 0 runs the loop, rank 1 follows its trainer calls."""
-    worker = Path(__file__).with_name("scale_loop_worker.py")
+    worker = Path(__file__).with_name("sync_loop_worker.py")
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     with _serve(micro_base) as url:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.scale.fsdp import DataParallel
-from posttrain.scale.memory import micro_slices
+from posttrain.trainer.fsdp import DataParallel
+from posttrain.trainer.memory import micro_slices
 
-WORKER = Path(__file__).with_name("scale_fsdp_worker.py")
+WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
 def test_shares_cover_rows_once():

@@ -5,11 +5,11 @@ import json
 
 import pytest
 import torch
-from scale_testlib import VOCAB, batch, tiny_model
+from scaleout_testlib import VOCAB, batch, tiny_model
 
+from posttrain.configs.trainer import LoraConfig, TrainerConfig
 from posttrain.errors import TrainerError
-from posttrain.scale.lora import is_adapter_dir, merged_state, resolve_update
-from posttrain.trainer.config import LoraConfig, TrainerConfig
+from posttrain.trainer.lora import is_adapter_dir, merged_state, resolve_update
 from posttrain.trainer.trainer import Trainer
 
 LORA = LoraConfig(rank=4, alpha=8.0)

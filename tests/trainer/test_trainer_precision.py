@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import torch
-from scale_testlib import batch, step_grads, tiny_model
+from scaleout_testlib import batch, step_grads, tiny_model
 
-from posttrain.scale.memory import bytes_per_token, token_budget
-from posttrain.trainer.config import TrainerConfig
+from posttrain.configs.trainer import TrainerConfig
+from posttrain.trainer.memory import bytes_per_token, token_budget
 from posttrain.trainer.trainer import Trainer
 
 

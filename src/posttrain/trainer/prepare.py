@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrain.trainer.config import TrainerConfig
+from posttrain.configs.trainer import TrainerConfig
 
 
 def prepare_model(model: Any, config: TrainerConfig) -> Any:
-    from posttrain.scale.memory import enable_gradient_checkpointing, pin_determinism
+    from posttrain.trainer.memory import enable_gradient_checkpointing, pin_determinism
 
     if config.deterministic:
         pin_determinism()
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if config.lora is not None:
-        from posttrain.scale.lora import apply_lora
+        from posttrain.trainer.lora import apply_lora
 
         model = apply_lora(model, config.lora)
     if config.fsdp:
-        from posttrain.scale.fsdp import shard_model
+        from posttrain.trainer.fsdp import shard_model
 
         model = shard_model(model)
     return model

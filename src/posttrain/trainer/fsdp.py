@@ -116,7 +116,7 @@ def shard_model(model: Any) -> Any:
 
     if not dist.is_initialized():
         raise TrainerError(
-            "trainer.fsdp needs an initialised process group (posttrain.scale.fsdp.init_from_env under torchrun)"
+            "trainer.fsdp needs an initialised process group (posttrain.trainer.fsdp.init_from_env under torchrun)"
         )
     for layer in decoder_layers(model):
         fully_shard(layer)

@@ -1,4 +1,5 @@
-"""Weight sync between the trainer and its inference engine, and the staleness bound.
+"""The loop's engine choice (`make_engine`: hf in process or openai over HTTP), weight sync
+between the trainer and its inference engine, and the staleness bound.
 
 Invariant: after `push()` returns, the engine samples with the trainer's
 current weights and `engine.version` is the version it acknowledged: in
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.scale.config import EngineConfig
+from posttrain.configs.engine import EngineConfig
 
 
 def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any:

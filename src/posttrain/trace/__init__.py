@@ -5,7 +5,8 @@ mode, before the train step that consumes it, with its whole transcript (a
 multi-turn episode's every action, observation, execution result and reward
 parts in `turns`); `mark_consumed` later links it to that step. The schema
 is versioned: an older file is migrated, a newer one is refused with a clear
-error.
+error. Every read of a trace goes through `TraceStore` (or `read_or`); the
+`trace explain` query (`explain.py`) reads through it too.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from posttrain.errors import ConfigError
 
 SCHEMA_VERSION = 2
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -266,6 +268,23 @@ class _ReadOnlyTrace(TraceStore):
             raise ConfigError(f"no trace database at {str(self.path)!r}")
         self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
+
+
+def read_or(path: str | Path, query: Callable[[TraceStore], T], empty: T) -> T:
+    """One query of an existing trace, read-only; `empty` when there is no trace at `path`
+    or it is unreadable (not a database, or a table missing)."""
+    if not Path(path).is_file():
+        return empty
+    try:
+        store = TraceStore.read_only(path)
+    except sqlite3.DatabaseError:
+        return empty
+    try:
+        return query(store)
+    except sqlite3.DatabaseError:
+        return empty
+    finally:
+        store.close()
 
 
 def _status(exec_result: str | None) -> str | None:

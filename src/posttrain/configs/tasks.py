@@ -11,7 +11,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from posttrain.byo.config import SourceConfig, VerifierSpec
+from posttrain.configs.byo import SourceConfig, VerifierSpec
 
 BUILTIN_DOMAINS = ("add", "sub", "mul", "reverse", "sort")
 REWARD_PARTS = ("outcome", "process", "efficiency")

@@ -1,0 +1,20 @@
+"""The `model` config section: which model to post-train.
+
+Invariant: torch-free; a path is only a string here, checked where the model is loaded.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from posttrain.configs.section import Section
+
+
+class ModelSection(Section):
+    """Which model to post-train."""
+
+    path: str | None = None
+    """A local Hugging Face model directory; None builds (or reuses) the embedded base."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model runs; auto picks CUDA when present."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of the policy."""
