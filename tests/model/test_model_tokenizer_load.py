@@ -46,7 +46,8 @@ def test_the_chat_template_and_special_tokens_survive_the_reload(micro_base):
             MESSAGES, add_generation_prompt=gen
         )
     assert sorted(loaded.all_special_ids) == sorted(built.all_special_ids)
-    assert (loaded.eos_token_id, loaded.pad_token_id, len(loaded)) == (built.eos_token_id, built.pad_token_id, len(built))
+    ids = (loaded.eos_token_id, loaded.pad_token_id, len(loaded))
+    assert ids == (built.eos_token_id, built.pad_token_id, len(built))
     assert len(loaded.encode("<|tool|>")) == 1
 
 
