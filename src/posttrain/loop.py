@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,145 +45,234 @@ class RunResult:
 
 
 def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult | None:
-    import torch
-
-    from posttrain.trainer.distributed import LeaderTrainer, follow_unless_leader
+    """Run the loop of `cfg` (or continue the run at `resume`) and return its before/after tables;
+    None on a torchrun follower rank. Reads top to bottom: set up, evaluate before, step, finish."""
+    from posttrain.trainer.distributed import follow_unless_leader
 
     if follow_unless_leader(cfg, resume):  # torchrun + trainer.fsdp: ranks > 0 replay rank 0's trainer calls
         return None
+    run = _Run.open(cfg, resume, log)  # run dir, task pool, model, trainer, engine, trace, monitor, evaluator
+    stop = run.evaluate_before()
+    sampling = _Sampling.of(run)
+    bar, step = _progress(run.cfg, run.state["step"]), run.state["step"]
+    for step in range(run.state["step"] + 1, run.cfg.run.steps + 1):
+        summary, stop = _step(run, sampling, step, stop)
+        bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
+        bar.update(1)
+        if stop:
+            log(f"stopping the run after step {step}: {stop}")
+            break
+        if run.cfg.run.checkpoint_every and step % run.cfg.run.checkpoint_every == 0 and step < run.cfg.run.steps:
+            run.save(step)  # named by the loop step; the last step's checkpoint is the final one in _finish
+    bar.close()
+    return _finish(run, sampling, step if stop else run.cfg.run.steps)
 
-    from posttrain.engine.sync import WeightSync, make_engine
+
+@dataclass
+class _Run:
+    """The parts of one run, set up in the order the run needs them (`open`); `state` is what a
+    checkpoint carries besides the weights: step, eval levels, the table before, the eval history."""
+
+    cfg: Config
+    rundir: RunDir
+    pool: TaskPool
+    model: Any
+    tokenizer: Any
+    trainer: Any  # the trainer, or its torchrun leader
+    engine: Any
+    sync: Any  # weight sync with the (maybe remote) engine
+    trace: TraceStore
+    metrics: MetricsLog
+    monitor: Any
+    evaluator: RunEvaluator
+    state: dict[str, Any]
+    stop: str  # why the monitor, started, stops the run ('' to go on)
+    log: Any
+
+    @classmethod
+    def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
+        from posttrain.engine.sync import WeightSync, make_engine
+        from posttrain.monitor.monitor import Monitor, RunContext
+        from posttrain.tasks.pool import TaskPool
+
+        rundir, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
+        pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
+        model, tokenizer, trainer, base_copy = _policy(cfg)
+        engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
+        sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
+        trace, metrics = TraceStore(rundir.trace_path), MetricsLog(rundir.metrics_path)
+        levels = {name: pool.eval_difficulty(name) for name in pool.names}
+        state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
+        if resume:
+            state = trainer.resume(rundir.path)
+            pool.load_state_dict(state.pop("pool"))
+            sync.push()
+            log(f"resumed {rundir.path} at step {state['step']}")
+        monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
+        stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
+        evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
+        return cls(
+            cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
+            sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, stop=stop,
+            log=log,
+        )  # fmt: skip
+
+    def evaluate_before(self) -> str:
+        """The held-out table before training (a resumed run has it already) and the run's checks;
+        returns why the run stops ('' to go on)."""
+        if self.state["before"] is None:
+            from posttrain.tasks.pool import TaskPool
+
+            cfg = self.cfg
+            self.evaluator.checks(self.model, self.tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))
+            before = self.evaluator.full(0)
+            self.state["before"] = before.to_json()
+            self.log("held-out before training:\n" + self.evaluator.describe(before))
+            self.stop = apply_actions(
+                self.monitor.after_eval(0, self.evaluator.comparable(before)), self.pool, self.stop
+            )
+        return self.stop
+
+    def save(self, step: int) -> None:
+        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's and the monitor's."""
+        self.state["step"] = step
+        extra = {**self.state, "pool": self.pool.state_dict(), "monitor": self.monitor.state_dict()}
+        self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
+
+
+def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any]]:
+    """The policy model and its tokenizer, its trainer (the torchrun leader's under trainer.fsdp),
+    and a lazily loaded copy of the base model (the KL reference when there is one) for the monitor."""
+    import torch
+
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
-    from posttrain.monitor.monitor import Monitor, RunContext
-    from posttrain.tasks.pool import TaskPool
+    from posttrain.trainer.distributed import LeaderTrainer
     from posttrain.trainer.trainer import Trainer
 
-    run, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
     torch.set_num_threads(cfg.run.threads)
-    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
     model_dir = cfg.model.path or ensure_base(cfg.base, progress=cfg.run.progress)
-    device = (
-        "cuda"
-        if cfg.model.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if cfg.model.device == "auto" else cfg.model.device)
-    )
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = auto if cfg.model.device == "auto" else cfg.model.device
     model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
     ref_model = load_model(model_dir, device=device)[0] if cfg.trainer.kl_coef > 0 else None
     trainer = Trainer(model, cfg.trainer, ref_model=ref_model)
     trainer = LeaderTrainer(trainer) if cfg.trainer.fsdp else trainer
-    engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
-    sync = WeightSync(cfg.engine, engine, trainer, run.path)
-    trace, metrics = TraceStore(run.trace_path), MetricsLog(run.metrics_path)
-    levels = {name: pool.eval_difficulty(name) for name in pool.names}
-    state = {"step": 0, "levels": levels, "before": None, "history": []}
-
-    if resume:
-        state = trainer.resume(run.path)
-        pool.load_state_dict(state.pop("pool"))
-        sync.push()
-        levels = state["levels"]
-        log(f"resumed {run.path} at step {state['step']}")
     base_copy = functools.cache(lambda: ref_model if ref_model is not None else load_model(model_dir, device=device)[0])
-    monitor = Monitor(cfg.monitor, RunContext.of(cfg, run.path), trace, metrics, pool, base_copy, log)
-    stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
-    evaluator = RunEvaluator(cfg, run.path, engine, metrics, levels, log)  # held-out set stored in the run dir
-    if state["before"] is None:
-        evaluator.checks(model, tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))  # contamination, exposure
-        before = evaluator.full(0)
-        state["before"] = before.to_json()
-        log("held-out before training:\n" + evaluator.describe(before))
-        stop = apply_actions(monitor.after_eval(0, evaluator.comparable(before)), pool, stop)
-    before = EvalTable.from_json(state["before"])
+    return model, tokenizer, trainer, base_copy
 
-    budgets = domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens)  # tokens per turn and turns, per domain
-    params = SamplingParams(
-        max_tokens=max(b.tokens for b in budgets.values()),
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        n=cfg.rollout.group_size,
-    )
-    execute = DomainExecute(
-        cfg.sandbox.pool_config(),
-        cfg.sandbox.max_memory_mb,
-        cfg.sandbox.max_wall_s,
-        {n: b.seconds for n, b in budgets.items()},
-    )  # each domain's runs within its budget seconds
-    workers = make_workers(cfg.runtime, cfg.pipeline, engine, execute=execute)
-    rollouts = StepRollouts(
-        cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling, budgets
-    )
-    bar = _progress(cfg, state["step"])
-    for step in range(state["step"] + 1, cfg.run.steps + 1):
-        t0 = time.perf_counter()
-        groups, pipe_stats = rollouts.sample(pool.draw(cfg.rollout.prompts_per_step), params, step)
-        records = {id(r): _record(r, params, budgets) for g in groups for r in g}
-        trace.write_rollouts(list(records.values()))
-        ids = {key: rec.id for key, rec in records.items()}  # id(rollout) -> its trace id, the id it keeps
-        for r in (r for g in groups for r in g if r.reward is not None):
-            pool.observe(r.task, r.reward)
-        kept = [g for g in groups if informative(g)] if cfg.rollout.dynamic_sampling else groups
-        kept = sync.fresh(kept, cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
-        gen_s = time.perf_counter() - t0
-        kept_ids = {id(g) for g in kept}
-        filtered = [g for g in groups if id(g) not in kept_ids]  # sampled this step, not trained on
-        batch = _batch(kept, ids, params.temperature, filtered)
-        stats = trainer.step(batch) if batch is not None else None
-        if stats is not None and stats.weights_changed:
-            sync.push()
-        links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
-        trace.mark_consumed(step, links)
-        summary = _summary(groups, kept, budgets)
-        trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k not in ("step", "rollouts")}
-        metrics.write(
-            "train",
-            step,
-            rollout_s=gen_s,
-            **summary,
-            **trained,
-            **pipe_stats,
-            engine_version=engine.version,
-            engine_dropped_stale=sync.dropped_stale,
+
+@dataclass(frozen=True)
+class _Sampling:
+    """How the run samples: each domain's budget (tokens per turn, turns, seconds), the sampling
+    parameters (the largest token budget), and the pipeline that makes a step's groups."""
+
+    budgets: Mapping[str, Any]
+    params: SamplingParams
+    rollouts: StepRollouts
+
+    @classmethod
+    def of(cls, run: _Run) -> _Sampling:
+        cfg = run.cfg
+        budgets = domain_budgets(run.pool.names, run.pool.specs, cfg.rollout.max_tokens)
+        params = SamplingParams(
+            max_tokens=max(b.tokens for b in budgets.values()),
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            n=cfg.rollout.group_size,
         )
-        actions = monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
-        stop = apply_actions(actions, pool, stop)  # the monitor observes, the loop acts
-        bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
-        bar.update(1)
-        if evaluator.due(step, cfg.run.steps):  # the fixed subset and a rotation slice
-            table = evaluator.periodic(step)
-            state["history"].append([step, table.to_json()])
-            pool.observe_eval(table.accuracies, table.counts)
-            stop = apply_actions(monitor.after_eval(step, table), pool, stop)
-        if stop:
-            log(f"stopping the run after step {step}: {stop}")
-            break
-        if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < cfg.run.steps:
-            state["step"] = step  # named by the loop step; the last step's checkpoint is the final one below
-            trainer.save(
-                run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, step
-            )
-    bar.close()
+        seconds = {n: b.seconds for n, b in budgets.items()}  # each domain's runs within its budget seconds
+        execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, seconds)
+        workers = make_workers(cfg.runtime, cfg.pipeline, run.engine, execute=execute)
+        events = trace_events(run.trace, run.log)
+        rollouts = StepRollouts(
+            cfg.pipeline, workers, run.pool, cfg.run.seed, events, cfg.rollout.dynamic_sampling, budgets
+        )
+        return cls(budgets, params, rollouts)
 
-    state["step"] = step if stop else cfg.run.steps
-    after = evaluator.full(state["step"])
-    trainer.save(
-        run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, state["step"]
+
+def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[str, Any], str]:
+    """One loop step: sample and verify groups, trace every rollout, train on the kept groups, log,
+    then the monitor and the periodic evaluation. Returns the step's summary and why the run stops."""
+    t0 = time.perf_counter()
+    groups, pipe_stats = sampling.rollouts.sample(
+        run.pool.draw(run.cfg.rollout.prompts_per_step), sampling.params, step
     )
-    monitor.after_eval(state["step"], evaluator.comparable(after))  # its actions: too late, nothing is drawn after
-    history = [(s, EvalTable.from_json(t)) for s, t in state["history"]]
-    evaluator.write(run.eval_path, before, after, history)
-    log("held-out before and after training:\n" + evaluator.describe(before, after))
-    monitor.close()
-    rollouts.close()
-    sync.close()
-    trainer.close()
-    trace.close()
-    metrics.close()
-    if cfg.monitor.report:
+    ids = _write_trace(run, sampling, groups)
+    kept = [g for g in groups if informative(g)] if run.cfg.rollout.dynamic_sampling else groups
+    kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
+    rollout_s = time.perf_counter() - t0
+    stats = _train_step(run, step, groups, kept, ids, sampling.params.temperature)
+    links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
+    summary = _summary(groups, kept, sampling.budgets)
+    trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k not in ("step", "rollouts")}
+    run.metrics.write(
+        "train",
+        step,
+        rollout_s=rollout_s,
+        **summary,
+        **trained,
+        **pipe_stats,
+        engine_version=run.engine.version,
+        engine_dropped_stale=run.sync.dropped_stale,
+    )
+    actions = run.monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
+    stop = apply_actions(actions, run.pool, stop)  # the monitor observes, the loop acts
+    if run.evaluator.due(step, run.cfg.run.steps):  # the fixed subset and a rotation slice
+        table = run.evaluator.periodic(step)
+        run.state["history"].append([step, table.to_json()])
+        run.pool.observe_eval(table.accuracies, table.counts)
+        stop = apply_actions(run.monitor.after_eval(step, table), run.pool, stop)
+    return summary, stop
+
+
+def _write_trace(run: _Run, sampling: _Sampling, groups: Sequence[Sequence[Rollout]]) -> dict[int, str]:
+    """Write every rollout of the step to the trace (before any train step consumes it) and let the
+    pool see the scored ones. Returns id(rollout) -> its trace id, the id it keeps."""
+    records = {id(r): _record(r, sampling.params, sampling.budgets) for g in groups for r in g}
+    run.trace.write_rollouts(list(records.values()))
+    for r in (r for g in groups for r in g if r.reward is not None):
+        run.pool.observe(r.task, r.reward)
+    return {key: rec.id for key, rec in records.items()}
+
+
+def _train_step(
+    run: _Run,
+    step: int,
+    groups: Sequence[Sequence[Rollout]],
+    kept: Sequence[Sequence[Rollout]],
+    ids: Mapping[int, str],
+    temperature: float,
+) -> Any:
+    """Train on the kept groups (the filtered ones count in the normalisers), push changed weights to
+    the engine, and mark in the trace what the step did with each rollout. The trainer's stats, or None."""
+    kept_ids = {id(g) for g in kept}
+    filtered = [g for g in groups if id(g) not in kept_ids]  # sampled this step, not trained on
+    batch = _batch(kept, ids, temperature, filtered)
+    stats = run.trainer.step(batch) if batch is not None else None
+    if stats is not None and stats.weights_changed:
+        run.sync.push()
+    run.trace.mark_consumed(step, stats.rollouts if stats is not None else {})
+    return stats
+
+
+def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
+    """The end of the run: the held-out table after training, the final checkpoint, eval.json,
+    every part closed, and the report when asked for."""
+    after = run.evaluator.full(step)
+    run.save(step)
+    run.monitor.after_eval(step, run.evaluator.comparable(after))  # its actions: too late, nothing is drawn after
+    before = EvalTable.from_json(run.state["before"])
+    history = [(s, EvalTable.from_json(t)) for s, t in run.state["history"]]
+    run.evaluator.write(run.rundir.eval_path, before, after, history)
+    run.log("held-out before and after training:\n" + run.evaluator.describe(before, after))
+    for part in (run.monitor, sampling.rollouts, run.sync, run.trainer, run.trace, run.metrics):
+        part.close()
+    if run.cfg.monitor.report:
         from posttrain.report import write_report
 
-        log(f"report: {write_report(run.path)}")
-    return RunResult(run.path, before, after, state["step"])
+        run.log(f"report: {write_report(run.rundir.path)}")
+    return RunResult(run.rundir.path, before, after, step)
 
 
 def apply_actions(actions: Sequence[Action], pool: TaskPool, stop: str = "") -> str:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from posttrain.domains.base import extract_answer
 from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
+from posttrain.errors import ErrorKind, ErrorRecord, capture
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout
 from posttrain.evaluate.stats import maj_at_k, mean_interval, mean_over_domains_interval, pass_at_k, wilson
 from posttrain.evaluate.strict import checks_of, eval_verifier_name
@@ -240,8 +241,8 @@ def _play(engine: Engine, tasks: Sequence[Task], params: SamplingParams, opts: E
 
 @dataclass(frozen=True)
 class _Outcome:
-    """What one item produced: an episode played by the driver (its turn count, or the infra
-    error that masked it; its execute step already run) or one completion (not executed yet)."""
+    """What one item produced: an episode played by the driver (its turn count, or the kind of
+    the infra error that masked it; its execute step already run) or one completion (not executed yet)."""
 
     episode: Episode
     turns: int = 1
@@ -265,32 +266,44 @@ def _outcomes(engine: Engine, tasks: Sequence[Task], params: SamplingParams, bat
     return out
 
 
-def _verdict(task: Task, outcome: _Outcome) -> tuple[bool | None, bool | None, float | None]:
-    """(eval verdict, training verdict, training score); None where a verifier raised or the
-    episode was masked by an infra error."""
-    if outcome.error is not None:
-        return None, None, None
-    dom = get(task.domain)
-    episode = outcome.episode
+class ItemVerdict(NamedTuple):
+    """One item's verdicts: the eval one (strict), the training one and the training score; each
+    None where the item is an infra error (never a wrong answer), whose captured record is `error`."""
+
+    ok: bool | None
+    train_ok: bool | None
+    value: float | None
+    error: ErrorRecord | None = None
+
+
+def _verdict(task: Task, outcome: _Outcome) -> ItemVerdict:
+    """The item's verdicts; an exception escaping the execute step, the verifier or a stricter
+    check is captured at its boundary (errors.capture: a typed error keeps its own kind)."""
+    if outcome.error is not None:  # the driver masked the episode after its retries; `error` is the kind
+        masked = ErrorRecord(cast(ErrorKind, outcome.error), "the episode driver masked the episode")
+        return ItemVerdict(None, None, None, masked)
+    dom, episode = get(task.domain), outcome.episode
+    boundary: ErrorKind = "sandbox"
     try:  # the execute step first (a sandbox run where the domain declares one), then the verifier
         if dom.executes and not outcome.executed:
             episode = replace(episode, exec_result=dom.execute(task, episode.completion))
+        boundary = "verifier"
         score = dom.score(task, episode)
-    except Exception:  # an infra error: never a wrong answer
-        return None, None, None
+    except Exception as exc:  # an infra error: never a wrong answer
+        return ItemVerdict(None, None, None, capture(exc, boundary))
     ok = bool(score.passed)
     try:
         strict = ok and all(bool(check(task, episode.completion)) for _, check in checks_of(dom))
-    except Exception:  # the stricter check could not decide: infra for the eval verdict
-        return None, ok, float(score.value)
-    return strict, ok, float(score.value)
+    except Exception as exc:  # the stricter check could not decide: infra for the eval verdict only
+        return ItemVerdict(None, ok, float(score.value), capture(exc, "verifier"))
+    return ItemVerdict(strict, ok, float(score.value))
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
     for task, group in zip(tasks, _outcomes(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)):
-        judged = [(extract_answer(o.episode.completion), v) for o in group for v in [_verdict(task, o)[0]]
+        judged = [(extract_answer(o.episode.completion), v) for o in group for v in [_verdict(task, o).ok]
                   if v is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
@@ -314,7 +327,7 @@ def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptio
         items, values, turns = [], [], []
         for task in tasks[key]:
             outcome = next(outputs)[0]
-            ok, train_ok, value = _verdict(task, outcome)
+            ok, train_ok, value, _ = _verdict(task, outcome)
             items.append((task.id, ok, train_ok))
             turns.append(outcome.turns)
             if value is not None and ok is not None:

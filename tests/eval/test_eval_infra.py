@@ -1,0 +1,94 @@
+"""Evaluation's catch sites go through errors.capture: a verifier (or a stricter check) that raises
+makes the item an infra error with its typed kind, never a wrong answer, and the table says so."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
+from pipeline_testlib import ScriptedEngine  # noqa: E402
+
+from posttrain.domains import registry  # noqa: E402
+from posttrain.domains.base import ProceduralDomain  # noqa: E402
+from posttrain.errors import ErrorRecord, SandboxError, VerifierError  # noqa: E402
+from posttrain.evaluate import EvalTable, format_table  # noqa: E402
+from posttrain.evaluate.core import ItemVerdict, _Outcome, _verdict, evaluate_sets  # noqa: E402
+from posttrain.evaluate.heldout import domain_set  # noqa: E402
+from posttrain.types import Episode, Score  # noqa: E402
+
+
+class Raises:
+    """A verifier that raises `error`."""
+
+    name, version = "raises", "1"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def score(self, task, episode):
+        raise self.error
+
+
+class Pays:
+    name, version = "pays", "1"
+
+    def score(self, task, episode):
+        return Score(1.0, passed=True)
+
+
+class Sums(ProceduralDomain):
+    name, category = "test_sums", "test"
+
+    def generate(self, rng, difficulty):
+        return f"{rng.randint(0, 999)}+{rng.randint(0, 999)}=", "0"
+
+
+class Undecided(Sums):
+    """A stricter check (the domain's audit) that cannot decide."""
+
+    def audit(self, task, completion):
+        raise VerifierError("the audit could not recompute the answer")
+
+
+@pytest.fixture
+def domain(monkeypatch):
+    def register(verifier, cls=Sums):
+        dom = cls()
+        dom.verifier = verifier
+        monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+        return domain_set(dom.name, 1, 4, "core")
+
+    return register
+
+
+def test_a_raising_verifier_is_an_infra_error_with_its_kind_not_a_wrong_answer(domain):
+    task = domain(Raises(RuntimeError("verifier crashed"))).tasks()[0]
+    got = _verdict(task, _Outcome(Episode("0")))
+    assert got == ItemVerdict(None, None, None, ErrorRecord("verifier", "RuntimeError: verifier crashed"))
+
+
+def test_a_typed_error_keeps_its_own_kind(domain):
+    task = domain(Raises(SandboxError("the checker's sandbox died"))).tasks()[0]
+    got = _verdict(task, _Outcome(Episode("0")))
+    assert got == ItemVerdict(None, None, None, ErrorRecord("sandbox", "SandboxError: the checker's sandbox died"))
+
+
+def test_a_stricter_check_that_cannot_decide_masks_only_the_eval_verdict(domain):
+    task = domain(Pays(), Undecided).tasks()[0]
+    got = _verdict(task, _Outcome(Episode("0")))
+    want = ErrorRecord("verifier", "VerifierError: the audit could not recompute the answer")
+    assert got == ItemVerdict(None, True, 1.0, want)
+    assert _verdict(task, _Outcome(Episode("0"), error="sandbox")).error.kind == "sandbox"  # masked by the driver
+
+
+def test_an_all_infra_domain_shows_as_infra_in_the_table_not_accuracy_zero(domain):
+    sets = {"test_sums": domain(Raises(RuntimeError("verifier crashed")))}
+    res = evaluate_sets(ScriptedEngine(lambda context, j: "0"), sets)["test_sums"]
+    assert res.n == 4 and res.infra_errors == 4 and res.accuracy is None and res.train_accuracy is None
+    table = EvalTable(0, {"test_sums": res})
+    assert table.accuracies == {} and "infra (4 errors)" in format_table(table)
+    paid = evaluate_sets(ScriptedEngine(lambda context, j: "0"), {"test_sums": domain(Pays())})["test_sums"]
+    assert paid.infra_errors == 0 and paid.train_accuracy == 1.0  # the same items, scored, are no infra errors
