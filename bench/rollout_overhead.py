@@ -9,7 +9,8 @@ seeds (their rollouts are checked to be identical).
   one thread hop per group to verify), trace rows encoded with one `json.dumps` (and
   so one JSONEncoder) per JSON column.
 - staged: the staged pipeline now (`pipeline.direct=false`): one event loop kept across
-  steps, the feeder and the collector woken by events; trace rows as now.
+  steps, the feeder and the collector woken by events, a cheap verifier called in the
+  event loop's thread (no hop); trace rows as now.
 - after (the code now, the default): the direct path (pipeline/direct.py: generate,
   then verify inline, no event loop, queues or thread hops), taken because every demo
   domain is single-turn, executes nothing and has a cheap verifier; trace rows encoded
@@ -60,10 +61,14 @@ class EngineClock:
 
 
 def legacy_pipeline() -> type:
-    """The staged pipeline's feeder and result collector as they were: 50 ms polls."""
+    """The staged pipeline's feeder and result collector as they were (50 ms polls), and its
+    verification (a thread hop per group, cheap verifier or not)."""
     from posttrain.pipeline.core import Pipeline
 
     class LegacyPipeline(Pipeline):
+        def _cheap(self, domain: str) -> bool:
+            return False  # every group's verification hopped to the verify thread pool
+
         async def _feeder(self) -> None:
             while not self._closing:
                 task = None

@@ -152,6 +152,7 @@ class Pipeline:
         self._closing = False
         self._skipped: list[int] = []
         self._group_ids: dict[int, str] = {}
+        self._cheap_domains: dict[str, bool] = {}
 
     # ---- ownership -----------------------------------------------------
     async def __aenter__(self) -> Pipeline:
@@ -371,7 +372,10 @@ class Pipeline:
             token = next(self._tokens)
             self.meters["verify"].begin(token)
             try:
-                verdicts = await self.workers.verify(item.task, episodes)
+                if self._cheap(item.task.domain):  # microseconds: no thread hop
+                    verdicts = self.workers.verify_now(item.task, episodes)
+                else:
+                    verdicts = await self.workers.verify(item.task, episodes)
             except Exception as exc:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -382,6 +386,13 @@ class Pipeline:
             failed = any(v.error_kind == "verifier" for v in verdicts)
             self.scheduler.record_verification(item.task.domain, failed)
             await self._finish(item, verdicts, episodes)
+
+    def _cheap(self, domain: str) -> bool:
+        """The domain's verifier is called in the event loop's thread (`Workers.cheap_verifier`)."""
+        if domain not in self._cheap_domains:
+            check = getattr(self.workers, "cheap_verifier", None)
+            self._cheap_domains[domain] = bool(callable(check) and check(domain))
+        return self._cheap_domains[domain]
 
     def _episodes(self, item: _Item) -> list[Episode]:
         if item.trajectories is not None:

@@ -168,18 +168,25 @@ class EmbeddedWorkers:
             self.engine.update_weights(state)
             self.engine.version = self.source.version
 
-    def inline(self, domain: str) -> bool:
-        """Whether groups of `domain` may skip the stages (pipeline/direct.py): single-turn,
-        nothing to execute, and a verifier that declares itself `cheap`, called in this
-        process by the default `verify_group` (which turns any escape into a masked Verdict)."""
+    def cheap_verifier(self, domain: str) -> bool:
+        """Whether `domain`'s verifier may be called inline, in the caller's thread: it declares
+        itself `cheap` and runs in this process through the default `verify_group` (which
+        turns any escape into a masked Verdict)."""
         from posttrain.domains.registry import get
 
         if isinstance(self._verify_pool, ProcessPoolExecutor) or self._verify is not verify_group:
             return False
+        return bool(getattr(get(domain).verifier, "cheap", False))
+
+    def inline(self, domain: str) -> bool:
+        """Whether groups of `domain` may skip the stages (pipeline/direct.py): single-turn,
+        nothing to execute, and a cheap verifier (`cheap_verifier`)."""
+        from posttrain.domains.registry import get
+
         if self._execute is not None and not isinstance(self._execute, DomainExecute):
             return False  # a custom ExecuteFn runs for every completion: it needs the execute stage
         d = get(domain)
-        return d.environment() is None and not d.executes and bool(getattr(d.verifier, "cheap", False))
+        return self.cheap_verifier(domain) and d.environment() is None and not d.executes
 
     def encode_now(self, messages: Sequence[Message]) -> tuple[int, ...]:
         return self.engine.encode_chat(messages)
