@@ -21,7 +21,15 @@ from posttrain.domains.base import Budget
 from posttrain.envs import driver
 from posttrain.errors import GenerationError, capture
 from posttrain.pipeline.config import PipelineConfig
-from posttrain.pipeline.core import _NOT_INFRA, COUNTERS, GroupResult, PipelineStats, _Item, finished_group, group_requests
+from posttrain.pipeline.core import (
+    _NOT_INFRA,
+    COUNTERS,
+    GroupResult,
+    PipelineStats,
+    _Item,
+    finished_group,
+    group_requests,
+)
 from posttrain.pipeline.metrics import StageMeter
 from posttrain.pipeline.scheduler import Scheduler
 from posttrain.pipeline.workers import Verdict
