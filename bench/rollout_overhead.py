@@ -21,7 +21,14 @@ Every thread counts (`time.process_time`); the engine's CPU is measured in the t
 that runs it (thread CPU inside `generate`) and subtracted, so "outside" is what the
 step costs around generation.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py [--steps 10] [--model DIR]
+With `--loop N`, the same three variants also run the whole training loop (`loop.train`
+on configs/default.yaml, N steps, a small held-out set, no periodic evaluation or
+checkpoint), one after another in this process, and the table is per training step: the
+loop's own training CPU count (`train_cpu_s`, every thread), the engine's and the train
+step's CPU, and the rest (the rollout step around the engine, trace, monitor, metrics);
+the three runs' trace rows and final weights are checked identical.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py [--steps 10] [--model DIR] [--loop 80]
 """
 from __future__ import annotations
 
@@ -128,6 +135,14 @@ def legacy_sample(rollouts: Any, tasks: list[Any], params: Any, step: int) -> An
     return asyncio.run(rounds())
 
 
+def legacy_step(rollouts: Any, tasks: Sequence[Any], params: Any, step: int) -> Any:
+    """StepRollouts.sample as it was, in the loop (its per-step `pipeline` trace event included)."""
+    groups, stats = legacy_sample(rollouts, list(tasks), params, step)
+    if rollouts._events is not None:
+        rollouts._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
+    return groups, stats
+
+
 def legacy_write(trace: Any, records: Sequence[Any]) -> None:
     """TraceStore.write_rollouts as it was: one json.dumps (one JSONEncoder) per JSON column."""
     from posttrain import trace as tr
@@ -210,10 +225,102 @@ def step(v: dict[str, Any], number: int) -> None:
     v["seen"].append([(r.group_id, r.completion.token_ids, r.reward, r.error_kind) for g in groups for r in g])
 
 
+def loop_variant(name: str, steps: int, out: str) -> dict[str, Any]:
+    """One training run of `name` (before / staged / after): CPU per step by part."""
+    from posttrain.config import load_config
+    from posttrain.engine.hf import HFEngine
+    from posttrain.loop import train
+    from posttrain.monitor.budget import CpuBudget
+    from posttrain.pipeline.step import StepRollouts
+    from posttrain.trace import TraceStore
+    from posttrain.trainer.trainer import Trainer
+
+    acc = {"engine": 0.0, "train step": 0.0}
+    live = [False]
+    saved = {(cls, attr): getattr(cls, attr) for cls, attr in (
+        (HFEngine, "generate"), (Trainer, "step"), (CpuBudget, "start"), (CpuBudget, "after_step"),
+        (StepRollouts, "sample"), (TraceStore, "write_rollouts"))}
+
+    def timed(cls: Any, attr: str, key: str) -> None:
+        inner = saved[(cls, attr)]
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return inner(*a, **k)
+            finally:
+                if live[0]:
+                    acc[key] += time.thread_time() - t0
+
+        setattr(cls, attr, wrapper)
+
+    def started(self: Any) -> Any:
+        live[0] = True
+        return saved[(CpuBudget, "start")](self)
+
+    def checked(self: Any, step: int) -> Any:
+        live[0] = step < steps  # the final evaluation generates too: not a step's
+        return saved[(CpuBudget, "after_step")](self, step)
+
+    timed(HFEngine, "generate", "engine")
+    timed(Trainer, "step", "train step")  # the trainer runs in the loop's thread: its thread CPU is its own
+    CpuBudget.start, CpuBudget.after_step = started, checked  # type: ignore[method-assign]
+    if name == "before":
+        StepRollouts.sample = legacy_step  # type: ignore[method-assign]
+        TraceStore.write_rollouts = legacy_write  # type: ignore[assignment]
+    overrides = [f"run.steps={steps}", "eval.tasks_per_domain=10", "eval.every_steps=0", "eval.samples=0",
+                 "eval.above_tasks=0", "run.checkpoint_every=0", "monitor.report=false", "run.progress=false",
+                 f"run.out_dir={out}", f"run.name={name}", f"pipeline.direct={name == 'after'}"]
+    try:
+        result = train(load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"),
+                                   overrides), log=lambda *_: None)
+    finally:
+        for (cls, attr), fn in saved.items():
+            setattr(cls, attr, fn)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    cpu = [r["train_cpu_s"] for r in rows if r.get("kind") == "train"]
+    return {"name": name, "run": result.run_dir, "per step": {"training CPU": 1e3 * cpu[-1] / steps,
+            "engine": 1e3 * acc["engine"] / steps, "train step": 1e3 * acc["train step"] / steps}}
+
+
+def loop_main(steps: int) -> None:
+    import sqlite3
+
+    from safetensors.torch import load_file
+
+    from posttrain.trainer.checkpoint import latest_checkpoint
+
+    with tempfile.TemporaryDirectory() as out:
+        runs = [loop_variant(name, steps, out) for name in VARIANTS]
+        traces = []
+        for r in runs:
+            with sqlite3.connect(r["run"] / "trace.db") as db:
+                traces.append(sorted(db.execute(
+                    "SELECT group_id, task_id, completion, reward, train_step, advantage FROM rollouts")))
+        weights = [load_file(str(latest_checkpoint(r["run"]) / "model.safetensors")) for r in runs]
+    same = all(t == traces[0] for t in traces) and all(
+        all((w[k] == weights[0][k]).all() for k in w) for w in weights)
+    print(f"\nthe demo's training loop, {steps} steps each, CPU ms per training step (mean); identical trace rows "
+          f"and final weights: {same}")
+    print(f"| part | {' | '.join(VARIANTS)} | after/before |")
+    print("|---|---:|---:|---:|---:|")
+    per = {r["name"]: dict(r["per step"]) for r in runs}
+    for p in per.values():
+        p["outside engine and train step"] = p["training CPU"] - p["engine"] - p["train step"]
+    for part in ("training CPU", "engine", "train step", "outside engine and train step"):
+        b, a = per["before"][part], per["after"][part]
+        print(f"| {part} | {' | '.join(f'{per[n][part]:.1f}' for n in VARIANTS)} | {a / b:.2f} |")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (every run so far in this "
+          f"process)")
+    if not same:
+        raise SystemExit("the variants' runs differ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--model", default=None, help="a model directory (default: the tiny preset, random weights)")
+    ap.add_argument("--loop", type=int, default=0, metavar="N", help="also compare N-step training runs")
     args = ap.parse_args()
     import torch
 
@@ -248,6 +355,8 @@ def main() -> None:
           f"one process)")
     if not same:
         raise SystemExit("the variants' rollouts differ")
+    if args.loop:
+        loop_main(args.loop)
 
 
 if __name__ == "__main__":
