@@ -5,7 +5,9 @@ GroupResult holding one Rollout per sample: scored, or masked with a typed
 error after its retries ran out (never scored 0 for an infra error); every
 background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
 any stage cancels its siblings and surfaces from `async with`; a stage
-never blocks the event loop (its workers' calls are awaitable).
+never blocks the event loop (its workers' calls are awaitable; only a
+verifier that declares itself `cheap`, microseconds, is called inline);
+no task waits on a timer: the feeder and `run_groups` sleep on events.
 """
 from __future__ import annotations
 

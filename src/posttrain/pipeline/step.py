@@ -3,8 +3,10 @@
 Invariant: `sample` returns one group per task it ran, in task order (tasks
 of a paused domain are skipped and counted, never generated), each group's
 samples seeded by (run seed, step, group index) so results do not depend on
-batching or on the runtime (embedded threads or Ray actors); replacement
-rounds draw fresh tasks for groups dynamic sampling filtered, and count them.
+batching, on the runtime (embedded threads or Ray actors) or on the path
+(the direct path, pipeline/direct.py, when every domain allows it; else the
+staged pipeline on one event loop kept for the run); replacement rounds draw
+fresh tasks for groups dynamic sampling filtered, and count them.
 With pipeline.max_staleness > 0 (`_Ahead`), the groups returned at call N are
 those of the tasks given at call N-1, generated while the trainer trained,
 and none is more than max_staleness weight versions old.
