@@ -45,6 +45,7 @@ def test_the_same_samples_and_rewards_as_the_pipeline_with_the_hf_engine(micro_b
     staged = _steps(engine(), False, replace_rounds=1)
     direct = _steps(engine(), True, replace_rounds=1)
     assert direct == staged
+    assert _steps(engine(), True, replace_rounds=1, generate_batch=3) == staged  # engine calls of 3 groups
     assert sum(c["pipe_replaced"] for _, c in staged) > 0  # the replacement rounds were exercised
     assert len({tokens for seen, _ in staged for _, _, tokens, _, _ in seen}) > 1
 
