@@ -532,8 +532,8 @@ def _budget_clock(clock: StepClock, stopped: dict[str, float], profiler: Profile
         actions = after_step(self, step)
         if clock.running:
             clock.end_step(step)
+            clock.running = not actions  # the loop's budget decides the last step, not the clock's own count
         if actions:
-            clock.running = False
             profiler.stop()
             stopped["cpu_s"] = self.spent()
             stopped["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
