@@ -6,8 +6,9 @@ counted from the start of the first training step of this process plus
 what the run had spent before a resume (its checkpoint carries the count);
 so the held-out evaluation before training, model loading and the final
 evaluation are outside it, while each step's rollouts, train step,
-monitor, periodic evaluation and checkpoint are inside it. Child processes
-(sandbox runs, verification processes) are not counted. It only returns a
+monitor, periodic evaluation and checkpoint are inside it. Other processes
+(sandbox runs, verification processes, Ray actors, an inference server)
+are not counted. It only returns a
 `Stop` after the step that reaches the budget; the loop applies it like a
 monitor's action, so the final evaluation and checkpoint run as at a
 normal end.
