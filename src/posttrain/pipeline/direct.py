@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posttrain.domains.base import Budget
-from posttrain.envs import driver
 from posttrain.errors import GenerationError, capture
 from posttrain.pipeline.config import PipelineConfig
 from posttrain.pipeline.core import (
@@ -83,15 +82,12 @@ class Direct:
 
     # ---- the steps of a group ------------------------------------------------
     def _admit(self, seq: int, task: Task) -> tuple[_Item, BaseException | None]:
-        from posttrain.domains.registry import get
-
         tier = self.scheduler.admit(task.domain)
         self.counters["admitted"] += 1
         self.counters["long_sampled"] += tier == "long"
         budget = self.budgets.get(task.domain)
         item = _Item(task, f"{self._prefix}{seq}", tier, seq, time.perf_counter(),
-                     turn_budget=driver.turns_of(get(task.domain), budget),
-                     max_tokens=budget.tokens if budget else self.params.max_tokens)
+                     max_tokens=budget.tokens if budget else self.params.max_tokens)  # single-turn: one turn
         try:
             item.prompt_ids = self.workers.encode_now(task.prompt)
         except Exception as exc:
