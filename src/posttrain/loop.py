@@ -24,6 +24,7 @@ from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
 from posttrain.metrics_log import MetricsLog
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
+from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
@@ -55,12 +56,14 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     stop = run.evaluate_before()
     sampling = _Sampling.of(run)
     bar, step = _progress(run.cfg, run.state["step"]), run.state["step"]
+    run.budget.start()  # run.cpu_budget_s counts the steps only
     for step in range(run.state["step"] + 1, run.cfg.run.steps + 1):
         summary, stop = _step(run, sampling, step, stop)
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
         if stop:
             log(f"stopping the run after step {step}: {stop}")
+            run.metrics.write("stop", step, reason=stop)
             break
         if run.cfg.run.checkpoint_every and step % run.cfg.run.checkpoint_every == 0 and step < run.cfg.run.steps:
             run.save(step)  # named by the loop step; the last step's checkpoint is the final one in _finish
@@ -86,6 +89,7 @@ class _Run:
     monitor: Any
     evaluator: RunEvaluator
     state: dict[str, Any]
+    budget: CpuBudget  # run.cpu_budget_s: training CPU, carried across a resume
     stop: str  # why the monitor, started, stops the run ('' to go on)
     log: Any
 
@@ -110,10 +114,12 @@ class _Run:
             log(f"resumed {rundir.path} at step {state['step']}")
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
+        budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
         evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
-            sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, stop=stop,
+            sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
+            stop=stop,
             log=log,
         )  # fmt: skip
 
@@ -133,9 +139,11 @@ class _Run:
             )
         return self.stop
 
-    def save(self, step: int) -> None:
-        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's and the monitor's."""
+    def save(self, step: int, train_cpu_s: float | None = None) -> None:
+        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's and the monitor's;
+        `train_cpu_s`: the training CPU to carry (default: the budget's count now)."""
         self.state["step"] = step
+        self.state["train_cpu_s"] = self.budget.spent() if train_cpu_s is None else train_cpu_s
         extra = {**self.state, "pool": self.pool.state_dict(), "monitor": self.monitor.state_dict()}
         self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
 
@@ -215,6 +223,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **pipe_stats,
         engine_version=run.engine.version,
         engine_dropped_stale=run.sync.dropped_stale,
+        train_cpu_s=round(run.budget.spent(), 3),
     )
     actions = run.monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
     stop = apply_actions(actions, run.pool, stop)  # the monitor observes, the loop acts
@@ -223,6 +232,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         run.state["history"].append([step, table.to_json()])
         run.pool.observe_eval(table.accuracies, table.counts)
         stop = apply_actions(run.monitor.after_eval(step, table), run.pool, stop)
+    stop = apply_actions(run.budget.after_step(step), run.pool, stop)  # run.cpu_budget_s
     return summary, stop
 
 
@@ -259,8 +269,9 @@ def _train_step(
 def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     """The end of the run: the held-out table after training, the final checkpoint, eval.json,
     every part closed, and the report when asked for."""
+    spent = run.budget.spent()  # the final evaluation is outside run.cpu_budget_s
     after = run.evaluator.full(step)
-    run.save(step)
+    run.save(step, spent)
     run.monitor.after_eval(step, run.evaluator.comparable(after))  # its actions: too late, nothing is drawn after
     before = EvalTable.from_json(run.state["before"])
     history = [(s, EvalTable.from_json(t)) for s, t in run.state["history"]]
