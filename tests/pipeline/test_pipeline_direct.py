@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from pipeline_testlib import ScriptedEngine
 
-from posttrain.pipeline import EmbeddedWorkers, PipelineConfig, StepRollouts
-from posttrain.pipeline.core import COUNTERS
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.configs.tasks import TasksConfig
+from posttrain.pipeline import EmbeddedWorkers, StepRollouts
+from posttrain.pipeline.core import COUNTERS
 from posttrain.tasks.pool import TaskPool
 from posttrain.types import SamplingParams
 
