@@ -580,9 +580,10 @@ def posttrain_worker(argv: Sequence[str]) -> int:
         *a.overrides, *EVAL_OVERRIDES, f"model.path={a.model}", f"run.seed={a.seed}", f"run.threads={a.threads}",
         "run.steps=1000000", f"run.checkpoint_every={a.save_every}", "trainer.keep_checkpoints=100000",
         f"run.out_dir={out}", "run.name=run", "run.progress=false", "monitor.report=false",
+        f"run.cpu_budget_s={a.budget_cpu_s}",
     ])
     stopped: dict[str, float] = {}
-    _budget_monitor(clock, stopped, Profiler())
+    _budget_clock(clock, stopped, Profiler())
     train(cfg, log=lambda m: print(m, file=sys.stderr))
     run_dir = out / "run"
     checkpoints = {int(d.name.split("_")[1]): str(d) for d in (run_dir / "checkpoints").glob("step_*")}
@@ -610,29 +611,33 @@ def _instrument(clock: StepClock) -> None:
     Trainer.step = _timed(clock, "train", Trainer.step)  # type: ignore[method-assign]
 
 
-def _budget_monitor(clock: StepClock, stopped: dict[str, float], profiler: Profiler) -> None:
-    """Replace the loop's Monitor by a subclass that starts the clock after the held-out evaluation
-    before training and stops the run (the monitor's stop_reason) once the budget is spent."""
-    import posttrain.monitor.monitor as mm
+def _budget_clock(clock: StepClock, stopped: dict[str, float], profiler: Profiler) -> None:
+    """Observe the loop's own CPU budget (`run.cpu_budget_s`, monitor/budget.py), which stops the
+    run: the clock and the profiler start when the budget starts counting (just before the first
+    step, after the held-out evaluation), each step ends at the budget's check, and the budget's
+    Stop ends them."""
+    from posttrain.monitor.budget import CpuBudget
 
-    base = mm.Monitor
+    start, after_step = CpuBudget.start, CpuBudget.after_step
 
-    class BudgetMonitor(base):  # type: ignore[valid-type, misc]
-        def after_eval(self, step: int, table: Any) -> None:
-            super().after_eval(step, table)
-            if step == 0 and not clock.rows and not clock.running:
-                profiler.start()
-                clock.start()
+    def started(self: CpuBudget) -> CpuBudget:
+        profiler.start()
+        clock.start()
+        return start(self)
 
-        def after_step(self, step: int, *a: Any, **k: Any) -> None:
-            super().after_step(step, *a, **k)
-            if clock.running and clock.end_step(step):
-                profiler.stop()
-                stopped["cpu_s"] = clock.rows[-1]["cpu_s"]
-                stopped["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-                self.stop_reason = f"bench: CPU budget {clock.budget_cpu_s:g}s reached"
+    def checked(self: CpuBudget, step: int) -> list[Any]:
+        actions = after_step(self, step)
+        if clock.running:
+            clock.end_step(step)
+        if actions:
+            clock.running = False
+            profiler.stop()
+            stopped["cpu_s"] = self.spent()
+            stopped["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return actions
 
-    mm.Monitor = BudgetMonitor  # type: ignore[misc]
+    CpuBudget.start = started  # type: ignore[method-assign]
+    CpuBudget.after_step = checked  # type: ignore[method-assign]
 
 
 def _children_cpu() -> float:

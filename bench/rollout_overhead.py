@@ -1,36 +1,46 @@
 """The closed loop's rollout step outside the engine, before and after, side by side in
 one run: CPU per step of each phase of the demo's rollout step (draw tasks, the
 pipeline around generation, generation itself, record building, the trace write, the
-consumed-marks write), with the two variants taking turns at every step on the same
-tasks and seeds (their rollouts are checked to be identical).
+consumed-marks write), the variants taking turns at every step on the same tasks and
+seeds (their rollouts are checked to be identical).
 
-- before: every completion's execute call hops to the execute thread pool even when
-  its domain declares no execute step; each trace record converts its sampling
-  parameters anew.
-- after (the code now): domains without an execute step skip the hop; the sampling
-  parameters' trace view is built once per domain budget.
+- before: the staged asyncio pipeline as it was (a fresh event loop and Pipeline per
+  step through `asyncio.run`, the feeder and the result collector polling every 50 ms,
+  one thread hop per group to verify), trace rows encoded with one `json.dumps` (and
+  so one JSONEncoder) per JSON column.
+- staged: the staged pipeline now (`pipeline.direct=false`): one event loop kept across
+  steps, the feeder and the collector woken by events, a cheap verifier called in the
+  event loop's thread (no hop); trace rows as now.
+- after (the code now, the default): the direct path (pipeline/direct.py: generate,
+  then verify inline, no event loop, queues or thread hops), taken because every demo
+  domain is single-turn, executes nothing and has a cheap verifier; trace rows encoded
+  with one shared encoder.
 
 CPU time, not wall time: on a shared machine wall time mostly measures the neighbours.
-The engine's CPU is measured in its own thread (thread CPU inside `generate`) and
-subtracted, so "outside" is what the step costs around generation and verification.
+Every thread counts (`time.process_time`); the engine's CPU is measured in the thread
+that runs it (thread CPU inside `generate`) and subtracted, so "outside" is what the
+step costs around generation.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py [--steps 10] [--model DIR]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import asyncio
+import json
 import os
 import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 PHASES = ("draw", "pipeline", "engine", "records", "trace write", "mark consumed")
+VARIANTS = ("before", "staged", "after")
 
 
 class EngineClock:
@@ -50,16 +60,93 @@ class EngineClock:
         engine.generate = generate
 
 
-def legacy_record(r: Any, params: Any, budgets: Any) -> Any:
-    """The trace record as the loop built it before: sampling params converted per record."""
-    from posttrain import loop
-    from posttrain.trace import RolloutRecord
-    from posttrain.types import to_dict
+def legacy_pipeline() -> type:
+    """The staged pipeline's feeder and result collector as they were (50 ms polls), and its
+    verification (a thread hop per group, cheap verifier or not)."""
+    from posttrain.pipeline.core import Pipeline
 
-    if budgets and r.task.domain in budgets:
-        params = dataclasses.replace(params, max_tokens=budgets[r.task.domain].tokens)
-    new = loop._record(r, params, None)
-    return dataclasses.replace(new, sampling=to_dict(params)) if isinstance(new, RolloutRecord) else new
+    class LegacyPipeline(Pipeline):
+        def _cheap(self, domain: str) -> bool:
+            return False  # every group's verification hopped to the verify thread pool
+
+        async def _feeder(self) -> None:
+            while not self._closing:
+                task = None
+                if self._room() and self._pending:
+                    self._drop_paused()
+                    task = self._next_pending()
+                if task is None:
+                    self._changed.clear()
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), 0.05)
+                    except TimeoutError:
+                        pass
+                    continue
+                await self._admit(*task)
+
+        async def run_groups(self, tasks: Sequence[Any], prefix: str | None = None) -> list[Any]:
+            seqs = [next(self._seq) for _ in tasks]
+            order = sorted(range(len(tasks)), key=lambda i: (self.scheduler.tier(tasks[i].domain) != "long", i))
+            self._pending.extend((seqs[i], tasks[i]) for i in order)
+            self._changed.set()
+            wanted, got = set(seqs), {}
+            while wanted - set(got) - set(self._skipped):
+                res = await self._next_result()
+                if res is not None:
+                    got[res.seq] = res
+            return [got.get(s) for s in seqs]
+
+        async def _next_result(self) -> Any:
+            get = asyncio.ensure_future(self.results.get())
+            try:
+                done, _ = await asyncio.wait([get], timeout=0.05)
+            finally:
+                if not get.done():
+                    get.cancel()
+            return get.result() if get in done and not get.cancelled() else None
+
+    return LegacyPipeline
+
+
+def legacy_sample(rollouts: Any, tasks: list[Any], params: Any, step: int) -> Any:
+    """StepRollouts.sample as it was: `asyncio.run` of a fresh LegacyPipeline per step."""
+    from posttrain.domains.base import stable_hash
+
+    async def rounds() -> Any:
+        groups: list[Any] = []
+        async with legacy_pipeline()(rollouts.config, rollouts.workers, params, rollouts.scheduler,
+                                     group_prefix=f"{step}:", seed=stable_hash("rollout", rollouts.seed, step),
+                                     budgets=rollouts.budgets) as pipe:
+            todo = tasks
+            for round_ in range(rollouts.config.replace_rounds + 1):
+                todo = rollouts._keep(groups, await pipe.run_groups(todo), round_)
+                if not todo:
+                    break
+            stats = pipe.stats().flat()
+        return groups, rollouts._step_stats(stats)
+
+    return asyncio.run(rounds())
+
+
+def legacy_write(trace: Any, records: Sequence[Any]) -> None:
+    """TraceStore.write_rollouts as it was: one json.dumps (one JSONEncoder) per JSON column."""
+    from posttrain import trace as tr
+
+    def row(rec: Any) -> tuple:
+        out = []
+        for col in tr._COLUMNS:
+            value = getattr(rec, col)
+            if col in tr._JSON_COLUMNS:
+                value = json.dumps(value, default=str) if value is not None or col not in tr._NULLABLE_JSON else None
+            elif col == "passed" and value is not None:
+                value = int(value)
+            out.append(value)
+        return tuple(out)
+
+    marks = ",".join("?" * len(tr._COLUMNS))
+    with trace._db:
+        trace._db.executemany(f"INSERT INTO rollouts ({','.join(tr._COLUMNS)}) VALUES ({marks})",
+                              [row(r) for r in records])
 
 
 def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, Any]:
@@ -84,11 +171,10 @@ def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, A
                             top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
     execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s,
                             {n: b.seconds for n, b in budgets.items()})
-    if name == "before":
-        domain_execute = execute
-        execute = lambda task, completion: domain_execute(task, completion)  # noqa: E731  (not a DomainExecute)
-    workers = make_workers(cfg.runtime, cfg.pipeline, engine, execute=execute)
-    rollouts = StepRollouts(cfg.pipeline, workers, pool, cfg.run.seed, None, True, budgets)
+    pipeline = cfg.pipeline.model_copy(update={"direct": name == "after"})
+    workers = make_workers(cfg.runtime, pipeline, engine, execute=execute)
+    rollouts = StepRollouts(pipeline, workers, pool, cfg.run.seed, None, True, budgets)
+    assert rollouts.direct is (name == "after"), f"{name}: the demo config should take the direct path"
     trace = TraceStore(os.path.join(out, f"{name}.db"))
     return {"name": name, "pool": pool, "rollouts": rollouts, "trace": trace, "params": params,
             "budgets": budgets, "clock": clock, "times": {p: [] for p in PHASES}, "seen": []}
@@ -102,12 +188,17 @@ def step(v: dict[str, Any], number: int) -> None:
     c0 = cpu()
     tasks = v["pool"].draw(32)
     c1, e0 = cpu(), clock.cpu
-    groups, _ = v["rollouts"].sample(tasks, v["params"], number)
+    if v["name"] == "before":
+        groups, _ = legacy_sample(v["rollouts"], tasks, v["params"], number)
+    else:
+        groups, _ = v["rollouts"].sample(tasks, v["params"], number)
     c2, e1 = cpu(), clock.cpu
-    build = legacy_record if v["name"] == "before" else loop._record
-    records = [build(r, v["params"], v["budgets"]) for g in groups for r in g]
+    records = [loop._record(r, v["params"], v["budgets"]) for g in groups for r in g]
     c3 = cpu()
-    v["trace"].write_rollouts(records)
+    if v["name"] == "before":
+        legacy_write(v["trace"], records)
+    else:
+        v["trace"].write_rollouts(records)
     c4 = cpu()
     v["trace"].mark_consumed(number, {rec.id: RolloutLink(0.0, 1.0, 0.0) for rec in records})
     c5 = cpu()
@@ -116,7 +207,7 @@ def step(v: dict[str, Any], number: int) -> None:
     c6 = cpu()
     for phase, seconds in zip(PHASES, (c1 - c0 + c6 - c5, c2 - c1 - (e1 - e0), e1 - e0, c3 - c2, c4 - c3, c5 - c4)):
         t[phase].append(seconds)
-    v["seen"].append([(r.completion.token_ids, r.reward) for g in groups for r in g])
+    v["seen"].append([(r.group_id, r.completion.token_ids, r.reward, r.error_kind) for g in groups for r in g])
 
 
 def main() -> None:
@@ -131,26 +222,32 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), [])
     with tempfile.TemporaryDirectory() as out:
-        variants = [variant(name, cfg, args.model, out) for name in ("before", "after")]
+        variants = [variant(name, cfg, args.model, out) for name in VARIANTS]
         for number in range(args.steps + 1):  # step 0 warms up
             for v in variants:
                 step(v, number)
         for v in variants:
             v["rollouts"].close()
             v["trace"].close()
-    same = variants[0]["seen"] == variants[1]["seen"]
+    same = all(v["seen"] == variants[0]["seen"] for v in variants)
     med = {v["name"]: {p: statistics.median(v["times"][p][1:]) * 1e3 for p in PHASES} for v in variants}
     print(f"demo rollout step (32 prompts x {cfg.rollout.group_size}), median CPU ms per step over {args.steps} "
           f"steps; identical rollouts: {same}")
-    print(f"| phase | {' | '.join(med)} | after/before |")
-    print("|---|---:|---:|---:|")
+    print(f"| phase | {' | '.join(VARIANTS)} | after/before |")
+    print("|---|---:|---:|---:|---:|")
+
+    def line(label: str, values: dict[str, float]) -> None:
+        b, a = values["before"], values["after"]
+        print(f"| {label} | {' | '.join(f'{values[n]:.1f}' for n in VARIANTS)} | {a / b if b else float('nan'):.2f} |")
+
     for p in PHASES:
-        b, a = med["before"][p], med["after"][p]
-        print(f"| {p} | {b:.1f} | {a:.1f} | {a / b if b else float('nan'):.2f} |")
-    outside = {n: sum(m[p] for p in PHASES if p != "engine") for n, m in med.items()}
-    print(f"| outside the engine | {outside['before']:.1f} | {outside['after']:.1f} | "
-          f"{outside['after'] / outside['before']:.2f} |")
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+        line(p, {n: m[p] for n, m in med.items()})
+    line("outside the engine", {n: sum(m[p] for p in PHASES if p != "engine") for n, m in med.items()})
+    line("whole rollout step", {n: sum(m.values()) for n, m in med.items()})
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the three variants, "
+          f"one process)")
+    if not same:
+        raise SystemExit("the variants' rollouts differ")
 
 
 if __name__ == "__main__":

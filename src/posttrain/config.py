@@ -155,6 +155,11 @@ class RunConfig(Section):
     """Save a checkpoint every N steps (0: only at the end)."""
     progress: bool = True
     """Show a progress bar with live per-domain reward."""
+    cpu_budget_s: float | None = Field(None, gt=0)
+    """Stop after the step at which training has spent this many seconds of CPU time (this
+    process, every thread; counted from the first step, so the held-out evaluation before
+    training is not; a resumed run continues the count), then run the final evaluation and
+    checkpoint as at a normal end. None: run all `steps`. See monitor/budget.py."""
 
 
 class Config(Section):

@@ -23,6 +23,7 @@ from posttrain.config import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
+from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute
@@ -113,6 +114,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         cfg.pipeline, workers, pool, cfg.run.seed, trace_events(trace, log), cfg.rollout.dynamic_sampling, budgets
     )
     bar = _progress(cfg, state["step"])
+    budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0)).start()  # counts the steps only
     for step in range(state["step"] + 1, cfg.run.steps + 1):
         t0 = time.perf_counter()
         groups, pipe_stats = rollouts.sample(pool.draw(cfg.rollout.prompts_per_step), params, step)
@@ -143,6 +145,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             **pipe_stats,
             engine_version=engine.version,
             engine_dropped_stale=sync.dropped_stale,
+            train_cpu_s=round(budget.spent(), 3),
         )
         actions = monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
         stop = apply_actions(actions, pool, stop)  # the monitor observes, the loop acts
@@ -153,17 +156,21 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
             state["history"].append([step, table.to_json()])
             pool.observe_eval(table.accuracies, table.counts)
             stop = apply_actions(monitor.after_eval(step, table), pool, stop)
+        stop = apply_actions(budget.after_step(step), pool, stop)  # run.cpu_budget_s
         if stop:
             log(f"stopping the run after step {step}: {stop}")
+            metrics.write("stop", step, reason=stop)
             break
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < cfg.run.steps:
             state["step"] = step  # named by the loop step; the last step's checkpoint is the final one below
+            state["train_cpu_s"] = budget.spent()
             trainer.save(
                 run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, step
             )
     bar.close()
 
     state["step"] = step if stop else cfg.run.steps
+    state["train_cpu_s"] = budget.spent()
     after = evaluator.full(state["step"])
     trainer.save(
         run.path, tokenizer, {**state, "pool": pool.state_dict(), "monitor": monitor.state_dict()}, state["step"]

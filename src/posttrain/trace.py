@@ -11,9 +11,10 @@ error.
 from __future__ import annotations
 
 import json
+import operator
+import os
 import sqlite3
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,8 @@ class RolloutRecord:
     exec_result: Any = None
     turns: Any = None
     """Multi-turn episodes: `transcript(rollout.turns)` (None: a single-turn rollout)."""
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    id: str = field(default_factory=lambda: os.urandom(8).hex())
+    """16 random hex digits (as uuid4().hex[:16] gave, without building a UUID per row)."""
     created_at: float = field(default_factory=time.time)
 
 
@@ -125,15 +127,20 @@ def transcript(turns: Sequence[Any]) -> list[dict[str, Any]] | None:
              "parts": dict(t.parts)} for t in turns]
 
 
+_ENCODE = json.JSONEncoder(default=str).encode  # one encoder for every row (json.dumps with kwargs builds one per call)
+_FIELDS = operator.attrgetter(*_COLUMNS)
+_JSON_AT = tuple(i for i, c in enumerate(_COLUMNS) if c in _JSON_COLUMNS)
+_NULLABLE_AT = frozenset(i for i, c in enumerate(_COLUMNS) if c in _NULLABLE_JSON)
+_PASSED_AT = _COLUMNS.index("passed")
+
+
 def _row(rec: RolloutRecord) -> tuple:
-    out = []
-    for col in _COLUMNS:
-        value = getattr(rec, col)
-        if col in _JSON_COLUMNS:
-            value = json.dumps(value, default=str) if value is not None or col not in _NULLABLE_JSON else None
-        elif col == "passed" and value is not None:
-            value = int(value)
-        out.append(value)
+    out = list(_FIELDS(rec))
+    for i in _JSON_AT:
+        value = out[i]
+        out[i] = None if value is None and i in _NULLABLE_AT else _ENCODE(value)
+    if out[_PASSED_AT] is not None:
+        out[_PASSED_AT] = int(out[_PASSED_AT])
     return tuple(out)
 
 

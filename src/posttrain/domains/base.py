@@ -116,6 +116,8 @@ class ExactMatch:
 
     name = "exact_match"
     version = "1"
+    cheap = True
+    """Scores in process in microseconds, no I/O: the pipeline may call it inline (pipeline/direct.py)."""
 
     def score(self, task: Task, episode: Episode) -> Score:
         got = extract_answer(episode.completion)

@@ -31,6 +31,9 @@ from posttrain.rollout import Rollout
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
 
 _NOT_INFRA = ("config", "task")
+COUNTERS = ("admitted", "finished", "retries", "masked_groups", "masked_rollouts", "paused_skipped", "long_sampled",
+            "masked_execute")
+"""The pipeline's counters (`pipe_<name>` in the per-step metrics)."""
 
 
 @dataclass
@@ -135,11 +138,13 @@ class Pipeline:
             "execute": StageMeter("execute", config.execute_workers, w),
             "verify": StageMeter("verify", config.verify_workers, w),
         }
-        self.counters = {k: 0 for k in ("admitted", "finished", "retries", "masked_groups", "masked_rollouts",
-                                         "paused_skipped", "long_sampled", "masked_execute")}
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self._seq = itertools.count()
         self._tokens = itertools.count()
         self._changed = asyncio.Event()
+        """Set when a slot frees or tasks are added (the feeder's wake-up)."""
+        self._arrived = asyncio.Event()
+        """Set when a result is queued or a task is skipped (run_groups' wake-up)."""
         self._gen_ready = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task] = []
@@ -147,6 +152,7 @@ class Pipeline:
         self._closing = False
         self._skipped: list[int] = []
         self._group_ids: dict[int, str] = {}
+        self._cheap_domains: dict[str, bool] = {}
 
     # ---- ownership -----------------------------------------------------
     async def __aenter__(self) -> Pipeline:
@@ -188,6 +194,7 @@ class Pipeline:
             if self.scheduler.is_paused(task.domain):
                 self.counters["paused_skipped"] += 1
                 self._skipped.append(seq)
+                self._arrived.set()
             else:
                 keep.append((seq, task))
         self._pending = keep
@@ -198,12 +205,9 @@ class Pipeline:
             if self._room() and self._pending:
                 self._drop_paused()
                 task = self._next_pending()
-            if task is None:
+            if task is None:  # whatever frees a slot or adds a task sets _changed: no polling
                 self._changed.clear()
-                try:
-                    await asyncio.wait_for(self._changed.wait(), 0.05)
-                except TimeoutError:
-                    pass
+                await self._changed.wait()
                 continue
             await self._admit(*task)
 
@@ -268,16 +272,7 @@ class Pipeline:
         self._gen_ready.set()
 
     def _requests(self, item: _Item) -> list[GenerationRequest]:
-        base = (
-            None
-            if self.seed is None
-            else stable_hash("group", self.seed, item.group_id, item.attempts.get("generate", 0))
-        )
-        params = dataclasses.replace(self.params, max_tokens=item.max_tokens)
-        if item.trajectories is not None:
-            reqs, item.targets = driver.requests(item.trajectories, params, base, item.group_id)
-            return reqs
-        return [GenerationRequest(item.prompt_ids, dataclasses.replace(params, seed=base), item.group_id)]
+        return group_requests(item, self.params, self.seed)
 
     async def _generate_worker(self, index: int) -> None:
         """Each batch is split by token budget, shortest first, one engine call per
@@ -377,7 +372,10 @@ class Pipeline:
             token = next(self._tokens)
             self.meters["verify"].begin(token)
             try:
-                verdicts = await self.workers.verify(item.task, episodes)
+                if self._cheap(item.task.domain):  # microseconds: no thread hop
+                    verdicts = self.workers.verify_now(item.task, episodes)
+                else:
+                    verdicts = await self.workers.verify(item.task, episodes)
             except Exception as exc:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -389,6 +387,13 @@ class Pipeline:
             self.scheduler.record_verification(item.task.domain, failed)
             await self._finish(item, verdicts, episodes)
 
+    def _cheap(self, domain: str) -> bool:
+        """The domain's verifier is called in the event loop's thread (`Workers.cheap_verifier`)."""
+        if domain not in self._cheap_domains:
+            check = getattr(self.workers, "cheap_verifier", None)
+            self._cheap_domains[domain] = bool(callable(check) and check(domain))
+        return self._cheap_domains[domain]
+
     def _episodes(self, item: _Item) -> list[Episode]:
         if item.trajectories is not None:
             if item.executes:
@@ -398,37 +403,14 @@ class Pipeline:
         return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(item.completions, execs)]
 
     # ---- endings -------------------------------------------------------
-    def _completions(self, item: _Item) -> list[Completion]:
-        if item.multi_turn and item.trajectories:
-            return [t.completion() for t in item.trajectories]
-        if item.completions:
-            return item.completions
-        return [Completion(item.prompt_ids, (), "", (), "error", 0) for _ in range(self.params.n)]
-
     async def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
         _close_envs(item)
-        comps = self._completions(item)
-        item.timings["total_s"] = time.perf_counter() - item.admitted_at
-        item.timings["queue_s"] = max(0.0, item.timings["total_s"] - sum(
-            item.timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s")))
-        rollouts = []
-        for i, (c, v) in enumerate(zip(comps, verdicts)):
-            timings = dict(item.timings)
-            first = ""
-            if item.multi_turn and item.trajectories:
-                t = item.trajectories[i]
-                timings["turns"] = float(len(t.turns))
-                mask, first = tuple(t.mask), t.first_observation
-            else:
-                mask = None
-            ep = episodes[i] if episodes else None
-            rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask,
-                                    ep.exec_result if ep else None, ep.turns if ep else (), first))
-        version = min((c.model_version for c in comps), default=0)
+        result = finished_group(item, self.params.n, verdicts, episodes)
         self.scheduler.finish(item.task.domain)
         self.counters["finished"] += 1
         self._changed.set()
-        await self.results.put(GroupResult(item.seq, item.tier, tuple(rollouts), version))
+        await self.results.put(result)
+        self._arrived.set()
 
     async def _retry(self, item: _Item, stage: str, exc: BaseException) -> None:
         rec = capture(exc, "sandbox" if stage == "execute" else "infra")
@@ -469,19 +451,13 @@ class Pipeline:
         self._changed.set()
         wanted, got = set(seqs), {}
         while wanted - set(got) - set(self._skipped):
-            res = await self._next_result()
-            if res is not None:
-                got[res.seq] = res
+            res = self.results.get_nowait()
+            if res is None:  # nothing queued: sleep until a result or a skip arrives
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            got[res.seq] = res
         return [got.get(s) for s in seqs]
-
-    async def _next_result(self) -> GroupResult | None:
-        get = asyncio.ensure_future(self.results.get())
-        try:
-            done, _ = await asyncio.wait([get], timeout=0.05)
-        finally:
-            if not get.done():
-                get.cancel()
-        return get.result() if get in done and not get.cancelled() else None
 
     def stats(self) -> PipelineStats:
         queues = (self.q_generate, self.q_continue, self.q_execute, self.q_verify, self.results)
@@ -489,6 +465,44 @@ class Pipeline:
             tuple(m.stats() for m in self.meters.values()), tuple(q.stats() for q in queues),
             dict(self.counters), self.scheduler.cap.value,
         )
+
+
+def group_requests(item: _Item, params: SamplingParams, seed: int | None) -> list[GenerationRequest]:
+    """The generation requests of a group's next turn (one request for a single-turn group),
+    seeded by (seed, group id, generation attempt): the same whatever the batching."""
+    base = None if seed is None else stable_hash("group", seed, item.group_id, item.attempts.get("generate", 0))
+    params = dataclasses.replace(params, max_tokens=item.max_tokens)
+    if item.trajectories is not None:
+        reqs, item.targets = driver.requests(item.trajectories, params, base, item.group_id)
+        return reqs
+    return [GenerationRequest(item.prompt_ids, dataclasses.replace(params, seed=base), item.group_id)]
+
+
+def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> GroupResult:
+    """A finished group: one Rollout per verdict (a group masked before generation gets `n`
+    empty completions with finish reason "error"), the group's timings on each."""
+    if item.multi_turn and item.trajectories:
+        comps = [t.completion() for t in item.trajectories]
+    else:
+        comps = item.completions or [Completion(item.prompt_ids, (), "", (), "error", 0) for _ in range(n)]
+    item.timings["total_s"] = time.perf_counter() - item.admitted_at
+    item.timings["queue_s"] = max(0.0, item.timings["total_s"] - sum(
+        item.timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s")))
+    rollouts = []
+    for i, (c, v) in enumerate(zip(comps, verdicts)):
+        timings = dict(item.timings)
+        first = ""
+        if item.multi_turn and item.trajectories:
+            t = item.trajectories[i]
+            timings["turns"] = float(len(t.turns))
+            mask, first = tuple(t.mask), t.first_observation
+        else:
+            mask = None
+        ep = episodes[i] if episodes else None
+        rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask,
+                                ep.exec_result if ep else None, ep.turns if ep else (), first))
+    version = min((c.model_version for c in comps), default=0)
+    return GroupResult(item.seq, item.tier, tuple(rollouts), version)
 
 
 def _close_envs(item: _Item) -> None:

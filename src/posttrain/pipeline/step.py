@@ -18,7 +18,8 @@ from typing import Any
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PipelineConfig, Runtime
-from posttrain.pipeline.core import Pipeline
+from posttrain.pipeline.core import GroupResult, Pipeline
+from posttrain.pipeline.direct import Direct
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Workers
 from posttrain.rollout import Rollout, informative
@@ -89,6 +90,14 @@ class StepRollouts:
         self.totals: dict[str, int] = {"replaced": 0}
         self._events = events
         self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None
+        inline = getattr(workers, "inline", None)
+        self.direct = bool(
+            self._ahead is None and config.direct and config.generate_timeout_s is None and callable(inline)
+            and all(inline(n) for n in pool.names)
+        )
+        """Every step runs through pipeline/direct.py (no asyncio stages): see PipelineConfig.direct."""
+        self._runner: asyncio.Runner | None = None
+        self._replaced = 0
 
     def sample(
         self, tasks: Sequence[Task], params: SamplingParams, step: int
@@ -100,7 +109,11 @@ class StepRollouts:
             sync = getattr(self.workers, "sync", None)
             if callable(sync):
                 sync()
-            groups, stats = asyncio.run(self._sample(list(tasks), params, step))
+            if self.direct:
+                groups, stats = self._sample_direct(list(tasks), params, step)
+            else:
+                self._runner = self._runner or asyncio.Runner()  # one event loop for every step
+                groups, stats = self._runner.run(self._sample(list(tasks), params, step))
         if self._events is not None:
             self._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
         return groups, stats
@@ -110,24 +123,47 @@ class StepRollouts:
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         seed = stable_hash("rollout", self.seed, step)
         groups: list[list[Rollout]] = []
-        replaced = 0
         async with Pipeline(self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:", seed=seed,
                             budgets=self.budgets) as pipe:
             for round_ in range(self.config.replace_rounds + 1):
-                results = await pipe.run_groups(tasks)
-                new = [list(r.rollouts) for r in results if r is not None]
-                groups += new
-                missing = sum(not informative(g) for g in new) if self.dynamic_sampling else 0
-                if not missing or round_ == self.config.replace_rounds:
+                tasks = self._keep(groups, await pipe.run_groups(tasks), round_)
+                if not tasks:
                     break
-                tasks = self.pool.draw(missing)
-                replaced += missing
             stats = pipe.stats().flat()
+        return groups, self._step_stats(stats)
+
+    def _sample_direct(
+        self, tasks: list[Task], params: SamplingParams, step: int
+    ) -> tuple[list[list[Rollout]], dict[str, float]]:
+        """As `_sample`, through pipeline/direct.py: no event loop, no stages."""
+        direct = Direct(self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:",
+                        seed=stable_hash("rollout", self.seed, step), budgets=self.budgets)
+        groups: list[list[Rollout]] = []
+        for round_ in range(self.config.replace_rounds + 1):
+            tasks = self._keep(groups, direct.run_groups(tasks), round_)
+            if not tasks:
+                break
+        return groups, self._step_stats(direct.stats().flat())
+
+    def _keep(self, groups: list[list[Rollout]], results: Sequence[GroupResult | None], round_: int) -> list[Task]:
+        """Add a round's groups to `groups`; the next round's tasks: a fresh draw for each group
+        dynamic sampling would filter ([] when none is missing or the rounds are used up)."""
+        new = [list(r.rollouts) for r in results if r is not None]
+        groups += new
+        missing = sum(not informative(g) for g in new) if self.dynamic_sampling else 0
+        if not missing or round_ == self.config.replace_rounds:
+            return []
+        self._replaced += missing
+        return self.pool.draw(missing)
+
+    def _step_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        replaced, self._replaced = self._replaced, 0
         self.totals["replaced"] += replaced
         stats["pipe_replaced"] = float(replaced)
+        stats["pipe_direct"] = float(self.direct)
         for name, row in self.scheduler.mix().items():
             stats[f"mix_{name}"] = round(row["realised"], 4)
-        return groups, stats
+        return stats
 
     def mix(self) -> Mapping[str, Mapping[str, float]]:
         return self.scheduler.mix()
@@ -135,6 +171,8 @@ class StepRollouts:
     def close(self) -> None:
         if self._ahead is not None:
             self._ahead.close()
+        if self._runner is not None:
+            self._runner.close()
         self.workers.close()
 
 

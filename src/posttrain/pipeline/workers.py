@@ -168,15 +168,43 @@ class EmbeddedWorkers:
             self.engine.update_weights(state)
             self.engine.version = self.source.version
 
-    async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]:
+    def cheap_verifier(self, domain: str) -> bool:
+        """Whether `domain`'s verifier may be called inline, in the caller's thread: it declares
+        itself `cheap` and runs in this process through the default `verify_group` (which
+        turns any escape into a masked Verdict)."""
+        from posttrain.domains.registry import get
+
+        if isinstance(self._verify_pool, ProcessPoolExecutor) or self._verify is not verify_group:
+            return False
+        return bool(getattr(get(domain).verifier, "cheap", False))
+
+    def inline(self, domain: str) -> bool:
+        """Whether groups of `domain` may skip the stages (pipeline/direct.py): single-turn,
+        nothing to execute, and a cheap verifier (`cheap_verifier`)."""
+        from posttrain.domains.registry import get
+
+        if self._execute is not None and not isinstance(self._execute, DomainExecute):
+            return False  # a custom ExecuteFn runs for every completion: it needs the execute stage
+        d = get(domain)
+        return self.cheap_verifier(domain) and d.environment() is None and not d.executes
+
+    def encode_now(self, messages: Sequence[Message]) -> tuple[int, ...]:
         return self.engine.encode_chat(messages)
 
-    def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        """The engine's call in the caller's thread (the direct path)."""
         with self._lock:
             return self.engine.generate(requests)
 
+    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
+        """The group's verdicts in the caller's thread (the direct path)."""
+        return self._verify(task, tuple(episodes))
+
+    async def encode(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        return self.encode_now(messages)
+
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
-        return await asyncio.get_running_loop().run_in_executor(self._gen_pool, self._generate, requests)
+        return await asyncio.get_running_loop().run_in_executor(self._gen_pool, self.generate_now, requests)
 
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
         """Each completion's execution result, the group's runs concurrently."""

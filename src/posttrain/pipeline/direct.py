@@ -1,0 +1,172 @@
+"""The direct rollout path: a step's groups generated and verified inline, without the stages.
+
+Invariant: for a step whose every domain is single-turn, runs nothing (no
+execute step) and has a cheap in-process verifier (`EmbeddedWorkers.inline`),
+`Direct.run_groups` returns what `Pipeline.run_groups` returns for the same
+tasks: the same group ids and seeds (so the same samples), the same
+admission order (long tier first) and scheduler bookkeeping, engine calls
+split by token budget, shortest first, at most `generate_batch` groups per
+call, the same retries of a failed generation and the same masking (an
+infra error is masked and counted, never scored 0). Only the event loop,
+the queues, the stage tasks and the thread hops are gone: the engine and
+the verifier run in the caller's thread, one call after another.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from posttrain.domains.base import Budget
+from posttrain.envs import driver
+from posttrain.errors import GenerationError, capture
+from posttrain.pipeline.config import PipelineConfig
+from posttrain.pipeline.core import (
+    _NOT_INFRA,
+    COUNTERS,
+    GroupResult,
+    PipelineStats,
+    _Item,
+    finished_group,
+    group_requests,
+)
+from posttrain.pipeline.metrics import StageMeter
+from posttrain.pipeline.scheduler import Scheduler
+from posttrain.pipeline.workers import Verdict
+from posttrain.types import Episode, SamplingParams, Task
+
+
+class Direct:
+    """One step's rounds (the direct counterpart of one `Pipeline`): `run_groups` per
+    round, then `stats()` (the same keys as the pipeline's, without queues)."""
+
+    def __init__(self, config: PipelineConfig, workers: Any, params: SamplingParams, scheduler: Scheduler,
+                 group_prefix: str = "", seed: int | None = None,
+                 budgets: Mapping[str, Budget] | None = None) -> None:
+        self.cfg, self.workers, self.params, self.scheduler = config, workers, params, scheduler
+        self.budgets = budgets or {}
+        self.seed = seed
+        self._prefix = group_prefix
+        self._next_seq = 0
+        w = config.latency_window
+        self.meters = {
+            "generate": StageMeter("generate", 1, w),
+            "execute": StageMeter("execute", 1, w),
+            "verify": StageMeter("verify", 1, w),
+        }
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self._tokens = 0
+
+    def run_groups(self, tasks: Sequence[Task]) -> list[GroupResult | None]:
+        """Results in task order; None for a task whose domain is paused (paused_skipped)."""
+        first, self._next_seq = self._next_seq, self._next_seq + len(tasks)
+        order = sorted(range(len(tasks)), key=lambda i: (self.scheduler.tier(tasks[i].domain) != "long", i))
+        done: dict[int, GroupResult] = {}
+        live: list[_Item] = []
+        for i in order:
+            if self.scheduler.is_paused(tasks[i].domain):
+                self.counters["paused_skipped"] += 1
+                continue
+            item, error = self._admit(first + i, tasks[i])
+            if error is not None:  # a task that cannot start is masked and counted, as in the pipeline
+                done[item.seq] = self._mask(item, error)
+            else:
+                live.append(item)
+        for k in range(0, len(live), self.cfg.generate_batch):
+            for item, error in self._generate(live[k: k + self.cfg.generate_batch]):
+                done[item.seq] = self._mask(item, error) if error is not None else self._verify(item)
+        return [done.get(first + i) for i in range(len(tasks))]
+
+    def stats(self) -> PipelineStats:
+        return PipelineStats(tuple(m.stats() for m in self.meters.values()), (), dict(self.counters),
+                             self.scheduler.cap.value)
+
+    # ---- the steps of a group ------------------------------------------------
+    def _admit(self, seq: int, task: Task) -> tuple[_Item, BaseException | None]:
+        from posttrain.domains.registry import get
+
+        tier = self.scheduler.admit(task.domain)
+        self.counters["admitted"] += 1
+        self.counters["long_sampled"] += tier == "long"
+        budget = self.budgets.get(task.domain)
+        item = _Item(task, f"{self._prefix}{seq}", tier, seq, time.perf_counter(),
+                     turn_budget=driver.turns_of(get(task.domain), budget),
+                     max_tokens=budget.tokens if budget else self.params.max_tokens)
+        try:
+            item.prompt_ids = self.workers.encode_now(task.prompt)
+        except Exception as exc:
+            return item, exc
+        return item, None
+
+    def _generate(self, batch: list[_Item]) -> list[tuple[_Item, BaseException | None]]:
+        """Each group generated (with retries): (item, None) once it has its completions, or
+        (item, the error that masks it). One engine call per token budget, shortest first."""
+        out: list[tuple[_Item, BaseException | None]] = []
+        buckets: dict[int, list[_Item]] = {}
+        for it in batch:
+            buckets.setdefault(it.max_tokens, []).append(it)
+        for _, bucket in sorted(buckets.items()):
+            while bucket:
+                error = self._call_engine(bucket)
+                if error is None:
+                    out += [(it, None) for it in bucket]
+                    break
+                retry, delay = [], 0.0
+                for it in bucket:
+                    n = it.attempts.get("generate", 0)
+                    if capture(error, "infra").kind not in _NOT_INFRA and n < self.cfg.max_retries:
+                        it.attempts["generate"] = n + 1
+                        self.counters["retries"] += 1
+                        delay = max(delay, self.cfg.backoff_s * (2**n))
+                        retry.append(it)
+                    else:
+                        out.append((it, error))
+                if retry:
+                    time.sleep(delay)
+                bucket = retry
+        return out
+
+    def _call_engine(self, bucket: list[_Item]) -> BaseException | None:
+        requests = [group_requests(it, self.params, self.seed) for it in bucket]
+        meter, token = self.meters["generate"], self._token()
+        meter.begin(token)
+        try:
+            flat = [r for rs in requests for r in rs]
+            outs = self.workers.generate_now(flat)
+            if len(outs) != len(flat):
+                raise GenerationError(f"engine returned {len(outs)} groups for {len(flat)} requests")
+        except Exception as exc:
+            meter.end(token, len(bucket), error=True)
+            return exc
+        took = meter.end(token, len(bucket))
+        for it, got in zip(bucket, outs):
+            it.completions = list(got)
+            it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(bucket)
+        return None
+
+    def _verify(self, item: _Item) -> GroupResult:
+        item.timings["execute_s"] = 0.0  # nothing to execute: the direct path's condition
+        episodes = [Episode(c.text, finish_reason=c.finish_reason) for c in item.completions]
+        meter, token = self.meters["verify"], self._token()
+        meter.begin(token)
+        verdicts = self.workers.verify_now(item.task, episodes)  # verify_group: an escape is a masked Verdict
+        item.timings["verify_s"] = meter.end(token)
+        self.scheduler.record_verification(item.task.domain, any(v.error_kind == "verifier" for v in verdicts))
+        return self._finish(item, verdicts, episodes)
+
+    def _mask(self, item: _Item, error: BaseException) -> GroupResult:
+        rec = capture(error, "infra")
+        n = len(item.completions) or self.params.n
+        self.counters["masked_groups"] += 1
+        self.counters["masked_rollouts"] += n
+        return self._finish(item, [Verdict(None, rec.kind, rec.message)] * n)
+
+    def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> GroupResult:
+        result = finished_group(item, self.params.n, verdicts, episodes)
+        self.scheduler.finish(item.task.domain)
+        self.counters["finished"] += 1
+        return result
+
+    def _token(self) -> int:
+        self._tokens += 1
+        return self._tokens
