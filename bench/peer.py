@@ -269,13 +269,14 @@ def reach(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, dic
 
 
 def spread(xs: Sequence[float | None]) -> str:
-    """'mean [min, max]' of the values, or '-' when one is missing."""
+    """'mean [min, max]' of the values (two decimals below 10, one above), or what is missing."""
     if not xs or any(x is None for x in xs):
         return "-" if not xs else "n/a (" + ", ".join(_f(x, ".1f") for x in xs) + ")"
     vals = [float(x) for x in xs if x is not None]
+    fmt = ".2f" if max(abs(v) for v in vals) < 10 else ".1f"
     if len(vals) == 1:
-        return f"{vals[0]:.2f}"
-    return f"{statistics.mean(vals):.2f} [{min(vals):.2f}, {max(vals):.2f}]"
+        return format(vals[0], fmt)
+    return f"{statistics.mean(vals):{fmt}} [{min(vals):{fmt}}, {max(vals):{fmt}}]"
 
 
 def headline(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[str]:
@@ -678,9 +679,11 @@ def eval_worker(argv: Sequence[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     out_dir = Path(job["out"])
     results_path = Path(job.get("results", out_dir / "evals.json"))
+    tables = Path(job.get("tables", out_dir))  # each side's own folder: both may evaluate the base at once
+    tables.mkdir(parents=True, exist_ok=True)
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for label, model in job["models"].items():
-        path = out_dir / f"eval-{label.replace(':', '-')}.json"
+        path = tables / f"eval-{label.replace(':', '-')}.json"
         ns = argparse.Namespace(config=job["config"], overrides=[*job["overrides"], *EVAL_OVERRIDES, "run.threads=1"],
                                 model=model, run=None, heldout=job["heldout"], save_heldout=None, json=str(path))
         with open(out_dir / "eval.log", "a") as log, contextlib.redirect_stdout(log):
@@ -774,7 +777,7 @@ def evaluate_side(system: str, unit: Unit, args: argparse.Namespace, model: Path
     if models:
         job = {"config": unit.mix.config, "overrides": list(unit.mix.overrides),
                "heldout": str(heldout_file(args.work, unit.mix)), "models": models, "out": str(folder),
-               "results": str(results)}
+               "results": str(results), "tables": str(folder / system / "eval-tables")}
         (folder / f"eval-job-{system}.json").write_text(json.dumps(job, indent=1))
         print(f"[peer] {unit.key} seed {unit.seed}: evaluating {len(models)} {system} models", flush=True)
         _run([sys.executable, str(ROOT / "bench" / "peer.py"), "_eval", str(folder / f"eval-job-{system}.json")],

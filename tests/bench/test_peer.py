@@ -137,6 +137,7 @@ def test_reach_uses_each_seeds_trl_final_gain():
 def test_spread_prints_mean_and_range_or_what_is_missing():
     assert peer.spread([1.0, 2.0, 6.0]) == "3.00 [1.00, 6.00]"
     assert peer.spread([4.0]) == "4.00"
+    assert peer.spread([10.0, 20.0]) == "15.0 [10.0, 20.0]"
     assert peer.spread([1.0, None]) == "n/a (1.0, -)"
     assert peer.spread([]) == "-"
 
@@ -188,9 +189,9 @@ def test_report_prints_ratios_side_by_side():
     assert "**2.50x** (target >= 2x): met" in text
     assert "**0.25x** wall, 0.25x CPU (target <= 0.33x): met" in text
     assert "| posttrain - TRL | +0.050 |" in text
-    assert "| gain (pp) at the full budget | 10.00 | 10.00 | 1.00 |" in text
+    assert "| gain (pp) at the full budget | 10.0 | 10.0 | 1.00 |" in text
     # both reach TRL's final +10 at 60 CPU-s; half of it at 30 s
-    assert "| CPU-s to reach TRL's final gain (TRL/posttrain: speed-up) | 60.00 | 60.00 | 1.00 |" in text
+    assert "| CPU-s to reach TRL's final gain (TRL/posttrain: speed-up) | 60.0 | 60.0 | 1.00 |" in text
     assert "| gain (pp) at CPU-s | 10 | 20 | 30 | 40 | 50 | 60 |" in text
     assert "| posttrain (mean of seeds) | +1.7 | +3.3 | +5.0 | +6.7 | +8.3 | +10.0 |" in text
 
@@ -204,7 +205,8 @@ def test_order_check():
 def test_evals_of_both_sides_merge_only_when_both_exist(tmp_path):
     (tmp_path / "evals-trl.json").write_text(json.dumps({"base": {"mean": 0.1}, "trl:final": {"mean": 0.3}}))
     assert peer.load_evals(tmp_path) is None  # posttrain not evaluated yet
-    (tmp_path / "evals-posttrain.json").write_text(json.dumps({"base": {"mean": 0.1}, "posttrain:final": {"mean": 0.4}}))
+    pt = {"base": {"mean": 0.1}, "posttrain:final": {"mean": 0.4}}
+    (tmp_path / "evals-posttrain.json").write_text(json.dumps(pt))
     assert set(peer.load_evals(tmp_path)) == {"base", "trl:final", "posttrain:final"}
 
 
