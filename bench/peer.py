@@ -27,7 +27,7 @@ all of, the same seed's TRL final gain.
 Settings the loop runs with besides the mix (both sides): no periodic evaluation
 (eval.every_steps=0; the curves come from the checkpoints), no pass@k sampling and no
 above-level set in the evaluations (eval.samples=0, eval.above_tasks=0), every checkpoint
-kept, no HTML report. posttrain's monitor, trace store and guard run as by default.
+kept until it is evaluated (and after, with --keep), no HTML report. posttrain's monitor, trace store and guard run as by default.
 """
 from __future__ import annotations
 
@@ -771,7 +771,8 @@ def evaluate_side(system: str, unit: Unit, args: argparse.Namespace, model: Path
     run = json.loads((folder / system / f"{system}.json").read_text())
     results = folder / f"evals-{system}.json"
     models = {"base": str(model), f"{system}:final": run["final"]}
-    models.update({f"{system}:step{s}": d for s, d in run["checkpoints"].items() if Path(d).is_dir()})
+    models.update({f"{system}:step{s}": d for s, d in run["checkpoints"].items()
+                   if Path(d).is_dir() and d != run["final"]})  # posttrain's final is its last checkpoint
     done = json.loads(results.read_text()) if results.is_file() else {}
     models = {k: v for k, v in models.items() if k not in done}
     if models:
