@@ -90,6 +90,34 @@ class StepClock:
         return False
 
 
+# GRPOTrainer methods timed into StepClock.acc: generation, rewards, the two together (so the training
+# pass is training_step less them), and training_step itself (its end also marks where the train time
+# of the step's tail - optimizer, callbacks - starts).
+TIMED = {"_generate": "generate", "_calculate_rewards": "verify",
+         "_generate_and_score_completions": "gen_score", "training_step": "training_step"}
+
+
+def timed_trainer(base: type, clock: StepClock) -> type:
+    """A subclass of `base` whose TIMED methods add their wall time to `clock`."""
+
+    def wrap(name: str, key: str) -> Any:
+        method = getattr(base, name)
+
+        def timed(self: Any, *a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return method(self, *a, **k)
+            finally:
+                end = time.perf_counter()
+                if key == "training_step":
+                    clock.training_step_end = end
+                clock.add(key, end - t)
+
+        return timed
+
+    return type(f"Timed{base.__name__}", (base,), {name: wrap(name, key) for name, key in TIMED.items()})
+
+
 def draw_tasks(cfg: Any, n_steps: int) -> list[Any]:
     """The train tasks posttrain's loop would draw, step after step, from a pool with the run's seed."""
     from posttrain.tasks.pool import TaskPool
@@ -199,35 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     eos = {tokenizer.eos_token_id}
     clock = StepClock(args.budget_cpu_s)
 
-    class Timed(GRPOTrainer):
-        def _generate(self, prompts):
-            t = time.perf_counter()
-            try:
-                return super()._generate(prompts)
-            finally:
-                clock.add("generate", time.perf_counter() - t)
-
-        def _calculate_rewards(self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return super()._calculate_rewards(*a, **k)
-            finally:
-                clock.add("verify", time.perf_counter() - t)
-
-        def _generate_and_score_completions(self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return super()._generate_and_score_completions(*a, **k)
-            finally:
-                clock.add("gen_score", time.perf_counter() - t)
-
-        def training_step(self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return super().training_step(*a, **k)
-            finally:
-                clock.training_step_end = time.perf_counter()
-                clock.add("training_step", clock.training_step_end - t)
+    Timed = timed_trainer(GRPOTrainer, clock)
 
     trl_logs: list[dict[str, Any]] = []
 

@@ -44,7 +44,7 @@ def _figures(gain_per_min, wall_ms, cpu_ms, curve, half_width=0.04):
 def test_defaults_are_the_issues_settings():
     a = peer.parse_args([])
     assert (a.seeds, a.mixes, a.threads, a.budget_cpu_s, a.save_every, a.jobs) == (
-        [0], ["demo", "hard"], [1], 105.0, 25, 1)
+        [0], ["demo", "harder"], [1], 105.0, 25, 1)
 
 
 def test_arguments_parse():
@@ -72,6 +72,10 @@ def test_mixes_are_valid_posttrain_configs():
         assert cfg.eval.every_steps == 0 and cfg.eval.samples == 0
     hard = load_config(ROOT / peer.MIXES["hard"].config, list(peer.MIXES["hard"].overrides))
     assert {n: s.weight for n, s in hard.tasks.domains.items()} == {"add": 1, "sub": 1, "reverse": 3, "sort": 3}
+    harder = load_config(ROOT / peer.MIXES["harder"].config, list(peer.MIXES["harder"].overrides))
+    demo = load_config(ROOT / "configs" / "default.yaml")
+    assert harder.base == demo.base  # the same embedded base (its cache key is the base section)
+    assert any(s.difficulty and s.difficulty > 1 for s in harder.tasks.domains.values())
 
 
 # ---------------------------------------------------------------- summaries
@@ -101,11 +105,41 @@ def test_system_figures_gain_per_cpu_minute_and_curve():
     assert f["curve"] == {1: 0.26, 2: 0.30}  # its own checkpoints only, by step
     assert f["half_width"] == pytest.approx(0.05)
     assert f["ms"]["wall"] == pytest.approx(600)
-    # 1/3 of the budget (30 CPU-s) was spent by step 1: +6 points in 0.5 min = 12 per CPU-minute;
-    # 2/3 (60 CPU-s) by step 2: +10 points in 1 min = 10
-    assert f["at_cpu"]["0.33"] == pytest.approx({"step": 1, "cpu_s": 30.0, "gain_pp": 6.0, "gain_per_cpu_min": 12.0})
-    assert f["at_cpu"]["0.67"] == pytest.approx({"step": 2, "cpu_s": 60.0, "gain_pp": 10.0, "gain_per_cpu_min": 10.0})
-    assert peer.checkpoint_at_cpu(run, 61.0) == 3 and peer.checkpoint_at_cpu(run, 91.0) is None
+    # gain against CPU: base (0, 0), step 1 at 30 s +6, step 2 at 60 s +10, final at 90 s +15
+    assert [c for c, _ in f["cpu_curve"]] == [0.0, 30.0, 60.0, 90.0]
+    assert [g for _, g in f["cpu_curve"]] == pytest.approx([0.0, 6.0, 10.0, 15.0])
+    # 1/3 of the budget is 30 CPU-s: +6 points in 0.5 min = 12 per CPU-minute; 2/3: 60 s, +10 in 1 min
+    assert f["at_cpu"]["0.33"] == pytest.approx({"cpu_s": 30.0, "gain_pp": 6.0, "gain_per_cpu_min": 12.0})
+    assert f["at_cpu"]["0.67"] == pytest.approx({"cpu_s": 60.0, "gain_pp": 10.0, "gain_per_cpu_min": 10.0})
+
+
+def test_gain_at_and_cpu_to_reach_interpolate_between_checkpoints():
+    points = [(0.0, 0.0), (20.0, 10.0), (40.0, 8.0), (60.0, 20.0)]
+    assert peer.gain_at(points, 10.0) == pytest.approx(5.0)  # halfway from 0 to +10
+    assert peer.gain_at(points, 50.0) == pytest.approx(14.0)  # 8 + (20 - 8) / 2
+    assert peer.gain_at(points, 61.0) is None  # past the run's end
+    # +9 is first reached between 0 and 20 s (at 18 s), not on the later climb through +9 at 45 s
+    assert peer.cpu_to_reach(points, 9.0) == pytest.approx(18.0)
+    assert peer.cpu_to_reach(points, 14.0) == pytest.approx(50.0)  # 40 + 20 * (14 - 8) / 12
+    assert peer.cpu_to_reach(points, 21.0) is None
+    assert peer.cpu_to_reach(points, -1.0) == 0.0  # a target at or below zero: reached at the start
+
+
+def test_reach_uses_each_seeds_trl_final_gain():
+    seeds = {0: {"posttrain": {"cpu_curve": [(0.0, 0.0), (10.0, 20.0)]},
+                 "trl": {"gain_pp": 10.0, "cpu_curve": [(0.0, 0.0), (40.0, 10.0)]}}}
+    r = peer.reach(seeds)
+    # half of TRL's +10: posttrain at 2.5 s, TRL at 20 s (speed-up 8); all of it: 5 s against 40 s
+    assert r["0.5"][0] == pytest.approx({"target_pp": 5.0, "posttrain": 2.5, "trl": 20.0, "speedup": 8.0})
+    assert r["1"][0] == pytest.approx({"target_pp": 10.0, "posttrain": 5.0, "trl": 40.0, "speedup": 8.0})
+
+
+def test_spread_prints_mean_and_range_or_what_is_missing():
+    assert peer.spread([1.0, 2.0, 6.0]) == "3.00 [1.00, 6.00]"
+    assert peer.spread([4.0]) == "4.00"
+    assert peer.spread([10.0, 20.0]) == "15.0 [10.0, 20.0]"
+    assert peer.spread([1.0, None]) == "n/a (1.0, -)"
+    assert peer.spread([]) == "-"
 
 
 def test_verdicts_on_the_seed_mean():
@@ -143,7 +177,8 @@ def test_ratio_guards_zero_and_missing():
 
 def test_report_prints_ratios_side_by_side():
     run = {"steps": 10, "cpu_s": 60.0, "before": 0.2, "after": 0.3, "gain_pp": 10.0, "peak_rss_mib": 500.0,
-           "ms": {"wall": 200.0, "generate": 50.0, "verify": 1.0, "train": 100.0, "other": 49.0, "cpu": 150.0}}
+           "ms": {"wall": 200.0, "generate": 50.0, "verify": 1.0, "train": 100.0, "other": 49.0, "cpu": 150.0},
+           "at_cpu": {}, "cpu_curve": [(0.0, 0.0), (60.0, 10.0)]}
     pt = {**run, "gain_per_cpu_min": 10.0, "curve": {25: 0.3}, "half_width": 0.04}
     trl = {**run, "gain_per_cpu_min": 4.0, "curve": {25: 0.25}, "half_width": 0.04,
            "ms": {**run["ms"], "wall": 800.0, "cpu": 600.0}, "peak_rss_mib": 1000.0}
@@ -154,15 +189,39 @@ def test_report_prints_ratios_side_by_side():
     assert "**2.50x** (target >= 2x): met" in text
     assert "**0.25x** wall, 0.25x CPU (target <= 0.33x): met" in text
     assert "| posttrain - TRL | +0.050 |" in text
+    assert "| gain (pp) at the full budget | 10.0 | 10.0 | 1.00 |" in text
+    # both reach TRL's final +10 at 60 CPU-s; half of it at 30 s
+    assert "| CPU-s to reach TRL's final gain (TRL/posttrain: speed-up) | 60.0 | 60.0 | 1.00 |" in text
+    assert "| gain (pp) at CPU-s | 10 | 20 | 30 | 40 | 50 | 60 |" in text
+    assert "| posttrain (mean of seeds) | +1.7 | +3.3 | +5.0 | +6.7 | +8.3 | +10.0 |" in text
 
 
-def test_order_check_and_curve_steps():
+def test_order_check():
     assert peer.order_check({"task_ids": ["a", "b", "c"]}, {"task_ids": ["a", "b"]}) == {
         "compared": 2, "first_mismatch": None}
     assert peer.order_check({"task_ids": ["a", "x"]}, {"task_ids": ["a", "b"]})["first_mismatch"] == 1
-    pt = {"checkpoints": {"25": "p", "50": "p", "75": "p", "100": "p", "125": "p"}}
-    trl = {"checkpoints": {"25": "t", "50": "t", "75": "t"}}
-    assert peer.curve_steps(pt, trl) == [25, 50]  # 75: not on the grid; 100: TRL never got there
+
+
+def test_evals_of_both_sides_merge_only_when_both_exist(tmp_path):
+    (tmp_path / "evals-trl.json").write_text(json.dumps({"base": {"mean": 0.1}, "trl:final": {"mean": 0.3}}))
+    assert peer.load_evals(tmp_path) is None  # posttrain not evaluated yet
+    pt = {"base": {"mean": 0.1}, "posttrain:final": {"mean": 0.4}}
+    (tmp_path / "evals-posttrain.json").write_text(json.dumps(pt))
+    assert set(peer.load_evals(tmp_path)) == {"base", "trl:final", "posttrain:final"}
+
+
+def test_heldout_file_is_the_set_posttrain_eval_builds(tmp_path):
+    from posttrain.config import load_config
+    from posttrain.evaluate.run import heldout_for
+    from posttrain.tasks.pool import TaskPool
+
+    mix = peer.MIXES["harder"]
+    path = peer.heldout_file(tmp_path, mix)
+    cfg = load_config(ROOT / mix.config, [*mix.overrides, *peer.EVAL_OVERRIDES, "run.seed=7"])  # seed-independent
+    pool = TaskPool(cfg.tasks, seed=7)
+    heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names}).save(tmp_path / "direct.json")
+    assert json.loads(path.read_text()) == json.loads((tmp_path / "direct.json").read_text())
+    assert peer.same_heldout(tmp_path, mix, {"heldout": str(tmp_path / "direct.json")}) is True
 
 
 def test_step_clock_splits_and_stops_at_the_budget(monkeypatch):
@@ -217,6 +276,30 @@ def test_trl_draws_posttrains_task_order():
     pool = TaskPool(cfg.tasks, seed=3)
     expect = [t.id for _ in range(2) for t in pool.draw(cfg.rollout.prompts_per_step)]
     assert [t.id for t in peer_trl.draw_tasks(cfg, 2)] == expect
+
+
+def test_timed_trainer_adds_each_methods_wall_time():
+    class Fake:
+        def _generate(self, prompts):
+            return ["out", *prompts]
+
+        def _calculate_rewards(self, *a, **k):
+            return 1.0
+
+        def _generate_and_score_completions(self, *a, **k):
+            return self._generate(["p"])
+
+        def training_step(self, *a, **k):
+            self._generate_and_score_completions()
+            raise RuntimeError("boom")  # timed all the same
+
+    clock = peer_trl.StepClock(budget_cpu_s=10.0)
+    trainer = peer_trl.timed_trainer(Fake, clock)()
+    assert trainer._generate(["a"]) == ["out", "a"] and trainer._calculate_rewards() == 1.0
+    with pytest.raises(RuntimeError):
+        trainer.training_step()
+    assert all(v > 0 for v in clock.acc.values())
+    assert clock.acc["training_step"] >= clock.acc["gen_score"] and clock.training_step_end > 0
 
 
 # ---------------------------------------------------------------- the TRL run (peer venv)
