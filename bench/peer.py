@@ -27,7 +27,8 @@ all of, the same seed's TRL final gain.
 Settings the loop runs with besides the mix (both sides): no periodic evaluation
 (eval.every_steps=0; the curves come from the checkpoints), no pass@k sampling and no
 above-level set in the evaluations (eval.samples=0, eval.above_tasks=0), every checkpoint
-kept until it is evaluated (and after, with --keep), no HTML report. posttrain's monitor, trace store and guard run as by default.
+kept until it is evaluated (and after, with --keep), no HTML report. posttrain's monitor,
+trace store and guard run as by default.
 """
 from __future__ import annotations
 
@@ -752,7 +753,7 @@ def heldout_file(work: Path, mix: Mix) -> Path:
     (it depends on the eval settings and the domains' levels, not on the run seed)."""
     path = work / mix.name / "heldout.json"
     if not path.is_file():
-        from posttrain.config import load_config
+        from posttrain.configs import load_config
         from posttrain.evaluate.run import heldout_for
         from posttrain.tasks.pool import TaskPool
 

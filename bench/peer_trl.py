@@ -203,10 +203,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
     from posttrain.configs import load_config
+    from posttrain.model.arch import load_tokenizer
     from posttrain.pipeline.budget import domain_budgets
     from posttrain.tasks.pool import TaskPool
 
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     dataset = Dataset.from_dict(rows)
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model)  # as posttrain loads it: whitespace survives
     eos = {tokenizer.eos_token_id}
     clock = StepClock(args.budget_cpu_s)
 

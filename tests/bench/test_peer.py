@@ -211,7 +211,7 @@ def test_evals_of_both_sides_merge_only_when_both_exist(tmp_path):
 
 
 def test_heldout_file_is_the_set_posttrain_eval_builds(tmp_path):
-    from posttrain.config import load_config
+    from posttrain.configs import load_config
     from posttrain.evaluate.run import heldout_for
     from posttrain.tasks.pool import TaskPool
 
