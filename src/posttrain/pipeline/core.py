@@ -392,8 +392,7 @@ class Pipeline:
     def _cheap(self, domain: str) -> bool:
         """The domain's verifier is called in the event loop's thread (`Workers.cheap_verifier`)."""
         if domain not in self._cheap_domains:
-            check = getattr(self.workers, "cheap_verifier", None)
-            self._cheap_domains[domain] = bool(callable(check) and check(domain))
+            self._cheap_domains[domain] = self.workers.cheap_verifier(domain)
         return self._cheap_domains[domain]
 
     def _episodes(self, item: _Item) -> list[Episode]:

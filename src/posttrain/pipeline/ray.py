@@ -126,6 +126,14 @@ class RayWorkers:
     def driver_version(self) -> int:
         return int(getattr(self._source, "version", 0))
 
+    def cheap_verifier(self, domain: str) -> bool:
+        """Never: verification runs in the verifier actors."""
+        return False
+
+    def inline(self, domain: str) -> bool:
+        """Never: generation and verification run in actors, through the stages."""
+        return False
+
     def sync(self) -> None:
         """Push the driver engine's weights to every generation actor when its version moved."""
         src = self._source

@@ -92,10 +92,9 @@ class StepRollouts:
         self.totals: dict[str, int] = {"replaced": 0}
         self._events = events
         self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None
-        inline = getattr(workers, "inline", None)
         self.direct = bool(
-            self._ahead is None and config.direct and config.generate_timeout_s is None and callable(inline)
-            and all(inline(n) for n in pool.names)
+            self._ahead is None and config.direct and config.generate_timeout_s is None
+            and all(workers.inline(n) for n in pool.names)
         )
         """Every step runs through pipeline/direct.py (no asyncio stages): see PipelineConfig.direct."""
         self._runner: asyncio.Runner | None = None
@@ -108,9 +107,7 @@ class StepRollouts:
         if self._ahead is not None:
             groups, stats = self._ahead.sample(list(tasks), params, step)
         else:
-            sync = getattr(self.workers, "sync", None)
-            if callable(sync):
-                sync()
+            self.workers.sync()
             if self.direct:
                 groups, stats = self._sample_direct(list(tasks), params, step)
             else:

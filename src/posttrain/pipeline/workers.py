@@ -129,6 +129,15 @@ class Workers(Protocol):
 
     async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
 
+    def sync(self) -> None:
+        """Bring the generating engine's weights up to the trainer's (before a step's generation)."""
+
+    def cheap_verifier(self, domain: str) -> bool:
+        """Whether `domain`'s verifier may run in the caller's thread (no verify stage hop)."""
+
+    def inline(self, domain: str) -> bool:
+        """Whether `domain`'s groups may take the direct path (pipeline/direct.py, no stages)."""
+
     def close(self) -> None: ...
 
 
