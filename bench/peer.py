@@ -415,7 +415,7 @@ CATEGORIES = {
         ("verify", ("score (posttrain/domains/", "verify_one (posttrain/pipeline/")),
         ("train", ("step (posttrain/trainer/trainer.py",)),
         ("checkpoint", ("save (posttrain/trainer/",)),
-        ("trace store", ("(posttrain/trace.py",)),
+        ("trace store", ("(posttrain/trace/",)),
         ("monitor", ("(posttrain/monitor/",)),
         ("task pool", ("(posttrain/tasks/",)),
         ("pipeline, asyncio", ("(posttrain/pipeline/", "asyncio/")),
