@@ -37,6 +37,7 @@ test-ray: install
 # ruff (lint rules in pyproject), mypy strict on the contracts, and the import-layer contracts
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -15,6 +15,7 @@ level (sampled outcomes scored by the verifier, and the expected value).
 
     .venv/bin/python bench/curriculum.py [--tasks 1500] [--seeds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,9 @@ class Learner:
 
 
 def run_arm(curriculum: bool, tasks: int, seed: int) -> tuple[Learner, TaskPool]:
-    config = TasksConfig.model_validate({"domains": {n: {} for n in FAMILY}, "seed": seed,
-                                         "curriculum": {"enabled": curriculum}})
+    config = TasksConfig.model_validate(
+        {"domains": {n: {} for n in FAMILY}, "seed": seed, "curriculum": {"enabled": curriculum}}
+    )
     pool, learner, rng = TaskPool(config), Learner(FAMILY), random.Random(seed)
     for _ in range(tasks // 8):
         for task in pool.draw(8):

@@ -5,6 +5,7 @@ subset and a rotation slice every `eval.every_steps`), on the demo's base and do
 Prints both side by side, measured in one run, and the peak RSS.
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/evaluation.py [configs/default.yaml]
 """
+
 from __future__ import annotations
 
 import os

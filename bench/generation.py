@@ -9,6 +9,7 @@ beside wall time: on a shared machine it is the steadier of the two.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/generation.py --preset tiny --prompts 32 --group 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ class Timing:
         self.wall, self.cpu, self.tokens = min(self.wall, wall), min(self.cpu, cpu), tokens
 
     def show(self) -> str:
-        return (f"{self.tokens / self.wall:7.0f} tok/s wall, {self.tokens / self.cpu:7.0f} tok/CPU-s "
-                f"({self.tokens} tokens)")
+        return (
+            f"{self.tokens / self.wall:7.0f} tok/s wall, {self.tokens / self.cpu:7.0f} tok/CPU-s ({self.tokens} tokens)"
+        )
 
 
 def timed(fn):
@@ -84,9 +86,18 @@ def time_hf_generate(model, tok, prompts, group: int, max_tokens: int, repeats: 
     for _ in range(repeats):
         torch.manual_seed(0)
         with torch.inference_mode():
-            wall, cpu, out = timed(lambda: model.generate(
-                ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=max_tokens,
-                num_return_sequences=group, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
+            wall, cpu, out = timed(
+                lambda: model.generate(
+                    ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    top_k=0,
+                    max_new_tokens=max_tokens,
+                    num_return_sequences=group,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                )
+            )
         new = out[:, width:]
         ended = (new == tok.eos_token_id).int().cumsum(-1)
         timing.add(wall, cpu, int(((ended == 0) | ((ended == 1) & (new == tok.eos_token_id))).sum()))
@@ -96,8 +107,12 @@ def time_hf_generate(model, tok, prompts, group: int, max_tokens: int, repeats: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny", help="random model of this preset (when no --model)")
-    ap.add_argument("--model", default=None, help="a model directory (e.g. a pretrained base); prompts then "
-                    "come from the procedural domains' tasks, so completion lengths are realistic")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a model directory (e.g. a pretrained base); prompts then "
+        "come from the procedural domains' tasks, so completion lengths are realistic",
+    )
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
@@ -126,8 +141,10 @@ def main() -> None:
         if args.model
         else build_prompts(shared, args.prompts, seed=0)
     )
-    requests = [GenerationRequest(p, SamplingParams(max_tokens=args.max_tokens, n=args.group, seed=i))
-                for i, p in enumerate(prompts)]
+    requests = [
+        GenerationRequest(p, SamplingParams(max_tokens=args.max_tokens, n=args.group, seed=i))
+        for i, p in enumerate(prompts)
+    ]
     params = sum(p.numel() for p in model.parameters())
     print(
         f"model {args.model or args.preset} ({params / 1e6:.2f}M params) on {shared.device}, {args.prompts} prompts x "
@@ -143,14 +160,18 @@ def main() -> None:
         assert naive_t.tokens == shared_t.tokens, "the two paths must draw the same samples"
         print(f"threads {threads}: shared prefix   {shared_t.show()}")
         print(f"threads {threads}: repeated prompt {naive_t.show()}")
-        print(f"threads {threads}: shared / repeated: {naive_t.wall / shared_t.wall:.2f}x wall, "
-              f"{naive_t.cpu / shared_t.cpu:.2f}x CPU")
+        print(
+            f"threads {threads}: shared / repeated: {naive_t.wall / shared_t.wall:.2f}x wall, "
+            f"{naive_t.cpu / shared_t.cpu:.2f}x CPU"
+        )
         if args.hf_generate:
             hf_t = time_hf_generate(shared.model, tok, prompts, args.group, args.max_tokens, args.repeats)
             print(f"threads {threads}: HF generate(num_return_sequences=G) {hf_t.show()}")
-            print(f"threads {threads}: shared / HF generate (tok/s): "
-                  f"{(shared_t.tokens / shared_t.wall) / (hf_t.tokens / hf_t.wall):.2f}x wall, "
-                  f"{(shared_t.tokens / shared_t.cpu) / (hf_t.tokens / hf_t.cpu):.2f}x CPU")
+            print(
+                f"threads {threads}: shared / HF generate (tok/s): "
+                f"{(shared_t.tokens / shared_t.wall) / (hf_t.tokens / hf_t.wall):.2f}x wall, "
+                f"{(shared_t.tokens / shared_t.cpu) / (hf_t.tokens / hf_t.cpu):.2f}x CPU"
+            )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MiB")
 

@@ -13,6 +13,7 @@ every seed gains >= +0.20, the median gain >= +0.25, no domain ends more than
 A base already in the model cache (POSTTRAIN_CACHE) is reused, and its build is
 then reported as cached; point POSTTRAIN_CACHE at an empty folder to time builds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,9 +62,17 @@ def one_seed(seed: int, config: Path, extra: list[str]) -> dict:
         result = train(cfg, log=lambda *_: None)
         t2, c2 = time.perf_counter(), cpu_seconds()
     acc = lambda t: {d: v.accuracy for d, v in t.results.items()}  # noqa: E731
-    return {"seed": seed, "before": acc(result.before), "after": acc(result.after), "cached": cached,
-            "base_s": t1 - t0, "base_cpu": c1 - c0, "run_s": t2 - t1, "run_cpu": c2 - c1,
-            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "seed": seed,
+        "before": acc(result.before),
+        "after": acc(result.after),
+        "cached": cached,
+        "base_s": t1 - t0,
+        "base_cpu": c1 - c0,
+        "run_s": t2 - t1,
+        "run_cpu": c2 - c1,
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def _mean(accs: dict) -> float:
@@ -75,8 +84,11 @@ def report(r: dict) -> None:
 
     b, a = _mean(r["before"]), _mean(r["after"])
     base = "cached" if r["cached"] else f"{r['base_s']:.0f} s wall, {r['base_cpu']:.0f} CPU-s"
-    print(f"seed {r['seed']}: before {b:.3f} after {a:.3f} gain {a - b:+.3f}; base build {base}; "
-          f"RL+evals {r['run_s']:.0f} s wall, {r['run_cpu']:.0f} CPU-s; peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+    print(
+        f"seed {r['seed']}: before {b:.3f} after {a:.3f} gain {a - b:+.3f}; base build {base}; "
+        f"RL+evals {r['run_s']:.0f} s wall, {r['run_cpu']:.0f} CPU-s; peak RSS {r['rss_mib']:.0f} MiB",
+        flush=True,
+    )
     for name, before in r["before"].items():
         after = r["after"][name]
         print(f"    {name:<10} {before:.3f} -> {after:.3f} ({after - before:+.3f})", flush=True)
@@ -87,8 +99,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="seeds run at once, each in its own single-process worker (default 1: one after another)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="seeds run at once, each in its own single-process worker (default 1: one after another)",
+    )
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every seed")
     args = ap.parse_args()
     runs = []
@@ -111,13 +127,17 @@ def main() -> int:
     peak_mib = max(r["rss_mib"] for r in runs)
     total = [r["base_s"] + r["run_s"] for r in runs]
     cpu = [r["base_cpu"] + r["run_cpu"] for r in runs]
-    print(f"mean-accuracy gain over {len(runs)} seeds: median {statistics.median(gains):+.3f}, "
-          f"min {min(gains):+.3f}, max {max(gains):+.3f}; worst single-domain delta {worst:+.3f}; "
-          f"per seed (base build + RL + evals): median {statistics.median(total):.0f} s wall, "
-          f"{statistics.median(cpu):.0f} CPU-s (max {max(cpu):.0f}); peak RSS of one seed's process {peak_mib:.0f} MiB")
+    print(
+        f"mean-accuracy gain over {len(runs)} seeds: median {statistics.median(gains):+.3f}, "
+        f"min {min(gains):+.3f}, max {max(gains):+.3f}; worst single-domain delta {worst:+.3f}; "
+        f"per seed (base build + RL + evals): median {statistics.median(total):.0f} s wall, "
+        f"{statistics.median(cpu):.0f} CPU-s (max {max(cpu):.0f}); peak RSS of one seed's process {peak_mib:.0f} MiB"
+    )
     ok = min(gains) >= MIN_GAIN - 1e-9 and statistics.median(gains) >= MIN_MEDIAN - 1e-9 and worst >= -MAX_FALL - 1e-9
-    print(f"criteria (every seed >= {MIN_GAIN:+.2f}, median >= {MIN_MEDIAN:+.2f}, no domain below -{MAX_FALL:.2f}): "
-          f"{'met' if ok else 'NOT met'}")
+    print(
+        f"criteria (every seed >= {MIN_GAIN:+.2f}, median >= {MIN_MEDIAN:+.2f}, no domain below -{MAX_FALL:.2f}): "
+        f"{'met' if ok else 'NOT met'}"
+    )
     return 0
 
 

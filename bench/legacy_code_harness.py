@@ -13,6 +13,7 @@ says. The solvers' stdout/stderr go to /dev/null, J is not dumpable (no
 verifier and J know. A solver that exits, hangs or kills J fails: no
 report, or failed tests.
 """
+
 import ctypes
 import json
 import math

@@ -10,6 +10,7 @@ default variants include LoRA at the full-FT rate and at 10x.
 
     .venv/bin/python bench/lora.py --steps 60
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,9 +55,15 @@ def run_variant(name: str, extra: list[str], args: argparse.Namespace, out: Path
     ckpt = latest_checkpoint(result.run_dir)
     weights = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     optim = (ckpt / "optimizer.pt").stat().st_size
-    return {"name": name, "before": result.before.mean_accuracy, "after": result.after.mean_accuracy,
-            "seconds": time.perf_counter() - t0, "weights_bytes": weights, "optimizer_bytes": optim,
-            "domains": {d: (result.before.results[d].accuracy, r.accuracy) for d, r in result.after.results.items()}}
+    return {
+        "name": name,
+        "before": result.before.mean_accuracy,
+        "after": result.after.mean_accuracy,
+        "seconds": time.perf_counter() - t0,
+        "weights_bytes": weights,
+        "optimizer_bytes": optim,
+        "domains": {d: (result.before.results[d].accuracy, r.accuracy) for d, r in result.after.results.items()},
+    }
 
 
 def main() -> int:

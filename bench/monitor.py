@@ -3,6 +3,7 @@
 Prints the cost of each part of `Monitor.after_step` side by side, measured
 in one run, and the peak RSS. Run: OMP_NUM_THREADS=1 .venv/bin/python bench/monitor.py
 """
+
 from __future__ import annotations
 
 import os
@@ -70,11 +71,13 @@ def main() -> None:
         no_audit_cfg = cfg.monitor.model_copy(update={"audit": cfg.monitor.audit.model_copy(update={"enabled": False})})
         no_audit = Monitor(no_audit_cfg, run, trace, metrics, pool, log=lambda *_: None)
         step = iter(range(1, 10**6))
-        ms = interleaved({
-            "signals": lambda: step_signals(groups, groups, {}, 2, 64),
-            "full": lambda: mon.after_step(next(step), groups, groups, ids, links),
-            "no_audit": lambda: no_audit.after_step(next(step), groups, groups, ids, links),
-        })
+        ms = interleaved(
+            {
+                "signals": lambda: step_signals(groups, groups, {}, 2, 64),
+                "full": lambda: mon.after_step(next(step), groups, groups, ids, links),
+                "no_audit": lambda: no_audit.after_step(next(step), groups, groups, ids, links),
+            }
+        )
         signals_ms, full_ms, no_audit_ms = ms["signals"], ms["full"], ms["no_audit"]
         kl_ms = _kl_ms(groups, cfg.monitor.kl.rows)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -30,6 +30,7 @@ above-level set in the evaluations (eval.samples=0, eval.above_tasks=0), every c
 kept until it is evaluated (and after, with --keep), no HTML report. posttrain's monitor,
 trace store and guard run as by default.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,21 +100,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, nargs="+", default=[1], help="torch threads per process (default: 1)")
     p.add_argument("--budget-cpu-s", type=float, default=105.0, help="CPU seconds of training per run (105)")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps on both sides (25)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="training processes at once: 2 runs each seed's pair together, 4 two seeds' pairs")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="training processes at once: 2 runs each seed's pair together, 4 two seeds' pairs",
+    )
     p.add_argument("--work", type=Path, default=None, help="work folder (default: runs/peer-<UTC time>)")
-    p.add_argument("--peer-python", type=Path, default=ROOT / ".venv-peer" / "bin" / "python",
-                   help="python of the peer venv (make bench-peer)")
+    p.add_argument(
+        "--peer-python",
+        type=Path,
+        default=ROOT / ".venv-peer" / "bin" / "python",
+        help="python of the peer venv (make bench-peer)",
+    )
     p.add_argument("--model", type=Path, default=None, help="base model directory (default: the mix config's base)")
     p.add_argument("--report", type=Path, default=None, help="also write the markdown report here")
     p.add_argument("--keep", action="store_true", help="keep checkpoints after evaluation")
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
-                   help="train only these sides now (the other's finished runs in --work are reused); a unit is "
-                        "evaluated once both sides have run")
-    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
-                   help="profile every training run with py-spy (the peer venv's) and write the summary here")
-    p.add_argument("--summarize", type=Path, default=None, metavar="WORK",
-                   help="only rebuild the report from a finished work folder")
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(SYSTEMS),
+        choices=SYSTEMS,
+        help="train only these sides now (the other's finished runs in --work are reused); a unit is "
+        "evaluated once both sides have run",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="profile every training run with py-spy (the peer venv's) and write the summary here",
+    )
+    p.add_argument(
+        "--summarize",
+        type=Path,
+        default=None,
+        metavar="WORK",
+        help="only rebuild the report from a finished work folder",
+    )
     args = p.parse_args(argv)
     if args.budget_cpu_s <= 0:
         p.error("--budget-cpu-s must be > 0")
@@ -157,8 +181,8 @@ def gain_points(run: Mapping[str, Any], evals: Mapping[str, Any]) -> list[tuple[
     prefix = f"{run['system']}:step"
     points = {0.0: 0.0}
     for label, table in evals.items():
-        if label.startswith(prefix) and int(label[len(prefix):]) in spent:
-            points[spent[int(label[len(prefix):])]] = 100.0 * (table["mean"] - base)
+        if label.startswith(prefix) and int(label[len(prefix) :]) in spent:
+            points[spent[int(label[len(prefix) :])]] = 100.0 * (table["mean"] - base)
     points[run["cpu_s"]] = 100.0 * (evals[f"{run['system']}:final"]["mean"] - base)
     return sorted(points.items())
 
@@ -199,7 +223,7 @@ def system_figures(run: Mapping[str, Any], evals: Mapping[str, Any]) -> dict[str
     base, final = evals["base"]["mean"], evals[f"{run['system']}:final"]["mean"]
     gain_pp = 100.0 * (final - base)
     prefix = f"{run['system']}:step"
-    curve = {int(k[len(prefix):]): v["mean"] for k, v in evals.items() if k.startswith(prefix)}
+    curve = {int(k[len(prefix) :]): v["mean"] for k, v in evals.items() if k.startswith(prefix)}
     points = gain_points(run, evals)
     return {
         "steps": run["steps"],
@@ -304,8 +328,12 @@ def headline(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[str]:
         out.append(row(f"gain per CPU-minute at {float(share):.0%}", mark(share, "gain_per_cpu_min")))
     out.append(row("gain per CPU-minute at the full budget", lambda x: x["gain_per_cpu_min"]))
     last = f"{CPU_MARKS[-1]:.2f}"
-    out.append(row(f"rise over the last third (pp, full - {float(last):.0%})",
-                   lambda x: None if mark(last, "gain_pp")(x) is None else x["gain_pp"] - mark(last, "gain_pp")(x)))
+    out.append(
+        row(
+            f"rise over the last third (pp, full - {float(last):.0%})",
+            lambda x: None if mark(last, "gain_pp")(x) is None else x["gain_pp"] - mark(last, "gain_pp")(x),
+        )
+    )
     r = reach(seeds)
     for frac, rows in r.items():
         label = "TRL's final gain" if float(frac) == 1 else f"{float(frac):g} x TRL's final gain"
@@ -318,9 +346,14 @@ def headline(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[str]:
     out.append(row("steps in the budget", lambda x: x["steps"]))
     out.append(row("peak RSS MiB", lambda x: x["peak_rss_mib"]))
     targets = ", ".join(
-        f"{float(frac):g} x: " + "/".join(_f(rows[s]["target_pp"], ".1f") for s in order) for frac, rows in r.items())
-    out += ["", f"Gain targets per seed {'/'.join(map(str, order))} (pp): {targets}; 'n/a' lists the seeds' "
-            "values when one side never reached the target within its run (shown as '-').", ""]
+        f"{float(frac):g} x: " + "/".join(_f(rows[s]["target_pp"], ".1f") for s in order) for frac, rows in r.items()
+    )
+    out += [
+        "",
+        f"Gain targets per seed {'/'.join(map(str, order))} (pp): {targets}; 'n/a' lists the seeds' "
+        "values when one side never reached the target within its run (shown as '-').",
+        "",
+    ]
     return out
 
 
@@ -349,8 +382,10 @@ def report(results: Mapping[str, Any]) -> str:
     for key, block in results.items():
         seeds = {int(s): v for s, v in block["seeds"].items()}
         out.append(f"### {key}: {block['why']}\n")
-        out.append("| seed | system | steps | CPU-s | before | after | gain (pp) | gain / CPU-min | step ms (wall) "
-                   "| generate | verify | train | other | step ms (CPU) | peak RSS MiB |")
+        out.append(
+            "| seed | system | steps | CPU-s | before | after | gain (pp) | gain / CPU-min | step ms (wall) "
+            "| generate | verify | train | other | step ms (CPU) | peak RSS MiB |"
+        )
         out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for seed, systems in sorted(seeds.items()):
             for name in SYSTEMS:
@@ -440,8 +475,19 @@ class Profiler:
     def start(self) -> None:
         exe, out = os.environ.get("PEER_PYSPY"), os.environ.get("PEER_PROFILE")
         if exe and out:
-            cmd = [exe, "record", "--pid", str(os.getpid()), "--rate", "100", "--format", "raw", "--nonblocking",
-                   "--output", out]
+            cmd = [
+                exe,
+                "record",
+                "--pid",
+                str(os.getpid()),
+                "--rate",
+                "100",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                out,
+            ]
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
@@ -477,18 +523,23 @@ def profile_summary(text: str, system: str, steps: int, rate: float = 100.0, top
     return {
         "samples": total,
         "steps": steps,
-        "categories": {k: {"share": v / total if total else 0.0, "ms_per_step": v * per_step}
-                       for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "categories": {
+            k: {"share": v / total if total else 0.0, "ms_per_step": v * per_step}
+            for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])
+        },
         "top_own": [(f, c / total if total else 0.0) for f, c in sorted(own.items(), key=lambda kv: -kv[1])[:top]],
     }
 
 
 def profile_report(profiles: Mapping[str, Mapping[str, Any]]) -> str:
-    out = ["Sampled with py-spy 0.4.3 (100 Hz, non-blocking, every thread; sleeping threads left out) from the",
-           "first training step to the step that spent the CPU budget. A stack counts in the first category",
-           "whose marker is one of its frames (`CATEGORIES` in bench/peer.py). Shares are what to read;",
-           "ms per step = samples / 100 / steps is the active threads' wall time per step, which the",
-           "machine's load inflates as it does the step times.", ""]
+    out = [
+        "Sampled with py-spy 0.4.3 (100 Hz, non-blocking, every thread; sleeping threads left out) from the",
+        "first training step to the step that spent the CPU budget. A stack counts in the first category",
+        "whose marker is one of its frames (`CATEGORIES` in bench/peer.py). Shares are what to read;",
+        "ms per step = samples / 100 / steps is the active threads' wall time per step, which the",
+        "machine's load inflates as it does the step times.",
+        "",
+    ]
     for label, p in profiles.items():
         out.append(f"### {label}: {p['steps']} steps, {p['samples']} samples\n")
         out.append("| where | share | ms per step |")
@@ -538,11 +589,18 @@ class StepClock:
         wall = now - self.last_end
         with self._lock:
             acc, self.acc = self.acc, dict.fromkeys(self.acc, 0.0)
-        self.rows.append({
-            "step": step, "wall_s": wall, "generate_s": acc["generate"], "verify_s": acc["verify"],
-            "train_s": acc["train"], "other_s": wall - sum(acc.values()), "cpu_s": cpu,
-            "step_cpu_s": cpu - self.last_cpu,
-        })
+        self.rows.append(
+            {
+                "step": step,
+                "wall_s": wall,
+                "generate_s": acc["generate"],
+                "verify_s": acc["verify"],
+                "train_s": acc["train"],
+                "other_s": wall - sum(acc.values()),
+                "cpu_s": cpu,
+                "step_cpu_s": cpu - self.last_cpu,
+            }
+        )
         self.last_end, self.last_cpu = now, cpu
         if cpu >= self.budget_cpu_s:
             self.running = False
@@ -578,25 +636,45 @@ def posttrain_worker(argv: Sequence[str]) -> int:
     from posttrain.configs import load_config
     from posttrain.loop import train
 
-    cfg = load_config(a.config, [
-        *a.overrides, *EVAL_OVERRIDES, f"model.path={a.model}", f"run.seed={a.seed}", f"run.threads={a.threads}",
-        "run.steps=1000000", f"run.checkpoint_every={a.save_every}", "trainer.keep_checkpoints=100000",
-        f"run.out_dir={out}", "run.name=run", "run.progress=false", "monitor.report=false",
-        f"run.cpu_budget_s={a.budget_cpu_s}",
-    ])
+    cfg = load_config(
+        a.config,
+        [
+            *a.overrides,
+            *EVAL_OVERRIDES,
+            f"model.path={a.model}",
+            f"run.seed={a.seed}",
+            f"run.threads={a.threads}",
+            "run.steps=1000000",
+            f"run.checkpoint_every={a.save_every}",
+            "trainer.keep_checkpoints=100000",
+            f"run.out_dir={out}",
+            "run.name=run",
+            "run.progress=false",
+            "monitor.report=false",
+            f"run.cpu_budget_s={a.budget_cpu_s}",
+        ],
+    )
     stopped: dict[str, float] = {}
     _budget_clock(clock, stopped, Profiler())
     train(cfg, log=lambda m: print(m, file=sys.stderr))
     run_dir = out / "run"
     checkpoints = {int(d.name.split("_")[1]): str(d) for d in (run_dir / "checkpoints").glob("step_*")}
     record = {
-        "system": "posttrain", "seed": a.seed, "threads": a.threads, "budget_cpu_s": a.budget_cpu_s,
-        "cpu_s": stopped.get("cpu_s", clock.cpu_used()), "steps": len(clock.rows),
+        "system": "posttrain",
+        "seed": a.seed,
+        "threads": a.threads,
+        "budget_cpu_s": a.budget_cpu_s,
+        "cpu_s": stopped.get("cpu_s", clock.cpu_used()),
+        "steps": len(clock.rows),
         "stop_reason": "CPU budget reached" if stopped else "run.steps reached",
-        "peak_rss_mib": stopped.get("peak_rss_mib", 0.0), "children_cpu_s": _children_cpu(),
-        "step_rows": clock.rows, "logs": _train_metrics(run_dir / "metrics.jsonl"),
-        "task_ids": _trace_task_ids(run_dir / "trace.db"), "checkpoints": checkpoints,
-        "final": checkpoints[max(checkpoints)], "heldout": str(run_dir / "heldout.json"),
+        "peak_rss_mib": stopped.get("peak_rss_mib", 0.0),
+        "children_cpu_s": _children_cpu(),
+        "step_rows": clock.rows,
+        "logs": _train_metrics(run_dir / "metrics.jsonl"),
+        "task_ids": _trace_task_ids(run_dir / "trace.db"),
+        "checkpoints": checkpoints,
+        "final": checkpoints[max(checkpoints)],
+        "heldout": str(run_dir / "heldout.json"),
     }
     (out / "posttrain.json").write_text(json.dumps(record, indent=1))
     return 0
@@ -685,14 +763,22 @@ def eval_worker(argv: Sequence[str]) -> int:
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for label, model in job["models"].items():
         path = tables / f"eval-{label.replace(':', '-')}.json"
-        ns = argparse.Namespace(config=job["config"], overrides=[*job["overrides"], *EVAL_OVERRIDES, "run.threads=1"],
-                                model=model, run=None, heldout=job["heldout"], save_heldout=None, json=str(path))
+        ns = argparse.Namespace(
+            config=job["config"],
+            overrides=[*job["overrides"], *EVAL_OVERRIDES, "run.threads=1"],
+            model=model,
+            run=None,
+            heldout=job["heldout"],
+            save_heldout=None,
+            json=str(path),
+        )
         with open(out_dir / "eval.log", "a") as log, contextlib.redirect_stdout(log):
             print(f"== {label}: {model}")
             posttrain_eval(ns)
         table = json.loads(path.read_text())
         results[label] = {
-            "mean": table["mean_accuracy"], "ci": table["mean_ci"],
+            "mean": table["mean_accuracy"],
+            "ci": table["mean_ci"],
             "domains": {d: r["accuracy"] for d, r in table["domains"].items()},
         }
         results_path.write_text(json.dumps(results, indent=1))  # after each model: an interrupted job keeps its work
@@ -726,9 +812,22 @@ def _run(cmd: list[str], log: Path, extra_env: Mapping[str, str] | None = None) 
 
 
 def train_command(system: str, unit: Unit, args: argparse.Namespace, model: Path, out: Path) -> list[str]:
-    common = ["--config", unit.mix.config, "--model", str(model), "--out", str(out), "--seed", str(unit.seed),
-              "--threads", str(unit.threads), "--budget-cpu-s", str(args.budget_cpu_s),
-              "--save-every", str(args.save_every)]
+    common = [
+        "--config",
+        unit.mix.config,
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--seed",
+        str(unit.seed),
+        "--threads",
+        str(unit.threads),
+        "--budget-cpu-s",
+        str(args.budget_cpu_s),
+        "--save-every",
+        str(args.save_every),
+    ]
     if system == "posttrain":
         return [sys.executable, str(ROOT / "bench" / "peer.py"), "_posttrain", *common, *unit.mix.overrides]
     return [str(args.peer_python), str(ROOT / "bench" / "peer_trl.py"), *common, *unit.mix.overrides]
@@ -772,18 +871,27 @@ def evaluate_side(system: str, unit: Unit, args: argparse.Namespace, model: Path
     run = json.loads((folder / system / f"{system}.json").read_text())
     results = folder / f"evals-{system}.json"
     models = {"base": str(model), f"{system}:final": run["final"]}
-    models.update({f"{system}:step{s}": d for s, d in run["checkpoints"].items()
-                   if Path(d).is_dir() and d != run["final"]})  # posttrain's final is its last checkpoint
+    models.update(
+        {f"{system}:step{s}": d for s, d in run["checkpoints"].items() if Path(d).is_dir() and d != run["final"]}
+    )  # posttrain's final is its last checkpoint
     done = json.loads(results.read_text()) if results.is_file() else {}
     models = {k: v for k, v in models.items() if k not in done}
     if models:
-        job = {"config": unit.mix.config, "overrides": list(unit.mix.overrides),
-               "heldout": str(heldout_file(args.work, unit.mix)), "models": models, "out": str(folder),
-               "results": str(results), "tables": str(folder / system / "eval-tables")}
+        job = {
+            "config": unit.mix.config,
+            "overrides": list(unit.mix.overrides),
+            "heldout": str(heldout_file(args.work, unit.mix)),
+            "models": models,
+            "out": str(folder),
+            "results": str(results),
+            "tables": str(folder / system / "eval-tables"),
+        }
         (folder / f"eval-job-{system}.json").write_text(json.dumps(job, indent=1))
         print(f"[peer] {unit.key} seed {unit.seed}: evaluating {len(models)} {system} models", flush=True)
-        _run([sys.executable, str(ROOT / "bench" / "peer.py"), "_eval", str(folder / f"eval-job-{system}.json")],
-             folder / f"eval-worker-{system}.log")
+        _run(
+            [sys.executable, str(ROOT / "bench" / "peer.py"), "_eval", str(folder / f"eval-job-{system}.json")],
+            folder / f"eval-worker-{system}.log",
+        )
     if not args.keep:
         for d in [*folder.glob(f"{system}/run/checkpoints/step_*"), *folder.glob(f"{system}/checkpoint-*")]:
             if str(d) != run["final"]:
@@ -844,8 +952,10 @@ def summarize(work: Path, units: Sequence[Unit]) -> dict[str, Any]:
         runs = {s: json.loads((folder / s / f"{s}.json").read_text()) for s in SYSTEMS}
         block = results.setdefault(unit.key, {"why": unit.mix.why, "seeds": {}, "order": {}})
         block["seeds"][unit.seed] = {s: system_figures(runs[s], evals) for s in SYSTEMS}
-        block["order"][unit.seed] = {**order_check(runs["posttrain"], runs["trl"]),
-                                     "same_heldout": same_heldout(work, unit.mix, runs["posttrain"])}
+        block["order"][unit.seed] = {
+            **order_check(runs["posttrain"], runs["trl"]),
+            "same_heldout": same_heldout(work, unit.mix, runs["posttrain"]),
+        }
     for block in results.values():
         block["verdicts"] = verdicts(block["seeds"])
     return results

@@ -15,6 +15,7 @@ the trainer settings (G, prompts per step, lr, betas, weight decay, grad clip, l
 and clip range, temperature, top_p, token budget). Training stops after the first step
 at which the process's CPU time since the start of training reaches the budget.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--budget-cpu-s", type=float, required=True, help="process CPU seconds of training")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps (0: none)")
-    p.add_argument("--min-step-s", type=float, default=0.15,
-                   help="lower bound on a step's CPU time, to size the prompt list (max_steps = budget / this)")
+    p.add_argument(
+        "--min-step-s",
+        type=float,
+        default=0.15,
+        help="lower bound on a step's CPU time, to size the prompt list (max_steps = budget / this)",
+    )
     return p.parse_args(argv)
 
 
@@ -93,8 +98,12 @@ class StepClock:
 # GRPOTrainer methods timed into StepClock.acc: generation, rewards, the two together (so the training
 # pass is training_step less them), and training_step itself (its end also marks where the train time
 # of the step's tail - optimizer, callbacks - starts).
-TIMED = {"_generate": "generate", "_calculate_rewards": "verify",
-         "_generate_and_score_completions": "gen_score", "training_step": "training_step"}
+TIMED = {
+    "_generate": "generate",
+    "_calculate_rewards": "verify",
+    "_generate_and_score_completions": "gen_score",
+    "training_step": "training_step",
+}
 
 
 def timed_trainer(base: type, clock: StepClock) -> type:
@@ -219,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("peer_trl: multi-turn domains are not part of this comparison")
     max_steps = max(1, math.ceil(args.budget_cpu_s / args.min_step_s))
     tasks = draw_tasks(cfg, max_steps)
-    rows = {"prompt": [[{"role": m.role, "content": m.content} for m in t.prompt] for t in tasks],
-            "task_index": list(range(len(tasks)))}
+    rows = {
+        "prompt": [[{"role": m.role, "content": m.content} for m in t.prompt] for t in tasks],
+        "task_index": list(range(len(tasks))),
+    }
     dataset = Dataset.from_dict(rows)
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

@@ -15,6 +15,7 @@ total work (measured in the synchronous run) divided by its workers.
 
     .venv/bin/python bench/pipeline.py [--model DIR] [--steps 8] [--prompts 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -181,21 +182,34 @@ def main(argv=None) -> int:
         print("warning: the two runs scored different rollouts", file=sys.stderr)
     ideal = max(totals["generate"] / 1, totals["execute"] / cfg.execute_workers, totals["verify"] / cfg.verify_workers)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    busiest = max(("generate", totals["generate"]), ("execute", totals["execute"] / cfg.execute_workers),
-                  ("verify", totals["verify"] / cfg.verify_workers), key=lambda kv: kv[1])[0]
+    busiest = max(
+        ("generate", totals["generate"]),
+        ("execute", totals["execute"] / cfg.execute_workers),
+        ("verify", totals["verify"] / cfg.verify_workers),
+        key=lambda kv: kv[1],
+    )[0]
     util = {st.name: st for st in pstats.stages}
-    print(f"workload: {total} groups x {args.group_size} samples over {args.steps} steps; "
-          f"execution simulated: {args.short_ms:.0f} ms per group, x{args.factor:g} for {LONG_DOMAIN} (1 task in 10)")
-    print(f"stage work in the synchronous run (s): generate {totals['generate']:.2f}, execute {totals['execute']:.2f} "
-          f"over {cfg.execute_workers} workers, verify {totals['verify']:.2f} over {cfg.verify_workers}")
+    print(
+        f"workload: {total} groups x {args.group_size} samples over {args.steps} steps; "
+        f"execution simulated: {args.short_ms:.0f} ms per group, x{args.factor:g} for {LONG_DOMAIN} (1 task in 10)"
+    )
+    print(
+        f"stage work in the synchronous run (s): generate {totals['generate']:.2f}, execute {totals['execute']:.2f} "
+        f"over {cfg.execute_workers} workers, verify {totals['verify']:.2f} over {cfg.verify_workers}"
+    )
     print(f"ideal bound ({busiest} stage): {ideal:.2f} s")
     print(f"synchronous wall: {sync_wall:.2f} s")
     print(f"pipeline wall:    {pipe_wall:.2f} s")
     print(f"speed-up (sync / pipeline): {sync_wall / pipe_wall:.2f}x  (target >= 2x)")
     print(f"pipeline / ideal bound:     {pipe_wall / ideal:.2f}x  (target <= 1.25x)")
-    print("pipeline stages: " + ", ".join(
-        f"{n} {util[n].items} groups, p50 {util[n].p50_s * 1000:.0f} ms, p99 {util[n].p99_s * 1000:.0f} ms, "
-        f"idle {100 * (1 - util[n].utilisation):.0f}%" for n in ("generate", "execute", "verify")))
+    print(
+        "pipeline stages: "
+        + ", ".join(
+            f"{n} {util[n].items} groups, p50 {util[n].p50_s * 1000:.0f} ms, p99 {util[n].p99_s * 1000:.0f} ms, "
+            f"idle {100 * (1 - util[n].utilisation):.0f}%"
+            for n in ("generate", "execute", "verify")
+        )
+    )
     print("max queue depths: " + ", ".join(f"{q.name} {q.max_depth}" for q in pstats.queues))
     print(f"same rollouts scored in both runs: {sorted(sync_rewards) == sorted(pipe_rewards)}")
     print(f"peak RSS: {rss:.0f} MiB")

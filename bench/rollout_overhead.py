@@ -30,6 +30,7 @@ the three runs' trace rows and final weights are checked identical.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py [--steps 10] [--model DIR] [--loop 80]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,9 +122,15 @@ def legacy_sample(rollouts: Any, tasks: list[Any], params: Any, step: int) -> An
 
     async def rounds() -> Any:
         groups: list[Any] = []
-        async with legacy_pipeline()(rollouts.config, rollouts.workers, params, rollouts.scheduler,
-                                     group_prefix=f"{step}:", seed=stable_hash("rollout", rollouts.seed, step),
-                                     budgets=rollouts.budgets) as pipe:
+        async with legacy_pipeline()(
+            rollouts.config,
+            rollouts.workers,
+            params,
+            rollouts.scheduler,
+            group_prefix=f"{step}:",
+            seed=stable_hash("rollout", rollouts.seed, step),
+            budgets=rollouts.budgets,
+        ) as pipe:
             todo = tasks
             for round_ in range(rollouts.config.replace_rounds + 1):
                 todo = rollouts._keep(groups, await pipe.run_groups(todo), round_)
@@ -160,8 +167,9 @@ def legacy_write(trace: Any, records: Sequence[Any]) -> None:
 
     marks = ",".join("?" * len(tr._COLUMNS))
     with trace._db:
-        trace._db.executemany(f"INSERT INTO rollouts ({','.join(tr._COLUMNS)}) VALUES ({marks})",
-                              [row(r) for r in records])
+        trace._db.executemany(
+            f"INSERT INTO rollouts ({','.join(tr._COLUMNS)}) VALUES ({marks})", [row(r) for r in records]
+        )
 
 
 def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, Any]:
@@ -182,17 +190,34 @@ def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, A
     clock = EngineClock(engine)
     pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
     budgets = domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens)
-    params = SamplingParams(max_tokens=max(b.tokens for b in budgets.values()), temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, n=cfg.rollout.group_size)
-    execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s,
-                            {n: b.seconds for n, b in budgets.items()})
+    params = SamplingParams(
+        max_tokens=max(b.tokens for b in budgets.values()),
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        n=cfg.rollout.group_size,
+    )
+    execute = DomainExecute(
+        cfg.sandbox.pool_config(),
+        cfg.sandbox.max_memory_mb,
+        cfg.sandbox.max_wall_s,
+        {n: b.seconds for n, b in budgets.items()},
+    )
     pipeline = cfg.pipeline.model_copy(update={"direct": name == "after"})
     workers = make_workers(cfg.runtime, pipeline, engine, execute=execute)
     rollouts = StepRollouts(pipeline, workers, pool, cfg.run.seed, None, True, budgets)
     assert rollouts.direct is (name == "after"), f"{name}: the demo config should take the direct path"
     trace = TraceStore(os.path.join(out, f"{name}.db"))
-    return {"name": name, "pool": pool, "rollouts": rollouts, "trace": trace, "params": params,
-            "budgets": budgets, "clock": clock, "times": {p: [] for p in PHASES}, "seen": []}
+    return {
+        "name": name,
+        "pool": pool,
+        "rollouts": rollouts,
+        "trace": trace,
+        "params": params,
+        "budgets": budgets,
+        "clock": clock,
+        "times": {p: [] for p in PHASES},
+        "seen": [],
+    }
 
 
 def step(v: dict[str, Any], number: int) -> None:
@@ -237,9 +262,17 @@ def loop_variant(name: str, steps: int, out: str) -> dict[str, Any]:
 
     acc = {"engine": 0.0, "train step": 0.0}
     live = [False]
-    saved = {(cls, attr): getattr(cls, attr) for cls, attr in (
-        (HFEngine, "generate"), (Trainer, "step"), (CpuBudget, "start"), (CpuBudget, "after_step"),
-        (StepRollouts, "sample"), (TraceStore, "write_rollouts"))}
+    saved = {
+        (cls, attr): getattr(cls, attr)
+        for cls, attr in (
+            (HFEngine, "generate"),
+            (Trainer, "step"),
+            (CpuBudget, "start"),
+            (CpuBudget, "after_step"),
+            (StepRollouts, "sample"),
+            (TraceStore, "write_rollouts"),
+        )
+    }
 
     def timed(cls: Any, attr: str, key: str) -> None:
         inner = saved[(cls, attr)]
@@ -268,19 +301,38 @@ def loop_variant(name: str, steps: int, out: str) -> dict[str, Any]:
     if name == "before":
         StepRollouts.sample = legacy_step  # type: ignore[method-assign]
         TraceStore.write_rollouts = legacy_write  # type: ignore[assignment]
-    overrides = [f"run.steps={steps}", "eval.tasks_per_domain=10", "eval.every_steps=0", "eval.samples=0",
-                 "eval.above_tasks=0", "run.checkpoint_every=0", "monitor.report=false", "run.progress=false",
-                 f"run.out_dir={out}", f"run.name={name}", f"pipeline.direct={name == 'after'}"]
+    overrides = [
+        f"run.steps={steps}",
+        "eval.tasks_per_domain=10",
+        "eval.every_steps=0",
+        "eval.samples=0",
+        "eval.above_tasks=0",
+        "run.checkpoint_every=0",
+        "monitor.report=false",
+        "run.progress=false",
+        f"run.out_dir={out}",
+        f"run.name={name}",
+        f"pipeline.direct={name == 'after'}",
+    ]
     try:
-        result = train(load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"),
-                                   overrides), log=lambda *_: None)
+        result = train(
+            load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), overrides),
+            log=lambda *_: None,
+        )
     finally:
         for (cls, attr), fn in saved.items():
             setattr(cls, attr, fn)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     cpu = [r["train_cpu_s"] for r in rows if r.get("kind") == "train"]
-    return {"name": name, "run": result.run_dir, "per step": {"training CPU": 1e3 * cpu[-1] / steps,
-            "engine": 1e3 * acc["engine"] / steps, "train step": 1e3 * acc["train step"] / steps}}
+    return {
+        "name": name,
+        "run": result.run_dir,
+        "per step": {
+            "training CPU": 1e3 * cpu[-1] / steps,
+            "engine": 1e3 * acc["engine"] / steps,
+            "train step": 1e3 * acc["train step"] / steps,
+        },
+    }
 
 
 def loop_main(steps: int) -> None:
@@ -295,13 +347,17 @@ def loop_main(steps: int) -> None:
         traces = []
         for r in runs:
             with sqlite3.connect(r["run"] / "trace.db") as db:
-                traces.append(sorted(db.execute(
-                    "SELECT group_id, task_id, completion, reward, train_step, advantage FROM rollouts")))
+                traces.append(
+                    sorted(
+                        db.execute("SELECT group_id, task_id, completion, reward, train_step, advantage FROM rollouts")
+                    )
+                )
         weights = [load_file(str(latest_checkpoint(r["run"]) / "model.safetensors")) for r in runs]
-    same = all(t == traces[0] for t in traces) and all(
-        all((w[k] == weights[0][k]).all() for k in w) for w in weights)
-    print(f"\nthe demo's training loop, {steps} steps each, CPU ms per training step (mean); identical trace rows "
-          f"and final weights: {same}")
+    same = all(t == traces[0] for t in traces) and all(all((w[k] == weights[0][k]).all() for k in w) for w in weights)
+    print(
+        f"\nthe demo's training loop, {steps} steps each, CPU ms per training step (mean); identical trace rows "
+        f"and final weights: {same}"
+    )
     print(f"| part | {' | '.join(VARIANTS)} | after/before |")
     print("|---|---:|---:|---:|---:|")
     per = {r["name"]: dict(r["per step"]) for r in runs}
@@ -310,8 +366,10 @@ def loop_main(steps: int) -> None:
     for part in ("training CPU", "engine", "train step", "outside engine and train step"):
         b, a = per["before"][part], per["after"][part]
         print(f"| {part} | {' | '.join(f'{per[n][part]:.1f}' for n in VARIANTS)} | {a / b:.2f} |")
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (every run so far in this "
-          f"process)")
+    print(
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (every run so far in this "
+        f"process)"
+    )
     if not same:
         raise SystemExit("the variants' runs differ")
 
@@ -338,8 +396,10 @@ def main() -> None:
             v["trace"].close()
     same = all(v["seen"] == variants[0]["seen"] for v in variants)
     med = {v["name"]: {p: statistics.median(v["times"][p][1:]) * 1e3 for p in PHASES} for v in variants}
-    print(f"demo rollout step (32 prompts x {cfg.rollout.group_size}), median CPU ms per step over {args.steps} "
-          f"steps; identical rollouts: {same}")
+    print(
+        f"demo rollout step (32 prompts x {cfg.rollout.group_size}), median CPU ms per step over {args.steps} "
+        f"steps; identical rollouts: {same}"
+    )
     print(f"| phase | {' | '.join(VARIANTS)} | after/before |")
     print("|---|---:|---:|---:|---:|")
 
@@ -351,8 +411,10 @@ def main() -> None:
         line(p, {n: m[p] for n, m in med.items()})
     line("outside the engine", {n: sum(m[p] for p in PHASES if p != "engine") for n, m in med.items()})
     line("whole rollout step", {n: sum(m.values()) for n, m in med.items()})
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the three variants, "
-          f"one process)")
+    print(
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the three variants, "
+        f"one process)"
+    )
     if not same:
         raise SystemExit("the variants' rollouts differ")
     if args.loop:

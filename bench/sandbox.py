@@ -17,6 +17,7 @@ each warm run, and of this process.
 
     .venv/bin/python bench/sandbox.py [--n 200] [--code-n 244] [--concurrency 2]
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ steps needed beyond the loaded model). Ratios are against the default variant.
 
     .venv/bin/python bench/scale_step.py --steps 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,11 @@ def one(options: dict, steps: int) -> dict:
         t0 = time.perf_counter()
         trainer.step(TrainBatch(rows))
         times.append(time.perf_counter() - t0)
-    return {"s_per_step": statistics.median(times),
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024}
+    return {
+        "s_per_step": statistics.median(times),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024,
+    }
 
 
 def main() -> int:
@@ -78,8 +81,13 @@ def main() -> int:
         return 0
     results = {}
     for name in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
-                             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            check=True,
+        )
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     base = results["default"]
     print(f"{'variant':24s} {'s/step':>8s} {'x default':>9s} {'peak RSS MiB':>12s}")
@@ -87,8 +95,10 @@ def main() -> int:
         print(
             f"{name:24s} {r['s_per_step']:8.3f} {r['s_per_step'] / base['s_per_step']:9.2f} {r['peak_rss_mib']:12.0f}"
         )
-    print(f"(peak RSS is per variant process: model, optimizer and the step's activations; "
-          f"this driver: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")
+    print(
+        f"(peak RSS is per variant process: model, optimizer and the step's activations; "
+        f"this driver: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)"
+    )
     return 0
 
 

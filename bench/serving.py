@@ -1,17 +1,18 @@
 """Serving benchmarks: fast tier against standard tier, and a bounded load test.
 
-  speed: the same prompts through the standard tier (HFEngine) and each fast-tier
-         mode (SpeculativeEngine), one request at a time, one torch thread, in one
-         run; prints output tokens/s, ratios, greedy identity, acceptance per
-         drafter, and the held-out eval delta of the lossy int8 mode.
-  load:  starts `posttrain serve` as a separate process on loopback and drives it
-         with N concurrent streaming clients for a fixed number of requests;
-         prints errors, p50/p99 latency and time to first token.
+speed: the same prompts through the standard tier (HFEngine) and each fast-tier
+       mode (SpeculativeEngine), one request at a time, one torch thread, in one
+       run; prints output tokens/s, ratios, greedy identity, acceptance per
+       drafter, and the held-out eval delta of the lossy int8 mode.
+load:  starts `posttrain serve` as a separate process on loopback and drives it
+       with N concurrent streaming clients for a fixed number of requests;
+       prints errors, p50/p99 latency and time to first token.
 
-  .venv/bin/python bench/serving.py speed --model DIR [--label TEXT]
-  .venv/bin/python bench/serving.py speed --preset medium     (random weights)
-  .venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256
+.venv/bin/python bench/serving.py speed --model DIR [--label TEXT]
+.venv/bin/python bench/serving.py speed --preset medium     (random weights)
+.venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,11 @@ def prompts(engine, n_per_domain: int, max_tokens: int):
     from posttrain.types import GenerationRequest, SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
-    return [GenerationRequest(engine.encode_chat(t.prompt), params)
-            for d, lvl in DOMAINS.items() for t in eval_tasks(d, lvl, n_per_domain)]
+    return [
+        GenerationRequest(engine.encode_chat(t.prompt), params)
+        for d, lvl in DOMAINS.items()
+        for t in eval_tasks(d, lvl, n_per_domain)
+    ]
 
 
 def timed(engines: dict, reqs, rounds: int):
@@ -107,9 +111,11 @@ def speed(args: argparse.Namespace) -> None:
     best, best_cpu, outs = timed({"standard": standard, **modes}, reqs, args.rounds)
     base_tps, base_out, base_cpu = best["standard"], outs["standard"], best_cpu["standard"]
     n_tokens = sum(len(c.token_ids) for c in base_out)
-    print(f"model: {label} ({params / 1e6:.1f}M params); {len(reqs)} prompts "
-          f"({', '.join(f'{d}:{lv}' for d, lv in DOMAINS.items())}), greedy, max_tokens {args.max_tokens}, "
-          f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}")
+    print(
+        f"model: {label} ({params / 1e6:.1f}M params); {len(reqs)} prompts "
+        f"({', '.join(f'{d}:{lv}' for d, lv in DOMAINS.items())}), greedy, max_tokens {args.max_tokens}, "
+        f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}"
+    )
     print("tok/s: wall clock; cpu tok/s: per CPU-second of this process (robust to other load on the machine)")
     print(
         f"{'tier / mode':52s} {'tok/s':>7s} {'ratio':>6s} {'cpu tok/s':>9s} {'ratio':>6s} {'identical':>10s} "
@@ -132,8 +138,15 @@ def speed(args: argparse.Namespace) -> None:
             f"{name:52s} {tps:7.1f} {tps / base_tps:6.2f} {cpu:9.1f} {cpu / base_cpu:6.2f} {same:>4d}/{len(reqs):<5d} "
             f"{st['tokens_per_forward']:7.2f}  {acc}"
         )
-        rows[name] = {"tok_s": tps, "ratio": tps / base_tps, "cpu_tok_s": cpu, "cpu_ratio": cpu / base_cpu,
-                      "identical": same, "n": len(reqs), "stats": st}
+        rows[name] = {
+            "tok_s": tps,
+            "ratio": tps / base_tps,
+            "cpu_tok_s": cpu,
+            "cpu_ratio": cpu / base_cpu,
+            "identical": same,
+            "n": len(reqs),
+            "stats": st,
+        }
     if args.batched:
         t0 = time.perf_counter()
         outs = standard.generate(reqs)
@@ -165,11 +178,14 @@ def gate(model, tok, tasks: int) -> None:
         s, f = std.results[d].accuracy, lossy.results[d].accuracy
         cells.append(f"{d} {s:.2f}->{f:.2f} ({(f - s) * 100:+.1f} pt)")
     worst = min((lossy.results[d].accuracy - std.results[d].accuracy) * 100 for d in DOMAINS)
-    print(f"eval delta of lossy int8 mode ({tasks} held-out tasks/domain, greedy): {'; '.join(cells)}; "
-          f"worst {worst:+.1f} pt -> gate (within 1 pt) {'PASSES' if worst >= -1 else 'FAILS'}")
+    print(
+        f"eval delta of lossy int8 mode ({tasks} held-out tasks/domain, greedy): {'; '.join(cells)}; "
+        f"worst {worst:+.1f} pt -> gate (within 1 pt) {'PASSES' if worst >= -1 else 'FAILS'}"
+    )
 
 
 # -- load test ---------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -192,9 +208,15 @@ async def client_run(url: str, clients: int, requests: int, max_tokens: int):
     async def one(client: httpx.AsyncClient, i: int) -> None:
         task = tasks[i % len(tasks)]
         tier = "fast" if i % 2 else "standard"
-        body = {"model": "posttrain", "service_tier": tier, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True},
-                "messages": [{"role": m.role, "content": m.content} for m in task.prompt]}
+        body = {
+            "model": "posttrain",
+            "service_tier": tier,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": m.role, "content": m.content} for m in task.prompt],
+        }
         t0 = time.perf_counter()
         ttft, tokens, served = None, 0, tier
         async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
@@ -247,8 +269,18 @@ def load_test(args: argparse.Namespace) -> None:
         model.save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
     port = free_port()
-    cmd = [sys.executable, "-m", "posttrain.cli", "serve", "--model", model_dir, "--port", str(port),
-           "--set", "canary.probe_domains=[]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "posttrain.cli",
+        "serve",
+        "--model",
+        model_dir,
+        "--port",
+        str(port),
+        "--set",
+        "canary.probe_domains=[]",
+    ]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -270,12 +302,16 @@ def load_test(args: argparse.Namespace) -> None:
     lat = [r[1] for r in results]
     ttft = [r[2] for r in results]
     toks = sum(r[3] for r in results)
-    print(f"load: model {args.model or 'random ' + args.preset}; server in a separate process on loopback; "
-          f"{args.clients} concurrent streaming clients; {args.requests} requests (half standard, half fast); "
-          f"max_tokens {args.max_tokens}")
+    print(
+        f"load: model {args.model or 'random ' + args.preset}; server in a separate process on loopback; "
+        f"{args.clients} concurrent streaming clients; {args.requests} requests (half standard, half fast); "
+        f"max_tokens {args.max_tokens}"
+    )
     print(f"completed {len(results)}/{args.requests}, errors {len(errors)}{': ' + errors[0] if errors else ''}")
-    print(f"latency p50 {pct(lat, 0.5) * 1000:.0f} ms, p99 {pct(lat, 0.99) * 1000:.0f} ms; "
-          f"TTFT p50 {pct(ttft, 0.5) * 1000:.0f} ms, p99 {pct(ttft, 0.99) * 1000:.0f} ms")
+    print(
+        f"latency p50 {pct(lat, 0.5) * 1000:.0f} ms, p99 {pct(lat, 0.99) * 1000:.0f} ms; "
+        f"TTFT p50 {pct(ttft, 0.5) * 1000:.0f} ms, p99 {pct(ttft, 0.99) * 1000:.0f} ms"
+    )
     for tier in ("standard", "fast"):
         tl = [r[1] for r in results if r[0] == tier]
         tt = [r[2] for r in results if r[0] == tier]

@@ -7,6 +7,7 @@ skip. Prints ratios and peak RSS.
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/trainer_bench.py
     OMP_NUM_THREADS=1 ... bench/trainer_bench.py --prompts 13 --prompt-len 20 --max-tokens 6   # the demo's shape
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ class ModelForward(torch.nn.Module):
         return self.inner.get_input_embeddings()
 
     def forward(self, input_ids, attention_mask, logits_to_keep=0):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                          logits_to_keep=logits_to_keep if self.keep else 0)
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep if self.keep else 0
+        )
 
 
 def batch(seed: int, vocab: int, prompts: int, group: int, prompt_len: int, max_tokens: int) -> TrainBatch:
@@ -85,8 +87,10 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     shape = (len(tok), args.prompts, args.group, args.prompt_len, args.max_tokens)
     batches = [batch(s, *shape) for s in range(args.steps + 1)]
-    print(f"preset {args.preset} ({n_params / 1e6:.2f}M params), {args.prompts}x{args.group} rows, "
-          f"prompts <= {args.prompt_len}, completions <= {args.max_tokens}, threads {torch.get_num_threads()}")
+    print(
+        f"preset {args.preset} ({n_params / 1e6:.2f}M params), {args.prompts}x{args.group} rows, "
+        f"prompts <= {args.prompt_len}, completions <= {args.max_tokens}, threads {torch.get_num_threads()}"
+    )
     configs = {
         "mb8 (old default)": (None, TrainerConfig(micro_batch_size=8)),
         "mb16 unsorted": (None, TrainerConfig(micro_batch_size=16, sort_by_length=False)),

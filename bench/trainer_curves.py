@@ -12,6 +12,7 @@ Variants: `kept` (the loss normalised over the rows that enter it, micro-batches
 sampled, automatic micro-batches: the default now); add more with --variant
 NAME=override,override.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,20 @@ def one_run(name: str, overrides: list[str], seed: int, model_path: str | None) 
 
     with tempfile.TemporaryDirectory() as out:
         extra = [f"model.path={model_path}"] if model_path else [f"base.seed={seed}"]
-        cfg = load_config(ROOT / "configs/default.yaml", [
-            f"run.seed={seed}", f"run.out_dir={out}", f"run.name={name}-{seed}", "run.progress=false",
-            "run.steps=151", "run.checkpoint_every=0", "eval.every_steps=25", *extra, *overrides,
-        ])
+        cfg = load_config(
+            ROOT / "configs/default.yaml",
+            [
+                f"run.seed={seed}",
+                f"run.out_dir={out}",
+                f"run.name={name}-{seed}",
+                "run.progress=false",
+                "run.steps=151",
+                "run.checkpoint_every=0",
+                "eval.every_steps=25",
+                *extra,
+                *overrides,
+            ],
+        )
         c0 = time.process_time()
         result = train(cfg, log=lambda *_: None)
         cpu = time.process_time() - c0
@@ -50,7 +61,9 @@ def one_run(name: str, overrides: list[str], seed: int, model_path: str | None) 
         history = json.loads((result.run_dir / "eval.json").read_text())["history"]
     steps = [m for m in metrics if m["kind"] == "train" and "grad_norm" in m]
     return {
-        "variant": name, "seed": seed, "cpu_s": cpu,
+        "variant": name,
+        "seed": seed,
+        "cpu_s": cpu,
         "grad_norms": [m["grad_norm"] for m in steps],
         "clip": cfg.trainer.grad_clip,
         "heldout": {h["step"]: h["mean_accuracy"] for h in history},
@@ -63,28 +76,39 @@ def summarise(runs: list[dict]) -> None:
     by: dict[str, list[dict]] = {}
     for r in runs:
         by.setdefault(r["variant"], []).append(r)
-    print("| variant | grad norm median (p10-p90) | clip fired | " + " | ".join(f"held-out @{s}" for s in STEPS)
-          + " | CPU-s per run | peak RSS MiB |")
+    print(
+        "| variant | grad norm median (p10-p90) | clip fired | "
+        + " | ".join(f"held-out @{s}" for s in STEPS)
+        + " | CPU-s per run | peak RSS MiB |"
+    )
     print("|---|---|---|" + "---|" * len(STEPS) + "---|---|")
     for name, rs in by.items():
         norms = sorted(g for r in rs for g in r["grad_norms"])
         deciles = statistics.quantiles(norms, n=10)
         fired = sum(g > r["clip"] for r in rs for g in r["grad_norms"]) / len(norms)
         curve = [statistics.mean(r["heldout"].get(s, float("nan")) for r in rs) for s in STEPS]
-        print(f"| {name} | {statistics.median(norms):.2f} ({deciles[0]:.2f}-{deciles[-1]:.2f}) | {fired:.0%} | "
-              + " | ".join(f"{c:.3f}" for c in curve)
-              + f" | {statistics.mean(r['cpu_s'] for r in rs):.0f} | {max(r['rss_mib'] for r in rs):.0f} |")
+        print(
+            f"| {name} | {statistics.median(norms):.2f} ({deciles[0]:.2f}-{deciles[-1]:.2f}) | {fired:.0%} | "
+            + " | ".join(f"{c:.3f}" for c in curve)
+            + f" | {statistics.mean(r['cpu_s'] for r in rs):.0f} | {max(r['rss_mib'] for r in rs):.0f} |"
+        )
     for r in runs:
-        print(f"  {r['variant']} seed {r['seed']}: before {r['before']:.3f}, held-out "
-              + ", ".join(f"@{s} {r['heldout'].get(s, float('nan')):.3f}" for s in STEPS))
+        print(
+            f"  {r['variant']} seed {r['seed']}: before {r['before']:.3f}, held-out "
+            + ", ".join(f"@{s} {r['heldout'].get(s, float('nan')):.3f}" for s in STEPS)
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--model-path", default=None, help="a base model directory for every seed (default: the "
-                    "demo's base of each seed, built into the cache when missing)")
+    ap.add_argument(
+        "--model-path",
+        default=None,
+        help="a base model directory for every seed (default: the "
+        "demo's base of each seed, built into the cache when missing)",
+    )
     ap.add_argument("--variant", action="append", default=[], help="NAME=override,override (adds a variant)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these variants")
     args = ap.parse_args()

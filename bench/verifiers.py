@@ -11,6 +11,7 @@ Then the bring-your-own verifiers by name (posttrain.byo): scores/s of each on
 gold and wrong answers, and an LLM judge (`posttrain serve` on a random micro
 model, in this process, over loopback HTTP) with its score cache on and off.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,10 @@ def families(args: argparse.Namespace) -> None:
                 d.score(t, ep)
                 times[kind] += time.perf_counter() - start
         total = times["gold"] + times["wrong"]
-        print(f"{family:<38} {len(names):>7} {2 * len(work):>7} {2 * len(work) / total:>9.1f} "
-              f"{len(work) / times['gold']:>8.1f} {len(work) / times['wrong']:>8.1f}")
+        print(
+            f"{family:<38} {len(names):>7} {2 * len(work):>7} {2 * len(work) / total:>9.1f} "
+            f"{len(work) / times['gold']:>8.1f} {len(work) / times['wrong']:>8.1f}"
+        )
 
 
 def _task(answer, prompt="12-3=", **metadata):
@@ -195,20 +198,34 @@ def _judge(tmp: str, n: int) -> None:
         path = os.path.join(tmp, "judge-model")
         model.save_pretrained(path)
         tok.save_pretrained(path)
-    server = uvicorn.Server(uvicorn.Config(build_server(ServeConfig(model=path, canary={"probe_domains": []})),
-                                           host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_server(ServeConfig(model=path, canary={"probe_domains": []})),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    base = {"name": "judge", "base_url": url, "rubric": "{completion}{prompt}", "score_pattern": r"(\d)", "scale": 9,
-            "max_tokens": 4}
+    base = {
+        "name": "judge",
+        "base_url": url,
+        "rubric": "{completion}{prompt}",
+        "score_pattern": r"(\d)",
+        "scale": 9,
+        "max_tokens": 4,
+    }
     k = max(10, n // 10)
     cases = [(_task(str(i)), Episode(f"{i}"), Episode(f"{i}x")) for i in range(k // 2)]
-    for label, cache in (("judge, cache off (HTTP each score)", False),
-                         ("judge, cache on, all misses", os.path.join(tmp, "miss.sqlite")),
-                         ("judge, cache on, all hits", os.path.join(tmp, "miss.sqlite"))):
+    for label, cache in (
+        ("judge, cache off (HTTP each score)", False),
+        ("judge, cache on, all misses", os.path.join(tmp, "miss.sqlite")),
+        ("judge, cache on, all hits", os.path.join(tmp, "miss.sqlite")),
+    ):
         v = build_verifier(VerifierSpec.model_validate({**base, "cache": cache}))
         rate, failed = _safe_rate(v, cases)
         print(f"{label:<38} {len(cases) * 2:>7} {rate:>9.1f}   ({failed} replies without a score)")

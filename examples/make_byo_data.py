@@ -8,6 +8,7 @@ The tiny embedded base model knows digits and the `a-b=` format from pretraining
 right before training and RL can move it; a task in a format it never saw would
 stay at 0.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     with OUT.open("w") as fh:
         for i, (a, b) in enumerate(pairs):
-            row = {"id": f"q{i:03d}", "question": f"{a}-{b}=", "answer": str(a - b),
-                   "source": "examples/make_byo_data.py"}
+            row = {
+                "id": f"q{i:03d}",
+                "question": f"{a}-{b}=",
+                "answer": str(a - b),
+                "source": "examples/make_byo_data.py",
+            }
             fh.write(json.dumps(row) + "\n")
     print(f"wrote {OUT} ({len(pairs)} rows)")
 

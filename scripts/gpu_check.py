@@ -14,6 +14,7 @@ It measures, on the one Trainer/HFEngine code path the CPU uses:
 Writes every figure to --out (JSON) and prints a summary. `--preset tiny --device cpu`
 runs the same script small on a CPU (to check the script itself).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,18 @@ def build_model(preset: str, device: str, seed: int) -> Any:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     hidden, layers, heads, kv, mlp, vocab = SHAPES[preset]
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=4096,
-                      tie_word_embeddings=True, eos_token_id=EOS[preset], pad_token_id=EOS[preset])
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=EOS[preset],
+        pad_token_id=EOS[preset],
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg).to(device)
 
@@ -69,8 +79,11 @@ def requests(n_prompts: int, group: int, prompt_len: int, max_tokens: int, vocab
     out = []
     for i in range(n_prompts):
         prompt = tuple(int(t) for t in torch.randint(0, vocab - 1, (prompt_len,), generator=g))
-        out.append(GenerationRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=1.0, n=group,
-                                                            seed=step * 100_003 + i)))
+        out.append(
+            GenerationRequest(
+                prompt, SamplingParams(max_tokens=max_tokens, temperature=1.0, n=group, seed=step * 100_003 + i)
+            )
+        )
     return out
 
 
@@ -81,8 +94,12 @@ def reward(token_ids: tuple[int, ...]) -> float:
 def to_batch(groups: list[list[Any]]) -> Any:
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
-    rows = [TrainRow.from_completion(c, reward(c.token_ids), f"g{i}", 1.0)
-            for i, g in enumerate(groups) for c in g if c.token_ids]
+    rows = [
+        TrainRow.from_completion(c, reward(c.token_ids), f"g{i}", 1.0)
+        for i, g in enumerate(groups)
+        for c in g
+        if c.token_ids
+    ]
     return TrainBatch(tuple(rows))
 
 
@@ -99,8 +116,13 @@ def run_loop(args: argparse.Namespace, device: torch.device, results: dict[str, 
 
     model = build_model(args.preset, str(device), 0)
     results["parameters"] = sum(p.numel() for p in model.parameters())
-    cfg = TrainerConfig(lr=args.lr, precision="bf16_autocast" if device.type == "cuda" else "float32",
-                        gradient_checkpointing=True, micro_batch_size=64, micro_batch_tokens="auto")
+    cfg = TrainerConfig(
+        lr=args.lr,
+        precision="bf16_autocast" if device.type == "cuda" else "float32",
+        gradient_checkpointing=True,
+        micro_batch_size=64,
+        micro_batch_tokens="auto",
+    )
     trainer = Trainer(model, cfg)
     engine = HFEngine(model, IdTokenizer(EOS[args.preset]), seed=0)
     vocab = SHAPES[args.preset][5]
@@ -120,11 +142,25 @@ def run_loop(args: argparse.Namespace, device: torch.device, results: dict[str, 
         train_s = time.perf_counter() - t1
         engine.update_weights(None)
         mean_r = sum(r.reward for r in batch.rows) / len(batch.rows)
-        curve.append({"step": step, "loss": stats.loss, "reward_mean": mean_r, "grad_norm": stats.grad_norm,
-                      "outcome": stats.outcome, "gen_tokens": tokens, "gen_s": gen_s,
-                      "gen_tokens_per_s": tokens / gen_s, "train_s": train_s, "train_tokens": stats.n_tokens})
-        print(f"step {step:3d} loss {stats.loss:+.3e} reward {mean_r:.4f} grad {stats.grad_norm:.3f} "
-              f"gen {tokens / gen_s:9.0f} tok/s train {train_s:6.2f} s ({stats.outcome})", flush=True)
+        curve.append(
+            {
+                "step": step,
+                "loss": stats.loss,
+                "reward_mean": mean_r,
+                "grad_norm": stats.grad_norm,
+                "outcome": stats.outcome,
+                "gen_tokens": tokens,
+                "gen_s": gen_s,
+                "gen_tokens_per_s": tokens / gen_s,
+                "train_s": train_s,
+                "train_tokens": stats.n_tokens,
+            }
+        )
+        print(
+            f"step {step:3d} loss {stats.loss:+.3e} reward {mean_r:.4f} grad {stats.grad_norm:.3f} "
+            f"gen {tokens / gen_s:9.0f} tok/s train {train_s:6.2f} s ({stats.outcome})",
+            flush=True,
+        )
     warm = curve[1:] or curve
     results["loop"] = {
         "config": {k: getattr(args, k) for k in ("prompts", "group", "prompt_len", "max_tokens", "lr", "steps")},
@@ -146,8 +182,12 @@ def run_lora(args: argparse.Namespace, device: torch.device, results: dict[str, 
     from posttrain.trainer.trainer import Trainer
 
     model = build_model(args.preset, str(device), 0)
-    cfg = TrainerConfig(lr=1e-4, lora=LoraConfig(rank=16, alpha=32),
-                        precision="bf16_autocast" if device.type == "cuda" else "float32", micro_batch_tokens="auto")
+    cfg = TrainerConfig(
+        lr=1e-4,
+        lora=LoraConfig(rank=16, alpha=32),
+        precision="bf16_autocast" if device.type == "cuda" else "float32",
+        micro_batch_tokens="auto",
+    )
     trainer = Trainer(model, cfg)
     engine = HFEngine(model, IdTokenizer(EOS[args.preset]), seed=0)
     vocab = SHAPES[args.preset][5]
@@ -162,8 +202,11 @@ def run_lora(args: argparse.Namespace, device: torch.device, results: dict[str, 
         sync(device)
         times.append(time.perf_counter() - t0)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    results["lora"] = {"trainable_parameters": trainable, "train_s_per_step": sum(times[1:]) / len(times[1:]),
-                       "last_outcome": stats.outcome}
+    results["lora"] = {
+        "trainable_parameters": trainable,
+        "train_s_per_step": sum(times[1:]) / len(times[1:]),
+        "last_outcome": stats.outcome,
+    }
     print(
         f"lora r=16: {trainable:,} trainable parameters, {results['lora']['train_s_per_step']:.2f} s/step", flush=True
     )
@@ -181,10 +224,17 @@ def run_pinned(args: argparse.Namespace, device: torch.device, results: dict[str
     try:
         for _ in range(2):
             model = build_model(args.preset, str(device), 0)
-            batch = to_batch(HFEngine(model, IdTokenizer(EOS[args.preset]), seed=0).generate(
-                requests(8, 4, args.prompt_len, 32, SHAPES[args.preset][5], 1)))
-            trainer = Trainer(model, TrainerConfig(lr=1e-4, deterministic=True, precision="bf16_autocast"
-                                                   if device.type == "cuda" else "float32"))
+            batch = to_batch(
+                HFEngine(model, IdTokenizer(EOS[args.preset]), seed=0).generate(
+                    requests(8, 4, args.prompt_len, 32, SHAPES[args.preset][5], 1)
+                )
+            )
+            trainer = Trainer(
+                model,
+                TrainerConfig(
+                    lr=1e-4, deterministic=True, precision="bf16_autocast" if device.type == "cuda" else "float32"
+                ),
+            )
             for _ in range(2):
                 trainer.step(batch)
             finals.append([p.detach().float().cpu() for p in trainer.model.parameters()])
@@ -215,9 +265,13 @@ def main() -> int:
         print("gpu_check: no CUDA device visible (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     results: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "preset": args.preset, "device": str(device),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "preset": args.preset,
+        "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
     }
     failed = False
     for stage in (run_loop, run_lora, run_pinned):

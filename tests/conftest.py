@@ -1,4 +1,5 @@
 """Shared fixtures: a micro embedded base model built once per session."""
+
 from __future__ import annotations
 
 import os
@@ -35,11 +36,15 @@ def raising_domain(monkeypatch):
             raise RuntimeError("verifier crashed")
 
     def make(name: str) -> ProceduralDomain:
-        cls = type(name, (ProceduralDomain,), {
-            "name": name,
-            "category": "test",
-            "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 9)}+0=", "0"),
-        })
+        cls = type(
+            name,
+            (ProceduralDomain,),
+            {
+                "name": name,
+                "category": "test",
+                "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 9)}+0=", "0"),
+            },
+        )
         dom = cls()
         dom.verifier = Boom()
         monkeypatch.setitem(registry._REGISTRY, name, dom)

@@ -5,6 +5,7 @@ nor transformers; each subcommand module defers heavy imports to its `run`.
 Every module in `posttrain.commands` defines `add_parser(subparsers)`, which
 registers its parser with `set_defaults(func=run)`, `run(args) -> int`.
 """
+
 from __future__ import annotations
 
 import argparse

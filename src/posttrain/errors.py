@@ -4,6 +4,7 @@ Invariant: infrastructure errors are never task failures. A rollout that
 hits one is marked with its `kind`, retried or masked from the loss, and
 counted; it is never scored 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ metrics (the loop, the monitor, the report, the torchrun followers) imports it
 without reaching the root config. Every line carries `kind`, `step` and `time`;
 the file is appended line-buffered and readable while the run goes on.
 """
+
 from __future__ import annotations
 
 import json

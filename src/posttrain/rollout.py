@@ -4,6 +4,7 @@ Invariant: a Rollout is either scored or masked with a typed error (never
 scored 0 for an infra error); a group is trainable only when its scored
 rewards are not all equal.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -4,6 +4,7 @@ trace database, eval table.
 Invariant: a run directory is self-describing: `config.yaml` is the resolved
 config it was started with, and everything the run wrote lives below it.
 """
+
 from __future__ import annotations
 
 import time

@@ -3,6 +3,7 @@
 Invariant: every record here is immutable and JSON-serialisable through
 `to_dict`; no stage passes dicts of string keys to another.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,6 +1,7 @@
 """bench/peer.py's pure parts: arguments, per-step medians, gains, ratios, the issue's criteria, and the
 TRL side's reward function (posttrain's verifiers). The TRL run itself needs the peer venv
 (`make bench-peer`) and is marked slow; it is skipped when that venv is absent."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,13 +30,23 @@ peer_trl = _load("peer_trl")
 
 
 def _row(wall, gen, ver, train, cpu):
-    return {"wall_s": wall, "generate_s": gen, "verify_s": ver, "train_s": train,
-            "other_s": wall - gen - ver - train, "step_cpu_s": cpu}
+    return {
+        "wall_s": wall,
+        "generate_s": gen,
+        "verify_s": ver,
+        "train_s": train,
+        "other_s": wall - gen - ver - train,
+        "step_cpu_s": cpu,
+    }
 
 
 def _figures(gain_per_min, wall_ms, cpu_ms, curve, half_width=0.04):
-    return {"gain_per_cpu_min": gain_per_min, "ms": {"wall": wall_ms, "cpu": cpu_ms, "generate": 1.0, "train": 1.0},
-            "curve": curve, "half_width": half_width}
+    return {
+        "gain_per_cpu_min": gain_per_min,
+        "ms": {"wall": wall_ms, "cpu": cpu_ms, "generate": 1.0, "train": 1.0},
+        "curve": curve,
+        "half_width": half_width,
+    }
 
 
 # ---------------------------------------------------------------- arguments
@@ -44,19 +55,41 @@ def _figures(gain_per_min, wall_ms, cpu_ms, curve, half_width=0.04):
 def test_defaults_are_the_issues_settings():
     a = peer.parse_args([])
     assert (a.seeds, a.mixes, a.threads, a.budget_cpu_s, a.save_every, a.jobs) == (
-        [0], ["demo", "harder"], [1], 105.0, 25, 1)
+        [0],
+        ["demo", "harder"],
+        [1],
+        105.0,
+        25,
+        1,
+    )
 
 
 def test_arguments_parse():
-    a = peer.parse_args(["--seeds", "0", "1", "2", "--mixes", "hard", "--threads", "1", "2", "--budget-cpu-s", "60",
-                         "--jobs", "2"])
+    a = peer.parse_args(
+        ["--seeds", "0", "1", "2", "--mixes", "hard", "--threads", "1", "2", "--budget-cpu-s", "60", "--jobs", "2"]
+    )
     assert (a.seeds, a.mixes, a.threads, a.budget_cpu_s, a.jobs) == ([0, 1, 2], ["hard"], [1, 2], 60.0, 2)
     assert [(u.mix.name, u.threads, u.seed) for u in peer.units_of(a)] == [
-        ("hard", 1, 0), ("hard", 1, 1), ("hard", 1, 2), ("hard", 2, 0), ("hard", 2, 1), ("hard", 2, 2)]
+        ("hard", 1, 0),
+        ("hard", 1, 1),
+        ("hard", 1, 2),
+        ("hard", 2, 0),
+        ("hard", 2, 1),
+        ("hard", 2, 2),
+    ]
 
 
-@pytest.mark.parametrize("bad", [["--budget-cpu-s", "0"], ["--save-every", "0"], ["--jobs", "0"],
-                                 ["--threads", "0"], ["--seeds", "1", "1"], ["--mixes", "nope"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--budget-cpu-s", "0"],
+        ["--save-every", "0"],
+        ["--jobs", "0"],
+        ["--threads", "0"],
+        ["--seeds", "1", "1"],
+        ["--mixes", "nope"],
+    ],
+)
 def test_bad_arguments_exit_2(bad, capsys):
     with pytest.raises(SystemExit) as exc:
         peer.parse_args(bad)
@@ -82,8 +115,12 @@ def test_mixes_are_valid_posttrain_configs():
 
 
 def test_step_medians_skip_the_first_step_and_split_the_wall():
-    rows = [_row(9.0, 5.0, 1.0, 2.0, 9.0),  # warm-up, left out
-            _row(0.3, 0.1, 0.01, 0.15, 0.25), _row(0.5, 0.2, 0.03, 0.2, 0.45), _row(0.4, 0.12, 0.02, 0.2, 0.3)]
+    rows = [
+        _row(9.0, 5.0, 1.0, 2.0, 9.0),  # warm-up, left out
+        _row(0.3, 0.1, 0.01, 0.15, 0.25),
+        _row(0.5, 0.2, 0.03, 0.2, 0.45),
+        _row(0.4, 0.12, 0.02, 0.2, 0.3),
+    ]
     ms = peer.step_medians(rows)
     # medians of steps 2-4: wall (300, 400, 500) -> 400; generate (100, 120, 200) -> 120; verify 20;
     # train (150, 200, 200) -> 200; other (40, 60, 70) -> 60; cpu (250, 300, 450) -> 300
@@ -94,10 +131,22 @@ def test_step_medians_skip_the_first_step_and_split_the_wall():
 
 def test_system_figures_gain_per_cpu_minute_and_curve():
     rows = [{**_row(0.6, 0.2, 0.01, 0.35, 0.6), "step": i, "cpu_s": 30.0 * i} for i in (1, 2, 3)]
-    run = {"system": "trl", "steps": 3, "cpu_s": 90.0, "budget_cpu_s": 90.0, "peak_rss_mib": 800.0,
-           "step_rows": rows, "checkpoints": {"1": "c1", "2": "c2", "3": "c3"}}
-    evals = {"base": {"mean": 0.20, "ci": [0.16, 0.24]}, "trl:final": {"mean": 0.35, "ci": [0.30, 0.40]},
-             "trl:step2": {"mean": 0.30}, "trl:step1": {"mean": 0.26}, "posttrain:step1": {"mean": 0.9}}
+    run = {
+        "system": "trl",
+        "steps": 3,
+        "cpu_s": 90.0,
+        "budget_cpu_s": 90.0,
+        "peak_rss_mib": 800.0,
+        "step_rows": rows,
+        "checkpoints": {"1": "c1", "2": "c2", "3": "c3"},
+    }
+    evals = {
+        "base": {"mean": 0.20, "ci": [0.16, 0.24]},
+        "trl:final": {"mean": 0.35, "ci": [0.30, 0.40]},
+        "trl:step2": {"mean": 0.30},
+        "trl:step1": {"mean": 0.26},
+        "posttrain:step1": {"mean": 0.9},
+    }
     f = peer.system_figures(run, evals)
     # gain 0.35 - 0.20 = 15 points over 90 CPU-s = 1.5 CPU-minutes: 10 points per CPU-minute
     assert f["gain_pp"] == pytest.approx(15.0)
@@ -126,8 +175,12 @@ def test_gain_at_and_cpu_to_reach_interpolate_between_checkpoints():
 
 
 def test_reach_uses_each_seeds_trl_final_gain():
-    seeds = {0: {"posttrain": {"cpu_curve": [(0.0, 0.0), (10.0, 20.0)]},
-                 "trl": {"gain_pp": 10.0, "cpu_curve": [(0.0, 0.0), (40.0, 10.0)]}}}
+    seeds = {
+        0: {
+            "posttrain": {"cpu_curve": [(0.0, 0.0), (10.0, 20.0)]},
+            "trl": {"gain_pp": 10.0, "cpu_curve": [(0.0, 0.0), (40.0, 10.0)]},
+        }
+    }
     r = peer.reach(seeds)
     # half of TRL's +10: posttrain at 2.5 s, TRL at 20 s (speed-up 8); all of it: 5 s against 40 s
     assert r["0.5"][0] == pytest.approx({"target_pp": 5.0, "posttrain": 2.5, "trl": 20.0, "speedup": 8.0})
@@ -144,10 +197,14 @@ def test_spread_prints_mean_and_range_or_what_is_missing():
 
 def test_verdicts_on_the_seed_mean():
     seeds = {
-        0: {"posttrain": _figures(12.0, 100.0, 90.0, {25: 0.40, 50: 0.50}),
-            "trl": _figures(5.0, 400.0, 300.0, {25: 0.42, 50: 0.45, 100: 0.5})},
-        1: {"posttrain": _figures(8.0, 140.0, 110.0, {25: 0.30, 50: 0.46}),
-            "trl": _figures(5.0, 440.0, 300.0, {25: 0.36, 50: 0.47})},
+        0: {
+            "posttrain": _figures(12.0, 100.0, 90.0, {25: 0.40, 50: 0.50}),
+            "trl": _figures(5.0, 400.0, 300.0, {25: 0.42, 50: 0.45, 100: 0.5}),
+        },
+        1: {
+            "posttrain": _figures(8.0, 140.0, 110.0, {25: 0.30, 50: 0.46}),
+            "trl": _figures(5.0, 440.0, 300.0, {25: 0.36, 50: 0.47}),
+        },
     }
     v = peer.verdicts(seeds)
     # gain: mean(12, 8) / mean(5, 5) = 10 / 5 = 2.0 -> met (>= 2)
@@ -176,12 +233,26 @@ def test_ratio_guards_zero_and_missing():
 
 
 def test_report_prints_ratios_side_by_side():
-    run = {"steps": 10, "cpu_s": 60.0, "before": 0.2, "after": 0.3, "gain_pp": 10.0, "peak_rss_mib": 500.0,
-           "ms": {"wall": 200.0, "generate": 50.0, "verify": 1.0, "train": 100.0, "other": 49.0, "cpu": 150.0},
-           "at_cpu": {}, "cpu_curve": [(0.0, 0.0), (60.0, 10.0)]}
+    run = {
+        "steps": 10,
+        "cpu_s": 60.0,
+        "before": 0.2,
+        "after": 0.3,
+        "gain_pp": 10.0,
+        "peak_rss_mib": 500.0,
+        "ms": {"wall": 200.0, "generate": 50.0, "verify": 1.0, "train": 100.0, "other": 49.0, "cpu": 150.0},
+        "at_cpu": {},
+        "cpu_curve": [(0.0, 0.0), (60.0, 10.0)],
+    }
     pt = {**run, "gain_per_cpu_min": 10.0, "curve": {25: 0.3}, "half_width": 0.04}
-    trl = {**run, "gain_per_cpu_min": 4.0, "curve": {25: 0.25}, "half_width": 0.04,
-           "ms": {**run["ms"], "wall": 800.0, "cpu": 600.0}, "peak_rss_mib": 1000.0}
+    trl = {
+        **run,
+        "gain_per_cpu_min": 4.0,
+        "curve": {25: 0.25},
+        "half_width": 0.04,
+        "ms": {**run["ms"], "wall": 800.0, "cpu": 600.0},
+        "peak_rss_mib": 1000.0,
+    }
     block = {"why": "test mix", "seeds": {"0": {"posttrain": pt, "trl": trl}}}
     block["verdicts"] = peer.verdicts({0: block["seeds"]["0"]})
     text = peer.report({"demo/threads1": block})
@@ -198,7 +269,9 @@ def test_report_prints_ratios_side_by_side():
 
 def test_order_check():
     assert peer.order_check({"task_ids": ["a", "b", "c"]}, {"task_ids": ["a", "b"]}) == {
-        "compared": 2, "first_mismatch": None}
+        "compared": 2,
+        "first_mismatch": None,
+    }
     assert peer.order_check({"task_ids": ["a", "x"]}, {"task_ids": ["a", "b"]})["first_mismatch"] == 1
 
 
@@ -234,8 +307,18 @@ def test_step_clock_splits_and_stops_at_the_budget(monkeypatch):
     clock.add("generate", 0.2)
     clock.add("train", 0.25)
     assert clock.end_step(1) is False
-    assert clock.rows[0] == pytest.approx({"step": 1, "wall_s": 0.5, "generate_s": 0.2, "verify_s": 0.0,
-                                           "train_s": 0.25, "other_s": 0.05, "cpu_s": 0.4, "step_cpu_s": 0.4})
+    assert clock.rows[0] == pytest.approx(
+        {
+            "step": 1,
+            "wall_s": 0.5,
+            "generate_s": 0.2,
+            "verify_s": 0.0,
+            "train_s": 0.25,
+            "other_s": 0.05,
+            "cpu_s": 0.4,
+            "step_cpu_s": 0.4,
+        }
+    )
     assert clock.end_step(2) is True and not clock.running
     assert clock.rows[1]["step_cpu_s"] == pytest.approx(0.8) and clock.rows[1]["wall_s"] == pytest.approx(1.0)
     clock.add("verify", 5.0)  # after the stop nothing is counted (the final evaluation)
@@ -254,16 +337,22 @@ def test_trl_reward_is_posttrains_verifier():
     reward = peer_trl.reward_function(tasks, max_tokens=16, eos_ids={2})
     gold = [[{"role": "assistant", "content": str(t.reference)}] for t in tasks[:3]]
     wrong = [[{"role": "assistant", "content": str(t.reference) + "9"}] for t in tasks[:3]]
-    got = reward(prompts=[None] * 6, completions=gold + wrong, completion_ids=[[5, 2]] * 6,
-                 task_index=[0, 1, 2, 0, 1, 2])
+    got = reward(
+        prompts=[None] * 6, completions=gold + wrong, completion_ids=[[5, 2]] * 6, task_index=[0, 1, 2, 0, 1, 2]
+    )
     assert got == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_trl_reward_marks_infra_errors_none(raising_domain):
     from posttrain.types import Message, Task, TaskMeta
 
-    task = Task(id="x", domain=raising_domain, prompt=(Message("user", "1+0="),), reference="1",
-                meta=TaskMeta(split="train", difficulty=1, source="test", taskset_version="v"))
+    task = Task(
+        id="x",
+        domain=raising_domain,
+        prompt=(Message("user", "1+0="),),
+        reference="1",
+        meta=TaskMeta(split="train", difficulty=1, source="test", taskset_version="v"),
+    )
     reward = peer_trl.reward_function([task], max_tokens=16, eos_ids={2})
     assert reward(prompts=[None], completions=["1"], completion_ids=[[5]], task_index=[0]) == [None]
 
@@ -309,9 +398,23 @@ def test_timed_trainer_adds_each_methods_wall_time():
 @pytest.mark.skipif(not PEER_PYTHON.is_file(), reason="no peer venv (make bench-peer)")
 def test_trl_side_trains_under_a_cpu_budget(micro_base, tmp_path):
     out = tmp_path / "trl"
-    cmd = [str(PEER_PYTHON), str(ROOT / "bench" / "peer_trl.py"), "--config", str(ROOT / "configs" / "default.yaml"),
-           "--model", micro_base, "--out", str(out), "--budget-cpu-s", "2", "--save-every", "1", "--min-step-s", "0.02",
-           "rollout.prompts_per_step=4"]
+    cmd = [
+        str(PEER_PYTHON),
+        str(ROOT / "bench" / "peer_trl.py"),
+        "--config",
+        str(ROOT / "configs" / "default.yaml"),
+        "--model",
+        micro_base,
+        "--out",
+        str(out),
+        "--budget-cpu-s",
+        "2",
+        "--save-every",
+        "1",
+        "--min-step-s",
+        "0.02",
+        "rollout.prompts_per_step=4",
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=600)
     rec = json.loads((out / "trl.json").read_text())
     assert rec["stop_reason"].startswith("CPU budget") and rec["steps"] >= 1
@@ -328,18 +431,22 @@ def test_summary_leaves_out_units_without_results(tmp_path, capsys):
 
 
 def test_profile_summary_categories_and_own_time():
-    raw = "\n".join([
-        "<module> (peer.py:1);train (posttrain/loop.py:9);step (posttrain/trainer/trainer.py:40);backward (t.py:3) 60",
-        "_bootstrap (threading.py:1);generate (posttrain/engine/hf.py:200);forward (m.py:5) 30",
-        "<module> (peer.py:1);write_rollouts (posttrain/trace.py:80);execute (sqlite.py:2) 8",
-        "<module> (peer.py:1);train (posttrain/loop.py:9);backward (t.py:3) 2",
-        "not a stack line",
-    ])
+    raw = "\n".join(
+        [
+            "<module> (peer.py:1);train (posttrain/loop.py:9);"
+            "step (posttrain/trainer/trainer.py:40);backward (t.py:3) 60",
+            "_bootstrap (threading.py:1);generate (posttrain/engine/hf.py:200);forward (m.py:5) 30",
+            "<module> (peer.py:1);write_rollouts (posttrain/trace/__init__.py:80);execute (sqlite.py:2) 8",
+            "<module> (peer.py:1);train (posttrain/loop.py:9);backward (t.py:3) 2",
+            "not a stack line",
+        ]
+    )
     p = peer.profile_summary(raw, "posttrain", steps=5)
     # 100 samples at 100 Hz over 5 steps: 1 sample = 10 ms / 5 steps = 2 ms per step
     assert p["samples"] == 100
     assert {k: v["share"] for k, v in p["categories"].items()} == pytest.approx(
-        {"train": 0.60, "generate": 0.30, "trace store": 0.08, "other": 0.02})
+        {"train": 0.60, "generate": 0.30, "trace store": 0.08, "other": 0.02}
+    )
     assert p["categories"]["train"]["ms_per_step"] == pytest.approx(120.0)
     assert p["top_own"][0] == ("backward (t.py:3)", pytest.approx(0.62))  # own samples: 60 + 2
     text = peer.profile_report({"posttrain, demo/threads1, seed 0": p})

@@ -1,12 +1,22 @@
 """Helpers of the bring-your-own tests: small task files written on the spot."""
+
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
 
-TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.tasks_per_domain=6",
-        "eval.max_tokens=6", "run.threads=1", "run.progress=false", "run.checkpoint_every=0", "monitor.report=false"]
+TINY = [
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_tokens=6",
+    "eval.tasks_per_domain=6",
+    "eval.max_tokens=6",
+    "run.threads=1",
+    "run.progress=false",
+    "run.checkpoint_every=0",
+    "monitor.report=false",
+]
 
 
 def rows(n: int = 120, seed: int = 0) -> list[dict]:
@@ -24,5 +34,14 @@ def write_jsonl(path: Path, data: list[dict]) -> Path:
 def train_cfg(tmp_path: Path, base: str, name: str, domains: str, *extra: str):
     from posttrain.configs import load_config
 
-    return load_config(None, [*TINY, f"model.path={base}", f"run.out_dir={tmp_path}", f"run.name={name}",
-                              f"tasks.domains={domains}", *extra])
+    return load_config(
+        None,
+        [
+            *TINY,
+            f"model.path={base}",
+            f"run.out_dir={tmp_path}",
+            f"run.name={name}",
+            f"tasks.domains={domains}",
+            *extra,
+        ],
+    )

@@ -1,4 +1,5 @@
 """`posttrain tasks validate|stats`: problems listed with their line, exit 1; unusable input exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,22 @@ def test_unusable_input_exits_2(tmp_path, capsys):
         main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "fuzzy"]) == 2
     )
     assert "unknown verifier 'fuzzy'" in capsys.readouterr().err
-    assert main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a",
-                 "--verifier", "no_such_mod:f"]) == 2
+    assert (
+        main(
+            [
+                "tasks",
+                "validate",
+                str(path),
+                "--field",
+                "prompt=q",
+                "--field",
+                "answer=a",
+                "--verifier",
+                "no_such_mod:f",
+            ]
+        )
+        == 2
+    )
     assert "ModuleNotFoundError" in capsys.readouterr().err
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"tasks:\n  domains:\n    x: {{source: {{path: {path}, fields: {{prompt: q, answr: a}}}}}}\n")

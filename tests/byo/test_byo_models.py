@@ -1,6 +1,7 @@
 """Model-based rewards: a reward model trained here in seconds, and a judge served by `posttrain serve`
 over HTTP; both run training steps; judge scores are cached and every call is logged; a judge that is
 down is an infra error on every rollout, never reward 0."""
+
 from __future__ import annotations
 
 import socket
@@ -62,8 +63,10 @@ def test_reward_model_scores_and_trains(tmp_path, micro_base, reward_model):
     v = build_verifier(VerifierSpec.model_validate({"name": "reward_model", "path": reward_model}))
     assert v.score(_task(), Episode("42")).value > 0.7 > 0.3 > v.score(_task(), Episode("abc")).value
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
-    domains = (f"{{rm: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
-               f"verifier: {{name: reward_model, path: {reward_model}}}}}}}")
+    domains = (
+        f"{{rm: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
+        f"verifier: {{name: reward_model, path: {reward_model}}}}}}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, "rm", domains, "run.steps=2"), log=lambda *_: None)
     got = TraceStore(result.run_dir / "trace.db").recent(100)
     assert len(got) == 2 * 4 * 4 and all(r["reward"] is not None and 0 < r["reward"] < 1 for r in got)
@@ -81,8 +84,18 @@ def judge_server(micro_base):
     import httpx
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "posttrain.cli", "serve", "--model", micro_base, "--port", str(port),
-           "--set", "canary.probe_domains=[]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "posttrain.cli",
+        "serve",
+        "--model",
+        micro_base,
+        "--port",
+        str(port),
+        "--set",
+        "canary.probe_domains=[]",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -107,8 +120,16 @@ RUBRIC = (
 
 
 def _judge(url, cache) -> dict:
-    return {"name": "judge", "base_url": url, "rubric": RUBRIC, "score_pattern": r"(\d)", "scale": 9,
-            "max_tokens": 4, "temperature": 1.0, "cache": cache}
+    return {
+        "name": "judge",
+        "base_url": url,
+        "rubric": RUBRIC,
+        "score_pattern": r"(\d)",
+        "scale": 9,
+        "max_tokens": 4,
+        "temperature": 1.0,
+        "cache": cache,
+    }
 
 
 def test_judge_caches_and_logs(judge_server, tmp_path):
@@ -138,9 +159,11 @@ def test_judge_domain_trains_over_http(judge_server, tmp_path, micro_base):
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
     db = tmp_path / "j.sqlite"
     spec = _judge(judge_server, str(db))
-    domains = (f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
-               f"verifier: {{name: judge, base_url: '{judge_server}', rubric: '{RUBRIC}', score_pattern: '(\\d)', "
-               f"scale: 9, max_tokens: 4, temperature: 1.0, cache: '{db}'}}}}}}")
+    domains = (
+        f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
+        f"verifier: {{name: judge, base_url: '{judge_server}', rubric: '{RUBRIC}', score_pattern: '(\\d)', "
+        f"scale: 9, max_tokens: 4, temperature: 1.0, cache: '{db}'}}}}}}"
+    )
     del spec
     result = train(train_cfg(tmp_path, micro_base, "judge", domains, "run.steps=2"), log=lambda *_: None)
     got = TraceStore(result.run_dir / "trace.db").recent(100)
@@ -159,9 +182,11 @@ def test_judge_down_is_an_infra_error_in_training(tmp_path, micro_base):
     with pytest.raises(VerifierError, match="judge .*failed"):
         v.score(_task(), Episode("1"))
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
-    domains = (f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
-               f"verifier: {{name: judge, base_url: '{url}', rubric: '{RUBRIC}', retries: 0, cache: false}}}}, "
-               f"add: {{difficulty: 1}}}}")
+    domains = (
+        f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
+        f"verifier: {{name: judge, base_url: '{url}', rubric: '{RUBRIC}', retries: 0, cache: false}}}}, "
+        f"add: {{difficulty: 1}}}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, "down", domains, "run.steps=1"), log=lambda *_: None)
     got = [r for r in TraceStore(result.run_dir / "trace.db").recent(100) if r["domain"] == "judged"]
     assert got and all(r["reward"] is None and r["error_kind"] == "verifier" for r in got)

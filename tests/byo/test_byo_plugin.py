@@ -1,5 +1,6 @@
 """A plugin package installed into the venv (`pip install -e`) shows up in `posttrain domains` with its
 origin, trains, and its verifier is usable by name; a clash of names is an error naming both origins."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,12 @@ def installed(tmp_path_factory):
     try:
         yield
     finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "posttrain-plugin-demo"], env=ENV,
-                       capture_output=True, timeout=600)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "uninstall", "-y", "-q", "posttrain-plugin-demo"],
+            env=ENV,
+            capture_output=True,
+            timeout=600,
+        )
         for leftover in PKG.glob("src/*.egg-info"):
             subprocess.run(["rm", "-rf", str(leftover)], check=False)
 
@@ -60,14 +65,20 @@ def test_a_plugin_name_clash_names_both_origins(installed, tmp_path):
     clash = tmp_path / "clash"
     (clash / "clashpkg").mkdir(parents=True)
     (clash / "clashpkg" / "__init__.py").write_text(
-        "from posttrain_plugin_demo import Double\n\nclass Again(Double):\n    pass\n")
+        "from posttrain_plugin_demo import Double\n\nclass Again(Double):\n    pass\n"
+    )
     dist = clash / "clashpkg-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: clashpkg\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[posttrain.domains]\nplug_double = clashpkg:Again\n")
     env = {**os.environ, "PYTHONPATH": str(clash)}
-    got = subprocess.run([sys.executable, "-m", "posttrain.cli", "domains", "--no-sample"], capture_output=True,
-                         text=True, env=env, timeout=600)
+    got = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "domains", "--no-sample"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert got.returncode == 2
     assert "plug_double" in got.stderr and "plugin clashpkg 0.1 (clashpkg:Again)" in got.stderr
     assert "plugin posttrain-plugin-demo 0.1.0" in got.stderr

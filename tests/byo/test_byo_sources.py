@@ -1,5 +1,6 @@
 """Task files and data sets as domains: every format gives the same tasks, splits never overlap,
 order follows the seed, and bad files are clear errors with line numbers."""
+
 from __future__ import annotations
 
 import csv
@@ -71,8 +72,12 @@ def test_split_column_and_datasets_dict(tmp_path):
     data = rows(40)
     for i, r in enumerate(data):
         r["part"] = "test" if i % 4 == 0 else "train" if i % 4 != 1 else "unused"
-    d = source_domain("col", DomainSpec.model_validate({"source": {"path": str(write_jsonl(tmp_path / "s.jsonl", data)),
-                                                                   "fields": {**FIELDS, "split": "part"}}}))
+    d = source_domain(
+        "col",
+        DomainSpec.model_validate(
+            {"source": {"path": str(write_jsonl(tmp_path / "s.jsonl", data)), "fields": {**FIELDS, "split": "part"}}}
+        ),
+    )
     assert d.size("eval") == 10 and d.size("train") == 20 and d.index.skipped == 10
     assert all(int(t.split(":r")[1]) % 4 == 0 for t in _all(d, "eval"))
     dd = datasets.DatasetDict(
@@ -89,8 +94,12 @@ def test_one_prompt_never_in_both_splits(tmp_path):
     data[0]["part"], data[1]["part"] = "train", "test"
     for r in data[2:]:
         r["part"] = "train" if int(r["id"][1:]) % 2 else "test"
-    d = source_domain("ov", DomainSpec.model_validate({"source": {"path": str(write_jsonl(tmp_path / "o.jsonl", data)),
-                                                                  "fields": {**FIELDS, "split": "part"}}}))
+    d = source_domain(
+        "ov",
+        DomainSpec.model_validate(
+            {"source": {"path": str(write_jsonl(tmp_path / "o.jsonl", data)), "fields": {**FIELDS, "split": "part"}}}
+        ),
+    )
     assert d.index.overlap == 1
     prompts = {s: {d.sample(i, s, lv).prompt for lv in (1, 2) for i in range(d.size(s, lv))} for s in ("train", "eval")}
     assert not prompts["train"] & prompts["eval"]
@@ -169,8 +178,10 @@ def test_datasets_missing_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_messages_system_prompt_and_template(tmp_path):
-    data = [{"chat": [{"role": "user", "content": f"{i}+{i}="}], "gold": str(2 * i), "sys": "be brief" if i % 2 else ""}
-            for i in range(10, 60)]
+    data = [
+        {"chat": [{"role": "user", "content": f"{i}+{i}="}], "gold": str(2 * i), "sys": "be brief" if i % 2 else ""}
+        for i in range(10, 60)
+    ]
     path = write_jsonl(tmp_path / "m.jsonl", data)
     spec = DomainSpec.model_validate(
         {

@@ -1,5 +1,6 @@
 """`posttrain train` on bring-your-own domains: a JSONL, Parquet and datasets source beside a built-in,
 with curriculum, mix, cheat probes, trace and eval reaching them; a failing user callable is masked."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,10 @@ def test_a_verifier_accepting_a_declared_cheat_is_refused(tmp_path, micro_base):
         f"{{loose: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, cheats: ['0'], eval_percent: 20}}, "
         f"verifier: {{name: regex, pattern: '\\d+', extract: whole}}}}, add: {{difficulty: 1}}}}"
     )
-    result = train(train_cfg(tmp_path, micro_base, "cheat", domains, "run.steps=1", "monitor.probes.action=exclude"),
-                   log=lambda *_: None)
+    result = train(
+        train_cfg(tmp_path, micro_base, "cheat", domains, "run.steps=1", "monitor.probes.action=exclude"),
+        log=lambda *_: None,
+    )
     probe = [r for r in read_metrics(result.run_dir / "metrics.jsonl", "probe") if r["domain"] == "loose"]
     assert probe and probe[0]["ok"] is False and probe[0]["accepted"] >= 1
 
@@ -69,8 +72,10 @@ def test_a_raising_callable_is_masked_and_counted(tmp_path, micro_base, monkeypa
 
     monkeypatch.chdir(USERFNS)
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
-    domains = (f"{{boom: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
-               f"verifier: 'byo_rewards:raises'}}, add: {{difficulty: 1}}}}")
+    domains = (
+        f"{{boom: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
+        f"verifier: 'byo_rewards:raises'}}, add: {{difficulty: 1}}}}"
+    )
     result = train(train_cfg(tmp_path, micro_base, "raise", domains, "run.steps=2"), log=lambda *_: None)
     boom = [r for r in TraceStore(result.run_dir / "trace.db").recent(200) if r["domain"] == "boom"]
     assert boom and all(
@@ -90,8 +95,10 @@ def test_verification_in_worker_processes_rebuilds_the_file_domain(tmp_path, mic
         f"{{procs: {{source: {{path: {path}, "
         "fields: {prompt: q, answer: a}, eval_percent: 20}, verifier: numeric}}"
     )
-    result = train(train_cfg(tmp_path, micro_base, "procs", domains, "run.steps=1", "pipeline.verify_processes=1"),
-                   log=lambda *_: None)
+    result = train(
+        train_cfg(tmp_path, micro_base, "procs", domains, "run.steps=1", "pipeline.verify_processes=1"),
+        log=lambda *_: None,
+    )
     got = TraceStore(result.run_dir / "trace.db").recent(100)
     assert len(got) == 16
     assert all(r["reward"] is not None for r in got), {r["error"] for r in got}

@@ -1,5 +1,6 @@
 """Verifiers by name: each built-in scores gold 1 and a wrong answer below 1; a user's callable runs
 in a worker with a time limit and its failures are infra errors (VerifierError), never reward 0."""
+
 from __future__ import annotations
 
 import json
@@ -85,9 +86,18 @@ def test_sql_result_set_on_a_file_and_on_setup(tmp_path):
 
 
 def test_composite_weights_parts():
-    spec = {"name": "composite", "pass_threshold": 0.9, "parts": [
-        {"verifier": {"name": "exact"}, "weight": 3, "name": "right"},
-        {"verifier": {"name": "regex", "pattern": "^\\d+$", "extract": "whole"}, "weight": 1, "name": "digits_only"}]}
+    spec = {
+        "name": "composite",
+        "pass_threshold": 0.9,
+        "parts": [
+            {"verifier": {"name": "exact"}, "weight": 3, "name": "right"},
+            {
+                "verifier": {"name": "regex", "pattern": "^\\d+$", "extract": "whole"},
+                "weight": 1,
+                "name": "digits_only",
+            },
+        ],
+    }
     s = score(spec, "42", "<answer>42</answer>")
     assert s.parts["right"] == 1.0 and s.parts["digits_only"] == 0.0 and s.value == pytest.approx(0.75) and not s.passed
     assert score(spec, "42", "42").value == 1.0
@@ -123,8 +133,10 @@ def test_callable_by_import_path(userfns):
 
 
 def test_callable_failures_are_infra_errors(userfns):
-    for path, match in (("byo_rewards:raises", "raised: RuntimeError: user bug"),
-                        ("byo_rewards:out_of_range", "returned 7.5")):
+    for path, match in (
+        ("byo_rewards:raises", "raised: RuntimeError: user bug"),
+        ("byo_rewards:out_of_range", "returned 7.5"),
+    ):
         v = build_verifier(VerifierSpec.model_validate(path))
         with pytest.raises(VerifierError, match=match):
             v.score(task("1"), Episode("1"))
@@ -136,8 +148,11 @@ def test_callable_failures_are_infra_errors(userfns):
 
 
 def test_callable_that_does_not_import_is_a_config_error(userfns):
-    for path, match in (("no_such_module:f", "ModuleNotFoundError"), ("byo_rewards:missing", "AttributeError"),
-                        ("byo_rewards:not_callable", "not a callable")):
+    for path, match in (
+        ("no_such_module:f", "ModuleNotFoundError"),
+        ("byo_rewards:missing", "AttributeError"),
+        ("byo_rewards:not_callable", "not a callable"),
+    ):
         with pytest.raises(ConfigError, match=match):
             build_verifier(VerifierSpec.model_validate(path))
 

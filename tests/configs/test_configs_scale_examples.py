@@ -1,4 +1,5 @@
 """Every example config under configs/scale validates with the current schema."""
+
 from __future__ import annotations
 
 from pathlib import Path

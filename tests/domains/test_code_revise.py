@@ -3,6 +3,7 @@ VISIBLE tests in the sandbox and observes the failure, the model revises; the
 HIDDEN tests, run by the execute step on the last answer, decide the reward.
 The hidden tests never reach an environment step (neither its sandbox request
 nor its observation); `code` stays single-turn."""
+
 from __future__ import annotations
 
 import json
@@ -151,8 +152,14 @@ def test_hidden_tests_decide_the_reward_and_the_parts_are_named():
     env = LOOP.environment()()
     env.reset(task)
     assert env.step(LOOP.wrong(task)).done
-    wrong = LOOP.score(task, Episode(LOOP.wrong(task), (Turn(LOOP.wrong(task), parts={"process": 1.0}),),
-                                     exec_result=LOOP.execute(task, LOOP.wrong(task))))
+    wrong = LOOP.score(
+        task,
+        Episode(
+            LOOP.wrong(task),
+            (Turn(LOOP.wrong(task), parts={"process": 1.0}),),
+            exec_result=LOOP.execute(task, LOOP.wrong(task)),
+        ),
+    )
     assert 0.0 < wrong.value < 1.0 and not wrong.passed and wrong.parts["process"] == 1.0
 
 
@@ -205,8 +212,9 @@ def test_the_visible_answer_table_passes_the_visible_tests_only():
 def test_the_code_domain_run_carries_no_traceback():
     task = get("code").sample(0, "train", 1)
     ran = get("code").execute(task, f"```python\ndef {task.reference.name}(*a):\n    raise ValueError('x')\n```")
-    assert ran.suite == "all" and all(o.kind == "raised" and o.detail == "ValueError" and not o.trace
-                                      for o in ran.outputs)
+    assert ran.suite == "all" and all(
+        o.kind == "raised" and o.detail == "ValueError" and not o.trace for o in ran.outputs
+    )
 
 
 def test_infra_error_in_a_step_raises_sandbox_error(monkeypatch):

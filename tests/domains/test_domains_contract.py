@@ -1,6 +1,7 @@
 """The contract, for every registered domain: the gold answer scores 1.0, a
 wrong answer scores less, tasks land in the split asked for, and two
 processes (with different PYTHONHASHSEED) produce the same tasks."""
+
 from __future__ import annotations
 
 import hashlib

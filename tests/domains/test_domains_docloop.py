@@ -2,6 +2,7 @@
 re-extract. The validator checks form and internal consistency only (it never
 reads the hidden gold fields and never reveals a value); the reward is the final
 object's F1 against the gold."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from posttrain.domains.docfin import DocEnv, validate_fields
 from posttrain.domains.registry import all_domains, get
 from posttrain.types import Episode, Turn
 
-LOOP_DOMAINS = sorted(n for n, d in all_domains().items()
-                      if n.startswith(("doc_", "fin_")) and d.environment() is not None)
+LOOP_DOMAINS = sorted(
+    n for n, d in all_domains().items() if n.startswith(("doc_", "fin_")) and d.environment() is not None
+)
 
 
 def play(domain, task, actions):
@@ -30,8 +32,14 @@ def play(domain, task, actions):
 
 
 def test_the_extraction_domains_are_the_multi_turn_ones():
-    assert LOOP_DOMAINS == ["doc_invoice_fields_md", "doc_invoice_fields_text", "doc_payslip_fields_md",
-                            "doc_payslip_fields_text", "fin_balance_fields", "fin_income_fields"]
+    assert LOOP_DOMAINS == [
+        "doc_invoice_fields_md",
+        "doc_invoice_fields_text",
+        "doc_payslip_fields_md",
+        "doc_payslip_fields_text",
+        "fin_balance_fields",
+        "fin_income_fields",
+    ]
     assert get("doc_invoice_total_md").environment() is None  # one-number questions stay single-turn
     assert all(get(n).budget.turns == 3 for n in LOOP_DOMAINS)
 
@@ -67,8 +75,13 @@ def test_complaints_name_fields_and_rules_never_values():
     got = env.step(f"<answer>{json.dumps(bad)}</answer>")
     assert not got.done and got.parts == {"process": 0.0}
     assert got.observation.startswith("rejected: ")
-    for needle in ("missing field: vendor", "unknown field: note", "date: bad date format (want YYYY-MM-DD)",
-                   "subtotal: not a number", "total does not reconcile with the line items"):
+    for needle in (
+        "missing field: vendor",
+        "unknown field: note",
+        "date: bad date format (want YYYY-MM-DD)",
+        "subtotal: not a number",
+        "total does not reconcile with the line items",
+    ):
         assert needle in got.observation
     numbers = set(re.findall(r"\d+(?:\.\d+)?", got.observation))
     assert numbers <= {"5"}, numbers  # "five digits" aside, no figure at all

@@ -1,6 +1,7 @@
 """Family-specific guarantees: exact and ungameable rg scoring, math answer
 forms (no code evaluation), read-only SQL, field-level F1 for documents
 (the tool world: test_domains_toolworld.py)."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def test_rg_catalog_covers_installed_reasoning_gym():
 
     catalog = rgym._load_catalog()
     assert set(catalog) <= set(DATASETS)
-    registered = {n[len(rgym.PREFIX):] for n in all_domains() if n.startswith(rgym.PREFIX)}
+    registered = {n[len(rgym.PREFIX) :] for n in all_domains() if n.startswith(rgym.PREFIX)}
     assert registered == set(catalog) - set(rgym.EXCLUDED)
     assert len(registered) >= 85
     for reason in rgym.EXCLUDED.values():
@@ -123,16 +124,19 @@ def test_math_roots_accept_any_order():
 # ---- SQL ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("query,reason", [
-    ("DELETE FROM employees", "not authorized"),
-    ("INSERT INTO employees VALUES (999, 'a', 1, 1, 1)", "not authorized"),
-    ("SELECT 1; DROP TABLE employees", "one statement"),
-    ("ATTACH DATABASE '/tmp/x.db' AS x", "not authorized"),
-    ("PRAGMA query_only = OFF", "not authorized"),
-    ("SELECT load_extension('x')", "not authorized"),
-    ("SELECT zeroblob(1000000000)", "too big"),
-    ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", "timeout"),
-])
+@pytest.mark.parametrize(
+    "query,reason",
+    [
+        ("DELETE FROM employees", "not authorized"),
+        ("INSERT INTO employees VALUES (999, 'a', 1, 1, 1)", "not authorized"),
+        ("SELECT 1; DROP TABLE employees", "one statement"),
+        ("ATTACH DATABASE '/tmp/x.db' AS x", "not authorized"),
+        ("PRAGMA query_only = OFF", "not authorized"),
+        ("SELECT load_extension('x')", "not authorized"),
+        ("SELECT zeroblob(1000000000)", "too big"),
+        ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c", "timeout"),
+    ],
+)
 def test_sql_model_query_is_read_only_and_bounded(query, reason):
     d = get("sql_filter_company")
     task = d.sample(0, "train", 1)

@@ -1,4 +1,5 @@
 """geo_*: model scripts run in the sandbox; the mesh is checked, never the text."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,10 @@ def test_trimesh_stl_output_is_accepted():
 
 
 def test_non_watertight_mesh_scores_zero():
-    body = ("import numpy as np\nnp.savez('out.npz', vertices=np.array([[0,0,0],[1,0,0],[0,1,0]], float), "
-            "faces=np.array([[0,1,2]]))")
+    body = (
+        "import numpy as np\nnp.savez('out.npz', vertices=np.array([[0,0,0],[1,0,0],[0,1,0]], float), "
+        "faces=np.array([[0,1,2]]))"
+    )
     _, s = _score("geo_box", body)
     assert s.value == 0.0 and s.parts["watertight"] == 0.0
 
@@ -46,7 +49,7 @@ def test_missing_hole_fails_genus_but_keeps_partial_credit():
     body = (
         f"import numpy as np\nfrom manifold3d import Manifold\nshape = Manifold.cube([{x}, {y}, {z}])\n"
         + "mesh = shape.to_mesh()\nnp.savez('out.npz', vertices=np.asarray(mesh.vert_properties)[:, :3], "
-          "faces=np.asarray(mesh.tri_verts))"
+        "faces=np.asarray(mesh.tri_verts))"
     )
     s = d.score(task, Episode(f"```python\n{body}\n```"))
     assert s.parts["genus"] == 0.0 and s.parts["bbox"] == 1.0 and 0.0 < s.value < 1.0 and not s.passed

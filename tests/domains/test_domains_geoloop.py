@@ -2,6 +2,7 @@
 adjust; done when every constraint holds. The reward comes from the final check
 (the domain's execute step on the last script, then the verifier), never from an
 observation."""
+
 from __future__ import annotations
 
 import re
@@ -58,8 +59,9 @@ def test_the_report_says_what_to_adjust_and_the_fix_scores_one():
 def test_failures_are_reported_not_raised_and_the_budget_ends_the_episode():
     d = get("geo_box")
     task = d.sample(0, "train", 1)
-    episode, done = play(d, task, ["no code here", "```python\nraise SystemExit(3)\n```",
-                                   "```python\nprint('done')\n```", d.gold(task)])
+    episode, done = play(
+        d, task, ["no code here", "```python\nraise SystemExit(3)\n```", "```python\nprint('done')\n```", d.gold(task)]
+    )
     assert not done and len(episode.turns) == 3  # the gold came too late
     assert "exit code 3" in episode.turns[1].observation
     assert episode.turns[2].observation.startswith("no readable mesh")
@@ -71,8 +73,9 @@ def test_verifier_never_reads_observations():
     d = get("geo_box")
     task = d.sample(0, "train", 1)
     cheat = "```python\nprint('done')\n```"
-    forged = Episode(cheat, (Turn(cheat, "watertight: yes ... ok", parts={"process": 1.0}),),
-                     exec_result=d.execute(task, cheat))
+    forged = Episode(
+        cheat, (Turn(cheat, "watertight: yes ... ok", parts={"process": 1.0}),), exec_result=d.execute(task, cheat)
+    )
     assert d.score(task, forged).value == 0.0
 
 

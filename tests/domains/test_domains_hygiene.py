@@ -1,4 +1,5 @@
 """Task-set hygiene: dedupe, contamination report, eval rotation."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """lookup: the gold trajectory scores 1 through the real environment, cheats that skip the
 observation score 0, and the verifier never trusts an observation's text."""
+
 from __future__ import annotations
 
 import pytest

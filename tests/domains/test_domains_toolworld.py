@@ -3,6 +3,7 @@ results as observations, `finish` ends the episode; the verifier replays the
 actions and scores outcome x (0.8 + 0.1 process + 0.1 efficiency). The gold
 trajectory and the gold single action both score 1; the prompt asks for exactly
 what the environment parses."""
+
 from __future__ import annotations
 
 import json
@@ -122,8 +123,9 @@ def test_verifier_never_reads_observations():
     d, task = _task()
     gold = d.gold_turns(task)
     episode, _ = play(d, task, [gold[-1]])  # finish at once
-    forged = Episode(episode.completion, tuple(Turn(t.action, "goal reached", parts={"process": 1.0})
-                                               for t in episode.turns))
+    forged = Episode(
+        episode.completion, tuple(Turn(t.action, "goal reached", parts={"process": 1.0}) for t in episode.turns)
+    )
     assert d.score(task, forged).value == 0.0
 
 

@@ -2,6 +2,7 @@
 text), observations of stdout, stderr and exit code, an explicit `done`; each
 step's end-state check is its execution result, which the verifier reads; the
 declared cheats fail through the loop as they do through a single script."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Registers the test domain `test_scale_short` (rewards short completions) in every
 rank, then runs posttrain.loop.train with the given dotted overrides.
 """
+
 from __future__ import annotations
 
 import sys

@@ -3,6 +3,7 @@ exactly as the pre-tools template did (the demo's prompts do not change), and an
 OpenAI-style assistant `tool_calls` message renders as the same text the model
 sends as a tool-world action, so a served conversation and a training episode
 tokenise alike."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ PRE_TOOLS_TEMPLATE = (  # the template before tool calls existed, verbatim
 CHATS = [
     [{"role": "user", "content": "12+30="}],
     [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a\nb"}],
-    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "{\"name\": \"x\"}"},
-     {"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}],
+    [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": '{"name": "x"}'},
+        {"role": "tool", "content": "ok"},
+        {"role": "user", "content": "again"},
+    ],
     [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
 ]
 
@@ -47,13 +52,22 @@ def test_tool_calls_render_as_the_tool_world_action(tok):
     task = d.sample(0, "train", 2)
     first = d.gold_turns(task)[0]
     call = json.loads(first)
-    openai = {"role": "assistant", "content": None,
-              "tool_calls": [{"id": "c1", "type": "function",
-                              "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]}
+    openai = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+            }
+        ],
+    }
     chat = [{"role": "user", "content": task.prompt[0].content}, openai, {"role": "tool", "content": "[]"}]
     text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    plain = tok.apply_chat_template([chat[0], {"role": "assistant", "content": first}, chat[2]], tokenize=False,
-                                    add_generation_prompt=True)
+    plain = tok.apply_chat_template(
+        [chat[0], {"role": "assistant", "content": first}, chat[2]], tokenize=False, add_generation_prompt=True
+    )
     assert text == plain
     two = dict(openai, tool_calls=[{"function": c} for c in map(json.loads, d.gold_turns(task)[:2])])
     rendered = tok.apply_chat_template([two], tokenize=False).removeprefix("<|assistant|>").removesuffix("<|end|>")
@@ -63,4 +77,4 @@ def test_tool_calls_render_as_the_tool_world_action(tok):
 def test_tool_declarations_render_first_only_when_given(tok):
     tools = [{"type": "function", "function": {"name": "finish", "parameters": {"type": "object"}}}]
     text = tok.apply_chat_template(CHATS[0], tokenize=False, tools=tools)
-    assert text.startswith("<|system|>Tools: [{\"type\": \"function\"") and text.endswith("<|user|>12+30=")
+    assert text.startswith('<|system|>Tools: [{"type": "function"') and text.endswith("<|user|>12+30=")

@@ -1,5 +1,6 @@
 """The hf engine: greedy parity with HF generate, prefix-sharing equivalence,
 seeded determinism, the logprob convention, stopping, bad input, weight updates."""
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,14 @@ def test_greedy_matches_hf_generate_on_a_left_padded_batch(engine, model_tok):
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    ref = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    ref = model.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=24,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     for k, group in enumerate(ours):
         want = ref[k, width:].tolist()
         if tok.eos_token_id in want:
@@ -221,18 +228,21 @@ def test_no_requests_give_no_groups(engine):
     assert engine.generate([]) == []
 
 
-@pytest.mark.parametrize("prompt,params,field", [
-    ((), SamplingParams(), "prompt_ids"),
-    ((5,), SamplingParams(max_tokens=0), "max_tokens"),
-    ((5,), SamplingParams(n=0), "params.n"),
-    ((5,), SamplingParams(temperature=-1), "temperature"),
-    ((5,), SamplingParams(temperature=math.nan), "temperature"),
-    ((5,), SamplingParams(top_p=0), "top_p"),
-    ((5,), SamplingParams(stop=("",)), "stop"),
-    ((5,), SamplingParams(stop="ab"), "params.stop must be a tuple"),
-    ((5, 10_000), SamplingParams(), "prompt_ids"),
-    ((5,) * 512, SamplingParams(), "max_position_embeddings"),
-])
+@pytest.mark.parametrize(
+    "prompt,params,field",
+    [
+        ((), SamplingParams(), "prompt_ids"),
+        ((5,), SamplingParams(max_tokens=0), "max_tokens"),
+        ((5,), SamplingParams(n=0), "params.n"),
+        ((5,), SamplingParams(temperature=-1), "temperature"),
+        ((5,), SamplingParams(temperature=math.nan), "temperature"),
+        ((5,), SamplingParams(top_p=0), "top_p"),
+        ((5,), SamplingParams(stop=("",)), "stop"),
+        ((5,), SamplingParams(stop="ab"), "params.stop must be a tuple"),
+        ((5, 10_000), SamplingParams(), "prompt_ids"),
+        ((5,) * 512, SamplingParams(), "max_position_embeddings"),
+    ],
+)
 def test_bad_requests_raise_a_config_error_naming_the_field(engine, prompt, params, field):
     good = GenerationRequest((5, 6), SamplingParams(max_tokens=2))
     with pytest.raises(ConfigError, match=field) as info:
@@ -365,8 +375,14 @@ def test_models_with_other_layer_types_fall_back_to_the_dynamic_cache():
     assert [x.token_ids for x in a] == [y.token_ids for y in b]
     p = reqs[0].prompt_ids
     ids = torch.tensor([p])
-    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[0, len(p):].tolist()
+    ref = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=16,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )[0, len(p) :].tolist()
     ours = shared.generate([GenerationRequest(p, SamplingParams(max_tokens=16, temperature=0))])[0][0]
     assert list(ours.token_ids) == ref[: len(ours.token_ids)] and len(ours.token_ids) > 1
 

@@ -1,4 +1,5 @@
 """Seeded Gumbel sampling: the hash, exactness of the sampled distribution, top-p."""
+
 from __future__ import annotations
 
 import torch
@@ -53,9 +54,9 @@ def test_top_p_keeps_the_smallest_nucleus():
     logp = torch.log(torch.tensor([[0.15, 0.5, 0.05, 0.3]] * 3))
     kept = torch.isfinite(top_p_mask(logp, torch.tensor([0.45, 0.75, 0.85])))
     assert kept.tolist() == [
-        [False, True, False, False],   # top_p 0.45: only 0.5
-        [False, True, False, True],    # top_p 0.75: 0.5 + 0.3 (0.15 has 0.8 above it)
-        [True, True, False, True],     # top_p 0.85: mass above 0.15 is 0.8 < 0.85
+        [False, True, False, False],  # top_p 0.45: only 0.5
+        [False, True, False, True],  # top_p 0.75: 0.5 + 0.3 (0.15 has 0.8 above it)
+        [True, True, False, True],  # top_p 0.85: mass above 0.15 is 0.8 < 0.85
     ]
 
 
@@ -103,13 +104,20 @@ def test_large_vocabularies_sample_per_row_whatever_the_batch():
     keys = torch.tensor([row_key(1, j) for j in range(6)])
     temp, top_p = torch.tensor([1.0, 0.7, 1.0, 0.0, 1.3, 1.0]), torch.tensor([1.0, 1.0, 0.9, 1.0, 0.95, 0.5])
     together, lps = sample_next(logits, temp, top_p, keys, 3)
-    alone = [sample_next(logits[i:i + 1], temp[i:i + 1], top_p[i:i + 1], keys[i:i + 1], 3)[0].item() for i in range(6)]
+    alone = [
+        sample_next(logits[i : i + 1], temp[i : i + 1], top_p[i : i + 1], keys[i : i + 1], 3)[0].item()
+        for i in range(6)
+    ]
     assert together.tolist() == alone
     assert together[3] == logits[3].argmax()
     other = sample_next(logits, temp, top_p, keys, 4)[0]
     assert other.tolist() != together.tolist()
-    assert torch.allclose(lps, torch.log_softmax(logits / temp.clamp(min=1e-9).where(temp > 0, 1)[:, None], -1)
-                          .gather(-1, together[:, None]).squeeze(-1))
+    assert torch.allclose(
+        lps,
+        torch.log_softmax(logits / temp.clamp(min=1e-9).where(temp > 0, 1)[:, None], -1)
+        .gather(-1, together[:, None])
+        .squeeze(-1),
+    )
 
 
 def test_top_p_looking_at_the_top_k_first_equals_a_full_sort():

@@ -1,5 +1,6 @@
 """Remote inference: a trainer process and a separate `posttrain serve` process run the
 loop with weight updates over HTTP; every rollout's version is within the staleness bound."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,9 +26,18 @@ from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [
-    "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "rollout.dynamic_sampling=false",
-    "eval.tasks_per_domain=4", "eval.max_tokens=6", "run.threads=1", "run.progress=false", "run.checkpoint_every=0",
-    "monitor.report=false", "trainer.lr=1e-2", "tasks.domains={test_scale_short: {difficulty: 1}}",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_tokens=6",
+    "rollout.dynamic_sampling=false",
+    "eval.tasks_per_domain=4",
+    "eval.max_tokens=6",
+    "run.threads=1",
+    "run.progress=false",
+    "run.checkpoint_every=0",
+    "monitor.report=false",
+    "trainer.lr=1e-2",
+    "tasks.domains={test_scale_short: {difficulty: 1}}",
 ]
 
 
@@ -99,9 +109,13 @@ def _serve(model_dir: str) -> Iterator[str]:
     port = _free_port()
     exe = Path(sys.executable).with_name("posttrain")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen([str(exe), "serve", "--model", model_dir, "--port", str(port),
-                             "--set", "canary.probe_domains=[]"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--model", model_dir, "--port", str(port), "--set", "canary.probe_domains=[]"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -149,8 +163,19 @@ def test_loop_against_separate_server_process(tmp_path, micro_base, lora, short_
 
     with _serve(micro_base) as url:
         extra = ["trainer.lora={rank: 4, alpha: 8}"] if lora else []
-        cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=remote",
-                                 "run.steps=3", "engine.type=openai", f"engine.url={url}/v1", *extra])
+        cfg = load_config(
+            None,
+            [
+                *TINY,
+                f"model.path={micro_base}",
+                f"run.out_dir={tmp_path}",
+                "run.name=remote",
+                "run.steps=3",
+                "engine.type=openai",
+                f"engine.url={url}/v1",
+                *extra,
+            ],
+        )
         result = train(cfg, log=lambda *_: None)
         _check_versions(result.run_dir, url, cfg.pipeline.max_staleness)
         synced = sorted((result.run_dir / "weights").iterdir())
@@ -167,9 +192,18 @@ def test_fsdp_loop_under_torchrun_against_server(tmp_path, micro_base):
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     with _serve(micro_base) as url:
-        overrides = [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=fsdp", "run.steps=3",
-                     "run.checkpoint_every=2", "engine.type=openai", f"engine.url={url}/v1", "trainer.fsdp=true",
-                     "model.device=cpu"]
+        overrides = [
+            *TINY,
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=fsdp",
+            "run.steps=3",
+            "run.checkpoint_every=2",
+            "engine.type=openai",
+            f"engine.url={url}/v1",
+            "trainer.fsdp=true",
+            "model.device=cpu",
+        ]
         proc = subprocess.run(
             [
                 str(torchrun),
@@ -215,8 +249,17 @@ def test_loop_in_process_with_lora(tmp_path, micro_base, short_domain):
     from posttrain.loop import train
     from posttrain.trainer.checkpoint import latest_checkpoint
 
-    cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=lora",
-                             "run.steps=2", "trainer.lora={rank: 4, alpha: 8}"])
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=lora",
+            "run.steps=2",
+            "trainer.lora={rank: 4, alpha: 8}",
+        ],
+    )
     result = train(cfg, log=lambda *_: None)
     rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
     assert rows[-1]["engine_version"] >= 1 and rows[-1]["engine_dropped_stale"] == 0

@@ -6,6 +6,7 @@ training (first observation in the prompt, the environment stepped by envs.drive
 execute stage, the verifier) scores 1.0. Single-turn domains: the single gold
 completion, through the same Pipeline, scores 1.0.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,9 +38,7 @@ class GoldEngine(ScriptedEngine):
     the context, the turn is the number of assistant turns already in it."""
 
     def __init__(self, tasks):
-        self.heads = sorted(
-            ((self._head(t), DOMAINS[t.domain].gold_turns(t)) for t in tasks), key=lambda x: -len(x[0])
-        )
+        self.heads = sorted(((self._head(t), DOMAINS[t.domain].gold_turns(t)) for t in tasks), key=lambda x: -len(x[0]))
         super().__init__(self.gold)
 
     @staticmethod
@@ -50,7 +49,7 @@ class GoldEngine(ScriptedEngine):
         head, turns = next((head, g) for head, g in self.heads if context.startswith(head))
         # assistant turns already taken: the context after the prompt holds one
         # `<|assistant|>` per earlier turn plus the generation prompt of this one
-        k = context[len(head):].count("<|assistant|>") - 1
+        k = context[len(head) :].count("<|assistant|>") - 1
         return turns[min(k, len(turns) - 1)]
 
 
@@ -78,6 +77,9 @@ def test_gold_trajectory_scores_1_through_the_training_pipeline(name):
 
 def test_single_gold_completion_scores_1_through_the_training_pipeline():
     tasks = [t for n in SINGLE for t in _tasks(n)]
-    bad = [(r.task.id, r.error or r.score.reason) for r in _train_path(tasks)
-           if r.error is not None or r.reward != 1.0 or not r.score.passed]
+    bad = [
+        (r.task.id, r.error or r.score.reason)
+        for r in _train_path(tasks)
+        if r.error is not None or r.reward != 1.0 or not r.score.passed
+    ]
     assert not bad

@@ -1,5 +1,6 @@
 """The episode driver (`envs.driver.play`): first observation in the prompt, turns through the
 chat template, loss only on the model's tokens, turns recorded with parts and exec_result."""
+
 from __future__ import annotations
 
 import sys
@@ -53,8 +54,13 @@ class LookupDomain(Domain):
     verifier = LookupVerifier()
 
     def sample(self, index, split, difficulty):
-        return Task(f"lk:{index}", self.name, (Message("user", "Read the secret, then answer it."),),
-                    str(100 + index), TaskMeta(split, 1, "test", "1"))
+        return Task(
+            f"lk:{index}",
+            self.name,
+            (Message("user", "Read the secret, then answer it."),),
+            str(100 + index),
+            TaskMeta(split, 1, "test", "1"),
+        )
 
     def gold(self, task):
         return f"answer {task.reference}"

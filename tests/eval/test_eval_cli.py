@@ -1,12 +1,20 @@
 """`posttrain eval` on a stored held-out set reruns to identical JSON; `posttrain compare` marks deltas."""
+
 from __future__ import annotations
 
 import json
 
 from posttrain.cli import main
 
-SMALL = ["tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}", "eval.tasks_per_domain=12",
-         "eval.max_tokens=6", "eval.samples=4", "eval.k=[1,2,4]", "eval.above_tasks=4", "run.threads=1"]
+SMALL = [
+    "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
+    "eval.tasks_per_domain=12",
+    "eval.max_tokens=6",
+    "eval.samples=4",
+    "eval.k=[1,2,4]",
+    "eval.above_tasks=4",
+    "run.threads=1",
+]
 
 
 def test_eval_rerun_on_stored_set_gives_identical_json(tmp_path, micro_base, capsys):
@@ -14,8 +22,22 @@ def test_eval_rerun_on_stored_set_gives_identical_json(tmp_path, micro_base, cap
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     assert main(["eval", *SMALL, "--model", micro_base, "--save-heldout", str(held), "--json", str(first)]) == 0
     # a different config size: the stored set wins, so the items (and the JSON) are the same
-    assert main(["eval", *SMALL, "eval.tasks_per_domain=3", "--model", micro_base, "--heldout", str(held),
-                 "--json", str(second)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                *SMALL,
+                "eval.tasks_per_domain=3",
+                "--model",
+                micro_base,
+                "--heldout",
+                str(held),
+                "--json",
+                str(second),
+            ]
+        )
+        == 0
+    )
     assert first.read_bytes() == second.read_bytes()
     data = json.loads(first.read_text())
     assert data["domains"]["add"]["n"] == len(data["domains"]["add"]["items"]) == 12

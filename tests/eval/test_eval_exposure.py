@@ -1,4 +1,5 @@
 """The exposure check flags a base that memorised the held-out answers, and not a clean one."""
+
 from __future__ import annotations
 
 import random

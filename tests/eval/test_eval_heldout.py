@@ -1,4 +1,5 @@
 """Held-out sets: distinct items, honest n, storage and rerun, rotation, strict verifiers, infra errors."""
+
 from __future__ import annotations
 
 import pytest

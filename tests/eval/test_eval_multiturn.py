@@ -1,5 +1,6 @@
 """Evaluation in the mode of training: multi-turn domains are played as episodes by the episode
 driver, and pass@turn-k (passed using at most k turns) is reported; single-turn domains unchanged."""
+
 from __future__ import annotations
 
 import re

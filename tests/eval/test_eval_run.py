@@ -1,5 +1,6 @@
 """Evaluation inside `posttrain train`: on by default during training, stored held-out set,
 checks in every run, probes apart, curves with intervals in the report."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,24 @@ import json
 from posttrain.configs import load_config
 from posttrain.metrics_log import read_metrics
 
-RUN = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.max_tokens=6",
-       "eval.tasks_per_domain=10", "eval.subset_tasks=6", "eval.rotation_tasks=3", "eval.samples=2", "eval.k=[1,2]",
-       "eval.above_tasks=4", "eval.exposure_tasks=8", "eval.contamination_train_tasks=40", "run.threads=1",
-       "run.progress=false", "tasks.domains={add: {difficulty: 1}}", "eval.transfer_domains={reverse: 1}"]
+RUN = [
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_tokens=6",
+    "eval.max_tokens=6",
+    "eval.tasks_per_domain=10",
+    "eval.subset_tasks=6",
+    "eval.rotation_tasks=3",
+    "eval.samples=2",
+    "eval.k=[1,2]",
+    "eval.above_tasks=4",
+    "eval.exposure_tasks=8",
+    "eval.contamination_train_tasks=40",
+    "run.threads=1",
+    "run.progress=false",
+    "tasks.domains={add: {difficulty: 1}}",
+    "eval.transfer_domains={reverse: 1}",
+]
 
 
 def test_default_eval_is_periodic():
@@ -22,8 +37,17 @@ def test_default_eval_is_periodic():
 def test_run_evaluates_during_training_and_reports(tmp_path, micro_base):
     from posttrain.loop import train
 
-    cfg = load_config(None, [*RUN, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=r",
-                             "run.steps=4", "eval.every_steps=2"])
+    cfg = load_config(
+        None,
+        [
+            *RUN,
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=r",
+            "run.steps=4",
+            "eval.every_steps=2",
+        ],
+    )
     lines: list[str] = []
     result = train(cfg, log=lines.append)
     run = result.run_dir
@@ -54,9 +78,20 @@ def test_resume_with_periodic_evals_matches_uninterrupted(tmp_path, micro_base):
     from posttrain.loop import train
 
     def cfg(name, steps):
-        return load_config(None, [*RUN, f"model.path={micro_base}", f"run.out_dir={tmp_path}", f"run.name={name}",
-                                  f"run.steps={steps}", "eval.every_steps=1", "run.checkpoint_every=2",
-                                  "tasks.domains={add: {}, reverse: {}}", "eval.transfer_domains={}"])
+        return load_config(
+            None,
+            [
+                *RUN,
+                f"model.path={micro_base}",
+                f"run.out_dir={tmp_path}",
+                f"run.name={name}",
+                f"run.steps={steps}",
+                "eval.every_steps=1",
+                "run.checkpoint_every=2",
+                "tasks.domains={add: {}, reverse: {}}",
+                "eval.transfer_domains={}",
+            ],
+        )
 
     full = train(cfg("full", 4), log=lambda *_: None)
     part = train(cfg("part", 2), log=lambda *_: None)

@@ -1,4 +1,5 @@
 """Interval arithmetic against hand derivations."""
+
 from __future__ import annotations
 
 import math

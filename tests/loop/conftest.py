@@ -1,4 +1,5 @@
 """Fixtures of the loop tests."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,10 +20,15 @@ def parity_domain(monkeypatch):
         def score(self, task, episode):
             return Score(float(len(episode.completion) % 2), reason="" if len(episode.completion) % 2 else "even")
 
-    cls = type("parity", (ProceduralDomain,), {
-        "name": "parity", "category": "test",
-        "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 999)}+{rng.randint(0, 999)}=", "0"),
-    })
+    cls = type(
+        "parity",
+        (ProceduralDomain,),
+        {
+            "name": "parity",
+            "category": "test",
+            "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 999)}+{rng.randint(0, 999)}=", "0"),
+        },
+    )
     dom = cls()
     dom.verifier = Parity()
     monkeypatch.setitem(registry._REGISTRY, "parity", dom)

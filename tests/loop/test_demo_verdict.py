@@ -1,4 +1,5 @@
 """The one-line verdict `make demo` ends with: PASS only when the held-out gain and every domain hold."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,9 @@ from posttrain.model.demo import main, verdict
 
 def test_pass_names_the_figures():
     ok, line = verdict({"add": 0.2, "sort": 0.1}, {"add": 0.6, "sort": 0.3})
-    assert ok and line == ("demo: PASS held-out mean 0.15 -> 0.45 (+0.30), 2/2 domains improved, "
-                           "no domain fell more than 2 points")
+    assert ok and line == (
+        "demo: PASS held-out mean 0.15 -> 0.45 (+0.30), 2/2 domains improved, no domain fell more than 2 points"
+    )
 
 
 def test_small_gain_fails_with_why():
@@ -34,8 +36,11 @@ def test_cli_reads_the_run_and_sets_the_exit_code(tmp_path, capsys):
 
 def test_an_infra_only_domain_fails_and_the_gain_interval_is_shown(tmp_path, capsys):
     table = lambda accs: {"domains": {d: {"accuracy": a} for d, a in accs.items()}}  # noqa: E731
-    run = {"before": table({"add": 0.1, "sort": 0.2}), "after": table({"add": 0.7, "sort": 0.8}),
-           "deltas": {"mean": {"delta": 0.6, "ci": [0.5, 0.7]}}}
+    run = {
+        "before": table({"add": 0.1, "sort": 0.2}),
+        "after": table({"add": 0.7, "sort": 0.8}),
+        "deltas": {"mean": {"delta": 0.6, "ci": [0.5, 0.7]}},
+    }
     (tmp_path / "eval.json").write_text(json.dumps(run))
     assert main([str(tmp_path)]) == 0 and "(95% interval of the gain +0.50 to +0.70)" in capsys.readouterr().out
     run["after"]["domains"]["sort"]["accuracy"] = None

@@ -1,4 +1,5 @@
 """Config: sparse YAML, dotted overrides, one clear error naming the field."""
+
 from __future__ import annotations
 
 import pytest
@@ -81,7 +82,9 @@ def test_help_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from posttrain.cli import build_parser; build_parser(); "
-            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    code = (
+        "import sys; from posttrain.cli import build_parser; build_parser(); "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"

@@ -63,10 +63,12 @@ def test_resume_matches_uninterrupted(tmp_path, micro_base, parity_domain):
 
     from posttrain.loop import train
 
-    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", "run.checkpoint_every=2", parity_domain),
-                 log=lambda *_: None)
-    part = train(_cfg(tmp_path, micro_base, "part", "run.steps=2", "run.checkpoint_every=2", parity_domain),
-                 log=lambda *_: None)
+    full = train(
+        _cfg(tmp_path, micro_base, "full", "run.steps=4", "run.checkpoint_every=2", parity_domain), log=lambda *_: None
+    )
+    part = train(
+        _cfg(tmp_path, micro_base, "part", "run.steps=2", "run.checkpoint_every=2", parity_domain), log=lambda *_: None
+    )
     # extend the interrupted run to 4 steps and resume it
     cfg_path = part.run_dir / "config.yaml"
     cfg_path.write_text(cfg_path.read_text().replace("steps: 2", "steps: 4"))

@@ -1,6 +1,7 @@
 """Rollouts and trainer rows meet by rollout id, never by position: the trace holds the
 advantage the loss used (scored empty completions too), a reordered batch changes nothing,
 and checkpoints are named by the loop step."""
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,9 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     assert got[infra]["train_step"] is None and got[infra]["advantage"] is None
 
 
-def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_path, micro_base, monkeypatch,
-                                                                          parity_domain):
+def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(
+    tmp_path, micro_base, monkeypatch, parity_domain
+):
     import posttrain.loop as loop
     from posttrain.loop import train
     from posttrain.trainer.trainer import Trainer
@@ -98,8 +100,18 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_pa
 
     def links(run_dir):
         out = TraceStore(run_dir / "trace.db").recent(1000)
-        return sorted((r["group_id"], r["completion"], r["reward"], r["train_step"], r["ratio"] is None,
-                       r["advantage"] or 0.0, r["ratio"] or 0.0) for r in out)
+        return sorted(
+            (
+                r["group_id"],
+                r["completion"],
+                r["reward"],
+                r["train_step"],
+                r["ratio"] is None,
+                r["advantage"] or 0.0,
+                r["ratio"] or 0.0,
+            )
+            for r in out
+        )
 
     la, lb = links(plain.run_dir), links(reordered.run_dir)
     assert [x[:5] for x in la] == [x[:5] for x in lb]  # same rollouts, rewards, consuming steps, loss rows
@@ -108,8 +120,9 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(tmp_pa
     assert any(x[4] is False for x in la) and any(x[5] != 0 for x in la)  # the run trained
 
 
-def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(tmp_path, micro_base, monkeypatch,
-                                                                        parity_domain):
+def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
+    tmp_path, micro_base, monkeypatch, parity_domain
+):
     import posttrain.loop as loop
     from posttrain.loop import train
     from posttrain.rollout import informative

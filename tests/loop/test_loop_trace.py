@@ -1,4 +1,5 @@
 """TraceStore: WAL, versioned schema, one row per rollout, links to the train step."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -12,9 +13,23 @@ from posttrain.trainer.batch import RolloutLink
 
 def _rec(**kw) -> RolloutRecord:
     base = dict(
-        task_id="add:train:1:0", domain="add", split="train", difficulty=1, taskset_version="v", group_id="1:0",
-        model_version=0, sampling={"temperature": 1.0}, prompt="1+1=", completion="2", completion_tokens=1,
-        finish_reason="stop", reward=1.0, passed=True, parts={"outcome": 1.0}, reason="", verifier="exact_match@1",
+        task_id="add:train:1:0",
+        domain="add",
+        split="train",
+        difficulty=1,
+        taskset_version="v",
+        group_id="1:0",
+        model_version=0,
+        sampling={"temperature": 1.0},
+        prompt="1+1=",
+        completion="2",
+        completion_tokens=1,
+        finish_reason="stop",
+        reward=1.0,
+        passed=True,
+        parts={"outcome": 1.0},
+        reason="",
+        verifier="exact_match@1",
         timings={"generate_s": 0.01},
     )
     base.update(kw)

@@ -1,4 +1,5 @@
 """Multi-turn transcripts in the embedded base's pretraining, and the default demo's base unchanged."""
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,12 @@ def test_transcripts_render_through_the_chat_template_with_loss_on_actions_only(
     task = domain.sample(3, "train", 1)
     key, value = task.reference["key"], task.reference["value"]
     messages = transcript(domain, task)
-    assert messages == [("user", task.prompt[-1].content), ("assistant", f"look:{key}"), ("tool", f"{key}={value}"),
-                        ("assistant", value)]
+    assert messages == [
+        ("user", task.prompt[-1].content),
+        ("assistant", f"look:{key}"),
+        ("tool", f"{key}={value}"),
+        ("assistant", value),
+    ]
     ids, mask = _encode(tok, messages)
     text = tok.decode(ids)
     assert text == tok.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False)

@@ -1,4 +1,5 @@
 """Planted domains for the monitor tests: a letters task whose verifier is hackable."""
+
 from __future__ import annotations
 
 import random
@@ -8,10 +9,18 @@ from posttrain.domains.base import ProceduralDomain, extract_answer
 from posttrain.types import Score
 
 TINY = [
-    "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_tokens=6",
-    "eval.tasks_per_domain=16", "eval.max_tokens=6", "run.threads=1", "run.progress=false",
-    "run.checkpoint_every=0", "monitor.alarms.baseline_steps=3", "monitor.alarms.window=3",
-    "monitor.kl.every_steps=2", "monitor.kl.rows=16",
+    "rollout.prompts_per_step=8",
+    "rollout.group_size=8",
+    "rollout.max_tokens=6",
+    "eval.tasks_per_domain=16",
+    "eval.max_tokens=6",
+    "run.threads=1",
+    "run.progress=false",
+    "run.checkpoint_every=0",
+    "monitor.alarms.baseline_steps=3",
+    "monitor.alarms.window=3",
+    "monitor.kl.every_steps=2",
+    "monitor.kl.rows=16",
 ]
 
 

@@ -45,10 +45,27 @@ def test_capture_keeps_a_posttrain_kind_and_names_the_boundary_otherwise():
 
 
 def _record(i: int, group: str, **kw) -> RolloutRecord:
-    base = dict(task_id=f"t{group}", domain="add", split="train", difficulty=1, taskset_version="v", group_id=group,
-                model_version=0, sampling={}, prompt="1+1=", completion=str(i), completion_tokens=1,
-                finish_reason="stop", reward=1.0, passed=True, parts={}, reason="", verifier="exact_match@1",
-                timings={}, id=f"r{group}{i}")
+    base = dict(
+        task_id=f"t{group}",
+        domain="add",
+        split="train",
+        difficulty=1,
+        taskset_version="v",
+        group_id=group,
+        model_version=0,
+        sampling={},
+        prompt="1+1=",
+        completion=str(i),
+        completion_tokens=1,
+        finish_reason="stop",
+        reward=1.0,
+        passed=True,
+        parts={},
+        reason="",
+        verifier="exact_match@1",
+        timings={},
+        id=f"r{group}{i}",
+    )
     return RolloutRecord(**{**base, **kw})
 
 
@@ -56,11 +73,13 @@ def test_trace_reads_go_through_the_store_read_only(tmp_path):
     db = tmp_path / "trace.db"
     store = TraceStore(db)
     store.write_rollouts([_record(i, "a") for i in range(3)] + [_record(0, "b")])
-    store.write_rollouts([
-        _record(1, "b", exec_result={"status": "ok"}),
-        _record(2, "b", reward=None, passed=None, error_kind="sandbox", error="died"),
-        _record(3, "b", exec_result={"no": "status"}),
-    ])
+    store.write_rollouts(
+        [
+            _record(1, "b", exec_result={"status": "ok"}),
+            _record(2, "b", reward=None, passed=None, error_kind="sandbox", error="died"),
+            _record(3, "b", exec_result={"no": "status"}),
+        ]
+    )
     store.close()
     before = db.read_bytes()
     ro = TraceStore.read_only(db)
@@ -85,13 +104,23 @@ def test_all_infra_domain_is_no_accuracy_in_the_heldout_row(tmp_path):
 
     cfg = load_config(None, ["tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}"])
     metrics = MetricsLog(tmp_path / "metrics.jsonl")
-    mon = Monitor(cfg.monitor, RunContext.of(cfg, tmp_path), TraceStore(tmp_path / "trace.db"), metrics,
-                  TaskPool(cfg.tasks, seed=0), log=lambda *_: None)
-    table = EvalTable(0, {
-        "add": DomainResult("add", 1, 4, None, None, 4, eval_verifier="exact_match+audit+format"),
-        "reverse": DomainResult("reverse", 1, 4, 0.5, 0.5, 0, train_accuracy=0.5,
-                                eval_verifier="exact_match+audit+format"),
-    })
+    mon = Monitor(
+        cfg.monitor,
+        RunContext.of(cfg, tmp_path),
+        TraceStore(tmp_path / "trace.db"),
+        metrics,
+        TaskPool(cfg.tasks, seed=0),
+        log=lambda *_: None,
+    )
+    table = EvalTable(
+        0,
+        {
+            "add": DomainResult("add", 1, 4, None, None, 4, eval_verifier="exact_match+audit+format"),
+            "reverse": DomainResult(
+                "reverse", 1, 4, 0.5, 0.5, 0, train_accuracy=0.5, eval_verifier="exact_match+audit+format"
+            ),
+        },
+    )
     assert mon.after_eval(0, table) == []
     metrics.close()
     (row,) = read_metrics(tmp_path / "metrics.jsonl", "heldout")
@@ -114,8 +143,9 @@ def test_report_draws_no_bar_for_an_all_infra_domain(tmp_path, monkeypatch):
     figs = []
     monkeypatch.setattr(report_html, "_png", lambda fig: figs.append(fig) or "png")
     domains = {"add": {"accuracy": 0.5}, "code": {"accuracy": None}}
-    data = RunData(tmp_path, "", [], [], [], [], [], [], {"before": {"domains": domains},
-                                                          "after": {"domains": domains}})
+    data = RunData(
+        tmp_path, "", [], [], [], [], [], [], {"before": {"domains": domains}, "after": {"domains": domains}}
+    )
     assert report_html._heldout_bars(data) == "png"
     ax = figs[0].axes[0]
     heights = [p.get_height() for p in ax.patches]  # before add, before code, after add, after code

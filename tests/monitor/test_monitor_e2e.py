@@ -4,6 +4,7 @@ collapse, report, explain.
 No test here depends on where a training trajectory happens to go: the collapse is planted
 (`plant_collapse`: from a fixed step the policy's logits are sharpened ~50x), so the alarm
 fires by construction, with a wide margin, on any CPU."""
+
 from __future__ import annotations
 
 import re
@@ -64,8 +65,14 @@ def test_reward_hacking_alarm_fires_with_probe_off(tmp_path, micro_base, planted
     # a 3-letter answer never fits in 2 tokens, so held-out accuracy stays 0 by construction
     plant_digit_hack(monkeypatch, 4)
     result = _train(
-        tmp_path, micro_base, "hack", "run.steps=10", "eval.every_steps=4", "rollout.max_tokens=2",
-        "monitor.probes.enabled=false", "tasks.domains={test_letters: {difficulty: 1}}",
+        tmp_path,
+        micro_base,
+        "hack",
+        "run.steps=10",
+        "eval.every_steps=4",
+        "rollout.max_tokens=2",
+        "monitor.probes.enabled=false",
+        "tasks.domains={test_letters: {difficulty: 1}}",
     )
     (hit, *_) = _alarms(result.run_dir, "reward_hacking")
     # checked at evaluations (steps 4, 8): step 8 is the first whose 3-step recent window is all hacked
@@ -90,8 +97,14 @@ def collapsed(tmp_path_factory, micro_base):
     mp.setitem(registry._REGISTRY, "test_coin", Coin())
     plant_collapse(plant, PLANT)
     try:
-        run_dir = _train(tmp_path_factory.mktemp("runs"), micro_base, "collapse", "run.steps=10",
-                         "monitor.probes.enabled=false", "tasks.domains={test_coin: {difficulty: 1}}").run_dir
+        run_dir = _train(
+            tmp_path_factory.mktemp("runs"),
+            micro_base,
+            "collapse",
+            "run.steps=10",
+            "monitor.probes.enabled=false",
+            "tasks.domains={test_coin: {difficulty: 1}}",
+        ).run_dir
     finally:
         plant.undo()  # the plant ends with this run; the domain stays registered for the report tests
     try:
@@ -111,16 +124,29 @@ def test_entropy_collapse_alarm_on_planted_collapse(collapsed):
 
 
 def test_no_entropy_alarm_at_sane_lr(tmp_path, micro_base, planted):
-    result = _train(tmp_path, micro_base, "sane", "run.steps=10", "monitor.probes.enabled=false",
-                    "tasks.domains={test_coin: {difficulty: 1}}")
+    result = _train(
+        tmp_path,
+        micro_base,
+        "sane",
+        "run.steps=10",
+        "monitor.probes.enabled=false",
+        "tasks.domains={test_coin: {difficulty: 1}}",
+    )
     assert _alarms(result.run_dir, "entropy_collapse") == []
     assert len(read_metrics(result.run_dir / "metrics.jsonl", "monitor")) == 10
 
 
 def test_stop_action_ends_the_run(tmp_path, micro_base, planted, monkeypatch):
     plant_collapse(monkeypatch, PLANT)
-    result = _train(tmp_path, micro_base, "stop", "run.steps=12", "monitor.probes.enabled=false",
-                    "monitor.alarms.entropy_collapse.action=stop", "tasks.domains={test_coin: {difficulty: 1}}")
+    result = _train(
+        tmp_path,
+        micro_base,
+        "stop",
+        "run.steps=12",
+        "monitor.probes.enabled=false",
+        "monitor.alarms.entropy_collapse.action=stop",
+        "tasks.domains={test_coin: {difficulty: 1}}",
+    )
     (hit,) = _alarms(result.run_dir, "entropy_collapse")
     assert result.steps == hit["step"] <= FIRST_FULL_WINDOW < 12
     assert [r["step"] for r in read_metrics(result.run_dir / "metrics.jsonl", "train")][-1] == hit["step"]
@@ -211,8 +237,11 @@ def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted, m
         return out
 
     monkeypatch.setattr(loop, "apply_actions", recording)
-    extra = ["monitor.probes.enabled=false", "monitor.alarms.entropy_collapse.action=lower_weight",
-             "tasks.domains={test_coin: {difficulty: 1}, reverse: {difficulty: 1}}"]
+    extra = [
+        "monitor.probes.enabled=false",
+        "monitor.alarms.entropy_collapse.action=lower_weight",
+        "tasks.domains={test_coin: {difficulty: 1}, reverse: {difficulty: 1}}",
+    ]
     full = _train(tmp_path, micro_base, "full", "run.steps=8", *extra)
     # every lower_weight alarm reached the pool through the loop: weight 1 -> 0.5 per firing
     assert [d for d, _ in applied] == [a["domain"] for a in _alarms(full.run_dir, "entropy_collapse")]

@@ -1,4 +1,5 @@
 """Optional loggers: TensorBoard event files, W&B offline runs, clear errors when a package is missing."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """The report of a run without monitor rows still renders, says what is missing, and escapes run text."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The trainer's per-rollout ratio and clip share (by rollout id), as the trace and the monitor read them."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,7 +42,9 @@ def test_row_stats_match_the_step_and_the_clip_rule(micro_base):
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits.float().log_softmax(-1)
     own = (float(logits[0, 2, 8]), float(logits[0, 3, 9]))
-    on_policy = [TrainRow((5, 6, 7), (8, 9), own, 1.0, "c", (1, 1), rollout_id="p"),
-                 TrainRow((5, 6, 7), (8, 9), own, 0.0, "c", (1, 1), rollout_id="q")]
+    on_policy = [
+        TrainRow((5, 6, 7), (8, 9), own, 1.0, "c", (1, 1), rollout_id="p"),
+        TrainRow((5, 6, 7), (8, 9), own, 0.0, "c", (1, 1), rollout_id="q"),
+    ]
     links = trainer.step(TrainBatch(tuple(on_policy))).rollouts
     assert [(links[r].ratio, links[r].clipped) for r in ("p", "q")] == [pytest.approx((1.0, 0.0), abs=1e-5)] * 2

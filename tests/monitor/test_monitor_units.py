@@ -1,4 +1,5 @@
 """Monitor parts without a model: diversity measures, probes and audits, alarm detectors, actions."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,9 +85,26 @@ def test_probe_catches_the_digit_hack():
 
 
 def _sig(**kw) -> DomainSignals:
-    base = dict(rollouts=8, scored=8, reward_mean=0.3, reward_std=0.4, pass_rate=0.3, entropy=2.0, distinct_answers=0.8,
-                distinct_n=0.6, edit_distance=0.7, length_mean=4.0, truncated_share=0.0, adv_mean=0.0, adv_std=1.0,
-                ratio_mean=1.0, clip_share=0.0, groups=1, filtered_share=0.0, infra_error_rate=0.0)
+    base = dict(
+        rollouts=8,
+        scored=8,
+        reward_mean=0.3,
+        reward_std=0.4,
+        pass_rate=0.3,
+        entropy=2.0,
+        distinct_answers=0.8,
+        distinct_n=0.6,
+        edit_distance=0.7,
+        length_mean=4.0,
+        truncated_share=0.0,
+        adv_mean=0.0,
+        adv_std=1.0,
+        ratio_mean=1.0,
+        clip_share=0.0,
+        groups=1,
+        filtered_share=0.0,
+        infra_error_rate=0.0,
+    )
     return DomainSignals(**{**base, **kw})
 
 
@@ -145,8 +163,13 @@ def test_reward_hacking_and_domain_regression_at_evaluations():
         )
         == []
     )
-    g = History(evals=[(0, {"add": 0.5, "sub": 0.2, "mul": 0.2}), (10, {"add": 0.6, "sub": 0.3, "mul": 0.3}),
-                       (20, {"add": 0.4, "sub": 0.5, "mul": 0.5})])
+    g = History(
+        evals=[
+            (0, {"add": 0.5, "sub": 0.2, "mul": 0.2}),
+            (10, {"add": 0.6, "sub": 0.3, "mul": 0.3}),
+            (20, {"add": 0.4, "sub": 0.5, "mul": 0.5}),
+        ]
+    )
     assert _kinds(g, EVAL_DETECTORS) == {("domain_regression", "add")}
     # add's drop 0.6 -> 0.4 on 50 items each is within noise: 1.96 * sqrt(.24/50 + .24/50) = 0.192 < 0.2,
     # so still an alarm; on 30 items each the margin is 0.248 > 0.2 and nothing fires

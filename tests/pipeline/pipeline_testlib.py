@@ -1,4 +1,5 @@
 """Fakes at the engine seam for pipeline tests (the real HF engine is tested in tests/engine)."""
+
 from __future__ import annotations
 
 import threading
@@ -17,8 +18,14 @@ class ScriptedEngine:
 
     END = 3
 
-    def __init__(self, policy: Callable[[str, int], str], delay_s: float = 0.0, fail_first: int = 0,
-                 hang_first: int = 0, hang_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        policy: Callable[[str, int], str],
+        delay_s: float = 0.0,
+        fail_first: int = 0,
+        hang_first: int = 0,
+        hang_s: float = 0.0,
+    ) -> None:
         self.policy = policy
         self.version = 0
         self.eos_token_id = self.END

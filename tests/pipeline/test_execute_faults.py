@@ -8,6 +8,7 @@ The faults sit at the runner seam: `DomainExecute.runner` for the execute stage,
 the process-wide pool (`sandbox.get_pool`, which environment steps use) for the
 steps. Each fault is what the pool gives when a worker dies (an infra_error
 result) or when no worker is free (SandboxError)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -133,8 +134,9 @@ def _run(task, execute: DomainExecute, n: int = 2, policy=None):
     engine = ScriptedEngine(policy or gold_policy([task]))
 
     async def go():
-        async with Pipeline(cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=n, max_tokens=4096), sched,
-                            seed=1) as p:
+        async with Pipeline(
+            cfg, EmbeddedWorkers(engine, execute), SamplingParams(n=n, max_tokens=4096), sched, seed=1
+        ) as p:
             return await p.run_groups([task]), p.stats()
 
     (group,), stats = asyncio.run(go())

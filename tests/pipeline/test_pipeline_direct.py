@@ -1,5 +1,6 @@
 """The direct path (pipeline/direct.py) against the staged pipeline: the same groups, samples,
 rewards, masks and counters for the same tasks and seeds; and when it is (not) taken."""
+
 from __future__ import annotations
 
 import pytest
@@ -84,8 +85,9 @@ def test_a_failing_cheap_verifier_is_masked_and_pauses_its_domain_the_same_way(r
     assert sum(c["pipe_paused_skipped"] for _, c in direct[1:]) > 0  # paused after its first failure
 
 
-@pytest.mark.parametrize("why", ["code domain", "no cheap verifier", "processes", "execute fn", "off", "timeout",
-                                 "off-policy"])
+@pytest.mark.parametrize(
+    "why", ["code domain", "no cheap verifier", "processes", "execute fn", "off", "timeout", "off-policy"]
+)
 def test_the_staged_pipeline_runs_whenever_the_direct_path_could_differ(why, raising_domain):
     domains, cfg, workers_kw = ("add", "reverse"), {}, {}
     if why == "code domain":

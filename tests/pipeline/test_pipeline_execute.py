@@ -2,6 +2,7 @@
 sandbox), the verifier reads its result and makes no sandbox call, a sandbox fault is
 retried and then masked and counted (never scored 0), the trace row carries the
 execution result and `trace explain` shows it; per-domain token budgets."""
+
 from __future__ import annotations
 
 import asyncio
@@ -59,8 +60,9 @@ def _run(tasks, n=2, cfg=None, engine=None, budgets=None, params=None):
     cfg = cfg or PipelineConfig(**FAST)
     domains = sorted({t.domain for t in tasks})
     events = []
-    sched = Scheduler(cfg, {d: 1.0 for d in domains}, {d: "short" for d in domains},
-                      lambda kind, msg, dom, data: events.append(kind))
+    sched = Scheduler(
+        cfg, {d: 1.0 for d in domains}, {d: "short" for d in domains}, lambda kind, msg, dom, data: events.append(kind)
+    )
     engine = engine or ScriptedEngine(gold_or_wrong(tasks))
     params = params or SamplingParams(n=n, max_tokens=4096)
 
@@ -277,7 +279,7 @@ def test_sandbox_section_caps_each_domains_requests(monkeypatch):
     execute = DomainExecute(None, cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, {"code": 3.0})
     task = get("code").sample(0, "train", 1)
     ran = execute(task, Completion((), (), get("code").gold(task), (), "stop", 0))
-    (limits, domain), = seen
+    ((limits, domain),) = seen
     assert domain == "code" and limits.memory_bytes == 128 << 20 and limits.wall_s == limits.cpu_s == 3.0
     assert isinstance(ran, CodeRun) and ran.status == "ok"
     assert execute(get("add").sample(0, "train", 1), Completion((), (), "1", (), "stop", 0)) is None  # no execute step

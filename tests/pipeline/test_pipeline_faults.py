@@ -1,4 +1,5 @@
 """Infra faults in each stage: retried or masked and counted, never scored 0; the pipeline goes on."""
+
 from __future__ import annotations
 
 import asyncio
@@ -109,11 +110,19 @@ def test_sandbox_that_stays_down_is_masked_as_sandbox_error():
 def test_raising_verifier_masks_pauses_domain_with_alarm(raising_domain):
     dom = raising_domain("test_flaky_verifier")
     events = []
-    cfg = PipelineConfig(degrade_after=3, degrade_cooldown_s=3600, execute_workers=1, verify_workers=1, max_inflight=2,
-                         min_inflight=1, long_slots=0)
+    cfg = PipelineConfig(
+        degrade_after=3,
+        degrade_cooldown_s=3600,
+        execute_workers=1,
+        verify_workers=1,
+        max_inflight=2,
+        min_inflight=1,
+        long_slots=0,
+    )
     tasks = [dom.sample(i, "train", 1) for i in range(10)] + [get("add").sample(0, "train", 1)]
-    results, stats, sched = _run(tasks, ScriptedEngine(answer_policy), cfg, events=lambda *e: events.append(e),
-                                 domains=(dom.name, "add"))
+    results, stats, sched = _run(
+        tasks, ScriptedEngine(answer_policy), cfg, events=lambda *e: events.append(e), domains=(dom.name, "add")
+    )
     flaky = [g for g in results[:10] if g is not None]
     # at most max_inflight groups were admitted past the third failure before the pause
     assert 3 <= len(flaky) <= 5 and stats.counters["paused_skipped"] == 10 - len(flaky)

@@ -1,4 +1,5 @@
 """The closed loop's rollout step through the pipeline: per-step stats in metrics and trace, replacement."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,14 @@ from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
 TINY = [
-    "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_tokens=6", "eval.tasks_per_domain=4",
-    "eval.max_tokens=6", "run.threads=1", "run.progress=false", "monitor.report=false",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_tokens=6",
+    "eval.tasks_per_domain=4",
+    "eval.max_tokens=6",
+    "run.threads=1",
+    "run.progress=false",
+    "monitor.report=false",
     "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
 ]
 
@@ -18,8 +25,18 @@ TINY = [
 def test_loop_records_pipeline_stats_and_replaces_filtered_groups(tmp_path, micro_base, direct):
     from posttrain.loop import train
 
-    cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=pipe",
-                             "run.steps=2", "pipeline.replace_rounds=1", f"pipeline.direct={direct}"])
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=pipe",
+            "run.steps=2",
+            "pipeline.replace_rounds=1",
+            f"pipeline.direct={direct}",
+        ],
+    )
     result = train(cfg, log=lambda *_: None)
     rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2]
@@ -41,8 +58,18 @@ def test_loop_off_policy_overlaps_generation_with_staleness_bound(tmp_path, micr
 
     from posttrain.loop import train
 
-    cfg = load_config(None, [*TINY, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=ahead",
-                             "run.steps=3", "pipeline.max_staleness=1", "rollout.dynamic_sampling=false"])
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=ahead",
+            "run.steps=3",
+            "pipeline.max_staleness=1",
+            "rollout.dynamic_sampling=false",
+        ],
+    )
     result = train(cfg, log=lambda *_: None)
     assert not any(t.name == "rollout-pipeline" for t in threading.enumerate())  # the background loop was closed
     rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
@@ -83,8 +110,14 @@ def test_ahead_mode_drops_groups_beyond_the_staleness_bound():
         seen = []
         for step, bumps in ((1, 1), (2, 2), (3, 1), (4, 0)):
             groups, stats = rollouts.sample(pool.draw(4), params, step)
-            seen.append((len(groups), stats["pipe_dropped_stale"], stats["pipe_staleness_max"],
-                         {g[0].group_id.split(":")[0] for g in groups}))
+            seen.append(
+                (
+                    len(groups),
+                    stats["pipe_dropped_stale"],
+                    stats["pipe_staleness_max"],
+                    {g[0].group_id.split(":")[0] for g in groups},
+                )
+            )
             driver.version += bumps
     finally:
         rollouts.close()

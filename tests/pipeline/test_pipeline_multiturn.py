@@ -1,5 +1,6 @@
 """Multi-turn episodes through the pipeline (envs.driver): a coding loop on the real sandbox and a
 lookup world, both small Environments defined here."""
+
 from __future__ import annotations
 
 import asyncio
@@ -103,8 +104,11 @@ def coding_policy(context: str, j: int) -> str:
 def _run(domain, policy, tasks, n=4, execute=None, engine=None):
     cfg = PipelineConfig(execute_workers=2, backoff_s=0.0)
     sched = Scheduler(cfg, {domain.name: 1.0}, {domain.name: "short"})
-    workers = EmbeddedWorkers(engine or ScriptedEngine(policy), execute) if execute else EmbeddedWorkers(
-        engine or ScriptedEngine(policy))
+    workers = (
+        EmbeddedWorkers(engine or ScriptedEngine(policy), execute)
+        if execute
+        else EmbeddedWorkers(engine or ScriptedEngine(policy))
+    )
 
     async def go():
         async with Pipeline(cfg, workers, SamplingParams(n=n, max_tokens=200), sched, seed=1) as p:
@@ -158,8 +162,6 @@ def test_coding_loop_loss_mask_covers_only_model_tokens(fixcode):
         assert row.n_loss_tokens == sum(mask) < len(ids)
 
 
-
-
 def test_trace_explain_shows_each_turn_program_result_and_verdict(fixcode, tmp_path):
     from posttrain.loop import _record
     from posttrain.trace import TraceStore
@@ -176,6 +178,7 @@ def test_trace_explain_shows_each_turn_program_result_and_verdict(fixcode, tmp_p
     assert "-- turn 1: execution result" in out and "NameError" in out
     assert "turn 3 reward parts: process=1.0000" in out and "turn 1 reward parts: process=0.0000" in out
     assert "-- verifier final_attempt@1" in out and "reward 1.0000  passed yes" in out
+
 
 class Lookup:
     """The value is only reachable through the world: reset shows the keys, `get KEY`
@@ -225,8 +228,13 @@ class LookupWorld(Domain):
     verifier = LookupVerifier()
 
     def sample(self, index, split, difficulty):
-        return Task(f"lookup:{index}", self.name, (Message("user", "What is stored under key a?"),), "42",
-                    TaskMeta(split, 1, "test", "1"))
+        return Task(
+            f"lookup:{index}",
+            self.name,
+            (Message("user", "What is stored under key a?"),),
+            "42",
+            TaskMeta(split, 1, "test", "1"),
+        )
 
     def gold(self, task):
         return "answer 42"
@@ -273,8 +281,7 @@ def test_a_truncated_action_ends_the_episode(lookup):
             out = super().generate(requests)
             return [[dataclasses.replace(c, finish_reason="length") for c in g] for g in out]
 
-    [group], _ = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2,
-                      engine=Truncating(lookup_policy))
+    [group], _ = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2, engine=Truncating(lookup_policy))
     assert all(r.timings["turns"] == 1.0 and r.completion.finish_reason == "length" for r in group.rollouts)
 
 
@@ -331,8 +338,9 @@ def test_execute_stage_runs_the_last_action_after_the_episode(lookup, monkeypatc
 
 def test_execute_stage_fault_that_persists_is_masked_and_counted(lookup, monkeypatch):
     monkeypatch.setattr(type(lookup), "executes", property(lambda self: True))
-    [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2,
-                          execute=LastActionExecute(fail=100))
+    [group], stats = _run(
+        lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2, execute=LastActionExecute(fail=100)
+    )
     assert stats.counters["masked_execute"] == 2
     assert all(r.reward is None and r.error_kind == "sandbox" for r in group.rollouts)
 

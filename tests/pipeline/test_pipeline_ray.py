@@ -1,6 +1,7 @@
 """`runtime: ray`: the same rollouts as in process, and a killed actor's group is retried.
 
 One local Ray cluster for the module (about 5 s to start)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -205,12 +206,18 @@ def test_multi_turn_episodes_on_ray_match_in_process(ray_cluster, engine):
 
     def run(workers):
         async def go():
-            async with Pipeline(CFG, workers, params, Scheduler(CFG, *sched_args),
-                                group_prefix="3:", seed=5, budgets=budgets) as p:
+            async with Pipeline(
+                CFG, workers, params, Scheduler(CFG, *sched_args), group_prefix="3:", seed=5, budgets=budgets
+            ) as p:
                 return await p.run_groups(tasks)
 
-        return [[(r.completion.token_ids, r.loss_mask, r.reward, [(t.action, t.observation) for t in r.turns])
-                 for r in g.rollouts] for g in asyncio.run(go())]
+        return [
+            [
+                (r.completion.token_ids, r.loss_mask, r.reward, [(t.action, t.observation) for t in r.turns])
+                for r in g.rollouts
+            ]
+            for g in asyncio.run(go())
+        ]
 
     workers = RayWorkers.from_engine(engine, CFG)
     try:

@@ -1,4 +1,5 @@
 """Scheduler: the realised mix, tiers and slots, the adaptive cap, degradation."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """cgroup v1/v2 detection and control, on fake hierarchies (this machine has v1)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,11 @@ V1_MOUNTS = (
 def test_detect_v1_puts_the_tree_under_our_own_cgroup():
     h = _cgroups.detect(V1_CGROUP, V1_MOUNTS)
     assert h.version == 1
-    assert h.dirs == {"memory": "/sys/fs/cgroup/memory/job/abc", "pids": "/sys/fs/cgroup/pids",
-                      "cpu": "/sys/fs/cgroup/cpu,cpuacct"}
+    assert h.dirs == {
+        "memory": "/sys/fs/cgroup/memory/job/abc",
+        "pids": "/sys/fs/cgroup/pids",
+        "cpu": "/sys/fs/cgroup/cpu,cpuacct",
+    }
 
 
 def test_detect_v2(tmp_path):

@@ -1,4 +1,5 @@
 """`posttrain sandbox probe` and `posttrain sandbox run`."""
+
 from __future__ import annotations
 
 import os

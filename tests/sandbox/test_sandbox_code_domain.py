@@ -2,6 +2,7 @@
 splits) and anti-cheat: a solution cannot turn a failing suite into a pass,
 not even by reading every frame and object of its process; the script judge
 of the coding loop the same. (Memory and file leak scans: test_sandbox_leaks.py.)"""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -160,8 +161,9 @@ def test_the_request_does_not_depend_on_the_expected_values():
         other = dataclasses.replace(ref, tests_json=json.dumps(tests))
         a, b = build_request(ref, "x = 1\n"), build_request(other, "x = 1\n")
         assert a == b and ref.tests_json != other.tests_json
-        assert b'"expected"' not in a.stdin and all(b'"expected"' not in (v if isinstance(v, bytes) else v.encode())
-                                                    for v in a.files.values())
+        assert b'"expected"' not in a.stdin and all(
+            b'"expected"' not in (v if isinstance(v, bytes) else v.encode()) for v in a.files.values()
+        )
 
 
 def test_host_side_comparison_is_strict_about_types():
@@ -251,7 +253,7 @@ SCRIPT_CHEATS = {
     "equal_to_anything": "class A:\n    def __eq__(self, other): return True\ndef f(x): return A()\n",
     "int_subclass": "class T(int):\n    def __eq__(self, other): return True\ndef f(x): return T(0)\n",
     "read_tests": "import gc, glob, os\nSEEN = [open(p, errors='replace').read() for p in glob.glob('/task/*') + "
-                  "glob.glob('/tmp/*')]\n"
+    "glob.glob('/tmp/*')]\n"
     "def f(x):\n    return [s for s in SEEN if 'expected' in s] or [o for o in gc.get_objects() if isinstance(o, str) "
     "and 'expected' in o]\n",
 }
@@ -296,7 +298,7 @@ def test_script_judge_tests_are_not_in_the_solvers_memory_or_files():
 
     marker = "MARK" + "ER-" + secrets.token_hex(16)
     tests = f"# {marker}\nfrom solution import found\nhits = found()\nassert hits == [], hits\n"
-    scan = r'''import glob, os, re
+    scan = r"""import glob, os, re
 PAT = re.compile(rb"MARKER-[0-9a-f]{32}")
 def found():
     hits = []
@@ -326,7 +328,7 @@ def found():
         except OSError:
             pass
     return hits
-'''
+"""
     attempt = script_judge()(_script_task(tests), scan)
     assert attempt.passed, attempt.feedback
     # control: the scan does find the marker where it is readable (a file of the run)

@@ -2,6 +2,7 @@
 reachable from a task, whatever the install layout: a wheel installed into a
 fresh venv (the package then sits in the venv every task runs from), and
 the editable dev layout with the checkout itself bound into the sandbox."""
+
 from __future__ import annotations
 
 import json

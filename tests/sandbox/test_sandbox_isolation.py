@@ -1,4 +1,5 @@
 """Adversarial tests, one per property, on the default (fork-server) backend."""
+
 from __future__ import annotations
 
 import os
@@ -58,14 +59,17 @@ def test_no_network_loopback_listener_outside_is_unreachable(pool):
     server.listen(1)
     port = server.getsockname()[1]
     try:
-        res = py(pool, f"""
+        res = py(
+            pool,
+            f"""
             import socket
             s = socket.socket(); s.settimeout(2)
             try:
                 s.connect(("127.0.0.1", {port})); print("CONNECTED")
             except OSError as e:
                 print("refused", e.errno)
-        """)
+        """,
+        )
     finally:
         server.close()
     assert res.status == "ok" and "refused" in res.text and "CONNECTED" not in res.text
@@ -81,7 +85,9 @@ def test_no_writes_outside_the_work_directory(pool, tmp_path):
         f"{os.path.realpath(os.sys.prefix)}/posttrain_x",
         str(host_file),
     ]
-    res = py(pool, f"""
+    res = py(
+        pool,
+        f"""
         import subprocess
         for path in {targets!r}:
             try:
@@ -91,7 +97,8 @@ def test_no_writes_outside_the_work_directory(pool, tmp_path):
         open("/task/ok.txt", "w").write("fine"); print("task ok")
         r = subprocess.run(["mount", "-o", "remount,rw", "/usr"], capture_output=True)
         print("remount", r.returncode)
-    """)
+    """,
+    )
     assert res.status == "ok", res.stderr
     assert "WROTE" not in res.text and "task ok" in res.text and "remount 0" not in res.text
     assert host_file.read_text() == "original"
@@ -99,7 +106,9 @@ def test_no_writes_outside_the_work_directory(pool, tmp_path):
 
 
 def test_no_reading_shadow_or_parent_environment(pool):
-    res = py(pool, """
+    res = py(
+        pool,
+        """
         import os
         print("shadow", repr(open("/etc/shadow").read()[:20]))
         print("env", dict(os.environ))
@@ -109,45 +118,59 @@ def test_no_reading_shadow_or_parent_environment(pool):
                     print("proc", pid, open(f"/proc/{pid}/environ").read())
                 except OSError:
                     pass
-    """)
+    """,
+    )
     assert res.status == "ok", res.stderr
     assert "root:" not in res.text and "shadow ''" in res.text
     assert SECRET not in res.text and SECRET not in res.stderr.decode()
 
 
 def test_seccomp_blocks_namespace_and_mount_calls(pool):
-    res = py(pool, """
+    res = py(
+        pool,
+        """
         import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
         print("unshare", libc.unshare(0x10000000), ctypes.get_errno())
         print("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None), ctypes.get_errno())
         print("ptrace", libc.ptrace(16, 1, 0, 0), ctypes.get_errno())
-    """)
+    """,
+    )
     assert res.status == "ok", res.stderr
     assert res.text.split("\n")[:3] == ["unshare -1 1", "mount -1 1", "ptrace -1 1"]
 
 
 def test_fork_bomb_is_contained_and_leaves_nothing(pool):
     uid = pool.worker_info()[0]["uid"]
-    res = py(pool, """
+    res = py(
+        pool,
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-    """, wall_s=2, pids=32)
+    """,
+        wall_s=2,
+        pids=32,
+    )
     assert res.status in ("timeout", "killed")
     assert uid_processes(uid) == []
     assert sh(pool, "echo alive").text == "alive\n"
 
 
 def test_memory_bomb_is_killed(pool):
-    res = py(pool, """
+    res = py(
+        pool,
+        """
         hog = []
         while True:
             hog.append(b"x" * (1 << 20))
-    """, memory_bytes=64 << 20, wall_s=20)
+    """,
+        memory_bytes=64 << 20,
+        wall_s=20,
+    )
     assert res.status == "oom", (res.status, res.stderr[-300:])
 
 
@@ -172,7 +195,9 @@ def test_output_flood_is_truncated(pool):
 
 def test_daemonised_children_are_gone_when_the_task_ends(pool):
     uid = pool.worker_info()[0]["uid"]
-    res = py(pool, """
+    res = py(
+        pool,
+        """
         import os, time
         if os.fork() == 0:
             os.setsid()
@@ -181,7 +206,8 @@ def test_daemonised_children_are_gone_when_the_task_ends(pool):
                 time.sleep(300)
             os._exit(0)
         print("parent done")
-    """)
+    """,
+    )
     assert res.status == "ok" and res.text == "parent done\n"
     assert uid_processes(uid) == []
 

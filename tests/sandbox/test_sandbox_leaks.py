@@ -17,6 +17,7 @@ task). Controls show each scan finds a leak where there is one. The static
 files bound into every sandbox (/usr, /etc, the venv, ...) are searched once
 with grep (slow test), with a control that binds the task data.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,7 @@ OUT = "/task/.leakscan"
 WS = b" \t\n\r\x0b\x0c"
 MIN_NEEDLE = 6
 
-SCANNER = r'''
+SCANNER = r"""
 import os, re, zlib
 
 OUT = "/task/.leakscan"
@@ -101,7 +102,7 @@ def scan():
             out.write(z.compress(b"\0".join(TEXT.findall(data)) + b"\0"))
         out.write(z.flush())
     os.rename(OUT + ".part", OUT)
-'''
+"""
 CODE_SCANNER = SCANNER + "\nif not os.path.exists(OUT):\n    scan()\n\n\ndef ENTRY(*args):\n    return None\n"
 SCAN_LIMITS = {"output_bytes": 96 << 20, "disk_bytes": 256 << 20, "file_bytes": 200 << 20}
 

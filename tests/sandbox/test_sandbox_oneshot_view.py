@@ -1,6 +1,7 @@
 """One-shot backends: the host cgroup path is hidden (bubblewrap), CPU time
 survives a wall kill, and `unsafe` runs from a checkout in a 0700 folder or
 refuses with one error naming the folder."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Pools, sessions, worker replacement, backend selection, one-shot backends."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -103,8 +104,12 @@ def test_domain_limit_caps_concurrency(pool):
 def test_concurrent_mixed_load_has_no_infra_errors_and_cleans_up():
     import concurrent.futures
 
-    reqs = [sh("echo ok"), sh("sleep 5", wall_s=0.3), sh("exit 2"),
-            sb.ExecRequest(files={"m.py": "print(sum(range(10**5)))"}, python_main="m.py")] * 6
+    reqs = [
+        sh("echo ok"),
+        sh("sleep 5", wall_s=0.3),
+        sh("exit 2"),
+        sb.ExecRequest(files={"m.py": "print(sum(range(10**5)))"}, python_main="m.py"),
+    ] * 6
     with sb.Pool(sb.SandboxConfig(workers=2)) as p:
         tree_dirs = list(p._tree.roots.values())
         with concurrent.futures.ThreadPoolExecutor(4) as ex:
@@ -131,8 +136,12 @@ def test_worker_rss_is_small(pool):
 
 @root_only
 def test_collect_returns_files_but_not_links(pool):
-    res = pool.run(sb.ExecRequest(argv=("sh", "-c", "echo out > result.txt; ln -s /etc/passwd link.txt"),
-                                  collect=("result.txt", "link.txt", "missing.txt")))
+    res = pool.run(
+        sb.ExecRequest(
+            argv=("sh", "-c", "echo out > result.txt; ln -s /etc/passwd link.txt"),
+            collect=("result.txt", "link.txt", "missing.txt"),
+        )
+    )
     assert dict(res.files) == {"result.txt": b"out\n"}
 
 
@@ -176,8 +185,17 @@ def test_bwrap_has_no_network_and_read_only_root():
 
 
 def _probe(**over) -> sb.Probe:
-    base = dict(root=True, namespaces=True, cgroup_version=1, cgroup_writable=True, seccomp=True, overlay=True,
-                bwrap="/usr/bin/bwrap", bwrap_works=True, python="/usr/bin/python3")
+    base = dict(
+        root=True,
+        namespaces=True,
+        cgroup_version=1,
+        cgroup_writable=True,
+        seccomp=True,
+        overlay=True,
+        bwrap="/usr/bin/bwrap",
+        bwrap_works=True,
+        python="/usr/bin/python3",
+    )
     base.update(over)
     return sb.Probe(**base)
 

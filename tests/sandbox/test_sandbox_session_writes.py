@@ -2,6 +2,7 @@
 files in the way) can make a later step's request files fail with a reason,
 never write outside the task (checked on the host), and base layers stay
 as they were."""
+
 from __future__ import annotations
 
 import os

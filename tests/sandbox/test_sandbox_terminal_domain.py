@@ -1,6 +1,7 @@
 """The `terminal` domain: every template's gold script scores 1.0 and its wrong
 script less, sampling is deterministic with disjoint splits, and the
 multi-turn environment keeps state between steps."""
+
 from __future__ import annotations
 
 import concurrent.futures

@@ -1,5 +1,6 @@
 """A read-only bind below /tmp (a checkout, and its venv, under /tmp) stays visible
 under the task's fresh /tmp, and stays read-only."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Shared helpers for the serving tests: tiny model dirs and a real uvicorn server on loopback."""
+
 from __future__ import annotations
 
 import contextlib

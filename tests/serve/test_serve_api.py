@@ -1,4 +1,5 @@
 """The server through the official openai client on a real uvicorn server on loopback."""
+
 from __future__ import annotations
 
 import httpx
@@ -33,8 +34,13 @@ def test_fast_tier_greedy_equals_standard(server):
     _, client = server
     outs = {}
     for name, tier in (("posttrain", None), ("posttrain:fast", None), ("posttrain", "fast")):
-        r = client.completions.create(model=name, prompt=[4, 34, 21, 38, 20, 5], max_tokens=24, temperature=0,
-                                      extra_body={"return_token_ids": True, **({"service_tier": tier} if tier else {})})
+        r = client.completions.create(
+            model=name,
+            prompt=[4, 34, 21, 38, 20, 5],
+            max_tokens=24,
+            temperature=0,
+            extra_body={"return_token_ids": True, **({"service_tier": tier} if tier else {})},
+        )
         outs[(name, tier)] = (r.service_tier, r.choices[0].model_extra["token_ids"])
     assert outs[("posttrain", None)][0] == "standard"
     assert outs[("posttrain:fast", None)][0] == outs[("posttrain", "fast")][0] == "fast"
@@ -43,16 +49,33 @@ def test_fast_tier_greedy_equals_standard(server):
 
 def test_seeded_sampling_identical_across_tiers(server):
     _, client = server
-    ids = [client.completions.create(model=m, prompt=[4, 34, 21, 5], max_tokens=16, temperature=1.0, seed=7,
-                                     extra_body={"return_token_ids": True}).choices[0].model_extra["token_ids"]
-           for m in ("posttrain", "posttrain:fast")]
+    ids = [
+        client.completions.create(
+            model=m,
+            prompt=[4, 34, 21, 5],
+            max_tokens=16,
+            temperature=1.0,
+            seed=7,
+            extra_body={"return_token_ids": True},
+        )
+        .choices[0]
+        .model_extra["token_ids"]
+        for m in ("posttrain", "posttrain:fast")
+    ]
     assert ids[0] == ids[1]
 
 
 def test_completions_logprobs_and_token_ids(server):
     _, client = server
-    r = client.completions.create(model="posttrain", prompt="rev ab=", max_tokens=5, logprobs=1, n=2, seed=3,
-                                  extra_body={"return_token_ids": True})
+    r = client.completions.create(
+        model="posttrain",
+        prompt="rev ab=",
+        max_tokens=5,
+        logprobs=1,
+        n=2,
+        seed=3,
+        extra_body={"return_token_ids": True},
+    )
     assert len(r.choices) == 2
     for c in r.choices:
         assert 1 <= len(c.logprobs.token_logprobs) == len(c.model_extra["token_ids"]) <= 5
@@ -62,8 +85,16 @@ def test_completions_logprobs_and_token_ids(server):
 def test_streaming_chat_with_final_usage_chunk(server):
     _, client = server
     full = client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=10, temperature=0)
-    chunks = list(client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=10, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="posttrain",
+            messages=PROMPT,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
@@ -73,20 +104,24 @@ def test_streaming_chat_with_final_usage_chunk(server):
 
 def test_streaming_completions_fast_tier(server):
     _, client = server
-    chunks = list(client.completions.create(model="posttrain:fast", prompt="rev abc=", max_tokens=8, temperature=0,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(model="posttrain:fast", prompt="rev abc=", max_tokens=8, temperature=0, stream=True)
+    )
     assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert all(c.service_tier == "fast" for c in chunks)
 
 
-@pytest.mark.parametrize("kwargs, param", [
-    ({"messages": []}, "messages"),
-    ({"messages": PROMPT, "temperature": 5}, "temperature"),
-    ({"messages": PROMPT, "max_tokens": 0}, "max_tokens"),
-    ({"messages": PROMPT, "max_tokens": 100000}, "max_tokens"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ({"messages": PROMPT, "service_tier": "turbo"}, "service_tier"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": PROMPT, "temperature": 5}, "temperature"),
+        ({"messages": PROMPT, "max_tokens": 0}, "max_tokens"),
+        ({"messages": PROMPT, "max_tokens": 100000}, "max_tokens"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": PROMPT, "service_tier": "turbo"}, "service_tier"),
+    ],
+)
 def test_bad_requests_get_openai_shaped_400(server, kwargs, param):
     _, client = server
     with pytest.raises(openai.BadRequestError) as info:
@@ -156,9 +191,12 @@ def test_streamed_text_respects_stop_strings(server):
     stop = text[3:5]
     full = client.completions.create(model="posttrain", prompt="sort 4312=", max_tokens=20, temperature=0, stop=[stop])
     for model in ("posttrain", "posttrain:fast"):
-        chunks = list(client.completions.create(model=model, prompt="sort 4312=", max_tokens=20, temperature=0,
-                                                stop=[stop], stream=True))
-        assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text == text[:text.find(stop)]
+        chunks = list(
+            client.completions.create(
+                model=model, prompt="sort 4312=", max_tokens=20, temperature=0, stop=[stop], stream=True
+            )
+        )
+        assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text == text[: text.find(stop)]
         assert chunks[-1].choices[0].finish_reason == "stop"
 
 

@@ -1,5 +1,6 @@
 """Versions: release into the registry, canary routing, automatic rollback of a broken
 version with no failed request, manual promote and rollback."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -23,8 +24,9 @@ PROMPT = [{"role": "user", "content": "sort 312="}]
 def _registry(tmp_path, canary_broken: bool) -> ModelRegistry:
     reg = ModelRegistry(tmp_path / "registry")
     reg.release(reg.add(save_model(tmp_path / "good", "micro", seed=0), source="good"))
-    reg.release(reg.add(save_model(tmp_path / "next", "micro", seed=1, broken=canary_broken), source="next"),
-                canary_share=0.5)
+    reg.release(
+        reg.add(save_model(tmp_path / "next", "micro", seed=1, broken=canary_broken), source="next"), canary_share=0.5
+    )
     return reg
 
 
@@ -64,16 +66,18 @@ def test_regressions_thresholds():
 
 def test_broken_canary_rolled_back_automatically_without_failed_requests(tmp_path):
     reg = _registry(tmp_path, canary_broken=True)
-    cfg = ServeConfig(registry=str(reg.root),
-                      canary={"check_interval_s": 0.3, "min_requests": 1, "bad_checks_to_rollback": 2,
-                              "probe_domains": []})
+    cfg = ServeConfig(
+        registry=str(reg.root),
+        canary={"check_interval_s": 0.3, "min_requests": 1, "bad_checks_to_rollback": 2, "probe_domains": []},
+    )
     app = build_server(cfg)
     with running(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
         def ask(i: int) -> tuple[str, str]:
-            r = client.chat.completions.create(model="posttrain:fast" if i % 2 else "posttrain", messages=PROMPT,
-                                               max_tokens=4, temperature=0)
+            r = client.chat.completions.create(
+                model="posttrain:fast" if i % 2 else "posttrain", messages=PROMPT, max_tokens=4, temperature=0
+            )
             return r.model, r.choices[0].finish_reason
 
         served = []
@@ -98,16 +102,19 @@ def test_manual_promote_and_rollback_endpoints(tmp_path):
     app = build_server(cfg)
     with running(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        models = {client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model
-                  for _ in range(30)}
+        models = {
+            client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model for _ in range(30)
+        }
         assert models == {"posttrain@v1:standard", "posttrain@v2:standard"}  # 50% canary share
         pinned = client.chat.completions.create(model="posttrain@v2:fast", messages=PROMPT, max_tokens=2)
         assert pinned.model == "posttrain@v2:fast"
         assert httpx.post(url + "/admin/promote").json() == {"stable": "v2", "canary": None}
         assert reg.state().stable == "v2"
         assert httpx.post(url + "/admin/rollback").status_code == 409
-        assert client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model == \
-            "posttrain@v2:standard"
+        assert (
+            client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model
+            == "posttrain@v2:standard"
+        )
 
 
 def test_canary_that_cannot_load_is_rolled_back_at_once(tmp_path):

@@ -1,4 +1,5 @@
 """The `openai` engine against posttrain's own server: ids, log-probs, versions, weight updates."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,10 @@ def test_generate_matches_in_process_engine(setup):
     local = HFEngine(*load_model(path))
     prompt = engine.encode_chat([Message("user", "rev abc=")])
     assert prompt == local.encode_chat([Message("user", "rev abc=")])
-    reqs = [GenerationRequest(prompt, SamplingParams(max_tokens=12, temperature=1.0, n=3, seed=11)),
-            GenerationRequest(prompt[:-2], SamplingParams(max_tokens=5, temperature=0.0, seed=1))]
+    reqs = [
+        GenerationRequest(prompt, SamplingParams(max_tokens=12, temperature=1.0, n=3, seed=11)),
+        GenerationRequest(prompt[:-2], SamplingParams(max_tokens=5, temperature=0.0, seed=1)),
+    ]
     remote, here = engine.generate(reqs), local.generate(reqs)
     for g_remote, g_here in zip(remote, here):
         assert len(g_remote) == len(g_here)

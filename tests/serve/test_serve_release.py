@@ -1,4 +1,5 @@
 """`posttrain release`: checkpoints into the registry, with the int8 quality gate."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,23 @@ def test_release_latest_then_canary(tmp_path, capsys):
 
 def test_release_int8_gate_records_verdict(tmp_path, capsys):
     run = _run_dir(tmp_path, steps=(1,))
-    assert main(["release", str(run), "--registry", str(tmp_path / "reg"), "--fast-mode", "int8",
-                 "--gate-domains", "reverse", "--gate-tasks", "4"]) == 0
+    assert (
+        main(
+            [
+                "release",
+                str(run),
+                "--registry",
+                str(tmp_path / "reg"),
+                "--fast-mode",
+                "int8",
+                "--gate-domains",
+                "reverse",
+                "--gate-tasks",
+                "4",
+            ]
+        )
+        == 0
+    )
     info = ModelRegistry(tmp_path / "reg").version("v1")
     assert set(info.gate["standard"]) == {"reverse"} and "delta" in info.gate
     assert info.fast_mode == ("int8" if info.gate["passed"] else "lossless")

@@ -1,4 +1,5 @@
 """Speculative decoding: drafts change speed, never the output (greedy and seeded sampling)."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,9 @@ def test_ngram_lookup_proposes_continuation_of_latest_match():
 
 def _requests(engine, temperature, seed=5):
     prompts = [engine.encode_chat([Message("user", f"rev {w}=")]) for w in ("abcabc", "hello", "xyzzy", "aaaa")]
-    return [GenerationRequest(p, SamplingParams(max_tokens=24, temperature=temperature, seed=seed, n=2))
-            for p in prompts]
+    return [
+        GenerationRequest(p, SamplingParams(max_tokens=24, temperature=temperature, seed=seed, n=2)) for p in prompts
+    ]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
@@ -71,16 +73,18 @@ def test_streaming_callback_sees_every_token_once(model):
     seen: dict[tuple[int, int], list[int]] = {}
     reqs = _requests(engine, 0.7)[:2]
     out = engine.generate(reqs, on_tokens=lambda r, s, ids: seen.setdefault((r, s), []).extend(ids))
-    assert {k: tuple(v) for k, v in seen.items()} == {(r, s): c.token_ids for r, g in enumerate(out)
-                                                      for s, c in enumerate(g)}
+    assert {k: tuple(v) for k, v in seen.items()} == {
+        (r, s): c.token_ids for r, g in enumerate(out) for s, c in enumerate(g)
+    }
 
 
 def test_int8_target_is_a_different_model(model):
     m, tok = model
     q = int8_copy(m)
     assert any(type(mod).__module__.startswith("torch.ao") for mod in q.modules())
-    assert all(type(mod).__module__.startswith("torch.nn") or "quantized" not in type(mod).__module__
-               for mod in m.modules())  # the float model is untouched
+    assert all(
+        type(mod).__module__.startswith("torch.nn") or "quantized" not in type(mod).__module__ for mod in m.modules()
+    )  # the float model is untouched
 
 
 def test_lean_decoder_matches_transformers_logits(model):
@@ -100,8 +104,15 @@ def test_lean_decoder_matches_transformers_logits(model):
     assert 0 < (approx - want).abs().max().item() < 0.5  # int8: close, not equal
 
 
-@pytest.mark.parametrize("kw", [{"target": "lean"}, {"draft_model": "lean"}, {"draft_model": "lean-int8"},
-                                {"target": "lean", "ngram": False, "draft_model": "none"}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"target": "lean"},
+        {"draft_model": "lean"},
+        {"draft_model": "lean-int8"},
+        {"target": "lean", "ngram": False, "draft_model": "none"},
+    ],
+)
 def test_served_fast_configs_reproduce_the_standard_engine(model, kw):
     from posttrain.configs.serve import FastTierConfig
     from posttrain.serve.tiers import build_fast

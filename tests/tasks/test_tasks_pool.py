@@ -1,4 +1,5 @@
 """TaskPool: config errors, determinism, exact resume, mix, curriculum, drift, dedupe."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The pool's mix: glob patterns in tasks.domains, and a weight change that
 takes effect without starving the other domains."""
+
 from __future__ import annotations
 
 from collections import Counter

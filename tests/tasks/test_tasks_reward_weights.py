@@ -1,6 +1,7 @@
 """Reward weights per domain (`tasks.domains.<name>.reward_weights`): validated with
 a clear error, stamped on every drawn task by the pool, applied by `Domain.score`
 in one place, and absent by default (every domain's reward unchanged)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,11 +59,14 @@ def test_pool_stamps_the_weights_and_score_applies_them():
     assert pool.taskset_version != TaskPool(TasksConfig(domains={"tool_transfer": {}, "add": {}})).taskset_version
 
 
-@pytest.mark.parametrize("weights, needle", [
-    ({"outcome": 1.0, "style": 0.5}, "unknown part(s) 'style'; the parts are outcome, process, efficiency"),
-    ({"outcome": -1.0}, "must be finite and >= 0"),
-    ({"outcome": 0.0, "process": 0.0}, "at least one weight must be > 0"),
-])
+@pytest.mark.parametrize(
+    "weights, needle",
+    [
+        ({"outcome": 1.0, "style": 0.5}, "unknown part(s) 'style'; the parts are outcome, process, efficiency"),
+        ({"outcome": -1.0}, "must be finite and >= 0"),
+        ({"outcome": 0.0, "process": 0.0}, "at least one weight must be > 0"),
+    ],
+)
 def test_bad_weights_are_refused_with_the_field_named(weights, needle, tmp_path, capsys):
     with pytest.raises(ValueError, match="reward_weights"):
         TasksConfig(domains={"add": {"reward_weights": weights}})
@@ -95,17 +99,36 @@ def test_posttrain_train_applies_the_weights(tmp_path, micro_base, monkeypatch):
         def score(self, task, episode):
             return Score(0.0, {"outcome": 0.0, "process": 1.0}, False, "goal not reached")
 
-    cls = type("weighted_probe", (ProceduralDomain,), {
-        "name": "weighted_probe", "category": "test",
-        "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 99)}+0=", "0")})
+    cls = type(
+        "weighted_probe",
+        (ProceduralDomain,),
+        {
+            "name": "weighted_probe",
+            "category": "test",
+            "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 99)}+0=", "0"),
+        },
+    )
     dom = cls()
     dom.verifier = HalfDone()
     monkeypatch.setitem(registry._REGISTRY, "weighted_probe", dom)
-    cfg = load_config(None, [
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens=4", "eval.tasks_per_domain=2",
-        "eval.max_tokens=4", "run.threads=1", "run.progress=false", "run.steps=1", "run.checkpoint_every=0",
-        f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=w",
-        "tasks.domains={weighted_probe: {reward_weights: {outcome: 3.0, process: 1.0}}}"])
+    cfg = load_config(
+        None,
+        [
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_tokens=4",
+            "eval.tasks_per_domain=2",
+            "eval.max_tokens=4",
+            "run.threads=1",
+            "run.progress=false",
+            "run.steps=1",
+            "run.checkpoint_every=0",
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            "run.name=w",
+            "tasks.domains={weighted_probe: {reward_weights: {outcome: 3.0, process: 1.0}}}",
+        ],
+    )
     result = train(cfg, log=lambda *_: None)
     rows = TraceStore(result.run_dir / "trace.db").recent(100, "weighted_probe")
     assert rows and all(r["reward"] == pytest.approx(0.25) for r in rows)  # (0 x 3 + 1 x 1) / 4

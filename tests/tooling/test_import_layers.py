@@ -24,7 +24,11 @@ def _lint_imports(src: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]
     env = {**os.environ, "PYTHONPATH": str(src)}
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -4,6 +4,7 @@ Usage: torchrun --nproc_per_node=2 fsdp_worker.py OUT_DIR fsdp
        python fsdp_worker.py OUT_DIR single
 Rank 0 writes OUT_DIR/<mode>.pt: per-step loss, grad norm, stats, and the full parameters.
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,16 @@ def main(out: Path, mode: str) -> None:
     steps = []
     for s in range(STEPS):
         st = trainer.step(batch(100 + s))
-        steps.append({"loss": st.loss, "grad_norm": st.grad_norm, "clip_frac": st.clip_frac,
-                      "ratio_mean": st.ratio_mean, "n_tokens": st.n_tokens, "outcome": st.outcome})
+        steps.append(
+            {
+                "loss": st.loss,
+                "grad_norm": st.grad_norm,
+                "clip_frac": st.clip_frac,
+                "ratio_mean": st.ratio_mean,
+                "n_tokens": st.n_tokens,
+                "outcome": st.outcome,
+            }
+        )
     ckpt = trainer.save(out / f"run-{mode}", None, {"mode": mode})
     from posttrain.trainer.fsdp import DataParallel, full_state
 

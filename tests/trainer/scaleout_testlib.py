@@ -1,4 +1,5 @@
 """Helpers shared by the scale tests: a tiny random Qwen2, synthetic off-policy batches."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,15 @@ def tiny_model(seed: int = 0, tied: bool = False, layers: int = 2):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -47,8 +55,14 @@ def step_grads(trainer, rows) -> dict[str, torch.Tensor]:
     names = {id(p): n for n, p in trainer.model.named_parameters()}
 
     def capture(optimizer, args, kwargs):
-        grads.update({names[id(p)]: p.grad.detach().cpu().clone()
-                      for g in optimizer.param_groups for p in g["params"] if p.grad is not None})
+        grads.update(
+            {
+                names[id(p)]: p.grad.detach().cpu().clone()
+                for g in optimizer.param_groups
+                for p in g["params"]
+                if p.grad is not None
+            }
+        )
 
     handle = trainer.optimizer.register_step_pre_hook(capture)
     try:

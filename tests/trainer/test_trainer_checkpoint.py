@@ -1,4 +1,5 @@
 """Checkpoints: HF-format round trip, exact resume, pruning, atomicity, clear errors."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,15 @@ def test_round_trip(tmp_path, tied):
     trainer.step(synthetic_batch(seed=1))
     path = save_checkpoint(tmp_path, model, tok, trainer.optimizer, {"step": 1, "note": "x"}, step=1)
     names = {p.name for p in path.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "optimizer.pt", "rng.pt",
-            "loop_state.json", "meta.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "optimizer.pt",
+        "rng.pt",
+        "loop_state.json",
+        "meta.json",
+    } <= names
     other = tiny_model(7, tied=tied)
     other_trainer = Trainer(other, TrainerConfig())
     ckpt = load_checkpoint(tmp_path, other, other_trainer.optimizer)

@@ -1,4 +1,5 @@
 """CUDA paths of the one Trainer/HFEngine code path, against the CPU (opt-in: -m gpu)."""
+
 from __future__ import annotations
 
 import pytest

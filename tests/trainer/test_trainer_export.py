@@ -1,4 +1,5 @@
 """`posttrain export`: a LoRA checkpoint merges into its base; a full one copies without trainer state."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The fast defaults: automatic micro-batches, the LM head on loss tokens only, tensor packing.
 None of them may change what a step computes (only float summation order)."""
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,10 @@ def test_split_head_only_when_it_gives_the_model_logits():
 
 
 def test_packing_indexes_every_loss_token():
-    rows = [TrainRow((1, 2, 3), (4, 5), (-1.0, -2.0), 1.0, "g", (1, 0)),
-            TrainRow((6,), (7, 8, 9), (-3.0, -4.0, -5.0), 0.0, "g", (1, 1, 1))]
+    rows = [
+        TrainRow((1, 2, 3), (4, 5), (-1.0, -2.0), 1.0, "g", (1, 0)),
+        TrainRow((6,), (7, 8, 9), (-3.0, -4.0, -5.0), 0.0, "g", (1, 1, 1)),
+    ]
     p = pack_rows(rows, torch.device("cpu"))
     assert p.input_ids_bs.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
     assert p.attention_bs.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
@@ -85,8 +88,17 @@ def test_auto_micro_batches_and_the_split_head_give_the_same_step(wrap):
 def test_on_policy_ratios_are_one_through_the_split_head():
     model = tiny_model(0)
     batch = synthetic_batch(seed=3)
-    rows = tuple(TrainRow(r.prompt_ids, r.completion_ids, reference_logprobs(model, r.prompt_ids, r.completion_ids),
-                          r.reward, r.group_id, r.loss_mask) for r in batch.rows)
+    rows = tuple(
+        TrainRow(
+            r.prompt_ids,
+            r.completion_ids,
+            reference_logprobs(model, r.prompt_ids, r.completion_ids),
+            r.reward,
+            r.group_id,
+            r.loss_mask,
+        )
+        for r in batch.rows
+    )
     stats = Trainer(model, TrainerConfig()).step(TrainBatch(rows))
     assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5) and stats.ratio_max == pytest.approx(1.0, abs=1e-5)
 

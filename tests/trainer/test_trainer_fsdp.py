@@ -4,6 +4,7 @@ Stated tolerance: per-step loss within 1e-6 absolute, grad norm within 1e-5
 relative, every parameter after 3 AdamW steps (lr 1e-2) within 2e-5 absolute.
 Measured differences (float summation order only): loss ~6e-8, params ~3e-6.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,19 @@ def _run(cmd: list[str], out: Path) -> None:
 @pytest.mark.slow
 def test_two_process_fsdp_matches_single_process(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
-    _run([str(torchrun), "--nproc_per_node=2", "--master_port=0", "--rdzv_backend=c10d",
-          "--rdzv_endpoint=127.0.0.1:0", str(WORKER), str(tmp_path), "fsdp"], tmp_path)
+    _run(
+        [
+            str(torchrun),
+            "--nproc_per_node=2",
+            "--master_port=0",
+            "--rdzv_backend=c10d",
+            "--rdzv_endpoint=127.0.0.1:0",
+            str(WORKER),
+            str(tmp_path),
+            "fsdp",
+        ],
+        tmp_path,
+    )
     _run([sys.executable, str(WORKER), str(tmp_path), "single"], tmp_path)
     sharded = torch.load(tmp_path / "fsdp.pt", weights_only=False)
     single = torch.load(tmp_path / "single.pt", weights_only=False)

@@ -7,6 +7,7 @@ a deliberate numerical change must re-record them and say why. They run under
 `sampled` scales each step by the informative share, checked exactly against
 these in test_trainer_step.py (test_sampled_normalisation_scales_...).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,11 @@ from posttrain.trainer.trainer import Trainer
 
 GOLDEN = {
     "grpo": (GRPOLossConfig(), [-0.005062146, -0.015667289, 0.038311283], [1.8609749, 1.4740700, 2.2158875]),
-    "dr_grpo": (DrGRPOLossConfig(max_completion_tokens=6), [0.017172837, 0.016298844, -0.027690231],
-                [0.3123920, 0.3874821, 0.3142459]),
+    "dr_grpo": (
+        DrGRPOLossConfig(max_completion_tokens=6),
+        [0.017172837, 0.016298844, -0.027690231],
+        [0.3123920, 0.3874821, 0.3142459],
+    ),
     "dapo": (DAPOLossConfig(), [0.070504662, 0.080106683, -0.095892636], [1.2825541, 1.4670465, 1.0886155]),
 }
 

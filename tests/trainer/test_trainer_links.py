@@ -1,5 +1,6 @@
 """The trainer reports what it did with each rollout by rollout id: advantages computed once
 (scored empty completions counted in their group), the same links whatever the row order."""
+
 from __future__ import annotations
 
 import random
@@ -20,9 +21,17 @@ def _rows(model):
         for i, reward in enumerate(rewards):
             prompt = (3 + g, 4 + i, 5)
             completion = () if reward is None else tuple(7 + (g + i + k) % 20 for k in range(2 + i))
-            out.append(TrainRow(prompt, completion, reference_logprobs(model, prompt, completion) if completion else (),
-                                0.25 if reward is None else reward, f"g{g}", (1,) * len(completion),
-                                rollout_id=f"r{g}.{i}"))
+            out.append(
+                TrainRow(
+                    prompt,
+                    completion,
+                    reference_logprobs(model, prompt, completion) if completion else (),
+                    0.25 if reward is None else reward,
+                    f"g{g}",
+                    (1,) * len(completion),
+                    rollout_id=f"r{g}.{i}",
+                )
+            )
     return out  # rows with reward 0.25 and no tokens: scored empty completions
 
 

@@ -1,4 +1,5 @@
 """LoRA through peft: adapters alone train, save, resume and travel; merging equals the adapted model."""
+
 from __future__ import annotations
 
 import json

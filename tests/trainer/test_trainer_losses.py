@@ -13,6 +13,7 @@ Group 1: mean 0.75, centred +-0.25, std 0.25        -> A = +-a, a = 0.25/(0.25+e
 Token loss l = -min(r A, clip(r, 1-lo, 1+hi) A); with A > 0 the clip binds
 above 1+hi, with A < 0 below 1-lo.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,13 @@ BEHAVIOUR_BT = torch.full((4, 3), -2.0)
 
 def inputs(advantage_b, ref_logp_bt=None, rows=slice(None)):
     logp_bt = (BEHAVIOUR_BT + RATIO_BT.log())[rows].clone().requires_grad_(True)
-    return LossInputs(logp_bt=logp_bt, behaviour_logp_bt=BEHAVIOUR_BT[rows], mask_bt=MASK_BT[rows],
-                      advantage_b=advantage_b[rows], ref_logp_bt=None if ref_logp_bt is None else ref_logp_bt[rows])
+    return LossInputs(
+        logp_bt=logp_bt,
+        behaviour_logp_bt=BEHAVIOUR_BT[rows],
+        mask_bt=MASK_BT[rows],
+        advantage_b=advantage_b[rows],
+        ref_logp_bt=None if ref_logp_bt is None else ref_logp_bt[rows],
+    )
 
 
 def test_advantages_by_hand():
@@ -124,8 +130,12 @@ def test_kl_k3_by_hand():
 )
 def test_ppo_clip_both_sides(advantage, ratio, loss, grad):
     logp = torch.tensor([[math.log(ratio) - 1.0]], requires_grad=True)
-    x = LossInputs(logp_bt=logp, behaviour_logp_bt=torch.tensor([[-1.0]]), mask_bt=torch.ones(1, 1),
-                   advantage_b=torch.tensor([advantage]))
+    x = LossInputs(
+        logp_bt=logp,
+        behaviour_logp_bt=torch.tensor([[-1.0]]),
+        mask_bt=torch.ones(1, 1),
+        advantage_b=torch.tensor([advantage]),
+    )
     value, stats = GRPOLoss(GRPOLossConfig(), 0.0)(x, BatchTotals(1, 1))
     value.backward()
     assert value.item() == pytest.approx(loss, abs=1e-6)

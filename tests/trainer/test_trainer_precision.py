@@ -1,4 +1,5 @@
 """bf16 autocast, gradient checkpointing, token-capped micro-batches and pinned RNG on the one Trainer path."""
+
 from __future__ import annotations
 
 import torch

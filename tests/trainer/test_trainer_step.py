@@ -1,4 +1,5 @@
 """Trainer.step on a tiny random Qwen2: log-probs, micro-batching, filtering, KL, the guard."""
+
 from __future__ import annotations
 
 import copy
@@ -62,8 +63,9 @@ def test_engine_logprobs_match_the_trainer():
     params = SamplingParams(max_tokens=6, temperature=0.8, n=4)
     prompts = [tuple(tok.encode("ab")), tuple(tok.encode("hello there"))]
     groups = engine.generate([GenerationRequest(p, params) for p in prompts])
-    rows = tuple(TrainRow.from_completion(c, float(j % 2), i, 0.8)
-                 for i, g in enumerate(groups) for j, c in enumerate(g))
+    rows = tuple(
+        TrainRow.from_completion(c, float(j % 2), i, 0.8) for i, g in enumerate(groups) for j, c in enumerate(g)
+    )
     stats = Trainer(model, TrainerConfig(micro_batch_size=3)).step(TrainBatch(rows))
     assert stats.ratio_mean == pytest.approx(1.0, abs=1e-4)
     assert stats.ratio_max == pytest.approx(1.0, abs=1e-4)
@@ -73,9 +75,19 @@ def test_padding_matches_one_sequence_at_a_time():
     """Right-padded micro-batches give each row the log-probs of its own unpadded forward."""
     model = tiny_model(0)
     batch = synthetic_batch(seed=3, model=None)
-    with_ref = TrainBatch(tuple(
-        TrainRow(r.prompt_ids, r.completion_ids, reference_logprobs(model, r.prompt_ids, r.completion_ids),
-                 r.reward, r.group_id, r.loss_mask) for r in batch.rows))
+    with_ref = TrainBatch(
+        tuple(
+            TrainRow(
+                r.prompt_ids,
+                r.completion_ids,
+                reference_logprobs(model, r.prompt_ids, r.completion_ids),
+                r.reward,
+                r.group_id,
+                r.loss_mask,
+            )
+            for r in batch.rows
+        )
+    )
     stats = Trainer(model, TrainerConfig(micro_batch_size=5)).step(with_ref)
     assert stats.ratio_mean == pytest.approx(1.0, abs=1e-5) and stats.ratio_max == pytest.approx(1.0, abs=1e-5)
 
@@ -96,8 +108,9 @@ def test_all_zero_advantage_groups_contribute_nothing(normalise):
     batch = synthetic_batch(seed=5)  # group g2 has reward 1 everywhere
     dropped = [r for r in batch.rows if r.group_id == "g2"]
     counts = {"filtered_rows": len(dropped), "filtered_tokens": sum(r.n_loss_tokens for r in dropped)}
-    signal_only = TrainBatch(tuple(r for r in batch.rows if r.group_id != "g2"),
-                             **(counts if normalise == "sampled" else {}))
+    signal_only = TrainBatch(
+        tuple(r for r in batch.rows if r.group_id != "g2"), **(counts if normalise == "sampled" else {})
+    )
     config = TrainerConfig(normalise=normalise)
     s_all, g_all = grads_after_one_backward(tiny_model(0), config, batch)
     s_sig, g_sig = grads_after_one_backward(tiny_model(0), config, signal_only)
@@ -114,8 +127,11 @@ def test_sampled_normalisation_scales_the_step_by_the_informative_share(loss):
     so the loss and the gradient norm scale by exactly that share."""
     batch = synthetic_batch(seed=5)  # 3 groups of 4; g2 carries no signal
     kept_rows = [r for r in batch.rows if r.group_id != "g2"]
-    share = {"grpo": 8 / 12, "dr_grpo": 8 / 12,
-             "dapo": sum(r.n_loss_tokens for r in kept_rows) / sum(r.n_loss_tokens for r in batch.rows)}[loss]
+    share = {
+        "grpo": 8 / 12,
+        "dr_grpo": 8 / 12,
+        "dapo": sum(r.n_loss_tokens for r in kept_rows) / sum(r.n_loss_tokens for r in batch.rows),
+    }[loss]
     loss_config = {"type": loss, "max_completion_tokens": 6} if loss == "dr_grpo" else {"type": loss}
     stats = {}
     for normalise in ("kept", "sampled"):
@@ -171,8 +187,9 @@ def test_bad_rows_are_rejected_with_the_field_named():
         TrainRow((1,), (2,), (-1.0,), float("nan"), "g", (1,))
     with pytest.raises(TrainerError, match="rows"):
         TrainBatch(())
-    out_of_vocab = TrainBatch((TrainRow((1,), (64,), (-1.0,), 1.0, "g", (1,)),
-                               TrainRow((1,), (2,), (-1.0,), 0.0, "g", (1,))))
+    out_of_vocab = TrainBatch(
+        (TrainRow((1,), (64,), (-1.0,), 1.0, "g", (1,)), TrainRow((1,), (2,), (-1.0,), 0.0, "g", (1,)))
+    )
     with pytest.raises(TrainerError, match=r"rows\[0\]\.completion_ids"):
         Trainer(tiny_model(0), TrainerConfig()).step(out_of_vocab)
 
@@ -221,8 +238,12 @@ def test_grad_norm_spike_is_skipped():
     for seed in range(3):
         assert trainer.step(synthetic_batch(seed=seed)).outcome == "applied"
     spiky = synthetic_batch(seed=9)
-    spiky = TrainBatch(tuple(TrainRow(r.prompt_ids, r.completion_ids, r.behaviour_logprobs, 1e4 * r.reward,
-                                      r.group_id, r.loss_mask) for r in spiky.rows))
+    spiky = TrainBatch(
+        tuple(
+            TrainRow(r.prompt_ids, r.completion_ids, r.behaviour_logprobs, 1e4 * r.reward, r.group_id, r.loss_mask)
+            for r in spiky.rows
+        )
+    )
     before = params_of(model)
     stats = trainer.step(spiky)
     assert stats.outcome == "skipped" and "spike" in stats.guard_reason

@@ -1,4 +1,5 @@
 """Helpers shared by the trainer tests: a tiny random Qwen2 and synthetic batches."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,13 @@ def tiny_model(seed: int = 0, tied: bool = False):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
     )
     return AutoModelForCausalLM.from_config(config)
 
@@ -48,7 +54,7 @@ def sample(model, prompt, n_tokens, temperature, gen):
             tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
             ids.append(tok)
             logps.append(float(logp[tok]))
-    return tuple(ids[len(prompt):]), tuple(logps)
+    return tuple(ids[len(prompt) :]), tuple(logps)
 
 
 def synthetic_batch(
@@ -63,8 +69,11 @@ def synthetic_batch(
         prompt = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(2, 5)))
         for k in range(group_size):
             completion = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 6)))
-            behaviour = (reference_logprobs(model, prompt, completion, temperature) if model is not None
-                         else tuple(-4.0 - 0.1 * rng.random() for _ in completion))
+            behaviour = (
+                reference_logprobs(model, prompt, completion, temperature)
+                if model is not None
+                else tuple(-4.0 - 0.1 * rng.random() for _ in completion)
+            )
             reward = 1.0 if g == n_groups - 1 else float(k == 0 or (k > 1 and rng.random() < 0.5))
             rows.append(TrainRow(prompt, completion, behaviour, reward, f"g{g}", (1,) * len(completion), temperature))
     return TrainBatch(tuple(rows))

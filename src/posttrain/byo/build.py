@@ -6,6 +6,7 @@ rows) before training starts; a bad file or verifier is a TaskError or
 ConfigError naming the domain, never a crash in the loop. A name already
 taken by a built-in or plugin domain is an error naming both origins.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -5,6 +5,7 @@ scored row; every problem is reported with the line (or row number) where a
 person finds it. A verifier that rejects its own file's reference answers
 is caught here, before any training step.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,9 @@ def inspect(domain: SourceDomain, score_gold: int = 200, tokenizer: Any = None) 
 def prompt_tokens(tokenizer: Any, messages: Any) -> int:
     """Tokens the model reads for this prompt: its chat template with the generation prompt, when it has one."""
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
-                                            add_generation_prompt=True, tokenize=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
+        )
         return len(out["input_ids"] if hasattr(out, "keys") else out)
     return len(tokenizer("\n".join(m.content for m in messages))["input_ids"])
 
@@ -136,5 +138,4 @@ def length_summary(lengths: list[int]) -> str:
         return "no rows"
     xs = sorted(lengths)
     q = lambda p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
-    return (f"min {xs[0]} | p50 {q(0.5)} | p90 {q(0.9)} | p99 {q(0.99)} | max {xs[-1]} | "
-            f"mean {statistics.fmean(xs):.1f}")
+    return f"min {xs[0]} | p50 {q(0.5)} | p90 {q(0.9)} | p99 {q(0.99)} | max {xs[-1]} | mean {statistics.fmean(xs):.1f}"

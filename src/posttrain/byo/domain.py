@@ -10,6 +10,7 @@ split, level, epoch), so the pool's seeded base index makes the order a
 function of the run seed. The index holds only locators and two small ints
 per row; rows are read back one at a time.
 """
+
 from __future__ import annotations
 
 import random
@@ -192,8 +193,14 @@ class SourceDomain(Domain):
 
     version = "1"
 
-    def __init__(self, name: str, source: SourceConfig, verifier: VerifierSpec | None = None,
-                 base_dir: str | None = None, origin: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        source: SourceConfig,
+        verifier: VerifierSpec | None = None,
+        base_dir: str | None = None,
+        origin: str = "",
+    ) -> None:
         from posttrain.byo.verifiers import build_verifier
 
         self.name = name
@@ -223,8 +230,10 @@ class SourceDomain(Domain):
             raise TaskError(f"{self.path}: {len(idx.errors)} bad rows: {shown}{more}")
         for split in ("train", "eval"):
             if not idx.size(split):
-                raise TaskError(f"{self.path}: no {split} rows (held-out comes from the split column or "
-                                f"{self.source.eval_percent}% by hash; a file needs rows of both)")
+                raise TaskError(
+                    f"{self.path}: no {split} rows (held-out comes from the split column or "
+                    f"{self.source.eval_percent}% by hash; a file needs rows of both)"
+                )
 
     @property
     def levels(self) -> int:  # type: ignore[override]

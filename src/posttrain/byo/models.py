@@ -11,6 +11,7 @@ masked, counted), never reward 0. Every judge call, cached or not, is a row
 of the `judge_calls` table in the cache database, keyed like the score, and
 the rollout's trace row names that key in its `reason`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,11 @@ from posttrain.types import Episode, Message, Score, Task
 
 def _fill(template: str, task: Task, completion: str) -> str:
     prompt = "\n".join(m.content for m in task.prompt if m.role != "system")
-    return (template.replace("{prompt}", prompt).replace("{answer}", str(task.reference))
-            .replace("{completion}", completion))
+    return (
+        template.replace("{prompt}", prompt)
+        .replace("{answer}", str(task.reference))
+        .replace("{completion}", completion)
+    )
 
 
 # ---- reward model ---------------------------------------------------------------------
@@ -152,8 +156,18 @@ class JudgeCache:
             )
             self._db.commit()
 
-    def log(self, key: str, version: str, task_id: str, cached: bool, value: float | None, raw: str,
-            error: str, latency_s: float, request: str) -> None:
+    def log(
+        self,
+        key: str,
+        version: str,
+        task_id: str,
+        cached: bool,
+        value: float | None,
+        raw: str,
+        error: str,
+        latency_s: float,
+        request: str,
+    ) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT INTO judge_calls (key, version, task_id, cached, value, raw, error, latency_s, request, "

@@ -7,6 +7,7 @@ spec's parameters (validated first by its `Params` pydantic model, when it
 has one); its entry point name is the verifier's name. A plugin that fails to
 load, or a name that clashes, is a TaskError naming both origins.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

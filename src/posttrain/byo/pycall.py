@@ -9,6 +9,7 @@ past `timeout_s`, a worker that dies) raises VerifierError: an infra error,
 masked and counted, never reward 0. A call past its time limit kills the
 workers; the next call starts fresh ones.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -81,8 +82,12 @@ def to_score(result: Any, threshold: float, path: str) -> Score:
             raise VerifierError(f"{path} returned parts that are not a mapping of names to numbers: {parts!r}")
         score = to_score(value, threshold, path)
         passed = bool(result.get("passed", score.passed))
-        return Score(score.value, {"outcome": score.value, **{str(k): float(v) for k, v in parts.items()}},
-                     passed, str(result.get("reason", "")))
+        return Score(
+            score.value,
+            {"outcome": score.value, **{str(k): float(v) for k, v in parts.items()}},
+            passed,
+            str(result.get("reason", "")),
+        )
     if isinstance(result, bool):
         return Score(float(result), {"outcome": float(result)}, result, "" if result else "rejected")
     if isinstance(result, (int, float)) and math.isfinite(result) and 0.0 <= result <= 1.0:
@@ -135,9 +140,14 @@ class CallableVerifier:
 
     def score(self, task: Task, episode: Episode) -> Score:
         ref = task.reference
-        kwargs = {"completion": episode.completion, "answer": ref.answer, "prompt": task.prompt[-1].content,
-                  "messages": [{"role": m.role, "content": m.content} for m in task.prompt],
-                  "metadata": dict(ref.metadata), "task_id": task.id}
+        kwargs = {
+            "completion": episode.completion,
+            "answer": ref.answer,
+            "prompt": task.prompt[-1].content,
+            "messages": [{"role": m.role, "content": m.content} for m in task.prompt],
+            "metadata": dict(ref.metadata),
+            "task_id": task.id,
+        }
         future = self._submit(call, self.params.path, kwargs)
         try:
             status, result = future.result(timeout=self.params.timeout_s)

@@ -7,6 +7,7 @@ reads that one row again (a seek and one record, or one cached Parquet row
 group). A row that does not parse is yielded with its error and line, never
 skipped in silence.
 """
+
 from __future__ import annotations
 
 import csv

@@ -8,6 +8,7 @@ knows the built-in names and the ones plugins register under the entry
 point group `posttrain.verifiers`; an unknown name is a ConfigError that
 lists the known ones.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -422,9 +423,18 @@ def _judge(params: C.JudgeParams) -> Any:
 
 
 BUILTIN: dict[str, Callable[[Any], Any]] = {
-    "exact": Exact, "numeric": Numeric, "choice": Choice, "regex": Regex, "math": MathEquiv, "json": JsonFields,
-    "sql": SqlResult, "code": CodeTests, "composite": Composite, "python": _python,
-    "reward_model": _reward_model, "judge": _judge,
+    "exact": Exact,
+    "numeric": Numeric,
+    "choice": Choice,
+    "regex": Regex,
+    "math": MathEquiv,
+    "json": JsonFields,
+    "sql": SqlResult,
+    "code": CodeTests,
+    "composite": Composite,
+    "python": _python,
+    "reward_model": _reward_model,
+    "judge": _judge,
 }
 
 
@@ -438,8 +448,10 @@ def build_verifier(spec: C.VerifierSpec) -> Any:
     plugins = plugin_verifiers()
     if spec.name not in plugins:
         known = sorted(set(BUILTIN) | set(plugins))
-        raise ConfigError(f"unknown verifier {spec.name!r}; known: {', '.join(known)} "
-                          "(plugins add names through the entry point group posttrain.verifiers)")
+        raise ConfigError(
+            f"unknown verifier {spec.name!r}; known: {', '.join(known)} "
+            "(plugins add names through the entry point group posttrain.verifiers)"
+        )
     factory, origin = plugins[spec.name]
     model = getattr(factory, "Params", None)
     try:

@@ -1,4 +1,5 @@
 """`posttrain base build`: build (or rebuild) the embedded base model."""
+
 from __future__ import annotations
 
 import argparse

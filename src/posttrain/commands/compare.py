@@ -1,6 +1,7 @@
 """`posttrain compare A B [CONFIG] [overrides]`: two runs or models on the same held-out items;
 per-domain paired deltas with intervals, significant improvements and regressions marked;
 a table here, and compare.json / compare.png / compare.html in --out."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,7 @@
 """`posttrain domains`: list every registered domain; `show NAME`: one domain
 with a sample task, its gold answer and scores; `hygiene`: dedupe and
 train/eval n-gram contamination report."""
+
 from __future__ import annotations
 
 import argparse
@@ -54,15 +55,26 @@ def list_domains(args: argparse.Namespace) -> int:
         if args.category and d.category != args.category:
             continue
         sample = "" if args.no_sample else d.sample(0, "train", 1).prompt[-1].content
-        rows.append({"name": name, "category": d.category, "verifier": d.verifier.name, "cost": d.cost_class,
-                     "levels": d.levels, "origin": origin(name), "sample": sample})
+        rows.append(
+            {
+                "name": name,
+                "category": d.category,
+                "verifier": d.verifier.name,
+                "cost": d.cost_class,
+                "levels": d.levels,
+                "origin": origin(name),
+                "sample": sample,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"{'NAME':<34} {'CATEGORY':<16} {'VERIFIER':<18} {'COST':<5} {'LV':>2}  {'ORIGIN':<28} SAMPLE")
     for r in rows:
-        print(f"{r['name']:<34} {r['category']:<16} {r['verifier']:<18} {r['cost']:<5} {r['levels']:>2}  "
-              f"{_one_line(_short(r['origin']), 28):<28} {_one_line(r['sample'], 60)}")
+        print(
+            f"{r['name']:<34} {r['category']:<16} {r['verifier']:<18} {r['cost']:<5} {r['levels']:>2}  "
+            f"{_one_line(_short(r['origin']), 28):<28} {_one_line(r['sample'], 60)}"
+        )
     print(f"{len(rows)} domains")
     return 0
 
@@ -87,8 +99,10 @@ def show(args: argparse.Namespace) -> int:
 
     print(f"{d.name}: {d.description}")
     print(f"origin {origin(d.name)}")
-    print(f"category {d.category} | verifier {d.verifier.name} v{d.verifier.version} | cost {d.cost_class} | "
-          f"levels {d.levels} | budget {d.budget} | multi-turn {'yes' if d.environment() is not None else 'no'}")
+    print(
+        f"category {d.category} | verifier {d.verifier.name} v{d.verifier.version} | cost {d.cost_class} | "
+        f"levels {d.levels} | budget {d.budget} | multi-turn {'yes' if d.environment() is not None else 'no'}"
+    )
     print(f"task {task.id} | taskset {task.meta.taskset_version}\n")
     for m in task.prompt:
         print(f"[{m.role}]\n{m.content}\n")
@@ -115,6 +129,8 @@ def hygiene(args: argparse.Namespace) -> int:
         eval_ = [d.sample(i, "eval", 1) for i in range(n_eval)]
         dd = dedupe(train)
         rep = contamination(name, train, eval_, n=args.ngram)
-        print(f"{name:<30} {dd.total:>6} {dd.exact_duplicates:>9} {dd.normalised_duplicates:>8} {rep.eval_tasks:>5} "
-              f"{rep.exact_overlap:>8} {rep.contaminated:>6} {rep.max_overlap:>6.2f}")
+        print(
+            f"{name:<30} {dd.total:>6} {dd.exact_duplicates:>9} {dd.normalised_duplicates:>8} {rep.eval_tasks:>5} "
+            f"{rep.exact_overlap:>8} {rep.contaminated:>6} {rep.max_overlap:>6.2f}"
+        )
     return 0

@@ -1,6 +1,7 @@
 """`posttrain eval [CONFIG] [overrides] [--model DIR | --run RUN_DIR] [--heldout FILE]`: held-out accuracy
 per domain with 95% intervals, on a stored held-out set when given one (same items, same JSON); multi-turn
 domains are played as episodes, with pass@turn-k."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", nargs="?", help="YAML config naming the domains and eval settings")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.tasks_per_domain=50")
-    p.add_argument("--model", metavar="DIR", help="a local Hugging Face model directory (default: the run's latest "
-                   "checkpoint with --run, else the embedded base)")
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a local Hugging Face model directory (default: the run's latest "
+        "checkpoint with --run, else the embedded base)",
+    )
     p.add_argument(
         "--run", metavar="RUN_DIR", help="evaluate a run: its config, its stored held-out set, its latest checkpoint"
     )

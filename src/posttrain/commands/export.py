@@ -5,6 +5,7 @@ weights, tokenizer) or nothing: it is written to a temporary folder and
 renamed into place. A LoRA checkpoint is merged into its base (W + (alpha/r) B A);
 a full checkpoint's model files are copied without trainer state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a run's latest checkpoint as a servable model (merges LoRA adapters)")
     p.add_argument("run_dir", help="a run directory (its latest checkpoint) or one checkpoint directory")
     p.add_argument("--out", required=True, help="output model directory (must not exist or be empty)")
-    p.add_argument("--base", help="base model directory for a LoRA checkpoint (default: the run's model.path, "
-                                  "else the embedded base)")
+    p.add_argument(
+        "--base",
+        help="base model directory for a LoRA checkpoint (default: the run's model.path, else the embedded base)",
+    )
     p.set_defaults(func=run)
 
 

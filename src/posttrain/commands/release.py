@@ -1,4 +1,5 @@
 """`posttrain release RUN_DIR`: promote a training checkpoint into the model registry."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--registry", default="registry", help="model registry directory (default ./registry)")
     p.add_argument("--step", type=int, help="release this checkpoint step instead of the latest")
     p.add_argument("--share", type=float, help="canary traffic share (default: the registry's, 0.1)")
-    p.add_argument("--fast-mode", choices=("lossless", "int8"), default="lossless",
-                   help="int8: allow the lossy int8 fast tier if the held-out quality gate passes")
+    p.add_argument(
+        "--fast-mode",
+        choices=("lossless", "int8"),
+        default="lossless",
+        help="int8: allow the lossy int8 fast tier if the held-out quality gate passes",
+    )
     p.add_argument("--gate-domains", default="add,sub,mul,reverse,sort", help="comma-separated gated domains")
     p.add_argument("--gate-tasks", type=int, default=50, help="held-out tasks per gated domain")
     p.add_argument(

@@ -1,4 +1,5 @@
 """`posttrain report RUN_DIR [--out FILE]`: write a self-contained HTML report of a run."""
+
 from __future__ import annotations
 
 import argparse

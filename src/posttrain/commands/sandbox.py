@@ -1,6 +1,7 @@
 """`posttrain sandbox probe`: what this machine offers the sandbox, which
 backend a config would get, and what each backend enforces.
 `posttrain sandbox run -- CMD ...`: run one command in the sandbox (a smoke test)."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("action", choices=["probe", "run"], help="probe: report; run: execute CMD in a fresh sandbox")
     p.add_argument("--backend", default="auto", help="auto | forkserver | bwrap | unsafe")
-    p.add_argument("--accept-weaker", action="append", default=[], metavar="BACKEND",
-                   help="a weaker backend `auto` may fall back to (repeatable)")
+    p.add_argument(
+        "--accept-weaker",
+        action="append",
+        default=[],
+        metavar="BACKEND",
+        help="a weaker backend `auto` may fall back to (repeatable)",
+    )
     p.add_argument("--wall", type=float, default=10.0, help="with run: wall-clock limit in seconds")
     p.add_argument("cmd", nargs="*", help="with run: the command and its arguments, after --")
     p.set_defaults(func=run)
@@ -52,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.write(res.stderr.decode("utf-8", "replace"))
     print(
         f"[{res.backend}] status={res.status} exit={res.exit_code} signal={res.signal} cpu={res.cpu_s:.3f}s "
-        f"wall={res.wall_s:.3f}s"
-        + (f" error={res.error}" if res.error else ""),
+        f"wall={res.wall_s:.3f}s" + (f" error={res.error}" if res.error else ""),
         file=sys.stderr,
     )
     return 0 if res.status == "ok" else 1

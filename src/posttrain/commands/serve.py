@@ -1,4 +1,5 @@
 """`posttrain serve`: the OpenAI-compatible server over a registry or one model directory."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000)")
     p.add_argument("--config", help="YAML file with serve settings (see docs/serving.md)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted override, e.g. --set fast.mode=int8 --set canary.share=0.2")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set fast.mode=int8 --set canary.share=0.2",
+    )
     p.set_defaults(func=run)
 
 

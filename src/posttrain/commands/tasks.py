@@ -1,6 +1,7 @@
 """`posttrain tasks validate PATH` and `posttrain tasks stats PATH`: check a task file (or every
 source domain of a config) before training. PATH is a run config (YAML) or a data file or
 `datasets` directory with the mapping and verifier given as options."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,14 +20,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ("stats", "validate's counts plus the prompt-length distribution in tokens (chat template included)"),
     ):
         v = verbs.add_parser(verb, help=text)
-        v.add_argument("path", help="a run config (.yaml) with tasks.domains.NAME.source, or a JSONL/CSV/Parquet file "
-                                    "or datasets directory")
+        v.add_argument(
+            "path",
+            help="a run config (.yaml) with tasks.domains.NAME.source, or a JSONL/CSV/Parquet file "
+            "or datasets directory",
+        )
         v.add_argument("--domain", help="with a config: only this domain")
         v.add_argument(
             "--format", default="auto", help="with a data file: jsonl, csv, parquet, datasets (default: by suffix)"
         )
-        v.add_argument("--field", action="append", default=[], metavar="ROLE=COLUMN",
-                       help="with a data file: field mapping, e.g. --field prompt=question --field answer=gold")
+        v.add_argument(
+            "--field",
+            action="append",
+            default=[],
+            metavar="ROLE=COLUMN",
+            help="with a data file: field mapping, e.g. --field prompt=question --field answer=gold",
+        )
         v.add_argument(
             "--verifier", default="exact", help="with a data file: verifier name or module:function (default exact)"
         )
@@ -75,8 +84,9 @@ def _specs(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         params[key] = yaml.safe_load(value)
     verifier = {"name": "python", "path": args.verifier} if ":" in args.verifier else {"name": args.verifier}
     try:
-        spec = DomainSpec.model_validate({"source": {"path": args.path, "format": args.format, "fields": fields},
-                                          "verifier": {**verifier, **params}})
+        spec = DomainSpec.model_validate(
+            {"source": {"path": args.path, "format": args.format, "fields": fields}, "verifier": {**verifier, **params}}
+        )
     except ValueError as exc:
         raise ConfigError(f"{args.path}: {exc}") from None
     return {"file": spec}, None
@@ -111,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
             f"{len(rep.bad)} bad, {rep.skipped} skipped (split value neither train nor held-out) | levels {rep.levels}"
         )
         print(f"  duplicates: {rep.duplicates} exact, {rep.near_duplicates} near (same words, other punctuation/case)")
-        print(f"  train/held-out overlap: {rep.overlap_rows} rows dropped (prompt in both splits), "
-              f"{rep.overlap_near} near-duplicate prompts across splits")
-        print(f"  gold answers: {rep.gold_passed}/{rep.gold_scored} pass their verifier"
-              f"{f', {rep.gold_infra} infra errors' if rep.gold_infra else ''}"
-              f"{f', {rep.no_gold} rows without a gold completion (not scored)' if rep.no_gold else ''}")
+        print(
+            f"  train/held-out overlap: {rep.overlap_rows} rows dropped (prompt in both splits), "
+            f"{rep.overlap_near} near-duplicate prompts across splits"
+        )
+        print(
+            f"  gold answers: {rep.gold_passed}/{rep.gold_scored} pass their verifier"
+            f"{f', {rep.gold_infra} infra errors' if rep.gold_infra else ''}"
+            f"{f', {rep.no_gold} rows without a gold completion (not scored)' if rep.no_gold else ''}"
+        )
         if tokenizer is not None:
             print(f"  prompt tokens: {length_summary(rep.lengths)}")
         problems = rep.problems()

@@ -1,5 +1,6 @@
 """`posttrain trace RUN_DIR`: recent rollouts and per-domain statistics.
 `posttrain trace explain ROLLOUT_ID [--run RUN_DIR]`: the full chain of one rollout."""
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
     for r in store.recent(args.n, args.domain):
         reward = "masked" if r["reward"] is None else f"{r['reward']:.2f}"
         step = "-" if r["train_step"] is None else r["train_step"]
-        print(f"{r['id']}  {r['domain']:<12} v{r['model_version']:<4} step {step:<5} reward {reward:<7} "
-              f"{r['prompt'][:30]!r} -> {r['completion'][:30]!r} {r['reason']}")
+        print(
+            f"{r['id']}  {r['domain']:<12} v{r['model_version']:<4} step {step:<5} reward {reward:<7} "
+            f"{r['prompt'][:30]!r} -> {r['completion'][:30]!r} {r['reason']}"
+        )
     alarms = store.events("alarm")
     if alarms:
         print(f"\n{len(alarms)} alarm(s):")

@@ -1,4 +1,5 @@
 """`posttrain train [CONFIG] [dotted.overrides ...] [--resume RUN_DIR]`."""
+
 from __future__ import annotations
 
 import argparse

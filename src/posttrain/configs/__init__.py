@@ -7,6 +7,7 @@ file that sets only what differs from the defaults, applies dotted overrides
 bad field and what it allows. Importing this package imports no torch and no part
 of posttrain other than `errors` (tests/configs/test_configs_light.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

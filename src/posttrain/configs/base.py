@@ -3,6 +3,7 @@
 Invariant: torch-free; the build is a pure function of this config (seed included), and
 `fingerprint()` names it, so one config maps to one cached model directory.
 """
+
 from __future__ import annotations
 
 import hashlib

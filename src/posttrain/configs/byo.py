@@ -7,6 +7,7 @@ documented settings, unknown keys are rejected naming the allowed ones, and a
 built-in verifier's parameters are checked here, at config load. A verifier
 name that is not built in (a plugin's) is checked when the domain is built.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,6 +37,7 @@ class Strict(BaseModel):
                     f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(cls.model_fields))}"
                 )
         return data
+
 
 Format = Literal["auto", "jsonl", "csv", "parquet", "datasets"]
 FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
@@ -105,6 +107,7 @@ class SourceConfig(Strict):
     @classmethod
     def _absolute(cls, v: str) -> str:
         return _absolute_path(v)
+
     format: Format = "auto"
     """File format; auto picks it from the suffix (a directory is a `datasets` directory)."""
     fields: FieldMap = FieldMap()
@@ -148,7 +151,6 @@ class SourceConfig(Strict):
 
 
 class _Params(Strict):
-
     extract: Literal["answer_tag", "whole", "last_line"] = "answer_tag"
     """What part of the completion is the answer: the last <answer>...</answer> (else the whole text), the whole text, or its last non-empty line."""  # noqa: E501 (field docstring = its help text)
 
@@ -276,6 +278,7 @@ class RewardModelParams(Strict):
     @classmethod
     def _absolute(cls, v: str) -> str:
         return _absolute_path(v)
+
     template: str = "{prompt}\n{completion}"
     """Text the model reads: {prompt}, {completion} and {answer} are replaced."""
     label: int = Field(1, ge=0)
@@ -425,5 +428,6 @@ def resolve_format(source: SourceConfig, is_dir: bool) -> str:
     for suffix, fmt in FORMAT_BY_SUFFIX.items():
         if source.path.lower().endswith(suffix):
             return fmt
-    raise ValueError(f"source {source.path!r}: cannot tell the format from the suffix; set format "
-                     f"(jsonl, csv, parquet, datasets)")
+    raise ValueError(
+        f"source {source.path!r}: cannot tell the format from the suffix; set format (jsonl, csv, parquet, datasets)"
+    )

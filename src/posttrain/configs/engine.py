@@ -3,6 +3,7 @@
 Invariant: torch-free; a config that validates names a runnable engine (the
 openai engine always has an http(s) URL), unknown keys are rejected.
 """
+
 from __future__ import annotations
 
 from typing import Literal

@@ -2,6 +2,7 @@
 
 Invariant: torch-free; every k of pass@k is at most the samples drawn.
 """
+
 from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator

@@ -2,6 +2,7 @@
 
 Invariant: torch-free; a path is only a string here, checked where the model is loaded.
 """
+
 from __future__ import annotations
 
 from typing import Literal

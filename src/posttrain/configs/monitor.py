@@ -4,6 +4,7 @@ Invariant: a MonitorConfig that validates is runnable as is: every threshold
 is bounded, every alarm names one action (log, lower_weight, stop), unknown
 keys are rejected and the model is frozen. Importing it imports no torch.
 """
+
 from __future__ import annotations
 
 from typing import Literal

@@ -5,6 +5,7 @@ and bound the pipeline relies on is checked here (long slots fit inside the
 in-flight cap, the cap's floor is below its ceiling), unknown keys are
 rejected, and the model is frozen.
 """
+
 from __future__ import annotations
 
 from typing import Literal

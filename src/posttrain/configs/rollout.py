@@ -2,6 +2,7 @@
 
 Invariant: torch-free; every field is bounded.
 """
+
 from __future__ import annotations
 
 from pydantic import Field

@@ -5,6 +5,7 @@ fork-server where posttrain is root and the probe finds every feature it
 needs; anything weaker (bubblewrap, unsafe) is used only if named, either as
 the backend or in `accept_weaker`. Bad values raise one error naming the field.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,9 +16,29 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 BackendName = Literal["forkserver", "bwrap", "unsafe"]
 
 DEFAULT_PREIMPORT = (
-    "json", "re", "math", "collections", "itertools", "functools", "heapq", "bisect",
-    "string", "random", "typing", "dataclasses", "fractions", "decimal", "datetime",
-    "statistics", "copy", "operator", "array", "enum", "runpy", "traceback", "unittest",
+    "json",
+    "re",
+    "math",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "random",
+    "typing",
+    "dataclasses",
+    "fractions",
+    "decimal",
+    "datetime",
+    "statistics",
+    "copy",
+    "operator",
+    "array",
+    "enum",
+    "runpy",
+    "traceback",
+    "unittest",
 )
 
 

@@ -2,6 +2,7 @@
 
 Invariant: a section rejects unknown fields and is frozen once built.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict

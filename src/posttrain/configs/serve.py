@@ -3,6 +3,7 @@
 Invariant: every knob has a bound and a docstring; a bad value raises
 ConfigError naming the dotted field (see `load_serve_config`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal

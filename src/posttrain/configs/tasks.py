@@ -5,6 +5,7 @@ settings; unknown keys are rejected (extra="forbid"), and whether each
 domain name exists is checked by `TaskPool` against the registry (the config
 module itself imports no domain).
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,10 @@ class DomainSpec(BaseModel):
             return None
         unknown = sorted(set(weights) - set(REWARD_PARTS))
         if unknown:
-            raise ValueError(f"reward_weights: unknown part(s) {', '.join(map(repr, unknown))}; "
-                             f"the parts are {', '.join(REWARD_PARTS)}")
+            raise ValueError(
+                f"reward_weights: unknown part(s) {', '.join(map(repr, unknown))}; "
+                f"the parts are {', '.join(REWARD_PARTS)}"
+            )
         bad = {k: w for k, w in weights.items() if not math.isfinite(w) or w < 0}
         if bad:
             raise ValueError(f"reward_weights: weights must be finite and >= 0, got {bad}")

@@ -4,6 +4,7 @@ Invariant: a TrainerConfig that validates is runnable as is: every bound the
 trainer relies on (positive learning rate, clip ranges, window sizes) is
 checked here, unknown keys are rejected, and the model is frozen.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

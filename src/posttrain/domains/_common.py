@@ -4,6 +4,7 @@ Invariant: every helper here is deterministic and pure; numbers are
 formatted one canonical way, so a reference string is a function of the
 value alone.
 """
+
 from __future__ import annotations
 
 import json

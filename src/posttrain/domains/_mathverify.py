@@ -7,6 +7,7 @@ math-verify's own timeout (signal based) works there because the worker runs
 it on its main thread; a worker that still overruns the outer deadline is
 killed and the call raises VerifierError (infra, never reward 0).
 """
+
 from __future__ import annotations
 
 import atexit

@@ -1,4 +1,5 @@
 """add: integer addition; difficulty sets the operand sizes (2+1, 2+2, 3+3, 4+4 digits)."""
+
 from __future__ import annotations
 
 import random

@@ -5,6 +5,7 @@ arguments (and the domain's version), and the train and eval splits never
 share a task: a task's split is decided by a hash of its canonical question,
 so a question that hashes to eval can never be drawn for train.
 """
+
 from __future__ import annotations
 
 import abc

@@ -22,6 +22,7 @@ when they pass or at the turn budget, and the execute step then runs the
 hidden tests (the others) on the last answer, which decide the reward. No
 hidden test reaches an environment step or an observation.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -113,11 +114,20 @@ class CodeRun:
 
     def summary(self) -> dict[str, Any]:
         """The trace's view: status, exit code, times, the program, each input's outcome."""
-        tests = [{"kind": o.kind, **({"value": _short(o.value)} if o.kind == "value" else {"detail": o.detail})}
-                 for o in self.outputs]
-        return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
-                "wall_s": round(self.wall_s, 4), "program": self.program, "tests": tests, "stderr": self.stderr,
-                **({"suite": self.suite} if self.suite != "all" else {})}
+        tests = [
+            {"kind": o.kind, **({"value": _short(o.value)} if o.kind == "value" else {"detail": o.detail})}
+            for o in self.outputs
+        ]
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "cpu_s": round(self.cpu_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "program": self.program,
+            "tests": tests,
+            "stderr": self.stderr,
+            **({"suite": self.suite} if self.suite != "all" else {}),
+        }
 
 
 PROGRAM_CHARS = 4000
@@ -150,8 +160,17 @@ def load_tasks() -> tuple[CodeTask, ...]:
     except (OSError, ValueError) as exc:
         raise TaskError(f"code: cannot read {DATA}/tasks.json: {exc}") from exc
     return tuple(
-        CodeTask(t["name"], t["level"], t["kind"], t["mode"], t["prompt"], t["solution"], t["wrong"], tuple(t["tests"]),
-                 tuple(t.get("visible", ())))
+        CodeTask(
+            t["name"],
+            t["level"],
+            t["kind"],
+            t["mode"],
+            t["prompt"],
+            t["solution"],
+            t["wrong"],
+            tuple(t["tests"]),
+            tuple(t.get("visible", ())),
+        )
         for t in raw
     )
 
@@ -236,8 +255,14 @@ def parse_outputs(stdout: bytes, n: int) -> tuple[TestOutput, ...]:
     return tuple(outs) + (TestOutput("none", detail="no result"),) * (n - len(outs))
 
 
-def execute(ref: CodeReference, code: str, runner: Callable[[Any], Any] | None = None, explain: bool = False,
-            domain: str = "code", suite: str = "all") -> CodeRun:
+def execute(
+    ref: CodeReference,
+    code: str,
+    runner: Callable[[Any], Any] | None = None,
+    explain: bool = False,
+    domain: str = "code",
+    suite: str = "all",
+) -> CodeRun:
     """Run `code` on the reference's inputs in the sandbox (`runner` defaults to
     the process-wide pool, under `domain`'s concurrency cap); SandboxError on an
     infra error."""
@@ -246,8 +271,16 @@ def execute(ref: CodeReference, code: str, runner: Callable[[Any], Any] | None =
     req = build_request(ref, code, explain)
     res = sandbox.raise_for_infra(runner(req) if runner else sandbox.run(req, domain=domain))
     stderr = res.stderr.decode("utf-8", "replace")[-STDERR_CHARS:]
-    return CodeRun(parse_outputs(res.stdout, len(ref.inputs())), res.status, res.cpu_s, res.wall_s,
-                   res.exit_code, stderr, code[:PROGRAM_CHARS], suite)
+    return CodeRun(
+        parse_outputs(res.stdout, len(ref.inputs())),
+        res.status,
+        res.cpu_s,
+        res.wall_s,
+        res.exit_code,
+        stderr,
+        code[:PROGRAM_CHARS],
+        suite,
+    )
 
 
 # ---------------------------------------------------------------- judge: outputs against expected values, on the host
@@ -327,7 +360,7 @@ class CodeVerifier:
 
 # ---------------------------------------------------------------- cheats: each must score below the gold
 
-_SCAN = '''
+_SCAN = """
 import gc, json, os, sys
 
 def _texts(v, depth=0, seen=None):
@@ -371,7 +404,7 @@ def ENTRY(*args):
         if t.get("args") == list(args):
             return t["expected"]
     return None
-'''
+"""
 _FRAMES = (
     "def SOURCE():\n    f, out = sys._getframe(), []\n    while f is not None:\n        out += "
     "list(_texts(dict(f.f_locals)))\n"
@@ -422,7 +455,7 @@ CHEATS: dict[str, str] = {
         "    def __hash__(self): return 0\ndef ENTRY(*args): return Any()\n"
     ),
     "int_subclass": "class T(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\ndef "
-                    "ENTRY(*args): return T(1)\n",
+    "ENTRY(*args): return T(1)\n",
     "patch_builtins": (
         "import builtins, json, math\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: object\n"
         "json.dumps = lambda *a, **k: '{\"value\": true}'\njson.loads = lambda *a, **k: {'value': True}\nmath.isclose "
@@ -567,9 +600,7 @@ def visible_lookup(task: Task) -> str | None:
     if vis.kind == "class":
         return None
     table = {json.dumps(i): e for i, e in zip(vis.inputs(), vis.expected())}
-    return (f"import json\n_T = {table!r}\n\ndef {vis.name}(*args):\n"
-            "    return _T.get(json.dumps(list(args)))\n")
-
+    return f"import json\n_T = {table!r}\n\ndef {vis.name}(*args):\n    return _T.get(json.dumps(list(args)))\n"
 
 
 class Code(Domain):

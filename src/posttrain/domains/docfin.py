@@ -7,6 +7,7 @@ from the same figures that are rendered. Extraction tasks are scored by
 field-level precision and recall (F1, declared partial credit; passed only
 when every field is right); figure tasks by one number within a tolerance.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,8 +25,28 @@ from posttrain.domains.registry import register
 from posttrain.types import Episode, Score, StepResult, Task
 
 DATE_LO, DATE_HI = dt.date(2019, 1, 1), dt.date(2024, 12, 31)
-PRODUCTS = ["Widget", "Gasket", "Bracket", "Cable", "Sensor", "Valve", "Panel", "Filter", "Bearing", "Switch",
-            "Adapter", "Relay", "Hinge", "Clamp", "Spring", "Fuse", "Lamp", "Motor", "Pump", "Router"]
+PRODUCTS = [
+    "Widget",
+    "Gasket",
+    "Bracket",
+    "Cable",
+    "Sensor",
+    "Valve",
+    "Panel",
+    "Filter",
+    "Bearing",
+    "Switch",
+    "Adapter",
+    "Relay",
+    "Hinge",
+    "Clamp",
+    "Spring",
+    "Fuse",
+    "Lamp",
+    "Motor",
+    "Pump",
+    "Router",
+]
 TAX_RATES = [5, 7.5, 8, 10, 12, 20]
 
 _faker_lock = threading.Lock()
@@ -107,15 +128,20 @@ class FieldsVerifier:
         if "check" in task.reference:
             loop = {"process": float(not validate_fields(got, task.reference["check"])), "efficiency": 0.0}
         if not isinstance(got, dict):
-            return Score(0.0, {"outcome": 0.0, "precision": 0.0, "recall": 0.0, **loop}, False,
-                         "answer is not a JSON object")
+            return Score(
+                0.0, {"outcome": 0.0, "precision": 0.0, "recall": 0.0, **loop}, False, "answer is not a JSON object"
+            )
         tp = sum(1 for k, v in got.items() if k in gold and field_matches(gold[k], v))
         precision, recall, value = f1(tp, len(got), len(gold))
         ok = tp == len(gold) == len(got)
         if loop:
             loop["efficiency"] = float(ok) / max(1, len(episode.turns))
-        return Score(value, {"outcome": float(ok), "precision": precision, "recall": recall, **loop}, ok,
-                     "" if ok else f"{tp}/{len(gold)} fields right")
+        return Score(
+            value,
+            {"outcome": float(ok), "precision": precision, "recall": recall, **loop},
+            ok,
+            "" if ok else f"{tp}/{len(gold)} fields right",
+        )
 
 
 # ---- the validator of multi-turn extraction ----------------------------------------
@@ -139,8 +165,11 @@ def _typed(value: Any, kind: str) -> tuple[Any, str]:
         except ValueError:
             pass
         return None, "bad date format (want YYYY-MM-DD)"
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else (
-        parse_number(value) if isinstance(value, str) else None)
+    number = (
+        value
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else (parse_number(value) if isinstance(value, str) else None)
+    )
     if number is None:
         return None, "not a number"
     if kind == "integer" and float(number) != int(number):
@@ -184,10 +213,14 @@ def _payslip_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
 
 
 def _balance_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
-    out = [f"{k} must not be negative" for k in ("total_assets", "total_liabilities", "cash", "long_term_debt")
-           if k in v and v[k] < 0]
+    out = [
+        f"{k} must not be negative"
+        for k in ("total_assets", "total_liabilities", "cash", "long_term_debt")
+        if k in v and v[k] < 0
+    ]
     if {"equity", "total_assets", "total_liabilities"} <= set(v) and not _near(
-            v["equity"], v["total_assets"] - v["total_liabilities"]):
+        v["equity"], v["total_assets"] - v["total_liabilities"]
+    ):
         out.append("equity does not equal total_assets - total_liabilities")
     if "cash" in v and "total_assets" in v and v["cash"] > v["total_assets"]:
         out.append("cash exceeds total_assets")
@@ -207,7 +240,10 @@ def _income_rules(v: dict[str, Any], facts: dict[str, Any]) -> list[str]:
 
 
 RULES: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[str]]] = {
-    "invoice": _invoice_rules, "payslip": _payslip_rules, "balance": _balance_rules, "income": _income_rules,
+    "invoice": _invoice_rules,
+    "payslip": _payslip_rules,
+    "balance": _balance_rules,
+    "income": _income_rules,
 }
 
 
@@ -285,8 +321,14 @@ def make_invoice(rng: random.Random, d: int) -> Invoice:
         f = faker(rng.getrandbits(32))
         vendor, customer = f.company(), f.company()
         date = f.date_between_dates(DATE_LO, DATE_HI)
-    lines = tuple((rng.choice(PRODUCTS) + f" {rng.choice('ABCDEFGH')}{rng.randint(1, 99)}", rng.randint(1, 5 * d),
-                   cents(rng.randint(100, 5000 * d) / 100)) for _ in range(1 + 2 * d))
+    lines = tuple(
+        (
+            rng.choice(PRODUCTS) + f" {rng.choice('ABCDEFGH')}{rng.randint(1, 99)}",
+            rng.randint(1, 5 * d),
+            cents(rng.randint(100, 5000 * d) / 100),
+        )
+        for _ in range(1 + 2 * d)
+    )
     return Invoice(
         number=f"INV-{rng.randint(10000, 99999)}",
         date=date,
@@ -301,8 +343,14 @@ def make_invoice(rng: random.Random, d: int) -> Invoice:
 
 
 def render_invoice(inv: Invoice, style: str, show_totals: bool = True) -> str:
-    head = [f"Invoice {inv.number}", f"Date: {inv.date.isoformat()}", f"Due: {inv.due.isoformat()}",
-            f"From: {inv.vendor}", f"Bill to: {inv.customer}", ""]
+    head = [
+        f"Invoice {inv.number}",
+        f"Date: {inv.date.isoformat()}",
+        f"Due: {inv.due.isoformat()}",
+        f"From: {inv.vendor}",
+        f"Bill to: {inv.customer}",
+        "",
+    ]
     if style == "md":
         rows = ["| Item | Qty | Unit price | Amount |", "|---|---:|---:|---:|"]
         rows += [f"| {n} | {q} | {money(p)} | {money(q * p)} |" for n, q, p in inv.lines]
@@ -383,31 +431,60 @@ def make_statements(rng: random.Random, d: int) -> Statements:
     k = lambda lo, hi: cents(rng.randint(lo, hi) * scale / 100)  # noqa: E731
     revenue = k(5000, 20000)
     while True:
-        s = Statements(company=company, year=rng.randint(DATE_LO.year, DATE_HI.year), cash=k(200, 3000),
-                       receivables=k(200, 3000), inventory=k(100, 2500), ppe=k(1000, 9000), payables=k(100, 2000),
-                       short_debt=k(0, 1500), long_debt=k(0, 4000), revenue=revenue,
-                       prev_revenue=k(4000, 20000), cogs=cents(revenue * rng.randint(30, 70) / 100),
-                       opex=cents(revenue * rng.randint(5, 20) / 100), interest=k(0, 300),
-                       tax_rate=rng.choice([15, 21, 25, 30]), shares=rng.randint(1, 50) * 10**5)
+        s = Statements(
+            company=company,
+            year=rng.randint(DATE_LO.year, DATE_HI.year),
+            cash=k(200, 3000),
+            receivables=k(200, 3000),
+            inventory=k(100, 2500),
+            ppe=k(1000, 9000),
+            payables=k(100, 2000),
+            short_debt=k(0, 1500),
+            long_debt=k(0, 4000),
+            revenue=revenue,
+            prev_revenue=k(4000, 20000),
+            cogs=cents(revenue * rng.randint(30, 70) / 100),
+            opex=cents(revenue * rng.randint(5, 20) / 100),
+            interest=k(0, 300),
+            tax_rate=rng.choice([15, 21, 25, 30]),
+            shares=rng.randint(1, 50) * 10**5,
+        )
         if s.equity > 0 and s.pretax > 0:
             return s
 
 
 def render_balance(s: Statements, style: str) -> str:
-    rows = [("Cash", s.cash), ("Accounts receivable", s.receivables), ("Inventory", s.inventory),
-            ("Total current assets", s.current_assets), ("Property, plant and equipment", s.ppe),
-            ("Total assets", s.total_assets), ("Accounts payable", s.payables), ("Short-term debt", s.short_debt),
-            ("Total current liabilities", s.current_liabilities), ("Long-term debt", s.long_debt),
-            ("Total liabilities", s.total_liabilities), ("Shareholders' equity", s.equity)]
+    rows = [
+        ("Cash", s.cash),
+        ("Accounts receivable", s.receivables),
+        ("Inventory", s.inventory),
+        ("Total current assets", s.current_assets),
+        ("Property, plant and equipment", s.ppe),
+        ("Total assets", s.total_assets),
+        ("Accounts payable", s.payables),
+        ("Short-term debt", s.short_debt),
+        ("Total current liabilities", s.current_liabilities),
+        ("Long-term debt", s.long_debt),
+        ("Total liabilities", s.total_liabilities),
+        ("Shareholders' equity", s.equity),
+    ]
     return _table(f"{s.company}: balance sheet, 31 December {s.year}", rows, style)
 
 
 def render_income(s: Statements, style: str) -> str:
-    rows = [("Revenue", s.revenue), (f"Revenue, {s.year - 1}", s.prev_revenue), ("Cost of goods sold", s.cogs),
-            ("Gross profit", s.gross_profit), ("Operating expenses", s.opex), ("Operating income (EBIT)", s.ebit),
-            ("Interest expense", s.interest), ("Income before tax", s.pretax),
-            (f"Income tax ({s.tax_rate}%)", cents(s.pretax - s.net_income)), ("Net income", s.net_income),
-            ("Shares outstanding", float(s.shares))]
+    rows = [
+        ("Revenue", s.revenue),
+        (f"Revenue, {s.year - 1}", s.prev_revenue),
+        ("Cost of goods sold", s.cogs),
+        ("Gross profit", s.gross_profit),
+        ("Operating expenses", s.opex),
+        ("Operating income (EBIT)", s.ebit),
+        ("Interest expense", s.interest),
+        ("Income before tax", s.pretax),
+        (f"Income tax ({s.tax_rate}%)", cents(s.pretax - s.net_income)),
+        ("Net income", s.net_income),
+        ("Shares outstanding", float(s.shares)),
+    ]
     return _table(f"{s.company}: income statement, year ended 31 December {s.year}", rows, style)
 
 
@@ -428,8 +505,9 @@ def _num(value: float) -> dict[str, Any]:
     return {"kind": "number", "value": value}
 
 
-def _fields(fields: dict[str, Any], family: str, types: dict[str, str],
-            facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def _fields(
+    fields: dict[str, Any], family: str, types: dict[str, str], facts: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A fields reference: the hidden gold `fields` and the validator's `check`
     (the asked keys' types and figures the document prints; never a gold value
     the document does not show)."""
@@ -450,8 +528,12 @@ def invoice_fields(rng: random.Random, d: int, style: str) -> tuple[str, dict[st
         "amounts as numbers)."
     )
     types = {"invoice_number": "text", "date": "date", "due_date": "date", "vendor": "text", "customer": "text"}
-    facts = {"lines": [[q_, p] for _, q_, p in inv.lines], "discount": inv.discount, "shipping": inv.shipping,
-             "tax_rate": inv.tax_rate}
+    facts = {
+        "lines": [[q_, p] for _, q_, p in inv.lines],
+        "discount": inv.discount,
+        "shipping": inv.shipping,
+        "tax_rate": inv.tax_rate,
+    }
     return q, _fields(fields, "invoice", types, facts)
 
 
@@ -467,8 +549,11 @@ def invoice_total(rng: random.Random, d: int, style: str) -> tuple[str, dict[str
 
 def invoice_tax(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
     inv = make_invoice(rng, d)
-    return (f"{render_invoice(inv, style, show_totals=False)}\n\nTax applies to the subtotal after discount. "
-            "What is the tax amount? Round to cents.", _num(inv.tax))
+    return (
+        f"{render_invoice(inv, style, show_totals=False)}\n\nTax applies to the subtotal after discount. "
+        "What is the tax amount? Round to cents.",
+        _num(inv.tax),
+    )
 
 
 def invoice_max_item(rng: random.Random, d: int, style: str) -> tuple[str, dict[str, Any]]:
@@ -726,9 +811,11 @@ FIN_BUILDERS: dict[str, tuple[str, Builder, str]] = {
 _VERIFIERS = {"number": NumberVerifier(), "fields": FieldsVerifier(), "text": TextVerifier()}
 
 
-FEEDBACK = ("A validator checks your object (every key present, dates as YYYY-MM-DD, numbers, figures that "
-            "reconcile with the document) and answers \"accepted\" or says what is wrong; then send the corrected "
-            "object.")
+FEEDBACK = (
+    "A validator checks your object (every key present, dates as YYYY-MM-DD, numbers, figures that "
+    'reconcile with the document) and answers "accepted" or says what is wrong; then send the corrected '
+    "object."
+)
 
 
 class DocDomain(ProceduralDomain):

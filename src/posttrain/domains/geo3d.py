@@ -15,6 +15,7 @@ infra_error raises SandboxError (never a score); a script that fails, times
 out or writes no mesh scores 0. Value is the share of constraints met, gated
 by watertightness (declared partial credit); `passed` needs all of them.
 """
+
 from __future__ import annotations
 
 import io
@@ -38,8 +39,10 @@ HEADER = (
     "(or out.npz with arrays `vertices` and `faces`). manifold3d, trimesh and numpy are available; "
     "units are millimetres; there is no network. Give the script in a ```python block.\n\n"
 )
-FEEDBACK = ("Each script you send is run and you get its constraint report (watertight, volume, bounding box, "
-            "parts, through-holes); adjust the script and send it again until every constraint holds.")
+FEEDBACK = (
+    "Each script you send is run and you get its constraint report (watertight, volume, bounding box, "
+    "parts, through-holes); adjust the script and send it again until every constraint holds."
+)
 SAVE_NPZ = (
     "mesh = shape.to_mesh()\n"
     "np.savez('out.npz', vertices=np.asarray(mesh.vert_properties)[:, :3], faces=np.asarray(mesh.tri_verts))\n"
@@ -75,28 +78,38 @@ def _cyl_vol(r: float, h: float) -> float:
 
 def box(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     x, y, z = _dim(rng, 5, 20 * d), _dim(rng, 5, 20 * d), _dim(rng, 2, 10 * d)
-    return (f"A solid rectangular block {x} x {y} x {z} mm.", f"shape = Manifold.cube([{x}, {y}, {z}])",
-            {"volume": x * y * z, "vol_tol": 0.01, "bbox": [x, y, z], "parts": 1, "genus": 0})
+    return (
+        f"A solid rectangular block {x} x {y} x {z} mm.",
+        f"shape = Manifold.cube([{x}, {y}, {z}])",
+        {"volume": x * y * z, "vol_tol": 0.01, "bbox": [x, y, z], "parts": 1, "genus": 0},
+    )
 
 
 def cylinder(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     r, h = _dim(rng, 2, 8 * d), _dim(rng, 3, 25 * d)
-    return (f"A solid cylinder of radius {r} mm and height {h} mm, axis along z.",
-            f"shape = Manifold.cylinder({h}, {r}, {r}, {SEG})",
-            {"volume": _cyl_vol(r, h), "vol_tol": 0.03, "bbox": [2 * r, 2 * r, h], "parts": 1, "genus": 0})
+    return (
+        f"A solid cylinder of radius {r} mm and height {h} mm, axis along z.",
+        f"shape = Manifold.cylinder({h}, {r}, {r}, {SEG})",
+        {"volume": _cyl_vol(r, h), "vol_tol": 0.03, "bbox": [2 * r, 2 * r, h], "parts": 1, "genus": 0},
+    )
 
 
 def sphere(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     r = _dim(rng, 4, 80 * d) / 2
-    return (f"A solid sphere of radius {r} mm.", f"shape = Manifold.sphere({r}, {SEG})",
-            {"volume": 4 / 3 * math.pi * r**3, "vol_tol": 0.04, "bbox": [2 * r] * 3, "parts": 1, "genus": 0})
+    return (
+        f"A solid sphere of radius {r} mm.",
+        f"shape = Manifold.sphere({r}, {SEG})",
+        {"volume": 4 / 3 * math.pi * r**3, "vol_tol": 0.04, "bbox": [2 * r] * 3, "parts": 1, "genus": 0},
+    )
 
 
 def box_hole(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     x, y, z = _dim(rng, 12, 20 * d + 10), _dim(rng, 12, 20 * d + 10), _dim(rng, 3, 8 * d)
     r = _dim(rng, 2, min(x, y) // 2 - 2)
-    body = (f"shape = Manifold.cube([{x}, {y}, {z}]) - "
-            f"Manifold.cylinder({z + 2}, {r}, {r}, {SEG}).translate([{x / 2}, {y / 2}, -1])")
+    body = (
+        f"shape = Manifold.cube([{x}, {y}, {z}]) - "
+        f"Manifold.cylinder({z + 2}, {r}, {r}, {SEG}).translate([{x / 2}, {y / 2}, -1])"
+    )
     return (
         f"A block {x} x {y} x {z} mm with one round through-hole of radius {r} mm along z, centred in the {x} x {y} "
         "face.",
@@ -161,9 +174,12 @@ def two_blocks(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
 def l_bracket(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
     L, W, T, H = _dim(rng, 20, 20 + 20 * d), _dim(rng, 8, 20), _dim(rng, 2, 5), _dim(rng, 10, 10 + 15 * d)
     body = f"shape = Manifold.cube([{L}, {W}, {T}]) + Manifold.cube([{T}, {W}, {H}])"
-    return (f"An L-shaped bracket: a base plate {L} x {W} x {T} mm and an upright plate {T} x {W} x {H} mm rising from "
-            f"the base's x = 0 edge, joined into one solid {H} mm tall.",
-            body, {"volume": L * W * T + T * W * (H - T), "vol_tol": 0.01, "bbox": [L, W, H], "parts": 1, "genus": 0})
+    return (
+        f"An L-shaped bracket: a base plate {L} x {W} x {T} mm and an upright plate {T} x {W} x {H} mm rising from "
+        f"the base's x = 0 edge, joined into one solid {H} mm tall.",
+        body,
+        {"volume": L * W * T + T * W * (H - T), "vol_tol": 0.01, "bbox": [L, W, H], "parts": 1, "genus": 0},
+    )
 
 
 def frame(rng: random.Random, d: int) -> tuple[str, str, dict[str, Any]]:
@@ -317,9 +333,16 @@ class GeoRun:
     program: str = ""  # the script that ran, truncated to PROGRAM_CHARS
 
     def summary(self) -> dict[str, Any]:
-        return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
-                "wall_s": round(self.wall_s, 4), "program": self.program, "report": self.measures,
-                "note": self.note, "stderr": self.stderr}
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "cpu_s": round(self.cpu_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "program": self.program,
+            "report": self.measures,
+            "note": self.note,
+            "stderr": self.stderr,
+        }
 
 
 PROGRAM_CHARS = 4000
@@ -330,14 +353,24 @@ def run_script(source: str, run: Callable[[Any], Any] | None = None) -> GeoRun:
     """Run a mesh script in the sandbox and measure what it wrote; SandboxError on an infra error."""
     from posttrain import sandbox
 
-    req = sandbox.ExecRequest(files={"main.py": source}, python_main="main.py", collect=OUTPUTS,
-                              limits=sandbox.Limits(wall_s=WALL_S, cpu_s=WALL_S, memory_bytes=1024 << 20))
+    req = sandbox.ExecRequest(
+        files={"main.py": source},
+        python_main="main.py",
+        collect=OUTPUTS,
+        limits=sandbox.Limits(wall_s=WALL_S, cpu_s=WALL_S, memory_bytes=1024 << 20),
+    )
     result = run(req) if run else sandbox.run(req)
     if result.status == "infra_error":
         raise SandboxError(f"geo sandbox run failed: {result.error}")
     stderr = result.stderr.decode("utf-8", "replace")[-STDERR_CHARS:]
-    base = dict(status=result.status, exit_code=result.exit_code, cpu_s=result.cpu_s, wall_s=result.wall_s,
-                stderr=stderr, program=source[:PROGRAM_CHARS])
+    base = dict(
+        status=result.status,
+        exit_code=result.exit_code,
+        cpu_s=result.cpu_s,
+        wall_s=result.wall_s,
+        stderr=stderr,
+        program=source[:PROGRAM_CHARS],
+    )
     if not result.ok:
         return GeoRun(**base, note=f"script {result.status}")
     mesh = load_mesh(dict(result.files))
@@ -354,18 +387,27 @@ def report(checks: dict[str, Any], m: dict[str, Any], results: dict[str, float])
     (the task's stated constraints) and ok / FAIL."""
     mark = {1.0: "ok", 0.0: "FAIL"}
     if not m["watertight"]:
-        return ("watertight: no (not a closed, valid manifold): FAIL; volume, parts and holes need a "
-                "watertight mesh; bounding box " + " x ".join(f"{x:.2f}" for x in m["extents"]) + " mm")
-    lines = ["watertight: yes",
-             f"volume: {m['volume']:.2f} mm^3 (target {checks['volume']:.2f} +- {checks['vol_tol']:.0%}): "
-             f"{mark[results['volume']]}",
-             "bounding box: " + " x ".join(f"{x:.2f}" for x in m["extents"]) + " mm (target "
-             + " x ".join(f"{x:g}" for x in checks["bbox"]) + f", any order): {mark[results['bbox']]}",
-             f"parts: {m['parts']} (target {checks['parts']}): {mark[results['parts']]}",
-             f"through-holes (genus): {m['genus']} (target {checks['genus']}): {mark[results['genus']]}"]
+        return (
+            "watertight: no (not a closed, valid manifold): FAIL; volume, parts and holes need a "
+            "watertight mesh; bounding box " + " x ".join(f"{x:.2f}" for x in m["extents"]) + " mm"
+        )
+    lines = [
+        "watertight: yes",
+        f"volume: {m['volume']:.2f} mm^3 (target {checks['volume']:.2f} +- {checks['vol_tol']:.0%}): "
+        f"{mark[results['volume']]}",
+        "bounding box: "
+        + " x ".join(f"{x:.2f}" for x in m["extents"])
+        + " mm (target "
+        + " x ".join(f"{x:g}" for x in checks["bbox"])
+        + f", any order): {mark[results['bbox']]}",
+        f"parts: {m['parts']} (target {checks['parts']}): {mark[results['parts']]}",
+        f"through-holes (genus): {m['genus']} (target {checks['genus']}): {mark[results['genus']]}",
+    ]
     if "clearance" in checks:
-        lines.append(f"clearance between parts: {m.get('clearance', 0.0):.2f} mm (target {checks['clearance']:g}): "
-                     f"{mark[results['clearance']]}")
+        lines.append(
+            f"clearance between parts: {m.get('clearance', 0.0):.2f} mm (target {checks['clearance']:g}): "
+            f"{mark[results['clearance']]}"
+        )
     return "\n".join(lines)
 
 
@@ -429,8 +471,12 @@ class MeshVerifier:
         value = sum(results.values()) / len(results) if results["watertight"] else 0.0
         failed = [k for k, v in results.items() if not v]
         loop = {"process": value, "efficiency": float(passed) / max(1, len(episode.turns))}
-        return Score(value, {"outcome": float(passed), **loop, **results}, passed,
-                     "" if passed else "failed: " + ", ".join(failed))
+        return Score(
+            value,
+            {"outcome": float(passed), **loop, **results},
+            passed,
+            "" if passed else "failed: " + ", ".join(failed),
+        )
 
 
 class GeoDomain(ProceduralDomain):

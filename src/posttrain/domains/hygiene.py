@@ -5,6 +5,7 @@ Invariant: `prompt_key` of two tasks is equal exactly when their prompts are
 equal after normalisation (case folded, whitespace collapsed, digits kept),
 so dedupe never merges two questions that differ in a number.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,14 @@ class ContaminationReport:
     mean_overlap: float
 
 
-def contamination(domain: str, train: Sequence[Task], eval_: Sequence[Task], n: int = 8,
-                  threshold: float = 0.5, template_df: float = 0.05) -> ContaminationReport:
+def contamination(
+    domain: str,
+    train: Sequence[Task],
+    eval_: Sequence[Task],
+    n: int = 8,
+    threshold: float = 0.5,
+    template_df: float = 0.05,
+) -> ContaminationReport:
     """N-gram overlap of each eval prompt with the union of train prompt n-grams.
 
     Procedural prompts share their template text, so n-grams found in more
@@ -107,8 +114,13 @@ def contamination(domain: str, train: Sequence[Task], eval_: Sequence[Task], n: 
         overlaps.append(len(grams & train_grams) / len(grams) if grams else 0.0)
     exact = sum(prompt_key(t) in train_keys for t in eval_)
     return ContaminationReport(
-        domain=domain, n=n, threshold=threshold, eval_tasks=len(eval_), train_tasks=len(train),
-        exact_overlap=exact, contaminated=sum(o >= threshold for o in overlaps),
+        domain=domain,
+        n=n,
+        threshold=threshold,
+        eval_tasks=len(eval_),
+        train_tasks=len(train),
+        exact_overlap=exact,
+        contaminated=sum(o >= threshold for o in overlaps),
         max_overlap=max(overlaps, default=0.0),
         mean_overlap=sum(overlaps) / len(overlaps) if overlaps else 0.0,
     )

@@ -20,6 +20,7 @@ passed = outcome (a retry that gets there passes, at a lower reward).
 One completion holding the actions one per line is replayed the same way
 (the contract test's single-completion gold).
 """
+
 from __future__ import annotations
 
 import random
@@ -150,8 +151,15 @@ class Lookup(ProceduralDomain):
         (as one completion and as the turns of an episode)."""
         value = str(task.reference["value"])
         key = key_of(task)
-        return [value, task.prompt[-1].content, "done", "", f"look:{key}\ndone", f"look:{key}\n{key}={value}",
-                f"look:{_other_key(key)}\n{value}"]
+        return [
+            value,
+            task.prompt[-1].content,
+            "done",
+            "",
+            f"look:{key}\ndone",
+            f"look:{key}\n{key}={value}",
+            f"look:{_other_key(key)}\n{value}",
+        ]
 
 
 def _other_key(key: str) -> str:

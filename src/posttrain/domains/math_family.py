@@ -7,6 +7,7 @@ expanded polynomial), so copying the question's unevaluated expression never
 scores, and is then compared with math-verify in a worker process
 (`_mathverify`), never with `sympy.parse_expr`.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,12 @@ class MathDomain(ProceduralDomain):
     def cheats(self, task: Task) -> list[str]:
         """The question (or its expression) echoed, code, an empty answer: never accepted."""
         question = task.prompt[-1].content.split("\n")[0]
-        return ["<answer></answer>", f"<answer>{question}</answer>", "<answer>__import__('os').getcwd()</answer>",
-                f"<answer>{self.wrong(task)} {task.reference}</answer>"]
+        return [
+            "<answer></answer>",
+            f"<answer>{question}</answer>",
+            "<answer>__import__('os').getcwd()</answer>",
+            f"<answer>{self.wrong(task)} {task.reference}</answer>",
+        ]
 
 
 # ---- generators: each (rng, difficulty) -> (question, LaTeX answer) -------------
@@ -140,7 +145,10 @@ def linear_system(rng: random.Random, d: int) -> tuple[str, str]:
         if a * e - b * c:
             break
     x, y = rng.randint(-hi, hi), rng.randint(-hi, hi)
-    return (f"Solve the system {a}x + {b}y = {a*x+b*y} and {c}x + {e}y = {c*x+e*y}. What is x + 2y?", str(x + 2 * y))
+    return (
+        f"Solve the system {a}x + {b}y = {a * x + b * y} and {c}x + {e}y = {c * x + e * y}. What is x + 2y?",
+        str(x + 2 * y),
+    )
 
 
 def quadratic_roots(rng: random.Random, d: int) -> tuple[str, str]:
@@ -284,8 +292,11 @@ def draw_probability(rng: random.Random, d: int) -> tuple[str, str]:
     red, blue = rng.randint(1, 10 + 4 * d), rng.randint(1, 10 + 4 * d)
     k = min(rng.randint(1, 1 + d // 2), red)
     p = Fraction(math.comb(red, k), math.comb(red + blue, k))
-    return (f"A bag holds {red} red and {blue} blue balls. {k} balls are drawn without replacement. "
-            f"What is the probability that all are red? Give a reduced fraction.", latex_fraction(p))
+    return (
+        f"A bag holds {red} red and {blue} blue balls. {k} balls are drawn without replacement. "
+        f"What is the probability that all are red? Give a reduced fraction.",
+        latex_fraction(p),
+    )
 
 
 def arith_series(rng: random.Random, d: int) -> tuple[str, str]:
@@ -367,7 +378,7 @@ def distance_points(rng: random.Random, d: int) -> tuple[str, str]:
     k = rng.randint(1, d)
     x, y = rng.randint(-10, 10), rng.randint(-10, 10)
     sx, sy = rng.choice([1, -1]), rng.choice([1, -1])
-    return f"What is the distance between ({x}, {y}) and ({x + sx*k*a}, {y + sy*k*b})?", str(k * c)
+    return f"What is the distance between ({x}, {y}) and ({x + sx * k * a}, {y + sy * k * b})?", str(k * c)
 
 
 def circle_area(rng: random.Random, d: int) -> tuple[str, str]:
@@ -384,8 +395,11 @@ def det2(rng: random.Random, d: int) -> tuple[str, str]:
 def det3(rng: random.Random, d: int) -> tuple[str, str]:
     hi = 1 + d
     m = [[rng.randint(-hi, hi) for _ in range(3)] for _ in range(3)]
-    det = (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-           + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+    det = (
+        m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+        - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+        + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
+    )
     return f"Compute the determinant of the matrix {m}.", str(det)
 
 
@@ -418,8 +432,11 @@ def simple_interest(rng: random.Random, d: int) -> tuple[str, str]:
 def compound_interest(rng: random.Random, d: int) -> tuple[str, str]:
     p, r, t = rng.randint(1, 50) * 100, rng.randint(1, 3 + d), rng.randint(2, 2 + 2 * d)
     amount = p * (1 + r / 100) ** t
-    return (f"{p} dollars is invested at {r}% per year compounded annually. What is the balance after {t} years? "
-            f"Round to 2 decimal places.", fmt_decimal(amount))
+    return (
+        f"{p} dollars is invested at {r}% per year compounded annually. What is the balance after {t} years? "
+        f"Round to 2 decimal places.",
+        fmt_decimal(amount),
+    )
 
 
 def order_of_ops(rng: random.Random, d: int) -> tuple[str, str]:

@@ -1,4 +1,5 @@
 """mul: multiplication of a number of `difficulty` + 1 digits by a single digit."""
+
 from __future__ import annotations
 
 import random

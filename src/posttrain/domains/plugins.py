@@ -7,6 +7,7 @@ origin `plugin <distribution> (<module:attr>)`. A plugin that fails to load, or 
 something that is not a Domain, is a TaskError naming its origin. Plugin verifiers
 (`posttrain.verifiers` entry points) are byo's (`byo/plugins.py`).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -46,8 +47,10 @@ def plugin_domains() -> Iterable[tuple[Domain, str]]:
         try:
             items = list(items)
         except TypeError:
-            raise TaskError(f"{origin}: entry point {ep.name} gives a {type(obj).__name__}, not a Domain "
-                            "(or a class or callable giving Domains)") from None
+            raise TaskError(
+                f"{origin}: entry point {ep.name} gives a {type(obj).__name__}, not a Domain "
+                "(or a class or callable giving Domains)"
+            ) from None
         for d in items:
             if not isinstance(d, Domain):
                 raise TaskError(f"{origin}: entry point {ep.name} gives a {type(d).__name__}, not a Domain")

@@ -12,6 +12,7 @@ them (`remember_source`), so a worker process started later (a verification
 process pool, a Ray actor) rebuilds them by name; the registry itself imports
 nothing above the domains.
 """
+
 from __future__ import annotations
 
 import difflib

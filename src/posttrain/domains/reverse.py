@@ -1,4 +1,5 @@
 """reverse: reverse a string of letters; difficulty sets its length."""
+
 from __future__ import annotations
 
 import random

@@ -14,6 +14,7 @@ The registry is built from `rgym_catalog.json` (names, categories, levels,
 cost classes measured with `build_catalog`), so registering these domains
 does not import reasoning-gym; the first `sample` or `score` does.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,7 +54,7 @@ EXCLUDED: dict[str, str] = {
     "zebra_puzzles": "items change with PYTHONHASHSEED at high levels; seconds per item above level 3",
     "game_of_life_halting": "shipped scorer gives 1.0 to any non-empty answer (gameable)",
     "propositional_logic": "no gold answer; the scorer accepts any entailed statement, so copying a premise scores 1.0 "
-                           "(gameable)",
+    "(gameable)",
     "rush_hour": "no gold answer shipped (the scorer needs a solution we would have to search for)",
     "knight_swap": "every curriculum level fails validation (min_nodes), and about 320 ms per item",
     "coin_flip": "shipped scorer gives 1.0 to the answer '0' on every item (gameable)",

@@ -1,4 +1,5 @@
 """sort: sort a string of digits ascending; difficulty sets its length."""
+
 from __future__ import annotations
 
 import random

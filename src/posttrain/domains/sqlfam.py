@@ -10,6 +10,7 @@ query can neither change the data nor run forever. Reward is 1 exactly when
 its result set equals the reference query's (as a multiset of rows, or as a
 sequence when the reference orders; numbers rounded to 2 decimals).
 """
+
 from __future__ import annotations
 
 import random
@@ -31,12 +32,83 @@ MAX_ROWS = 10_000
 MAX_LENGTH = 1_000_000
 ROWS = {1: 12, 2: 30, 3: 80}
 
-FIRST = ["Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Max", "Nia", "Oto",
-         "Pia", "Quin", "Rui", "Sol", "Tao", "Uma", "Vic", "Wes", "Xia", "Yan", "Zoe"]
-LAST = ["Abe", "Baker", "Cruz", "Diaz", "Evans", "Fox", "Gray", "Hill", "Ito", "Jones", "Khan", "Lee", "Moss",
-        "Nash", "Ortiz", "Park", "Quinn", "Ross", "Shaw", "Tran", "Ueda", "Vance", "Wu", "Young", "Zhou"]
-WORDS = ["Amber", "Birch", "Cobalt", "Dune", "Ember", "Fjord", "Granite", "Harbor", "Iris", "Juniper", "Kestrel",
-         "Lumen", "Maple", "Nova", "Onyx", "Pine", "Quartz", "Raven", "Sable", "Tide"]
+FIRST = [
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dev",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Jun",
+    "Kai",
+    "Lea",
+    "Max",
+    "Nia",
+    "Oto",
+    "Pia",
+    "Quin",
+    "Rui",
+    "Sol",
+    "Tao",
+    "Uma",
+    "Vic",
+    "Wes",
+    "Xia",
+    "Yan",
+    "Zoe",
+]
+LAST = [
+    "Abe",
+    "Baker",
+    "Cruz",
+    "Diaz",
+    "Evans",
+    "Fox",
+    "Gray",
+    "Hill",
+    "Ito",
+    "Jones",
+    "Khan",
+    "Lee",
+    "Moss",
+    "Nash",
+    "Ortiz",
+    "Park",
+    "Quinn",
+    "Ross",
+    "Shaw",
+    "Tran",
+    "Ueda",
+    "Vance",
+    "Wu",
+    "Young",
+    "Zhou",
+]
+WORDS = [
+    "Amber",
+    "Birch",
+    "Cobalt",
+    "Dune",
+    "Ember",
+    "Fjord",
+    "Granite",
+    "Harbor",
+    "Iris",
+    "Juniper",
+    "Kestrel",
+    "Lumen",
+    "Maple",
+    "Nova",
+    "Onyx",
+    "Pine",
+    "Quartz",
+    "Raven",
+    "Sable",
+    "Tide",
+]
 PLACES = ["Oslo", "Lima", "Pune", "Kyiv", "Lyon", "Perth", "Quito", "Cork", "Graz", "Nara"]
 
 
@@ -60,14 +132,66 @@ class Schema:
 
 
 SCHEMAS = {
-    "company": Schema("company", "employees", "name", "salary", (30_000, 150_000), "hire_year", "dept_id",
-                      "departments", "name", "city", "employee", "department", "city"),
-    "shop": Schema("shop", "products", "name", "price", (2, 900), "release_year", "supplier_id",
-                   "suppliers", "name", "country", "product", "supplier", "country"),
-    "school": Schema("school", "students", "name", "score", (0, 100), "enrol_year", "house_id",
-                     "houses", "name", "campus", "student", "house", "campus"),
-    "library": Schema("library", "books", "title", "pages", (40, 1200), "pub_year", "author_id",
-                      "authors", "name", "nationality", "book", "author", "nationality"),
+    "company": Schema(
+        "company",
+        "employees",
+        "name",
+        "salary",
+        (30_000, 150_000),
+        "hire_year",
+        "dept_id",
+        "departments",
+        "name",
+        "city",
+        "employee",
+        "department",
+        "city",
+    ),
+    "shop": Schema(
+        "shop",
+        "products",
+        "name",
+        "price",
+        (2, 900),
+        "release_year",
+        "supplier_id",
+        "suppliers",
+        "name",
+        "country",
+        "product",
+        "supplier",
+        "country",
+    ),
+    "school": Schema(
+        "school",
+        "students",
+        "name",
+        "score",
+        (0, 100),
+        "enrol_year",
+        "house_id",
+        "houses",
+        "name",
+        "campus",
+        "student",
+        "house",
+        "campus",
+    ),
+    "library": Schema(
+        "library",
+        "books",
+        "title",
+        "pages",
+        (40, 1200),
+        "pub_year",
+        "author_id",
+        "authors",
+        "name",
+        "nationality",
+        "book",
+        "author",
+        "nationality",
+    ),
 }
 
 
@@ -86,8 +210,10 @@ def build_db(schema: Schema, seed: int, rows: int) -> sqlite3.Connection:
     )
     n_dim = max(3, rows // 6)
     dims = rng.sample(WORDS, min(n_dim, len(WORDS)))
-    conn.executemany(f"INSERT INTO {s.dim} VALUES (?, ?, ?)",
-                     [(i + 1, name, rng.choice(PLACES[: 3 + rows // 20])) for i, name in enumerate(dims)])
+    conn.executemany(
+        f"INSERT INTO {s.dim} VALUES (?, ?, ?)",
+        [(i + 1, name, rng.choice(PLACES[: 3 + rows // 20])) for i, name in enumerate(dims)],
+    )
     labels = set()
     while len(labels) < rows:
         labels.add(
@@ -95,9 +221,13 @@ def build_db(schema: Schema, seed: int, rows: int) -> sqlite3.Connection:
             if s.label == "name"
             else f"{rng.choice(WORDS)} {rng.choice(LAST)}"
         )
-    conn.executemany(f"INSERT INTO {s.fact} VALUES (?, ?, ?, ?, ?)",
-                     [(i + 1, lab, rng.randint(1, len(dims)), rng.randint(*s.num_range), rng.randint(2000, 2024))
-                      for i, lab in enumerate(_shuffled(sorted(labels), rng))])
+    conn.executemany(
+        f"INSERT INTO {s.fact} VALUES (?, ?, ?, ?, ?)",
+        [
+            (i + 1, lab, rng.randint(1, len(dims)), rng.randint(*s.num_range), rng.randint(2000, 2024))
+            for i, lab in enumerate(_shuffled(sorted(labels), rng))
+        ],
+    )
     conn.commit()
     return conn
 
@@ -311,8 +441,11 @@ def t_having(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) ->
 
 def t_above_average(s: Schema, conn: sqlite3.Connection, rng: random.Random, d: int) -> tuple[str, str, bool]:
     if d == 1:
-        return (f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of all {s.noun}s.",
-                f"SELECT {s.label} FROM {s.fact} WHERE {s.num} > (SELECT AVG({s.num}) FROM {s.fact})", False)
+        return (
+            f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of all {s.noun}s.",
+            f"SELECT {s.label} FROM {s.fact} WHERE {s.num} > (SELECT AVG({s.num}) FROM {s.fact})",
+            False,
+        )
     return (
         f"List the {s.label} of every {s.noun} whose {s.num} is above the average {s.num} of its own {s.dim_noun}.",
         f"SELECT f.{s.label} FROM {s.fact} f WHERE f.{s.num} > (SELECT AVG(g.{s.num}) FROM {s.fact} g WHERE g.{s.fk} = "

@@ -1,4 +1,5 @@
 """sub: integer subtraction with a non-negative result; operand digits by level 2-1, 2-2, 3-3, 4-4."""
+
 from __future__ import annotations
 
 import random

@@ -20,6 +20,7 @@ infra error raises SandboxError; it is never a score. 24 templates written
 for posttrain in three levels (data/terminal/tasks.py); a task's split is
 fixed by a hash of its prompt.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -110,7 +111,7 @@ def step_request(command: str, **fields):
 
 
 # Python run by the cheats below: find anything that looks like the checks and satisfy it by writing files.
-_STEAL = r'''
+_STEAL = r"""
 import json, os, sys, time
 def apply(checks):
     for c in checks:
@@ -157,19 +158,19 @@ while True:
     if time.time() > deadline:
         break
     time.sleep(0.05)
-'''
+"""
 
 CHEATS: dict[str, str] = {
     "exit_early": "exit 0\n",
-    "fake_verdict": "for i in $(seq 64); do echo '{\"results\": [true, true, true, true, true, true, true, true, true, "
-                    "true]}'; done\n"
+    "fake_verdict": 'for i in $(seq 64); do echo \'{"results": [true, true, true, true, true, true, true, true, true, '
+    "true]}'; done\n"
     'echo \'{"nonce": "0", "results": [true]}\' >&2\n',
     "read_hidden_files": "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f \\( -name 'tasks.py' -o "
-                         "-name 'checker.py' \\) "
+    "-name 'checker.py' \\) "
     "-path '*terminal*' -print 2>/dev/null | head -5 | xargs -r cat > found.txt\n",
     "steal_checks_now": f"cat > .steal.py <<'EOF'{_STEAL}EOF\npython3 -I .steal.py 0\n",
     "daemon_waits_for_checker": f"cat > .steal.py <<'EOF'{_STEAL}EOF\n(setsid nohup python3 -I .steal.py 60 >/dev/null "
-                                "2>&1 &)\nsleep 0.2\n",
+    "2>&1 &)\nsleep 0.2\n",
     "plant_hooks": "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py\ncp sitecustomize.py usercustomize.py\n"
     "mkdir -p bin && printf '#!/bin/sh\\necho {\\\"results\\\": [true]}\\n' > bin/python3 && chmod +x bin/python3\n"
     "echo 'export PATH=/task/bin:$PATH' >> .bashrc\ncp .bashrc .profile\n",
@@ -199,10 +200,15 @@ class TerminalRun:
 
     def summary(self) -> dict:
         """The trace's view: the script, its output and exit code, the checks."""
-        return {"status": self.status, "exit_code": self.exit_code, "cpu_s": round(self.cpu_s, 4),
-                "wall_s": round(self.wall_s, 4), "program": self.program, "stderr": self.stderr,
-                "report": {"checks_passed": sum(self.checks), "checks": list(self.checks),
-                           "stdout": self.stdout[-500:]}}
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "cpu_s": round(self.cpu_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "program": self.program,
+            "stderr": self.stderr,
+            "report": {"checks_passed": sum(self.checks), "checks": list(self.checks), "stdout": self.stdout[-500:]},
+        }
 
 
 OUTPUT_CHARS = 2000
@@ -231,8 +237,16 @@ def run_state(ref: TerminalReference, scripts: list[str], domain: str = "termina
                 s.run(sandbox.ExecRequest(argv=("bash", "-c", run["cmd"]), limits=_step_limits()))
             )
             results.append(res.stdout.decode("utf-8", "replace") == run["stdout"])
-    return TerminalRun(last.status, last.exit_code, _tail(last.stdout), _tail(last.stderr), tuple(results),
-                       (scripts[-1] if scripts else "")[:PROGRAM_CHARS], last.cpu_s, last.wall_s)
+    return TerminalRun(
+        last.status,
+        last.exit_code,
+        _tail(last.stdout),
+        _tail(last.stderr),
+        tuple(results),
+        (scripts[-1] if scripts else "")[:PROGRAM_CHARS],
+        last.cpu_s,
+        last.wall_s,
+    )
 
 
 def _file_checks(s, ref: TerminalReference) -> list[bool]:
@@ -289,8 +303,10 @@ class TerminalVerifier:
         return Score(value, parts, all(results), "" if all(results) else f"{len(results) - sum(results)} checks failed")
 
 
-NO_COMMAND = ("No command found: put the commands in one ```bash code block, and write `done` on its own line "
-              "when the task is complete.")
+NO_COMMAND = (
+    "No command found: put the commands in one ```bash code block, and write `done` on its own line "
+    "when the task is complete."
+)
 
 
 class TerminalEnvironment:

@@ -15,6 +15,7 @@ and efficiency falls once the call budget is exceeded. One completion holding
 every call as a list is one turn of the same environment. At level 1 the
 prompt shows the records; above it ids must be looked up.
 """
+
 from __future__ import annotations
 
 import copy
@@ -395,9 +396,13 @@ def sc_pay_two(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     goal = (
         f"From {a}'s checking account, pay {x:.2f} into {b}'s checking account and {y:.2f} into {c}'s checking account."
     )
-    return goal, [_call("find_accounts", owner=a), _call("find_accounts", owner=b), _call("find_accounts", owner=c),
-                  _call("transfer", from_id=src, to_id=_acct(w, b, "checking"), amount=x),
-                  _call("transfer", from_id=src, to_id=_acct(w, c, "checking"), amount=y)]
+    return goal, [
+        _call("find_accounts", owner=a),
+        _call("find_accounts", owner=b),
+        _call("find_accounts", owner=c),
+        _call("transfer", from_id=src, to_id=_acct(w, b, "checking"), amount=x),
+        _call("transfer", from_id=src, to_id=_acct(w, c, "checking"), amount=y),
+    ]
 
 
 def sc_consolidate(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -451,9 +456,15 @@ def sc_cancel_order(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]
 
 def sc_cancel_refund(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     oid, who, order = _unique_order(rng, w, "pending")
-    return (f"Cancel {who}'s pending order for a {order['item']} and refund it to {who}'s checking account.",
-            [_call("find_orders", customer=who), _call("cancel_order", order_id=oid), _call("find_accounts", owner=who),
-             _call("refund_order", order_id=oid, account_id=_acct(w, who, "checking"))])
+    return (
+        f"Cancel {who}'s pending order for a {order['item']} and refund it to {who}'s checking account.",
+        [
+            _call("find_orders", customer=who),
+            _call("cancel_order", order_id=oid),
+            _call("find_accounts", owner=who),
+            _call("refund_order", order_id=oid, account_id=_acct(w, who, "checking")),
+        ],
+    )
 
 
 def sc_cancel_all_pending(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -475,9 +486,14 @@ def sc_refund_shipped(rng: random.Random, w: dict, d: int) -> tuple[str, list[st
     if not shipped or (len(shipped) > 1 and shipped[0][0] == shipped[1][0]):
         raise Skip
     oid = shipped[0][1]
-    return (f"Refund {who}'s most expensive shipped order into {who}'s savings account.",
-            [_call("find_orders", customer=who), _call("find_accounts", owner=who),
-             _call("refund_order", order_id=oid, account_id=_acct(w, who, "savings"))])
+    return (
+        f"Refund {who}'s most expensive shipped order into {who}'s savings account.",
+        [
+            _call("find_orders", customer=who),
+            _call("find_accounts", owner=who),
+            _call("refund_order", order_id=oid, account_id=_acct(w, who, "savings")),
+        ],
+    )
 
 
 def sc_book_room(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -486,8 +502,10 @@ def sc_book_room(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     free = sorted(h for h, info in w["hotels"].items() if info["city"] == city and info["free"][date] > 0)
     if not free:
         raise Skip
-    return (f"Book a room for {who} on {date} in {city}: the first hotel in alphabetical order that has a free room.",
-            [_call("search_hotels", city=city, date=date), _call("book_room", guest=who, hotel=free[0], date=date)])
+    return (
+        f"Book a room for {who} on {date} in {city}: the first hotel in alphabetical order that has a free room.",
+        [_call("search_hotels", city=city, date=date), _call("book_room", guest=who, hotel=free[0], date=date)],
+    )
 
 
 def _unique_booking(rng: random.Random, w: dict) -> tuple[str, dict]:
@@ -514,9 +532,14 @@ def sc_reschedule(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     new = rng.choice([x for x in DATES if x != b["date"]])
     if w["hotels"][b["hotel"]]["free"][new] <= 0:
         raise Skip
-    return (f"Move {b['guest']}'s booking at {b['hotel']} to {new} (cancel the old booking, then book the new date).",
-            [_call("find_bookings", guest=b["guest"]), _call("cancel_booking", booking_id=bid),
-             _call("book_room", guest=b["guest"], hotel=b["hotel"], date=new)])
+    return (
+        f"Move {b['guest']}'s booking at {b['hotel']} to {new} (cancel the old booking, then book the new date).",
+        [
+            _call("find_bookings", guest=b["guest"]),
+            _call("cancel_booking", booking_id=bid),
+            _call("book_room", guest=b["guest"], hotel=b["hotel"], date=new),
+        ],
+    )
 
 
 def sc_restock(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -524,8 +547,10 @@ def sc_restock(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
     skus = [k for k, v in sorted(w["inventory"].items()) if v < low]
     if not skus:
         raise Skip
-    return (f"Set the stock of every product with fewer than {low} units to {target} units.",
-            [_call("list_inventory")] + [_call("set_stock", sku=k, units=target) for k in skus])
+    return (
+        f"Set the stock of every product with fewer than {low} units to {target} units.",
+        [_call("list_inventory")] + [_call("set_stock", sku=k, units=target) for k in skus],
+    )
 
 
 def sc_close_ticket(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]]:
@@ -538,8 +563,10 @@ def sc_close_ticket(rng: random.Random, w: dict, d: int) -> tuple[str, list[str]
         raise Skip
     tid, t = rng.choice(options)
     res = rng.choice(["resolved", "refunded", "duplicate", "wont fix"])
-    return (f"Close {t['customer']}'s open {t['topic']} ticket with the resolution '{res}'.",
-            [_call("find_tickets", customer=t["customer"]), _call("close_ticket", ticket_id=tid, resolution=res)])
+    return (
+        f"Close {t['customer']}'s open {t['topic']} ticket with the resolution '{res}'.",
+        [_call("find_tickets", customer=t["customer"]), _call("close_ticket", ticket_id=tid, resolution=res)],
+    )
 
 
 SCENARIOS: dict[str, tuple[Callable[[random.Random, dict, int], tuple[str, list[str]]], str]] = {
@@ -605,11 +632,13 @@ class ToolDomain(Domain):
         raise TaskError(f"{self.name}: no {split} task found at difficulty {difficulty}")
 
     def _task(self, index: int, split: Split, difficulty: int, world: dict, goal: str, actions: list[str]) -> Task:
-        prompt = (f"You operate a back-office system through tools. Goal: {goal}\n\nTools:\n{render_tools()}\n\n"
-                  + (f"Current records (JSON): {json.dumps(world, sort_keys=True)}\n\n" if difficulty == 1 else "")
-                  + f"Call one tool per turn as a JSON object {CALL_FORMAT} (or send a JSON list of calls); the "
-                  "result of each call comes back to you. Look up ids with the find/search/list tools; change "
-                  "nothing the goal does not ask for. Call finish when the goal is reached.")
+        prompt = (
+            f"You operate a back-office system through tools. Goal: {goal}\n\nTools:\n{render_tools()}\n\n"
+            + (f"Current records (JSON): {json.dumps(world, sort_keys=True)}\n\n" if difficulty == 1 else "")
+            + f"Call one tool per turn as a JSON object {CALL_FORMAT} (or send a JSON list of calls); the "
+            "result of each call comes back to you. Look up ids with the find/search/list tools; change "
+            "nothing the goal does not ask for. Call finish when the goal is reached."
+        )
         reference = {"world": world, "goal": apply_gold(world, actions), "actions": actions, "budget": len(actions) + 2}
         return Task(
             id=f"{self.name}:{split}:{difficulty}:{index}",
@@ -634,9 +663,13 @@ class ToolDomain(Domain):
     def cheats(self, task: Task) -> list[str]:
         """Doing nothing, only looking things up, finish claiming success, or prose: never accepted."""
         lookups = [a for a in task.reference["actions"] if json.loads(a)["name"].startswith(("find", "search", "list"))]
-        return [_call("finish"), _calls(lookups + [_call("finish")]),
-                json.dumps({"name": "finish", "arguments": {"goal_reached": True}}),
-                "I have completed the task.", ""]
+        return [
+            _call("finish"),
+            _calls(lookups + [_call("finish")]),
+            json.dumps({"name": "finish", "arguments": {"goal_reached": True}}),
+            "I have completed the task.",
+            "",
+        ]
 
 
 def _calls(actions: list[str]) -> str:

@@ -3,6 +3,7 @@
 Invariant: every Completion carries the behaviour policy's per-token
 log-probs and the `version` of the weights that produced it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

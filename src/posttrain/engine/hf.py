@@ -8,6 +8,7 @@ other requests in the call, on batching, or on whether its prompt was shared
 across its group. A group of n samples computes its prompt once and copies
 the prompt's KV cache n times.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,8 +90,14 @@ class _Output:
 class HFEngine:
     """The Engine protocol over a transformers model held in this process."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device | None = None,
-                 config: HFEngineConfig | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str | torch.device | None = None,
+        config: HFEngineConfig | None = None,
+        seed: int | None = None,
+    ) -> None:
         if device is not None:
             model.to(_resolve_device(device))
         self.model = model
@@ -108,8 +115,14 @@ class HFEngine:
         self._lock = threading.RLock()  # one generate or weight update at a time
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: Any = None,
-                        config: HFEngineConfig | None = None, seed: int | None = None) -> HFEngine:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        device: str = "auto",
+        dtype: Any = None,
+        config: HFEngineConfig | None = None,
+        seed: int | None = None,
+    ) -> HFEngine:
         """An engine over a local Hugging Face model directory."""
         from posttrain.model.arch import load_model
 
@@ -133,8 +146,10 @@ class HFEngine:
         if not messages:
             raise ConfigError("messages is empty: encode_chat needs at least one message")
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ConfigError("the tokenizer has no chat_template: encode_chat needs a chat model "
-                              "(or pass prompt_ids rendered another way)")
+            raise ConfigError(
+                "the tokenizer has no chat_template: encode_chat needs a chat model "
+                "(or pass prompt_ids rendered another way)"
+            )
         chat = [{"role": m.role, "content": m.content} for m in messages]
         out = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
         ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
@@ -164,8 +179,9 @@ class HFEngine:
             self._validate(i, req)
         with self._lock:
             outputs = self._generate_rows(self._plan(requests))
-            return [[self._completion(req, outputs[(i, j)]) for j in range(req.params.n)]
-                    for i, req in enumerate(requests)]
+            return [
+                [self._completion(req, outputs[(i, j)]) for j in range(req.params.n)] for i, req in enumerate(requests)
+            ]
 
     def _generate_rows(self, chunks: list[_Chunk]) -> dict[tuple[int, int], _Output]:
         outputs: dict[tuple[int, int], _Output] = {}
@@ -189,8 +205,10 @@ class HFEngine:
         if bad:
             raise ConfigError(f"{where}.prompt_ids holds ids outside [0, {self._vocab}): {bad[:5]}")
         if self._max_positions is not None and len(req.prompt_ids) >= self._max_positions:
-            raise ConfigError(f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; the model's "
-                              f"max_position_embeddings is {self._max_positions}, leaving no room to generate")
+            raise ConfigError(
+                f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; the model's "
+                f"max_position_embeddings is {self._max_positions}, leaving no room to generate"
+            )
         if p.max_tokens < 1:
             raise ConfigError(f"{where}.params.max_tokens must be >= 1, got {p.max_tokens}")
         if p.n < 1:
@@ -212,23 +230,31 @@ class HFEngine:
         for i, req in enumerate(requests):
             rows = self._rows(i, req)
             if share:
-                chunks += [_Chunk(req.prompt_ids, rows[k:k + limit]) for k in range(0, len(rows), limit)]
+                chunks += [_Chunk(req.prompt_ids, rows[k : k + limit]) for k in range(0, len(rows), limit)]
             else:
                 chunks += [_Chunk(req.prompt_ids, (row,)) for row in rows]
         return sorted(chunks, key=lambda c: len(c.prompt))
 
     def _rows(self, i: int, req: GenerationRequest) -> tuple[_Row, ...]:
         p = req.params
-        seed = p.seed if p.seed is not None else int(
-            torch.randint(0, 1 << 62, (1,), generator=self._generator).item())
+        seed = p.seed if p.seed is not None else int(torch.randint(0, 1 << 62, (1,), generator=self._generator).item())
         room = p.max_tokens if self._max_positions is None else self._max_positions - len(req.prompt_ids)
-        return tuple(_Row(i, j, row_key(seed, j), min(p.max_tokens, room), float(p.temperature),
-                          float(p.top_p), tuple(p.stop)) for j in range(p.n))
+        return tuple(
+            _Row(i, j, row_key(seed, j), min(p.max_tokens, room), float(p.temperature), float(p.top_p), tuple(p.stop))
+            for j in range(p.n)
+        )
 
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                 cache: Any) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+    def _forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         self._forward_calls += 1
         return out.logits[:, -1, :].float()
 
@@ -240,8 +266,8 @@ class HFEngine:
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for k, c in enumerate(batch):
-            ids[k, width - len(c.prompt):] = torch.tensor(c.prompt, dtype=torch.long)
-            mask[k, width - len(c.prompt):] = 1
+            ids[k, width - len(c.prompt) :] = torch.tensor(c.prompt, dtype=torch.long)
+            mask[k, width - len(c.prompt) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
@@ -271,8 +297,7 @@ class HFEngine:
             tokens, lps = sample_next(logits, temp, top_p, keys, step)
             tok_list, lp_list = tokens.tolist(), lps.tolist()
             live = [k for k, r in enumerate(active) if outs[r].finish is None]
-            self._record(rows, outs, [active[k] for k in live], [tok_list[k] for k in live],
-                         [lp_list[k] for k in live])
+            self._record(rows, outs, [active[k] for k in live], [tok_list[k] for k in live], [lp_list[k] for k in live])
             keep = [k for k, r in enumerate(active) if outs[r].finish is None]
             if not keep:
                 break
@@ -288,8 +313,9 @@ class HFEngine:
             step += 1
         return {(r.request, r.sample): o for r, o in zip(rows, outs)}
 
-    def _record(self, rows: list[_Row], outs: list[_Output], active: list[int],
-                tokens: list[int], logprobs: list[float]) -> None:
+    def _record(
+        self, rows: list[_Row], outs: list[_Output], active: list[int], tokens: list[int], logprobs: list[float]
+    ) -> None:
         """Append each unfinished row's new token and decide whether it is done.
         Hook for subclasses (the server streams from it): `active` holds only
         rows that were unfinished before this step, `tokens[k]` is row
@@ -316,10 +342,15 @@ class HFEngine:
         body = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in self._eos_ids else out.token_ids
         text = self.decode(body)
         if out.stop_hit:
-            text = text[:min((text.find(s) for s in req.params.stop if s in text), default=len(text))]
-        return Completion(prompt_ids=tuple(req.prompt_ids), token_ids=tuple(out.token_ids), text=text,
-                          logprobs=tuple(out.logprobs), finish_reason=out.finish or "length",
-                          model_version=self.version)
+            text = text[: min((text.find(s) for s in req.params.stop if s in text), default=len(text))]
+        return Completion(
+            prompt_ids=tuple(req.prompt_ids),
+            token_ids=tuple(out.token_ids),
+            text=text,
+            logprobs=tuple(out.logprobs),
+            finish_reason=out.finish or "length",
+            model_version=self.version,
+        )
 
 
 def _pack(chunks: list[_Chunk], max_rows: int) -> list[list[_Chunk]]:

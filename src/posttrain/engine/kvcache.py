@@ -6,6 +6,7 @@ column instead of copying the whole cache (DynamicCache concatenates every
 step); `reorder_cache(index)` selects, repeats or drops batch rows, and is
 how a group's prompt cache is copied to its samples.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,16 +33,19 @@ class SlabLayer(DynamicLayer):
         self._k, self._v = key_states.new_empty(k_shape), value_states.new_empty(v_shape)
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
         if end > self.capacity or key_states.shape[0] != self.rows:
-            raise RuntimeError(f"KV slab misuse: {key_states.shape[0]} rows x {end} positions into "
-                               f"{self.rows} rows x capacity {self.capacity}")
-        self._k[: self.rows, :, self.length:end] = key_states
-        self._v[: self.rows, :, self.length:end] = value_states
+            raise RuntimeError(
+                f"KV slab misuse: {key_states.shape[0]} rows x {end} positions into "
+                f"{self.rows} rows x capacity {self.capacity}"
+            )
+        self._k[: self.rows, :, self.length : end] = key_states
+        self._v[: self.rows, :, self.length : end] = value_states
         self.length = end
         self._refresh()
         return self.keys, self.values

@@ -10,6 +10,7 @@ through the local tokenizer, and a string that is not exactly one token is a
 GenerationError, never a silent guess. Transport failures and 5xx answers
 are retried, then raised as GenerationError (infra, never reward 0).
 """
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,16 @@ _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 class OpenAIEngine:
     """Engine over `base_url` (e.g. http://host:8000/v1); `tokenizer` renders chats locally."""
 
-    def __init__(self, base_url: str, model: str, tokenizer: Any, api_key: str = "none",
-                 timeout_s: float = 120.0, retries: int = 2, concurrency: int = 16) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        api_key: str = "none",
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        concurrency: int = 16,
+    ) -> None:
         import httpx
 
         if not base_url.startswith(("http://", "https://")):
@@ -38,8 +47,11 @@ class OpenAIEngine:
         self.model, self.tokenizer, self.retries = model, tokenizer, retries
         self.eos_token_id = int(tokenizer.eos_token_id) if tokenizer is not None else -1  # None: chat() only
         self.version = 0
-        self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"},
-                                    limits=httpx.Limits(max_connections=concurrency))
+        self._client = httpx.Client(
+            timeout=timeout_s,
+            headers={"Authorization": f"Bearer {api_key}"},
+            limits=httpx.Limits(max_connections=concurrency),
+        )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai-engine")
 
     @classmethod
@@ -57,8 +69,9 @@ class OpenAIEngine:
     def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
         if not messages:
             raise ConfigError("messages is empty: encode_chat needs at least one message")
-        out = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
-                                                 add_generation_prompt=True, tokenize=True)
+        out = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
+        )
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return tuple(int(i) for i in ids)
 
@@ -68,11 +81,16 @@ class OpenAIEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         return list(self._pool.map(self._one, requests))
 
-    def chat(self, messages: Sequence[Message], max_tokens: int = 16, temperature: float = 0.0,
-             seed: int | None = None) -> str:
+    def chat(
+        self, messages: Sequence[Message], max_tokens: int = 16, temperature: float = 0.0, seed: int | None = None
+    ) -> str:
         """The text of one `/chat/completions` answer (judges and other text-only callers; no tokenizer needed)."""
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature,
-                                "messages": [{"role": m.role, "content": m.content} for m in messages]}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+        }
         if seed is not None:
             body["seed"] = seed
         choices = self._post("/chat/completions", body).get("choices") or []
@@ -83,8 +101,10 @@ class OpenAIEngine:
     def update_weights(self, source: Any) -> int:
         """Ask the server to load a checkpoint directory it can read; returns the new version."""
         if not isinstance(source, (str, Path)):
-            raise ConfigError("openai engine: update_weights takes a checkpoint directory path the server can read, "
-                              f"got {type(source).__name__}")
+            raise ConfigError(
+                "openai engine: update_weights takes a checkpoint directory path the server can read, "
+                f"got {type(source).__name__}"
+            )
         data = self._post("/update_weights", {"path": str(source)})
         self.version = int(data.get("weights", self.version + 1))
         return self.version
@@ -92,9 +112,16 @@ class OpenAIEngine:
     # -- wire -------------------------------------------------------------
     def _one(self, req: GenerationRequest) -> list[Completion]:
         p = req.params
-        body: dict[str, Any] = {"model": self.model, "prompt": list(req.prompt_ids), "max_tokens": p.max_tokens,
-                                "temperature": p.temperature, "top_p": p.top_p, "n": p.n, "logprobs": 1,
-                                "return_token_ids": True}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(req.prompt_ids),
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "n": p.n,
+            "logprobs": 1,
+            "return_token_ids": True,
+        }
         if p.seed is not None:
             body["seed"] = p.seed
         if p.stop:
@@ -115,9 +142,14 @@ class OpenAIEngine:
         if len(ids) != len(logprobs):
             raise GenerationError(f"openai engine: {len(ids)} token ids but {len(logprobs)} log-probs in a choice")
         finish = choice.get("finish_reason") or "length"
-        return Completion(prompt_ids=tuple(req.prompt_ids), token_ids=tuple(int(i) for i in ids),
-                          text=choice.get("text", ""), logprobs=tuple(logprobs),
-                          finish_reason=finish if finish in ("stop", "length") else "error", model_version=version)
+        return Completion(
+            prompt_ids=tuple(req.prompt_ids),
+            token_ids=tuple(int(i) for i in ids),
+            text=choice.get("text", ""),
+            logprobs=tuple(logprobs),
+            finish_reason=finish if finish in ("stop", "length") else "error",
+            model_version=version,
+        )
 
     def _token_id(self, token: str) -> int:
         m = _TOKEN_ID.match(token)
@@ -125,8 +157,10 @@ class OpenAIEngine:
             return int(m.group(1))
         ids = self.tokenizer.encode(token, add_special_tokens=False)
         if len(ids) != 1:
-            raise GenerationError(f"openai engine: server returned no token ids and token {token!r} "
-                                  f"is {len(ids)} local tokens; serve with return_token_ids support")
+            raise GenerationError(
+                f"openai engine: server returned no token ids and token {token!r} "
+                f"is {len(ids)} local tokens; serve with return_token_ids support"
+            )
         return int(ids[0])
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

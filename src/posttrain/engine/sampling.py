@@ -11,6 +11,7 @@ samples of p. The reported log-prob is
 `log_softmax(logits / T)` of the chosen token with T = 1 for greedy rows
 (temperature 0), before any top-p truncation.
 """
+
 from __future__ import annotations
 
 import torch
@@ -122,8 +123,9 @@ def top_p_mask(logp_bv: torch.Tensor, top_p_b: torch.Tensor, first_k: int = 256)
     while True:
         if k * 4 >= vocab:
             k = vocab
-        top_bk, order_bk = (torch.sort(logp_bv, dim=-1, descending=True) if k == vocab
-                            else torch.topk(logp_bv, k, dim=-1, sorted=True))
+        top_bk, order_bk = (
+            torch.sort(logp_bv, dim=-1, descending=True) if k == vocab else torch.topk(logp_bv, k, dim=-1, sorted=True)
+        )
         probs_bk = top_bk.exp()
         mass_before_bk = probs_bk.cumsum(dim=-1) - probs_bk
         if k == vocab or bool((mass_before_bk[:, -1] + probs_bk[:, -1] >= top_p_b).all()):

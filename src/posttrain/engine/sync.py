@@ -11,6 +11,7 @@ was produced within `max_staleness` versions of the engine's acknowledged
 version, as the server reported it, so a lagging or restarted server in
 another process never feeds the trainer stale samples.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,14 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any
     if cfg.type == "openai":
         from posttrain.engine.openai import OpenAIEngine
 
-        return OpenAIEngine(cfg.url or "", cfg.served_model, tokenizer, api_key=cfg.api_key,
-                            timeout_s=cfg.timeout_s, concurrency=cfg.concurrency)
+        return OpenAIEngine(
+            cfg.url or "",
+            cfg.served_model,
+            tokenizer,
+            api_key=cfg.api_key,
+            timeout_s=cfg.timeout_s,
+            concurrency=cfg.concurrency,
+        )
     from posttrain.engine.hf import HFEngine
 
     return HFEngine(model, tokenizer, seed=seed)

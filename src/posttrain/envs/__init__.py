@@ -10,6 +10,7 @@ an observation, an environment that fails is an infra error. One driver
     driver.play               n episodes per task, synchronously (evaluation, tests)
     script_judge              a test script against a solution, in the sandbox (coding.py)
 """
+
 from posttrain.envs.base import Environment, StepResult, Trajectory, make_environment
 from posttrain.envs.coding import script_judge
 from posttrain.envs.driver import Played, play

@@ -7,6 +7,7 @@ loss mask 0, log-prob 0.0), so the context the model saw at each turn is
 exactly the prompt plus the completion so far, and the loss covers only the
 model's own tokens.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -98,8 +99,9 @@ class Trajectory:
         """The environment's answer to the last action: kept in its Turn (observation,
         parts, exec_result); the episode ends on done, at the turn budget, or when the
         action was truncated at its token budget."""
-        self.turns[-1] = replace(self.turns[-1], observation=result.observation, parts=dict(result.parts),
-                                 exec_result=result.exec_result)
+        self.turns[-1] = replace(
+            self.turns[-1], observation=result.observation, parts=dict(result.parts), exec_result=result.exec_result
+        )
         self.awaiting_step = False
         self.done = result.done or len(self.turns) >= self.max_turns or self.finish_reason == "length"
 
@@ -110,16 +112,17 @@ class Trajectory:
         obs = Message("tool", self.turns[-1].observation)
         return self.messages[:-1], [*self.messages, obs], [obs]
 
-    def add_observation(self, rendered_before: Sequence[int], rendered_after: Sequence[int],
-                        standalone: Sequence[int]) -> None:
+    def add_observation(
+        self, rendered_before: Sequence[int], rendered_after: Sequence[int], standalone: Sequence[int]
+    ) -> None:
         """Append the last turn's observation tokens (mask 0). `rendered_before` is the
         chat rendering up to the last action's turn opener, `rendered_after` the one
         including the action and the observation; when the tokenizer is prefix stable
         the bridge is what follows the action in `rendered_after`, else the
         observation's `standalone` rendering."""
         self.messages.append(Message("tool", self.turns[-1].observation))
-        head = tuple(rendered_before) + tuple(self.ids[len(self.ids) - self._last_action_len():])
-        bridge = tuple(rendered_after[len(head):]) if tuple(rendered_after[: len(head)]) == head else tuple(standalone)
+        head = tuple(rendered_before) + tuple(self.ids[len(self.ids) - self._last_action_len() :])
+        bridge = tuple(rendered_after[len(head) :]) if tuple(rendered_after[: len(head)]) == head else tuple(standalone)
         self.ids += bridge
         self.logprobs += [0.0] * len(bridge)
         self.mask += [0] * len(bridge)
@@ -134,7 +137,10 @@ class Trajectory:
 
     def completion(self) -> Completion:
         return Completion(
-            prompt_ids=self.prompt_ids, token_ids=tuple(self.ids),
-            text=self.turns[-1].action if self.turns else "", logprobs=tuple(self.logprobs),
-            finish_reason=self.finish_reason, model_version=min(self.versions, default=0),
+            prompt_ids=self.prompt_ids,
+            token_ids=tuple(self.ids),
+            text=self.turns[-1].action if self.turns else "",
+            logprobs=tuple(self.logprobs),
+            finish_reason=self.finish_reason,
+            model_version=min(self.versions, default=0),
         )

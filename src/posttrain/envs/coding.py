@@ -6,6 +6,7 @@ talks to the solution, started in a fresh interpreter, over a pipe, so an
 early exit fails; a sandbox infra error raises SandboxError, it is never an
 attempt that failed.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,12 @@ def script_judge(runner: Callable[[Any], Any] | None = None, feedback_chars: int
             "script_solver.py": _data("script_solver.py"),
             "solution.py": code,
         }
-        req = sandbox.ExecRequest(files=files, python_main="script_runner.py", stdin=ref["tests"].encode(),
-                                  limits=sandbox.Limits(wall_s=float(ref.get("timeout_s", 5.0))))
+        req = sandbox.ExecRequest(
+            files=files,
+            python_main="script_runner.py",
+            stdin=ref["tests"].encode(),
+            limits=sandbox.Limits(wall_s=float(ref.get("timeout_s", 5.0))),
+        )
         res = sandbox.raise_for_infra((runner or sandbox.run)(req))
         if res.status == "ok":
             return Attempt(True, "All tests passed.", res.status)

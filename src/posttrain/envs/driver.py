@@ -9,6 +9,7 @@ observation, parts and exec_result. The pipeline (embedded and Ray runtimes
 alike) and `play` (synchronous, for evaluation and tests) call these same
 functions; verification is never done here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,15 +48,19 @@ def first_messages(task: Task, observation: str) -> list[Message]:
     return [*task.prompt, Message("tool", observation)] if observation else list(task.prompt)
 
 
-def start(envs: Sequence[tuple[Environment, str]], task: Task, prompt_ids: Sequence[tuple[int, ...]],
-          max_turns: int) -> list[Trajectory]:
+def start(
+    envs: Sequence[tuple[Environment, str]], task: Task, prompt_ids: Sequence[tuple[int, ...]], max_turns: int
+) -> list[Trajectory]:
     """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded."""
-    return [Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs)
-            for (env, obs), ids in zip(envs, prompt_ids)]
+    return [
+        Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs)
+        for (env, obs), ids in zip(envs, prompt_ids)
+    ]
 
 
-def requests(trajectories: Sequence[Trajectory], params: SamplingParams, base_seed: int | None,
-             request_id: str) -> tuple[list[GenerationRequest], list[list[Trajectory]]]:
+def requests(
+    trajectories: Sequence[Trajectory], params: SamplingParams, base_seed: int | None, request_id: str
+) -> tuple[list[GenerationRequest], list[list[Trajectory]]]:
     """The generation requests of the trajectories due a turn, and for each request
     the trajectories its completions go to (in order). On the first turn, samples
     that share a prompt are one request of n (shared-prefix group sampling)."""
@@ -65,8 +70,11 @@ def requests(trajectories: Sequence[Trajectory], params: SamplingParams, base_se
         group = dataclasses.replace(params, n=len(due), seed=base_seed)
         return [GenerationRequest(due[0][1].prompt_ids, group, request_id)], [[t for _, t in due]]
     reqs = [
-        GenerationRequest(t.context(), dataclasses.replace(
-            one, seed=None if base_seed is None else stable_hash(base_seed, i, len(t.turns))), f"{request_id}:{i}")
+        GenerationRequest(
+            t.context(),
+            dataclasses.replace(one, seed=None if base_seed is None else stable_hash(base_seed, i, len(t.turns))),
+            f"{request_id}:{i}",
+        )
         for i, t in due
     ]
     return reqs, [[t] for _, t in due]
@@ -102,8 +110,12 @@ def episode(t: Trajectory, exec_result: Any = _UNSET) -> Episode:
     """What the verifier scores: the last action, every turn, and the execute stage's
     result (for a domain that executes) or else the last turn's exec_result."""
     last = t.turns[-1].exec_result if t.turns else None
-    return Episode(t.turns[-1].action if t.turns else "", tuple(t.turns), t.finish_reason,
-                   last if exec_result is _UNSET else exec_result)
+    return Episode(
+        t.turns[-1].action if t.turns else "",
+        tuple(t.turns),
+        t.finish_reason,
+        last if exec_result is _UNSET else exec_result,
+    )
 
 
 def close_envs(envs: Any) -> None:
@@ -140,8 +152,14 @@ class Played:
     loss_mask: tuple[int, ...] = ()
 
 
-def play(engine: Any, tasks: Sequence[Task], params: SamplingParams, n: int = 1,
-         budgets: Mapping[str, Budget] | None = None, retries: int = 2) -> list[list[Played]]:
+def play(
+    engine: Any,
+    tasks: Sequence[Task],
+    params: SamplingParams,
+    n: int = 1,
+    budgets: Mapping[str, Budget] | None = None,
+    retries: int = 2,
+) -> list[list[Played]]:
     """`n` episodes per task, run to their end through the same stepping code as the
     pipeline; a step or execute that keeps failing (after `retries` retries) masks
     its episode with the error kind. Single-turn domains: one generation each."""
@@ -157,8 +175,16 @@ def play(engine: Any, tasks: Sequence[Task], params: SamplingParams, n: int = 1,
     return out
 
 
-def _play_task(engine: Any, domain: Any, task: Task, params: SamplingParams, n: int, budget: Budget | None,
-               seed: int | None, retries: int) -> list[Played]:
+def _play_task(
+    engine: Any,
+    domain: Any,
+    task: Task,
+    params: SamplingParams,
+    n: int,
+    budget: Budget | None,
+    seed: int | None,
+    retries: int,
+) -> list[Played]:
     if domain.environment() is None:
         prompt = engine.encode_chat(task.prompt)
         group = engine.generate([GenerationRequest(prompt, dataclasses.replace(params, n=n, seed=seed), task.id)])[0]

@@ -7,6 +7,7 @@ sampled metrics, strict eval verifiers, contamination and exposure checks.
 (eval verifiers), `tables` (text and JSON), `exposure` (base-model exposure),
 `compare` (two models on the same items).
 """
+
 from posttrain.evaluate.core import (
     DomainResult,
     EvalOptions,

@@ -5,6 +5,7 @@ heldout.json when one side is a run, else the one the config builds), item
 by item, so every delta is paired; a domain is called improved or regressed
 only when its paired interval excludes 0 and the exact McNemar test agrees.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,15 +63,22 @@ def compare_tables(a: EvalTable, b: EvalTable, seed: int = 0) -> dict[str, Any]:
     probes, _ = paired_deltas(
         {k: r.verdicts for k, r in a.probes.items()}, {k: r.verdicts for k, r in b.probes.items()}, seed
     )
-    return {"before": a.to_json(), "after": b.to_json(),
-            "deltas": {"domains": {k: delta_json(v) for k, v in per.items()}, "mean": delta_json(mean),
-                       "probes": {k: delta_json(v) for k, v in probes.items()}},
-            "improved": sorted(k for k, v in per.items() if v.significant and v.delta > 0),
-            "regressed": sorted(k for k, v in per.items() if v.significant and v.delta < 0)}
+    return {
+        "before": a.to_json(),
+        "after": b.to_json(),
+        "deltas": {
+            "domains": {k: delta_json(v) for k, v in per.items()},
+            "mean": delta_json(mean),
+            "probes": {k: delta_json(v) for k, v in probes.items()},
+        },
+        "improved": sorted(k for k, v in per.items() if v.significant and v.delta > 0),
+        "regressed": sorted(k for k, v in per.items() if v.significant and v.delta < 0),
+    }
 
 
-def run_compare(a: Side, b: Side, heldout: HeldoutSet, opts: EvalOptions, device: str = "cpu",
-                seed: int = 0) -> tuple[EvalTable, EvalTable, dict[str, Any]]:
+def run_compare(
+    a: Side, b: Side, heldout: HeldoutSet, opts: EvalOptions, device: str = "cpu", seed: int = 0
+) -> tuple[EvalTable, EvalTable, dict[str, Any]]:
     from posttrain.engine.hf import HFEngine
 
     tables = []
@@ -85,12 +93,17 @@ def run_compare(a: Side, b: Side, heldout: HeldoutSet, opts: EvalOptions, device
 
 
 def text(a: Side, b: Side, ta: EvalTable, tb: EvalTable, data: dict[str, Any]) -> str:
-    lines = [f"A = {a.label} ({a.model_dir})", f"B = {b.label} ({b.model_dir})",
-             format_table(ta, tb, labels=("A", "B")), format_turns(ta, tb, labels=("A", "B")),
-             "B in detail:", format_details(tb),
-             format_probes(ta, tb, labels=("A", "B")),
-             "significantly improved (B over A): " + (", ".join(data["improved"]) or "none"),
-             "significantly regressed: " + (", ".join(data["regressed"]) or "none")]
+    lines = [
+        f"A = {a.label} ({a.model_dir})",
+        f"B = {b.label} ({b.model_dir})",
+        format_table(ta, tb, labels=("A", "B")),
+        format_turns(ta, tb, labels=("A", "B")),
+        "B in detail:",
+        format_details(tb),
+        format_probes(ta, tb, labels=("A", "B")),
+        "significantly improved (B over A): " + (", ".join(data["improved"]) or "none"),
+        "significantly regressed: " + (", ".join(data["regressed"]) or "none"),
+    ]
     return "\n".join(line for line in lines if line)
 
 
@@ -115,8 +128,11 @@ def write_outputs(out: Path, data: dict[str, Any]) -> tuple[Path, Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     js, png, page = out / "compare.json", out / "compare.png", out / "compare.html"
     js.write_text(json.dumps(data, indent=1))
-    fig = delta_bars(list(data["before"]["domains"]), data["deltas"]["domains"],
-                     "B - A per domain, paired 95% intervals (coloured: significant)")
+    fig = delta_bars(
+        list(data["before"]["domains"]),
+        data["deltas"]["domains"],
+        "B - A per domain, paired 95% intervals (coloured: significant)",
+    )
     fig.savefig(png, dpi=90, bbox_inches="tight")
     plt.close(fig)
     import html as h

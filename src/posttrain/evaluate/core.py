@@ -11,6 +11,7 @@ environment) is evaluated as it is trained: each item is an episode played to
 its end by `posttrain.envs.driver.play`, scored by the domain, and its turn
 count kept, so pass@turn-k (passed using at most k turns) is reported per turn.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -90,44 +91,105 @@ class DomainResult:
         return {tid: ok for tid, ok, _ in self.items}
 
     def to_json(self) -> dict:
-        return {"domain": self.domain, "difficulty": self.difficulty, "kind": self.kind, "requested": self.requested,
-                "n": self.n, "scored": self.scored, "infra_errors": self.infra_errors, "accuracy": self.accuracy,
-                "ci": [self.low, self.high], "train_accuracy": self.train_accuracy, "mean_score": self.mean_score,
-                "eval_verifier": self.eval_verifier, "sampling": {k: list(v) for k, v in self.sampling.items()},
-                "items": [list(i) for i in self.items], **self._turns_json()}
+        return {
+            "domain": self.domain,
+            "difficulty": self.difficulty,
+            "kind": self.kind,
+            "requested": self.requested,
+            "n": self.n,
+            "scored": self.scored,
+            "infra_errors": self.infra_errors,
+            "accuracy": self.accuracy,
+            "ci": [self.low, self.high],
+            "train_accuracy": self.train_accuracy,
+            "mean_score": self.mean_score,
+            "eval_verifier": self.eval_verifier,
+            "sampling": {k: list(v) for k, v in self.sampling.items()},
+            "items": [list(i) for i in self.items],
+            **self._turns_json(),
+        }
 
     def _turns_json(self) -> dict:
         if not self.turn_budget:
             return {}
-        return {"turn_budget": self.turn_budget, "turns": list(self.turns),
-                "pass_at_turn": {str(k): list(v) for k, v in self.pass_at_turn.items()}}
+        return {
+            "turn_budget": self.turn_budget,
+            "turns": list(self.turns),
+            "pass_at_turn": {str(k): list(v) for k, v in self.pass_at_turn.items()},
+        }
 
     @classmethod
     def from_json(cls, d: Mapping) -> DomainResult:
         low, high = d.get("ci", (0.0, 1.0))
-        return cls(d["domain"], d["difficulty"], d["n"], d["accuracy"], d.get("mean_score"), d.get("infra_errors", 0),
-                   low, high, d.get("train_accuracy"), d.get("eval_verifier", ""), d.get("requested", d["n"]),
-                   d.get("kind", "core"), {k: tuple(v) for k, v in d.get("sampling", {}).items()},
-                   tuple((i[0], i[1], i[2]) for i in d.get("items", ())), tuple(d.get("turns", ())),
-                   d.get("turn_budget", 0))
+        return cls(
+            d["domain"],
+            d["difficulty"],
+            d["n"],
+            d["accuracy"],
+            d.get("mean_score"),
+            d.get("infra_errors", 0),
+            low,
+            high,
+            d.get("train_accuracy"),
+            d.get("eval_verifier", ""),
+            d.get("requested", d["n"]),
+            d.get("kind", "core"),
+            {k: tuple(v) for k, v in d.get("sampling", {}).items()},
+            tuple((i[0], i[1], i[2]) for i in d.get("items", ())),
+            tuple(d.get("turns", ())),
+            d.get("turn_budget", 0),
+        )
 
     def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
-        return _result(self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier,
-                       self.items[:m], [], turns=self.turns[:m], turn_budget=self.turn_budget)
+        return _result(
+            self.domain,
+            self.difficulty,
+            self.kind,
+            min(self.requested, m),
+            self.eval_verifier,
+            self.items[:m],
+            [],
+            turns=self.turns[:m],
+            turn_budget=self.turn_budget,
+        )
 
 
-def _result(domain: str, level: int, kind: str, requested: int, verifier: str, items: Sequence[Item],
-            values: Sequence[float], sampling: Mapping[str, tuple[float, float, float]] | None = None,
-            turns: Sequence[int] = (), turn_budget: int = 0) -> DomainResult:
+def _result(
+    domain: str,
+    level: int,
+    kind: str,
+    requested: int,
+    verifier: str,
+    items: Sequence[Item],
+    values: Sequence[float],
+    sampling: Mapping[str, tuple[float, float, float]] | None = None,
+    turns: Sequence[int] = (),
+    turn_budget: int = 0,
+) -> DomainResult:
     ok = [v for _, v, _ in items if v is not None]
     train = [t for _, _, t in items if t is not None]
     k = sum(ok)
     acc = k / len(ok) if ok else None
     low, high = wilson(k, len(ok))
-    return DomainResult(domain, level, len(items), acc, sum(values) / len(values) if values else None,
-                        len(items) - len(ok), low, high, sum(train) / len(train) if train else None, verifier,
-                        requested, kind, dict(sampling or {}), tuple(items), tuple(turns), turn_budget)
+    return DomainResult(
+        domain,
+        level,
+        len(items),
+        acc,
+        sum(values) / len(values) if values else None,
+        len(items) - len(ok),
+        low,
+        high,
+        sum(train) / len(train) if train else None,
+        verifier,
+        requested,
+        kind,
+        dict(sampling or {}),
+        tuple(items),
+        tuple(turns),
+        turn_budget,
+    )
 
 
 @dataclass(frozen=True)
@@ -168,11 +230,15 @@ class EvalTable:
 
     def to_json(self) -> dict:
         lo, hi = self.mean_interval()
-        return {"model_version": self.model_version, "heldout_version": self.heldout_version,
-                "mean_accuracy": self.mean_accuracy, "mean_ci": [lo, hi],
-                "domains": {k: r.to_json() for k, r in self.results.items()},
-                "probes": {k: r.to_json() for k, r in self.probes.items()},
-                "rotation": {k: r.to_json() for k, r in self.rotation.items()}}
+        return {
+            "model_version": self.model_version,
+            "heldout_version": self.heldout_version,
+            "mean_accuracy": self.mean_accuracy,
+            "mean_ci": [lo, hi],
+            "domains": {k: r.to_json() for k, r in self.results.items()},
+            "probes": {k: r.to_json() for k, r in self.probes.items()},
+            "rotation": {k: r.to_json() for k, r in self.rotation.items()},
+        }
 
     @classmethod
     def from_json(cls, data: Mapping) -> EvalTable:
@@ -198,8 +264,9 @@ def tokens_for(domain: str, opts: EvalOptions) -> int:
     return min(tokens, opts.max_tokens) if opts.max_tokens else tokens
 
 
-def _generate(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int,
-              opts: EvalOptions | None = None) -> list[list[Any]]:
+def _generate(
+    engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions | None = None
+) -> list[list[Any]]:
     """Completions in task order; generated in batches of one token budget each (per domain
     with `opts`, else `params.max_tokens` for all), so a short domain never pads to a long one."""
     budget = {t.domain: tokens_for(t.domain, opts) for t in tasks} if opts else {}
@@ -234,8 +301,10 @@ def _play(engine: Engine, tasks: Sequence[Task], params: SamplingParams, opts: E
     the episode driver with each domain's training budgets (tokens per turn, turns)."""
     from posttrain.envs.driver import play
 
-    budgets = {d: replace(get(d).budget, tokens=tokens_for(d, opts), turns=turns_for(d, opts))
-               for d in {t.domain for t in tasks}}
+    budgets = {
+        d: replace(get(d).budget, tokens=tokens_for(d, opts), turns=turns_for(d, opts))
+        for d in {t.domain for t in tasks}
+    }
     return play(engine, tasks, params, n=params.n, budgets=budgets)
 
 
@@ -250,8 +319,9 @@ class _Outcome:
     executed: bool = False
 
 
-def _outcomes(engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int,
-              opts: EvalOptions) -> list[list[_Outcome]]:
+def _outcomes(
+    engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions
+) -> list[list[_Outcome]]:
     """Every task's outcomes (`params.n` each), in task order: single-turn tasks generated in
     batches by token budget, multi-turn ones played as episodes."""
     multi = [i for i, t in enumerate(tasks) if is_multi_turn(t.domain)]
@@ -303,8 +373,9 @@ def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
     for task, group in zip(tasks, _outcomes(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)):
-        judged = [(extract_answer(o.episode.completion), v) for o in group for v in [_verdict(task, o).ok]
-                  if v is not None]
+        judged = [
+            (extract_answer(o.episode.completion), v) for o in group for v in [_verdict(task, o).ok] if v is not None
+        ]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
             if k <= len(judged):
@@ -313,8 +384,9 @@ def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[
     return {key: (sum(v) / len(v), *mean_interval(v)) for key, v in sorted(per.items())}
 
 
-def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptions = EvalOptions(),
-                  sample_kinds: Iterable[str] = ()) -> dict[str, DomainResult]:
+def evaluate_sets(
+    engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptions = EvalOptions(), sample_kinds: Iterable[str] = ()
+) -> dict[str, DomainResult]:
     """Greedy results of every set (keyed as given); sampled metrics for the sets whose kind
     is in `sample_kinds` when `opts.samples` > 0. Multi-turn domains are played as episodes."""
     tasks = {key: s.tasks() for key, s in sets.items()}
@@ -335,14 +407,28 @@ def evaluate_sets(engine: Engine, sets: Mapping[str, DomainSet], opts: EvalOptio
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
         multi = is_multi_turn(s.domain)
         out[key] = _result(
-            s.domain, s.level, s.kind, s.requested, eval_verifier_name(get(s.domain)), items, values, sampling,
-            turns=turns if multi else (), turn_budget=turns_for(s.domain, opts) if multi else 0,
+            s.domain,
+            s.level,
+            s.kind,
+            s.requested,
+            eval_verifier_name(get(s.domain)),
+            items,
+            values,
+            sampling,
+            turns=turns if multi else (),
+            turn_budget=turns_for(s.domain, opts) if multi else 0,
         )
     return out
 
 
-def evaluate_heldout(engine: Engine, heldout: HeldoutSet, opts: EvalOptions = EvalOptions(), subset: int | None = None,
-                     rotation: Mapping[str, DomainSet] | None = None, probes: bool = True) -> EvalTable:
+def evaluate_heldout(
+    engine: Engine,
+    heldout: HeldoutSet,
+    opts: EvalOptions = EvalOptions(),
+    subset: int | None = None,
+    rotation: Mapping[str, DomainSet] | None = None,
+    probes: bool = True,
+) -> EvalTable:
     """The core sets (their first `subset` items when given), the probes (when `probes`)
     and a rotation slice per domain (when given), in one batched generation."""
     core = {s.domain: (s.head(subset) if subset else s) for s in heldout.of_kind("core").values()}
@@ -360,8 +446,9 @@ def evaluate_heldout(engine: Engine, heldout: HeldoutSet, opts: EvalOptions = Ev
     )
 
 
-def evaluate(engine: Engine, difficulties: Mapping[str, int], tasks_per_domain: int, max_tokens: int = 16,
-             batch_size: int = 256) -> EvalTable:
+def evaluate(
+    engine: Engine, difficulties: Mapping[str, int], tasks_per_domain: int, max_tokens: int = 16, batch_size: int = 256
+) -> EvalTable:
     """Greedy held-out accuracy per domain on up to `tasks_per_domain` distinct tasks each."""
     heldout = build_heldout(difficulties, tasks_per_domain)
     return evaluate_heldout(engine, heldout, EvalOptions(max_tokens=max_tokens, batch_size=batch_size))

@@ -10,6 +10,7 @@ raises only the held-out one. A domain is flagged when the held-out margin
 exceeds the control margin by more than `threshold` nats per item and the
 95% interval of that gap excludes 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,8 +103,9 @@ def control_tasks(domain: str, level: int, n: int, seed: int = 0) -> list[Task]:
     return [get(domain).sample(start + i, "train", level) for i in range(n)]
 
 
-def check_exposure(model: Any, tokenizer: Any, heldout: HeldoutSet, tasks: int = 64, threshold: float = 1.0,
-                   seed: int = 0) -> dict[str, Exposure]:
+def check_exposure(
+    model: Any, tokenizer: Any, heldout: HeldoutSet, tasks: int = 64, threshold: float = 1.0, seed: int = 0
+) -> dict[str, Exposure]:
     """Per core domain: the held-out vs control margin gap, flagged where the model looks memorised."""
     out = {}
     for name, s in heldout.of_kind("core").items():
@@ -115,8 +117,9 @@ def check_exposure(model: Any, tokenizer: Any, heldout: HeldoutSet, tasks: int =
         (hm, hv), (cm, cv) = _mean_var(h), _mean_var(c)
         gap = hm - cm
         half = Z95 * math.sqrt(hv / len(h) + cv / len(c))
-        out[name] = Exposure(name, s.level, len(held), hm, cm, gap, gap - half, gap + half, threshold,
-                             gap > threshold and gap - half > 0)
+        out[name] = Exposure(
+            name, s.level, len(held), hm, cm, gap, gap - half, gap + half, threshold, gap > threshold and gap - half > 0
+        )
     return out
 
 

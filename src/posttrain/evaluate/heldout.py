@@ -13,6 +13,7 @@ across runs), `above` (one level above the trained one) and `transfer`
 A rotation slice (`rotation_slice`) draws fresh distinct items per
 evaluation from a seeded region of the index space, none equal to a core item.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,16 +87,28 @@ class HeldoutSet:
         return f"{stable_hash(json.dumps(self.to_json()['sets'], sort_keys=True)):016x}"[:12]
 
     def warnings(self) -> list[str]:
-        return [f"held-out {s.kind} set of {s.domain} (level {s.level}) holds {s.n} distinct tasks, "
-                f"{s.requested} were asked for: its eval split has no more" for s in self.sets.values() if s.short]
+        return [
+            f"held-out {s.kind} set of {s.domain} (level {s.level}) holds {s.n} distinct tasks, "
+            f"{s.requested} were asked for: its eval split has no more"
+            for s in self.sets.values()
+            if s.short
+        ]
 
     def to_json(self) -> dict:
         return {
             "format": FORMAT_VERSION,
             "seed": self.seed,
-            "sets": {key: {"domain": s.domain, "level": s.level, "kind": s.kind, "requested": s.requested,
-                           "taskset_version": s.taskset_version, "indices": list(s.indices)}
-                     for key, s in self.sets.items()},
+            "sets": {
+                key: {
+                    "domain": s.domain,
+                    "level": s.level,
+                    "kind": s.kind,
+                    "requested": s.requested,
+                    "taskset_version": s.taskset_version,
+                    "indices": list(s.indices),
+                }
+                for key, s in self.sets.items()
+            },
         }
 
     @classmethod
@@ -103,9 +116,17 @@ class HeldoutSet:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT_VERSION:
             raise ConfigError(f"held-out set: expected a mapping with format {FORMAT_VERSION}")
         try:
-            sets = {key: DomainSet(s["domain"], int(s["level"]), s["kind"], int(s["requested"]),
-                                   tuple(int(i) for i in s["indices"]), s["taskset_version"])
-                    for key, s in data["sets"].items()}
+            sets = {
+                key: DomainSet(
+                    s["domain"],
+                    int(s["level"]),
+                    s["kind"],
+                    int(s["requested"]),
+                    tuple(int(i) for i in s["indices"]),
+                    s["taskset_version"],
+                )
+                for key, s in data["sets"].items()
+            }
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"held-out set is malformed: {exc!r}") from None
         return cls(int(data["seed"]), sets)
@@ -126,8 +147,9 @@ class HeldoutSet:
             raise ConfigError(f"{p}: not JSON: {exc}") from None
 
 
-def distinct_indices(domain: str, level: int, n: int, start: int = 0, avoid: Iterable[str] = (),
-                     patience: int | None = None) -> tuple[int, ...]:
+def distinct_indices(
+    domain: str, level: int, n: int, start: int = 0, avoid: Iterable[str] = (), patience: int | None = None
+) -> tuple[int, ...]:
     """Indices of up to `n` eval tasks with distinct normalised prompts, scanning from
     `start`; stops after `patience` indices in a row bring nothing new (the split is
     exhausted) or when the domain has no task at an index. Prompts in `avoid` are skipped."""
@@ -160,8 +182,13 @@ def domain_set(domain: str, level: int, n: int, kind: Kind, seed: int = 0) -> Do
     return DomainSet(domain, level, kind, n, distinct_indices(domain, level, n, start), get(domain).taskset_version)
 
 
-def build_heldout(levels: Mapping[str, int], tasks_per_domain: int, seed: int = 0, above_tasks: int = 0,
-                  transfer: Mapping[str, int] | None = None) -> HeldoutSet:
+def build_heldout(
+    levels: Mapping[str, int],
+    tasks_per_domain: int,
+    seed: int = 0,
+    above_tasks: int = 0,
+    transfer: Mapping[str, int] | None = None,
+) -> HeldoutSet:
     """The core set of each trained domain at its level, one level above it where the
     domain has one (`above_tasks` > 0), and the transfer families at their levels."""
     from posttrain.domains.registry import get

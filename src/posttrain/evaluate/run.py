@@ -10,6 +10,7 @@ points compare; the rotation slice is reported apart and never mixed into
 it. The contamination and exposure checks run once, at the start of a new
 run, and are written to RUN_DIR/checks.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,21 +35,36 @@ def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None) -> EvalOptio
         specs = resolve_specs(tasks)
         budgets = {n: spec.max_tokens for n, (_, spec) in specs.items() if spec.max_tokens}
         turns = {n: spec.max_turns for n, (_, spec) in specs.items() if spec.max_turns}
-    return EvalOptions(max_tokens=eval_cfg.max_tokens, budgets=budgets, turns=turns, batch_size=eval_cfg.batch_size,
-                       samples=eval_cfg.samples if sampled else 0, temperature=eval_cfg.temperature,
-                       ks=tuple(eval_cfg.k), seed=eval_cfg.seed)
+    return EvalOptions(
+        max_tokens=eval_cfg.max_tokens,
+        budgets=budgets,
+        turns=turns,
+        batch_size=eval_cfg.batch_size,
+        samples=eval_cfg.samples if sampled else 0,
+        temperature=eval_cfg.temperature,
+        ks=tuple(eval_cfg.k),
+        seed=eval_cfg.seed,
+    )
 
 
 def heldout_for(eval_cfg: Any, levels: Mapping[str, int]) -> HeldoutSet:
-    return build_heldout(levels, eval_cfg.tasks_per_domain, eval_cfg.seed, eval_cfg.above_tasks,
-                         dict(eval_cfg.transfer_domains))
+    return build_heldout(
+        levels, eval_cfg.tasks_per_domain, eval_cfg.seed, eval_cfg.above_tasks, dict(eval_cfg.transfer_domains)
+    )
 
 
 class RunEvaluator:
     """Owns a run's held-out set and its evaluations; the loop calls it at the marked points."""
 
-    def __init__(self, cfg: Any, run_dir: Path, engine: Any, metrics: Any, levels: Mapping[str, int],
-                 log: Callable[[str], Any] = print) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        engine: Any,
+        metrics: Any,
+        levels: Mapping[str, int],
+        log: Callable[[str], Any] = print,
+    ) -> None:
         self.cfg, self.run_dir, self.engine, self.metrics, self.log = cfg.eval, Path(run_dir), engine, metrics, log
         self.tasks = cfg.tasks
         path = self.run_dir / "heldout.json"
@@ -75,13 +91,16 @@ class RunEvaluator:
                 for d, r in out["contamination"].items()
                 if r["contaminated"]
             ]
-            self.log("contamination (n-gram overlap, held-out vs training draws): "
-                     + (f"OVERLAP in {', '.join(bad)}" if bad else "none found"))
+            self.log(
+                "contamination (n-gram overlap, held-out vs training draws): "
+                + (f"OVERLAP in {', '.join(bad)}" if bad else "none found")
+            )
         if self.cfg.exposure and tokenizer is not None and hasattr(model, "parameters"):
             from posttrain.evaluate.exposure import check_exposure, exposure_json
 
-            found = check_exposure(model, tokenizer, self.heldout, self.cfg.exposure_tasks, self.cfg.exposure_threshold,
-                                   self.cfg.seed)
+            found = check_exposure(
+                model, tokenizer, self.heldout, self.cfg.exposure_tasks, self.cfg.exposure_threshold, self.cfg.seed
+            )
             out["exposure"] = exposure_json(found)
             for e in found.values():
                 if e.flagged:
@@ -127,8 +146,10 @@ class RunEvaluator:
         rotation = {}
         if self.cfg.rotation_tasks:
             number = step // max(self.cfg.every_steps, 1)
-            rotation = {d: rotation_slice(s, self.cfg.rotation_tasks, number, self.cfg.seed)
-                        for d, s in self.heldout.of_kind("core").items()}
+            rotation = {
+                d: rotation_slice(s, self.cfg.rotation_tasks, number, self.cfg.seed)
+                for d, s in self.heldout.of_kind("core").items()
+            }
         table = evaluate_heldout(
             self.engine,
             self.heldout,
@@ -149,8 +170,11 @@ class RunEvaluator:
     def _row(self, step: int, table: EvalTable, seconds: float, full: EvalTable | None = None) -> None:
         lo, hi = table.mean_interval()
         row: dict[str, Any] = {
-            "mean_accuracy": table.mean_accuracy, "mean_ci": [lo, hi], "seconds": seconds,
-            "domains": table.accuracies, "ci": {k: [r.low, r.high] for k, r in table.results.items()},
+            "mean_accuracy": table.mean_accuracy,
+            "mean_ci": [lo, hi],
+            "seconds": seconds,
+            "domains": table.accuracies,
+            "ci": {k: [r.low, r.high] for k, r in table.results.items()},
             "n": {k: r.scored for k, r in table.results.items()},
             "infra_errors": {k: r.infra_errors for k, r in table.results.items()},
             "train_verifier": {k: r.train_accuracy for k, r in table.results.items() if r.train_accuracy is not None},
@@ -161,8 +185,11 @@ class RunEvaluator:
         if by_turn:
             row["pass_at_turn"] = by_turn
         if full is not None:
-            row["full"] = {"domains": full.accuracies, "mean_accuracy": full.mean_accuracy,
-                           "probes": {k: r.accuracy for k, r in full.probes.items()}}
+            row["full"] = {
+                "domains": full.accuracies,
+                "mean_accuracy": full.mean_accuracy,
+                "probes": {k: r.accuracy for k, r in full.probes.items()},
+            }
         self.metrics.write("eval", step, **row)
 
     # ------------------------------------------------------------ the end of a run
@@ -170,13 +197,20 @@ class RunEvaluator:
     def write(self, path: Path, before: EvalTable, after: EvalTable, history: Sequence[tuple[int, EvalTable]]) -> None:
         checks_path = self.run_dir / "checks.json"
         checks = json.loads(checks_path.read_text()) if checks_path.is_file() else {}
-        extra = {"heldout": {**self.heldout.to_json(), "version": self.heldout.version,
-                             "warnings": self.heldout.warnings()},
-                 "subset_tasks": self.cfg.subset_tasks, "eval_seconds": dict(self.seconds), **checks}
+        extra = {
+            "heldout": {**self.heldout.to_json(), "version": self.heldout.version, "warnings": self.heldout.warnings()},
+            "subset_tasks": self.cfg.subset_tasks,
+            "eval_seconds": dict(self.seconds),
+            **checks,
+        }
         write_table(path, before, after, history, extra)
 
     @staticmethod
     def describe(before: EvalTable, after: EvalTable | None = None) -> str:
-        parts = [format_table(before, after), format_turns(before, after), format_details(after or before),
-                 format_probes(before, after)]
+        parts = [
+            format_table(before, after),
+            format_turns(before, after),
+            format_details(after or before),
+            format_probes(before, after),
+        ]
         return "\n".join(p for p in parts if p)

@@ -4,6 +4,7 @@ Invariant: every function here is a pure function of its arguments (the
 bootstrap takes its seed), so the same outcomes give the same figures twice;
 an interval is (low, high) at 95% and always contains its point estimate.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -116,22 +117,40 @@ def paired_deltas(
         lo, hi = _percentiles(boot.tolist())
         delta = float(diff.mean())
         up, down = int((diff > 0).sum()), int((diff < 0).sum())
-        per[name] = PairedDelta(len(b), sum(b) / len(b), sum(a) / len(a), delta, min(lo, delta), max(hi, delta),
-                                up, down, mcnemar_p(up, down))
+        per[name] = PairedDelta(
+            len(b),
+            sum(b) / len(b),
+            sum(a) / len(a),
+            delta,
+            min(lo, delta),
+            max(hi, delta),
+            up,
+            down,
+            mcnemar_p(up, down),
+        )
     scored = [d for d in per.values() if d.n]
     if not scored:
         return per, None
     mean_boot = np.mean(np.stack(draws), axis=0)
     lo, hi = _percentiles(mean_boot.tolist())
     delta = sum(d.delta for d in scored) / len(scored)
-    mean = PairedDelta(sum(d.n for d in scored), sum(d.before for d in scored) / len(scored),
-                       sum(d.after for d in scored) / len(scored), delta, min(lo, delta), max(hi, delta),
-                       sum(d.improved for d in scored), sum(d.regressed for d in scored), None)
+    mean = PairedDelta(
+        sum(d.n for d in scored),
+        sum(d.before for d in scored) / len(scored),
+        sum(d.after for d in scored) / len(scored),
+        delta,
+        min(lo, delta),
+        max(hi, delta),
+        sum(d.improved for d in scored),
+        sum(d.regressed for d in scored),
+        None,
+    )
     return per, mean
 
 
-def mean_over_domains_interval(outcomes: Mapping[str, Sequence[bool]], seed: int = 0,
-                               resamples: int = BOOTSTRAP) -> tuple[float, float]:
+def mean_over_domains_interval(
+    outcomes: Mapping[str, Sequence[bool]], seed: int = 0, resamples: int = BOOTSTRAP
+) -> tuple[float, float]:
     """Bootstrap interval of the mean of per-domain accuracies (items resampled within each domain)."""
     import numpy as np
 

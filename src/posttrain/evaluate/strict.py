@@ -9,6 +9,7 @@ answer recomputed from the prompt), and format exactness for exact-match
 domains (the completion is the answer and nothing else, bare or in one
 answer tag).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

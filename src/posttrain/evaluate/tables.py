@@ -4,6 +4,7 @@ Invariant: a table's `n` is the number of distinct tasks scored; a domain
 with no scorable item prints `infra` (never 0.000); a delta is marked `*`
 only when its paired interval excludes 0 and the exact McNemar test agrees.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def _delta(d: PairedDelta | None) -> str:
 
 def deltas(before: EvalTable, after: EvalTable, seed: int = 0) -> tuple[dict[str, PairedDelta], PairedDelta | None]:
     """Paired before/after deltas per domain over the items both scored, and of the mean."""
-    return paired_deltas({k: r.verdicts for k, r in before.results.items()},
-                         {k: r.verdicts for k, r in after.results.items()}, seed)
+    return paired_deltas(
+        {k: r.verdicts for k, r in before.results.items()}, {k: r.verdicts for k, r in after.results.items()}, seed
+    )
 
 
 def format_table(
@@ -63,8 +65,10 @@ def format_table(
         row += f"{after.mean_accuracy:>7.3f} [{alo:.2f},{ahi:.2f}]{'':>3}  " + _delta(mean)
     lines.append(row.rstrip())
     short = [f"{k} {r.scored}/{r.requested}" for k, r in before.results.items() if r.n < r.requested]
-    notes = ["n: distinct tasks scored; [lo,hi]: 95% Wilson interval; delta: paired bootstrap interval, "
-             "* = interval excludes 0 and exact McNemar p < 0.05"]
+    notes = [
+        "n: distinct tasks scored; [lo,hi]: 95% Wilson interval; delta: paired bootstrap interval, "
+        "* = interval excludes 0 and exact McNemar p < 0.05"
+    ]
     if short:
         notes.append("! the eval split holds fewer distinct tasks than asked: " + ", ".join(short))
     return "\n".join(lines + notes)
@@ -98,8 +102,13 @@ def format_probes(
 ) -> str:
     """The generalisation probes apart from the core: one level above the trained one, and
     families never trained on; with `after`, paired deltas."""
-    per, _ = (paired_deltas({k: r.verdicts for k, r in before.probes.items()},
-                            {k: r.verdicts for k, r in after.probes.items()}) if after else ({}, None))
+    per, _ = (
+        paired_deltas(
+            {k: r.verdicts for k, r in before.probes.items()}, {k: r.verdicts for k, r in after.probes.items()}
+        )
+        if after
+        else ({}, None)
+    )
     lines = []
     for kind, title in (
         ("above", "held-out one level above the trained one"),
@@ -140,21 +149,39 @@ def format_turns(
 def delta_json(d: PairedDelta | None) -> dict[str, Any] | None:
     if d is None:
         return None
-    return {"n": d.n, "before": d.before, "after": d.after, "delta": d.delta, "ci": [d.low, d.high],
-            "improved": d.improved, "regressed": d.regressed, "p_value": d.p_value, "significant": d.significant}
+    return {
+        "n": d.n,
+        "before": d.before,
+        "after": d.after,
+        "delta": d.delta,
+        "ci": [d.low, d.high],
+        "improved": d.improved,
+        "regressed": d.regressed,
+        "p_value": d.p_value,
+        "significant": d.significant,
+    }
 
 
-def write_table(path: Path, before: EvalTable, after: EvalTable | None,
-                history: Sequence[tuple[int, EvalTable]] = (), extra: Mapping[str, Any] | None = None) -> None:
+def write_table(
+    path: Path,
+    before: EvalTable,
+    after: EvalTable | None,
+    history: Sequence[tuple[int, EvalTable]] = (),
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     """eval.json: before, after, paired deltas, the history of evaluations during training, and `extra`
     (held-out set, contamination and exposure reports)."""
     data: dict[str, Any] = {"before": before.to_json(), "after": after.to_json() if after else None}
     if after:
         per, mean = deltas(before, after)
-        probes, _ = paired_deltas({k: r.verdicts for k, r in before.probes.items()},
-                                  {k: r.verdicts for k, r in after.probes.items()})
-        data["deltas"] = {"domains": {k: delta_json(v) for k, v in per.items()}, "mean": delta_json(mean),
-                          "probes": {k: delta_json(v) for k, v in probes.items()}}
+        probes, _ = paired_deltas(
+            {k: r.verdicts for k, r in before.probes.items()}, {k: r.verdicts for k, r in after.probes.items()}
+        )
+        data["deltas"] = {
+            "domains": {k: delta_json(v) for k, v in per.items()},
+            "mean": delta_json(mean),
+            "probes": {k: delta_json(v) for k, v in probes.items()},
+        }
     data["history"] = [{"step": s, **t.to_json()} for s, t in history]
     data.update(extra or {})
     path.write_text(json.dumps(data, indent=1))

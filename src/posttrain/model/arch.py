@@ -6,6 +6,7 @@ tokenizer exactly as it was saved (`load_tokenizer`): text round-trips through
 encode and decode as it did before saving; a directory without weights raises
 ModelLoadError naming what is missing.
 """
+
 from __future__ import annotations
 
 import json

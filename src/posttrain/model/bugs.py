@@ -10,6 +10,7 @@ differs from the gold answer on most questions. A multi-turn bug (`TURN_BUGS`)
 is a buggy policy: a deterministic function of the question and the last
 observation that gives the next action.
 """
+
 from __future__ import annotations
 
 import hashlib

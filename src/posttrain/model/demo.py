@@ -9,6 +9,7 @@ accuracy (every item an infra error) is a FAIL, never counted as 0. The paired
 
     python -m posttrain.model.demo runs/<run>      # prints the line; exit 0 on PASS, 1 on FAIL
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,11 @@ def verdict(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[bo
     if a - b < MIN_GAIN - 1e-9:
         why.append(f"gain {a - b:+.2f} is below the demo's {MIN_GAIN:+.2f}")
     if fell:
-        why.append("fell more than {:.0f} points: {}".format(
-            MAX_FALL * 100, ", ".join(f"{d} {before[d]:.2f} -> {after[d]:.2f}" for d, v in sorted(fell.items()))))
+        why.append(
+            "fell more than {:.0f} points: {}".format(
+                MAX_FALL * 100, ", ".join(f"{d} {before[d]:.2f} -> {after[d]:.2f}" for d, v in sorted(fell.items()))
+            )
+        )
     if why:
         return False, f"demo: FAIL {head}; " + "; ".join(why)
     return True, f"demo: PASS {head}, no domain fell more than {MAX_FALL * 100:.0f} points"

@@ -7,6 +7,7 @@ share `buggy_fraction` of the examples comes from the buggy solvers of
 `posttrain.model.bugs`: the base is partly right, far from perfect, and
 wrong in ways RL can fix.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,8 +92,9 @@ def _encode(tok, messages: Conversation) -> tuple[list[int], list[int]]:
         if role != "assistant":
             continue
         head = [{"role": r, "content": c} for r, c in messages[:i]]
-        prompt = tok.encode(tok.apply_chat_template(head, add_generation_prompt=True, tokenize=False),
-                            add_special_tokens=False)
+        prompt = tok.encode(
+            tok.apply_chat_template(head, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )
         if prompt[: len(ids)] != ids:
             raise ValueError("the chat template is not prefix-stable; multi-turn pretraining needs it to be")
         answer = tok.encode(content, add_special_tokens=False) + [tok.eos_token_id]

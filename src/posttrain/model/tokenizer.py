@@ -4,6 +4,7 @@ Invariant: every printable ASCII character, newline and tab is one token, so
 any text round-trips through encode/decode unchanged; chat roles are special
 tokens. Saved with `save_pretrained`, it loads back through AutoTokenizer.
 """
+
 from __future__ import annotations
 
 import string

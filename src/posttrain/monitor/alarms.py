@@ -5,6 +5,7 @@ clock, no randomness), returns one Hit per (alarm, domain) whose condition
 holds now, and never fires before it has the steps or evaluations its rule
 needs (a baseline and a recent window that do not overlap).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -73,10 +74,15 @@ class _Collapse:
             recent = _mean(h.last(domain, self.signal, cfg.window))
             reward = _mean(h.last(domain, "reward_mean", cfg.window))
             if base > 0 and recent < rule.ratio * base and reward < rule.solved_at:
-                hits.append(Hit(self.kind, domain,
-                                f"{self.label} collapse in {domain}: {recent:.3f} over the last {cfg.window} steps, "
-                                f"{recent / base:.0%} of its start {base:.3f}, while reward is {reward:.2f}",
-                                {"baseline": base, "recent": recent, "reward": reward}))
+                hits.append(
+                    Hit(
+                        self.kind,
+                        domain,
+                        f"{self.label} collapse in {domain}: {recent:.3f} over the last {cfg.window} steps, "
+                        f"{recent / base:.0%} of its start {base:.3f}, while reward is {reward:.2f}",
+                        {"baseline": base, "recent": recent, "reward": reward},
+                    )
+                )
         return hits
 
 
@@ -96,10 +102,14 @@ class LengthExplosion:
         for domain in h.signals:
             if h.count(domain) < cfg.baseline_steps + cfg.window:
                 continue
-            base, recent = (_mean(h.first(domain, "length_mean", cfg.baseline_steps)),
-                            _mean(h.last(domain, "length_mean", cfg.window)))
-            t_base, t_recent = (_mean(h.first(domain, "truncated_share", cfg.baseline_steps)),
-                                _mean(h.last(domain, "truncated_share", cfg.window)))
+            base, recent = (
+                _mean(h.first(domain, "length_mean", cfg.baseline_steps)),
+                _mean(h.last(domain, "length_mean", cfg.window)),
+            )
+            t_base, t_recent = (
+                _mean(h.first(domain, "truncated_share", cfg.baseline_steps)),
+                _mean(h.last(domain, "truncated_share", cfg.window)),
+            )
             grew = base > 0 and recent > rule.factor * base
             truncating = t_recent > rule.truncated_share and t_base < rule.truncated_share / 2
             if grew or truncating:
@@ -129,10 +139,15 @@ class KLAcceleration:
             before, now = max(b - a, rule.min_growth * b), c - b
             if c > rule.min_kl and now > rule.factor * before:
                 where = "overall" if domain == "all" else f"in {domain}"
-                hits.append(Hit(self.kind, None if domain == "all" else domain,
-                                f"KL acceleration {where}: KL {a:.3f} -> {b:.3f} -> {c:.3f} over windows of "
-                                f"{w} measurements (growth {now:.3f} against {b - a:.3f} before)",
-                                {"windows": [a, b, c]}))
+                hits.append(
+                    Hit(
+                        self.kind,
+                        None if domain == "all" else domain,
+                        f"KL acceleration {where}: KL {a:.3f} -> {b:.3f} -> {c:.3f} over windows of "
+                        f"{w} measurements (growth {now:.3f} against {b - a:.3f} before)",
+                        {"windows": [a, b, c]},
+                    )
+                )
         return hits
 
 
@@ -145,10 +160,15 @@ class AuditFailure:
             recent = rows[-cfg.window :]
             audited, failed = sum(r[1] for r in recent), sum(r[2] for r in recent)
             if audited >= rule.min_audited and failed / audited > rule.max_fail_share:
-                hits.append(Hit(self.kind, domain,
-                                f"audit failure in {domain}: {failed} of {audited} top-reward rollouts of the last "
-                                f"{len(recent)} steps fail the stricter check (reward hacking?)",
-                                {"audited": audited, "failed": failed}))
+                hits.append(
+                    Hit(
+                        self.kind,
+                        domain,
+                        f"audit failure in {domain}: {failed} of {audited} top-reward rollouts of the last "
+                        f"{len(recent)} steps fail the stricter check (reward hacking?)",
+                        {"audited": audited, "failed": failed},
+                    )
+                )
         return hits
 
 
@@ -217,10 +237,15 @@ class DomainRegression:
             gain = _mean([last[d] - first[d] for d in others])
             noise = drop_margin(best, counts[i].get(domain), now, counts[-1].get(domain), cfg.domain_regression.z)
             if best - now > max(tol, noise) and gain > tol:
-                hits.append(Hit(self.kind, domain,
-                                f"{domain} regressed on held-out to {now:.2f} (best {best:.2f}) while the other "
-                                f"domains gained {gain:+.2f} on average by step {step}",
-                                {"now": now, "best": best, "others_gain": gain}))
+                hits.append(
+                    Hit(
+                        self.kind,
+                        domain,
+                        f"{domain} regressed on held-out to {now:.2f} (best {best:.2f}) while the other "
+                        f"domains gained {gain:+.2f} on average by step {step}",
+                        {"now": now, "best": best, "others_gain": gain},
+                    )
+                )
         return hits
 
 

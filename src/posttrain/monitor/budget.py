@@ -44,5 +44,8 @@ class CpuBudget:
         spent = self.spent()
         if self.budget_s is None or spent < self.budget_s:
             return []
-        return [Stop(f"CPU budget reached: {spent:.1f}s of training CPU by step {step} "
-                     f"(run.cpu_budget_s={self.budget_s:g})")]
+        return [
+            Stop(
+                f"CPU budget reached: {spent:.1f}s of training CPU by step {step} (run.cpu_budget_s={self.budget_s:g})"
+            )
+        ]

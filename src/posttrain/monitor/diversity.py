@@ -6,6 +6,7 @@ and depends only on the completion texts, so the same group always
 measures the same. The edit distance is exact
 Levenshtein (vectorised over all pairs, one numpy pass per character row).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

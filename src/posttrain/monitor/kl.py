@@ -6,6 +6,7 @@ token, unbiased for KL(policy || reference) at the sampling temperature,
 and it needs one no-grad forward of the reference on at most `rows` rows.
 The policy's log-probs are the behaviour log-probs the engine recorded.
 """
+
 from __future__ import annotations
 
 import inspect

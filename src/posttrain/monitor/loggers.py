@@ -5,6 +5,7 @@ of truth; these loggers only mirror flat scalars to other tools. A logger
 asked for in the config whose package is missing fails at start with a
 ConfigError naming the field and the package, never silently mid-run.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,9 @@ class WandbLogger:
             import wandb
         except ImportError:
             raise ConfigError("monitor.loggers.wandb: wandb is not installed (pip install wandb)") from None
-        self._run = wandb.init(project=project, name=name, dir=str(run_dir), mode="offline", config=dict(config),
-                               reinit="finish_previous")
+        self._run = wandb.init(
+            project=project, name=name, dir=str(run_dir), mode="offline", config=dict(config), reinit="finish_previous"
+        )
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         self._run.log(dict(scalars), step=step)

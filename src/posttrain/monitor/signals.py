@@ -8,6 +8,7 @@ Token-level entropy is the mean negative log-probability of the sampled
 tokens under the sampling policy: an unbiased estimate of the policy's
 per-token entropy at the sampling temperature, at no extra forward pass.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,10 +8,19 @@ is owned by one asyncio.TaskGroup.
         results = await pipe.run_groups(tasks)   # one step's tasks, in order (multi-turn: envs.driver)
     pipe.stats().flat()   # queue depths, throughput, latency percentiles, idle share
 """
+
 _LAZY = {
-    "Pipeline": "core", "PipelineStats": "core", "GroupResult": "core", "Scheduler": "scheduler",
-    "AdaptiveCap": "scheduler", "EmbeddedWorkers": "workers", "Workers": "workers", "Verdict": "workers",
-    "verify_group": "workers", "StepRollouts": "step", "make_workers": "step",
+    "Pipeline": "core",
+    "PipelineStats": "core",
+    "GroupResult": "core",
+    "Scheduler": "scheduler",
+    "AdaptiveCap": "scheduler",
+    "EmbeddedWorkers": "workers",
+    "Workers": "workers",
+    "Verdict": "workers",
+    "verify_group": "workers",
+    "StepRollouts": "step",
+    "make_workers": "step",
 }
 __all__ = [*_LAZY]
 

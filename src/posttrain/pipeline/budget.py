@@ -7,6 +7,7 @@ max_seconds), and its tokens then capped by the run-wide cap when one is set
 and evaluation resolve budgets with this one function, so a domain is
 evaluated with the budget it is trained with.
 """
+
 from __future__ import annotations
 
 import dataclasses

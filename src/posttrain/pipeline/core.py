@@ -9,6 +9,7 @@ never blocks the event loop (its workers' calls are awaitable; only a
 verifier that declares itself `cheap`, microseconds, is called inline);
 no task waits on a timer: the feeder and `run_groups` sleep on events.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,16 @@ from posttrain.rollout import Rollout
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
 
 _NOT_INFRA = ("config", "task")
-COUNTERS = ("admitted", "finished", "retries", "masked_groups", "masked_rollouts", "paused_skipped", "long_sampled",
-            "masked_execute")
+COUNTERS = (
+    "admitted",
+    "finished",
+    "retries",
+    "masked_groups",
+    "masked_rollouts",
+    "paused_skipped",
+    "long_sampled",
+    "masked_execute",
+)
 """The pipeline's counters (`pipe_<name>` in the per-step metrics)."""
 
 
@@ -93,9 +102,15 @@ class PipelineStats:
         """Per-step metrics: depth, throughput, p50/p99 latency, idle share per stage."""
         out: dict[str, float] = {f"pipe_{k}": float(v) for k, v in self.counters.items()}
         for s in self.stages:
-            out.update({f"{s.name}_items": s.items, f"{s.name}_per_s": round(s.throughput, 3),
-                        f"{s.name}_p50_s": round(s.p50_s, 5), f"{s.name}_p99_s": round(s.p99_s, 5),
-                        f"{s.name}_idle_share": round(1.0 - s.utilisation, 4)})
+            out.update(
+                {
+                    f"{s.name}_items": s.items,
+                    f"{s.name}_per_s": round(s.throughput, 3),
+                    f"{s.name}_p50_s": round(s.p50_s, 5),
+                    f"{s.name}_p99_s": round(s.p99_s, 5),
+                    f"{s.name}_idle_share": round(1.0 - s.utilisation, 4),
+                }
+            )
         for q in self.queues:
             out[f"queue_{q.name}_max_depth"] = q.max_depth
         out["inflight_cap"] = self.inflight_cap
@@ -222,8 +237,16 @@ class Pipeline:
         domain = get(task.domain)
         gid = self._group_ids.pop(seq, f"{self._prefix}{seq}")
         budget = (self.budgets or {}).get(task.domain)
-        item = _Item(task, gid, tier, seq, time.perf_counter(), turn_budget=driver.turns_of(domain, budget),
-                     max_tokens=budget.tokens if budget else self.params.max_tokens, executes=domain.executes)
+        item = _Item(
+            task,
+            gid,
+            tier,
+            seq,
+            time.perf_counter(),
+            turn_budget=driver.turns_of(domain, budget),
+            max_tokens=budget.tokens if budget else self.params.max_tokens,
+            executes=domain.executes,
+        )
         try:
             if domain.environment() is None:
                 item.prompt_ids = await self.workers.encode(task.prompt)
@@ -309,7 +332,7 @@ class Pipeline:
         took = meter.end(token, len(batch))
         cursor = 0
         for it, rs in zip(batch, requests):
-            got, cursor = outs[cursor: cursor + len(rs)], cursor + len(rs)
+            got, cursor = outs[cursor : cursor + len(rs)], cursor + len(rs)
             it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
             await self._after_generate(it, got)
 
@@ -352,8 +375,7 @@ class Pipeline:
         (a retry after an infra error steps only those); True when another turn is due."""
         assert item.trajectories is not None
         pending = [t for t in item.trajectories if t.awaiting_step]
-        stepped = await asyncio.gather(*(asyncio.to_thread(driver.step, t) for t in pending),
-                                       return_exceptions=True)
+        stepped = await asyncio.gather(*(asyncio.to_thread(driver.step, t) for t in pending), return_exceptions=True)
         failure = None
         for t, got in zip(pending, stepped):
             if isinstance(got, BaseException):
@@ -463,8 +485,10 @@ class Pipeline:
     def stats(self) -> PipelineStats:
         queues = (self.q_generate, self.q_continue, self.q_execute, self.q_verify, self.results)
         return PipelineStats(
-            tuple(m.stats() for m in self.meters.values()), tuple(q.stats() for q in queues),
-            dict(self.counters), self.scheduler.cap.value,
+            tuple(m.stats() for m in self.meters.values()),
+            tuple(q.stats() for q in queues),
+            dict(self.counters),
+            self.scheduler.cap.value,
         )
 
 
@@ -487,8 +511,9 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
     else:
         comps = item.completions or [Completion(item.prompt_ids, (), "", (), "error", 0) for _ in range(n)]
     item.timings["total_s"] = time.perf_counter() - item.admitted_at
-    item.timings["queue_s"] = max(0.0, item.timings["total_s"] - sum(
-        item.timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s")))
+    item.timings["queue_s"] = max(
+        0.0, item.timings["total_s"] - sum(item.timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s"))
+    )
     rollouts = []
     for i, (c, v) in enumerate(zip(comps, verdicts)):
         timings = dict(item.timings)
@@ -500,8 +525,21 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
         else:
             mask = None
         ep = episodes[i] if episodes else None
-        rollouts.append(Rollout(item.task, c, item.group_id, v.score, v.error_kind, v.error, timings, mask,
-                                ep.exec_result if ep else None, ep.turns if ep else (), first))
+        rollouts.append(
+            Rollout(
+                item.task,
+                c,
+                item.group_id,
+                v.score,
+                v.error_kind,
+                v.error,
+                timings,
+                mask,
+                ep.exec_result if ep else None,
+                ep.turns if ep else (),
+                first,
+            )
+        )
     version = min((c.model_version for c in comps), default=0)
     return GroupResult(item.seq, item.tier, tuple(rollouts), version)
 

@@ -11,6 +11,7 @@ infra error is masked and counted, never scored 0). Only the event loop,
 the queues, the stage tasks and the thread hops are gone: the engine and
 the verifier run in the caller's thread, one call after another.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,9 +40,16 @@ class Direct:
     """One step's rounds (the direct counterpart of one `Pipeline`): `run_groups` per
     round, then `stats()` (the same keys as the pipeline's, without queues)."""
 
-    def __init__(self, config: PipelineConfig, workers: Any, params: SamplingParams, scheduler: Scheduler,
-                 group_prefix: str = "", seed: int | None = None,
-                 budgets: Mapping[str, Budget] | None = None) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        workers: Any,
+        params: SamplingParams,
+        scheduler: Scheduler,
+        group_prefix: str = "",
+        seed: int | None = None,
+        budgets: Mapping[str, Budget] | None = None,
+    ) -> None:
         self.cfg, self.workers, self.params, self.scheduler = config, workers, params, scheduler
         self.budgets = budgets or {}
         self.seed = seed
@@ -72,13 +80,14 @@ class Direct:
             else:
                 live.append(item)
         for k in range(0, len(live), self.cfg.generate_batch):
-            for item, error in self._generate(live[k: k + self.cfg.generate_batch]):
+            for item, error in self._generate(live[k : k + self.cfg.generate_batch]):
                 done[item.seq] = self._mask(item, error) if error is not None else self._verify(item)
         return [done.get(first + i) for i in range(len(tasks))]
 
     def stats(self) -> PipelineStats:
-        return PipelineStats(tuple(m.stats() for m in self.meters.values()), (), dict(self.counters),
-                             self.scheduler.cap.value)
+        return PipelineStats(
+            tuple(m.stats() for m in self.meters.values()), (), dict(self.counters), self.scheduler.cap.value
+        )
 
     # ---- the steps of a group ------------------------------------------------
     def _admit(self, seq: int, task: Task) -> tuple[_Item, BaseException | None]:
@@ -86,8 +95,14 @@ class Direct:
         self.counters["admitted"] += 1
         self.counters["long_sampled"] += tier == "long"
         budget = self.budgets.get(task.domain)
-        item = _Item(task, f"{self._prefix}{seq}", tier, seq, time.perf_counter(),
-                     max_tokens=budget.tokens if budget else self.params.max_tokens)  # single-turn: one turn
+        item = _Item(
+            task,
+            f"{self._prefix}{seq}",
+            tier,
+            seq,
+            time.perf_counter(),
+            max_tokens=budget.tokens if budget else self.params.max_tokens,
+        )  # single-turn: one turn
         try:
             item.prompt_ids = self.workers.encode_now(task.prompt)
         except Exception as exc:

@@ -5,6 +5,7 @@ clock resolution): a worker is busy from taking an item until it hands the
 result on, and idle otherwise; latency percentiles cover the last `window`
 calls, throughput counts every completed call.
 """
+
 from __future__ import annotations
 
 import time

@@ -4,6 +4,7 @@ Invariant: a queue never holds more than its capacity (a full queue blocks
 the producer: backpressure), every item put is got at most once, and the
 counters in `stats()` are exact: puts - gets == depth.
 """
+
 from __future__ import annotations
 
 import asyncio

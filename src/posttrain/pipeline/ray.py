@@ -15,6 +15,7 @@ execute stage after an episode and verification run on the actors. File domains 
 reach the execution and verification actors as their specs in the actors'
 environment; the files themselves must be readable at the same path on every node.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -108,8 +109,13 @@ class RayWorkers:
         self._synced = -1  # the first sync stamps the actors with the driver's version
 
     @classmethod
-    def from_engine(cls, engine: Any, config: PipelineConfig, address: str | None = None,
-                    execute: ExecuteFn | None = DomainExecute()) -> RayWorkers:
+    def from_engine(
+        cls,
+        engine: Any,
+        config: PipelineConfig,
+        address: str | None = None,
+        execute: ExecuteFn | None = DomainExecute(),
+    ) -> RayWorkers:
         """Generation actors running the same HF engine on a copy of `engine`'s weights."""
         if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")

@@ -8,6 +8,7 @@ so a long task cannot block a short one; a domain whose verifier failed
 `degrade_after` groups in a row is paused with an alarm event, and gets one
 probe group per cooldown until a probe verifies.
 """
+
 from __future__ import annotations
 
 import time

@@ -11,6 +11,7 @@ With pipeline.max_staleness > 0 (`_Ahead`), the groups returned at call N are
 those of the tasks given at call N-1, generated while the trainer trained,
 and none is more than max_staleness weight versions old.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,13 @@ from posttrain.rollout import Rollout, informative
 from posttrain.types import SamplingParams, Task
 
 
-def make_workers(runtime: Runtime, config: PipelineConfig, engine: Any, ray_address: str | None = None,
-                 execute: ExecuteFn | None = None) -> Workers:
+def make_workers(
+    runtime: Runtime,
+    config: PipelineConfig,
+    engine: Any,
+    ray_address: str | None = None,
+    execute: ExecuteFn | None = None,
+) -> Workers:
     """Embedded: the engine in a thread, execution and verification in threads (or
     verification in processes). Ray: generation, execution and verification actors
     on a Ray cluster. `execute` (default: each domain's declared execute step on the
@@ -77,9 +83,16 @@ def trace_events(trace: Any, log: Callable[[str], None]) -> EventSink:
 
 
 class StepRollouts:
-    def __init__(self, config: PipelineConfig, workers: Workers, pool: Any, seed: int,
-                 events: EventSink | None = None, dynamic_sampling: bool = True,
-                 budgets: Mapping[str, Budget] | None = None) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        workers: Workers,
+        pool: Any,
+        seed: int,
+        events: EventSink | None = None,
+        dynamic_sampling: bool = True,
+        budgets: Mapping[str, Budget] | None = None,
+    ) -> None:
         self.config = config
         self.budgets = budgets
         """Per-domain budgets (tokens per turn, turns); None: the sampling params' max_tokens for all."""
@@ -93,7 +106,9 @@ class StepRollouts:
         self._events = events
         self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None
         self.direct = bool(
-            self._ahead is None and config.direct and config.generate_timeout_s is None
+            self._ahead is None
+            and config.direct
+            and config.generate_timeout_s is None
             and all(workers.inline(n) for n in pool.names)
         )
         """Every step runs through pipeline/direct.py (no asyncio stages): see PipelineConfig.direct."""
@@ -122,8 +137,9 @@ class StepRollouts:
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         seed = stable_hash("rollout", self.seed, step)
         groups: list[list[Rollout]] = []
-        async with Pipeline(self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:", seed=seed,
-                            budgets=self.budgets) as pipe:
+        async with Pipeline(
+            self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:", seed=seed, budgets=self.budgets
+        ) as pipe:
             for round_ in range(self.config.replace_rounds + 1):
                 tasks = self._keep(groups, await pipe.run_groups(tasks), round_)
                 if not tasks:
@@ -135,8 +151,15 @@ class StepRollouts:
         self, tasks: list[Task], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         """As `_sample`, through pipeline/direct.py: no event loop, no stages."""
-        direct = Direct(self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:",
-                        seed=stable_hash("rollout", self.seed, step), budgets=self.budgets)
+        direct = Direct(
+            self.config,
+            self.workers,
+            params,
+            self.scheduler,
+            group_prefix=f"{step}:",
+            seed=stable_hash("rollout", self.seed, step),
+            budgets=self.budgets,
+        )
         groups: list[list[Rollout]] = []
         for round_ in range(self.config.replace_rounds + 1):
             tasks = self._keep(groups, direct.run_groups(tasks), round_)
@@ -251,8 +274,10 @@ class _Ahead:
         self.dropped += len(results) - len(fresh)
         assert self.pipe is not None
         stats = self.pipe.stats().flat()
-        stats.update(pipe_dropped_stale=float(len(results) - len(fresh)),
-                     pipe_staleness_max=float(max((version - r.model_version for r in results), default=0)))
+        stats.update(
+            pipe_dropped_stale=float(len(results) - len(fresh)),
+            pipe_staleness_max=float(max((version - r.model_version for r in results), default=0)),
+        )
         return [list(r.rollouts) for r in fresh], stats
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ calls are awaitable and never block the event loop (blocking work runs in a
 thread, a process pool, or a Ray actor); a verifier that raises yields a
 masked Verdict (kind and message, no score), never reward 0.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -146,9 +147,16 @@ class EmbeddedWorkers:
     executor and the verifiers in thread pools sized for their stages (asyncio's
     default pool has only cores + 4 threads), or verification in a process pool."""
 
-    def __init__(self, engine: Any, execute: ExecuteFn | None = DomainExecute(), verify_processes: int = 0,
-                 verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group,
-                 execute_threads: int = 64, verify_threads: int = 16, source: Any = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        execute: ExecuteFn | None = DomainExecute(),
+        verify_processes: int = 0,
+        verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group,
+        execute_threads: int = 64,
+        verify_threads: int = 16,
+        source: Any = None,
+    ) -> None:
         self.engine = engine
         self.source = source
         """With a source engine (the trainer's), `engine` is a detached copy that `sync()` refreshes."""

@@ -3,6 +3,7 @@
 Invariant: a report is a pure function of the run directory's files; the
 package imports matplotlib only when a report is written.
 """
+
 from posttrain.report.html import write_report
 
 __all__ = ["write_report"]

@@ -5,6 +5,7 @@ model; every series is keyed by the step it was measured at, and a section
 whose source is absent (no pipeline stages, no sandbox results, no monitor
 rows) is empty rather than an error, so a report of any run renders.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ class RunData:
             for key, value in row.items():
                 for field_ in ("tokens_mean", "truncated_share", "token_budget"):
                     if key.startswith(field_ + "_") and isinstance(value, (int, float)):
-                        acc.setdefault(key[len(field_) + 1:], {}).setdefault(field_, []).append(float(value))
+                        acc.setdefault(key[len(field_) + 1 :], {}).setdefault(field_, []).append(float(value))
         return {d: {k: sum(v) / len(v) for k, v in fields.items()} for d, fields in sorted(acc.items())}
 
     def train_series(self, key: str) -> list[tuple[int, float]]:

@@ -5,6 +5,7 @@ rows of metrics.jsonl as written; a domain without a scorable item shows
 `infra`, never 0; text from the run is HTML-escaped; a part whose source
 is absent renders as a short "no data" note.
 """
+
 from __future__ import annotations
 
 import html
@@ -52,12 +53,14 @@ def _delta(d: Mapping[str, Any] | None) -> str:
 def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("before", "after")) -> str:
     before, after = table["before"], table.get("after") or {}
     deltas = (table.get("deltas") or {}).get("domains", {})
-    rows = [f'<tr><th class="l">domain</th><th>level</th><th>n (distinct)</th><th>{labels[0]} [95% CI]</th>'
-            f'<th>{labels[1]} [95% CI]</th><th>delta [paired 95% CI]</th></tr>']
+    rows = [
+        f'<tr><th class="l">domain</th><th>level</th><th>n (distinct)</th><th>{labels[0]} [95% CI]</th>'
+        f"<th>{labels[1]} [95% CI]</th><th>delta [paired 95% CI]</th></tr>"
+    ]
     for name, b in before["domains"].items():
         a = after.get("domains", {}).get(name)
         rows.append(
-            '<tr><td '
+            "<tr><td "
             f'class="l">{_e(name)}</td><td>{b.get("difficulty")}</td><td>{_n(b)}</td>{_acc(b)}{_acc(a)}{_delta(deltas.get(name))}</tr>'
         )
     mean = (table.get("deltas") or {}).get("mean")
@@ -69,7 +72,7 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
     rows.append(f'<tr><th class="l">mean over domains</th><td></td><td></td>{cells}</tr>')
     note = (
         '<p class="meta">n: distinct tasks scored (infra errors left out); 95% Wilson intervals; deltas paired over '
-        'the '
+        "the "
         "same items (bootstrap interval), * where it excludes 0 and the exact McNemar test agrees (p &lt; 0.05).</p>"
     )
     return "<table>" + "".join(rows) + "</table>" + note
@@ -78,7 +81,7 @@ def before_after_table(table: Mapping[str, Any], labels: tuple[str, str] = ("bef
 def verifier_table(result: Mapping[str, Any]) -> str:
     rows = [
         '<tr><th class="l">domain</th><th>training verifier</th><th>eval verifier</th><th>gap</th><th class="l">eval '
-        'verifier</th></tr>'
+        "verifier</th></tr>"
     ]
     for name, r in result["domains"].items():
         t, a = r.get("train_accuracy"), r.get("accuracy")
@@ -128,16 +131,26 @@ def turns_table(table: Mapping[str, Any], labels: tuple[str, str] = ("before", "
     if not names:
         return ""
     width = max(len(pts) for _, side in sides for pts in side.values())
-    rows = ['<tr><th class="l">domain</th><th class="l">model</th>'
-            + "".join(f"<th>pass@turn-{k}</th>" for k in range(1, width + 1)) + "</tr>"]
+    rows = [
+        '<tr><th class="l">domain</th><th class="l">model</th>'
+        + "".join(f"<th>pass@turn-{k}</th>" for k in range(1, width + 1))
+        + "</tr>"
+    ]
     for name in names:
         for label, side in sides:
             if name in side:
-                rows.append(f'<tr><td class="l">{_e(name)}</td><td class="l">{_e(label)}</td>' + "".join(
-                    f'<td>{v:.3f} <span class="meta">[{lo:.2f}, {hi:.2f}]</span></td>' for _, v, lo, hi in side[name])
-                    + "</tr>")
-    note = ('<p class="meta">multi-turn domains are evaluated as episodes, as they are trained; pass@turn-k: '
-            "share of scored items whose episode passed using at most k turns (95% Wilson intervals).</p>")
+                rows.append(
+                    f'<tr><td class="l">{_e(name)}</td><td class="l">{_e(label)}</td>'
+                    + "".join(
+                        f'<td>{v:.3f} <span class="meta">[{lo:.2f}, {hi:.2f}]</span></td>'
+                        for _, v, lo, hi in side[name]
+                    )
+                    + "</tr>"
+                )
+    note = (
+        '<p class="meta">multi-turn domains are evaluated as episodes, as they are trained; pass@turn-k: '
+        "share of scored items whose episode passed using at most k turns (95% Wilson intervals).</p>"
+    )
     return "<h3>Pass rate by turn</h3><table>" + "".join(rows) + "</table>" + note
 
 
@@ -174,8 +187,10 @@ def probes_table(table: Mapping[str, Any]) -> str:
     if not before:
         return '<p class="empty">no generalisation probes (eval.above_tasks=0 and no eval.transfer_domains)</p>'
     deltas = (table.get("deltas") or {}).get("probes", {})
-    rows = ['<tr><th class="l">probe</th><th class="l">domain</th><th>level</th><th>n</th><th>before</th><th>after</th>'
-            '<th>delta [paired 95% CI]</th></tr>']
+    rows = [
+        '<tr><th class="l">probe</th><th class="l">domain</th><th>level</th><th>n</th><th>before</th><th>after</th>'
+        "<th>delta [paired 95% CI]</th></tr>"
+    ]
     for key, b in before.items():
         kind = "level above trained" if key.startswith("above:") else "transfer (never trained)"
         rows.append(
@@ -192,13 +207,13 @@ def checks_tables(table: Mapping[str, Any]) -> str:
     if cont:
         rows = [
             '<tr><th class="l">held-out set</th><th>n-gram</th><th>held-out</th><th>train draws</th><th>exact '
-            'overlap</th>'
+            "overlap</th>"
             "<th>contaminated</th><th>max overlap</th></tr>"
         ]
         for key, c in cont.items():
             cls = "alarm" if c["contaminated"] or c["exact_overlap"] else ""
             rows.append(
-                '<tr><td '
+                "<tr><td "
                 f'class="l">{_e(key)}</td><td>{c["n"]}</td><td>{c["eval_tasks"]}</td><td>{c["train_tasks"]}</td>'
                 f'<td class="{cls}">{c["exact_overlap"]}</td><td '
                 f'class="{cls}">{c["contaminated"]}</td><td>{c["max_overlap"]:.2f}</td></tr>'
@@ -215,16 +230,14 @@ def checks_tables(table: Mapping[str, Any]) -> str:
         for name, e in exp.items():
             verdict = '<span class="alarm">looks memorised</span>' if e["flagged"] else "no sign of exposure"
             rows.append(
-                '<tr><td '
+                "<tr><td "
                 f'class="l">{_e(name)}</td><td>{e["n"]}</td><td>{e["heldout_margin"]:+.2f}</td><td>{e["control_margin"]:+.2f}</td>'
                 f'<td>{e["gap"]:+.2f} <span class="meta">[{e["low"]:+.2f}, {e["high"]:+.2f}]</span></td><td '
                 f'class="l">{verdict}</td></tr>'
             )
         parts.append(
             "<h3>Exposure of the base model (log-likelihood of gold over wrong answers, held-out vs "
-            "control)</h3><table>"
-            + "".join(rows)
-            + "</table>"
+            "control)</h3><table>" + "".join(rows) + "</table>"
         )
     warnings = (table.get("heldout") or {}).get("warnings") or []
     if warnings:
@@ -245,11 +258,18 @@ def eval_section(data: RunData) -> str:
     if "deltas" not in table:  # an older eval.json: accuracies only
         return before_after_table({**table, "deltas": {}})
     last = table.get("after") or table["before"]
-    return (before_after_table(table) + turns_table(table)
-            + "<h3>Training verifier vs eval verifier (after)</h3>" + verifier_table(last)
-            + "<h3>Sampled metrics (after)</h3>" + sampling_table(last)
-            + "<h3>Generalisation probes</h3>" + probes_table(table)
-            + "<h2>Contamination checks</h2>" + checks_tables(table))
+    return (
+        before_after_table(table)
+        + turns_table(table)
+        + "<h3>Training verifier vs eval verifier (after)</h3>"
+        + verifier_table(last)
+        + "<h3>Sampled metrics (after)</h3>"
+        + sampling_table(last)
+        + "<h3>Generalisation probes</h3>"
+        + probes_table(table)
+        + "<h2>Contamination checks</h2>"
+        + checks_tables(table)
+    )
 
 
 # ---------------------------------------------------------------- plots
@@ -319,5 +339,10 @@ def heldout_bars(data: RunData) -> str | None:
     from posttrain.report.html import _png
 
     deltas = table["deltas"]["domains"]
-    return _png(delta_bars(list(table["before"]["domains"]), deltas,
-                           "after - before per domain, paired 95% intervals (coloured: significant)"))
+    return _png(
+        delta_bars(
+            list(table["before"]["domains"]),
+            deltas,
+            "after - before per domain, paired 95% intervals (coloured: significant)",
+        )
+    )

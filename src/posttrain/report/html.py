@@ -4,6 +4,7 @@ Invariant: the page references nothing outside itself (plots are base64
 data URIs, styles inline, no scripts), every text taken from the run is
 HTML-escaped, and a section without data says so instead of failing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -196,8 +197,10 @@ def _probe_table(data: RunData) -> str:
     by_domain: dict[str, list[dict]] = {}
     for p in data.probes:
         by_domain.setdefault(p["domain"], []).append(p)
-    rows = ['<tr><th class="l">domain</th><th class="l">verifier</th><th>probes</th><th>cheats scored</th>'
-            '<th>accepted</th><th class="l">steps probed</th><th class="l">verdict</th></tr>']
+    rows = [
+        '<tr><th class="l">domain</th><th class="l">verifier</th><th>probes</th><th>cheats scored</th>'
+        '<th>accepted</th><th class="l">steps probed</th><th class="l">verdict</th></tr>'
+    ]
     for name, probes in sorted(by_domain.items()):
         declared = any(p.get("declared") for p in probes)
         failed = [p for p in probes if p.get("declared") and not p.get("ok")]
@@ -224,7 +227,7 @@ def _token_table(data: RunData) -> str:
         return '<p class="empty">no per-domain token figures in this run</p>'
     rows = ['<tr><th class="l">domain</th><th>budget (tokens)</th><th>mean tokens</th><th>truncated share</th></tr>']
     for name, u in use.items():
-        budget = f'{u["token_budget"]:.0f}' if "token_budget" in u else "-"
+        budget = f"{u['token_budget']:.0f}" if "token_budget" in u else "-"
         rows.append(
             f'<tr><td class="l">{html.escape(name)}</td><td>{budget}</td><td>{u.get("tokens_mean", 0.0):.1f}</td>'
             f"<td>{u.get('truncated_share', 0.0):.1%}</td></tr>"
@@ -238,8 +241,10 @@ def _summary(data: RunData) -> str:
     step_s = [r.get("rollout_s", 0.0) + r.get("seconds", 0.0) for r in data.train]
     parts = [f"{steps} steps", f"{len(data.alarms)} alarms"]
     if overhead and step_s:
-        parts.append(f"monitor overhead {1000 * sum(overhead) / len(overhead):.1f} ms/step "
-                     f"(rollout+train {1000 * sum(step_s) / len(step_s):.0f} ms/step)")
+        parts.append(
+            f"monitor overhead {1000 * sum(overhead) / len(overhead):.1f} ms/step "
+            f"(rollout+train {1000 * sum(step_s) / len(step_s):.0f} ms/step)"
+        )
     return " · ".join(parts)
 
 
@@ -269,7 +274,6 @@ def render(data: RunData) -> str:
             ),
             "held-out accuracy of the fixed subset at each evaluation with 95% Wilson bands; rotation slices apart",
         ),
-
         (
             _figure(
                 "policy entropy",
@@ -340,8 +344,13 @@ def render(data: RunData) -> str:
     ]
     turns = turns_plot(data)
     if turns is not None:  # only runs with a multi-turn domain
-        figures.append((turns, "multi-turn domains, evaluated as episodes: pass rate within k turns, before (dashed) "
-                               "and after training"))
+        figures.append(
+            (
+                turns,
+                "multi-turn domains, evaluated as episodes: pass rate within k turns, before (dashed) "
+                "and after training",
+            )
+        )
     body = "".join(_img(src, cap, wide=i in _WIDE) for i, (src, cap) in enumerate(figures))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(data.path.name)}</title>

@@ -52,6 +52,7 @@ mountinfo shows the host paths of its binds; unsafe enforces nothing but
 rlimits and the wall timer, and hides posttrain's package only from its
 task's python path (as root), not the rest of the host.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -64,8 +65,22 @@ from posttrain.sandbox.probe import Probe, probe, select_backend
 from posttrain.sandbox.records import STATUSES, ExecRequest, ExecResult, Limits, Status
 
 __all__ = [
-    "ExecRequest", "ExecResult", "Limits", "Status", "STATUSES", "Pool", "PoolStats", "Session",
-    "Probe", "probe", "select_backend", "get_pool", "set_pool_config", "run", "raise_for_infra", "close_pool",
+    "ExecRequest",
+    "ExecResult",
+    "Limits",
+    "Status",
+    "STATUSES",
+    "Pool",
+    "PoolStats",
+    "Session",
+    "Probe",
+    "probe",
+    "select_backend",
+    "get_pool",
+    "set_pool_config",
+    "run",
+    "raise_for_infra",
+    "close_pool",
 ]
 
 _POOL: Pool | None = None

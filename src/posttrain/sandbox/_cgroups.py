@@ -12,6 +12,7 @@ Layout, per controller (v1) or once (v2):
 A worker joins its slot once; its task trees are born in the slot by fork,
 which avoids a cgroup attach (an RCU grace period on v1) per task.
 """
+
 from __future__ import annotations
 
 import os
@@ -149,8 +150,11 @@ def _enable_v2(path: str) -> None:
     try:
         _write(os.path.join(path, "cgroup.subtree_control"), want)
     except OSError as exc:
-        raise CgroupError(exc.errno, f"cannot enable {want} in {path}: {exc.strerror} "
-                          "(cgroup v2 needs a delegated subtree with no processes in it)") from exc
+        raise CgroupError(
+            exc.errno,
+            f"cannot enable {want} in {path}: {exc.strerror} "
+            "(cgroup v2 needs a delegated subtree with no processes in it)",
+        ) from exc
 
 
 class TaskCgroup:
@@ -273,6 +277,6 @@ def reap_stale(base: str) -> None:
     for entry in entries:
         if not entry.name.startswith(TREE_PREFIX):
             continue
-        pid = entry.name[len(TREE_PREFIX):].split("-")[0]
+        pid = entry.name[len(TREE_PREFIX) :].split("-")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             _remove_tree(entry.path)

@@ -9,6 +9,7 @@ reported as a `Conflict` naming the path and the reason; nothing here touches
 anything but the work directory. Stdlib only (the fork-server worker imports
 this module by file).
 """
+
 from __future__ import annotations
 
 import errno
@@ -109,7 +110,7 @@ def write_file(top: int, rel: str, data: bytes, uid: int = -1, gid: int = -1) ->
             os.fchmod(fd, mode)  # the umask must not narrow it
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
     except OSError as exc:

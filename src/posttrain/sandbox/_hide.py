@@ -11,6 +11,7 @@ read-only directory holding only an __init__.py that
 raises ImportError over a directory (an empty one would still import as a
 namespace package), /dev/null over a file).
 """
+
 from __future__ import annotations
 
 import glob
@@ -20,14 +21,24 @@ import stat
 PACKAGE = "posttrain"
 # what a masked directory holds: an empty one would still import as a namespace package
 STUB_INIT = b'raise ImportError("posttrain is not available inside the sandbox")\n'
-SITE_GLOBS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
-              "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages", "lib64/python3*/site-packages")
+SITE_GLOBS = (
+    "lib/python3*/site-packages",
+    "lib/python3*/dist-packages",
+    "lib/python3/dist-packages",
+    "local/lib/python3*/site-packages",
+    "local/lib/python3*/dist-packages",
+    "lib64/python3*/site-packages",
+)
 
 
 def _ours(name: str) -> bool:
     low = name.lower()
-    return (low == PACKAGE or low.startswith(PACKAGE + "-") or low == PACKAGE + ".egg-link"
-            or (low.startswith("__editable__") and PACKAGE in low))
+    return (
+        low == PACKAGE
+        or low.startswith(PACKAGE + "-")
+        or low == PACKAGE + ".egg-link"
+        or (low.startswith("__editable__") and PACKAGE in low)
+    )
 
 
 def _pth_dirs(path: str) -> list[str]:

@@ -4,6 +4,7 @@ Invariant: stdlib only (the fork-server worker imports this module by file,
 without the posttrain package), and every wrapper raises OSError with the
 real errno on failure; nothing here fails silently.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -4,6 +4,7 @@ Invariant: one frame = 4-byte big-endian length + pickle of plain data
 (dicts, lists, bytes, str, numbers). Both ends are trusted posttrain code;
 sandboxed code never holds a descriptor of these channels. Stdlib only.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,9 +48,9 @@ def split_frames(buf: bytes) -> list:
     """Decode every complete frame in `buf` (used on the status pipe)."""
     out, pos = [], 0
     while pos + 4 <= len(buf):
-        (length,) = struct.unpack(">I", buf[pos:pos + 4])
+        (length,) = struct.unpack(">I", buf[pos : pos + 4])
         if pos + 4 + length > len(buf):
             break
-        out.append(pickle.loads(buf[pos + 4:pos + 4 + length]))
+        out.append(pickle.loads(buf[pos + 4 : pos + 4 + length]))
         pos += 4 + length
     return out

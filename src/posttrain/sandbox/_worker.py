@@ -16,6 +16,7 @@ Process tree of one task:
                └─ C2 (pid 1 of the new pid namespace: mounts, pivot_root, reaper)
                     └─ C3 (drops to the slot uid, rlimits, seccomp, runs the task)
 """
+
 from __future__ import annotations
 
 import gc
@@ -180,7 +181,7 @@ class Worker:
     def _inner(self, host: str) -> str:
         """Where a host path lies inside the task's root."""
         if self.venv and _under(host, self.venv):
-            return VENV_AT + host[len(self.venv):]
+            return VENV_AT + host[len(self.venv) :]
         return host
 
     def _mask_hidden(self, root: str, only_under: str = "/") -> None:

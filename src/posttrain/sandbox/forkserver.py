@@ -6,6 +6,7 @@ breaks the protocol is killed and every later call on this handle returns
 infra_error (the pool then replaces it). The handle is used by one thread
 at a time (the pool guarantees it).
 """
+
 from __future__ import annotations
 
 import os

@@ -11,6 +11,7 @@ read and dropped, never buffered. posttrain's own package (`_hide`) is masked
 in bubblewrap, and in unsafe where it starts as root (a private mount
 namespace); a non-root unsafe run can read whatever its user can.
 """
+
 from __future__ import annotations
 
 import os
@@ -213,9 +214,17 @@ class OneShot:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             lim = req.limits
             view = self.view()
-            proc = subprocess.Popen(argv, cwd=cwd or workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                    preexec_fn=lambda: _preexec(lim, self.nproc, self.drop_root, view))
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd or workdir,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=lambda: _preexec(lim, self.nproc, self.drop_root, view),
+            )
             p = pump(proc, req.stdin, lim.output_bytes, lim.wall_s)
             _killpg(proc)
             proc.wait()
@@ -229,9 +238,20 @@ class OneShot:
                 data = _fs.read_file(workdir, rel, lim.output_bytes)
                 if data is not None:
                     files[rel] = data
-            return ExecResult(status=status, exit_code=code, signal=sig, stdout=p.out, stderr=p.err,
-                              stdout_truncated=p.out_trunc, stderr_truncated=p.err_trunc, cpu_s=cpu,
-                              wall_s=time.monotonic() - t0, files=files, error=error, backend=self.name)
+            return ExecResult(
+                status=status,
+                exit_code=code,
+                signal=sig,
+                stdout=p.out,
+                stderr=p.err,
+                stdout_truncated=p.out_trunc,
+                stderr_truncated=p.err_trunc,
+                cpu_s=cpu,
+                wall_s=time.monotonic() - t0,
+                files=files,
+                error=error,
+                backend=self.name,
+            )
         except (OSError, subprocess.SubprocessError) as exc:  # the latter: a failed private view in the child
             return ExecResult.infra(f"{self.name}: {exc}", self.name, time.monotonic() - t0)
         finally:
@@ -254,8 +274,15 @@ class UnsafeBackend(OneShot):
     nproc = True  # applied only when started as root (then counted for uid nobody)
     drop_root = True
 
-    def __init__(self, python: str, ro_binds: tuple[str, ...] = (), hidden: tuple[str, ...] = (), *,
-                 prefix: str | None = None, private_mounts: bool = False) -> None:
+    def __init__(
+        self,
+        python: str,
+        ro_binds: tuple[str, ...] = (),
+        hidden: tuple[str, ...] = (),
+        *,
+        prefix: str | None = None,
+        private_mounts: bool = False,
+    ) -> None:
         super().__init__(python, ro_binds, hidden)
         self.private = private_mounts and os.geteuid() == 0
         self.prefix = prefix or os.path.dirname(os.path.dirname(os.path.abspath(python)))
@@ -278,7 +305,7 @@ class UnsafeBackend(OneShot):
     def _staged(self, path: str) -> str:
         path = os.path.abspath(path)
         if self.stage and _hide.under(path, self.prefix):
-            return self.stage + path[len(self.prefix):]
+            return self.stage + path[len(self.prefix) :]
         return path
 
     def view(self):
@@ -293,6 +320,7 @@ class UnsafeBackend(OneShot):
                 _mask(path, stub)
             if stage:
                 _linux.mount(prefix, stage, None, _linux.MS_BIND | _linux.MS_REC)
+
         return enter
 
     def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:

@@ -6,6 +6,7 @@ the grace period; a worker that dies or hangs yields infra_error for the one
 request it held and is replaced before its slot is used again; per-domain
 concurrency never exceeds `domain_limits`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -80,8 +81,13 @@ class Pool:
         elif self.backend == "bwrap":
             self._oneshot = BwrapBackend(self.config.python, binds, self.found.bwrap or "bwrap", hidden=self.hidden)
         else:
-            self._oneshot = UnsafeBackend(self.config.python, binds, hidden=self.hidden, prefix=self._prefix(),
-                                          private_mounts=self.found.namespaces)
+            self._oneshot = UnsafeBackend(
+                self.config.python,
+                binds,
+                hidden=self.hidden,
+                prefix=self._prefix(),
+                private_mounts=self.found.namespaces,
+            )
         for slot in range(self.config.workers):
             self._idle.put(slot)
         if self.backend == "forkserver":
@@ -236,8 +242,13 @@ class Pool:
         return self._oneshot.run(req, workdir)
 
     @contextlib.contextmanager
-    def session(self, files: Mapping[str, bytes | str] | None = None, *, disk_bytes: int = Limits().disk_bytes,
-                domain: str | None = None) -> Iterator[Session]:
+    def session(
+        self,
+        files: Mapping[str, bytes | str] | None = None,
+        *,
+        disk_bytes: int = Limits().disk_bytes,
+        domain: str | None = None,
+    ) -> Iterator[Session]:
         """A multi-step session holding one slot until it closes."""
         timeout_s = self.config.acquire_timeout_s
         with self.domain_slot(domain, timeout_s):
@@ -332,7 +343,7 @@ def _remove_stale_state_dirs() -> None:
     tmp = tempfile.gettempdir()
     for name in os.listdir(tmp):
         if name.startswith(_cgroups.TREE_PREFIX):
-            pid = name[len(_cgroups.TREE_PREFIX):].split("-")[0]
+            pid = name[len(_cgroups.TREE_PREFIX) :].split("-")[0]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
@@ -417,9 +428,9 @@ class Session:
         task = os.path.join(self.dir, "task")
         shutil.rmtree(task)
         shutil.copytree(self._snaps[snapshot], task, symlinks=True, ignore=_special_files)
-        for extra in self._snaps[snapshot + 1:]:
+        for extra in self._snaps[snapshot + 1 :]:
             shutil.rmtree(extra, ignore_errors=True)
-        del self._snaps[snapshot + 1:]
+        del self._snaps[snapshot + 1 :]
 
     def close(self) -> None:
         if self.closed:
@@ -430,4 +441,3 @@ class Session:
                 self._call({"op": "session_close", "sid": self.sid})
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
-

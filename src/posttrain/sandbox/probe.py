@@ -5,6 +5,7 @@ is true only if it was exercised: a namespace unshared, a cgroup created and
 removed, a seccomp filter built, bubblewrap run), and `select_backend` never
 returns a backend that cannot enforce the limits unless the config named it.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,18 +20,42 @@ from posttrain.errors import ConfigError
 from posttrain.sandbox import _cgroups
 
 ENFORCES = {
-    "forkserver": ("no network (net namespace)", "read-only root, tmpfs /task and /tmp (mount namespace)",
-                   "pid/ipc/uts namespaces", "non-root uid per slot, no capabilities", "seccomp filter",
-                   "cgroup memory (OOM kill)", "cgroup pids", "cgroup cpu quota", "rlimits cpu/fsize/as/nproc/nofile",
-                   "wall timer and output cap", "overlay snapshots", "warm in-process Python",
-                   "posttrain's package masked", "cgroup namespace; mountinfo without host paths",
-                   "session writes never follow a symlink"),
-    "bwrap": ("no network (net namespace)", "read-only root, tmpfs /tmp, host temp dir as /task",
-              "pid/ipc/uts namespaces", "capabilities dropped (non-zero uid when root)", "rlimits cpu/fsize/as/nofile",
-              "wall timer and output cap", "copy snapshots", "posttrain's package masked", "cgroup namespace",
-              "session writes never follow a symlink"),
-    "unsafe": ("rlimits cpu/fsize/as/nofile", "wall timer and output cap", "copy snapshots",
-               "posttrain's package masked (root only)", "session writes never follow a symlink"),
+    "forkserver": (
+        "no network (net namespace)",
+        "read-only root, tmpfs /task and /tmp (mount namespace)",
+        "pid/ipc/uts namespaces",
+        "non-root uid per slot, no capabilities",
+        "seccomp filter",
+        "cgroup memory (OOM kill)",
+        "cgroup pids",
+        "cgroup cpu quota",
+        "rlimits cpu/fsize/as/nproc/nofile",
+        "wall timer and output cap",
+        "overlay snapshots",
+        "warm in-process Python",
+        "posttrain's package masked",
+        "cgroup namespace; mountinfo without host paths",
+        "session writes never follow a symlink",
+    ),
+    "bwrap": (
+        "no network (net namespace)",
+        "read-only root, tmpfs /tmp, host temp dir as /task",
+        "pid/ipc/uts namespaces",
+        "capabilities dropped (non-zero uid when root)",
+        "rlimits cpu/fsize/as/nofile",
+        "wall timer and output cap",
+        "copy snapshots",
+        "posttrain's package masked",
+        "cgroup namespace",
+        "session writes never follow a symlink",
+    ),
+    "unsafe": (
+        "rlimits cpu/fsize/as/nofile",
+        "wall timer and output cap",
+        "copy snapshots",
+        "posttrain's package masked (root only)",
+        "session writes never follow a symlink",
+    ),
 }
 NOT_ENFORCED = {
     "forkserver": (),
@@ -184,9 +209,18 @@ def probe(python: str = sys.executable) -> Probe:
     version, writable = _try_cgroups(notes) if root else (None, False)
     overlay = "overlay" in open("/proc/filesystems").read()
     bwrap = shutil.which("bwrap")
-    return Probe(root=root, namespaces=namespaces, cgroup_version=version, cgroup_writable=writable,
-                 seccomp=_try_seccomp(notes), overlay=overlay, bwrap=bwrap, bwrap_works=_try_bwrap(bwrap, root, notes),
-                 python=os.path.abspath(python), notes=tuple(notes))
+    return Probe(
+        root=root,
+        namespaces=namespaces,
+        cgroup_version=version,
+        cgroup_writable=writable,
+        seccomp=_try_seccomp(notes),
+        overlay=overlay,
+        bwrap=bwrap,
+        bwrap_works=_try_bwrap(bwrap, root, notes),
+        python=os.path.abspath(python),
+        notes=tuple(notes),
+    )
 
 
 def select_backend(config: SandboxConfig, found: Probe) -> str:
@@ -204,4 +238,5 @@ def select_backend(config: SandboxConfig, found: Probe) -> str:
             return weaker
     raise ConfigError(
         f"sandbox.backend='auto': the fork-server cannot enforce every limit here (missing {', '.join(missing)}); "
-        "set sandbox.accept_weaker to ['bwrap'] (or ['unsafe'] for tests) to accept weaker isolation")
+        "set sandbox.accept_weaker to ['bwrap'] (or ['unsafe'] for tests) to accept weaker isolation"
+    )

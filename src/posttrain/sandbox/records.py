@@ -4,6 +4,7 @@ Invariant: every record is frozen and validated on construction (a bad field
 raises ValueError naming it); `to_wire`/`from_wire` round-trip through plain
 data, which is all the fork-server workers ever see.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,9 +95,14 @@ class ExecRequest:
 
     def to_wire(self, session: str | None = None) -> dict:
         return {
-            "files": dict(self.files), "argv": list(self.argv), "python_main": self.python_main,
-            "stdin": self.stdin, "env": dict(self.env), "limits": dataclasses.asdict(self.limits),
-            "collect": list(self.collect), "session": session,
+            "files": dict(self.files),
+            "argv": list(self.argv),
+            "python_main": self.python_main,
+            "stdin": self.stdin,
+            "env": dict(self.env),
+            "limits": dataclasses.asdict(self.limits),
+            "collect": list(self.collect),
+            "session": session,
         }
 
 

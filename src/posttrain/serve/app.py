@@ -6,6 +6,7 @@ Invariant: every response names the version and tier that served it (body
 OpenAI-shaped error body; every background task (batchers, canary checks)
 is owned by the lifespan's TaskGroup and ends with the server.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,15 +57,20 @@ class _Stream:
 class Server:
     """Wires the router, registry, canary controller and metrics into one app."""
 
-    def __init__(self, cfg: ServeConfig, registry: ModelRegistry | None = None,
-                 deployments: Sequence[Callable[[ServeMetrics], Deployment]] = ()) -> None:
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        registry: ModelRegistry | None = None,
+        deployments: Sequence[Callable[[ServeMetrics], Deployment]] = (),
+    ) -> None:
         if registry is None and not deployments:
             raise ConfigError("serve: give a registry or a model (serve.registry or serve.model)")
         self.cfg, self.registry = cfg, registry
         self.metrics = ServeMetrics()
         self.router = Router(self.metrics, cfg.served_name, overflow_queue=cfg.fast.overflow_queue)
-        self.controller = CanaryController(self.router, cfg.canary, registry,
-                                           lambda info: load_deployment(info, cfg, self.metrics))
+        self.controller = CanaryController(
+            self.router, cfg.canary, registry, lambda info: load_deployment(info, cfg, self.metrics)
+        )
         self._initial = list(deployments)
 
     @asynccontextmanager
@@ -90,22 +96,36 @@ class Server:
     def params(self, body: P.ChatRequest | P.CompletionRequest) -> SamplingParams:
         wanted = body.wanted_tokens() or DEFAULT_MAX_TOKENS
         if wanted > self.cfg.max_tokens_limit:
-            raise P.ApiError(400, f"max_tokens {wanted} exceeds this server's limit {self.cfg.max_tokens_limit}",
-                             param="max_tokens")
-        return SamplingParams(max_tokens=wanted, temperature=body.temperature, top_p=body.top_p, n=body.n,
-                              seed=body.seed, stop=body.stop_list())
+            raise P.ApiError(
+                400, f"max_tokens {wanted} exceeds this server's limit {self.cfg.max_tokens_limit}", param="max_tokens"
+            )
+        return SamplingParams(
+            max_tokens=wanted,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            n=body.n,
+            seed=body.seed,
+            stop=body.stop_list(),
+        )
 
-    async def run(self, kind: Literal["chat", "text"], body: Any, builds: list[Callable[[Deployment], tuple[int, ...]]],
-                  endpoint: str) -> Response:
+    async def run(
+        self,
+        kind: Literal["chat", "text"],
+        body: Any,
+        builds: list[Callable[[Deployment], tuple[int, ...]]],
+        endpoint: str,
+    ) -> Response:
         explicit, tier = self.router.resolve(body.model, body.service_tier)
         params = self.params(body)
         if body.stream:
-            return StreamingResponse(self._stream(kind, body, builds, params, explicit, tier, endpoint),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(kind, body, builds, params, explicit, tier, endpoint), media_type="text/event-stream"
+            )
         t0 = time.monotonic()
         states = [_Stream() for _ in builds]
-        results = await asyncio.gather(*(self._one(b, params, tier, explicit, st, None)
-                                         for b, st in zip(builds, states)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._one(b, params, tier, explicit, st, None) for b, st in zip(builds, states)), return_exceptions=True
+        )
         self._raise_first(results, tier, endpoint)
         comps = [c for r in results for c in r[0]]
         served = results[0][1]
@@ -115,12 +135,22 @@ class Server:
         model = P.model_label(self.cfg.served_name, served)
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         want_lp = bool(body.logprobs)
-        data = (P.chat_response(rid, model, served, comps, want_lp, body.return_token_ids, tok_str) if kind == "chat"
-                else P.completions_response(rid, model, served, comps, want_lp, body.return_token_ids, tok_str))
+        data = (
+            P.chat_response(rid, model, served, comps, want_lp, body.return_token_ids, tok_str)
+            if kind == "chat"
+            else P.completions_response(rid, model, served, comps, want_lp, body.return_token_ids, tok_str)
+        )
         return JSONResponse(data, headers=_served_headers(served))
 
-    async def _one(self, build: Callable[[Deployment], tuple[int, ...]], params: SamplingParams, tier: P.Tier,
-                   explicit: str | None, st: _Stream, on_token: Callable[[int, Sequence[int]], None] | None):
+    async def _one(
+        self,
+        build: Callable[[Deployment], tuple[int, ...]],
+        params: SamplingParams,
+        tier: P.Tier,
+        explicit: str | None,
+        st: _Stream,
+        on_token: Callable[[int, Sequence[int]], None] | None,
+    ):
         def sink(s: int, ids: Sequence[int]) -> None:
             if st.first_token_at is None:
                 st.first_token_at = time.monotonic()
@@ -163,9 +193,12 @@ class Server:
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         queue: asyncio.Queue[tuple[int, int, Sequence[int]]] = asyncio.Queue()
         states = [_Stream() for _ in builds]
-        tasks = [asyncio.ensure_future(self._one(b, params, tier, explicit, st,
-                                                 lambda s, ids, p=p: queue.put_nowait((p, s, ids))))
-                 for p, (b, st) in enumerate(zip(builds, states))]
+        tasks = [
+            asyncio.ensure_future(
+                self._one(b, params, tier, explicit, st, lambda s, ids, p=p: queue.put_nowait((p, s, ids)))
+            )
+            for p, (b, st) in enumerate(zip(builds, states))
+        ]
         sent: dict[int, str] = {}
         max_stop = max((len(s) for s in params.stop), default=0)
         try:
@@ -177,9 +210,21 @@ class Server:
             for t in tasks:
                 t.cancel()
 
-    async def _events(self, kind: Literal["chat", "text"], rid: str, tier: P.Tier, states: list[_Stream],
-                      queue: asyncio.Queue, tasks: list[asyncio.Future], sent: dict[int, str],
-                      params: SamplingParams, max_stop: int, body: Any, endpoint: str, t0: float) -> AsyncIterator[str]:
+    async def _events(
+        self,
+        kind: Literal["chat", "text"],
+        rid: str,
+        tier: P.Tier,
+        states: list[_Stream],
+        queue: asyncio.Queue,
+        tasks: list[asyncio.Future],
+        sent: dict[int, str],
+        params: SamplingParams,
+        max_stop: int,
+        body: Any,
+        endpoint: str,
+        t0: float,
+    ) -> AsyncIterator[str]:
         try:
             while not all(t.done() for t in tasks) or not queue.empty():
                 try:
@@ -191,7 +236,7 @@ class Server:
                 states[p].tokens.setdefault(s, []).extend(ids)
                 index = p * params.n + s
                 text = _partial_text(dep, states[p].tokens[s], params.stop, max_stop)
-                delta = text[len(sent.get(index, "")):] if text.startswith(sent.get(index, "")) else ""
+                delta = text[len(sent.get(index, "")) :] if text.startswith(sent.get(index, "")) else ""
                 first = index not in sent
                 if delta or first:
                     sent[index] = sent.get(index, "") + delta
@@ -210,7 +255,7 @@ class Server:
         model = P.model_label(self.cfg.served_name, served)
         comps = [c for r in results for c in r[0]]
         for index, c in enumerate(comps):
-            rest = c.text[len(sent.get(index, "")):] if c.text.startswith(sent.get(index, "")) else ""
+            rest = c.text[len(sent.get(index, "")) :] if c.text.startswith(sent.get(index, "")) else ""
             yield _sse(P.chunk(kind, rid, model, served, index, rest, c.finish_reason, index not in sent))
         if body.stream_options and body.stream_options.include_usage:
             prompt_tokens = sum(len(r[0][0].prompt_ids) for r in results)
@@ -241,8 +286,11 @@ def _sse(obj: Any) -> str:
 
 
 def _served_headers(served: P.Served) -> dict[str, str]:
-    return {"x-posttrain-version": served.version, "x-posttrain-tier": served.tier,
-            "x-posttrain-weights": str(served.weights)}
+    return {
+        "x-posttrain-version": served.version,
+        "x-posttrain-tier": served.tier,
+        "x-posttrain-weights": str(served.weights),
+    }
 
 
 def _as_api_error(exc: BaseException) -> P.ApiError:
@@ -295,8 +343,7 @@ def create_app(server: Server) -> FastAPI:
     async def chat(request: Request) -> Response:
         body: P.ChatRequest = await _parse(request, P.ChatRequest)
         messages = tuple(m.to_message() for m in body.messages)
-        return await server.run("chat", body, [lambda dep: dep.engines["standard"].encode_chat(messages)],
-                                "chat")
+        return await server.run("chat", body, [lambda dep: dep.engines["standard"].encode_chat(messages)], "chat")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -308,15 +355,22 @@ def create_app(server: Server) -> FastAPI:
     async def models() -> dict[str, Any]:
         names = [server.cfg.served_name, f"{server.cfg.served_name}:fast", f"{server.cfg.served_name}:standard"]
         names += [f"{server.cfg.served_name}@{v}" for v in router.deployments]
-        return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "posttrain"}
-                                           for n in names]}
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "posttrain"} for n in names],
+        }
 
     @app.get("/health")
     async def health() -> JSONResponse:
         dep = router.deployments.get(router.stable or "")
         problems = {"stable": "no stable version loaded"} if dep is None else dep.alive()
-        body = {"status": "ok" if not problems else "unavailable", "stable": router.stable,
-                "canary": router.canary, "canary_share": router.share, "problems": problems}
+        body = {
+            "status": "ok" if not problems else "unavailable",
+            "stable": router.stable,
+            "canary": router.canary,
+            "canary_share": router.share,
+            "problems": problems,
+        }
         return JSONResponse(body, status_code=200 if not problems else 503)
 
     @app.get("/metrics")
@@ -340,10 +394,16 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/admin/state")
     async def state() -> dict[str, Any]:
-        return {"stable": router.stable, "canary": router.canary, "canary_share": router.share,
-                "loaded": {n: {"weights": d.weights, "fast_mode": d.fast_mode, "spec": d.spec_stats()}
-                           for n, d in router.deployments.items()},
-                "checks": [c.__dict__ for c in server.controller.history[-10:]]}
+        return {
+            "stable": router.stable,
+            "canary": router.canary,
+            "canary_share": router.share,
+            "loaded": {
+                n: {"weights": d.weights, "fast_mode": d.fast_mode, "spec": d.spec_stats()}
+                for n, d in router.deployments.items()
+            },
+            "checks": [c.__dict__ for c in server.controller.history[-10:]],
+        }
 
     @app.post("/admin/promote")
     async def promote() -> dict[str, Any]:
@@ -366,8 +426,14 @@ def create_app(server: Server) -> FastAPI:
     @app.post("/admin/check")
     async def check() -> dict[str, Any]:
         res = await server.controller.check()
-        return {"canary": res.canary, "reasons": list(res.reasons), "bad_streak": res.bad_streak,
-                "action": res.action, "stable": router.stable, "routed_canary": router.canary}
+        return {
+            "canary": res.canary,
+            "reasons": list(res.reasons),
+            "bad_streak": res.bad_streak,
+            "action": res.action,
+            "stable": router.stable,
+            "routed_canary": router.canary,
+        }
 
     return app
 

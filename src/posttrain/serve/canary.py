@@ -7,6 +7,7 @@ written to the registry before traffic moves, so a restarted server does
 not resurrect it. Rolling back changes routing only: requests already on
 the canary finish there (or fail over to stable).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,13 @@ def probe_accuracy(dep: Deployment, cfg: CanaryConfig) -> float:
 class CanaryController:
     """Periodic checks; `load` builds a Deployment for a registry version."""
 
-    def __init__(self, router: Router, cfg: CanaryConfig, registry: ModelRegistry | None,
-                 load: Callable[[VersionInfo], Deployment]) -> None:
+    def __init__(
+        self,
+        router: Router,
+        cfg: CanaryConfig,
+        registry: ModelRegistry | None,
+        load: Callable[[VersionInfo], Deployment],
+    ) -> None:
         self.router, self.cfg, self.registry, self.load = router, cfg, registry, load
         self.bad_streak = 0
         self._seen_state: Any = None

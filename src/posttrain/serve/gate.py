@@ -8,6 +8,7 @@ construction (speculation verified by the float weights). A domain that one
 tier could not score (every item an infra error) fails the gate: no verdict
 rests on a missing figure.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -30,13 +31,25 @@ class GateResult:
     fast: Mapping[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "passed": self.passed, "max_drop": self.max_drop,
-                "tasks_per_domain": self.tasks_per_domain, "standard": dict(self.standard), "fast": dict(self.fast),
-                "delta": {d: round(self.fast[d] - self.standard[d], 4) for d in self.standard if d in self.fast}}
+        return {
+            "mode": self.mode,
+            "passed": self.passed,
+            "max_drop": self.max_drop,
+            "tasks_per_domain": self.tasks_per_domain,
+            "standard": dict(self.standard),
+            "fast": dict(self.fast),
+            "delta": {d: round(self.fast[d] - self.standard[d], 4) for d in self.standard if d in self.fast},
+        }
 
 
-def quality_gate(model_dir: str | Path, mode: str = "int8", domains: tuple[str, ...] = DEFAULT_DOMAINS,
-                 tasks_per_domain: int = 50, max_drop: float = 0.01, difficulty: int = 1) -> GateResult:
+def quality_gate(
+    model_dir: str | Path,
+    mode: str = "int8",
+    domains: tuple[str, ...] = DEFAULT_DOMAINS,
+    tasks_per_domain: int = 50,
+    max_drop: float = 0.01,
+    difficulty: int = 1,
+) -> GateResult:
     """Evaluate the standard tier and the `mode` fast tier of a model directory side by side."""
     from posttrain.configs.serve import FastTierConfig
     from posttrain.evaluate import evaluate

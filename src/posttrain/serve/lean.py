@@ -9,6 +9,7 @@ drafts: every token it proposes is verified by the target model, so its
 rounding never reaches the output. Built from a snapshot of the weights;
 rebuilt when they change.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -52,8 +53,10 @@ class LeanDecoder:
         self.length = 0
         self.int8 = int8
         if int8:
-            self.layers = [{k: (_pack(v, layer.get(k + "_b")) if k in _LINEARS else v) for k, v in layer.items()}
-                           for layer in self.layers]
+            self.layers = [
+                {k: (_pack(v, layer.get(k + "_b")) if k in _LINEARS else v) for k, v in layer.items()}
+                for layer in self.layers
+            ]
 
     def _linear(self, x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
         if self.int8:
@@ -104,14 +107,18 @@ class LeanDecoder:
         qk_heads = self.heads + self.kv_heads
         for i, w in enumerate(self.layers):
             qkv = self._linear(self._rms(x, w["ln1"]), w["qkv"], w["qkv_b"])
-            qk = self._rope(qkv[:, :q_dim + kv_dim].reshape(n, qk_heads, self.head_dim).transpose(0, 1), cos, sin)
-            self.k_cache[i, :, start:end] = qk[self.heads:]
+            qk = self._rope(qkv[:, : q_dim + kv_dim].reshape(n, qk_heads, self.head_dim).transpose(0, 1), cos, sin)
+            self.k_cache[i, :, start:end] = qk[self.heads :]
             self.v_cache[i, :, start:end] = (
                 qkv[:, q_dim + kv_dim :].reshape(n, self.kv_heads, self.head_dim).transpose(0, 1)
             )
-            att = F.scaled_dot_product_attention(qk[None, :self.heads], self.k_cache[None, i, :, :end],
-                                                 self.v_cache[None, i, :, :end], attn_mask=mask,
-                                                 enable_gqa=self.heads != self.kv_heads)
+            att = F.scaled_dot_product_attention(
+                qk[None, : self.heads],
+                self.k_cache[None, i, :, :end],
+                self.v_cache[None, i, :, :end],
+                attn_mask=mask,
+                enable_gqa=self.heads != self.kv_heads,
+            )
             x = x + self._linear(att[0].transpose(0, 1).reshape(n, q_dim), w["o"])
             g, u = self._linear(self._rms(x, w["ln2"]), w["gate_up"]).chunk(2, dim=-1)
             x = x + self._linear(F.silu(g) * u, w["down"])

@@ -4,6 +4,7 @@ Invariant: every series is keyed by its sorted label pairs; counters only go
 up; a histogram's buckets are cumulative and its `_count` equals the `+Inf`
 bucket. Thread-safe: engines report from worker threads.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -162,6 +163,18 @@ class ServeMetrics:
     def render(self) -> str:
         for (tier, version), win in list(self.windows.items()):
             self.tokens_per_s.set(win.rate(), tier=tier, version=version)
-        metrics = [self.requests, self.errors, self.failovers, self.overflows, self.latency, self.ttft, self.tokens,
-                   self.tokens_per_s, self.batch_size, self.acceptance, self.canary_share, self.rollbacks]
+        metrics = [
+            self.requests,
+            self.errors,
+            self.failovers,
+            self.overflows,
+            self.latency,
+            self.ttft,
+            self.tokens,
+            self.tokens_per_s,
+            self.batch_size,
+            self.acceptance,
+            self.canary_share,
+            self.rollbacks,
+        ]
         return "\n".join(line for m in metrics for line in m.render()) + "\n"

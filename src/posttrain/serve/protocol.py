@@ -5,6 +5,7 @@ roles, types), and every error leaves the server as an OpenAI-shaped body
 `{"error": {"message", "type", "param", "code"}}` with a 4xx status for the
 client's mistakes and 5xx for ours.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,12 @@ from posttrain.types import Completion, Message
 
 Tier = Literal["standard", "fast"]
 TIER_ALIASES: dict[str, Tier] = {
-    "standard": "standard", "default": "standard", "auto": "standard", "flex": "standard",
-    "fast": "fast", "priority": "fast",
+    "standard": "standard",
+    "default": "standard",
+    "auto": "standard",
+    "flex": "standard",
+    "fast": "fast",
+    "priority": "fast",
 }
 _LOOSE = ConfigDict(extra="ignore")
 
@@ -147,8 +152,14 @@ class Served:
 class ApiError(Exception):
     """An error to send as an OpenAI-shaped body."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
@@ -161,8 +172,11 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def model_label(base: str, served: Served) -> str:
@@ -170,8 +184,14 @@ def model_label(base: str, served: Served) -> str:
 
 
 def _envelope(obj: str, rid: str, model: str, served: Served) -> dict[str, Any]:
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
-            "service_tier": served.tier, "system_fingerprint": f"{served.version}-w{served.weights}"}
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "service_tier": served.tier,
+        "system_fingerprint": f"{served.version}-w{served.weights}",
+    }
 
 
 def chat_logprobs(c: Completion, token_str: Any) -> dict[str, Any]:
@@ -188,17 +208,31 @@ def completion_logprobs(c: Completion, token_str: Any) -> dict[str, Any]:
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": list(c.logprobs),
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, c.logprobs)], "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(c.logprobs),
+        "top_logprobs": [{t: lp} for t, lp in zip(tokens, c.logprobs)],
+        "text_offset": offsets,
+    }
 
 
-def chat_response(rid: str, model: str, served: Served, groups: Sequence[Completion], want_logprobs: bool,
-                  want_ids: bool, token_str: Any) -> dict[str, Any]:
+def chat_response(
+    rid: str,
+    model: str,
+    served: Served,
+    groups: Sequence[Completion],
+    want_logprobs: bool,
+    want_ids: bool,
+    token_str: Any,
+) -> dict[str, Any]:
     choices = []
     for i, c in enumerate(groups):
-        choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": c.text},
-                                  "finish_reason": c.finish_reason,
-                                  "logprobs": chat_logprobs(c, token_str) if want_logprobs else None}
+        choice: dict[str, Any] = {
+            "index": i,
+            "message": {"role": "assistant", "content": c.text},
+            "finish_reason": c.finish_reason,
+            "logprobs": chat_logprobs(c, token_str) if want_logprobs else None,
+        }
         if want_ids:
             choice["token_ids"], choice["prompt_token_ids"] = list(c.token_ids), list(c.prompt_ids)
         choices.append(choice)
@@ -208,12 +242,23 @@ def chat_response(rid: str, model: str, served: Served, groups: Sequence[Complet
     return out
 
 
-def completions_response(rid: str, model: str, served: Served, comps: Sequence[Completion], want_logprobs: bool,
-                         want_ids: bool, token_str: Any) -> dict[str, Any]:
+def completions_response(
+    rid: str,
+    model: str,
+    served: Served,
+    comps: Sequence[Completion],
+    want_logprobs: bool,
+    want_ids: bool,
+    token_str: Any,
+) -> dict[str, Any]:
     choices = []
     for i, c in enumerate(comps):
-        choice: dict[str, Any] = {"index": i, "text": c.text, "finish_reason": c.finish_reason,
-                                  "logprobs": completion_logprobs(c, token_str) if want_logprobs else None}
+        choice: dict[str, Any] = {
+            "index": i,
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "logprobs": completion_logprobs(c, token_str) if want_logprobs else None,
+        }
         if want_ids:
             choice["token_ids"], choice["prompt_token_ids"] = list(c.token_ids), list(c.prompt_ids)
         choices.append(choice)
@@ -224,8 +269,16 @@ def completions_response(rid: str, model: str, served: Served, comps: Sequence[C
     return out
 
 
-def chunk(kind: Literal["chat", "text"], rid: str, model: str, served: Served, index: int,
-          text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+def chunk(
+    kind: Literal["chat", "text"],
+    rid: str,
+    model: str,
+    served: Served,
+    index: int,
+    text: str | None,
+    finish: str | None,
+    first: bool = False,
+) -> dict[str, Any]:
     out = _envelope("chat.completion.chunk" if kind == "chat" else "text_completion", rid, model, served)
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
@@ -237,8 +290,9 @@ def chunk(kind: Literal["chat", "text"], rid: str, model: str, served: Served, i
     return out
 
 
-def usage_chunk(kind: Literal["chat", "text"], rid: str, model: str, served: Served,
-                prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(
+    kind: Literal["chat", "text"], rid: str, model: str, served: Served, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
     out = _envelope("chat.completion.chunk" if kind == "chat" else "text_completion", rid, model, served)
     out["choices"] = []
     out["usage"] = usage(prompt_tokens, completion_tokens)

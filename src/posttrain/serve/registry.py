@@ -9,6 +9,7 @@ rollback, only the canary is.
 Layout: ROOT/registry.json, ROOT/versions/vN/{config.json, *.safetensors,
 tokenizer files, release.json}.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,9 @@ class ModelRegistry:
         if not self.state_path.is_file():
             return RegistryState()
         data = json.loads(self.state_path.read_text())
-        return RegistryState(data.get("stable"), data.get("canary"), float(data.get("canary_share", 0.1)),
-                             tuple(data.get("events", ())))
+        return RegistryState(
+            data.get("stable"), data.get("canary"), float(data.get("canary_share", 0.1)), tuple(data.get("events", ()))
+        )
 
     def mtime(self) -> float:
         return self.state_path.stat().st_mtime_ns if self.state_path.is_file() else 0.0
@@ -78,12 +80,19 @@ class ModelRegistry:
         return VersionInfo(**data)
 
     def versions(self) -> list[VersionInfo]:
-        names = sorted((p.name for p in (self.root / "versions").iterdir() if (p / "release.json").is_file()),
-                       key=lambda n: int(n[1:]) if n[1:].isdigit() else -1)
+        names = sorted(
+            (p.name for p in (self.root / "versions").iterdir() if (p / "release.json").is_file()),
+            key=lambda n: int(n[1:]) if n[1:].isdigit() else -1,
+        )
         return [self.version(n) for n in names]
 
-    def add(self, model_dir: str | Path, source: str = "", fast_mode: FastMode = "lossless",
-            gate: Mapping[str, Any] | None = None) -> VersionInfo:
+    def add(
+        self,
+        model_dir: str | Path,
+        source: str = "",
+        fast_mode: FastMode = "lossless",
+        gate: Mapping[str, Any] | None = None,
+    ) -> VersionInfo:
         """Copy a model directory in as the next version vN (not yet serving)."""
         src = check_model_dir(model_dir)
         n = 1 + max((int(v.name[1:]) for v in self.versions() if v.name[1:].isdigit()), default=0)
@@ -126,7 +135,11 @@ class ModelRegistry:
         event = {"time": time.time(), "action": action, "version": version, "reason": reason}
         st = replace(st, events=(st.events + (event,))[-200:])
         tmp = self.state_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"stable": st.stable, "canary": st.canary, "canary_share": st.canary_share,
-                                   "events": list(st.events)}, indent=2))
+        tmp.write_text(
+            json.dumps(
+                {"stable": st.stable, "canary": st.canary, "canary_share": st.canary_share, "events": list(st.events)},
+                indent=2,
+            )
+        )
         os.replace(tmp, self.state_path)
         return st

@@ -6,6 +6,7 @@ reached the client is served again by the stable version (a failover), so a
 broken canary costs latency, never a failed request. Every outcome is
 counted in the version's window, which the canary controller reads and resets.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,12 +101,20 @@ class Router:
         """(explicit version or None, tier) from a model name and service_tier."""
         m = _NAME.match(model)
         if not m or m["base"] != self.served_name:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.served_name!r} "
-                                f"(suffix ':fast' or ':standard', or '@vN' for a version)", param="model",
-                           code="model_not_found")
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.served_name!r} "
+                f"(suffix ':fast' or ':standard', or '@vN' for a version)",
+                param="model",
+                code="model_not_found",
+            )
         if m["version"] and m["version"] not in self.deployments:
-            raise ApiError(404, f"version {m['version']!r} is not loaded; loaded: {', '.join(self.deployments)}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"version {m['version']!r} is not loaded; loaded: {', '.join(self.deployments)}",
+                param="model",
+                code="model_not_found",
+            )
         if m["tier"] and m["tier"] not in ("fast", "standard"):
             raise ApiError(
                 400, f"model suffix ':{m['tier']}' is not a tier (use ':fast' or ':standard')", param="model"
@@ -151,8 +160,14 @@ class Router:
             self.metrics.failovers.inc(version=dep.name, tier=tier)
             return await self._on(self.deployments[self.stable], build, tier, sink, where)  # type: ignore[index]
 
-    async def _on(self, dep: Deployment, build: Callable[[Deployment], GenerationRequest], tier: Tier,
-                  sink: TokenSink | None, where: list[Served] | None) -> tuple[list[Completion], Served]:
+    async def _on(
+        self,
+        dep: Deployment,
+        build: Callable[[Deployment], GenerationRequest],
+        tier: Tier,
+        sink: TokenSink | None,
+        where: list[Served] | None,
+    ) -> tuple[list[Completion], Served]:
         req = build(dep)
         if tier == "fast" and self.overflow_queue and dep.batchers["fast"].queue.qsize() >= self.overflow_queue:
             tier = "standard"  # the fast tier is backed up: the batched tier gives the same output sooner

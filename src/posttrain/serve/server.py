@@ -4,6 +4,7 @@ Invariant: the lossy fast mode is never served for a plain model directory
 (it has no release quality gate); only registry versions whose gate passed
 serve int8 weights.
 """
+
 from __future__ import annotations
 
 import logging

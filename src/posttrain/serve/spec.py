@@ -15,6 +15,7 @@ cheaper copy of the same weights, e.g. int8, run with its own KV cache; its
 proposals use the same Gumbel noise as the target, so sampled rows are
 accepted as often as greedy ones when the two distributions agree).
 """
+
 from __future__ import annotations
 
 import copy

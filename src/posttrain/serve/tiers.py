@@ -7,6 +7,7 @@ call holds at the same time. Every queued job's future is resolved exactly
 once: with its completions or with an exception; a batch that fails is
 retried one job at a time, so one bad request never fails its neighbours.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,9 @@ class StreamingHFEngine(HFEngine):
 
     _on_tokens: Callable[[int, int, Sequence[int]], None] | None = None
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 on_tokens: Callable[[int, int, Sequence[int]], None] | None = None) -> list[list[Completion]]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_tokens: Callable[[int, int, Sequence[int]], None] | None = None
+    ) -> list[list[Completion]]:
         self._on_tokens = on_tokens
         try:
             return super().generate(requests)
@@ -65,8 +67,15 @@ def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, versi
     if mode == "int8":
         if cfg.target == "lean":
             lossy = LeanDecoder(model, int8=True)
-            return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version,
-                                     target=lambda: LeanTarget(lossy), model_draft_after=cfg.model_draft_after)
+            return SpeculativeEngine(
+                model,
+                tokenizer,
+                drafters,
+                lengths,
+                version=version,
+                target=lambda: LeanTarget(lossy),
+                model_draft_after=cfg.model_draft_after,
+            )
         return SpeculativeEngine(int8_copy(model), tokenizer, drafters, lengths, version=version)
     draft = cfg.draft_model
     if draft == "auto":
@@ -81,14 +90,16 @@ def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, versi
     if cfg.target == "lean":
         decoder = LeanDecoder(model)
         target = lambda: LeanTarget(decoder)  # noqa: E731
-    return SpeculativeEngine(model, tokenizer, drafters, lengths, version=version, target=target,
-                             model_draft_after=cfg.model_draft_after)
+    return SpeculativeEngine(
+        model, tokenizer, drafters, lengths, version=version, target=target, model_draft_after=cfg.model_draft_after
+    )
 
 
 def draft_cost_ratio(model: Any, reps: int = 8) -> float:
     """CPU time of one lean-int8 draft step over one lean float32 target step
     (best of `reps`, after a warm-up); small models are compute-bound and gain
     nothing from int8, large ones are memory-bound and gain a lot."""
+
     def step_cost(decoder: LeanDecoder) -> float:
         decoder.forward(list(range(1, 17)))
         best = float("inf")
@@ -130,13 +141,22 @@ class _Job:
 class Batcher:
     """Collects concurrent jobs of one tier into engine calls on one worker thread."""
 
-    def __init__(self, get_engine: Callable[[], Any], cfg: BatchConfig, lock: threading.Lock,
-                 metrics: ServeMetrics, tier: Tier, version: str, threads: int = 1) -> None:
+    def __init__(
+        self,
+        get_engine: Callable[[], Any],
+        cfg: BatchConfig,
+        lock: threading.Lock,
+        metrics: ServeMetrics,
+        tier: Tier,
+        version: str,
+        threads: int = 1,
+    ) -> None:
         self.get_engine, self.cfg, self.lock = get_engine, cfg, lock
         self.metrics, self.tier, self.version, self.threads = metrics, tier, version, threads
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{version}-{tier}",
-                                       initializer=_set_threads, initargs=(threads,))
+        self.pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"{version}-{tier}", initializer=_set_threads, initargs=(threads,)
+        )
         self.dead: str | None = None
         self.running = False
 
@@ -228,8 +248,17 @@ def _set_threads(n: int) -> None:
 class Deployment:
     """One released version: a model, its two tier engines and their batchers."""
 
-    def __init__(self, name: str, model: Any, tokenizer: Any, fast_cfg: FastTierConfig, fast_mode: str,
-                 standard_batch: BatchConfig, metrics: ServeMetrics, threads: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: Any,
+        tokenizer: Any,
+        fast_cfg: FastTierConfig,
+        fast_mode: str,
+        standard_batch: BatchConfig,
+        metrics: ServeMetrics,
+        threads: int = 1,
+    ) -> None:
         self.name, self.model, self.tokenizer = name, model, tokenizer
         self.fast_cfg, self.fast_mode = fast_cfg, fast_mode
         self.locks: dict[Tier, threading.Lock] = {"standard": threading.Lock(), "fast": threading.Lock()}

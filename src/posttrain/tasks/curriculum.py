@@ -7,6 +7,7 @@ pass rate reaches `promote_at`, down when it falls to `demote_at`. Draws
 come from three tiers: warm-up (frontier - 1), frontier, hard (frontier + 1);
 a tier that does not exist gives its share to the frontier.
 """
+
 from __future__ import annotations
 
 import random
@@ -81,8 +82,12 @@ class Curriculum:
                 "mean_reward": s / n if n else None,
                 "recent_pass_rate": self.pass_rate(name, level),
             }
-        return {"frontier": self.frontier[name], "highest_frontier": self.highest[name],
-                "levels": self.levels[name], "tiers": tiers}
+        return {
+            "frontier": self.frontier[name],
+            "highest_frontier": self.highest[name],
+            "levels": self.levels[name],
+            "tiers": tiers,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {

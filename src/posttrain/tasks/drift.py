@@ -7,6 +7,7 @@ evaluation's item counts are given) while the mean change of the other domains s
 previous evaluation is positive, and shrinks (x decay, floor 1) once the
 domain is back within tolerance of its best.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,9 @@ class DriftGuard:
         return bool(others) and sum(others) / len(others) > 0.0
 
     def _event(self, name: str, rate: float, boost: float) -> None:
-        self._events.append({"eval": self._evals, "domain": name, "pass_rate": rate,
-                             "best": self._best[name], "boost": boost})
+        self._events.append(
+            {"eval": self._evals, "domain": name, "pass_rate": rate, "best": self._best[name], "boost": boost}
+        )
         del self._events[:-_MAX_EVENTS]
 
     def events(self) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ have drawn next. A drawn task is always from the train split, and carries a
 task-set version that hashes its domain's generator version, the pool's
 config and its seed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,9 +60,7 @@ def resolve_specs(config: TasksConfig) -> dict[str, tuple[Domain, DomainSpec]]:
             if _is_pattern_source(config, name):
                 spec = spec.model_copy(update={"difficulty": domain.levels})
             else:
-                raise TaskError(
-                    f"tasks.domains.{name}.difficulty must be in 1..{domain.levels}, got {spec.difficulty}"
-                )
+                raise TaskError(f"tasks.domains.{name}.difficulty must be in 1..{domain.levels}, got {spec.difficulty}")
         out[name] = (domain, spec)
     return out
 
@@ -102,10 +101,7 @@ class TaskPool:
     # ---- the mix -------------------------------------------------------
     def target_shares(self) -> dict[str, float]:
         """Share of draws each domain should get now: (weight x drift boost) ** (1/temperature), normalised."""
-        raw = {
-            n: (self.specs[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature)
-            for n in self.names
-        }
+        raw = {n: (self.specs[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature) for n in self.names}
         total = sum(raw.values())
         return {n: v / total for n, v in raw.items()}
 
@@ -188,8 +184,9 @@ class TaskPool:
 
     def _stamp(self, task: Task) -> Task:
         """The pool's task-set version and the domain's reward weights (which `Domain.score` applies)."""
-        meta = dataclasses.replace(task.meta, taskset_version=self._versions[task.domain],
-                                   reward_weights=self._weights[task.domain])
+        meta = dataclasses.replace(
+            task.meta, taskset_version=self._versions[task.domain], reward_weights=self._weights[task.domain]
+        )
         return dataclasses.replace(task, meta=meta)
 
     def draw(self, n: int) -> list[Task]:
@@ -261,8 +258,7 @@ class TaskPool:
             drawn = {str(k): int(v) for k, v in state["drawn"].items()}
             if set(drawn) != set(self.names):
                 raise TaskError(
-                    "task pool state: its domains differ from the config's "
-                    f"({sorted(set(drawn) ^ set(self.names))})"
+                    f"task pool state: its domains differ from the config's ({sorted(set(drawn) ^ set(self.names))})"
                 )
             self._draws = int(state["draws"])
             self._drawn = drawn

@@ -125,8 +125,15 @@ def transcript(turns: Sequence[Any]) -> list[dict[str, Any]] | None:
     execution result summary and reward parts (None for a single-turn rollout)."""
     if not turns:
         return None
-    return [{"action": t.action, "observation": t.observation, "exec_result": exec_summary(t.exec_result),
-             "parts": dict(t.parts)} for t in turns]
+    return [
+        {
+            "action": t.action,
+            "observation": t.observation,
+            "exec_result": exec_summary(t.exec_result),
+            "parts": dict(t.parts),
+        }
+        for t in turns
+    ]
 
 
 _ENCODE = json.JSONEncoder(default=str).encode  # one encoder for every row (json.dumps with kwargs builds one per call)

@@ -8,6 +8,7 @@ verifier name and version, reward parts, the train step with advantage,
 ratio and clip share), and says why a rollout was not trained on when it
 was not (masked infra error, or a group whose rewards were all equal).
 """
+
 from __future__ import annotations
 
 import json
@@ -96,9 +97,12 @@ def explain(store: Any, rollout_id: str) -> str:
     passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
     sampling = " ".join(f"{k}={v}" for k, v in (row["sampling"] or {}).items())
     parts = ", ".join(f"{k}={v:.4f}" for k, v in (row["parts"] or {}).items()) or "(none)"
-    timings = ", ".join(
-        f"{k}={v * 1000:.2f}ms" if k.endswith("_s") else f"{k}={v:g}" for k, v in (row["timings"] or {}).items()
-    ) or "(none)"  # seconds as ms; counts (`turns`) as they are
+    timings = (
+        ", ".join(
+            f"{k}={v * 1000:.2f}ms" if k.endswith("_s") else f"{k}={v:g}" for k, v in (row["timings"] or {}).items()
+        )
+        or "(none)"
+    )  # seconds as ms; counts (`turns`) as they are
     lines = [
         f"rollout {row['id']}  ({when} UTC)",
         f"   task {row['task_id']}  domain {row['domain']}  split {row['split']}  difficulty {row['difficulty']}  "

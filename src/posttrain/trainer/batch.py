@@ -5,6 +5,7 @@ behaviour log-probs and loss mask have one entry per completion token, the
 behaviour log-probs and the reward are finite, and the mask holds only 0 and 1.
 Torch-free, so the loop can build batches without importing torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,9 +47,7 @@ class TrainRow:
             raise TrainerError("TrainRow.prompt_ids is empty: a completion needs a prompt token to condition on")
         for name in ("behaviour_logprobs", "loss_mask"):
             if len(getattr(self, name)) != n:
-                raise TrainerError(
-                    f"TrainRow.{name} has {len(getattr(self, name))} entries but completion_ids has {n}"
-                )
+                raise TrainerError(f"TrainRow.{name} has {len(getattr(self, name))} entries but completion_ids has {n}")
         if not all(math.isfinite(x) for x in self.behaviour_logprobs):
             raise TrainerError("TrainRow.behaviour_logprobs holds a non-finite value")
         if any(m not in (0, 1) for m in self.loss_mask):

@@ -17,6 +17,7 @@ A LoRA model (peft) saves only its adapter (adapter_config.json,
 adapter_model.safetensors) in place of the model files; an FSDP-sharded
 model is gathered to full tensors and written by rank 0 alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,13 @@ def capture_rng() -> dict[str, Any]:
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": pos,
-                  "has_gauss": has_gauss, "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "gauss": gauss,
+        },
         "torch_cpu": torch.get_rng_state(),
         "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -119,7 +125,12 @@ def save_checkpoint(
 
 
 def _write_all(
-    tmp: Path, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, loop_json: str, step: int,
+    tmp: Path,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    loop_json: str,
+    step: int,
     full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
 ) -> None:
     from posttrain.trainer.lora import is_peft
@@ -255,8 +266,10 @@ def load_model_weights(ckpt: Path, model: Any) -> None:
 
     if is_peft(model) != is_adapter_dir(ckpt):
         kind = "a LoRA adapter" if is_adapter_dir(ckpt) else "full weights"
-        raise TrainerError(f"checkpoint {ckpt} holds {kind}, which does not fit a "
-                           f"{'LoRA' if is_peft(model) else 'plain'} model (set trainer.lora alike)")
+        raise TrainerError(
+            f"checkpoint {ckpt} holds {kind}, which does not fit a "
+            f"{'LoRA' if is_peft(model) else 'plain'} model (set trainer.lora alike)"
+        )
     if is_peft(model):
         load_adapter_state(model, ckpt)
         return

@@ -7,6 +7,7 @@ replay them until `close()` sends stop. Only rank 0 samples, verifies,
 traces and evaluates; inference is remote (engine.type openai), since an
 in-process engine cannot generate from sharded weights.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,8 +43,9 @@ class LeaderTrainer:
         _send(("step", batch))
         return self._trainer.step(batch)
 
-    def save(self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None,
-             step: int | None = None) -> Path:
+    def save(
+        self, run_dir: str | Path, tokenizer: Any, loop_state: dict[str, Any] | None = None, step: int | None = None
+    ) -> Path:
         _send(("save", str(run_dir), step))
         return self._trainer.save(run_dir, tokenizer, loop_state, step)
 
@@ -81,8 +83,10 @@ def follow(trainer: Any) -> int:
 
 def check(cfg: Any) -> None:
     if cfg.engine.type != "openai":
-        raise ConfigError("trainer.fsdp in the loop needs engine.type openai: an in-process engine "
-                          "cannot generate from sharded weights")
+        raise ConfigError(
+            "trainer.fsdp in the loop needs engine.type openai: an in-process engine "
+            "cannot generate from sharded weights"
+        )
 
 
 def follow_unless_leader(cfg: Any, resume: str | Path | None) -> bool:

@@ -8,6 +8,7 @@ stay matched), and gradients are summed across ranks, so the update equals
 the single-process update on the whole batch up to float summation order.
 Launch with torchrun; `init_from_env` picks gloo on CPU and nccl on CUDA.
 """
+
 from __future__ import annotations
 
 import os
@@ -139,8 +140,9 @@ def full_state(model: Any, optimizer: Any) -> tuple[dict[str, torch.Tensor], dic
     return get_state_dict(model, optimizer, options=opts)
 
 
-def load_full_state(model: Any, optimizer: Any, model_state: dict[str, torch.Tensor],
-                    optim_state: dict[str, Any] | None) -> None:
+def load_full_state(
+    model: Any, optimizer: Any, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any] | None
+) -> None:
     """Load unsharded state (read on every rank) back into the sharded model and optimizer."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 

@@ -5,6 +5,7 @@ steps can never raise the bar it is judged against; a non-finite loss or
 grad norm is rejected from the first step, spikes once `min_history` steps
 were accepted.
 """
+
 from __future__ import annotations
 
 import math

@@ -6,6 +6,7 @@ else; what it saves (checkpoints, weight updates) is the adapter alone
 into its base gives W + (alpha / r) B A for every target layer, the same
 function the unmerged model computes (up to float rounding).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
     missing = [t for t in cfg.target_modules if t not in names]
     if missing:
         raise TrainerError(f"trainer.lora.target_modules: the model has no modules named {missing}")
-    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                              target_modules=list(cfg.target_modules), bias="none")
+    peft_cfg = PeftLoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none"
+    )
     return get_peft_model(model, peft_cfg)
 
 
@@ -98,7 +100,7 @@ def merged_state(base_state: Mapping[str, torch.Tensor], adapter_dir: str | Path
 def _base_key(module: str) -> str:
     """peft's saved key prefix `base_model.model.` removed: the plain model's name."""
     prefix = "base_model.model."
-    return module[len(prefix):] if module.startswith(prefix) else module
+    return module[len(prefix) :] if module.startswith(prefix) else module
 
 
 class AdapterUpdates:

@@ -7,6 +7,7 @@ therefore gives exactly the loss of the full batch, whatever the split.
 Masked tokens (padding, tool output) have weight 0 and a log-ratio forced to
 0, so no value they hold can turn the loss non-finite.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

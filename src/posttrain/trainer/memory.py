@@ -6,6 +6,7 @@ no global torch flag is touched. With an option on, each helper does one
 documented thing (bf16 autocast, recomputed activations, a padded-token cap
 per micro-batch, deterministic kernels) on CPU and CUDA alike.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -5,6 +5,7 @@ each option, when on, is applied in one fixed order (determinism, gradient
 checkpointing, LoRA, FSDP sharding) before the optimizer sees any parameter,
 and the returned module is the one to train and to checkpoint.
 """
+
 from __future__ import annotations
 
 from typing import Any

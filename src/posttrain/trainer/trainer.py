@@ -630,8 +630,14 @@ def cost_slices(lengths: Sequence[int], max_tokens: int | None) -> list[tuple[in
 def _order_key(row: TrainRow) -> tuple[Any, ...]:
     """Length first; ties broken by content, so any order of the same rows gives the
     same micro-batches and the same float summation order."""
-    return (len(row.prompt_ids) + len(row.completion_ids), row.prompt_ids, row.completion_ids, row.reward,
-            row.loss_mask, row.behaviour_logprobs)
+    return (
+        len(row.prompt_ids) + len(row.completion_ids),
+        row.prompt_ids,
+        row.completion_ids,
+        row.reward,
+        row.loss_mask,
+        row.behaviour_logprobs,
+    )
 
 
 def available_memory_bytes() -> int:

@@ -1,4 +1,5 @@
 """Reward functions a user would write (imported by path in the tests: byo_rewards:NAME)."""
+
 import time
 
 

@@ -8,6 +8,7 @@
 `score` of a verifier runs in the trainer's verification threads: keep it pure and quick, and
 raise for a verdict you cannot reach (an infra error, masked and counted) instead of returning 0.
 """
+
 from __future__ import annotations
 
 import random

@@ -7,6 +7,7 @@ coding loop shows (`visible_tests`); the others stay hidden. Run after editing a
 
     .venv/bin/python src/posttrain/domains/data/code/build.py
 """
+
 import copy
 import json
 import os

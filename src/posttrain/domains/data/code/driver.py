@@ -18,6 +18,7 @@ solution can read, patch or print decides its score. The driver is not
 dumpable, so the child can neither read nor write its memory or
 descriptors through /proc.
 """
+
 import json
 import math
 import os
@@ -128,7 +129,7 @@ def _read_exact(fd, n):
 def _write_frame(fd, data):
     view = memoryview(len(data).to_bytes(4, "big") + data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _solver(code, entry, kind, r_fd, w_fd, explain=False):

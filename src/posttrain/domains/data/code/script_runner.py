@@ -13,6 +13,7 @@ run passes only if it ends normally (exit 0). A solution that exits, is
 killed, raises SystemExit or breaks the protocol raises SolutionFailed, a
 BaseException the tests cannot catch with `except Exception`.
 """
+
 import builtins
 import ctypes
 import json

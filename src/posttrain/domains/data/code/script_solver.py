@@ -9,6 +9,7 @@ as plain data (exact builtin types) or as handles to objects that stay here;
 exceptions cross as the first builtin class of their type, and a
 BaseException that is not an Exception (SystemExit, ...) as "fatal".
 """
+
 import base64
 import builtins
 import json
@@ -43,7 +44,7 @@ def write_frame(fd, obj):
     data = json.dumps(obj).encode()
     data = struct.pack(">I", len(data)) + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 class Handles:

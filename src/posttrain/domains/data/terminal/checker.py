@@ -8,6 +8,7 @@ it is the only process of its step, so its one line of stdout is the
 verdict (no nonce is needed). The checks reach it on stdin only, never as
 a file of the session.
 """
+
 import fnmatch
 import json
 import os

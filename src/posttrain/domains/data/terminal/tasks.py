@@ -198,7 +198,7 @@ def t_replace_word(rng):
 
 def t_append_once(rng):
     tool = rng.choice(["mytool", "fastcc", "zq"])
-    line = f"export PATH=\"$PATH:/opt/{tool}/bin\""
+    line = f'export PATH="$PATH:/opt/{tool}/bin"'
     rc = "# shell setup\nalias ll='ls -l'\n"
     return dict(
         level=2,
@@ -310,7 +310,7 @@ def t_top_word(rng):
     for w, c in zip(words, counts):
         text += [w] * c
     rng.shuffle(text)
-    lines = [" ".join(text[i:i + 4]) for i in range(0, len(text), 4)]
+    lines = [" ".join(text[i : i + 4]) for i in range(0, len(text), 4)]
     src, dst = f"{rng.choice(NAMES)}.txt", rng.choice(["top.txt", "winner.txt", "most.txt"])
     return dict(
         level=3,

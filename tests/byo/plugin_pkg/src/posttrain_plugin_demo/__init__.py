@@ -1,5 +1,6 @@
 """A posttrain plugin in one file: the domain `plug_double` (double a number, in the `a+a=`
 form the embedded model knows) and the verifier `last_digit` (the answer's last digit)."""
+
 from __future__ import annotations
 
 import random
