@@ -130,7 +130,10 @@ class _Run:
             from posttrain.tasks.pool import TaskPool
 
             cfg = self.cfg
-            self.evaluator.checks(self.model, self.tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))
+            # under trainer.fsdp the model is sharded across ranks and its forward needs every rank, while
+            # the followers only replay trainer calls: no local model for the exposure check
+            model = None if cfg.trainer.fsdp else self.model
+            self.evaluator.checks(model, self.tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))
             before = self.evaluator.full(0)
             self.state["before"] = before.to_json()
             self.log("held-out before training:\n" + self.evaluator.describe(before))

@@ -44,3 +44,20 @@ def test_planted_memorising_base_is_flagged_and_clean_is_not(micro_base):
         assert planted[name].flagged, planted[name].message()
         assert not clean[name].flagged, clean[name].message()
         assert planted[name].gap > clean[name].gap + 1.0  # a margin, not an exact value
+
+
+def test_run_checks_skip_exposure_without_a_local_model_and_say_so(tmp_path):
+    """Under trainer.fsdp the loop passes no model (it is sharded across ranks, and a forward on
+    rank 0 alone would wait for the others forever): the check is skipped, logged and recorded."""
+    import json
+
+    from posttrain.configs import load_config
+    from posttrain.evaluate.run import RunEvaluator
+
+    cfg = load_config(None, ["tasks.domains={add: {difficulty: 1}}", "eval.contamination=false", "eval.exposure=true"])
+    logged: list[str] = []
+    evaluator = RunEvaluator(cfg, tmp_path, engine=None, metrics=None, levels={"add": 1}, log=logged.append)
+    out = evaluator.checks(None, object(), lambda: None)
+    assert "exposure" not in out and "trainer.fsdp" in out["exposure_skipped"]
+    assert json.loads((tmp_path / "checks.json").read_text()) == out
+    assert any(line.startswith("exposure check skipped") for line in logged)

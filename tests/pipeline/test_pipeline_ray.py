@@ -116,6 +116,7 @@ def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
     class Mixed:
         encode, generate = local.encode, local.generate
         execute, verify = workers.execute, workers.verify
+        sync, cheap_verifier, inline = workers.sync, workers.cheap_verifier, workers.inline
 
     try:
         results, stats = _run(Mixed(), _tasks())

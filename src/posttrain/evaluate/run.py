@@ -95,7 +95,10 @@ class RunEvaluator:
                 "contamination (n-gram overlap, held-out vs training draws): "
                 + (f"OVERLAP in {', '.join(bad)}" if bad else "none found")
             )
-        if self.cfg.exposure and tokenizer is not None and hasattr(model, "parameters"):
+        if self.cfg.exposure and model is None:
+            out["exposure_skipped"] = "no local model to score with (trainer.fsdp shards it across ranks)"
+            self.log(f"exposure check skipped: {out['exposure_skipped']}")
+        elif self.cfg.exposure and tokenizer is not None and hasattr(model, "parameters"):
             from posttrain.evaluate.exposure import check_exposure, exposure_json
 
             found = check_exposure(
