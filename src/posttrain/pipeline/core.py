@@ -25,7 +25,7 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import GenerationError, capture
+from posttrain.errors import ErrorRecord, GenerationError, capture
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
@@ -437,11 +437,8 @@ class Pipeline:
 
     async def _retry(self, item: _Item, stage: str, exc: BaseException) -> None:
         rec = capture(exc, "sandbox" if stage == "execute" else "infra")
-        n = item.attempts.get(stage, 0)
-        if stage != "admit" and rec.kind not in _NOT_INFRA and n < self.cfg.max_retries:
-            item.attempts[stage] = n + 1
-            self.counters["retries"] += 1
-            delay = self.cfg.backoff_s * (2**n)
+        delay = None if stage == "admit" else take_retry(self.cfg, item, stage, rec, self.counters)
+        if delay is not None:
             assert self._tg is not None
             self._tasks.append(self._tg.create_task(self._requeue(stage, item, delay)))
             return
@@ -490,6 +487,19 @@ class Pipeline:
             dict(self.counters),
             self.scheduler.cap.value,
         )
+
+
+def take_retry(
+    cfg: PipelineConfig, item: _Item, stage: str, rec: ErrorRecord, counters: dict[str, int]
+) -> float | None:
+    """The backoff before `item`'s `stage` runs again after the error `rec`, the attempt and the
+    retry counted; None when it is not retried (a config or task error, or its retries spent)."""
+    n = item.attempts.get(stage, 0)
+    if rec.kind in _NOT_INFRA or n >= cfg.max_retries:
+        return None
+    item.attempts[stage] = n + 1
+    counters["retries"] += 1
+    return cfg.backoff_s * (2**n)
 
 
 def group_requests(item: _Item, params: SamplingParams, seed: int | None) -> list[GenerationRequest]:

@@ -20,15 +20,15 @@ from typing import Any
 
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget
-from posttrain.errors import GenerationError, capture
+from posttrain.errors import ErrorRecord, GenerationError, capture
 from posttrain.pipeline.core import (
-    _NOT_INFRA,
     COUNTERS,
     GroupResult,
     PipelineStats,
     _Item,
     finished_group,
     group_requests,
+    take_retry,
 )
 from posttrain.pipeline.metrics import StageMeter
 from posttrain.pipeline.scheduler import Scheduler
@@ -76,12 +76,12 @@ class Direct:
                 continue
             item, error = self._admit(first + i, tasks[i])
             if error is not None:  # a task that cannot start is masked and counted, as in the pipeline
-                done[item.seq] = self._mask(item, error)
+                done[item.seq] = self._mask(item, capture(error, "infra"))
             else:
                 live.append(item)
         for k in range(0, len(live), self.cfg.generate_batch):
-            for item, error in self._generate(live[k : k + self.cfg.generate_batch]):
-                done[item.seq] = self._mask(item, error) if error is not None else self._verify(item)
+            for item, rec in self._generate(live[k : k + self.cfg.generate_batch]):
+                done[item.seq] = self._mask(item, rec) if rec is not None else self._verify(item)
         return [done.get(first + i) for i in range(len(tasks))]
 
     def stats(self) -> PipelineStats:
@@ -109,10 +109,10 @@ class Direct:
             return item, exc
         return item, None
 
-    def _generate(self, batch: list[_Item]) -> list[tuple[_Item, BaseException | None]]:
+    def _generate(self, batch: list[_Item]) -> list[tuple[_Item, ErrorRecord | None]]:
         """Each group generated (with retries): (item, None) once it has its completions, or
-        (item, the error that masks it). One engine call per token budget, shortest first."""
-        out: list[tuple[_Item, BaseException | None]] = []
+        (item, the record of the error that masks it). One engine call per token budget, shortest first."""
+        out: list[tuple[_Item, ErrorRecord | None]] = []
         buckets: dict[int, list[_Item]] = {}
         for it in batch:
             buckets.setdefault(it.max_tokens, []).append(it)
@@ -122,16 +122,14 @@ class Direct:
                 if error is None:
                     out += [(it, None) for it in bucket]
                     break
-                retry, delay = [], 0.0
+                rec, retry, delay = capture(error, "infra"), [], 0.0
                 for it in bucket:
-                    n = it.attempts.get("generate", 0)
-                    if capture(error, "infra").kind not in _NOT_INFRA and n < self.cfg.max_retries:
-                        it.attempts["generate"] = n + 1
-                        self.counters["retries"] += 1
-                        delay = max(delay, self.cfg.backoff_s * (2**n))
-                        retry.append(it)
+                    wait = take_retry(self.cfg, it, "generate", rec, self.counters)
+                    if wait is None:
+                        out.append((it, rec))
                     else:
-                        out.append((it, error))
+                        delay = max(delay, wait)
+                        retry.append(it)
                 if retry:
                     time.sleep(delay)
                 bucket = retry
@@ -165,8 +163,7 @@ class Direct:
         self.scheduler.record_verification(item.task.domain, any(v.error_kind == "verifier" for v in verdicts))
         return self._finish(item, verdicts, episodes)
 
-    def _mask(self, item: _Item, error: BaseException) -> GroupResult:
-        rec = capture(error, "infra")
+    def _mask(self, item: _Item, rec: ErrorRecord) -> GroupResult:
         n = len(item.completions) or self.params.n
         self.counters["masked_groups"] += 1
         self.counters["masked_rollouts"] += n
