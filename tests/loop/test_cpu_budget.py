@@ -6,23 +6,13 @@ from __future__ import annotations
 import json
 
 import yaml
+from test_loop_e2e import TINY as E2E_TINY
 
 from posttrain.cli import main
 from posttrain.metrics_log import read_metrics
 from posttrain.trainer.checkpoint import checkpoint_path, latest_checkpoint
 
-TINY = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_tokens=6",
-    "eval.tasks_per_domain=8",
-    "eval.max_tokens=6",
-    "eval.every_steps=0",
-    "run.threads=1",
-    "run.progress=false",
-    "monitor.report=false",
-    "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
-]
+TINY = [*E2E_TINY, "eval.every_steps=0", "monitor.report=false"]  # the loop tests' tiny run, no extras
 
 
 def _train(tmp_path, base, name, *extra):
