@@ -63,3 +63,17 @@ def f1(tp: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
     recall = tp / n_gold if n_gold else 0.0
     f = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return precision, recall, f
+
+
+def run_summary(run: Any, **extra: Any) -> dict[str, Any]:
+    """The trace's view of one sandboxed program run (code, geo3d, terminal): status, exit code,
+    CPU and wall seconds, the program, what the domain adds (`extra`), then stderr."""
+    return {
+        "status": run.status,
+        "exit_code": run.exit_code,
+        "cpu_s": round(run.cpu_s, 4),
+        "wall_s": round(run.wall_s, 4),
+        "program": run.program,
+        **extra,
+        "stderr": run.stderr,
+    }

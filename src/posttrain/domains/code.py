@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+from posttrain.domains._common import run_summary
 from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
@@ -118,16 +119,7 @@ class CodeRun:
             {"kind": o.kind, **({"value": _short(o.value)} if o.kind == "value" else {"detail": o.detail})}
             for o in self.outputs
         ]
-        return {
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "cpu_s": round(self.cpu_s, 4),
-            "wall_s": round(self.wall_s, 4),
-            "program": self.program,
-            "tests": tests,
-            "stderr": self.stderr,
-            **({"suite": self.suite} if self.suite != "all" else {}),
-        }
+        return {**run_summary(self, tests=tests), **({"suite": self.suite} if self.suite != "all" else {})}
 
 
 PROGRAM_CHARS = 4000

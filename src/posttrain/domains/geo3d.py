@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.domains._common import ANSWER_INSTRUCTION
+from posttrain.domains._common import ANSWER_INSTRUCTION, run_summary
 from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
 from posttrain.domains.registry import register
 from posttrain.errors import SandboxError
@@ -333,16 +333,7 @@ class GeoRun:
     program: str = ""  # the script that ran, truncated to PROGRAM_CHARS
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "cpu_s": round(self.cpu_s, 4),
-            "wall_s": round(self.wall_s, 4),
-            "program": self.program,
-            "report": self.measures,
-            "note": self.note,
-            "stderr": self.stderr,
-        }
+        return run_summary(self, report=self.measures, note=self.note)
 
 
 PROGRAM_CHARS = 4000

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import ModuleType
 
+from posttrain.domains._common import run_summary
 from posttrain.domains.base import Budget, Domain, split_of, stable_rng
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError, VerifierError
@@ -200,15 +201,8 @@ class TerminalRun:
 
     def summary(self) -> dict:
         """The trace's view: the script, its output and exit code, the checks."""
-        return {
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "cpu_s": round(self.cpu_s, 4),
-            "wall_s": round(self.wall_s, 4),
-            "program": self.program,
-            "stderr": self.stderr,
-            "report": {"checks_passed": sum(self.checks), "checks": list(self.checks), "stdout": self.stdout[-500:]},
-        }
+        checks = {"checks_passed": sum(self.checks), "checks": list(self.checks), "stdout": self.stdout[-500:]}
+        return run_summary(self, report=checks)
 
 
 OUTPUT_CHARS = 2000
