@@ -79,14 +79,27 @@ MIXES = {
         ("tasks.domains.reverse.weight=3", "tasks.domains.sort.weight=3"),
         "reverse and sort at weight 3 against add and sub at 1 (level 1), where the base starts near zero",
     ),
-    # Harder: the demo with reverse at level 2 (configs/peer-harder.yaml says why, what the base scores
-    # there and which other mixes were measured): learning is not over within the budget.
+    # Harder: the demo with reverse at level 2 (configs/peer-harder.yaml says why). Chosen before the
+    # tokenizer fix; with the prompts' whitespace back both sides near its ceiling within the budget.
     "harder": Mix(
         "harder",
         "configs/peer-harder.yaml",
         (),
         "the demo with reverse at level 2 (3-5 letters), where the base starts at 0 and climbs slowly",
     ),
+    # Buggier: the demo's tasks on a base pretrained with 98% buggy answers (the demo's: 75%), so that
+    # learning is not over in the first minute on either side (configs/peer-buggier.yaml says why and
+    # bench/results/peer.md gives the candidates below, measured on seed 0, against it).
+    "buggier": Mix(
+        "buggier",
+        "configs/peer-buggier.yaml",
+        (),
+        "the demo's tasks on a base pretrained with 98% buggy answers (the demo's base: 75%)",
+    ),
+    # Candidates measured while choosing a mix where learning continues (seed 0; bench/mixes/*.yaml).
+    "level2": Mix("level2", "bench/mixes/level2.yaml", (), "reverse and sort at level 2 only, the demo's base"),
+    "b95": Mix("b95", "bench/mixes/b95.yaml", (), "the demo's tasks on a base pretrained with 95% buggy answers"),
+    "slow": Mix("slow", "bench/mixes/slow.yaml", (), "add and sub on the 98%-buggy base"),
 }
 
 
@@ -96,7 +109,7 @@ MIXES = {
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/peer.py", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="run seeds (default: 0)")
-    p.add_argument("--mixes", nargs="+", default=["demo", "harder"], choices=sorted(MIXES), help="task mixes")
+    p.add_argument("--mixes", nargs="+", default=["demo", "buggier"], choices=sorted(MIXES), help="task mixes")
     p.add_argument("--threads", type=int, nargs="+", default=[1], help="torch threads per process (default: 1)")
     p.add_argument("--budget-cpu-s", type=float, default=105.0, help="CPU seconds of training per run (105)")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps on both sides (25)")
@@ -977,13 +990,14 @@ def units_of(args: argparse.Namespace) -> list[Unit]:
     return [Unit(MIXES[m], s, t) for m in args.mixes for t in args.threads for s in args.seeds]
 
 
-def base_model(args: argparse.Namespace) -> Path:
+def base_model(args: argparse.Namespace, mix: Mix) -> Path:
+    """--model, else the base the mix's config names (built into posttrain's model cache once)."""
     if args.model:
         return args.model
     from posttrain.configs import load_config
     from posttrain.model.pretrain import ensure_base
 
-    return ensure_base(load_config(ROOT / "configs" / "default.yaml").base, progress=False)
+    return ensure_base(load_config(ROOT / mix.config, list(mix.overrides)).base, progress=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1003,12 +1017,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("bench/peer.py: --profile needs py-spy in the peer venv; run `make bench-peer`")
         args.work = args.work or ROOT / "runs" / time.strftime("peer-%Y%m%d-%H%M%S", time.gmtime())
         args.work.mkdir(parents=True, exist_ok=True)
-        model = base_model(args)
+        models = {}
         for mix in {u.mix.name: u.mix for u in units}.values():
             heldout_file(args.work, mix)
-        print(f"[peer] work folder {args.work}; base {model}", flush=True)
+            models[mix.name] = base_model(args, mix)
+            print(f"[peer] work folder {args.work}; {mix.name}: base {models[mix.name]}", flush=True)
         with ThreadPoolExecutor(max(1, args.jobs // len(args.systems))) as pool:
-            list(pool.map(lambda u: run_unit(u, args, model), units))
+            list(pool.map(lambda u: run_unit(u, args, models[u.mix.name]), units))
     results = summarize(args.work, units)
     if args.profile:
         args.profile.write_text(profile_report(profiles(args.work, units)) + "\n")
