@@ -146,8 +146,10 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise TrainerError("the model has no trainable parameters")
+        # foreach: one kernel per op over every parameter instead of a Python loop over them
+        # (the same arithmetic, bit for bit; torch picks the per-tensor loop on CPU by default)
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, foreach=True
         )
         self.guard = SpikeGuard(config.guard)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -198,7 +200,7 @@ class Trainer:
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient survives
             raise
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip, foreach=True))
         reason = self.guard.verdict(acc.loss, grad_norm)
         outcome = self._apply(reason, acc.loss, grad_norm)
         return self._stats(batch, prepared, outcome, reason, acc, grad_norm, started)
