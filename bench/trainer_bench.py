@@ -4,8 +4,21 @@ head on loss tokens only (the default) against the model's forward with
 `logits_to_keep` and against full logits, and the guard's rollback copy against
 skip. Prints ratios and peak RSS.
 
+With `--demo N`, the demo's own train steps instead: configs/default.yaml's training loop runs
+N steps on the embedded base, recording every train step's batch and the weights it started
+from; each recorded step is then replayed from those weights by the trainer as it was and
+with each cut, taking turns at every step (CPU ms per step, median and mean), and each cut's
+loss, gradient norm and updated weights are compared with the trainer as it was:
+- before: AdamW and the gradient clip with torch's CPU default (a Python loop over the
+  parameters), every row forwarding its whole sequence;
+- foreach: AdamW and the clip with foreach kernels (bit-identical updates);
+- after (the default now): foreach, and a micro-batch whose rows share prompts forwards each
+  distinct prompt once (the completions attend to its copied keys/values); equal to before up
+  to float summation order.
+
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/trainer_bench.py
     OMP_NUM_THREADS=1 ... bench/trainer_bench.py --prompts 13 --prompt-len 20 --max-tokens 6   # the demo's shape
+    OMP_NUM_THREADS=1 ... bench/trainer_bench.py --demo 60   # the demo's own steps, before/after each cut
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import random
 import resource
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -73,6 +87,100 @@ def interleaved(trainers: dict[str, Trainer], batches: list[TrainBatch]) -> dict
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+DEMO_VARIANTS = ("before", "foreach", "after")
+
+
+def record_demo(steps: int, out: str) -> tuple[list[tuple[dict, TrainBatch]], Any]:
+    """The demo loop's train steps: (weights before the step, batch) for each, and the loop config."""
+    from posttrain.configs import load_config
+    from posttrain.loop import train
+
+    recorded: list[tuple[dict, TrainBatch]] = []
+    inner = Trainer.step
+
+    def step(self: Trainer, b: TrainBatch):
+        recorded.append(({k: v.detach().clone() for k, v in self.model.state_dict().items()}, b))
+        return inner(self, b)
+
+    overrides = [
+        f"run.steps={steps}",
+        "eval.tasks_per_domain=10",
+        "eval.every_steps=0",
+        "eval.samples=0",
+        "eval.above_tasks=0",
+        "run.checkpoint_every=0",
+        "monitor.report=false",
+        "run.progress=false",
+        f"run.out_dir={out}",
+    ]
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), overrides)
+    Trainer.step = step  # type: ignore[method-assign]
+    try:
+        train(cfg, log=lambda *_: None)
+    finally:
+        Trainer.step = inner  # type: ignore[method-assign]
+    return recorded, cfg
+
+
+def demo_main(steps: int) -> None:
+    """The demo's recorded train steps replayed by the trainer before and after each cut."""
+    import tempfile
+
+    from posttrain.model.arch import load_model
+    from posttrain.model.pretrain import ensure_base
+
+    with tempfile.TemporaryDirectory() as out:
+        recorded, cfg = record_demo(steps, out)
+        model_dir = cfg.model.path or ensure_base(cfg.base, progress=False)
+        trainers: dict[str, Trainer] = {}
+        for name in DEMO_VARIANTS:
+            model, _ = load_model(model_dir)
+            t = Trainer(model, cfg.trainer)
+            if name == "before":
+                t.optimizer = torch.optim.AdamW(
+                    t.params, lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay
+                )
+            if name != "after":
+                t._share_prompts = False
+            trainers[name] = t
+    clip = torch.nn.utils.clip_grad_norm_
+    loop_clip = [False]  # the trainer as it was: the clip's CPU default (no foreach)
+
+    def clip_as_was(params: Any, max_norm: float, foreach: bool | None = None) -> torch.Tensor:
+        return clip(params, max_norm, foreach=None if loop_clip[0] else foreach)
+
+    torch.nn.utils.clip_grad_norm_ = clip_as_was
+    times: dict[str, list[float]] = {n: [] for n in DEMO_VARIANTS}
+    diffs: dict[str, list[tuple[float, float, float]]] = {n: [] for n in DEMO_VARIANTS}
+    for i, (state, b) in enumerate(recorded):
+        got = {}
+        for name, t in trainers.items():
+            t.model.load_state_dict(state)
+            loop_clip[0] = name == "before"
+            t0 = time.thread_time()
+            stats = t.step(b)
+            if i:  # the first step warms up
+                times[name].append(time.thread_time() - t0)
+            got[name] = (stats, [p.detach().clone() for p in t.params])
+        s0, w0 = got["before"]
+        for name, (s, w) in got.items():
+            weight_diff = max(float((a - c).abs().max()) for a, c in zip(w0, w))
+            diffs[name].append((abs(s.loss - s0.loss), abs(s.grad_norm - s0.grad_norm) / s0.grad_norm, weight_diff))
+    rows = sum(len(b.rows) for _, b in recorded) / len(recorded)
+    print(f"the demo's train steps ({len(recorded)} recorded from configs/default.yaml, {rows:.0f} rows a step on")
+    print(f"average; {len(recorded) - 1} replayed per variant, taking turns), CPU ms per step of Trainer.step:")
+    print("| variant | median | mean | median / before | max loss diff | max rel grad-norm diff | max weight diff |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    med0 = statistics.median(times["before"])
+    for name in DEMO_VARIANTS:
+        med, mean = statistics.median(times[name]), statistics.mean(times[name])
+        d = [max(x[k] for x in diffs[name]) for k in range(3)]
+        print(
+            f"| {name} | {med * 1e3:.1f} | {mean * 1e3:.1f} | {med / med0:.2f} | {d[0]:.1e} | {d[1]:.1e} | {d[2]:.1e} |"
+        )
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the loop and every variant)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="tiny")
@@ -81,8 +189,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--demo", type=int, default=0, metavar="N", help="replay N train steps of the demo's loop")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.demo:
+        demo_main(args.demo)
+        return
     model, tok = random_model(args.preset, seed=0)
     n_params = sum(p.numel() for p in model.parameters())
     shape = (len(tok), args.prompts, args.group, args.prompt_len, args.max_tokens)
