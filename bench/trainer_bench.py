@@ -5,12 +5,13 @@ head on loss tokens only (the default) against the model's forward with
 skip. Prints ratios and peak RSS.
 
 With `--demo N`, the demo's own train steps instead: configs/default.yaml's training loop runs
-N steps on the embedded base, recording every train step's batch and the weights it started
-from; each recorded step is then replayed from those weights by the trainer as it was and
-with each cut, taking turns at every step (CPU ms per step, median and mean), and each cut's
-loss, gradient norm and updated weights are compared with the trainer as it was:
+N steps on the embedded base with the trainer before the cuts and then after them (the
+loop's training CPU and Trainer.step's per step), recording every train step's batch and the
+weights it started from; each recorded step is then replayed from those weights by the
+trainer before and with each cut, taking turns at every step (CPU ms per step, median and
+mean), and each cut's loss, gradient norm and updated weights are compared with before:
 - before: AdamW and the gradient clip with torch's CPU default (a Python loop over the
-  parameters), every row forwarding its whole sequence;
+  parameters), every row forwarding its whole sequence (`as_was`);
 - foreach: AdamW and the clip with foreach kernels (bit-identical updates);
 - after (the default now): foreach, and a micro-batch whose rows share prompts forwards each
   distinct prompt once (the completions attend to its copied keys/values); equal to before up
@@ -28,6 +29,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
+import json
 import random
 import resource
 import statistics
@@ -88,19 +90,50 @@ def interleaved(trainers: dict[str, Trainer], batches: list[TrainBatch]) -> dict
 
 
 DEMO_VARIANTS = ("before", "foreach", "after")
+_CLIP = torch.nn.utils.clip_grad_norm_
+_CLIP_AS_WAS = [False]
 
 
-def record_demo(steps: int, out: str) -> tuple[list[tuple[dict, TrainBatch]], Any]:
-    """The demo loop's train steps: (weights before the step, batch) for each, and the loop config."""
+def _clip(params: Any, max_norm: float, foreach: bool | None = None) -> torch.Tensor:
+    """The gradient clip, with torch's CPU default (no foreach) while _CLIP_AS_WAS[0] is set."""
+    return _CLIP(params, max_norm, foreach=None if _CLIP_AS_WAS[0] else foreach)
+
+
+def as_was(trainer: Trainer, foreach: bool = False) -> Trainer:
+    """The trainer before the cuts: every row forwards its whole sequence, and (unless `foreach`)
+    AdamW with torch's CPU default (a Python loop over the parameters)."""
+    trainer._share_prompts = False
+    if not foreach:
+        cfg = trainer.config
+        trainer.optimizer = torch.optim.AdamW(trainer.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    return trainer
+
+
+def record_demo(steps: int, out: str, name: str) -> tuple[list[tuple[dict, TrainBatch]], Any, dict[str, float]]:
+    """One demo training loop (configs/default.yaml, `steps` steps) with the trainer `name`
+    (before: `as_was`; after: as it is): each train step's (weights before it, batch), the
+    config, and CPU ms per training step (the loop's own training CPU count; Trainer.step's)."""
     from posttrain.configs import load_config
     from posttrain.loop import train
 
     recorded: list[tuple[dict, TrainBatch]] = []
-    inner = Trainer.step
+    step_cpu = [0.0]
+    inner_step, inner_init = Trainer.step, Trainer.__init__
 
     def step(self: Trainer, b: TrainBatch):
         recorded.append(({k: v.detach().clone() for k, v in self.model.state_dict().items()}, b))
-        return inner(self, b)
+        _CLIP_AS_WAS[0] = name == "before"
+        t0 = time.thread_time()
+        try:
+            return inner_step(self, b)
+        finally:
+            step_cpu[0] += time.thread_time() - t0
+            _CLIP_AS_WAS[0] = False
+
+    def init(self: Trainer, *a: Any, **k: Any) -> None:
+        inner_init(self, *a, **k)
+        if name == "before":
+            as_was(self)
 
     overrides = [
         f"run.steps={steps}",
@@ -112,64 +145,66 @@ def record_demo(steps: int, out: str) -> tuple[list[tuple[dict, TrainBatch]], An
         "monitor.report=false",
         "run.progress=false",
         f"run.out_dir={out}",
+        f"run.name={name}",
     ]
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), overrides)
-    Trainer.step = step  # type: ignore[method-assign]
+    Trainer.step, Trainer.__init__ = step, init  # type: ignore[method-assign]
     try:
-        train(cfg, log=lambda *_: None)
+        result = train(cfg, log=lambda *_: None)
     finally:
-        Trainer.step = inner  # type: ignore[method-assign]
-    return recorded, cfg
+        Trainer.step, Trainer.__init__ = inner_step, inner_init  # type: ignore[method-assign]
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    cpu = [r["train_cpu_s"] for r in rows if r.get("kind") == "train"]
+    return recorded, cfg, {"training CPU": 1e3 * cpu[-1] / steps, "Trainer.step": 1e3 * step_cpu[0] / steps}
 
 
 def demo_main(steps: int) -> None:
-    """The demo's recorded train steps replayed by the trainer before and after each cut."""
+    """The demo's loop with the trainer before and after the cuts, then its recorded train
+    steps replayed by each variant of the trainer, side by side."""
     import tempfile
 
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
 
+    torch.nn.utils.clip_grad_norm_ = _clip
     with tempfile.TemporaryDirectory() as out:
-        recorded, cfg = record_demo(steps, out)
-        model_dir = cfg.model.path or ensure_base(cfg.base, progress=False)
-        trainers: dict[str, Trainer] = {}
-        for name in DEMO_VARIANTS:
-            model, _ = load_model(model_dir)
-            t = Trainer(model, cfg.trainer)
-            if name == "before":
-                t.optimizer = torch.optim.AdamW(
-                    t.params, lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay
-                )
-            if name != "after":
-                t._share_prompts = False
-            trainers[name] = t
-    clip = torch.nn.utils.clip_grad_norm_
-    loop_clip = [False]  # the trainer as it was: the clip's CPU default (no foreach)
-
-    def clip_as_was(params: Any, max_norm: float, foreach: bool | None = None) -> torch.Tensor:
-        return clip(params, max_norm, foreach=None if loop_clip[0] else foreach)
-
-    torch.nn.utils.clip_grad_norm_ = clip_as_was
+        loops = {}
+        for name in ("before", "after"):
+            recorded, cfg, loops[name] = record_demo(steps, out, name)
+    print(f"the demo's training loop (configs/default.yaml, {steps} steps each, one after another in this")
+    print("process), CPU ms per training step (mean):")
+    print("| part | before | after | after/before |\n|---|---:|---:|---:|")
+    for part in ("training CPU", "Trainer.step"):
+        b, a = loops["before"][part], loops["after"][part]
+        print(f"| {part} | {b:.1f} | {a:.1f} | {a / b:.2f} |")
+    model_dir = cfg.model.path or ensure_base(cfg.base, progress=False)
+    trainers = {name: Trainer(load_model(model_dir)[0], cfg.trainer) for name in DEMO_VARIANTS}
+    as_was(trainers["before"])
+    as_was(trainers["foreach"], foreach=True)
     times: dict[str, list[float]] = {n: [] for n in DEMO_VARIANTS}
     diffs: dict[str, list[tuple[float, float, float]]] = {n: [] for n in DEMO_VARIANTS}
     for i, (state, b) in enumerate(recorded):
         got = {}
         for name, t in trainers.items():
             t.model.load_state_dict(state)
-            loop_clip[0] = name == "before"
+            _CLIP_AS_WAS[0] = name == "before"
             t0 = time.thread_time()
             stats = t.step(b)
             if i:  # the first step warms up
                 times[name].append(time.thread_time() - t0)
+            _CLIP_AS_WAS[0] = False
             got[name] = (stats, [p.detach().clone() for p in t.params])
         s0, w0 = got["before"]
         for name, (s, w) in got.items():
             weight_diff = max(float((a - c).abs().max()) for a, c in zip(w0, w))
             diffs[name].append((abs(s.loss - s0.loss), abs(s.grad_norm - s0.grad_norm) / s0.grad_norm, weight_diff))
     rows = sum(len(b.rows) for _, b in recorded) / len(recorded)
-    print(f"the demo's train steps ({len(recorded)} recorded from configs/default.yaml, {rows:.0f} rows a step on")
-    print(f"average; {len(recorded) - 1} replayed per variant, taking turns), CPU ms per step of Trainer.step:")
-    print("| variant | median | mean | median / before | max loss diff | max rel grad-norm diff | max weight diff |")
+    print(
+        f"\nthe after loop's {len(recorded)} train steps ({rows:.0f} rows a step on average) replayed from the weights"
+    )
+    print("each started from, the variants taking turns (the first step warms up), CPU ms per Trainer.step;")
+    print("differences from `before` (loss, gradient norm, updated weights), max over the steps:")
+    print("| variant | median | mean | median / before | loss | grad norm (rel) | weights |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     med0 = statistics.median(times["before"])
     for name in DEMO_VARIANTS:
@@ -178,7 +213,9 @@ def demo_main(steps: int) -> None:
         print(
             f"| {name} | {med * 1e3:.1f} | {mean * 1e3:.1f} | {med / med0:.2f} | {d[0]:.1e} | {d[1]:.1e} | {d[2]:.1e} |"
         )
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the loop and every variant)")
+    print(
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (both loops and every variant)"
+    )
 
 
 def main() -> None:
