@@ -759,20 +759,19 @@ def cost_slices(
     if not lengths:
         return []
     bounds = [i for i in range(1, len(lengths)) if lengths[i] != lengths[i - 1]] + [len(lengths)]
+    segments = _prompt_segments(lengths, bounds, prompts) if prompts is not None else None
     best = [0.0] + [math.inf] * len(bounds)  # best[k]: cost of the rows before bounds[k - 1]
     cut_at = [0] * (len(bounds) + 1)
     for k, end in enumerate(bounds, 1):
-        distinct: set[tuple[int, ...]] = set()
+        distinct: set[int] = set()
         widest = longest_completion = 0
         for j in reversed(range(k)):  # the slice [start, end), growing towards the first row
             start = bounds[j - 1] if j else 0
             cost = _PASS_COST_TOKENS + (end - start) * lengths[end - 1]
-            if prompts is not None:
-                seg_end = bounds[j]
-                for prompt, length in zip(prompts[start:seg_end], lengths[start:seg_end]):
-                    distinct.add(prompt)
-                    widest = max(widest, len(prompt))
-                    longest_completion = max(longest_completion, length - len(prompt))
+            if segments is not None:
+                ids, wide, completion = segments[j]
+                distinct |= ids
+                widest, longest_completion = max(widest, wide), max(longest_completion, completion)
                 shared = 2 * _PASS_COST_TOKENS + len(distinct) * widest + (end - start) * (longest_completion - 1)
                 cost = min(cost, shared)
             cost += best[j]
@@ -788,6 +787,22 @@ def cost_slices(
         slices += [(start + a, start + b) for a, b in micro_slices(lengths[start:end], end - start, max_tokens)]
         start = end
     return slices
+
+
+def _prompt_segments(
+    lengths: Sequence[int], bounds: Sequence[int], prompts: Sequence[tuple[int, ...]]
+) -> list[tuple[set[int], int, int]]:
+    """For each run of equal lengths (ending at `bounds`): its distinct prompts (as small ints, so
+    each prompt is hashed once), its longest prompt and its longest completion."""
+    index: dict[tuple[int, ...], int] = {}
+    ids = [index.setdefault(p, len(index)) for p in prompts]
+    out, start = [], 0
+    for end in bounds:
+        rows = range(start, end)
+        widest = max(len(prompts[i]) for i in rows)
+        out.append(({ids[i] for i in rows}, widest, max(lengths[i] - len(prompts[i]) for i in rows)))
+        start = end
+    return out
 
 
 def _order_key(row: TrainRow) -> tuple[Any, ...]:
