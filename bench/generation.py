@@ -8,6 +8,17 @@ are equal and the ratio is a pure speed ratio. Process CPU time is reported
 beside wall time: on a shared machine it is the steadier of the two.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/generation.py --preset tiny --prompts 32 --group 8
+
+With `--demo N`, the demo's own rollout calls instead: configs/default.yaml's training loop runs
+N steps on the embedded base, recording every rollout `generate` call (its requests and the
+weights it ran with); each is then replayed by the engine before and after each cut, taking
+turns at every call, in thread CPU ms per call, and the completions are checked identical
+(token ids, log-probs, text):
+- before: the KV slab copying a group's prompt cache to its samples by gathering the rows into
+  a new tensor and writing that into the slab;
+- after (now): gathering from a copy of the few prompt rows straight into the slab.
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/generation.py --demo 60
 """
 
 from __future__ import annotations
@@ -104,6 +115,95 @@ def time_hf_generate(model, tok, prompts, group: int, max_tokens: int, repeats: 
     return timing
 
 
+def reorder_as_was(self, beam_idx) -> None:
+    """SlabLayer.reorder_cache before the cut: every reorder gathers into a new tensor, then
+    writes it into the slab."""
+    if not self.is_initialized:
+        return
+    rows = beam_idx.shape[0]
+    idx = beam_idx.to(self._k.device)
+    picked_k, picked_v = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+    self._k[:rows, :, : self.length] = picked_k
+    self._v[:rows, :, : self.length] = picked_v
+    self.rows = rows
+    self._refresh()
+
+
+def demo_main(steps: int) -> None:
+    """The demo loop's rollout calls replayed by the engine before and after, side by side."""
+    import statistics
+    import tempfile
+
+    import torch
+
+    from posttrain.configs import load_config
+    from posttrain.engine.hf import HFEngine
+    from posttrain.engine.kvcache import SlabLayer
+    from posttrain.loop import train
+    from posttrain.model.arch import load_model
+    from posttrain.model.pretrain import ensure_base
+
+    torch.set_num_threads(1)
+    recorded = []
+    inner = HFEngine.generate
+
+    def generate(self, requests):
+        if requests and requests[0].params.n > 1:  # a rollout call (the evaluation's are n=1)
+            recorded.append(({k: v.detach().clone() for k, v in self.model.state_dict().items()}, list(requests)))
+        return inner(self, requests)
+
+    overrides = [
+        f"run.steps={steps}",
+        "eval.tasks_per_domain=10",
+        "eval.every_steps=0",
+        "eval.samples=0",
+        "eval.above_tasks=0",
+        "run.checkpoint_every=0",
+        "monitor.report=false",
+        "run.progress=false",
+    ]
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_config(
+            os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), [*overrides, f"run.out_dir={out}"]
+        )
+        HFEngine.generate = generate
+        try:
+            train(cfg, log=lambda *_: None)
+        finally:
+            HFEngine.generate = inner
+    model_dir = cfg.model.path or ensure_base(cfg.base, progress=False)
+    engines = {name: HFEngine(*load_model(model_dir), seed=cfg.run.seed) for name in ("before", "after")}
+    now = SlabLayer.reorder_cache
+    times = {name: [] for name in engines}
+    same = True
+    for i, (state, requests) in enumerate(recorded):
+        got = {}
+        for name, engine in engines.items():
+            engine.model.load_state_dict(state)
+            SlabLayer.reorder_cache = reorder_as_was if name == "before" else now
+            t0 = time.thread_time()
+            groups = engine.generate(requests)
+            if i:  # the first call warms up
+                times[name].append(time.thread_time() - t0)
+            SlabLayer.reorder_cache = now
+            got[name] = [(c.token_ids, c.logprobs, c.text) for g in groups for c in g]
+        same = same and got["before"] == got["after"]
+    rows = sum(r.params.n for r in recorded[0][1])
+    print(f"the demo's rollout calls ({len(recorded)} recorded from configs/default.yaml, {rows} samples each;")
+    print(f"{len(recorded) - 1} replayed per variant, taking turns), thread CPU ms per generate call;")
+    print(f"identical completions (token ids, log-probs, text): {same}")
+    print("| variant | median | mean | median / before |\n|---|---:|---:|---:|")
+    med0 = statistics.median(times["before"])
+    for name, t in times.items():
+        print(
+            f"| {name} | {statistics.median(t) * 1e3:.1f} | {statistics.mean(t) * 1e3:.1f} | "
+            f"{statistics.median(t) / med0:.2f} |"
+        )
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the loop and both engines)")
+    if not same:
+        raise SystemExit("the engines' completions differ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny", help="random model of this preset (when no --model)")
@@ -121,7 +221,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--hf-generate", action="store_true", help="also time HF generate(num_return_sequences=G)")
+    ap.add_argument("--demo", type=int, default=0, metavar="N", help="replay the demo loop's rollout calls (N steps)")
     args = ap.parse_args()
+    if args.demo:
+        demo_main(args.demo)
+        return
 
     import torch
 

@@ -3,9 +3,11 @@ None of them may change what a step computes (only float summation order)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
-from trainer_testlib import reference_logprobs, synthetic_batch, tiny_model
+from trainer_testlib import VOCAB, reference_logprobs, synthetic_batch, tiny_model
 
 from posttrain.configs.trainer import TrainerConfig, load_trainer_config
 from posttrain.errors import ConfigError
@@ -110,3 +112,59 @@ def test_micro_batch_size_is_auto_or_a_positive_int():
         load_trainer_config({"micro_batch_size": 0})
     with pytest.raises(ConfigError, match="normalise"):
         load_trainer_config({"normalise": "tokens"})
+
+
+def test_cost_slices_with_shared_prompts_by_hand():
+    # 8 rows of prompt A (5 tokens + 1) and 8 of prompt B (40 + 1). Whole sequences: together
+    # 128 + 16*41 = 784, apart (128 + 8*6) + (128 + 8*41) = 632 -> cut. Each distinct prompt once:
+    # together 2*128 + 2*40 + 16*(1 - 1) = 336; apart min(176, 261) + min(456, 296) = 472 -> one pass.
+    lengths = [6] * 8 + [41] * 8
+    a, b = (1,) * 5, (2,) * 40
+    assert cost_slices(lengths, None) == [(0, 8), (8, 16)]
+    assert cost_slices(lengths, None, [a] * 8 + [b] * 8) == [(0, 16)]
+    # the padded-token budget still binds: 16 x 41 > 400, 9 x 41 <= 400
+    assert cost_slices(lengths, 400, [a] * 8 + [b] * 8) == [(0, 9), (9, 16)]
+
+
+def _grads(trainer: Trainer, batch: TrainBatch) -> tuple[float, float, list[torch.Tensor]]:
+    prepared = trainer._prepare(batch)
+    acc = trainer._accumulate(prepared)
+    grads = [p.grad.clone() for p in trainer.params]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return acc.loss, acc.entropy_sum, grads
+
+
+def test_each_prompt_forwarded_once_gives_the_same_gradients():
+    """Rows sharing prompts (groups of 6, tool tokens masked out, one-token completions among
+    them) through the prompts-once pass and through whole sequences: the same loss, entropy and
+    gradient up to float summation order."""
+    rng = random.Random(5)
+    rows = []
+    for g in range(4):
+        prompt = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(20, 40)))
+        for k in range(6):
+            completion = tuple(rng.randrange(VOCAB) for _ in range(1 if k == 0 else rng.randint(2, 6)))
+            mask = (1,) + tuple(int(i % 3 != 1) for i in range(1, len(completion)))
+            behaviour = tuple(-4.0 - 0.1 * rng.random() for _ in completion)
+            rows.append(TrainRow(prompt, completion, behaviour, float(k % 2), g, mask))
+    batch = TrainBatch(tuple(rows))
+    shared, whole = Trainer(tiny_model(0), TrainerConfig()), Trainer(tiny_model(0), TrainerConfig())
+    whole._share_prompts = False
+    assert shared._share_prompts  # the probe accepts a Qwen2 decoder
+    assert pack_rows(rows, torch.device("cpu"), share=True).shared is not None  # the shared pass is taken
+    assert any(len(r.completion_ids) == 1 for r in rows) and any(0 in r.loss_mask for r in rows)
+    loss_a, entropy_a, grads_a = _grads(whole, batch)
+    loss_b, entropy_b, grads_b = _grads(shared, batch)
+    assert loss_b == pytest.approx(loss_a, abs=1e-6)
+    assert entropy_b == pytest.approx(entropy_a, rel=1e-5)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_prompts_are_shared_only_when_that_forwards_fewer_tokens():
+    distinct = [TrainRow((i, i + 1, i + 2), (4, 5), (-1.0, -1.0), 0.0, i, (1, 1)) for i in range(8)]
+    assert pack_rows(distinct, torch.device("cpu"), share=True).shared is None  # nothing shared
+    group = [TrainRow(tuple(range(1, 30)), (4, 5, k % 7 + 1), (-1.0,) * 3, 0.0, 0, (1, 1, 1)) for k in range(8)]
+    p = pack_rows(group, torch.device("cpu"), share=True).shared
+    assert p is not None and p.prompt_ids_us.shape == (1, 29) and p.input_ids_bc.tolist() == [[4, 5]] * 8
+    assert p.position_bc[0].tolist() == [29, 30] and p.last_u.tolist() == [28]

@@ -12,7 +12,7 @@ from posttrain.trainer.trainer import Trainer
 
 def _grads(cfg: TrainerConfig, counter: list[int] | None = None) -> tuple[Trainer, dict[str, torch.Tensor]]:
     model = tiny_model(0)
-    trainer = Trainer(model, cfg)  # its construction runs one probe forward (split_head): not counted
+    trainer = Trainer(model, cfg)  # its construction runs probe forwards (split_head, shares_prompts): not counted
     if counter is not None:
         model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: counter.append(1))
     grads = step_grads(trainer, batch(5))

@@ -66,9 +66,14 @@ class SlabLayer(DynamicLayer):
         if rows > self.max_rows:
             raise RuntimeError(f"KV slab holds {self.max_rows} rows, {rows} asked for")
         idx = beam_idx.to(self._k.device)
-        picked_k, picked_v = self.keys.index_select(0, idx), self.values.index_select(0, idx)
-        self._k[:rows, :, : self.length] = picked_k
-        self._v[:rows, :, : self.length] = picked_v
+        if rows > self.rows:  # a prompt's cache copied to its samples: gather from a copy of the few source rows
+            live_k, live_v = self.keys.clone(), self.values.clone()  # straight into the slab (no overlap)
+            torch.index_select(live_k, 0, idx, out=self._k[:rows, :, : self.length])
+            torch.index_select(live_v, 0, idx, out=self._v[:rows, :, : self.length])
+        else:  # rows dropped: gather the fewer kept rows, then write them back
+            picked_k, picked_v = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+            self._k[:rows, :, : self.length] = picked_k
+            self._v[:rows, :, : self.length] = picked_v
         self.rows = rows
         self._refresh()
 

@@ -18,7 +18,7 @@ import inspect
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any, Literal
@@ -119,6 +119,30 @@ class _Packed:
     """Sequence position whose logits predict each loss token (prompt length - 1 + c)."""
     target_n: Tensor
     """Each loss token's id."""
+    shared: _SharedPrompts | None = None
+    """The micro-batch's distinct prompts, when forwarding each once is cheaper (`pack_rows`'s
+    `share`); None: every row forwards its whole sequence."""
+
+
+@dataclass(frozen=True)
+class _SharedPrompts:
+    """A micro-batch as its distinct prompts (each forwarded once) and each row's completion,
+    which then attends to its prompt's keys and values (copied per row, so the gradient of
+    every row reaches the prompt's one forward). Completion position c of a row is predicted
+    by its prompt's last position (c = 0) or by completion position c - 1."""
+
+    prompt_ids_us: Tensor
+    """The distinct prompts, right-padded (u: distinct prompt, s: position)."""
+    prompt_mask_us: Tensor
+    last_u: Tensor
+    """Position of each prompt's last token."""
+    prompt_b: Tensor
+    """Each row's prompt (an index into u)."""
+    input_ids_bc: Tensor
+    """Each row's completion tokens but the last (the inputs that predict tokens 1..), right-padded."""
+    mask_bc: Tensor
+    position_bc: Tensor
+    """Sequence position of each completion input (prompt length + c)."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +170,10 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise TrainerError("the model has no trainable parameters")
+        # foreach: one kernel per op over every parameter instead of a Python loop over them
+        # (the same arithmetic, bit for bit; torch picks the per-tensor loop on CPU by default)
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, foreach=True
         )
         self.guard = SpikeGuard(config.guard)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -164,6 +190,13 @@ class Trainer:
         self._split_head = split_head(model) if not config.fsdp else None
         """(decoder, lm_head) when the model's logits are exactly lm_head(decoder output): the
         step then sends only loss positions through the head (None: the model's own forward)."""
+        self._share_prompts = (
+            self._split_head is not None
+            and not config.gradient_checkpointing
+            and shares_prompts(model, self._split_head)
+        )
+        """Whether a micro-batch whose rows share prompts may forward each prompt once
+        (`_SharedPrompts`): the decoder takes a key/value cache and gives the same logits."""
 
     @property
     def device(self) -> torch.device:
@@ -198,7 +231,7 @@ class Trainer:
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient survives
             raise
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip, foreach=True))
         reason = self.guard.verdict(acc.loss, grad_norm)
         outcome = self._apply(reason, acc.loss, grad_norm)
         return self._stats(batch, prepared, outcome, reason, acc, grad_norm, started)
@@ -280,7 +313,8 @@ class Trainer:
         lo, hi = self.parallel.share(len(prepared.rows))
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in prepared.rows[lo:hi]]
         if self.config.micro_batch_size == "auto":
-            slices = cost_slices(lengths, self._max_tokens)
+            prompts = [r.prompt_ids for r in prepared.rows[lo:hi]] if self._share_prompts else None
+            slices = cost_slices(lengths, self._max_tokens, prompts)
         else:
             slices = micro_slices(lengths, self.config.micro_batch_size, self._max_tokens)
         cuts = [(lo + a, lo + b) for a, b in slices]
@@ -310,7 +344,7 @@ class Trainer:
     def _micro_step(
         self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
     ) -> tuple[float, LossStats, float]:
-        packed = pack_rows(rows, self.device)
+        packed = pack_rows(rows, self.device, share=self._share_prompts)
         logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
         logp_n = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1)
         with torch.no_grad():
@@ -357,7 +391,7 @@ class Trainer:
         if self._ref_head is None:
             self._ref_head = split_head(self.ref_model) or False
         ref_device = next(self.ref_model.parameters()).device
-        on_ref = _to_device(packed, ref_device)
+        on_ref = _to_device(replace(packed, shared=None), ref_device)
         with torch.no_grad():
             logp_nv = self._loss_token_logp(self.ref_model, self._ref_head or None, on_ref)
             logp_n = logp_nv.gather(-1, on_ref.target_n[:, None]).squeeze(-1).to(self.device)
@@ -368,7 +402,9 @@ class Trainer:
         each loss token (n x vocab): only those positions reach the LM head when `head` splits
         the model; otherwise the model's forward, from the first loss position on."""
         with autocast(packed.input_ids_bs.device, self.config.precision):
-            if head is not None:
+            if head is not None and packed.shared is not None:
+                logits_nv = head[1](shared_prompt_hidden(head[0], packed.shared, packed.row_n, packed.col_n))
+            elif head is not None:
                 decoder, lm_head = head
                 hidden_bsh = decoder(
                     input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, use_cache=False
@@ -522,10 +558,12 @@ class Trainer:
 # ---------------------------------------------------------------- packing
 
 
-def pack_rows(rows: Sequence[TrainRow], device: torch.device) -> _Packed:
+def pack_rows(rows: Sequence[TrainRow], device: torch.device, share: bool = False) -> _Packed:
     """Right-pad prompt+completion; index_bc[b, c] is the position whose
     logits predict completion token c of row b (prompt length - 1 + c).
-    Built with tensor ops over the concatenated tokens (no per-token Python)."""
+    Built with tensor ops over the concatenated tokens (no per-token Python).
+    With `share`, also the distinct prompts and the completions apart (`_SharedPrompts`)
+    when that forwards fewer padded tokens."""
     prompt_b = torch.tensor([len(r.prompt_ids) for r in rows])
     comp_b = torch.tensor([len(r.completion_ids) for r in rows])
     seq_len, comp_len = int((prompt_b + comp_b).max()), int(comp_b.max())
@@ -544,6 +582,7 @@ def pack_rows(rows: Sequence[TrainRow], device: torch.device) -> _Packed:
         )
     index_bc = (prompt_b[:, None] - 1 + torch.arange(comp_len)[None, :]).clamp(max=max(seq_len - 2, 0))
     row_n, col_n = (mask_bc > 0).nonzero(as_tuple=True)
+    shared = _share(rows, prompt_b, comp_len, seq_len, device) if share and comp_len else None
     return _Packed(
         input_ids_bs=ids_bs.to(device),
         attention_bs=in_seq_bs.long().to(device),
@@ -557,7 +596,75 @@ def pack_rows(rows: Sequence[TrainRow], device: torch.device) -> _Packed:
         col_n=col_n.to(device),
         pos_n=(prompt_b[row_n] - 1 + col_n).to(device),
         target_n=target_bc[row_n, col_n].to(device),
+        shared=shared,
     )
+
+
+def _share(
+    rows: Sequence[TrainRow],
+    prompt_b: Tensor,
+    comp_len: int,
+    seq_len: int,
+    device: torch.device,
+    always: bool = False,
+) -> _SharedPrompts | None:
+    """The rows as distinct prompts and completions, or None when that forwards no fewer
+    padded tokens (the second pass's fixed cost included) than the rows' whole sequences."""
+    index: dict[tuple[int, ...], int] = {}
+    prompt_of = [index.setdefault(r.prompt_ids, len(index)) for r in rows]
+    width = max(len(p) for p in index)
+    shared_cost = len(index) * width + len(rows) * (comp_len - 1) + _PASS_COST_TOKENS
+    if not always and shared_cost >= len(rows) * seq_len:
+        return None
+    prompts = list(index)
+    length_u = torch.tensor([len(p) for p in prompts])
+    prompt_ids_us = torch.zeros(len(prompts), width, dtype=torch.long)
+    in_prompt_us = torch.arange(width)[None, :] < length_u[:, None]
+    prompt_ids_us[in_prompt_us] = torch.tensor(list(chain.from_iterable(prompts)))
+    inputs = comp_len - 1  # the last completion token predicts nothing
+    input_len_b = torch.tensor([max(len(r.completion_ids) - 1, 0) for r in rows])
+    in_input_bc = torch.arange(inputs)[None, :] < input_len_b[:, None]
+    input_ids_bc = torch.zeros(len(rows), inputs, dtype=torch.long)
+    if inputs:
+        input_ids_bc[in_input_bc] = torch.tensor(list(chain.from_iterable(r.completion_ids[:-1] for r in rows)))
+    return _SharedPrompts(
+        prompt_ids_us=prompt_ids_us.to(device),
+        prompt_mask_us=in_prompt_us.long().to(device),
+        last_u=(length_u - 1).to(device),
+        prompt_b=torch.tensor(prompt_of, device=device),
+        input_ids_bc=input_ids_bc.to(device),
+        mask_bc=in_input_bc.long().to(device),
+        position_bc=(prompt_b[:, None] + torch.arange(inputs)[None, :]).to(device),
+    )
+
+
+def shared_prompt_hidden(decoder: Any, shared: _SharedPrompts, row_n: Tensor, col_n: Tensor) -> Tensor:
+    """The decoder's last hidden state at the position that predicts each loss token (n x
+    hidden), forwarding each distinct prompt once: the prompts' keys and values, copied to
+    their rows, are the cache the completions attend to (the same attention as over the
+    whole sequence: the prompts' padding is masked, positions continue the prompt's)."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache()
+    prompt_ush = decoder(
+        input_ids=shared.prompt_ids_us, attention_mask=shared.prompt_mask_us, past_key_values=cache, use_cache=True
+    ).last_hidden_state
+    prompt_n = shared.prompt_b[row_n]
+    first_nh = prompt_ush[prompt_n, shared.last_u[prompt_n]]
+    if shared.input_ids_bc.shape[1] == 0:  # one-token completions: the prompts predict all
+        return first_nh
+    for layer in cache.layers:  # each row's own copy of its prompt's keys and values
+        layer.keys = layer.keys.index_select(0, shared.prompt_b)
+        layer.values = layer.values.index_select(0, shared.prompt_b)
+    completion_bch = decoder(
+        input_ids=shared.input_ids_bc,
+        attention_mask=torch.cat([shared.prompt_mask_us[shared.prompt_b], shared.mask_bc], dim=1),
+        position_ids=shared.position_bc,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    rest_nh = completion_bch[row_n, (col_n - 1).clamp(min=0)]
+    return torch.where((col_n == 0)[:, None], first_nh, rest_nh)
 
 
 def _forward_logits(model: Any, packed: _Packed) -> Tensor:
@@ -598,21 +705,76 @@ def split_head(model: Any) -> tuple[Any, Any] | None:
     return (decoder, head) if torch.allclose(full, split.float(), rtol=1e-5, atol=1e-5) else None
 
 
-def cost_slices(lengths: Sequence[int], max_tokens: int | None) -> list[tuple[int, int]]:
+def shares_prompts(model: Any, head: tuple[Any, Any]) -> bool:
+    """Whether `shared_prompt_hidden` gives this model's logits: its layers all attend to
+    the whole sequence (no sliding window or linear attention, whose cache is not a plain
+    key/value per position) and a probe of two rows sharing a prompt gives the logits of
+    the whole sequences."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(inner, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if any(t != "full_attention" for t in getattr(text, "layer_types", None) or []):
+        return False
+    vocab = int(inner.get_input_embeddings().num_embeddings)
+    device = next(inner.parameters()).device
+    rows = [
+        TrainRow(
+            tuple(i % vocab for i in prompt),
+            tuple(i % vocab for i in comp),
+            (0.0,) * len(comp),
+            0.0,
+            0,
+            (1,) * len(comp),
+        )
+        for prompt, comp in (((1, 2, 3), (4, 5, 6)), ((1, 2, 3), (6,)), ((2, 3), (5, 4, 3, 2)))
+    ]
+    packed = pack_rows(rows, device)
+    decoder, lm_head = head
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            whole = decoder(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, use_cache=False)
+            want = lm_head(whole.last_hidden_state[packed.row_n, packed.pos_n]).float()
+            shared = _share(rows, torch.tensor([len(r.prompt_ids) for r in rows]), 4, 0, device, always=True)
+            got = lm_head(shared_prompt_hidden(decoder, shared, packed.row_n, packed.col_n)).float()
+    except Exception:  # a decoder that takes no cache this way: every row forwards its whole sequence
+        return False
+    finally:
+        model.train(was_training)
+    return torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+
+
+def cost_slices(
+    lengths: Sequence[int], max_tokens: int | None, prompts: Sequence[tuple[int, ...]] | None = None
+) -> list[tuple[int, int]]:
     """Consecutive [start, end) slices of rows sorted by length (ascending) that minimise
     the modelled cost of the step's forward/backward passes: each pass costs
     _PASS_COST_TOKENS plus rows x longest row (padding included), and none exceeds
-    `max_tokens` padded tokens (a longer row gets a pass of its own). Exact dynamic
-    programming over the distinct lengths (rows of equal length never need a cut)."""
+    `max_tokens` padded tokens (a longer row gets a pass of its own). With the rows'
+    `prompts` (the step forwards each distinct prompt of a micro-batch once, `_share`), a
+    slice costs the cheaper of that and two passes over its distinct prompts x longest
+    prompt plus rows x longest completion. Exact dynamic programming over the distinct
+    lengths (rows of equal length never need a cut)."""
     if not lengths:
         return []
     bounds = [i for i in range(1, len(lengths)) if lengths[i] != lengths[i - 1]] + [len(lengths)]
+    segments = _prompt_segments(lengths, bounds, prompts) if prompts is not None else None
     best = [0.0] + [math.inf] * len(bounds)  # best[k]: cost of the rows before bounds[k - 1]
     cut_at = [0] * (len(bounds) + 1)
     for k, end in enumerate(bounds, 1):
-        for j in range(k):
+        distinct: set[int] = set()
+        widest = longest_completion = 0
+        for j in reversed(range(k)):  # the slice [start, end), growing towards the first row
             start = bounds[j - 1] if j else 0
-            cost = best[j] + _PASS_COST_TOKENS + (end - start) * lengths[end - 1]
+            cost = _PASS_COST_TOKENS + (end - start) * lengths[end - 1]
+            if segments is not None:
+                ids, wide, completion = segments[j]
+                distinct |= ids
+                widest, longest_completion = max(widest, wide), max(longest_completion, completion)
+                shared = 2 * _PASS_COST_TOKENS + len(distinct) * widest + (end - start) * (longest_completion - 1)
+                cost = min(cost, shared)
+            cost += best[j]
             if cost < best[k]:
                 best[k], cut_at[k] = cost, j
     ends, k = [], len(bounds)
@@ -625,6 +787,22 @@ def cost_slices(lengths: Sequence[int], max_tokens: int | None) -> list[tuple[in
         slices += [(start + a, start + b) for a, b in micro_slices(lengths[start:end], end - start, max_tokens)]
         start = end
     return slices
+
+
+def _prompt_segments(
+    lengths: Sequence[int], bounds: Sequence[int], prompts: Sequence[tuple[int, ...]]
+) -> list[tuple[set[int], int, int]]:
+    """For each run of equal lengths (ending at `bounds`): its distinct prompts (as small ints, so
+    each prompt is hashed once), its longest prompt and its longest completion."""
+    index: dict[tuple[int, ...], int] = {}
+    ids = [index.setdefault(p, len(index)) for p in prompts]
+    out, start = [], 0
+    for end in bounds:
+        rows = range(start, end)
+        widest = max(len(prompts[i]) for i in rows)
+        out.append(({ids[i] for i in rows}, widest, max(lengths[i] - len(prompts[i]) for i in rows)))
+        start = end
+    return out
 
 
 def _order_key(row: TrainRow) -> tuple[Any, ...]:
@@ -656,4 +834,6 @@ def available_memory_bytes() -> int:
 
 def _to_device(packed: _Packed, device: torch.device) -> _Packed:
     fields = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(packed).items()}
+    if packed.shared is not None:
+        fields["shared"] = _SharedPrompts(**{k: v.to(device) for k, v in vars(packed.shared).items()})
     return _Packed(**fields)
