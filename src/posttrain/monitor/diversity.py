@@ -10,8 +10,6 @@ Levenshtein (vectorised over all pairs, one numpy pass per character row).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import combinations
-
 import numpy as np
 
 from posttrain.domains.base import extract_answer
@@ -70,26 +68,49 @@ def levenshtein(a: Sequence[str], b: Sequence[str]) -> np.ndarray:
     return _distances(codes, np.array([len(t) for t in texts]), np.arange(n), np.arange(n, 2 * n))
 
 
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair (i < j) of n items, in `itertools.combinations` order."""
+    got = _PAIRS.get(n)
+    if got is None:
+        got = _PAIRS[n] = np.triu_indices(n, 1)
+    return got
+
+
+_PAIRS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
 def mean_pairwise_edit(groups: Sequence[Sequence[str]], max_chars: int = 64) -> list[float]:
     """Per group: mean over pairs of edit distance / longer length (0 for identical texts).
-    One vectorised pass covers every pair of every group; each text is encoded once."""
-    texts, left, right, owner = [], [], [], []
+    One vectorised pass covers every pair of every group; each distinct text is encoded once and
+    each distinct pair of distinct texts measured once (a group's repeated answers cost nothing;
+    the distance is symmetric). The per-pair values and their summing order are those of a plain
+    loop over `itertools.combinations` of each group."""
+    index: dict[str, int] = {}  # distinct (truncated) text -> its number
+    left, right, owner = [], [], []
     for g, group in enumerate(groups):
-        first = len(texts)
-        texts += [t[:max_chars] for t in group]
-        for x, y in combinations(range(first, len(texts)), 2):
-            left.append(x)
-            right.append(y)
-            owner.append(g)
+        if len(group) < 2:
+            continue
+        ids = np.array([index.setdefault(t[:max_chars], len(index)) for t in group])
+        i, j = _pairs(len(group))
+        left.append(ids[i])
+        right.append(ids[j])
+        owner.append(np.full(len(i), g))
     out = [0.0] * len(groups)
     if not left:
         return out
+    texts = list(index)
     lengths = np.array([len(t) for t in texts])
-    codes = _encode(texts, max(1, int(lengths.max())))
-    li, ri = np.array(left), np.array(right)
-    dist = _distances(codes, lengths, li, ri)
+    li, ri, own = np.concatenate(left), np.concatenate(right), np.concatenate(owner)
+    dist = np.zeros(len(li), dtype=np.int64)
+    differ = li != ri  # the same text twice: distance 0
+    if differ.any():
+        lo, hi = np.minimum(li[differ], ri[differ]), np.maximum(li[differ], ri[differ])
+        keys, inverse = np.unique(lo * len(texts) + hi, return_inverse=True)
+        ua, ub = keys // len(texts), keys % len(texts)
+        codes = _encode(texts, max(1, int(lengths.max())))
+        dist[differ] = _distances(codes, lengths, ua, ub)[inverse.reshape(-1)]
     longest = np.maximum(lengths[li], lengths[ri])
     norm = np.where(longest > 0, dist / np.maximum(longest, 1), 0.0)
-    sums = np.bincount(owner, weights=norm, minlength=len(groups))
-    counts = np.bincount(owner, minlength=len(groups))
+    sums = np.bincount(own, weights=norm, minlength=len(groups))
+    counts = np.bincount(own, minlength=len(groups))
     return [float(s / c) if c else 0.0 for s, c in zip(sums, counts)]
