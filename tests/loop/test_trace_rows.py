@@ -25,7 +25,7 @@ def _record(**kw) -> RolloutRecord:
 def test_the_encoder_writes_what_json_dumps_writes():
     encode = _encoder()
     values = [
-        {"a": 1, "b": [1.5, None, True], "c": {"d": "é\n\"q\""}},
+        {"a": 1, "b": [1.5, None, True], "c": {"d": 'é\n"q"'}},
         {"nan": math.nan, "inf": -math.inf, 3: "int key"},
         [1, 2, {"x": ()}],
         {"obj": RuntimeError("boom"), "set": {1}},  # default=str

@@ -43,7 +43,10 @@ def test_cached_shares_draw_what_fresh_shares_draw_through_every_change():
     for pool in (fast, fresh):
         pool.set_weight("sort", 3.0)
     _same_draws(fast, fresh, 40)
-    rates = [{"add": 0.9, "sub": 0.5, "reverse": 0.5, "sort": 0.5}, {"add": 0.2, "sub": 0.7, "reverse": 0.7, "sort": 0.6}]
+    rates = [
+        {"add": 0.9, "sub": 0.5, "reverse": 0.5, "sort": 0.5},
+        {"add": 0.2, "sub": 0.7, "reverse": 0.7, "sort": 0.6},
+    ]
     for r in rates:  # the drift guard boosts add: the shares move
         assert fast.observe_eval(r, dict.fromkeys(r, 10_000)) == fresh.observe_eval(r, dict.fromkeys(r, 10_000))
     assert fast.drift.boost("add") > 1.0

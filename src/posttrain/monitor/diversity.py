@@ -10,6 +10,7 @@ Levenshtein (vectorised over all pairs, one numpy pass per character row).
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 from posttrain.domains.base import extract_answer
