@@ -394,23 +394,26 @@ PARTS = (
     ("loop (rest)", "posttrain.loop:_step"),
 )
 """(part, where): each wrapped callable's CPU is counted in its part less what the wrapped
-callables it calls spend (exclusive time). A callable missing from a tree is skipped there."""
+callables it calls spend (exclusive time). A callable missing from a tree is skipped there;
+the first entry of a part that a tree has is its wrapper (EmbeddedWorkers.encode_many calls
+encode_now only as a fallback)."""
 
 
 def _wrap_parts(acc: dict[str, float], live: list[bool]) -> None:
-    """Wrap every callable of PARTS that this tree has: exclusive thread CPU per part."""
+    """Wrap every callable of PARTS that this tree has: exclusive CPU per part (the process's: a
+    library's helper threads, such as the Rust tokenizer's, count in the part that ran them)."""
     import importlib
 
     stack: list[float] = []  # per open call: CPU its wrapped callees spent
 
     def wrap(part: str, inner: Any) -> Any:
         def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.thread_time()
+            t0 = time.process_time()
             stack.append(0.0)
             try:
                 return inner(*a, **k)
             finally:
-                spent = time.thread_time() - t0
+                spent = time.process_time() - t0
                 children = stack.pop()
                 if stack:
                     stack[-1] += spent

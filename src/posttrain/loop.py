@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
+# a step's prompts are encoded in one batched tokenizer call (pipeline/workers.py encode_many): without this the
+# Rust tokenizer spreads it over a thread per core (more CPU than one thread for a few dozen short prompts, and the
+# "process just got forked after parallelism" warning in every later subprocess)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from posttrain.configs import Config
 from posttrain.evaluate import EvalTable

@@ -241,11 +241,12 @@ class TraceStore:
 
     def mark_consumed(self, step: int, links: Mapping[str, Any]) -> None:
         """Link rollouts to `step`: rollout id -> what the step did with it (anything with
-        `advantage`, `ratio` and `clipped`, such as the trainer's StepStats.rollouts)."""
+        `advantage`, `ratio` and `clipped`, such as the trainer's StepStats.rollouts). Updated in id
+        order: the id index is walked once, left to right."""
         with self._db:
             self._db.executemany(
                 "UPDATE rollouts SET train_step=?, advantage=?, ratio=?, clipped=? WHERE id=?",
-                [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in links.items()],
+                [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in sorted(links.items())],
             )
 
     def add_event(
