@@ -28,7 +28,18 @@ loop's own training CPU count (`train_cpu_s`, every thread), the engine's and th
 step's CPU, and the rest (the rollout step around the engine, trace, monitor, metrics);
 the three runs' trace rows and final weights are checked identical.
 
+With `--phases N` (alone), the demo's training loop part by part against a git revision
+(`--rev`, default main): that revision's src/ and configs/ (`git archive`) and this tree's each
+run N steps in their own process, `--rounds` times, alternately; every part's CPU per step is
+counted exclusively (the process's CPU inside the wrapped call less the wrapped calls it makes:
+task pool draw and observe, prompt encoding, the engine, the rest of the pipeline, trace
+records, trace write, consumed marks, the train step, the monitor's signals, its KL forward
+and the rest of it, the metrics log, the rest of the loop step); the two trees' trace rows
+(group, task, prompt, completion, reward, passed, train step, advantage, ratio, clip share,
+sampling, parts) and final weights are checked identical.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py [--steps 10] [--model DIR] [--loop 80]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py --phases 40 --rounds 3 [--rev main] [--model DIR]
 """
 
 from __future__ import annotations
