@@ -3,20 +3,34 @@ at every draw (the pool's behaviour before the cache), and a cache that follows 
 
 from __future__ import annotations
 
+import dataclasses
+
 from posttrain.configs.tasks import TasksConfig
 from posttrain.domains.base import stable_hash
 from posttrain.tasks.pool import TaskPool
 
-DOMAINS = {"add": {"weight": 1.0}, "sub": {"weight": 1.0}, "reverse": {"weight": 2.0}, "sort": {"weight": 1.0}}
+DOMAINS = {
+    "add": {"weight": 1.0},
+    "sub": {"weight": 1.0},
+    "reverse": {"weight": 2.0},
+    "sort": {"weight": 1.0, "reward_weights": {"outcome": 1.0}},
+}
 
 
 class Afresh(TaskPool):
-    """The shares computed at every call and every name's tie hash taken at every pick."""
+    """The shares computed at every call, every name's tie hash taken at every pick, every task's
+    meta stamped anew."""
 
     def target_shares(self) -> dict[str, float]:
         raw = {n: (self.specs[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature) for n in self.names}
         total = sum(raw.values())
         return {n: v / total for n, v in raw.items()}
+
+    def _stamp(self, task):
+        meta = dataclasses.replace(
+            task.meta, taskset_version=self._versions[task.domain], reward_weights=self._weights[task.domain]
+        )
+        return dataclasses.replace(task, meta=meta)
 
     def _pick_domain(self, shares):
         shares = self.target_shares()
@@ -33,7 +47,7 @@ def _pools(**config):
 
 
 def _same_draws(a: TaskPool, b: TaskPool, n: int) -> None:
-    assert [t.id for t in a.draw(n)] == [t.id for t in b.draw(n)]
+    assert a.draw(n) == b.draw(n)  # the same tasks, meta (task-set version, reward weights) included
     assert a.target_shares() == b.target_shares()
 
 

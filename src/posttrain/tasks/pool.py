@@ -99,6 +99,7 @@ class TaskPool:
         self._seen: dict[str, int] = {}
         self._shares: dict[str, float] | None = None  # target_shares, until a weight, boost or domain changes
         self._bases: dict[tuple[str, int], int] = {}  # (domain, level) -> its first task index
+        self._stamped: dict[tuple[str, Any], Any] = {}  # (domain, a sampled task's meta) -> the stamped meta
 
     # ---- the mix -------------------------------------------------------
     def target_shares(self) -> dict[str, float]:
@@ -194,10 +195,19 @@ class TaskPool:
                 del self._seen[old]
 
     def _stamp(self, task: Task) -> Task:
-        """The pool's task-set version and the domain's reward weights (which `Domain.score` applies)."""
-        meta = dataclasses.replace(
-            task.meta, taskset_version=self._versions[task.domain], reward_weights=self._weights[task.domain]
-        )
+        """The pool's task-set version and the domain's reward weights (which `Domain.score` applies).
+        A domain's tasks share a few distinct metas: each stamped once, then shared (they are frozen)."""
+        key = (task.domain, task.meta)
+        try:
+            meta = self._stamped.get(key)
+        except TypeError:  # a meta with an unhashable value: stamped every time
+            key, meta = None, None
+        if meta is None:
+            meta = dataclasses.replace(
+                task.meta, taskset_version=self._versions[task.domain], reward_weights=self._weights[task.domain]
+            )
+            if key is not None:
+                self._stamped[key] = meta
         return dataclasses.replace(task, meta=meta)
 
     def draw(self, n: int) -> list[Task]:
