@@ -43,3 +43,14 @@ def test_repeated_texts_and_pairs_measure_as_a_plain_loop_does():
 
 def test_a_collapsed_group_is_zero_and_a_group_of_one_has_no_pairs():
     assert mean_pairwise_edit([["same"] * 8, ["one"], [], ["ab", "ab", "cd"]]) == [0.0, 0.0, 0.0, 2 / 3]
+
+
+def test_both_forms_of_the_distance_agree_with_the_dp_on_short_and_long_texts():
+    from posttrain.monitor.diversity import levenshtein
+
+    rng = random.Random(2)
+    for top in (8, 64, 65, 90):  # the bit-vector form up to 64 characters on the shorter side, rows beyond
+        a = ["".join(rng.choices("ab\0é\n", k=rng.randint(0, top))) for _ in range(40)]
+        b = ["".join(rng.choices("ab\0é\n", k=rng.randint(0, top))) for _ in range(40)]
+        a[0], b[1] = "x" * top, ""  # the longest text, and an empty one
+        assert levenshtein(a, b).tolist() == [_dp(x, y) for x, y in zip(a, b)]
