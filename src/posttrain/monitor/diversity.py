@@ -149,15 +149,18 @@ def mean_pairwise_edit(groups: Sequence[Sequence[str]], max_chars: int = 64) -> 
     the distance is symmetric). The per-pair values and their summing order are those of a plain
     loop over `itertools.combinations` of each group."""
     index: dict[str, int] = {}  # distinct (truncated) text -> its number
+    numbers = [index.setdefault(t[:max_chars], len(index)) for group in groups for t in group]
+    sizes = np.array([len(g) for g in groups], dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    flat = np.array(numbers, dtype=np.int64)
     left, right, owner = [], [], []
-    for g, group in enumerate(groups):
-        if len(group) < 2:
-            continue
-        ids = np.array([index.setdefault(t[:max_chars], len(index)) for t in group])
-        i, j = _pairs(len(group))
-        left.append(ids[i])
-        right.append(ids[j])
-        owner.append(np.full(len(i), g))
+    for size in sorted({int(n) for n in sizes if n >= 2}):  # the groups of one size at once
+        of_size = np.flatnonzero(sizes == size)
+        i, j = _pairs(size)
+        base = starts[of_size][:, None]
+        left.append(flat[(base + i).ravel()])
+        right.append(flat[(base + j).ravel()])
+        owner.append(np.repeat(of_size, len(i)))
     out = [0.0] * len(groups)
     if not left:
         return out
