@@ -105,12 +105,13 @@ class RolloutRecord:
 
 
 def new_id() -> str:
-    """A rollout id: 16 hex digits, the write time's seconds (6 digits, modulo 2**24) then 40 random
-    bits. Ids written together share their first digits, so a step's rows go into a few neighbouring
-    pages of the id index instead of one random page each (the insert and its commit cost about a
-    third as much); 40 random bits keep a clash within one second negligible. A unique prefix of
-    an id is usually 8-9 digits long."""
-    return f"{int(time.time()) & 0xFFFFFF:06x}{os.urandom(5).hex()}"
+    """A rollout id: 16 hex digits, the write time's seconds (4 digits, modulo 2**16: about 18 hours)
+    then 48 random bits. Ids written in the same second share their first digits, so a step's rows
+    go into a few neighbouring pages of the id index instead of one random page each (the insert
+    and its commit cost about a third less). Only ids of the same second (of the same 18-hour
+    cycle) can clash: at 2,000 rows a second for ten hours, a chance of about 3 in 10,000 (64
+    random bits over the same run: about 1 in 10,000). A unique prefix is usually 7-8 digits."""
+    return f"{int(time.time()) & 0xFFFF:04x}{os.urandom(6).hex()}"
 
 
 _COLUMNS = (
