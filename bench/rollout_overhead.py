@@ -28,7 +28,18 @@ loop's own training CPU count (`train_cpu_s`, every thread), the engine's and th
 step's CPU, and the rest (the rollout step around the engine, trace, monitor, metrics);
 the three runs' trace rows and final weights are checked identical.
 
+With `--phases N` (alone), the demo's training loop part by part against a git revision
+(`--rev`, default main): that revision's src/ and configs/ (`git archive`) and this tree's each
+run N steps in their own process, `--rounds` times, alternately; every part's CPU per step is
+counted exclusively (the process's CPU inside the wrapped call less the wrapped calls it makes:
+task pool draw and observe, prompt encoding, the engine, the rest of the pipeline, trace
+records, trace write, consumed marks, the train step, the monitor's signals, its KL forward
+and the rest of it, the metrics log, the rest of the loop step); the two trees' trace rows
+(group, task, prompt, completion, reward, passed, train step, advantage, ratio, clip share,
+sampling, parts) and final weights are checked identical.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py [--steps 10] [--model DIR] [--loop 80]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/rollout_overhead.py --phases 40 --rounds 3 [--rev main] [--model DIR]
 """
 
 from __future__ import annotations
@@ -374,12 +385,197 @@ def loop_main(steps: int) -> None:
         raise SystemExit("the variants' runs differ")
 
 
+# ---- --phases: the demo loop's parts outside the engine, this tree against a git revision ----
+
+PARTS = (
+    ("task pool draw", "posttrain.tasks.pool:TaskPool.draw"),
+    ("task pool observe", "posttrain.tasks.pool:TaskPool.observe"),
+    ("prompt encoding", "posttrain.pipeline.workers:EmbeddedWorkers.encode_now"),
+    ("prompt encoding", "posttrain.pipeline.workers:EmbeddedWorkers.encode_many"),
+    ("engine", "posttrain.engine.hf:HFEngine.generate"),
+    ("pipeline (rest)", "posttrain.pipeline.step:StepRollouts.sample"),
+    ("records", "posttrain.loop:_write_trace"),
+    ("trace write", "posttrain.trace:TraceStore.write_rollouts"),
+    ("mark consumed", "posttrain.trace:TraceStore.mark_consumed"),
+    ("train step", "posttrain.trainer.trainer:Trainer.step"),
+    ("monitor signals", "posttrain.monitor.monitor:step_signals"),
+    ("monitor KL", "posttrain.monitor.kl:kl_to_reference"),
+    ("monitor (rest)", "posttrain.monitor.monitor:Monitor.after_step"),
+    ("metrics log", "posttrain.metrics_log:MetricsLog.write"),
+    ("loop (rest)", "posttrain.loop:_step"),
+)
+"""(part, where): each wrapped callable's CPU is counted in its part less what the wrapped
+callables it calls spend (exclusive time). A callable missing from a tree is skipped there;
+the first entry of a part that a tree has is its wrapper (EmbeddedWorkers.encode_many calls
+encode_now only as a fallback)."""
+
+
+def _wrap_parts(acc: dict[str, float], live: list[bool]) -> None:
+    """Wrap every callable of PARTS that this tree has: exclusive CPU per part (the process's: a
+    library's helper threads, such as the Rust tokenizer's, count in the part that ran them)."""
+    import importlib
+
+    stack: list[float] = []  # per open call: CPU its wrapped callees spent
+
+    def wrap(part: str, inner: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.process_time()
+            stack.append(0.0)
+            try:
+                return inner(*a, **k)
+            finally:
+                spent = time.process_time() - t0
+                children = stack.pop()
+                if stack:
+                    stack[-1] += spent
+                if live[0]:
+                    acc[part] = acc.get(part, 0.0) + spent - children
+
+        return wrapper
+
+    for part, where in PARTS:
+        module_name, _, attr = where.partition(":")
+        module = importlib.import_module(module_name)
+        owner_name, _, method = attr.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        name = method or attr
+        if not hasattr(owner, name):
+            continue
+        setattr(owner, name, wrap(part, getattr(owner, name)))
+
+
+def phases_child(src: str, steps: int, model: str | None, out: str) -> None:
+    """One demo training run of the tree at `src` (its posttrain first on sys.path): CPU per part
+    per step, written as JSON to `out`/result.json; the run dir stays under `out`."""
+    import sys
+
+    sys.path.insert(0, src)
+    import posttrain
+
+    assert os.path.realpath(posttrain.__file__).startswith(os.path.realpath(src)), posttrain.__file__
+    from posttrain.configs import load_config
+    from posttrain.loop import train
+    from posttrain.monitor.budget import CpuBudget
+
+    acc: dict[str, float] = {}
+    live = [False]
+    start, after_step = CpuBudget.start, CpuBudget.after_step
+
+    def started(self: Any) -> Any:
+        live[0] = True
+        return start(self)
+
+    def checked(self: Any, step: int) -> Any:
+        live[0] = step < steps  # the final evaluation is not a step's
+        return after_step(self, step)
+
+    CpuBudget.start, CpuBudget.after_step = started, checked  # type: ignore[method-assign]
+    _wrap_parts(acc, live)
+    overrides = [
+        f"run.steps={steps}",
+        "eval.tasks_per_domain=10",
+        "eval.every_steps=0",
+        "eval.samples=0",
+        "eval.above_tasks=0",
+        "run.checkpoint_every=0",
+        "monitor.report=false",
+        "run.progress=false",
+        f"run.out_dir={out}",
+        "run.name=run",
+    ] + ([f"model.path={model}"] if model else [])
+    result = train(load_config(os.path.join(src, "..", "configs", "default.yaml"), overrides), log=lambda *_: None)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    cpu = [r["train_cpu_s"] for r in rows if r.get("kind") == "train"]
+    per = {part: 1e3 * s / steps for part, s in acc.items()}
+    per["training CPU"] = 1e3 * cpu[-1] / steps
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump({"per_step": per, "run": str(result.run_dir), "rss_mib": rss}, f)
+
+
+def phases_main(steps: int, model: str | None, rev: str, rounds: int) -> None:
+    """`rounds` demo runs of `rev`'s tree and of this tree, alternately, each in its own process:
+    CPU ms per step of each part (median over rounds), trace rows and final weights checked identical."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from posttrain.trainer.checkpoint import latest_checkpoint
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "base")
+        os.makedirs(base)
+        archive = subprocess.run(["git", "-C", root, "archive", rev, "src", "configs"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", base], input=archive.stdout, check=True)
+        trees = {rev: os.path.join(base, "src"), "this": os.path.join(root, "src")}
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for k in range(rounds):
+            for name, src in trees.items():
+                out = os.path.join(tmp, f"{name.replace('/', '_')}-{k}")
+                os.makedirs(out)
+                cmd = [sys.executable, __file__, "--phases-child", src, "--phases", str(steps), "--out", out]
+                subprocess.run(cmd + (["--model", model] if model else []), check=True)
+                with open(os.path.join(out, "result.json")) as f:
+                    results[name].append(json.load(f))
+        traces, weights = [], []
+        for name in trees:
+            run = results[name][0]["run"]
+            with sqlite3.connect(os.path.join(run, "trace.db")) as db:
+                traces.append(
+                    sorted(
+                        db.execute(
+                            "SELECT group_id, task_id, prompt, completion, reward, passed, train_step, advantage, "
+                            "ratio, clipped, sampling, parts, timings IS NOT NULL FROM rollouts"
+                        )
+                    )
+                )
+            weights.append(load_file(str(latest_checkpoint(run) / "model.safetensors")))
+    same = traces[0] == traces[1] and all((weights[0][k] == weights[1][k]).all() for k in weights[0])
+    parts = list(dict.fromkeys(p for p, _ in PARTS))
+    med = {
+        name: {p: statistics.median(r["per_step"].get(p, 0.0) for r in runs) for p in [*parts, "training CPU"]}
+        for name, runs in results.items()
+    }
+    outside = [p for p in parts if p not in ("engine", "train step")]
+    print(
+        f"the demo's training loop, {steps} steps, {rounds} run(s) each, alternately; CPU ms per step (median of "
+        f"runs, exclusive of the parts it calls); identical trace rows ({len(traces[0])}) and final weights: {same}"
+    )
+    print(f"| part | {rev} | this | this/{rev} |")
+    print("|---|---:|---:|---:|")
+
+    def line(label: str, b: float, a: float) -> None:
+        print(f"| {label} | {b:.2f} | {a:.2f} | {a / b if b else float('nan'):.2f} |")
+
+    for p in parts:
+        line(p, med[rev][p], med["this"][p])
+    line("**outside engine and train step**", *(sum(med[n][p] for p in outside) for n in trees))
+    line("training CPU (the loop's count)", med[rev]["training CPU"], med["this"]["training CPU"])
+    rss = {name: max(r["rss_mib"] for r in runs) for name, runs in results.items()}
+    print(f"peak RSS (MiB, the largest run): {rev} {rss[rev]:.0f}, this {rss['this']:.0f}")
+    if not same:
+        raise SystemExit("the two trees' runs differ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--model", default=None, help="a model directory (default: the tiny preset, random weights)")
     ap.add_argument("--loop", type=int, default=0, metavar="N", help="also compare N-step training runs")
+    ap.add_argument("--phases", type=int, default=0, metavar="N", help="only: N-step demo runs, part by part, vs --rev")
+    ap.add_argument("--rev", default="main", help="the git revision --phases compares this tree with")
+    ap.add_argument("--rounds", type=int, default=2, help="--phases: runs of each tree, alternately")
+    ap.add_argument("--phases-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.phases_child:
+        return phases_child(args.phases_child, args.phases, args.model, args.out)
+    if args.phases:
+        return phases_main(args.phases, args.model, args.rev, args.rounds)
     import torch
 
     from posttrain.configs import load_config

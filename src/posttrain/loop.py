@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
+# a step's prompts are encoded in one batched tokenizer call (pipeline/workers.py encode_many): without this the
+# Rust tokenizer spreads it over a thread per core (more CPU than one thread for a few dozen short prompts, and the
+# "process just got forked after parallelism" warning in every later subprocess)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from posttrain.configs import Config
 from posttrain.evaluate import EvalTable
@@ -216,7 +220,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     stats = _train_step(run, step, groups, kept, ids, sampling.params.temperature)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     summary = _summary(groups, kept, sampling.budgets)
-    trained = {} if stats is None else {k: v for k, v in to_dict(stats).items() if k not in ("step", "rollouts")}
+    trained = {} if stats is None else _stats_row(stats)
     run.metrics.write(
         "train",
         step,
@@ -239,10 +243,19 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     return summary, stop
 
 
+def _stats_row(stats: Any) -> dict[str, Any]:
+    """The metrics row's view of the trainer's stats: `to_dict` of every field but the step and the
+    per-rollout links (those go to the trace; converting them first cost ~2 ms a step)."""
+    return {
+        f.name: to_dict(getattr(stats, f.name)) for f in dataclasses.fields(stats) if f.name not in ("step", "rollouts")
+    }
+
+
 def _write_trace(run: _Run, sampling: _Sampling, groups: Sequence[Sequence[Rollout]]) -> dict[int, str]:
     """Write every rollout of the step to the trace (before any train step consumes it) and let the
     pool see the scored ones. Returns id(rollout) -> its trace id, the id it keeps."""
-    records = {id(r): _record(r, sampling.params, sampling.budgets) for g in groups for r in g}
+    shared: dict[str, tuple[dict[str, Any], str]] = {}  # per domain, for this step's records
+    records = {id(r): _record(r, sampling.params, sampling.budgets, shared) for g in groups for r in g}
     run.trace.write_rollouts(list(records.values()))
     for r in (r for g in groups for r in g if r.reward is not None):
         run.pool.observe(r.task, r.reward)
@@ -376,9 +389,23 @@ def _sampling(params: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
     return to_dict(params if max_tokens is None else dataclasses.replace(params, max_tokens=max_tokens))
 
 
-def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | None = None) -> RolloutRecord:
+def _record(
+    r: Rollout,
+    params: SamplingParams,
+    budgets: Mapping[str, Any] | None = None,
+    shared: dict[str, tuple[dict[str, Any], str]] | None = None,
+) -> RolloutRecord:
+    """The trace record of `r`. `shared`: per domain, the sampling dict and the verifier's name,
+    filled on first use and then shared by every record of the domain made with it (one write's
+    records: the trace encodes a shared value once)."""
     s = r.score
-    tokens = budgets[r.task.domain].tokens if budgets and r.task.domain in budgets else None
+    domain = r.task.domain
+    per = shared.get(domain) if shared is not None else None
+    if per is None:
+        tokens = budgets[domain].tokens if budgets and domain in budgets else None
+        per = (dict(_sampling(params, tokens)), _verifier_name(domain))
+        if shared is not None:
+            shared[domain] = per
     return RolloutRecord(
         task_id=r.task.id,
         domain=r.task.domain,
@@ -387,7 +414,7 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         taskset_version=r.task.meta.taskset_version,
         group_id=r.group_id,
         model_version=r.completion.model_version,
-        sampling=dict(_sampling(params, tokens)),
+        sampling=per[0],
         prompt=r.prompt_text,
         completion=r.completion.text,
         completion_tokens=len(r.completion.token_ids),
@@ -396,7 +423,7 @@ def _record(r: Rollout, params: SamplingParams, budgets: Mapping[str, Any] | Non
         passed=None if s is None else s.passed,
         parts={} if s is None else dict(s.parts),
         reason=r.error or ("" if s is None else s.reason),
-        verifier=_verifier_name(r.task.domain),
+        verifier=per[1],
         timings=dict(r.timings),
         error_kind=r.error_kind,
         error=r.error,

@@ -149,7 +149,7 @@ class Monitor:
         if self.cfg.probes.enabled and self.cfg.probes.every_steps and step % self.cfg.probes.every_steps == 0:
             self.probe(step)
         row = {
-            "domains": {d: asdict(s) for d, s in signals.items()},
+            "domains": {d: s.as_dict() for d, s in signals.items()},
             "kl": kl,
             "audit": audits,
             "weights": shares,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from posttrain.monitor.diversity import distinct_answers, distinct_n, mean_pairwise_edit
@@ -45,6 +45,13 @@ class DomainSignals:
     groups: int
     filtered_share: float
     infra_error_rate: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """`dataclasses.asdict` of these flat numbers, without its deep copy."""
+        return {name: getattr(self, name) for name in _SIGNAL_FIELDS}
+
+
+_SIGNAL_FIELDS = tuple(f.name for f in fields(DomainSignals))
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -70,11 +70,12 @@ class Direct:
         order = sorted(range(len(tasks)), key=lambda i: (self.scheduler.tier(tasks[i].domain) != "long", i))
         done: dict[int, GroupResult] = {}
         live: list[_Item] = []
+        encoded = self._encode([t.prompt for t in tasks])  # encoding is pure: done up front, in one call
         for i in order:
             if self.scheduler.is_paused(tasks[i].domain):
                 self.counters["paused_skipped"] += 1
                 continue
-            item, error = self._admit(first + i, tasks[i])
+            item, error = self._admit(first + i, tasks[i], encoded[i])
             if error is not None:  # a task that cannot start is masked and counted, as in the pipeline
                 done[item.seq] = self._mask(item, capture(error, "infra"))
             else:
@@ -90,7 +91,22 @@ class Direct:
         )
 
     # ---- the steps of a group ------------------------------------------------
-    def _admit(self, seq: int, task: Task) -> tuple[_Item, BaseException | None]:
+    def _encode(self, prompts: list[Any]) -> list[Any]:
+        """Each prompt's ids or the error encoding it raised: one batched call when the workers
+        have one (`EmbeddedWorkers.encode_many`), else prompt by prompt."""
+        many = getattr(self.workers, "encode_many", None)
+        if many is not None:
+            return list(many(prompts))
+        out: list[Any] = []
+        for p in prompts:
+            try:
+                out.append(self.workers.encode_now(p))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _admit(self, seq: int, task: Task, ids: Any) -> tuple[_Item, BaseException | None]:
+        """Admit one task whose prompt encoded to `ids` (or raised the exception `ids`)."""
         tier = self.scheduler.admit(task.domain)
         self.counters["admitted"] += 1
         self.counters["long_sampled"] += tier == "long"
@@ -103,10 +119,9 @@ class Direct:
             time.perf_counter(),
             max_tokens=budget.tokens if budget else self.params.max_tokens,
         )  # single-turn: one turn
-        try:
-            item.prompt_ids = self.workers.encode_now(task.prompt)
-        except Exception as exc:
-            return item, exc
+        if isinstance(ids, BaseException):
+            return item, ids
+        item.prompt_ids = ids
         return item, None
 
     def _generate(self, batch: list[_Item]) -> list[tuple[_Item, ErrorRecord | None]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor as _PoolExecutor
@@ -142,6 +143,17 @@ class Workers(Protocol):
     def close(self) -> None: ...
 
 
+def _batchable_tokenizer(engine: Any) -> Any:
+    """The tokenizer of an in-process HF engine whose `encode_chat` is HFEngine's own (a chat
+    template rendered with add_generation_prompt, then tokenized without special tokens): the
+    one case where a batched `apply_chat_template` gives the same ids. None otherwise."""
+    hf = sys.modules.get("posttrain.engine.hf")  # not loaded: the engine is no HFEngine (and no torch import here)
+    if hf is None or getattr(type(engine), "encode_chat", None) is not hf.HFEngine.encode_chat:
+        return None
+    tokenizer = getattr(engine, "tokenizer", None)
+    return tokenizer if getattr(tokenizer, "chat_template", None) else None
+
+
 class EmbeddedWorkers:
     """In-process workers: the engine in its own thread (one call at a time), the
     executor and the verifiers in thread pools sized for their stages (asyncio's
@@ -207,6 +219,29 @@ class EmbeddedWorkers:
 
     def encode_now(self, messages: Sequence[Message]) -> tuple[int, ...]:
         return self.engine.encode_chat(messages)
+
+    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
+        """Each prompt's ids as `encode_now` gives them, or the error that encoding it raised. For
+        the in-process HF engine, one batched chat-template call (one render pass, one batched
+        tokenizer call: the ids `encode_chat` gives, at about a third of the CPU); otherwise, or
+        when the batched call fails, prompt by prompt."""
+        tokenizer = _batchable_tokenizer(self.engine)
+        if tokenizer is not None and prompts and all(prompts):
+            chats = [[{"role": m.role, "content": m.content} for m in p] for p in prompts]
+            try:
+                out = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
+                rows = out["input_ids"] if hasattr(out, "keys") else out
+                if len(rows) == len(prompts):
+                    return [tuple(int(i) for i in row) for row in rows]
+            except Exception:  # noqa: S110 - every prompt is encoded alone below, raising its own error
+                pass
+        out_ids: list[tuple[int, ...] | Exception] = []
+        for p in prompts:
+            try:
+                out_ids.append(self.encode_now(p))
+            except Exception as exc:
+                out_ids.append(exc)
+        return out_ids
 
     def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """The engine's call in the caller's thread (the direct path)."""

@@ -97,13 +97,21 @@ class TaskPool:
         self._duplicates = 0
         self._seen_order: deque[str] = deque()
         self._seen: dict[str, int] = {}
+        self._shares: dict[str, float] | None = None  # target_shares, until a weight, boost or domain changes
+        self._bases: dict[tuple[str, int], int] = {}  # (domain, level) -> its first task index
+        self._stamped: dict[tuple[str, Any], Any] = {}  # (domain, a sampled task's meta) -> the stamped meta
 
     # ---- the mix -------------------------------------------------------
     def target_shares(self) -> dict[str, float]:
-        """Share of draws each domain should get now: (weight x drift boost) ** (1/temperature), normalised."""
-        raw = {n: (self.specs[n].weight * self.drift.boost(n)) ** (1.0 / self.config.temperature) for n in self.names}
-        total = sum(raw.values())
-        return {n: v / total for n, v in raw.items()}
+        """Share of draws each domain should get now: (weight x drift boost) ** (1/temperature), normalised.
+        Computed again only after what it depends on changed (`set_weight`, `exclude`, `observe_eval`,
+        `load_state_dict`: the pool's only ways to change a weight, a boost or the drawable domains)."""
+        if self._shares is None:
+            temperature = self.config.temperature
+            raw = {n: (self.specs[n].weight * self.drift.boost(n)) ** (1.0 / temperature) for n in self.names}
+            total = sum(raw.values())
+            self._shares = {n: v / total for n, v in raw.items()}
+        return dict(self._shares)
 
     def _pick_domain(self, shares: Mapping[str, float]) -> str:
         # Smooth weighted round-robin: every domain earns its share in credit,
@@ -111,14 +119,14 @@ class TaskPool:
         # target within one round, and a changed share takes effect at once
         # (no back-pay of a cumulative deficit that would starve the others).
         # Ties go to the smaller seeded hash of (seed, draw), reproducibly.
+        credit = self._credit
         for n in self.names:
-            self._credit[n] += shares[n]
-
-        def key(n: str) -> tuple[float, int]:
-            return (self._credit[n], -stable_hash("tie", self.seed, self._draws, n))
-
-        name = max(self.names, key=key)
-        self._credit[name] -= 1.0
+            credit[n] += shares[n]
+        best = max(credit[n] for n in self.names)
+        tied = [n for n in self.names if credit[n] == best]
+        # the hash is needed only to break a tie (the same pick as max by (credit, -hash))
+        name = tied[0] if len(tied) == 1 else min(tied, key=lambda n: stable_hash("tie", self.seed, self._draws, n))
+        credit[name] -= 1.0
         return name
 
     def weight(self, name: str) -> float:
@@ -133,6 +141,7 @@ class TaskPool:
         if not math.isfinite(weight) or weight <= 0:
             raise TaskError(f"set_weight: weight must be a positive finite number, got {weight!r}")
         self.specs[name] = self.specs[name].model_copy(update={"weight": float(weight)})
+        self._shares = None
 
     def exclude(self, name: str) -> None:
         """Take a domain out of the drawable domains for good (the monitor's exclude action,
@@ -141,6 +150,7 @@ class TaskPool:
         if name not in self.domains:
             raise TaskError(f"exclude: domain {name!r} is not in this pool")
         self.names = tuple(n for n in self.names if n != name)
+        self._shares = None
 
     @property
     def excluded(self) -> tuple[str, ...]:
@@ -157,7 +167,9 @@ class TaskPool:
     # ---- drawing -------------------------------------------------------
     def _next_task(self, name: str, level: int) -> Task:
         key = f"{name}|{level}"
-        base = stable_hash("index", self.seed, name, level) % _INDEX_SPACE
+        base = self._bases.get((name, level))
+        if base is None:
+            base = self._bases[(name, level)] = stable_hash("index", self.seed, name, level) % _INDEX_SPACE
         task = None
         for _ in range(self.config.dedupe_attempts):
             count = self._counters.get(key, 0)
@@ -183,10 +195,19 @@ class TaskPool:
                 del self._seen[old]
 
     def _stamp(self, task: Task) -> Task:
-        """The pool's task-set version and the domain's reward weights (which `Domain.score` applies)."""
-        meta = dataclasses.replace(
-            task.meta, taskset_version=self._versions[task.domain], reward_weights=self._weights[task.domain]
-        )
+        """The pool's task-set version and the domain's reward weights (which `Domain.score` applies).
+        A domain's tasks share a few distinct metas: each stamped once, then shared (they are frozen)."""
+        key = (task.domain, task.meta)
+        try:
+            meta = self._stamped.get(key)
+        except TypeError:  # a meta with an unhashable value: stamped every time
+            key, meta = None, None
+        if meta is None:
+            meta = dataclasses.replace(
+                task.meta, taskset_version=self._versions[task.domain], reward_weights=self._weights[task.domain]
+            )
+            if key is not None:
+                self._stamped[key] = meta
         return dataclasses.replace(task, meta=meta)
 
     def draw(self, n: int) -> list[Task]:
@@ -195,7 +216,7 @@ class TaskPool:
             raise TaskError(f"draw: n must be a non-negative int, got {n!r}")
         tasks = []
         for _ in range(n):
-            shares = self.target_shares()
+            shares = self._shares if self._shares is not None else self.target_shares()
             name = self._pick_domain(shares)
             level = self._pick_level(name)
             tasks.append(self._next_task(name, level))
@@ -218,6 +239,7 @@ class TaskPool:
         unknown = sorted(set(pass_rates) - set(self.domains))
         if unknown:
             raise TaskError(f"observe_eval: domains not in this pool: {', '.join(unknown)}")
+        self._shares = None  # the drift guard's boosts may move
         return self.drift.observe(pass_rates, counts)
 
     def eval_difficulty(self, name: str) -> int:
@@ -275,6 +297,8 @@ class TaskPool:
             if isinstance(exc, TaskError):
                 raise
             raise TaskError(f"task pool state is malformed: {exc!r}") from exc
+        finally:
+            self._shares = None  # the drift guard's boosts come from the state
 
     # ---- reporting -----------------------------------------------------
     def stats(self) -> dict[str, Any]:

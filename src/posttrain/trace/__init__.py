@@ -99,9 +99,19 @@ class RolloutRecord:
     exec_result: Any = None
     turns: Any = None
     """Multi-turn episodes: `transcript(rollout.turns)` (None: a single-turn rollout)."""
-    id: str = field(default_factory=lambda: os.urandom(8).hex())
-    """16 random hex digits (as uuid4().hex[:16] gave, without building a UUID per row)."""
+    id: str = field(default_factory=lambda: new_id())
+    """16 hex digits, time-ordered (`new_id`)."""
     created_at: float = field(default_factory=time.time)
+
+
+def new_id() -> str:
+    """A rollout id: 16 hex digits, the write time's seconds (4 digits, modulo 2**16: about 18 hours)
+    then 48 random bits. Ids written in the same second share their first digits, so a step's rows
+    go into a few neighbouring pages of the id index instead of one random page each (the insert
+    and its commit cost about a third less). Only ids of the same second (of the same 18-hour
+    cycle) can clash: at 2,000 rows a second for ten hours, a chance of about 3 in 10,000 (64
+    random bits over the same run: about 1 in 10,000). A unique prefix is usually 7-8 digits."""
+    return f"{int(time.time()) & 0xFFFF:04x}{os.urandom(6).hex()}"
 
 
 _COLUMNS = (
@@ -136,18 +146,50 @@ def transcript(turns: Sequence[Any]) -> list[dict[str, Any]] | None:
     ]
 
 
-_ENCODE = json.JSONEncoder(default=str).encode  # one encoder for every row (json.dumps with kwargs builds one per call)
+def _encoder() -> Callable[[Any], str]:
+    """json.dumps(value, default=str) without building an encoder per call: the C encoder made
+    once (JSONEncoder.encode makes one per call), without the circular-reference check (trace
+    values are JSON data; a cycle raises RecursionError instead of ValueError)."""
+    default = json.JSONEncoder(default=str)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return default.encode
+    iterencode = make(None, default.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    join = "".join
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return default.encode(value)
+        return join(iterencode(value, 0))
+
+    return encode
+
+
+_ENCODE = _encoder()
 _FIELDS = operator.attrgetter(*_COLUMNS)
 _JSON_AT = tuple(i for i, c in enumerate(_COLUMNS) if c in _JSON_COLUMNS)
 _NULLABLE_AT = frozenset(i for i, c in enumerate(_COLUMNS) if c in _NULLABLE_JSON)
 _PASSED_AT = _COLUMNS.index("passed")
 
 
-def _row(rec: RolloutRecord) -> tuple:
+_INSERT = f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))})"
+
+
+def _row(rec: RolloutRecord, encoded: dict[int, str] | None = None) -> tuple:
+    """The row of `rec`; `encoded`: JSON text by id(value), for values shared by several records
+    of one write (the loop passes one sampling dict per domain), encoded once."""
     out = list(_FIELDS(rec))
     for i in _JSON_AT:
         value = out[i]
-        out[i] = None if value is None and i in _NULLABLE_AT else _ENCODE(value)
+        if value is None and i in _NULLABLE_AT:
+            continue
+        if encoded is None:
+            out[i] = _ENCODE(value)
+        else:
+            text = encoded.get(id(value))
+            if text is None:
+                text = encoded[id(value)] = _ENCODE(value)
+            out[i] = text
     if out[_PASSED_AT] is not None:
         out[_PASSED_AT] = int(out[_PASSED_AT])
     return tuple(out)
@@ -190,20 +232,22 @@ class TraceStore:
         self._db.close()
 
     def write_rollouts(self, records: Sequence[RolloutRecord]) -> list[str]:
-        marks = ",".join("?" * len(_COLUMNS))
+        """Every record in one transaction (all or none). The records' values are read while
+        writing: a value shared by several records is encoded once."""
+        encoded: dict[int, str] = {}  # by id(value): the records keep every value alive meanwhile
+        rows = [_row(r, encoded) for r in records]
         with self._db:
-            self._db.executemany(
-                f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({marks})", [_row(r) for r in records]
-            )
+            self._db.executemany(_INSERT, rows)
         return [r.id for r in records]
 
     def mark_consumed(self, step: int, links: Mapping[str, Any]) -> None:
         """Link rollouts to `step`: rollout id -> what the step did with it (anything with
-        `advantage`, `ratio` and `clipped`, such as the trainer's StepStats.rollouts)."""
+        `advantage`, `ratio` and `clipped`, such as the trainer's StepStats.rollouts). Updated in id
+        order: the id index is walked once, left to right."""
         with self._db:
             self._db.executemany(
                 "UPDATE rollouts SET train_step=?, advantage=?, ratio=?, clipped=? WHERE id=?",
-                [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in links.items()],
+                [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in sorted(links.items())],
             )
 
     def add_event(
