@@ -1,10 +1,10 @@
 """posttrain against TRL's GRPOTrainer, side by side: held-out gain per CPU-minute on the same base and tasks.
 
     make bench-peer                                     # the peer venv (.venv-peer: TRL 1.16.0, CPU torch)
-    .venv/bin/python bench/peer.py --seeds 0 1 2 --mixes demo harder --jobs 2 --report bench/results/peer.md
+    .venv/bin/python bench/peer.py --seeds 0 1 2 --mixes demo buggier --jobs 2 --report bench/results/peer.md
 
 For each task mix, seed and thread count, two training processes start from the same
-embedded base (the demo's, built by posttrain into its model cache):
+embedded base (the one the mix's config names, built by posttrain into its model cache):
 
 - posttrain: `posttrain.loop.train` on the mix's config (run.seed, run.threads), in .venv;
 - TRL: bench/peer_trl.py, TRL's GRPOTrainer in .venv-peer, fed the train tasks posttrain's
