@@ -56,12 +56,26 @@ def test_defaults_are_the_issues_settings():
     a = peer.parse_args([])
     assert (a.seeds, a.mixes, a.threads, a.budget_cpu_s, a.save_every, a.jobs) == (
         [0],
-        ["demo", "harder"],
+        ["demo", "buggier"],
         [1],
         105.0,
         25,
         1,
     )
+
+
+def test_every_mix_config_loads_and_names_its_own_base():
+    from posttrain.configs import load_config
+
+    bases = {}
+    for name, mix in peer.MIXES.items():
+        cfg = load_config(peer.ROOT / mix.config, list(mix.overrides))
+        assert cfg.tasks.domains, name
+        bases[name] = cfg.base
+    assert bases["buggier"].buggy_fraction == 0.98 and bases["demo"].buggy_fraction == 0.75
+    assert bases["buggier"].domains == bases["demo"].domains  # the same tasks, a buggier base
+    args = peer.parse_args(["--model", "/some/base"])
+    assert peer.base_model(args, peer.MIXES["buggier"]) == peer.Path("/some/base")  # --model wins for every mix
 
 
 def test_arguments_parse():
