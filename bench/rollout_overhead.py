@@ -312,19 +312,7 @@ def loop_variant(name: str, steps: int, out: str) -> dict[str, Any]:
     if name == "before":
         StepRollouts.sample = legacy_step  # type: ignore[method-assign]
         TraceStore.write_rollouts = legacy_write  # type: ignore[assignment]
-    overrides = [
-        f"run.steps={steps}",
-        "eval.tasks_per_domain=10",
-        "eval.every_steps=0",
-        "eval.samples=0",
-        "eval.above_tasks=0",
-        "run.checkpoint_every=0",
-        "monitor.report=false",
-        "run.progress=false",
-        f"run.out_dir={out}",
-        f"run.name={name}",
-        f"pipeline.direct={name == 'after'}",
-    ]
+    overrides = [*quiet_run(steps, out), f"run.name={name}", f"pipeline.direct={name == 'after'}"]
     try:
         result = train(
             load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), overrides),
@@ -444,6 +432,22 @@ def _wrap_parts(acc: dict[str, float], live: list[bool]) -> None:
         setattr(owner, name, wrap(part, getattr(owner, name)))
 
 
+def quiet_run(steps: int, out: str) -> list[str]:
+    """Overrides of a demo loop run that only trains: a small held-out set, no periodic evaluation,
+    pass@k, above-level set, checkpoint, report or progress bar; the run dir under `out`."""
+    return [
+        f"run.steps={steps}",
+        "eval.tasks_per_domain=10",
+        "eval.every_steps=0",
+        "eval.samples=0",
+        "eval.above_tasks=0",
+        "run.checkpoint_every=0",
+        "monitor.report=false",
+        "run.progress=false",
+        f"run.out_dir={out}",
+    ]
+
+
 def phases_child(src: str, steps: int, model: str | None, out: str) -> None:
     """One demo training run of the tree at `src` (its posttrain first on sys.path): CPU per part
     per step, written as JSON to `out`/result.json; the run dir stays under `out`."""
@@ -471,18 +475,7 @@ def phases_child(src: str, steps: int, model: str | None, out: str) -> None:
 
     CpuBudget.start, CpuBudget.after_step = started, checked  # type: ignore[method-assign]
     _wrap_parts(acc, live)
-    overrides = [
-        f"run.steps={steps}",
-        "eval.tasks_per_domain=10",
-        "eval.every_steps=0",
-        "eval.samples=0",
-        "eval.above_tasks=0",
-        "run.checkpoint_every=0",
-        "monitor.report=false",
-        "run.progress=false",
-        f"run.out_dir={out}",
-        "run.name=run",
-    ] + ([f"model.path={model}"] if model else [])
+    overrides = [*quiet_run(steps, out), "run.name=run"] + ([f"model.path={model}"] if model else [])
     result = train(load_config(os.path.join(src, "..", "configs", "default.yaml"), overrides), log=lambda *_: None)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     cpu = [r["train_cpu_s"] for r in rows if r.get("kind") == "train"]
