@@ -334,7 +334,8 @@ def _batch(
     completion is a row too (it counts in its group's advantages, enters no loss).
     The scored rollouts of the `filtered` groups (sampled this step, left out) are counted,
     with their loss tokens, for the loss's normalisers (trainer.normalise).
-    None when no rollout is scored (nothing to train on)."""
+    None when no rollout is scored (nothing was sampled to train on); a batch of no rows
+    when every scored group was filtered (the trainer's zero-gradient step)."""
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
     rows = [
@@ -345,7 +346,7 @@ def _batch(
     ]
     dropped = [r for g in filtered for r in g if r.reward is not None]
     tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
-    return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows else None
+    return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows or dropped else None
 
 
 def _summary(

@@ -127,8 +127,11 @@ def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
     from posttrain.loop import train
     from posttrain.rollout import informative
 
-    # step 2 keeps no group, so the trainer does not step: its count falls behind the loop's
+    # step 2 keeps no group and (as when every rollout of a step is an infra error) gives the trainer
+    # no batch, so the trainer is not called: its count falls behind the loop's
     monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("2:") and informative(g))
+    batch = loop._batch
+    monkeypatch.setattr(loop, "_batch", lambda groups, *a: batch(groups, *a) if groups else None)
     extra = ("run.steps=4", "run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
     first = train(_cfg(tmp_path, micro_base, "ckpt", *extra), log=lambda *_: None)
     root = first.run_dir / "checkpoints"
@@ -144,3 +147,35 @@ def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
     resumed = train(None, resume=first.run_dir, log=said.append)
     assert any(s.startswith("resumed") and s.endswith("at step 4") for s in said)
     assert resumed.steps == 5 and (root / "step_00000005").is_dir()
+
+
+def test_a_step_whose_groups_are_all_filtered_coasts_and_resumes_exactly(
+    tmp_path, micro_base, monkeypatch, parity_domain
+):
+    """With trainer.coast (the default), a loop step that keeps no group still reaches the
+    trainer (a batch of no rows, only counts) and takes Adam's zero-gradient step: the weights
+    move between the checkpoints around it, the step is logged as coasted, and a run resumed
+    right after it ends with the uninterrupted run's weights."""
+    import posttrain.loop as loop
+    from posttrain.loop import train
+    from posttrain.rollout import informative
+
+    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("3:") and informative(g))
+    extra = ("run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
+    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", *extra), log=lambda *_: None)
+    rows = [json.loads(line) for line in (full.run_dir / "metrics.jsonl").read_text().splitlines()]
+    outcome = {r["step"]: r.get("outcome") for r in rows if r.get("kind") == "train"}
+    assert outcome[3] == "coasted" and outcome[2] == "applied"
+    root = full.run_dir / "checkpoints"
+    state = json.loads((root / "step_00000003" / "loop_state.json").read_text())
+    assert state["trainer"]["steps"] == 3
+    from safetensors.torch import load_file
+
+    w2, w3 = (load_file(str(root / f"step_0000000{s}" / "model.safetensors")) for s in (2, 3))
+    assert any((w2[k] != w3[k]).any() for k in w2), "the coasted step did not move the weights"
+    part = train(_cfg(tmp_path, micro_base, "part", "run.steps=3", *extra), log=lambda *_: None)
+    cfg_path = part.run_dir / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("steps: 3", "steps: 4"))
+    resumed = train(None, resume=part.run_dir, log=lambda *_: None)
+    a, b = _params(full.run_dir), _params(resumed.run_dir)
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

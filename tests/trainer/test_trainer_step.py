@@ -142,13 +142,48 @@ def test_sampled_normalisation_scales_the_step_by_the_informative_share(loss):
     assert stats["sampled"].n_sequences == stats["kept"].n_sequences == 8
 
 
-def test_a_batch_without_signal_does_not_step():
+def test_a_batch_without_signal_does_not_step_without_coast():
     model = tiny_model(0)
     before = params_of(model)
     rows = tuple(TrainRow((1, 2), (3, 4), (-1.0, -1.0), 0.5, "g", (1, 1)) for _ in range(4))
-    stats = Trainer(model, TrainerConfig(weight_decay=0.1)).step(TrainBatch(rows))
+    trainer = Trainer(model, TrainerConfig(weight_decay=0.1, coast=False))
+    stats = trainer.step(TrainBatch(rows))
     assert stats.outcome == "no_signal" and not stats.weights_changed and stats.zero_adv_groups == 1
-    assert same_params(before, params_of(model))
+    assert same_params(before, params_of(model)) and not trainer.optimizer.state
+
+
+@pytest.mark.parametrize("filtered_before", [False, True])
+def test_a_step_without_signal_is_adams_zero_gradient_step(filtered_before):
+    """With trainer.coast (the default) a step whose groups all carry no signal (passed in, or all filtered
+    before the trainer: no rows, only counts) is the optimizer step of a zero gradient,
+    derived by hand from the AdamW update: m <- b1 m, v <- b2 v, t <- t + 1,
+    p <- p (1 - lr wd) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
+    model = tiny_model(0)
+    config = TrainerConfig(weight_decay=0.1, lr=1e-2)
+    trainer = Trainer(model, config)
+    assert trainer.step(synthetic_batch(seed=5)).outcome == "applied"
+    before = [p.detach().clone() for p in trainer.params]
+    state = [trainer.optimizer.state[p] for p in trainer.params]
+    m0, v0 = [s["exp_avg"].clone() for s in state], [s["exp_avg_sq"].clone() for s in state]
+    t = int(state[0]["step"]) + 1
+    rows = tuple(TrainRow((1, 2), (3, 4), (-1.0, -1.0), 0.5, "g", (1, 1)) for _ in range(4))
+    batch = TrainBatch((), filtered_rows=4, filtered_tokens=8) if filtered_before else TrainBatch(rows)
+    stats = trainer.step(batch)
+    assert stats.outcome == "coasted" and stats.weights_changed and stats.loss == 0.0 and stats.grad_norm == 0.0
+    (b1, b2), lr, wd, eps = config.betas, config.lr, config.weight_decay, 1e-8
+    moved = 0
+    for p, p0, m, v in zip(trainer.params, before, m0, v0):
+        m, v = b1 * m, b2 * v
+        expected = p0 * (1 - lr * wd) - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-7)
+        moved += int(not torch.equal(p.detach(), p0))
+    assert moved == len(before)  # every tensor moved: the moments carried the update on
+    assert trainer.steps == 2 and len(trainer.guard.state_dict()["losses"]) == 1  # the guard judged no zero step
+
+
+def test_a_batch_of_no_rows_needs_filtered_rows():
+    with pytest.raises(TrainerError, match="nothing was sampled"):
+        TrainBatch(())
 
 
 def test_masked_tokens_are_not_trained_but_condition_later_ones():

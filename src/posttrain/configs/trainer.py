@@ -134,6 +134,11 @@ class TrainerConfig(BaseModel):
     equal (their gradient is exactly zero, so dropping them only saves compute); the
     gradient then scales with the share of informative groups. "kept": only the rows that
     enter the loss (the behaviour before 2026-11-30; every step has the same scale)."""
+    coast: bool = True
+    """A step in which no sampled group carries signal has a gradient of exactly zero; true
+    (the default): the optimizer still takes that step, as any torch training loop (and TRL)
+    does, so Adam's moments carry the last updates on and weight decay applies (outcome
+    "coasted"). False: nothing changes (outcome "no_signal"; the behaviour before 2026-12-01)."""
     sort_by_length: bool = True
     """Order the step's rows by length before cutting micro-batches, so that
     each pads to a similar length; the loss is the same up to float summation order."""

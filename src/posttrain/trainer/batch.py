@@ -111,6 +111,8 @@ class TrainBatch:
     groups carry no signal (all rewards equal: a gradient of exactly zero). With
     `trainer.normalise: sampled` they count in the loss's normalisers, so that
     filtering before the trainer gives the same gradient as passing them in.
+    `rows` may be empty when `filtered_rows` is not: a step whose every group was
+    filtered (with `trainer.coast` the trainer then takes a zero-gradient step).
     """
 
     rows: tuple[TrainRow, ...]
@@ -118,8 +120,8 @@ class TrainBatch:
     filtered_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if not self.rows:
-            raise TrainerError("TrainBatch.rows is empty")
+        if not self.rows and self.filtered_rows <= 0:
+            raise TrainerError("TrainBatch has no rows and no filtered rows: nothing was sampled")
         if self.filtered_rows < 0 or self.filtered_tokens < 0:
             raise TrainerError(
                 "TrainBatch.filtered_rows and filtered_tokens must be >= 0, "

@@ -36,7 +36,7 @@ from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_l
 from posttrain.trainer.memory import autocast, bytes_per_token, micro_slices, token_budget
 from posttrain.trainer.prepare import prepare_model
 
-Outcome = Literal["applied", "no_signal", "skipped", "rolled_back"]
+Outcome = Literal["applied", "coasted", "no_signal", "skipped", "rolled_back"]
 
 _AUTO_CPU_MEMORY_SHARE = 0.25
 """Share of the CPU's available memory an automatic micro-batch may plan to use (the
@@ -77,8 +77,8 @@ class StepStats:
 
     @property
     def weights_changed(self) -> bool:
-        """True when the model's parameters differ from before the step."""
-        return self.outcome in ("applied", "rolled_back")
+        """True when the model's parameters may differ from before the step."""
+        return self.outcome in ("applied", "coasted", "rolled_back")
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,10 @@ class Trainer:
         prepared = self._prepare(batch)
         self._row_clip = {}
         if not prepared.rows:
-            return self._stats(batch, prepared, "no_signal", "", None, 0.0, started)
+            outcome: Outcome = "coasted" if self.config.coast else "no_signal"
+            if outcome == "coasted":
+                self._coast()
+            return self._stats(batch, prepared, outcome, "", None, 0.0, started)
         try:
             acc = self._accumulate(prepared)
         except BaseException:
@@ -251,6 +254,17 @@ class Trainer:
         self.guard.accept(loss, grad_norm)
         return "applied"
 
+    def _coast(self) -> None:
+        """The optimizer step of a zero gradient (trainer.coast: a step whose sampled groups carry
+        no signal): Adam's moments decay and carry the update on, weight decay applies, the step
+        counter advances, exactly as torch's AdamW does with zero gradients. Nothing for the
+        guard to judge; the snapshot is taken as before any update."""
+        self._take_snapshot()
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
     # ------------------------------------------------------------ advantages and filtering
 
     def _check_ids(self, batch: TrainBatch) -> None:
@@ -261,6 +275,10 @@ class Trainer:
                     raise TrainerError(f"rows[{i}].{name} holds token ids outside [0, {self.vocab_size})")
 
     def _prepare(self, batch: TrainBatch) -> _Prepared:
+        if not batch.rows:  # every group of the step was filtered before the trainer
+            empty = torch.zeros(0, dtype=torch.float32)
+            totals = BatchTotals(n_sequences=batch.filtered_rows, n_tokens=batch.filtered_tokens)
+            return _Prepared((), empty, totals, n_tokens=0, n_groups=0, zero_adv_groups=0, batch_advantage_b=empty)
         group_index: dict[Any, int] = {}
         group_b = torch.tensor([group_index.setdefault(r.group_id, len(group_index)) for r in batch.rows])
         reward_b = torch.tensor([r.reward for r in batch.rows], dtype=torch.float64)
