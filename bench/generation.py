@@ -29,6 +29,8 @@ import resource
 import time
 from dataclasses import dataclass
 
+from common import quiet_run  # bench/common.py: this script runs with bench/ first on sys.path
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -152,20 +154,9 @@ def demo_main(steps: int) -> None:
             recorded.append(({k: v.detach().clone() for k, v in self.model.state_dict().items()}, list(requests)))
         return inner(self, requests)
 
-    overrides = [
-        f"run.steps={steps}",
-        "eval.tasks_per_domain=10",
-        "eval.every_steps=0",
-        "eval.samples=0",
-        "eval.above_tasks=0",
-        "run.checkpoint_every=0",
-        "monitor.report=false",
-        "run.progress=false",
-    ]
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(
-            os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), [*overrides, f"run.out_dir={out}"]
-        )
+        demo = os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml")
+        cfg = load_config(demo, quiet_run(steps, out))
         HFEngine.generate = generate
         try:
             train(cfg, log=lambda *_: None)

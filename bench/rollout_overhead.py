@@ -55,6 +55,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from common import quiet_run  # bench/common.py: this script runs with bench/ first on sys.path
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -430,22 +432,6 @@ def _wrap_parts(acc: dict[str, float], live: list[bool]) -> None:
         if not hasattr(owner, name):
             continue
         setattr(owner, name, wrap(part, getattr(owner, name)))
-
-
-def quiet_run(steps: int, out: str) -> list[str]:
-    """Overrides of a demo loop run that only trains: a small held-out set, no periodic evaluation,
-    pass@k, above-level set, checkpoint, report or progress bar; the run dir under `out`."""
-    return [
-        f"run.steps={steps}",
-        "eval.tasks_per_domain=10",
-        "eval.every_steps=0",
-        "eval.samples=0",
-        "eval.above_tasks=0",
-        "run.checkpoint_every=0",
-        "monitor.report=false",
-        "run.progress=false",
-        f"run.out_dir={out}",
-    ]
 
 
 def phases_child(src: str, steps: int, model: str | None, out: str) -> None:

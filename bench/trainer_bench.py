@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 import torch
+from common import quiet_run  # bench/common.py: this script runs with bench/ first on sys.path
 
 from posttrain.configs.trainer import GuardConfig, TrainerConfig
 from posttrain.model.arch import random_model
@@ -135,18 +136,7 @@ def record_demo(steps: int, out: str, name: str) -> tuple[list[tuple[dict, Train
         if name == "before":
             as_was(self)
 
-    overrides = [
-        f"run.steps={steps}",
-        "eval.tasks_per_domain=10",
-        "eval.every_steps=0",
-        "eval.samples=0",
-        "eval.above_tasks=0",
-        "run.checkpoint_every=0",
-        "monitor.report=false",
-        "run.progress=false",
-        f"run.out_dir={out}",
-        f"run.name={name}",
-    ]
+    overrides = [*quiet_run(steps, out), f"run.name={name}"]
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "default.yaml"), overrides)
     Trainer.step, Trainer.__init__ = step, init  # type: ignore[method-assign]
     try:
