@@ -32,8 +32,12 @@ def main(out: Path, mode: str) -> None:
     cfg = TrainerConfig(lr=1e-2, micro_batch_size=3, fsdp=fsdp, sort_by_length=True)
     trainer = Trainer(model, cfg)
     steps = []
-    for s in range(STEPS):
-        st = trainer.step(batch(100 + s))
+    from posttrain.trainer.batch import TrainBatch
+
+    # the last step samples no signal: every rank takes Adam's zero-gradient step (trainer.coast)
+    batches = [batch(100 + s) for s in range(STEPS)] + [TrainBatch((), filtered_rows=4, filtered_tokens=8)]
+    for b in batches:
+        st = trainer.step(b)
         steps.append(
             {
                 "loss": st.loss,
