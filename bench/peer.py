@@ -266,6 +266,9 @@ def verdicts(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, 
     step: mean of posttrain's median step (wall) / mean of TRL's <= 1/3 (CPU time beside it).
     curve: at every step both sides reached in every seed, the seed-mean of posttrain - TRL
     held-out mean >= -noise, noise = the eval's 95% half-width on one mean (averaged) / sqrt(seeds).
+    Beside it, `paired`: per seed the mean over those steps of posttrain - TRL (the same tasks in the
+    same order, the same held-out set), then their mean and standard error over seeds (None with one
+    seed): the per-step difference read once, with the seed-to-seed spread of training in it.
     """
     pt = [s["posttrain"] for s in seeds.values()]
     trl = [s["trl"] for s in seeds.values()]
@@ -280,6 +283,14 @@ def verdicts(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, 
     noise = statistics.mean(x["half_width"] for x in pt + trl) / math.sqrt(len(pt))
     diffs = {s: statistics.mean(p["curve"][s] - t["curve"][s] for p, t in zip(pt, trl)) for s in sorted(common)}
     curve_ok = all(d >= -noise for d in diffs.values()) if diffs else None
+    per_seed = (
+        [statistics.mean(p["curve"][s] - t["curve"][s] for s in common) for p, t in zip(pt, trl)] if common else []
+    )
+    paired = {
+        "per_seed": per_seed,
+        "mean": statistics.mean(per_seed) if per_seed else None,
+        "se": statistics.stdev(per_seed) / math.sqrt(len(per_seed)) if len(per_seed) > 1 else None,
+    }
     return {
         "gain_ratio": gain,
         "gain_ok": gain is not None and gain >= TARGET_GAIN_RATIO,
@@ -289,6 +300,7 @@ def verdicts(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, 
         "curve_diffs": diffs,
         "noise": noise,
         "curve_ok": curve_ok,
+        "paired": paired,
     }
 
 
@@ -448,6 +460,13 @@ def report(results: Mapping[str, Any]) -> str:
             f"- held-out mean at equal steps not below TRL's within noise (+-{v['noise']:.3f}: the eval's 95% "
             f"half-width on one mean / sqrt(seeds)): {curve}"
         )
+        pair = v.get("paired") or {}
+        if pair.get("mean") is not None:
+            se = f", standard error {pair['se']:.3f} over seeds" if pair["se"] is not None else ""
+            out.append(
+                f"- posttrain - TRL over all those steps, paired by seed: {pair['mean']:+.3f}{se} "
+                f"(per seed: {', '.join(f'{d:+.3f}' for d in pair['per_seed'])})"
+            )
         out.append("")
         out.extend(headline(seeds))
         out.extend(cpu_curve_table(seeds))

@@ -231,6 +231,10 @@ def test_verdicts_on_the_seed_mean():
     # noise: half-width 0.04 / sqrt(2 seeds) = 0.0283; -0.04 is below it -> not met
     assert v["noise"] == pytest.approx(0.04 / math.sqrt(2))
     assert v["curve_ok"] is False
+    # paired by seed over steps 25 and 50: seed 0 mean(-0.02, +0.05) = +0.015, seed 1 mean(-0.06, -0.01) = -0.035;
+    # mean -0.01, standard error = stdev(+0.015, -0.035) / sqrt(2) = 0.0354 / 1.414 = 0.025
+    assert v["paired"]["per_seed"] == pytest.approx([0.015, -0.035])
+    assert v["paired"]["mean"] == pytest.approx(-0.01) and v["paired"]["se"] == pytest.approx(0.025)
 
 
 def test_verdicts_not_met_and_no_common_step():
@@ -239,6 +243,7 @@ def test_verdicts_not_met_and_no_common_step():
     assert v["gain_ratio"] == pytest.approx(1.2) and not v["gain_ok"]
     assert v["step_ratio_wall"] == pytest.approx(0.5) and not v["step_ok"]
     assert v["curve_diffs"] == {} and v["curve_ok"] is None
+    assert v["paired"] == {"per_seed": [], "mean": None, "se": None}
 
 
 def test_ratio_guards_zero_and_missing():
