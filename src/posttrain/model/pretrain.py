@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,29 @@ from posttrain.model.bugs import BUGS, TURN_BUGS, TurnBug
 DEFAULT_CACHE = Path(os.environ.get("POSTTRAIN_CACHE", Path.home() / ".cache" / "posttrain"))
 
 
+DIGEST_EXAMPLES = 256
+"""Conversations of the corpus that `data_digest` reads."""
+
+
 def default_dir(cfg: BaseConfig) -> Path:
     return DEFAULT_CACHE / f"base-{cfg.preset}-{cfg.fingerprint()}"
+
+
+def data_digest(cfg: BaseConfig) -> str:
+    """What a build trains on beyond its config: the first DIGEST_EXAMPLES conversations the
+    corpus generator gives for `cfg` (the domains' task generators, gold answers, buggy solvers
+    and policies), the embedded tokenizer (vocabulary, chat template) and the architecture
+    preset. The config names the cache directory (`default_dir`); this digest, stored beside
+    the weights, tells `ensure_base` when code changed what that config builds."""
+    import hashlib
+
+    from posttrain.model.arch import PRESETS
+    from posttrain.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    corpus = _examples(cfg, random.Random(f"data-digest:{cfg.seed}"))(DIGEST_EXAMPLES)
+    text = json.dumps([PRESETS.get(cfg.preset), sorted(tok.get_vocab().items()), tok.chat_template, corpus])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 Conversation = list[tuple[str, str]]
@@ -162,7 +184,12 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    info = {"base_config": cfg.model_dump(), "pretrain_seconds": round(seconds, 1), "buggy_solvers": sorted(BUGS)}
+    info = {
+        "base_config": cfg.model_dump(),
+        "data_digest": data_digest(cfg),
+        "pretrain_seconds": round(seconds, 1),
+        "buggy_solvers": sorted(BUGS),
+    }
     if set(cfg.domains) & set(TURN_BUGS):
         info["buggy_policies"] = sorted(set(cfg.domains) & set(TURN_BUGS))
     (tmp / "posttrain_base.json").write_text(json.dumps(info, indent=2))
@@ -173,10 +200,27 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
     tmp.rename(out)
 
 
-def ensure_base(cfg: BaseConfig, progress: bool = True) -> Path:
-    """The cached base model for `cfg`, built if missing."""
+def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], None] | None = None) -> Path:
+    """The cached base model for `cfg`: built if missing, rebuilt (saying why, on stderr unless
+    `log`) when the cache was built from other data than this code gives (`data_digest`; a cache
+    from before the digest was recorded counts as other data)."""
     out = default_dir(cfg)
     if (out / "config.json").is_file():
-        return out
+        stored = _stored_digest(out)
+        current = data_digest(cfg)
+        if stored == current:
+            return out
+        say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        say(
+            f"posttrain: the cached base {out} was built from other pretraining data than this code gives "
+            f"(digest {stored or 'not recorded'}, now {current}): rebuilding it"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     return build_base(cfg, out, progress=progress)
+
+
+def _stored_digest(out: Path) -> str | None:
+    try:
+        return json.loads((out / "posttrain_base.json").read_text()).get("data_digest")
+    except (OSError, ValueError, AttributeError):
+        return None
