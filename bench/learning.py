@@ -40,7 +40,7 @@ def one_seed(seed: int, config: Path, extra: list[str]) -> dict:
     """Build (or reuse) seed's base, run the loop, evaluate; plain data only (it may run in a worker)."""
     from posttrain.configs import load_config
     from posttrain.loop import train
-    from posttrain.model.pretrain import default_dir, ensure_base
+    from posttrain.model.pretrain import ensure_base, is_cached
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(
@@ -54,7 +54,7 @@ def one_seed(seed: int, config: Path, extra: list[str]) -> dict:
                 *extra,
             ],
         )
-        cached = cfg.model.path is not None or (default_dir(cfg.base) / "config.json").is_file()
+        cached = cfg.model.path is not None or is_cached(cfg.base)
         t0, c0 = time.perf_counter(), cpu_seconds()
         if cfg.model.path is None:
             ensure_base(cfg.base, progress=False)

@@ -31,7 +31,9 @@ def cache(tmp_path, monkeypatch):
 
 def test_a_cached_base_is_reused_while_its_data_is_the_same(cache):
     said: list[str] = []
+    assert not pretrain.is_cached(MICRO)
     out = pretrain.ensure_base(MICRO, log=said.append)
+    assert pretrain.is_cached(MICRO)
     info = json.loads((out / "posttrain_base.json").read_text())
     assert info["data_digest"] == pretrain.data_digest(MICRO)
     assert pretrain.ensure_base(MICRO, log=said.append) == out
@@ -44,7 +46,7 @@ def test_a_changed_generator_or_unrecorded_digest_rebuilds(cache, monkeypatch):
     before = pretrain.data_digest(MICRO)
     # the add domain's buggy solver changes (as a code change would): same config, other data
     monkeypatch.setitem(pretrain.BUGS, "add", lambda question: "7")
-    assert pretrain.data_digest(MICRO) != before
+    assert pretrain.data_digest(MICRO) != before and not pretrain.is_cached(MICRO)
     assert pretrain.ensure_base(MICRO, log=said.append) == out
     assert len(cache) == 2 and "rebuilding" in said[-1] and before in said[-1]
     assert json.loads((out / "posttrain_base.json").read_text())["data_digest"] == pretrain.data_digest(MICRO)

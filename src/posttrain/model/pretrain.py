@@ -206,8 +206,7 @@ def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], Non
     from before the digest was recorded counts as other data)."""
     out = default_dir(cfg)
     if (out / "config.json").is_file():
-        stored = _stored_digest(out)
-        current = data_digest(cfg)
+        stored, current = _stored_digest(out), data_digest(cfg)
         if stored == current:
             return out
         say = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -217,6 +216,12 @@ def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], Non
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     return build_base(cfg, out, progress=progress)
+
+
+def is_cached(cfg: BaseConfig) -> bool:
+    """Whether `ensure_base(cfg)` would reuse the cache (no build)."""
+    out = default_dir(cfg)
+    return (out / "config.json").is_file() and _stored_digest(out) == data_digest(cfg)
 
 
 def _stored_digest(out: Path) -> str | None:
