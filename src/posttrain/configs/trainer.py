@@ -135,7 +135,8 @@ class TrainerConfig(BaseModel):
     gradient then scales with the share of informative groups. "kept": only the rows that
     enter the loss (the behaviour before 2026-11-30; every step has the same scale)."""
     coast: bool = True
-    """A step in which no sampled group carries signal has a gradient of exactly zero; true
+    """A step in which no sampled group carries signal has a policy gradient of exactly zero
+    (filtered groups enter no loss, so with kl_coef > 0 their KL term is left out too); true
     (the default): the optimizer still takes that step, as any torch training loop (and TRL)
     does, so Adam's moments carry the last updates on and weight decay applies (outcome
     "coasted"). False: nothing changes (outcome "no_signal"; the behaviour before 2026-12-01)."""
