@@ -281,11 +281,11 @@ def verdicts(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, 
     step_cpu = mean_ratio(lambda x: x["ms"]["cpu"])
     common = set.intersection(*(set(x["curve"]) for x in pt + trl)) if pt else set()
     noise = statistics.mean(x["half_width"] for x in pt + trl) / math.sqrt(len(pt))
-    diffs = {s: statistics.mean(p["curve"][s] - t["curve"][s] for p, t in zip(pt, trl)) for s in sorted(common)}
+    steps = sorted(common)
+    gaps = [[p["curve"][s] - t["curve"][s] for s in steps] for p, t in zip(pt, trl)]  # seed x step: posttrain - TRL
+    diffs = {s: statistics.mean(row[i] for row in gaps) for i, s in enumerate(steps)}  # per step, over seeds
     curve_ok = all(d >= -noise for d in diffs.values()) if diffs else None
-    per_seed = (
-        [statistics.mean(p["curve"][s] - t["curve"][s] for s in common) for p, t in zip(pt, trl)] if common else []
-    )
+    per_seed = [statistics.mean(row) for row in gaps] if steps else []  # per seed, over steps
     paired = {
         "per_seed": per_seed,
         "mean": statistics.mean(per_seed) if per_seed else None,
@@ -460,8 +460,8 @@ def report(results: Mapping[str, Any]) -> str:
             f"- held-out mean at equal steps not below TRL's within noise (+-{v['noise']:.3f}: the eval's 95% "
             f"half-width on one mean / sqrt(seeds)): {curve}"
         )
-        pair = v.get("paired") or {}
-        if pair.get("mean") is not None:
+        pair = v["paired"]
+        if pair["mean"] is not None:
             se = f", standard error {pair['se']:.3f} over seeds" if pair["se"] is not None else ""
             out.append(
                 f"- posttrain - TRL over all those steps, paired by seed: {pair['mean']:+.3f}{se} "

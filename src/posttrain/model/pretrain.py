@@ -205,10 +205,10 @@ def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], Non
     `log`) when the cache was built from other data than this code gives (`data_digest`; a cache
     from before the digest was recorded counts as other data)."""
     out = default_dir(cfg)
+    stored, current = _stored_digest(out), data_digest(cfg)
+    if stored == current:
+        return out
     if (out / "config.json").is_file():
-        stored, current = _stored_digest(out), data_digest(cfg)
-        if stored == current:
-            return out
         say = log or (lambda m: print(m, file=sys.stderr, flush=True))
         say(
             f"posttrain: the cached base {out} was built from other pretraining data than this code gives "
@@ -220,11 +220,14 @@ def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], Non
 
 def is_cached(cfg: BaseConfig) -> bool:
     """Whether `ensure_base(cfg)` would reuse the cache (no build)."""
-    out = default_dir(cfg)
-    return (out / "config.json").is_file() and _stored_digest(out) == data_digest(cfg)
+    return _stored_digest(default_dir(cfg)) == data_digest(cfg)
 
 
 def _stored_digest(out: Path) -> str | None:
+    """The data digest a cached base at `out` was built with; None without one (no weights,
+    a cache from before the digest was recorded, or an unreadable record)."""
+    if not (out / "config.json").is_file():
+        return None
     try:
         return json.loads((out / "posttrain_base.json").read_text()).get("data_digest")
     except (OSError, ValueError, AttributeError):

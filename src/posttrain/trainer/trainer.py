@@ -225,10 +225,9 @@ class Trainer:
         prepared = self._prepare(batch)
         self._row_clip = {}
         if not prepared.rows:
-            outcome: Outcome = "coasted" if self.config.coast else "no_signal"
-            if outcome == "coasted":
+            if self.config.coast:
                 self._coast()
-            return self._stats(batch, prepared, outcome, "", None, 0.0, started)
+            return self._stats(batch, prepared, "coasted" if self.config.coast else "no_signal", "", None, 0.0, started)
         try:
             acc = self._accumulate(prepared)
         except BaseException:
