@@ -15,7 +15,6 @@ from posttrain.model.arch import load_model
 from posttrain.serve.server import build_server
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
-
 ADMIN = "engine-test-admin-token"
 
 
