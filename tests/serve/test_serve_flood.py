@@ -181,8 +181,9 @@ def _admin_attempts(url: str) -> list[int]:
     body = {"path": "/tmp"}
     out = [httpx.post(url + "/v1/update_weights", json=body, timeout=30).status_code]
     out.append(
-        httpx.post(url + "/v1/update_weights", json=body, headers={"Authorization": "Bearer nope"}, timeout=30)
-        .status_code
+        httpx.post(
+            url + "/v1/update_weights", json=body, headers={"Authorization": "Bearer nope"}, timeout=30
+        ).status_code
     )
     other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
     with other:

@@ -94,3 +94,22 @@ def test_token_id_strings_without_ids(setup):
     assert engine._token_id("a") == engine.tokenizer.convert_tokens_to_ids("a")
     with pytest.raises(GenerationError, match="return_token_ids"):
         engine._token_id("abc")
+
+
+def test_loop_engine_sends_the_token_from_engine_admin_token_file(setup, monkeypatch):
+    from posttrain.configs.engine import EngineConfig
+    from posttrain.engine.sync import make_engine
+
+    engine, path, root = setup
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", "not-the-token")  # the file wins over the environment
+    cfg = EngineConfig(type="openai", url=engine.base_url, admin_token_file=str(root / "admin.token"))
+    loop_engine = make_engine(cfg, None, engine.tokenizer, seed=0)
+    try:
+        before = engine.generate([GenerationRequest((4, 5), SamplingParams(max_tokens=1))])[0][0].model_version
+        assert loop_engine.update_weights(str(path)) == before + 1
+    finally:
+        loop_engine.close()
+    env_only = make_engine(EngineConfig(type="openai", url=engine.base_url), None, engine.tokenizer, seed=0)
+    with pytest.raises(GenerationError, match="HTTP 401"):
+        env_only.update_weights(str(path))  # the wrong token from the environment is refused
+    env_only.close()
