@@ -165,3 +165,26 @@ def test_requests_beyond_max_inflight_get_429_at_once(tmp_path):
             time.sleep(0.05)
         assert r.status_code == 200
         assert 'posttrain_refused_requests_total{code="too_many_requests"' in httpx.get(url + "/metrics").text
+
+
+def test_a_slow_body_gets_408_and_gives_its_place_back(tmp_path):
+    path = save_model(tmp_path / "m", "micro", seed=1)
+    limits = {"max_inflight": 1, "body_timeout_s": 0.5}
+    app = build_server(ServeConfig(model=str(path), canary={"probe_domains": []}, limits=limits))
+    with running(app) as url:
+        host = urlparse(url)
+        with socket.create_connection((host.hostname, host.port), timeout=30) as slow:
+            slow.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 1000\r\n\r\n{"
+            )
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                part = slow.recv(65536)
+                if not part:
+                    break
+                reply += part
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+        assert _post(url, "/v1/completions", _text("rev ab=")).status_code == 200  # the place is free again

@@ -123,6 +123,10 @@ class LimitsConfig(BaseModel):
     """Largest request body in bytes, checked against Content-Length and against the
     bytes actually received, before the whole body is held (413 above it)."""
 
+    body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """Seconds a client may take to send its whole body (408 after it), so a slow sender
+    cannot hold one of the `max_inflight` places for long."""
+
     max_json_depth: int = Field(32, ge=2, le=1000)
     """Deepest nesting of JSON arrays and objects in a request body, checked before it
     is parsed (400 above it)."""

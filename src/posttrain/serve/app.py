@@ -105,8 +105,9 @@ class Server:
     async def parse(self, request: Request, model: type[BaseModel]) -> Any:
         """The request body as `model`: read within max_body_bytes, then decoded, validated and
         checked against serve.limits in a worker thread."""
-        raw = await read_body(request, self.cfg.limits.max_body_bytes)
-        return await self.offload.run(validate, raw, model, self.cfg.limits)
+        limits = self.cfg.limits
+        raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+        return await self.offload.run(validate, raw, model, limits)
 
     async def _render(self, build: Callable[[Deployment], GenerationRequest], dep: Deployment) -> GenerationRequest:
         return await self.offload.run(build, dep)

@@ -24,6 +24,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from posttrain.configs.serve import LimitsConfig
 from posttrain.serve.metrics import Counter
@@ -44,8 +45,9 @@ def too_large(limit: int) -> ApiError:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 when its Content-Length or the bytes received exceed `limit`."""
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request body, refused with 413 when its Content-Length or the bytes received exceed
+    `limit`, and with 408 when it has not all arrived within `timeout_s`."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -53,11 +55,21 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "client disconnected before sending its whole body", code="client_disconnected") from None
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"request body not received within {timeout_s:g} s (serve.limits.body_timeout_s)",
+            code="request_timeout",
+        ) from None
     return b"".join(chunks)
 
 
