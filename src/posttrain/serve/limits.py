@@ -31,12 +31,13 @@ from posttrain.serve.metrics import Counter
 from posttrain.serve.protocol import ApiError, ChatRequest, CompletionRequest
 
 T = TypeVar("T")
-_STEP = np.zeros(256, dtype=np.int32)
+_STEP = np.zeros(256, dtype=np.int32)  # byte -> change of nesting depth
 _STEP[list(b"[{")] = 1
 _STEP[list(b"]}")] = -1
 
 
 def too_large(limit: int) -> ApiError:
+    """The 413 error of a body over `limit` bytes."""
     return ApiError(
         413,
         f"request body exceeds this server's limit of {limit} bytes (serve.limits.max_body_bytes)",
@@ -52,7 +53,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     if declared is not None:
         if not declared.isdigit():
             raise ApiError(400, f"invalid Content-Length header {declared[:40]!r}")
-        if int(declared) > limit:
+        if len(declared) > 18 or int(declared) > limit:
             raise too_large(limit)
     chunks, size = [], 0
     try:
@@ -137,6 +138,7 @@ def _limit(what: str, got: int, limit: int, field: str, param: str | None) -> Ap
 
 
 def check_n(n: int, limits: LimitsConfig) -> None:
+    """400 naming the limit when a request asks for more than `max_n` choices per prompt."""
     if n > limits.max_n:
         raise _limit("n", n, limits.max_n, "max_n", "n")
 
@@ -212,6 +214,7 @@ class Offload:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="serve-work")
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a worker thread; the event loop waits without blocking."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def close(self) -> None:
