@@ -26,6 +26,7 @@ LIMITS = {
     "max_messages": 4,
     "max_prompts": 3,
     "max_n": 2,
+    "max_choices": 4,
 }
 
 
@@ -112,6 +113,8 @@ def test_prompt_characters_tokens_messages_prompts_and_n(server):
     _refused(_post(url, comp, _text([4] * 101)), 400, "limit_exceeded", "max_prompt_tokens", "prompt")
     _refused(_post(url, comp, _text([[4, 5]] * 4)), 400, "limit_exceeded", "max_prompts", "prompt")
     _refused(_post(url, comp, _text("rev ab=", n=3)), 400, "limit_exceeded", "max_n", "n")
+    _refused(_post(url, comp, _text(["ab", "cd", "ef"], n=2)), 400, "limit_exceeded", "max_choices", "n")
+    assert _post(url, comp, _text(["ab", "cd"], n=2)).status_code == 200
     many = [{"role": "user", "content": "x"}] * 5
     _refused(_post(url, chat, _chat(many)), 400, "limit_exceeded", "max_messages", "messages")
     parts = [{"role": "user", "content": [{"type": "text", "text": "x"}] * 5}]

@@ -148,6 +148,9 @@ class LimitsConfig(BaseModel):
     max_n: int = Field(16, ge=1, le=64)
     """Largest `n` (choices per prompt) a request may ask for (400 above it)."""
 
+    max_choices: int = Field(64, ge=1, le=100_000)
+    """Most choices one request may ask for: `n` times its number of prompts (400 above it)."""
+
     max_inflight: int = Field(64, ge=1, le=100_000)
     """Generation requests handled at once, from the first body byte to the last
     response byte; one more is refused at once with 429, before its body is read."""

@@ -157,11 +157,13 @@ def check_chat(body: ChatRequest, limits: LimitsConfig) -> None:
 
 
 def check_completion(body: CompletionRequest, limits: LimitsConfig) -> None:
-    """400 naming the limit when a completions request has too many prompts, characters or token ids."""
+    """400 naming the limit when a completions request has too many prompts, choices, characters or token ids."""
     check_n(body.n, limits)
     prompts = body.prompts()
     if len(prompts) > limits.max_prompts:
         raise _limit("prompts", len(prompts), limits.max_prompts, "max_prompts", "prompt")
+    if len(prompts) * body.n > limits.max_choices:
+        raise _limit("choices (n x prompts)", len(prompts) * body.n, limits.max_choices, "max_choices", "n")
     chars = sum(len(p) for p in prompts if isinstance(p, str))
     if chars > limits.max_prompt_chars:
         raise _limit("prompt characters", chars, limits.max_prompt_chars, "max_prompt_chars", "prompt")
