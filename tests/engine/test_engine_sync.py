@@ -25,6 +25,16 @@ from posttrain.errors import ConfigError
 from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
+ADMIN = "sync-test-admin-token"
+"""The admin token the server subprocess and the trainer (the openai engine) share."""
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch):
+    """Both sides read POSTTRAIN_ADMIN_TOKEN: the server when it starts, the engine on each push."""
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", ADMIN)
+
+
 TINY = [
     "rollout.prompts_per_step=4",
     "rollout.group_size=4",
@@ -151,7 +161,8 @@ def _check_versions(run_dir: Path, url: str, max_staleness: int) -> int:
     final = train_rows[-1]["engine_version"]
     assert final >= 1  # weights did travel
     assert max(r["model_version"] for r in rows) <= final
-    state = httpx.get(url + "/admin/state", timeout=10).json()
+    assert httpx.get(url + "/admin/state", timeout=10).status_code == 401
+    state = httpx.get(url + "/admin/state", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()
     assert state["loaded"][state["stable"]]["weights"] == final
     return final
 

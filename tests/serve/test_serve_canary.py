@@ -96,7 +96,9 @@ def test_broken_canary_rolled_back_automatically_without_failed_requests(tmp_pat
         assert httpx.get(url + "/health").status_code == 200
 
 
-def test_manual_promote_and_rollback_endpoints(tmp_path):
+def test_manual_promote_and_rollback_endpoints(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", "canary-admin")
+    admin = {"Authorization": "Bearer canary-admin"}
     reg = _registry(tmp_path, canary_broken=False)
     cfg = ServeConfig(registry=str(reg.root), canary={"check_interval_s": 3600, "probe_domains": []})
     app = build_server(cfg)
@@ -108,9 +110,11 @@ def test_manual_promote_and_rollback_endpoints(tmp_path):
         assert models == {"posttrain@v1:standard", "posttrain@v2:standard"}  # 50% canary share
         pinned = client.chat.completions.create(model="posttrain@v2:fast", messages=PROMPT, max_tokens=2)
         assert pinned.model == "posttrain@v2:fast"
-        assert httpx.post(url + "/admin/promote").json() == {"stable": "v2", "canary": None}
+        assert httpx.post(url + "/admin/promote").status_code == 401  # no token: nothing changes
+        assert reg.state().stable == "v1"
+        assert httpx.post(url + "/admin/promote", headers=admin).json() == {"stable": "v2", "canary": None}
         assert reg.state().stable == "v2"
-        assert httpx.post(url + "/admin/rollback").status_code == 409
+        assert httpx.post(url + "/admin/rollback", headers=admin).status_code == 409
         assert (
             client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=2).model
             == "posttrain@v2:standard"

@@ -15,15 +15,19 @@ from posttrain.model.arch import load_model
 from posttrain.serve.server import build_server
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
+ADMIN = "engine-test-admin-token"
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("oai")
     path = save_model(root / "m", "micro", seed=2)
     save_model(root / "m2", "micro", seed=3)
-    app = build_server(ServeConfig(model=str(path), canary={"probe_domains": []}))
+    (root / "admin.token").write_text(ADMIN + "\n")
+    cfg = ServeConfig(model=str(path), canary={"probe_domains": []}, admin={"token_file": str(root / "admin.token")})
+    app = build_server(cfg)
     with running(app) as url:
-        engine = OpenAIEngine.from_model_dir(url + "/v1", "posttrain", path)
+        engine = OpenAIEngine.from_model_dir(url + "/v1", "posttrain", path, admin_token=ADMIN)
         yield engine, path, root
         engine.close()
 
@@ -45,14 +49,25 @@ def test_generate_matches_in_process_engine(setup):
             assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a.logprobs, b.logprobs))
 
 
-def test_update_weights_over_http(setup):
-    engine, _, root = setup
+def test_update_weights_over_http(setup, monkeypatch):
+    engine, path, root = setup
     prompt = (4, 30, 31, 5)
     req = [GenerationRequest(prompt, SamplingParams(max_tokens=8, temperature=0.0))]
     new_local = HFEngine(*load_model(root / "m2"))
-    assert engine.update_weights(str(root / "m2")) == 1
+    monkeypatch.delenv("POSTTRAIN_ADMIN_TOKEN", raising=False)
+    for token in (None, "wrong-token"):  # api_key "none", then a wrong admin token: refused, nothing loaded
+        other = OpenAIEngine(engine.base_url, "posttrain", engine.tokenizer, admin_token=token)
+        with pytest.raises(GenerationError, match="HTTP 401"):
+            other.update_weights(str(root / "m2"))
+        other.close()
+    assert engine.generate(req)[0][0].model_version == 0
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", ADMIN)  # the environment variable is read when none is given
+    from_env = OpenAIEngine(engine.base_url, "posttrain", engine.tokenizer)
+    assert from_env.update_weights(str(path)) == 1  # the same weights again: version 1
+    from_env.close()
+    assert engine.update_weights(str(root / "m2")) == 2
     out = engine.generate(req)[0][0]
-    assert out.model_version == 1
+    assert out.model_version == 2
     assert out.token_ids == new_local.generate(req)[0][0].token_ids
     with pytest.raises(GenerationError, match="no config.json|does not exist"):
         engine.update_weights(str(root / "missing"))
@@ -79,3 +94,22 @@ def test_token_id_strings_without_ids(setup):
     assert engine._token_id("a") == engine.tokenizer.convert_tokens_to_ids("a")
     with pytest.raises(GenerationError, match="return_token_ids"):
         engine._token_id("abc")
+
+
+def test_loop_engine_sends_the_token_from_engine_admin_token_file(setup, monkeypatch):
+    from posttrain.configs.engine import EngineConfig
+    from posttrain.engine.sync import make_engine
+
+    engine, path, root = setup
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", "not-the-token")  # the file wins over the environment
+    cfg = EngineConfig(type="openai", url=engine.base_url, admin_token_file=str(root / "admin.token"))
+    loop_engine = make_engine(cfg, None, engine.tokenizer, seed=0)
+    try:
+        before = engine.generate([GenerationRequest((4, 5), SamplingParams(max_tokens=1))])[0][0].model_version
+        assert loop_engine.update_weights(str(path)) == before + 1
+    finally:
+        loop_engine.close()
+    env_only = make_engine(EngineConfig(type="openai", url=engine.base_url), None, engine.tokenizer, seed=0)
+    with pytest.raises(GenerationError, match="HTTP 401"):
+        env_only.update_weights(str(path))  # the wrong token from the environment is refused
+    env_only.close()

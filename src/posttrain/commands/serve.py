@@ -15,6 +15,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, help="TCP port (default 8000)")
     p.add_argument("--config", help="YAML file with serve settings (see docs/serving.md)")
     p.add_argument(
+        "--admin-token-file",
+        help="file holding the bearer token that /v1/update_weights and /admin/* require "
+        "(default: the POSTTRAIN_ADMIN_TOKEN environment variable)",
+    )
+    p.add_argument(
+        "--insecure-admin",
+        action="store_true",
+        help="admin endpoints need no token (they still accept loopback clients only, see admin.allow_clients)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -48,6 +58,15 @@ def build_config(args: argparse.Namespace) -> Any:
     for name in ("registry", "model", "host", "port"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
+    token_file, insecure = getattr(args, "admin_token_file", None), getattr(args, "insecure_admin", False)
+    if token_file or insecure:
+        admin = data.setdefault("admin", {})
+        if not isinstance(admin, dict):
+            raise ConfigError("serve config: admin must be a mapping")
+        if token_file:
+            admin["token_file"] = token_file
+        if insecure:
+            admin["auth"] = False
     return load_serve_config(data)
 
 

@@ -27,6 +27,10 @@ class EngineConfig(BaseModel):
     """With openai: the model name sent in each request."""
     api_key: str = "none"
     """With openai: bearer token for the server."""
+    admin_token_file: str | None = None
+    """With openai: file holding the server's admin token, sent as the bearer token of
+    weight updates (/v1/update_weights); None: the POSTTRAIN_ADMIN_TOKEN environment
+    variable, and without it `api_key`."""
     timeout_s: float = Field(120.0, gt=0.0, le=86_400.0)
     """With openai: seconds before one HTTP request is an infra error."""
     concurrency: int = Field(16, ge=1, le=4096)

@@ -6,9 +6,12 @@ ConfigError naming the dotted field (see `load_serve_config`).
 
 from __future__ import annotations
 
+import ipaddress
+import os
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from posttrain.errors import ConfigError
 
@@ -107,6 +110,101 @@ class CanaryConfig(BaseModel):
     """Eval tasks per probe domain per check."""
 
 
+class LimitsConfig(BaseModel):
+    """Bounds on what one client request may make the server hold or compute.
+
+    Each is checked before the work it bounds: the body size on the stream, the
+    nesting depth before the JSON parser runs, prompt characters before the
+    tokenizer runs, prompt tokens after it."""
+
+    model_config = _STRICT
+
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+    """Largest request body in bytes, checked against Content-Length and against the
+    bytes actually received, before the whole body is held (413 above it)."""
+
+    body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """Seconds a client may take to send its whole body (408 after it), so a slow sender
+    cannot hold one of the `max_inflight` places for long."""
+
+    max_json_depth: int = Field(32, ge=2, le=1000)
+    """Deepest nesting of JSON arrays and objects in a request body, checked before it
+    is parsed (400 above it)."""
+
+    max_prompt_chars: int = Field(131_072, ge=1, le=1 << 30)
+    """Most characters of prompt text in one request (every message's content, or
+    every completions prompt, summed), checked before tokenizing (400 above it)."""
+
+    max_prompt_tokens: int = Field(8192, ge=1, le=1 << 24)
+    """Most tokens in one prompt, after tokenizing (or as given as token ids); the
+    model's own position limit applies as well (400 above it)."""
+
+    max_messages: int = Field(256, ge=1, le=1_000_000)
+    """Most chat messages (and content parts) in one chat request (400 above it)."""
+
+    max_prompts: int = Field(32, ge=1, le=100_000)
+    """Most prompts in one completions request (400 above it)."""
+
+    max_n: int = Field(16, ge=1, le=64)
+    """Largest `n` (choices per prompt) a request may ask for (400 above it)."""
+
+    max_choices: int = Field(64, ge=1, le=100_000)
+    """Most choices one request may ask for: `n` times its number of prompts (400 above it)."""
+
+    max_inflight: int = Field(64, ge=1, le=100_000)
+    """Generation requests handled at once, from the first body byte to the last
+    response byte; one more is refused at once with 429, before its body is read."""
+
+    work_threads: int = Field(2, ge=1, le=64)
+    """Worker threads that parse, validate and tokenize requests off the event loop."""
+
+
+ADMIN_TOKEN_ENV = "POSTTRAIN_ADMIN_TOKEN"
+"""Environment variable that holds the admin bearer token (server and clients)."""
+
+
+class AdminConfig(BaseModel):
+    """Who may call the weight-update and admin endpoints (/v1/update_weights, /admin/*)."""
+
+    model_config = _STRICT
+
+    auth: bool = True
+    """Require the admin bearer token; with no token configured the endpoints are then
+    refused. False (`posttrain serve --insecure-admin`) drops the token check only."""
+
+    token_file: str | None = None
+    """File whose content (surrounding whitespace stripped) is the admin token; None:
+    the POSTTRAIN_ADMIN_TOKEN environment variable."""
+
+    allow_clients: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    """Client addresses or networks (CIDR) allowed on admin endpoints; others get 403
+    whatever token they send. Default: loopback only."""
+
+    @field_validator("allow_clients")
+    @classmethod
+    def _networks(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"{net!r} is not an IP address or CIDR network") from None
+        return v
+
+
+def admin_token(token_file: str | None) -> str | None:
+    """The admin token from `token_file`, else from POSTTRAIN_ADMIN_TOKEN; None when neither
+    is set. ConfigError for a token file that cannot be read or is empty."""
+    if token_file is None:
+        return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"admin token file {token_file!r}: {exc}") from None
+    if not token:
+        raise ConfigError(f"admin token file {token_file!r} is empty")
+    return token
+
+
 class ServeConfig(BaseModel):
     """`posttrain serve`: what to serve and how."""
 
@@ -141,6 +239,12 @@ class ServeConfig(BaseModel):
 
     canary: CanaryConfig = CanaryConfig()
     """Canary rollout and rollback policy."""
+
+    limits: LimitsConfig = LimitsConfig()
+    """Bounds on request size and on request work in flight."""
+
+    admin: AdminConfig = AdminConfig()
+    """Credentials and client addresses for the weight-update and admin endpoints."""
 
 
 def load_serve_config(data: dict[str, Any]) -> ServeConfig:

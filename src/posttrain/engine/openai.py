@@ -8,7 +8,9 @@ returns ids), and `model_version` as the server reported it. Requests go to
 where a server returns no ids, the logprob token strings are mapped back
 through the local tokenizer, and a string that is not exactly one token is a
 GenerationError, never a silent guess. Transport failures and 5xx answers
-are retried, then raised as GenerationError (infra, never reward 0).
+are retried, then raised as GenerationError (infra, never reward 0). Weight
+updates carry the admin token (`admin_token`, else POSTTRAIN_ADMIN_TOKEN) as
+their bearer token, every other request `api_key`.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ class OpenAIEngine:
         timeout_s: float = 120.0,
         retries: int = 2,
         concurrency: int = 16,
+        admin_token: str | None = None,
     ) -> None:
         import httpx
+
+        from posttrain.configs.serve import admin_token as env_admin_token
 
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"openai engine: base_url must start with http:// or https://, got {base_url!r}")
@@ -47,6 +52,7 @@ class OpenAIEngine:
         self.model, self.tokenizer, self.retries = model, tokenizer, retries
         self.eos_token_id = int(tokenizer.eos_token_id) if tokenizer is not None else -1  # None: chat() only
         self.version = 0
+        self._admin_token = admin_token or env_admin_token(None) or api_key
         self._client = httpx.Client(
             timeout=timeout_s,
             headers={"Authorization": f"Bearer {api_key}"},
@@ -105,7 +111,8 @@ class OpenAIEngine:
                 "openai engine: update_weights takes a checkpoint directory path the server can read, "
                 f"got {type(source).__name__}"
             )
-        data = self._post("/update_weights", {"path": str(source)})
+        auth = {"Authorization": f"Bearer {self._admin_token}"}
+        data = self._post("/update_weights", {"path": str(source)}, headers=auth)
         self.version = int(data.get("weights", self.version + 1))
         return self.version
 
@@ -163,13 +170,13 @@ class OpenAIEngine:
             )
         return int(ids[0])
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
         import httpx
 
         last: str = ""
         for attempt in range(self.retries + 1):
             try:
-                resp = self._client.post(self.base_url + path, json=body)
+                resp = self._client.post(self.base_url + path, json=body, headers=headers)
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:

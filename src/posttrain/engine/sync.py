@@ -27,6 +27,7 @@ from posttrain.configs.engine import EngineConfig
 def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any:
     """The loop's engine: HFEngine over the trained module, or OpenAIEngine over cfg.url."""
     if cfg.type == "openai":
+        from posttrain.configs.serve import admin_token
         from posttrain.engine.openai import OpenAIEngine
 
         return OpenAIEngine(
@@ -34,6 +35,7 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any
             cfg.served_model,
             tokenizer,
             api_key=cfg.api_key,
+            admin_token=admin_token(cfg.admin_token_file),
             timeout_s=cfg.timeout_s,
             concurrency=cfg.concurrency,
         )

@@ -4,7 +4,10 @@ Invariant: every response names the version and tier that served it (body
 `model` as `name@version:tier`, `service_tier`, `system_fingerprint`, and the
 `x-posttrain-version` / `x-posttrain-tier` headers); every failure leaves as an
 OpenAI-shaped error body; every background task (batchers, canary checks)
-is owned by the lifespan's TaskGroup and ends with the server.
+is owned by the lifespan's TaskGroup and ends with the server. Request bodies
+are bounded and parsed, validated and tokenized off the event loop
+(serve.limits); /v1/update_weights and every /admin/* endpoint pass the admin
+guard (serve.auth) before anything else.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from posttrain.configs.serve import ServeConfig
 from posttrain.errors import ConfigError, ModelLoadError, PosttrainError
 from posttrain.serve import protocol as P
+from posttrain.serve.auth import AdminGuard
 from posttrain.serve.canary import CanaryController
+from posttrain.serve.limits import Admission, Offload, check_tokens, read_body, validate
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router
@@ -34,6 +39,7 @@ from posttrain.types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("posttrain.serve")
 DEFAULT_MAX_TOKENS = 64
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def load_deployment(info: VersionInfo, cfg: ServeConfig, metrics: ServeMetrics) -> Deployment:
@@ -66,8 +72,10 @@ class Server:
         if registry is None and not deployments:
             raise ConfigError("serve: give a registry or a model (serve.registry or serve.model)")
         self.cfg, self.registry = cfg, registry
+        self.admin = AdminGuard(cfg.admin)
         self.metrics = ServeMetrics()
-        self.router = Router(self.metrics, cfg.served_name, overflow_queue=cfg.fast.overflow_queue)
+        self.offload = Offload(cfg.limits.work_threads)
+        self.router = Router(self.metrics, cfg.served_name, overflow_queue=cfg.fast.overflow_queue, render=self._render)
         self.controller = CanaryController(
             self.router, cfg.canary, registry, lambda info: load_deployment(info, cfg, self.metrics)
         )
@@ -91,6 +99,18 @@ class Server:
                 stop.set()
                 for ev in self.router.stops.values():
                     ev.set()
+                self.offload.close()
+
+    # -- request work, off the event loop ---------------------------------
+    async def parse(self, request: Request, model: type[BaseModel]) -> Any:
+        """The request body as `model`: read within max_body_bytes, then decoded, validated and
+        checked against serve.limits in a worker thread."""
+        limits = self.cfg.limits
+        raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+        return await self.offload.run(validate, raw, model, limits)
+
+    async def _render(self, build: Callable[[Deployment], GenerationRequest], dep: Deployment) -> GenerationRequest:
+        return await self.offload.run(build, dep)
 
     # -- generation -------------------------------------------------------
     def params(self, body: P.ChatRequest | P.CompletionRequest) -> SamplingParams:
@@ -135,11 +155,8 @@ class Server:
         model = P.model_label(self.cfg.served_name, served)
         rid = P.new_id("chatcmpl" if kind == "chat" else "cmpl")
         want_lp = bool(body.logprobs)
-        data = (
-            P.chat_response(rid, model, served, comps, want_lp, body.return_token_ids, tok_str)
-            if kind == "chat"
-            else P.completions_response(rid, model, served, comps, want_lp, body.return_token_ids, tok_str)
-        )
+        respond = P.chat_response if kind == "chat" else P.completions_response
+        data = await self.offload.run(respond, rid, model, served, comps, want_lp, body.return_token_ids, tok_str)
         return JSONResponse(data, headers=_served_headers(served))
 
     async def _one(
@@ -157,8 +174,12 @@ class Server:
             if on_token is not None:
                 on_token(s, ids)
 
-        def request_for(dep: Deployment) -> GenerationRequest:
-            return GenerationRequest(build(dep), params)
+        limits = self.cfg.limits
+
+        def request_for(dep: Deployment) -> GenerationRequest:  # runs in a worker thread (Server._render)
+            ids = build(dep)
+            check_tokens(len(ids), limits)
+            return GenerationRequest(ids, params)
 
         return await self.router.generate(request_for, tier, explicit, sink, st.where)
 
@@ -307,30 +328,18 @@ def _status(exc: BaseException) -> int:
     return _as_api_error(exc).status
 
 
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise P.ApiError(400, "request body is not valid JSON") from None
-    if not isinstance(raw, dict):
-        raise P.ApiError(400, "request body must be a JSON object")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(x) for x in err["loc"]) or None
-        raise P.ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-
-
 def create_app(server: Server) -> FastAPI:
     """The FastAPI app of a Server."""
     app = FastAPI(title="posttrain", lifespan=server.lifespan)
     app.state.server = server
     router, metrics = server.router, server.metrics
+    app.add_middleware(Admission, limit=server.cfg.limits.max_inflight, paths=GENERATION_PATHS, refused=metrics.refused)
 
     @app.exception_handler(P.ApiError)
     async def _api_error(request: Request, exc: P.ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        if exc.status < 500:
+            metrics.refused.inc(endpoint=request.url.path, status=exc.status, code=exc.code or "invalid_request")
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _other(request: Request, exc: Exception) -> JSONResponse:
@@ -341,13 +350,13 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body: P.ChatRequest = await _parse(request, P.ChatRequest)
+        body: P.ChatRequest = await server.parse(request, P.ChatRequest)
         messages = tuple(m.to_message() for m in body.messages)
         return await server.run("chat", body, [lambda dep: dep.engines["standard"].encode_chat(messages)], "chat")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body: P.CompletionRequest = await _parse(request, P.CompletionRequest)
+        body: P.CompletionRequest = await server.parse(request, P.CompletionRequest)
         builds = [_prompt_builder(p) for p in body.prompts()]
         return await server.run("text", body, builds, "completions")
 
@@ -382,7 +391,8 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/update_weights")
     async def update_weights(request: Request) -> dict[str, Any]:
-        body: P.UpdateWeightsRequest = await _parse(request, P.UpdateWeightsRequest)
+        server.admin.check(request)
+        body: P.UpdateWeightsRequest = await server.parse(request, P.UpdateWeightsRequest)
         dep = router.deployments.get(router.stable or "")
         if dep is None:
             raise P.ApiError(503, "no stable version loaded", "server_error")
@@ -393,7 +403,8 @@ def create_app(server: Server) -> FastAPI:
         return {"version": dep.name, "weights": weights}
 
     @app.get("/admin/state")
-    async def state() -> dict[str, Any]:
+    async def state(request: Request) -> dict[str, Any]:
+        server.admin.check(request)
         return {
             "stable": router.stable,
             "canary": router.canary,
@@ -406,7 +417,8 @@ def create_app(server: Server) -> FastAPI:
         }
 
     @app.post("/admin/promote")
-    async def promote() -> dict[str, Any]:
+    async def promote(request: Request) -> dict[str, Any]:
+        server.admin.check(request)
         if router.canary is None:
             raise P.ApiError(409, "there is no canary version to promote")
         if server.registry is not None:
@@ -417,14 +429,16 @@ def create_app(server: Server) -> FastAPI:
         return {"stable": router.stable, "canary": router.canary}
 
     @app.post("/admin/rollback")
-    async def rollback() -> dict[str, Any]:
+    async def rollback(request: Request) -> dict[str, Any]:
+        server.admin.check(request)
         if router.canary is None:
             raise P.ApiError(409, "there is no canary version to roll back")
         await server.controller.rollback("manual")
         return {"stable": router.stable, "canary": router.canary}
 
     @app.post("/admin/check")
-    async def check() -> dict[str, Any]:
+    async def check(request: Request) -> dict[str, Any]:
+        server.admin.check(request)
         res = await server.controller.check()
         return {
             "canary": res.canary,

@@ -154,6 +154,10 @@ class ServeMetrics:
         self.acceptance = Gauge("posttrain_draft_acceptance", "Accepted share of draft tokens, by version and drafter.")
         self.canary_share = Gauge("posttrain_canary_share", "Share of traffic routed to the canary version.")
         self.rollbacks = Counter("posttrain_rollbacks_total", "Canary rollbacks, by version and reason.")
+        self.refused = Counter(
+            "posttrain_refused_requests_total",
+            "Requests refused before any generation (limits, busy, admin credential), by endpoint, status and code.",
+        )
         self.windows: dict[tuple[str, str], RateWindow] = {}
 
     def add_tokens(self, n: int, tier: str, version: str) -> None:
@@ -176,5 +180,6 @@ class ServeMetrics:
             self.acceptance,
             self.canary_share,
             self.rollbacks,
+            self.refused,
         ]
         return "\n".join(line for m in metrics for line in m.render()) + "\n"

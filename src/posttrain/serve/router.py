@@ -13,7 +13,7 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,9 @@ from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import TIER_ALIASES, ApiError, Served, Tier
 from posttrain.serve.tiers import Deployment, TokenSink, check_request
 from posttrain.types import Completion, GenerationRequest
+
+Render = Callable[[Callable[[Deployment], GenerationRequest], Deployment], Awaitable[GenerationRequest]]
+"""Runs a request's renderer (its tokenizing) for a deployment, e.g. in a worker thread."""
 
 _NAME = re.compile(r"^(?P<base>[^@:]+)(?:@(?P<version>[^:]+))?(?::(?P<tier>[a-z]+))?$")
 
@@ -55,9 +58,15 @@ class Router:
     """Holds the deployments and sends each request to one of them."""
 
     def __init__(
-        self, metrics: ServeMetrics, served_name: str, seed: int | None = None, overflow_queue: int = 0
+        self,
+        metrics: ServeMetrics,
+        served_name: str,
+        seed: int | None = None,
+        overflow_queue: int = 0,
+        render: Render | None = None,
     ) -> None:
         self.metrics, self.served_name, self.overflow_queue = metrics, served_name, overflow_queue
+        self.render: Render = render or _render_inline
         self.deployments: dict[str, Deployment] = {}
         self.stable: str | None = None
         self.canary: str | None = None
@@ -168,7 +177,7 @@ class Router:
         sink: TokenSink | None,
         where: list[Served] | None,
     ) -> tuple[list[Completion], Served]:
-        req = build(dep)
+        req = await self.render(build, dep)
         if tier == "fast" and self.overflow_queue and dep.batchers["fast"].queue.qsize() >= self.overflow_queue:
             tier = "standard"  # the fast tier is backed up: the batched tier gives the same output sooner
             self.metrics.overflows.inc(version=dep.name)
@@ -188,3 +197,7 @@ class Router:
         finally:
             self.inflight[dep.name] -= 1
             self.windows.setdefault(dep.name, Window()).add(ok, time.monotonic() - t0, tokens)
+
+
+async def _render_inline(build: Callable[[Deployment], GenerationRequest], dep: Deployment) -> GenerationRequest:
+    return build(dep)
