@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import zlib
 
 import pytest
@@ -394,3 +395,84 @@ def test_the_file_walk_finds_task_data_where_it_is_bound(tmp_path):
     with sandbox.Pool(SandboxConfig(workers=1, ro_binds=(str(leaked),))) as p:
         flagged = walk(p)
     assert str(leaked / "tasks.json") in flagged
+
+
+# ---------------------------------------------------------------- worker memory: one request, then the next
+
+
+MARKER_KINDS = ("source", "stdin", "file", "argv", "env", "stdout", "stderr", "collected")
+
+
+def marker(rng: random.Random, kind: str) -> str:
+    """A fresh ASCII marker (never ambient, never in a scanner request)."""
+    return f"mk{kind}{rng.getrandbits(96):024x}"
+
+
+def marked_request(rng: random.Random, kind: str) -> tuple[sandbox.ExecRequest, set[str]]:
+    """A request that carries (or, for the outputs, makes) one fresh marker of
+    `kind`, and every marker it holds. The output markers are built at run
+    time from their reversal, which is a source marker of the same request."""
+    m = marker(rng, kind)
+    lim = sandbox.Limits(wall_s=20, cpu_s=20)
+    py = {
+        "source": ({"main.py": f"value = {m!r}\n"}, b"", {}),
+        "stdin": ({"main.py": "import sys\ndata = sys.stdin.read()\n"}, m.encode(), {}),
+        "file": ({"main.py": "data = open('data/in.txt').read()\n", "data/in.txt": m}, b"", {}),
+        "env": ({"main.py": "import os\nvalue = os.environ['VALUE']\n"}, b"", {"VALUE": m}),
+        "stdout": ({"main.py": f"print({m[::-1]!r}[::-1])\n"}, b"", {}),
+        "stderr": ({"main.py": f"import sys\nprint({m[::-1]!r}[::-1], file=sys.stderr)\n"}, b"", {}),
+        "collected": ({"main.py": f"open('out.txt', 'w').write({m[::-1]!r}[::-1])\n"}, b"", {}),
+    }
+    if kind == "argv":
+        return sandbox.ExecRequest(argv=("sh", "-c", f": {m}; echo done"), limits=lim), {m}
+    files, stdin, env = py[kind]
+    collect = ("out.txt",) if kind == "collected" else ()
+    req = sandbox.ExecRequest(
+        files=files, python_main="main.py", stdin=stdin, env=env, collect=collect, limits=lim
+    )
+    return req, {m, m[::-1]}
+
+
+def scan_request(own: str, **kw) -> sandbox.ExecRequest:
+    """The scanner as a warm `python_main` task (it inherits the memory of the
+    process it is forked from); `own` is a marker in its own stdin, which the
+    scan must find (a control: the scan reads request bytes in memory)."""
+    return sandbox.ExecRequest(
+        files={"scan.py": SCANNER + "\nimport sys\nsys.stdin.read()\nscan()\n"},
+        python_main="scan.py",
+        stdin=own.encode(),
+        collect=(".leakscan",),
+        limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS),
+        **kw,
+    )
+
+
+def found_markers(result, markers: set[str], own: str) -> set[str]:
+    """Markers of earlier requests in one scan's dump (its own marker must be there)."""
+    dump = dump_of(result)
+    assert strip(own) in dump, "control: the scan did not find its own request's stdin in memory"
+    return {m for m in markers if strip(m) in dump}
+
+
+def run_marked(runner, rng: random.Random, n: int) -> set[str]:
+    out: set[str] = set()
+    for _ in range(n):
+        req, held = marked_request(rng, rng.choice(MARKER_KINDS))
+        res = sandbox.raise_for_infra(runner(req))
+        assert res.ok, (res.status, res.stderr[-300:])
+        out |= held
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_no_request_finds_an_earlier_requests_bytes_in_its_memory(seed):
+    """Property: for a generated mix of requests carrying markers (source,
+    stdin, files, argv, env, stdout, stderr, collected files), a later request
+    on the same one-worker pool finds none of them in any memory it can read
+    (its own process, every other process it can see) or in its files."""
+    rng = random.Random(seed)
+    with sandbox.Pool(SandboxConfig(workers=1)) as p:
+        earlier = run_marked(p.run, rng, 8)
+        own = marker(rng, "own")
+        leaked = found_markers(p.run(scan_request(own)), earlier, own)
+        assert not leaked, sorted(leaked)[:4]
