@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import random
+import time
 import zlib
 
 import pytest
@@ -427,9 +428,7 @@ def marked_request(rng: random.Random, kind: str) -> tuple[sandbox.ExecRequest, 
         return sandbox.ExecRequest(argv=("sh", "-c", f": {m}; echo done"), limits=lim), {m}
     files, stdin, env = py[kind]
     collect = ("out.txt",) if kind == "collected" else ()
-    req = sandbox.ExecRequest(
-        files=files, python_main="main.py", stdin=stdin, env=env, collect=collect, limits=lim
-    )
+    req = sandbox.ExecRequest(files=files, python_main="main.py", stdin=stdin, env=env, collect=collect, limits=lim)
     return req, {m, m[::-1]}
 
 
@@ -438,7 +437,7 @@ def scan_request(own: str, **kw) -> sandbox.ExecRequest:
     process it is forked from); `own` is a marker in its own stdin, which the
     scan must find (a control: the scan reads request bytes in memory)."""
     return sandbox.ExecRequest(
-        files={"scan.py": SCANNER + "\nimport sys\nsys.stdin.read()\nscan()\n"},
+        files={"scan.py": SCANNER + "\nimport sys\nheld = sys.stdin.read()\nscan()\n"},
         python_main="scan.py",
         stdin=own.encode(),
         collect=(".leakscan",),
@@ -464,15 +463,77 @@ def run_marked(runner, rng: random.Random, n: int) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_no_request_finds_an_earlier_requests_bytes_in_its_memory(seed):
+def memory_pool(backend: str, workers: int = 1) -> sandbox.Pool:
+    missing = sandbox.probe().missing(backend)
+    if missing:
+        pytest.skip(f"{backend} unavailable: {missing}")
+    return sandbox.Pool(SandboxConfig(backend=backend, workers=workers))
+
+
+def assert_unseen(result, markers: set[str], own: str) -> None:
+    leaked = found_markers(result, markers, own)
+    assert not leaked, f"{len(leaked)} of {len(markers)} earlier markers found: {sorted(leaked)[:4]}"
+
+
+@pytest.mark.parametrize(("backend", "seed"), [("forkserver", 0), ("forkserver", 1), ("forkserver", 2), ("bwrap", 0)])
+def test_no_request_finds_an_earlier_requests_bytes_in_its_memory(backend, seed):
     """Property: for a generated mix of requests carrying markers (source,
-    stdin, files, argv, env, stdout, stderr, collected files), a later request
-    on the same one-worker pool finds none of them in any memory it can read
-    (its own process, every other process it can see) or in its files."""
+    stdin, files, argv, env, stdout, stderr, collected files) served by one
+    warm worker, a later one-shot or session step finds no earlier marker in
+    any memory it can read (its own process, every other process it can see)
+    or under /task, /tmp and /dev/shm. A session may see its own earlier
+    steps (one episode's state), never an earlier one-shot's or another
+    session's."""
     rng = random.Random(seed)
-    with sandbox.Pool(SandboxConfig(workers=1)) as p:
-        earlier = run_marked(p.run, rng, 8)
+    with memory_pool(backend) as p:
+        oneshots = run_marked(p.run, rng, 6)
         own = marker(rng, "own")
-        leaked = found_markers(p.run(scan_request(own)), earlier, own)
-        assert not leaked, sorted(leaked)[:4]
+        assert_unseen(p.run(scan_request(own)), oneshots, own)
+
+        opened = marker(rng, "opened")
+        with p.session({"notes.txt": opened}) as s:
+            steps = run_marked(s.run, rng, 3)
+            own = marker(rng, "own")
+            assert_unseen(s.run(scan_request(own)), oneshots, own)
+        first_session = steps | {opened}
+
+        oneshots |= run_marked(p.run, rng, 3)
+        with p.session({}) as s:
+            own = marker(rng, "own")
+            assert_unseen(s.run(scan_request(own)), oneshots | first_session, own)
+        own = marker(rng, "own")
+        assert_unseen(p.run(scan_request(own)), oneshots | first_session, own)
+
+
+def test_a_request_running_on_another_worker_is_not_readable():
+    """A group-mate running at the same time on the pool's other worker
+    (holding its marker in memory and in its files) is not found."""
+    import concurrent.futures
+
+    rng = random.Random(7)
+    m = marker(rng, "concurrent")
+    mate = sandbox.ExecRequest(
+        files={
+            "main.py": f"import time\nvalue = {m[::-1]!r}[::-1]\nopen('/tmp/held', 'w').write(value)\ntime.sleep(4)\n"
+        },
+        python_main="main.py",
+        limits=sandbox.Limits(wall_s=20, cpu_s=20),
+    )
+    with memory_pool("forkserver", workers=2) as p, concurrent.futures.ThreadPoolExecutor(1) as ex:
+        running = ex.submit(p.run, mate)
+        for _ in range(400):  # until a worker has forked the group-mate's runner
+            if any(_children(pid) for pid in p.worker_pids()):
+                break
+            time.sleep(0.01)
+        time.sleep(0.5)  # and its task holds the marker
+        own = marker(rng, "own")
+        assert_unseen(p.run(scan_request(own)), {m, m[::-1]}, own)
+        assert running.result().ok
+
+
+def _children(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return ""
