@@ -31,7 +31,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
@@ -85,10 +84,8 @@ def _own_cpu() -> float:
 
 def export(rev: str, into: str) -> str:
     """`src/` of commit `rev`, unpacked under `into`."""
-    tar = os.path.join(into, "src.tar")
-    subprocess.run(["git", "-C", REPO, "archive", "-o", tar, rev, "src"], check=True)
-    with tarfile.open(tar) as fh:
-        fh.extractall(into, filter="data")
+    tar = subprocess.run(["git", "-C", REPO, "archive", rev, "src"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=tar, check=True)
     return os.path.join(into, "src")
 
 

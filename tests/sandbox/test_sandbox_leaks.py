@@ -8,14 +8,22 @@ mapping of its own process and of every other process it can read
 in the encodings a judge would use (JSON in both spacings, repr, the raw
 string, the test with its input, the checker's stdin), with whitespace
 removed on both sides. The scanner keeps the ASCII text runs (6+ bytes) of
-what it reads, so a dump stays small (the returned dump passes through the
-worker, whose freed memory the next task inherits); a hidden value that is
-only in memory as non-ASCII text is not looked for. A needle counts only when it is hidden: not in what
+what it reads, so a dump stays small; a hidden value that is only in memory
+as non-ASCII text is not looked for. A needle counts only when it is hidden: not in what
 the model is given (prompt, inputs, initial files, the scanner, the driver)
 and not ambient (absent from the same scan on a fresh pool that never ran a
 task). Controls show each scan finds a leak where there is one. The static
 files bound into every sandbox (/usr, /etc, the venv, ...) are searched once
 with grep (slow test), with a control that binds the task data.
+
+Worker memory (the last section): for generated requests carrying markers
+(source, stdin, files, argv, env, stdout, stderr, collected files), the
+same scanner, run later on the same warm worker as a one-shot or as a
+session step, finds no earlier request's marker (a session may hold its own
+steps), nor one of a group-mate running on another worker; and the warm
+worker's own memory, read from the host, never holds one (each request is
+read and served by a fresh runner forked from it). Each scan must find its
+own request's marker (the control that it reads request bytes in memory).
 """
 
 from __future__ import annotations
@@ -537,3 +545,43 @@ def _children(pid: int) -> str:
             return fh.read().strip()
     except FileNotFoundError:
         return ""
+
+
+def process_text(pid: int) -> bytes:
+    """Every readable mapping of process `pid`, read from the host (as root)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps.read().splitlines():
+            parts = line.split()
+            if parts[1][0] != "r" or (len(parts) > 5 and parts[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            try:
+                mem.seek(lo)
+                out.append(mem.read(hi - lo))
+            except (OSError, ValueError, OverflowError):
+                pass
+    return b"\0".join(out)
+
+
+def test_the_worker_itself_never_holds_a_request_or_a_result():
+    """By construction, not by scrubbing: after requests of every marker kind
+    and a session (files, steps, snapshot, restore), the warm worker's whole
+    memory, read from the host, holds none of their markers, so nothing a
+    later request forks from ever held them. Control: the same read of this
+    test's own process finds them."""
+    rng = random.Random(11)
+    with memory_pool("forkserver") as p:
+        held = set()
+        for kind in MARKER_KINDS:
+            req, markers = marked_request(rng, kind)
+            assert sandbox.raise_for_infra(p.run(req)).ok
+            held |= markers
+        opened = marker(rng, "opened")
+        with p.session({"notes.txt": opened}) as s:
+            held |= {opened} | run_marked(s.run, rng, 3)
+            s.restore(s.snapshot())
+        worker = p.worker_pids()[0]
+        found = {m for m in held if m.encode() in process_text(worker)}
+        assert not found, sorted(found)[:4]
+        assert all(m.encode() in process_text(os.getpid()) for m in held)  # control: the read finds them

@@ -6,7 +6,7 @@ name, a session id, a snapshot number) and, for a request, forks a runner R
 that reads that one request from a socket the pool handed over, serves it
 and exits. So the memory a task inherits is the zygote's (set-up only) plus
 its own request's, never an earlier request's, a group-mate's or another
-session's. Every task runs in a process tree forked from its runner with
+session's. Every task runs in a process tree forked from its runner in
 fresh mount, pid, net, ipc and uts namespaces, in the slot's cgroup, as the
 slot's non-root uid with no capabilities under seccomp, in a read-only root
 where posttrain's package is masked and no mount names a host folder;
@@ -18,10 +18,10 @@ Run as a script (`python -E -s _worker.py FD`), importing only the stdlib,
 pyseccomp and its sibling modules by file, so it stays small and warm.
 
 Process tree of one request:
-    worker (zygote) ── R (runner: reads the request, pumps, answers, exits)
-                        └─ C1 (setsid, unshares the namespaces)
-                            └─ C2 (pid 1 of the new pid namespace: mounts, pivot_root, reaper)
-                                 └─ C3 (drops to the slot uid, rlimits, seccomp, runs the task)
+    worker (zygote) ── R (runner: reads the request; setsid, a pid namespace for its child; pumps, answers, exits)
+                        └─ C2 (pid 1 of the new pid namespace; unshares mount, net, ipc, uts, cgroup;
+                             mounts, pivot_root, reaper)
+                             └─ C3 (drops to the slot uid, rlimits, seccomp, runs the task)
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 MASKED = ("etc/shadow", "etc/gshadow", "etc/shadow-", "etc/gshadow-")
 KILL_GRACE_S = 5.0
 CG_MEMORY_SLACK = 16 << 20
-OWN_PROCS = 4  # the worker, R, C1 and C2 also count against the slot's pids limit
+OWN_PROCS = 3  # the worker, R and C2 also count against the slot's pids limit
 CONTROL_OPS = frozenset({"ping", "session_snapshot", "session_restore", "session_close"})  # no request bytes
 
 
@@ -349,7 +349,7 @@ class Worker:
         lim = req["limits"]
         oom0 = 0
         if self.cg is not None:
-            # the slot also holds the worker, R and C1/C2: a little slack for them
+            # the slot also holds the worker, R and C2: a little slack for them
             self.cg.set_limits(lim["memory_bytes"] + CG_MEMORY_SLACK, lim["pids"] + OWN_PROCS, lim["cpus"])
             oom0 = self.cg.oom_kills()
         overlay = self._overlay_opts(req["session"]) if req.get("session") else None
@@ -370,18 +370,23 @@ class Task:
         self.keep = (worker.pid, os.getpid())  # the worker and R: not the task's
 
     def run(self, watch: tuple[int, ...]) -> dict:
+        """In R (a process of this one request): a new session and a pid
+        namespace for R's children, then fork C2, the task's pid 1 (which
+        unshares the other namespaces for itself), and pump."""
         pipes = {name: os.pipe() for name in ("in", "out", "err", "st")}
         t0 = time.monotonic()
-        c1 = os.fork()
-        if c1 == 0:
-            _child_main(self, pipes)
+        os.setsid()
+        _linux.unshare(_linux.CLONE_NEWPID)
+        c2 = os.fork()
+        if c2 == 0:
+            _init_main(self, pipes)
         for name, (r, w) in pipes.items():
             os.close(r if name == "in" else w)
-        res = self._pump(c1, pipes, t0, watch)
+        res = self._pump(c2, pipes, t0, watch)
         res["wall_s"] = time.monotonic() - t0
         return res
 
-    def _pump(self, c1: int, pipes: dict, t0: float, watch: tuple[int, ...]) -> dict:
+    def _pump(self, c2: int, pipes: dict, t0: float, watch: tuple[int, ...]) -> dict:
         cap = int(self.lim["output_bytes"])
         bufs = {"out": bytearray(), "err": bytearray(), "st": bytearray()}
         total = {"out": 0, "err": 0}
@@ -394,14 +399,13 @@ class Task:
             in_fd = -1
         deadline = t0 + float(self.lim["wall_s"])
         timed_out = parent_gone = False
-        c2 = None
         cpu_at_kill = 0.0
         while fds:
             now = time.monotonic()
             if now > deadline and not timed_out:
                 timed_out = True
                 cpu_at_kill = self._tree_cpu()
-                self._kill(c1, c2)
+                _kill(c2)
             if timed_out and now > deadline + KILL_GRACE_S:
                 break
             wait = max(0.0, (deadline if not timed_out else deadline + KILL_GRACE_S) - now)
@@ -410,7 +414,7 @@ class Task:
                 parent_gone = True  # the pool closed a channel: abandon the task
                 timed_out = True
                 cpu_at_kill = self._tree_cpu()
-                self._kill(c1, c2)
+                _kill(c2)
             if w:
                 try:
                     n = os.write(in_fd, stdin[:65536])
@@ -431,11 +435,6 @@ class Task:
                     continue
                 if name == "st":
                     bufs["st"] += chunk
-                    if c2 is None:
-                        for frame in _proto.split_frames(bytes(bufs["st"])):
-                            c2 = frame.get("c2", c2)
-                        if c2 is not None and timed_out:
-                            self._kill(c1, c2)
                     continue
                 total[name] += len(chunk)
                 room = cap - len(bufs[name])
@@ -445,9 +444,9 @@ class Task:
             os.close(fd)
         if in_fd >= 0:
             os.close(in_fd)
-        if self.cg is not None:
-            self.cg.kill_all(keep=self.keep + (c1,))
-        _, wstatus, ru = os.wait4(c1, 0)
+        if timed_out:
+            _kill(c2)  # again: past the grace, C2 may still live; killing it ends its pid namespace
+        _, wstatus, ru = os.wait4(c2, 0)  # then op_run sweeps the slot cgroup
         frames = _proto.split_frames(bytes(bufs["st"]))
         final = next((f for f in frames if "kind" in f), None)
         res = {
@@ -510,41 +509,22 @@ class Task:
                 pass
         return total / os.sysconf("SC_CLK_TCK")
 
-    def _kill(self, c1: int, c2: int | None) -> None:
-        for pid in (c2, c1):
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # ---- the task tree (runs in forked children; never returns)
-def _child_main(task: Task, pipes: dict) -> None:
-    st = pipes["st"][1]
-    try:
-        _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})
-        os.setsid()
-        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        flags = (
-            _linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
-        )
-        _linux.unshare(flags | (_linux.CLONE_NEWCGROUP if task.w.cgroupns else 0))
-        c2 = os.fork()
-        if c2 == 0:
-            _init_main(task, pipes)
-        _close_task_ends(pipes)
-        _proto.write_frame(st, {"c2": c2})
-        os.waitpid(c2, 0)
-        os._exit(0)
-    except BaseException as exc:
-        _setup_failed(st, "C1", exc)
-
-
 def _init_main(task: Task, pipes: dict) -> None:
     st = pipes["st"][1]
     try:
+        _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})  # R's channels above all
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
+        _linux.unshare(flags | (_linux.CLONE_NEWCGROUP if task.w.cgroupns else 0))  # R keeps the worker's
         _mount_task_root(task)
         try:
             _fs.write_files(task.w.root + WORKDIR, task.req.get("files", {}), task.w.uid, task.w.gid)
