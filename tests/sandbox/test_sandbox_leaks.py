@@ -440,7 +440,7 @@ def marked_request(rng: random.Random, kind: str) -> tuple[sandbox.ExecRequest, 
     return req, {m, m[::-1]}
 
 
-def scan_request(own: str, **kw) -> sandbox.ExecRequest:
+def scan_request(own: str) -> sandbox.ExecRequest:
     """The scanner as a warm `python_main` task (it inherits the memory of the
     process it is forked from); `own` is a marker in its own stdin, which the
     scan must find (a control: the scan reads request bytes in memory)."""
@@ -450,7 +450,6 @@ def scan_request(own: str, **kw) -> sandbox.ExecRequest:
         stdin=own.encode(),
         collect=(".leakscan",),
         limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS),
-        **kw,
     )
 
 
