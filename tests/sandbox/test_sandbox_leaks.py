@@ -8,14 +8,22 @@ mapping of its own process and of every other process it can read
 in the encodings a judge would use (JSON in both spacings, repr, the raw
 string, the test with its input, the checker's stdin), with whitespace
 removed on both sides. The scanner keeps the ASCII text runs (6+ bytes) of
-what it reads, so a dump stays small (the returned dump passes through the
-worker, whose freed memory the next task inherits); a hidden value that is
-only in memory as non-ASCII text is not looked for. A needle counts only when it is hidden: not in what
+what it reads, so a dump stays small; a hidden value that is only in memory
+as non-ASCII text is not looked for. A needle counts only when it is hidden: not in what
 the model is given (prompt, inputs, initial files, the scanner, the driver)
 and not ambient (absent from the same scan on a fresh pool that never ran a
 task). Controls show each scan finds a leak where there is one. The static
 files bound into every sandbox (/usr, /etc, the venv, ...) are searched once
 with grep (slow test), with a control that binds the task data.
+
+Worker memory (the last section): for generated requests carrying markers
+(source, stdin, files, argv, env, stdout, stderr, collected files), the
+same scanner, run later on the same warm worker as a one-shot or as a
+session step, finds no earlier request's marker (a session may hold its own
+steps), nor one of a group-mate running on another worker; and the warm
+worker's own memory, read from the host, never holds one (each request is
+read and served by a fresh runner forked from it). Each scan must find its
+own request's marker (the control that it reads request bytes in memory).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
+import time
 import zlib
 
 import pytest
@@ -394,3 +404,183 @@ def test_the_file_walk_finds_task_data_where_it_is_bound(tmp_path):
     with sandbox.Pool(SandboxConfig(workers=1, ro_binds=(str(leaked),))) as p:
         flagged = walk(p)
     assert str(leaked / "tasks.json") in flagged
+
+
+# ---------------------------------------------------------------- worker memory: one request, then the next
+
+
+MARKER_KINDS = ("source", "stdin", "file", "argv", "env", "stdout", "stderr", "collected")
+
+
+def marker(rng: random.Random, kind: str) -> str:
+    """A fresh ASCII marker (never ambient, never in a scanner request)."""
+    return f"mk{kind}{rng.getrandbits(96):024x}"
+
+
+def marked_request(rng: random.Random, kind: str) -> tuple[sandbox.ExecRequest, set[str]]:
+    """A request that carries (or, for the outputs, makes) one fresh marker of
+    `kind`, and every marker it holds. The output markers are built at run
+    time from their reversal, which is a source marker of the same request."""
+    m = marker(rng, kind)
+    lim = sandbox.Limits(wall_s=20, cpu_s=20)
+    py = {
+        "source": ({"main.py": f"value = {m!r}\n"}, b"", {}),
+        "stdin": ({"main.py": "import sys\ndata = sys.stdin.read()\n"}, m.encode(), {}),
+        "file": ({"main.py": "data = open('data/in.txt').read()\n", "data/in.txt": m}, b"", {}),
+        "env": ({"main.py": "import os\nvalue = os.environ['VALUE']\n"}, b"", {"VALUE": m}),
+        "stdout": ({"main.py": f"print({m[::-1]!r}[::-1])\n"}, b"", {}),
+        "stderr": ({"main.py": f"import sys\nprint({m[::-1]!r}[::-1], file=sys.stderr)\n"}, b"", {}),
+        "collected": ({"main.py": f"open('out.txt', 'w').write({m[::-1]!r}[::-1])\n"}, b"", {}),
+    }
+    if kind == "argv":
+        return sandbox.ExecRequest(argv=("sh", "-c", f": {m}; echo done"), limits=lim), {m}
+    files, stdin, env = py[kind]
+    collect = ("out.txt",) if kind == "collected" else ()
+    req = sandbox.ExecRequest(files=files, python_main="main.py", stdin=stdin, env=env, collect=collect, limits=lim)
+    return req, {m, m[::-1]}
+
+
+def scan_request(own: str) -> sandbox.ExecRequest:
+    """The scanner as a warm `python_main` task (it inherits the memory of the
+    process it is forked from); `own` is a marker in its own stdin, which the
+    scan must find (a control: the scan reads request bytes in memory)."""
+    return sandbox.ExecRequest(
+        files={"scan.py": SCANNER + "\nimport sys\nheld = sys.stdin.read()\nscan()\n"},
+        python_main="scan.py",
+        stdin=own.encode(),
+        collect=(".leakscan",),
+        limits=sandbox.Limits(wall_s=60, cpu_s=60, **SCAN_LIMITS),
+    )
+
+
+def found_markers(result, markers: set[str], own: str) -> set[str]:
+    """Markers of earlier requests in one scan's dump (its own marker must be there)."""
+    dump = dump_of(result)
+    assert strip(own) in dump, "control: the scan did not find its own request's stdin in memory"
+    return {m for m in markers if strip(m) in dump}
+
+
+def run_marked(runner, rng: random.Random, n: int) -> set[str]:
+    out: set[str] = set()
+    for _ in range(n):
+        req, held = marked_request(rng, rng.choice(MARKER_KINDS))
+        res = sandbox.raise_for_infra(runner(req))
+        assert res.ok, (res.status, res.stderr[-300:])
+        out |= held
+    return out
+
+
+def memory_pool(backend: str, workers: int = 1) -> sandbox.Pool:
+    missing = sandbox.probe().missing(backend)
+    if missing:
+        pytest.skip(f"{backend} unavailable: {missing}")
+    return sandbox.Pool(SandboxConfig(backend=backend, workers=workers))
+
+
+def assert_unseen(result, markers: set[str], own: str) -> None:
+    leaked = found_markers(result, markers, own)
+    assert not leaked, f"{len(leaked)} of {len(markers)} earlier markers found: {sorted(leaked)[:4]}"
+
+
+@pytest.mark.parametrize(("backend", "seed"), [("forkserver", 0), ("forkserver", 1), ("forkserver", 2), ("bwrap", 0)])
+def test_no_request_finds_an_earlier_requests_bytes_in_its_memory(backend, seed):
+    """Property: for a generated mix of requests carrying markers (source,
+    stdin, files, argv, env, stdout, stderr, collected files) served by one
+    warm worker, a later one-shot or session step finds no earlier marker in
+    any memory it can read (its own process, every other process it can see)
+    or under /task, /tmp and /dev/shm. A session may see its own earlier
+    steps (one episode's state), never an earlier one-shot's or another
+    session's."""
+    rng = random.Random(seed)
+    with memory_pool(backend) as p:
+        oneshots = run_marked(p.run, rng, 6)
+        own = marker(rng, "own")
+        assert_unseen(p.run(scan_request(own)), oneshots, own)
+
+        opened = marker(rng, "opened")
+        with p.session({"notes.txt": opened}) as s:
+            steps = run_marked(s.run, rng, 3)
+            own = marker(rng, "own")
+            assert_unseen(s.run(scan_request(own)), oneshots, own)
+        first_session = steps | {opened}
+
+        oneshots |= run_marked(p.run, rng, 3)
+        with p.session({}) as s:
+            own = marker(rng, "own")
+            assert_unseen(s.run(scan_request(own)), oneshots | first_session, own)
+        own = marker(rng, "own")
+        assert_unseen(p.run(scan_request(own)), oneshots | first_session, own)
+
+
+def test_a_request_running_on_another_worker_is_not_readable():
+    """A group-mate running at the same time on the pool's other worker
+    (holding its marker in memory and in its files) is not found."""
+    import concurrent.futures
+
+    rng = random.Random(7)
+    m = marker(rng, "concurrent")
+    mate = sandbox.ExecRequest(
+        files={
+            "main.py": f"import time\nvalue = {m[::-1]!r}[::-1]\nopen('/tmp/held', 'w').write(value)\ntime.sleep(4)\n"
+        },
+        python_main="main.py",
+        limits=sandbox.Limits(wall_s=20, cpu_s=20),
+    )
+    with memory_pool("forkserver", workers=2) as p, concurrent.futures.ThreadPoolExecutor(1) as ex:
+        running = ex.submit(p.run, mate)
+        for _ in range(400):  # until a worker has forked the group-mate's runner
+            if any(_children(pid) for pid in p.worker_pids()):
+                break
+            time.sleep(0.01)
+        time.sleep(0.5)  # and its task holds the marker
+        own = marker(rng, "own")
+        assert_unseen(p.run(scan_request(own)), {m, m[::-1]}, own)
+        assert running.result().ok
+
+
+def _children(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def process_text(pid: int) -> bytes:
+    """Every readable mapping of process `pid`, read from the host (as root)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps.read().splitlines():
+            parts = line.split()
+            if parts[1][0] != "r" or (len(parts) > 5 and parts[5] in ("[vvar]", "[vsyscall]")):
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            try:
+                mem.seek(lo)
+                out.append(mem.read(hi - lo))
+            except (OSError, ValueError, OverflowError):
+                pass
+    return b"\0".join(out)
+
+
+def test_the_worker_itself_never_holds_a_request_or_a_result():
+    """By construction, not by scrubbing: after requests of every marker kind
+    and a session (files, steps, snapshot, restore), the warm worker's whole
+    memory, read from the host, holds none of their markers, so nothing a
+    later request forks from ever held them. Control: the same read of this
+    test's own process finds them."""
+    rng = random.Random(11)
+    with memory_pool("forkserver") as p:
+        held = set()
+        for kind in MARKER_KINDS:
+            req, markers = marked_request(rng, kind)
+            assert sandbox.raise_for_infra(p.run(req)).ok
+            held |= markers
+        opened = marker(rng, "opened")
+        with p.session({"notes.txt": opened}) as s:
+            held |= {opened} | run_marked(s.run, rng, 3)
+            s.restore(s.snapshot())
+        worker = p.worker_pids()[0]
+        found = {m for m in held if m.encode() in process_text(worker)}
+        assert not found, sorted(found)[:4]
+        assert all(m.encode() in process_text(os.getpid()) for m in held)  # control: the read finds them

@@ -82,6 +82,32 @@ def test_worker_killed_mid_task_is_infra_error_and_replaced():
 
 
 @root_only
+def test_runner_killed_mid_task_is_infra_error_and_the_worker_replaced():
+    """The per-request runner (the worker's child) killed while its task runs:
+    infra_error, never a score, and the slot gets a fresh worker."""
+    with sb.Pool(sb.SandboxConfig(workers=1, grace_s=5)) as p:
+        old = p.worker_pids()[0]
+
+        def kill_runner():
+            for _ in range(2000):  # until the worker has forked the runner
+                with open(f"/proc/{old}/task/{old}/children") as fh:
+                    runner = fh.read().split()
+                if runner:
+                    time.sleep(0.2)  # let it start the task
+                    os.kill(int(runner[0]), signal.SIGKILL)
+                    return
+                time.sleep(0.005)
+
+        killer = threading.Thread(target=kill_runner)
+        killer.start()
+        res = p.run(sh("sleep 30", wall_s=20))
+        killer.join()
+        assert res.status == "infra_error" and "worker died" in res.error
+        again = p.run(sh("echo back"))
+        assert again.text == "back\n" and p.worker_pids() != [old] and p.stats().replaced == 1
+
+
+@root_only
 def test_health_check_replaces_a_dead_idle_worker():
     with sb.Pool(sb.SandboxConfig(workers=1)) as p:
         old = p.worker_pids()[0]
@@ -131,7 +157,12 @@ def test_async_run(pool):
 
 @root_only
 def test_worker_rss_is_small(pool):
-    assert all(info["peak_rss_kb"] < 50 * 1024 for info in pool.worker_info())
+    """The warm worker's peak RSS, and that of the per-request runners it forked, stay under 50 MiB."""
+    for _ in range(4):  # some runs on each worker (the pool hands out its slots in turn)
+        assert pool.run(sb.ExecRequest(files={"m.py": "print(1)"}, python_main="m.py")).ok
+    infos = pool.worker_info()
+    assert all(0 < info["runner_peak_rss_kb"] < 50 * 1024 for info in infos)
+    assert all(info["peak_rss_kb"] < 50 * 1024 for info in infos)
 
 
 @root_only

@@ -31,8 +31,14 @@ v2); rlimits for CPU time, file size, address space, processes and open
 files; a parent-side wall timer and output cap; setsid per task; descriptors
 above 2 closed; when a task ends every process of it is killed (pid
 namespace teardown plus a cgroup sweep), so daemons do not survive and the
-next task sees a fresh /task. A worker killed mid-task yields infra_error
-and is replaced; callers never wait past acquire timeout + wall + grace.
+next task sees a fresh /task. The warm worker is a clean template that
+never reads a request or a result: each run (and session open) is read and
+served by a fresh runner forked from it, which forks the task tree and
+exits, so no task finds an earlier request's bytes (source, stdin, files,
+argv, env, outputs: a group-mate's solution) or another session's in any
+memory it can read (tests/sandbox/test_sandbox_leaks.py, worker memory);
+bubblewrap and unsafe start a new process per run. A worker (or runner)
+killed mid-task yields infra_error and the worker is replaced; callers never wait past acquire timeout + wall + grace.
 posttrain's own package (its hidden task data) is masked in every backend
 and install layout (`_hide`); request files are written, and collected
 files read, without following a symlink (`_fs`), so a session step's
@@ -50,7 +56,10 @@ the bubblewrap backend enforces no cgroup limits (memory only via
 RLIMIT_AS, processes only via its pid namespace and the wall timer) and its
 mountinfo shows the host paths of its binds; unsafe enforces nothing but
 rlimits and the wall timer, and hides posttrain's package only from its
-task's python path (as root), not the rest of the host.
+task's python path (as root), not the rest of the host. A task's memory
+holds its own request (a session step's, its own step): what the request
+carries is the task's to read; the pool's own process holds every request
+and result but is never forked from for a task.
 """
 
 from __future__ import annotations

@@ -1,20 +1,27 @@
 """The fork-server worker: a warm, root Python that runs one task at a time.
 
-Invariant: every task runs in a process tree forked from this worker with
-fresh mount, pid, net, ipc and uts namespaces, in its own cgroup, as the
+Invariant: the worker is a clean template (a zygote) that never holds a
+byte of any request or result: it reads only small control frames (an op
+name, a session id, a snapshot number) and, for a request, forks a runner R
+that reads that one request from a socket the pool handed over, serves it
+and exits. So the memory a task inherits is the zygote's (set-up only) plus
+its own request's, never an earlier request's, a group-mate's or another
+session's. Every task runs in a process tree forked from its runner in
+fresh mount, pid, net, ipc and uts namespaces, in the slot's cgroup, as the
 slot's non-root uid with no capabilities under seccomp, in a read-only root
 where posttrain's package is masked and no mount names a host folder;
 request files are written without following a symlink; when the task ends
-(exit, limit or timeout) every process of it is gone and its cgroup removed
-before the result is sent. The worker never runs task code itself.
+(exit, limit or timeout) every process of it is gone before the result is
+sent. Neither the worker nor a runner runs task code itself.
 
 Run as a script (`python -E -s _worker.py FD`), importing only the stdlib,
 pyseccomp and its sibling modules by file, so it stays small and warm.
 
-Process tree of one task:
-    worker ── C1 (setsid, joins the task cgroup, unshares the namespaces)
-               └─ C2 (pid 1 of the new pid namespace: mounts, pivot_root, reaper)
-                    └─ C3 (drops to the slot uid, rlimits, seccomp, runs the task)
+Process tree of one request:
+    worker (zygote) ── R (runner: reads the request; setsid, a pid namespace for its child; pumps, answers, exits)
+                        └─ C2 (pid 1 of the new pid namespace; unshares mount, net, ipc, uts, cgroup;
+                             mounts, pivot_root, reaper)
+                             └─ C3 (drops to the slot uid, rlimits, seccomp, runs the task)
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 MASKED = ("etc/shadow", "etc/gshadow", "etc/shadow-", "etc/gshadow-")
 KILL_GRACE_S = 5.0
 CG_MEMORY_SLACK = 16 << 20
+OWN_PROCS = 3  # the worker, R and C2 also count against the slot's pids limit
+CONTROL_OPS = frozenset({"ping", "session_snapshot", "session_restore", "session_close"})  # no request bytes
 
 
 class Worker:
@@ -60,7 +69,7 @@ class Worker:
         self.state = conf["state_dir"]
         self.root = os.path.join(self.state, "root")
         self.sessions = os.path.join(self.state, "sessions")
-        self.seq = 0
+        self.pid = os.getpid()
         self.hidden = tuple(conf.get("hidden", ()))
         self.venv = conf.get("venv")
         self.python_path = [
@@ -218,24 +227,67 @@ class Worker:
 
     # ---- the request loop
     def serve(self, sock: socket.socket) -> None:
+        """The zygote's loop: control ops are answered here; a `fork` frame
+        brings a socket, and a fresh runner serves the request on it."""
         fd = sock.fileno()
         while True:
             try:
-                msg = _proto.read_frame(fd)
+                msg, fds = _proto.read_control(sock)
             except EOFError:
                 return
-            try:
-                reply = getattr(self, "op_" + msg["op"])(msg, fd)
-            except Exception as exc:  # an infra failure of this worker, reported not raised
-                reply = {"infra_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=4)}
+            if msg.get("op") == "fork" and len(fds) == 1:
+                self._fork_runner(fds[0], fd)
+                continue
+            for extra in fds:
+                os.close(extra)
+            if msg.get("op") not in CONTROL_OPS:
+                reply = {"infra_error": f"op {msg.get('op')!r} is not served on the control channel"}
+            else:
+                reply = self._dispatch(msg, (fd,))
             _proto.write_frame(fd, reply)
 
-    def op_ping(self, msg: dict, ctl: int) -> dict:
+    def _dispatch(self, msg: dict, watch: tuple[int, ...]) -> dict:
+        try:
+            return getattr(self, "op_" + msg["op"])(msg, watch)
+        except Exception as exc:  # an infra failure of this worker, reported not raised
+            return {"infra_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=4)}
+
+    def _fork_runner(self, chan: int, ctl: int) -> None:
+        """Fork R for one request on `chan`, then reap it (R reaps its task tree).
+        The zygote never reads `chan`: what R reads dies with R."""
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() == self.pid:
+                    self._runner(chan, ctl)
+                    code = 0
+            finally:
+                os._exit(code)
+        os.close(chan)
+        os.waitpid(pid, 0)
+
+    def _runner(self, chan: int, ctl: int) -> None:
+        """R: read one FORKED_OPS frame from `chan`, serve it, answer on `chan`.
+        Either channel becoming readable while a task runs means the pool is gone."""
+        try:
+            msg = _proto.read_frame(chan)
+        except EOFError:
+            return
+        if msg.get("op") not in _proto.FORKED_OPS:
+            reply = {"infra_error": f"op {msg.get('op')!r} is not served by a runner"}
+        else:
+            reply = self._dispatch(msg, (ctl, chan))
+        reply["runner_peak_rss_kb"] = _status_kb("VmHWM")
+        _proto.write_frame(chan, reply)
+
+    def op_ping(self, msg: dict, watch: tuple[int, ...]) -> dict:
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss over execve from the
         # pre-exec fork of the (large) parent, which is not this worker's size
         return {"pid": os.getpid(), "peak_rss_kb": _status_kb("VmHWM"), "rss_kb": _status_kb("VmRSS"), "uid": self.uid}
 
-    def op_session_open(self, msg: dict, ctl: int) -> dict:
+    def op_session_open(self, msg: dict, watch: tuple[int, ...]) -> dict:
         path = self._session_dir(msg["sid"])
         os.makedirs(path)
         _linux.mount(
@@ -248,7 +300,7 @@ class Worker:
         os.chown(os.path.join(path, "upper"), self.uid, self.gid)
         return {"ok": True}
 
-    def op_session_snapshot(self, msg: dict, ctl: int) -> dict:
+    def op_session_snapshot(self, msg: dict, watch: tuple[int, ...]) -> dict:
         path = self._session_dir(msg["sid"])
         n = len(os.listdir(os.path.join(path, "layers")))
         os.rename(os.path.join(path, "upper"), os.path.join(path, "layers", str(n)))
@@ -257,7 +309,7 @@ class Worker:
         os.chown(os.path.join(path, "upper"), self.uid, self.gid)
         return {"snapshot": n + 1}
 
-    def op_session_restore(self, msg: dict, ctl: int) -> dict:
+    def op_session_restore(self, msg: dict, watch: tuple[int, ...]) -> dict:
         path = self._session_dir(msg["sid"])
         keep = int(msg["snapshot"])
         layers = os.path.join(path, "layers")
@@ -270,7 +322,7 @@ class Worker:
         os.chown(os.path.join(path, "upper"), self.uid, self.gid)
         return {"snapshot": keep}
 
-    def op_session_close(self, msg: dict, ctl: int) -> dict:
+    def op_session_close(self, msg: dict, watch: tuple[int, ...]) -> dict:
         path = self._session_dir(msg["sid"])
         if os.path.isdir(path):
             _linux.umount2(path, _linux.MNT_DETACH)
@@ -290,20 +342,21 @@ class Worker:
         lower = ":".join([f"layers/{n}" for n in layers] + ["base"])
         return path, f"lowerdir={lower},upperdir=upper,workdir=work,index=off,redirect_dir=off,metacopy=off"
 
-    def op_run(self, msg: dict, ctl: int) -> dict:
-        self.seq += 1
+    def op_run(self, msg: dict, watch: tuple[int, ...]) -> dict:
+        """Run one task (in R): its tree is forked from R, whose memory is the
+        zygote's plus this request."""
         req = msg["req"]
         lim = req["limits"]
         oom0 = 0
         if self.cg is not None:
-            # the slot also holds this worker and C1/C2: a little slack for them
-            self.cg.set_limits(lim["memory_bytes"] + CG_MEMORY_SLACK, lim["pids"] + 3, lim["cpus"])
+            # the slot also holds the worker, R and C2: a little slack for them
+            self.cg.set_limits(lim["memory_bytes"] + CG_MEMORY_SLACK, lim["pids"] + OWN_PROCS, lim["cpus"])
             oom0 = self.cg.oom_kills()
         overlay = self._overlay_opts(req["session"]) if req.get("session") else None
         try:
-            return Task(self, req, oom0, overlay).run(ctl)
+            return Task(self, req, oom0, overlay).run(watch)
         finally:
-            if self.cg is not None and not self.cg.kill_all(keep=(os.getpid(),)):
+            if self.cg is not None and not self.cg.kill_all(keep=(self.pid, os.getpid())):
                 raise RuntimeError("task processes survived SIGKILL")
 
 
@@ -314,20 +367,26 @@ class Task:
         self.w, self.req, self.oom0, self.overlay = worker, req, oom0, overlay
         self.cg = worker.cg
         self.lim = req["limits"]
+        self.keep = (worker.pid, os.getpid())  # the worker and R: not the task's
 
-    def run(self, ctl: int) -> dict:
+    def run(self, watch: tuple[int, ...]) -> dict:
+        """In R (a process of this one request): a new session and a pid
+        namespace for R's children, then fork C2, the task's pid 1 (which
+        unshares the other namespaces for itself), and pump."""
         pipes = {name: os.pipe() for name in ("in", "out", "err", "st")}
         t0 = time.monotonic()
-        c1 = os.fork()
-        if c1 == 0:
-            _child_main(self, pipes)
+        os.setsid()
+        _linux.unshare(_linux.CLONE_NEWPID)
+        c2 = os.fork()
+        if c2 == 0:
+            _init_main(self, pipes)
         for name, (r, w) in pipes.items():
             os.close(r if name == "in" else w)
-        res = self._pump(c1, pipes, t0, ctl)
+        res = self._pump(c2, pipes, t0, watch)
         res["wall_s"] = time.monotonic() - t0
         return res
 
-    def _pump(self, c1: int, pipes: dict, t0: float, ctl: int) -> dict:
+    def _pump(self, c2: int, pipes: dict, t0: float, watch: tuple[int, ...]) -> dict:
         cap = int(self.lim["output_bytes"])
         bufs = {"out": bytearray(), "err": bytearray(), "st": bytearray()}
         total = {"out": 0, "err": 0}
@@ -340,23 +399,22 @@ class Task:
             in_fd = -1
         deadline = t0 + float(self.lim["wall_s"])
         timed_out = parent_gone = False
-        c2 = None
         cpu_at_kill = 0.0
         while fds:
             now = time.monotonic()
             if now > deadline and not timed_out:
                 timed_out = True
                 cpu_at_kill = self._tree_cpu()
-                self._kill(c1, c2)
+                _kill(c2)
             if timed_out and now > deadline + KILL_GRACE_S:
                 break
             wait = max(0.0, (deadline if not timed_out else deadline + KILL_GRACE_S) - now)
-            r, w, _ = select.select(list(fds) + [ctl], [in_fd] if in_fd >= 0 else [], [], min(wait, 1.0))
-            if ctl in r and not parent_gone:
-                parent_gone = True  # the pool closed our channel: abandon the task
+            r, w, _ = select.select(list(fds) + list(watch), [in_fd] if in_fd >= 0 else [], [], min(wait, 1.0))
+            if any(fd in watch for fd in r) and not parent_gone:
+                parent_gone = True  # the pool closed a channel: abandon the task
                 timed_out = True
                 cpu_at_kill = self._tree_cpu()
-                self._kill(c1, c2)
+                _kill(c2)
             if w:
                 try:
                     n = os.write(in_fd, stdin[:65536])
@@ -367,7 +425,7 @@ class Task:
                     os.close(in_fd)
                     in_fd = -1
             for fd in r:
-                if fd == ctl:
+                if fd in watch:
                     continue
                 name = fds[fd]
                 chunk = os.read(fd, 1 << 16)
@@ -377,11 +435,6 @@ class Task:
                     continue
                 if name == "st":
                     bufs["st"] += chunk
-                    if c2 is None:
-                        for frame in _proto.split_frames(bytes(bufs["st"])):
-                            c2 = frame.get("c2", c2)
-                        if c2 is not None and timed_out:
-                            self._kill(c1, c2)
                     continue
                 total[name] += len(chunk)
                 room = cap - len(bufs[name])
@@ -391,9 +444,9 @@ class Task:
             os.close(fd)
         if in_fd >= 0:
             os.close(in_fd)
-        if self.cg is not None:
-            self.cg.kill_all(keep=(os.getpid(), c1))
-        _, wstatus, ru = os.wait4(c1, 0)
+        if timed_out:
+            _kill(c2)  # again: past the grace, C2 may still live; killing it ends its pid namespace
+        _, wstatus, ru = os.wait4(c2, 0)  # then op_run sweeps the slot cgroup
         frames = _proto.split_frames(bytes(bufs["st"]))
         final = next((f for f in frames if "kind" in f), None)
         res = {
@@ -445,9 +498,8 @@ class Task:
         if self.cg is None:
             return 0.0
         total = 0
-        me = os.getpid()
         for pid in self.cg.pids():
-            if pid == me:
+            if pid in self.keep:
                 continue
             try:
                 with open(f"/proc/{pid}/stat") as fh:
@@ -457,41 +509,22 @@ class Task:
                 pass
         return total / os.sysconf("SC_CLK_TCK")
 
-    def _kill(self, c1: int, c2: int | None) -> None:
-        for pid in (c2, c1):
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # ---- the task tree (runs in forked children; never returns)
-def _child_main(task: Task, pipes: dict) -> None:
-    st = pipes["st"][1]
-    try:
-        _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})
-        os.setsid()
-        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        flags = (
-            _linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
-        )
-        _linux.unshare(flags | (_linux.CLONE_NEWCGROUP if task.w.cgroupns else 0))
-        c2 = os.fork()
-        if c2 == 0:
-            _init_main(task, pipes)
-        _close_task_ends(pipes)
-        _proto.write_frame(st, {"c2": c2})
-        os.waitpid(c2, 0)
-        os._exit(0)
-    except BaseException as exc:
-        _setup_failed(st, "C1", exc)
-
-
 def _init_main(task: Task, pipes: dict) -> None:
     st = pipes["st"][1]
     try:
+        _close_except({pipes["in"][0], pipes["out"][1], pipes["err"][1], st})  # R's channels above all
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
+        _linux.unshare(flags | (_linux.CLONE_NEWCGROUP if task.w.cgroupns else 0))  # R keeps the worker's
         _mount_task_root(task)
         try:
             _fs.write_files(task.w.root + WORKDIR, task.req.get("files", {}), task.w.uid, task.w.gid)

@@ -4,7 +4,10 @@ Invariant: a call on a handle returns within the request's wall limit plus
 the grace period, whatever the worker does; a worker that dies, hangs or
 breaks the protocol is killed and every later call on this handle returns
 infra_error (the pool then replaces it). The handle is used by one thread
-at a time (the pool guarantees it).
+at a time (the pool guarantees it). An op that carries request bytes
+(`_proto.FORKED_OPS`: run, session_open) never goes over the worker's
+control channel: it goes over a fresh socket pair whose other end the worker
+hands to a process it forks for that one request (see `_worker`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ForkServerWorker:
         self.conf = conf
         self.grace_s = grace_s
         self.dead = False
+        self.runner_peak_kb = 0  # the largest VmHWM a per-request runner reported
         parent, child = socket.socketpair()
         self.sock = parent
         try:
@@ -61,20 +65,20 @@ class ForkServerWorker:
             raise WorkerDied(ready.get("infra_error", f"worker start-up failed: {ready!r}"))
         self.pid = self.proc.pid
 
-    def _recv(self, timeout_s: float) -> dict:
-        fd = self.sock.fileno()
-        r, _, _ = select.select([fd], [], [], timeout_s)
+    def _recv(self, timeout_s: float, sock: socket.socket | None = None) -> dict:
+        sock = self.sock if sock is None else sock
+        r, _, _ = select.select([sock.fileno()], [], [], timeout_s)
         if not r:
             raise WorkerDied(f"worker {self.slot} did not answer within {timeout_s:.1f}s")
         try:
-            self.sock.settimeout(timeout_s)
-            header = self.sock.recv(4, socket.MSG_WAITALL)
+            sock.settimeout(timeout_s)
+            header = sock.recv(4, socket.MSG_WAITALL)
             if len(header) < 4:
                 raise WorkerDied(f"worker {self.slot} closed its channel (exit {self.proc.poll()})")
             length = int.from_bytes(header, "big")
             body = bytearray()
             while len(body) < length:
-                chunk = self.sock.recv(min(length - len(body), 1 << 20))
+                chunk = sock.recv(min(length - len(body), 1 << 20))
                 if not chunk:
                     raise WorkerDied(f"worker {self.slot} closed its channel mid-reply")
                 body += chunk
@@ -83,14 +87,31 @@ class ForkServerWorker:
             raise WorkerDied(f"worker {self.slot}: {type(exc).__name__}: {exc}") from exc
 
     def call(self, msg: dict, timeout_s: float) -> dict:
+        """Send one op and return the worker's reply: a FORKED_OPS op to a
+        fresh runner over its own socket pair, any other over the control channel."""
         if self.dead:
             raise WorkerDied(f"worker {self.slot} is dead")
         try:
+            if msg["op"] in _proto.FORKED_OPS:
+                return self._forked(msg, timeout_s)
             self.sock.sendall(_proto.encode(msg))
-            reply = self._recv(timeout_s)
+            return self._recv(timeout_s)
         except (WorkerDied, OSError) as exc:
             self.kill()
             raise WorkerDied(str(exc)) from exc
+
+    def _forked(self, msg: dict, timeout_s: float) -> dict:
+        mine, theirs = socket.socketpair()
+        try:
+            _proto.send_fork(self.sock, theirs)
+            theirs.close()
+            mine.settimeout(timeout_s)
+            mine.sendall(_proto.encode(msg))
+            reply = self._recv(timeout_s, mine)
+        finally:
+            theirs.close()
+            mine.close()
+        self.runner_peak_kb = max(self.runner_peak_kb, int(reply.pop("runner_peak_rss_kb", 0)))
         return reply
 
     def run(self, req: ExecRequest, session: str | None = None) -> ExecResult:
@@ -104,7 +125,9 @@ class ForkServerWorker:
         return ExecResult.from_wire(reply, BACKEND)
 
     def ping(self, timeout_s: float = 5.0) -> dict:
-        return self.call({"op": "ping"}, timeout_s)
+        """The worker's pid, uid, RSS and peak RSS (VmHWM, KiB), and the largest
+        peak a per-request runner of it reported (`runner_peak_rss_kb`)."""
+        return self.call({"op": "ping"}, timeout_s) | {"runner_peak_rss_kb": self.runner_peak_kb}
 
     def alive(self) -> bool:
         return not self.dead and self.proc.poll() is None

@@ -292,7 +292,8 @@ class Pool:
         return [w.pid for w in self._workers if w is not None and w.alive()]
 
     def worker_info(self) -> list[dict]:
-        """Each live worker's ping answer (pid, peak RSS in KiB, uid). Idle workers only."""
+        """Each live worker's ping answer (pid, uid, RSS and peak RSS in KiB, and
+        the largest peak RSS of a per-request runner it forked). Idle workers only."""
         out = []
         for w in list(self._workers):
             if w is not None and w.alive():
