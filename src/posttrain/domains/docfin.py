@@ -105,10 +105,18 @@ def _norm(x: Any) -> str:
 
 
 def field_matches(gold: Any, got: Any) -> bool:
+    """One extracted field against the gold: a number field takes a JSON number or a
+    string that `parse_number` reads (`$`, thousands commas, `%`), never a bool; a text
+    or date field takes only a string (normalised by `_norm`), never a number or bool."""
     if isinstance(gold, (int, float)) and not isinstance(gold, bool):
-        value = got if isinstance(got, (int, float)) and not isinstance(got, bool) else parse_number(str(got))
-        return value is not None and close(float(value), float(gold), rel=1e-9)
-    return _norm(gold) == _norm(got)
+        if isinstance(got, bool):
+            return False
+        value = got if isinstance(got, (int, float)) else (parse_number(got) if isinstance(got, str) else None)
+        try:
+            return value is not None and close(float(value), float(gold), rel=1e-9)
+        except OverflowError:  # an int too large for a float matches no amount
+            return False
+    return isinstance(got, str) and _norm(gold) == _norm(got)
 
 
 class FieldsVerifier:
