@@ -32,7 +32,7 @@ from posttrain.errors import SandboxError
 from posttrain.types import Episode, Score, StepResult, Task
 
 OUTPUTS = ("out.stl", "out.obj", "out.npz")
-MAX_FACES = 200_000
+MAX_FACES = 50_000
 """Most faces (and vertices) of a mesh read on the host; a larger one is refused unread."""
 MAX_PARTS = 16
 """Most separate parts whose pairwise clearance is measured (MAX_PARTS^2 / 2 gap queries)."""
@@ -457,8 +457,10 @@ def _placements(ref: Any, extents: Any, tol: float) -> list[Any]:
 
 
 def _fit(body: Any, outer: Any, inner: Any, slack: float) -> dict[str, float]:
-    """The build's volume outside `outer` and `inner`'s volume the build lacks."""
-    outside, missing = float((body - outer).volume()), float((inner - body).volume())
+    """The build's volume outside `outer` and `inner`'s volume the build lacks (not
+    computed, reported as the whole of `inner`, when the first already fails)."""
+    outside = float((body - outer).volume())
+    missing = float((inner - body).volume()) if outside <= slack else float(inner.volume())
     return {"shape": float(outside <= slack and missing <= slack), "shape_outside": outside, "shape_missing": missing}
 
 
@@ -467,7 +469,7 @@ def match_shape(built: Any, solid: Solid) -> dict[str, float]:
     axis-aligned placement that fits best: `shape_outside` (built volume outside the
     band's outer surface) and `shape_missing` (band-inner volume the build lacks), in
     mm^3; `shape` 1.0 when both are within SHAPE_SLACK of the solid's volume. Both are
-    centred on their bounding boxes; at most 48 placements, each two booleans, over a
+    centred on their bounding boxes; at most 48 placements, each one or two booleans, over a
     mesh already capped at MAX_FACES faces."""
     ref = build(solid)
     tol, slack = shape_tolerance(solid), SHAPE_SLACK * float(ref.volume())
