@@ -178,7 +178,11 @@ class Regex(_Base):
             raise VerifierError(f"regex verifier: bad pattern {text!r} for {task.id}: {exc}") from None
 
     def score(self, task: Task, episode: Episode) -> Score:
+        """Match the answer (at most MAX_REGEX_CHARS characters, bounding the pattern's
+        backtracking; a longer one is a wrong answer) against the pattern."""
         pat, got = self._pattern(task), self.text(episode)
+        if len(got) > MAX_REGEX_CHARS:
+            return _score(False, f"answer of {len(got)} characters, over the limit of {MAX_REGEX_CHARS}")
         ok = bool(pat.fullmatch(got) if self.params.full else pat.search(got))
         return _score(ok, "no match")
 
@@ -187,6 +191,8 @@ class Regex(_Base):
 
 
 _compile = functools.lru_cache(maxsize=1024)(re.compile)
+MAX_REGEX_CHARS = 10_000
+"""Longest answer a user's regex is matched against."""
 
 
 class MathEquiv(_Base):

@@ -876,8 +876,20 @@ class DocDomain(ProceduralDomain):
         return "<answer>none</answer>"
 
     def cheats(self, task: Task) -> list[str]:
-        """Empty answers and the document echoed: never accepted."""
-        return ["<answer></answer>", "<answer>{}</answer>", f"<answer>{task.prompt[-1].content}</answer>"]
+        """Empty answers, the document echoed, and answers of the wrong JSON type that a
+        loose comparison would take: `true` for every field or number (Python's
+        True == 1), the gold's numbers as bools and its text as numbers: never accepted."""
+        out = ["<answer></answer>", "<answer>{}</answer>", f"<answer>{task.prompt[-1].content}</answer>"]
+        ref = task.reference
+        if ref["kind"] != "fields":
+            return [*out, "<answer>true</answer>", "<answer>[true]</answer>"]
+        fields = ref["fields"]
+        retyped = {k: (True if isinstance(v, (int, float)) else len(str(v))) for k, v in fields.items()}
+        return [
+            *out,
+            f"<answer>{json.dumps(dict.fromkeys(fields, True))}</answer>",
+            f"<answer>{json.dumps(retyped)}</answer>",
+        ]
 
 
 for _key, (_kind, _builder, _desc) in BUILDERS.items():

@@ -662,19 +662,33 @@ class ToolDomain(Domain):
         return _calls(actions[:-2] + actions[-1:])
 
     def cheats(self, task: Task) -> list[str]:
-        """Doing nothing, only looking things up, finish claiming success, or prose: never accepted."""
+        """Doing nothing, only looking things up, finish claiming success, prose, or the gold
+        calls with their numbers sent as `true` (where they have numbers): never accepted."""
         lookups = [a for a in task.reference["actions"] if json.loads(a)["name"].startswith(("find", "search", "list"))]
+        actions = task.reference["actions"]
+        retyped = [_calls([_retyped(a) for a in actions])] if any(_retyped(a) != a for a in actions) else []
         return [
             _call("finish"),
             _calls(lookups + [_call("finish")]),
             json.dumps({"name": "finish", "arguments": {"goal_reached": True}}),
             "I have completed the task.",
             "",
+            *retyped,
         ]
 
 
 def _calls(actions: list[str]) -> str:
     return "[" + ", ".join(actions) + "]"
+
+
+def _retyped(action: str) -> str:
+    """A gold call with every number argument sent as `true` (which Python's True == 1 would take)."""
+    call = json.loads(action)
+    args = {
+        k: (True if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+        for k, v in call["arguments"].items()
+    }
+    return json.dumps({"name": call["name"], "arguments": args})
 
 
 for _scenario in SCENARIOS:
