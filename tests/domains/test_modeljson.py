@@ -1,0 +1,81 @@
+"""Model output read as JSON: refused before parsing when over the size or depth bound
+(a 100k-deep `[[[[` is a reason, never a RecursionError), NaN and Infinity refused, and
+compared by type (True never equals 1); every parser of model JSON goes through it."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.byo.verifiers import parse_json_object
+from posttrain.domains import _modeljson as mj
+from posttrain.domains._common import answer_json
+from posttrain.domains.code import parse_outputs
+from posttrain.domains.toolworld import parse_calls
+
+HOSTILE = [
+    "[" * 100_000,
+    "[" * 100_000 + "]" * 100_000,
+    '{"a": ' * 50_000 + "1" + "}" * 50_000,
+    "[NaN]",
+    '{"x": Infinity}',
+    "[1e999]",
+    "[" + "9" * 5000 + "]",  # an int over Python's 4300-digit conversion limit
+    '"' + "\\" * 200_001,  # an unterminated string of escapes: one linear pass
+    "[" + "1," * (mj.MAX_JSON_CHARS // 2) + "1]",  # over the size bound
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_json_is_refused_with_a_reason(text):
+    with pytest.raises(ValueError, match="not JSON"):
+        mj.load_json(text)
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_every_model_json_parser_refuses_it_without_raising(text):
+    assert answer_json(f"<answer>{text}</answer>") is None
+    assert parse_json_object(text) is None
+    with pytest.raises(ValueError):
+        parse_calls(text)  # the tool world turns this into an `error: ...` observation
+    assert [o.kind for o in parse_outputs(text.encode() + b"\n", 1)] == ["none"]
+
+
+def test_within_the_bounds_json_parses():
+    deep = "[" * mj.MAX_JSON_DEPTH + "]" * mj.MAX_JSON_DEPTH
+    assert mj.load_json(deep) is not None
+    with pytest.raises(ValueError, match="deeper"):
+        mj.load_json("[" + deep + "]")
+    assert mj.load_json('{"a": "[[[[", "b": [1, 2.5, true, null]}') == {"a": "[[[[", "b": [1, 2.5, True, None]}
+
+
+@pytest.mark.parametrize(
+    "a, b, equal",
+    [
+        (1, 1.0, True),
+        (True, 1, False),
+        (False, 0, False),
+        (True, True, True),
+        ("1", 1, False),
+        (None, False, False),
+        ([1, [True]], [1.0, [True]], True),
+        ([True], [1], False),
+        ({"a": 1}, {"a": True}, False),
+        ({"a": 1}, {"a": 1, "b": 2}, False),
+        (10**400, 1e308, False),
+    ],
+)
+def test_same_json_is_type_strict(a, b, equal):
+    assert mj.same_json(a, b) is equal
+    assert mj.same_json(b, a) is equal
+
+
+def test_json_key_keeps_bools_apart_from_numbers_in_sets():
+    assert len({True}) == 1  # the trap
+    assert len({mj.json_key(True), mj.json_key(1)}) == 2
+    assert mj.json_key(1) == mj.json_key(1.0)
+
+
+def test_tolerance_applies_to_numbers_only():
+    assert mj.same_json(1.0, 1.004, tol=0.01)
+    assert not mj.same_json(True, 1.004, tol=0.01)
+    assert not mj.same_json(10**400, 1.0, tol=0.5)
