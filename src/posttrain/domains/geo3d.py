@@ -5,14 +5,18 @@ trimesh, numpy) that builds a solid and writes it to `out.stl`, `out.obj` or
 in the sandbox and measures the mesh it wrote (a GeoRun: the constraint
 report), and the verifier checks that report against the task's
 constraints with manifold3d and trimesh: watertight (a valid manifold),
-volume, bounding box, number of parts, genus (through-holes) and the
-clearance between parts. Never by string matching.
+volume, bounding box, number of parts, genus (through-holes), the
+clearance between parts, and the shape itself: the mesh must lie in the
+described solid's tolerance band (`match_shape`), so a different solid that
+meets every scalar check still fails. Never by string matching.
 
 Invariant: model code runs only in `posttrain.sandbox` (no network, limits
 enforced); this process only parses the returned mesh file as data (binary
 or ASCII STL/OBJ through trimesh, npz with allow_pickle=False). A sandbox
 infra_error raises SandboxError (never a score); a script that fails, times
-out or writes no mesh scores 0. Value is the share of constraints met, gated
+out or writes no mesh scores 0. Host work over the mesh is bounded by size
+before it starts: MAX_FACES faces and vertices, MAX_PARTS parts for the
+pairwise clearance, at most 48 placements of the shape match. Value is the share of constraints met, gated
 by watertightness (declared partial credit); `passed` needs all of them.
 """
 
@@ -603,8 +607,9 @@ def check(checks: dict[str, Any], m: dict[str, Any]) -> dict[str, float]:
 class GeoRun:
     """The execute step's result: how the script ran and the constraint report of
     the mesh it wrote (`measures`: watertight, extents, volume, parts, genus,
-    clearance), measured on the host from the returned file as data; None with
-    `note` when the script failed or wrote no readable mesh."""
+    clearance or clearance_note, shape, shape_outside, shape_missing), measured
+    on the host from the returned file as data; None with `note` when the script
+    failed or wrote no readable mesh."""
 
     status: str  # the sandbox status of the script (ok, failed, timeout, oom, killed)
     exit_code: int | None = None
