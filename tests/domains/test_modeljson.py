@@ -20,6 +20,7 @@ HOSTILE = [
     '{"x": Infinity}',
     "[1e999]",
     "[" + "9" * 5000 + "]",  # an int over Python's 4300-digit conversion limit
+    "[1" + "0" * 400 + "]",  # an int too large for a float (float() of it would raise OverflowError)
     '"' + "\\" * 200_001,  # an unterminated string of escapes: one linear pass
     "[" + "1," * (mj.MAX_JSON_CHARS // 2) + "1]",  # over the size bound
 ]
@@ -79,3 +80,18 @@ def test_tolerance_applies_to_numbers_only():
     assert mj.same_json(1.0, 1.004, tol=0.01)
     assert not mj.same_json(True, 1.004, tol=0.01)
     assert not mj.same_json(10**400, 1.0, tol=0.5)
+
+
+def test_a_field_too_large_for_a_float_is_a_wrong_answer_not_a_traceback():
+    import json
+
+    from posttrain.domains.registry import get
+    from posttrain.types import Episode
+
+    d = get("doc_invoice_fields_md")
+    task = d.sample(0, "train", 1)
+    fields = dict(task.reference["fields"])
+    key = next(k for k, v in fields.items() if isinstance(v, (int, float)))
+    text = json.dumps(fields).replace(json.dumps(fields[key]), "1" + "0" * 400, 1)
+    s = d.score(task, Episode(f"<answer>{text}</answer>"))
+    assert s.value == 0.0 and not s.passed

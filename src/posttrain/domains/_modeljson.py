@@ -3,7 +3,8 @@
 Invariant: `load_json` never spends more than linear time on its input and never
 recurses deeper than MAX_JSON_DEPTH: text over MAX_JSON_CHARS characters or nested
 deeper than MAX_JSON_DEPTH is refused before `json.loads` sees it, as are NaN,
-Infinity and numbers that overflow to them; every refusal is a `ValueError` whose
+Infinity, floats that overflow to them and integers too large for a float (so
+every number read converts to a float); every refusal is a `ValueError` whose
 message is the reason (the model's failure, scored 0 by the caller, never an
 infra error). `same_json` and `json_key` never let a boolean equal a number
 (Python's `True == 1` and `hash(True) == hash(1)`), nor a string a number.
@@ -20,6 +21,7 @@ MAX_JSON_CHARS = 1_000_000
 """Longest model-written JSON text parsed, in characters."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects parsed."""
+_FLOAT_MAX = 1.7976931348623157e308
 
 # A string literal (possessive, so an unterminated one costs one pass) or a bracket.
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*+"?|[\[\]{}]', re.DOTALL)
@@ -45,6 +47,13 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _float_sized_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > _FLOAT_MAX:
+        raise ValueError(f"the number {text[:20]}... does not fit a float")
+    return value
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -54,13 +63,13 @@ def _finite_float(text: str) -> float:
 
 def load_json(text: str) -> Any:
     """`json.loads(text)` within the bounds; ValueError with the reason otherwise
-    (too long, too deep, not JSON, a non-finite or oversized number)."""
+    (too long, too deep, not JSON, a non-finite number or one that does not fit a float)."""
     if len(text) > MAX_JSON_CHARS:
         raise ValueError(f"not JSON: {len(text)} characters, over the limit of {MAX_JSON_CHARS}")
     if nesting_depth(text) > MAX_JSON_DEPTH:
         raise ValueError(f"not JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_float_sized_int)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg}") from None
     except ValueError as exc:  # NaN, Infinity, a float overflow, an int of over 4300 digits
