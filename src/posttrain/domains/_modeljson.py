@@ -107,11 +107,11 @@ def _close(a: float, b: float, tol: float) -> bool:
         return False
 
 
-def _same_items(a: list, b: list, tol: float) -> bool:
+def _same_items(a: list[Any], b: list[Any], tol: float) -> bool:
     return len(a) == len(b) and all(same_json(x, y, tol) for x, y in zip(a, b))
 
 
-def _same_fields(a: dict, b: dict, tol: float) -> bool:
+def _same_fields(a: dict[Any, Any], b: dict[Any, Any], tol: float) -> bool:
     return a.keys() == b.keys() and all(same_json(a[k], b[k], tol) for k in a)
 
 

@@ -69,8 +69,11 @@ def arithmetic_gate(text: str, limit: int = MAX_EXPR_CHARS) -> str:
     return ""
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _magnitude(value: object) -> float | None:
+    """|value| of an int or float constant (not a bool), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return abs(value)
+    return None
 
 
 def _bad_call(node: ast.AST) -> bool:
@@ -80,7 +83,10 @@ def _bad_call(node: ast.AST) -> bool:
 
 
 def _bad_constant(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and not (_is_number(node.value) and abs(node.value) <= MAX_CONSTANT)
+    if not isinstance(node, ast.Constant):
+        return False
+    size = _magnitude(node.value)
+    return size is None or size > MAX_CONSTANT
 
 
 def _node_problem(node: ast.AST) -> str:
@@ -101,7 +107,7 @@ def _exponent_problem(exponent: ast.AST) -> str:
     for inner in ast.walk(exponent):
         if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Pow):
             return "a power tower is not allowed"
-        if isinstance(inner, ast.Constant) and _is_number(inner.value) and abs(inner.value) > MAX_EXPONENT:
+        if isinstance(inner, ast.Constant) and (_magnitude(inner.value) or 0) > MAX_EXPONENT:
             return f"an exponent over {MAX_EXPONENT} is not allowed"
     return ""
 
