@@ -95,3 +95,22 @@ def test_a_field_too_large_for_a_float_is_a_wrong_answer_not_a_traceback():
     text = json.dumps(fields).replace(json.dumps(fields[key]), "1" + "0" * 400, 1)
     s = d.score(task, Episode(f"<answer>{text}</answer>"))
     assert s.value == 0.0 and not s.passed
+
+
+def test_extract_answer_pairs_tags_as_the_lazy_regex_did_in_one_pass():
+    import random
+    import re
+
+    from posttrain.domains.base import extract_answer
+
+    lazy = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+    rng = random.Random(0)
+    parts = ["<answer>", "</answer>", "a", " b ", "<ans", "wer>", "\n"]
+    for _ in range(5000):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        found = lazy.findall(text)
+        assert extract_answer(text) == (found[-1] if found else text).strip(), text
+    # a million characters of unclosed openings (quadratic for the regex: hours) is read at once
+    unclosed = "<answer>" * 125_000
+    assert extract_answer(unclosed + "<answer>7</answer>") == unclosed[len("<answer>") :] + "<answer>7"
+    assert extract_answer(unclosed) == unclosed
