@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 TINY = [
@@ -45,3 +49,40 @@ def train_cfg(tmp_path: Path, base: str, name: str, domains: str, *extra: str):
             *extra,
         ],
     )
+
+
+Policy = Callable[[str, "str | None"], str]  # (request text, the nonce it asks for) -> reply
+
+
+class FakeJudge:
+    """A judge server whose reply is `policy(request, nonce)`; records every request."""
+
+    def __init__(self) -> None:
+        self.policy: Policy = lambda request, nonce: ""
+        self.requests: list[str] = []
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                request = body["messages"][-1]["content"]
+                judge.requests.append(request)
+                asked = re.findall(r'<verdict id="([0-9a-f]{16})">SCORE</verdict>', request)
+                reply = judge.policy(request, asked[-1] if asked else None)
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from byo_testlib import rows, train_cfg, write_jsonl
+from byo_testlib import FakeJudge, rows, train_cfg, write_jsonl
 
 from posttrain.byo.domain import RowRef
 from posttrain.byo.verifiers import build_verifier
@@ -141,7 +141,7 @@ def test_judge_caches_and_logs(judge_server, tmp_path):
     for completion in ("7", "7", "12"):
         try:
             outcomes.append(v.score(_task(), Episode(completion)))
-        except VerifierError as exc:  # a reply without a digit: an infra error, logged all the same
+        except VerifierError as exc:  # a reply without a verdict tag: an infra error, logged all the same
             outcomes.append(exc)
     calls = JudgeCache(db).calls()
     assert len(calls) == 3 and [c["cached"] for c in calls][:2] in ([0, 1], [0, 0])
@@ -152,26 +152,30 @@ def test_judge_caches_and_logs(judge_server, tmp_path):
     assert off.cache is None
 
 
-def test_judge_domain_trains_over_http(judge_server, tmp_path, micro_base):
+def test_judge_domain_trains_over_http(tmp_path, micro_base):
+    """Two training steps judged over HTTP by a judge that grades with a verdict tag
+    (the micro model cannot write one: with it every call is a judge failure)."""
     from posttrain.byo.models import JudgeCache
     from posttrain.loop import train
 
+    judge = FakeJudge()
+    judge.policy = lambda request, nonce: f'<verdict id="{nonce}">{len(request) % 10}</verdict>'
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
     db = tmp_path / "j.sqlite"
-    spec = _judge(judge_server, str(db))
     domains = (
         f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, "
-        f"verifier: {{name: judge, base_url: '{judge_server}', rubric: '{RUBRIC}', score_pattern: '(\\d)', "
+        f"verifier: {{name: judge, base_url: '{judge.url}', rubric: '{RUBRIC}', score_pattern: '(\\d)', "
         f"scale: 9, max_tokens: 4, temperature: 1.0, cache: '{db}'}}}}}}"
     )
-    del spec
-    result = train(train_cfg(tmp_path, micro_base, "judge", domains, "run.steps=2"), log=lambda *_: None)
+    try:
+        result = train(train_cfg(tmp_path, micro_base, "judge", domains, "run.steps=2"), log=lambda *_: None)
+    finally:
+        judge.close()
     got = TraceStore(result.run_dir / "trace.db").recent(100)
-    assert len(got) == 32
-    assert all((r["reward"] is not None) != (r["error_kind"] == "verifier") for r in got)
-    assert any(r["reward"] is not None for r in got)
+    assert len(got) == 32 and judge.requests
+    assert all(r["reward"] is not None and r["error_kind"] is None for r in got)
     keys = {c["key"] for c in JudgeCache(db).calls()}
-    assert all(r["reason"].split(" key ")[1].split()[0] in keys for r in got if r["reward"] is not None)
+    assert all(r["reason"].split(" key ")[1].split()[0] in keys for r in got)
 
 
 def test_judge_down_is_an_infra_error_in_training(tmp_path, micro_base):

@@ -175,3 +175,39 @@ def test_code_tests_per_row_run_in_the_sandbox():
     v = build_verifier(VerifierSpec.model_validate({"name": "code", "entry_field": "fn"}))
     t = task(json.dumps(tests), fn="clamp", solution="def clamp(x, lo, hi):\n    return max(lo, min(x, hi))")
     assert v.score(t, Episode(v.gold(t))).passed
+
+
+# ---- proxies a loose comparison would take: each scores below the gold --------------
+
+PROXY_CHEATS = [
+    # (spec, reference, gold completion, cheats that a loose comparison would accept)
+    (
+        {"name": "json"},
+        {"flag": 1, "count": 0, "items": [1, 2], "name": "7"},
+        '{"flag": 1, "count": 0, "items": [1, 2], "name": "7"}',
+        [
+            '{"flag": true, "count": false, "items": [1, 2], "name": "7"}',  # True == 1, False == 0
+            '{"flag": 1, "count": 0, "items": [true, 2], "name": "7"}',  # nested
+            '{"flag": "1", "count": "0", "items": [1, 2], "name": 7}',  # strings for numbers, a number for text
+            '{"flag": 1, "count": 0, "items": [1, 2], "name": "7"' + "]" * 10,  # not JSON
+            "[" * 100_000 + "]" * 100_000,  # too deep: refused before parsing, no RecursionError
+        ],
+    ),
+    ({"name": "json", "numeric_tolerance": 0.5}, {"v": 1}, '{"v": 1.2}', ['{"v": true}', '{"v": [1]}']),
+    ({"name": "numeric"}, "1", "<answer>1</answer>", ["<answer>true</answer>", "<answer>yes</answer>"]),
+    ({"name": "exact"}, "1", "<answer>1</answer>", ["<answer>true</answer>", "<answer>1.0</answer>"]),
+    ({"name": "regex"}, r"(a+)+$", "aaaa", ["a" * 20_000 + "b"]),  # over the size bound: no backtracking run
+]
+
+
+@pytest.mark.parametrize("spec, answer, gold, cheats", PROXY_CHEATS)
+def test_proxy_cheats_score_below_the_gold(spec, answer, gold, cheats):
+    best = score(spec, answer, gold)
+    assert best.value == 1.0 and best.passed, best
+    for cheat in cheats:
+        s = score(spec, answer, cheat)
+        assert s.value < best.value and not s.passed, (cheat[:80], s)
+
+
+def test_json_numbers_compare_as_numbers_across_int_and_float():
+    assert score({"name": "json"}, {"v": 1}, '{"v": 1.0}').passed  # documented: 1 equals 1.0

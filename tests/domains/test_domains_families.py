@@ -204,3 +204,14 @@ def test_rg_item_generation_is_time_limited():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "limited", out.stderr[-1000:]
     assert get("rg_arc_1d").levels == 3
+
+
+@pytest.mark.parametrize("answer", ["9^{9^{9}}", "9^9^9", "x^{99999} + 1", "x**2", "2^{2^{2^{2^{2}}}}"])
+def test_math_power_towers_are_refused_by_form_before_math_verify(answer, monkeypatch):
+    from posttrain.domains import _mathverify
+
+    monkeypatch.setattr(_mathverify, "equivalent", lambda *a: pytest.fail("reached math-verify"))
+    d = get("math_poly_expand")
+    task = d.sample(0, "train", 1)
+    s = d.score(task, Episode(f"<answer>{answer}</answer>"))
+    assert s.value == 0.0 and s.parts["form"] == 0.0 and "form" in s.reason

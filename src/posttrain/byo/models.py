@@ -5,9 +5,15 @@ Invariant: a model-based score is a pure function of (prompt, completion,
 answer, model version) as far as the cache can tell: a judge's scores are
 cached per (prompt, completion, answer, judge version), where the version
 hashes the model name, rubric, parse rule, scale and sampling, so a changed
-rubric never reads an old score. A judge that cannot be reached, answers an
-error, or replies with no score in range raises VerifierError (infra,
-masked, counted), never reward 0. Every judge call, cached or not, is a row
+rubric never reads an old score. The score is read only from the judge's
+verdict tag, `<verdict id="NONCE">SCORE</verdict>`, where NONCE is drawn
+fresh for each call after the completion exists and appears nowhere in the
+completion, the prompt or the answer: a completion cannot supply the score
+(not by being a number, nor by writing a verdict tag of its own, even when the
+judge quotes it). A reply without exactly one such verdict, or with a score
+out of range, is asked again with a fresh nonce (`retries` times); a judge
+that still has none, cannot be reached or answers an error raises
+VerifierError (infra, masked, counted), never reward 0. Every judge call, cached or not, is a row
 of the `judge_calls` table in the cache database, keyed like the score, and
 the rollout's trace row names that key in its `reason`.
 """
@@ -19,6 +25,7 @@ import json
 import math
 import os
 import re
+import secrets
 import sqlite3
 import threading
 import time
@@ -197,6 +204,34 @@ class JudgeCache:
 
 # ---- judge ------------------------------------------------------------------------------------
 
+VERDICT_PROTOCOL = "verdict-tag-1"
+"""Named in the judge version, so scores parsed under another protocol are never reused."""
+VERDICT_INSTRUCTION = (
+    '\n\nEnd your reply with your score in exactly this form, once: <verdict id="{nonce}">SCORE</verdict>'
+)
+MAX_REPLY_CHARS = 20_000
+"""Longest judge reply searched for its verdict; a longer one is cut to its last MAX_REPLY_CHARS."""
+
+
+def new_nonce(*texts: str) -> str:
+    """A fresh 64-bit hex nonce found in none of `texts`."""
+    while True:
+        nonce = secrets.token_hex(8)
+        if not any(nonce in t for t in texts):
+            return nonce
+
+
+def verdict_body(reply: str, nonce: str) -> str:
+    """The content of the reply's one verdict tag carrying `nonce`; VerifierError when
+    there is none, or several that disagree."""
+    found = re.findall(rf'<verdict id="{nonce}">(.*?)</verdict>', reply[-MAX_REPLY_CHARS:], re.DOTALL)
+    bodies = {b.strip() for b in found}
+    if not bodies:
+        raise VerifierError(f"judge reply has no verdict tag with this call's id: {reply[-80:]!r}")
+    if len(bodies) > 1:
+        raise VerifierError(f"judge reply has {len(bodies)} different verdicts")
+    return bodies.pop()
+
 
 class JudgeVerifier:
     """Asks an OpenAI-compatible server to grade the completion with the rubric; reward = score / scale."""
@@ -212,7 +247,15 @@ class JudgeVerifier:
             raise ConfigError(f"verifier judge: score_pattern does not compile: {exc}") from None
         if self.pattern.groups < 1:
             raise ConfigError("verifier judge: score_pattern needs a group around the score")
-        stamp = (params.model, params.rubric, params.score_pattern, params.scale, params.max_tokens, params.temperature)
+        stamp = (
+            VERDICT_PROTOCOL,
+            params.model,
+            params.rubric,
+            params.score_pattern,
+            params.scale,
+            params.max_tokens,
+            params.temperature,
+        )
         self.version = f"{stable_hash(*stamp):016x}"[:12]
         self._engine: Any = None
         self._cache: JudgeCache | None = None
@@ -249,16 +292,20 @@ class JudgeVerifier:
         blob = json.dumps([self.version, [m.content for m in task.prompt], str(task.reference), completion])
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def parse(self, reply: str) -> float:
-        m = self.pattern.search(reply)
+    def parse(self, reply: str, nonce: str) -> float:
+        """The reward in the reply's verdict tag for `nonce`: the first group of
+        `score_pattern` inside the tag, over `scale`; VerifierError when there is no
+        such tag or no score in range in it (text outside the tag is never read)."""
+        body = verdict_body(reply, nonce)
+        m = self.pattern.search(body)
         if m is None:
-            raise VerifierError(f"judge reply has no score (pattern {self.params.score_pattern!r}): {reply[:80]!r}")
+            raise VerifierError(f"judge verdict has no score (pattern {self.params.score_pattern!r}): {body[:80]!r}")
         try:
             value = float(m.group(1))
         except (TypeError, ValueError):
-            raise VerifierError(f"judge score {m.group(1)!r} is not a number") from None
+            raise VerifierError(f"judge verdict score {m.group(1)!r} is not a number") from None
         if not 0.0 <= value <= self.params.scale:
-            raise VerifierError(f"judge score {value} is outside [0, {self.params.scale}]")
+            raise VerifierError(f"judge verdict score {value} is outside [0, {self.params.scale}]")
         return value / self.params.scale
 
     def score(self, task: Task, episode: Episode) -> Score:
@@ -271,10 +318,7 @@ class JudgeVerifier:
         request = _fill(self.params.rubric, task, episode.completion)
         t0, raw = time.perf_counter(), ""
         try:
-            raw = self.engine().chat(
-                [Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0
-            )
-            value = self.parse(raw)
+            value, raw, request = self._ask(request)
         except (GenerationError, VerifierError) as exc:
             if cache is not None:
                 cache.log(key, self.version, task.id, False, None, raw, str(exc), time.perf_counter() - t0, request)
@@ -283,6 +327,23 @@ class JudgeVerifier:
             cache.put(key, self.version, value, raw)
             cache.log(key, self.version, task.id, False, value, raw, "", time.perf_counter() - t0, request)
         return self._verdict(value, key, raw, cached=False)
+
+    def _ask(self, filled: str) -> tuple[float, str, str]:
+        """(reward, reply, request) of the first reply with a valid verdict, asking
+        up to 1 + `retries` times, each with a fresh nonce; the last VerifierError
+        when none has one."""
+        error = VerifierError("judge: no call made")
+        for _ in range(self.params.retries + 1):
+            nonce = new_nonce(filled)
+            request = filled + VERDICT_INSTRUCTION.format(nonce=nonce)
+            raw = self.engine().chat(
+                [Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0
+            )
+            try:
+                return self.parse(raw, nonce), raw, request
+            except VerifierError as exc:
+                error = exc
+        raise error
 
     def _verdict(self, value: float, key: str, raw: str, cached: bool) -> Score:
         ok = value >= self.params.pass_threshold

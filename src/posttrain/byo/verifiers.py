@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.configs import byo as C
+from posttrain.domains._modeljson import load_json, same_json
 from posttrain.domains.base import extract_answer, stable_hash
 from posttrain.errors import ConfigError, VerifierError
 from posttrain.types import Episode, Score, Task
@@ -177,7 +178,11 @@ class Regex(_Base):
             raise VerifierError(f"regex verifier: bad pattern {text!r} for {task.id}: {exc}") from None
 
     def score(self, task: Task, episode: Episode) -> Score:
+        """Match the answer (at most MAX_REGEX_CHARS characters, bounding the pattern's
+        backtracking; a longer one is a wrong answer) against the pattern."""
         pat, got = self._pattern(task), self.text(episode)
+        if len(got) > MAX_REGEX_CHARS:
+            return _score(False, f"answer of {len(got)} characters, over the limit of {MAX_REGEX_CHARS}")
         ok = bool(pat.fullmatch(got) if self.params.full else pat.search(got))
         return _score(ok, "no match")
 
@@ -186,6 +191,8 @@ class Regex(_Base):
 
 
 _compile = functools.lru_cache(maxsize=1024)(re.compile)
+MAX_REGEX_CHARS = 10_000
+"""Longest answer a user's regex is matched against."""
 
 
 class MathEquiv(_Base):
@@ -224,7 +231,7 @@ def parse_json_object(text: str) -> dict | None:
         candidates.append(text[start : end + 1])
     for c in candidates:
         try:
-            value = json.loads(c)
+            value = load_json(c)
         except ValueError:
             continue
         if isinstance(value, dict):
@@ -245,11 +252,11 @@ class JsonFields(_Base):
         return ref
 
     def _same(self, a: Any, b: Any) -> bool:
-        if _JSON_TYPES["number"](a) and _JSON_TYPES["number"](b):
-            return abs(float(a) - float(b)) <= self.params.numeric_tolerance
+        """Type-strict (`_modeljson.same_json`): numbers within `numeric_tolerance` (1 equals
+        1.0), strings compared case- and whitespace-insensitively, a bool never a number."""
         if isinstance(a, str) and isinstance(b, str):
             return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
-        return a == b
+        return same_json(a, b, self.params.numeric_tolerance)
 
     def schema_ok(self, got: dict) -> bool:
         p = self.params

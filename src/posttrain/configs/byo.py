@@ -301,17 +301,17 @@ class JudgeParams(Strict):
     rubric: str
     """Judge prompt; {prompt}, {completion} and {answer} are replaced. It should ask for one score."""
     score_pattern: str = r"(-?\d+(?:\.\d+)?)"
-    """Regex whose first group is the score in the judge's reply."""
+    """Regex whose first group is the score, searched only inside the reply's verdict tag (`<verdict id="NONCE">...</verdict>`, NONCE fresh per call); text outside the tag is never read."""  # noqa: E501 (field docstring = its help text)
     scale: float = Field(10.0, gt=0.0)
     """The score that means 1.0 (a parsed score s gives reward s/scale; outside [0, scale] is a judge failure)."""
-    max_tokens: int = Field(16, ge=1, le=8192)
-    """Judge reply length."""
+    max_tokens: int = Field(64, ge=1, le=8192)
+    """Judge reply length (the verdict tag alone takes about 20 tokens)."""
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     """Judge sampling temperature (0: greedy)."""
     timeout_s: float = Field(60.0, gt=0.0, le=3600.0)
     """HTTP timeout of one judge call."""
     retries: int = Field(1, ge=0, le=10)
-    """Retries of a failed call (transport error or 5xx) before it is an infra error."""
+    """Retries of a failed call (transport error or 5xx), and re-asks of a reply without a valid verdict (each with a fresh nonce), before it is an infra error."""  # noqa: E501 (field docstring = its help text)
     cache: bool | str = True
     """Cache scores per (prompt, completion, judge version): true uses $POSTTRAIN_CACHE/judge.sqlite, a string is a SQLite path, false turns it off."""  # noqa: E501 (field docstring = its help text)
     pass_threshold: float = Field(0.5, ge=0.0, le=1.0)

@@ -7,12 +7,12 @@ value alone.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from fractions import Fraction
 from typing import Any
 
+from posttrain.domains._modeljson import load_json
 from posttrain.domains.base import extract_answer
 
 ANSWER_INSTRUCTION = "Put your final answer inside <answer></answer>."
@@ -47,14 +47,15 @@ def close(a: float, b: float, rel: float = 1e-4, abs_tol: float = 0.011) -> bool
 
 
 def answer_json(text: str) -> Any:
-    """The JSON value inside the final answer (or a fenced ```json block); None if none parses."""
+    """The JSON value inside the final answer (or a fenced ```json block); None if none
+    parses within the bounds of `_modeljson.load_json`."""
     body = extract_answer(text)
     fenced = re.findall(r"```(?:json)?\s*(.*?)```", body, re.DOTALL)
     if fenced:
         body = fenced[-1]
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+        return load_json(body)
+    except ValueError:
         return None
 
 

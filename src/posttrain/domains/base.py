@@ -68,14 +68,18 @@ def stable_rng(*parts: Any) -> random.Random:
     return random.Random(stable_hash(*parts))
 
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN, _CLOSE = "<answer>", "</answer>"
 
 
 def extract_answer(text: str) -> str:
     """The model's final answer: the last <answer>...</answer> if present,
-    else the whole completion, stripped."""
-    found = _ANSWER_TAG.findall(text)
-    return (found[-1] if found else text).strip()
+    else the whole completion, stripped. The tags pair as a lazy regex would
+    (each opening with the first closing after it), found in one linear pass
+    (the regex took quadratic time on a completion of unclosed openings)."""
+    found, pos = None, 0
+    while (start := text.find(_OPEN, pos)) >= 0 and (end := text.find(_CLOSE, start + len(_OPEN))) >= 0:
+        found, pos = text[start + len(_OPEN) : end], end + len(_CLOSE)
+    return (text if found is None else found).strip()
 
 
 def last_fenced_block(text: str, languages: tuple[str, ...]) -> str:

@@ -36,6 +36,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from posttrain.domains._common import run_summary
+from posttrain.domains._modeljson import load_json
 from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
@@ -233,8 +234,8 @@ def parse_outputs(stdout: bytes, n: int) -> tuple[TestOutput, ...]:
         if len(outs) == n:
             break
         try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
+            rec = load_json(line)
+        except ValueError:
             break
         if not isinstance(rec, dict) or rec.get("i") != len(outs):
             break

@@ -105,10 +105,18 @@ def _norm(x: Any) -> str:
 
 
 def field_matches(gold: Any, got: Any) -> bool:
+    """One extracted field against the gold: a number field takes a JSON number or a
+    string that `parse_number` reads (`$`, thousands commas, `%`), never a bool; a text
+    or date field takes only a string (normalised by `_norm`), never a number or bool."""
     if isinstance(gold, (int, float)) and not isinstance(gold, bool):
-        value = got if isinstance(got, (int, float)) and not isinstance(got, bool) else parse_number(str(got))
-        return value is not None and close(float(value), float(gold), rel=1e-9)
-    return _norm(gold) == _norm(got)
+        if isinstance(got, bool):
+            return False
+        value = got if isinstance(got, (int, float)) else (parse_number(got) if isinstance(got, str) else None)
+        try:
+            return value is not None and close(float(value), float(gold), rel=1e-9)
+        except OverflowError:  # an int too large for a float matches no amount
+            return False
+    return isinstance(got, str) and _norm(gold) == _norm(got)
 
 
 class FieldsVerifier:
@@ -868,8 +876,20 @@ class DocDomain(ProceduralDomain):
         return "<answer>none</answer>"
 
     def cheats(self, task: Task) -> list[str]:
-        """Empty answers and the document echoed: never accepted."""
-        return ["<answer></answer>", "<answer>{}</answer>", f"<answer>{task.prompt[-1].content}</answer>"]
+        """Empty answers, the document echoed, and answers of the wrong JSON type that a
+        loose comparison would take: `true` for every field or number (Python's
+        True == 1), the gold's numbers as bools and its text as numbers: never accepted."""
+        out = ["<answer></answer>", "<answer>{}</answer>", f"<answer>{task.prompt[-1].content}</answer>"]
+        ref = task.reference
+        if ref["kind"] != "fields":
+            return [*out, "<answer>true</answer>", "<answer>[true]</answer>"]
+        fields = ref["fields"]
+        retyped = {k: (True if isinstance(v, (int, float)) else len(str(v))) for k, v in fields.items()}
+        return [
+            *out,
+            f"<answer>{json.dumps(dict.fromkeys(fields, True))}</answer>",
+            f"<answer>{json.dumps(retyped)}</answer>",
+        ]
 
 
 for _key, (_kind, _builder, _desc) in BUILDERS.items():

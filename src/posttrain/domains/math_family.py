@@ -45,8 +45,20 @@ def strip_wrappers(text: str) -> str:
     return text.replace("\\cdot", "*").replace("\\,", "").replace("\\!", "").replace("−", "-").strip()
 
 
+_SMALL_POWER = re.compile(r"\^(?:\{\s*\d{1,2}\s*\}|\d)")
+_POWER_CHAIN = re.compile(r"\^\s*(?:\{[^{}]*\}|\d+)\s*\^")
+
+
+def small_powers(text: str) -> bool:
+    """Whether every power in `text` has an exponent of one or two digits and none is
+    raised again (no `9^{9^{9}}`, `9^9^9` or `**`, which math-verify would compute)."""
+    return "**" not in text and not _POWER_CHAIN.search(text) and "^" not in _SMALL_POWER.sub("", text)
+
+
 def has_form(answer: str, form: Form) -> bool:
-    return bool(_FORMS[form].fullmatch(strip_wrappers(answer)))
+    """Whether the answer has the domain's form (for polynomials, with small powers only)."""
+    text = strip_wrappers(answer)
+    return bool(_FORMS[form].fullmatch(text)) and (form != "polynomial" or small_powers(text))
 
 
 class MathVerifier:
@@ -93,13 +105,14 @@ class MathDomain(ProceduralDomain):
         return "1" if answer == "0" else ("2" if answer == "1" else "0")
 
     def cheats(self, task: Task) -> list[str]:
-        """The question (or its expression) echoed, code, an empty answer: never accepted."""
+        """The question (or its expression) echoed, code, an empty answer, a power tower: never accepted."""
         question = task.prompt[-1].content.split("\n")[0]
         return [
             "<answer></answer>",
             f"<answer>{question}</answer>",
             "<answer>__import__('os').getcwd()</answer>",
             f"<answer>{self.wrong(task)} {task.reference}</answer>",
+            "<answer>9^{9^{9}}</answer>",  # a power tower math-verify would compute (refused by form)
         ]
 
 

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from posttrain.domains import _safeexpr
 from posttrain.domains._common import ANSWER_INSTRUCTION
 from posttrain.domains.base import Budget, Domain, extract_answer, split_of, stable_hash
 from posttrain.domains.registry import register
@@ -63,6 +64,21 @@ EXCLUDED: dict[str, str] = {
 }
 
 # Levels measured usable but too slow in practice (seconds per eval task) or broken.
+EVALUATING: dict[str, _safeexpr.Gate] = {
+    "string_insertion": _safeexpr.literal_gate,  # eval(answer), for a list of characters
+    "spiral_matrix": _safeexpr.literal_gate,  # eval(answer), for a list
+    "binary_matrix": _safeexpr.literal_gate,  # eval(answer), for a list of lists
+    "n_queens": _safeexpr.literal_gate,  # eval(answer), for a board
+    "countdown": _safeexpr.arithmetic_gate,  # sympy.parse_expr(answer)
+    "puzzle24": _safeexpr.arithmetic_gate,  # sympy.parse_expr(answer)
+    "simple_integration": _safeexpr.sympy_gate,  # sympy.parse_expr(answer), then diff and simplify
+    "intermediate_integration": _safeexpr.sympy_gate,
+}
+"""Generators whose shipped scorer evaluates the model's answer as code in this
+process, and the gate an answer must pass before that scorer sees it."""
+MAX_ANSWER_CHARS = 4000
+"""Longest answer any shipped scorer is given (twice the gold's length where that is more)."""
+
 LEVEL_CAPS: dict[str, tuple[int, str]] = {
     "bf": (2, "level 3 programs take about 2 s per item"),
     "n_queens": (4, "level 5 board generation times out"),
@@ -89,6 +105,9 @@ class RGymVerifier:
 
     def score(self, task: Task, episode: Episode) -> Score:
         answer = extract_answer(episode.completion)
+        refused = self.domain.refusal(task, answer)
+        if refused:
+            return Score(0.0, {"outcome": 0.0, "shipped": 0.0}, False, refused)
         raw = self.domain.shipped_score(task, answer)
         value = raw if self.domain.partial_credit else (1.0 if raw >= 1.0 - 1e-9 else 0.0)
         passed = raw >= 1.0 - 1e-9
@@ -180,6 +199,16 @@ class RGymDomain(Domain):
         if gold_answer(self.generator, item) != ref["answer"]:
             raise VerifierError(f"{self.name}: item {ref['item']} regenerated differently (generator changed?)")
         return item
+
+    def refusal(self, task: Task, answer: str) -> str:
+        """Why `answer` is not given to the shipped scorer ("" when it is): over
+        MAX_ANSWER_CHARS (or twice the gold's length, if longer), or refused by the
+        generator's gate when its scorer evaluates answers as code (EVALUATING)."""
+        limit = max(MAX_ANSWER_CHARS, 2 * len(str(task.reference["answer"])))
+        if len(answer) > limit:
+            return f"answer of {len(answer)} characters, over the limit of {limit}"
+        gate = EVALUATING.get(self.generator)
+        return gate(answer, limit) if gate is not None else ""
 
     def shipped_score(self, task: Task, answer: str) -> float:
         item = self._item_for(task)

@@ -505,7 +505,8 @@ class SqlDomain(ProceduralDomain):
         return f"<answer>SELECT {s.label} FROM {s.fact} WHERE id < 0</answer>"
 
     def cheats(self, task: Task) -> list[str]:
-        """Whole tables, writes, several statements and schema queries: never accepted."""
+        """Whole tables, writes, several statements, schema queries, and the gold's rows
+        as text (a string never equals a number): never accepted."""
         s = SCHEMAS[task.reference["schema"]]
         return [
             f"<answer>SELECT * FROM {s.fact}</answer>",
@@ -513,7 +514,24 @@ class SqlDomain(ProceduralDomain):
             f"<answer>SELECT 1; {task.reference['sql']}</answer>",
             "<answer>SELECT sql FROM sqlite_master</answer>",
             "",
+            *_as_text(task),
         ]
+
+
+def _as_text(task: Task) -> list[str]:
+    """The gold query with every column cast to TEXT (none when no column holds a number)."""
+    ref = task.reference
+    conn = build_db(SCHEMAS[ref["schema"]], ref["seed"], ref["rows"])
+    try:
+        cur = conn.execute(ref["sql"])
+        rows, width = cur.fetchall(), len(cur.description)
+    finally:
+        conn.close()
+    if not any(isinstance(v, (int, float)) for row in rows for v in row):
+        return []
+    cols = ", ".join(f"c{i}" for i in range(width))
+    casts = ", ".join(f"CAST(c{i} AS TEXT)" for i in range(width))
+    return [f"<answer>WITH g({cols}) AS ({ref['sql']}) SELECT {casts} FROM g</answer>"]
 
 
 for _template in TEMPLATES:

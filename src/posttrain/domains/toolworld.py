@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from posttrain.domains._modeljson import load_json, same_json
 from posttrain.domains.base import Budget, Domain, extract_answer, split_of, stable_rng
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
@@ -212,9 +213,9 @@ def parse_calls(action: str) -> list[Any]:
     body = extract_answer(action)
     fenced = re.findall(r"```(?:json)?\s*(.*?)```", body, re.DOTALL)
     try:
-        value = json.loads((fenced[-1] if fenced else body).strip())
-    except (ValueError, RecursionError) as exc:
-        raise ValueError('not JSON: send {"name": TOOL, "arguments": {...}} or a list of such calls') from exc
+        value = load_json((fenced[-1] if fenced else body).strip())
+    except ValueError as exc:
+        raise ValueError(f'{exc}: send {{"name": TOOL, "arguments": {{...}}}} or a list of such calls') from None
     calls = value if isinstance(value, list) else [value]
     if not calls:
         raise ValueError("an empty list calls no tool")
@@ -297,7 +298,7 @@ class ToolVerifier:
         for action in actions_of(episode):
             if env.step(action).done:
                 break
-        outcome = float(env.world == task.reference["goal"])
+        outcome = float(same_json(env.world, task.reference["goal"]))
         process = env.valid / env.calls if env.calls else 0.0
         budget = task.reference["budget"]
         efficiency = outcome * (1.0 if env.calls <= budget else max(0.0, 1.0 - (env.calls - budget) / budget))
@@ -661,19 +662,33 @@ class ToolDomain(Domain):
         return _calls(actions[:-2] + actions[-1:])
 
     def cheats(self, task: Task) -> list[str]:
-        """Doing nothing, only looking things up, finish claiming success, or prose: never accepted."""
+        """Doing nothing, only looking things up, finish claiming success, prose, or the gold
+        calls with their numbers sent as `true` (where they have numbers): never accepted."""
         lookups = [a for a in task.reference["actions"] if json.loads(a)["name"].startswith(("find", "search", "list"))]
+        actions = task.reference["actions"]
+        retyped = [_calls([_retyped(a) for a in actions])] if any(_retyped(a) != a for a in actions) else []
         return [
             _call("finish"),
             _calls(lookups + [_call("finish")]),
             json.dumps({"name": "finish", "arguments": {"goal_reached": True}}),
             "I have completed the task.",
             "",
+            *retyped,
         ]
 
 
 def _calls(actions: list[str]) -> str:
     return "[" + ", ".join(actions) + "]"
+
+
+def _retyped(action: str) -> str:
+    """A gold call with every number argument sent as `true` (which Python's True == 1 would take)."""
+    call = json.loads(action)
+    args = {
+        k: (True if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+        for k, v in call["arguments"].items()
+    }
+    return json.dumps({"name": call["name"], "arguments": args})
 
 
 for _scenario in SCENARIOS:
