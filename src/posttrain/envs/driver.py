@@ -21,7 +21,7 @@ from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Environment, Trajectory, as_step_result, make_environment
-from posttrain.errors import NOT_RETRIED, ErrorRecord, blame
+from posttrain.errors import NOT_RETRIED, ErrorRecord, ModelFault, blame
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, StepResult, Task
 
 _UNSET: Any = object()
@@ -96,7 +96,7 @@ def step(t: Trajectory) -> None:
     anything else the action made the environment raise ends the episode as
     the model's fault (`fault`), with the reason as its last observation."""
     try:
-        got = t.env.step(t.turns[-1].action)
+        got = t.env.step(require_utf8(t.turns[-1].action))
     except Exception as exc:
         rec = blame(exc, "sandbox")
         if rec.kind != "model":
@@ -104,6 +104,17 @@ def step(t: Trajectory) -> None:
         fault(t, rec.message)
         return
     t.record(as_step_result(got))
+
+
+def require_utf8(text: str) -> str:
+    """`text`, when it can be encoded as UTF-8 (what every host tool and sandbox takes);
+    else ModelFault: a lone surrogate in what the model wrote is the model's, decided here
+    before host code (a sandbox request, a file write) would fail on it as its own error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ModelFault(f"the output is not valid UTF-8 (lone surrogate at position {exc.start})") from None
+    return text
 
 
 def fault(t: Trajectory, message: str) -> None:
@@ -226,7 +237,7 @@ def _play_task(
         group = engine.generate([GenerationRequest(prompt, dataclasses.replace(params, n=n, seed=seed), task.id)])[0]
         played = []
         for c in group:
-            run = functools.partial(domain.execute, task, c.text) if domain.executes else lambda: None
+            run = (lambda c=c: domain.execute(task, require_utf8(c.text))) if domain.executes else (lambda: None)
             res, rec = _retried(run, retries)
             ep = Episode(c.text, finish_reason=c.finish_reason, exec_result=res)
             error, fault_ = _error_and_fault(rec)
@@ -252,7 +263,7 @@ def _play_task(
 def _played(domain: Any, task: Task, t: Trajectory, retries: int) -> Played:
     ep = episode(t)
     if domain.executes and t.error is None and t.fault is None:
-        res, rec = _retried(lambda: domain.execute(task, t.turns[-1].action), retries)
+        res, rec = _retried(lambda: domain.execute(task, require_utf8(t.turns[-1].action)), retries)
         t.error, fault_ = _error_and_fault(rec)
         t.fault = t.fault or fault_
         ep = dataclasses.replace(ep, exec_result=res)

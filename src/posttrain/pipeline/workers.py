@@ -56,8 +56,11 @@ def verify_one(task: Task, episode: Episode) -> Verdict:
     """The domain verifier's score; what escapes it is blamed by its cause (module docstring)."""
     from posttrain.domains.registry import get
 
+    from posttrain.envs.driver import require_utf8
+
     domain = get(task.domain)
     try:
+        require_utf8(episode.completion)  # a lone surrogate is the model's, before any check reads it
         return Verdict(domain.score(task, episode))
     except Exception as exc:  # blamed: a typed infra error masks, anything else is the model's
         return verdict_of(cause_test(domain, task, blame(exc, "verifier")))
@@ -93,7 +96,10 @@ raises on the completion is the model's (`execute_one` blames it)."""
 def execute_one(run: ExecuteFn, task: Task, completion: Completion) -> Any:
     """`run`'s result for one completion, or the ErrorRecord of what it raised, blamed at
     the sandbox boundary (a picklable record: Ray workers return it too)."""
+    from posttrain.envs.driver import require_utf8
+
     try:
+        require_utf8(completion.text)
         return run(task, completion)
     except Exception as exc:  # noqa: BLE001 - blamed per sample; the group's other runs go on
         return blame(exc, "sandbox")
