@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from posttrain.envs.driver import require_utf8
 from posttrain.errors import ErrorRecord, blame
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
 
@@ -55,8 +56,6 @@ def verdict_of(rec: ErrorRecord) -> Verdict:
 def verify_one(task: Task, episode: Episode) -> Verdict:
     """The domain verifier's score; what escapes it is blamed by its cause (module docstring)."""
     from posttrain.domains.registry import get
-
-    from posttrain.envs.driver import require_utf8
 
     domain = get(task.domain)
     try:
@@ -96,8 +95,6 @@ raises on the completion is the model's (`execute_one` blames it)."""
 def execute_one(run: ExecuteFn, task: Task, completion: Completion) -> Any:
     """`run`'s result for one completion, or the ErrorRecord of what it raised, blamed at
     the sandbox boundary (a picklable record: Ray workers return it too)."""
-    from posttrain.envs.driver import require_utf8
-
     try:
         require_utf8(completion.text)
         return run(task, completion)
