@@ -122,3 +122,57 @@ def test_a_prompt_over_the_models_positions_masks_its_own_group_only(oversized):
     assert [[r.completion.token_ids for r in g.rollouts] for g in staged] == [
         [r.completion.token_ids for r in g.rollouts] for g in direct
     ]
+
+
+def test_model_faults_do_not_pause_a_domain_and_a_failing_sandbox_still_does(monkeypatch):
+    """degrade_after=1: one infra-failed group pauses its domain; groups of model faults never do."""
+    from posttrain.domains import registry
+    from posttrain.domains.base import ProceduralDomain
+    from posttrain.types import Score
+
+    class Trusting:
+        """Parses the answer as an integer: raises on anything else (a model fault), never on the gold."""
+
+        name, version = "trusting", "1"
+
+        def score(self, task, episode):
+            ok = int(episode.completion.strip()) == int(task.reference)
+            return Score(float(ok), passed=ok)
+
+    class Sums(ProceduralDomain):
+        name, category = "test_trusting", "test"
+
+        def generate(self, rng, difficulty):
+            return f"{rng.randint(0, 9)}+1=", "0"
+
+        def gold(self, task):
+            return str(task.reference)
+
+    dom = Sums()
+    dom.verifier = Trusting()
+    monkeypatch.setitem(registry._REGISTRY, dom.name, dom)
+    cfg = PipelineConfig(degrade_after=1, degrade_cooldown_s=600.0, backoff_s=0.0, max_retries=0)
+    tasks = [dom.sample(i, "train", 1) for i in range(3)]
+
+    def run(execute=None):
+        engine = ScriptedEngine(lambda context, j: ["1e309", "NaN", "[" * 100_000, "0"][j])
+        sched = Scheduler(cfg, {dom.name: 1.0}, {dom.name: "short"})
+        workers = EmbeddedWorkers(engine, execute) if execute else EmbeddedWorkers(engine)
+
+        async def go():
+            async with Pipeline(cfg, workers, SamplingParams(n=4, max_tokens=8), sched, seed=0) as pipe:
+                return await pipe.run_groups(tasks), pipe.stats().counters, sched.mix()[dom.name]
+
+        return asyncio.run(go())
+
+    groups, counters, mix = run()
+    assert all([r.reward for r in g.rollouts] == [0.0, 0.0, 0.0, 1.0] for g in groups)
+    assert counters["model_faults"] == 9 and mix["paused"] == 0.0 and mix["alarms"] == 0
+
+    def dies_once_per_group(task, completion):
+        if completion.text == "0":
+            raise SandboxError("sandbox worker died")
+
+    groups, counters, mix = run(dies_once_per_group)
+    assert groups[0] is not None and [r.error_kind for r in groups[0].rollouts] == [None, None, None, "sandbox"]
+    assert mix["paused"] == 1.0 and mix["alarms"] >= 1  # the sandbox failed: the domain pauses

@@ -81,6 +81,9 @@ class _Item:
     decided: dict[int, Verdict] = field(default_factory=dict)
     """Samples whose verdict is known before verification: masked by an infra error after
     their retries, or scored 0 for a model fault. The rest of the group goes on."""
+    sandbox_failed: bool = False
+    """Some sample's execute step or environment step failed past its retries (the group
+    then counts as an infra failure of its domain, `Scheduler.record_verification`)."""
     episodes: list[Episode] | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -416,7 +419,7 @@ class Pipeline:
                 driver.mask(item.trajectories[i], rec.kind)
         self.counters["masked_rollouts"] += len(failed)
         self.counters["masked_execute"] += len(failed)
-        self.scheduler.record_verification(item.task.domain, True)  # a failing sandbox degrades its domain
+        item.sandbox_failed = True  # a failing sandbox degrades its domain (recorded once the group verified)
         return False
 
     def _to_execute(self, item: _Item) -> list[Completion]:
@@ -502,8 +505,8 @@ class Pipeline:
                 await self._retry(item, "verify", exc)
                 continue
             item.timings["verify_s"] = self.meters["verify"].end(token)
-            if todo:  # a group whose every sample was decided before verification verified nothing
-                failed = any(v.error_kind == "verifier" for v in got)
+            if todo or item.sandbox_failed:  # infra failed: its sandbox past retries, or its verifier
+                failed = item.sandbox_failed or any(v.error_kind == "verifier" for v in got)
                 self.scheduler.record_verification(item.task.domain, failed)
             self.counters["model_faults"] += sum(v.fault is not None for v in got)
             verdicts = {**item.decided, **dict(zip(todo, got))}
