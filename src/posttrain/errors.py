@@ -33,7 +33,7 @@ class PosttrainError(Exception):
 class ConfigError(PosttrainError, ValueError):
     """Bad configuration: names the field and what is allowed."""
 
-    kind = "config"
+    kind: ErrorKind = "config"
 
 
 class TaskError(PosttrainError, ValueError):
@@ -68,10 +68,11 @@ class ModelFault(PosttrainError):
     kind = "model"
 
 
-class PromptTooLong(PosttrainError, ValueError):
+class PromptTooLong(ConfigError):
     """A prompt the engine can never take (as long as the model's positions or longer):
     the task's prompt, not the model's output and not a passing failure. Its group is
-    masked with kind "prompt" and not retried; its engine batch-mates go on."""
+    masked with kind "prompt" and not retried; its engine batch-mates go on. A bad
+    request to the engine, so a ConfigError to its callers (the server answers 400)."""
 
     kind = "prompt"
 
