@@ -20,7 +20,7 @@ from pipeline_testlib import ScriptedEngine
 
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import get
-from posttrain.errors import SandboxError
+from posttrain.errors import PromptTooLong, SandboxError
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.pipeline.direct import Direct
 from posttrain.rollout import informative
@@ -176,3 +176,33 @@ def test_model_faults_do_not_pause_a_domain_and_a_failing_sandbox_still_does(mon
     groups, counters, mix = run(dies_once_per_group)
     assert groups[0] is not None and [r.error_kind for r in groups[0].rollouts] == [None, None, None, "sandbox"]
     assert mix["paused"] == 1.0 and mix["alarms"] >= 1  # the sandbox failed: the domain pauses
+
+
+class ShortContext(PlanEngine):
+    """A PlanEngine with the HF engine's bound: a request whose context is `limit` tokens or
+    more raises PromptTooLong (the engine seam; HFEngine._validate is tested in tests/engine)."""
+
+    def __init__(self, plans, limit):
+        super().__init__(plans)
+        self.limit = limit
+
+    def generate(self, requests):
+        for req in requests:
+            if len(req.prompt_ids) >= self.limit:
+                raise PromptTooLong(f"prompt of {len(req.prompt_ids)} tokens; max_position_embeddings is {self.limit}")
+        return super().generate(requests)
+
+
+def test_an_episode_that_outgrows_the_context_ends_alone_as_truncated():
+    dom = get("lookup")
+    task = dom.sample(0, "train", 1)
+    gold = dom.gold_turns(task)
+    plans = [["A" * 3000], gold, gold]
+    engine = ShortContext(plans, limit=3000)
+    [group], counters = _pipeline(EmbeddedWorkers(engine), [task], SamplingParams(n=3, max_tokens=16))
+    long, *mates = group.rollouts
+    assert long.reward is not None and long.completion.finish_reason == "length" and long.timings["turns"] == 1.0
+    assert [r.reward for r in mates] == [1.0, 1.0] and counters["masked_rollouts"] == 0
+    engine = ShortContext([gold, gold], limit=10)  # the task's own prompt does not fit: masked as the prompt's
+    [group], counters = _pipeline(EmbeddedWorkers(engine), [task], SamplingParams(n=2, max_tokens=16))
+    assert [r.error_kind for r in group.rollouts] == ["prompt", "prompt"] and counters["retries"] == 0

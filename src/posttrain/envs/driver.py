@@ -4,7 +4,8 @@ Invariant: an episode's first observation (`reset`'s return) is in the prompt
 before the first generation; each turn appends the model's action (loss mask 1)
 and, unless the episode ended, the observation rendered by the chat template
 (mask 0); the episode ends when `step` says done, at the turn budget, when
-the action was truncated at its token budget, or when the action made the
+the action was truncated at its token budget, when its context no longer fits
+the model (`out_of_context`: as truncated), or when the action made the
 environment raise (a model fault: scored 0 with the reason, never masked);
 each Turn keeps the step's observation, parts and exec_result. The pipeline (embedded and Ray runtimes
 alike) and `play` (synchronous, for evaluation and tests) call these same
@@ -21,7 +22,7 @@ from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Environment, Trajectory, as_step_result, make_environment
-from posttrain.errors import NOT_RETRIED, ErrorRecord, ModelFault, blame
+from posttrain.errors import NOT_RETRIED, ErrorRecord, ModelFault, PromptTooLong, blame
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, StepResult, Task
 
 _UNSET: Any = object()
@@ -123,6 +124,33 @@ def fault(t: Trajectory, message: str) -> None:
     if t.awaiting_step:
         t.record(StepResult(f"error: {message}", done=True))
     t.fault, t.done = message, True
+
+
+def out_of_context(t: Trajectory) -> None:
+    """End the episode whose context the engine can no longer take (PromptTooLong on a
+    later turn: the model's own turns filled it): as if its last action was truncated."""
+    t.finish_reason, t.done = "length", True
+
+
+def generate_each(
+    generate: Callable[[list[GenerationRequest]], Sequence[Sequence[Completion]]],
+    reqs: Sequence[GenerationRequest],
+    targets: Sequence[Sequence[Trajectory]],
+) -> None:
+    """Generate the turn's requests in one call; when it fails with PromptTooLong over several
+    requests, one by one, so only the episodes whose context no longer fits end there."""
+    try:
+        add_actions(targets, generate(list(reqs)))
+        return
+    except PromptTooLong:
+        if len(reqs) == 1 and all(t.turns for t in targets[0]):
+            for t in targets[0]:
+                out_of_context(t)
+            return
+        if len(reqs) == 1:
+            raise  # the task's own prompt: not an episode's doing
+    for req, ts in zip(reqs, targets):
+        generate_each(generate, [req], [ts])
 
 
 def mask(t: Trajectory, kind: str) -> None:
@@ -249,7 +277,7 @@ def _play_task(
         trajs = start(envs, task, prompts, turns_of(domain, budget))
         while any(not t.done for t in trajs):
             reqs, targets = requests(trajs, params, seed, task.id)
-            add_actions(targets, engine.generate(reqs))
+            generate_each(engine.generate, reqs, targets)
             for t in (t for ts in targets for t in ts):
                 _, rec = _retried(functools.partial(step, t), retries)  # a model fault ends t inside step
                 if rec is not None:

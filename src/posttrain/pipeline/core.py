@@ -31,7 +31,7 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, blame, capture
+from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, blame, capture
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
@@ -353,6 +353,9 @@ class Pipeline:
                 await self._generate_bucket(batch[:half])
                 await self._generate_bucket(batch[half:])
                 return
+            elif isinstance(exc, PromptTooLong) and batch[0].multi_turn and len(requests[0]) > 1:
+                await self._generate_alone(batch[0], requests[0])
+                return
             for it in batch:
                 await self._retry(it, "generate", exc)
             return
@@ -362,6 +365,38 @@ class Pipeline:
             got, cursor = outs[cursor : cursor + len(rs)], cursor + len(rs)
             it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
             await self._after_generate(it, got)
+
+    async def _generate_alone(self, item: _Item, requests: list[GenerationRequest]) -> None:
+        """A multi-turn group whose call failed with PromptTooLong: its trajectories' requests
+        one by one. An episode whose context no longer fits the model after its own turns ends
+        there, as truncated (`driver.out_of_context`); one whose first prompt does not fit is
+        masked with kind "prompt"; the mates play on. Another failure retries the group (only
+        the trajectories still due a turn generate again)."""
+        try:
+            for req, ts in zip(requests, item.targets):
+                try:
+                    driver.add_actions([ts], await self.workers.generate([req]))
+                except PromptTooLong as exc:
+                    self._no_room(item, ts, exc)
+        except Exception as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            await self._retry(item, "generate", exc)
+            return
+        await self.q_execute.put(item)
+
+    def _no_room(self, item: _Item, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
+        """The trajectories `ts`, whose request the engine can never take, end: as truncated
+        after turns of their own, masked (kind "prompt") before any."""
+        assert item.trajectories is not None
+        for t in ts:
+            if t.turns:
+                driver.out_of_context(t)
+                continue
+            i = next(k for k, u in enumerate(item.trajectories) if u is t)
+            driver.mask(t, "prompt")
+            item.decided[i] = verdict_of(capture(exc))
+            self.counters["masked_rollouts"] += 1
 
     async def _after_generate(self, item: _Item, got: list[list[Completion]]) -> None:
         if item.multi_turn:
