@@ -265,3 +265,32 @@ def test_an_environment_that_raises_on_an_action_and_the_old_rule(monkeypatch):
     monkeypatch.setattr("posttrain.envs.driver.blame", capture)  # the old rule: a step's escape is infra
     group, _ = play_group(name, plans, task)
     assert len(masked(group.rollouts, plans)) == 3
+
+
+# ---- evaluation plays episodes through the same driver --------------------------
+
+FAMILIES = (
+    "code_revise",
+    "doc_invoice_fields_md",
+    "fin_income_fields",
+    "geo_box",
+    "lookup",
+    "terminal",
+    "tool_transfer",
+)
+"""One multi-turn domain of each environment family (the pipeline test above covers every one)."""
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_evaluation_plays_hostile_episodes_without_masking(name):
+    from posttrain.envs.driver import play
+    from posttrain.evaluate.core import _Outcome, _verdict
+
+    dom = DOMAINS[name]
+    task = dom.sample(0, "train", 1)
+    plans = _plans(name, task, 3)
+    budget = dataclasses.replace(dom.budget, turns=max(map(len, plans)) + 1)
+    [played] = play(PlanEngine(plans), [task], SamplingParams(n=len(plans), max_tokens=64), len(plans), {name: budget})
+    assert [p.error for p in played] == [None] * len(plans)
+    verdicts = [_verdict(task, _Outcome(p.episode, p.turns, p.error, executed=True, fault=p.fault)) for p in played]
+    assert all(v.ok is not None for v in verdicts), [v.error for v in verdicts]
