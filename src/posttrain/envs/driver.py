@@ -153,6 +153,14 @@ def generate_each(
         generate_each(generate, [req], [ts])
 
 
+def end_failed(t: Trajectory, rec: ErrorRecord) -> None:
+    """End the episode by what failed it: a model fault (scored 0) or an infra error (masked)."""
+    if rec.kind == "model":
+        fault(t, rec.message)
+    else:
+        mask(t, rec.kind)
+
+
 def mask(t: Trajectory, kind: str) -> None:
     """End the episode as masked by an infra error of `kind` (after its retries)."""
     t.error, t.done, t.awaiting_step = kind, True, False
@@ -167,8 +175,7 @@ def observe(t: Trajectory, encode: Callable[[Sequence[Message]], Sequence[int]])
     try:
         rendered = [encode(m) for m in t.render_inputs()]
     except Exception as exc:
-        rec = blame(exc, "infra")
-        fault(t, rec.message) if rec.kind == "model" else mask(t, rec.kind)
+        end_failed(t, blame(exc, "infra"))
         return
     t.add_observation(*rendered)
 

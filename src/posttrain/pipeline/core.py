@@ -516,8 +516,7 @@ class Pipeline:
         try:
             rendered = [await self.workers.encode(m) for m in t.render_inputs()]
         except Exception as exc:
-            rec = blame(exc, "infra")
-            driver.fault(t, rec.message) if rec.kind == "model" else driver.mask(t, rec.kind)
+            driver.end_failed(t, blame(exc, "infra"))
             return
         t.add_observation(*rendered)
 
