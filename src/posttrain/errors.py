@@ -1,8 +1,16 @@
-"""One error module: a short hierarchy named by boundary.
+"""One error module: a short hierarchy named by boundary, and blame by cause.
 
 Invariant: infrastructure errors are never task failures. A rollout that
 hits one is marked with its `kind`, retried or masked from the loss, and
-counted; it is never scored 0.
+counted; it is never scored 0. A failure the model's own output caused is
+never masked: at a boundary where model output enters host code (an
+environment step, a verifier, the execute stage, a user reward function)
+`blame` attributes what escaped by its cause. A typed infra error
+(SandboxError, GenerationError, VerifierError: a service or a check that
+could not decide) and OSError, TimeoutError or MemoryError (a service or the
+host) stay infra; anything else escaping while host code processed the
+model's output is the model's (`ModelFault`, kind "model"): the sample is
+scored 0 with the reason and counted, so a buggy check stays visible.
 """
 
 from __future__ import annotations
@@ -10,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ErrorKind = Literal["config", "task", "generation", "sandbox", "verifier", "trainer", "infra"]
+ErrorKind = Literal["config", "task", "prompt", "generation", "sandbox", "verifier", "trainer", "infra", "model"]
+
+NOT_RETRIED: tuple[ErrorKind, ...] = ("config", "task", "prompt", "model")
+"""Kinds a retry cannot change: the same input fails the same way again."""
 
 
 class PosttrainError(Exception):
@@ -22,7 +33,7 @@ class PosttrainError(Exception):
 class ConfigError(PosttrainError, ValueError):
     """Bad configuration: names the field and what is allowed."""
 
-    kind = "config"
+    kind: ErrorKind = "config"
 
 
 class TaskError(PosttrainError, ValueError):
@@ -49,6 +60,23 @@ class VerifierError(PosttrainError):
     kind = "verifier"
 
 
+class ModelFault(PosttrainError):
+    """The model's output made host code fail (a parser, a tool, an environment step,
+    a reward function): the sample is scored, normally 0, with this reason; never
+    retried, never masked."""
+
+    kind = "model"
+
+
+class PromptTooLong(ConfigError):
+    """A prompt the engine can never take (as long as the model's positions or longer):
+    the task's prompt, not the model's output and not a passing failure. Its group is
+    masked with kind "prompt" and not retried; its engine batch-mates go on. A bad
+    request to the engine, so a ConfigError to its callers (the server answers 400)."""
+
+    kind = "prompt"
+
+
 class TrainerError(PosttrainError):
     """A training step failed: non-finite loss, bad checkpoint, ..."""
 
@@ -61,13 +89,36 @@ class ModelLoadError(PosttrainError, ValueError):
     kind = "config"
 
 
+INFRA_TYPES: tuple[type[BaseException], ...] = (TimeoutError, OSError, MemoryError)
+"""Untyped exceptions that mean a service or the host failed, whatever the input."""
+
+
 def classify(exc: BaseException) -> ErrorKind:
-    """The boundary an exception escaped from; unknown ones are infra."""
+    """The kind of an exception that escaped code which does not process model output:
+    a posttrain error keeps its own kind; anything else is infra."""
     if isinstance(exc, PosttrainError):
         return exc.kind
-    if isinstance(exc, (TimeoutError, OSError, MemoryError)):
-        return "infra"
     return "infra"
+
+
+def blame(exc: BaseException, boundary: ErrorKind = "infra") -> ErrorRecord:
+    """The record of `exc` caught where host code processed the model's output: a posttrain
+    error keeps its own kind; OSError, TimeoutError and MemoryError take the boundary's
+    (infra) kind; anything else (a ValueError, OverflowError or RecursionError on what the
+    model wrote) is the model's, kind "model"."""
+    if isinstance(exc, (PosttrainError, *INFRA_TYPES)):
+        return capture(exc, boundary)
+    return ErrorRecord("model", _message(exc))
+
+
+def _message(exc: BaseException) -> str:
+    """`Type: text`, on one line and at most 500 characters (model-derived text can be huge)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose str() fails (e.g. int too large to print)
+        text = "(no message)"
+    line = f"{type(exc).__name__}: {text}".replace("\n", " ")
+    return line if len(line) <= 500 else line[:497] + "..."
 
 
 @dataclass(frozen=True)
@@ -80,9 +131,9 @@ class ErrorRecord:
 
 
 def capture(exc: BaseException, boundary: ErrorKind = "infra") -> ErrorRecord:
-    """The record of `exc` caught at `boundary` (the one helper every catch site of a
-    rollout uses): an error posttrain raised on purpose keeps its own kind; anything
-    else takes the boundary's kind, so a KeyError escaping a verifier is a verifier
-    error, never a wrong answer."""
+    """The record of `exc` caught at `boundary` around code that does not process the
+    model's output (admission, an engine call, a whole worker call): an error posttrain
+    raised on purpose keeps its own kind; anything else takes the boundary's kind. Catch
+    sites around code that reads model output use `blame`."""
     kind = classify(exc)
-    return ErrorRecord(boundary if kind == "infra" else kind, f"{type(exc).__name__}: {exc}")
+    return ErrorRecord(boundary if kind == "infra" else kind, _message(exc))

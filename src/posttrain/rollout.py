@@ -1,8 +1,10 @@
 """The record of one scored (or masked) sample, and what makes a group trainable.
 
 Invariant: a Rollout is either scored or masked with a typed error (never
-scored 0 for an infra error); a group is trainable only when its scored
-rewards are not all equal.
+scored 0 for an infra error; a model fault is scored, normally 0, with
+`Score.reason` "model fault: ...", and carries no error kind); a group is
+trainable only when its scored rewards are not all equal, and its masked
+samples are left out (the trainer's advantages are over the scored ones).
 """
 
 from __future__ import annotations

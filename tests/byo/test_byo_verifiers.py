@@ -1,5 +1,6 @@
 """Verifiers by name: each built-in scores gold 1 and a wrong answer below 1; a user's callable runs
-in a worker with a time limit and its failures are infra errors (VerifierError), never reward 0."""
+in a worker with a time limit; an exception it raises on a completion is a model fault, blamed on
+the verifier (infra, never reward 0) when it raises on the gold answer too; a hang is infra."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from posttrain.byo.domain import RowRef
 from posttrain.byo.verifiers import build_verifier
 from posttrain.configs.byo import VerifierSpec
-from posttrain.errors import ConfigError, VerifierError
+from posttrain.errors import ConfigError, ModelFault, VerifierError
 from posttrain.types import Episode, Message, Task, TaskMeta
 
 USERFNS = os.path.join(os.path.dirname(__file__), "userfns")
@@ -132,19 +133,46 @@ def test_callable_by_import_path(userfns):
         g.close()
 
 
-def test_callable_failures_are_infra_errors(userfns):
+def test_callable_failures_on_a_completion_are_model_faults_and_a_hang_is_infra(userfns):
     for path, match in (
         ("byo_rewards:raises", "raised: RuntimeError: user bug"),
         ("byo_rewards:out_of_range", "returned 7.5"),
     ):
         v = build_verifier(VerifierSpec.model_validate(path))
-        with pytest.raises(VerifierError, match=match):
+        with pytest.raises(ModelFault, match=match):
             v.score(task("1"), Episode("1"))
         v.close()
     v = build_verifier(VerifierSpec.model_validate({"name": "python", "path": "byo_rewards:hangs", "timeout_s": 1}))
     with pytest.raises(VerifierError, match="time limit"):
         v.score(task("1"), Episode("1"))
     v.close()
+
+
+@pytest.mark.parametrize(
+    "path, kind", [("byo_rewards:strict_int", "model"), ("byo_rewards:raises", "verifier")], ids=["garbage", "always"]
+)
+def test_the_verify_boundary_blames_a_raising_callable_by_its_cause(userfns, monkeypatch, tmp_path, path, kind):
+    """A function that raises only on the model's garbage scores it 0 (a model fault); one that
+    raises on the task's gold answer too is the verifier's fault (masked, kind "verifier")."""
+    from posttrain.byo.domain import SourceDomain
+    from posttrain.configs.byo import SourceConfig
+    from posttrain.pipeline.workers import verify_one
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": "12"}) + "\n" for i in range(4)))
+    dom = SourceDomain("test_pyfn", SourceConfig.model_validate({"path": str(rows)}), VerifierSpec.model_validate(path))
+    monkeypatch.setattr("posttrain.domains.registry.get", lambda name: dom)
+    t = dom.task_at(0, "train", 1)
+    try:
+        got = verify_one(t, Episode("1e309 is not an int"))
+        if kind == "model":
+            assert got.score is not None and got.score.value == 0.0 and got.error_kind is None
+            assert got.fault and "ValueError" in got.fault and got.score.reason.startswith("model fault:")
+            assert verify_one(t, Episode("12")).score.value == 1.0
+        else:
+            assert got.score is None and got.error_kind == "verifier" and "gold answer too" in got.error
+    finally:
+        dom.verifier.close()
 
 
 def test_callable_that_does_not_import_is_a_config_error(userfns):

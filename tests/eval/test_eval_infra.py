@@ -1,5 +1,7 @@
-"""Evaluation's catch sites go through errors.capture: a verifier (or a stricter check) that raises
-makes the item an infra error with its typed kind, never a wrong answer, and the table says so."""
+"""Evaluation's catch sites blame by cause: a verifier that raises on the gold answer too (or a
+stricter check that raises, or a typed infra error) makes the item an infra error with its typed
+kind, never a wrong answer, and the table says so; one that raises only on the model's answer
+scores it wrong (a model fault)."""
 
 from __future__ import annotations
 
@@ -64,10 +66,31 @@ def domain(monkeypatch):
     return register
 
 
-def test_a_raising_verifier_is_an_infra_error_with_its_kind_not_a_wrong_answer(domain):
+class RaisesOnGarbage:
+    """A verifier that raises on any completion but the gold answer ("0")."""
+
+    name, version = "garbage", "1"
+
+    def score(self, task, episode):
+        if episode.completion != "0":
+            raise ValueError(f"cannot parse {episode.completion[:10]!r}")
+        return Score(1.0, passed=True)
+
+
+def test_a_verifier_that_raises_on_the_gold_answer_too_is_an_infra_error_not_a_wrong_answer(domain):
     task = domain(Raises(RuntimeError("verifier crashed"))).tasks()[0]
     got = _verdict(task, _Outcome(Episode("0")))
-    assert got == ItemVerdict(None, None, None, ErrorRecord("verifier", "RuntimeError: verifier crashed"))
+    why = "RuntimeError: verifier crashed (the verifier raises on the task's gold answer too)"
+    assert got == ItemVerdict(None, None, None, ErrorRecord("verifier", why))
+
+
+def test_a_verifier_that_raises_only_on_the_models_answer_scores_it_wrong(domain):
+    task = domain(RaisesOnGarbage()).tasks()[0]
+    got = _verdict(task, _Outcome(Episode("1e309")))
+    assert got == ItemVerdict(False, False, 0.0, ErrorRecord("model", "ValueError: cannot parse '1e309'"))
+    assert _verdict(task, _Outcome(Episode("0"))).ok is True
+    fault = _verdict(task, _Outcome(Episode("x"), fault="KeyError: 'x'"))  # the driver ended the episode
+    assert fault == ItemVerdict(False, False, 0.0, ErrorRecord("model", "KeyError: 'x'"))
 
 
 def test_a_typed_error_keeps_its_own_kind(domain):

@@ -52,8 +52,8 @@ def test_results_in_task_order_one_rollout_per_sample():
 
 
 def test_engine_failure_is_retried_then_scored():
-    results, stats, _ = _run(_tasks(), ScriptedEngine(answer_policy, fail_first=1), PipelineConfig(**FAST))
-    assert stats.counters["retries"] >= 1 and stats.counters["masked_groups"] == 0
+    results, stats, _ = _run(_tasks(1), ScriptedEngine(answer_policy, fail_first=1), PipelineConfig(**FAST))
+    assert stats.counters["retries"] == 1 and stats.counters["masked_groups"] == 0  # one group: no split, a retry
     assert all(r.reward is not None for g in results for r in g.rollouts)
 
 

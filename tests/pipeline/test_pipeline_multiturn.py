@@ -330,8 +330,8 @@ def test_execute_stage_runs_the_last_action_after_the_episode(lookup, monkeypatc
     monkeypatch.setattr(type(lookup), "executes", property(lambda self: True))
     ex = LastActionExecute(fail=1)
     [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=4, execute=ex)
-    # only ever the last action, after the episode ended; the stage retried the group (3 + 4 calls)
-    assert ex.seen == ["answer 42"] * 7
+    # only ever the last action, after the episode ended; the stage retried the one failed run (3 + 1 calls)
+    assert ex.seen == ["answer 42"] * 4
     assert stats.counters["retries"] == 1
     assert all(r.exec_result == {"ran": "answer 42"} and r.reward is not None for r in group.rollouts)
 

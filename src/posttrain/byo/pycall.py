@@ -2,12 +2,15 @@
 
 Invariant: user code never runs in the trainer's process: the callable is
 imported and called only in spawned worker processes (the current directory
-is importable there). Whatever goes wrong on its side (an import that fails
-is a ConfigError at build time, before training; an exception, a result that
-is not a bool, a number in [0, 1] or {value, parts, passed, reason}, a call
-past `timeout_s`, a worker that dies) raises VerifierError: an infra error,
-masked and counted, never reward 0. A call past its time limit kills the
-workers; the next call starts fresh ones.
+is importable there). An import that fails is a ConfigError at build time,
+before training. An exception the callable raises on a completion, or a
+result that is not a bool, a number in [0, 1] or {value, parts, passed,
+reason}, raises ModelFault: the completion made the user's code fail, so the
+verify boundary scores it 0 with the reason, unless its cause test finds the
+callable fails on the task's gold answer too (then it is the verifier's
+fault: masked and counted, never reward 0). A call past `timeout_s` or a
+worker that dies raises VerifierError (infra: masked and counted). A call
+past its time limit kills the workers; the next call starts fresh ones.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.configs.byo import PythonParams
-from posttrain.errors import ConfigError, VerifierError
+from posttrain.errors import ConfigError, ModelFault, VerifierError
 from posttrain.types import Episode, Score, Task
 
 KEYWORDS = ("completion", "answer", "prompt", "messages", "metadata", "task_id")
@@ -158,8 +161,11 @@ class CallableVerifier:
             self.close()
             raise VerifierError(f"{self.params.path}: its worker process died ({exc})") from None
         if status == "error":
-            raise VerifierError(f"{self.params.path} raised: {result.strip().splitlines()[-1]}")
-        return to_score(result, self.params.pass_threshold, self.params.path)
+            raise ModelFault(f"{self.params.path} raised: {result.strip().splitlines()[-1][:300]}")
+        try:
+            return to_score(result, self.params.pass_threshold, self.params.path)
+        except VerifierError as exc:  # what it returned for this completion is not a score
+            raise ModelFault(str(exc)[:300]) from None
 
     def gold(self, task: Task) -> str | None:
         return str(task.reference)

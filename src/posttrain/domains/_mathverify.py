@@ -92,8 +92,8 @@ def equivalent(gold: str, answer: str) -> bool:
     except cf.process.BrokenProcessPool as exc:
         _kill_pool()
         raise VerifierError(f"math-verify worker died: {exc}") from exc
-    except ValueError as exc:
-        raise VerifierError(f"math-verify: {exc}") from exc
+    except ValueError as exc:  # raised on this answer: the verify boundary blames it by its cause
+        raise ValueError(f"math-verify: {exc}") from exc
 
 
 def warm_up() -> None:

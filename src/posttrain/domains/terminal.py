@@ -34,7 +34,7 @@ from types import ModuleType
 from posttrain.domains._common import run_summary
 from posttrain.domains.base import Budget, Domain, split_of, stable_rng
 from posttrain.domains.registry import register
-from posttrain.errors import TaskError, VerifierError
+from posttrain.errors import ModelFault, TaskError, VerifierError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "terminal")
@@ -105,8 +105,13 @@ def _step_limits():
 
 def step_request(command: str, **fields):
     """The sandbox request of one model command (the verifier's replay and the
-    environment's steps): bash, the step limits, nothing else."""
+    environment's steps): bash, the step limits, nothing else. A command holding a
+    NUL byte cannot be an argument of any program: ModelFault (the model's, scored 0),
+    before the sandbox would report it as its own failure."""
     from posttrain.sandbox import ExecRequest
+
+    if "\x00" in command:
+        raise ModelFault("the command holds a NUL byte (no program takes one in its arguments)")
 
     return ExecRequest(argv=("bash", "-c", command), **({"limits": _step_limits()} | fields))
 

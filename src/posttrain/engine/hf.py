@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.engine.kvcache import new_cache
 from posttrain.engine.sampling import row_key, sample_next
-from posttrain.errors import ConfigError, GenerationError, ModelLoadError
+from posttrain.errors import ConfigError, GenerationError, ModelLoadError, PromptTooLong
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
 
 
@@ -205,7 +205,7 @@ class HFEngine:
         if bad:
             raise ConfigError(f"{where}.prompt_ids holds ids outside [0, {self._vocab}): {bad[:5]}")
         if self._max_positions is not None and len(req.prompt_ids) >= self._max_positions:
-            raise ConfigError(
+            raise PromptTooLong(
                 f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; the model's "
                 f"max_position_embeddings is {self._max_positions}, leaving no room to generate"
             )

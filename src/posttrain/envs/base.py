@@ -25,7 +25,9 @@ class Environment(Protocol):
     "tool" message after the task's messages) before the first generation.
     `step` takes the model's action; a malformed action is an observation,
     never an exception; SandboxError means the sandbox failed (the driver
-    retries, then masks and counts the episode; never reward 0)."""
+    retries, then masks and counts the episode; never reward 0). Any other
+    exception a step raises on an action is the model's (`errors.blame`): the
+    driver ends that episode as a model fault, scored 0 with the reason."""
 
     def reset(self, task: Task) -> str: ...
 
@@ -78,6 +80,9 @@ class Trajectory:
     finish_reason: FinishReason = "stop"
     error: str | None = None
     """The infra error kind that masked this episode (None: it ran to its end)."""
+    fault: str | None = None
+    """The model fault that ended this episode (its action made the environment raise):
+    scored 0 with this reason, never masked (None: none)."""
     first_observation: str = ""
     """What `reset` returned (in the prompt, after the task's messages)."""
 

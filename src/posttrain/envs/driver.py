@@ -3,9 +3,11 @@
 Invariant: an episode's first observation (`reset`'s return) is in the prompt
 before the first generation; each turn appends the model's action (loss mask 1)
 and, unless the episode ended, the observation rendered by the chat template
-(mask 0); the episode ends when `step` says done, at the turn budget, or when
-the action was truncated at its token budget; each Turn keeps the step's
-observation, parts and exec_result. The pipeline (embedded and Ray runtimes
+(mask 0); the episode ends when `step` says done, at the turn budget, when
+the action was truncated at its token budget, when its context no longer fits
+the model (`out_of_context`: as truncated), or when the action made the
+environment raise (a model fault: scored 0 with the reason, never masked);
+each Turn keeps the step's observation, parts and exec_result. The pipeline (embedded and Ray runtimes
 alike) and `play` (synchronous, for evaluation and tests) call these same
 functions; verification is never done here.
 """
@@ -20,8 +22,8 @@ from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Environment, Trajectory, as_step_result, make_environment
-from posttrain.errors import classify
-from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, Task
+from posttrain.errors import NOT_RETRIED, ErrorRecord, ModelFault, PromptTooLong, blame
+from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, StepResult, Task
 
 _UNSET: Any = object()
 
@@ -89,15 +91,93 @@ def add_actions(targets: Sequence[Sequence[Trajectory]], outputs: Sequence[Seque
 
 def step(t: Trajectory) -> None:
     """Give the last action to the environment and record its answer (blocking:
-    the pipeline runs it in a thread). Exceptions (SandboxError: the sandbox
-    failed) propagate; the action stays unstepped, so a retry steps it again."""
-    t.record(as_step_result(t.env.step(t.turns[-1].action)))
+    the pipeline runs it in a thread). What the step raises is blamed by its
+    cause (`errors.blame`): an infra error (SandboxError: the sandbox failed)
+    propagates and the action stays unstepped, so a retry steps it again;
+    anything else the action made the environment raise ends the episode as
+    the model's fault (`fault`), with the reason as its last observation."""
+    try:
+        got = t.env.step(require_utf8(t.turns[-1].action))
+    except Exception as exc:
+        rec = blame(exc, "sandbox")
+        if rec.kind != "model":
+            raise
+        fault(t, rec.message)
+        return
+    t.record(as_step_result(got))
+
+
+def require_utf8(text: str) -> str:
+    """`text`, when it can be encoded as UTF-8 (what every host tool and sandbox takes);
+    else ModelFault: a lone surrogate in what the model wrote is the model's, decided here
+    before host code (a sandbox request, a file write) would fail on it as its own error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ModelFault(f"the output is not valid UTF-8 (lone surrogate at position {exc.start})") from None
+    return text
+
+
+def fault(t: Trajectory, message: str) -> None:
+    """End the episode as the model's fault: the last action is answered with the reason
+    (what the model would have seen), and `t.fault` keeps it for scoring (0, never masked)."""
+    if t.awaiting_step:
+        t.record(StepResult(f"error: {message}", done=True))
+    t.fault, t.done = message, True
+
+
+def out_of_context(t: Trajectory) -> None:
+    """End the episode whose context the engine can no longer take (PromptTooLong on a
+    later turn: the model's own turns filled it): as if its last action was truncated."""
+    t.finish_reason, t.done = "length", True
+
+
+def generate_each(
+    generate: Callable[[list[GenerationRequest]], Sequence[Sequence[Completion]]],
+    reqs: Sequence[GenerationRequest],
+    targets: Sequence[Sequence[Trajectory]],
+) -> None:
+    """Generate the turn's requests in one call; when it fails with PromptTooLong over several
+    requests, one by one, so only the episodes whose context no longer fits end there."""
+    try:
+        add_actions(targets, generate(list(reqs)))
+        return
+    except PromptTooLong:
+        if len(reqs) == 1 and all(t.turns for t in targets[0]):
+            for t in targets[0]:
+                out_of_context(t)
+            return
+        if len(reqs) == 1:
+            raise  # the task's own prompt: not an episode's doing
+    for req, ts in zip(reqs, targets):
+        generate_each(generate, [req], [ts])
+
+
+def end_failed(t: Trajectory, rec: ErrorRecord) -> None:
+    """End the episode by what failed it: a model fault (scored 0) or an infra error (masked)."""
+    if rec.kind == "model":
+        fault(t, rec.message)
+    else:
+        mask(t, rec.kind)
+
+
+def mask(t: Trajectory, kind: str) -> None:
+    """End the episode as masked by an infra error of `kind` (after its retries)."""
+    t.error, t.done, t.awaiting_step = kind, True, False
 
 
 def observe(t: Trajectory, encode: Callable[[Sequence[Message]], Sequence[int]]) -> None:
-    """After a step that did not end the episode: the observation's tokens join the context."""
-    if not t.done:
-        t.add_observation(*(encode(m) for m in t.render_inputs()))
+    """After a step that did not end the episode: the observation's tokens join the context.
+    An observation that cannot be encoded (the action put text in it the tokenizer refuses)
+    ends the episode as the model's fault; an infra error of the encoder masks it."""
+    if t.done:
+        return
+    try:
+        rendered = [encode(m) for m in t.render_inputs()]
+    except Exception as exc:
+        end_failed(t, blame(exc, "infra"))
+        return
+    t.add_observation(*rendered)
 
 
 def exec_action(t: Trajectory) -> Completion:
@@ -142,14 +222,16 @@ def turns_of(domain: Any, budget: Budget | None) -> int:
 @dataclass(frozen=True)
 class Played:
     """One episode run by `play`: the token ledger (with the loss mask), what the
-    verifier would score, how many turns it used, and the infra error kind that
-    masked it (None when it ran to its end)."""
+    verifier would score, how many turns it used, the infra error kind that
+    masked it (None when it ran to its end) and the model fault that ended it
+    (scored 0 with that reason; None when there was none)."""
 
     completion: Completion
     episode: Episode
     turns: int
     error: str | None = None
     loss_mask: tuple[int, ...] = ()
+    fault: str | None = None
 
 
 def play(
@@ -190,10 +272,11 @@ def _play_task(
         group = engine.generate([GenerationRequest(prompt, dataclasses.replace(params, n=n, seed=seed), task.id)])[0]
         played = []
         for c in group:
-            run = functools.partial(domain.execute, task, c.text) if domain.executes else lambda: None
-            res, err = _retried(run, retries)
+            run = (lambda c=c: domain.execute(task, require_utf8(c.text))) if domain.executes else (lambda: None)
+            res, rec = _retried(run, retries)
             ep = Episode(c.text, finish_reason=c.finish_reason, exec_result=res)
-            played.append(Played(c, ep, 1, err, (1,) * len(c.token_ids)))
+            error, fault_ = _error_and_fault(rec)
+            played.append(Played(c, ep, 1, error, (1,) * len(c.token_ids), fault_))
         return played
     envs = open_envs(domain, task, n)
     try:
@@ -201,11 +284,11 @@ def _play_task(
         trajs = start(envs, task, prompts, turns_of(domain, budget))
         while any(not t.done for t in trajs):
             reqs, targets = requests(trajs, params, seed, task.id)
-            add_actions(targets, engine.generate(reqs))
+            generate_each(engine.generate, reqs, targets)
             for t in (t for ts in targets for t in ts):
-                _, t.error = _retried(functools.partial(step, t), retries)
-                if t.error is not None:
-                    t.done = True
+                _, rec = _retried(functools.partial(step, t), retries)  # a model fault ends t inside step
+                if rec is not None:
+                    mask(t, rec.kind)
                 observe(t, engine.encode_chat)
         return [_played(domain, task, t, retries) for t in trajs]
     finally:
@@ -214,19 +297,29 @@ def _play_task(
 
 def _played(domain: Any, task: Task, t: Trajectory, retries: int) -> Played:
     ep = episode(t)
-    if domain.executes and t.error is None:
-        res, t.error = _retried(lambda: domain.execute(task, t.turns[-1].action), retries)
+    if domain.executes and t.error is None and t.fault is None:
+        res, rec = _retried(lambda: domain.execute(task, require_utf8(t.turns[-1].action)), retries)
+        t.error, fault_ = _error_and_fault(rec)
+        t.fault = t.fault or fault_
         ep = dataclasses.replace(ep, exec_result=res)
-    return Played(t.completion(), ep, len(t.turns), t.error, tuple(t.mask))
+    return Played(t.completion(), ep, len(t.turns), t.error, tuple(t.mask), t.fault)
 
 
-def _retried(call: Callable[[], Any], retries: int) -> tuple[Any, str | None]:
-    """(call's result, None), or (None, error kind) once it failed `retries` + 1 times."""
+def _error_and_fault(rec: ErrorRecord | None) -> tuple[str | None, str | None]:
+    """(the infra kind that masks, the model fault that scores 0) of a failed call's record."""
+    if rec is None:
+        return None, None
+    return (None, rec.message) if rec.kind == "model" else (rec.kind, None)
+
+
+def _retried(call: Callable[[], Any], retries: int) -> tuple[Any, ErrorRecord | None]:
+    """(call's result, None), or (None, the record of its failure, blamed by cause): a model
+    fault or a config/task error at once, an infra error once it failed `retries` + 1 times."""
     for attempt in range(retries + 1):
         try:
             return call(), None
-        except Exception as exc:  # an environment or sandbox that fails is infra, never a score
-            kind = classify(exc)
-            if kind in ("config", "task") or attempt == retries:
-                return None, "sandbox" if kind == "infra" else kind
-    return None, "infra"  # unreachable: the loop returns
+        except Exception as exc:  # blamed: an environment or sandbox that fails is infra, never a score
+            rec = blame(exc, "sandbox")
+            if rec.kind in NOT_RETRIED or attempt == retries:
+                return None, rec
+    return None, ErrorRecord("infra", "unreachable: the loop returns")

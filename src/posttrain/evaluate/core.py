@@ -4,8 +4,11 @@ Invariant: the same model and held-out set give the same JSON twice (greedy
 decoding; sampled metrics use a fixed seed); only eval-split tasks are used;
 each item is scored by its domain's training verifier and by its eval
 verifier (`strict.py`: the training verdict AND the domain's stricter
-checks); a verifier that raises makes the item an infra error: counted,
-left out of every accuracy, never a 0. A domain whose items are all infra
+checks); what escapes the execute step or the verifier is blamed by its
+cause, as in training (`pipeline.workers`): an infra error (and a verifier
+that raises on the gold answer too) makes the item an infra error: counted,
+left out of every accuracy, never a 0; what the model's output made host
+code raise is a wrong answer (scored 0, the model's fault). A domain whose items are all infra
 errors has no accuracy (None), not 0.0. A multi-turn domain (one with an
 environment) is evaluated as it is trained: each item is an episode played to
 its end by `posttrain.envs.driver.play`, scored by the domain, and its turn
@@ -21,10 +24,11 @@ from typing import Any, NamedTuple, cast
 from posttrain.domains.base import extract_answer
 from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
-from posttrain.errors import ErrorKind, ErrorRecord, capture
+from posttrain.errors import ErrorKind, ErrorRecord, blame, capture
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout
 from posttrain.evaluate.stats import maj_at_k, mean_interval, mean_over_domains_interval, pass_at_k, wilson
 from posttrain.evaluate.strict import checks_of, eval_verifier_name
+from posttrain.pipeline.workers import verify_one
 from posttrain.types import Episode, GenerationRequest, SamplingParams, Task
 
 Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, training verdict (None: infra error)
@@ -317,6 +321,8 @@ class _Outcome:
     turns: int = 1
     error: str | None = None
     executed: bool = False
+    fault: str | None = None
+    """The model fault that ended the episode (scored 0), as the driver recorded it."""
 
 
 def _outcomes(
@@ -332,7 +338,7 @@ def _outcomes(
             out[i] = [_Outcome(Episode(c.text, finish_reason=c.finish_reason)) for c in group]
     if multi:
         for i, group in zip(multi, _play(engine, [tasks[i] for i in multi], params, opts)):
-            out[i] = [_Outcome(p.episode, p.turns, p.error, executed=True) for p in group]
+            out[i] = [_Outcome(p.episode, p.turns, p.error, executed=True, fault=p.fault) for p in group]
     return out
 
 
@@ -347,26 +353,39 @@ class ItemVerdict(NamedTuple):
 
 
 def _verdict(task: Task, outcome: _Outcome) -> ItemVerdict:
-    """The item's verdicts; an exception escaping the execute step, the verifier or a stricter
-    check is captured at its boundary (errors.capture: a typed error keeps its own kind)."""
+    """The item's verdicts; an exception escaping the execute step or the verifier is blamed
+    by its cause (errors.blame and the verifier's cause test): a model fault is a wrong
+    answer (0), an infra error leaves the item out; a stricter check that raises is captured."""
     if outcome.error is not None:  # the driver masked the episode after its retries; `error` is the kind
         masked = ErrorRecord(cast(ErrorKind, outcome.error), "the episode driver masked the episode")
         return ItemVerdict(None, None, None, masked)
+    if outcome.fault is not None:  # the action made the environment raise: the model's, scored 0
+        return ItemVerdict(False, False, 0.0, ErrorRecord("model", outcome.fault))
     dom, episode = get(task.domain), outcome.episode
-    boundary: ErrorKind = "sandbox"
-    try:  # the execute step first (a sandbox run where the domain declares one), then the verifier
+    try:  # the execute step first (a sandbox run where the domain declares one)
         if dom.executes and not outcome.executed:
             episode = replace(episode, exec_result=dom.execute(task, episode.completion))
-        boundary = "verifier"
-        score = dom.score(task, episode)
-    except Exception as exc:  # an infra error: never a wrong answer
-        return ItemVerdict(None, None, None, capture(exc, boundary))
+    except Exception as exc:  # blamed: a sandbox failure leaves the item out, a model fault scores 0
+        return _failed(blame(exc, "sandbox"))
+    verdict = verify_one(task, episode)
+    if verdict.score is None:  # an infra error: never a wrong answer
+        return ItemVerdict(None, None, None, ErrorRecord(cast(ErrorKind, verdict.error_kind), verdict.error or ""))
+    score = verdict.score
+    if verdict.fault is not None:
+        return ItemVerdict(False, False, 0.0, ErrorRecord("model", verdict.fault))
     ok = bool(score.passed)
     try:
         strict = ok and all(bool(check(task, episode.completion)) for _, check in checks_of(dom))
     except Exception as exc:  # the stricter check could not decide: infra for the eval verdict only
         return ItemVerdict(None, ok, float(score.value), capture(exc, "verifier"))
     return ItemVerdict(strict, ok, float(score.value))
+
+
+def _failed(rec: ErrorRecord) -> ItemVerdict:
+    """The verdicts of an item whose execute step failed: wrong (0) for a model fault, else infra."""
+    if rec.kind == "model":
+        return ItemVerdict(False, False, 0.0, rec)
+    return ItemVerdict(None, None, None, rec)
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:

@@ -2,7 +2,13 @@
 
 Invariant: every admitted group leaves the pipeline exactly once, as one
 GroupResult holding one Rollout per sample: scored, or masked with a typed
-error after its retries ran out (never scored 0 for an infra error); every
+error after its retries ran out (never scored 0 for an infra error). Blame
+is per sample and by cause: what the model's output made host code raise
+(an environment step, the execute step, the verifier) scores that sample 0
+with the reason; an infra failure of one sample's step or run is retried,
+then masks that sample alone, and its group-mates go on; an engine call
+that fails over several groups is split in halves until the failing group
+stands alone, so only its own request masks it. Every
 background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
 any stage cancels its siblings and surfaces from `async with`; a stage
 never blocks the event loop (its workers' calls are awaitable; only a
@@ -25,15 +31,14 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import ErrorRecord, GenerationError, capture
+from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, blame, capture
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
-from posttrain.pipeline.workers import Verdict, Workers
+from posttrain.pipeline.workers import Verdict, Workers, verdict_of
 from posttrain.rollout import Rollout
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
 
-_NOT_INFRA = ("config", "task")
 COUNTERS = (
     "admitted",
     "finished",
@@ -43,8 +48,14 @@ COUNTERS = (
     "paused_skipped",
     "long_sampled",
     "masked_execute",
+    "model_faults",
+    "generate_splits",
 )
-"""The pipeline's counters (`pipe_<name>` in the per-step metrics)."""
+"""The pipeline's counters (`pipe_<name>` in the per-step metrics): masked_groups counts
+groups every sample of which was masked, masked_rollouts the masked samples;
+model_faults the samples scored 0 because their output made host code raise (a
+verifier or environment bug shows here); generate_splits the failed engine calls
+split in halves."""
 
 
 @dataclass
@@ -65,7 +76,14 @@ class _Item:
     """Multi-turn groups: one episode per sample, stepped by `envs.driver`."""
     targets: list[list[Trajectory]] = field(default_factory=list)
     """The trajectories each of the last generation requests feeds (driver.requests)."""
-    execs: tuple[Any, ...] = ()
+    execs: list[Any] = field(default_factory=list)
+    """Each sample's execute-stage result (`_PENDING` until it ran)."""
+    decided: dict[int, Verdict] = field(default_factory=dict)
+    """Samples whose verdict is known before verification: masked by an infra error after
+    their retries, or scored 0 for a model fault. The rest of the group goes on."""
+    sandbox_failed: bool = False
+    """Some sample's execute step or environment step failed past its retries (the group
+    then counts as an infra failure of its domain, `Scheduler.record_verification`)."""
     episodes: list[Episode] | None = None
     attempts: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -310,6 +328,9 @@ class Pipeline:
                 await self._generate_bucket(batch)
 
     async def _generate_bucket(self, batch: list[_Item]) -> None:
+        """One engine call for `batch`. A call that fails over several groups is split in
+        halves (`splits`), so a group whose own request fails (a prompt over the model's
+        positions) is masked alone; a timeout or a single group's failure is retried."""
         requests = [self._requests(it) for it in batch]
         token = next(self._tokens)
         meter = self.meters["generate"]
@@ -326,6 +347,15 @@ class Pipeline:
             meter.end(token, len(batch), error=True)
             if isinstance(exc, TimeoutError):
                 exc = GenerationError(f"generation timed out after {self.cfg.generate_timeout_s}s")
+            elif splits(batch):
+                self.counters["generate_splits"] += 1
+                half = len(batch) // 2
+                await self._generate_bucket(batch[:half])
+                await self._generate_bucket(batch[half:])
+                return
+            elif isinstance(exc, PromptTooLong) and batch[0].multi_turn and len(requests[0]) > 1:
+                await self._generate_alone(batch[0], requests[0])
+                return
             for it in batch:
                 await self._retry(it, "generate", exc)
             return
@@ -335,6 +365,38 @@ class Pipeline:
             got, cursor = outs[cursor : cursor + len(rs)], cursor + len(rs)
             it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
             await self._after_generate(it, got)
+
+    async def _generate_alone(self, item: _Item, requests: list[GenerationRequest]) -> None:
+        """A multi-turn group whose call failed with PromptTooLong: its trajectories' requests
+        one by one. An episode whose context no longer fits the model after its own turns ends
+        there, as truncated (`driver.out_of_context`); one whose first prompt does not fit is
+        masked with kind "prompt"; the mates play on. Another failure retries the group (only
+        the trajectories still due a turn generate again)."""
+        try:
+            for req, ts in zip(requests, item.targets):
+                try:
+                    driver.add_actions([ts], await self.workers.generate([req]))
+                except PromptTooLong as exc:
+                    self._no_room(item, ts, exc)
+        except Exception as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            await self._retry(item, "generate", exc)
+            return
+        await self.q_execute.put(item)
+
+    def _no_room(self, item: _Item, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
+        """The trajectories `ts`, whose request the engine can never take, end: as truncated
+        after turns of their own, masked (kind "prompt") before any."""
+        assert item.trajectories is not None
+        for t in ts:
+            if t.turns:
+                driver.out_of_context(t)
+                continue
+            i = next(k for k, u in enumerate(item.trajectories) if u is t)
+            driver.mask(t, "prompt")
+            item.decided[i] = verdict_of(capture(exc))
+            self.counters["masked_rollouts"] += 1
 
     async def _after_generate(self, item: _Item, got: list[list[Completion]]) -> None:
         if item.multi_turn:
@@ -349,20 +411,51 @@ class Pipeline:
             token = next(self._tokens)
             self.meters["execute"].begin(token)
             try:
-                again = await self._step_envs(item) if item.multi_turn else False
-                if not again and (item.executes or not item.multi_turn):  # the ExecuteFn decides for single-turn
-                    item.execs = await self.workers.execute(item.task, self._to_execute(item))
-            except Exception as exc:
+                retried = await self._execute_item(item)
+            except Exception as exc:  # the worker call itself failed: infra for the whole call
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 self.meters["execute"].end(token, error=True)
                 await self._retry(item, "execute", exc)
                 continue
             item.timings["execute_s"] = item.timings.get("execute_s", 0.0) + self.meters["execute"].end(token)
-            if again:
+            if retried:
+                continue
+            if any(not t.done for t in item.trajectories or ()):
                 await self._to_generate(item, self.q_continue)
             else:
                 await self.q_verify.put(item)
+
+    async def _execute_item(self, item: _Item) -> bool:
+        """Step the group's episodes (multi-turn), then, once every episode is done (or for a
+        single-turn group), run the execute step: True when some sample failed for the infra
+        and is run again after a backoff (`_retry_samples`)."""
+        if item.multi_turn:
+            failed = await self._step_envs(item)
+            if failed and self._retry_samples(item, failed):
+                return True
+            if not item.executes or any(not t.done for t in item.trajectories or ()):
+                return False
+        failed = await self._run_execute(item)  # single-turn: the ExecuteFn decides whether anything runs
+        return bool(failed) and self._retry_samples(item, failed)
+
+    def _retry_samples(self, item: _Item, failed: Mapping[int, ErrorRecord]) -> bool:
+        """After the infra failures `failed` (sample -> record) of some of the group's samples:
+        True when the stage runs again for them after a backoff (the others keep what they
+        have); else each is masked alone and the group goes on (False)."""
+        delay = take_retry(self.cfg, item, "execute", next(iter(failed.values())), self.counters)
+        if delay is not None:
+            assert self._tg is not None
+            self._tasks.append(self._tg.create_task(self._requeue("execute", item, delay)))
+            return True
+        for i, rec in failed.items():
+            item.decided[i] = verdict_of(rec)
+            if item.trajectories is not None:
+                driver.mask(item.trajectories[i], rec.kind)
+        self.counters["masked_rollouts"] += len(failed)
+        self.counters["masked_execute"] += len(failed)
+        item.sandbox_failed = True  # a failing sandbox degrades its domain (recorded once the group verified)
+        return False
 
     def _to_execute(self, item: _Item) -> list[Completion]:
         """What the execute stage runs: the completions, or each episode's last action."""
@@ -370,21 +463,62 @@ class Pipeline:
             return item.completions
         return [driver.exec_action(t) for t in item.trajectories]
 
-    async def _step_envs(self, item: _Item) -> bool:
-        """Step every trajectory whose last action is not stepped yet, concurrently
-        (a retry after an infra error steps only those); True when another turn is due."""
+    async def _run_execute(self, item: _Item) -> dict[int, ErrorRecord]:
+        """Run the execute step of each sample not run yet and not decided (a retry runs only
+        those). A run the model's output broke decides its sample (scored 0); returns the
+        infra failures, sample -> record."""
+        comps = self._to_execute(item)
+        if not item.execs:
+            item.execs = [_PENDING] * len(comps)
+        todo = [i for i, e in enumerate(item.execs) if e is _PENDING and i not in item.decided]
+        got = await self.workers.execute(item.task, [comps[i] for i in todo]) if todo else ()
+        failed: dict[int, ErrorRecord] = {}
+        for i, res in zip(todo, got):
+            if not isinstance(res, ErrorRecord):
+                item.execs[i] = res
+            elif res.kind == "model":
+                item.execs[i] = None
+                self._fault(item, i, res)
+            else:
+                failed[i] = res
+        return failed
+
+    def _fault(self, item: _Item, i: int, rec: ErrorRecord) -> None:
+        """Sample `i`'s output made host code raise: scored 0 with the reason, counted."""
+        item.decided[i] = verdict_of(rec)
+        self.counters["model_faults"] += 1
+
+    async def _step_envs(self, item: _Item) -> dict[int, ErrorRecord]:
+        """Step every trajectory whose last action is not stepped yet, concurrently (a retry
+        after an infra error steps only those). An action that made its environment raise
+        ends that episode as a model fault (`driver.step`); returns the infra failures,
+        trajectory index -> record."""
         assert item.trajectories is not None
-        pending = [t for t in item.trajectories if t.awaiting_step]
-        stepped = await asyncio.gather(*(asyncio.to_thread(driver.step, t) for t in pending), return_exceptions=True)
-        failure = None
-        for t, got in zip(pending, stepped):
-            if isinstance(got, BaseException):
-                failure = failure or got
-            elif not t.done:  # the observation joins the context through the chat template
-                t.add_observation(*[await self.workers.encode(m) for m in t.render_inputs()])
-        if failure is not None:
-            raise failure
-        return any(not t.done for t in item.trajectories)
+        pending = [(i, t) for i, t in enumerate(item.trajectories) if t.awaiting_step]
+        stepped = await asyncio.gather(*(asyncio.to_thread(driver.step, t) for _, t in pending), return_exceptions=True)
+        failed: dict[int, ErrorRecord] = {}
+        for (i, t), got in zip(pending, stepped):
+            if isinstance(got, BaseException):  # driver.step raises only infra errors
+                failed[i] = capture(got, "sandbox")
+                continue
+            if not t.done:  # the observation joins the context through the chat template
+                await self._observe(t)
+            if t.fault is not None and i not in item.decided:
+                self._fault(item, i, ErrorRecord("model", t.fault))
+            elif t.error is not None and i not in item.decided:
+                item.decided[i] = Verdict(None, t.error, "the observation could not be encoded")
+                self.counters["masked_rollouts"] += 1
+        return failed
+
+    async def _observe(self, t: Trajectory) -> None:
+        """The last observation's tokens join the context; an observation that cannot be
+        encoded ends the episode (`driver.observe`: blamed by cause)."""
+        try:
+            rendered = [await self.workers.encode(m) for m in t.render_inputs()]
+        except Exception as exc:
+            driver.end_failed(t, blame(exc, "infra"))
+            return
+        t.add_observation(*rendered)
 
     async def _verify_worker(self) -> None:
         while not self._closing:
@@ -393,13 +527,11 @@ class Pipeline:
                 item.episodes = self._episodes(item)
             episodes = item.episodes
             _close_envs(item)  # free their sandbox sessions before verification needs slots
+            todo = [i for i in range(len(episodes)) if i not in item.decided]
             token = next(self._tokens)
             self.meters["verify"].begin(token)
             try:
-                if self._cheap(item.task.domain):  # microseconds: no thread hop
-                    verdicts = self.workers.verify_now(item.task, episodes)
-                else:
-                    verdicts = await self.workers.verify(item.task, episodes)
+                got = await self._verify_some(item.task, [episodes[i] for i in todo])
             except Exception as exc:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -407,9 +539,20 @@ class Pipeline:
                 await self._retry(item, "verify", exc)
                 continue
             item.timings["verify_s"] = self.meters["verify"].end(token)
-            failed = any(v.error_kind == "verifier" for v in verdicts)
-            self.scheduler.record_verification(item.task.domain, failed)
-            await self._finish(item, verdicts, episodes)
+            if todo or item.sandbox_failed:  # infra failed: its sandbox past retries, or its verifier
+                failed = item.sandbox_failed or any(v.error_kind == "verifier" for v in got)
+                self.scheduler.record_verification(item.task.domain, failed)
+            self.counters["model_faults"] += sum(v.fault is not None for v in got)
+            verdicts = {**item.decided, **dict(zip(todo, got))}
+            await self._finish(item, [verdicts[i] for i in range(len(episodes))], episodes)
+
+    async def _verify_some(self, task: Task, episodes: list[Episode]) -> Sequence[Verdict]:
+        """The verdicts of `episodes` (none: no call)."""
+        if not episodes:
+            return ()
+        if self._cheap(task.domain):  # microseconds: no thread hop
+            return self.workers.verify_now(task, episodes)
+        return await self.workers.verify(task, episodes)
 
     def _cheap(self, domain: str) -> bool:
         """The domain's verifier is called in the event loop's thread (`Workers.cheap_verifier`)."""
@@ -419,15 +562,16 @@ class Pipeline:
 
     def _episodes(self, item: _Item) -> list[Episode]:
         if item.trajectories is not None:
-            if item.executes:
-                return [driver.episode(t, e) for t, e in zip(item.trajectories, item.execs)]
+            if item.executes and item.execs:
+                return [driver.episode(t, _ran(e)) for t, e in zip(item.trajectories, item.execs)]
             return [driver.episode(t) for t in item.trajectories]
-        execs = item.execs or (None,) * len(item.completions)
+        execs = [_ran(e) for e in item.execs] or [None] * len(item.completions)
         return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(item.completions, execs)]
 
     # ---- endings -------------------------------------------------------
     async def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
         _close_envs(item)
+        self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         result = finished_group(item, self.params.n, verdicts, episodes)
         self.scheduler.finish(item.task.domain)
         self.counters["finished"] += 1
@@ -436,19 +580,23 @@ class Pipeline:
         self._arrived.set()
 
     async def _retry(self, item: _Item, stage: str, exc: BaseException) -> None:
+        """A stage call that failed for the whole item (admission, its engine request, a
+        worker call): retried after a backoff, then every sample not already decided is
+        masked (a sample scored for a model fault keeps its score)."""
         rec = capture(exc, "sandbox" if stage == "execute" else "infra")
         delay = None if stage == "admit" else take_retry(self.cfg, item, stage, rec, self.counters)
         if delay is not None:
             assert self._tg is not None
             self._tasks.append(self._tg.create_task(self._requeue(stage, item, delay)))
             return
-        self.counters["masked_groups"] += 1
         n_samples = len(item.completions) or (len(item.trajectories) if item.trajectories else self.params.n)
-        self.counters["masked_rollouts"] += n_samples
+        masked = [i for i in range(n_samples) if i not in item.decided]
+        self.counters["masked_rollouts"] += len(masked)
         if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
-            self.counters["masked_execute"] += n_samples
+            self.counters["masked_execute"] += len(masked)
             self.scheduler.record_verification(item.task.domain, True)
-        await self._finish(item, [Verdict(None, rec.kind, rec.message)] * n_samples)
+        verdict = Verdict(None, rec.kind, rec.message)
+        await self._finish(item, [item.decided.get(i, verdict) for i in range(n_samples)])
 
     async def _requeue(self, stage: str, item: _Item, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -495,11 +643,25 @@ def take_retry(
     """The backoff before `item`'s `stage` runs again after the error `rec`, the attempt and the
     retry counted; None when it is not retried (a config or task error, or its retries spent)."""
     n = item.attempts.get(stage, 0)
-    if rec.kind in _NOT_INFRA or n >= cfg.max_retries:
+    if rec.kind in NOT_RETRIED or n >= cfg.max_retries:
         return None
     item.attempts[stage] = n + 1
     counters["retries"] += 1
     return cfg.backoff_s * (2**n)
+
+
+def splits(batch: Sequence[_Item]) -> bool:
+    """Whether a failed engine call over `batch` is split in halves (more than one group)."""
+    return len(batch) > 1
+
+
+_PENDING: Any = object()
+"""An execute-stage result not produced yet (the sample has not run, or its run failed)."""
+
+
+def _ran(result: Any) -> Any:
+    """An execute-stage result as the verifier reads it (None for a run that never produced one)."""
+    return None if result is _PENDING else result
 
 
 def group_requests(item: _Item, params: SamplingParams, seed: int | None) -> list[GenerationRequest]:

@@ -6,10 +6,14 @@ execute step) and has a cheap in-process verifier (`EmbeddedWorkers.inline`),
 tasks: the same group ids and seeds (so the same samples), the same
 admission order (long tier first) and scheduler bookkeeping, engine calls
 split by token budget, shortest first, at most `generate_batch` groups per
-call, the same retries of a failed generation and the same masking (an
-infra error is masked and counted, never scored 0). Only the event loop,
+call, the same retries of a failed generation, the same split of an engine
+call that fails over several groups (halves until the failing group stands
+alone) and the same masking (an infra error is masked and counted, never
+scored 0; a model fault at the verifier is scored 0 and counted). Only the event loop,
 the queues, the stage tasks and the thread hops are gone: the engine and
-the verifier run in the caller's thread, one call after another.
+the verifier run in the caller's thread, one call after another. (The one
+counter that may differ is generate_splits: the pipeline batches retried groups
+together again, so a failing engine may be split more often there.)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from posttrain.pipeline.core import (
     _Item,
     finished_group,
     group_requests,
+    splits,
     take_retry,
 )
 from posttrain.pipeline.metrics import StageMeter
@@ -132,22 +137,33 @@ class Direct:
         for it in batch:
             buckets.setdefault(it.max_tokens, []).append(it)
         for _, bucket in sorted(buckets.items()):
-            while bucket:
-                error = self._call_engine(bucket)
-                if error is None:
-                    out += [(it, None) for it in bucket]
-                    break
-                rec, retry, delay = capture(error, "infra"), [], 0.0
-                for it in bucket:
-                    wait = take_retry(self.cfg, it, "generate", rec, self.counters)
-                    if wait is None:
-                        out.append((it, rec))
-                    else:
-                        delay = max(delay, wait)
-                        retry.append(it)
-                if retry:
-                    time.sleep(delay)
-                bucket = retry
+            out += self._generate_part(bucket)
+        return out
+
+    def _generate_part(self, bucket: list[_Item]) -> list[tuple[_Item, ErrorRecord | None]]:
+        """`_generate` of one engine call's groups: a call that fails over several groups is
+        split in halves (as `Pipeline._generate_bucket`); one group's failure, or a timeout,
+        is retried after the backoff, then masks."""
+        out: list[tuple[_Item, ErrorRecord | None]] = []
+        while bucket:
+            error = self._call_engine(bucket)
+            if error is None:
+                return out + [(it, None) for it in bucket]
+            if splits(bucket) and not isinstance(error, TimeoutError):
+                self.counters["generate_splits"] += 1
+                half = len(bucket) // 2
+                return out + self._generate_part(bucket[:half]) + self._generate_part(bucket[half:])
+            rec, retry, delay = capture(error, "infra"), [], 0.0
+            for it in bucket:
+                wait = take_retry(self.cfg, it, "generate", rec, self.counters)
+                if wait is None:
+                    out.append((it, rec))
+                else:
+                    delay = max(delay, wait)
+                    retry.append(it)
+            if retry:
+                time.sleep(delay)
+            bucket = retry
         return out
 
     def _call_engine(self, bucket: list[_Item]) -> BaseException | None:
@@ -173,18 +189,19 @@ class Direct:
         episodes = [Episode(c.text, finish_reason=c.finish_reason) for c in item.completions]
         meter, token = self.meters["verify"], self._token()
         meter.begin(token)
-        verdicts = self.workers.verify_now(item.task, episodes)  # verify_group: an escape is a masked Verdict
+        verdicts = self.workers.verify_now(item.task, episodes)  # verify_group: an escape is blamed by cause
         item.timings["verify_s"] = meter.end(token)
+        self.counters["model_faults"] += sum(v.fault is not None for v in verdicts)
         self.scheduler.record_verification(item.task.domain, any(v.error_kind == "verifier" for v in verdicts))
         return self._finish(item, verdicts, episodes)
 
     def _mask(self, item: _Item, rec: ErrorRecord) -> GroupResult:
         n = len(item.completions) or self.params.n
-        self.counters["masked_groups"] += 1
         self.counters["masked_rollouts"] += n
         return self._finish(item, [Verdict(None, rec.kind, rec.message)] * n)
 
     def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> GroupResult:
+        self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         result = finished_group(item, self.params.n, verdicts, episodes)
         self.scheduler.finish(item.task.domain)
         self.counters["finished"] += 1

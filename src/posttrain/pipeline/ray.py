@@ -26,7 +26,7 @@ from typing import Any
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import SOURCE_ENV
 from posttrain.errors import ConfigError
-from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, verify_group
+from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, execute_one, verify_group
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Task
 
 
@@ -63,7 +63,7 @@ class ExecutionWorker:
         self.run = execute
 
     def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
-        return tuple(None if self.run is None else self.run(task, c) for c in completions)
+        return tuple(None if self.run is None else execute_one(self.run, task, c) for c in completions)
 
 
 class VerifierWorker:

@@ -2,8 +2,13 @@
 
 Invariant: a stage only ever talks to its workers through `Workers`, whose
 calls are awaitable and never block the event loop (blocking work runs in a
-thread, a process pool, or a Ray actor); a verifier that raises yields a
-masked Verdict (kind and message, no score), never reward 0.
+thread, a process pool, or a Ray actor); what escapes a verifier or an
+execute step is blamed by its cause (`errors.blame`), per sample: a typed
+infra error gives a masked Verdict (kind and message, no score), never reward
+0; anything else the model's output made the host code raise gives a scored
+Verdict (0, the reason in `Score.reason` and `Verdict.fault`), unless the
+cause test shows the verifier raises on the task's gold answer too (then it
+is the verifier's fault: masked, kind "verifier").
 """
 
 from __future__ import annotations
@@ -18,28 +23,60 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from posttrain.errors import capture
+from posttrain.envs.driver import require_utf8
+from posttrain.errors import ErrorRecord, blame
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A verifier's answer for one episode: a score, or the infra error that masked it."""
+    """A verifier's answer for one episode: a score, or the infra error that masked it.
+    `fault` is set when the model's output made host code fail: the score is then 0
+    with the reason (scored, never masked)."""
 
     score: Score | None
     error_kind: str | None = None
     error: str | None = None
+    fault: str | None = None
+
+
+def fault_score(message: str) -> Score:
+    """The score of a sample whose output made host code fail: 0, not passed, the reason."""
+    return Score(0.0, {"outcome": 0.0}, False, f"model fault: {message}")
+
+
+def verdict_of(rec: ErrorRecord) -> Verdict:
+    """The verdict of a sample whose processing failed: scored 0 for a model fault,
+    else masked with the infra kind."""
+    if rec.kind == "model":
+        return Verdict(fault_score(rec.message), fault=rec.message)
+    return Verdict(None, rec.kind, rec.message)
 
 
 def verify_one(task: Task, episode: Episode) -> Verdict:
-    """The domain verifier's score; anything that escapes it is an infra error."""
+    """The domain verifier's score; what escapes it is blamed by its cause (module docstring)."""
     from posttrain.domains.registry import get
 
+    domain = get(task.domain)
     try:
-        return Verdict(get(task.domain).score(task, episode))
-    except Exception as exc:  # any escape from a verifier is an infra error, never reward 0
-        rec = capture(exc, "verifier")
-        return Verdict(None, rec.kind, rec.message)
+        require_utf8(episode.completion)  # a lone surrogate is the model's, before any check reads it
+        return Verdict(domain.score(task, episode))
+    except Exception as exc:  # blamed: a typed infra error masks, anything else is the model's
+        return verdict_of(cause_test(domain, task, blame(exc, "verifier")))
+
+
+def cause_test(domain: Any, task: Task, rec: ErrorRecord) -> ErrorRecord:
+    """`rec` for a verifier that raised on the model's episode, unless it also raises on the
+    task's gold answer: then the verifier, not the model, is at fault (kind "verifier").
+    Run where the gold completion alone is a whole episode: single-turn domains that
+    execute nothing; elsewhere the model is blamed and the fault counted."""
+    if rec.kind != "model" or domain.environment() is not None or domain.executes:
+        return rec
+    try:
+        domain.score(task, Episode(domain.gold(task)))
+    except Exception:  # noqa: BLE001 - the verifier fails on the gold answer: its own fault
+        return ErrorRecord("verifier", f"{rec.message} (the verifier raises on the task's gold answer too)")
+    return rec
 
 
 def verify_group(task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
@@ -51,7 +88,18 @@ ExecuteFn = Callable[[Task, Completion], Any]
 """Runs one completion (a sandbox run, a simulated delay): a single-turn
 sample, or a finished multi-turn episode's last action (domains that execute);
 its result reaches the verifier as Episode.exec_result. It raises SandboxError
-(or any infra error) when the sandbox, not the program, failed."""
+(or any infra error) when the sandbox, not the program, failed; anything else it
+raises on the completion is the model's (`execute_one` blames it)."""
+
+
+def execute_one(run: ExecuteFn, task: Task, completion: Completion) -> Any:
+    """`run`'s result for one completion, or the ErrorRecord of what it raised, blamed at
+    the sandbox boundary (a picklable record: Ray workers return it too)."""
+    try:
+        require_utf8(completion.text)
+        return run(task, completion)
+    except Exception as exc:  # noqa: BLE001 - blamed per sample; the group's other runs go on
+        return blame(exc, "sandbox")
 
 
 @dataclass(frozen=True)
@@ -127,7 +175,8 @@ class Workers(Protocol):
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
 
-    async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]: ...
+    async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
+        """Each completion's execution result, or the ErrorRecord of its failure (`execute_one`)."""
 
     async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
 
@@ -200,7 +249,7 @@ class EmbeddedWorkers:
     def cheap_verifier(self, domain: str) -> bool:
         """Whether `domain`'s verifier may be called inline, in the caller's thread: it declares
         itself `cheap` and runs in this process through the default `verify_group` (which
-        turns any escape into a masked Verdict)."""
+        turns any escape into a Verdict, blamed by its cause)."""
         from posttrain.domains.registry import get
 
         if isinstance(self._verify_pool, ProcessPoolExecutor) or self._verify is not verify_group:
@@ -259,12 +308,16 @@ class EmbeddedWorkers:
         return await asyncio.get_running_loop().run_in_executor(self._gen_pool, self.generate_now, requests)
 
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
-        """Each completion's execution result, the group's runs concurrently."""
-        if self._execute is None or (isinstance(self._execute, DomainExecute) and not _executes(task.domain)):
+        """Each completion's execution result or the ErrorRecord of its failure (`execute_one`),
+        the group's runs concurrently."""
+        run = self._execute
+        if run is None or (isinstance(run, DomainExecute) and not _executes(task.domain)):
             return (None,) * len(completions)  # nothing to run: no thread hop per completion
         loop = asyncio.get_running_loop()
         return tuple(
-            await asyncio.gather(*(loop.run_in_executor(self._exec_pool, self._execute, task, c) for c in completions))
+            await asyncio.gather(
+                *(loop.run_in_executor(self._exec_pool, execute_one, run, task, c) for c in completions)
+            )
         )
 
     async def verify(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:

@@ -20,6 +20,11 @@ def raises(completion):
     raise RuntimeError("user bug")
 
 
+def strict_int(completion, answer):
+    """Raises on a completion that is no integer (a user's function that trusts its input)."""
+    return int(completion.strip()) == int(answer)
+
+
 def hangs(completion):
     time.sleep(60)
     return 1.0
