@@ -118,7 +118,7 @@ class _Run:
 
             state = trainer.resume(intact_checkpoint(rundir.path, log))  # past damaged ones, each said
             pool.load_state_dict(state.pop("pool"))
-            sync.push()
+            sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
             log(f"resumed {rundir.path} at step {state['step']}")
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
@@ -152,13 +152,14 @@ class _Run:
         return self.stop
 
     def save(self, step: int, train_cpu_s: float | None = None, records: dict[str, Any] | None = None) -> None:
-        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's and the monitor's,
+        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's, monitor's and sync's,
         and `records` (default: `marks()` now), what a resume cuts the trace and metrics back to;
         `train_cpu_s`: the training CPU to carry (default: the budget's count now)."""
         self.state["step"] = step
         self.state["train_cpu_s"] = self.budget.spent() if train_cpu_s is None else train_cpu_s
         records = self.marks() if records is None else records
-        extra = {**self.state, "pool": self.pool.state_dict(), "monitor": self.monitor.state_dict(), "records": records}
+        parts = {"pool": self.pool, "monitor": self.monitor, "sync": self.sync}
+        extra = {**self.state, **{k: part.state_dict() for k, part in parts.items()}, "records": records}
         self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
 
     def marks(self) -> dict[str, Any]:
