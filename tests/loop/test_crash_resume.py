@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import sqlite3
 import subprocess
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from records_testlib import assert_same, records, strip_wall
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 TINY = [
@@ -35,7 +35,6 @@ TINY = [
     "run.progress=false",
     "tasks.domains={parity: {difficulty: 1}}",
 ]
-_WALL = re.compile(r"^(time|.*seconds|.*_s|.*_share)$")
 
 
 def _start(log: Path, *args: str) -> subprocess.Popen:
@@ -95,41 +94,6 @@ def _kill_when(proc: subprocess.Popen, reached) -> bool:
     return False
 
 
-def _strip(value):
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if not _WALL.match(k)}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
-
-
-def records(run: Path) -> dict[str, list]:
-    """A run's metrics rows, trace rollouts and trace events in write order, less the values that
-    are random or wall-clock by design."""
-    metrics = [_strip(json.loads(line)) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    db = sqlite3.connect(run / "trace.db")
-    db.row_factory = sqlite3.Row
-    try:
-        rollouts = [
-            {k: v for k, v in dict(r).items() if k not in ("id", "created_at", "timings")}
-            for r in db.execute("SELECT * FROM rollouts ORDER BY rowid")
-        ]
-        events = [
-            {**{k: v for k, v in dict(r).items() if k != "created_at"}, "data": _strip(json.loads(r["data"]))}
-            for r in db.execute("SELECT * FROM events ORDER BY id")
-        ]
-    finally:
-        db.close()
-    return {"metrics": metrics, "rollouts": rollouts, "events": events}
-
-
-def _assert_same(got: dict[str, list], want: dict[str, list]) -> None:
-    for part in ("metrics", "rollouts", "events"):
-        assert len(got[part]) == len(want[part]), f"{part}: {len(got[part])} rows, uninterrupted {len(want[part])}"
-        for i, (a, b) in enumerate(zip(got[part], want[part], strict=True)):
-            assert a == b, f"{part} row {i} differs"
-
-
 def _weights(run: Path, step: int):
     from safetensors.torch import load_file
 
@@ -158,7 +122,7 @@ def test_a_run_killed_after_a_step_and_resumed_writes_what_an_uninterrupted_run_
     _finish(full, tmp_path / "full.log")
     assert "resume: rolled back what was written after step" in output, output[-3000:]
     want, got = records(tmp_path / "full"), records(run)
-    _assert_same(got, want)
+    assert_same(got, want)
     start, end = _weights(tmp_path / "full", 2), _weights(tmp_path / "full", 6)
     assert any((start[k] != end[k]).any() for k in start), "the run never trained: the comparison would be vacuous"
     resumed = _weights(run, 6)
@@ -180,11 +144,11 @@ def test_the_comparison_catches_a_duplicated_rollout_and_a_repeated_metrics_row(
         )
     db.close()
     with pytest.raises(AssertionError, match="rollouts"):
-        _assert_same(records(run), want)
+        assert_same(records(run), want)
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
     (run / "metrics.jsonl").write_text("".join(lines + [lines[-1]]))
     with pytest.raises(AssertionError, match="metrics"):
-        _assert_same(records(run), {**want, "rollouts": records(run)["rollouts"]})
+        assert_same(records(run), {**want, "rollouts": records(run)["rollouts"]})
 
 
 @pytest.mark.slow
@@ -204,8 +168,8 @@ def test_a_run_killed_at_several_seeded_points_writes_what_an_uninterrupted_run_
     full = _train(tmp_path, micro_base, "full", 8)
     run, _ = _run_killed(tmp_path, micro_base, 8, points)
     _finish(full, tmp_path / "full.log")
-    _assert_same(records(run), records(tmp_path / "full"))
+    assert_same(records(run), records(tmp_path / "full"))
     end, resumed = _weights(tmp_path / "full", 8), _weights(run, 8)
     assert all((resumed[k] == end[k]).all() for k in end)
-    tables = [_strip(json.loads((r / "eval.json").read_text())) for r in (run, tmp_path / "full")]
+    tables = [strip_wall(json.loads((r / "eval.json").read_text())) for r in (run, tmp_path / "full")]
     assert tables[0] == tables[1]

@@ -1,8 +1,9 @@
 """`posttrain trace recover RUN_DIR`: salvage the readable rows of a damaged trace database.
 
 Invariant: the damaged file is never written to. Its copy (with its WAL) is read
-table by table in rowid order; where a page cannot be read, single rows are looked up
-past it, so every row SQLite can still reach is kept, under its own rowid (a
+with SQLite's schema checks relaxed (`writable_schema`, reads only), table by
+table in rowid order; where a page cannot be read, single rows are looked up past
+it, so every row SQLite can still reach is kept, under its own rowid (a
 checkpoint's trace mark stays valid). The rows go into a fresh database with the
 current schema, written beside the old one and renamed into place only when
 complete; the damaged file (and its WAL) is moved aside as
@@ -72,6 +73,7 @@ def _salvage(src_path: Path, dst_path: Path) -> dict[str, int]:
     out = sqlite3.connect(dst_path)
     try:
         src = sqlite3.connect(src_path)
+        src.execute("PRAGMA writable_schema=ON")  # read the tables even when the schema names a lost page
     except sqlite3.DatabaseError:
         out.close()
         return dict.fromkeys(TABLES, 0)
