@@ -48,6 +48,16 @@ def _truncate(path, keep=100):
     path.write_bytes(path.read_bytes()[:keep])
 
 
+def _pre_manifest(damage):
+    """`damage` on a checkpoint as written before manifests existed (checked by structure)."""
+
+    def apply(ckpt):
+        (ckpt / "manifest.json").unlink()
+        damage(ckpt)
+
+    return apply
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
@@ -55,8 +65,10 @@ def _truncate(path, keep=100):
         (lambda c: (c / "optimizer.pt").write_bytes(b"\0" * (c / "optimizer.pt").stat().st_size), "optimizer.pt"),
         (lambda c: (c / "meta.json").unlink(), "meta.json"),
         (lambda c: (c / "meta.json").write_text("{not json"), "meta.json"),
+        (_pre_manifest(lambda c: _truncate(c / "model.safetensors", 5000)), "has 5000 bytes, its header says"),
+        (_pre_manifest(lambda c: _truncate(c / "optimizer.pt", 5000)), "optimizer.pt is unreadable"),
     ],
-    ids=["truncated-weights", "zeroed-optimizer", "no-meta", "bad-meta"],
+    ids=["truncated-weights", "zeroed-optimizer", "no-meta", "bad-meta", "old-truncated-weights", "old-cut-optimizer"],
 )
 def test_a_damaged_checkpoint_falls_back_to_the_previous_intact_one(run, finished, capsys, damage, said):
     damage(checkpoint_path(run, 4))

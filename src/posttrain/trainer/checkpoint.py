@@ -251,6 +251,8 @@ def verify_checkpoint(ckpt: Path) -> None:
     if not isinstance(files, dict) or not files:
         raise TrainerError(f"{MANIFEST} lists no files")
     for name, want in sorted(files.items()):
+        if not isinstance(want, dict):
+            raise TrainerError(f"{MANIFEST} entry {name!r} is not a record of bytes and sha256")
         path = ckpt / name
         if not path.is_file():
             raise TrainerError(f"{name} is missing")
@@ -266,19 +268,9 @@ def _verify_structure(ckpt: Path) -> None:
     if not weights:
         raise TrainerError("no *.safetensors weights")
     for path in weights:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            try:
-                header = json.loads(fh.read(n)) if 0 <= n <= size - 8 else None
-            except ValueError:
-                header = None
-        if not isinstance(header, dict):
-            raise TrainerError(f"{path.name} has no readable safetensors header")
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-        if size != 8 + n + end:
-            raise TrainerError(f"{path.name} has {size} bytes, its header says {8 + n + end}")
+        size, want = path.stat().st_size, _safetensors_length(path)
+        if size != want:
+            raise TrainerError(f"{path.name} has {size} bytes, its header says {want}")
     for name in ("optimizer.pt", "rng.pt"):
         try:
             with zipfile.ZipFile(ckpt / name) as archive:
@@ -287,6 +279,20 @@ def _verify_structure(ckpt: Path) -> None:
             raise TrainerError(f"{name} is unreadable: {exc}") from None
         if bad is not None:
             raise TrainerError(f"{name} fails its CRC check at {bad}")
+
+
+def _safetensors_length(path: Path) -> int:
+    """The file length a safetensors header declares: 8 bytes, the header, then the last tensor's end."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        try:
+            if not 0 <= n <= path.stat().st_size - 8:
+                raise ValueError("header length out of range")
+            header = json.loads(fh.read(n))
+            return 8 + n + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+            raise TrainerError(f"{path.name} has no readable safetensors header") from None
 
 
 def intact_checkpoint(run_dir: str | Path, log: Callable[[str], object]) -> Path:
