@@ -84,6 +84,7 @@ def _salvage(src_path: Path, dst_path: Path) -> dict[str, int]:
             counts[table] = _copy(src, out, table, sorted(cols)) if cols else 0
         out.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         out.commit()
+        out.execute("PRAGMA journal_mode=DELETE")  # everything in the one file before it is renamed
     finally:
         src.close()
         out.close()
