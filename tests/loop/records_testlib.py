@@ -1,6 +1,7 @@
 """Run records compared by content: a run directory's metrics rows, trace rollouts and trace
-events in write order, less the values that are random or wall-clock by design (rollout ids,
-write times, per-stage timings, and every `time`, `*seconds`, `*_s`, `*_share` field)."""
+events in write order, less the values that are random, wall-clock or thread-scheduling figures
+by design (rollout ids, write times, per-stage timings, and every `time`, `*seconds`, `*_s`,
+`*_share` and `*_max_depth` field: a queue's deepest fill depends on which thread ran first)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import re
 import sqlite3
 from pathlib import Path
 
-_WALL = re.compile(r"^(time|.*seconds|.*_s|.*_share)$")
+_WALL = re.compile(r"^(time|.*seconds|.*_s|.*_share|.*_max_depth)$")
 
 
 def strip_wall(value):
-    """`value` less every mapping key named like a wall-clock figure, at any depth."""
+    """`value` less every mapping key named like a wall-clock or scheduling figure, at any depth."""
     if isinstance(value, dict):
         return {k: strip_wall(v) for k, v in value.items() if not _WALL.match(k)}
     if isinstance(value, list):
@@ -23,7 +24,7 @@ def strip_wall(value):
 
 def records(run: Path) -> dict[str, list]:
     """A run's metrics rows, trace rollouts and trace events in write order, less the values that
-    are random or wall-clock by design."""
+    are random, wall-clock or scheduling figures by design."""
     metrics = [strip_wall(json.loads(line)) for line in (run / "metrics.jsonl").read_text().splitlines()]
     db = sqlite3.connect(run / "trace.db")
     db.row_factory = sqlite3.Row
