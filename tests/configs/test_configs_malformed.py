@@ -32,6 +32,7 @@ CASES = [
         b"run:\n  steps: 3\n  seed: 1\n  steps: 4\n",
         r"line 4: duplicate key 'steps' \(first at line 2\)",
     ),
+    ("duplicate-in-flow", b"run: {steps: 3, steps: 4}\n", r"line 1: duplicate key 'steps' \(first at line 1\)"),
     ("duplicate-section", b"run: {steps: 3}\ntrainer: {}\nrun: {seed: 1}\n", "line 3: duplicate key 'run'"),
     ("not-a-mapping", b"- run\n- trainer\n", "top level must be a mapping of sections, got list"),
     ("malformed", b"run: [\n", r"line 2, column 1: malformed YAML: expected the node content"),
@@ -47,10 +48,11 @@ def test_a_malformed_config_is_one_error_naming_the_place(tmp_path, name, data, 
     assert str(got.value).startswith(f"{path}: ") and "\n" not in str(got.value)
 
 
-def test_merge_keys_and_a_bom_are_not_errors(tmp_path):
+def test_merge_keys_a_bom_and_keys_of_other_types_are_not_errors(tmp_path):
     path = tmp_path / "ok.yaml"
-    path.write_bytes(b"\xef\xbb\xbfshared: &s {steps: 3, seed: 7}\nrun:\n  <<: *s\n  steps: 4\n")
+    path.write_bytes(b"\xef\xbb\xbfshared: &s {steps: 3, seed: 7}\nrun:\n  <<: *s\n  steps: 4\nx: {1: a, '1': b}\n")
     assert read_yaml(path)["run"] == {"steps": 4, "seed": 7}
+    assert read_yaml(path)["x"] == {1: "a", "1": "b"}
 
 
 def test_an_override_value_is_bounded_too():

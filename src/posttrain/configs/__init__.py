@@ -4,7 +4,9 @@ loading; each section lives in its own module of this package (`configs/trainer.
 Invariant: a config is valid or it is not built. `load_config` reads a YAML
 file that sets only what differs from the defaults, applies dotted overrides
 (`trainer.lr=3e-4`), and raises ConfigError with one message that names each
-bad field and what it allows. Importing this package imports no torch and no part
+bad field and what it allows. A malformed file is one ConfigError line naming
+the file and the place (`parse_yaml`): bytes that are not UTF-8, nesting past
+MAX_DEPTH, aliases expanding past MAX_NODES, a key given twice. Importing this package imports no torch and no part
 of posttrain other than `errors` (tests/configs/test_configs_light.py).
 """
 
@@ -82,14 +84,14 @@ class _Loader(yaml.SafeLoader):
 
     def compose_mapping_node(self, anchor: Any) -> Any:
         node = super().compose_mapping_node(anchor)
-        seen: dict[Any, int] = {}
+        seen: dict[tuple[str, str], int] = {}  # (resolved tag, text) of each scalar key -> its line
         for key, _ in node.value:
             if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
                 continue
-            line = key.start_mark.line + 1
-            first = seen.setdefault(key.value, line)
-            if first != line:
+            if (key.tag, key.value) in seen:
+                first = seen[(key.tag, key.value)]
                 raise self._error(key.start_mark, f"duplicate key {key.value!r} (first at line {first})")
+            seen[(key.tag, key.value)] = key.start_mark.line + 1
         return node
 
     def compose_document(self) -> Any:
