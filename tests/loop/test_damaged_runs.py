@@ -152,8 +152,8 @@ def test_trace_recover_salvages_the_readable_rows_and_the_run_resumes(run, finis
     assert main(["trace", "recover", str(run)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"recovered {db}: kept ") and "the damaged file is now" in out
-    aside = [p for p in run.iterdir() if p.name.startswith("trace.db.damaged-")]
-    assert len(aside) == 1
+    aside = [p.name for p in run.iterdir() if p.name.startswith("trace.db.damaged-")]
+    assert len([n for n in aside if not n.endswith(("-wal", "-shm"))]) == 1  # the file, with its WAL if it had one
     con = sqlite3.connect(db)
     kept = con.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -161,6 +161,14 @@ def test_trace_recover_salvages_the_readable_rows_and_the_run_resumes(run, finis
     assert 0 < kept < want, (kept, want)  # what SQLite could still reach, nothing invented
     assert main(["trace", str(run)]) == 0
     assert main(["train", "--resume", str(run)]) == 0  # the recovered trace takes the resume's rollback
+
+
+def test_trace_recover_leaves_a_sound_trace_alone(run, capsys):
+    before = (run / "trace.db").read_bytes()
+    assert main(["trace", "recover", str(run)]) == 0
+    assert "passes SQLite's check; nothing to recover" in capsys.readouterr().out
+    assert (run / "trace.db").read_bytes() == before
+    assert not [p for p in run.iterdir() if p.name.startswith("trace.db.damaged-")]
 
 
 def test_trace_recover_of_garbage_keeps_nothing_and_leaves_a_usable_trace(run, capsys):

@@ -81,6 +81,9 @@ def _recover(args: argparse.Namespace) -> int:
         raise ConfigError("trace recover needs a RUN_DIR (or a trace.db file)")
     db = _db_path(args.rollout_id)
     got = recover(db)
+    if got is None:
+        print(f"{db} passes SQLite's check; nothing to recover")
+        return 0
     kept = ", ".join(f"{n} {table}" for table, n in got.rows.items())
     print(f"recovered {db}: kept {kept}; the damaged file is now {got.damaged}")
     return 0

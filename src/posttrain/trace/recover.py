@@ -1,6 +1,7 @@
 """`posttrain trace recover RUN_DIR`: salvage the readable rows of a damaged trace database.
 
-Invariant: the damaged file is never written to. Its copy (with its WAL) is read
+Invariant: the damaged file is never written to, and a sound one is left as it
+is (its copy passes `quick_check`). The damaged file's copy (with its WAL) is read
 with SQLite's schema checks relaxed (`writable_schema`, reads only), table by
 table in rowid order; where a page cannot be read, single rows are looked up past
 it, so every row SQLite can still reach is kept, under its own rowid (a
@@ -38,8 +39,9 @@ class Recovered:
     damaged: Path
 
 
-def recover(path: str | Path) -> Recovered:
-    """Salvage the trace database at `path` (a trace.db file) into a fresh one at the same path."""
+def recover(path: str | Path) -> Recovered | None:
+    """Salvage the trace database at `path` (a trace.db file) into a fresh one at the same path;
+    None (and nothing changed) when its copy passes SQLite's `quick_check`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no trace database at {str(path)!r}")
@@ -52,6 +54,8 @@ def recover(path: str | Path) -> Recovered:
         for side, dst in zip(_sidecars(path), _sidecars(copy), strict=True):
             if side.is_file():
                 shutil.copyfile(side, dst)
+        if _sound(copy):
+            return None
         rows = _salvage(copy, fresh)
     aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
     path.rename(aside)
@@ -60,6 +64,18 @@ def recover(path: str | Path) -> Recovered:
             side.rename(dst)
     fresh.rename(path)
     return Recovered(rows, aside)
+
+
+def _sound(db: Path) -> bool:
+    """Whether SQLite's `quick_check` passes the database at `db`."""
+    try:
+        con = sqlite3.connect(db)
+        try:
+            return [r[0] for r in con.execute("PRAGMA quick_check(1)")] == ["ok"]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return False
 
 
 def _sidecars(db: Path) -> tuple[Path, Path]:
