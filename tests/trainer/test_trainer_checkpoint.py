@@ -1,4 +1,5 @@
-"""Checkpoints: HF-format round trip, exact resume, pruning, atomicity, manifests, leftovers of interrupted writes, clear errors."""
+"""Checkpoints: HF-format round trip, exact resume, pruning, atomicity, manifests, leftovers of
+interrupted writes, clear errors."""
 
 from __future__ import annotations
 
