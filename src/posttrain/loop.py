@@ -3,7 +3,10 @@
 Invariant: every rollout reaches the trace store exactly once, before the
 train step that consumes it; infra errors are masked from the loss and
 counted, never scored 0; a run resumed from a checkpoint continues exactly
-as the uninterrupted run would have (same tasks, same samples, same weights).
+as the uninterrupted run would have (same tasks, same samples, same weights),
+from its newest intact checkpoint, with the trace and metrics cut back to what
+they held when that checkpoint was written (its `records` marks), so the
+resumed run's records equal the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from posttrain.configs import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
-from posttrain.metrics_log import MetricsLog
+from posttrain.metrics_log import MetricsLog, roll_back
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
@@ -92,7 +95,7 @@ class _Run:
     metrics: MetricsLog
     monitor: Any
     evaluator: RunEvaluator
-    state: dict[str, Any]
+    state: dict[str, Any]  # what a checkpoint carries (besides `records`, the trace and metrics marks)
     budget: CpuBudget  # run.cpu_budget_s: training CPU, carried across a resume
     stop: str  # why the monitor, started, stops the run ('' to go on)
     log: Any
@@ -108,14 +111,16 @@ class _Run:
         model, tokenizer, trainer, base_copy = _policy(cfg)
         engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
-        trace, metrics = TraceStore(rundir.trace_path), MetricsLog(rundir.metrics_path)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
         if resume:
-            state = trainer.resume(rundir.path)
+            from posttrain.trainer.checkpoint import intact_checkpoint
+
+            state = trainer.resume(intact_checkpoint(rundir.path, log))  # past damaged ones, each said
             pool.load_state_dict(state.pop("pool"))
-            sync.push()
+            sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
             log(f"resumed {rundir.path} at step {state['step']}")
+        trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
@@ -146,13 +151,42 @@ class _Run:
             )
         return self.stop
 
-    def save(self, step: int, train_cpu_s: float | None = None) -> None:
-        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's and the monitor's;
+    def save(self, step: int, train_cpu_s: float | None = None, records: dict[str, Any] | None = None) -> None:
+        """A checkpoint named by the loop step: weights, optimizer, `state`, the pool's, monitor's and sync's,
+        and `records` (default: `marks()` now), what a resume cuts the trace and metrics back to;
         `train_cpu_s`: the training CPU to carry (default: the budget's count now)."""
         self.state["step"] = step
         self.state["train_cpu_s"] = self.budget.spent() if train_cpu_s is None else train_cpu_s
-        extra = {**self.state, "pool": self.pool.state_dict(), "monitor": self.monitor.state_dict()}
+        records = self.marks() if records is None else records
+        parts = {"pool": self.pool, "monitor": self.monitor, "sync": self.sync}
+        extra = {**self.state, **{k: part.state_dict() for k, part in parts.items()}, "records": records}
         self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
+
+    def marks(self) -> dict[str, Any]:
+        """How far the trace and metrics.jsonl reach now (synced to disk)."""
+        return {"trace": self.trace.mark(), "metrics": self.metrics.mark()}
+
+
+def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: Any) -> tuple[TraceStore, MetricsLog]:
+    """The run's trace and metrics log. On resume (`marks`: the checkpoint's, {} when it predates
+    them), the trace is checked first (a damaged one is a ConfigError naming its recovery) and both
+    are cut back to what they held when the checkpoint was written: what the interrupted run
+    wrote after it goes."""
+    trace = TraceStore(rundir.trace_path)
+    if marks is None:
+        return trace, MetricsLog(rundir.metrics_path)
+    trace.check()
+    if not marks:
+        log("resume: the checkpoint predates trace and metrics marks; records after it are not rolled back")
+        return trace, MetricsLog(rundir.metrics_path)
+    rollouts, events = trace.roll_back(marks["trace"], step)
+    cut = roll_back(rundir.metrics_path, marks["metrics"])
+    if rollouts or events or cut:
+        log(
+            f"resume: rolled back what was written after step {step}: {rollouts} rollouts and {events} events "
+            f"of trace.db, {cut} bytes of metrics.jsonl"
+        )
+    return trace, MetricsLog(rundir.metrics_path)
 
 
 def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any]]:
@@ -286,8 +320,9 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     """The end of the run: the held-out table after training, the final checkpoint, eval.json,
     every part closed, and the report when asked for."""
     spent = run.budget.spent()  # the final evaluation is outside run.cpu_budget_s
+    marks = run.marks()  # a resume from the final checkpoint evaluates again: its records go back to here
     after = run.evaluator.full(step)
-    run.save(step, spent)
+    run.save(step, spent, marks)
     run.monitor.after_eval(step, run.evaluator.comparable(after))  # its actions: too late, nothing is drawn after
     before = EvalTable.from_json(run.state["before"])
     history = [(s, EvalTable.from_json(t)) for s, t in run.state["history"]]

@@ -3,12 +3,15 @@
 Invariant: stdlib only (no config, no torch), so every part that writes or reads
 metrics (the loop, the monitor, the report, the torchrun followers) imports it
 without reaching the root config. Every line carries `kind`, `step` and `time`;
-the file is appended line-buffered and readable while the run goes on.
+each line is appended by one `write` system call on an O_APPEND descriptor, so it
+is readable at once while the run goes on and a crash (kill -9) leaves at most
+one partial last line, which `read_metrics` skips and `roll_back` removes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,17 +21,49 @@ class MetricsLog:
     """Appends one JSON object per line; readable while the run goes on."""
 
     def __init__(self, path: Path) -> None:
-        self._f = path.open("a", buffering=1)
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, kind: str, step: int, **values: Any) -> None:
-        self._f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **values}, default=float) + "\n")
+        line = json.dumps({"kind": kind, "step": step, "time": time.time(), **values}, default=float) + "\n"
+        data = memoryview(line.encode())
+        while data:  # a regular file takes the whole line in one call; a short write continues it
+            data = data[os.write(self._fd, data) :]
+
+    def mark(self) -> int:
+        """The log's length in bytes, synced to disk: what a checkpoint records, so that a resume
+        can `roll_back` to it."""
+        os.fsync(self._fd)
+        return os.fstat(self._fd).st_size
 
     def close(self) -> None:
-        self._f.close()
+        os.close(self._fd)
+
+
+def roll_back(path: Path, mark: int) -> int:
+    """Cut the log at `path` back to `mark` bytes (a checkpoint's `MetricsLog.mark`): the lines
+    written after the checkpoint, and a partial last line, go. Returns the bytes removed (0 when
+    the log is not longer than `mark`)."""
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    if size <= mark:
+        return 0
+    with path.open("r+b") as fh:
+        fh.truncate(mark)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return size - mark
 
 
 def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The rows of a metrics log (of `kind`, when given). A last line without its newline (a
+    write cut short by a crash) is not a row yet and is left out."""
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.split("\n")
+    if lines and not text.endswith("\n"):
+        lines.pop()  # a partial last line (or the empty string after the final newline)
+    rows = [json.loads(line) for line in lines if line.strip()]
     return [r for r in rows if kind is None or r["kind"] == kind]

@@ -1,4 +1,5 @@
-"""Checkpoints: HF-format round trip, exact resume, pruning, atomicity, clear errors."""
+"""Checkpoints: HF-format round trip, exact resume, pruning, atomicity, manifests, leftovers of
+interrupted writes, clear errors."""
 
 from __future__ import annotations
 
@@ -112,3 +113,33 @@ def test_load_errors_name_the_problem(tmp_path):
         load_checkpoint(tmp_path, wider)  # same keys, other shapes
     with pytest.raises(TrainerError, match="trainer state"):
         Trainer(tiny_model(0), TrainerConfig()).resume(tmp_path)
+
+
+def test_every_checkpoint_file_is_in_its_manifest(tmp_path):
+    model = tiny_model(0)
+    path = save_checkpoint(tmp_path, model, build_tokenizer(), Trainer(model, TrainerConfig()).optimizer, {}, step=1)
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    assert set(files) == {p.name for p in path.iterdir()} - {"manifest.json"}
+    assert all(files[name]["bytes"] == (path / name).stat().st_size for name in files)
+
+
+def test_leftovers_of_interrupted_writes_are_cleaned_or_put_back(tmp_path):
+    """A crash between `_install`'s two renames leaves the old checkpoint as .old-* and no final:
+    it is put back. A .tmp-* folder (a write cut short) is removed. Each is one line."""
+    from posttrain.trainer.checkpoint import intact_checkpoint
+
+    model = tiny_model(0)
+    optimizer = Trainer(model, TrainerConfig()).optimizer
+    save_checkpoint(tmp_path, model, None, optimizer, {}, step=1)
+    second = save_checkpoint(tmp_path, model, None, optimizer, {}, step=2)
+    second.rename(second.parent / ".old-step_00000002-0123abcd")
+    partial = second.parent / ".tmp-step_00000002-89abcdef"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"cut")
+    said: list[str] = []
+    assert intact_checkpoint(tmp_path, said.append) == second
+    assert said == [
+        "resume: restored checkpoints/step_00000002 from .old-step_00000002-0123abcd (a replacement interrupted)",
+        "resume: removed checkpoints/.tmp-step_00000002-89abcdef (left by an interrupted checkpoint write)",
+    ]
+    assert sorted(p.name for p in second.parent.iterdir()) == ["step_00000001", "step_00000002"]

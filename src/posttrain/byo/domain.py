@@ -3,7 +3,8 @@
 Invariant: train and held-out never share a row and never share a prompt: a
 row's split comes from its split column (or `datasets` split name) or, without
 one, from a hash of its normalised prompt (`split_of`), and `build_index`
-refuses a file whose split column puts one prompt in both. `sample(index,
+refuses a file whose split column puts one prompt in both; two rows with the
+same id are an error naming both lines. `sample(index,
 split, level)` is a pure function of the file and its arguments: index i of a
 (split, level) pool is row `order[i mod n]` of a permutation seeded by (name,
 split, level, epoch), so the pool's seeded base index makes the order a
@@ -157,6 +158,7 @@ def build_index(name: str, reader: Reader, source: SourceConfig) -> Index:
     index = Index()
     rows: list[tuple[int, str, int | None]] = []
     prompt_split: dict[str, str] = {}
+    id_lines: dict[int, tuple[int, int]] = {}  # a hash of each row id -> (line, locator) of its first row
     conflicts = 0
     for raw in reader.scan():
         if raw.error is not None:
@@ -166,6 +168,10 @@ def build_index(name: str, reader: Reader, source: SourceConfig) -> Index:
             row = parse_row(raw, source, reader.unit)
         except ValueError as exc:
             index.errors.append((raw.line, str(exc)))
+            continue
+        first = _first_with_id(id_lines, row, raw, reader, source) if source.fields.id else None
+        if first is not None:
+            index.errors.append((raw.line, f"duplicate id {row.row_id!r} (first at {reader.unit} {first})"))
             continue
         if row.split is None:
             index.skipped += 1
@@ -186,6 +192,19 @@ def build_index(name: str, reader: Reader, source: SourceConfig) -> Index:
     for pos, split, lv in rows:
         index.pools.setdefault((split, rank[lv] if lv is not None else 1), array("q")).append(pos)
     return index
+
+
+def _first_with_id(
+    seen: dict[int, tuple[int, int]], row: Row, raw: RawRow, reader: Reader, source: SourceConfig
+) -> int | None:
+    """The line of an earlier row with `row`'s id, else None (and `row` is remembered). Ids are
+    kept as 64-bit hashes; a hash seen before is confirmed by reading that row's id again."""
+    key = stable_hash("id", row.row_id)
+    first = seen.setdefault(key, (raw.line, raw.loc))
+    if first == (raw.line, raw.loc):
+        return None
+    earlier = reader.row(first[1])
+    return first[0] if text_of(earlier.get(source.fields.id)) == row.row_id else None
 
 
 class SourceDomain(Domain):

@@ -5,7 +5,9 @@ each with a locator (a byte offset for JSONL and CSV, a row number for
 Parquet and `datasets`) and the line a person would look at; `row(loc)`
 reads that one row again (a seek and one record, or one cached Parquet row
 group). A row that does not parse is yielded with its error and line, never
-skipped in silence.
+skipped in silence: a JSON line nested deeper than MAX_DEPTH is refused before
+the parser recurses, and bytes that are not UTF-8 are an error (JSONL and CSV),
+never replaced.
 """
 
 from __future__ import annotations
@@ -23,6 +25,33 @@ from posttrain.configs.byo import SourceConfig, resolve_format
 from posttrain.errors import TaskError
 
 DATA_EXTRA = "pip install 'posttrain[data]'"
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a JSON row may have."""
+
+
+def json_depth_over(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON text `raw` nests arrays and objects deeper than `limit` (brackets inside
+    strings do not count). A line with fewer brackets than `limit` is answered without a scan."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
 
 
 @dataclass(frozen=True)
@@ -58,8 +87,14 @@ class JsonlReader:
 
     def _parse(self, raw: bytes, loc: int, line: int) -> RawRow:
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return RawRow(loc, line, None, f"not valid UTF-8 at byte {exc.start} of the line")
+        if json_depth_over(raw):
+            return RawRow(loc, line, None, f"JSON nested deeper than {MAX_DEPTH} levels")
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
             return RawRow(loc, line, None, f"not valid JSON: {exc}")
         if not isinstance(data, dict):
             return RawRow(loc, line, None, f"expected a JSON object, got {type(data).__name__}")
@@ -79,6 +114,8 @@ class _Lines:
 
     def __init__(self, fh: Any) -> None:
         self.fh, self.offset, self.line, self.starts = fh, fh.tell(), 0, []
+        self.bad: list[tuple[int, int]] = []
+        """(line, byte within it) of each line read that is not UTF-8 (its text has U+FFFD in place)."""
 
     def __iter__(self) -> _Lines:
         return self
@@ -90,7 +127,11 @@ class _Lines:
         self.starts.append((self.offset, self.line + 1))
         self.offset += len(raw)
         self.line += 1
-        return raw.decode("utf-8", "replace")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.bad.append((self.line, exc.start))
+            return raw.decode("utf-8", "replace")
 
 
 class CsvReader:
@@ -106,6 +147,9 @@ class CsvReader:
                 self.header = next(csv.reader(lines))
             except StopIteration:
                 raise TaskError(f"{path}: empty CSV file (no header row)") from None
+            if lines.bad:
+                line, at = lines.bad[0]
+                raise TaskError(f"{path}: line {line}: the header is not valid UTF-8 (byte {at} of the line)")
             self.data_start = lines.offset
         if len(set(self.header)) != len(self.header):
             raise TaskError(f"{path}: line 1: duplicate column names in the header {self.header}")
@@ -118,6 +162,7 @@ class CsvReader:
             reader = csv.reader(lines)
             while True:
                 lines.starts.clear()
+                lines.bad.clear()
                 try:
                     record = next(reader)
                 except StopIteration:
@@ -127,6 +172,9 @@ class CsvReader:
                     yield RawRow(loc, line, None, f"malformed CSV: {exc}")
                     continue
                 loc, line = lines.starts[0]
+                if lines.bad:
+                    yield RawRow(loc, line, None, f"not valid UTF-8 (line {lines.bad[0][0]}, byte {lines.bad[0][1]})")
+                    continue
                 if not record:
                     continue
                 yield self._make(record, loc, line)

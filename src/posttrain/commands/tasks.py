@@ -51,8 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _specs(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """(name -> DomainSpec, model path) from a config file, or from a data file and the options."""
-    import yaml
-
+    from posttrain.configs import parse_yaml
     from posttrain.configs.tasks import DomainSpec
     from posttrain.errors import ConfigError
 
@@ -81,7 +80,7 @@ def _specs(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        params[key] = yaml.safe_load(value)
+        params[key] = parse_yaml(value, f"--set {key}")  # bounded, one-line errors
     verifier = {"name": "python", "path": args.verifier} if ":" in args.verifier else {"name": args.verifier}
     try:
         spec = DomainSpec.model_validate(

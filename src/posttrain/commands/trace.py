@@ -1,5 +1,6 @@
 """`posttrain trace RUN_DIR`: recent rollouts and per-domain statistics.
-`posttrain trace explain ROLLOUT_ID [--run RUN_DIR]`: the full chain of one rollout."""
+`posttrain trace explain ROLLOUT_ID [--run RUN_DIR]`: the full chain of one rollout.
+`posttrain trace recover RUN_DIR`: salvage a damaged trace.db into a fresh one (trace/recover.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ from pathlib import Path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trace",
-        help="recent rollouts and per-domain statistics of a run; `trace explain ROLLOUT_ID` for one rollout's chain",
-        description="posttrain trace RUN_DIR | posttrain trace explain ROLLOUT_ID [--run RUN_DIR]",
+        help="recent rollouts and per-domain statistics of a run; `trace explain ROLLOUT_ID` for one rollout's chain; "
+        "`trace recover RUN_DIR` to salvage a damaged trace",
+        description="posttrain trace RUN_DIR | posttrain trace explain ROLLOUT_ID [--run RUN_DIR] | "
+        "posttrain trace recover RUN_DIR",
     )
-    p.add_argument("run_dir", help="a run directory (or a trace.db file), or the word `explain`")
-    p.add_argument("rollout_id", nargs="?", help="with `explain`: the rollout id (a unique prefix is enough)")
+    p.add_argument("run_dir", help="a run directory (or a trace.db file), or the word `explain` or `recover`")
+    p.add_argument(
+        "rollout_id",
+        nargs="?",
+        help="with `explain`: the rollout id (a unique prefix is enough); with `recover`: the run directory",
+    )
     p.add_argument("-n", type=int, default=10, help="recent rollouts to show")
     p.add_argument("--domain", help="only this domain")
     p.add_argument(
@@ -66,12 +73,39 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(args: argparse.Namespace) -> int:
+    from posttrain.errors import ConfigError
+    from posttrain.trace.recover import recover
+
+    if not args.rollout_id:
+        raise ConfigError("trace recover needs a RUN_DIR (or a trace.db file)")
+    db = _db_path(args.rollout_id)
+    got = recover(db)
+    if got is None:
+        print(f"{db} passes SQLite's check; nothing to recover")
+        return 0
+    kept = ", ".join(f"{n} {table}" for table, n in got.rows.items())
+    print(f"recovered {db}: kept {kept}; the damaged file is now {got.damaged}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from posttrain.trace import TraceStore
+    from posttrain.trace import readable
 
     if args.run_dir == "explain" and not Path("explain").is_dir():
         return _explain(args)
-    store = TraceStore.read_only(_db_path(args.run_dir))
+    if args.run_dir == "recover" and not Path("recover").is_dir():
+        return _recover(args)
+    db = _db_path(args.run_dir)
+    with readable(db):
+        _show(db, args)
+    return 0
+
+
+def _show(db: Path, args: argparse.Namespace) -> None:
+    from posttrain.trace import TraceStore
+
+    store = TraceStore.read_only(db)
     print(f"{'domain':<20}{'rollouts':>9}{'reward':>8}{'pass':>7}{'errors':>7}{'trunc':>7}{'used':>7}")
     for s in store.domain_stats():
         print(
@@ -92,4 +126,3 @@ def run(args: argparse.Namespace) -> int:
         for ev in alarms:
             print(f"  step {ev['step']}: {ev['message']}")
     store.close()
-    return 0

@@ -4,7 +4,9 @@ loading; each section lives in its own module of this package (`configs/trainer.
 Invariant: a config is valid or it is not built. `load_config` reads a YAML
 file that sets only what differs from the defaults, applies dotted overrides
 (`trainer.lr=3e-4`), and raises ConfigError with one message that names each
-bad field and what it allows. Importing this package imports no torch and no part
+bad field and what it allows. A malformed file is one ConfigError line naming
+the file and the place (`parse_yaml`): bytes that are not UTF-8, nesting past
+MAX_DEPTH, aliases expanding past MAX_NODES, a key given twice. Importing this package imports no torch and no part
 of posttrain other than `errors` (tests/configs/test_configs_light.py).
 """
 
@@ -52,9 +54,104 @@ class Config(Section):
     """Inference engine: hf (in process, default) or openai (a server that takes weight updates over HTTP)."""
 
 
-def _parse_scalar(text: str) -> Any:
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists a config (or an override value) may have."""
+MAX_NODES = 100_000
+"""Most YAML nodes a config may expand to, aliases counted at each use (a 'billion laughs' bound)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with three refusals, each a ConfigError naming the line: nesting deeper
+    than MAX_DEPTH (before the composer's recursion could overflow), a document expanding to more
+    than MAX_NODES nodes through aliases (or an alias of itself), and a key given twice in one
+    mapping (PyYAML keeps the last in silence)."""
+
+    def __init__(self, stream: str, where: str) -> None:
+        super().__init__(stream)
+        self.where, self.depth = where, 0
+
+    def _error(self, mark: Any, what: str) -> ConfigError:
+        return ConfigError(f"{self.where}: line {mark.line + 1}: {what}")
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise self._error(self.peek_event().start_mark, f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        node = super().compose_mapping_node(anchor)
+        seen: dict[tuple[str, str], int] = {}  # (resolved tag, text) of each scalar key -> its line
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            if (key.tag, key.value) in seen:
+                first = seen[(key.tag, key.value)]
+                raise self._error(key.start_mark, f"duplicate key {key.value!r} (first at line {first})")
+            seen[(key.tag, key.value)] = key.start_mark.line + 1
+        return node
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        if node is not None:
+            self._bound(node)
+        return node
+
+    def _bound(self, root: Any) -> None:
+        """Count the nodes of the document as if every alias were expanded, with a cache per
+        node (so a shared subtree costs one visit) and a refusal of cycles."""
+        sizes: dict[int, int] = {}
+        open_: set[int] = set()
+
+        def size(node: Any, depth: int) -> int:
+            key = id(node)
+            if key in sizes:
+                return sizes[key]
+            if key in open_:
+                raise self._error(node.start_mark, "an alias refers to the node that contains it")
+            if depth > MAX_DEPTH:
+                raise self._error(node.start_mark, f"nested deeper than {MAX_DEPTH} levels (aliases expanded)")
+            open_.add(key)
+            children = node.value if isinstance(node.value, list) else []
+            parts = [c for pair in children for c in (pair if isinstance(pair, tuple) else (pair,))]
+            total = 1 + sum(size(c, depth + 1) for c in parts)
+            open_.discard(key)
+            if total > MAX_NODES:
+                raise self._error(node.start_mark, f"expands to more than {MAX_NODES} values (aliases counted)")
+            sizes[key] = total
+            return total
+
+        size(root, 1)
+
+
+def _load(text: str, where: str) -> Any:
+    loader = _Loader(text, where)
     try:
-        return yaml.safe_load(text)
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """`text` as YAML (safe types only) under `_Loader`'s bounds; errors are one-line ConfigErrors
+    naming `where` and the line."""
+    try:
+        return _load(text, where)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{where}: {at}malformed YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: malformed YAML: {' '.join(str(exc).split())}") from None
+
+
+def _parse_scalar(text: str, where: str = "override") -> Any:
+    """An override's value as YAML under the loader's bounds; text that is not YAML stays text."""
+    try:
+        return _load(text, where)
     except yaml.YAMLError:
         return text
 
@@ -73,7 +170,7 @@ def apply_override(tree: dict[str, Any], dotted: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = _parse_scalar(raw)
+    node[parts[-1]] = _parse_scalar(raw, f"override {key.strip()}")
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -109,10 +206,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
+    raw = p.read_bytes()
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: malformed YAML: {exc}") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{p}: not valid UTF-8 at byte {exc.start} (line {line})") from None
+    data = parse_yaml(text, str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,21 @@ class WeightSync:
         version = self.engine.update_weights(str(path))
         self._prune(path)
         return version
+
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint carries: the pushes made, the stale groups dropped, the engine's version."""
+        return {"pushed": self.pushed, "dropped_stale": self.dropped_stale, "version": int(self.engine.version)}
+
+    def resume(self, state: Mapping[str, int] | None) -> int:
+        """Push the weights a resume restored, as the version they had at the checkpoint (`state`, a
+        `state_dict`; None for a checkpoint without one: counting starts again). An in-process engine
+        takes up its numbering where the checkpoint left it, so a resumed run's model versions equal
+        the uninterrupted run's; a remote engine's version is the server's to report."""
+        if state:
+            self.pushed, self.dropped_stale = int(state["pushed"]) - 1, int(state["dropped_stale"])
+            if not self.remote:
+                self.engine.version = int(state["version"]) - 1
+        return self.push()
 
     def _write(self, n: int) -> Path:
         """Save weights (adapter only for LoRA) to sync_dir/v<n>, complete before it has that name."""

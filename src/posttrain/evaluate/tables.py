@@ -8,6 +8,7 @@ only when its paired interval excludes 0 and the exact McNemar test agrees.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,7 @@ def write_table(
     extra: Mapping[str, Any] | None = None,
 ) -> None:
     """eval.json: before, after, paired deltas, the history of evaluations during training, and `extra`
-    (held-out set, contamination and exposure reports)."""
+    (held-out set, contamination and exposure reports); written whole or not at all."""
     data: dict[str, Any] = {"before": before.to_json(), "after": after.to_json() if after else None}
     if after:
         per, mean = deltas(before, after)
@@ -184,4 +185,6 @@ def write_table(
         }
     data["history"] = [{"step": s, **t.to_json()} for s, t in history]
     data.update(extra or {})
-    path.write_text(json.dumps(data, indent=1))
+    tmp = path.with_name(f".{path.name}.tmp")  # renamed into place: a crash never leaves half a table
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)

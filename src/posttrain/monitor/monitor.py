@@ -119,7 +119,7 @@ class Monitor:
         if step:
             self._reload(step)
         if self.cfg.enabled and self.cfg.probes.enabled:
-            self.probe(step, at_start=True)
+            self.probe(step, at_start=True, record=not step)  # a resumed run's start wrote its records already
         return self._take()
 
     def after_step(
@@ -245,14 +245,16 @@ class Monitor:
 
     # ------------------------------------------------------------ probes
 
-    def probe(self, step: int, at_start: bool = False) -> None:
-        """Score every live domain's declared cheats; refuse the domains whose verifier accepts one."""
+    def probe(self, step: int, at_start: bool = False, record: bool = True) -> None:
+        """Score every live domain's declared cheats; refuse the domains whose verifier accepts one.
+        `record=False` (the start of a resumed run): a passing probe writes no metrics row or trace
+        event, so the resumed run's records equal the uninterrupted run's; a refusal is written."""
         from posttrain.domains.registry import get
 
         for name in self._live():
             result = probe_domain(get(name), self.pool.eval_difficulty(name), self.cfg.probes.tasks)
             if result is None:
-                if at_start:
+                if at_start and record:
                     self.metrics.write("probe", step, domain=name, declared=False, ok=None, cheats=0, accepted=0)
                 continue
             data = {
@@ -264,8 +266,9 @@ class Monitor:
             }
             if result.first_error is not None:
                 data["first_error"] = asdict(result.first_error)
-            self.metrics.write("probe", step, domain=name, declared=True, ok=result.ok, **data)
-            self.trace.add_event("probe", result.message(), step=step, domain=name, data=data)
+            if record or not result.ok:
+                self.metrics.write("probe", step, domain=name, declared=True, ok=result.ok, **data)
+                self.trace.add_event("probe", result.message(), step=step, domain=name, data=data)
             if not result.ok:
                 self._refuse(step, name, result.message(), data, at_start)
 

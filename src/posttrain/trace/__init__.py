@@ -6,7 +6,11 @@ multi-turn episode's every action, observation, execution result and reward
 parts in `turns`); `mark_consumed` later links it to that step. The schema
 is versioned: an older file is migrated, a newer one is refused with a clear
 error. Every read of a trace goes through `TraceStore` (or `read_or`); the
-`trace explain` query (`explain.py`) reads through it too.
+`trace explain` query (`explain.py`) reads through it too. A damaged file
+(not a database, truncated, failing `PRAGMA quick_check`) is a ConfigError
+that names it and its recovery, `posttrain trace recover RUN_DIR`
+(`recover.py`); `mark` and `roll_back` let a resume cut the trace back to
+what it held at a checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import operator
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -195,6 +200,27 @@ def _row(rec: RolloutRecord, encoded: dict[int, str] | None = None) -> tuple:
     return tuple(out)
 
 
+def damaged(path: str | Path, why: object) -> ConfigError:
+    """The one-line error for a trace database that SQLite cannot read, with its recovery."""
+    path = Path(path)
+    return ConfigError(
+        f"trace database {path} is damaged ({why}); `posttrain trace recover {path.parent}` copies its "
+        f"readable rows into a fresh trace.db and moves the damaged file aside"
+    )
+
+
+@contextmanager
+def readable(path: str | Path) -> Iterator[None]:
+    """Turn SQLite's errors inside the block into ConfigErrors naming `path`: a damaged file
+    (`damaged`), or one SQLite cannot use (locked, unopenable, a table missing)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        raise ConfigError(f"cannot read trace database {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise damaged(path, exc) from None
+
+
 class TraceStore:
     """A trace database file; safe to read from another process while written."""
 
@@ -203,9 +229,39 @@ class TraceStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._init_schema()
+        with readable(self.path):
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._init_schema()
+
+    def check(self) -> None:
+        """Raise the `damaged` ConfigError when SQLite's `PRAGMA quick_check` finds the file
+        damaged (a pass over every page: run once, at resume)."""
+        with readable(self.path):
+            found = [r[0] for r in self._db.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            raise damaged(self.path, "; ".join(found))
+
+    def mark(self) -> dict[str, int]:
+        """What the trace holds now, for a checkpoint: the last rowid of `rollouts` and of `events`."""
+        rollouts = self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM rollouts").fetchone()[0]
+        events = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+        return {"rollouts": int(rollouts), "events": int(events)}
+
+    def roll_back(self, mark: Mapping[str, int], step: int) -> tuple[int, int]:
+        """Back to a checkpoint at loop step `step` whose `mark` this is: the rollouts and events
+        written after it are deleted, links to train steps after `step` are cleared, and the events'
+        id counter is set back, so the resumed run writes what the uninterrupted run wrote. Returns
+        (rollouts, events) deleted."""
+        with readable(self.path), self._db:
+            rollouts = self._db.execute("DELETE FROM rollouts WHERE rowid > ?", (int(mark["rollouts"]),)).rowcount
+            self._db.execute(
+                "UPDATE rollouts SET train_step=NULL, advantage=NULL, ratio=NULL, clipped=NULL WHERE train_step > ?",
+                (step,),
+            )
+            events = self._db.execute("DELETE FROM events WHERE id > ?", (int(mark["events"]),)).rowcount
+            self._db.execute("UPDATE sqlite_sequence SET seq=? WHERE name='events'", (int(mark["events"]),))
+        return rollouts, events
 
     def _init_schema(self) -> None:
         with self._db:
@@ -326,21 +382,23 @@ class _ReadOnlyTrace(TraceStore):
             raise ConfigError(f"no trace database at {str(self.path)!r}")
         self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
+        with readable(self.path):  # garbage in place of a database fails here, not in the first query
+            self._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
 
 
 def read_or(path: str | Path, query: Callable[[TraceStore], T], empty: T) -> T:
-    """One query of an existing trace, read-only; `empty` when there is no trace at `path`
-    or it is unreadable (not a database, or a table missing)."""
+    """One query of an existing trace, read-only; `empty` when there is no trace at `path` or
+    the query cannot run (a table missing, the file locked). A damaged file raises the
+    `damaged` ConfigError."""
     if not Path(path).is_file():
         return empty
-    try:
-        store = TraceStore.read_only(path)
-    except sqlite3.DatabaseError:
-        return empty
+    store = TraceStore.read_only(path)  # garbage in place of a database raises here
     try:
         return query(store)
-    except sqlite3.DatabaseError:
+    except sqlite3.OperationalError:
         return empty
+    except sqlite3.DatabaseError as exc:
+        raise damaged(path, exc) from None
     finally:
         store.close()
 

@@ -1,7 +1,11 @@
 """Checkpoints: model and tokenizer in Hugging Face format, optimizer, loop state, RNG.
 
 Invariant: a checkpoint directory exists under its final name only when it
-is complete (written to a temporary directory, then renamed), and loading it
+is complete (written to a temporary directory, every file and the directory
+fsynced, `manifest.json` written last, then renamed and the parent fsynced);
+`intact_checkpoint` takes the newest checkpoint whose files match their
+manifest (sizes and sha256), saying which newer ones it passed over and why,
+and removes the leftovers of interrupted writes. Loading a checkpoint
 restores model parameters (in place, so an engine sharing the module sees
 them), optimizer state, loop state and every RNG (python, numpy, torch CPU
 and CUDA) exactly: a resumed run continues as if never interrupted.
@@ -13,6 +17,7 @@ Layout: <run_dir>/checkpoints/step_00000012/
   rng.pt          python, numpy, torch CPU and CUDA generator states
   loop_state.json the caller's loop state (JSON)
   meta.json       {"format": 1, "step": 12, "weights": "full" | "lora"}
+  manifest.json   {"format": 1, "files": {name: {"bytes": n, "sha256": hex}}}, written last
 A LoRA model (peft) saves only its adapter (adapter_config.json,
 adapter_model.safetensors) in place of the model files; an FSDP-sharded
 model is gathered to full tensors and written by rank 0 alone.
@@ -20,12 +25,17 @@ model is gathered to full tensors and written by rank 0 alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import struct
+import sys
 import uuid
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +47,9 @@ from posttrain.errors import TrainerError
 
 FORMAT = 1
 CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
 _NAME = re.compile(r"^step_(\d+)$")
+_LEFTOVER = re.compile(r"^\.(tmp|old)-(step_\d+)-[0-9a-f]+$")
 
 
 @dataclass(frozen=True)
@@ -149,25 +161,42 @@ def _write_all(
     (tmp / "loop_state.json").write_text(loop_json)
     weights = "lora" if is_peft(model) else "full"
     (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step, "weights": weights}))
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
     _fsync_tree(tmp)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_tree(root: Path) -> None:
     for path in [*root.iterdir(), root]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(path)
 
 
 def _install(tmp: Path, final: Path) -> None:
-    """Rename tmp to final; an existing final is replaced, never half-overwritten."""
+    """Rename tmp to final and fsync the parent, so the rename itself is durable; an existing
+    final is replaced, never half-overwritten (moved to .old-*, which `clean_leftovers` puts
+    back if a crash comes between the two renames)."""
     trash = None
     if final.exists():
         trash = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
         os.rename(final, trash)
     os.rename(tmp, final)
+    _fsync(final.parent)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -183,6 +212,112 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         if match and (path / "meta.json").is_file():
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def clean_leftovers(run_dir: str | Path, log: Callable[[str], object]) -> None:
+    """Remove what interrupted writes left in the run's checkpoints folder (`.tmp-*` folders,
+    `.old-*` copies of a replaced checkpoint), one line each. An `.old-*` whose checkpoint is
+    missing (the crash came between the two renames of `_install`) is renamed back instead."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return
+    for path in sorted(root.iterdir()):
+        match = _LEFTOVER.match(path.name)
+        if match is None:
+            continue
+        final = root / match.group(2)
+        if match.group(1) == "old" and not final.exists():
+            os.rename(path, final)
+            log(f"resume: restored {CHECKPOINTS}/{final.name} from {path.name} (a replacement interrupted)")
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"resume: removed {CHECKPOINTS}/{path.name} (left by an interrupted checkpoint write)")
+
+
+def verify_checkpoint(ckpt: Path) -> None:
+    """Raise TrainerError saying what is damaged in checkpoint directory `ckpt`: meta.json missing
+    or invalid, a file missing or whose size or sha256 differs from manifest.json. A checkpoint
+    written before manifests existed is checked by structure instead: its JSON files parse, its
+    safetensors files are as long as their headers say, its .pt archives pass their CRCs."""
+    meta = _read_json(ckpt / "meta.json")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("step"), int):
+        raise TrainerError(f"meta.json is not a format-{FORMAT} checkpoint record")
+    _read_json(ckpt / "loop_state.json")
+    if not (ckpt / MANIFEST).is_file():
+        _verify_structure(ckpt)
+        return
+    manifest = _read_json(ckpt / MANIFEST)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise TrainerError(f"{MANIFEST} lists no files")
+    for name, want in sorted(files.items()):
+        if not isinstance(want, dict):
+            raise TrainerError(f"{MANIFEST} entry {name!r} is not a record of bytes and sha256")
+        path = ckpt / name
+        if not path.is_file():
+            raise TrainerError(f"{name} is missing")
+        size = path.stat().st_size
+        if size != want.get("bytes"):
+            raise TrainerError(f"{name} has {size} bytes, the manifest says {want.get('bytes')}")
+        if _sha256(path) != want.get("sha256"):
+            raise TrainerError(f"{name} does not match its sha256 in the manifest")
+
+
+def _verify_structure(ckpt: Path) -> None:
+    weights = sorted(ckpt.glob("*.safetensors"))
+    if not weights:
+        raise TrainerError("no *.safetensors weights")
+    for path in weights:
+        size, want = path.stat().st_size, _safetensors_length(path)
+        if size != want:
+            raise TrainerError(f"{path.name} has {size} bytes, its header says {want}")
+    for name in ("optimizer.pt", "rng.pt"):
+        try:
+            with zipfile.ZipFile(ckpt / name) as archive:
+                bad = archive.testzip()
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise TrainerError(f"{name} is unreadable: {exc}") from None
+        if bad is not None:
+            raise TrainerError(f"{name} fails its CRC check at {bad}")
+
+
+def _safetensors_length(path: Path) -> int:
+    """The file length a safetensors header declares: 8 bytes, the header, then the last tensor's end."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        try:
+            if not 0 <= n <= path.stat().st_size - 8:
+                raise ValueError("header length out of range")
+            header = json.loads(fh.read(n))
+            return 8 + n + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+            raise TrainerError(f"{path.name} has no readable safetensors header") from None
+
+
+def intact_checkpoint(run_dir: str | Path, log: Callable[[str], object]) -> Path:
+    """The newest checkpoint of `run_dir` that passes `verify_checkpoint`, after `clean_leftovers`.
+    Each newer damaged one is said in one line (`resume: checkpoints/step_40 is damaged (why);
+    resuming from step_30`); with none intact, one TrainerError that names each and why."""
+    clean_leftovers(run_dir, log)
+    root = Path(run_dir) / CHECKPOINTS
+    found = sorted(
+        (int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ()) if (m := _NAME.match(p.name))
+    )
+    if not found:
+        raise TrainerError(f"no checkpoint at {run_dir} (neither a checkpoint directory nor a run with checkpoints)")
+    damaged: list[tuple[Path, str]] = []
+    for _, path in reversed(found):
+        try:
+            verify_checkpoint(path)
+        except TrainerError as exc:
+            damaged.append((path, str(exc)))
+            continue
+        for bad, why in damaged:
+            log(f"resume: {CHECKPOINTS}/{bad.name} is damaged ({why}); resuming from {path.name}")
+        return path
+    said = "; ".join(f"{p.name}: {why}" for p, why in damaged)
+    raise TrainerError(f"no intact checkpoint in {root} ({said})")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -207,8 +342,9 @@ def load_checkpoint(
     checkpoint directory or a run directory (its latest checkpoint is used)."""
     ckpt = _resolve(Path(path))
     meta = _read_json(ckpt / "meta.json")
-    if meta.get("format") != FORMAT:
-        raise TrainerError(f"checkpoint {ckpt} has format {meta.get('format')!r}, expected {FORMAT}")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else meta
+        raise TrainerError(f"checkpoint {ckpt} has format {got!r}, expected {FORMAT}")
     from posttrain.trainer.fsdp import is_sharded, load_full_state
 
     if is_sharded(model):
@@ -224,26 +360,25 @@ def load_checkpoint(
 
 
 def _resolve(path: Path) -> Path:
+    """`path` when it is a checkpoint directory, else the run's newest intact checkpoint (a
+    fallback past damaged ones is said on stderr)."""
     if (path / "meta.json").is_file():
         return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise TrainerError(f"no checkpoint at {path} (neither a checkpoint directory nor a run with checkpoints)")
-    return latest
+    return intact_checkpoint(path, lambda line: print(line, file=sys.stderr))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise TrainerError(f"cannot read {path}: {exc}") from exc
+        raise TrainerError(f"cannot read {path}: {exc}") from None
 
 
 def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise TrainerError(f"cannot read {path}: {exc}") from exc
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise TrainerError(f"cannot read {path}: {exc}") from None
 
 
 def _read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -254,7 +389,10 @@ def _read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
         raise TrainerError(f"checkpoint {ckpt} has no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(file))
+        try:
+            state.update(load_file(file))
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError for a bad file
+            raise TrainerError(f"cannot read {file}: {exc}") from None
     return state
 
 

@@ -1,0 +1,73 @@
+"""Malformed config files: one ConfigError line naming the file and the place, never a traceback,
+never a silent choice (bad UTF-8, nesting deeper than the bound, alias bombs and alias cycles,
+duplicate keys, a top level that is not a mapping); through `posttrain train` exit code 2."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.configs import MAX_DEPTH, MAX_NODES, load_config, read_yaml
+from posttrain.errors import ConfigError
+
+_LAUGHS = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}' if prev else '1'] * 9)}]\n"
+    for prev, name in zip(["", "a", "b", "c", "d", "e"], ["a", "b", "c", "d", "e", "f"], strict=True)
+)  # 9**6 = 531,441 values once every alias is expanded, in 6 short lines
+
+CASES = [
+    ("bad-utf8", b"run:\n  steps: 3\n  name: \xff\xfe\n", r"not valid UTF-8 at byte 24 \(line 3\)"),
+    ("deep-flow", b"run: " + b"[" * 10_000 + b"]" * 10_000 + b"\n", f"line 1: nested deeper than {MAX_DEPTH} levels"),
+    (
+        "deep-block",
+        "".join("  " * i + f"k{i}:\n" for i in range(200)).encode(),
+        f"line {MAX_DEPTH}: nested deeper than {MAX_DEPTH} levels",
+    ),
+    ("alias-bomb", _LAUGHS.encode(), f"line 6: expands to more than {MAX_NODES} values"),
+    ("alias-cycle", b"run: &a [*a]\n", "line 1: an alias refers to the node that contains it"),
+    (
+        "duplicate-key",
+        b"run:\n  steps: 3\n  seed: 1\n  steps: 4\n",
+        r"line 4: duplicate key 'steps' \(first at line 2\)",
+    ),
+    ("duplicate-in-flow", b"run: {steps: 3, steps: 4}\n", r"line 1: duplicate key 'steps' \(first at line 1\)"),
+    ("duplicate-section", b"run: {steps: 3}\ntrainer: {}\nrun: {seed: 1}\n", "line 3: duplicate key 'run'"),
+    ("not-a-mapping", b"- run\n- trainer\n", "top level must be a mapping of sections, got list"),
+    ("malformed", b"run: [\n", r"line 2, column 1: malformed YAML: expected the node content"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "said"), CASES, ids=[c[0] for c in CASES])
+def test_a_malformed_config_is_one_error_naming_the_place(tmp_path, name, data, said):
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError, match=said) as got:
+        read_yaml(path)
+    assert str(got.value).startswith(f"{path}: ") and "\n" not in str(got.value)
+
+
+def test_merge_keys_a_bom_and_keys_of_other_types_are_not_errors(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_bytes(b"\xef\xbb\xbfshared: &s {steps: 3, seed: 7}\nrun:\n  <<: *s\n  steps: 4\nx: {1: a, '1': b}\n")
+    assert read_yaml(path)["run"] == {"steps": 4, "seed": 7}
+    assert read_yaml(path)["x"] == {1: "a", "1": "b"}
+
+
+def test_an_override_value_is_bounded_too():
+    with pytest.raises(ConfigError, match="override tasks.domains: line 1: nested deeper than"):
+        load_config(None, ["tasks.domains=" + "[" * 5000 + "]" * 5000])
+    assert load_config(None, ["run.name=[unclosed"]).run.name == "[unclosed"  # not YAML: stays text
+
+
+@pytest.mark.parametrize("case", ["bad-utf8", "deep-flow", "duplicate-key"])
+def test_posttrain_train_exits_2_with_one_line(tmp_path, capsys, case):
+    _, data, said = next(c for c in CASES if c[0] == case)
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(data)
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"posttrain train: error: {path}: ")
+    assert re.search(said, err), err
