@@ -367,7 +367,7 @@ def test_trl_reward_marks_infra_errors_none(raising_domain):
 
     task = Task(
         id="x",
-        domain=raising_domain,
+        domain=raising_domain("test_peer_boom").name,  # raises on every answer, the gold's too: the verifier's fault
         prompt=(Message("user", "1+0="),),
         reference="1",
         meta=TaskMeta(split="train", difficulty=1, source="test", taskset_version="v"),
