@@ -23,19 +23,11 @@ import time
 from pathlib import Path
 
 import pytest
+from loopcfg import tiny
 from records_testlib import assert_same, records, strip_wall
 
 WORKER = Path(__file__).with_name("crash_worker.py")
-TINY = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_tokens=6",
-    "eval.tasks_per_domain=8",
-    "eval.max_tokens=6",
-    "run.threads=1",
-    "run.progress=false",
-    "tasks.domains={parity: {difficulty: 1}}",
-]
+TINY = tiny("{parity: {difficulty: 1}}")
 
 
 def _start(log: Path, *args: str) -> subprocess.Popen:

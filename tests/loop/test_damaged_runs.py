@@ -11,21 +11,13 @@ import shutil
 import sqlite3
 
 import pytest
+from loopcfg import tiny
 from records_testlib import assert_same, records
 
 from posttrain.cli import main
 from posttrain.trainer.checkpoint import checkpoint_path
 
-TINY = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_tokens=6",
-    "eval.tasks_per_domain=8",
-    "eval.max_tokens=6",
-    "run.threads=1",
-    "run.progress=false",
-    "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
-]
+TINY = tiny()
 
 
 @pytest.fixture(scope="module")

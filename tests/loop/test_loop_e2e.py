@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from loopcfg import tiny
 
 from posttrain.cli import main
 from posttrain.configs import load_config
@@ -12,16 +13,7 @@ from posttrain.errors import ModelLoadError
 from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
 
-TINY = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_tokens=6",
-    "eval.tasks_per_domain=8",
-    "eval.max_tokens=6",
-    "run.threads=1",
-    "run.progress=false",
-    "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
-]
+TINY = tiny()
 
 
 def _cfg(tmp_path, base, name, *extra):
