@@ -71,3 +71,26 @@ def test_posttrain_train_exits_2_with_one_line(tmp_path, capsys, case):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"posttrain train: error: {path}: ")
     assert re.search(said, err), err
+
+
+@pytest.mark.parametrize(("name", "data", "said"), CASES, ids=[c[0] for c in CASES])
+def test_posttrain_serve_reads_its_config_under_the_same_bounds(tmp_path, capsys, name, data, said):
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    assert main(["serve", "--model", str(tmp_path), "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(said, err), err
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("limits.max_n=" + "[" * 5000 + "]" * 5000, "override limits.max_n: line 1: nested deeper than"),
+        ("port.x=1", "'port' is not a section"),
+    ],
+)
+def test_a_serve_set_value_is_bounded_and_one_line(tmp_path, capsys, override, said):
+    assert main(["serve", "--model", str(tmp_path), "--set", "port=8000", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and said in err, err
