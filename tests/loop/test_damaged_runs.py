@@ -176,3 +176,16 @@ def test_trace_recover_of_garbage_keeps_nothing_and_leaves_a_usable_trace(run, c
     assert main(["trace", "recover", str(run)]) == 0
     assert "kept 0 rollouts, 0 events" in capsys.readouterr().out
     assert main(["trace", str(run)]) == 0
+
+
+def test_a_resume_removes_the_weight_syncs_leftovers(run, finished, capsys):
+    weights = run / "weights"
+    leftover, kept = weights / ".tmp-v00000003-0badc0de", weights / "v00000002"
+    for folder in (leftover, kept):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"partial")
+    assert main(["train", "--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: removed {leftover} (left by an interrupted weight sync)" in out, out
+    assert not leftover.exists() and kept.is_dir()  # a finished version is the sync's own to prune
+    assert_same(records(run), records(finished))
