@@ -215,3 +215,33 @@ def test_math_power_towers_are_refused_by_form_before_math_verify(answer, monkey
     task = d.sample(0, "train", 1)
     s = d.score(task, Episode(f"<answer>{answer}</answer>"))
     assert s.value == 0.0 and s.parts["form"] == 0.0 and "form" in s.reason
+
+
+def test_one_answers_overrun_never_fails_another_samples_check(monkeypatch, tmp_path):
+    """A check queued behind an answer that overruns the outer deadline is run on the fresh
+    worker and decided: never cancelled (which escaped as a CancelledError, scored as a model
+    fault of an answer that did nothing wrong) and never timed out by its wait in the queue."""
+    import concurrent.futures
+    import time
+
+    import mathverify_slow
+
+    from posttrain.domains import _mathverify
+    from posttrain.errors import VerifierError
+
+    monkeypatch.setattr(_mathverify, "check", mathverify_slow.check)
+    monkeypatch.setattr(_mathverify, "OUTER_TIMEOUT_S", 6.0)
+    _mathverify.shutdown()  # a fresh worker, with the stand-in
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            slow = pool.submit(_mathverify.equivalent, "1", f"slow {tmp_path}")
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (tmp_path / "started").exists()
+            queued = [pool.submit(_mathverify.equivalent, "7", a) for a in ("(7)", "8")]
+            with pytest.raises(VerifierError, match="exceeded"):
+                slow.result()
+            assert [q.result() for q in queued] == [True, False]
+    finally:
+        _mathverify.shutdown()
