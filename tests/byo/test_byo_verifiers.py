@@ -179,6 +179,19 @@ def test_one_calls_timeout_never_masks_a_call_in_flight_beside_it(userfns, tmp_p
         v.close()
 
 
+def test_a_call_waiting_for_a_busy_worker_is_not_timed_out_by_its_wait(userfns):
+    """Two calls of 2.5 s on one worker with a 4 s limit: the second waits its turn before
+    its limit starts (it used to count the first's 2.5 s and be masked as a timeout)."""
+    spec = {"name": "python", "path": "byo_rewards:slow_but_in_time", "timeout_s": 4, "workers": 1}
+    v = build_verifier(VerifierSpec.model_validate(spec))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(v.score, task("1"), Episode("1")) for _ in range(2)]
+            assert [c.result().value for c in calls] == [1.0, 1.0]
+    finally:
+        v.close()
+
+
 @pytest.mark.parametrize(
     "path, kind", [("byo_rewards:strict_int", "model"), ("byo_rewards:raises", "verifier")], ids=["garbage", "always"]
 )

@@ -10,7 +10,9 @@ verify boundary scores it 0 with the reason, unless its cause test finds the
 callable fails on the task's gold answer too (then it is the verifier's
 fault: masked and counted, never reward 0). A call past `timeout_s` or a
 worker that dies raises VerifierError (infra: masked and counted). A call
-past its time limit kills the workers; the next call starts fresh ones, and a
+past its time limit kills the workers; the next call starts fresh ones. At
+most `workers` calls are in the workers at once (the others wait their turn
+before their time limit starts, so a queue never times a call out), and a
 call that was in flight on the killed workers for another sample is run again
 on the fresh ones (once per kill, at most MAX_RERUNS times), so one sample's
 timeout never masks its group-mates.
@@ -120,6 +122,7 @@ class CallableVerifier:
         self._lock = threading.Lock()
         self._pool: cf.ProcessPoolExecutor | None = None
         self._kills = 0  # pools killed so far: a call on a killed pool it did not kill runs again
+        self._slots = threading.BoundedSemaphore(params.workers)  # calls in the workers, never queued there
         atexit.register(self.close)
         problem = self._submit(probe, params.path).result(timeout=max(params.timeout_s, 60.0))
         if problem is not None:
@@ -132,6 +135,7 @@ class CallableVerifier:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.params, self.version = state["params"], state["params"].path
         self._lock, self._pool, self._kills = threading.Lock(), None, 0
+        self._slots = threading.BoundedSemaphore(self.params.workers)
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         return self._submit_counted(fn, *args)[0]
@@ -164,7 +168,8 @@ class CallableVerifier:
             "metadata": dict(ref.metadata),
             "task_id": task.id,
         }
-        status, result = self._call(kwargs)
+        with self._slots:  # the time limit runs from the call's start, not its wait for a worker
+            status, result = self._call(kwargs)
         if status == "error":
             raise ModelFault(f"{self.params.path} raised: {result.strip().splitlines()[-1][:300]}")
         try:

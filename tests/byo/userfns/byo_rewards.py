@@ -50,3 +50,9 @@ def hangs_or_waits(completion):
             return 1.0
         time.sleep(0.1)
     return 0.0
+
+
+def slow_but_in_time(completion):
+    """Takes 2.5 s, within a 4 s time limit (the limit of a call that is not queued)."""
+    time.sleep(2.5)
+    return 1.0
