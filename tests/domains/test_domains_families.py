@@ -245,3 +245,21 @@ def test_one_answers_overrun_never_fails_another_samples_check(monkeypatch, tmp_
             assert [q.result() for q in queued] == [True, False]
     finally:
         _mathverify.shutdown()
+
+
+def test_a_one_number_answer_is_compared_exactly_not_within_math_verifys_rounding():
+    """math-verify rounds to 6 decimals: 0.3333329 passed for 1/3 and 12.4999996 for 25/2."""
+    import dataclasses
+    from fractions import Fraction
+
+    domain = get("math_linear_equation")
+    task = dataclasses.replace(domain.sample(0, "train", 2), reference="\\frac{1}{3}")
+    for answer, want in (("0.3333329", 0.0), ("0.333333", 0.0), ("1/3", 1.0), ("\\frac{1}{3}", 1.0), ("2/6", 1.0)):
+        assert domain.score(task, Episode(f"<answer>{answer}</answer>")).value == want, answer
+    task = dataclasses.replace(task, reference="12.5")
+    assert domain.score(task, Episode("<answer>12.4999996</answer>")).value == 0.0
+    assert domain.score(task, Episode("<answer>25/2</answer>")).value == 1.0
+    from posttrain.domains.math_family import exact_value
+
+    assert exact_value("-\\frac{7}{3}") == exact_value("-7/3") == Fraction(-7, 3)
+    assert exact_value("1/0") is None and exact_value("1e5") is None
