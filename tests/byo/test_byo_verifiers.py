@@ -53,6 +53,8 @@ def score(spec, answer, completion, **metadata):
             '{"name": "Ada", "age": 37}',
         ),
         ({"name": "math"}, "\\frac{1}{2}", "<answer>0.5</answer>", "<answer>1/3</answer>"),
+        ({"name": "math"}, "\\frac{1}{3}", "<answer>2/6</answer>", "<answer>0.3333329</answer>"),  # no rounding
+        ({"name": "math"}, "$12.5$", "<answer>\\frac{25}{2}</answer>", "<answer>12.4999996</answer>"),
     ],
 )
 def test_named_verifiers(spec, answer, good, bad):
