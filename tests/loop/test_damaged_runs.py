@@ -65,10 +65,19 @@ def _pre_manifest(damage):
         (lambda c: (c / "optimizer.pt").write_bytes(b"\0" * (c / "optimizer.pt").stat().st_size), "optimizer.pt"),
         (lambda c: (c / "meta.json").unlink(), "meta.json"),
         (lambda c: (c / "meta.json").write_text("{not json"), "meta.json"),
+        (lambda c: (c / "loop_state.json").write_text("[" * 100_000), "loop_state.json: nested too deeply"),
         (_pre_manifest(lambda c: _truncate(c / "model.safetensors", 5000)), "has 5000 bytes, its header says"),
         (_pre_manifest(lambda c: _truncate(c / "optimizer.pt", 5000)), "optimizer.pt is unreadable"),
     ],
-    ids=["truncated-weights", "zeroed-optimizer", "no-meta", "bad-meta", "old-truncated-weights", "old-cut-optimizer"],
+    ids=[
+        "truncated-weights",
+        "zeroed-optimizer",
+        "no-meta",
+        "bad-meta",
+        "deep-state",
+        "old-truncated-weights",
+        "old-cut-optimizer",
+    ],
 )
 def test_a_damaged_checkpoint_falls_back_to_the_previous_intact_one(run, finished, capsys, damage, said):
     damage(checkpoint_path(run, 4))
