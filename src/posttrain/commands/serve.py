@@ -73,5 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args)
     app = build_server(cfg)
+    app.state.server.preload()  # a model that does not load: one error line, exit 2
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
     return 0
