@@ -118,6 +118,7 @@ class _Run:
 
             state = trainer.resume(intact_checkpoint(rundir.path, log))  # past damaged ones, each said
             pool.load_state_dict(state.pop("pool"))
+            sync.clean_leftovers(log)  # .tmp-* weight folders of an interrupted push
             sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
             log(f"resumed {rundir.path} at step {state['step']}")
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)

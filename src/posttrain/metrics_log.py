@@ -22,7 +22,8 @@ class MetricsLog:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        _drop_partial_tail(self._fd)
 
     def write(self, kind: str, step: int, **values: Any) -> None:
         line = json.dumps({"kind": kind, "step": step, "time": time.time(), **values}, default=float) + "\n"
@@ -38,6 +39,24 @@ class MetricsLog:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _drop_partial_tail(fd: int) -> None:
+    """Cut a partial last line (a write a crash cut short, never a row) off the log open at `fd`,
+    so the next line is not glued to it (a resume from a checkpoint without marks used to leave
+    one line that no reader could parse)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    start = size
+    while start > 0:
+        chunk = os.pread(fd, min(65536, start), max(0, start - 65536))
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            start = start - len(chunk) + cut + 1
+            break
+        start -= len(chunk)
+    os.ftruncate(fd, start)
 
 
 def roll_back(path: Path, mark: int) -> int:

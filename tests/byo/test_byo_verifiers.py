@@ -4,9 +4,11 @@ the verifier (infra, never reward 0) when it raises on the gold answer too; a ha
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -51,6 +53,8 @@ def score(spec, answer, completion, **metadata):
             '{"name": "Ada", "age": 37}',
         ),
         ({"name": "math"}, "\\frac{1}{2}", "<answer>0.5</answer>", "<answer>1/3</answer>"),
+        ({"name": "math"}, "\\frac{1}{3}", "<answer>2/6</answer>", "<answer>0.3333329</answer>"),  # no rounding
+        ({"name": "math"}, "$12.5$", "<answer>\\frac{25}{2}</answer>", "<answer>12.4999996</answer>"),
     ],
 )
 def test_named_verifiers(spec, answer, good, bad):
@@ -146,6 +150,48 @@ def test_callable_failures_on_a_completion_are_model_faults_and_a_hang_is_infra(
     with pytest.raises(VerifierError, match="time limit"):
         v.score(task("1"), Episode("1"))
     v.close()
+
+
+def _until(done, seconds=60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return done()
+
+
+def test_one_calls_timeout_never_masks_a_call_in_flight_beside_it(userfns, tmp_path):
+    """The hanging call's timeout kills the workers, the group-mate's call among them: that
+    call runs again on fresh workers and is scored, not masked."""
+    spec = {"name": "python", "path": "byo_rewards:hangs_or_waits", "timeout_s": 8, "workers": 2}
+    v = build_verifier(VerifierSpec.model_validate(spec))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            hung = pool.submit(v.score, task("1"), Episode(f"hang {tmp_path}"))
+            assert _until((tmp_path / "hanging").exists)
+            mate = pool.submit(v.score, task("1"), Episode(f"wait {tmp_path}"))
+            assert _until((tmp_path / "waiting").exists)
+            (tmp_path / "waiting").unlink()
+            with pytest.raises(VerifierError, match="time limit"):
+                hung.result()
+            # in flight when the workers were killed: run again on fresh workers (or failed)
+            assert _until(lambda: (tmp_path / "waiting").exists() or mate.done())
+            (tmp_path / "release").touch()
+            assert mate.result().value == 1.0
+    finally:
+        v.close()
+
+
+def test_a_call_waiting_for_a_busy_worker_is_not_timed_out_by_its_wait(userfns):
+    """Two calls of 2.5 s on one worker with a 4 s limit: the second waits its turn before
+    its limit starts (it used to count the first's 2.5 s and be masked as a timeout)."""
+    spec = {"name": "python", "path": "byo_rewards:slow_but_in_time", "timeout_s": 4, "workers": 1}
+    v = build_verifier(VerifierSpec.model_validate(spec))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            calls = [pool.submit(v.score, task("1"), Episode("1")) for _ in range(2)]
+            assert [c.result().value for c in calls] == [1.0, 1.0]
+    finally:
+        v.close()
 
 
 @pytest.mark.parametrize(

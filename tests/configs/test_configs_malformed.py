@@ -71,3 +71,69 @@ def test_posttrain_train_exits_2_with_one_line(tmp_path, capsys, case):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"posttrain train: error: {path}: ")
     assert re.search(said, err), err
+
+
+@pytest.mark.parametrize(("name", "data", "said"), CASES, ids=[c[0] for c in CASES])
+def test_posttrain_serve_reads_its_config_under_the_same_bounds(tmp_path, capsys, name, data, said):
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    assert main(["serve", "--model", str(tmp_path), "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(said, err), err
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("limits.max_n=" + "[" * 5000 + "]" * 5000, "override limits.max_n: line 1: nested deeper than"),
+        ("port.x=1", "'port' is not a section"),
+    ],
+)
+def test_a_serve_set_value_is_bounded_and_one_line(tmp_path, capsys, override, said):
+    assert main(["serve", "--model", str(tmp_path), "--set", "port=8000", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and said in err, err
+
+
+JSON_CASES = [
+    ("deep", b"[" * 100_000 + b"]" * 100_000, f"nested deeper than {MAX_DEPTH} levels"),
+    ("bad-utf8", b'{"seed": "\xff"}', r"not valid UTF-8 at byte 10 \(line 1\)"),
+    ("duplicate-key", b'{"seed": 1, "seed": 2}', "duplicate key 'seed'"),
+    ("nan", b'{"seed": NaN}', "NaN is not a JSON number"),
+    ("malformed", b'{"seed": [1,', r"line 1, column 13: malformed JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "said"), JSON_CASES, ids=[c[0] for c in JSON_CASES])
+def test_a_malformed_json_file_a_user_names_is_one_error(tmp_path, name, data, said):
+    from posttrain.evaluate.heldout import HeldoutSet
+    from posttrain.serve.registry import ModelRegistry
+
+    path = tmp_path / "heldout.json"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError, match=said) as got:
+        HeldoutSet.load(path)
+    assert str(got.value).startswith(f"{path}: ") and "\n" not in str(got.value)
+    (tmp_path / "registry.json").write_bytes(data)
+    with pytest.raises(ConfigError, match=said):
+        ModelRegistry(tmp_path).state()
+
+
+@pytest.mark.parametrize("data", [b"[]", b'{"format": 1, "sets": []}', b'{"format": 1, "sets": {}}'])
+def test_a_heldout_set_of_the_wrong_shape_is_one_error(tmp_path, data):
+    from posttrain.evaluate.heldout import FORMAT_VERSION, HeldoutSet
+
+    path = tmp_path / "heldout.json"
+    path.write_bytes(data.replace(b'"format": 1', f'"format": {FORMAT_VERSION}'.encode()))
+    with pytest.raises(ConfigError, match="held-out set"):
+        HeldoutSet.load(path)
+
+
+@pytest.mark.parametrize("data", [b"[]", b'{"stable": "v1", "events": 5}', b'{"canary_share": "x"}'])
+def test_a_registry_state_of_the_wrong_shape_is_one_error(tmp_path, data):
+    from posttrain.serve.registry import ModelRegistry
+
+    (tmp_path / "registry.json").write_bytes(data)
+    with pytest.raises(ConfigError, match="not a registry state"):
+        ModelRegistry(tmp_path).state()

@@ -215,3 +215,51 @@ def test_math_power_towers_are_refused_by_form_before_math_verify(answer, monkey
     task = d.sample(0, "train", 1)
     s = d.score(task, Episode(f"<answer>{answer}</answer>"))
     assert s.value == 0.0 and s.parts["form"] == 0.0 and "form" in s.reason
+
+
+def test_one_answers_overrun_never_fails_another_samples_check(monkeypatch, tmp_path):
+    """A check queued behind an answer that overruns the outer deadline is run on the fresh
+    worker and decided: never cancelled (which escaped as a CancelledError, scored as a model
+    fault of an answer that did nothing wrong) and never timed out by its wait in the queue."""
+    import concurrent.futures
+    import time
+
+    import mathverify_slow
+
+    from posttrain.domains import _mathverify
+    from posttrain.errors import VerifierError
+
+    monkeypatch.setattr(_mathverify, "check", mathverify_slow.check)
+    monkeypatch.setattr(_mathverify, "OUTER_TIMEOUT_S", 6.0)
+    _mathverify.shutdown()  # a fresh worker, with the stand-in
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            slow = pool.submit(_mathverify.equivalent, "1", f"slow {tmp_path}")
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (tmp_path / "started").exists()
+            queued = [pool.submit(_mathverify.equivalent, "7", a) for a in ("(7)", "8")]
+            with pytest.raises(VerifierError, match="exceeded"):
+                slow.result()
+            assert [q.result() for q in queued] == [True, False]
+    finally:
+        _mathverify.shutdown()
+
+
+def test_a_one_number_answer_is_compared_exactly_not_within_math_verifys_rounding():
+    """math-verify rounds to 6 decimals: 0.3333329 passed for 1/3 and 12.4999996 for 25/2."""
+    import dataclasses
+    from fractions import Fraction
+
+    domain = get("math_linear_equation")
+    task = dataclasses.replace(domain.sample(0, "train", 2), reference="\\frac{1}{3}")
+    for answer, want in (("0.3333329", 0.0), ("0.333333", 0.0), ("1/3", 1.0), ("\\frac{1}{3}", 1.0), ("2/6", 1.0)):
+        assert domain.score(task, Episode(f"<answer>{answer}</answer>")).value == want, answer
+    task = dataclasses.replace(task, reference="12.5")
+    assert domain.score(task, Episode("<answer>12.4999996</answer>")).value == 0.0
+    assert domain.score(task, Episode("<answer>25/2</answer>")).value == 1.0
+    from posttrain.domains.math_family import exact_value
+
+    assert exact_value("-\\frac{7}{3}") == exact_value("-7/3") == Fraction(-7, 3)
+    assert exact_value("1/0") is None and exact_value("1e5") is None

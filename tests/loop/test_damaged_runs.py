@@ -57,10 +57,19 @@ def _pre_manifest(damage):
         (lambda c: (c / "optimizer.pt").write_bytes(b"\0" * (c / "optimizer.pt").stat().st_size), "optimizer.pt"),
         (lambda c: (c / "meta.json").unlink(), "meta.json"),
         (lambda c: (c / "meta.json").write_text("{not json"), "meta.json"),
+        (lambda c: (c / "loop_state.json").write_text("[" * 100_000), "loop_state.json: nested too deeply"),
         (_pre_manifest(lambda c: _truncate(c / "model.safetensors", 5000)), "has 5000 bytes, its header says"),
         (_pre_manifest(lambda c: _truncate(c / "optimizer.pt", 5000)), "optimizer.pt is unreadable"),
     ],
-    ids=["truncated-weights", "zeroed-optimizer", "no-meta", "bad-meta", "old-truncated-weights", "old-cut-optimizer"],
+    ids=[
+        "truncated-weights",
+        "zeroed-optimizer",
+        "no-meta",
+        "bad-meta",
+        "deep-state",
+        "old-truncated-weights",
+        "old-cut-optimizer",
+    ],
 )
 def test_a_damaged_checkpoint_falls_back_to_the_previous_intact_one(run, finished, capsys, damage, said):
     damage(checkpoint_path(run, 4))
@@ -168,3 +177,16 @@ def test_trace_recover_of_garbage_keeps_nothing_and_leaves_a_usable_trace(run, c
     assert main(["trace", "recover", str(run)]) == 0
     assert "kept 0 rollouts, 0 events" in capsys.readouterr().out
     assert main(["trace", str(run)]) == 0
+
+
+def test_a_resume_removes_the_weight_syncs_leftovers(run, finished, capsys):
+    weights = run / "weights"
+    leftover, kept = weights / ".tmp-v00000003-0badc0de", weights / "v00000002"
+    for folder in (leftover, kept):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"partial")
+    assert main(["train", "--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: removed {leftover} (left by an interrupted weight sync)" in out, out
+    assert not leftover.exists() and kept.is_dir()  # a finished version is the sync's own to prune
+    assert_same(records(run), records(finished))

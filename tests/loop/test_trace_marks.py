@@ -108,3 +108,19 @@ def test_metrics_lines_are_whole_and_roll_back_to_a_mark(tmp_path):
     assert roll_back(path, mark) > 0 and [r["step"] for r in read_metrics(path)] == [1]
     assert roll_back(path, mark) == 0
     assert json.loads(path.read_text().splitlines()[0])["big"] == "x" * 100_000
+
+
+@pytest.mark.parametrize("torn", ['{"kind": "train", "st', "x" * 200_000], ids=["short", "longer-than-a-read"])
+def test_a_log_reopened_after_a_torn_line_drops_it_instead_of_gluing_the_next_row_to_it(tmp_path, torn):
+    """A resume from a checkpoint without marks reopens a log whose last line a crash tore."""
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    log.write("train", 1, big="y" * 100_000)
+    log.close()
+    with path.open("a") as fh:
+        fh.write(torn)
+    log = MetricsLog(path)
+    log.write("train", 2)
+    log.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert json.loads(path.read_text().splitlines()[0])["big"] == "y" * 100_000

@@ -3,8 +3,9 @@
 The corpus is what a policy under RL can write: absurd numbers (1e309, a 10001-digit
 integer, NaN, inf), values nested 100k deep, lone surrogates and control characters,
 very long strings, the empty output, tool calls to unknown tools or with arguments of the
-wrong type, and each task's own gold answer with its numbers and strings replaced by
-those values (so the hostile value gets past the first parser into deeper code).
+wrong type, answers that game the answer tag (thousands of tags, nested ones, one in a
+fence, unclosed ones), JSON with bools for numbers, and each task's own gold answer with
+its numbers and strings replaced by those values (so the hostile value gets past the first parser into deeper code).
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ def generic() -> list[str]:
     ]
     wrapped = [f"<answer>{x}</answer>" for x in (*NUMBERS, nest, deep_obj, "\ud800", "")]
     code = ["```python\n" + nest + "\n```", "```python\n" + "(" * DEEP + "\n```", "```bash\n" + "A" * 200_000 + "\n```"]
-    return ["", " ", *NUMBERS, *STRANGE, nest, deep_obj, *calls, *wrapped, *code, "\\boxed{" * 5000, "look:" + nest]
+    tags = [  # answers that game `extract_answer`: many tags, nested ones, one inside a fence, unclosed ones
+        "<answer>1</answer>" * 5000,
+        "<answer><answer>1</answer></answer>",
+        "```\n<answer>1</answer>\n```\n<answer>",
+        "<answer>" * 50_000,
+        '<answer>{"private": 1, "value": true, "n": false}</answer>',  # bools as numbers, and back
+    ]
+    odd = [*tags, "\\boxed{" * 5000, "look:" + nest]
+    return ["", " ", *NUMBERS, *STRANGE, nest, deep_obj, *calls, *wrapped, *code, *odd]
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

@@ -153,3 +153,15 @@ def test_the_checker_verdict_has_no_nonce_and_the_checks_travel_on_stdin():
 
     assert "nonce" not in T.checker_source().split('"""', 2)[2]
     assert "nonce" not in inspect.getsource(T.TerminalVerifier)
+
+
+@root_only
+def test_a_json_end_state_with_bools_as_numbers_scores_below_the_gold():
+    """`"private": 1` for `true` is a changed field; the checker compares JSON type-strictly."""
+    task = _template_task("json_version")
+    cheats = [c for c in DOMAIN.cheats(task) if "<<'JSON'" in c]
+    assert cheats and '"private": 1' in cheats[0]
+    assert DOMAIN.score(task, Episode(DOMAIN.gold(task))).value == 1.0
+    for cheat in cheats:
+        s = DOMAIN.score(task, Episode(cheat + "\ndone"))
+        assert s.value < 1.0 and not s.passed, s

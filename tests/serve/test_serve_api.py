@@ -205,3 +205,18 @@ def test_chat_logprobs(server):
     r = client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=5, logprobs=True, seed=1)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens and all(t.logprob <= 0 for t in content)
+
+
+@pytest.mark.parametrize("damage", ["config.json", "tokenizer_config.json"])
+def test_serve_on_a_model_dir_that_does_not_load_is_one_error_line(tmp_path, capsys, damage):
+    """Loaded before the server starts: before, the error came out of uvicorn's lifespan as a
+    traceback of an exception group."""
+    from posttrain.cli import main
+
+    path = save_model(tmp_path / "m", "micro")
+    (path / damage).write_text('{"model_type": ')
+    capsys.readouterr()  # the save's progress bar
+    assert main(["serve", "--model", str(path), "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("posttrain serve: error: "), err
+    assert err.count("\n") == 1, err

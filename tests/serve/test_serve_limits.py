@@ -104,6 +104,26 @@ def test_deep_nesting_is_a_clean_400(server):
     _refused(r, 400, "limit_exceeded", "max_prompt_tokens", "prompt")
 
 
+def test_a_huge_integer_or_a_lone_surrogate_is_a_clean_400(server):
+    """Python's json refuses integers of over 4,300 digits with a plain ValueError, and a lone
+    surrogate escape decodes to a string the tokenizer cannot take: both are the client's
+    mistake, never a 500."""
+    url, _ = server
+    huge_int = b'{"model": "posttrain", "prompt": "ab", "max_tokens": 2, "seed": ' + b"7" * 5000 + b"}"
+    r = _post(url, "/v1/completions", huge_int)
+    assert r.status_code == 400 and "4300 digits" in r.json()["error"]["message"], r.text
+    lone = b'"x\\ud800y"'
+    for path, body in (
+        ("/v1/completions", b'{"model": "posttrain", "max_tokens": 2, "prompt": ' + lone + b"}"),
+        ("/v1/chat/completions", b'{"model": "posttrain", "messages": [{"role": "user", "content": ' + lone + b"}]}"),
+        ("/v1/completions", b'{"model": "posttrain", "max_tokens": 2, "prompt": "ab", "stop": [' + lone + b"]}"),
+    ):
+        r = _post(url, path, body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_text", r.text
+    paired = b'{"model": "posttrain", "max_tokens": 2, "prompt": "\\ud83d\\ude00"}'  # an emoji, escaped
+    assert _post(url, "/v1/completions", paired).status_code == 200
+
+
 def test_prompt_characters_tokens_messages_prompts_and_n(server):
     url, _ = server
     comp, chat = "/v1/completions", "/v1/chat/completions"

@@ -10,7 +10,12 @@ verify boundary scores it 0 with the reason, unless its cause test finds the
 callable fails on the task's gold answer too (then it is the verifier's
 fault: masked and counted, never reward 0). A call past `timeout_s` or a
 worker that dies raises VerifierError (infra: masked and counted). A call
-past its time limit kills the workers; the next call starts fresh ones.
+past its time limit kills the workers; the next call starts fresh ones. At
+most `workers` calls are in the workers at once (the others wait their turn
+before their time limit starts, so a queue never times a call out), and a
+call that was in flight on the killed workers for another sample is run again
+on the fresh ones (once per kill, at most MAX_RERUNS times), so one sample's
+timeout never masks its group-mates.
 """
 
 from __future__ import annotations
@@ -101,6 +106,10 @@ def to_score(result: Any, threshold: float, path: str) -> Score:
     )
 
 
+MAX_RERUNS = 3
+"""Times a call is run again because another call's timeout killed its workers."""
+
+
 class CallableVerifier:
     """Scores with `params.path`, called with the keywords it accepts among KEYWORDS."""
 
@@ -112,6 +121,8 @@ class CallableVerifier:
         self.version = params.path
         self._lock = threading.Lock()
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._kills = 0  # pools killed so far: a call on a killed pool it did not kill runs again
+        self._slots = threading.BoundedSemaphore(params.workers)  # calls in the workers, never queued there
         atexit.register(self.close)
         problem = self._submit(probe, params.path).result(timeout=max(params.timeout_s, 60.0))
         if problem is not None:
@@ -123,19 +134,25 @@ class CallableVerifier:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.params, self.version = state["params"], state["params"].path
-        self._lock, self._pool = threading.Lock(), None
+        self._lock, self._pool, self._kills = threading.Lock(), None, 0
+        self._slots = threading.BoundedSemaphore(self.params.workers)
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        return self._submit_counted(fn, *args)[0]
+
+    def _submit_counted(self, fn: Callable[..., Any], *args: Any) -> tuple[cf.Future, int]:
+        """(the future of `fn(*args)` on the pool, the kill count when it was submitted)."""
         with self._lock:
             if self._pool is None:
                 self._pool = cf.ProcessPoolExecutor(
                     self.params.workers, mp_context=multiprocessing.get_context("spawn")
                 )
-            return self._pool.submit(fn, *args)
+            return self._pool.submit(fn, *args), self._kills
 
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
+            self._kills += pool is not None
         if pool is not None:
             for proc in list(getattr(pool, "_processes", {}).values()):
                 proc.kill()
@@ -151,21 +168,35 @@ class CallableVerifier:
             "metadata": dict(ref.metadata),
             "task_id": task.id,
         }
-        future = self._submit(call, self.params.path, kwargs)
-        try:
-            status, result = future.result(timeout=self.params.timeout_s)
-        except cf.TimeoutError:
-            self.close()
-            raise VerifierError(f"{self.params.path} ran past its {self.params.timeout_s}s time limit") from None
-        except (cf.process.BrokenProcessPool, cf.CancelledError) as exc:
-            self.close()
-            raise VerifierError(f"{self.params.path}: its worker process died ({exc})") from None
+        with self._slots:  # the time limit runs from the call's start, not its wait for a worker
+            status, result = self._call(kwargs)
         if status == "error":
             raise ModelFault(f"{self.params.path} raised: {result.strip().splitlines()[-1][:300]}")
         try:
             return to_score(result, self.params.pass_threshold, self.params.path)
         except VerifierError as exc:  # what it returned for this completion is not a score
             raise ModelFault(str(exc)[:300]) from None
+
+    def _call(self, kwargs: dict[str, Any]) -> tuple[str, Any]:
+        """`call(path, kwargs)` in a worker within `timeout_s`. A call whose workers another
+        call's timeout killed meanwhile runs again (at most MAX_RERUNS times); its own timeout
+        or a worker that died under it is a VerifierError."""
+        for _ in range(MAX_RERUNS + 1):
+            future, kills = self._submit_counted(call, self.params.path, kwargs)
+            try:
+                return future.result(timeout=self.params.timeout_s)  # type: ignore[no-any-return]
+            except cf.TimeoutError:
+                self.close()
+                raise VerifierError(f"{self.params.path} ran past its {self.params.timeout_s}s time limit") from None
+            except (cf.process.BrokenProcessPool, cf.CancelledError) as exc:
+                with self._lock:
+                    killed_by_another = self._kills != kills
+                if not killed_by_another:
+                    self.close()
+                    raise VerifierError(f"{self.params.path}: its worker process died ({exc})") from None
+        raise VerifierError(
+            f"{self.params.path}: its workers were killed {MAX_RERUNS + 1} times by other calls' timeouts"
+        )
 
     def gold(self, task: Task) -> str | None:
         return str(task.reference)

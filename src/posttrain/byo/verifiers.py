@@ -201,11 +201,17 @@ class MathEquiv(_Base):
     name = "math"
 
     def score(self, task: Task, episode: Episode) -> Score:
+        """Exact when the reference and the answer are each one rational number (math-verify
+        rounds to 6 decimals), else math-verify equivalence."""
         from posttrain.domains import _mathverify
+        from posttrain.domains.math_family import exact_value, strip_wrappers
 
         got = self.text(episode)
         if not got:
             return _score(False, "no answer")
+        gold, value = exact_value(strip_wrappers(str(task.reference.answer))), exact_value(strip_wrappers(got))
+        if gold is not None and value is not None:
+            return _score(gold == value)
         return _score(_mathverify.equivalent(str(task.reference.answer), got))
 
 

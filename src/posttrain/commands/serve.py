@@ -35,26 +35,19 @@ def add_parser(sub: Any) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    import yaml
-
+    """The serve config from `--config`, `--set` and the flags. The file is read by the
+    project's bounded loader (bad UTF-8, nesting past 64, alias bombs and duplicate keys are
+    one-line ConfigErrors), and `--set` values are parsed under the same bounds."""
+    from posttrain.configs import apply_override, read_yaml
     from posttrain.configs.serve import load_serve_config
     from posttrain.errors import ConfigError
 
-    data: dict[str, Any] = {}
-    if args.config:
-        with open(args.config) as f:
-            data = yaml.safe_load(f) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{args.config}: top level must be a mapping of serve settings")
+    data: dict[str, Any] = read_yaml(args.config) if args.config else {}
     for item in args.set:
-        key, sep, value = item.partition("=")
+        key, sep, _ = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        node = data
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+        apply_override(data, item)
     for name in ("registry", "model", "host", "port"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
@@ -80,5 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args)
     app = build_server(cfg)
+    app.state.server.preload()  # a model that does not load: one error line, exit 2
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
     return 0

@@ -6,12 +6,16 @@ file that sets only what differs from the defaults, applies dotted overrides
 (`trainer.lr=3e-4`), and raises ConfigError with one message that names each
 bad field and what it allows. A malformed file is one ConfigError line naming
 the file and the place (`parse_yaml`): bytes that are not UTF-8, nesting past
-MAX_DEPTH, aliases expanding past MAX_NODES, a key given twice. Importing this package imports no torch and no part
-of posttrain other than `errors` (tests/configs/test_configs_light.py).
+MAX_DEPTH, aliases expanding past MAX_NODES, a key given twice; `read_json` holds a
+JSON file a user names (a held-out set, a registry's records) to the same rules.
+Importing this package imports no torch and no part of posttrain other than `errors`
+(tests/configs/test_configs_light.py).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +222,54 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*+"?|[\[\]{}]', re.DOTALL)
+
+
+def _json_depth(text: str) -> int:
+    """Bracket nesting of `text` outside string literals, in one linear pass, counted up to MAX_DEPTH + 1."""
+    depth = deepest = 0
+    for m in _JSON_TOKEN.finditer(text):
+        depth += 1 if m.group() in "[{" else -1 if m.group() in "]}" else 0
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            break
+    return deepest
+
+
+def _duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON file at `path`, or one ConfigError line naming it and why: bytes that are not
+    UTF-8, nesting deeper than MAX_DEPTH (refused before parsing), a key given twice in one
+    object, NaN or Infinity, malformed JSON (line and column)."""
+    p = Path(path)
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{p}: not valid UTF-8 at byte {exc.start} (line {line})") from None
+    if _json_depth(text) > MAX_DEPTH:
+        raise ConfigError(f"{p}: nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text, object_pairs_hook=_duplicate_keys, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: line {exc.lineno}, column {exc.colno}: malformed JSON: {exc.msg}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -5,7 +5,10 @@ Invariant: model text is only ever parsed by math-verify's LaTeX extractor
 `sympy.parse_expr` (which evaluates code) and never in the caller's process.
 math-verify's own timeout (signal based) works there because the worker runs
 it on its main thread; a worker that still overruns the outer deadline is
-killed and the call raises VerifierError (infra, never reward 0).
+killed and the call raises VerifierError (infra, never reward 0). One call
+holds the worker at a time (`_slot`): the deadline runs from when its check
+starts, never while it waits for other samples' checks, and killing the
+worker for one answer never cancels or fails another sample's check.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ MAX_ANSWER_CHARS = 2000
 
 _lock = threading.Lock()
 _pool: cf.ProcessPoolExecutor | None = None
+_slot = threading.Lock()  # the one worker's turn: held from a check's submission to its result
 
 
 def _latex(text: str) -> str:
@@ -81,6 +85,12 @@ def equivalent(gold: str, answer: str) -> bool:
         return True
     if not answer or len(answer) > MAX_ANSWER_CHARS:
         return False
+    with _slot:
+        return _run(gold, answer)
+
+
+def _run(gold: str, answer: str) -> bool:
+    """`check(gold, answer)` in the worker within OUTER_TIMEOUT_S; the caller holds `_slot`."""
     future = _get_pool().submit(check, gold, answer)
     try:
         return future.result(timeout=OUTER_TIMEOUT_S)
@@ -89,7 +99,7 @@ def equivalent(gold: str, answer: str) -> bool:
         raise VerifierError(
             f"math-verify worker exceeded {OUTER_TIMEOUT_S}s on answer of {len(answer)} chars"
         ) from None
-    except cf.process.BrokenProcessPool as exc:
+    except (cf.process.BrokenProcessPool, cf.CancelledError) as exc:
         _kill_pool()
         raise VerifierError(f"math-verify worker died: {exc}") from exc
     except ValueError as exc:  # raised on this answer: the verify boundary blames it by its cause

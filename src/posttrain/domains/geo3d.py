@@ -497,8 +497,9 @@ def match_shape(built: Any, solid: Solid) -> dict[str, float]:
 
 
 def _npz_shapes_ok(data: bytes) -> bool:
-    """Whether an npz's `vertices` and `faces` arrays are 2-D with at most MAX_FACES rows,
-    read from their .npy headers before any array is decompressed."""
+    """Whether an npz's `vertices` and `faces` arrays are 2-D with at most MAX_FACES rows of
+    3 plain numbers (an int or float dtype of at most 8 bytes: a `<U2000` header would make
+    the same shape a gigabyte), read from their .npy headers before any array is decompressed."""
     import zipfile
 
     import numpy as np
@@ -508,8 +509,10 @@ def _npz_shapes_ok(data: bytes) -> bool:
             with z.open(name) as fh:
                 major, _ = np.lib.format.read_magic(fh)
                 header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                shape, _, _ = header(fh)
+                shape, _, dtype = header(fh)
             if len(shape) != 2 or shape[0] > MAX_FACES or shape[1] != 3:
+                return False
+            if dtype.kind not in "iuf" or dtype.itemsize > 8:
                 return False
     return True
 

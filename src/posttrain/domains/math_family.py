@@ -61,8 +61,30 @@ def has_form(answer: str, form: Form) -> bool:
     return bool(_FORMS[form].fullmatch(text)) and (form != "polynomial" or small_powers(text))
 
 
+_EXACT = re.compile(r"(-?)(?:(\d+(?:\.\d+)?)|\\d?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+))")
+
+
+def exact_value(text: str) -> Fraction | None:
+    """The exact rational a one-number answer (an integer, a decimal, `a/b` or `\\frac{a}{b}`,
+    signed) writes, or None for anything else (a zero denominator included)."""
+    m = _EXACT.fullmatch(text.strip())
+    if m is None:
+        return None
+    sign, plain, fn, fd, sn, sd = m.groups()
+    if plain is not None:
+        value = Fraction(plain)
+    else:
+        num, den = (int(fn), int(fd)) if fn is not None else (int(sn), int(sd))
+        if den == 0:
+            return None
+        value = Fraction(num, den)
+    return -value if sign else value
+
+
 class MathVerifier:
-    """Form check, then math-verify equivalence in a worker process."""
+    """Form check, then exact comparison when the gold and the answer are both one rational
+    number (math-verify rounds to 6 decimals, so 0.3333329 passed for 1/3 and 12.4999996 for
+    12.5), else math-verify equivalence in a worker process."""
 
     name = "math_verify"
     version = "1"
@@ -77,7 +99,11 @@ class MathVerifier:
         if not has_form(answer, self.form):
             reason = "truncated" if episode.finish_reason == "length" else f"answer is not in {self.form} form"
             return Score(0.0, {"outcome": 0.0, "form": 0.0}, False, reason)
-        ok = _mathverify.equivalent(str(task.reference), strip_wrappers(answer))
+        gold, got = exact_value(str(task.reference)), exact_value(strip_wrappers(answer))
+        if self.form == "number" and gold is not None and got is not None:
+            ok = gold == got
+        else:
+            ok = _mathverify.equivalent(str(task.reference), strip_wrappers(answer))
         return Score(1.0 if ok else 0.0, {"outcome": float(ok), "form": 1.0}, ok, "" if ok else "wrong answer")
 
 
@@ -105,15 +131,37 @@ class MathDomain(ProceduralDomain):
         return "1" if answer == "0" else ("2" if answer == "1" else "0")
 
     def cheats(self, task: Task) -> list[str]:
-        """The question (or its expression) echoed, code, an empty answer, a power tower: never accepted."""
+        """The question (or its expression) echoed, code, an empty answer, a power tower, and a
+        decimal within a rounding of the gold (its 6-decimal rounding when the gold does not
+        terminate, the gold plus or minus 4e-7): never accepted."""
         question = task.prompt[-1].content.split("\n")[0]
         return [
+            *(_near_misses(task) if self.verifier.form == "number" else []),
             "<answer></answer>",
             f"<answer>{question}</answer>",
             "<answer>__import__('os').getcwd()</answer>",
             f"<answer>{self.wrong(task)} {task.reference}</answer>",
             "<answer>9^{9^{9}}</answer>",  # a power tower math-verify would compute (refused by form)
         ]
+
+
+def _near_misses(task: Task) -> list[str]:
+    """Decimals that differ from a one-number gold by less than math-verify's rounding."""
+    gold = exact_value(str(task.reference))
+    if gold is None:
+        return []
+    out = [f"<answer>{_decimal(gold + d, 7)}</answer>" for d in (Fraction(4, 10**7), Fraction(-4, 10**7))]
+    six = _decimal(gold, 6)
+    if Fraction(six) != gold:
+        out.append(f"<answer>{six}</answer>")
+    return out
+
+
+def _decimal(value: Fraction, places: int) -> str:
+    """`value` rounded to `places` decimals, written exactly (no float in between)."""
+    n = round(value * 10**places)
+    digits = str(abs(n)).rjust(places + 1, "0")
+    return f"{'-' if n < 0 else ''}{digits[:-places]}.{digits[-places:]}"
 
 
 # ---- generators: each (rng, difficulty) -> (question, LaTeX answer) -------------

@@ -27,9 +27,11 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from types import ModuleType
+from typing import Any
 
 from posttrain.domains._common import run_summary
 from posttrain.domains.base import Budget, Domain, split_of, stable_rng
@@ -412,8 +414,29 @@ class Terminal(Domain):
         """Scripts that try to win without doing the task (CHEATS): exit early,
         print a fake verdict, look for the checks in files or in the memory and
         descriptors of other processes (now, and from a daemon that waits for the
-        checker), plant interpreter hooks. Each must score below the gold."""
-        return [f"```bash\n{src}```" for src in CHEATS.values()]
+        checker), plant interpreter hooks; and, for a task with a JSON end state, the state
+        written with every bool as a number (`"private": 1` for `true`, which Python's
+        `True == 1` would pass). Each must score below the gold."""
+        return [f"```bash\n{src}```" for src in (*CHEATS.values(), *_bools_as_numbers(task))]
+
+
+def _bools_as_numbers(task: Task) -> list[str]:
+    """Scripts writing each `json` check's expected value with its bools as 1 and 0 (none
+    where a value holds no bool): a wrong file only a loose comparison accepts."""
+
+    def swap(v: Any) -> Any:
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, list):
+            return [swap(x) for x in v]
+        return {k: swap(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    scripts = []
+    for c in json.loads(task.reference.checks_json):
+        if c["type"] == "json" and json.dumps(swap(c["value"])) != json.dumps(c["value"]):
+            body = json.dumps(swap(c["value"]), indent=2)
+            scripts.append(f"cat > {shlex.quote(c['path'])} <<'JSON'\n{body}\nJSON\n")
+    return scripts
 
 
 @cache

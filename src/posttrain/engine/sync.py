@@ -15,13 +15,17 @@ another process never feeds the trainer stale samples.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.configs.engine import EngineConfig
+
+_LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
+"""A folder `_write` left when it was interrupted before its rename."""
 
 
 def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any:
@@ -81,6 +85,16 @@ class WeightSync:
             if not self.remote:
                 self.engine.version = int(state["version"]) - 1
         return self.push()
+
+    def clean_leftovers(self, log: Callable[[str], object]) -> None:
+        """Remove the `.tmp-v*` folders an interrupted `_write` left in the sync folder, one line
+        each (a resume calls it; finished `v*` versions are left to `_prune`)."""
+        if not self.dir.is_dir():
+            return
+        for path in sorted(self.dir.iterdir()):
+            if _LEFTOVER.match(path.name) and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+                log(f"resume: removed {path} (left by an interrupted weight sync)")
 
     def _write(self, n: int) -> Path:
         """Save weights (adapter only for LoRA) to sync_dir/v<n>, complete before it has that name."""

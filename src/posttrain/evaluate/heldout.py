@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from posttrain.configs import read_json
 from posttrain.domains.base import stable_hash
 from posttrain.domains.hygiene import prompt_key
 from posttrain.errors import ConfigError, TaskError
@@ -127,9 +128,10 @@ class HeldoutSet:
                 )
                 for key, s in data["sets"].items()
             }
-        except (KeyError, TypeError, ValueError) as exc:
+            seed = int(data["seed"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"held-out set is malformed: {exc!r}") from None
-        return cls(int(data["seed"]), sets)
+        return cls(seed, sets)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({**self.to_json(), "version": self.version}, indent=1))
@@ -141,10 +143,7 @@ class HeldoutSet:
             p = p / "heldout.json"
         if not p.is_file():
             raise ConfigError(f"held-out set {str(p)!r} does not exist")
-        try:
-            return cls.from_json(json.loads(p.read_text()))
-        except ValueError as exc:
-            raise ConfigError(f"{p}: not JSON: {exc}") from None
+        return cls.from_json(read_json(p))
 
 
 def distinct_indices(

@@ -79,7 +79,14 @@ class Server:
         self.controller = CanaryController(
             self.router, cfg.canary, registry, lambda info: load_deployment(info, cfg, self.metrics)
         )
-        self._initial = list(deployments)
+        self._initial: list[Callable[[ServeMetrics], Deployment]] = list(deployments)
+        self._loaded: list[Deployment] = []
+
+    def preload(self) -> None:
+        """Load the initial deployments now, before the server starts, so a model directory that
+        does not load is one error line (a PosttrainError) instead of a lifespan traceback."""
+        self._loaded += [build(self.metrics) for build in self._initial]
+        self._initial = []
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -87,7 +94,9 @@ class Server:
         async with asyncio.TaskGroup() as tg:
             self.router.spawn = tg.create_task
             for build in self._initial:
-                dep = await asyncio.to_thread(build, self.metrics)
+                self._loaded.append(await asyncio.to_thread(build, self.metrics))
+            self._initial = []
+            for dep in self._loaded:
                 self.router.add(dep)
                 if self.router.stable is None:
                     self.router.set_routes(dep.name, None, 0.0)

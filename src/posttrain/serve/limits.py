@@ -103,11 +103,27 @@ def decode(raw: bytes, max_depth: int) -> Any:
             code="nesting_too_deep",
         )
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ApiError(400, "request body is not valid JSON") from None
     except RecursionError:  # unreachable below max_depth; kept so no traceback ever leaves
         raise ApiError(400, "request body nests too deeply", code="nesting_too_deep") from None
+    except ValueError as exc:  # an integer of over 4,300 digits (Python's int-to-str limit)
+        raise ApiError(400, f"request body is not usable JSON: {str(exc)[:120]}") from None
+    _refuse_surrogates(value)
+    return value
+
+
+def _refuse_surrogates(value: Any) -> None:
+    """400 when a string of the decoded body holds a lone surrogate (a `\\ud800` escape with no
+    pair), which is not text and which the tokenizer cannot take. One linear re-encoding of a
+    value already bounded in size and depth."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400, "request body holds a lone surrogate escape (\\ud800-\\udfff), which is not text", code="invalid_text"
+        ) from None
 
 
 def validate(raw: bytes, model: type[BaseModel], limits: LimitsConfig) -> Any:

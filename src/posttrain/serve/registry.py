@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from posttrain.configs import read_json
 from posttrain.errors import ConfigError
 from posttrain.model.arch import check_model_dir
 
@@ -63,10 +64,16 @@ class ModelRegistry:
     def state(self) -> RegistryState:
         if not self.state_path.is_file():
             return RegistryState()
-        data = json.loads(self.state_path.read_text())
-        return RegistryState(
-            data.get("stable"), data.get("canary"), float(data.get("canary_share", 0.1)), tuple(data.get("events", ()))
-        )
+        data = read_json(self.state_path)
+        try:
+            return RegistryState(
+                data.get("stable"),
+                data.get("canary"),
+                float(data.get("canary_share", 0.1)),
+                tuple(data.get("events", ())),
+            )
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{self.state_path}: not a registry state: {exc}") from None
 
     def mtime(self) -> float:
         return self.state_path.stat().st_mtime_ns if self.state_path.is_file() else 0.0
@@ -76,8 +83,11 @@ class ModelRegistry:
         if not meta.is_file():
             known = ", ".join(v.name for v in self.versions()) or "none"
             raise ConfigError(f"version {name!r} is not in the registry at {str(self.root)!r} (known: {known})")
-        data = json.loads(meta.read_text())
-        return VersionInfo(**data)
+        data = read_json(meta)
+        try:
+            return VersionInfo(**data)
+        except TypeError as exc:
+            raise ConfigError(f"{meta}: not a release record: {exc}") from None
 
     def versions(self) -> list[VersionInfo]:
         names = sorted(

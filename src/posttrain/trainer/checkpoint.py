@@ -291,7 +291,7 @@ def _safetensors_length(path: Path) -> int:
                 raise ValueError("header length out of range")
             header = json.loads(fh.read(n))
             return 8 + n + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-        except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        except (AttributeError, KeyError, TypeError, IndexError, ValueError, RecursionError):
             raise TrainerError(f"{path.name} has no readable safetensors header") from None
 
 
@@ -372,6 +372,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise TrainerError(f"cannot read {path}: {exc}") from None
+    except RecursionError:  # a damaged file nested past the parser's stack
+        raise TrainerError(f"cannot read {path}: nested too deeply") from None
 
 
 def _torch_load(path: Path) -> Any:

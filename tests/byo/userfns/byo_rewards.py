@@ -35,3 +35,24 @@ def out_of_range(completion):
 
 
 not_callable = 3
+
+
+def hangs_or_waits(completion):
+    """`hang DIR`: hangs (after creating DIR/hanging); `wait DIR`: creates DIR/waiting, then
+    returns 1.0 once DIR/release exists (a group-mate in flight while another call hangs)."""
+    import pathlib
+
+    what, folder = completion.split(" ", 1)
+    folder = pathlib.Path(folder)
+    (folder / ("hanging" if what == "hang" else "waiting")).touch()
+    for _ in range(600):
+        if what == "wait" and (folder / "release").exists():
+            return 1.0
+        time.sleep(0.1)
+    return 0.0
+
+
+def slow_but_in_time(completion):
+    """Takes 2.5 s, within a 4 s time limit (the limit of a call that is not queued)."""
+    time.sleep(2.5)
+    return 1.0

@@ -26,6 +26,21 @@ def _lines(text):
     return [line.rstrip("\r") for line in text.rstrip("\n").split("\n")] if text.strip("\n") else []
 
 
+def same_json(a, b):
+    """Type-strict JSON equality: a bool equals only a bool (Python's `True == 1` is never
+    relied on), a string never a number, lists item by item, objects key by key; numbers
+    compare as numbers (1 equals 1.0)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
 def check(c):
     p = c.get("path", "")
     kind = c["type"]
@@ -59,8 +74,8 @@ def check(c):
         return re.search(c["pattern"], text, re.M) is not None
     if kind == "json":
         try:
-            return json.loads(text) == c["value"]
-        except ValueError:
+            return same_json(json.loads(text), c["value"])
+        except (ValueError, RecursionError):
             return False
     raise ValueError(f"unknown check type {kind!r}")
 
