@@ -50,7 +50,7 @@ WS = b" \t\n\r\x0b\x0c"
 MIN_NEEDLE = 6
 
 SCANNER = r"""
-import os, re, zlib
+import os, re, sys, zlib
 
 OUT = "/task/.leakscan"
 TEXT = re.compile(rb"[\x20-\x7e\t\n\r]{6,}")  # every needle is ASCII text of 6 or more bytes
@@ -79,8 +79,13 @@ def _regions(pid):
 
 
 def _files():
+    # the interpreter's own tree is a read-only bind of the host's venv (under /tmp when the
+    # checkout is, as in a CI clone): no request can write there, and reading it all would
+    # overflow the scan's output limit
+    shared = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
     for root in ("/task", "/tmp", "/dev/shm"):
-        for d, _, names in os.walk(root):
+        for d, dirs, names in os.walk(root):
+            dirs[:] = [x for x in dirs if os.path.realpath(os.path.join(d, x)) not in shared]
             for n in names:
                 path = os.path.join(d, n)
                 if path.startswith(OUT):
