@@ -11,8 +11,9 @@ import pytest
 from byo_testlib import rows, write_jsonl
 
 from posttrain.byo.build import source_domain
-from posttrain.byo.sources import MAX_DEPTH, json_depth_over
+from posttrain.byo.sources import MAX_DEPTH
 from posttrain.cli import main
+from posttrain.configs import nests_deeper
 from posttrain.configs.tasks import DomainSpec
 from posttrain.errors import TaskError
 
@@ -90,11 +91,15 @@ def test_without_an_id_field_rows_are_told_apart_by_line(tmp_path):
     assert domain.size("train") + domain.size("eval") == 30
 
 
+def _over(raw: bytes) -> bool:
+    return nests_deeper(raw.decode(), MAX_DEPTH)
+
+
 def test_json_depth_counts_brackets_outside_strings_only():
-    assert not json_depth_over(b'{"a": "' + b"[" * 500 + b'"}')
-    assert json_depth_over(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1))
-    assert not json_depth_over(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH)
-    assert not json_depth_over(b'["\\"' + b"[" * 100 + b'"]')  # an escaped quote does not end the string
+    assert not _over(b'{"a": "' + b"[" * 500 + b'"}')
+    assert _over(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1))
+    assert not _over(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH)
+    assert not _over(b'["\\"' + b"[" * 100 + b'"]')  # an escaped quote does not end the string
 
 
 def test_posttrain_train_exits_2_naming_both_lines(tmp_path, capsys):

@@ -21,37 +21,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.configs import nests_deeper
 from posttrain.configs.byo import SourceConfig, resolve_format
 from posttrain.errors import TaskError
 
 DATA_EXTRA = "pip install 'posttrain[data]'"
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects a JSON row may have."""
-
-
-def json_depth_over(raw: bytes, limit: int = MAX_DEPTH) -> bool:
-    """Whether the JSON text `raw` nests arrays and objects deeper than `limit` (brackets inside
-    strings do not count). A line with fewer brackets than `limit` is answered without a scan."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    depth, in_string, escaped = 0, False, False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return False
 
 
 @dataclass(frozen=True)
@@ -90,7 +66,7 @@ class JsonlReader:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             return RawRow(loc, line, None, f"not valid UTF-8 at byte {exc.start} of the line")
-        if json_depth_over(raw):
+        if nests_deeper(text, MAX_DEPTH):
             return RawRow(loc, line, None, f"JSON nested deeper than {MAX_DEPTH} levels")
         try:
             data = json.loads(text)

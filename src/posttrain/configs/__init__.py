@@ -206,16 +206,21 @@ def validate(tree: dict[str, Any], source: str = "config") -> Config:
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
 
 
+def _read_text(p: Path) -> str:
+    """The file's text (a UTF-8 BOM dropped), or one ConfigError naming the byte and line that is not UTF-8."""
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{p}: not valid UTF-8 at byte {exc.start} (line {line})") from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{p}: not valid UTF-8 at byte {exc.start} (line {line})") from None
+    text = _read_text(p)
     data = parse_yaml(text, str(p))
     if data is None:
         return {}
@@ -225,17 +230,26 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*+"?|[\[\]{}]', re.DOTALL)
+"""A string literal (possessive, so an unterminated one costs one pass) or a bracket."""
 
 
-def _json_depth(text: str) -> int:
-    """Bracket nesting of `text` outside string literals, in one linear pass, counted up to MAX_DEPTH + 1."""
-    depth = deepest = 0
+def nests_deeper(text: str, limit: int) -> bool:
+    """Whether the JSON text `text` nests arrays and objects deeper than `limit` (brackets inside
+    string literals do not count), in one linear pass that stops at `limit + 1`; a text with no
+    more opening brackets than `limit` is answered without a scan. The one depth check before
+    `json.loads` of what a user or a model wrote (`read_json`, task-file rows, model output)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
     for m in _JSON_TOKEN.finditer(text):
-        depth += 1 if m.group() in "[{" else -1 if m.group() in "]}" else 0
-        deepest = max(deepest, depth)
-        if deepest > MAX_DEPTH:
-            break
-    return deepest
+        tok = m.group()
+        if tok in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif tok in ("]", "}"):
+            depth -= 1
+    return False
 
 
 def _duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -252,13 +266,8 @@ def read_json(path: str | Path) -> Any:
     UTF-8, nesting deeper than MAX_DEPTH (refused before parsing), a key given twice in one
     object, NaN or Infinity, malformed JSON (line and column)."""
     p = Path(path)
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{p}: not valid UTF-8 at byte {exc.start} (line {line})") from None
-    if _json_depth(text) > MAX_DEPTH:
+    text = _read_text(p)
+    if nests_deeper(text, MAX_DEPTH):
         raise ConfigError(f"{p}: nested deeper than {MAX_DEPTH} levels")
     try:
         return json.loads(text, object_pairs_hook=_duplicate_keys, parse_constant=_no_constant)

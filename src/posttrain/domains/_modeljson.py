@@ -14,33 +14,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
+
+from posttrain.configs import nests_deeper
 
 MAX_JSON_CHARS = 1_000_000
 """Longest model-written JSON text parsed, in characters."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects parsed."""
 _FLOAT_MAX = 1.7976931348623157e308
-
-# A string literal (possessive, so an unterminated one costs one pass) or a bracket.
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*+"?|[\[\]{}]', re.DOTALL)
-
-
-def nesting_depth(text: str, limit: int = MAX_JSON_DEPTH) -> int:
-    """The bracket nesting depth of `text` outside string literals, counted up to
-    `limit + 1` (the scan stops there)."""
-    depth = deepest = 0
-    for m in _TOKEN.finditer(text):
-        ch = m.group()
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                break
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def _refuse_constant(name: str) -> Any:
@@ -66,7 +48,7 @@ def load_json(text: str) -> Any:
     (too long, too deep, not JSON, a non-finite number or one that does not fit a float)."""
     if len(text) > MAX_JSON_CHARS:
         raise ValueError(f"not JSON: {len(text)} characters, over the limit of {MAX_JSON_CHARS}")
-    if nesting_depth(text) > MAX_JSON_DEPTH:
+    if nests_deeper(text, MAX_JSON_DEPTH):
         raise ValueError(f"not JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_float_sized_int)
