@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from posttrain.engine.sync import WeightSync
 from posttrain.errors import ConfigError
 from posttrain.metrics_log import read_metrics
 from posttrain.trace import TraceStore
+from serve_process import posttrain_serve
 
 ADMIN = "sync-test-admin-token"
 """The admin token the server subprocess and the trainer (the openai engine) share."""
@@ -108,44 +107,10 @@ def test_stale_groups_are_dropped_and_counted(tmp_path):
     assert sync.dropped_stale == 2 + 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serve(model_dir: str) -> Iterator[str]:
-    port = _free_port()
-    exe = Path(sys.executable).with_name("posttrain")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--model", model_dir, "--port", str(port), "--set", "canary.probe_domains=[]"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"posttrain serve exited: {proc.stderr.read()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("posttrain serve did not become healthy")
-            time.sleep(0.3)
+    with posttrain_serve(model_dir) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _check_versions(run_dir: Path, url: str, max_staleness: int) -> int:

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +20,8 @@ import httpx
 import pytest
 from serve_helpers import save_model
 
+from serve_process import posttrain_serve
+
 TOKEN = "flood-test-admin-token"
 RSS_BOUND_MIB = 300
 """Largest growth of the server's resident memory over its warmed-up baseline."""
@@ -31,41 +29,12 @@ HEALTH_TIMEOUT_S = 10.0
 """A liveness bound: every /health poll must answer within it (not a latency target)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _serve(model_dir: Path) -> Iterator[tuple[str, int]]:
     """`posttrain serve` as a subprocess with the admin token, admin calls from 127.0.0.1 only."""
-    port = _free_port()
-    exe = Path(sys.executable).with_name("posttrain")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "POSTTRAIN_ADMIN_TOKEN": TOKEN}
-    cmd = [str(exe), "serve", "--model", str(model_dir), "--port", str(port)]
-    cmd += ["--set", "canary.probe_domains=[]", "--set", "admin.allow_clients=[127.0.0.1/32]"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"posttrain serve exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("posttrain serve did not become healthy")
-            time.sleep(0.3)
+    env = {"POSTTRAIN_ADMIN_TOKEN": TOKEN}
+    with posttrain_serve(model_dir, "admin.allow_clients=[127.0.0.1/32]", env=env) as (url, proc):
         yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _rss_mib(pid: int) -> float:
