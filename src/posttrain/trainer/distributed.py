@@ -61,6 +61,11 @@ class LeaderTrainer:
         _send(("token_logprobs", rows))
         return self._trainer.token_logprobs(rows)
 
+    def sequence_logprobs(self, prompt_ids: Any, token_ids: Any, temperature: float) -> Any:
+        from posttrain.trainer.batch import TrainRow
+
+        return self.token_logprobs([TrainRow.scoring(prompt_ids, token_ids, temperature)])[0]
+
     def close(self) -> None:
         _send(("stop",))
 

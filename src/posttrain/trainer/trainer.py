@@ -482,6 +482,12 @@ class Trainer:
             start += row.n_loss_tokens
         return out
 
+    def sequence_logprobs(
+        self, prompt_ids: Sequence[int], token_ids: Sequence[int], temperature: float
+    ) -> tuple[float, ...]:
+        """`token_logprobs` of one sequence: the log-probs of `token_ids` after `prompt_ids`."""
+        return self.token_logprobs([TrainRow.scoring(prompt_ids, token_ids, temperature)])[0]
+
     # ------------------------------------------------------------ rollback
 
     def _take_snapshot(self) -> None:
