@@ -67,6 +67,10 @@ def test_tolerance_by_dtype():
     assert EngineConfig(verify_tolerance=1e-3).verify_tolerance == 1e-3
     with pytest.raises(ValueError, match="verify_sync"):
         EngineConfig(verify_sync="sometimes")
+    from posttrain.configs import load_config
+
+    assert load_config(None, ["engine.verify_sync=off"]).engine.verify_sync == "off"  # YAML's bare off is false
+    assert load_config(None, ["engine.verify_sync=on"]).engine.verify_sync == "on"
 
 
 def test_auto_verifies_remote_engines_only():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -57,6 +57,12 @@ class EngineConfig(BaseModel):
     cache not reset after a push shows. It must leave verify_tokens of room in the model."""
     verify_tokens: int = Field(8, ge=1, le=4096)
     """Tokens the probe generates (fewer when the engine ends the sequence first)."""
+
+    @field_validator("verify_sync", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare on/off as true/false: take them as "on"/"off"."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _url_for_openai(self) -> EngineConfig:
