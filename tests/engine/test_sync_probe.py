@@ -76,9 +76,10 @@ def test_tolerance_by_dtype():
 def test_auto_verifies_remote_engines_only():
     from posttrain.engine.probe import enabled
 
-    assert not enabled(EngineConfig()) and enabled(EngineConfig(verify_sync="on"))
-    assert enabled(EngineConfig(type="openai", url="http://h:1/v1"))
-    assert not enabled(EngineConfig(type="openai", url="http://h:1/v1", verify_sync="off"))
+    assert not enabled(EngineConfig(), remote=False) and enabled(EngineConfig(verify_sync="on"), remote=False)
+    assert enabled(EngineConfig(), remote=True) and not enabled(EngineConfig(verify_sync="off"), remote=True)
+    remote = WeightSync(EngineConfig(type="openai", url="http://h:1/v1"), None, None, "/nonexistent")
+    assert remote.probe.enabled and not WeightSync(EngineConfig(), None, None, "/nonexistent").probe.enabled
 
 
 def test_in_process_push_verifies_and_leaves_sampling_alone(tmp_path, micro_base):
@@ -116,7 +117,8 @@ def test_probe_prompt_must_fit_the_model(tmp_path, micro_base):
 
     trainer, tok = _trainer(micro_base)
     limit = trainer.model.config.max_position_embeddings
-    probe = SyncProbe(EngineConfig(verify_sync="on", verify_prompt_tokens=limit), HFEngine(trainer.model, tok), trainer)
+    cfg = EngineConfig(verify_sync="on", verify_prompt_tokens=limit)
+    probe = SyncProbe(cfg, HFEngine(trainer.model, tok), trainer, remote=False)
     with pytest.raises(ConfigError, match="engine.verify_prompt_tokens"):
         probe.check(0)
 

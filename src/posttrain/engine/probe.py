@@ -80,9 +80,10 @@ class ProbeResult:
         return asdict(self)
 
 
-def enabled(cfg: EngineConfig) -> bool:
-    """Whether pushes are verified: `on`, or `auto` with a remote engine."""
-    return cfg.verify_sync == "on" or (cfg.verify_sync == "auto" and cfg.type != "hf")
+def enabled(cfg: EngineConfig, remote: bool) -> bool:
+    """Whether pushes are verified: `on`, or `auto` with a remote engine (`WeightSync.remote`:
+    the weights travel to another process)."""
+    return cfg.verify_sync == "on" or (cfg.verify_sync == "auto" and remote)
 
 
 def default_tolerance(dtype: str, precision: str = "float32") -> float:
@@ -99,11 +100,12 @@ class SyncProbe:
         cfg: EngineConfig,
         engine: Any,
         scorer: Scorer,
+        remote: bool = True,
         tolerance: float | None = None,
         sink: Callable[[ProbeResult], object] | None = None,
     ) -> None:
         self.cfg, self.engine, self.scorer = cfg, engine, scorer
-        self.enabled = enabled(cfg)
+        self.enabled = enabled(cfg, remote)
         self._tolerance = cfg.verify_tolerance or tolerance
         self.results: list[ProbeResult] = []
         """Every check made, in order."""

@@ -60,7 +60,7 @@ class WeightSync:
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
         self.dropped_stale = 0
-        self.probe = SyncProbe(cfg, engine, trainer)  # engine.verify_sync: every push checked (engine/probe.py)
+        self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
 
     @property
     def remote(self) -> bool:
