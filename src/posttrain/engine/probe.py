@@ -186,7 +186,7 @@ class SyncProbe:
             while len(ids) < self.cfg.verify_prompt_tokens:
                 text += _PASSAGE
                 ids = self.engine.encode_chat((Message("user", text),))
-            limit = _max_positions(self.engine)
+            limit = _max_positions(self.scorer)
             if limit is not None and len(ids) + self.cfg.verify_tokens > limit:
                 raise ConfigError(
                     f"engine.verify_prompt_tokens: the probe's {len(ids)}-token prompt and engine.verify_tokens "
@@ -225,8 +225,8 @@ def _trainer_dtype(scorer: Any) -> tuple[str, str]:
     return str(first.dtype) if first is not None else "float32", str(getattr(config, "precision", "float32"))
 
 
-def _max_positions(engine: Any) -> int | None:
-    """The in-process model's position limit (None for a remote engine: its server checks)."""
-    model = getattr(engine, "model", None)
+def _max_positions(scorer: Any) -> int | None:
+    """The trainer's model's position limit, which the served model shares (None when it has none)."""
+    model = getattr(scorer, "model", None)
     value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return int(value) if isinstance(value, int) else None
