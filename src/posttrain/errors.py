@@ -83,6 +83,14 @@ class TrainerError(PosttrainError):
     kind = "trainer"
 
 
+class SyncVerificationError(PosttrainError):
+    """After a weight push (and one re-push), the engine's log-probs of the sync probe differ
+    from the trainer's own by more than the tolerance: the engine is not serving the policy
+    just trained. It stops the run; its message carries both figures."""
+
+    kind = "infra"
+
+
 class ModelLoadError(PosttrainError, ValueError):
     """A model directory that cannot be loaded (missing weights, config)."""
 

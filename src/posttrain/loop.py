@@ -122,6 +122,7 @@ class _Run:
             sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
             log(f"resumed {rundir.path} at step {state['step']}")
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
+        sync.probe.attach(functools.partial(_probe_event, trace))  # every verified push is a trace event
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
@@ -265,6 +266,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **pipe_stats,
         engine_version=run.engine.version,
         engine_dropped_stale=run.sync.dropped_stale,
+        **run.sync.probe.row(),  # the step's push check (engine.verify_sync), when one ran
         train_cpu_s=round(run.budget.spent(), 3),
     )
     actions = run.monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
@@ -276,6 +278,11 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         stop = apply_actions(run.monitor.after_eval(step, table), run.pool, stop)
     stop = apply_actions(run.budget.after_step(step), run.pool, stop)  # run.cpu_budget_s
     return summary, stop
+
+
+def _probe_event(trace: TraceStore, result: Any) -> None:
+    """A weight-sync check (engine/probe.py ProbeResult) as a `sync_probe` trace event."""
+    trace.add_event("sync_probe", result.message, data=result.to_dict())
 
 
 def _stats_row(stats: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: serve_process, which test_engine_sync imports
 
 from test_engine_sync import _ShortDomain  # noqa: E402
 

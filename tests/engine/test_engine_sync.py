@@ -125,6 +125,8 @@ def _check_versions(run_dir: Path, url: str, max_staleness: int) -> int:
         assert 0 <= current - row["model_version"] <= max_staleness, (step, current, row["model_version"])
     final = train_rows[-1]["engine_version"]
     assert final >= 1  # weights did travel
+    checked = [r for r in train_rows if "sync_verified" in r]  # engine.verify_sync auto: every push checked
+    assert checked and all(r["sync_verified"] and r["sync_probe_max_diff"] <= 1e-4 for r in checked)
     assert max(r["model_version"] for r in rows) <= final
     assert httpx.get(url + "/admin/state", timeout=10).status_code == 401
     state = httpx.get(url + "/admin/state", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()

@@ -84,3 +84,31 @@ def test_sandbox_outcomes_are_counted(tmp_path):
 def test_report_refuses_a_non_run(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         write_report(tmp_path)
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_mismatch_and_sync_probe_are_plotted(tmp_path, logged):
+    run = tmp_path / "mm"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")
+    log = MetricsLog(run / "metrics.jsonl")
+    for step in range(1, 4):
+        extra = (
+            dict(
+                mismatch_abs_mean=0.01 * step,
+                mismatch_abs_max=0.1 * step,
+                mismatch_k3=1e-4 * step,
+                mismatch_outside=0.0,
+                mismatch_corrected=0.0,
+                sync_probe_max_diff=1e-6,
+            )
+            if logged
+            else {}
+        )
+        log.write("train", step, reward_mean=0.1, reward_by_domain={"add": 0.1}, **extra)
+    log.close()
+    page = write_report(run).read_text()
+    caption = "the engine&#x27;s behaviour log-probs against the trainer&#x27;s own"
+    assert caption in page
+    assert (f'alt="{caption}' in page) == logged  # a plot of the logged figures
+    assert ("(engine.verify_sync): no data in this run" in page) != logged  # or says there are none

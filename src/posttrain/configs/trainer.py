@@ -105,6 +105,25 @@ class GuardConfig(BaseModel):
     passed the guard (an in-memory copy, taken before its update)."""
 
 
+class MismatchConfig(BaseModel):
+    """The train-inference mismatch: the gap between the engine's behaviour log-probs and the
+    trainer's own log-probs of the same tokens before the update (always measured, in the
+    metrics' train rows), and an optional correction of the loss for it."""
+
+    model_config = _STRICT
+    correction: Literal["none", "tis", "mask"] = "none"
+    """none (the default): the loss's PPO ratio is taken against the behaviour log-probs, as
+    before. tis (truncated importance sampling): the ratio is taken against the trainer's own
+    log-probs before the update, and each token's loss is weighted by
+    min(exp(logp_trainer - logp_behaviour), bound). mask: the same ratio, and tokens whose
+    exp(logp_trainer - logp_behaviour) lies outside [1/bound, bound] get weight 0 (the rest 1).
+    Off by default: on the in-process hf engine the gap is float rounding (~1e-6), so a
+    correction changes nothing there but the ratio the clip sees."""
+    bound: float = Field(2.0, gt=1.0, le=1e6)
+    """C: the truncation of tis, the two-sided bound of mask, and the ratio bound that the
+    `mismatch_outside` metric counts tokens beyond (ratio > C or < 1/C)."""
+
+
 class TrainerConfig(BaseModel):
     """Everything the RL trainer needs besides the model."""
 
@@ -145,6 +164,8 @@ class TrainerConfig(BaseModel):
     each pads to a similar length; the loss is the same up to float summation order."""
     guard: GuardConfig = Field(default_factory=GuardConfig)
     """The loss-spike guard."""
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
+    """The train-inference mismatch: its bound and an optional correction (off by default)."""
     seed: int = Field(0, ge=0)
     """Seeds python, numpy and torch when a Trainer is constructed."""
     keep_checkpoints: int = Field(3, ge=1)

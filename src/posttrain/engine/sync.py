@@ -6,7 +6,10 @@ current weights and `engine.version` is the version it acknowledged: in
 process (hf) the shared module is already updated; remote (openai) the
 weights (the adapter alone for a LoRA model) are written to a fresh folder
 under sync_dir, renamed into place complete, and loaded by the server
-through /v1/update_weights. `fresh` keeps only groups whose every rollout
+through /v1/update_weights; with engine.verify_sync on (auto: a remote
+engine) the engine's log-probs of a fixed probe equal the trainer's own
+within the tolerance, checked before push returns (engine/probe.py), or the
+run stops with SyncVerificationError. `fresh` keeps only groups whose every rollout
 was produced within `max_staleness` versions of the engine's acknowledged
 version, as the server reported it, so a lagging or restarted server in
 another process never feeds the trainer stale samples.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.configs.engine import EngineConfig
+from posttrain.engine.probe import SyncProbe
 
 _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
@@ -56,6 +60,7 @@ class WeightSync:
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
         self.dropped_stale = 0
+        self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
 
     @property
     def remote(self) -> bool:
@@ -65,11 +70,12 @@ class WeightSync:
         """Make the engine sample with the current weights; returns its new version."""
         self.pushed += 1
         if not self.remote:
-            return self.engine.update_weights(None)
-        path = self._write(self.pushed)
-        version = self.engine.update_weights(str(path))
-        self._prune(path)
-        return version
+            version = self.engine.update_weights(None)
+        else:
+            path = self._write(self.pushed)
+            version = self.engine.update_weights(str(path))
+            self._prune(path)
+        return self.probe.after_push(version, self.push)  # verified, or one re-push, or SyncVerificationError
 
     def state_dict(self) -> dict[str, int]:
         """What a checkpoint carries: the pushes made, the stale groups dropped, the engine's version."""

@@ -163,6 +163,11 @@ def _sandbox_bars(data: RunData) -> str | None:
 # ---------------------------------------------------------------- HTML pieces
 
 
+def _present(series: Series) -> Series:
+    """The lines of `series` that have points (a run logged before a figure existed draws none)."""
+    return {key: points for key, points in series.items() if points}
+
+
 def _img(src: str | None, caption: str, wide: bool = False) -> str:
     cls = ' class="wide"' if wide else ""
     if src is None:
@@ -248,7 +253,7 @@ def _summary(data: RunData) -> str:
     return " · ".join(parts)
 
 
-_WIDE = {0, 3, 4, 5, 6, 7, 8, 11}  # multi-panel figures and the alarm timeline span the page
+_WIDE = {0, 3, 4, 5, 6, 7, 8, 11, 12}  # multi-panel figures and the alarm timeline span the page
 
 
 def render(data: RunData) -> str:
@@ -341,6 +346,38 @@ def render(data: RunData) -> str:
         ),
         (_sandbox_bars(data), "sandbox outcome counts"),
         (_alarm_timeline(data), "alarms on a timeline"),
+        (
+            _figure(
+                "train-inference mismatch and verified sync",
+                [
+                    (
+                        "|logp trainer - logp behaviour|",
+                        _present(
+                            {
+                                "mean": data.train_series("mismatch_abs_mean"),
+                                "max": data.train_series("mismatch_abs_max"),
+                            }
+                        ),
+                    ),
+                    (
+                        "k3 KL and token shares",
+                        _present(
+                            {
+                                "k3 KL(behaviour || trainer)": data.train_series("mismatch_k3"),
+                                "share outside the ratio bound": data.train_series("mismatch_outside"),
+                                "share corrected": data.train_series("mismatch_corrected"),
+                            }
+                        ),
+                    ),
+                    (
+                        "sync probe max |engine - trainer|",
+                        _present({"probe": data.train_series("sync_probe_max_diff")}),
+                    ),
+                ],
+            ),
+            "the engine's behaviour log-probs against the trainer's own of the same tokens before each update "
+            "(trainer.mismatch), and the check after each weight push (engine.verify_sync)",
+        ),
     ]
     turns = turns_plot(data)
     if turns is not None:  # only runs with a multi-turn domain

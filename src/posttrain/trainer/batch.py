@@ -67,6 +67,12 @@ class TrainRow:
         return self.temperature if self.temperature > 0.0 else 1.0
 
     @classmethod
+    def scoring(cls, prompt_ids: Sequence[int], token_ids: Sequence[int], temperature: float) -> TrainRow:
+        """A row to score, not to train on: every token in the mask, behaviour log-probs and reward 0."""
+        n = len(token_ids)
+        return cls(tuple(prompt_ids), tuple(token_ids), (0.0,) * n, 0.0, "score", (1,) * n, float(temperature))
+
+    @classmethod
     def from_completion(
         cls,
         completion: Completion,

@@ -1,7 +1,7 @@
 """The loop under torchrun with FSDP: rank 0 runs the loop, the other ranks follow its trainer calls.
 
 Invariant: every Trainer call that runs collectives (step, save, save_weights,
-resume) is made on every rank, in the same order, with the same arguments:
+resume, token_logprobs) is made on every rank, in the same order, with the same arguments:
 rank 0's LeaderTrainer broadcasts each call before making it, and followers
 replay them until `close()` sends stop. Only rank 0 samples, verifies,
 traces and evaluates; inference is remote (engine.type openai), since an
@@ -57,6 +57,15 @@ class LeaderTrainer:
         _send(("resume", str(path)))
         return self._trainer.resume(path)
 
+    def token_logprobs(self, rows: Any) -> Any:
+        _send(("token_logprobs", rows))
+        return self._trainer.token_logprobs(rows)
+
+    def sequence_logprobs(self, prompt_ids: Any, token_ids: Any, temperature: float) -> Any:
+        from posttrain.trainer.batch import TrainRow
+
+        return self.token_logprobs([TrainRow.scoring(prompt_ids, token_ids, temperature)])[0]
+
     def close(self) -> None:
         _send(("stop",))
 
@@ -76,6 +85,8 @@ def follow(trainer: Any) -> int:
             trainer.save_weights(args[0])
         elif kind == "resume":
             trainer.resume(args[0])
+        elif kind == "token_logprobs":
+            trainer.token_logprobs(args[0])
         else:
             raise RuntimeError(f"follower: unknown command {kind!r} from rank 0")
         calls += 1

@@ -5,11 +5,16 @@ x k3 KL), where the weights carry every normaliser and are computed from
 whole-step totals (BatchTotals). Summing the losses of a step's micro-batches
 therefore gives exactly the loss of the full batch, whatever the split.
 Masked tokens (padding, tool output) have weight 0 and a log-ratio forced to
-0, so no value they hold can turn the loss non-finite.
+0, so no value they hold can turn the loss non-finite. Without a mismatch
+correction the ratio is taken against the behaviour log-probs; with one
+(`correct`: tis or mask) it is taken against the trainer's own log-probs
+before the update, and each token's weight is multiplied by its correction
+(a detached factor), so the sum stays exact across micro-batches.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -42,6 +47,11 @@ class LossInputs:
     """One advantage per sequence."""
     ref_logp_bt: Tensor | None = None
     """Reference-model log-probs; needed when kl_coef > 0."""
+    old_logp_bt: Tensor | None = None
+    """With a mismatch correction: the trainer's own log-probs before the update (detached),
+    which the PPO ratio is then taken against; None: against `behaviour_logp_bt`."""
+    correction_bt: Tensor | None = None
+    """With a mismatch correction: each token's weight factor (`correct`); None: 1."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +130,11 @@ def clipped_policy_loss(
 ) -> tuple[Tensor, LossStats]:
     """sum_bt weight_bt * (-min(ratio A, clip(ratio, 1-low, 1+high) A) + kl_coef k3)."""
     on_bt = inputs.mask_bt > 0
-    log_ratio_bt = torch.where(on_bt, inputs.logp_bt - inputs.behaviour_logp_bt, 0.0)
+    old_bt = inputs.behaviour_logp_bt if inputs.old_logp_bt is None else inputs.old_logp_bt
+    log_ratio_bt = torch.where(on_bt, inputs.logp_bt - old_bt, 0.0)
     ratio_bt = log_ratio_bt.exp()
+    if inputs.correction_bt is not None:
+        weight_bt = weight_bt * inputs.correction_bt
     adv_bt = inputs.advantage_b.to(ratio_bt.dtype)[:, None].expand_as(ratio_bt)
     clipped_bt = ratio_bt.clamp(1.0 - clip_low, 1.0 + clip_high)
     token_loss_bt = torch.maximum(-adv_bt * ratio_bt, -adv_bt * clipped_bt)
@@ -163,6 +176,76 @@ def row_clip_stats(
     clipped_bt = ((ratio_bt < 1.0 - clip_low) & (adv_bt < 0) | (ratio_bt > 1.0 + clip_high) & (adv_bt > 0)) & on_bt
     n_b = on_bt.sum(-1).clamp(min=1)
     return (ratio_bt * on_bt).sum(-1) / n_b, clipped_bt.sum(-1) / n_b
+
+
+# ---------------------------------------------------------------- train-inference mismatch
+
+
+@dataclass(frozen=True)
+class MismatchStats:
+    """The gap d = logp_trainer - logp_behaviour over loss tokens, as sums (`merge` is exact)."""
+
+    n_tokens: float = 0.0
+    abs_sum: float = 0.0
+    abs_max: float = 0.0
+    k3_sum: float = 0.0
+    """Sum of exp(d) - d - 1: its mean estimates KL(behaviour || trainer) from the sampled tokens."""
+    outside: float = 0.0
+    """Tokens whose ratio exp(d) lies outside [1/bound, bound]."""
+    corrected: float = 0.0
+    """Tokens whose weight the correction changed (tis: truncated; mask: masked)."""
+
+    def merge(self, other: MismatchStats) -> MismatchStats:
+        return MismatchStats(
+            n_tokens=self.n_tokens + other.n_tokens,
+            abs_sum=self.abs_sum + other.abs_sum,
+            abs_max=max(self.abs_max, other.abs_max),
+            k3_sum=self.k3_sum + other.k3_sum,
+            outside=self.outside + other.outside,
+            corrected=self.corrected + other.corrected,
+        )
+
+    def per_token(self) -> dict[str, float]:
+        """The metrics row's figures: mean and max |d|, mean k3, shares outside and corrected."""
+        n = self.n_tokens or 1.0
+        return {
+            "mismatch_abs_mean": self.abs_sum / n,
+            "mismatch_abs_max": self.abs_max,
+            "mismatch_k3": self.k3_sum / n,
+            "mismatch_outside": self.outside / n,
+            "mismatch_corrected": self.corrected / n,
+        }
+
+
+def mismatch(
+    logp_bt: Tensor, behaviour_logp_bt: Tensor, mask_bt: Tensor, correction: str, bound: float
+) -> tuple[MismatchStats, Tensor | None]:
+    """The gap between the trainer's log-probs (detached here) and the behaviour log-probs over
+    the loss tokens, and the correction's per-token weight factor (None for `none`): tis,
+    min(exp(d), bound); mask, 1 where 1/bound <= exp(d) <= bound and 0 elsewhere."""
+    on_bt = mask_bt > 0
+    d_bt = torch.where(on_bt, logp_bt.detach() - behaviour_logp_bt, 0.0)
+    log_bound = math.log(bound)
+    outside_bt = (d_bt.abs() > log_bound) & on_bt
+    factor_bt: Tensor | None = None
+    changed_bt = torch.zeros_like(on_bt)
+    if correction == "tis":
+        changed_bt = (d_bt > log_bound) & on_bt
+        factor_bt = d_bt.clamp(max=log_bound).exp()
+    elif correction == "mask":
+        changed_bt = outside_bt
+        factor_bt = (~outside_bt).to(d_bt.dtype)
+    abs_bt = d_bt.abs() * on_bt
+    sums = (
+        on_bt.sum(),
+        abs_bt.sum(),
+        abs_bt.amax() if abs_bt.numel() else abs_bt.new_zeros(()),
+        ((d_bt.exp() - d_bt - 1.0) * on_bt).sum(),
+        outside_bt.sum(),
+        changed_bt.sum(),
+    )
+    n, total, top, k3, out, changed = torch.stack([v.to(torch.float64) for v in sums]).tolist()
+    return MismatchStats(n, total, top, k3, out, changed), factor_bt
 
 
 # ---------------------------------------------------------------- the losses

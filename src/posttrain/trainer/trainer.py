@@ -32,7 +32,15 @@ from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
 from posttrain.trainer.fsdp import DataParallel
 from posttrain.trainer.guard import SpikeGuard
-from posttrain.trainer.losses import BatchTotals, LossInputs, LossStats, build_loss, row_clip_stats
+from posttrain.trainer.losses import (
+    BatchTotals,
+    LossInputs,
+    LossStats,
+    MismatchStats,
+    build_loss,
+    mismatch,
+    row_clip_stats,
+)
 from posttrain.trainer.memory import autocast, bytes_per_token, micro_slices, token_budget
 from posttrain.trainer.prepare import prepare_model
 
@@ -71,6 +79,17 @@ class StepStats:
     skipped_total: int
     rolled_back_total: int
     seconds: float
+    mismatch_abs_mean: float = 0.0
+    """Train-inference mismatch over the loss tokens, d = trainer's log-prob before the update
+    minus the behaviour log-prob: mean |d| ..."""
+    mismatch_abs_max: float = 0.0
+    """... max |d| ..."""
+    mismatch_k3: float = 0.0
+    """... mean exp(d) - d - 1 (estimates KL(behaviour || trainer)) ..."""
+    mismatch_outside: float = 0.0
+    """... share of tokens whose ratio exp(d) lies outside [1/bound, bound] (trainer.mismatch.bound) ..."""
+    mismatch_corrected: float = 0.0
+    """... and share of tokens whose weight trainer.mismatch.correction changed (truncated or masked)."""
     rollouts: Mapping[str, RolloutLink] = field(default_factory=dict)
     """Rollout id -> advantage, ratio and clipped share of every batch row that carries
     a rollout id (the trace and the monitor read these: computed once, here)."""
@@ -150,6 +169,7 @@ class _Accumulated:
     loss: float
     stats: LossStats
     entropy_sum: float
+    mismatch: MismatchStats = MismatchStats()
 
 
 class Trainer:
@@ -314,15 +334,16 @@ class Trainer:
         # no dropout: on-policy ratios are exactly exp(0) = 1. Gradient checkpointing acts
         # only in train mode, so with it the model trains in train mode, its dropout set to 0.
         self.model.train(self.config.gradient_checkpointing)
-        loss, stats, entropy_sum = 0.0, LossStats(), 0.0
+        loss, stats, entropy_sum, gap = 0.0, LossStats(), 0.0, MismatchStats()
         try:
             for rows, advantage_b, weight in self._micro_batches(prepared):
-                mb_loss, mb_stats, mb_entropy = self._micro_step(rows, advantage_b, prepared.totals, weight)
+                mb_loss, mb_stats, mb_entropy, mb_gap = self._micro_step(rows, advantage_b, prepared.totals, weight)
                 if weight:
                     loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
+                    gap = gap.merge(mb_gap)
         finally:
             self.model.train(was_training)
-        return self._reduce(_Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum))
+        return self._reduce(_Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum, mismatch=gap))
 
     def _micro_batches(self, prepared: _Prepared) -> list[tuple[Sequence[TrainRow], Tensor, float]]:
         """This rank's rows cut into micro-batches; with FSDP, zero-weighted padding
@@ -344,9 +365,10 @@ class Trainer:
         """Sum loss and stats over the data-parallel ranks (identity on one process)."""
         if not self.parallel.active:
             return acc
-        s = acc.stats
+        s, g = acc.stats, acc.mismatch
         sums = self.parallel.sum_floats(
             [acc.loss, acc.entropy_sum, s.n_tokens, s.clipped_low, s.clipped_high, s.ratio_sum, s.kl_sum]
+            + [g.n_tokens, g.abs_sum, g.k3_sum, g.outside, g.corrected]
         )
         stats = LossStats(
             n_tokens=sums[2],
@@ -356,30 +378,36 @@ class Trainer:
             ratio_max=self.parallel.max_float(s.ratio_max),
             kl_sum=sums[6],
         )
-        return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1])
+        gap = MismatchStats(sums[7], sums[8], self.parallel.max_float(g.abs_max), sums[9], sums[10], sums[11])
+        return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1], mismatch=gap)
 
     def _micro_step(
         self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
-    ) -> tuple[float, LossStats, float]:
+    ) -> tuple[float, LossStats, float, MismatchStats]:
         packed = pack_rows(rows, self.device, share=self._share_prompts)
         logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
         logp_n = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1)
         with torch.no_grad():
             entropy_sum = float(torch.special.entr(logp_nv.exp()).sum())
         logp_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
+        mm = self.config.mismatch  # the trainer's log-probs here are the policy before this step's update
+        with torch.no_grad():
+            gap, factor_bc = mismatch(logp_bc, packed.behaviour_bc, packed.mask_bc, mm.correction, mm.bound)
         inputs = LossInputs(
             logp_bt=logp_bc,
             behaviour_logp_bt=packed.behaviour_bc,
             mask_bt=packed.mask_bc,
             advantage_b=advantage_b.to(self.device),
             ref_logp_bt=self._ref_logp(packed),
+            old_logp_bt=logp_bc.detach() if factor_bc is not None else None,
+            correction_bt=factor_bc,
         )
         loss, stats = self.loss(inputs, totals)
         if weight:
             self._record_rows(rows, inputs)
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum, so scale by world
         (loss * (weight * self.parallel.world)).backward()
-        return float(loss.detach()), stats, entropy_sum
+        return float(loss.detach()), stats, entropy_sum, gap
 
     def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
         ratio_b, clipped_b = row_clip_stats(
@@ -432,6 +460,34 @@ class Trainer:
         temperature_n = packed.temperature_b[packed.row_n]
         return (logits_nv.float() / temperature_n[:, None]).log_softmax(-1)
 
+    def token_logprobs(self, rows: Sequence[TrainRow]) -> list[tuple[float, ...]]:
+        """Each row's log-probs of its loss tokens (mask 1) under the current weights, by the
+        forward the loss takes: log_softmax(logits / temperature), temperature 0 scored at 1.
+        No gradient, eval mode, nothing of the optimizer or the RNG touched: what an engine
+        serving these weights should report for the same tokens (engine/probe.py)."""
+        if not rows:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                packed = pack_rows(rows, self.device, share=self._share_prompts)
+                logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
+                values = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1).tolist()
+        finally:
+            self.model.train(was_training)
+        out, start = [], 0
+        for row in rows:
+            out.append(tuple(values[start : start + row.n_loss_tokens]))
+            start += row.n_loss_tokens
+        return out
+
+    def sequence_logprobs(
+        self, prompt_ids: Sequence[int], token_ids: Sequence[int], temperature: float
+    ) -> tuple[float, ...]:
+        """`token_logprobs` of one sequence: the log-probs of `token_ids` after `prompt_ids`."""
+        return self.token_logprobs([TrainRow.scoring(prompt_ids, token_ids, temperature)])[0]
+
     # ------------------------------------------------------------ rollback
 
     def _take_snapshot(self) -> None:
@@ -463,6 +519,7 @@ class Trainer:
         started: float,
     ) -> StepStats:
         stats = acc.stats if acc is not None else LossStats()
+        gap = (acc.mismatch if acc is not None else MismatchStats()).per_token()
         adv_b = prepared.advantage_b
         return StepStats(
             step=self.steps,
@@ -486,6 +543,7 @@ class Trainer:
             skipped_total=self.skipped,
             rolled_back_total=self.rolled_back,
             seconds=time.perf_counter() - started,
+            **gap,
             rollouts=self._links(batch, prepared),
         )
 
