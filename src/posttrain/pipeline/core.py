@@ -216,12 +216,14 @@ class Pipeline:
         return inflight < self.scheduler.cap.update(self._fill())
 
     def _next_pending(self) -> tuple[int, Task] | None:
-        """First pending task whose tier has a free slot."""
-        for i, (seq, task) in enumerate(self._pending):
-            if self.scheduler.slot_free(self.scheduler.tier(task.domain)):
-                del self._pending[i]
-                return seq, task
-        return None
+        """The pending task to admit now (`Scheduler.next_admissible`: a free slot of its tier,
+        room in its domain's quota, the highest priority, then the pending order), or None."""
+        i = self.scheduler.next_admissible([task for _, task in self._pending])
+        if i is None:
+            return None
+        got = self._pending[i]
+        del self._pending[i]
+        return got
 
     def _drop_paused(self) -> None:
         keep: deque[tuple[int, Task]] = deque()

@@ -1,0 +1,97 @@
+"""The scheduler's promises, observed in `posttrain.loop.train` (issue 26, item 5): per-domain
+quotas of in-flight groups and admission priorities, on the direct path and the staged pipeline.
+
+The seam is the engine: every training generation call is recorded with the group ids of its
+requests (a group id is `step:index`; the trace maps it to its domain). A domain's groups in one
+engine call are in flight together, so a call holding more than a domain's quota breaks it; the
+order of the calls under an in-flight cap of one group is the admission order. Each promise is
+checked against a control run without it, so the test shows the loop does something."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from loopcfg import tiny
+
+from posttrain.configs import load_config
+from posttrain.trace import TraceStore
+
+GROUP = re.compile(r"^\d+:\d+$")  # a training group's request id (evaluation requests carry task ids)
+
+
+@pytest.fixture
+def engine_calls(monkeypatch):
+    """The request ids of every training generation call, in call order."""
+    from posttrain.engine.hf import HFEngine
+
+    calls: list[list[str]] = []
+    real = HFEngine.generate
+
+    def generate(self, requests):
+        ids = [r.request_id for r in requests if GROUP.match(r.request_id)]
+        if ids:
+            calls.append(ids)
+        return real(self, requests)
+
+    monkeypatch.setattr(HFEngine, "generate", generate)
+    return calls
+
+
+def _run(tmp_path, base, name, *extra):
+    from posttrain.loop import train
+
+    overrides = [*tiny(), "rollout.prompts_per_step=6", "run.steps=2", "eval.tasks_per_domain=2"]
+    cfg = load_config(None, [*overrides, f"model.path={base}", f"run.out_dir={tmp_path}", f"run.name={name}", *extra])
+    result = train(cfg, log=lambda *_: None)
+    rows = TraceStore(result.run_dir / "trace.db").recent(1000)
+    return {r["group_id"]: r["domain"] for r in rows}
+
+
+def _most_in_one_call(calls, domains):
+    """The most groups of one domain that one engine call held."""
+    return max(max([domains[g] for g in call].count(d) for d in set(domains.values())) for call in calls)
+
+
+@pytest.mark.parametrize("direct", ["true", "false"])
+def test_domain_quota_bounds_groups_in_flight(tmp_path, micro_base, engine_calls, direct):
+    free = _run(tmp_path, micro_base, f"free{direct}", f"pipeline.direct={direct}")
+    unbounded = _most_in_one_call(engine_calls, free)
+    assert unbounded > 1, "the control run never had two groups of a domain in flight: the test would be vacuous"
+    engine_calls.clear()
+    bound = _run(tmp_path, micro_base, f"quota{direct}", f"pipeline.direct={direct}", "pipeline.domain_quota=1")
+    assert _most_in_one_call(engine_calls, bound) == 1
+    assert len(bound) == len(free) == 2 * 6, "every group still ran"
+
+
+def test_per_domain_quota_overrides_the_pipeline_one(tmp_path, micro_base, engine_calls):
+    domains = "{add: {difficulty: 1, max_inflight: 1}, reverse: {difficulty: 1}}"
+    groups = _run(tmp_path, micro_base, "perdomain", f"tasks.domains={domains}", "pipeline.domain_quota=2")
+    per = [[groups[g] for g in call] for call in engine_calls]
+    assert max(c.count("add") for c in per) == 1
+    assert max(c.count("reverse") for c in per) == 2
+
+
+def _order(calls, domains):
+    """Per step, the domains of its groups in the order they were generated."""
+    out: dict[str, list[str]] = {}
+    for call in calls:
+        for g in call:
+            out.setdefault(g.split(":")[0], []).append(domains[g])
+    return out
+
+
+@pytest.mark.parametrize("direct", ["true", "false"])
+def test_priority_decides_admission_order(tmp_path, micro_base, engine_calls, direct):
+    cap = ["pipeline.max_inflight=1", "pipeline.min_inflight=1", "pipeline.long_slots=0", f"pipeline.direct={direct}"]
+    plain = _order(engine_calls, _run(tmp_path, micro_base, f"plain{direct}", *cap))
+    assert any(o != sorted(o, key=lambda d: d != "reverse") for o in plain.values()), (
+        "without priorities reverse already came first: the test would be vacuous"
+    )
+    engine_calls.clear()
+    domains = "{add: {difficulty: 1}, reverse: {difficulty: 1, priority: 5}}"
+    ranked = _order(engine_calls, _run(tmp_path, micro_base, f"prio{direct}", *cap, f"tasks.domains={domains}"))
+    assert all(len(c) == 1 for c in engine_calls), "the cap of one group in flight was not kept"
+    for step, order in ranked.items():
+        assert "reverse" in order and "add" in order, step
+        assert order == sorted(order, key=lambda d: d != "reverse"), (step, order)
