@@ -466,6 +466,7 @@ def _record(
         error=r.error,
         exec_result=exec_summary(r.exec_result),
         turns=transcript(r.turns),
+        retries=r.retries,
     )
 
 

@@ -95,3 +95,67 @@ def test_priority_decides_admission_order(tmp_path, micro_base, engine_calls, di
     for step, order in ranked.items():
         assert "reverse" in order and "add" in order, step
         assert order == sorted(order, key=lambda d: d != "reverse"), (step, order)
+
+
+@pytest.fixture
+def flaky_domain(monkeypatch):
+    """A domain whose verifier raises VerifierError (transient, infra) the first time it sees a
+    (task, completion), then scores it. `make(cheap)`: cheap verifiers take the direct path."""
+    import threading
+
+    from posttrain.domains import registry
+    from posttrain.domains.base import ProceduralDomain
+    from posttrain.errors import VerifierError
+    from posttrain.types import Score
+
+    failed: set[tuple[str, str]] = set()
+    lock = threading.Lock()
+
+    class Flaky:
+        name, version = "flaky", "1"
+
+        def __init__(self, cheap):
+            self.cheap = cheap
+
+        def score(self, task, episode):
+            with lock:
+                key = (task.id, episode.completion)
+                first = key not in failed
+                failed.add(key)
+            if first:
+                raise VerifierError("judge service unavailable (transient)")
+            return Score(float(len(episode.completion) % 2))
+
+    def make(cheap: bool) -> str:
+        cls = type(
+            "flaky",
+            (ProceduralDomain,),
+            {
+                "name": "flaky",
+                "category": "test",
+                "generate": lambda self, rng, difficulty: (f"{rng.randint(0, 999)}+{rng.randint(0, 999)}=", "0"),
+            },
+        )
+        dom = cls()
+        dom.verifier = Flaky(cheap)
+        monkeypatch.setitem(registry._REGISTRY, "flaky", dom)
+        return "tasks.domains={flaky: {difficulty: 1}}"
+
+    make.failed = failed
+    return make
+
+
+@pytest.mark.parametrize("cheap", [True, False], ids=["direct", "staged"])
+def test_transient_verifier_failure_is_retried_and_recorded(tmp_path, micro_base, flaky_domain, cheap):
+    from posttrain.loop import train
+
+    domain = flaky_domain(cheap)
+    overrides = [*tiny(), "run.steps=2", "pipeline.backoff_s=0", "eval.tasks_per_domain=2"]
+    cfg = load_config(None, [*overrides, domain, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=r"])
+    result = train(cfg, log=lambda *_: None)
+    rows = [r for r in TraceStore(result.run_dir / "trace.db").recent(1000) if r["split"] == "train"]
+    assert len(rows) == 2 * 4 * 4
+    assert all(r["reward"] is not None and r["error_kind"] is None for r in rows), "a transient failure was masked"
+    # each (task, completion) failed once, the first time: its first row went through one retry
+    assert set(r["retries"] for r in rows) <= {0, 1}
+    assert sum(r["retries"] for r in rows) >= len({(r["task_id"], r["completion"]) for r in rows}) > 0

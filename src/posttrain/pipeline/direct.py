@@ -39,6 +39,7 @@ from posttrain.pipeline.core import (
     _Item,
     finished_group,
     group_requests,
+    retry_kinds,
     splits,
     take_retry,
 )
@@ -184,6 +185,7 @@ class Direct:
                 if wait is None:
                     out.append((it, rec))
                 else:
+                    it.group_retries += 1
                     delay = max(delay, wait)
                     retry.append(it)
             if retry:
@@ -214,7 +216,16 @@ class Direct:
         episodes = [Episode(c.text, finish_reason=c.finish_reason) for c in item.completions]
         meter, token = self.meters["verify"], self._token()
         meter.begin(token)
-        verdicts = self.workers.verify_now(item.task, episodes)  # verify_group: an escape is blamed by cause
+        verdicts = list(self.workers.verify_now(item.task, episodes))  # verify_group: an escape is blamed by cause
+        while again := retry_kinds(dict(enumerate(verdicts)), range(len(verdicts))):
+            first = verdicts[again[0]]
+            delay = take_retry(self.cfg, item, "verify", ErrorRecord("verifier", first.error or ""), self.counters)
+            if delay is None:
+                break  # retries spent: the masked verdicts stand
+            time.sleep(delay)
+            for i, v in zip(again, self.workers.verify_now(item.task, [episodes[i] for i in again])):
+                verdicts[i] = v
+                item.retried[i] = item.retried.get(i, 0) + 1
         item.timings["verify_s"] = meter.end(token)
         self.counters["model_faults"] += sum(v.fault is not None for v in verdicts)
         self.scheduler.record_verification(item.task.domain, any(v.error_kind == "verifier" for v in verdicts))
