@@ -9,6 +9,7 @@ checked against a control run without it, so the test shows the loop does someth
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -159,3 +160,33 @@ def test_transient_verifier_failure_is_retried_and_recorded(tmp_path, micro_base
     # each (task, completion) failed once, the first time: its first row went through one retry
     assert set(r["retries"] for r in rows) <= {0, 1}
     assert sum(r["retries"] for r in rows) >= len({(r["task_id"], r["completion"]) for r in rows}) > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fork-server backend needs root")
+def test_the_runs_sandbox_config_is_the_pools_from_the_first_use(tmp_path, micro_base, monkeypatch):
+    """Every sandbox pool the run starts (cheat probes, the evaluation before training, the execute
+    stage) has the run's `sandbox` config, and none is closed while the run lasts."""
+    from posttrain import sandbox
+    from posttrain.configs.sandbox import SandboxConfig
+    from posttrain.loop import train
+    from posttrain.pipeline import workers
+    from posttrain.sandbox.pool import Pool
+
+    sandbox.close_pool()  # a pool another test left: the run starts from none
+    monkeypatch.setattr(workers, "_POOL_CONFIG", [None])
+    started: list[SandboxConfig] = []
+    closed: list[SandboxConfig] = []
+    init, close = Pool.__init__, Pool.close
+    monkeypatch.setattr(
+        Pool, "__init__", lambda self, config=None, **kw: (started.append(config), init(self, config, **kw))[1]
+    )
+    monkeypatch.setattr(Pool, "close", lambda self: (closed.append(self.config), close(self))[1])
+    overrides = [*tiny("{code: {difficulty: 1}}"), "rollout.prompts_per_step=2", "rollout.group_size=2"]
+    run = [*overrides, "run.steps=1", "eval.tasks_per_domain=2", "monitor.probes.tasks=2", "sandbox.workers=3"]
+    cfg = load_config(None, [*run, f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=sb"])
+    result = train(cfg, log=lambda *_: None)
+    rows = TraceStore(result.run_dir / "trace.db").recent(100)
+    assert rows and all(r["exec_result"] is not None for r in rows), "the execute stage never ran a program"
+    assert started == [cfg.sandbox.pool_config()], "a pool started without the run's sandbox config, or twice"
+    assert started[0].workers == 3
+    assert closed == [], "a live pool was closed during the run"

@@ -128,7 +128,7 @@ class DomainExecute:
     def runner(self, domain: str) -> Callable[[Any], Any]:
         from posttrain import sandbox
 
-        _configure(self.pool)
+        configure_pool(self.pool)
 
         wall = min((x for x in (self.max_wall_s, self.seconds.get(domain)) if x), default=None)
 
@@ -158,8 +158,12 @@ _POOL_CONFIG: list[Any] = [None]
 _POOL_LOCK = threading.Lock()
 
 
-def _configure(config: Any) -> None:
-    """Configure this process's sandbox pool once per distinct config."""
+def configure_pool(config: Any) -> None:
+    """Configure this process's sandbox pool for `config` (a SandboxConfig; None: leave it):
+    a no-op once it is configured with an equal config, so a pool that runs with it (and the
+    sessions it holds) is never closed; a different config replaces the pool. The loop calls
+    it when the run opens, before the first sandbox use (cheat probes, the evaluation before
+    training), so the execute stage's own call (`DomainExecute.runner`) finds it done."""
     if config is None or _POOL_CONFIG[0] == config:
         return
     from posttrain import sandbox
