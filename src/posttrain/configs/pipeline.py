@@ -60,6 +60,16 @@ class PipelineConfig(BaseModel):
     replace_rounds: int = Field(0, ge=0, le=100)
     """Rounds of replacement for groups filtered by dynamic sampling or staleness
     in the per-step loop (the continuous pipeline always replaces)."""
+    generate_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    """With runtime ray: CPUs each generation actor declares (Ray places it by them); its engine
+    runs torch on that many threads (at least one)."""
+    generate_gpus: float = Field(0.0, ge=0.0, le=64.0)
+    """With runtime ray: GPUs each generation actor declares; > 0 runs its engine on CUDA."""
+    execute_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    """With runtime ray: CPUs each execution actor declares (it runs one group's programs at a
+    time, one after another: about one core while busy)."""
+    verify_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    """With runtime ray: CPUs each verifier actor declares (one group's verifier calls at a time)."""
     ray_address: str | None = None
     """With runtime ray: the cluster address (None: start a local cluster; "auto": the one running here)."""
     direct: bool = True
