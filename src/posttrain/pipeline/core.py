@@ -296,7 +296,8 @@ class Pipeline:
             driver.close_envs(e for e, _ in envs)
             raise
         item.prompt_ids = encoded[envs[0][1]]
-        return driver.start(envs, item.task, [encoded[o] for _, o in envs], item.turn_budget)
+        seconds = (self.budgets or {}).get(item.task.domain) or domain.budget
+        return driver.start(envs, item.task, [encoded[o] for _, o in envs], item.turn_budget, seconds.seconds)
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[_Item]:
@@ -372,6 +373,8 @@ class Pipeline:
         for it, rs in zip(batch, requests):
             got, cursor = outs[cursor : cursor + len(rs)], cursor + len(rs)
             it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
+            if it.multi_turn:  # the group's share of the call joins its episodes' own time
+                driver.spent([t for ts in it.targets for t in ts], took / len(batch))
             await self._after_generate(it, got)
 
     async def _generate_alone(self, item: _Item, requests: list[GenerationRequest]) -> None:
@@ -733,6 +736,9 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
         if item.multi_turn and item.trajectories:
             t = item.trajectories[i]
             timings["turns"] = float(len(t.turns))
+            timings["episode_s"] = round(t.own_s, 6)
+            if t.timed_out:
+                timings["timed_out"] = 1.0
             mask, first = tuple(t.mask), t.first_observation
         else:
             mask = None
