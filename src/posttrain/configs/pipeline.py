@@ -42,9 +42,11 @@ class PipelineConfig(BaseModel):
     mix_slack: int = Field(4, ge=0, le=1_000_000)
     """Groups a domain may fall behind its target count before admission waits for it."""
     domain_quota: int = Field(0, ge=0, le=1_000_000)
-    """Most in-flight groups of one domain (0: no quota)."""
+    """Most in-flight groups of one domain (0: no quota; `tasks.domains.<name>.max_inflight`
+    overrides it per domain). On the direct path: most groups of one domain in one engine call."""
     max_retries: int = Field(2, ge=0, le=100)
-    """Retries of a group after an infra error before it is masked and counted."""
+    """Retries of a stage after an infra error (generation, an execute or environment step, a
+    transient verifier failure) before what failed is masked and counted."""
     backoff_s: float = Field(0.05, ge=0.0, le=600.0)
     """First retry delay; each further retry doubles it."""
     generate_timeout_s: float | None = Field(None, gt=0.0)
