@@ -5,8 +5,11 @@ GroupResult holding one Rollout per sample: scored, or masked with a typed
 error after its retries ran out (never scored 0 for an infra error). Blame
 is per sample and by cause: what the model's output made host code raise
 (an environment step, the execute step, the verifier) scores that sample 0
-with the reason; an infra failure of one sample's step or run is retried,
-then masks that sample alone, and its group-mates go on; an engine call
+with the reason; an infra failure of one sample's step, run or verification
+(a transient verifier error) is retried, then masks that sample alone, and
+its group-mates go on; each Rollout carries the retries it went through;
+admission keeps each domain's quota of in-flight groups and takes the
+highest-priority pending task first (`Scheduler.next_admissible`); an engine call
 that fails over several groups is split in halves until the failing group
 stands alone, so only its own request masks it. Every
 background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
