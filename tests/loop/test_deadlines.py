@@ -55,6 +55,7 @@ def _train(tmp_path, base, domains, *extra):
     from posttrain.loop import train
 
     run = [*tiny(domains), "rollout.prompts_per_step=2", "rollout.group_size=2", "run.steps=1", "eval.samples=0"]
+    run += ["monitor.report=false"]
     cfg = load_config(
         None, [*run, "eval.tasks_per_domain=2", *extra, f"model.path={base}", f"run.out_dir={tmp_path}", "run.name=d"]
     )
