@@ -34,7 +34,7 @@ from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
-from posttrain.pipeline.workers import DomainExecute
+from posttrain.pipeline.workers import DomainExecute, configure_pool
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import RunDir
 from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
@@ -107,6 +107,7 @@ class _Run:
         from posttrain.tasks.pool import TaskPool
 
         rundir, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
+        configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
         engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
@@ -473,6 +474,7 @@ def _record(
         error=r.error,
         exec_result=exec_summary(r.exec_result),
         turns=transcript(r.turns),
+        retries=r.retries,
     )
 
 

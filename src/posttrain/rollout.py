@@ -34,6 +34,9 @@ class Rollout:
     """Multi-turn episodes: every turn (action, observation, exec_result, parts), traced."""
     first_observation: str = ""
     """Multi-turn episodes: the environment's first observation (part of the prompt)."""
+    retries: int = 0
+    """Retries after infra errors before this sample's score or mask: its group's (admission
+    stage calls, generation) and its own (execute step, environment step, verification)."""
 
     @property
     def prompt_text(self) -> str:

@@ -32,6 +32,8 @@ class TaskMeta:
     """(part, weight) pairs from `tasks.domains.<name>.reward_weights`, stamped by the
     task pool: `Domain.score` makes the reward their weighted mean. Empty: the
     verifier's own value."""
+    priority: int | None = None
+    """This task's admission priority (None: its domain's, `tasks.domains.<name>.priority`)."""
 
 
 @dataclass(frozen=True)

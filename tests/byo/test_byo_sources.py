@@ -241,3 +241,30 @@ def test_relative_source_path_is_stored_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["tasks.domains={mine: {source: {path: q.jsonl}, verifier: exact}}"])
     assert cfg.tasks.domains["mine"].source.path == str(tmp_path / "q.jsonl")
+
+
+def test_priority_column_sets_each_tasks_priority(tmp_path):
+    from posttrain.configs.pipeline import PipelineConfig
+    from posttrain.pipeline.scheduler import Scheduler
+
+    data = rows(40)
+    for i, r in enumerate(data):
+        r["prio"] = "" if i % 2 else str(i % 5)
+    spec = DomainSpec.model_validate(
+        {"source": {"path": str(write_jsonl(tmp_path / "p.jsonl", data)), "fields": {**FIELDS, "priority": "prio"}}}
+    )
+    d = source_domain("pri", spec.model_copy(update={"priority": 7}))
+    by_id = {r["id"]: r["prio"] for r in data}
+    sched = Scheduler(PipelineConfig(), {"pri": 1.0}, {"pri": "short"}, priorities={"pri": 7})
+    for i in range(d.size("train", 1)):
+        task = d.sample(i, "train", 1)
+        cell = by_id[task.id.split(":")[1]]
+        assert task.meta.priority == (int(cell) if cell else None)
+        assert sched.priority(task) == (int(cell) if cell else 7)  # an empty cell keeps the domain's
+    data[3]["prio"] = "high"
+    bad = DomainSpec.model_validate(
+        {"source": {"path": str(write_jsonl(tmp_path / "b.jsonl", data)), "fields": {**FIELDS, "priority": "prio"}}}
+    )
+    with pytest.raises((TaskError, ConfigError, ValueError), match="priority"):
+        dom = source_domain("bad", bad)
+        [dom.sample(i, "train", lv) for lv in (1, 2) for i in range(dom.size("train", lv))]

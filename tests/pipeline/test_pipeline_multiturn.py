@@ -359,7 +359,25 @@ def test_a_version_1_trace_gains_the_turns_column(tmp_path):
     store = TraceStore(path)
     cols = [r["name"] for r in store._db.execute("PRAGMA table_info(rollouts)")]
     version = store._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
-    assert "turns" in cols and int(version) == SCHEMA_VERSION == 2
+    assert "turns" in cols and int(version) == SCHEMA_VERSION == 3
+
+
+def test_a_version_2_trace_gains_the_retries_column(tmp_path):
+    import sqlite3
+
+    from posttrain.trace import _COLUMNS, _SCHEMA, RolloutRecord, TraceStore, _row
+
+    path = tmp_path / "v2.db"
+    db = sqlite3.connect(path)
+    db.executescript(_SCHEMA.replace("    retries INTEGER NOT NULL DEFAULT 0,\n", ""))
+    db.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    rec = RolloutRecord("t", "add", "train", 1, "v", "0:0", 0, {}, "p", "c", 1, "stop", 1.0, True, {}, "", "x", {})
+    row = {c: v for c, v in zip(_COLUMNS, _row(rec)) if c != "retries"}
+    db.execute(f"INSERT INTO rollouts ({','.join(row)}) VALUES ({','.join('?' * len(row))})", list(row.values()))
+    db.commit()
+    db.close()
+    store = TraceStore(path)
+    assert store.get(rec.id)["retries"] == 0  # the rows written before the column count no retries
 
 
 def test_environment_without_close_is_a_clear_error_never_a_score(lookup, monkeypatch):

@@ -17,7 +17,19 @@ from posttrain.types import SamplingParams
 
 pytestmark = pytest.mark.ray
 
-CFG = PipelineConfig(generate_workers=1, execute_workers=2, verify_workers=2, backoff_s=0.01, max_retries=3)
+CFG = PipelineConfig(
+    generate_workers=1,
+    execute_workers=2,
+    verify_workers=2,
+    execute_cpus=0.25,
+    verify_cpus=0.25,
+    backoff_s=0.01,
+    max_retries=3,
+)  # 1 + 2 x 0.25 + 2 x 0.25 CPUs: what the 2-CPU cluster holds
+
+
+FITS = ["pipeline.execute_cpus=0.1", "pipeline.verify_cpus=0.1"]
+"""Loop runs with the default worker counts: 1 + 4 x 0.1 + 2 x 0.1 CPUs fit the 2-CPU cluster."""
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +154,7 @@ def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_pa
         "run.progress=false",
         "monitor.report=false",
         "run.steps=2",
+        *FITS,
         "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
         f"model.path={micro_base}",
         f"run.out_dir={tmp_path}",
@@ -180,6 +193,7 @@ def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):
             "run.progress=false",
             "monitor.report=false",
             "run.steps=1",
+            *FITS,
             "runtime=ray",
             f"model.path={micro_base}",
             f"run.out_dir={tmp_path}",

@@ -56,6 +56,8 @@ class Row:
     split: str | None
     level_value: int | None
     row_id: str
+    priority: int | None = None
+    """The row's admission priority (`fields.priority`; None: the domain's)."""
 
 
 @dataclass
@@ -103,7 +105,20 @@ def parse_row(raw: RawRow, source: SourceConfig, unit: str) -> Row:
     split = _split(data, raw, source)
     row_id = text_of(data[f.id]) if f.id and data.get(f.id) not in (None, "") else str(raw.line)
     ref = RowRef(answer, meta, cheats, f"{source.path}:{unit} {raw.line}")
-    return Row(raw.line, messages, ref, split, level, row_id)
+    return Row(raw.line, messages, ref, split, level, row_id, _priority(data, f.priority))
+
+
+def _priority(data: dict[str, Any], column: str | None) -> int | None:
+    """The row's priority cell as an integer (None: no column, or an empty cell)."""
+    if not column or data.get(column) in (None, ""):
+        return None
+    value = data[column]
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"priority field {column!r} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"priority field {column!r} must be an integer, got {value!r}") from None
 
 
 def _messages(data: dict[str, Any], source: SourceConfig) -> tuple[Message, ...]:
@@ -305,7 +320,11 @@ class SourceDomain(Domain):
             prompt=row.messages,
             reference=row.ref,
             meta=TaskMeta(
-                split=split, difficulty=difficulty, source=f"file:{self.path}", taskset_version=self.taskset_version
+                split=split,
+                difficulty=difficulty,
+                source=f"file:{self.path}",
+                taskset_version=self.taskset_version,
+                priority=row.priority,
             ),
         )
 

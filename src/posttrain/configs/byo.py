@@ -64,6 +64,9 @@ class FieldMap(Strict):
     """Column naming each row's split (values in `source.train_values` / `source.eval_values`); default: by hash."""
     cheats: str | None = None
     """Column with a list of outputs the verifier must reject for that row (cheat probes)."""
+    priority: str | None = None
+    """Column with an integer admission priority for that row's groups (`Task.meta.priority`:
+    overrides `tasks.domains.<name>.priority`; an empty cell keeps the domain's)."""
     metadata: tuple[str, ...] = ()
     """Further columns handed to the verifier (e.g. a code task's entry point, a SQL task's setup)."""
 
@@ -90,6 +93,7 @@ class FieldMap(Strict):
             self.id,
             self.split,
             self.cheats,
+            self.priority,
         ]
         return [c for c in named if c] + list(self.metadata)
 

@@ -42,9 +42,11 @@ class PipelineConfig(BaseModel):
     mix_slack: int = Field(4, ge=0, le=1_000_000)
     """Groups a domain may fall behind its target count before admission waits for it."""
     domain_quota: int = Field(0, ge=0, le=1_000_000)
-    """Most in-flight groups of one domain (0: no quota)."""
+    """Most in-flight groups of one domain (0: no quota; `tasks.domains.<name>.max_inflight`
+    overrides it per domain). On the direct path: most groups of one domain in one engine call."""
     max_retries: int = Field(2, ge=0, le=100)
-    """Retries of a group after an infra error before it is masked and counted."""
+    """Retries of a stage after an infra error (generation, an execute or environment step, a
+    transient verifier failure) before what failed is masked and counted."""
     backoff_s: float = Field(0.05, ge=0.0, le=600.0)
     """First retry delay; each further retry doubles it."""
     generate_timeout_s: float | None = Field(None, gt=0.0)
@@ -60,6 +62,16 @@ class PipelineConfig(BaseModel):
     replace_rounds: int = Field(0, ge=0, le=100)
     """Rounds of replacement for groups filtered by dynamic sampling or staleness
     in the per-step loop (the continuous pipeline always replaces)."""
+    generate_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    """With runtime ray: CPUs each generation actor declares (Ray places it by them); its engine
+    runs torch on that many threads (at least one)."""
+    generate_gpus: float = Field(0.0, ge=0.0, le=64.0)
+    """With runtime ray: GPUs each generation actor declares; > 0 runs its engine on CUDA."""
+    execute_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    """With runtime ray: CPUs each execution actor declares (it runs one group's programs at a
+    time, one after another: about one core while busy)."""
+    verify_cpus: float = Field(1.0, ge=0.0, le=1024.0)
+    """With runtime ray: CPUs each verifier actor declares (one group's verifier calls at a time)."""
     ray_address: str | None = None
     """With runtime ray: the cluster address (None: start a local cluster; "auto": the one running here)."""
     direct: bool = True

@@ -43,7 +43,16 @@ class DomainSpec(BaseModel):
     """Turns per episode of a multi-turn domain (None: its declared budget)."""
 
     max_seconds: float | None = Field(None, gt=0.0, le=86_400.0)
-    """Seconds per episode (None: its declared budget)."""
+    """Seconds per episode (None: its declared budget): the episode's own time (its environment
+    steps and its share of the engine calls; not queueing or retries) and each execute step's
+    runs together; past it the episode ends as truncated and is scored (docs/pipeline.md)."""
+
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    """Admission priority of the domain's groups: pending groups of a higher priority are
+    admitted first (ties: the pending order); a task's `meta.priority` overrides it."""
+
+    max_inflight: int | None = Field(None, ge=1, le=1_000_000)
+    """Most in-flight groups of this domain (None: `pipeline.domain_quota`, 0 there: no quota)."""
 
     reward_weights: dict[str, float] | None = None
     """Weights of the reward parts (outcome, process, efficiency), e.g. {outcome: 1.0, process: 0.2,

@@ -63,7 +63,9 @@ def as_step_result(got: Any) -> StepResult:
 
 @dataclass
 class Trajectory:
-    """One multi-turn episode in progress (owned by one pipeline item or one `play` call)."""
+    """One multi-turn episode in progress (owned by one pipeline item or one `play` call). It
+    ends on done, at the turn budget, at a truncated action, or past its time budget
+    (`max_seconds`, its own seconds: `own_s`)."""
 
     env: Environment
     messages: list[Message]
@@ -85,6 +87,14 @@ class Trajectory:
     scored 0 with this reason, never masked (None: none)."""
     first_observation: str = ""
     """What `reset` returned (in the prompt, after the task's messages)."""
+    max_seconds: float | None = None
+    """The episode's time budget (`Budget.seconds`; None: none): once `own_s` reaches it after
+    a step, the episode ends as truncated (`timed_out`), and is scored."""
+    own_s: float = 0.0
+    """Seconds the episode itself took: its environment steps, and its group's share of the
+    engine calls that generated its turns (not queueing, not retries' backoff)."""
+    timed_out: bool = False
+    """The episode ended at its time budget (finish reason "length")."""
 
     def context(self) -> tuple[int, ...]:
         """What the model conditions on for its next turn."""
@@ -109,6 +119,8 @@ class Trajectory:
         )
         self.awaiting_step = False
         self.done = result.done or len(self.turns) >= self.max_turns or self.finish_reason == "length"
+        if not self.done and self.max_seconds is not None and self.own_s >= self.max_seconds:
+            self.done, self.timed_out, self.finish_reason = True, True, "length"
 
     def render_inputs(self) -> tuple[list[Message], list[Message], list[Message]]:
         """The three chat renderings `add_observation` needs (encode each with the

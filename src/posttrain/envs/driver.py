@@ -5,8 +5,11 @@ before the first generation; each turn appends the model's action (loss mask 1)
 and, unless the episode ended, the observation rendered by the chat template
 (mask 0); the episode ends when `step` says done, at the turn budget, when
 the action was truncated at its token budget, when its context no longer fits
-the model (`out_of_context`: as truncated), or when the action made the
-environment raise (a model fault: scored 0 with the reason, never masked);
+the model (`out_of_context`: as truncated), when its own seconds (its steps
+and its share of the engine calls) pass its time budget (`Budget.seconds`:
+as truncated, scored: the model's turns and the code they ran made it long),
+or when the action made the environment raise (a model fault: scored 0 with
+the reason, never masked);
 each Turn keeps the step's observation, parts and exec_result. The pipeline (embedded and Ray runtimes
 alike) and `play` (synchronous, for evaluation and tests) call these same
 functions; verification is never done here.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,13 +55,24 @@ def first_messages(task: Task, observation: str) -> list[Message]:
 
 
 def start(
-    envs: Sequence[tuple[Environment, str]], task: Task, prompt_ids: Sequence[tuple[int, ...]], max_turns: int
+    envs: Sequence[tuple[Environment, str]],
+    task: Task,
+    prompt_ids: Sequence[tuple[int, ...]],
+    max_turns: int,
+    max_seconds: float | None = None,
 ) -> list[Trajectory]:
-    """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded."""
+    """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded;
+    `max_seconds`: each episode's time budget (`Trajectory.max_seconds`)."""
     return [
-        Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs)
+        Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs, max_seconds=max_seconds)
         for (env, obs), ids in zip(envs, prompt_ids)
     ]
+
+
+def spent(trajectories: Sequence[Trajectory], seconds: float) -> None:
+    """`seconds` of generation joins each of `trajectories`' own time (their share of an engine call)."""
+    for t in trajectories:
+        t.own_s += seconds
 
 
 def requests(
@@ -96,14 +111,16 @@ def step(t: Trajectory) -> None:
     propagates and the action stays unstepped, so a retry steps it again;
     anything else the action made the environment raise ends the episode as
     the model's fault (`fault`), with the reason as its last observation."""
+    t0 = time.perf_counter()
     try:
         got = t.env.step(require_utf8(t.turns[-1].action))
     except Exception as exc:
         rec = blame(exc, "sandbox")
         if rec.kind != "model":
-            raise
+            raise  # the sandbox's failure: its time is not the episode's
         fault(t, rec.message)
         return
+    t.own_s += time.perf_counter() - t0  # the step ran what the action asked: the episode's own time
     t.record(as_step_result(got))
 
 
@@ -281,10 +298,12 @@ def _play_task(
     envs = open_envs(domain, task, n)
     try:
         prompts = [engine.encode_chat(first_messages(task, obs)) for _, obs in envs]
-        trajs = start(envs, task, prompts, turns_of(domain, budget))
+        trajs = start(envs, task, prompts, turns_of(domain, budget), (budget or domain.budget).seconds)
         while any(not t.done for t in trajs):
             reqs, targets = requests(trajs, params, seed, task.id)
+            t0 = time.perf_counter()
             generate_each(engine.generate, reqs, targets)
+            spent([t for ts in targets for t in ts], time.perf_counter() - t0)
             for t in (t for ts in targets for t in ts):
                 _, rec = _retried(functools.partial(step, t), retries)  # a model fault ends t inside step
                 if rec is not None:

@@ -44,6 +44,9 @@ class EvalOptions:
     """Tokens per domain, as in training; a domain not named uses its declared budget."""
     turns: Mapping[str, int] = field(default_factory=dict)
     """Turns per multi-turn domain, as in training; a domain not named uses its declared budget."""
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per episode of a multi-turn domain, as in training (`max_seconds`); a domain not
+    named uses its declared budget."""
     batch_size: int = 256
     samples: int = 0
     temperature: float = 1.0
@@ -302,11 +305,16 @@ def turns_for(domain: str, opts: EvalOptions) -> int:
 
 def _play(engine: Engine, tasks: Sequence[Task], params: SamplingParams, opts: EvalOptions) -> list[list[Any]]:
     """Episodes of multi-turn tasks in task order (`params.n` per task), played to their end by
-    the episode driver with each domain's training budgets (tokens per turn, turns)."""
+    the episode driver with each domain's training budgets (tokens per turn, turns, seconds)."""
     from posttrain.envs.driver import play
 
     budgets = {
-        d: replace(get(d).budget, tokens=tokens_for(d, opts), turns=turns_for(d, opts))
+        d: replace(
+            get(d).budget,
+            tokens=tokens_for(d, opts),
+            turns=turns_for(d, opts),
+            seconds=opts.seconds.get(d) or get(d).budget.seconds,
+        )
         for d in {t.domain for t in tasks}
     }
     return play(engine, tasks, params, n=params.n, budgets=budgets)

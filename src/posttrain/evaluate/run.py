@@ -26,19 +26,23 @@ from posttrain.evaluate.tables import format_details, format_probes, format_tabl
 
 def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None) -> EvalOptions:
     """Eval options; with the run's `tasks` config, each domain's token and turn budgets are
-    the ones it trains with (tasks.domains.<name>.max_tokens / max_turns, else its declaration)."""
+    the ones it trains with (tasks.domains.<name>.max_tokens / max_turns / max_seconds, else its
+    declaration)."""
     budgets: dict[str, int] = {}
     turns: dict[str, int] = {}
+    seconds: dict[str, float] = {}
     if tasks is not None:
         from posttrain.tasks.pool import resolve_specs
 
         specs = resolve_specs(tasks)
         budgets = {n: spec.max_tokens for n, (_, spec) in specs.items() if spec.max_tokens}
         turns = {n: spec.max_turns for n, (_, spec) in specs.items() if spec.max_turns}
+        seconds = {n: spec.max_seconds for n, (_, spec) in specs.items() if spec.max_seconds}
     return EvalOptions(
         max_tokens=eval_cfg.max_tokens,
         budgets=budgets,
         turns=turns,
+        seconds=seconds,
         batch_size=eval_cfg.batch_size,
         samples=eval_cfg.samples if sampled else 0,
         temperature=eval_cfg.temperature,

@@ -5,8 +5,11 @@ GroupResult holding one Rollout per sample: scored, or masked with a typed
 error after its retries ran out (never scored 0 for an infra error). Blame
 is per sample and by cause: what the model's output made host code raise
 (an environment step, the execute step, the verifier) scores that sample 0
-with the reason; an infra failure of one sample's step or run is retried,
-then masks that sample alone, and its group-mates go on; an engine call
+with the reason; an infra failure of one sample's step, run or verification
+(a transient verifier error) is retried, then masks that sample alone, and
+its group-mates go on; each Rollout carries the retries it went through;
+admission keeps each domain's quota of in-flight groups and takes the
+highest-priority pending task first (`Scheduler.next_admissible`); an engine call
 that fails over several groups is split in halves until the failing group
 stands alone, so only its own request masks it. Every
 background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
@@ -85,7 +88,13 @@ class _Item:
     """Some sample's execute step or environment step failed past its retries (the group
     then counts as an infra failure of its domain, `Scheduler.record_verification`)."""
     episodes: list[Episode] | None = None
+    verified: dict[int, Verdict] = field(default_factory=dict)
+    """Samples verified so far (a verification retry verifies only the others)."""
     attempts: dict[str, int] = field(default_factory=dict)
+    group_retries: int = 0
+    """Retries of a stage call for the whole group (every sample went through them)."""
+    retried: dict[int, int] = field(default_factory=dict)
+    """Per sample: retries of its own (its execute step or environment step, its verification)."""
     timings: dict[str, float] = field(default_factory=dict)
     closed: bool = False
 
@@ -216,12 +225,14 @@ class Pipeline:
         return inflight < self.scheduler.cap.update(self._fill())
 
     def _next_pending(self) -> tuple[int, Task] | None:
-        """First pending task whose tier has a free slot."""
-        for i, (seq, task) in enumerate(self._pending):
-            if self.scheduler.slot_free(self.scheduler.tier(task.domain)):
-                del self._pending[i]
-                return seq, task
-        return None
+        """The pending task to admit now (`Scheduler.next_admissible`: a free slot of its tier,
+        room in its domain's quota, the highest priority, then the pending order), or None."""
+        i = self.scheduler.next_admissible([task for _, task in self._pending])
+        if i is None:
+            return None
+        got = self._pending[i]
+        del self._pending[i]
+        return got
 
     def _drop_paused(self) -> None:
         keep: deque[tuple[int, Task]] = deque()
@@ -288,7 +299,8 @@ class Pipeline:
             driver.close_envs(e for e, _ in envs)
             raise
         item.prompt_ids = encoded[envs[0][1]]
-        return driver.start(envs, item.task, [encoded[o] for _, o in envs], item.turn_budget)
+        seconds = (self.budgets or {}).get(item.task.domain) or domain.budget
+        return driver.start(envs, item.task, [encoded[o] for _, o in envs], item.turn_budget, seconds.seconds)
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[_Item]:
@@ -364,6 +376,8 @@ class Pipeline:
         for it, rs in zip(batch, requests):
             got, cursor = outs[cursor : cursor + len(rs)], cursor + len(rs)
             it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(batch)
+            if it.multi_turn:  # the group's share of the call joins its episodes' own time
+                driver.spent([t for ts in it.targets for t in ts], took / len(batch))
             await self._after_generate(it, got)
 
     async def _generate_alone(self, item: _Item, requests: list[GenerationRequest]) -> None:
@@ -445,6 +459,8 @@ class Pipeline:
         have); else each is masked alone and the group goes on (False)."""
         delay = take_retry(self.cfg, item, "execute", next(iter(failed.values())), self.counters)
         if delay is not None:
+            for i in failed:
+                item.retried[i] = item.retried.get(i, 0) + 1
             assert self._tg is not None
             self._tasks.append(self._tg.create_task(self._requeue("execute", item, delay)))
             return True
@@ -527,7 +543,7 @@ class Pipeline:
                 item.episodes = self._episodes(item)
             episodes = item.episodes
             _close_envs(item)  # free their sandbox sessions before verification needs slots
-            todo = [i for i in range(len(episodes)) if i not in item.decided]
+            todo = [i for i in range(len(episodes)) if i not in item.decided and i not in item.verified]
             token = next(self._tokens)
             self.meters["verify"].begin(token)
             try:
@@ -538,13 +554,36 @@ class Pipeline:
                 self.meters["verify"].end(token, error=True)
                 await self._retry(item, "verify", exc)
                 continue
-            item.timings["verify_s"] = self.meters["verify"].end(token)
-            if todo or item.sandbox_failed:  # infra failed: its sandbox past retries, or its verifier
-                failed = item.sandbox_failed or any(v.error_kind == "verifier" for v in got)
+            item.timings["verify_s"] = item.timings.get("verify_s", 0.0) + self.meters["verify"].end(token)
+            item.verified.update(zip(todo, got))
+            if self._retry_verdicts(item, todo):
+                continue
+            final = list(item.verified.values())
+            if final or item.sandbox_failed:  # infra failed: its sandbox past retries, or its verifier
+                failed = item.sandbox_failed or any(v.error_kind == "verifier" for v in final)
                 self.scheduler.record_verification(item.task.domain, failed)
-            self.counters["model_faults"] += sum(v.fault is not None for v in got)
-            verdicts = {**item.decided, **dict(zip(todo, got))}
+            self.counters["model_faults"] += sum(v.fault is not None for v in final)
+            verdicts = {**item.decided, **item.verified}
             await self._finish(item, [verdicts[i] for i in range(len(episodes))], episodes)
+
+    def _retry_verdicts(self, item: _Item, todo: Sequence[int]) -> bool:
+        """After verifying the samples `todo`: True when some got a transient infra verdict (a
+        VerifierError, an OSError or a timeout in the verifier: `retry_kinds`) and verification
+        runs again for those alone after a backoff (`take_retry`: `max_retries`, `backoff_s`
+        doubling); False when none did or the retries are spent (their masked verdicts stand)."""
+        again = retry_kinds(item.verified, todo)
+        if not again:
+            return False
+        first = item.verified[again[0]]
+        delay = take_retry(self.cfg, item, "verify", ErrorRecord("verifier", first.error or ""), self.counters)
+        if delay is None:
+            return False
+        for i in again:
+            del item.verified[i]
+            item.retried[i] = item.retried.get(i, 0) + 1
+        assert self._tg is not None
+        self._tasks.append(self._tg.create_task(self._requeue("verify", item, delay)))
+        return True
 
     async def _verify_some(self, task: Task, episodes: list[Episode]) -> Sequence[Verdict]:
         """The verdicts of `episodes` (none: no call)."""
@@ -586,6 +625,7 @@ class Pipeline:
         rec = capture(exc, "sandbox" if stage == "execute" else "infra")
         delay = None if stage == "admit" else take_retry(self.cfg, item, stage, rec, self.counters)
         if delay is not None:
+            item.group_retries += 1
             assert self._tg is not None
             self._tasks.append(self._tg.create_task(self._requeue(stage, item, delay)))
             return
@@ -650,6 +690,12 @@ def take_retry(
     return cfg.backoff_s * (2**n)
 
 
+def retry_kinds(verdicts: Mapping[int, Verdict], todo: Sequence[int]) -> list[int]:
+    """The samples of `todo` whose verdict is a retriable infra error (masked, of a kind a retry
+    can change: not config, task, prompt or model)."""
+    return [i for i in todo if verdicts[i].score is None and verdicts[i].error_kind not in (None, *NOT_RETRIED)]
+
+
 def splits(batch: Sequence[_Item]) -> bool:
     """Whether a failed engine call over `batch` is split in halves (more than one group)."""
     return len(batch) > 1
@@ -693,6 +739,9 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
         if item.multi_turn and item.trajectories:
             t = item.trajectories[i]
             timings["turns"] = float(len(t.turns))
+            timings["episode_s"] = round(t.own_s, 6)
+            if t.timed_out:
+                timings["timed_out"] = 1.0
             mask, first = tuple(t.mask), t.first_observation
         else:
             mask = None
@@ -710,6 +759,7 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
                 ep.exec_result if ep else None,
                 ep.turns if ep else (),
                 first,
+                item.group_retries + item.retried.get(i, 0),
             )
         )
     version = min((c.model_version for c in comps), default=0)

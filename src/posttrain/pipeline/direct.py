@@ -14,6 +14,13 @@ the queues, the stage tasks and the thread hops are gone: the engine and
 the verifier run in the caller's thread, one call after another. (The one
 counter that may differ is generate_splits: the pipeline batches retried groups
 together again, so a failing engine may be split more often there.)
+Admission is by waves, one engine call's groups at a time: a wave takes up to
+`generate_batch` groups in the pipeline's admission order (priority, then long
+tier first), each admitted only while its tier has a free slot and its domain
+has room in its quota, and all of a wave's groups finish before the next wave
+is admitted. So here a domain quota of q means at most q of that domain's
+groups share one engine call (and are in flight at once), and the in-flight
+cap (`max_inflight`, less the long slots for short groups) bounds a wave.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from posttrain.pipeline.core import (
     _Item,
     finished_group,
     group_requests,
+    retry_kinds,
     splits,
     take_retry,
 )
@@ -74,21 +82,39 @@ class Direct:
         first, self._next_seq = self._next_seq, self._next_seq + len(tasks)
         order = sorted(range(len(tasks)), key=lambda i: (self.scheduler.tier(tasks[i].domain) != "long", i))
         done: dict[int, GroupResult] = {}
-        live: list[_Item] = []
         encoded = self._encode([t.prompt for t in tasks])  # encoding is pure: done up front, in one call
-        for i in order:
-            if self.scheduler.is_paused(tasks[i].domain):
-                self.counters["paused_skipped"] += 1
-                continue
+        waiting = list(order)
+        while waiting:
+            before = len(waiting)
+            live = self._wave(first, tasks, encoded, waiting, done)
+            if len(waiting) == before:  # nothing in flight here, so only a scheduler shared elsewhere blocks
+                raise RuntimeError("direct path: no pending task is admissible (in-flight groups held elsewhere)")
+            for item, rec in self._generate(live):
+                done[item.seq] = self._mask(item, rec) if rec is not None else self._verify(item)
+        return [done.get(first + i) for i in range(len(tasks))]
+
+    def _wave(
+        self, first: int, tasks: Sequence[Task], encoded: list[Any], waiting: list[int], done: dict[int, GroupResult]
+    ) -> list[_Item]:
+        """Admit the next engine call's groups, taking them out of `waiting`: tasks of paused
+        domains are skipped and counted; then, in the staged pipeline's admission order
+        (`Scheduler.next_admissible`: a free slot, room in the domain's quota, the highest
+        priority first), up to `generate_batch` groups. What cannot start is masked into `done`."""
+        for i in [i for i in waiting if self.scheduler.is_paused(tasks[i].domain)]:
+            self.counters["paused_skipped"] += 1
+            waiting.remove(i)
+        live: list[_Item] = []
+        while waiting and len(live) < self.cfg.generate_batch:
+            k = self.scheduler.next_admissible([tasks[i] for i in waiting])
+            if k is None:
+                break
+            i = waiting.pop(k)
             item, error = self._admit(first + i, tasks[i], encoded[i])
             if error is not None:  # a task that cannot start is masked and counted, as in the pipeline
                 done[item.seq] = self._mask(item, capture(error, "infra"))
             else:
                 live.append(item)
-        for k in range(0, len(live), self.cfg.generate_batch):
-            for item, rec in self._generate(live[k : k + self.cfg.generate_batch]):
-                done[item.seq] = self._mask(item, rec) if rec is not None else self._verify(item)
-        return [done.get(first + i) for i in range(len(tasks))]
+        return live
 
     def stats(self) -> PipelineStats:
         return PipelineStats(
@@ -159,6 +185,7 @@ class Direct:
                 if wait is None:
                     out.append((it, rec))
                 else:
+                    it.group_retries += 1
                     delay = max(delay, wait)
                     retry.append(it)
             if retry:
@@ -189,7 +216,16 @@ class Direct:
         episodes = [Episode(c.text, finish_reason=c.finish_reason) for c in item.completions]
         meter, token = self.meters["verify"], self._token()
         meter.begin(token)
-        verdicts = self.workers.verify_now(item.task, episodes)  # verify_group: an escape is blamed by cause
+        verdicts = list(self.workers.verify_now(item.task, episodes))  # verify_group: an escape is blamed by cause
+        while again := retry_kinds(dict(enumerate(verdicts)), range(len(verdicts))):
+            first = verdicts[again[0]]
+            delay = take_retry(self.cfg, item, "verify", ErrorRecord("verifier", first.error or ""), self.counters)
+            if delay is None:
+                break  # retries spent: the masked verdicts stand
+            time.sleep(delay)
+            for i, v in zip(again, self.workers.verify_now(item.task, [episodes[i] for i in again])):
+                verdicts[i] = v
+                item.retried[i] = item.retried.get(i, 0) + 1
         item.timings["verify_s"] = meter.end(token)
         self.counters["model_faults"] += sum(v.fault is not None for v in verdicts)
         self.scheduler.record_verification(item.task.domain, any(v.error_kind == "verifier" for v in verdicts))

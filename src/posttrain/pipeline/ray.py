@@ -14,6 +14,9 @@ process (an environment is stateful: it stays with its episode); the
 execute stage after an episode and verification run on the actors. File domains (`tasks.domains.NAME.source`)
 reach the execution and verification actors as their specs in the actors'
 environment; the files themselves must be readable at the same path on every node.
+Every actor declares the resources it uses (`actor_options`: `pipeline.generate_cpus`,
+`generate_gpus`, `execute_cpus`, `verify_cpus`), so Ray places it by them; on a local
+cluster (no `ray_address`), declarations it cannot hold are a ConfigError.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from posttrain.types import Completion, Episode, GenerationRequest, Message, Tas
 
 
 class HFEngineFactory:
-    """Builds an HFEngine in the actor from a picklable model and tokenizer."""
+    """Builds an HFEngine in the actor from a picklable model and tokenizer, on `device`
+    with torch on `threads` threads (what the actor declares: `actor_options`)."""
 
-    def __init__(self, model: Any, tokenizer: Any, threads: int = 1) -> None:
-        self.model, self.tokenizer, self.threads = model, tokenizer, threads
+    def __init__(self, model: Any, tokenizer: Any, threads: int = 1, device: str = "cpu") -> None:
+        self.model, self.tokenizer, self.threads, self.device = model, tokenizer, threads, device
 
     def __call__(self) -> Any:
         import torch
@@ -42,7 +46,35 @@ class HFEngineFactory:
         from posttrain.engine.hf import HFEngine
 
         torch.set_num_threads(self.threads)
-        return HFEngine(self.model, self.tokenizer, device="cpu", seed=0)
+        return HFEngine(self.model, self.tokenizer, device=self.device, seed=0)
+
+
+def actor_options(config: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Per stage, the resources its actors declare to Ray (`pipeline.<stage>_cpus`, and
+    `generate_gpus`), so Ray places them by what they use."""
+    return {
+        "generate": {"num_cpus": config.generate_cpus, "num_gpus": config.generate_gpus},
+        "execute": {"num_cpus": config.execute_cpus},
+        "verify": {"num_cpus": config.verify_cpus},
+    }
+
+
+def check_fits(config: PipelineConfig, total: dict[str, float]) -> None:
+    """ConfigError when the actors' declared resources exceed the cluster's `total`
+    (a local cluster, not one named by `ray_address`: they would wait for resources forever)."""
+    need = {
+        "CPU": config.generate_workers * config.generate_cpus
+        + config.execute_workers * config.execute_cpus
+        + config.verify_workers * config.verify_cpus,
+        "GPU": config.generate_workers * config.generate_gpus,
+    }
+    short = {k: v for k, v in need.items() if v > total.get(k, 0.0) + 1e-9}
+    if short:
+        have = {k: total.get(k, 0.0) for k in short}
+        raise ConfigError(
+            f"runtime ray: the actors declare {short} but the local cluster has {have}: lower "
+            "pipeline.generate_cpus / execute_cpus / verify_cpus / generate_gpus or the *_workers counts"
+        )
 
 
 class GenerationWorker:
@@ -91,16 +123,24 @@ class RayWorkers:
         self._owns = not ray.is_initialized()
         if self._owns:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-        opts: dict[str, Any] = {"max_restarts": -1, "num_cpus": 0}
+        if address is None:  # a local cluster (started here or by this process): what does not fit never starts
+            check_fits(config, ray.cluster_resources())
+        opts: dict[str, Any] = {"max_restarts": -1}
+        per = actor_options(config)
         sources = os.environ.get(SOURCE_ENV)  # file domains: actors rebuild them by name from their specs
         scoring = {**opts, "runtime_env": {"env_vars": {SOURCE_ENV: sources}}} if sources else opts
         self.generators = [
-            ray.remote(GenerationWorker).options(**opts).remote(factory) for _ in range(config.generate_workers)
+            ray.remote(GenerationWorker).options(**opts, **per["generate"]).remote(factory)
+            for _ in range(config.generate_workers)
         ]
         self.executors = [
-            ray.remote(ExecutionWorker).options(**scoring).remote(execute) for _ in range(config.execute_workers)
+            ray.remote(ExecutionWorker).options(**scoring, **per["execute"]).remote(execute)
+            for _ in range(config.execute_workers)
         ]
-        self.verifiers = [ray.remote(VerifierWorker).options(**scoring).remote() for _ in range(config.verify_workers)]
+        self.verifiers = [
+            ray.remote(VerifierWorker).options(**scoring, **per["verify"]).remote()
+            for _ in range(config.verify_workers)
+        ]
         self._rr = {
             k: itertools.cycle(v) for k, v in (("g", self.generators), ("e", self.executors), ("v", self.verifiers))
         }
@@ -121,7 +161,12 @@ class RayWorkers:
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")
         return cls(
             config,
-            HFEngineFactory(engine.model, engine.tokenizer),
+            HFEngineFactory(
+                engine.model,
+                engine.tokenizer,
+                threads=max(1, int(config.generate_cpus)),
+                device="cuda" if config.generate_gpus > 0 else "cpu",
+            ),
             engine,
             execute,
             address or config.ray_address,

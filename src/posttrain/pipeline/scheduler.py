@@ -4,7 +4,11 @@ Invariant: admission follows the configured mix by deficit (the domain
 furthest below weight x admissions goes next), so over N admissions each
 unpaused domain's count is within `mix_slack` + 1 of its target; long tasks
 only ever occupy the `long_slots` reserved for them and short tasks never do,
-so a long task cannot block a short one; a domain whose verifier failed
+so a long task cannot block a short one; a domain never has more groups in
+flight than its quota (`tasks.domains.<name>.max_inflight`, else
+`pipeline.domain_quota`; 0: none); among tasks waiting for admission, a
+higher priority goes first (`priority`: the task's `meta.priority`, else its
+domain's); a domain whose verifier failed
 `degrade_after` groups in a row is paused with an alarm event, and gets one
 probe group per cooldown until a probe verifies.
 """
@@ -12,13 +16,13 @@ probe group per cooldown until a probe verifies.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.errors import ConfigError
-from posttrain.types import CostClass
+from posttrain.types import CostClass, Task
 
 EventSink = Callable[[str, str, "str | None", Mapping[str, Any]], None]
 """(kind, message, domain, data): the trace's add_event, or a logger."""
@@ -32,6 +36,8 @@ def _no_events(kind: str, message: str, domain: str | None, data: Mapping[str, A
 class _DomainState:
     weight: float
     tier: CostClass
+    quota: int = 0
+    priority: int = 0
     admitted: int = 0
     inflight: int = 0
     finished: int = 0
@@ -69,7 +75,11 @@ class Scheduler:
         tiers: Mapping[str, CostClass],
         events: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        quotas: Mapping[str, int | None] | None = None,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
+        """`quotas`: per-domain most in-flight groups (None or absent: `config.domain_quota`);
+        `priorities`: per-domain admission priority (absent: 0)."""
         if not weights:
             raise ConfigError("scheduler: weights is empty: give at least one domain a weight")
         bad = {n: w for n, w in weights.items() if not w > 0}
@@ -79,7 +89,11 @@ class Scheduler:
         if missing:
             raise ConfigError(f"scheduler: no cost class (tier) for domains {missing}")
         self.config = config
-        self.domains = {n: _DomainState(float(w), tiers[n]) for n, w in sorted(weights.items())}
+        quotas, priorities = quotas or {}, priorities or {}
+        self.domains = {
+            n: _DomainState(float(w), tiers[n], quotas.get(n) or config.domain_quota, int(priorities.get(n, 0)))
+            for n, w in sorted(weights.items())
+        }
         self.cap = AdaptiveCap(config.min_inflight, config.max_inflight)
         self._events = events or _no_events
         self._clock = clock
@@ -97,6 +111,29 @@ class Scheduler:
             return self.inflight["long"] < self.config.long_slots
         return self.inflight["short"] < max(1, self.cap.value - self.config.long_slots)
 
+    def quota_free(self, name: str) -> bool:
+        """Whether another group of `name` fits under its in-flight quota."""
+        d = self.domains[name]
+        return not (d.quota and d.inflight >= d.quota)
+
+    def admissible(self, task: Task) -> bool:
+        """Whether `task` may be admitted now: a free slot of its tier and room in its domain's quota."""
+        return self.slot_free(self.tier(task.domain)) and self.quota_free(task.domain)
+
+    def priority(self, task: Task) -> int:
+        """`task`'s admission priority: its own (`meta.priority`), else its domain's."""
+        own = task.meta.priority
+        return self.domains[task.domain].priority if own is None else own
+
+    def next_admissible(self, tasks: Sequence[Task]) -> int | None:
+        """The index in `tasks` (pending, in their order) of the one to admit next: the highest
+        priority among the admissible ones, the first of them on a tie; None when none is admissible."""
+        best: int | None = None
+        for i, task in enumerate(tasks):
+            if self.admissible(task) and (best is None or self.priority(task) > self.priority(tasks[best])):
+                best = i
+        return best
+
     # ---- the mix -------------------------------------------------------
     def target_shares(self) -> dict[str, float]:
         total = sum(d.weight for d in self.domains.values())
@@ -109,7 +146,7 @@ class Scheduler:
         d = self.domains[name]
         if d.paused_until is not None and (d.probing or self._clock() < d.paused_until):
             return False
-        return not (self.config.domain_quota and d.inflight >= self.config.domain_quota)
+        return self.quota_free(name)
 
     def pick(self) -> str | None:
         """The domain to admit next, or None when admission must wait."""

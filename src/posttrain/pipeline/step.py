@@ -101,7 +101,15 @@ class StepRollouts:
         self.seed = seed
         self.dynamic_sampling = dynamic_sampling
         tiers = {n: pool.domains[n].cost_class for n in pool.names}
-        self.scheduler = Scheduler(config, pool.target_shares(), tiers, events)
+        specs = pool.specs  # per-domain quotas and priorities (tasks.domains.<name>)
+        self.scheduler = Scheduler(
+            config,
+            pool.target_shares(),
+            tiers,
+            events,
+            quotas={n: s.max_inflight for n, s in specs.items()},
+            priorities={n: s.priority for n, s in specs.items()},
+        )
         self.totals: dict[str, int] = {"replaced": 0}
         self._events = events
         self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None

@@ -115,7 +115,12 @@ class DomainExecute:
     max_memory_mb: int | None = None
     max_wall_s: float | None = None
     seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    """Per-domain budget seconds: a cap on each of the domain's runs (wall and CPU)."""
+    """Per-domain budget seconds (`Budget.seconds`, `tasks.domains.<name>.max_seconds`): the
+    time of one execute step's runs together. Each run's wall and CPU limits are capped at
+    what is left of it (the seconds the step's earlier runs took, by their `wall_s`; the wait
+    for a pool slot does not count); once it is spent, a further run of the step does not
+    start and returns status "timeout": the program the model wrote was too slow, so the
+    verifier scores it (normally 0), never a mask."""
 
     def __call__(self, task: Task, completion: Completion) -> Any:
         from posttrain.domains.registry import get
@@ -128,12 +133,20 @@ class DomainExecute:
     def runner(self, domain: str) -> Callable[[Any], Any]:
         from posttrain import sandbox
 
-        _configure(self.pool)
+        configure_pool(self.pool)
 
-        wall = min((x for x in (self.max_wall_s, self.seconds.get(domain)) if x), default=None)
+        cap = self.max_wall_s
+        budget = self.seconds.get(domain)
+        used = [0.0]  # seconds this execute step's runs took so far
 
         def run(req: Any) -> Any:
-            return sandbox.run(self.capped(req, wall), domain=domain)
+            left = None if budget is None else budget - used[0]
+            if left is not None and left <= 0:
+                return sandbox.ExecResult("timeout", error=f"the domain's {budget:g}s per execute step are spent")
+            wall = min((x for x in (cap, left) if x), default=None)
+            result = sandbox.run(self.capped(req, wall), domain=domain)
+            used[0] += result.wall_s
+            return result
 
         return run
 
@@ -158,8 +171,12 @@ _POOL_CONFIG: list[Any] = [None]
 _POOL_LOCK = threading.Lock()
 
 
-def _configure(config: Any) -> None:
-    """Configure this process's sandbox pool once per distinct config."""
+def configure_pool(config: Any) -> None:
+    """Configure this process's sandbox pool for `config` (a SandboxConfig; None: leave it):
+    a no-op once it is configured with an equal config, so a pool that runs with it (and the
+    sessions it holds) is never closed; a different config replaces the pool. The loop calls
+    it when the run opens, before the first sandbox use (cheat probes, the evaluation before
+    training), so the execute stage's own call (`DomainExecute.runner`) finds it done."""
     if config is None or _POOL_CONFIG[0] == config:
         return
     from posttrain import sandbox

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from posttrain.errors import ConfigError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     exec_result TEXT,
     turns TEXT,
     timings TEXT NOT NULL,
+    retries INTEGER NOT NULL DEFAULT 0,
     train_step INTEGER,
     advantage REAL,
     ratio REAL,
@@ -104,6 +105,9 @@ class RolloutRecord:
     exec_result: Any = None
     turns: Any = None
     """Multi-turn episodes: `transcript(rollout.turns)` (None: a single-turn rollout)."""
+    retries: int = 0
+    """Retries after infra errors this rollout went through (its group's generation, its own
+    execute step and verification) before its score or its mask."""
     id: str = field(default_factory=lambda: new_id())
     """16 hex digits, time-ordered (`new_id`)."""
     created_at: float = field(default_factory=time.time)
@@ -122,7 +126,7 @@ def new_id() -> str:
 _COLUMNS = (
     "id created_at task_id domain split difficulty taskset_version group_id model_version sampling prompt "
     "completion completion_tokens finish_reason reward passed parts reason verifier error_kind error "
-    "exec_result turns timings"
+    "exec_result turns timings retries"
 ).split()
 _JSON_COLUMNS = {"sampling", "parts", "timings", "exec_result", "turns"}
 _NULLABLE_JSON = {"exec_result", "turns"}
@@ -278,10 +282,13 @@ class TraceStore:
                 self._migrate(int(row["value"]))
 
     def _migrate(self, version: int) -> None:
-        """Version 1 -> 2: the `turns` column (multi-turn transcripts)."""
+        """Version 1 -> 2: the `turns` column (multi-turn transcripts); 2 -> 3: `retries` (0 for
+        the rows written before it)."""
         cols = {r["name"] for r in self._db.execute("PRAGMA table_info(rollouts)")}
         if version < 2 and "turns" not in cols:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN turns TEXT")
+        if version < 3 and "retries" not in cols:
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN retries INTEGER NOT NULL DEFAULT 0")
         self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
