@@ -109,7 +109,7 @@ class _Run:
         rundir, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
-        engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
+        engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
@@ -265,6 +265,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **pipe_stats,
         engine_version=run.engine.version,
         engine_dropped_stale=run.sync.dropped_stale,
+        **run.sync.stats(),
         train_cpu_s=round(run.budget.spent(), 3),
     )
     actions = run.monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
