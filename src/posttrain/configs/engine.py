@@ -81,6 +81,11 @@ class EngineConfig(BaseModel):
     vllm: VLLMConfig = VLLMConfig()
     """With vllm: the server's settings."""
 
+    @property
+    def type(self) -> str:
+        """The old name of `kind` (read-only)."""
+        return self.kind
+
     @model_validator(mode="after")
     def _url_for_remote(self) -> EngineConfig:
         if self.kind == "openai" and not (self.url or "").startswith(("http://", "https://")):

@@ -40,6 +40,7 @@ VLLMEngine(tokenizer, server=server)`; `VLLMEngine.transports` names the push ro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -161,8 +162,9 @@ def export_for_vllm(model_dir: str | Path, out: str | Path) -> Path:
 class VLLMServer:
     """A vLLM OpenAI server process that this object starts, owns and stops: the vLLM venv's
     interpreter, 127.0.0.1 on a free port, HF_HUB_OFFLINE=1, its own process group, its log
-    in `<run_dir>/vllm/server.log`. Serves an export of `model_dir` (see `export_for_vllm`)
-    as BASE_NAME; `lora_rank` enables runtime adapters up to that rank."""
+    in `<run_dir>/vllm/server.log`, its pid (= its process group) in `server.pid`. Serves an
+    export of `model_dir` (see `export_for_vllm`) as BASE_NAME; `lora_rank` enables runtime
+    adapters up to that rank. Stopped on `stop()`, at the end of a `with` block, and at exit."""
 
     def __init__(
         self,
@@ -235,6 +237,8 @@ class VLLMServer:
                 self.command(port), env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.starts += 1
+        (self.dir / "server.pid").write_text(f"{self.proc.pid}\n")  # = its process group
+        atexit.register(self.stop)  # its own session outlives this process otherwise (not after SIGKILL)
         url = f"http://127.0.0.1:{port}"
         try:
             self._wait_healthy(url)
@@ -281,6 +285,7 @@ class VLLMServer:
         if self.proc is None:
             return
         self.kill(signal.SIGTERM)
+        self.kill(signal.SIGCONT)  # a stopped (hung) group handles SIGTERM only once continued
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -289,6 +294,7 @@ class VLLMServer:
         self.kill(signal.SIGKILL)  # children (engine core, workers) that outlived the leader
         self.proc = None
         self.url = ""
+        atexit.unregister(self.stop)
 
     def restart(self) -> str:
         self.stop()
