@@ -201,6 +201,43 @@ def test_lora_push_serves_the_adapter(engine, tiny_base, tmp_path):
     assert version == engine.version
 
 
+def test_test_switches_skip_the_load_and_the_prefix_cache_reset(engine, tiny_base, tmp_path):
+    """The test-only switches the verified-sync probe is tested with. skip_push: the version moves,
+    the served weights do not. skip_prefix_reset: a long prompt cached under the old weights is
+    continued from its stale cache (the outputs differ from the trainer's policy) until a push
+    that resets it."""
+    from posttrain.model.arch import load_model
+
+    engine.update_weights(Path(engine.server.dir) / "model")  # the base
+    trainer = _policy(tiny_base)
+    _train(trainer, engine)
+    sync = WeightSync(EngineConfig(kind="vllm"), engine, trainer, tmp_path)
+    base = _hf(load_model(tiny_base, device="cpu")[0], engine.tokenizer)
+    policy = _hf(trainer.model, engine.tokenizer)
+    long = [GenerationRequest((2, *[10 + k % 60 for k in range(300)]), SamplingParams(max_tokens=4, temperature=0.0))]
+
+    def differs(a, b) -> bool:
+        return max(abs(x - y) for x, y in zip(a[0][0].logprobs, b[0][0].logprobs)) > TOL
+
+    assert differs(base.generate(_greedy()), policy.generate(_greedy()))
+    engine.skip_push = True
+    try:
+        version = sync.push()
+    finally:
+        engine.skip_push = False
+    assert version == engine.version and not differs(engine.generate(_greedy()), base.generate(_greedy()))
+    engine.generate(long)  # cached under the base weights
+    engine.skip_prefix_reset = True
+    try:
+        sync.push()
+        stale = engine.generate(long)
+    finally:
+        engine.skip_prefix_reset = False
+    assert differs(stale, policy.generate(long))
+    sync.push()
+    _assert_same(engine.generate(long), policy.generate(long))
+
+
 def test_killed_server_is_restarted_and_resynced(engine, tiny_base, tmp_path):
     trainer = _policy(tiny_base)
     _train(trainer, engine, steps=2)
