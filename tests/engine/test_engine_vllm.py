@@ -264,6 +264,24 @@ def test_hung_server_times_out_is_counted_and_restarted(engine, tiny_base):
     _assert_same(got, want)
 
 
+def test_partial_checkpoint_is_refused_before_it_is_sent(engine, tmp_path):
+    """vLLM's reload of a folder holding only some tensors answers success and breaks the model
+    (NaN log-probs, measured): the engine refuses such a push itself; nothing reaches the server."""
+    from safetensors.torch import load_file, save_file
+
+    want, version, stats = engine.generate(_greedy()), engine.version, engine.stats()
+    src = Path(engine.server.dir) / "model"
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "config.json").write_text((src / "config.json").read_text())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    save_file({name: load_file(str(src / "model.safetensors"))[name] * 1.5}, str(part / "model.safetensors"))
+    with pytest.raises(WeightSyncError, match="lacks"):
+        engine.update_weights(part)
+    assert engine.version == version and engine.stats() == stats
+    _assert_same(engine.generate(_greedy()), want)
+
+
 def test_refused_load_raises_after_retries_and_keeps_the_old_weights(engine, tmp_path):
     """A checkpoint vLLM cannot read: each attempt is counted, the server restarted onto the last
     acknowledged weights, and after push_retries the push raises; the version does not move."""
