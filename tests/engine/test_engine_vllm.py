@@ -283,15 +283,27 @@ def test_partial_checkpoint_is_refused_before_it_is_sent(engine, tmp_path):
 
 
 def test_refused_load_raises_after_retries_and_keeps_the_old_weights(engine, tmp_path):
-    """A checkpoint vLLM cannot read: each attempt is counted, the server restarted onto the last
-    acknowledged weights, and after push_retries the push raises; the version does not move."""
+    """A checkpoint vLLM refuses (every tensor named, one of the wrong shape): each attempt is
+    counted, the server restarted onto the last acknowledged weights, and after push_retries the
+    push raises; the version does not move. A torn file is refused before it is sent."""
+    from safetensors.torch import load_file, save_file
+
     want = engine.generate(_greedy())
     version, stats = engine.version, engine.stats()
+    src = Path(engine.server.dir) / "model"
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "config.json").write_text((src / "config.json").read_text())
+    (torn / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:5000])
+    with pytest.raises(WeightSyncError, match="not a readable safetensors"):
+        engine.update_weights(torn)
+    assert engine.stats() == stats
     bad = tmp_path / "bad"
     bad.mkdir()
-    src = Path(engine.server.dir) / "model"
     (bad / "config.json").write_text((src / "config.json").read_text())
-    (bad / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:5000])  # torn file
+    state = {**load_file(str(src / "model.safetensors")), **load_file(str(src / LM_HEAD_FILE))}
+    state["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(7, 5)
+    save_file(state, str(bad / "model.safetensors"))
     with pytest.raises(WeightSyncError, match="failed 2 times"):
         engine.update_weights(bad)
     after = engine.stats()
