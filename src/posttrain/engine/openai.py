@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from posttrain.errors import ConfigError, GenerationError
+from posttrain.errors import ConfigError, GenerationError, ServerUnavailable
 from posttrain.types import Completion, GenerationRequest, Message
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
@@ -118,45 +118,8 @@ class OpenAIEngine:
 
     # -- wire -------------------------------------------------------------
     def _one(self, req: GenerationRequest) -> list[Completion]:
-        p = req.params
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": list(req.prompt_ids),
-            "max_tokens": p.max_tokens,
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "n": p.n,
-            "logprobs": 1,
-            "return_token_ids": True,
-        }
-        if p.seed is not None:
-            body["seed"] = p.seed
-        if p.stop:
-            body["stop"] = list(p.stop)
-        data = self._post("/completions", body)
-        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(choices) != p.n:
-            raise GenerationError(f"openai engine: asked for n={p.n} choices, server returned {len(choices)}")
-        version = _weights_version(data, self.version)
-        return [self._completion(req, c, version) for c in choices]
-
-    def _completion(self, req: GenerationRequest, choice: Mapping[str, Any], version: int) -> Completion:
-        lp = choice.get("logprobs") or {}
-        logprobs = [float(x) if x is not None else float("nan") for x in lp.get("token_logprobs") or []]
-        ids = choice.get("token_ids")
-        if ids is None:
-            ids = [self._token_id(t) for t in lp.get("tokens") or []]
-        if len(ids) != len(logprobs):
-            raise GenerationError(f"openai engine: {len(ids)} token ids but {len(logprobs)} log-probs in a choice")
-        finish = choice.get("finish_reason") or "length"
-        return Completion(
-            prompt_ids=tuple(req.prompt_ids),
-            token_ids=tuple(int(i) for i in ids),
-            text=choice.get("text", ""),
-            logprobs=tuple(logprobs),
-            finish_reason=finish if finish in ("stop", "length") else "error",
-            model_version=version,
-        )
+        data = self._post("/completions", completion_body(self.model, req))
+        return parse_choices(req, data, _weights_version(data, self.version), self._token_id)
 
     def _token_id(self, token: str) -> int:
         m = _TOKEN_ID.match(token)
@@ -171,22 +134,109 @@ class OpenAIEngine:
         return int(ids[0])
 
     def _post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
-        import httpx
-
         last: str = ""
         for attempt in range(self.retries + 1):
             try:
-                resp = self._client.post(self.base_url + path, json=body, headers=headers)
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if resp.status_code < 400:
-                    return resp.json()
-                last = f"HTTP {resp.status_code}: {_error_message(resp)}"
-                if resp.status_code < 500:
-                    raise GenerationError(f"openai engine: {path} rejected the request: {last}")
+                return post_json(self._client, self.base_url + path, body, headers=headers)
+            except ServerUnavailable as exc:
+                last = str(exc)
             time.sleep(0.2 * 2**attempt)
         raise GenerationError(f"openai engine: {path} failed after {self.retries + 1} attempts: {last}")
+
+
+def completion_body(model: str, req: GenerationRequest, seed: int | None = None) -> dict[str, Any]:
+    """The `/v1/completions` body of one request: its prompt as token ids, its sampling
+    parameters, `logprobs: 1` and `return_token_ids`; `seed` (else the request's own) when set."""
+    p = req.params
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(req.prompt_ids),
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "n": p.n,
+        "logprobs": 1,
+        "return_token_ids": True,
+    }
+    seed = p.seed if seed is None else seed
+    if seed is not None:
+        body["seed"] = seed
+    if p.stop:
+        body["stop"] = list(p.stop)
+    return body
+
+
+def parse_choices(
+    req: GenerationRequest,
+    data: Mapping[str, Any],
+    version: int,
+    token_id: Callable[[str], int],
+    decode: Callable[[Sequence[int]], str] | None = None,
+) -> list[Completion]:
+    """The `params.n` Completions of a `/v1/completions` answer, in choice order, each tagged
+    `version`. Token ids are the server's (`token_id` maps a logprob token string where it sent
+    none); `decode`, when given, makes the text from the ids locally (else the server's text)."""
+    choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != req.params.n:
+        raise GenerationError(f"engine: asked for n={req.params.n} choices, server returned {len(choices)}")
+    return [_completion(req, c, version, token_id, decode) for c in choices]
+
+
+def _completion(
+    req: GenerationRequest,
+    choice: Mapping[str, Any],
+    version: int,
+    token_id: Callable[[str], int],
+    decode: Callable[[Sequence[int]], str] | None,
+) -> Completion:
+    lp = choice.get("logprobs") or {}
+    logprobs = [float(x) if x is not None else float("nan") for x in lp.get("token_logprobs") or []]
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = [token_id(t) for t in lp.get("tokens") or []]
+    if len(ids) != len(logprobs):
+        raise GenerationError(f"engine: {len(ids)} token ids but {len(logprobs)} log-probs in a choice")
+    finish = choice.get("finish_reason") or "length"
+    token_ids = tuple(int(i) for i in ids)
+    return Completion(
+        prompt_ids=tuple(req.prompt_ids),
+        token_ids=token_ids,
+        text=choice.get("text", "") if decode is None else decode(token_ids),
+        logprobs=tuple(logprobs),
+        finish_reason=finish if finish in ("stop", "length") else "error",
+        model_version=version,
+    )
+
+
+def post_json(
+    client: Any,
+    url: str,
+    body: Mapping[str, Any],
+    headers: dict[str, str] | None = None,
+    timeout: float | None = None,
+    params: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """One POST of `body` to `url` (query `params`); its JSON answer ({} for an empty body,
+    {"text": ...} for a plain-text one). A transport failure, a timeout or a 5xx is
+    ServerUnavailable (worth a retry); a 4xx is GenerationError (the same request fails again)."""
+    import httpx
+
+    kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    if params:
+        kw["params"] = dict(params)
+    try:
+        resp = client.post(url, json=body, headers=headers, **kw)
+    except httpx.HTTPError as exc:
+        raise ServerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+    if resp.status_code < 400:
+        try:
+            return resp.json() if resp.content else {}
+        except ValueError:  # a plain-text success (vLLM's adapter routes)
+            return {"text": resp.text}
+    last = f"HTTP {resp.status_code}: {_error_message(resp)}"
+    if resp.status_code < 500:
+        raise GenerationError(f"{url} rejected the request: {last}")
+    raise ServerUnavailable(f"{url}: {last}")
 
 
 def _error_message(resp: Any) -> str:

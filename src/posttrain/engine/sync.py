@@ -1,15 +1,19 @@
-"""The loop's engine choice (`make_engine`: hf in process or openai over HTTP), weight sync
-between the trainer and its inference engine, and the staleness bound.
+"""The loop's engine choice (`make_engine`: hf in process, vllm through a vLLM server, or
+openai over HTTP), weight sync between the trainer and its inference engine, and the
+staleness bound.
 
 Invariant: after `push()` returns, the engine samples with the trainer's
 current weights and `engine.version` is the version it acknowledged: in
-process (hf) the shared module is already updated; remote (openai) the
+process (hf) the shared module is already updated; remote (openai, vllm) the
 weights (the adapter alone for a LoRA model) are written to a fresh folder
 under sync_dir, renamed into place complete, and loaded by the server
-through /v1/update_weights; with engine.verify_sync on (auto: a remote
-engine) the engine's log-probs of a fixed probe equal the trainer's own
-within the tolerance, checked before push returns (engine/probe.py), or the
-run stops with SyncVerificationError. `fresh` keeps only groups whose every rollout
+(openai: /v1/update_weights; vllm: pause, in-place reload or adapter load,
+prefix-cache reset, resume; see engine/vllm.py); a push the engine does not
+acknowledge raises (WeightSyncError), it never returns. With engine.verify_sync
+on (auto: a remote engine) the engine's log-probs of a fixed probe equal the
+trainer's own within the tolerance, checked before push returns
+(engine/probe.py), or the run stops with SyncVerificationError. `fresh` keeps
+only groups whose every rollout
 was produced within `max_staleness` versions of the engine's acknowledged
 version, as the server reported it, so a lagging or restarted server in
 another process never feeds the trainer stale samples.
@@ -32,9 +36,13 @@ _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
 
 
-def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any:
-    """The loop's engine: HFEngine over the trained module, or OpenAIEngine over cfg.url."""
-    if cfg.type == "openai":
+def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Any:
+    """The loop's engine: HFEngine over the trained module, VLLMEngine (a server started for the
+    module's model directory, its files under `run_dir`/vllm, or attached at cfg.url), or
+    OpenAIEngine over cfg.url."""
+    if cfg.kind == "vllm":
+        return _vllm_engine(cfg, model, tokenizer, seed, run_dir)
+    if cfg.kind == "openai":
         from posttrain.configs.serve import admin_token
         from posttrain.engine.openai import OpenAIEngine
 
@@ -52,6 +60,30 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int) -> Any
     return HFEngine(model, tokenizer, seed=seed)
 
 
+def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Any:
+    from posttrain.engine.vllm import VLLMEngine
+
+    v = cfg.vllm
+    kw: dict[str, Any] = {
+        "timeout_s": cfg.timeout_s,
+        "concurrency": cfg.concurrency,
+        "seed": seed,
+        "push_timeout_s": v.push_timeout_s,
+        "push_retries": v.push_retries,
+        "max_restarts": v.max_restarts,
+    }
+    if cfg.url:
+        return VLLMEngine(tokenizer, url=cfg.url, **kw)
+    if run_dir is None:
+        raise ValueError("make_engine: the vllm engine starts a server and needs run_dir for its files")
+    peft = getattr(model, "peft_config", None)  # peft injects the adapters into the module it wraps
+    lora_rank = int(next(iter(peft.values())).r) if peft else None
+    model_dir = str(getattr(model, "name_or_path", "") or "")  # load_model's directory (the base under LoRA)
+    if not model_dir:
+        raise ValueError("make_engine: the vllm engine serves the model's directory, and this model has none")
+    return VLLMEngine.start(model_dir, run_dir, tokenizer, v, lora_rank, **kw)
+
+
 class WeightSync:
     """Pushes the trainer's weights to the engine after each optimizer step."""
 
@@ -64,7 +96,16 @@ class WeightSync:
 
     @property
     def remote(self) -> bool:
-        return self.cfg.type == "openai"
+        """Whether the weights travel to another process (written to sync_dir, then loaded)."""
+        return self.cfg.kind in ("openai", "vllm")
+
+    def stats(self) -> dict[str, int]:
+        """What the metrics row carries: the engine's own counters (vllm: request retries,
+        server restarts, pushes, failed push attempts), prefixed `engine_`."""
+        stats = getattr(self.engine, "stats", None)
+        if self.cfg.kind != "vllm" or not callable(stats):
+            return {}
+        return {f"engine_{k}": int(v) for k, v in stats().items()}
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
@@ -83,12 +124,12 @@ class WeightSync:
 
     def resume(self, state: Mapping[str, int] | None) -> int:
         """Push the weights a resume restored, as the version they had at the checkpoint (`state`, a
-        `state_dict`; None for a checkpoint without one: counting starts again). An in-process engine
+        `state_dict`; None for a checkpoint without one: counting starts again). An in-process (or vllm) engine
         takes up its numbering where the checkpoint left it, so a resumed run's model versions equal
         the uninterrupted run's; a remote engine's version is the server's to report."""
         if state:
             self.pushed, self.dropped_stale = int(state["pushed"]) - 1, int(state["dropped_stale"])
-            if not self.remote:
+            if self.cfg.kind != "openai":  # hf and vllm number their own versions
                 self.engine.version = int(state["version"]) - 1
         return self.push()
 

@@ -4,7 +4,7 @@ Invariant: every Trainer call that runs collectives (step, save, save_weights,
 resume, token_logprobs) is made on every rank, in the same order, with the same arguments:
 rank 0's LeaderTrainer broadcasts each call before making it, and followers
 replay them until `close()` sends stop. Only rank 0 samples, verifies,
-traces and evaluates; inference is remote (engine.type openai), since an
+traces and evaluates; inference is remote (engine.kind openai), since an
 in-process engine cannot generate from sharded weights.
 """
 
@@ -93,9 +93,9 @@ def follow(trainer: Any) -> int:
 
 
 def check(cfg: Any) -> None:
-    if cfg.engine.type != "openai":
+    if cfg.engine.kind != "openai":
         raise ConfigError(
-            "trainer.fsdp in the loop needs engine.type openai: an in-process engine "
+            "trainer.fsdp in the loop needs engine.kind openai: an in-process engine "
             "cannot generate from sharded weights"
         )
 
