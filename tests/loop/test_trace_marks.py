@@ -40,7 +40,7 @@ def test_roll_back_deletes_what_came_after_the_mark_and_event_ids_continue(tmp_p
     for step in (1, 2):
         _step(store, step)
     mark = store.mark()
-    assert mark == {"rollouts": 8, "events": 2}
+    assert mark == {"rollouts": 8, "events": 2, "draws": 0}
     for step in (3, 4):
         _step(store, step)
     store.mark_consumed(2, {})  # nothing relinked: step 2's links stay
