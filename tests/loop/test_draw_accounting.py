@@ -150,7 +150,11 @@ def test_a_run_accounts_for_every_draw_and_the_command_prints_it(tmp_path, micro
     draws = [dict(r) for r in store._db.execute("SELECT * FROM draws ORDER BY rowid")]
     trained_groups = {r[0] for r in store._db.execute("SELECT DISTINCT group_id FROM rollouts WHERE train_step>0")}
     ids = [r[0] for r in store._db.execute("SELECT id FROM rollouts ORDER BY rowid")]
+    from posttrain.trace.explain import explain
+
+    said = explain(store, ids[0])  # step 1's first rollout: its draw, trained at step 1
     store.close()
+    assert "draw d1.0 (drawn at step 1): trained at step 1" in said or "draw d1.0 (drawn at step 1): dropped" in said
     assert got.exact and got.trained > 0 and got.dropped.get("filtered", 0) >= 4, got.describe()
     assert got.drawn == len(draws) >= 3 * 4  # 4 prompts a step, and the replacements
     for step in (1, 2, 3):  # each step's draws numbered from 0, in draw order

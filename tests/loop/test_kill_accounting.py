@@ -4,8 +4,9 @@ trained on exactly once or dropped with its reason: none lost, none trained twic
 
 Each run is a real `posttrain train` process (tests/loop/crash_worker.py, the parity domain, so
 every step trains), killed with SIGKILL when what it has written shows it reached the point:
-- generation of step s: step s-1's monitor row is in metrics.jsonl and no rollout of step s is
-  in the trace yet (the kill lands in the step's sampling, or the evaluation before it);
+- generation of step s: step s-1's monitor row is in metrics.jsonl (and its checkpoint, when
+  it has one, is in place) and no rollout of step s is in the trace yet (the kill lands in the
+  step's sampling, or the evaluation before it);
 - train step s: step s's rollouts are in the trace and its train row is not in metrics.jsonl
   (the kill lands in the trainer's step, the trace links or the draw fates);
 - checkpoint s: checkpoints/.tmp-step_s-* exists (if the write is too quick to see, the kill
@@ -49,8 +50,13 @@ def _trace_has_step(run: Path, step: int) -> bool:
 
 def _point(kind: str, step: int):
     metrics = "metrics.jsonl"
-    if kind == "generation":
-        return lambda run: _rows_with(run / metrics, "monitor", step - 1) and not _trace_has_step(run, step)
+    if kind == "generation":  # after step s-1's checkpoint when it has one (else the kill is in its write)
+        ckpt = f"step_{step - 1:08d}" if (step - 1) % EVERY == 0 else None
+        return lambda run: (
+            _rows_with(run / metrics, "monitor", step - 1)
+            and (ckpt is None or (run / "checkpoints" / ckpt).is_dir())
+            and not _trace_has_step(run, step)
+        )
     if kind == "train":
         return lambda run: _trace_has_step(run, step) and not _rows_with(run / metrics, "train", step)
     root = f"step_{step:08d}"

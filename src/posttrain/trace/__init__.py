@@ -515,6 +515,15 @@ class TraceStore:
             ]
         )
 
+    def draw_of_group(self, group_id: str) -> dict[str, Any] | None:
+        """The draw the group `group_id` was made from (None: none recorded, or a trace from before
+        draws were recorded)."""
+        try:
+            row = self._db.execute("SELECT * FROM draws WHERE group_id=?", (group_id,)).fetchone()
+        except sqlite3.OperationalError:  # no draws table: a read-only trace of schema < 4
+            return None
+        return dict(row) if row else None
+
     def pending_draws(self) -> list[str]:
         """The ids of the draws with no fate yet (in flight), in draw order."""
         return [r[0] for r in self._db.execute("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid")]
