@@ -477,22 +477,31 @@ class TraceStore:
                 "INSERT OR IGNORE INTO draws (id, created_at, step, task_id, domain) VALUES (?,?,?,?,?)",
                 [(d.id, time.time(), d.step, d.task_id, d.domain) for d in draws],
             )
-            for d in draws:
-                if d.fate is None:
-                    if d.group_id is not None:
-                        self._db.execute("UPDATE draws SET group_id=? WHERE id=?", (d.group_id, d.id))
-                    continue
-                done = self._db.execute(
-                    "UPDATE draws SET group_id=COALESCE(?, group_id), fate=?, reason=?, fate_step=? "
-                    "WHERE id=? AND fate IS NULL",
-                    (d.group_id, d.fate, d.reason, d.fate_step, d.id),
-                ).rowcount
-                if not done:
-                    row = self._db.execute("SELECT fate, reason, fate_step FROM draws WHERE id=?", (d.id,)).fetchone()
-                    raise ValueError(
-                        f"draw {d.id}: fate {d.fate!r} at step {d.fate_step}, but the trace {self.path} already "
-                        f"holds {tuple(row) if row else 'no such draw'}: a prompt is given one fate"
-                    )
+            bound = [(d.group_id, d.id) for d in draws if d.fate is None and d.group_id is not None]
+            self._db.executemany("UPDATE draws SET group_id=? WHERE id=?", bound)
+            fated = [d for d in draws if d.fate is not None]
+            if not fated:
+                return
+            taken = self._db.execute(
+                f"SELECT id, fate, reason, fate_step FROM draws WHERE fate IS NOT NULL AND id IN "
+                f"({','.join('?' * len(fated))}) ORDER BY rowid LIMIT 1",
+                [d.id for d in fated],
+            ).fetchone()
+            if taken is not None:  # a second fate: nothing of the call is written
+                d = next(d for d in fated if d.id == taken["id"])
+                raise ValueError(
+                    f"draw {d.id}: fate {d.fate!r} at step {d.fate_step}, but the trace {self.path} already "
+                    f"holds {tuple(taken)[1:]}: a prompt is given one fate"
+                )
+            done = self._db.executemany(
+                "UPDATE draws SET group_id=COALESCE(?, group_id), fate=?, reason=?, fate_step=? "
+                "WHERE id=? AND fate IS NULL",
+                [(d.group_id, d.fate, d.reason, d.fate_step, d.id) for d in fated],
+            ).rowcount
+            if done != len(fated):
+                raise ValueError(
+                    f"{len(fated) - done} of {len(fated)} fates name a draw twice: a prompt is given one fate"
+                )
 
     def record_dropped(self, step: int, dropped: Mapping[str, str]) -> None:
         """Draws dropped at loop step `step`: draw id -> reason (a key of DROP_REASONS, maybe
