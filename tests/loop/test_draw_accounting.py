@@ -134,16 +134,25 @@ def test_a_version_3_trace_gains_the_draws_table(tmp_path):
 
 def test_a_run_accounts_for_every_draw_and_the_command_prints_it(tmp_path, micro_base, parity_domain, monkeypatch):
     """A real run: every draw of the pool (the first round's and the replacements dynamic sampling
-    drew) has its fate; the groups that trained are the draws marked trained; the trace's rollout
+    drew) has its fate (filtered at step 2, the guard's skipped update at step 3); the groups that
+    trained are the draws marked trained; the trace's rollout
     ids are the ids the rollouts were born with; `posttrain trace accounting` prints it, exit 0."""
     from test_loop_e2e import _cfg
 
     import posttrain.loop as loop
     from posttrain.loop import train
     from posttrain.rollout import informative
+    from posttrain.trainer.guard import SpikeGuard
 
     # step 2's groups all look uninformative to the loop: they are dropped as filtered, not lost
     monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("2:") and informative(g))
+    calls, verdict = [], SpikeGuard.verdict  # the guard's second verdict (step 3's; step 2 coasts) is a spike
+
+    def spike(self, loss, grad_norm):
+        calls.append(loss)
+        return "test spike" if len(calls) == 2 else verdict(self, loss, grad_norm)
+
+    monkeypatch.setattr(SpikeGuard, "verdict", spike)
     result = train(_cfg(tmp_path, micro_base, "acc", "run.steps=3", parity_domain), log=lambda *_: None)
     store = TraceStore.read_only(result.run_dir / "trace.db")
     got = store.accounting()
@@ -160,8 +169,12 @@ def test_a_run_accounts_for_every_draw_and_the_command_prints_it(tmp_path, micro
     for step in (1, 2, 3):  # each step's draws numbered from 0, in draw order
         mine = [d["id"] for d in draws if d["step"] == step]
         assert mine == [f"d{step}.{k}" for k in range(len(mine))]
-    assert {d["group_id"] for d in draws if d["fate"] == "trained"} == trained_groups
+    guarded = {d["group_id"] for d in draws if d["reason"].startswith("guard")}
+    assert guarded <= trained_groups  # the guard's step links its rows and applies nothing
+    assert {d["group_id"] for d in draws if d["fate"] == "trained"} == trained_groups - guarded
     assert all(d["fate_step"] == 2 and d["reason"] == "filtered" for d in draws if d["step"] == 2)
+    step3 = [d for d in draws if d["step"] == 3 and d["reason"] != "filtered"]
+    assert step3 and all(d["reason"] == "guard: skipped (test spike)" for d in step3), step3  # linked, not trained
     assert all(rid.split("/")[0] in {d["group_id"] for d in draws} for rid in ids)
     assert all(rid.split("/")[1].isdigit() for rid in ids) and len(set(ids)) == len(ids)
     out = subprocess.run(

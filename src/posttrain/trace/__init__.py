@@ -184,8 +184,9 @@ class Accounting:
     run runs; 0 once it has finished). `trained_twice`: draws whose rollouts are linked to more
     than one train step, or groups bound to more than one draw. `trained_undrawn`: groups with
     rollouts linked to a train step and no draw (rows written before trace schema 4). A dropped
-    draw whose rollouts are linked to a train step is in `contradictions` unless the step
-    applied no update (reason "guard")."""
+    draw whose rollouts are linked to a train step is in `contradictions` unless that step
+    applied no update (reasons "guard" and "no_signal": the step links its rows, changes nothing),
+    and so is a trained draw none of whose rollouts is linked to the step it was trained at."""
 
     drawn: int
     trained: int
@@ -256,7 +257,8 @@ def accounting(db: sqlite3.Connection) -> Accounting:
         f"{r[0]} dropped ({r[1]}) but its rollouts are linked to step {r[2]}"
         for r in db.execute(
             "SELECT d.id, d.reason, MIN(r.train_step) FROM draws d JOIN rollouts r ON r.group_id = d.group_id "
-            "WHERE d.fate='dropped' AND r.train_step IS NOT NULL AND d.reason NOT LIKE 'guard%' GROUP BY d.id"
+            "WHERE d.fate='dropped' AND r.train_step IS NOT NULL AND d.reason NOT LIKE 'guard%' "
+            "AND d.reason NOT LIKE 'no_signal%' GROUP BY d.id"
         )
     ]
     return Accounting(drawn, trained, dropped, lost, tuple(twice), undrawn, tuple(contradictions))
