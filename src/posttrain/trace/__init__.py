@@ -205,7 +205,7 @@ class Accounting:
 
     def describe(self) -> str:
         lines = [f"drawn      {self.drawn}", f"trained    {self.trained}", f"dropped    {sum(self.dropped.values())}"]
-        lines += [f"  {reason:<12}{n}" for reason, n in sorted(self.dropped.items())]
+        lines += [f"  {reason:<14}{n}" for reason, n in sorted(self.dropped.items())]
         lines.append(f"lost       {len(self.lost)}" + (f"  (no fate: {', '.join(self.lost[:5])})" if self.lost else ""))
         for name in ("trained_twice", "trained_undrawn", "contradictions"):
             found = getattr(self, name)
