@@ -53,6 +53,23 @@ def test_roll_back_deletes_what_came_after_the_mark_and_event_ids_continue(tmp_p
     store.close()
 
 
+def test_a_mark_is_on_disk_in_the_database_file_itself(tmp_path):
+    """After `mark`, the database file alone (its WAL lost, as a power loss may lose the part of
+    it not yet synced) holds every row the mark counts."""
+    import shutil
+
+    store = TraceStore(tmp_path / "trace.db")
+    for step in (1, 2):
+        _step(store, step)
+    mark = store.mark()
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "trace.db", tmp_path / "copy" / "trace.db")  # without trace.db-wal
+    store.close()
+    copy = TraceStore(tmp_path / "copy" / "trace.db")
+    assert copy.mark() == mark and copy.count() == 8
+    copy.close()
+
+
 def test_links_to_steps_after_the_checkpoint_are_cleared(tmp_path):
     store = TraceStore(tmp_path / "trace.db")
     ids = _step(store, 1)

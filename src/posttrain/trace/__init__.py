@@ -388,7 +388,12 @@ class TraceStore:
             raise damaged(self.path, "; ".join(found))
 
     def mark(self) -> dict[str, int]:
-        """What the trace holds now, for a checkpoint: the last rowid of `rollouts`, `events` and `draws`."""
+        """What the trace holds now, for a checkpoint: the last rowid of `rollouts`, `events` and `draws`,
+        synced to disk first (a WAL checkpoint, which syncs the WAL and then the database file): a
+        power loss after the checkpoint that carries this mark cannot lose what the mark counts
+        (with `synchronous=NORMAL` a commit alone is durable against a process crash only)."""
+        with readable(self.path):
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         rollouts = self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM rollouts").fetchone()[0]
         events = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
         draws = self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM draws").fetchone()[0]
