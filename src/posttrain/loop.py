@@ -6,7 +6,9 @@ counted, never scored 0; a run resumed from a checkpoint continues exactly
 as the uninterrupted run would have (same tasks, same samples, same weights),
 from its newest intact checkpoint, with the trace and metrics cut back to what
 they held when that checkpoint was written (its `records` marks), so the
-resumed run's records equal the uninterrupted run's.
+resumed run's records equal the uninterrupted run's. Every task the pool hands
+out is, across crashes and resumes, trained on once or dropped with its reason,
+both in the trace (`draws`) before the checkpoint after it (`_account`).
 """
 
 from __future__ import annotations
@@ -189,7 +191,17 @@ def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: An
             f"resume: rolled back what was written after step {step}: {rollouts} rollouts and {events} events "
             f"of trace.db, {cut} bytes of metrics.jsonl"
         )
+    _drop_interrupted(trace, step, log)
     return trace, MetricsLog(rundir.metrics_path)
+
+
+def _drop_interrupted(trace: TraceStore, step: int, log: Any) -> None:
+    """Draws in flight when the checkpoint the run resumes from was written (the off-policy mode's
+    next batch): their generation is lost with the process; each is dropped as "interrupted"."""
+    pending = trace.pending_draws()
+    if pending:
+        trace.record_dropped(step, dict.fromkeys(pending, "interrupted"))
+        log(f"resume: {len(pending)} draws in flight at the checkpoint of step {step} dropped as interrupted")
 
 
 def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any]]:
@@ -250,12 +262,13 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     groups, pipe_stats = sampling.rollouts.sample(
         run.pool.draw(run.cfg.rollout.prompts_per_step), sampling.params, step
     )
-    ids = _write_trace(run, sampling, groups)
+    _write_trace(run, sampling, groups)
     kept = [g for g in groups if informative(g)] if run.cfg.rollout.dynamic_sampling else groups
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    stats = _train_step(run, step, groups, kept, ids, sampling.params.temperature)
+    stats = _train_step(run, step, groups, kept, sampling.params.temperature)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
+    _account(run, sampling.rollouts.ledger, step, groups, kept, stats)
     summary = _summary(groups, kept, sampling.budgets)
     trained = {} if stats is None else _stats_row(stats)
     run.metrics.write(
@@ -271,7 +284,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **run.sync.stats(),
         train_cpu_s=round(run.budget.spent(), 3),
     )
-    actions = run.monitor.after_step(step, groups, kept, ids, links, stats, {**summary, **trained})
+    actions = run.monitor.after_step(step, groups, kept, links, stats, {**summary, **trained})
     stop = apply_actions(actions, run.pool, stop)  # the monitor observes, the loop acts
     if run.evaluator.due(step, run.cfg.run.steps):  # the fixed subset and a rotation slice
         table = run.evaluator.periodic(step)
@@ -295,15 +308,13 @@ def _stats_row(stats: Any) -> dict[str, Any]:
     }
 
 
-def _write_trace(run: _Run, sampling: _Sampling, groups: Sequence[Sequence[Rollout]]) -> dict[int, str]:
-    """Write every rollout of the step to the trace (before any train step consumes it) and let the
-    pool see the scored ones. Returns id(rollout) -> its trace id, the id it keeps."""
+def _write_trace(run: _Run, sampling: _Sampling, groups: Sequence[Sequence[Rollout]]) -> None:
+    """Write every rollout of the step to the trace, under the id it was born with (before any
+    train step consumes it), and let the pool see the scored ones."""
     shared: dict[str, tuple[dict[str, Any], str]] = {}  # per domain, for this step's records
-    records = {id(r): _record(r, sampling.params, sampling.budgets, shared) for g in groups for r in g}
-    run.trace.write_rollouts(list(records.values()))
+    run.trace.write_rollouts([_record(r, sampling.params, sampling.budgets, shared) for g in groups for r in g])
     for r in (r for g in groups for r in g if r.reward is not None):
         run.pool.observe(r.task, r.reward)
-    return {key: rec.id for key, rec in records.items()}
 
 
 def _train_step(
@@ -311,14 +322,13 @@ def _train_step(
     step: int,
     groups: Sequence[Sequence[Rollout]],
     kept: Sequence[Sequence[Rollout]],
-    ids: Mapping[int, str],
     temperature: float,
 ) -> Any:
     """Train on the kept groups (the filtered ones count in the normalisers), push changed weights to
     the engine, and mark in the trace what the step did with each rollout. The trainer's stats, or None."""
-    kept_ids = {id(g) for g in kept}
-    filtered = [g for g in groups if id(g) not in kept_ids]  # sampled this step, not trained on
-    batch = _batch(kept, ids, temperature, filtered)
+    kept_ids = {g[0].group_id for g in kept if g}
+    filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
+    batch = _batch(kept, temperature, filtered)
     stats = run.trainer.step(batch) if batch is not None else None
     if stats is not None and stats.weights_changed:
         run.sync.push()
@@ -326,10 +336,47 @@ def _train_step(
     return stats
 
 
+def _account(
+    run: _Run,
+    ledger: Any,
+    step: int,
+    groups: Sequence[Sequence[Rollout]],
+    kept: Sequence[Sequence[Rollout]],
+    stats: Any,
+) -> None:
+    """Each returned group's draw gets its fate, and the step's draws and fates go to the trace
+    (one transaction, before any checkpoint after this step): trained when the group entered a
+    train step that applied its update; else dropped: "masked" (no sample scored), "filtered"
+    (dynamic sampling), "stale" (its weights too old for the engine), "guard" (the trainer's
+    guard skipped or rolled back the update), "no_signal" (the step had no row with signal)."""
+    kept_ids = {g[0].group_id for g in kept if g}
+    outcome = stats.outcome if stats is not None else "no_signal"
+    for g in groups:
+        draw = ledger.draw_of(g[0].group_id)
+        if draw is None:  # a group the ledger never bound: a pipeline path that skips it
+            raise RuntimeError(f"group {g[0].group_id} has no draw in the ledger")
+        if all(r.reward is None for r in g):
+            ledger.dropped(draw, "masked", step)
+        elif g[0].group_id not in kept_ids:
+            filtered = run.cfg.rollout.dynamic_sampling and not informative(g)
+            ledger.dropped(draw, "filtered" if filtered else "stale", step)
+        elif outcome == "applied":
+            ledger.trained(draw, step)
+        elif outcome in ("skipped", "rolled_back"):
+            ledger.dropped(draw, f"guard: {outcome} ({stats.guard_reason})", step)
+        else:
+            ledger.dropped(draw, f"no_signal: {outcome}", step)
+    ledger.flush(run.trace)
+
+
 def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     """The end of the run: the held-out table after training, the final checkpoint, eval.json,
-    every part closed, and the report when asked for."""
+    every part closed, and the report when asked for. Draws still in flight (the off-policy
+    mode's next batch) are dropped as "stopped" before the final checkpoint's marks."""
     spent = run.budget.spent()  # the final evaluation is outside run.cpu_budget_s
+    ledger = sampling.rollouts.ledger
+    if ledger.stop(step):
+        ledger.flush(run.trace)
     marks = run.marks()  # a resume from the final checkpoint evaluates again: its records go back to here
     after = run.evaluator.full(step)
     run.save(step, spent, marks)
@@ -371,7 +418,6 @@ def _progress(cfg: Config, done: int) -> Any:
 
 def _batch(
     groups: Sequence[Sequence[Rollout]],
-    ids: Mapping[int, str],
     temperature: float,
     filtered: Sequence[Sequence[Rollout]] = (),
 ) -> Any:
@@ -384,7 +430,7 @@ def _batch(
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
     rows = [
-        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask, rollout_id=ids[id(r)])
+        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask, rollout_id=r.id)
         for g in groups
         for r in g
         if r.reward is not None
@@ -476,6 +522,7 @@ def _record(
         exec_result=exec_summary(r.exec_result),
         turns=transcript(r.turns),
         retries=r.retries,
+        id=r.id,
     )
 
 

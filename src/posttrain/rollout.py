@@ -5,6 +5,9 @@ scored 0 for an infra error; a model fault is scored, normally 0, with
 `Score.reason` "model fault: ...", and carries no error kind); a group is
 trainable only when its scored rewards are not all equal, and its masked
 samples are left out (the trainer's advantages are over the scored ones).
+A rollout has its id from birth (`rollout_id`: its group id and its index in
+the group, so a resumed run gives the same sample the same id); the trace
+row, the trainer's row and the monitor's links carry that id.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Rollout:
     retries: int = 0
     """Retries after infra errors before this sample's score or mask: its group's (admission
     stage calls, generation) and its own (execute step, environment step, verification)."""
+    id: str = field(kw_only=True)
+    """`rollout_id(group_id, index in the group)`: the trace row's id, the trainer row's
+    rollout_id, the key of the train step's links."""
 
     @property
     def prompt_text(self) -> str:
@@ -47,6 +53,13 @@ class Rollout:
     @property
     def reward(self) -> float | None:
         return None if self.score is None else self.score.value
+
+
+def rollout_id(group_id: str, sample: int) -> str:
+    """The id of sample `sample` (its index in the group, from 0) of group `group_id`. Group ids
+    are unique over a run (the loop step and the group's place in it: "12:3"), so these are too,
+    and a resumed run, which makes the same groups, gives them the same ids."""
+    return f"{group_id}/{sample}"
 
 
 def informative(group: Sequence[Rollout]) -> bool:

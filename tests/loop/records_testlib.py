@@ -1,6 +1,6 @@
-"""Run records compared by content: a run directory's metrics rows, trace rollouts and trace
-events in write order, less the values that are random, wall-clock or thread-scheduling figures
-by design (rollout ids, write times, per-stage timings, and every `time`, `*seconds`, `*_s`,
+"""Run records compared by content: a run directory's metrics rows, trace rollouts, trace
+events and draws in write order, less the values that are random, wall-clock or thread-scheduling figures
+by design (write times, per-stage timings, and every `time`, `*seconds`, `*_s`,
 `*_share` and `*_max_depth` field: a queue's deepest fill depends on which thread ran first)."""
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ def records(run: Path) -> dict[str, list]:
     db.row_factory = sqlite3.Row
     try:
         rollouts = [
-            {k: v for k, v in dict(r).items() if k not in ("id", "created_at", "timings")}
+            {k: v for k, v in dict(r).items() if k not in ("created_at", "timings")}  # ids from birth: compared
             for r in db.execute("SELECT * FROM rollouts ORDER BY rowid")
+        ]
+        draws = [
+            {k: v for k, v in dict(r).items() if k != "created_at"}
+            for r in db.execute("SELECT * FROM draws ORDER BY rowid")
         ]
         events = [
             {**{k: v for k, v in dict(r).items() if k != "created_at"}, "data": strip_wall(json.loads(r["data"]))}
@@ -39,12 +43,12 @@ def records(run: Path) -> dict[str, list]:
         ]
     finally:
         db.close()
-    return {"metrics": metrics, "rollouts": rollouts, "events": events}
+    return {"metrics": metrics, "rollouts": rollouts, "events": events, "draws": draws}
 
 
 def assert_same(got: dict[str, list], want: dict[str, list]) -> None:
     """Fail naming the first part (metrics, rollouts, events) and row where `got` and `want` differ."""
-    for part in ("metrics", "rollouts", "events"):
+    for part in ("metrics", "rollouts", "events", "draws"):
         assert len(got[part]) == len(want[part]), f"{part}: {len(got[part])} rows, uninterrupted {len(want[part])}"
         for i, (a, b) in enumerate(zip(got[part], want[part], strict=True)):
             assert a == b, f"{part} row {i} differs"

@@ -5,7 +5,7 @@ Each run is a real `posttrain train` process (tests/loop/crash_worker.py: the CL
 the parity domain registered, so every step trains), killed with SIGKILL when a file it writes
 shows it has reached the chosen point. The uninterrupted run is made in the same test. Rows are
 compared by content in write order; left out are only the values that are random, wall-clock or
-thread-scheduling figures by design (records_testlib.py: rollout ids, write times, per-stage
+thread-scheduling figures by design (records_testlib.py: write times, per-stage
 timings, and every `time`, `*seconds`, `*_s`, `*_share`, `*_max_depth` field of the metrics and
 event data).
 """

@@ -13,14 +13,14 @@ from posttrain.trace import TraceStore
 from posttrain.types import Completion, Message, SamplingParams, Score, Task, TaskMeta
 
 
-def _rollout(gid: str, reward: float | None, tokens: tuple[int, ...], logp: tuple[float, ...]):
-    from posttrain.rollout import Rollout
+def _rollout(gid: str, i: int, reward: float | None, tokens: tuple[int, ...], logp: tuple[float, ...]):
+    from posttrain.rollout import Rollout, rollout_id
 
     task = Task(f"add-{gid}", "add", (Message("user", "1+1="),), "2", TaskMeta("train", 1, "test", "v1"))
     completion = Completion((5, 6, 7), tokens, "2" if tokens else "", logp, "stop")
     if reward is None:
-        return Rollout(task, completion, gid, None, "verifier", "RuntimeError: verifier crashed")
-    return Rollout(task, completion, gid, Score(reward))
+        return Rollout(task, completion, gid, None, "verifier", "RuntimeError: verifier crashed", id=rollout_id(gid, i))
+    return Rollout(task, completion, gid, Score(reward), id=rollout_id(gid, i))
 
 
 def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(tmp_path, micro_base):
@@ -40,20 +40,19 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
 
     trainer._micro_step = spy
     group = [
-        _rollout("1:0", 1.0, (8, 9), (-2.0, -2.0)),
-        _rollout("1:0", 0.0, (10, 11), (-2.0, -2.0)),
-        _rollout("1:0", 0.0, (), ()),  # a scored empty completion: in the baseline, in no loss
-        _rollout("1:0", None, (8,), (-2.0,)),  # an infra error: neither
+        _rollout("1:0", 0, 1.0, (8, 9), (-2.0, -2.0)),
+        _rollout("1:0", 1, 0.0, (10, 11), (-2.0, -2.0)),
+        _rollout("1:0", 2, 0.0, (), ()),  # a scored empty completion: in the baseline, in no loss
+        _rollout("1:0", 3, None, (8,), (-2.0,)),  # an infra error: neither
     ]
     trace = TraceStore(tmp_path / "trace.db")
     params = SamplingParams(max_tokens=4, temperature=1.0, n=4)
-    records = {id(r): _record(r, params) for r in group}
-    trace.write_rollouts(list(records.values()))
-    ids = {k: rec.id for k, rec in records.items()}
-    stats = trainer.step(_batch([group], ids, 1.0))
+    trace.write_rollouts([_record(r, params) for r in group])
+    stats = trainer.step(_batch([group], 1.0))
     trace.mark_consumed(1, stats.rollouts)
-    got = {rid: trace.get(rid) for rid in ids.values()}
-    good, bad, empty, infra = (ids[id(r)] for r in group)
+    got = {r.id: trace.get(r.id) for r in group}
+    good, bad, empty, infra = (r.id for r in group)
+    assert [got[r.id]["id"] for r in group] == ["1:0/0", "1:0/1", "1:0/2", "1:0/3"]  # the ids they were born with
     assert seen.keys() == {good, bad}
     assert got[good]["advantage"] == seen[good] and got[bad]["advantage"] == seen[bad]
     # the loss's advantages count the empty completion (group rewards 1, 0, 0), not only the rows with tokens
@@ -91,7 +90,7 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(
         assert (r["advantage"], r["ratio"], r["clipped"]) == (link.advantage, link.ratio, link.clipped)
 
     batch = loop._batch  # the same groups, handed to the trainer in the reverse order, each reversed
-    monkeypatch.setattr(loop, "_batch", lambda gs, ids, t, *more: batch([g[::-1] for g in gs[::-1]], ids, t, *more))
+    monkeypatch.setattr(loop, "_batch", lambda gs, t, *more: batch([g[::-1] for g in gs[::-1]], t, *more))
     reordered = train(_cfg(tmp_path, micro_base, "reordered", "run.steps=3", parity_domain), log=lambda *_: None)
     a, b = _params(plain.run_dir), _params(reordered.run_dir)
     assert a.keys() == b.keys()

@@ -40,7 +40,7 @@ def test_roll_back_deletes_what_came_after_the_mark_and_event_ids_continue(tmp_p
     for step in (1, 2):
         _step(store, step)
     mark = store.mark()
-    assert mark == {"rollouts": 8, "events": 2}
+    assert mark == {"rollouts": 8, "events": 2, "draws": 0}
     for step in (3, 4):
         _step(store, step)
     store.mark_consumed(2, {})  # nothing relinked: step 2's links stay
@@ -51,6 +51,23 @@ def test_roll_back_deletes_what_came_after_the_mark_and_event_ids_continue(tmp_p
     assert [e["id"] for e in store.events()] == [1, 2, 3]  # as the uninterrupted run numbers them
     assert store.roll_back(mark, 4) == (0, 1)  # back again: the new event goes, nothing else
     store.close()
+
+
+def test_a_mark_is_on_disk_in_the_database_file_itself(tmp_path):
+    """After `mark`, the database file alone (its WAL lost, as a power loss may lose the part of
+    it not yet synced) holds every row the mark counts."""
+    import shutil
+
+    store = TraceStore(tmp_path / "trace.db")
+    for step in (1, 2):
+        _step(store, step)
+    mark = store.mark()
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "trace.db", tmp_path / "copy" / "trace.db")  # without trace.db-wal
+    store.close()
+    copy = TraceStore(tmp_path / "copy" / "trace.db")
+    assert copy.mark() == mark and copy.count() == 8
+    copy.close()
 
 
 def test_links_to_steps_after_the_checkpoint_are_cleared(tmp_path):

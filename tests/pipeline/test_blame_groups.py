@@ -44,8 +44,7 @@ def _rows(groups):
     """The trainer's rows of `groups` (loop._batch: one per scored rollout)."""
     from posttrain.loop import _batch
 
-    ids = {id(r): f"r{i}" for i, r in enumerate(r for g in groups for r in g)}
-    return _batch(groups, ids, 1.0).rows
+    return _batch(groups, 1.0).rows
 
 
 def test_one_episodes_sandbox_failure_masks_it_alone(monkeypatch):

@@ -359,7 +359,7 @@ def test_a_version_1_trace_gains_the_turns_column(tmp_path):
     store = TraceStore(path)
     cols = [r["name"] for r in store._db.execute("PRAGMA table_info(rollouts)")]
     version = store._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
-    assert "turns" in cols and int(version) == SCHEMA_VERSION == 3
+    assert "turns" in cols and int(version) == SCHEMA_VERSION == 4
 
 
 def test_a_version_2_trace_gains_the_retries_column(tmp_path):

@@ -82,6 +82,34 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
     assert json.loads((latest_checkpoint(tmp_path) / "loop_state.json").read_text())["trainer"]["steps"] == 4
 
 
+def test_a_prune_cut_while_deleting_leaves_no_half_checkpoint_under_its_name(tmp_path, monkeypatch):
+    """A crash while an old checkpoint is deleted (here: the delete fails after removing one file)
+    leaves it under a `.tmp-*` name, which the next resume removes, never a half-deleted
+    `step_*` folder that only a manifest check would tell from a whole one."""
+    import shutil
+
+    from posttrain.trainer.checkpoint import clean_leftovers, prune_checkpoints
+
+    model = tiny_model(0)
+    trainer = Trainer(model, TrainerConfig())
+    for step in (1, 2):
+        save_checkpoint(tmp_path, model, None, trainer.optimizer, {}, step=step)
+
+    def cut(path):
+        (path / "optimizer.pt").unlink()
+        raise OSError("killed")
+
+    monkeypatch.setattr(shutil, "rmtree", cut)
+    with pytest.raises(OSError, match="killed"):
+        prune_checkpoints(tmp_path, keep=1)
+    monkeypatch.undo()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names[-1] == "step_00000002" and names[0].startswith(".tmp-step_00000001-") and len(names) == 2
+    said = []
+    clean_leftovers(tmp_path, said.append)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"] and len(said) == 1
+
+
 class _FailingTokenizer:
     def save_pretrained(self, path):
         raise OSError("disk full")

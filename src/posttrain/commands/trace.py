@@ -1,6 +1,8 @@
 """`posttrain trace RUN_DIR`: recent rollouts and per-domain statistics.
 `posttrain trace explain ROLLOUT_ID [--run RUN_DIR]`: the full chain of one rollout.
-`posttrain trace recover RUN_DIR`: salvage a damaged trace.db into a fresh one (trace/recover.py)."""
+`posttrain trace recover RUN_DIR`: salvage a damaged trace.db into a fresh one (trace/recover.py).
+`posttrain trace accounting RUN_DIR`: what became of every task the pool handed out (exit 1 when
+a draw is lost or trained twice)."""
 
 from __future__ import annotations
 
@@ -12,15 +14,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trace",
         help="recent rollouts and per-domain statistics of a run; `trace explain ROLLOUT_ID` for one rollout's chain; "
-        "`trace recover RUN_DIR` to salvage a damaged trace",
+        "`trace recover RUN_DIR` to salvage a damaged trace; `trace accounting RUN_DIR`: drawn, trained, dropped by "
+        "reason, lost",
         description="posttrain trace RUN_DIR | posttrain trace explain ROLLOUT_ID [--run RUN_DIR] | "
-        "posttrain trace recover RUN_DIR",
+        "posttrain trace recover RUN_DIR | posttrain trace accounting RUN_DIR",
     )
-    p.add_argument("run_dir", help="a run directory (or a trace.db file), or the word `explain` or `recover`")
+    p.add_argument(
+        "run_dir", help="a run directory (or a trace.db file), or the word `explain`, `recover` or `accounting`"
+    )
     p.add_argument(
         "rollout_id",
         nargs="?",
-        help="with `explain`: the rollout id (a unique prefix is enough); with `recover`: the run directory",
+        help="with `explain`: the rollout id (a unique prefix is enough); with `recover` or `accounting`: the run "
+        "directory",
     )
     p.add_argument("-n", type=int, default=10, help="recent rollouts to show")
     p.add_argument("--domain", help="only this domain")
@@ -89,6 +95,26 @@ def _recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _accounting(args: argparse.Namespace) -> int:
+    """Print the accounting of a run's draws; 1 when it is not exact (a draw lost, trained twice...)."""
+    from posttrain.errors import ConfigError
+    from posttrain.trace import TraceStore, readable
+
+    if not args.rollout_id:
+        raise ConfigError("trace accounting needs a RUN_DIR (or a trace.db file)")
+    db = _db_path(args.rollout_id)
+    with readable(db):
+        store = TraceStore.read_only(db)
+        try:
+            got = store.accounting()
+        finally:
+            store.close()
+    print(got.describe(), end="")
+    if got.lost and not (db.parent / "eval.json").is_file():
+        print("(the run has not finished: a draw with no fate may still be in flight, or the run was killed)")
+    return 0 if got.exact else 1
+
+
 def run(args: argparse.Namespace) -> int:
     from posttrain.trace import readable
 
@@ -96,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         return _explain(args)
     if args.run_dir == "recover" and not Path("recover").is_dir():
         return _recover(args)
+    if args.run_dir == "accounting" and not Path("accounting").is_dir():
+        return _accounting(args)
     db = _db_path(args.run_dir)
     with readable(db):
         _show(db, args)

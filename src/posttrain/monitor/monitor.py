@@ -127,19 +127,17 @@ class Monitor:
         step: int,
         groups: Sequence[Sequence[Rollout]],
         kept: Sequence[Sequence[Rollout]],
-        ids: Mapping[int, str],
         links: Mapping[str, Link],
         stats: TrainerStats | None = None,
         train_row: Mapping[str, Any] | None = None,
     ) -> list[Action]:
-        """Signals, audits, KL and step alarms of one finished step; periodic probes. `ids`: each
-        rollout's trace id by id(rollout); `links`: what the train step did with each, by that id.
-        Returns the actions the alarms ask for."""
+        """Signals, audits, KL and step alarms of one finished step; periodic probes. `links`: what
+        the train step did with each rollout, by its id (`Rollout.id`). Returns the actions the
+        alarms ask for."""
         if not self.cfg.enabled:
             return []
         started = time.perf_counter()
-        by_obj = {id(r): links[ids[id(r)]] for g in groups for r in g if ids.get(id(r)) in links}
-        signals = step_signals(groups, kept, by_obj, self.cfg.diversity.n, self.cfg.diversity.max_chars)
+        signals = step_signals(groups, kept, links, self.cfg.diversity.n, self.cfg.diversity.max_chars)
         for domain, s in signals.items():
             self.history.signals.setdefault(domain, []).append((step, s))
         kl = self._kl(step, groups, stats)

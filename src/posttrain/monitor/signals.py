@@ -72,20 +72,20 @@ def _entropy(rollouts: Sequence[Any]) -> float:
 
 def domain_signals(
     groups: Sequence[Sequence[Any]],
-    kept_ids: set[int],
-    links: Mapping[int, Link],
+    kept_ids: set[str],
+    links: Mapping[str, Link],
     n: int = 2,
     edit: Sequence[float] | None = None,
     max_chars: int = 64,
 ) -> DomainSignals:
-    """Signals of one domain's groups. `kept_ids` holds id(group) of the groups
-    kept for training; `links` maps id(rollout) to its train link; `edit` is each
+    """Signals of one domain's groups. `kept_ids` holds the group ids of the groups
+    kept for training; `links` maps a rollout's id to its train link; `edit` is each
     group's mean pairwise edit distance when already computed."""
     rollouts = [r for g in groups for r in g]
     scored = [r for r in rollouts if r.reward is not None]
     rewards = [r.reward for r in scored]
     texts = [[r.completion.text for r in g] for g in groups]
-    used = [links[id(r)] for r in rollouts if id(r) in links]
+    used = [links[r.id] for r in rollouts if r.id in links]
     advs = [u.advantage for u in used]
     return DomainSignals(
         rollouts=len(rollouts),
@@ -104,7 +104,7 @@ def domain_signals(
         ratio_mean=_mean([u.ratio for u in used if u.ratio is not None]),
         clip_share=_mean([u.clipped for u in used if u.clipped is not None]),
         groups=len(groups),
-        filtered_share=_mean([float(id(g) not in kept_ids) for g in groups]),
+        filtered_share=_mean([float(g[0].group_id not in kept_ids) for g in groups]),
         infra_error_rate=(len(rollouts) - len(scored)) / len(rollouts) if rollouts else 0.0,
     )
 
@@ -112,15 +112,19 @@ def domain_signals(
 def step_signals(
     groups: Sequence[Sequence[Any]],
     kept: Sequence[Sequence[Any]],
-    links: Mapping[int, Link],
+    links: Mapping[str, Link],
     n: int = 2,
     max_chars: int = 64,
 ) -> dict[str, DomainSignals]:
     """Signals per domain (sorted by name) of one step."""
     groups = [g for g in groups if g]
-    edit = dict(zip(map(id, groups), mean_pairwise_edit([[r.completion.text for r in g] for g in groups], max_chars)))
+    texts = [[r.completion.text for r in g] for g in groups]
+    edit = dict(zip((g[0].group_id for g in groups), mean_pairwise_edit(texts, max_chars)))
     by_domain: dict[str, list[Sequence[Any]]] = {}
     for g in groups:
         by_domain.setdefault(g[0].task.domain, []).append(g)
-    kept_ids = {id(g) for g in kept}
-    return {d: domain_signals(gs, kept_ids, links, n, [edit[id(g)] for g in gs]) for d, gs in sorted(by_domain.items())}
+    kept_ids = {g[0].group_id for g in kept if g}
+    signals = {}
+    for d, gs in sorted(by_domain.items()):
+        signals[d] = domain_signals(gs, kept_ids, links, n, [edit[g[0].group_id] for g in gs])
+    return signals

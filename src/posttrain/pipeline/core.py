@@ -39,7 +39,7 @@ from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import Verdict, Workers, verdict_of
-from posttrain.rollout import Rollout
+from posttrain.rollout import Rollout, rollout_id
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
 
 COUNTERS = (
@@ -760,6 +760,7 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
                 ep.turns if ep else (),
                 first,
                 item.group_retries + item.retried.get(i, 0),
+                id=rollout_id(item.group_id, i),
             )
         )
     version = min((c.model_version for c in comps), default=0)

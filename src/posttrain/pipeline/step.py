@@ -7,6 +7,10 @@ batching, on the runtime (embedded threads or Ray actors) or on the path
 (the direct path, pipeline/direct.py, when every domain allows it; else the
 staged pipeline on one event loop kept for the run); replacement rounds draw
 fresh tasks for groups dynamic sampling filtered, and count them.
+Every task it is given or draws is registered in `ledger` (pipeline/draws.py)
+when drawn, bound to the group made from it, or dropped there when it never
+becomes a returned group (a paused domain; a group too stale in `_Ahead`);
+the loop decides the returned groups' fates.
 With pipeline.max_staleness > 0 (`_Ahead`), the groups returned at call N are
 those of the tasks given at call N-1, generated while the trainer trained,
 and none is more than max_staleness weight versions old.
@@ -23,6 +27,7 @@ from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
 from posttrain.pipeline.core import GroupResult, Pipeline
 from posttrain.pipeline.direct import Direct
+from posttrain.pipeline.draws import DrawLedger
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Workers
 from posttrain.rollout import Rollout, informative
@@ -122,26 +127,30 @@ class StepRollouts:
         """Every step runs through pipeline/direct.py (no asyncio stages): see PipelineConfig.direct."""
         self._runner: asyncio.Runner | None = None
         self._replaced = 0
+        self.ledger = DrawLedger()
+        """Every task of the run's steps, from its draw to its group (the loop decides its fate)."""
 
     def sample(
         self, tasks: Sequence[Task], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
-        """Every group of the step (first round, then replacement rounds) and the pipeline's stats."""
+        """Every group of the step (first round, then replacement rounds) and the pipeline's stats.
+        `tasks` were just drawn from the pool for loop step `step` (registered in the ledger here)."""
+        ids = self.ledger.drawn(tasks, step)
         if self._ahead is not None:
-            groups, stats = self._ahead.sample(list(tasks), params, step)
+            groups, stats = self._ahead.sample(list(tasks), ids, params, step)
         else:
             self.workers.sync()
             if self.direct:
-                groups, stats = self._sample_direct(list(tasks), params, step)
+                groups, stats = self._sample_direct(list(tasks), ids, params, step)
             else:
                 self._runner = self._runner or asyncio.Runner()  # one event loop for every step
-                groups, stats = self._runner.run(self._sample(list(tasks), params, step))
+                groups, stats = self._runner.run(self._sample(list(tasks), ids, params, step))
         if self._events is not None:
             self._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
         return groups, stats
 
     async def _sample(
-        self, tasks: list[Task], params: SamplingParams, step: int
+        self, tasks: list[Task], ids: list[str], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         seed = stable_hash("rollout", self.seed, step)
         groups: list[list[Rollout]] = []
@@ -149,14 +158,14 @@ class StepRollouts:
             self.config, self.workers, params, self.scheduler, group_prefix=f"{step}:", seed=seed, budgets=self.budgets
         ) as pipe:
             for round_ in range(self.config.replace_rounds + 1):
-                tasks = self._keep(groups, await pipe.run_groups(tasks), round_)
+                tasks, ids = self._keep(groups, await pipe.run_groups(tasks), round_, ids, step)
                 if not tasks:
                     break
             stats = pipe.stats().flat()
         return groups, self._step_stats(stats)
 
     def _sample_direct(
-        self, tasks: list[Task], params: SamplingParams, step: int
+        self, tasks: list[Task], ids: list[str], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         """As `_sample`, through pipeline/direct.py: no event loop, no stages."""
         direct = Direct(
@@ -170,21 +179,35 @@ class StepRollouts:
         )
         groups: list[list[Rollout]] = []
         for round_ in range(self.config.replace_rounds + 1):
-            tasks = self._keep(groups, direct.run_groups(tasks), round_)
+            tasks, ids = self._keep(groups, direct.run_groups(tasks), round_, ids, step)
             if not tasks:
                 break
         return groups, self._step_stats(direct.stats().flat())
 
-    def _keep(self, groups: list[list[Rollout]], results: Sequence[GroupResult | None], round_: int) -> list[Task]:
-        """Add a round's groups to `groups`; the next round's tasks: a fresh draw for each group
-        dynamic sampling would filter ([] when none is missing or the rounds are used up)."""
+    def _keep(
+        self, groups: list[list[Rollout]], results: Sequence[GroupResult | None], round_: int, ids: list[str], step: int
+    ) -> tuple[list[Task], list[str]]:
+        """Add a round's groups to `groups` (each bound to its draw of `ids`, a paused task's draw
+        dropped); the next round's tasks and their draw ids: a fresh draw for each group dynamic
+        sampling would filter ([] when none is missing or the rounds are used up)."""
+        self._settle(ids, results, step)
         new = [list(r.rollouts) for r in results if r is not None]
         groups += new
         missing = sum(not informative(g) for g in new) if self.dynamic_sampling else 0
         if not missing or round_ == self.config.replace_rounds:
-            return []
+            return [], []
         self._replaced += missing
-        return self.pool.draw(missing)
+        tasks = self.pool.draw(missing)
+        return tasks, self.ledger.drawn(tasks, step)
+
+    def _settle(self, ids: Sequence[str], results: Sequence[GroupResult | None], step: int) -> None:
+        """Bind each returned group to its draw (`results` in the order of `ids`); a task the
+        pipeline skipped (None: its domain paused) is dropped."""
+        for draw, result in zip(ids, results, strict=True):
+            if result is None:
+                self.ledger.dropped(draw, "paused", step)
+            else:
+                self.ledger.bind(draw, result.rollouts[0].group_id)
 
     def _step_stats(self, stats: dict[str, float]) -> dict[str, float]:
         replaced, self._replaced = self._replaced, 0
@@ -213,7 +236,8 @@ class _Ahead:
     own tasks at once and draws one extra batch from the pool to start the overlap).
     A group whose weights are more than max_staleness versions behind the trainer's
     is dropped and counted (in metrics, not in the trace); the loss corrects accepted
-    ones with their behaviour log-probs. Stage stats are cumulative over the run.
+    ones with their behaviour log-probs, and its draw is dropped ("stale") in the ledger.
+    Stage stats are cumulative over the run.
     The pipeline lives in one task of the background loop (its TaskGroup's owner);
     a crash there surfaces from the next `sample`."""
 
@@ -227,6 +251,7 @@ class _Ahead:
         self.pipe: Pipeline | None = None
         self.serving: Any = None
         self.pending: Any = None
+        self.pending_ids: list[str] = []
         self.dropped = 0
 
     async def _serve(self, params: SamplingParams, ready: Any) -> None:
@@ -253,8 +278,9 @@ class _Ahead:
             if self.serving.done():
                 self.serving.result()  # raises what stopped it
 
-    def _submit(self, tasks: list[Task], step: int) -> None:
+    def _submit(self, tasks: list[Task], ids: list[str], step: int) -> None:
         assert self.pipe is not None
+        self.pending_ids = ids
         self.pending = asyncio.run_coroutine_threadsafe(self.pipe.run_groups(tasks, prefix=f"{step}:"), self.loop)
 
     def _wait(self) -> list[Any]:
@@ -267,18 +293,26 @@ class _Ahead:
         return self.pending.result()
 
     def sample(
-        self, tasks: list[Task], params: SamplingParams, step: int
+        self, tasks: list[Task], ids: list[str], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         owner = self.owner
         if self.pipe is None:
             self._start(params)
-            self._submit(tasks, step)
+            self._submit(tasks, ids, step)
             tasks = owner.pool.draw(len(tasks))
-        results = [r for r in self._wait() if r is not None]
+            ids = owner.ledger.drawn(tasks, step)
+        got, got_ids = self._wait(), self.pending_ids
+        owner._settle(got_ids, got, step)
+        results = [r for r in got if r is not None]
         owner.workers.sync()
-        self._submit(tasks, step + 1)
+        self._submit(tasks, ids, step + 1)
         version = owner.workers.driver_version
         fresh = [r for r in results if version - r.model_version <= owner.config.max_staleness]
+        for r in results:
+            if version - r.model_version > owner.config.max_staleness:
+                draw = owner.ledger.draw_of(r.rollouts[0].group_id)
+                assert draw is not None
+                owner.ledger.dropped(draw, f"stale: {version - r.model_version} versions behind", step)
         self.dropped += len(results) - len(fresh)
         assert self.pipe is not None
         stats = self.pipe.stats().flat()

@@ -11,6 +11,13 @@ error. Every read of a trace goes through `TraceStore` (or `read_or`); the
 that names it and its recovery, `posttrain trace recover RUN_DIR`
 (`recover.py`); `mark` and `roll_back` let a resume cut the trace back to
 what it held at a checkpoint.
+
+Every task the pool hands out is a draw (table `draws`, schema 4): its id,
+deterministic (`draw_id`), the group made from it and its fate, `trained`
+or `dropped` with a reason (`DROP_REASONS`), both written before the
+checkpoint that holds the pool state that drew it; `accounting` computes,
+from the trace alone, what became of every draw (none may be lost or
+trained twice).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any, TypeVar
 
 from posttrain.errors import ConfigError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -75,7 +82,32 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS draws (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    step INTEGER NOT NULL,
+    task_id TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    group_id TEXT,
+    fate TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    fate_step INTEGER
+);
+CREATE INDEX IF NOT EXISTS draws_group ON draws(group_id);
 """
+
+DROP_REASONS = {
+    "filtered": "dynamic sampling left the group out (its scored rewards all equal)",
+    "no_signal": "trained on with no signal (scored rewards all equal, rollout.dynamic_sampling off)",
+    "masked": "every sample of the group was masked by an infra error",
+    "stale": "the group's weights were more than pipeline.max_staleness versions old",
+    "paused": "its domain was paused by the scheduler (never generated)",
+    "guard": "the train step applied no update (trainer.guard skipped or rolled it back)",
+    "stopped": "in flight when the run stopped",
+    "interrupted": "in flight at the checkpoint a resume started from (its generation was lost)",
+}
+"""Why a draw was dropped: a dropped draw's `reason` is one of these keys, optionally followed
+by ': ' and a detail ("stale: 3 versions behind")."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +153,115 @@ def new_id() -> str:
     cycle) can clash: at 2,000 rows a second for ten hours, a chance of about 3 in 10,000 (64
     random bits over the same run: about 1 in 10,000). A unique prefix is usually 7-8 digits."""
     return f"{int(time.time()) & 0xFFFF:04x}{os.urandom(6).hex()}"
+
+
+@dataclass(frozen=True)
+class DrawRecord:
+    """One task the pool handed out: `id` (`draw_id`), the loop step that drew it, the group
+    made from it (None before it has one, or when it never had one: a paused domain), and its
+    fate: None (in flight), "trained" or "dropped" with `reason` (DROP_REASONS), decided at
+    loop step `fate_step`."""
+
+    id: str
+    step: int
+    task_id: str
+    domain: str
+    group_id: str | None = None
+    fate: str | None = None
+    reason: str = ""
+    fate_step: int | None = None
+
+
+def draw_id(step: int, k: int) -> str:
+    """The id of the `k`-th task (from 0) the pool handed out during loop step `step`: a resumed
+    run, which draws the same tasks in the same order, gives them the same ids."""
+    return f"d{step}.{k}"
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Every draw's fate as the trace holds it. `lost`: draws with no fate (in flight while the
+    run runs; 0 once it has finished). `trained_twice`: draws whose rollouts are linked to more
+    than one train step, or groups bound to more than one draw. `trained_undrawn`: groups with
+    rollouts linked to a train step and no draw (rows written before trace schema 4). A dropped
+    draw whose rollouts are linked to a train step is in `contradictions` unless that step
+    applied no update (reasons "guard" and "no_signal": the step links its rows, changes nothing),
+    and so is a trained draw none of whose rollouts is linked to the step it was trained at."""
+
+    drawn: int
+    trained: int
+    dropped: Mapping[str, int]
+    lost: tuple[str, ...]
+    trained_twice: tuple[str, ...]
+    trained_undrawn: tuple[str, ...]
+    contradictions: tuple[str, ...]
+
+    @property
+    def exact(self) -> bool:
+        """Every draw trained once or dropped with a reason, nothing trained twice or undrawn."""
+        return not (self.lost or self.trained_twice or self.trained_undrawn or self.contradictions) and (
+            self.drawn == self.trained + sum(self.dropped.values())
+        )
+
+    def describe(self) -> str:
+        lines = [f"drawn      {self.drawn}", f"trained    {self.trained}", f"dropped    {sum(self.dropped.values())}"]
+        lines += [f"  {reason:<14}{n}" for reason, n in sorted(self.dropped.items())]
+        lines.append(f"lost       {len(self.lost)}" + (f"  (no fate: {', '.join(self.lost[:5])})" if self.lost else ""))
+        for name in ("trained_twice", "trained_undrawn", "contradictions"):
+            found = getattr(self, name)
+            if found:
+                lines.append(f"{name.replace('_', ' ')}  {len(found)}: {', '.join(found[:5])}")
+        lines.append("exactly once: " + ("yes" if self.exact else "NO"))
+        return "\n".join(lines) + "\n"
+
+
+def accounting(db: sqlite3.Connection) -> Accounting:
+    """`Accounting` of the trace database `db` (a connection with sqlite3.Row rows)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='draws'").fetchone():
+        raise ConfigError("this trace was written before draws were recorded (trace schema 4): no accounting")
+    drawn = db.execute("SELECT COUNT(*) FROM draws").fetchone()[0]
+    trained = db.execute("SELECT COUNT(*) FROM draws WHERE fate='trained'").fetchone()[0]
+    dropped: dict[str, int] = {}
+    for (reason,) in db.execute("SELECT reason FROM draws WHERE fate='dropped'"):
+        key = reason.split(":", 1)[0]
+        dropped[key] = dropped.get(key, 0) + 1
+    lost = tuple(r[0] for r in db.execute("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid"))
+    twice = [
+        r[0]
+        for r in db.execute(
+            "SELECT d.id FROM draws d JOIN rollouts r ON r.group_id = d.group_id WHERE r.train_step IS NOT NULL "
+            "GROUP BY d.id HAVING COUNT(DISTINCT r.train_step) > 1"
+        )
+    ]
+    twice += [
+        f"group {r[0]}"
+        for r in db.execute(
+            "SELECT group_id FROM draws WHERE group_id IS NOT NULL GROUP BY group_id HAVING COUNT(*) > 1"
+        )
+    ]
+    undrawn = tuple(
+        r[0]
+        for r in db.execute(
+            "SELECT DISTINCT r.group_id FROM rollouts r WHERE r.train_step IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM draws d WHERE d.group_id = r.group_id)"
+        )
+    )
+    contradictions = [
+        f"{r[0]} trained at step {r[1]} without a trained rollout"
+        for r in db.execute(
+            "SELECT d.id, d.fate_step FROM draws d WHERE d.fate='trained' AND NOT EXISTS "
+            "(SELECT 1 FROM rollouts r WHERE r.group_id = d.group_id AND r.train_step = d.fate_step)"
+        )
+    ]
+    contradictions += [
+        f"{r[0]} dropped ({r[1]}) but its rollouts are linked to step {r[2]}"
+        for r in db.execute(
+            "SELECT d.id, d.reason, MIN(r.train_step) FROM draws d JOIN rollouts r ON r.group_id = d.group_id "
+            "WHERE d.fate='dropped' AND r.train_step IS NOT NULL AND d.reason NOT LIKE 'guard%' "
+            "AND d.reason NOT LIKE 'no_signal%' GROUP BY d.id"
+        )
+    ]
+    return Accounting(drawn, trained, dropped, lost, tuple(twice), undrawn, tuple(contradictions))
 
 
 _COLUMNS = (
@@ -247,21 +388,36 @@ class TraceStore:
             raise damaged(self.path, "; ".join(found))
 
     def mark(self) -> dict[str, int]:
-        """What the trace holds now, for a checkpoint: the last rowid of `rollouts` and of `events`."""
+        """What the trace holds now, for a checkpoint: the last rowid of `rollouts`, `events` and `draws`,
+        synced to disk first (a WAL checkpoint, which syncs the WAL and then the database file): a
+        power loss after the checkpoint that carries this mark cannot lose what the mark counts
+        (with `synchronous=NORMAL` a commit alone is durable against a process crash only)."""
+        with readable(self.path):
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         rollouts = self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM rollouts").fetchone()[0]
         events = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-        return {"rollouts": int(rollouts), "events": int(events)}
+        draws = self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM draws").fetchone()[0]
+        return {"rollouts": int(rollouts), "events": int(events), "draws": int(draws)}
 
     def roll_back(self, mark: Mapping[str, int], step: int) -> tuple[int, int]:
         """Back to a checkpoint at loop step `step` whose `mark` this is: the rollouts and events
         written after it are deleted, links to train steps after `step` are cleared, and the events'
-        id counter is set back, so the resumed run writes what the uninterrupted run wrote. Returns
-        (rollouts, events) deleted."""
+        id counter is set back, so the resumed run writes what the uninterrupted run wrote. Draws go
+        the same way: those recorded after the mark are deleted (a mark from before draws existed:
+        those drawn after `step`), fates decided after `step` are cleared (with the group bound to
+        the draw). Returns (rollouts, events) deleted."""
         with readable(self.path), self._db:
             rollouts = self._db.execute("DELETE FROM rollouts WHERE rowid > ?", (int(mark["rollouts"]),)).rowcount
             self._db.execute(
                 "UPDATE rollouts SET train_step=NULL, advantage=NULL, ratio=NULL, clipped=NULL WHERE train_step > ?",
                 (step,),
+            )
+            if "draws" in mark:
+                self._db.execute("DELETE FROM draws WHERE rowid > ?", (int(mark["draws"]),))
+            else:
+                self._db.execute("DELETE FROM draws WHERE step > ?", (step,))
+            self._db.execute(
+                "UPDATE draws SET fate=NULL, reason='', fate_step=NULL, group_id=NULL WHERE fate_step > ?", (step,)
             )
             events = self._db.execute("DELETE FROM events WHERE id > ?", (int(mark["events"]),)).rowcount
             self._db.execute("UPDATE sqlite_sequence SET seq=? WHERE name='events'", (int(mark["events"]),))
@@ -283,7 +439,8 @@ class TraceStore:
 
     def _migrate(self, version: int) -> None:
         """Version 1 -> 2: the `turns` column (multi-turn transcripts); 2 -> 3: `retries` (0 for
-        the rows written before it)."""
+        the rows written before it); 3 -> 4: the `draws` table (made by the schema script, empty:
+        the draws of steps written before it are not known, and `accounting` says so)."""
         cols = {r["name"] for r in self._db.execute("PRAGMA table_info(rollouts)")}
         if version < 2 and "turns" not in cols:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN turns TEXT")
@@ -312,6 +469,84 @@ class TraceStore:
                 "UPDATE rollouts SET train_step=?, advantage=?, ratio=?, clipped=? WHERE id=?",
                 [(step, link.advantage, link.ratio, link.clipped, rid) for rid, link in sorted(links.items())],
             )
+
+    # ---- draws: every task the pool handed out, and its fate ----
+
+    def record_draws(self, draws: Sequence[DrawRecord]) -> None:
+        """Record draws (new ones, and the fates decided since) in one transaction: a draw not
+        yet stored is inserted; a stored one gets its group and fate. A fate, once set, is
+        never changed: deciding a second fate for one draw is a ValueError naming it (a prompt
+        trained twice, or trained and dropped), and nothing of the call is written."""
+        if not draws:
+            return
+        with readable(self.path), self._db:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO draws (id, created_at, step, task_id, domain) VALUES (?,?,?,?,?)",
+                [(d.id, time.time(), d.step, d.task_id, d.domain) for d in draws],
+            )
+            bound = [(d.group_id, d.id) for d in draws if d.fate is None and d.group_id is not None]
+            self._db.executemany("UPDATE draws SET group_id=? WHERE id=?", bound)
+            fated = [d for d in draws if d.fate is not None]
+            if not fated:
+                return
+            taken = self._db.execute(
+                f"SELECT id, fate, reason, fate_step FROM draws WHERE fate IS NOT NULL AND id IN "
+                f"({','.join('?' * len(fated))}) ORDER BY rowid LIMIT 1",
+                [d.id for d in fated],
+            ).fetchone()
+            if taken is not None:  # a second fate: nothing of the call is written
+                d = next(d for d in fated if d.id == taken["id"])
+                raise ValueError(
+                    f"draw {d.id}: fate {d.fate!r} at step {d.fate_step}, but the trace {self.path} already "
+                    f"holds {tuple(taken)[1:]}: a prompt is given one fate"
+                )
+            done = self._db.executemany(
+                "UPDATE draws SET group_id=COALESCE(?, group_id), fate=?, reason=?, fate_step=? "
+                "WHERE id=? AND fate IS NULL",
+                [(d.group_id, d.fate, d.reason, d.fate_step, d.id) for d in fated],
+            ).rowcount
+            if done != len(fated):
+                raise ValueError(
+                    f"{len(fated) - done} of {len(fated)} fates name a draw twice: a prompt is given one fate"
+                )
+
+    def record_dropped(self, step: int, dropped: Mapping[str, str]) -> None:
+        """Draws dropped at loop step `step`: draw id -> reason (a key of DROP_REASONS, maybe
+        followed by ': ' and a detail), in one transaction. The draws must be recorded already."""
+        if not dropped:
+            return
+        unknown = [r for r in dropped.values() if r.split(":", 1)[0] not in DROP_REASONS]
+        if unknown:
+            raise ConfigError(f"drop reason {unknown[0]!r} is none of {sorted(DROP_REASONS)}")
+        missing = [i for i in dropped if not self._db.execute("SELECT 1 FROM draws WHERE id=?", (i,)).fetchone()]
+        if missing:
+            raise ConfigError(f"draw {missing[0]!r} is not in the trace {self.path}: record it first (record_draws)")
+        rows = self._db.execute(
+            f"SELECT id, step, task_id, domain FROM draws WHERE id IN ({','.join('?' * len(dropped))})", list(dropped)
+        ).fetchall()
+        self.record_draws(
+            [
+                DrawRecord(r["id"], r["step"], r["task_id"], r["domain"], None, "dropped", dropped[r["id"]], step)
+                for r in rows
+            ]
+        )
+
+    def draw_of_group(self, group_id: str) -> dict[str, Any] | None:
+        """The draw the group `group_id` was made from (None: none recorded, or a trace from before
+        draws were recorded)."""
+        try:
+            row = self._db.execute("SELECT * FROM draws WHERE group_id=?", (group_id,)).fetchone()
+        except sqlite3.OperationalError:  # no draws table: a read-only trace of schema < 4
+            return None
+        return dict(row) if row else None
+
+    def pending_draws(self) -> list[str]:
+        """The ids of the draws with no fate yet (in flight), in draw order."""
+        return [r[0] for r in self._db.execute("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid")]
+
+    def accounting(self) -> Accounting:
+        """What became of every draw, from the trace alone (`Accounting`)."""
+        return accounting(self._db)
 
     def add_event(
         self, kind: str, message: str, step: int | None = None, domain: str | None = None, data: Any = None

@@ -86,6 +86,18 @@ def _result(program_title: str, title: str, result: dict[str, Any]) -> list[str]
     return lines + _block(title, "\n".join(body))
 
 
+def _draw(store: Any, row: dict[str, Any]) -> list[str]:
+    """The draw the rollout's group was made from and its fate (nothing for a trace without draws)."""
+    draw = store.draw_of_group(row["group_id"])
+    if draw is None:
+        return []
+    fate = draw["fate"] or "none yet (in flight)"
+    if draw["fate"] == "dropped":
+        fate = f"dropped ({draw['reason']})"
+    at = f" at step {draw['fate_step']}" if draw["fate_step"] is not None else ""
+    return [f"   draw {draw['id']} (drawn at step {draw['step']}): {fate}{at}"]
+
+
 def explain(store: Any, rollout_id: str) -> str:
     """A readable account of one rollout; ConfigError when the id is unknown."""
     row = store.get(rollout_id)
@@ -123,7 +135,7 @@ def explain(store: Any, rollout_id: str) -> str:
     ]
     if row["error_kind"]:
         lines.append(f"   infra error ({row['error_kind']}): {row['error']}")
-    lines += ["", "-- training", *_training(row, siblings), ""]
+    lines += ["", "-- training", *_training(row, siblings), *_draw(store, row), ""]
     others = [s for s in siblings if s["id"] != row["id"]]
     if others:
         lines.append(f"-- its group ({len(siblings)} samples of the same prompt)")

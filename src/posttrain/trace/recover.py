@@ -25,7 +25,7 @@ from pathlib import Path
 from posttrain.errors import ConfigError
 from posttrain.trace import SCHEMA_VERSION, TraceStore
 
-TABLES = ("rollouts", "events", "meta")
+TABLES = ("rollouts", "events", "draws", "meta")
 _BATCH = 256
 _PROBE = 100_000
 """Rowids looked up one at a time past an unreadable page when the table's last rowid is unknown."""

@@ -5,7 +5,8 @@ is complete (written to a temporary directory, every file and the directory
 fsynced, `manifest.json` written last, then renamed and the parent fsynced);
 `intact_checkpoint` takes the newest checkpoint whose files match their
 manifest (sizes and sha256), saying which newer ones it passed over and why,
-and removes the leftovers of interrupted writes. Loading a checkpoint
+and removes the leftovers of interrupted writes (a pruned checkpoint leaves
+its name in one rename before it is deleted). Loading a checkpoint
 restores model parameters (in place, so an engine sharing the module sees
 them), optimizer state, loop state and every RNG (python, numpy, torch CPU
 and CUDA) exactly: a resumed run continues as if never interrupted.
@@ -326,10 +327,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Remove all but the newest `keep` checkpoints. Each leaves its final name in one rename
+    (to a `.tmp-*` leftover, then deleted), so a crash while deleting never leaves a half-removed
+    checkpoint under a checkpoint's name; `clean_leftovers` removes what a crash left."""
     if keep < 1:
         raise TrainerError(f"keep_checkpoints must be >= 1, got {keep}")
     for _, path in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(path)
+        gone = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(path, gone)
+        _fsync(path.parent)
+        shutil.rmtree(gone)
 
 
 # ---------------------------------------------------------------- load

@@ -200,9 +200,9 @@ class Trainer:
         self.steps = 0
         self.skipped = 0
         self.rolled_back = 0
-        self._row_clip: dict[int, tuple[float, float]] = {}
-        """During `step`: id(row) -> (mean ratio, clipped token share) of each row that
-        entered this rank's loss; reported under the row's rollout id in StepStats.rollouts."""
+        self._row_clip: dict[str, tuple[float, float]] = {}
+        """During `step`: rollout id -> (mean ratio, clipped token share) of each row with a
+        rollout id that entered this rank's loss; reported in StepStats.rollouts."""
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
         self._ref_head: tuple[Any, Any] | bool | None = None
         self._take_snapshot()
@@ -419,14 +419,15 @@ class Trainer:
             self.config.loss.clip_high,
         )
         for row, ratio, clipped in zip(rows, ratio_b.tolist(), clipped_b.tolist()):
-            self._row_clip[id(row)] = (ratio, clipped)
+            if row.rollout_id:  # unique in a batch (_check_ids); a row without one is reported nowhere
+                self._row_clip[row.rollout_id] = (ratio, clipped)
 
     def _links(self, batch: TrainBatch, prepared: _Prepared) -> dict[str, RolloutLink]:
         """Each row's advantage (as the loss used it) and clip figures, by its rollout id."""
         out = {}
         for row, adv in zip(batch.rows, prepared.batch_advantage_b.tolist()):
             if row.rollout_id:
-                ratio, clipped = self._row_clip.get(id(row), (None, None))
+                ratio, clipped = self._row_clip.get(row.rollout_id, (None, None))
                 out[row.rollout_id] = RolloutLink(float(adv), ratio, clipped)
         return out
 
