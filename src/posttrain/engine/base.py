@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from posttrain.errors import ConfigError, PromptTooLong
 from posttrain.types import Completion, GenerationRequest, Message
 
 
@@ -30,3 +31,43 @@ class Engine(Protocol):
     def update_weights(self, source: Any) -> int:
         """Load new weights (a state dict or a checkpoint directory);
         returns the new version."""
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:
+    """`messages` rendered by `tokenizer`'s chat template, the assistant's turn opened, as token ids
+    (the encode_chat of every engine that holds a local tokenizer)."""
+    if not messages:
+        raise ConfigError("messages is empty: encode_chat needs at least one message")
+    out = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
+    )
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return tuple(int(i) for i in ids)
+
+
+def check_request(i: int, req: GenerationRequest, vocab: int, max_len: int | None, limit: str) -> None:
+    """What every engine refuses in `requests[i]` before it samples: an empty prompt, ids outside
+    [0, vocab), a prompt of `max_len` tokens or more (PromptTooLong, naming `limit`, what sets
+    max_len; None: no limit known), and sampling parameters out of range (ConfigError)."""
+    p, where = req.params, f"requests[{i}]"
+    if not req.prompt_ids:
+        raise ConfigError(f"{where}.prompt_ids is empty: a prompt needs at least one token")
+    bad = [t for t in req.prompt_ids if not (0 <= int(t) < vocab)]
+    if bad:
+        raise ConfigError(f"{where}.prompt_ids holds ids outside [0, {vocab}): {bad[:5]}")
+    if max_len is not None and len(req.prompt_ids) >= max_len:
+        raise PromptTooLong(
+            f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; {limit} is {max_len}, leaving no room to generate"
+        )
+    if p.max_tokens < 1:
+        raise ConfigError(f"{where}.params.max_tokens must be >= 1, got {p.max_tokens}")
+    if p.n < 1:
+        raise ConfigError(f"{where}.params.n must be >= 1, got {p.n}")
+    if not (p.temperature >= 0 and p.temperature != float("inf")):
+        raise ConfigError(f"{where}.params.temperature must be a finite number >= 0, got {p.temperature}")
+    if not (0 < p.top_p <= 1):
+        raise ConfigError(f"{where}.params.top_p must be in (0, 1], got {p.top_p}")
+    if isinstance(p.stop, str) or not all(isinstance(s, str) for s in p.stop):
+        raise ConfigError(f"{where}.params.stop must be a tuple of strings, got {p.stop!r}")
+    if any(not s for s in p.stop):
+        raise ConfigError(f"{where}.params.stop holds an empty string")

@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from posttrain.engine.base import chat_ids, check_request
 from posttrain.engine.kvcache import new_cache
 from posttrain.engine.sampling import row_key, sample_next
-from posttrain.errors import ConfigError, GenerationError, ModelLoadError, PromptTooLong
+from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
 
 
@@ -143,17 +144,12 @@ class HFEngine:
     # -- text -----------------------------------------------------------------
 
     def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
-        if not messages:
-            raise ConfigError("messages is empty: encode_chat needs at least one message")
-        if not getattr(self.tokenizer, "chat_template", None):
+        if messages and not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(
                 "the tokenizer has no chat_template: encode_chat needs a chat model "
                 "(or pass prompt_ids rendered another way)"
             )
-        chat = [{"role": m.role, "content": m.content} for m in messages]
-        out = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
-        return tuple(int(i) for i in ids)
+        return chat_ids(self.tokenizer, messages)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -198,29 +194,7 @@ class HFEngine:
         return outputs
 
     def _validate(self, i: int, req: GenerationRequest) -> None:
-        p, where = req.params, f"requests[{i}]"
-        if not req.prompt_ids:
-            raise ConfigError(f"{where}.prompt_ids is empty: a prompt needs at least one token")
-        bad = [t for t in req.prompt_ids if not (0 <= int(t) < self._vocab)]
-        if bad:
-            raise ConfigError(f"{where}.prompt_ids holds ids outside [0, {self._vocab}): {bad[:5]}")
-        if self._max_positions is not None and len(req.prompt_ids) >= self._max_positions:
-            raise PromptTooLong(
-                f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; the model's "
-                f"max_position_embeddings is {self._max_positions}, leaving no room to generate"
-            )
-        if p.max_tokens < 1:
-            raise ConfigError(f"{where}.params.max_tokens must be >= 1, got {p.max_tokens}")
-        if p.n < 1:
-            raise ConfigError(f"{where}.params.n must be >= 1, got {p.n}")
-        if not (p.temperature >= 0 and p.temperature != float("inf")):
-            raise ConfigError(f"{where}.params.temperature must be a finite number >= 0, got {p.temperature}")
-        if not (0 < p.top_p <= 1):
-            raise ConfigError(f"{where}.params.top_p must be in (0, 1], got {p.top_p}")
-        if isinstance(p.stop, str) or not all(isinstance(s, str) for s in p.stop):
-            raise ConfigError(f"{where}.params.stop must be a tuple of strings, got {p.stop!r}")
-        if any(not s for s in p.stop):
-            raise ConfigError(f"{where}.params.stop holds an empty string")
+        check_request(i, req, self._vocab, self._max_positions, "the model's max_position_embeddings")
 
     def _plan(self, requests: Sequence[GenerationRequest]) -> list[_Chunk]:
         """Rows of every request, grouped into prompt-sharing chunks."""

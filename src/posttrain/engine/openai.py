@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from posttrain.engine.base import chat_ids
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable
 from posttrain.types import Completion, GenerationRequest, Message
 
@@ -73,13 +74,7 @@ class OpenAIEngine:
 
     # -- Engine contract --------------------------------------------------
     def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
-        if not messages:
-            raise ConfigError("messages is empty: encode_chat needs at least one message")
-        out = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
-        )
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return tuple(int(i) for i in ids)
+        return chat_ids(self.tokenizer, messages)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

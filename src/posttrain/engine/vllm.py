@@ -60,8 +60,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.configs.engine import VLLMConfig
+from posttrain.engine.base import chat_ids, check_request
 from posttrain.engine.openai import completion_body, parse_choices, post_json
-from posttrain.errors import ConfigError, GenerationError, PromptTooLong, ServerUnavailable, WeightSyncError
+from posttrain.errors import ConfigError, GenerationError, ServerUnavailable, WeightSyncError
 from posttrain.types import Completion, GenerationRequest, Message
 
 VLLM_PYTHON_ENV = "POSTTRAIN_VLLM_PYTHON"
@@ -401,13 +402,7 @@ class VLLMEngine:
     # -- Engine contract ------------------------------------------------------
 
     def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
-        if not messages:
-            raise ConfigError("messages is empty: encode_chat needs at least one message")
-        out = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
-        )
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return tuple(int(i) for i in ids)
+        return chat_ids(self.tokenizer, messages)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -492,19 +487,8 @@ class VLLMEngine:
                 self._gate.notify_all()
 
     def _validate(self, i: int, req: GenerationRequest) -> None:
+        check_request(i, req, self._vocab, self._max_len, "the server's max_model_len")
         p, where = req.params, f"requests[{i}]"
-        if not req.prompt_ids:
-            raise ConfigError(f"{where}.prompt_ids is empty: a prompt needs at least one token")
-        bad = [t for t in req.prompt_ids if not (0 <= int(t) < self._vocab)]
-        if bad:
-            raise ConfigError(f"{where}.prompt_ids holds ids outside [0, {self._vocab}): {bad[:5]}")
-        if len(req.prompt_ids) >= self._max_len:
-            raise PromptTooLong(
-                f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; the server's max_model_len is "
-                f"{self._max_len}, leaving no room to generate"
-            )
-        if p.max_tokens < 1 or p.n < 1:
-            raise ConfigError(f"{where}.params: max_tokens and n must be >= 1, got {p.max_tokens} and {p.n}")
         if p.top_p != 1.0:
             raise ConfigError(
                 f"{where}.params.top_p is {p.top_p}: with the vllm engine top_p must be 1 (vLLM reports "
