@@ -5,6 +5,7 @@ One local Ray cluster for the module (about 5 s to start)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 
@@ -28,6 +29,8 @@ CFG = PipelineConfig(
 )  # 1 + 2 x 0.25 + 2 x 0.25 CPUs: what the 2-CPU cluster holds
 
 
+USERFNS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "byo", "userfns")
+
 FITS = ["pipeline.execute_cpus=0.1", "pipeline.verify_cpus=0.1"]
 """Loop runs with the default worker counts: 1 + 4 x 0.1 + 2 x 0.1 CPUs fit the 2-CPU cluster."""
 
@@ -38,6 +41,9 @@ def ray_cluster():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # the user reward functions of tests/byo (byo_rewards:odd_length) importable by the actors too
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (USERFNS, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, USERFNS)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
@@ -144,6 +150,8 @@ def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_pa
     from posttrain.loop import train
     from posttrain.trace import TraceStore
 
+    rows = [{"q": f"{a}+{b}=", "a": str(a + b)} for a in range(10, 40) for b in range(3)]
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = [
         "rollout.prompts_per_step=4",
         "rollout.group_size=4",
@@ -154,20 +162,43 @@ def test_train_with_ray_runtime_matches_embedded(ray_cluster, micro_base, tmp_pa
         "run.progress=false",
         "monitor.report=false",
         "run.steps=2",
+        "trainer.lr=0.01",
         *FITS,
-        "tasks.domains={add: {difficulty: 1}, reverse: {difficulty: 1}}",
+        # odd-length answers pay: the micro model's groups are mixed from step 1, so the trainer steps
+        "tasks.domains={odd: {source: {path: %s, fields: {prompt: q, answer: a}}, "
+        "verifier: {name: python, path: 'byo_rewards:odd_length'}}}" % (tmp_path / "q.jsonl"),
         f"model.path={micro_base}",
         f"run.out_dir={tmp_path}",
     ]
-    runs = {}
+    runs, results = {}, {}
     for runtime in ("embedded", "ray"):
         result = train(load_config(None, [*base, f"runtime={runtime}", f"run.name={runtime}"]), log=lambda *_: None)
         rows = TraceStore(result.run_dir / "trace.db").recent(1000)
-        runs[runtime] = sorted(
-            (r["group_id"], r["task_id"], r["completion"], r["reward"], r["model_version"]) for r in rows
+        runs[runtime], results[runtime] = (
+            sorted((r["group_id"], r["task_id"], r["completion"], r["reward"], r["model_version"]) for r in rows),
+            result,
         )
     assert len(runs["ray"]) == 2 * 4 * 4
     assert runs["ray"] == runs["embedded"]  # step 2 samples from weights pushed to the actor after step 1
+    # ... and those weights differ from the base's: step 1 applied a non-zero update, step 2's rows
+    # come from the pushed version, and the weights the run ended with are not the base's
+    run_dir = results["ray"].run_dir
+    train_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step1 = next(r for r in train_rows if r["kind"] == "train" and r["step"] == 1)
+    assert step1["outcome"] == "applied" and step1["grad_norm"] > 0
+    assert {r[4] for r in runs["ray"] if r[0].startswith("2:")} == {1}
+    assert _max_weight_change(micro_base, run_dir) > 0
+
+
+def _max_weight_change(base_dir, run_dir):
+    """Largest |final - base| over the parameters of the run's newest checkpoint."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    base = load_file(str(Path(base_dir) / "model.safetensors"))
+    final = load_file(str(max((Path(run_dir) / "checkpoints").glob("step_*")) / "model.safetensors"))
+    return max(float((final[k] - base[k]).abs().max()) for k in base if k in final)
 
 
 def test_file_domain_is_scored_by_ray_actors(ray_cluster, micro_base, tmp_path):

@@ -56,3 +56,8 @@ def slow_but_in_time(completion):
     """Takes 2.5 s, within a 4 s time limit (the limit of a call that is not queued)."""
     time.sleep(2.5)
     return 1.0
+
+
+def odd_length(completion):
+    """1 for an answer of odd length: a random model earns mixed rewards, so a loop really trains."""
+    return float(len(completion) % 2)
