@@ -216,9 +216,9 @@ def post_json(
     timeout: float | None = None,
     params: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One POST of `body` to `url` (query `params`); its JSON answer ({} for an empty body). A
-    transport failure, a timeout or a 5xx is ServerUnavailable (worth a retry); a 4xx is
-    GenerationError (the same request fails again)."""
+    """One POST of `body` to `url` (query `params`); its JSON answer ({} for an empty body,
+    {"text": ...} for a plain-text one). A transport failure, a timeout or a 5xx is
+    ServerUnavailable (worth a retry); a 4xx is GenerationError (the same request fails again)."""
     import httpx
 
     kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
@@ -229,7 +229,10 @@ def post_json(
     except httpx.HTTPError as exc:
         raise ServerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
     if resp.status_code < 400:
-        return resp.json() if resp.content else {}
+        try:
+            return resp.json() if resp.content else {}
+        except ValueError:  # a plain-text success (vLLM's adapter routes)
+            return {"text": resp.text}
     last = f"HTTP {resp.status_code}: {_error_message(resp)}"
     if resp.status_code < 500:
         raise GenerationError(f"{url} rejected the request: {last}")

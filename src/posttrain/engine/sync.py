@@ -73,7 +73,9 @@ def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_d
         raise ValueError("make_engine: the vllm engine starts a server and needs run_dir for its files")
     peft = getattr(model, "peft_config", None)  # peft injects the adapters into the module it wraps
     lora_rank = int(next(iter(peft.values())).r) if peft else None
-    model_dir = model.name_or_path  # load_model's directory (the base under LoRA)
+    model_dir = str(getattr(model, "name_or_path", "") or "")  # load_model's directory (the base under LoRA)
+    if not model_dir:
+        raise ValueError("make_engine: the vllm engine serves the model's directory, and this model has none")
     return VLLMEngine.start(model_dir, run_dir, tokenizer, v, lora_rank, **kw)
 
 

@@ -361,6 +361,8 @@ class VLLMEngine:
         self._epoch = 0  # bumped by every restart
         self._lock = threading.Lock()  # the seed generator and the counters
         self._counts = {"request_retries": 0, "restarts": 0, "pushes": 0, "push_failures": 0}
+        self.last_push_s: dict[str, float] = {}
+        """Seconds of each call of the last acknowledged push (pause, load, reset_prefix_cache, resume)."""
         self._max_len, self._vocab = self._model_limits()
 
     @classmethod
@@ -582,22 +584,33 @@ class VLLMEngine:
         )
 
     def _sync_calls(self, url: str, path: Path, transport: Transport) -> None:
-        """Pause, load, reset the prefix cache, resume: every call with `push_timeout_s`."""
-        t = self.push_timeout_s
+        """Pause, load, reset the prefix cache, resume: every call with `push_timeout_s`; the
+        seconds of each in `last_push_s`."""
+        t, times = self.push_timeout_s, dict[str, float]()
+        t0 = time.perf_counter()
         post_json(self._client, url + "/pause", {}, timeout=t, params={"mode": "wait"})
-        self._load(url, path, transport)
+        times["pause"] = time.perf_counter() - t0
+        times.update(self._load(url, path, transport))
+        t0 = time.perf_counter()
         post_json(self._client, url + "/resume", {}, timeout=t)
+        times["resume"] = time.perf_counter() - t0
+        self.last_push_s = times
 
-    def _load(self, url: str, path: Path, transport: Transport) -> None:
-        t = self.push_timeout_s
+    def _load(self, url: str, path: Path, transport: Transport) -> dict[str, float]:
+        """Load `path` by `transport` and reset the prefix cache; the seconds of each."""
+        t, t0 = self.push_timeout_s, time.perf_counter()
         if transport == "lora":
             body: dict[str, Any] = {"lora_name": ADAPTER_NAME, "lora_path": str(path), "load_inplace": True}
             post_json(self._client, url + "/v1/load_lora_adapter", body, timeout=t)
         else:
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": t}
             post_json(self._client, url + "/collective_rpc", body, timeout=t)
+        times = {"load": time.perf_counter() - t0}
+        t0 = time.perf_counter()
         if not self.skip_prefix_reset:  # tests only: leave entries computed under the old weights
             post_json(self._client, url + "/reset_prefix_cache", {}, timeout=t)
+        times["reset_prefix_cache"] = time.perf_counter() - t0
+        return times
 
     def _model_limits(self) -> tuple[int, int]:
         """(max_model_len, vocabulary size) as the server reports them."""
