@@ -1,18 +1,19 @@
 """`posttrain train configs/vllm.yaml` against a real vLLM server (the `vllm` lane: `make test-vllm`).
 
-One run for the module, shared by its tests: the vllm demo config on a base pretrained for
-BASE_STEPS steps (the demo's 2,500 would take ~6 min of a fresh 2-core CI machine; this one
-~2 min, cached for the next run), STEPS steps of the demo's rollouts (32 prompts x 8), a
-held-out set of EVAL_TASKS tasks per domain, greedy; the test SIGKILLs the server's process
-group once KILL_AFTER train rows are logged. Measured on the development machine with the
-hf engine on this base: held-out mean 0.105 -> 0.285 after 30 steps (paired interval of the
-gain +0.12 to +0.24 over 200 tasks).
+One run for the module, shared by its tests: the vllm demo config on its base pretrained for
+BASE_STEPS steps instead of 2,500 (those take ~6 min of a fresh 2-core CI machine, these ~2;
+kept in the model cache for the next run and copied out for this one), STEPS steps of the
+demo's rollouts (32 prompts x 8), a held-out set of EVAL_TASKS tasks per domain, greedy; the
+test SIGKILLs the server's process group once KILL_AFTER train rows are logged. Measured on
+the development machine with the hf engine on this base: held-out mean 0.105 -> 0.285 after
+30 steps (paired interval of the gain +0.12 to +0.24 over 200 tasks).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,11 +43,23 @@ tasks the interval's half-width is about 0.06, and the hf engine's gain on this 
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def base_dir(tmp_path_factory) -> Path:
+    """The config's base at BASE_STEPS steps (built into the model cache, or reused from it),
+    copied out so that nothing done to the shared cache during the run reaches it."""
+    from posttrain.configs import load_config
+    from posttrain.model.pretrain import ensure_base
+
+    out = tmp_path_factory.mktemp("base") / "base"
+    shutil.copytree(ensure_base(load_config(CONFIG, [f"base.steps={BASE_STEPS}"]).base, progress=False), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, base_dir) -> Path:
     """The finished run's directory (the run SIGKILLed its server once mid-run)."""
     out = tmp_path_factory.mktemp("train")
     exe = Path(sys.executable).with_name("posttrain")
-    cmd = [str(exe), "train", str(CONFIG), f"base.steps={BASE_STEPS}", f"run.steps={STEPS}"]
+    cmd = [str(exe), "train", str(CONFIG), f"model.path={base_dir}", f"run.steps={STEPS}"]
     cmd += [f"eval.tasks_per_domain={EVAL_TASKS}", "eval.every_steps=0", "eval.samples=0", "eval.above_tasks=0"]
     cmd += ["eval.exposure=false", "eval.contamination=false", "run.checkpoint_every=0", "monitor.report=false"]
     cmd += ["run.progress=false", f"run.out_dir={out}", "run.name=vllm", "engine.timeout_s=60"]
@@ -111,17 +124,15 @@ def test_every_push_is_acknowledged_with_a_version(run_dir):
     assert trained and all(r["model_version"] == before[r["train_step"]] for r in trained)
 
 
-def test_weights_changed_and_the_engine_got_the_last_ones(run_dir):
+def test_weights_changed_and_the_engine_got_the_last_ones(run_dir, base_dir):
     """The final checkpoint differs from the base, and the last folder pushed to the engine holds
     exactly the final checkpoint's weights (the engine ended on the trained policy)."""
     import torch
     from safetensors.torch import load_file
 
-    from posttrain.configs import load_config
-    from posttrain.model.pretrain import default_dir
     from posttrain.trainer.checkpoint import latest_checkpoint
 
-    base = load_file(str(default_dir(load_config(CONFIG, [f"base.steps={BASE_STEPS}"]).base) / "model.safetensors"))
+    base = load_file(str(base_dir / "model.safetensors"))
     final = load_file(str(latest_checkpoint(run_dir) / "model.safetensors"))
     pushed = load_file(str(sorted((run_dir / "weights").glob("v*"))[-1] / "model.safetensors"))
     assert base.keys() == final.keys() and any(not torch.equal(base[k], final[k]) for k in base)
