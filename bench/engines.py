@@ -19,7 +19,8 @@ tokenizer) it measures both engines on the same prompts, token budgets, groups a
     route of the vllm engine (reload takes a full checkpoint directory); it is reported
     as not available, not measured.
 The vLLM server is started with LoRA enabled (rank 8) for both its generation and its
-pushes; generation asks for the base model. hf runs with --threads torch threads (default
+pushes, and with --vllm-args (default NO_PARTIAL_PREFILL, below); generation asks for the
+base model. hf runs with --threads torch threads (default
 1, the project's run.threads); the vLLM CPU worker binds its own OpenMP threads (on a
 2-core host vLLM's auto binding gives the worker one core and reserves the other for its
 API server; the results record the binding from its log).
@@ -50,6 +51,12 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("repeats", "pushes", "prompts", "group", "prompt_len", "max_tokens", "threads")
 """The arguments the results record."""
+NO_PARTIAL_PREFILL = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
+"""vLLM 0.32's CPU build kills its engine core ("CPU Generator does not use offset") when a
+seeded request's prefill is split over two scheduler steps (it rewinds the request's torch
+generator, which a CPU generator cannot do); with the CPU server's default budget of 2,048
+tokens a step, 16 prompts x 8 samples x 32 tokens are split. Without chunked prefill no
+prefill is split."""
 
 
 def requests(args: argparse.Namespace, vocab: int, eos: int) -> list[Any]:
@@ -199,7 +206,7 @@ def run_vllm(args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str,
 
     tok = load_tokenizer(model_dir)
     sets = weight_sets(model_dir, work)
-    server = VLLMServer(model_dir, work / "run", VLLMConfig(), lora_rank=8)
+    server = VLLMServer(model_dir, work / "run", VLLMConfig(extra_args=tuple(args.vllm_args)), lora_rank=8)
     t0 = time.perf_counter()
     server.start()
     assert server.proc is not None
@@ -250,6 +257,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engines.json")
+    ap.add_argument(
+        "--vllm-args",
+        nargs="*",
+        default=list(NO_PARTIAL_PREFILL),
+        help="engine.vllm.extra_args of the server (default: no chunked prefill, see NO_PARTIAL_PREFILL)",
+    )
     ap.add_argument("--hf-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -264,7 +277,7 @@ def main() -> int:
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "load_average_start": os.getloadavg(),
-        "config": {k: getattr(args, k) for k in FIELDS},
+        "config": {**{k: getattr(args, k) for k in FIELDS}, "vllm_args": args.vllm_args},
         "presets": {},
     }
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
