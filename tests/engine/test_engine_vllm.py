@@ -197,6 +197,43 @@ def test_lora_push_serves_the_adapter(engine, tiny_base, tmp_path):
     assert version == engine.version
 
 
+def test_test_switches_skip_the_load_and_the_prefix_cache_reset(engine, tiny_base, tmp_path):
+    """The test-only switches the verified-sync probe is tested with. skip_push: the version moves,
+    the served weights do not. skip_prefix_reset: a long prompt cached under the old weights is
+    continued from its stale cache (the outputs differ from the trainer's policy) until a push
+    that resets it."""
+    from posttrain.model.arch import load_model
+
+    engine.update_weights(Path(engine.server.dir) / "model")  # the base
+    trainer = _policy(tiny_base)
+    _train(trainer, engine)
+    sync = WeightSync(EngineConfig(kind="vllm"), engine, trainer, tmp_path)
+    base = _hf(load_model(tiny_base, device="cpu")[0], engine.tokenizer)
+    policy = _hf(trainer.model, engine.tokenizer)
+    long = [GenerationRequest((2, *[10 + k % 60 for k in range(300)]), SamplingParams(max_tokens=4, temperature=0.0))]
+
+    def differs(a, b) -> bool:
+        return max(abs(x - y) for x, y in zip(a[0][0].logprobs, b[0][0].logprobs)) > TOL
+
+    assert differs(base.generate(_greedy()), policy.generate(_greedy()))
+    engine.skip_push = True
+    try:
+        version = sync.push()
+    finally:
+        engine.skip_push = False
+    assert version == engine.version and not differs(engine.generate(_greedy()), base.generate(_greedy()))
+    engine.generate(long)  # cached under the base weights
+    engine.skip_prefix_reset = True
+    try:
+        sync.push()
+        stale = engine.generate(long)
+    finally:
+        engine.skip_prefix_reset = False
+    assert differs(stale, policy.generate(long))
+    sync.push()
+    _assert_same(engine.generate(long), policy.generate(long))
+
+
 def test_killed_server_is_restarted_and_resynced(engine, tiny_base, tmp_path):
     trainer = _policy(tiny_base)
     _train(trainer, engine, steps=2)
@@ -223,16 +260,46 @@ def test_hung_server_times_out_is_counted_and_restarted(engine, tiny_base):
     _assert_same(got, want)
 
 
+def test_partial_checkpoint_is_refused_before_it_is_sent(engine, tmp_path):
+    """vLLM's reload of a folder holding only some tensors answers success and breaks the model
+    (NaN log-probs, measured): the engine refuses such a push itself; nothing reaches the server."""
+    from safetensors.torch import load_file, save_file
+
+    want, version, stats = engine.generate(_greedy()), engine.version, engine.stats()
+    src = Path(engine.server.dir) / "model"
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "config.json").write_text((src / "config.json").read_text())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    save_file({name: load_file(str(src / "model.safetensors"))[name] * 1.5}, str(part / "model.safetensors"))
+    with pytest.raises(WeightSyncError, match="lacks"):
+        engine.update_weights(part)
+    assert engine.version == version and engine.stats() == stats
+    _assert_same(engine.generate(_greedy()), want)
+
+
 def test_refused_load_raises_after_retries_and_keeps_the_old_weights(engine, tmp_path):
-    """A checkpoint vLLM cannot read: each attempt is counted, the server restarted onto the last
-    acknowledged weights, and after push_retries the push raises; the version does not move."""
+    """A checkpoint vLLM refuses (every tensor named, one of the wrong shape): each attempt is
+    counted, the server restarted onto the last acknowledged weights, and after push_retries the
+    push raises; the version does not move. A torn file is refused before it is sent."""
+    from safetensors.torch import load_file, save_file
+
     want = engine.generate(_greedy())
     version, stats = engine.version, engine.stats()
+    src = Path(engine.server.dir) / "model"
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "config.json").write_text((src / "config.json").read_text())
+    (torn / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:5000])
+    with pytest.raises(WeightSyncError, match="not a readable safetensors"):
+        engine.update_weights(torn)
+    assert engine.stats() == stats
     bad = tmp_path / "bad"
     bad.mkdir()
-    src = Path(engine.server.dir) / "model"
     (bad / "config.json").write_text((src / "config.json").read_text())
-    (bad / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:5000])  # torn file
+    state = {**load_file(str(src / "model.safetensors")), **load_file(str(src / LM_HEAD_FILE))}
+    state["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(7, 5)
+    save_file(state, str(bad / "model.safetensors"))
     with pytest.raises(WeightSyncError, match="failed 2 times"):
         engine.update_weights(bad)
     after = engine.stats()

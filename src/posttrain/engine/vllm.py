@@ -14,8 +14,10 @@ version the engine acknowledged: `update_weights` waits until no request is in
 flight and holds new ones back, then pauses the server, loads (full weights by vLLM's
 in-place layerwise `reload_weights` through `/collective_rpc`; a LoRA adapter
 directory by `/v1/load_lora_adapter` with `load_inplace`), resets the prefix cache,
-resumes, and only then bumps the version. A load that fails leaves vLLM's model broken
-on a CPU (its parameters on the meta device), so an owned server is restarted and
+resumes, and only then bumps the version (a full checkpoint missing any of the served
+model's tensors is refused before it is sent: vLLM would take it and break). A load
+that fails leaves vLLM's model broken on a CPU (its parameters on the meta device),
+so an owned server is restarted and
 re-synced to the last acknowledged weights before the push is retried; after
 `push_retries` the push raises WeightSyncError and the version stays. A request that
 meets a dead or hung owned server (connection refused or reset, timeout, 5xx with
@@ -317,7 +319,9 @@ class VLLMEngine:
 
     transports: tuple[Transport, ...] = ("reload", "lora")
     """Push routes: `reload` (a full checkpoint directory, reloaded layer by layer in place)
-    and `lora` (an adapter directory, loaded in place). `update_weights` picks by the folder."""
+    and `lora` (an adapter directory, loaded in place). `update_weights` picks by the folder:
+    a LoRA policy pushes its adapter (tiny model, CPU: 8 ms load against 56 ms for a full
+    reload, a tenth of the bytes). `last_push_s` times each call of the last push."""
 
     def __init__(
         self,
@@ -429,6 +433,7 @@ class VLLMEngine:
         transport: Transport = "lora" if (path / "adapter_config.json").exists() else "reload"
         if transport == "reload":
             untie(path)
+            self._check_complete(path)
         with self._exclusive():
             if not self.skip_push:  # tests only: acknowledge without loading
                 self._push(path, transport)
@@ -437,6 +442,20 @@ class VLLMEngine:
             self.version += 1
             self._count("pushes")
             return self.version
+
+    def _check_complete(self, path: Path) -> None:
+        """A full push must hold every tensor the served model has: vLLM's layerwise reload of a
+        folder with only some of them returns success and leaves the rest of the model broken
+        (measured: NaN log-probs after reloading one tensor). Checked against the export an owned
+        server serves (safetensors headers only); an attached server's model is not known here."""
+        if self.server is None:
+            return
+        missing = _tensor_names(self.server.dir / "model") - _tensor_names(path)
+        if missing:
+            raise WeightSyncError(
+                f"vllm engine: {path} lacks {len(missing)} of the model's tensors (e.g. {sorted(missing)[:3]}); "
+                "a full push carries every tensor"
+            )
 
     # -- requests -------------------------------------------------------------
 
@@ -588,7 +607,8 @@ class VLLMEngine:
         seconds of each in `last_push_s`."""
         t, times = self.push_timeout_s, dict[str, float]()
         t0 = time.perf_counter()
-        post_json(self._client, url + "/pause", {}, timeout=t, params={"mode": "wait"})
+        clear = "false" if self.skip_prefix_reset else "true"  # /pause clears the caches too by default
+        post_json(self._client, url + "/pause", {}, timeout=t, params={"mode": "wait", "clear_cache": clear})
         times["pause"] = time.perf_counter() - t0
         times.update(self._load(url, path, transport))
         t0 = time.perf_counter()
@@ -625,6 +645,20 @@ class VLLMEngine:
         if max_len < 2:
             raise ConfigError(f"vllm engine: {self.url} reports no max_model_len for {BASE_NAME!r}")
         return max_len, int(len(self.tokenizer))
+
+
+def _tensor_names(model_dir: Path) -> set[str]:
+    """The tensor names of a directory's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                names.update(st.keys())
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a torn file
+            raise WeightSyncError(f"vllm engine: {f} is not a readable safetensors file: {exc}") from exc
+    return names
 
 
 def _no_token_strings(token: str) -> int:
