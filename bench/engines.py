@@ -16,8 +16,8 @@ tokenizer) it measures both engines on the same prompts, token budgets, groups a
     sets so every push changes the served weights; with the time `Trainer.save_weights`
     takes to write what the push loads. The hf engine shares the trained module, so its
     push is a version bump (no weights move). Pushing only the changed tensors is not a
-    route of the vllm engine (reload takes a full checkpoint directory); it is reported
-    as not available, not measured.
+    route of the vllm engine (vLLM's reload of a partial folder answers success and serves
+    NaN, so the engine refuses one); it is reported as not available, not measured.
 The vLLM server is started with LoRA enabled (rank 8) for both its generation and its
 pushes, and with --vllm-args (default NO_PARTIAL_PREFILL, below); generation asks for the
 base model. hf runs with --threads torch threads (default
@@ -319,7 +319,7 @@ def print_table(results: dict[str, Any]) -> None:
             calls = {k: statistics.median(c[k] for c in p["calls_s"]) * 1000 for k in (p["calls_s"] or [{}])[0]}
             split = ", ".join(f"{k} {v:.0f}" for k, v in calls.items()) or "not recorded"
             print(f"| {preset} | {transport} | {med(p['load_s'], 1000)} | {split} | {writes} |")
-        print(f"| {preset} | changed tensors only | not available (no such route in the vllm engine) | | |")
+        print(f"| {preset} | changed tensors only | not available (the vllm engine refuses a partial folder) | | |")
         print(f"| {preset} | hf (in process) | 0: the engine shares the trained module | | |")
     print(f"\nload average at start {results['load_average_start']}, at end {results['load_average_end']}")
 
