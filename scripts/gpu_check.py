@@ -10,9 +10,18 @@ It measures, on the one Trainer/HFEngine code path the CPU uses:
   3. peak CUDA memory;
   4. a LoRA step (adapters only) and its time;
   5. pinned RNG: two fresh trainers with deterministic=True give bit-identical weights
-     (or the error torch raises for an op without a deterministic kernel).
+     (or the error torch raises for an op without a deterministic kernel);
+  6. the vllm engine (engine/vllm.py, the path `engine.kind: vllm` takes), when the vLLM venv
+     exists (`make vllm-venv`, or $POSTTRAIN_VLLM_PYTHON): a server started by posttrain on a
+     random model of --vllm-preset's shape with the embedded tokenizer (vocabulary 104; the
+     0.5B body on CUDA, bf16 weights in server and trainer), then generation tokens/s, the
+     push latency of a full in-place reload and of a LoRA adapter (each the median of
+     --pushes, after one real optimizer step), and the verified-sync gap: max |engine -
+     trainer| log-prob over a fixed 320-token-prompt probe (engine/probe.py's check where that
+     module exists, else the same comparison done here) on identical weights after a push.
 Writes every figure to --out (JSON) and prints a summary. `--preset tiny --device cpu`
-runs the same script small on a CPU (to check the script itself).
+runs the same script small on a CPU (to check the script itself); `--device cpu --stages
+vllm` runs only stage 6 on the CPU build, --vllm-preset small.
 """
 
 from __future__ import annotations
@@ -38,6 +47,10 @@ SHAPES = {  # hidden, layers, heads, kv heads, mlp, vocab
     "tiny": (64, 2, 4, 2, 128, 2048),
 }
 EOS = {"qwen2.5-0.5b": 151643, "tiny": 2047}
+VLLM_SHAPES = {  # hidden, layers, heads, kv heads, mlp (the vocabulary is the embedded tokenizer's)
+    "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
+    "small": (256, 6, 8, 4, 768),
+}
 
 
 class IdTokenizer:
@@ -248,6 +261,161 @@ def run_pinned(args: argparse.Namespace, device: torch.device, results: dict[str
     print(f"pinned RNG: {results['pinned_rng']}", flush=True)
 
 
+def _vllm_model(preset: str, out: Path) -> Path:
+    """A random Qwen2 of `preset`'s shape with the embedded tokenizer, saved for vLLM (tied embeddings)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from posttrain.model.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    hidden, layers, heads, kv, mlp = VLLM_SHAPES[preset]
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _parity_batch(groups: list[list[Any]]) -> Any:
+    """Rows rewarded by the parity of their first token: mixed rewards in a group, so a step
+    changes the weights (stage 5's reward is 1 for every token of a 104-token vocabulary)."""
+    from posttrain.trainer.batch import TrainBatch, TrainRow
+
+    rows = [
+        TrainRow.from_completion(c, float(c.token_ids[0] % 2), f"g{i}", 1.0)
+        for i, g in enumerate(groups)
+        for c in g
+        if c.token_ids
+    ]
+    return TrainBatch(tuple(rows))
+
+
+def _probe_gap(engine: Any, trainer: Any, version: int, device: torch.device) -> dict[str, Any]:
+    """max |engine - trainer| log-prob on the verified-sync probe (engine/probe.py's SyncProbe.check
+    when the module exists; else its request, 320+ prompt tokens, 8 tokens at T = 1, compared here)."""
+    from posttrain.configs.engine import EngineConfig
+
+    try:
+        from posttrain.engine.probe import SyncProbe  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        SyncProbe = None  # noqa: N806
+    if SyncProbe is not None and hasattr(trainer, "sequence_logprobs"):
+        result = SyncProbe(EngineConfig(kind="vllm", verify_sync="on"), engine, trainer).check(version)
+        return {"via": "engine/probe.py", **result.to_dict()}
+    from posttrain.types import GenerationRequest, Message, SamplingParams
+
+    text = "Weight sync probe: the engine must serve the policy the trainer holds now. 0123456789. "
+    ids = engine.encode_chat((Message("user", text),))
+    while len(ids) < 320:
+        text += text
+        ids = engine.encode_chat((Message("user", text),))
+    req = GenerationRequest(tuple(ids), SamplingParams(max_tokens=8, temperature=1.0, n=1, seed=20_261_201))
+    c = engine.generate([req])[0][0]
+    full = torch.tensor([list(ids) + list(c.token_ids)], device=device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = trainer.model(full).logits[0, len(ids) - 1 : -1].float()
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids, device=device)[:, None])[:, 0]
+    diffs = [abs(a - b) for a, b in zip(ref.tolist(), c.logprobs)]
+    return {
+        "via": "gpu_check (engine/probe.py absent)",
+        "version": version,
+        "tokens": len(diffs),
+        "max_diff": max(diffs),
+    }
+
+
+def run_vllm(args: argparse.Namespace, device: torch.device, results: dict[str, Any]) -> None:
+    """The vllm engine end to end: start, generate, one optimizer step, full and LoRA pushes, probe gap."""
+    import statistics
+    import tempfile
+
+    from posttrain.configs.engine import EngineConfig, VLLMConfig
+    from posttrain.configs.trainer import LoraConfig, TrainerConfig
+    from posttrain.engine.sync import WeightSync
+    from posttrain.engine.vllm import VLLMEngine, default_python
+    from posttrain.model.arch import load_model, load_tokenizer
+    from posttrain.trainer.trainer import Trainer
+
+    if not default_python().exists():
+        results["vllm"] = {"skipped": f"no vLLM venv at {default_python()} (make vllm-venv)"}
+        print(f"vllm: skipped, {results['vllm']['skipped']}", flush=True)
+        return
+    cuda = device.type == "cuda"
+    preset = args.vllm_preset or ("qwen2.5-0.5b" if cuda else "small")
+    out: dict[str, Any] = {"preset": preset, "dtype": "bfloat16" if cuda else "float32"}
+    results["vllm"] = out
+    with tempfile.TemporaryDirectory(prefix="gpu-check-vllm-") as tmp:
+        model_dir = _vllm_model(preset, Path(tmp) / "model")
+        tok = load_tokenizer(model_dir)
+        # vLLM 0.32's CPU build dies when a seeded request's prefill is split (bench/engines.py, NO_PARTIAL_PREFILL)
+        extra = () if cuda else ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
+        vcfg = VLLMConfig(dtype=out["dtype"], memory_fraction=0.4 if cuda else 0.1, extra_args=extra)
+        t0 = time.perf_counter()
+        engine = VLLMEngine.start(model_dir, Path(tmp) / "run", tok, vcfg, lora_rank=16, seed=0, timeout_s=600)
+        out["startup_s"] = time.perf_counter() - t0
+        try:
+            vocab = len(tok)
+            reqs = requests(args.prompts, args.group, args.prompt_len, args.max_tokens, vocab, 1)
+            engine.generate(reqs[:2])  # warm-up
+            rates = []
+            for step in range(1, 4):
+                reqs = requests(args.prompts, args.group, args.prompt_len, args.max_tokens, vocab, step)
+                t1 = time.perf_counter()
+                groups = engine.generate(reqs)
+                rates.append(sum(len(c.token_ids) for g in groups for c in g) / (time.perf_counter() - t1))
+            out["gen_tokens_per_s"] = statistics.median(rates)
+            out["gen_tokens_per_s_all"] = rates
+            precision = "bf16_autocast" if cuda else "float32"
+            for transport, lora in (("reload", None), ("lora", LoraConfig(rank=16, alpha=32))):
+                model, _ = load_model(model_dir, device=str(device), dtype=torch.bfloat16 if cuda else None)
+                trainer = Trainer(model, TrainerConfig(lr=1e-4, lora=lora, precision=precision))
+                # the push timed alone: the probe (where engine/probe.py exists) is run and reported apart
+                off = {"verify_sync": "off"} if "verify_sync" in EngineConfig.model_fields else {}
+                sync = WeightSync(EngineConfig(kind="vllm", **off), engine, trainer, Path(tmp) / transport)
+                if lora is not None:  # the adapter goes on top of the model the trainer started from
+                    engine.update_weights(model_dir)
+                version = sync.push()  # the trainer's weights (for LoRA: its fresh adapter)
+                out[f"probe_{transport}_identical"] = _probe_gap(engine, trainer, version, device)
+                times = []
+                for _ in range(args.pushes):
+                    stats = trainer.step(_parity_batch(engine.generate(requests(8, 4, args.prompt_len, 32, vocab, 7))))
+                    t1 = time.perf_counter()
+                    version = sync.push()
+                    times.append(time.perf_counter() - t1)
+                out[f"push_{transport}_s"] = statistics.median(times)
+                out[f"push_{transport}_s_all"] = times
+                out[f"probe_{transport}_after_step"] = _probe_gap(engine, trainer, version, device)
+                out[f"last_outcome_{transport}"] = stats.outcome
+                del trainer, model
+                if cuda:
+                    torch.cuda.empty_cache()
+            out["engine_stats"] = engine.stats()
+        finally:
+            engine.close()
+    print(
+        f"vllm {preset} ({out['dtype']}): start-up {out['startup_s']:.1f} s | generation "
+        f"{out['gen_tokens_per_s']:.0f} tok/s | push reload {out['push_reload_s'] * 1000:.0f} ms, "
+        f"lora {out['push_lora_s'] * 1000:.0f} ms (write + load, median of {args.pushes}) | probe gap "
+        f"{out['probe_reload_after_step']['max_diff']:.2e} (full), "
+        f"{out['probe_lora_after_step']['max_diff']:.2e} (lora)",
+        flush=True,
+    )
+
+
+STAGES = {"loop": run_loop, "lora": run_lora, "pinned": run_pinned, "vllm": run_vllm}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=list(SHAPES), default="qwen2.5-0.5b")
@@ -259,6 +427,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--out", type=Path, default=Path("bench/results/gpu_check.json"))
+    ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES))
+    ap.add_argument("--vllm-preset", choices=list(VLLM_SHAPES), help="default: qwen2.5-0.5b on CUDA, small on a CPU")
+    ap.add_argument("--pushes", type=int, default=3, help="vllm stage: optimizer steps and pushes per transport")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -274,7 +445,7 @@ def main() -> int:
         "python": platform.python_version(),
     }
     failed = False
-    for stage in (run_loop, run_lora, run_pinned):
+    for stage in (STAGES[name] for name in args.stages):
         try:
             stage(args, device, results)
         except Exception:  # noqa: BLE001 - one stage failing still reports the others

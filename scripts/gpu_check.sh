@@ -4,7 +4,11 @@
 # 1. the tests marked gpu (CUDA trainer/engine paths against the CPU ones);
 # 2. scripts/gpu_check.py: a short real loop on a randomly initialised Qwen2 of ~0.5B parameters
 #    (no hub): generation tokens/s, seconds per training step, peak memory, loss curve, a LoRA step,
-#    pinned-RNG repeatability. Each stage reports even when another fails.
+#    pinned-RNG repeatability. Each stage reports even when another fails;
+# 3. scripts/gpu_check.py --stages vllm: the vllm engine (bf16 server and trainer on the 0.5B body):
+#    tokens/s, push latency per transport, the verified-sync probe's gap; where the vLLM venv exists.
+# Stages 1-2 take up to 600 s and stage 3 up to VLLM_TIMEOUT_S (300): where one device call may take at
+# most 10 minutes, run stage 3 as a call of its own: scripts/gpu_check.py --stages vllm --out DIR/gpu_check_vllm.json
 # Needs python with torch (CUDA build), transformers, peft, pydantic, pyyaml: .venv if present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +32,15 @@ rc=0
 if "$PY" -c "import pytest" 2>/dev/null; then
   timeout 180 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/trainer tests/engine 2>&1 | tail -n 25 | tee "$OUT_DIR/gpu_check_pytest.txt" || rc=1
 fi
-timeout 420 "$PY" scripts/gpu_check.py --out "$OUT_DIR/gpu_check.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check_log.txt"
+timeout 420 "$PY" scripts/gpu_check.py --stages loop lora pinned --out "$OUT_DIR/gpu_check.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check_log.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+# 3. the vllm engine on CUDA (bf16, the 0.5B body): only where the vLLM venv exists (make vllm-venv, or
+#    POSTTRAIN_VLLM_PYTHON); it cannot be carried to a machine without network (3.4 GB). Its own time limit.
+VLLM_PY=${POSTTRAIN_VLLM_PYTHON:-.venv-vllm/bin/python}
+if [ -x "$VLLM_PY" ]; then
+  timeout "${VLLM_TIMEOUT_S:-300}" "$PY" scripts/gpu_check.py --stages vllm --out "$OUT_DIR/gpu_check_vllm.json" "$@" 2>&1 | tee "$OUT_DIR/gpu_check_vllm_log.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+else
+  echo "gpu_check: vllm stage skipped: no vLLM venv at $VLLM_PY (make vllm-venv)" | tee "$OUT_DIR/gpu_check_vllm_log.txt"
+fi
 exit $rc

@@ -9,11 +9,7 @@ float rounding only; measured |dlogprob| <= 2e-6, asserted <= 1e-4.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -313,75 +309,5 @@ def test_refused_load_raises_after_retries_and_keeps_the_old_weights(engine, tmp
     _assert_same(engine.generate(_greedy()), want)
 
 
-TRAIN = [
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_tokens=6",
-    "rollout.dynamic_sampling=false",
-    "eval.tasks_per_domain=4",
-    "eval.max_tokens=6",
-    "run.threads=1",
-    "run.progress=false",
-    "run.checkpoint_every=0",
-    "monitor.report=false",
-    "engine.kind=vllm",
-    "engine.timeout_s=30",
-]
-
-
-def test_server_killed_mid_train_loses_nothing(tiny_base, tmp_path):
-    """`posttrain train` with engine.kind vllm; the test SIGKILLs the server's process group once
-    three steps are logged. The run finishes every step; every rollout of every group is in the
-    trace with a score and no error (none scored 0 for the kill, none lost), and the metrics count
-    the restart."""
-    from posttrain.metrics_log import read_metrics
-    from posttrain.trace import TraceStore
-
-    steps = 30
-    exe = Path(sys.executable).with_name("posttrain")
-    cmd = [str(exe), "train", *TRAIN, f"model.path={tiny_base}", f"run.out_dir={tmp_path}", "run.name=kill"]
-    cmd.append(f"run.steps={steps}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    run_dir = tmp_path / "kill"
-    with open(tmp_path / "train.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            killed = _kill_server_after(run_dir, proc, steps_logged=3)
-            assert proc.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-3000:]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert killed
-    rows = read_metrics(run_dir / "metrics.jsonl", "train")
-    assert len(rows) == steps and rows[-1]["engine_restarts"] >= 1
-    store = TraceStore(run_dir / "trace.db")
-    rollouts = store.recent(100_000)
-    assert len(rollouts) == store.count() == steps * 4 * 4
-    assert [r for r in rollouts if r["error_kind"] or r["reward"] is None] == []
-    groups: dict[str, int] = {}
-    for r in rollouts:
-        groups[r["group_id"]] = groups.get(r["group_id"], 0) + 1
-    assert len(groups) == steps * 4 and set(groups.values()) == {4}
-    assert not _alive(int((run_dir / "vllm" / "server.pid").read_text()))  # the run stopped its server
-
-
-def _kill_server_after(run_dir: Path, proc: subprocess.Popen, steps_logged: int) -> bool:
-    """SIGKILL the run's server process group once `steps_logged` train rows exist; False if the
-    run ended first. Polls (no timing is asserted)."""
-    metrics, pid_file = run_dir / "metrics.jsonl", run_dir / "vllm" / "server.pid"
-    while proc.poll() is None:
-        if metrics.exists() and pid_file.exists():
-            rows = [ln for ln in metrics.read_text().splitlines() if '"train"' in ln]
-            if len(rows) >= steps_logged:
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-                return True
-        time.sleep(0.2)
-    return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+# `posttrain train` with engine.kind vllm, its server killed mid-run: tests/engine/test_engine_vllm_train.py
+# (one run shared by the kill, push, weights and held-out accuracy tests).
