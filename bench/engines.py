@@ -19,7 +19,8 @@ tokenizer) it measures both engines on the same prompts, token budgets, groups a
     route of the vllm engine (vLLM's reload of a partial folder answers success and serves
     NaN, so the engine refuses one); it is reported as not available, not measured.
 The vLLM server is started with LoRA enabled (rank 8) for both its generation and its
-pushes, and with --vllm-args (default NO_PARTIAL_PREFILL, below); generation asks for the
+pushes, as the vllm engine starts it (on a CPU without chunked prefill: engine/vllm.py), plus
+--vllm-args; generation asks for the
 base model. hf runs with --threads torch threads (default
 1, the project's run.threads); the vLLM CPU worker binds its own OpenMP threads (on a
 2-core host vLLM's auto binding gives the worker one core and reserves the other for its
@@ -51,12 +52,6 @@ from typing import Any  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("repeats", "pushes", "prompts", "group", "prompt_len", "max_tokens", "threads")
 """The arguments the results record."""
-NO_PARTIAL_PREFILL = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
-"""vLLM 0.32's CPU build kills its engine core ("CPU Generator does not use offset") when a
-seeded request's prefill is split over two scheduler steps (it rewinds the request's torch
-generator, which a CPU generator cannot do); with the CPU server's default budget of 2,048
-tokens a step, 16 prompts x 8 samples x 32 tokens are split. Without chunked prefill no
-prefill is split."""
 
 
 def requests(args: argparse.Namespace, vocab: int, eos: int) -> list[Any]:
@@ -260,8 +255,9 @@ def main() -> int:
     ap.add_argument(
         "--vllm-args",
         nargs="*",
-        default=list(NO_PARTIAL_PREFILL),
-        help="engine.vllm.extra_args of the server (default: no chunked prefill, see NO_PARTIAL_PREFILL)",
+        default=[],
+        help="engine.vllm.extra_args of the server (the engine already starts a CPU server without chunked "
+        "prefill, --max-num-batched-tokens the model's length: engine/vllm.py VLLMServer.command)",
     )
     ap.add_argument("--hf-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)

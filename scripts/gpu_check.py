@@ -17,8 +17,8 @@ It measures, on the one Trainer/HFEngine code path the CPU uses:
      0.5B body on CUDA, bf16 weights in server and trainer), then generation tokens/s, the
      push latency of a full in-place reload and of a LoRA adapter (each the median of
      --pushes, after one real optimizer step), and the verified-sync gap: max |engine -
-     trainer| log-prob over a fixed 320-token-prompt probe (engine/probe.py's check where that
-     module exists, else the same comparison done here) on identical weights after a push.
+     trainer| log-prob over a fixed 320-token-prompt probe (engine/probe.py's check, the one
+     every push of a run makes) on identical weights and after a push.
 Writes every figure to --out (JSON) and prints a summary. `--preset tiny --device cpu`
 runs the same script small on a CPU (to check the script itself); `--device cpu --stages
 vllm` runs only stage 6 on the CPU build, --vllm-preset small.
@@ -302,37 +302,14 @@ def _parity_batch(groups: list[list[Any]]) -> Any:
 
 
 def _probe_gap(engine: Any, trainer: Any, version: int, device: torch.device) -> dict[str, Any]:
-    """max |engine - trainer| log-prob on the verified-sync probe (engine/probe.py's SyncProbe.check
-    when the module exists; else its request, 320+ prompt tokens, 8 tokens at T = 1, compared here)."""
+    """max |engine - trainer| log-prob on the verified-sync probe: engine/probe.py's SyncProbe.check,
+    the check every push of a run makes (320+ prompt tokens, 8 tokens at T = 1); `device` is unused
+    (the trainer scores on its own device)."""
     from posttrain.configs.engine import EngineConfig
+    from posttrain.engine.probe import SyncProbe
 
-    try:
-        from posttrain.engine.probe import SyncProbe  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        SyncProbe = None  # noqa: N806
-    if SyncProbe is not None and hasattr(trainer, "sequence_logprobs"):
-        result = SyncProbe(EngineConfig(kind="vllm", verify_sync="on"), engine, trainer).check(version)
-        return {"via": "engine/probe.py", **result.to_dict()}
-    from posttrain.types import GenerationRequest, Message, SamplingParams
-
-    text = "Weight sync probe: the engine must serve the policy the trainer holds now. 0123456789. "
-    ids = engine.encode_chat((Message("user", text),))
-    while len(ids) < 320:
-        text += text
-        ids = engine.encode_chat((Message("user", text),))
-    req = GenerationRequest(tuple(ids), SamplingParams(max_tokens=8, temperature=1.0, n=1, seed=20_261_201))
-    c = engine.generate([req])[0][0]
-    full = torch.tensor([list(ids) + list(c.token_ids)], device=device)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        logits = trainer.model(full).logits[0, len(ids) - 1 : -1].float()
-    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids, device=device)[:, None])[:, 0]
-    diffs = [abs(a - b) for a, b in zip(ref.tolist(), c.logprobs)]
-    return {
-        "via": "gpu_check (engine/probe.py absent)",
-        "version": version,
-        "tokens": len(diffs),
-        "max_diff": max(diffs),
-    }
+    result = SyncProbe(EngineConfig(kind="vllm", verify_sync="on"), engine, trainer).check(version)
+    return {"via": "engine/probe.py", **result.to_dict()}
 
 
 def run_vllm(args: argparse.Namespace, device: torch.device, results: dict[str, Any]) -> None:

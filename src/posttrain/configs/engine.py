@@ -31,7 +31,8 @@ class VLLMConfig(BaseModel):
     cpu_kv_cache_gib: int = Field(1, ge=1, le=1024)
     """On a CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)."""
     dtype: str = "auto"
-    """Weights' dtype in the server (--dtype); auto: float32 on a CPU, the model's own on a GPU."""
+    """Weights' dtype in the server (--dtype); auto: float32 on a CPU, vLLM's own choice on a GPU
+    (`--dtype auto`, from the model config's dtype; set bfloat16 to train and serve in bf16)."""
     max_model_len: int | None = Field(None, ge=16, le=1 << 20)
     """Longest prompt plus completion the server takes (--max-model-len); None: the model's."""
     max_restarts: int = Field(5, ge=0, le=1000)

@@ -142,9 +142,10 @@ def untie(checkpoint: str | Path) -> bool:
 
 
 def export_for_vllm(model_dir: str | Path, out: str | Path) -> Path:
-    """A copy of `model_dir` that vLLM serves and reloads exactly: the files linked, and for a
-    tied-embedding model a config with `tie_word_embeddings: false` and LM_HEAD_FILE (see
-    `untie`). An untied model is linked as it is."""
+    """A copy of `model_dir` that vLLM serves and reloads exactly: the files hard-linked (copied
+    across file systems), so the copy outlives its source, and for a tied-embedding model a config
+    with `tie_word_embeddings: false` and LM_HEAD_FILE (see `untie`). An untied model is linked
+    as it is."""
     src, dst = Path(model_dir).resolve(), Path(out)
     if dst.exists():
         shutil.rmtree(dst)
@@ -154,7 +155,10 @@ def export_for_vllm(model_dir: str | Path, out: str | Path) -> Path:
             if f.name == "config.json":
                 shutil.copyfile(f, dst / f.name)  # `untie` rewrites it: never the original
             else:
-                os.symlink(f, dst / f.name)
+                try:
+                    os.link(f, dst / f.name)
+                except OSError:  # another file system, or links refused
+                    shutil.copyfile(f, dst / f.name)
     untie(dst)
     return dst
 
@@ -209,12 +213,26 @@ class VLLMServer:
         cmd += ["--gpu-memory-utilization", str(cfg.memory_fraction), "--logprobs-mode", "processed_logprobs"]
         cmd += ["--enforce-eager"] if cpu else []
         cmd += ["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []
+        if cpu and not any("chunked-prefill" in a for a in cfg.extra_args):
+            # vLLM 0.32's CPU build kills its engine core ("CPU Generator does not use offset") when a
+            # seeded request's prefill is split over two scheduler steps: no chunked prefill, and a
+            # step budget that holds a whole prompt of the model's length
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self._step_tokens())]
         if self.lora_rank is not None:
             rank = next((r for r in _LORA_RANKS if r >= self.lora_rank), None)
             if rank is None:
                 raise ConfigError(f"trainer.lora.rank {self.lora_rank} is above vLLM's largest ({_LORA_RANKS[-1]})")
             cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1"]
         return cmd + list(cfg.extra_args)
+
+    def _step_tokens(self) -> int:
+        """Tokens per scheduler step without chunked prefill: at least the longest sequence the
+        server takes (engine.vllm.max_model_len, else the model's max_position_embeddings)."""
+        longest = self.cfg.max_model_len
+        if longest is None:
+            config = json.loads((Path(self.model_dir) / "config.json").read_text())
+            longest = int(config.get("max_position_embeddings") or 0)
+        return max(int(longest), 2048)
 
     def env(self) -> dict[str, str]:
         return {
