@@ -142,8 +142,9 @@ def untie(checkpoint: str | Path) -> bool:
 
 
 def export_for_vllm(model_dir: str | Path, out: str | Path) -> Path:
-    """A copy of `model_dir` that vLLM serves and reloads exactly: the files hard-linked (copied
-    across file systems), so the copy outlives its source, and for a tied-embedding model a config
+    """A copy of `model_dir` that vLLM serves and reloads exactly: the weight files hard-linked
+    (copied across file systems) and the rest copied, so the copy outlives its source and writing
+    it never writes the source, and for a tied-embedding model a config
     with `tie_word_embeddings: false` and LM_HEAD_FILE (see `untie`). An untied model is linked
     as it is."""
     src, dst = Path(model_dir).resolve(), Path(out)
@@ -152,11 +153,11 @@ def export_for_vllm(model_dir: str | Path, out: str | Path) -> Path:
     dst.mkdir(parents=True)
     for f in src.iterdir():
         if f.is_file():
-            if f.name == "config.json":
-                shutil.copyfile(f, dst / f.name)  # `untie` rewrites it: never the original
+            if not f.name.endswith((".safetensors", ".bin")):
+                shutil.copyfile(f, dst / f.name)  # small; `untie` rewrites config and index: never the original
             else:
                 try:
-                    os.link(f, dst / f.name)
+                    os.link(f, dst / f.name)  # weights are only read
                 except OSError:  # another file system, or links refused
                     shutil.copyfile(f, dst / f.name)
     untie(dst)
