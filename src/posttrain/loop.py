@@ -33,6 +33,7 @@ from posttrain.metrics_log import MetricsLog, roll_back
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
+from posttrain.pipeline.continuous import Continuous, trace_dropped
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute, configure_pool
 from posttrain.rollout import Rollout, informative
@@ -220,7 +221,8 @@ class _Sampling:
 
     budgets: Mapping[str, Any]
     params: SamplingParams
-    rollouts: StepRollouts
+    rollouts: StepRollouts | Continuous
+    """pipeline.mode sync: one step's groups at a time; async: a stream (pipeline/continuous.py)."""
 
     @classmethod
     def of(cls, run: _Run) -> _Sampling:
@@ -236,20 +238,33 @@ class _Sampling:
         execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, seconds)
         workers = make_workers(cfg.runtime, cfg.pipeline, run.engine, execute=execute)
         events = trace_events(run.trace, run.log)
+        if cfg.pipeline.mode == "async":
+            version = lambda: int(run.engine.version)  # noqa: E731 - the trainer's weights, as the engine has them
+            stream = Continuous(
+                cfg.pipeline, workers, run.pool, cfg.run.seed, cfg.rollout.prompts_per_step, version, events, budgets
+            )
+            stream.on_dropped = trace_dropped(run.trace)
+            return cls(budgets, params, stream)
         rollouts = StepRollouts(
             cfg.pipeline, workers, run.pool, cfg.run.seed, events, cfg.rollout.dynamic_sampling, budgets
         )
         return cls(budgets, params, rollouts)
+
+    def groups(self, run: _Run, step: int) -> tuple[list[list[Rollout]], list[list[Rollout]], dict[str, float]]:
+        """The step's groups to train on, the finished ones left out for staleness (traced, not
+        trained; async only), and the pipeline's stats."""
+        if isinstance(self.rollouts, Continuous):  # async: whatever is finished, within max_staleness
+            return self.rollouts.take(run.pool.draw, self.params, step)
+        groups, stats = self.rollouts.sample(run.pool.draw(run.cfg.rollout.prompts_per_step), self.params, step)
+        return groups, [], stats
 
 
 def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[str, Any], str]:
     """One loop step: sample and verify groups, trace every rollout, train on the kept groups, log,
     then the monitor and the periodic evaluation. Returns the step's summary and why the run stops."""
     t0 = time.perf_counter()
-    groups, pipe_stats = sampling.rollouts.sample(
-        run.pool.draw(run.cfg.rollout.prompts_per_step), sampling.params, step
-    )
-    ids = _write_trace(run, sampling, groups)
+    groups, left, pipe_stats = sampling.groups(run, step)
+    ids = _write_trace(run, sampling, [*groups, *left])
     kept = [g for g in groups if informative(g)] if run.cfg.rollout.dynamic_sampling else groups
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0

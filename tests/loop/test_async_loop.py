@@ -1,0 +1,65 @@
+"""The loop in pipeline.mode async (pipeline/continuous.py) with weights that really change:
+every trained rollout within max_staleness of the trainer's weights, groups that did cross
+weight versions, the detached generation copy refreshed, the off-policy correction logged."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from loopcfg import tiny
+
+from posttrain.configs import load_config
+from posttrain.metrics_log import read_metrics
+from posttrain.trace import TraceStore
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_async_loop_keeps_the_staleness_bound_while_weights_change(tmp_path, micro_base, parity_domain, monkeypatch, k):
+    from posttrain.engine.sync import WeightSync
+    from posttrain.loop import train
+
+    pushed: list[list] = []  # the trainer's parameters at each push
+    push = WeightSync.push
+
+    def recording_push(self):
+        pushed.append([p.detach().clone() for p in self.engine.model.parameters()])
+        return push(self)
+
+    monkeypatch.setattr(WeightSync, "push", recording_push)
+    cfg = load_config(
+        None,
+        [
+            *tiny("{parity: {difficulty: 1}}"),
+            f"model.path={micro_base}",
+            f"run.out_dir={tmp_path}",
+            f"run.name=async{k}",
+            "run.steps=5",
+            "rollout.dynamic_sampling=false",
+            "trainer.lr=0.01",
+            "pipeline.mode=async",
+            f"pipeline.max_staleness={k}",
+            "monitor.report=false",
+        ],
+    )
+    result = train(cfg, log=lambda *_: None)
+    assert not any(t.name == "rollout-stream" for t in threading.enumerate())  # the background loop was closed
+    rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    # the weights moved between pushes (an unchanged push would test nothing about staleness)
+    assert len(pushed) >= 3
+    moved = [max(float((a - b).abs().max()) for a, b in zip(p, q)) for p, q in zip(pushed, pushed[1:])]
+    assert all(m > 0.0 for m in moved), moved
+    trainer_at = {r["step"]: r["pipe_trainer_version"] for r in rows}  # the weights each step trained from
+    assert [trainer_at[s] for s in sorted(trainer_at)] == sorted(trainer_at.values())
+    store = TraceStore(result.run_dir / "trace.db")
+    trained = [r for r in store.recent(10_000) if r["train_step"] is not None]
+    assert len(trained) == sum(r["groups"] for r in rows) * 4 > 0
+    lags = [trainer_at[r["train_step"]] - r["model_version"] for r in trained]
+    assert all(0 <= lag <= k for lag in lags), lags
+    assert max(lags) >= 1  # groups crossed weight versions: trained on weights newer than their own
+    assert max(r["model_version"] for r in trained) >= 1  # the generation copy was refreshed between calls
+    assert all(r["pipe_staleness_max"] <= k for r in rows) and max(r["pipe_staleness_max"] for r in rows) >= 1
+    assert all(r["stale_dropped"] == 0 for r in rows)
+    off = [r for r in rows if r["pipe_staleness_max"] > 0]
+    assert all({"ratio_mean", "ratio_max", "clip_frac"} <= set(r) for r in off)  # the correction's size, logged
