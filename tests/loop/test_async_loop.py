@@ -39,7 +39,7 @@ def test_async_loop_keeps_the_staleness_bound_while_weights_change(tmp_path, mic
             "trainer.lr=0.01",
             "pipeline.mode=async",
             f"pipeline.max_staleness={k}",
-            "monitor.report=false",
+            f"monitor.report={k == 2}",
         ],
     )
     result = train(cfg, log=lambda *_: None)
@@ -61,5 +61,9 @@ def test_async_loop_keeps_the_staleness_bound_while_weights_change(tmp_path, mic
     assert max(r["model_version"] for r in trained) >= 1  # the generation copy was refreshed between calls
     assert all(r["pipe_staleness_max"] <= k for r in rows) and max(r["pipe_staleness_max"] for r in rows) >= 1
     assert all(r["stale_dropped"] == 0 for r in rows)
+    if k == 2:  # the report shows the staleness the run trained on, and what was re-queued or dropped (nothing)
+        page = (result.run_dir / "report.html").read_text()
+        assert f"largest staleness trained on: {max(r['pipe_staleness_max'] for r in rows):.0f}" in page
+        assert "no group was re-queued or dropped for staleness" in page
     off = [r for r in rows if r["pipe_staleness_max"] > 0]
     assert all({"ratio_mean", "ratio_max", "clip_frac"} <= set(r) for r in off)  # the correction's size, logged
