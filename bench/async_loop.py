@@ -142,7 +142,8 @@ def run_one(mode: str, k: int, steps: int, out: Path, model: str) -> dict[str, A
     run_dir = out / ("sync" if mode == "sync" else f"async-k{k}")
     evals = subprocess.run([sys.executable, __file__, "--child", "eval", str(run_dir)], env=env, capture_output=True)
     if evals.returncode:
-        raise SystemExit(f"evaluating {run_dir} failed:\n{evals.stdout.decode()[-3000:]}{evals.stderr.decode()[-3000:]}")
+        tail = evals.stdout.decode()[-3000:] + evals.stderr.decode()[-3000:]
+        raise SystemExit(f"evaluating {run_dir} failed:\n{tail}")
     return summarise(run_dir, mode, k, total_s, usage.ru_maxrss / 1024)
 
 

@@ -143,7 +143,8 @@ class PipelineStats:
 
 class Pipeline:
     """Use as `async with Pipeline(...) as pipe:`; then `await pipe.run_groups(tasks)`
-    (a fixed set, results in task order). Multi-turn domains (an `environment()`)
+    (a fixed set, results in task order), or `pipe.submit(...)` and `await pipe.drain()`
+    (a stream, pipeline/continuous.py). Multi-turn domains (an `environment()`)
     run their episodes through `envs.driver`: generate and execute alternate until
     every episode of the group is done, then the execute stage runs the domain's
     execute step on each last action (for a domain that executes), then verify."""
