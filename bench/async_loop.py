@@ -6,15 +6,15 @@ samples (with its 95% interval), and the peak RSS of each run's process.
 The workload, `slowadd`: the demo's addition questions (difficulty 1, the base model's own
 prompt format), whose verification runs a program in the sandbox: the program sleeps for the
 task's execution time, then checks the model's answer. Execution times are heavy-tailed and
-fixed per task (Pareto, scale 0.2 s, shape 1, capped at 6 s: median 0.4 s, mean 0.9 s, one task
-in ten over 2 s); the held-out split runs the same check with no sleep. Every run trains from the
+fixed per task (Pareto, scale 0.5 s, shape 1, capped at 10 s: median 1 s, mean 2 s, one task
+in ten over 5 s, one in twenty at the cap); the held-out split runs the same check with no sleep. Every run trains from the
 same cached base with the same seed, dynamic sampling off, so each step trains every sample of
 its batch. The runs evaluate only before and after training (`eval.every_steps=0`: an evaluation
 inside the loop would let the async run's pipeline work while the sync run's waits); the curve's
 inner points are the checkpoints of steps/4, steps/2 and 3 steps/4, evaluated afterwards on the
 run's own held-out set.
 
-    .venv/bin/python bench/async_loop.py                 # ~15 min on 2 shared cores
+    .venv/bin/python bench/async_loop.py                 # ~20 min on 2 shared cores
     .venv/bin/python bench/async_loop.py --steps 6 --ks 1   # a quick look
 
 Each run is a child process (`posttrain train` through `posttrain.cli.main`, after registering
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SCALE_S, SHAPE, CAP_S = 0.2, 1.0, 6.0
+SCALE_S, SHAPE, CAP_S = 0.5, 1.0, 10.0
 
 CHECK = """
 import json, time
@@ -105,8 +105,9 @@ def overrides(mode: str, k: int, steps: int, out: Path, model: str) -> list[str]
         "eval.every_steps=0",
         "eval.samples=0",
         "eval.above_tasks=0",
-        "sandbox.workers=40",
-        "pipeline.execute_workers=48",
+        "sandbox.workers=64",
+        "pipeline.execute_workers=64",
+        "trainer.keep_checkpoints=8",
         f"pipeline.mode={mode}",
         f"pipeline.max_staleness={0 if mode == 'sync' else k}",
     ]
@@ -233,7 +234,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         raise SystemExit(child(sys.argv[2:]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--out", default="/tmp/posttrain-bench-async")
     p.add_argument("--model", default=None, help="base model folder (default: the cached demo base)")

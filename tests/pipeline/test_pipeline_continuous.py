@@ -104,6 +104,22 @@ def test_lagging_completions_are_requeued_once_at_the_front_then_dropped():
     assert set(stream.lengths["dropped"]) == {length_bucket(1)}  # one-character answers
 
 
+def test_dropped_groups_reach_the_trace_with_their_draw_ids(tmp_path):
+    from posttrain.pipeline.continuous import trace_dropped
+    from posttrain.rollout import Rollout
+    from posttrain.trace import TraceStore
+    from posttrain.types import Completion
+
+    task = _pool().draw(1)[0]
+    group = [Rollout(task, Completion((1,), (2,), "2", (0.0,), "stop", 0), "3:1r1", None)]
+    store = TraceStore(tmp_path / "trace.db")
+    trace_dropped(store)([group], "stale: 3 versions behind (max_staleness 1)", 5)
+    (event,) = store.events("dropped")
+    assert event["step"] == 5 and event["domain"] == task.domain and event["message"].startswith("stale: 3")
+    assert '"draw_ids": ["3:1"]' in event["data"] and '"group_ids": ["3:1r1"]' in event["data"]
+    store.close()
+
+
 def test_length_buckets():
     assert [length_bucket(x) for x in (0, 15.9, 16, 255, 256, 5000)] == [
         "0-15", "0-15", "16-63", "64-255", "256-1023", "1024+"

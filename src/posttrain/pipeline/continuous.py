@@ -297,16 +297,24 @@ class Continuous:
         self.workers.close()
 
 
+def draw_id_of(group_id: str) -> str:
+    """The draw a group was made from: its group id without the re-queue suffix ("4:2r1" -> "4:2").
+    Groups of one `take` are named `<step>:<i>` in the order its one `draw` call returned them,
+    which is the draw id branch `once` gives the k-th draw of a loop step (DrawLedger)."""
+    return group_id.removesuffix("r1")
+
+
 def trace_dropped(trace: Any) -> DropSink:
     """The loop's sink for `Continuous.record_dropped`: one `dropped` event per call in the
-    trace's events table, with the group ids and the reason. (Branch `once` records the fate
-    of each draw, `TraceStore.record_dropped(step, {draw id: reason})`; after that merge this
-    is the one place to call it from, through its draw ledger.)"""
+    trace's events table, with the group ids, their draw ids and the reason. This is the shim
+    to point at branch `once` after its merge: `TraceStore.record_dropped(step, {draw id:
+    reason})` (or its ledger's `dropped`) called here, with `draw_id_of`."""
 
     def sink(groups: Sequence[Sequence[Rollout]], reason: str, step: int) -> None:
         ids = [g[0].group_id for g in groups]
         domains = sorted({g[0].task.domain for g in groups})
         domain = domains[0] if len(domains) == 1 else None
-        trace.add_event("dropped", reason, step=step, domain=domain, data={"group_ids": ids, "reason": reason})
+        data = {"group_ids": ids, "draw_ids": [draw_id_of(i) for i in ids], "reason": reason}
+        trace.add_event("dropped", reason, step=step, domain=domain, data=data)
 
     return sink
