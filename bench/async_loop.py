@@ -5,14 +5,15 @@ samples (with its 95% interval), and the peak RSS of each run's process.
 
 The workload, `slowadd`: the demo's addition questions (difficulty 1, the base model's own
 prompt format), whose verification runs a program in the sandbox: the program sleeps for the
-task's execution time, then checks the model's answer. Execution times are heavy-tailed and
-fixed per task (Pareto, scale 0.5 s, shape 1, capped at 10 s: median 1 s, mean 2 s, one task
-in ten over 5 s, one in twenty at the cap); the held-out split runs the same check with no sleep. Every run trains from the
-same cached base with the same seed, dynamic sampling off, so each step trains every sample of
-its batch. The runs evaluate only before and after training (`eval.every_steps=0`: an evaluation
-inside the loop would let the async run's pipeline work while the sync run's waits); the curve's
-inner points are the checkpoints of steps/4, steps/2 and 3 steps/4, evaluated afterwards on the
-run's own held-out set.
+task's execution time, then checks the model's answer (extracted as the built-in `add`
+extracts it, so the cheat probes pass as they do for `add`). Execution times are heavy-tailed
+and fixed per task (Pareto, scale 0.5 s, shape 1, capped at 10 s: median 1 s, mean 2 s, one
+task in ten over 5 s, one in twenty at the cap); the held-out split runs the same check with
+no sleep. Every run trains from the same cached base with the same seed, dynamic sampling off,
+so each step trains every sample of its batch. The runs evaluate only before and after
+training (`eval.every_steps=0`: an evaluation inside the loop would let the async run's
+pipeline work while the sync run's waits); the curve's inner points are the checkpoints of
+steps/4, steps/2 and 3 steps/4, evaluated afterwards on the run's own held-out set.
 
     .venv/bin/python bench/async_loop.py                 # ~20 min on 2 shared cores
     .venv/bin/python bench/async_loop.py --steps 6 --ks 1   # a quick look

@@ -67,3 +67,40 @@ def test_async_loop_keeps_the_staleness_bound_while_weights_change(tmp_path, mic
         assert "no group was re-queued or dropped for staleness" in page
     off = [r for r in rows if r["pipe_staleness_max"] > 0]
     assert all({"ratio_mean", "ratio_max", "clip_frac"} <= set(r) for r in off)  # the correction's size, logged
+
+
+@pytest.mark.slow
+def test_async_loop_against_a_separate_server_process(tmp_path, micro_base, parity_domain, monkeypatch):
+    """A remote engine (`posttrain serve` in another process): generation in flight there while
+    the trainer pushes new weights over HTTP; every trained rollout's server-reported version is
+    within max_staleness of the trainer's at its train step."""
+    from posttrain.loop import train
+    from serve_process import posttrain_serve
+
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", "async-test-admin-token")
+    with posttrain_serve(micro_base) as (url, _):
+        cfg = load_config(
+            None,
+            [
+                *tiny("{parity: {difficulty: 1}}"),
+                f"model.path={micro_base}",
+                f"run.out_dir={tmp_path}",
+                "run.name=remote",
+                "run.steps=4",
+                "rollout.dynamic_sampling=false",
+                "trainer.lr=0.01",
+                "monitor.report=false",
+                "engine.type=openai",
+                f"engine.url={url}/v1",
+                "pipeline.mode=async",
+                "pipeline.max_staleness=1",
+            ],
+        )
+        result = train(cfg, log=lambda *_: None)
+    rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    trainer_at = {r["step"]: r["pipe_trainer_version"] for r in rows}
+    trained = [r for r in TraceStore(result.run_dir / "trace.db").recent(10_000) if r["train_step"] is not None]
+    lags = [trainer_at[r["train_step"]] - r["model_version"] for r in trained]
+    assert trained and all(0 <= lag <= 1 for lag in lags), lags
+    assert rows[-1]["engine_version"] >= 3  # weights did travel: one push per applied step
+    assert max(lags) >= 1  # groups crossed a weight update on the server
