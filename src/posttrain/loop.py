@@ -2,7 +2,9 @@
 
 Invariant: every rollout reaches the trace store exactly once, before the
 train step that consumes it; infra errors are masked from the loss and
-counted, never scored 0; a run resumed from a checkpoint continues exactly
+counted, never scored 0; in pipeline.mode sync (the default; async streams
+groups within a staleness bound and its batches depend on timing,
+docs/pipeline.md) a run resumed from a checkpoint continues exactly
 as the uninterrupted run would have (same tasks, same samples, same weights),
 from its newest intact checkpoint, with the trace and metrics cut back to what
 they held when that checkpoint was written (its `records` marks), so the
