@@ -1,6 +1,7 @@
 """The continuous mode (pipeline.mode async, pipeline/continuous.py) at the engine seam: the
 staleness bound for k = 0, 1, 2 under a workload where long tasks finish last, without
-losing the long tasks; lagging completions re-queued once at the front, then dropped."""
+losing the long tasks; lagging completions re-queued once at the front, then dropped; the
+drop sink on a real trace; the hf generation copy loading new weights between engine calls."""
 
 from __future__ import annotations
 
@@ -132,3 +133,34 @@ def test_sync_mode_refuses_a_staleness_bound():
     with pytest.raises(ValidationError, match="pipeline.max_staleness .* pipeline.mode=async"):
         PipelineConfig(max_staleness=2)
     assert PipelineConfig(mode="async", max_staleness=2).max_staleness == 2
+
+
+def test_the_generation_copy_takes_new_weights_between_engine_calls(micro_base):
+    """`EmbeddedWorkers.sync` while an engine call runs (its lock held) changes nothing under
+    that call; the next call loads the staged weights first, and its completions carry them."""
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.model.arch import load_model
+    from posttrain.pipeline.step import detached_copy
+    from posttrain.types import GenerationRequest, Message
+
+    model, tokenizer = load_model(micro_base)
+    trainer = HFEngine(model, tokenizer, seed=0)
+    workers = EmbeddedWorkers(detached_copy(trainer), source=trainer)
+    copy = workers.engine
+    with torch.no_grad():
+        next(model.parameters()).add_(0.5)  # a trained step
+    trainer.update_weights(None)  # version 1
+    prompt = copy.encode_chat([Message("user", "12+3=")])
+    request = [GenerationRequest(prompt, SamplingParams(n=2, max_tokens=3, seed=1), "g")]
+    try:
+        with workers._lock:  # an engine call in flight
+            workers.sync()
+            assert copy.version == 0
+            assert not torch.equal(next(copy.model.parameters()), next(model.parameters()))
+        (got,) = workers.generate_now(request)
+        assert copy.version == 1 and {c.model_version for c in got} == {1}
+        assert torch.equal(next(copy.model.parameters()), next(model.parameters()))
+    finally:
+        workers.close()
