@@ -1,6 +1,7 @@
 """The loop in pipeline.mode async (pipeline/continuous.py) with weights that really change:
 every trained rollout within max_staleness of the trainer's weights, groups that did cross
-weight versions, the detached generation copy refreshed, the off-policy correction logged."""
+weight versions, the detached generation copy refreshed, the off-policy correction logged,
+and the trace's accounting of the stream's draws exact (trained once, or dropped: stopped)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def test_async_loop_keeps_the_staleness_bound_while_weights_change(tmp_path, mic
     assert max(r["model_version"] for r in trained) >= 1  # the generation copy was refreshed between calls
     assert all(r["pipe_staleness_max"] <= k for r in rows) and max(r["pipe_staleness_max"] for r in rows) >= 1
     assert all(r["stale_dropped"] == 0 for r in rows)
+    # every task the stream drew: trained once, or dropped with its reason (the run's end: stopped)
+    got = store.accounting()
+    assert got.exact and not got.lost and not got.trained_twice, got.describe()
+    assert got.trained == len({r["group_id"] for r in trained}) > 0
+    assert got.dropped.get("stopped", 0) == rows[-1]["pipe_outstanding"] > 0  # admitted, not trained at the end
     if k == 2:  # the report shows the staleness the run trained on, and what was re-queued or dropped (nothing)
         page = (result.run_dir / "report.html").read_text()
         assert f"largest staleness trained on: {max(r['pipe_staleness_max'] for r in rows):.0f}" in page
