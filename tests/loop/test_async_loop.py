@@ -105,7 +105,10 @@ def test_async_loop_against_a_separate_server_process(tmp_path, micro_base, pari
         result = train(cfg, log=lambda *_: None)
     rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
     trainer_at = {r["step"]: r["pipe_trainer_version"] for r in rows}
-    trained = [r for r in TraceStore(result.run_dir / "trace.db").recent(10_000) if r["train_step"] is not None]
+    store = TraceStore(result.run_dir / "trace.db")
+    trained = [r for r in store.recent(10_000) if r["train_step"] is not None]
+    got = store.accounting()
+    assert got.exact and got.trained == len({r["group_id"] for r in trained}) > 0, got.describe()
     lags = [trainer_at[r["train_step"]] - r["model_version"] for r in trained]
     assert trained and all(0 <= lag <= 1 for lag in lags), lags
     assert rows[-1]["engine_version"] >= 3  # weights did travel: one push per applied step
