@@ -2,7 +2,9 @@
 
 Invariant: every rollout reaches the trace store exactly once, before the
 train step that consumes it; infra errors are masked from the loss and
-counted, never scored 0; a run resumed from a checkpoint continues exactly
+counted, never scored 0; in pipeline.mode sync (the default; async streams
+groups within a staleness bound and its batches depend on timing,
+docs/pipeline.md) a run resumed from a checkpoint continues exactly
 as the uninterrupted run would have (same tasks, same samples, same weights),
 from its newest intact checkpoint, with the trace and metrics cut back to what
 they held when that checkpoint was written (its `records` marks), so the
@@ -35,6 +37,7 @@ from posttrain.metrics_log import MetricsLog, roll_back
 from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
 from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
+from posttrain.pipeline.continuous import Continuous
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute, configure_pool
 from posttrain.rollout import Rollout, informative
@@ -196,8 +199,9 @@ def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: An
 
 
 def _drop_interrupted(trace: TraceStore, step: int, log: Any) -> None:
-    """Draws in flight when the checkpoint the run resumes from was written (the off-policy mode's
-    next batch): their generation is lost with the process; each is dropped as "interrupted"."""
+    """Draws in flight when the checkpoint the run resumes from was written (pipeline.mode
+    async: the groups outstanding in the stream): their generation is lost with the process;
+    each is dropped as "interrupted"."""
     pending = trace.pending_draws()
     if pending:
         trace.record_dropped(step, dict.fromkeys(pending, "interrupted"))
@@ -233,7 +237,8 @@ class _Sampling:
 
     budgets: Mapping[str, Any]
     params: SamplingParams
-    rollouts: StepRollouts
+    rollouts: StepRollouts | Continuous
+    """pipeline.mode sync: one step's groups at a time; async: a stream (pipeline/continuous.py)."""
 
     @classmethod
     def of(cls, run: _Run) -> _Sampling:
@@ -249,20 +254,32 @@ class _Sampling:
         execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, seconds)
         workers = make_workers(cfg.runtime, cfg.pipeline, run.engine, execute=execute)
         events = trace_events(run.trace, run.log)
+        if cfg.pipeline.mode == "async":
+            version = lambda: int(run.engine.version)  # noqa: E731 - the trainer's weights, as the engine has them
+            stream = Continuous(
+                cfg.pipeline, workers, run.pool, cfg.run.seed, cfg.rollout.prompts_per_step, version, events, budgets
+            )
+            return cls(budgets, params, stream)
         rollouts = StepRollouts(
             cfg.pipeline, workers, run.pool, cfg.run.seed, events, cfg.rollout.dynamic_sampling, budgets
         )
         return cls(budgets, params, rollouts)
+
+    def groups(self, run: _Run, step: int) -> tuple[list[list[Rollout]], list[list[Rollout]], dict[str, float]]:
+        """The step's groups to train on, the finished ones left out for staleness (traced, not
+        trained; async only), and the pipeline's stats."""
+        if isinstance(self.rollouts, Continuous):  # async: whatever is finished, within max_staleness
+            return self.rollouts.take(run.pool.draw, self.params, step)
+        groups, stats = self.rollouts.sample(run.pool.draw(run.cfg.rollout.prompts_per_step), self.params, step)
+        return groups, [], stats
 
 
 def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[str, Any], str]:
     """One loop step: sample and verify groups, trace every rollout, train on the kept groups, log,
     then the monitor and the periodic evaluation. Returns the step's summary and why the run stops."""
     t0 = time.perf_counter()
-    groups, pipe_stats = sampling.rollouts.sample(
-        run.pool.draw(run.cfg.rollout.prompts_per_step), sampling.params, step
-    )
-    _write_trace(run, sampling, groups)
+    groups, left, pipe_stats = sampling.groups(run, step)
+    _write_trace(run, sampling, [*groups, *left])  # left: re-queued or dropped for staleness, not trained
     kept = [g for g in groups if informative(g)] if run.cfg.rollout.dynamic_sampling else groups
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
@@ -371,8 +388,9 @@ def _account(
 
 def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     """The end of the run: the held-out table after training, the final checkpoint, eval.json,
-    every part closed, and the report when asked for. Draws still in flight (the off-policy
-    mode's next batch) are dropped as "stopped" before the final checkpoint's marks."""
+    every part closed, and the report when asked for. Draws still in flight (pipeline.mode
+    async: the groups outstanding in the stream) are dropped as "stopped" before the final
+    checkpoint's marks."""
     spent = run.budget.spent()  # the final evaluation is outside run.cpu_budget_s
     ledger = sampling.rollouts.ledger
     if ledger.stop(step):

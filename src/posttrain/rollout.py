@@ -66,3 +66,15 @@ def informative(group: Sequence[Rollout]) -> bool:
     """A group carries signal when its scored rewards are not all equal."""
     rewards = {r.reward for r in group if r.reward is not None}
     return len(rewards) > 1
+
+
+def staleness(trainer_version: int, version: int) -> int:
+    """How many weight versions `version` (a group's admission or a completion's) lags the
+    trainer's current one."""
+    return trainer_version - version
+
+
+def too_stale(trainer_version: int, version: int, max_staleness: int) -> bool:
+    """The one staleness check (engine/sync.py `WeightSync.fresh`, pipeline/continuous.py):
+    True when a group of `version` would be trained more than `max_staleness` versions late."""
+    return staleness(trainer_version, version) > max_staleness

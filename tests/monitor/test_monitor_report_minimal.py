@@ -112,3 +112,18 @@ def test_mismatch_and_sync_probe_are_plotted(tmp_path, logged):
     assert caption in page
     assert (f'alt="{caption}' in page) == logged  # a plot of the logged figures
     assert ("(engine.verify_sync): no data in this run" in page) != logged  # or says there are none
+
+
+def test_staleness_section_counts_requeued_and_dropped_groups_by_domain_and_length(tmp_path):
+    run = tmp_path / "stale"
+    run.mkdir()
+    (run / "config.yaml").write_text("pipeline:\n  mode: async\n")
+    log = MetricsLog(run / "metrics.jsonl")
+    log.write("train", 1, reward_mean=0.1, pipe_async=1.0, pipe_staleness_max=1.0)
+    counts = {"stale_requeued_domain_code": 3.0, "stale_dropped_domain_code": 1.0, "stale_requeued_len_256-1023": 3.0}
+    log.write("train", 2, reward_mean=0.2, pipe_async=1.0, pipe_staleness_max=2.0, **counts)
+    log.close()
+    page = write_report(run).read_text()
+    assert "largest staleness trained on: 2 weight versions" in page
+    assert '<td class="l">domain</td><td class="l">code</td><td>3</td><td>1</td>' in page
+    assert '<td class="l">completion tokens</td><td class="l">256-1023</td><td>3</td><td>0</td>' in page

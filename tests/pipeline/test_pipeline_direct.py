@@ -91,9 +91,7 @@ def test_a_failing_cheap_verifier_is_masked_and_pauses_its_domain_the_same_way(r
     assert sum(c["pipe_paused_skipped"] for _, c in direct[1:]) > 0  # paused after its first failure
 
 
-@pytest.mark.parametrize(
-    "why", ["code domain", "no cheap verifier", "processes", "execute fn", "off", "timeout", "off-policy"]
-)
+@pytest.mark.parametrize("why", ["code domain", "no cheap verifier", "processes", "execute fn", "off", "timeout"])
 def test_the_staged_pipeline_runs_whenever_the_direct_path_could_differ(why, raising_domain):
     domains, cfg, workers_kw = ("add", "reverse"), {}, {}
     if why == "code domain":
@@ -109,8 +107,6 @@ def test_the_staged_pipeline_runs_whenever_the_direct_path_could_differ(why, rai
         cfg = {"direct": False}
     elif why == "timeout":
         cfg = {"generate_timeout_s": 5.0}
-    elif why == "off-policy":
-        cfg = {"max_staleness": 1}
     workers = EmbeddedWorkers(ScriptedEngine(policy), **workers_kw)
     rollouts = StepRollouts(PipelineConfig(**cfg), workers, _pool(domains), seed=0)
     try:

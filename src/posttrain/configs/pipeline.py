@@ -55,10 +55,19 @@ class PipelineConfig(BaseModel):
     """Consecutive groups with verifier failures after which a domain is paused (alarm)."""
     degrade_cooldown_s: float = Field(60.0, ge=0.0)
     """A paused domain gets one probe group after this many seconds."""
+    mode: Literal["sync", "async"] = "sync"
+    """How the loop gets its groups. sync: on-policy, one step at a time (every group of a
+    step is generated from the weights after the previous step; exact resume). async: one
+    long-lived pipeline streams groups while the trainer trains (pipeline/continuous.py):
+    the trainer takes a batch when `rollout.prompts_per_step` groups are finished, within
+    `max_staleness` weight versions of their admission; the order of groups depends on
+    timing and resume is not exact (docs/pipeline.md, "The modes")."""
     max_staleness: int = Field(0, ge=0, le=1_000_000)
-    """Oldest accepted weight version lag; older groups are dropped and counted. 0: on-policy,
-    one step at a time, exact resume. > 0 in the loop: the next step's rollouts are generated
-    (on a detached copy of the weights) while the trainer trains; resume is then not exact."""
+    """mode async: the most weight versions a trained group may lag the trainer, counted from
+    its admission (the trainer waits for a group rather than let it pass the bound; a group
+    whose completions still come out older, a lagging remote engine, is re-queued once at the
+    front, then dropped and counted). 0 with async: streamed, but each group is trained on the
+    weights it was admitted under. mode sync: must be 0 (sync is on-policy)."""
     replace_rounds: int = Field(0, ge=0, le=100)
     """Rounds of replacement for groups filtered by dynamic sampling or staleness
     in the per-step loop (the continuous pipeline always replaces)."""
@@ -86,6 +95,11 @@ class PipelineConfig(BaseModel):
     def _bounds(self) -> PipelineConfig:
         if self.min_inflight > self.max_inflight:
             raise ValueError(f"min_inflight ({self.min_inflight}) must be <= max_inflight ({self.max_inflight})")
+        if self.mode == "sync" and self.max_staleness:
+            raise ValueError(
+                f"pipeline.max_staleness ({self.max_staleness}) bounds pipeline.mode async; mode sync is on-policy "
+                "(staleness 0): set pipeline.mode=async"
+            )
         if self.long_slots >= self.max_inflight:
             raise ValueError(f"long_slots ({self.long_slots}) must be < max_inflight ({self.max_inflight})")
         return self

@@ -31,6 +31,7 @@ from typing import Any
 
 from posttrain.configs.engine import EngineConfig
 from posttrain.engine.probe import SyncProbe
+from posttrain.rollout import too_stale
 
 _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
@@ -166,7 +167,7 @@ class WeightSync:
     def fresh(self, groups: Sequence[Sequence[Any]], max_staleness: int) -> list[Sequence[Any]]:
         """Groups whose rollouts are all within max_staleness of the engine's version; the rest are counted."""
         version = int(self.engine.version)
-        kept = [g for g in groups if all(version - r.completion.model_version <= max_staleness for r in g)]
+        kept = [g for g in groups if not any(too_stale(version, r.completion.model_version, max_staleness) for r in g)]
         self.dropped_stale += len(groups) - len(kept)
         return kept
 

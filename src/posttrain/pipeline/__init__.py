@@ -7,6 +7,9 @@ is owned by one asyncio.TaskGroup.
     async with Pipeline(cfg, EmbeddedWorkers(engine), params, scheduler) as pipe:
         results = await pipe.run_groups(tasks)   # one step's tasks, in order (multi-turn: envs.driver)
     pipe.stats().flat()   # queue depths, throughput, latency percentiles, idle share
+
+pipeline.mode async streams instead (`Continuous`, pipeline/continuous.py: `Pipeline.submit`
+and `Pipeline.drain` under a staleness bound).
 """
 
 _LAZY = {
@@ -21,6 +24,7 @@ _LAZY = {
     "verify_group": "workers",
     "StepRollouts": "step",
     "make_workers": "step",
+    "Continuous": "continuous",
 }
 __all__ = [*_LAZY]
 

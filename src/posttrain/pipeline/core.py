@@ -146,7 +146,8 @@ class PipelineStats:
 
 class Pipeline:
     """Use as `async with Pipeline(...) as pipe:`; then `await pipe.run_groups(tasks)`
-    (a fixed set, results in task order). Multi-turn domains (an `environment()`)
+    (a fixed set, results in task order), or `pipe.submit(...)` and `await pipe.drain()`
+    (a stream, pipeline/continuous.py). Multi-turn domains (an `environment()`)
     run their episodes through `envs.driver`: generate and execute alternate until
     every episode of the group is done, then the execute stage runs the domain's
     execute step on each last action (for a domain that executes), then verify."""
@@ -646,7 +647,7 @@ class Pipeline:
         else:
             await queue.put(item)
 
-    # ---- the two ways to use it ----------------------------------------
+    # ---- the two ways to use it: a fixed set, or a stream ----------------
     async def run_groups(self, tasks: Sequence[Task], prefix: str | None = None) -> list[GroupResult | None]:
         """Run a fixed set of tasks (long tier first); results in task order,
         None for a task whose domain is paused (counted as paused_skipped).
@@ -666,6 +667,35 @@ class Pipeline:
                 continue
             got[res.seq] = res
         return [got.get(s) for s in seqs]
+
+    def submit(self, tasks: Sequence[Task], group_ids: Sequence[str], front: bool = False) -> list[int]:
+        """Add `tasks` to admit, their groups named `group_ids`, behind every pending task
+        (`front`: before them, in order: a re-queued task). Returns their admission seqs;
+        their results come out of `drain` (the continuous mode, pipeline/continuous.py)."""
+        if len(group_ids) != len(tasks):
+            raise ValueError(f"{len(tasks)} tasks, {len(group_ids)} group ids")
+        seqs = [next(self._seq) for _ in tasks]
+        self._group_ids.update(zip(seqs, group_ids))
+        if front:
+            self._pending.extendleft(reversed(list(zip(seqs, tasks))))
+        else:
+            self._pending.extend(zip(seqs, tasks))
+        self._changed.set()
+        return seqs
+
+    async def drain(self) -> tuple[list[GroupResult], list[int]]:
+        """Sleep until some group finished or some submitted task was skipped (its domain
+        paused), then return every finished group queued and every skipped seq since the
+        last call. Not to be mixed with `run_groups`, which consumes the same results."""
+        while True:
+            got: list[GroupResult] = []
+            while (res := self.results.get_nowait()) is not None:
+                got.append(res)
+            skipped, self._skipped = self._skipped, []
+            if got or skipped:
+                return got, skipped
+            self._arrived.clear()
+            await self._arrived.wait()
 
     def stats(self) -> PipelineStats:
         queues = (self.q_generate, self.q_continue, self.q_execute, self.q_verify, self.results)

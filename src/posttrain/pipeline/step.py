@@ -9,11 +9,9 @@ staged pipeline on one event loop kept for the run); replacement rounds draw
 fresh tasks for groups dynamic sampling filtered, and count them.
 Every task it is given or draws is registered in `ledger` (pipeline/draws.py)
 when drawn, bound to the group made from it, or dropped there when it never
-becomes a returned group (a paused domain; a group too stale in `_Ahead`);
-the loop decides the returned groups' fates.
-With pipeline.max_staleness > 0 (`_Ahead`), the groups returned at call N are
-those of the tasks given at call N-1, generated while the trainer trained,
-and none is more than max_staleness weight versions old.
+becomes a returned group (a paused domain); the loop decides the returned
+groups' fates. This is pipeline.mode sync (on-policy); mode async streams
+groups through pipeline/continuous.py instead, on a ledger of its own.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ def make_workers(
 
         return RayWorkers.from_engine(engine, config, address=ray_address, execute=execute)
     source = None
-    if config.max_staleness > 0:  # generation overlaps training: it needs its own copy of the weights
+    if config.mode == "async" and in_process(engine):  # generation overlaps training: its own copy of the weights
         source, engine = engine, detached_copy(engine)
     return EmbeddedWorkers(
         engine,
@@ -63,14 +61,24 @@ def make_workers(
     )
 
 
+def in_process(engine: Any) -> bool:
+    """Whether `engine` generates in this process on the trainer's module (the hf engine): the
+    async mode then generates on a detached copy. A remote engine (openai, vllm) generates in
+    another process and gets new weights by push (`WeightSync.push`)."""
+    import sys
+
+    hf = sys.modules.get("posttrain.engine.hf")  # not loaded: no HFEngine was built
+    return hf is not None and isinstance(engine, hf.HFEngine)
+
+
 def detached_copy(engine: Any) -> Any:
     """An HF engine on a deep copy of `engine`'s model (same tokenizer, same version)."""
     import copy
 
     from posttrain.engine.hf import HFEngine
 
-    if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
-        raise ConfigError("pipeline.max_staleness > 0 in the embedded runtime needs an hf engine to copy")
+    if not isinstance(engine, HFEngine):
+        raise ConfigError("pipeline.mode async in the embedded runtime copies an in-process hf engine only")
     twin = HFEngine(copy.deepcopy(engine.model), engine.tokenizer, seed=0)
     twin.version = engine.version
     return twin
@@ -85,6 +93,20 @@ def trace_events(trace: Any, log: Callable[[str], None]) -> EventSink:
             log(f"{kind}: {message}")
 
     return sink
+
+
+def make_scheduler(config: PipelineConfig, pool: Any, events: EventSink | None = None) -> Scheduler:
+    """The run's scheduler: the pool's target shares and cost tiers, each domain's quota and
+    priority (tasks.domains.<name>); it lives across steps (its degradation state too)."""
+    specs = pool.specs
+    return Scheduler(
+        config,
+        pool.target_shares(),
+        {n: pool.domains[n].cost_class for n in pool.names},
+        events,
+        quotas={n: s.max_inflight for n, s in specs.items()},
+        priorities={n: s.priority for n, s in specs.items()},
+    )
 
 
 class StepRollouts:
@@ -105,24 +127,11 @@ class StepRollouts:
         self.pool = pool
         self.seed = seed
         self.dynamic_sampling = dynamic_sampling
-        tiers = {n: pool.domains[n].cost_class for n in pool.names}
-        specs = pool.specs  # per-domain quotas and priorities (tasks.domains.<name>)
-        self.scheduler = Scheduler(
-            config,
-            pool.target_shares(),
-            tiers,
-            events,
-            quotas={n: s.max_inflight for n, s in specs.items()},
-            priorities={n: s.priority for n, s in specs.items()},
-        )
+        self.scheduler = make_scheduler(config, pool, events)
         self.totals: dict[str, int] = {"replaced": 0}
         self._events = events
-        self._ahead: _Ahead | None = _Ahead(self) if config.max_staleness > 0 else None
         self.direct = bool(
-            self._ahead is None
-            and config.direct
-            and config.generate_timeout_s is None
-            and all(workers.inline(n) for n in pool.names)
+            config.direct and config.generate_timeout_s is None and all(workers.inline(n) for n in pool.names)
         )
         """Every step runs through pipeline/direct.py (no asyncio stages): see PipelineConfig.direct."""
         self._runner: asyncio.Runner | None = None
@@ -136,15 +145,12 @@ class StepRollouts:
         """Every group of the step (first round, then replacement rounds) and the pipeline's stats.
         `tasks` were just drawn from the pool for loop step `step` (registered in the ledger here)."""
         ids = self.ledger.drawn(tasks, step)
-        if self._ahead is not None:
-            groups, stats = self._ahead.sample(list(tasks), ids, params, step)
+        self.workers.sync()
+        if self.direct:
+            groups, stats = self._sample_direct(list(tasks), ids, params, step)
         else:
-            self.workers.sync()
-            if self.direct:
-                groups, stats = self._sample_direct(list(tasks), ids, params, step)
-            else:
-                self._runner = self._runner or asyncio.Runner()  # one event loop for every step
-                groups, stats = self._runner.run(self._sample(list(tasks), ids, params, step))
+            self._runner = self._runner or asyncio.Runner()  # one event loop for every step
+            groups, stats = self._runner.run(self._sample(list(tasks), ids, params, step))
         if self._events is not None:
             self._events("pipeline", f"rollout step {step}", None, {"step": step, **stats})
         return groups, stats
@@ -222,115 +228,6 @@ class StepRollouts:
         return self.scheduler.mix()
 
     def close(self) -> None:
-        if self._ahead is not None:
-            self._ahead.close()
         if self._runner is not None:
             self._runner.close()
         self.workers.close()
-
-
-class _Ahead:
-    """Off-policy mode (pipeline.max_staleness > 0): the tasks of call N are generated
-    in a background event loop while the trainer trains on the groups of call N-1;
-    call N returns the groups of the tasks given at call N-1 (the first call runs its
-    own tasks at once and draws one extra batch from the pool to start the overlap).
-    A group whose weights are more than max_staleness versions behind the trainer's
-    is dropped and counted (in metrics, not in the trace); the loss corrects accepted
-    ones with their behaviour log-probs, and its draw is dropped ("stale") in the ledger.
-    Stage stats are cumulative over the run.
-    The pipeline lives in one task of the background loop (its TaskGroup's owner);
-    a crash there surfaces from the next `sample`."""
-
-    def __init__(self, owner: StepRollouts) -> None:
-        import threading
-
-        self.owner = owner
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-pipeline", daemon=True)
-        self.thread.start()
-        self.pipe: Pipeline | None = None
-        self.serving: Any = None
-        self.pending: Any = None
-        self.pending_ids: list[str] = []
-        self.dropped = 0
-
-    async def _serve(self, params: SamplingParams, ready: Any) -> None:
-        owner = self.owner
-        self._stop = asyncio.Event()
-        async with Pipeline(
-            owner.config,
-            owner.workers,
-            params,
-            owner.scheduler,
-            seed=stable_hash("rollout", owner.seed),
-            budgets=owner.budgets,
-        ) as pipe:
-            self.pipe = pipe
-            ready.set()
-            await self._stop.wait()
-
-    def _start(self, params: SamplingParams) -> None:
-        import threading
-
-        ready = threading.Event()
-        self.serving = asyncio.run_coroutine_threadsafe(self._serve(params, ready), self.loop)
-        while not ready.wait(0.05):
-            if self.serving.done():
-                self.serving.result()  # raises what stopped it
-
-    def _submit(self, tasks: list[Task], ids: list[str], step: int) -> None:
-        assert self.pipe is not None
-        self.pending_ids = ids
-        self.pending = asyncio.run_coroutine_threadsafe(self.pipe.run_groups(tasks, prefix=f"{step}:"), self.loop)
-
-    def _wait(self) -> list[Any]:
-        import concurrent.futures as cf
-
-        cf.wait([self.pending, self.serving], return_when=cf.FIRST_COMPLETED)
-        if self.serving.done():
-            self.serving.result()
-            raise RuntimeError("the rollout pipeline stopped")
-        return self.pending.result()
-
-    def sample(
-        self, tasks: list[Task], ids: list[str], params: SamplingParams, step: int
-    ) -> tuple[list[list[Rollout]], dict[str, float]]:
-        owner = self.owner
-        if self.pipe is None:
-            self._start(params)
-            self._submit(tasks, ids, step)
-            tasks = owner.pool.draw(len(tasks))
-            ids = owner.ledger.drawn(tasks, step)
-        got, got_ids = self._wait(), self.pending_ids
-        owner._settle(got_ids, got, step)
-        results = [r for r in got if r is not None]
-        owner.workers.sync()
-        self._submit(tasks, ids, step + 1)
-        version = owner.workers.driver_version
-        fresh = [r for r in results if version - r.model_version <= owner.config.max_staleness]
-        for r in results:
-            if version - r.model_version > owner.config.max_staleness:
-                draw = owner.ledger.draw_of(r.rollouts[0].group_id)
-                assert draw is not None
-                owner.ledger.dropped(draw, f"stale: {version - r.model_version} versions behind", step)
-        self.dropped += len(results) - len(fresh)
-        assert self.pipe is not None
-        stats = self.pipe.stats().flat()
-        stats.update(
-            pipe_dropped_stale=float(len(results) - len(fresh)),
-            pipe_staleness_max=float(max((version - r.model_version for r in results), default=0)),
-        )
-        return [list(r.rollouts) for r in fresh], stats
-
-    def close(self) -> None:
-        if self.pending is not None:
-            self.pending.cancel()
-        if self.serving is not None and not self.serving.done():
-            self.loop.call_soon_threadsafe(self._stop.set)
-            try:
-                self.serving.result(timeout=60)
-            except Exception:
-                pass  # closing: a crash already surfaced from sample()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-        self.loop.close()

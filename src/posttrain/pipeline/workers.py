@@ -241,6 +241,9 @@ class EmbeddedWorkers:
         self._execute = execute
         self._verify = verify
         self._lock = threading.Lock()
+        self._staged: tuple[dict[str, Any], int] | None = None
+        """Weights `sync` staged for the detached copy and their version (loaded between calls)."""
+        self._synced = None if source is None else int(engine.version)
         self._gen_pool = ThreadPoolExecutor(1, thread_name_prefix="generate")
         self._exec_pool = ThreadPoolExecutor(execute_threads, thread_name_prefix="execute")
         self._verify_pool: _PoolExecutor = ThreadPoolExecutor(verify_threads, thread_name_prefix="verify")
@@ -255,13 +258,27 @@ class EmbeddedWorkers:
         return int((self.source or self.engine).version)
 
     def sync(self) -> None:
-        """Copy the source engine's weights into the detached copy when its version moved."""
-        if self.source is None or self.engine.version == self.source.version:
+        """Stage a copy of the source engine's weights for the detached copy when its version
+        moved, and load it now unless an engine call is running; then the next call loads it
+        before it generates (`generate_now`). Either way the copy changes only between engine
+        calls: a call runs on the weights it started with, and its completions carry them."""
+        if self.source is None or self._synced == self.source.version:
             return
         state = {k: v.detach().clone() for k, v in self.source.model.state_dict().items()}
-        with self._lock:
-            self.engine.update_weights(state)
-            self.engine.version = self.source.version
+        self._staged = (state, int(self.source.version))
+        self._synced = int(self.source.version)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._load_staged()
+            finally:
+                self._lock.release()
+
+    def _load_staged(self) -> None:
+        """Load the weights `sync` staged, if any (the caller holds the engine lock)."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            self.engine.update_weights(staged[0])
+            self.engine.version = staged[1]
 
     def cheap_verifier(self, domain: str) -> bool:
         """Whether `domain`'s verifier may be called inline, in the caller's thread: it declares
@@ -312,6 +329,7 @@ class EmbeddedWorkers:
     def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """The engine's call in the caller's thread (the direct path)."""
         with self._lock:
+            self._load_staged()
             return self.engine.generate(requests)
 
     def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:

@@ -56,6 +56,24 @@ class RunData:
                         acc.setdefault(key[len(field_) + 1 :], {}).setdefault(field_, []).append(float(value))
         return {d: {k: sum(v) / len(v) for k, v in fields.items()} for d, fields in sorted(acc.items())}
 
+    def staleness(self) -> dict[str, dict[str, float]] | None:
+        """pipeline.mode async: the run's groups re-queued and dropped for staleness, by domain and
+        by completion length bucket (`stale_<requeued|dropped>_<domain|len>_<name>`, cumulative in
+        each train row: the last row's), with the largest staleness trained on. None for a sync run."""
+        rows = [r for r in self.train if r.get("pipe_async")]
+        if not rows:
+            return None
+        out: dict[str, dict[str, float]] = {
+            "max": {"staleness": max(float(r.get("pipe_staleness_max", 0)) for r in rows)}
+        }
+        for key, value in rows[-1].items():
+            for kind in ("requeued", "dropped"):
+                for by in ("domain", "len"):
+                    prefix = f"stale_{kind}_{by}_"
+                    if key.startswith(prefix):
+                        out.setdefault(f"{by}:{key[len(prefix) :]}", {})[kind] = float(value)
+        return out
+
     def train_series(self, key: str) -> list[tuple[int, float]]:
         return [(r["step"], float(r[key])) for r in self.train if isinstance(r.get(key), (int, float))]
 

@@ -240,6 +240,26 @@ def _token_table(data: RunData) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _staleness_table(data: RunData) -> str:
+    """pipeline.mode async: groups re-queued and dropped for staleness, by domain and length bucket."""
+    stale = data.staleness()
+    if stale is None:
+        return '<p class="empty">pipeline.mode sync: on-policy, nothing is stale</p>'
+    most = stale.pop("max")["staleness"]
+    head = f"<p>largest staleness trained on: {most:.0f} weight versions</p>"
+    if not stale:
+        return head + '<p class="empty">no group was re-queued or dropped for staleness</p>'
+    rows = ['<tr><th class="l">by</th><th class="l">value</th><th>re-queued</th><th>dropped</th></tr>']
+    for key, c in sorted(stale.items()):
+        by, name = key.split(":", 1)
+        label = "domain" if by == "domain" else "completion tokens"
+        rows.append(
+            f'<tr><td class="l">{label}</td><td class="l">{html.escape(name)}</td>'
+            f"<td>{c.get('requeued', 0):.0f}</td><td>{c.get('dropped', 0):.0f}</td></tr>"
+        )
+    return head + "<table>" + "".join(rows) + "</table>"
+
+
 def _summary(data: RunData) -> str:
     steps = data.train[-1]["step"] if data.train else 0
     overhead = [r.get("monitor_s", 0.0) for r in data.monitor]
@@ -398,6 +418,7 @@ def render(data: RunData) -> str:
 <h2>Alarms</h2>{_alarm_table(data)}
 <h2>Reward-hacking probes</h2>{_probe_table(data)}
 <h2>Token use per domain</h2>{_token_table(data)}
+<h2>Staleness (pipeline.mode async)</h2>{_staleness_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>
 <h2>Config</h2><pre>{html.escape(data.config)}</pre>
 </body></html>
