@@ -207,7 +207,9 @@ def test_test_switches_skip_the_load_and_the_prefix_cache_reset(engine, tiny_bas
     engine.update_weights(Path(engine.server.dir) / "model")  # the base
     trainer = _policy(tiny_base)
     _train(trainer, engine)
-    sync = WeightSync(EngineConfig(kind="vllm"), engine, trainer, tmp_path)
+    # the probe off: it would catch both switches (tests/engine/test_sync_probe_vllm.py); here the switches
+    # themselves are under test
+    sync = WeightSync(EngineConfig(kind="vllm", verify_sync="off"), engine, trainer, tmp_path)
     base = _hf(load_model(tiny_base, device="cpu")[0], engine.tokenizer)
     policy = _hf(trainer.model, engine.tokenizer)
     long = [GenerationRequest((2, *[10 + k % 60 for k in range(300)]), SamplingParams(max_tokens=4, temperature=0.0))]
