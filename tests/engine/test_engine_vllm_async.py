@@ -9,7 +9,6 @@ cache and is verified (engine/probe.py). One short run for the module on the lan
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,19 +24,13 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "vllm.yaml"
-BASE_STEPS = 800
 STEPS = 8
 K = 1
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    from posttrain.configs import load_config
-    from posttrain.model.pretrain import ensure_base
-
-    out = tmp_path_factory.mktemp("base") / "base"
-    shutil.copytree(ensure_base(load_config(CONFIG, [f"base.steps={BASE_STEPS}"]).base, progress=False), out)
-    return out
+def base_dir(vllm_lane_base) -> Path:
+    return vllm_lane_base
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """`posttrain train configs/vllm.yaml` against a real vLLM server (the `vllm` lane: `make test-vllm`).
 
 One run for the module, shared by its tests: the vllm demo config on its base pretrained for
-BASE_STEPS steps instead of 2,500 (those take ~6 min of a fresh 2-core CI machine, these ~2;
+800 steps instead of 2,500 (tests/engine/conftest.py vllm_lane_base;
 kept in the model cache for the next run and copied out for this one), STEPS steps of the
 demo's rollouts (32 prompts x 8), a held-out set of EVAL_TASKS tasks per domain, greedy; the
 test SIGKILLs the server's process group once KILL_AFTER train rows are logged. Measured on
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +30,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "vllm.yaml"
-BASE_STEPS = 800
 STEPS = 40
 KILL_AFTER = 3
 EVAL_TASKS = 50
@@ -43,15 +41,8 @@ tasks the interval's half-width is about 0.06, and the hf engine's gain on this 
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    """The config's base at BASE_STEPS steps (built into the model cache, or reused from it),
-    copied out so that nothing done to the shared cache during the run reaches it."""
-    from posttrain.configs import load_config
-    from posttrain.model.pretrain import ensure_base
-
-    out = tmp_path_factory.mktemp("base") / "base"
-    shutil.copytree(ensure_base(load_config(CONFIG, [f"base.steps={BASE_STEPS}"]).base, progress=False), out)
-    return out
+def base_dir(vllm_lane_base) -> Path:
+    return vllm_lane_base
 
 
 @pytest.fixture(scope="module")
