@@ -162,8 +162,7 @@ def _stop_leftover_server(run_dir: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Whether the server's process group (its pid is the group's id) still runs a process."""
+    from posttrain.engine.vllm import group_alive
+
+    return group_alive(pid)

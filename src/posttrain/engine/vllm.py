@@ -96,6 +96,26 @@ def _cuda() -> bool:
         return False
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of process group `pgid` still runs (zombies, dead but not yet reaped by
+    whoever inherited them, do not count): read from /proc, else by signal 0 to the group."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -303,7 +323,8 @@ class VLLMServer:
                 os.killpg(self.proc.pid, sig)
 
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL after 15 s; wait for it."""
+        """SIGTERM the process group, SIGKILL after 15 s; wait for it (its leader reaped, the rest of
+        the group killed and, for up to 10 s, waited for until none runs)."""
         if self.proc is None:
             return
         self.kill(signal.SIGTERM)
@@ -314,6 +335,9 @@ class VLLMServer:
             self.kill(signal.SIGKILL)
             self.proc.wait()
         self.kill(signal.SIGKILL)  # children (engine core, workers) that outlived the leader
+        deadline = time.monotonic() + 10.0
+        while group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SIGKILL is delivered at once, the exit takes a moment
         self.proc = None
         self.url = ""
         atexit.unregister(self.stop)
