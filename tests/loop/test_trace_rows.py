@@ -71,3 +71,20 @@ def test_metrics_row_of_the_trainer_stats_leaves_out_step_and_links():
     fields = {f: 0 for f in StepStats.__dataclass_fields__ if f != "rollouts"}
     stats = StepStats(**{**fields, "outcome": "ok", "guard_reason": ""}, rollouts={"r1": RolloutLink(0.5, 1.0, 0.0)})
     assert _stats_row(stats) == {k: v for k, v in to_dict(stats).items() if k not in ("step", "rollouts")}
+
+
+def test_get_takes_the_exact_id_first_and_refuses_an_ambiguous_prefix(tmp_path):
+    import pytest
+
+    from posttrain.errors import ConfigError
+
+    store = TraceStore(tmp_path / "trace.db")
+    ids = ["00aa000000000001", "00aa000000000010", "00ab000000000000"]
+    store.write_rollouts([_record(id=i, reward=n / 4) for n, i in enumerate(ids)])
+    assert store.get("00aa000000000001")["reward"] == 0.0  # the whole id
+    assert store.get("00ab")["id"] == "00ab000000000000"  # a unique prefix
+    with pytest.raises(ConfigError, match="ambiguous"):
+        store.get("00aa")
+    assert store.get("00a_") is None  # LIKE's wildcards are literal characters here
+    assert store.get("ff") is None
+    store.close()

@@ -561,10 +561,20 @@ class TraceStore:
         return self._db.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
 
     def get(self, rollout_id: str) -> dict[str, Any] | None:
-        row = self._db.execute(
-            "SELECT * FROM rollouts WHERE id=? OR id LIKE ?", (rollout_id, rollout_id + "%")
-        ).fetchone()
-        return _decode(row) if row else None
+        """The rollout with this id, else the one whose id starts with it; None when none
+        does. A prefix that starts several ids ("3:1" starts "3:1/0" and "3:10/0") is a
+        ConfigError naming some of them, never an arbitrary pick."""
+        row = self._db.execute("SELECT * FROM rollouts WHERE id=?", (rollout_id,)).fetchone()
+        if row is not None:
+            return _decode(row)
+        pattern = rollout_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._db.execute(
+            "SELECT * FROM rollouts WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 6", (pattern,)
+        ).fetchall()
+        if len(rows) > 1:
+            ids = ", ".join(r["id"] for r in rows[:5])
+            raise ConfigError(f"rollout id prefix {rollout_id!r} is ambiguous: it starts {ids}, ... (give more)")
+        return _decode(rows[0]) if rows else None
 
     def recent(self, limit: int = 20, domain: str | None = None) -> list[dict[str, Any]]:
         where, args = ("WHERE domain=?", (domain,)) if domain else ("", ())
