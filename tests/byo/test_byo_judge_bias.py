@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from byo_testlib import rows, train_cfg, write_jsonl
-from serve_process import posttrain_serve
 
 from posttrain.byo.domain import SourceDomain
 from posttrain.configs.byo import SourceConfig, VerifierSpec
@@ -21,6 +20,7 @@ from posttrain.monitor.alarms import History, JudgeDrift
 from posttrain.monitor.judges import check_judge
 from posttrain.monitor.signals import DomainSignals
 from posttrain.types import Episode
+from serve_process import posttrain_serve
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
 POINTWISE = "Question: {prompt}\nAnswer: {completion}\nGrade 0-10."
@@ -143,9 +143,8 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
         spec = json.dumps(_spec(judges[name]))
         domains = f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: {spec}}}}}"  # noqa: E501
         lines: list[str] = []
-        result = train(
-            train_cfg(tmp_path / name, micro_base, name, domains, "run.steps=2"), log=lambda m, *_: lines.append(m)
-        )
+        cfg = train_cfg(tmp_path / name, micro_base, name, domains, "run.steps=2")
+        result = train(cfg, log=lambda m, *_, out=lines: out.append(m))
         rows_ = list(read_metrics(result.run_dir / "metrics.jsonl"))
         checks = [r for r in rows_ if r["kind"] == "judge_check"]
         alarms = [r for r in rows_ if r["kind"] == "alarm" and r["alarm"] == "judge_bias"]
