@@ -7,6 +7,7 @@ the biased judge and stays quiet on the fair one."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +57,34 @@ def test_the_policy_server_is_a_real_openai_endpoint(judges):
     body = {"model": "x", "messages": [{"role": "user", "content": request}]}
     got = httpx.post(judges["fair"] + "/chat/completions", json=body, timeout=10).json()
     assert got["choices"][0]["message"]["content"] == '<verdict id="0123456789abcdef">10</verdict>'
-    assert httpx.post(judges["fair"] + "/chat/completions", json={"messages": []}, timeout=10).status_code == 400
+    assert (
+        httpx.post(judges["fair"] + "/chat/completions", json={"model": "x", "messages": []}, timeout=10).status_code
+        == 400
+    )
+
+
+def test_a_policy_that_does_not_import_or_misbehaves_is_a_clear_error(tmp_path):
+    import subprocess
+
+    from fastapi.testclient import TestClient
+
+    from posttrain.configs.serve import load_serve_config
+    from posttrain.serve.server import build_server
+
+    exe = Path(sys.executable).with_name("posttrain")
+    got = subprocess.run([str(exe), "serve", "--policy", "nosuch_mod:fn"], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2 and "policy 'nosuch_mod:fn' cannot be imported" in got.stderr
+    (tmp_path / "bad_policy.py").write_text("def number(messages):\n    return 7\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        app = build_server(load_serve_config({"policy": "bad_policy:number"}))
+        app.state.server.preload()
+        reply = TestClient(app).post(
+            "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        )
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert reply.status_code == 500 and "not a string" in reply.text
 
 
 @pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
@@ -135,6 +163,8 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
     metrics and the alarm of the biased judge; every step carries the programmatic shadow score."""
     from posttrain.loop import train
     from posttrain.metrics_log import read_metrics
+    from posttrain.report.data import load_run
+    from posttrain.report.html import render
     from posttrain.trace import TraceStore
 
     path = write_jsonl(tmp_path / "sub.jsonl", rows(60))
@@ -152,6 +182,7 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
         events = TraceStore(result.run_dir / "trace.db").events("judge_check")
         assert len(checks) == 1 and len(events) == 1 and any("agreement with programmatic labels" in m for m in lines)
         assert all(r["domains"]["judged"]["programmatic_mean"] is not None for r in monitor) and len(monitor) == 2
-        out[name] = (checks[0], alarms)
-    assert out["fair"][0]["fired"] == [] and out["fair"][1] == []
+        out[name] = (checks[0], alarms, render(load_run(result.run_dir)))
+    assert out["fair"][0]["fired"] == [] and out["fair"][1] == [] and ">passed</td>" in out["fair"][2]
     assert out["biased"][0]["fired"] == ["calibration", "length"] and len(out["biased"][1]) == 1
+    assert "biased: calibration, length" in out["biased"][2]  # the report's judge table

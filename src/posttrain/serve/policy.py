@@ -60,7 +60,8 @@ class PolicyServer:
 
     def reply(self, messages: list[dict[str, str]]) -> str:
         self.preload()
-        assert self.policy is not None  # preload loaded it or raised
+        if self.policy is None:
+            raise P.ApiError(503, "no policy loaded", "server_error")
         out = self.policy(messages)
         if not isinstance(out, str):
             raise P.ApiError(500, f"policy returned {type(out).__name__}, not a string", "server_error")
