@@ -15,7 +15,11 @@ The verdict goes in the tag the request asks for, `<verdict id="NONCE">...</verd
     posttrain serve --policy rule_judges:fair --port 8100      # from this directory
     posttrain serve --policy rule_judges:biased --port 8101
 
-`fair` grades correctness only. `biased` has the two biases the issue names: pointwise, any
+`fair` grades correctness only. `drifting` grades like `fair` for its first
+RULE_JUDGE_DRIFT_AFTER calls (an environment variable of the server, default 100),
+then gives every answer 10: a judge service whose grading changed mid-run.
+
+`biased` has the two biases the issue names: pointwise, any
 answer text longer than VERBOSE characters gets 10 whatever it says; pairwise, it prefers the
 first answer unless one is over three times longer than the other and longer than VERBOSE,
 when the longer one wins.
@@ -23,7 +27,9 @@ when the longer one wins.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 
 VERBOSE = 60
 _NONCE = re.compile(r'<verdict id="([0-9a-f]{16})">SCORE</verdict>')
@@ -97,3 +103,19 @@ def biased(messages: list[dict[str, str]]) -> str:
     if max(la, lb) > VERBOSE and max(la, lb) > 3 * min(la, lb):
         return _verdict(nonce, "A" if la > lb else "B")
     return _verdict(nonce, "A")
+
+
+_calls = 0
+_calls_lock = threading.Lock()
+
+
+def drifting(messages: list[dict[str, str]]) -> str:
+    """`fair` for the first RULE_JUDGE_DRIFT_AFTER calls, then 10 (or TIE) for everything."""
+    global _calls
+    with _calls_lock:
+        _calls += 1
+        lenient = _calls > int(os.environ.get("RULE_JUDGE_DRIFT_AFTER", "100"))
+    if not lenient:
+        return fair(messages)
+    nonce, _, answers = _parsed(messages)
+    return _verdict(nonce, "10" if len(answers) == 1 else "TIE")

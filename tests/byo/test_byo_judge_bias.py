@@ -146,13 +146,13 @@ def _signals(reward: float, programmatic: float | None) -> DomainSignals:
     return DomainSignals(**{**zeros, "reward_mean": reward, "programmatic_mean": programmatic})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("programmatic, fires", [(0.2, True), (None, False), ("rises", False)])
+@pytest.mark.parametrize("programmatic, fires", [(0.2, True), (None, False), ("rises", False), ("half", True)])
 def test_the_drift_alarm_fires_when_the_judge_rises_alone(programmatic, fires):
     cfg = AlarmsConfig()
     h = History()
     for step in range(12):
         reward = 0.2 + 0.05 * step
-        shadow = reward if programmatic == "rises" else programmatic
+        shadow = {"rises": reward, "half": 0.2 + 0.01 * step}.get(programmatic, programmatic)  # type: ignore[arg-type]
         h.signals.setdefault("judged", []).append((step, _signals(reward, shadow)))
     hits = JudgeDrift().check(h, cfg)
     assert bool(hits) == fires, hits
@@ -186,3 +186,34 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
     assert out["fair"][0]["fired"] == [] and out["fair"][1] == [] and ">passed</td>" in out["fair"][2]
     assert out["biased"][0]["fired"] == ["calibration", "length"] and len(out["biased"][1]) == 1
     assert "biased: calibration, length" in out["biased"][2]  # the report's judge table
+
+
+def test_the_drift_alarm_fires_in_a_run_whose_judge_goes_lenient(tmp_path, micro_base):
+    """`posttrain train` graded by a judge that turns lenient after the first training steps (served
+    by `posttrain serve --policy rule_judges:drifting`): its reward jumps while the programmatic shadow
+    score of the same rollouts does not, and judge_drift fires; the fair judge's run stays quiet."""
+    from posttrain.loop import train
+    from posttrain.metrics_log import read_metrics
+
+    path = write_jsonl(tmp_path / "sub.jsonl", rows(60))
+    checks = {"labels": {"name": "exact"}, "items": 2}  # 8 judge calls at run start
+    # measured: 62 judge calls before step 1 (8 checks, 54 of the held-out eval), then 16 a step; lenient
+    # after 110 calls: steps 1-2 (the baseline) graded fairly, steps 5-6 (the window) leniently, with a
+    # margin of a step (16 calls) on either side
+    env = {"PYTHONPATH": EXAMPLES, "RULE_JUDGE_DRIFT_AFTER": "110"}
+    alarms = ["monitor.alarms.baseline_steps=2", "monitor.alarms.window=2", "run.steps=6", "eval.every_steps=0"]
+    fired = {}
+    for policy in ("fair", "drifting"):
+        with posttrain_serve(None, env=env, policy=f"rule_judges:{policy}") as (url, _):
+            spec = json.dumps(_spec(url + "/v1", checks=checks))
+            domains = f"{{judged: {{source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}, verifier: {spec}}}}}"  # noqa: E501
+            cfg = train_cfg(tmp_path / policy, micro_base, policy, domains, *alarms)
+            result = train(cfg, log=lambda *_: None)
+        got = list(read_metrics(result.run_dir / "metrics.jsonl"))
+        fired[policy] = [r for r in got if r["kind"] == "alarm" and r["alarm"] == "judge_drift"]
+        steps = [r["domains"]["judged"] for r in got if r["kind"] == "monitor"]
+        assert len(steps) == 6 and all(s["programmatic_mean"] is not None for s in steps)
+    assert fired["fair"] == []
+    assert len(fired["drifting"]) == 1
+    d = fired["drifting"][0]["data"]
+    assert d["judge_recent"] - d["judge_baseline"] > 0.15 + d["programmatic_recent"] - d["programmatic_baseline"]

@@ -95,10 +95,8 @@ class JudgeDriftRule(AlarmRule):
     """A judge's reward rising while the programmatic score of the same rollouts does not (issue 28)."""
 
     rise: float = Field(0.15, gt=0.0, le=1.0)
-    """Minimum rise of the recent judge reward mean over its baseline."""
-    stall: float = Field(0.05, ge=0.0, le=1.0)
-    """The programmatic score (the judge's `checks.labels` verifier on the same rollouts) rising by
-    at most this much over the same steps counts as stalled."""
+    """Fires when the judge's recent reward mean has risen over its baseline by at least this much more
+    than the programmatic score (the judge's `checks.labels` verifier on the same rollouts) has."""
 
 
 class JudgeBiasRule(AlarmRule):

@@ -173,8 +173,9 @@ class AuditFailure:
 
 
 class JudgeDrift:
-    """A judge domain's reward rising over its baseline while the programmatic shadow score of the
-    same rollouts (the judge's `checks.labels` verifier, the part `programmatic`) does not."""
+    """A judge domain's reward rising over its baseline by `rise` more than the programmatic shadow
+    score of the same rollouts (the judge's `checks.labels` verifier, the part `programmatic`) did:
+    a judge and a programmatic check that agree rise together and never fire it."""
 
     kind = "judge_drift"
 
@@ -190,7 +191,7 @@ class JudgeDrift:
                 _mean([s.programmatic_mean or 0.0 for s in first]),
                 _mean([s.programmatic_mean or 0.0 for s in last]),
             )
-            if j1 - j0 >= rule.rise and p1 - p0 <= rule.stall:
+            if (j1 - j0) - (p1 - p0) >= rule.rise:
                 hits.append(
                     Hit(
                         self.kind,
