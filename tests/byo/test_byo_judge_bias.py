@@ -17,6 +17,7 @@ from byo_testlib import rows, train_cfg, write_jsonl
 from posttrain.byo.domain import SourceDomain
 from posttrain.configs.byo import SourceConfig, VerifierSpec
 from posttrain.configs.monitor import AlarmsConfig
+from posttrain.errors import VerifierError
 from posttrain.monitor.alarms import History, JudgeDrift
 from posttrain.monitor.judges import check_judge
 from posttrain.monitor.signals import DomainSignals
@@ -186,6 +187,9 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
     assert out["fair"][0]["fired"] == [] and out["fair"][1] == [] and ">passed</td>" in out["fair"][2]
     assert out["biased"][0]["fired"] == ["calibration", "length"] and len(out["biased"][1]) == 1
     assert "biased: calibration, length" in out["biased"][2]  # the report's judge table
+    stop = train_cfg(tmp_path / "stop", micro_base, "stop", domains, "monitor.alarms.judge_bias.action=stop")
+    with pytest.raises(VerifierError, match="biased: calibration, length; set monitor.alarms.judge_bias.action=log"):
+        train(stop, log=lambda *_: None)  # refuses to start on the biased judge
 
 
 def test_the_drift_alarm_fires_in_a_run_whose_judge_goes_lenient(tmp_path, micro_base):

@@ -308,7 +308,8 @@ class Monitor:
     def judge_checks(self, step: int) -> list[JudgeCheck]:
         """Measure every live judge domain that declares `checks` (monitor/judges.py): a metrics row
         and a trace event `judge_check` and a log line each; a check that fires is the `judge_bias`
-        alarm (its action: monitor.alarms.judge_bias.action)."""
+        alarm (its action: monitor.alarms.judge_bias.action; `stop` raises VerifierError, so the
+        run refuses to start)."""
         from posttrain.domains.registry import get
         from posttrain.monitor.judges import check_judge
 
@@ -327,6 +328,10 @@ class Monitor:
                 hit = Hit("judge_bias", name, result.message(), data)
                 self.active.add((hit.kind, hit.domain))
                 self._fire(step, hit, rule.action)
+                if rule.action == "stop":  # at run start: refuse to train, as a failed probe does
+                    raise VerifierError(
+                        result.message() + "; set monitor.alarms.judge_bias.action=log to train anyway"
+                    )
         return out
 
     # ------------------------------------------------------------ audits of top-reward rollouts
