@@ -15,7 +15,11 @@ out of range, is asked again with a fresh nonce (`retries` times); a judge
 that still has none, cannot be reached or answers an error raises
 VerifierError (infra, masked, counted), never reward 0. Every judge call, cached or not, is a row
 of the `judge_calls` table in the cache database, keyed like the score, and
-the rollout's trace row names that key in its `reason`.
+the rollout's trace row names that key in its `reason`. A pairwise judge asks
+twice per completion, the completion first and then second (each order its own
+key), and its reward is the completion's mean win over both orders; an ensemble's
+reward is its members' mean. With `checks`, the reward is still the judge's: the
+labels verifier's score of the same episode rides along as the part `programmatic`.
 """
 
 from __future__ import annotations

@@ -329,9 +329,7 @@ class Monitor:
                 self.active.add((hit.kind, hit.domain))
                 self._fire(step, hit, rule.action)
                 if rule.action == "stop":  # at run start: refuse to train, as a failed probe does
-                    raise VerifierError(
-                        result.message() + "; set monitor.alarms.judge_bias.action=log to train anyway"
-                    )
+                    raise VerifierError(result.message() + "; set monitor.alarms.judge_bias.action=log to train anyway")
         return out
 
     # ------------------------------------------------------------ audits of top-reward rollouts
