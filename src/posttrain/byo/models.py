@@ -362,7 +362,7 @@ class JudgeVerifier:
         """(value, key, raw reply, cached) of one judgement: from the cache, else asked."""
         cache = self.cache
         hit = cache.get(key) if cache is not None else None
-        if hit is not None:
+        if cache is not None and hit is not None:
             value, raw = hit
             cache.log(key, self.version, task.id, True, value, raw, "", 0.0, "")
             return value, key, raw, True
