@@ -221,3 +221,23 @@ def test_the_drift_alarm_fires_in_a_run_whose_judge_goes_lenient(tmp_path, micro
     assert len(fired["drifting"]) == 1
     d = fired["drifting"][0]["data"]
     assert d["judge_recent"] - d["judge_baseline"] > 0.15 + d["programmatic_recent"] - d["programmatic_baseline"]
+
+
+def test_an_ensemble_in_training_records_its_agreement(judges, tmp_path, micro_base):
+    """A `judge_ensemble` domain in `posttrain train`: every step's monitor row carries the members'
+    agreement (`judge_agreement`); a single judge's row has none."""
+    from posttrain.loop import train
+    from posttrain.metrics_log import read_metrics
+
+    path = write_jsonl(tmp_path / "sub.jsonl", rows(60))
+    members = [{k: v for k, v in _spec(judges[n], checks=None).items() if k != "name"} for n in ("fair", "biased")]
+    spec = json.dumps({"name": "judge_ensemble", "judges": members})
+    source = f"source: {{path: {path}, fields: {{prompt: q, answer: a}}, eval_percent: 20}}"
+    domains = f"{{ens: {{{source}, verifier: {spec}}}, one: {{{source}, verifier: {json.dumps(_spec(judges['fair'], checks=None))}}}}}"  # noqa: E501
+    result = train(train_cfg(tmp_path, micro_base, "ens", domains, "run.steps=2"), log=lambda *_: None)
+    steps = [r["domains"] for r in read_metrics(result.run_dir / "metrics.jsonl") if r["kind"] == "monitor"]
+    assert len(steps) == 2
+    for s in steps:
+        # short answers (6 tokens): the biased member grades them like the fair one, so they agree
+        assert s["ens"]["judge_agreement"] == 1.0 and s["ens"]["programmatic_mean"] is None
+        assert s["one"]["judge_agreement"] is None
