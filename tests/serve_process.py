@@ -24,13 +24,15 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def posttrain_serve(
-    model_dir: str | Path, *sets: str, env: Mapping[str, str] | None = None
+    model_dir: str | Path | None, *sets: str, env: Mapping[str, str] | None = None, policy: str | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """(base url, process) of `posttrain serve --model model_dir` with `--set` for each of `sets`
-    (canary probes off), one OMP thread, and `env` over this process's environment."""
+    """(base url, process) of `posttrain serve --model model_dir` (or `--policy policy`, a rule-based
+    chat model) with `--set` for each of `sets` (canary probes off), one OMP thread, and `env` over this
+    process's environment."""
     port = free_port()
     exe = Path(sys.executable).with_name("posttrain")
-    cmd = [str(exe), "serve", "--model", str(model_dir), "--port", str(port), "--set", "canary.probe_domains=[]"]
+    what = ["--policy", policy] if policy is not None else ["--model", str(model_dir)]
+    cmd = [str(exe), "serve", *what, "--port", str(port), "--set", "canary.probe_domains=[]"]
     for s in sets:
         cmd += ["--set", s]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}

@@ -15,7 +15,11 @@ out of range, is asked again with a fresh nonce (`retries` times); a judge
 that still has none, cannot be reached or answers an error raises
 VerifierError (infra, masked, counted), never reward 0. Every judge call, cached or not, is a row
 of the `judge_calls` table in the cache database, keyed like the score, and
-the rollout's trace row names that key in its `reason`.
+the rollout's trace row names that key in its `reason`. A pairwise judge asks
+twice per completion, the completion first and then second (each order its own
+key), and its reward is the completion's mean win over both orders; an ensemble's
+reward is its members' mean. With `checks`, the reward is still the judge's: the
+labels verifier's score of the same episode rides along as the part `programmatic`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.configs.byo import JudgeParams, RewardModelParams
+from posttrain.configs.byo import JudgeChecks, JudgeEnsembleParams, JudgeParams, RewardModelParams
 from posttrain.domains.base import stable_hash
 from posttrain.errors import ConfigError, GenerationError, VerifierError
 from posttrain.types import Episode, Message, Score, Task
@@ -233,8 +237,13 @@ def verdict_body(reply: str, nonce: str) -> str:
     return bodies.pop()
 
 
+PAIRWISE_VERDICTS = {"A": 1.0, "TIE": 0.5, "B": 0.0}
+"""A pairwise verdict as the first answer's win."""
+
+
 class JudgeVerifier:
-    """Asks an OpenAI-compatible server to grade the completion with the rubric; reward = score / scale."""
+    """Asks an OpenAI-compatible server to grade the completion with the rubric; reward = score / scale
+    (pointwise), or the completion's mean win against the reference answer over both orders (pairwise)."""
 
     name = "judge"
     programmatic = False
@@ -255,8 +264,10 @@ class JudgeVerifier:
             params.scale,
             params.max_tokens,
             params.temperature,
+            *(("pairwise",) if params.mode == "pairwise" else ()),
         )
         self.version = f"{stable_hash(*stamp):016x}"[:12]
+        self.labels = labels_verifier(params.checks)
         self._engine: Any = None
         self._cache: JudgeCache | None = None
         self._lock = threading.Lock()
@@ -288,15 +299,22 @@ class JudgeVerifier:
                 )
             return self._engine
 
-    def key(self, task: Task, completion: str) -> str:
+    def key(self, task: Task, completion: str, order: str = "") -> str:
+        """The cache key of one judgement (`order`: which pairwise order, '' pointwise)."""
         blob = json.dumps([self.version, [m.content for m in task.prompt], str(task.reference), completion])
-        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+        return hashlib.sha256((blob + order).encode()).hexdigest()[:32]
 
     def parse(self, reply: str, nonce: str) -> float:
         """The reward in the reply's verdict tag for `nonce`: the first group of
-        `score_pattern` inside the tag, over `scale`; VerifierError when there is no
-        such tag or no score in range in it (text outside the tag is never read)."""
+        `score_pattern` inside the tag, over `scale` (pairwise: the first answer's win,
+        A 1, TIE 0.5, B 0); VerifierError when there is no such tag or no score in range
+        in it (text outside the tag is never read)."""
         body = verdict_body(reply, nonce)
+        if self.params.mode == "pairwise":
+            win = PAIRWISE_VERDICTS.get(body.strip().upper())
+            if win is None:
+                raise VerifierError(f"judge pairwise verdict is not A, B or TIE: {body[:80]!r}")
+            return win
         m = self.pattern.search(body)
         if m is None:
             raise VerifierError(f"judge verdict has no score (pattern {self.params.score_pattern!r}): {body[:80]!r}")
@@ -309,13 +327,45 @@ class JudgeVerifier:
         return value / self.params.scale
 
     def score(self, task: Task, episode: Episode) -> Score:
-        key, cache = self.key(task, episode.completion), self.cache
+        if self.params.mode == "pairwise":
+            return with_shadow(self.labels, self._pairwise(task, episode.completion), task, episode)
+        request = _fill(self.params.rubric, task, episode.completion)
+        value, key, raw, cached = self._judged(task, self.key(task, episode.completion), request)
+        return with_shadow(self.labels, self._verdict(value, key, raw, cached), task, episode)
+
+    def _pairwise(self, task: Task, completion: str) -> Score:
+        """The completion against the reference answer, in both orders."""
+        reference = str(task.reference)
+        first = self._judged(task, self.key(task, completion, "first"), self._fill_pair(task, completion, reference))
+        second = self._judged(task, self.key(task, completion, "second"), self._fill_pair(task, reference, completion))
+        wins = (first[0], 1.0 - second[0])
+        value = (wins[0] + wins[1]) / 2
+        disagree = float(wins[0] != wins[1])
+        ok = value >= self.params.pass_threshold
+        why = (
+            f"judge {self.version} pairwise keys {first[1]} {second[1]} wins {wins[0]:g}/{wins[1]:g}"
+            f"{' (orders disagree)' if disagree else ''}"
+        )
+        parts = {"outcome": value, "judge": value, "swap_disagree": disagree}
+        return Score(value, parts, ok, why)
+
+    def _fill_pair(self, task: Task, first: str, second: str) -> str:
+        prompt = "\n".join(m.content for m in task.prompt if m.role != "system")
+        return (
+            self.params.rubric.replace("{prompt}", prompt)
+            .replace("{answer}", str(task.reference))
+            .replace("{first}", first)
+            .replace("{second}", second)
+        )
+
+    def _judged(self, task: Task, key: str, request: str) -> tuple[float, str, str, bool]:
+        """(value, key, raw reply, cached) of one judgement: from the cache, else asked."""
+        cache = self.cache
         hit = cache.get(key) if cache is not None else None
-        if hit is not None:
+        if cache is not None and hit is not None:
             value, raw = hit
             cache.log(key, self.version, task.id, True, value, raw, "", 0.0, "")
-            return self._verdict(value, key, raw, cached=True)
-        request = _fill(self.params.rubric, task, episode.completion)
+            return value, key, raw, True
         t0, raw = time.perf_counter(), ""
         try:
             value, raw, request = self._ask(request)
@@ -326,7 +376,7 @@ class JudgeVerifier:
         if cache is not None:
             cache.put(key, self.version, value, raw)
             cache.log(key, self.version, task.id, False, value, raw, "", time.perf_counter() - t0, request)
-        return self._verdict(value, key, raw, cached=False)
+        return value, key, raw, False
 
     def _ask(self, filled: str) -> tuple[float, str, str]:
         """(reward, reply, request) of the first reply with a valid verdict, asking
@@ -355,3 +405,58 @@ class JudgeVerifier:
 
     def wrong(self, task: Task) -> str:
         return ""
+
+
+class JudgeEnsemble:
+    """Two or more judges: reward = their mean; `agreement` = the share of member pairs whose
+    pass/fail verdicts agree (1 when all agree); a member's failure is the ensemble's (infra)."""
+
+    name = "judge_ensemble"
+    programmatic = False
+
+    def __init__(self, params: JudgeEnsembleParams) -> None:
+        self.params = params
+        self.members = [JudgeVerifier(p) for p in params.judges]
+        self.version = f"{stable_hash(*(m.version for m in self.members)):016x}"[:12]
+        self.labels = labels_verifier(params.checks)
+
+    def score(self, task: Task, episode: Episode) -> Score:
+        scores = [m.score(task, episode) for m in self.members]
+        value = sum(s.value for s in scores) / len(scores)
+        pairs = [(a, b) for i, a in enumerate(scores) for b in scores[i + 1 :]]
+        agreement = sum(a.passed == b.passed for a, b in pairs) / len(pairs)
+        parts = {"outcome": value, "judge": value, "agreement": agreement}
+        parts.update({f"judge_{i}": s.value for i, s in enumerate(scores)})
+        swaps = [s.parts["swap_disagree"] for s in scores if "swap_disagree" in s.parts]
+        if swaps:
+            parts["swap_disagree"] = sum(swaps) / len(swaps)
+        ok = value >= self.params.pass_threshold
+        why = f"judge ensemble {self.version} agreement {agreement:.2f}: " + "; ".join(s.reason for s in scores)
+        return with_shadow(self.labels, Score(value, parts, ok, why[:300]), task, episode)
+
+    def gold(self, task: Task) -> str | None:
+        return str(task.reference)
+
+    def wrong(self, task: Task) -> str:
+        return ""
+
+
+def labels_verifier(checks: JudgeChecks | None) -> Any:
+    """The programmatic verifier that labels a judge's items (None without checks); a verifier
+    that is not programmatic (a judge, a reward model) cannot give labels: ConfigError."""
+    if checks is None:
+        return None
+    from posttrain.byo.verifiers import build_verifier
+
+    verifier = build_verifier(checks.labels)
+    if not getattr(verifier, "programmatic", False):
+        raise ConfigError(f"judge checks: labels verifier {checks.labels.name!r} is not programmatic")
+    return verifier
+
+
+def with_shadow(labels: Any, score: Score, task: Task, episode: Episode) -> Score:
+    """`score` with the labels verifier's value on the same episode as the part `programmatic`."""
+    if labels is None:
+        return score
+    shadow = labels.score(task, episode)
+    return Score(score.value, {**score.parts, "programmatic": shadow.value}, score.passed, score.reason)

@@ -435,6 +435,12 @@ def _judge(params: C.JudgeParams) -> Any:
     return JudgeVerifier(params)
 
 
+def _judge_ensemble(params: C.JudgeEnsembleParams) -> Any:
+    from posttrain.byo.models import JudgeEnsemble
+
+    return JudgeEnsemble(params)
+
+
 BUILTIN: dict[str, Callable[[Any], Any]] = {
     "exact": Exact,
     "numeric": Numeric,
@@ -448,6 +454,7 @@ BUILTIN: dict[str, Callable[[Any], Any]] = {
     "python": _python,
     "reward_model": _reward_model,
     "judge": _judge,
+    "judge_ensemble": _judge_ensemble,
 }
 
 

@@ -11,6 +11,10 @@ def add_parser(sub: Any) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--registry", help="model registry directory (from `posttrain release`)")
     src.add_argument("--model", help="one Hugging Face model directory, served as version v0")
+    src.add_argument(
+        "--policy",
+        help="a rule-based chat model, package.module:function (messages -> reply text), for testing judges",
+    )
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000)")
     p.add_argument("--config", help="YAML file with serve settings (see docs/serving.md)")
@@ -48,7 +52,7 @@ def build_config(args: argparse.Namespace) -> Any:
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
         apply_override(data, item)
-    for name in ("registry", "model", "host", "port"):
+    for name in ("registry", "model", "policy", "host", "port"):
         if getattr(args, name) is not None:
             data[name] = getattr(args, name)
     token_file, insecure = getattr(args, "admin_token_file", None), getattr(args, "insecure_admin", False)

@@ -302,8 +302,15 @@ class JudgeParams(Strict):
     """The server's API root, e.g. http://127.0.0.1:8000/v1."""
     model: str = "posttrain"
     """Model name sent to the server."""
+    mode: Literal["pointwise", "pairwise"] = "pointwise"
+    """pointwise: the rubric grades the completion and the verdict is a score. pairwise: the rubric
+    compares two answers, the completion and the row's reference answer, `{first}` and `{second}`;
+    the verdict is A, B or TIE. Each completion is judged in both orders (position swap); the reward
+    is the completion's mean win (TIE 0.5) over the two orders, and the score part `swap_disagree` is
+    1 when the two orders' verdicts disagree."""
     rubric: str
-    """Judge prompt; {prompt}, {completion} and {answer} are replaced. It should ask for one score."""
+    """Judge prompt; {prompt}, {completion} and {answer} are replaced (pairwise: {prompt}, {answer},
+    {first} and {second}). Pointwise, it should ask for one score; pairwise, for A, B or TIE."""
     score_pattern: str = r"(-?\d+(?:\.\d+)?)"
     """Regex whose first group is the score, searched only inside the reply's verdict tag (`<verdict id="NONCE">...</verdict>`, NONCE fresh per call); text outside the tag is never read."""  # noqa: E501 (field docstring = its help text)
     scale: float = Field(10.0, gt=0.0)
@@ -323,11 +330,64 @@ class JudgeParams(Strict):
     api_key: str = "none"
     """Bearer token sent to the server."""
 
-    @field_validator("rubric")
+    checks: JudgeChecks | None = None
+    """Bias checks of this judge at run start, and the programmatic shadow score of every
+    rollout (null: none)."""
+
+    @model_validator(mode="after")
+    def _rubric_fits_mode(self) -> JudgeParams:
+        need = ("{completion}",) if self.mode == "pointwise" else ("{first}", "{second}")
+        missing = [k for k in need if k not in self.rubric]
+        if missing:
+            raise ValueError(f"rubric of a {self.mode} judge must contain {' and '.join(missing)}")
+        return self
+
+
+class JudgeChecks(Strict):
+    """What posttrain measures of a judge before training (issue 28): its agreement with programmatic
+    labels (Wilson interval), its position-swap disagreement (pairwise judges), and its length bias.
+    A check past its threshold fires the `judge_bias` alarm (monitor.alarms.judge_bias)."""
+
+    model_config = _STRICT
+
+    labels: VerifierSpec
+    """A programmatic verifier of the same rows (e.g. `exact`, `numeric`) that gives the labels: it
+    scores the calibration items, and every training rollout as the score part `programmatic` (the
+    shadow score the `judge_drift` alarm compares the judge's reward with)."""
+    items: int = Field(16, ge=1, le=10_000)
+    """Train rows used; each gives four calibration items (the labels verifier's gold and wrong
+    answers, each concise and padded)."""
+    padding: str = (
+        "Let me explain my reasoning in full detail, step by step, checking every part of the "
+        "problem carefully and twice before I give my final answer. "
+    )
+    """Prose put before an answer to make its padded (verbose) form: the same content, longer."""
+    min_agreement: float = Field(0.9, ge=0.0, le=1.0)
+    """Calibration fires when the upper end of the agreement rate's 95% Wilson interval is below this."""
+    max_swap_disagreement: float = Field(0.1, ge=0.0, le=1.0)
+    """Position swap fires when more than this share of pairwise items get verdicts that disagree between the two orders."""  # noqa: E501 (field docstring = its help text)
+    max_length_bias: float = Field(0.1, ge=0.0, le=1.0)
+    """The length probe fires when the mean reward of the padded answers minus that of the same answers
+    concise exceeds this in absolute value."""
+
+
+class JudgeEnsembleParams(Strict):
+    """Two or more LLM judges; the reward is their mean, and their agreement is the score part `agreement`."""
+
+    model_config = _STRICT
+
+    judges: tuple[JudgeParams, ...] = Field(min_length=2)
+    """The member judges (each a `judge` verifier's parameters, without `checks`)."""
+    pass_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    """The mean reward at or above this passes."""
+    checks: JudgeChecks | None = None
+    """Bias checks of the ensemble as one judge (see the `judge` verifier's `checks`)."""
+
+    @field_validator("judges")
     @classmethod
-    def _has_completion(cls, v: str) -> str:
-        if "{completion}" not in v:
-            raise ValueError("rubric must contain {completion}")
+    def _members_unchecked(cls, v: tuple[JudgeParams, ...]) -> tuple[JudgeParams, ...]:
+        if any(j.checks is not None for j in v):
+            raise ValueError("judges: set checks on the ensemble, not on its members")
         return v
 
 
@@ -367,6 +427,7 @@ BUILTIN_PARAMS: dict[str, type[BaseModel]] = {
     "python": PythonParams,
     "reward_model": RewardModelParams,
     "judge": JudgeParams,
+    "judge_ensemble": JudgeEnsembleParams,
     "composite": CompositeParams,
 }
 
@@ -379,7 +440,7 @@ class VerifierSpec(BaseModel):
 
     name: str = Field(min_length=1)
     """A built-in verifier (exact, numeric, choice, regex, math, json, sql, code, python, reward_model,
-    judge, composite) or one a plugin registers (entry point group `posttrain.verifiers`)."""
+    judge, judge_ensemble, composite) or one a plugin registers (entry point group `posttrain.verifiers`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -409,6 +470,9 @@ class VerifierSpec(BaseModel):
 
 
 PartSpec.model_rebuild()
+JudgeChecks.model_rebuild()
+JudgeParams.model_rebuild()
+JudgeEnsembleParams.model_rebuild()
 
 
 def describe_errors(exc: ValidationError, model: type[BaseModel], where: str) -> str:

@@ -91,6 +91,18 @@ class AuditRule(AlarmRule):
     """Audited rollouts needed in the window before the alarm can fire."""
 
 
+class JudgeDriftRule(AlarmRule):
+    """A judge's reward rising while the programmatic score of the same rollouts does not (issue 28)."""
+
+    rise: float = Field(0.15, gt=0.0, le=1.0)
+    """Fires when the judge's recent reward mean has risen over its baseline by at least this much more
+    than the programmatic score (the judge's `checks.labels` verifier on the same rollouts) has."""
+
+
+class JudgeBiasRule(AlarmRule):
+    """A judge that fails a bias check at run start (calibration, position swap, length probe)."""
+
+
 class AlarmsConfig(BaseModel):
     """Every alarm and its action."""
 
@@ -115,6 +127,10 @@ class AlarmsConfig(BaseModel):
     """A domain regressing while the others improve."""
     audit_failure: AuditRule = Field(default_factory=AuditRule)
     """Top-reward rollouts failing the domain's stricter check."""
+    judge_drift: JudgeDriftRule = Field(default_factory=JudgeDriftRule)
+    """A judge's reward rising while the programmatic score of the same rollouts stalls."""
+    judge_bias: JudgeBiasRule = Field(default_factory=JudgeBiasRule)
+    """A judge domain failing a run-start bias check (byo judge `checks`); `stop` refuses the run."""
 
 
 class ProbeConfig(BaseModel):

@@ -216,6 +216,12 @@ class ServeConfig(BaseModel):
     model: str | None = None
     """A single Hugging Face model directory to serve as version v0 (no registry)."""
 
+    policy: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    """A rule-based chat "model" instead of weights: `package.module:function` (the current directory
+    is importable), called with a request's messages as a list of {role, content} and returning the
+    reply text. Serves /v1/chat/completions (not streamed), /v1/models and /health only; for
+    testing clients and judges (docs/serving.md, "A rule-based policy")."""
+
     host: str = "127.0.0.1"
     """Address to bind."""
 

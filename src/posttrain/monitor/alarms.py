@@ -172,12 +172,51 @@ class AuditFailure:
         return hits
 
 
+class JudgeDrift:
+    """A judge domain's reward rising over its baseline by `rise` more than the programmatic shadow
+    score of the same rollouts (the judge's `checks.labels` verifier, the part `programmatic`) did:
+    a judge and a programmatic check that agree rise together and never fire it."""
+
+    kind = "judge_drift"
+
+    def check(self, h: History, cfg: AlarmsConfig) -> list[Hit]:
+        rule, hits = cfg.judge_drift, []
+        for domain, points in h.signals.items():
+            shadowed = [s for _, s in points if s.programmatic_mean is not None]
+            if len(shadowed) < cfg.baseline_steps + cfg.window:
+                continue
+            first, last = shadowed[: cfg.baseline_steps], shadowed[-cfg.window :]
+            j0, j1 = _mean([s.reward_mean for s in first]), _mean([s.reward_mean for s in last])
+            p0, p1 = (
+                _mean([s.programmatic_mean or 0.0 for s in first]),
+                _mean([s.programmatic_mean or 0.0 for s in last]),
+            )
+            if (j1 - j0) - (p1 - p0) >= rule.rise:
+                hits.append(
+                    Hit(
+                        self.kind,
+                        domain,
+                        f"judge drift in {domain}: the judge's reward went {j0:.2f} -> {j1:.2f} while the "
+                        f"programmatic score of the same rollouts went {p0:.2f} -> {p1:.2f} (the policy may be "
+                        "learning what the judge likes)",
+                        {
+                            "judge_baseline": j0,
+                            "judge_recent": j1,
+                            "programmatic_baseline": p0,
+                            "programmatic_recent": p1,
+                        },
+                    )
+                )
+        return hits
+
+
 STEP_DETECTORS: tuple[Detector, ...] = (
     EntropyCollapse(),
     DiversityCollapse(),
     LengthExplosion(),
     KLAcceleration(),
     AuditFailure(),
+    JudgeDrift(),
 )
 
 

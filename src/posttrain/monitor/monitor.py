@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from posttrain.configs import Config
     from posttrain.evaluate import EvalTable
     from posttrain.metrics_log import MetricsLog
+    from posttrain.monitor.judges import JudgeCheck
     from posttrain.rollout import Rollout
     from posttrain.trace import TraceStore
 
@@ -120,6 +121,8 @@ class Monitor:
             self._reload(step)
         if self.cfg.enabled and self.cfg.probes.enabled:
             self.probe(step, at_start=True, record=not step)  # a resumed run's start wrote its records already
+        if self.cfg.enabled and not step:
+            self.judge_checks(step)
         return self._take()
 
     def after_step(
@@ -299,6 +302,35 @@ class Monitor:
             )
         if stop:
             self._actions.append(Stop(message))
+
+    # ------------------------------------------------------------ judges' bias checks
+
+    def judge_checks(self, step: int) -> list[JudgeCheck]:
+        """Measure every live judge domain that declares `checks` (monitor/judges.py): a metrics row
+        and a trace event `judge_check` and a log line each; a check that fires is the `judge_bias`
+        alarm (its action: monitor.alarms.judge_bias.action; `stop` raises VerifierError, so the
+        run refuses to start)."""
+        from posttrain.domains.registry import get
+        from posttrain.monitor.judges import check_judge
+
+        out = []
+        for name in self._live():
+            result = check_judge(get(name), self.pool.eval_difficulty(name))
+            if result is None:
+                continue
+            out.append(result)
+            data = result.to_dict()
+            self.metrics.write("judge_check", step, **data)
+            self.trace.add_event("judge_check", result.message(), step=step, domain=name, data=data)
+            self.log(result.message())
+            rule = self.cfg.alarms.judge_bias
+            if result.fired and rule.enabled:
+                hit = Hit("judge_bias", name, result.message(), data)
+                self.active.add((hit.kind, hit.domain))
+                self._fire(step, hit, rule.action)
+                if rule.action == "stop":  # at run start: refuse to train, as a failed probe does
+                    raise VerifierError(result.message() + "; set monitor.alarms.judge_bias.action=log to train anyway")
+        return out
 
     # ------------------------------------------------------------ audits of top-reward rollouts
 

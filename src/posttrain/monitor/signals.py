@@ -45,6 +45,13 @@ class DomainSignals:
     groups: int
     filtered_share: float
     infra_error_rate: float
+    programmatic_mean: float | None = None
+    """Mean of the score part `programmatic` (a judge's shadow score by its `checks.labels` verifier)
+    over the scored rollouts that carry it; None when none does."""
+    swap_disagreement: float | None = None
+    """Mean of the part `swap_disagree` (a pairwise judge's two orders disagreeing); None when absent."""
+    judge_agreement: float | None = None
+    """Mean of the part `agreement` (a judge ensemble's pairwise agreement); None when absent."""
 
     def as_dict(self) -> dict[str, Any]:
         """`dataclasses.asdict` of these flat numbers, without its deep copy."""
@@ -106,7 +113,16 @@ def domain_signals(
         groups=len(groups),
         filtered_share=_mean([float(g[0].group_id not in kept_ids) for g in groups]),
         infra_error_rate=(len(rollouts) - len(scored)) / len(rollouts) if rollouts else 0.0,
+        programmatic_mean=_part_mean(scored, "programmatic"),
+        swap_disagreement=_part_mean(scored, "swap_disagree"),
+        judge_agreement=_part_mean(scored, "agreement"),
     )
+
+
+def _part_mean(scored: Sequence[Any], part: str) -> float | None:
+    """Mean of a score part over the rollouts whose score has it (None when none has)."""
+    xs = [r.score.parts[part] for r in scored if part in r.score.parts]
+    return _mean(xs) if xs else None
 
 
 def step_signals(

@@ -35,6 +35,8 @@ class RunData:
     probes: list[dict[str, Any]]
     eval_table: dict[str, Any] | None
     sandbox: dict[str, Counter] = field(default_factory=dict)
+    judges: list[dict[str, Any]] = field(default_factory=list)
+    """The run-start bias checks of its judge domains (metrics rows `judge_check`)."""
 
     def per_domain(self, name: str) -> Series:
         """A monitor signal per domain: {domain: [(step, value)]}."""
@@ -233,4 +235,5 @@ def load_run(path: str | Path) -> RunData:
         probes=by_kind.get("probe", []),
         eval_table=json.loads(table_path.read_text()) if table_path.is_file() else None,
         sandbox=_sandbox_outcomes(run / "trace.db"),
+        judges=by_kind.get("judge_check", []),
     )

@@ -225,6 +225,30 @@ def _probe_table(data: RunData) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _judge_table(data: RunData) -> str:
+    """One row per judge domain: its run-start bias figures and the checks that fired."""
+    if not data.judges:
+        return '<p class="empty">no judge domain declares bias checks</p>'
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    rows = [
+        '<tr><th class="l">domain</th><th class="l">judge</th><th>items</th><th>agreement [95% CI]</th>'
+        '<th>length bias</th><th>swap disagreement</th><th class="l">verdict</th></tr>'
+    ]
+    for j in data.judges:
+        fired = j.get("fired") or []
+        rows.append(
+            f'<tr><td class="l">{html.escape(str(j["domain"]))}</td><td class="l">{html.escape(str(j["verifier"]))}</td>'
+            f"<td>{j['items'] - j['infra_errors']}</td>"
+            f"<td>{fmt(j['agreement'])} [{j['agreement_low']:.2f}, {j['agreement_high']:.2f}]</td>"
+            f"<td>{fmt(j['length_bias'])}</td><td>{fmt(j['swap_disagreement'])}</td>"
+            f'<td class="l{" alarm" if fired else ""}">{html.escape("biased: " + ", ".join(fired) if fired else "passed")}</td></tr>'
+        )
+    return "<table>" + "".join(rows) + "</table>"
+
+
 def _token_table(data: RunData) -> str:
     """Per domain: token budget per turn, mean completion tokens, share truncated at the budget."""
     use = data.token_use()
@@ -417,6 +441,7 @@ def render(data: RunData) -> str:
 <h2>Held-out accuracy</h2>{eval_section(data)}
 <h2>Alarms</h2>{_alarm_table(data)}
 <h2>Reward-hacking probes</h2>{_probe_table(data)}
+<h2>Judge bias checks</h2>{_judge_table(data)}
 <h2>Token use per domain</h2>{_token_table(data)}
 <h2>Staleness (pipeline.mode async)</h2>{_staleness_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>

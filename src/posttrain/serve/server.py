@@ -38,7 +38,13 @@ def model_dir_deployment(path: str, cfg: ServeConfig, name: str = "v0") -> Any:
 
 
 def build_server(cfg: ServeConfig) -> Any:
-    """The FastAPI app for `cfg` (a registry or a single model directory)."""
+    """The FastAPI app for `cfg` (a registry, a single model directory or a rule-based policy)."""
+    if sum(bool(x) for x in (cfg.registry, cfg.model, cfg.policy)) > 1:
+        raise ConfigError("serve: give one of --registry, --model and --policy")
+    if cfg.policy:
+        from posttrain.serve.policy import policy_app
+
+        return policy_app(cfg)
     if cfg.registry:
         reg = ModelRegistry(cfg.registry)
         if reg.state().stable is None:
@@ -46,4 +52,4 @@ def build_server(cfg: ServeConfig) -> Any:
         return create_app(Server(cfg, registry=reg))
     if cfg.model:
         return create_app(Server(cfg, deployments=[model_dir_deployment(cfg.model, cfg)]))
-    raise ConfigError("serve: give --registry or --model")
+    raise ConfigError("serve: give --registry, --model or --policy")
