@@ -1,7 +1,9 @@
-"""GRPO-family policy losses: small named classes chosen by the config's `type`.
+"""GRPO-family policy losses: small named classes chosen by the config's `type`
+(grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo).
 
-Invariant: a loss is a sum over tokens of weight_bt x (PPO-clip term + kl_coef
-x k3 KL), where the weights carry every normaliser and are computed from
+Invariant: a loss is a sum over tokens of weight_bt x (policy term + kl_coef
+x k3 KL), the policy term PPO-clip (GSPO: on the sequence ratio; CISPO: the
+clipped, detached IS weight x A x logp), where the weights carry every normaliser and are computed from
 whole-step totals (BatchTotals). Summing the losses of a step's micro-batches
 therefore gives exactly the loss of the full batch, whatever the split.
 Masked tokens (padding, tool output) have weight 0 and a log-ratio forced to
@@ -89,7 +91,8 @@ class LossStats:
 
     @property
     def clip_frac(self) -> float:
-        """Share of loss tokens whose gradient the clip removed (either side)."""
+        """Share of loss tokens whose gradient the clip removed (either side; CISPO: whose IS
+        weight the clip truncated, the gradient kept)."""
         return self._per_token(self.clipped_low + self.clipped_high)
 
     @property
