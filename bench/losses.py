@@ -8,6 +8,7 @@ mean +- sd over seeds), the CPU seconds (user+sys) of RL plus both evaluations, 
 one run's process, and each loss's gain and CPU as ratios to GRPO's in this same run.
 
     .venv/bin/python bench/losses.py --seeds 0 1 2 --jobs 2 [--losses grpo rloo ...] [overrides...]
+    .venv/bin/python bench/losses.py --from-log LOG   # the summary of a stopped bench's printed runs
 
 Extra dotted overrides (for example `run.steps=150`) apply to every run.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import statistics
 import sys
@@ -83,6 +85,36 @@ def report_run(r: dict) -> None:
     )
 
 
+_LINE = re.compile(
+    r"^(?P<loss>\S+)\s+seed (?P<seed>\d+): before (?P<before>[\d.]+) after (?P<after>[\d.]+) gain \S+ "
+    r"\(.*\); (?P<steps>\d+) steps, RL\+evals (?P<wall>\d+) s wall, (?P<cpu>\d+) CPU-s; "
+    r"mean clip_frac (?P<clip>[\d.]+); peak RSS (?P<rss>\d+) MiB$"
+)
+
+
+def runs_from_log(path: Path) -> list[dict]:
+    """The finished runs of an earlier bench's printed lines (`report_run`), for its summary when
+    the bench was stopped before the end: the means per run, rounded as printed."""
+    runs = []
+    for line in path.read_text().splitlines():
+        m = _LINE.match(line)
+        if m:
+            runs.append(
+                {
+                    "loss": m["loss"],
+                    "seed": int(m["seed"]),
+                    "before": {"mean": float(m["before"])},
+                    "after": {"mean": float(m["after"])},
+                    "wall": float(m["wall"]),
+                    "cpu": float(m["cpu"]),
+                    "steps": int(m["steps"]),
+                    "clip_frac": float(m["clip"]),
+                    "rss_mib": float(m["rss"]),
+                }
+            )
+    return runs
+
+
 def summary(runs: list[dict], losses: list[str]) -> None:
     by = {loss: sorted((r for r in runs if r["loss"] == loss), key=lambda r: r["seed"]) for loss in losses}
     ref = by.get("grpo")
@@ -117,7 +149,12 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own worker process")
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+    ap.add_argument("--from-log", type=Path, help="only summarise the runs a stopped bench printed to this log")
     args = ap.parse_args()
+    if args.from_log:
+        done = runs_from_log(args.from_log)
+        summary(done, [loss for loss in args.losses if any(r["loss"] == loss for r in done)])
+        return 0
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
