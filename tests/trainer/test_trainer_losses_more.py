@@ -21,6 +21,7 @@ import trainer_testlib  # noqa: F401  (sets OMP threads before torch)
 
 from posttrain.configs.trainer import (
     CISPOLossConfig,
+    DAPOLossConfig,
     GRPOLossConfig,
     GSPOLossConfig,
     ReinforcePPLossConfig,
@@ -287,3 +288,20 @@ def test_new_losses_parse_with_their_defaults():
     assert (cispo.clip_low, cispo.clip_high) == (1.0, 0.28)
     assert isinstance(build_loss(load_trainer_config({"loss": {"type": "rloo"}}).loss), RLOOLoss)
     assert isinstance(build_loss(load_trainer_config({"loss": {"type": "reinforce_pp"}}).loss), ReinforcePPLoss)
+
+
+def test_on_policy_gspo_is_grpo_and_cispo_is_dapo_in_gradient():
+    # with every ratio exactly 1 (one update per batch, no mismatch): s_i = 1 inside GSPO's band,
+    # so its gradient -A_i mean_t grad logp_t / N is GRPO's; CISPO's weight is 1, so its gradient
+    # -A_i grad logp_t / sum(m) is DAPO's. Only the loss values differ (CISPO's carries logp)
+    def grad(config):
+        loss_fn = build_loss(config)
+        adv = loss_fn.advantages(REWARD_B, GROUP_B).float()
+        logp = (BEHAVIOUR_BT + RATIO_BT.log()).clone().requires_grad_(True)
+        x = LossInputs(logp_bt=logp, behaviour_logp_bt=logp.detach(), mask_bt=MASK_BT, advantage_b=adv)
+        loss_fn(x, TOTALS)[0].backward()
+        return logp.grad
+
+    torch.testing.assert_close(grad(GSPOLossConfig(eps=EPS)), grad(GRPOLossConfig(eps=EPS)), rtol=0, atol=1e-7)
+    torch.testing.assert_close(grad(CISPOLossConfig(eps=EPS)), grad(DAPOLossConfig(eps=EPS)), rtol=0, atol=1e-7)
+    assert grad(CISPOLossConfig(eps=EPS)).abs().max() > 0
