@@ -164,6 +164,6 @@ def test_masked_tokens_cannot_poison_the_loss():
 
 
 def test_losses_are_chosen_from_the_table():
-    assert set(LOSSES) == {"grpo", "dr_grpo", "dapo"}
+    assert set(LOSSES) == {"grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "cispo"}
     assert isinstance(build_loss(DAPOLossConfig()), DAPOLoss)
     assert isinstance(build_loss(DrGRPOLossConfig(max_completion_tokens=8)), DrGRPOLoss)

@@ -286,7 +286,18 @@ def test_grad_norm_spike_is_skipped():
     assert trainer.state_dict()["guard"]["grad_norms"].__len__() == 3  # the spike did not enter the median
 
 
-@pytest.mark.parametrize("loss", [{"type": "grpo"}, {"type": "dr_grpo", "max_completion_tokens": 1}, {"type": "dapo"}])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"type": "grpo"},
+        {"type": "dr_grpo", "max_completion_tokens": 1},
+        {"type": "dapo"},
+        {"type": "rloo"},
+        {"type": "reinforce_pp"},
+        {"type": "gspo"},
+        {"type": "cispo"},
+    ],
+)
 def test_rl_raises_the_probability_of_rewarded_tokens(loss):
     """A one-token bandit: reward 1 for a token id below 32. On-policy GRPO-family
     steps must move probability mass onto the rewarded half of the vocabulary."""

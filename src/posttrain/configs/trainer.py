@@ -60,7 +60,75 @@ class DAPOLossConfig(BaseModel):
     """Added to the group's reward standard deviation before dividing."""
 
 
-LossConfig = Annotated[GRPOLossConfig | DrGRPOLossConfig | DAPOLossConfig, Field(discriminator="type")]
+class RLOOLossConfig(BaseModel):
+    """RLOO: leave-one-out baseline r_i - mean_{j != i} r_j, token sum per sequence, mean over sequences."""
+
+    model_config = _STRICT
+    type: Literal["rloo"] = "rloo"
+    """Selects the RLOO loss."""
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip below: the ratio is clipped at 1 - clip_low (on-policy the ratio is 1 and the
+    loss is plain REINFORCE)."""
+    clip_high: float = Field(0.2, gt=0.0)
+    """PPO clip above: the ratio is clipped at 1 + clip_high."""
+
+
+class ReinforcePPLossConfig(BaseModel):
+    """REINFORCE++-baseline: r - group mean, divided by the batch's std; mean over all tokens."""
+
+    model_config = _STRICT
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+    """Selects the REINFORCE++-baseline loss."""
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO clip below: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = Field(0.2, gt=0.0)
+    """PPO clip above: the ratio is clipped at 1 + clip_high."""
+    eps: float = Field(1e-6, gt=0.0)
+    """Added to the batch's standard deviation of the group-centred rewards before dividing."""
+
+
+class GSPOLossConfig(BaseModel):
+    """GSPO: one importance ratio per sequence (the geometric mean of its token ratios), clipped
+    per sequence; group-normalised advantages; mean over sequences."""
+
+    model_config = _STRICT
+    type: Literal["gspo"] = "gspo"
+    """Selects the GSPO loss."""
+    clip_low: float = Field(3e-4, gt=0.0, lt=1.0)
+    """Sequence clip below: the sequence ratio is clipped at 1 - clip_low (the paper's 3e-4)."""
+    clip_high: float = Field(4e-4, gt=0.0)
+    """Sequence clip above: the sequence ratio is clipped at 1 + clip_high (the paper's 4e-4)."""
+    eps: float = Field(1e-6, gt=0.0)
+    """Added to the group's reward standard deviation before dividing."""
+
+
+class CISPOLossConfig(BaseModel):
+    """CISPO (MiniMax-M1): each token's log-prob weighted by its detached, clipped importance
+    ratio times the advantage; no token loses its gradient; mean over all tokens."""
+
+    model_config = _STRICT
+    type: Literal["cispo"] = "cispo"
+    """Selects the CISPO loss."""
+    clip_low: float = Field(1.0, gt=0.0, le=1.0)
+    """The IS weight is clipped below at 1 - clip_low; 1.0 (the default) is no lower bound, as
+    MiniMax-M1 ran it."""
+    clip_high: float = Field(0.28, gt=0.0)
+    """The IS weight is clipped above at 1 + clip_high (0.28: Trinity-RFT's default; MiniMax-M1
+    tunes only this bound)."""
+    eps: float = Field(1e-6, gt=0.0)
+    """Added to the group's reward standard deviation before dividing."""
+
+
+LossConfig = Annotated[
+    GRPOLossConfig
+    | DrGRPOLossConfig
+    | DAPOLossConfig
+    | RLOOLossConfig
+    | ReinforcePPLossConfig
+    | GSPOLossConfig
+    | CISPOLossConfig,
+    Field(discriminator="type"),
+]
 
 
 class LoraConfig(BaseModel):
@@ -129,7 +197,7 @@ class TrainerConfig(BaseModel):
 
     model_config = _STRICT
     loss: LossConfig = Field(default_factory=GRPOLossConfig)
-    """The policy loss, chosen by `type`: grpo, dr_grpo or dapo."""
+    """The policy loss, chosen by `type`: grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo or cispo."""
     lr: float = Field(3e-4, gt=0.0, le=1.0)
     """AdamW learning rate (3e-4 suits the embedded ~1M model; larger models want ~1e-6)."""
     betas: tuple[float, float] = (0.9, 0.999)

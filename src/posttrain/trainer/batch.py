@@ -103,9 +103,11 @@ class RolloutLink:
     advantage: float
     """The advantage the loss used (float32, as the loss saw it)."""
     ratio: float | None
-    """Mean importance ratio over the rollout's loss tokens (None: it entered no loss on this rank)."""
+    """Mean importance ratio over the rollout's loss tokens (GSPO: its sequence ratio, the
+    geometric mean; None: it entered no loss on this rank)."""
     clipped: float | None
-    """Share of its loss tokens whose gradient the PPO clip removed (None: as for `ratio`)."""
+    """Share of its loss tokens whose gradient the PPO clip removed (GSPO: 1 or 0 for its
+    sequence; CISPO: whose IS weight was truncated; None: as for `ratio`)."""
 
 
 @dataclass(frozen=True)

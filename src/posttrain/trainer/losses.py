@@ -1,7 +1,9 @@
-"""GRPO-family policy losses: small named classes chosen by the config's `type`.
+"""GRPO-family policy losses: small named classes chosen by the config's `type`
+(grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo).
 
-Invariant: a loss is a sum over tokens of weight_bt x (PPO-clip term + kl_coef
-x k3 KL), where the weights carry every normaliser and are computed from
+Invariant: a loss is a sum over tokens of weight_bt x (policy term + kl_coef
+x k3 KL), the policy term PPO-clip (GSPO: on the sequence ratio; CISPO: the
+clipped, detached IS weight x A x logp), where the weights carry every normaliser and are computed from
 whole-step totals (BatchTotals). Summing the losses of a step's micro-batches
 therefore gives exactly the loss of the full batch, whatever the split.
 Masked tokens (padding, tool output) have weight 0 and a log-ratio forced to
@@ -22,7 +24,16 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from posttrain.configs.trainer import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig, LossConfig
+from posttrain.configs.trainer import (
+    CISPOLossConfig,
+    DAPOLossConfig,
+    DrGRPOLossConfig,
+    GRPOLossConfig,
+    GSPOLossConfig,
+    LossConfig,
+    ReinforcePPLossConfig,
+    RLOOLossConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,8 @@ class LossStats:
 
     @property
     def clip_frac(self) -> float:
-        """Share of loss tokens whose gradient the clip removed (either side)."""
+        """Share of loss tokens whose gradient the clip removed (either side; CISPO: whose IS
+        weight the clip truncated, the gradient kept)."""
         return self._per_token(self.clipped_low + self.clipped_high)
 
     @property
@@ -122,27 +134,73 @@ def group_normalised(reward_b: Tensor, group_b: Tensor, eps: float) -> Tensor:
     return centred_b / (std_g[group_b] + eps)
 
 
+def leave_one_out(reward_b: Tensor, group_b: Tensor) -> Tensor:
+    """r_i - mean_{j != i} r_j over the other members of i's group, which equals
+    G / (G - 1) x (r_i - mean_g) for a group of G; 0 for a group of one (no other member to
+    compare with) and exactly 0 for a group whose rewards are all equal."""
+    centred_b = group_centred(reward_b, group_b)
+    count_b = torch.bincount(group_b, minlength=int(group_b.max().item()) + 1).to(torch.float64)[group_b]
+    scale_b = torch.where(count_b > 1, count_b / (count_b - 1).clamp(min=1.0), torch.zeros_like(count_b))
+    return centred_b * scale_b
+
+
+def batch_normalised(reward_b: Tensor, group_b: Tensor, eps: float) -> Tensor:
+    """(r - mean_g) / (std_B + eps), std_B = sqrt(mean_i (r_i - mean_g(i))^2): the population
+    std over every row of the batch (each sequence once) of the group-centred rewards, whose
+    batch mean is exactly 0, so no second mean is subtracted."""
+    centred_b = group_centred(reward_b, group_b)
+    return centred_b / ((centred_b**2).mean().sqrt() + eps)
+
+
 # ---------------------------------------------------------------- the PPO-clip term
 
 
-def clipped_policy_loss(
-    inputs: LossInputs, weight_bt: Tensor, clip_low: float, clip_high: float, kl_coef: float
-) -> tuple[Tensor, LossStats]:
-    """sum_bt weight_bt * (-min(ratio A, clip(ratio, 1-low, 1+high) A) + kl_coef k3)."""
+def log_ratio(inputs: LossInputs) -> tuple[Tensor, Tensor]:
+    """The loss-token mask and logp - old (behaviour, or the trainer's own before the update
+    under a mismatch correction), forced to 0 on masked tokens."""
     on_bt = inputs.mask_bt > 0
     old_bt = inputs.behaviour_logp_bt if inputs.old_logp_bt is None else inputs.old_logp_bt
-    log_ratio_bt = torch.where(on_bt, inputs.logp_bt - old_bt, 0.0)
-    ratio_bt = log_ratio_bt.exp()
+    return on_bt, torch.where(on_bt, inputs.logp_bt - old_bt, 0.0)
+
+
+def clipped_policy_loss(
+    inputs: LossInputs,
+    weight_bt: Tensor,
+    clip_low: float,
+    clip_high: float,
+    kl_coef: float,
+    ratio_bt: Tensor | None = None,
+) -> tuple[Tensor, LossStats]:
+    """sum_bt weight_bt * (-min(ratio A, clip(ratio, 1-low, 1+high) A) + kl_coef k3); the ratio
+    is each token's exp(logp - old) unless the caller passes its own (GSPO's sequence ratio)."""
+    on_bt, log_ratio_bt = log_ratio(inputs)
+    if ratio_bt is None:
+        ratio_bt = log_ratio_bt.exp()
     if inputs.correction_bt is not None:
         weight_bt = weight_bt * inputs.correction_bt
     adv_bt = inputs.advantage_b.to(ratio_bt.dtype)[:, None].expand_as(ratio_bt)
     clipped_bt = ratio_bt.clamp(1.0 - clip_low, 1.0 + clip_high)
     token_loss_bt = torch.maximum(-adv_bt * ratio_bt, -adv_bt * clipped_bt)
+    return _finish(inputs, weight_bt, token_loss_bt, ratio_bt, adv_bt, on_bt, (clip_low, clip_high, kl_coef))
+
+
+def _finish(
+    inputs: LossInputs,
+    weight_bt: Tensor,
+    token_loss_bt: Tensor,
+    ratio_bt: Tensor,
+    adv_bt: Tensor,
+    on_bt: Tensor,
+    clip_kl: tuple[float, float, float],
+    by_sign: bool = True,
+) -> tuple[Tensor, LossStats]:
+    """Add kl_coef x k3, sum with the weights, and count the stats."""
+    clip_low, clip_high, kl_coef = clip_kl
     kl_bt = _k3(inputs, on_bt)
     if kl_bt is not None and kl_coef > 0.0:
         token_loss_bt = token_loss_bt + kl_coef * kl_bt
     loss = (weight_bt * token_loss_bt).sum()
-    return loss, _stats(ratio_bt.detach(), adv_bt, on_bt, kl_bt, clip_low, clip_high)
+    return loss, _stats(ratio_bt.detach(), adv_bt, on_bt, kl_bt, clip_low, clip_high, by_sign)
 
 
 def _k3(inputs: LossInputs, on_bt: Tensor) -> Tensor | None:
@@ -154,10 +212,18 @@ def _k3(inputs: LossInputs, on_bt: Tensor) -> Tensor | None:
 
 
 def _stats(
-    ratio_bt: Tensor, adv_bt: Tensor, on_bt: Tensor, kl_bt: Tensor | None, clip_low: float, clip_high: float
+    ratio_bt: Tensor,
+    adv_bt: Tensor,
+    on_bt: Tensor,
+    kl_bt: Tensor | None,
+    clip_low: float,
+    clip_high: float,
+    by_sign: bool = True,
 ) -> LossStats:
-    low_bt = (ratio_bt < 1.0 - clip_low) & (adv_bt < 0) & on_bt
-    high_bt = (ratio_bt > 1.0 + clip_high) & (adv_bt > 0) & on_bt
+    """by_sign: a token counts as clipped only where the clip removes its gradient (the PPO
+    form); False: wherever the ratio lies outside the band (CISPO truncates the weight)."""
+    low_bt = (ratio_bt < 1.0 - clip_low) & ((adv_bt < 0) | (not by_sign)) & on_bt
+    high_bt = (ratio_bt > 1.0 + clip_high) & ((adv_bt > 0) | (not by_sign)) & on_bt
     ratio_max = ratio_bt.masked_fill(~on_bt, 0.0).amax() if ratio_bt.numel() else ratio_bt.new_zeros(())
     kl_sum = (kl_bt.detach() * on_bt).sum() if kl_bt is not None else ratio_bt.new_zeros(())
     sums = (on_bt.sum(), low_bt.sum(), high_bt.sum(), (ratio_bt * on_bt).sum(), ratio_max, kl_sum)
@@ -258,6 +324,10 @@ class Loss(Protocol):
 
     def __call__(self, inputs: LossInputs, totals: BatchTotals) -> tuple[Tensor, LossStats]: ...
 
+    def row_stats(self, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+        """Per row: its mean importance ratio and the share of its loss tokens the clip acted on."""
+        ...
+
 
 class _PPOClip:
     """Shared call: the subclass supplies advantages and token weights."""
@@ -272,6 +342,13 @@ class _PPOClip:
     def __call__(self, inputs: LossInputs, totals: BatchTotals) -> tuple[Tensor, LossStats]:
         weight_bt = self.token_weights(inputs.mask_bt, totals)
         return clipped_policy_loss(inputs, weight_bt, self.config.clip_low, self.config.clip_high, self.kl_coef)
+
+    def row_stats(self, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+        """Token ratios against the behaviour log-probs and the share the PPO clip removed."""
+        c = self.config
+        return row_clip_stats(
+            inputs.logp_bt, inputs.behaviour_logp_bt, inputs.mask_bt, inputs.advantage_b, c.clip_low, c.clip_high
+        )
 
 
 class GRPOLoss(_PPOClip):
@@ -311,7 +388,137 @@ class DAPOLoss(_PPOClip):
         return mask_bt / max(totals.n_tokens, 1)
 
 
-LOSSES: dict[str, Callable[..., Loss]] = {"grpo": GRPOLoss, "dr_grpo": DrGRPOLoss, "dapo": DAPOLoss}
+class RLOOLoss(_PPOClip):
+    """RLOO (Ahmadian et al. 2024, "Back to Basics"): advantage r_i - mean_{j != i} r_j within
+    the group (0 for a group of one); the completion is one action, so the token terms are
+    summed per sequence (weight m_bt / N) and averaged over sequences. The term is TRL's
+    RLOOTrainer form, PPO-clip with one update per batch ("REINFORCE / A2C is a special case of
+    PPO"): on-policy the ratio is 1 and the gradient is the paper's REINFORCE estimator
+    1/N sum_i A_i grad log pi(y_i | x); the clip acts only when the ratio leaves 1 (a
+    train-inference mismatch, stale rows)."""
+
+    config: RLOOLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return leave_one_out(reward_b, group_b)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        return mask_bt / totals.n_sequences
+
+
+class ReinforcePPLoss(_PPOClip):
+    """REINFORCE++-baseline (OpenRLHF `reinforce_baseline`): A_i = (r_i - mean_g(i)) /
+    (std_B + eps), std_B the population std of the group-centred rewards over every row of the
+    batch (each sequence counted once), the same A on each of the sequence's tokens; PPO-clip
+    token terms averaged over every loss token of the step (m_bt / sum(m)). OpenRLHF whitens
+    over tokens (a token-weighted mean and std); here each sequence counts once and no second
+    mean is subtracted (the batch mean of group-centred rewards is exactly 0), so a group whose
+    rewards are all equal keeps advantage 0 and is skipped like in every other loss."""
+
+    config: ReinforcePPLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return batch_normalised(reward_b, group_b, self.config.eps)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        return mask_bt / max(totals.n_tokens, 1)
+
+
+class GSPOLoss(_PPOClip):
+    """GSPO (Zheng et al. 2025): group-normalised advantages and one ratio per sequence,
+    s_i = exp(mean_t (logp_t - old_t)) over its loss tokens, clipped per sequence at
+    [1 - clip_low, 1 + clip_high]; loss -1/N sum_i min(s_i A_i, clip(s_i) A_i). It is written
+    in the token form s_i,t = sg(s_i) exp(logp_t - sg(logp_t)), weight m_bt / (L_b N): the
+    value is the sequence loss and the gradient is the paper's, -A_i s_i mean_t grad logp_t
+    for an unclipped sequence and 0 for a clipped one. A row never spans micro-batches, so
+    each s_i is whole."""
+
+    config: GSPOLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return group_normalised(reward_b, group_b, self.config.eps)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        length_b = mask_bt.sum(dim=1, keepdim=True).clamp(min=1.0)
+        return mask_bt / (length_b * totals.n_sequences)
+
+    def __call__(self, inputs: LossInputs, totals: BatchTotals) -> tuple[Tensor, LossStats]:
+        weight_bt = self.token_weights(inputs.mask_bt, totals)
+        ratio_bt = self._token_ratio(inputs)
+        c = self.config
+        return clipped_policy_loss(inputs, weight_bt, c.clip_low, c.clip_high, self.kl_coef, ratio_bt)
+
+    def _token_ratio(self, inputs: LossInputs) -> Tensor:
+        """sg(s_i) exp(logp_t - sg(logp_t)): value s_i on every token, gradient s_i grad logp_t."""
+        seq_b = self.sequence_ratio(inputs)
+        logp_bt = inputs.logp_bt
+        return seq_b.detach()[:, None] * (logp_bt - logp_bt.detach()).exp()
+
+    @staticmethod
+    def sequence_ratio(inputs: LossInputs) -> Tensor:
+        """s_i = exp(mean over the row's loss tokens of logp - old) (1 for a row without any)."""
+        on_bt, log_ratio_bt = log_ratio(inputs)
+        return (log_ratio_bt.sum(-1) / on_bt.sum(-1).clamp(min=1)).exp()
+
+    def row_stats(self, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+        """The sequence ratio, and 1 for a sequence the clip removed (0 otherwise)."""
+        with torch.no_grad():
+            seq_b = self.sequence_ratio(inputs)
+        adv_b = inputs.advantage_b.to(seq_b.dtype)
+        c = self.config
+        clipped_b = (seq_b < 1.0 - c.clip_low) & (adv_b < 0) | (seq_b > 1.0 + c.clip_high) & (adv_b > 0)
+        return seq_b, clipped_b.to(seq_b.dtype)
+
+
+class CISPOLoss(_PPOClip):
+    """CISPO (MiniMax-M1, 2025): group-normalised advantages; each token's term is
+    -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) A_i logp_t, r_t = exp(logp_t - old_t), averaged
+    over every loss token of the step (m_bt / sum(m), the paper's 1 / sum_i |o_i|). The clip
+    bounds the weight, not the gradient: every token keeps gradient -w_t A_i. Its clip stats
+    count tokens whose weight the clip truncated (either side, either sign of A). The loss value
+    carries logp, so it is not 0 on-policy as the PPO forms are."""
+
+    config: CISPOLossConfig
+
+    def advantages(self, reward_b: Tensor, group_b: Tensor) -> Tensor:
+        return group_normalised(reward_b, group_b, self.config.eps)
+
+    def token_weights(self, mask_bt: Tensor, totals: BatchTotals) -> Tensor:
+        return mask_bt / max(totals.n_tokens, 1)
+
+    def __call__(self, inputs: LossInputs, totals: BatchTotals) -> tuple[Tensor, LossStats]:
+        c = self.config
+        weight_bt = self.token_weights(inputs.mask_bt, totals)
+        if inputs.correction_bt is not None:
+            weight_bt = weight_bt * inputs.correction_bt
+        on_bt, log_ratio_bt = log_ratio(inputs)
+        ratio_bt = log_ratio_bt.detach().exp()
+        is_weight_bt = ratio_bt.clamp(1.0 - c.clip_low, 1.0 + c.clip_high)
+        adv_bt = inputs.advantage_b.to(ratio_bt.dtype)[:, None].expand_as(ratio_bt)
+        logp_bt = torch.where(on_bt, inputs.logp_bt, 0.0)
+        token_loss_bt = -is_weight_bt * adv_bt * logp_bt
+        clip_kl = (c.clip_low, c.clip_high, self.kl_coef)
+        return _finish(inputs, weight_bt, token_loss_bt, ratio_bt, adv_bt, on_bt, clip_kl, by_sign=False)
+
+    def row_stats(self, inputs: LossInputs) -> tuple[Tensor, Tensor]:
+        """Token ratios against the behaviour log-probs and the share whose weight was truncated."""
+        on_bt = inputs.mask_bt > 0
+        ratio_bt = torch.where(on_bt, inputs.logp_bt.detach() - inputs.behaviour_logp_bt, 0.0).exp()
+        c = self.config
+        cut_bt = ((ratio_bt < 1.0 - c.clip_low) | (ratio_bt > 1.0 + c.clip_high)) & on_bt
+        n_b = on_bt.sum(-1).clamp(min=1)
+        return (ratio_bt * on_bt).sum(-1) / n_b, cut_bt.sum(-1) / n_b
+
+
+LOSSES: dict[str, Callable[..., Loss]] = {
+    "grpo": GRPOLoss,
+    "dr_grpo": DrGRPOLoss,
+    "dapo": DAPOLoss,
+    "rloo": RLOOLoss,
+    "reinforce_pp": ReinforcePPLoss,
+    "gspo": GSPOLoss,
+    "cispo": CISPOLoss,
+}
 
 
 def build_loss(config: LossConfig, kl_coef: float = 0.0) -> Loss:

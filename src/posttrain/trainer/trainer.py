@@ -39,7 +39,6 @@ from posttrain.trainer.losses import (
     MismatchStats,
     build_loss,
     mismatch,
-    row_clip_stats,
 )
 from posttrain.trainer.memory import autocast, bytes_per_token, micro_slices, token_budget
 from posttrain.trainer.prepare import prepare_model
@@ -410,14 +409,7 @@ class Trainer:
         return float(loss.detach()), stats, entropy_sum, gap
 
     def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
-        ratio_b, clipped_b = row_clip_stats(
-            inputs.logp_bt,
-            inputs.behaviour_logp_bt,
-            inputs.mask_bt,
-            inputs.advantage_b,
-            self.config.loss.clip_low,
-            self.config.loss.clip_high,
-        )
+        ratio_b, clipped_b = self.loss.row_stats(inputs)
         for row, ratio, clipped in zip(rows, ratio_b.tolist(), clipped_b.tolist()):
             if row.rollout_id:  # unique in a batch (_check_ids); a row without one is reported nowhere
                 self._row_clip[row.rollout_id] = (ratio, clipped)
