@@ -292,8 +292,11 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     groups, left = cm.shape(groups), cm.shape(left)  # the diversity reward, beside the verifier's
     _write_trace(run, sampling, [*groups, *left])  # left: re-queued or dropped for staleness, not trained
     # a group without signal stays for the entropy bonus of its domain (it enters only that term)
-    trainable = lambda g: informative(g) or (bool(g) and cm.entropy_coef(g[0].task.domain) > 0)  # noqa: E731
-    kept = [g for g in groups if trainable(g)] if run.cfg.rollout.dynamic_sampling else groups
+    kept = (
+        [g for g in groups if informative(g) or cm.entropy_coef(g[0].task.domain) > 0]
+        if run.cfg.rollout.dynamic_sampling
+        else groups
+    )
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
     stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef)
@@ -330,8 +333,9 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
 def _bonus_row(groups: Sequence[Sequence[Rollout]]) -> dict[str, Any]:
     """The metrics row's mean diversity bonus per domain, over its rollouts that got one."""
     by_domain: dict[str, list[float]] = {}
-    for r in (r for g in groups for r in g if r.diversity_bonus is not None):
-        by_domain.setdefault(r.task.domain, []).append(r.diversity_bonus)
+    for r in (r for g in groups for r in g):
+        if r.diversity_bonus is not None:
+            by_domain.setdefault(r.task.domain, []).append(r.diversity_bonus)
     return {"diversity_bonus_mean": {d: round(sum(v) / len(v), 6) for d, v in sorted(by_domain.items())}}
 
 
