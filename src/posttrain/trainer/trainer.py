@@ -205,6 +205,8 @@ class Trainer:
         self.steps = 0
         self.skipped = 0
         self.rolled_back = 0
+        self._loss_tokens = 1
+        """During `step`: the loss tokens of the rows that enter the loss (the entropy bonus's normaliser)."""
         self._row_clip: dict[str, tuple[float, float]] = {}
         """During `step`: rollout id -> (mean ratio, clipped token share) of each row with a
         rollout id that entered this rank's loss; reported in StepStats.rollouts."""
@@ -345,10 +347,11 @@ class Trainer:
         # only in train mode, so with it the model trains in train mode, its dropout set to 0.
         self.model.train(self.config.gradient_checkpointing)
         loss, stats, entropy_sum, gap, bonus = 0.0, LossStats(), 0.0, MismatchStats(), 0.0
+        self._loss_tokens = prepared.n_tokens  # the entropy bonus's normaliser
         try:
             for rows, advantage_b, weight in self._micro_batches(prepared):
                 mb_loss, mb_stats, mb_entropy, mb_gap, mb_bonus = self._micro_step(
-                    rows, advantage_b, prepared.totals, weight, prepared.n_tokens
+                    rows, advantage_b, prepared.totals, weight
                 )
                 if weight:
                     loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
@@ -394,17 +397,12 @@ class Trainer:
         return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1], mismatch=gap, bonus=sums[12])
 
     def _micro_step(
-        self,
-        rows: Sequence[TrainRow],
-        advantage_b: Tensor,
-        totals: BatchTotals,
-        weight: float = 1.0,
-        entropy_tokens: int = 1,
+        self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
     ) -> tuple[float, LossStats, float, MismatchStats, float]:
         packed = pack_rows(rows, self.device, share=self._share_prompts)
         logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
         logp_n = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1)
-        bonus, entropy_sum = entropy_bonus(logp_nv, rows, packed.row_n, entropy_tokens)
+        bonus, entropy_sum = entropy_bonus(logp_nv, rows, packed.row_n, self._loss_tokens)
         logp_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
         mm = self.config.mismatch  # the trainer's log-probs here are the policy before this step's update
         with torch.no_grad():
