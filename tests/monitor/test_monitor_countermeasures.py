@@ -93,6 +93,10 @@ def test_bad_countermeasure_config_is_refused():
         load_config(None, ["monitor.alarms.kl_acceleration.action=raise_entropy"])  # collapse alarms only
     with pytest.raises(ConfigError, match="entropy_bonus"):
         load_config(None, ["trainer.entropy_bonus.domains={add: 3}"])
+    with pytest.raises(ConfigError, match="diversity_reward"):
+        load_config(None, ["rollout.diversity_reward.weight=1.5"])
+    with pytest.raises(ConfigError, match="novelty"):
+        load_config(None, ["rollout.diversity_reward.novelty=edit"])
 
 
 PLANT = 4  # TINY: a 3-step baseline, then 3-step windows; the alarm fires by step PLANT + 2 at the latest
