@@ -131,3 +131,38 @@ def test_planted_collapse_engages_the_entropy_bonus(tmp_path, micro_base, monkey
     late = [r for r in rows if int(r["group_id"].split(":")[0]) > hit["step"]]
     assert late and all("diversity_bonus" in r["parts"] and r["reward"] in (0.0, 1.0) for r in late)
     assert all("diversity_bonus" not in r["parts"] for r in rows if r not in late)
+
+
+def test_raised_countermeasures_survive_resume_exactly(tmp_path, micro_base, monkeypatch):
+    """Resume == uninterrupted with the countermeasures raised before the checkpoint (compared in
+    one process on one machine: a property of exact resume, not of a trajectory)."""
+    from posttrain.loop import train
+
+    monkeypatch.setitem(registry._REGISTRY, "test_coin", Coin())
+    plant_collapse(monkeypatch, PLANT)  # fires by step PLANT + 2 = 6, before the step-7 checkpoint
+    extra = [
+        "monitor.probes.enabled=false",
+        "tasks.domains={test_coin: {difficulty: 1}}",
+        "monitor.alarms.entropy_collapse.action=countermeasures",
+    ]
+
+    def run(name, steps):
+        where = [f"model.path={micro_base}", f"run.out_dir={tmp_path}", f"run.name={name}", f"run.steps={steps}"]
+        return train(load_config(None, [*TINY, *where, *extra]), log=lambda *_: None).run_dir
+
+    full, part = run("full", 8), run("part", 7)
+    cfg_path = part / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("steps: 7", "steps: 8"))
+    resumed = train(None, resume=part, log=lambda *_: None).run_dir
+
+    def rows(d):
+        trace = TraceStore(d / "trace.db").recent(10_000)
+        return sorted((r["task_id"], r["completion"], r["reward"], r["parts"].get("diversity_bonus")) for r in trace)
+
+    def last(d):
+        return read_metrics(d / "metrics.jsonl", "train")[-1]
+
+    assert last(full)["entropy_bonus_coef"] == {"test_coin": 0.01}  # raised before the checkpoint
+    assert last(resumed)["entropy_bonus_coef"] == last(full)["entropy_bonus_coef"]
+    assert last(resumed)["entropy_bonus"] == last(full)["entropy_bonus"]
+    assert rows(resumed) == rows(full)
