@@ -34,10 +34,18 @@ from posttrain.configs import Config
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
 from posttrain.metrics_log import MetricsLog, roll_back
-from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
+from posttrain.monitor.actions import (
+    Action,
+    ExcludeDomain,
+    LowerWeight,
+    RaiseDiversityReward,
+    RaiseEntropyBonus,
+    Stop,
+)
 from posttrain.monitor.budget import CpuBudget
 from posttrain.pipeline.budget import domain_budgets
 from posttrain.pipeline.continuous import Continuous
+from posttrain.pipeline.countermeasures import Countermeasures
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute, configure_pool
 from posttrain.rollout import Rollout, informative
@@ -102,6 +110,7 @@ class _Run:
     evaluator: RunEvaluator
     state: dict[str, Any]  # what a checkpoint carries (besides `records`, the trace and metrics marks)
     budget: CpuBudget  # run.cpu_budget_s: training CPU, carried across a resume
+    countermeasures: Countermeasures  # entropy bonus and diversity reward per domain (configured or raised)
     stop: str  # why the monitor, started, stops the run ('' to go on)
     log: Any
 
@@ -130,13 +139,14 @@ class _Run:
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
         sync.probe.attach(functools.partial(_probe_event, trace))  # every verified push is a trace event
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
-        stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
+        cm = Countermeasures(cfg.trainer.entropy_bonus, cfg.rollout.diversity_reward, cfg.monitor.diversity.n)
+        stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool, cm=cm)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
         evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
-            stop=stop,
+            countermeasures=cm, stop=stop,
             log=log,
         )  # fmt: skip
 
@@ -154,9 +164,8 @@ class _Run:
             before = self.evaluator.full(0)
             self.state["before"] = before.to_json()
             self.log("held-out before training:\n" + self.evaluator.describe(before))
-            self.stop = apply_actions(
-                self.monitor.after_eval(0, self.evaluator.comparable(before)), self.pool, self.stop
-            )
+            actions = self.monitor.after_eval(0, self.evaluator.comparable(before))
+            self.stop = apply_actions(actions, self.pool, self.stop, self.countermeasures)
         return self.stop
 
     def save(self, step: int, train_cpu_s: float | None = None, records: dict[str, Any] | None = None) -> None:
@@ -279,11 +288,18 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     then the monitor and the periodic evaluation. Returns the step's summary and why the run stops."""
     t0 = time.perf_counter()
     groups, left, pipe_stats = sampling.groups(run, step)
+    cm = run.countermeasures
+    groups, left = cm.shape(groups), cm.shape(left)  # the diversity reward, beside the verifier's
     _write_trace(run, sampling, [*groups, *left])  # left: re-queued or dropped for staleness, not trained
-    kept = [g for g in groups if informative(g)] if run.cfg.rollout.dynamic_sampling else groups
+    # a group without signal stays for the entropy bonus of its domain (it enters only that term)
+    kept = (
+        [g for g in groups if informative(g) or cm.entropy_coef(g[0].task.domain) > 0]
+        if run.cfg.rollout.dynamic_sampling
+        else groups
+    )
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    stats = _train_step(run, step, groups, kept, sampling.params.temperature)
+    stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     _account(run, sampling.rollouts.ledger, step, groups, kept, stats)
     summary = _summary(groups, kept, sampling.budgets)
@@ -295,6 +311,8 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **summary,
         **trained,
         **pipe_stats,
+        **cm.row(run.pool.names),
+        **_bonus_row(groups),
         engine_version=run.engine.version,
         engine_dropped_stale=run.sync.dropped_stale,
         **run.sync.probe.row(),  # the step's push check (engine.verify_sync), when one ran
@@ -302,14 +320,23 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         train_cpu_s=round(run.budget.spent(), 3),
     )
     actions = run.monitor.after_step(step, groups, kept, links, stats, {**summary, **trained})
-    stop = apply_actions(actions, run.pool, stop)  # the monitor observes, the loop acts
+    stop = apply_actions(actions, run.pool, stop, cm)  # the monitor observes, the loop acts
     if run.evaluator.due(step, run.cfg.run.steps):  # the fixed subset and a rotation slice
         table = run.evaluator.periodic(step)
         run.state["history"].append([step, table.to_json()])
         run.pool.observe_eval(table.accuracies, table.counts)
-        stop = apply_actions(run.monitor.after_eval(step, table), run.pool, stop)
-    stop = apply_actions(run.budget.after_step(step), run.pool, stop)  # run.cpu_budget_s
+        stop = apply_actions(run.monitor.after_eval(step, table), run.pool, stop, cm)
+    stop = apply_actions(run.budget.after_step(step), run.pool, stop, cm)  # run.cpu_budget_s
     return summary, stop
+
+
+def _bonus_row(groups: Sequence[Sequence[Rollout]]) -> dict[str, Any]:
+    """The metrics row's mean diversity bonus per domain, over its rollouts that got one."""
+    by_domain: dict[str, list[float]] = {}
+    for r in (r for g in groups for r in g):
+        if r.diversity_bonus is not None:
+            by_domain.setdefault(r.task.domain, []).append(r.diversity_bonus)
+    return {"diversity_bonus_mean": {d: round(sum(v) / len(v), 6) for d, v in sorted(by_domain.items())}}
 
 
 def _probe_event(trace: TraceStore, result: Any) -> None:
@@ -340,12 +367,14 @@ def _train_step(
     groups: Sequence[Sequence[Rollout]],
     kept: Sequence[Sequence[Rollout]],
     temperature: float,
+    entropy_coef: Callable[[str], float] | None = None,
 ) -> Any:
     """Train on the kept groups (the filtered ones count in the normalisers), push changed weights to
-    the engine, and mark in the trace what the step did with each rollout. The trainer's stats, or None."""
+    the engine, and mark in the trace what the step did with each rollout. The trainer's stats, or None.
+    `entropy_coef`: each domain's entropy-bonus coefficient (None: 0)."""
     kept_ids = {g[0].group_id for g in kept if g}
     filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
-    batch = _batch(kept, temperature, filtered)
+    batch = _batch(kept, temperature, filtered, entropy_coef)
     stats = run.trainer.step(batch) if batch is not None else None
     if stats is not None and stats.weights_changed:
         run.sync.push()
@@ -412,11 +441,18 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     return RunResult(run.rundir.path, before, after, step)
 
 
-def apply_actions(actions: Sequence[Action], pool: TaskPool, stop: str = "") -> str:
-    """Apply the monitor's actions, in order, through the task pool's API. Returns why the run
-    stops: `stop` when already set (the first reason wins), else the first Stop's, else ''."""
+def apply_actions(actions: Sequence[Action], pool: TaskPool, stop: str = "", cm: Countermeasures | None = None) -> str:
+    """Apply the monitor's actions, in order, through the task pool's API (and the run's
+    countermeasures `cm`). Returns why the run stops: `stop` when already set (the first reason
+    wins), else the first Stop's, else ''."""
     for action in actions:
         match action:
+            case RaiseEntropyBonus(domain, coef) if cm is not None:
+                cm.raise_entropy(domain, coef)
+            case RaiseDiversityReward(domain, weight) if cm is not None:
+                cm.raise_diversity(domain, weight)
+            case RaiseEntropyBonus() | RaiseDiversityReward():
+                raise RuntimeError(f"{action} needs the run's countermeasures to apply it")
             case LowerWeight(domain, factor):
                 pool.set_weight(domain, pool.weight(domain) * factor)
             case ExcludeDomain(domain):
@@ -438,20 +474,26 @@ def _batch(
     groups: Sequence[Sequence[Rollout]],
     temperature: float,
     filtered: Sequence[Sequence[Rollout]] = (),
+    entropy_coef: Callable[[str], float] | None = None,
 ) -> Any:
     """One row per scored rollout of the kept groups, carrying its trace id; a scored empty
     completion is a row too (it counts in its group's advantages, enters no loss).
     The scored rollouts of the `filtered` groups (sampled this step, left out) are counted,
     with their loss tokens, for the loss's normalisers (trainer.normalise).
     None when no rollout is scored (nothing was sampled to train on); a batch of no rows
-    when every scored group was filtered (the trainer's zero-gradient step)."""
+    when every scored group was filtered (the trainer's zero-gradient step). Each row's reward is
+    the training reward (the verifier's plus any diversity bonus) and its entropy-bonus
+    coefficient is its domain's (`entropy_coef`; None: 0)."""
     from posttrain.trainer.batch import TrainBatch, TrainRow
 
+    coef = entropy_coef or (lambda _: 0.0)
     rows = [
-        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask, rollout_id=r.id)
+        TrainRow.from_completion(
+            r.completion, r.train_reward, r.group_id, temperature, r.loss_mask, r.id, coef(r.task.domain)
+        )
         for g in groups
         for r in g
-        if r.reward is not None
+        if r.train_reward is not None
     ]
     dropped = [r for g in filtered for r in g if r.reward is not None]
     tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
@@ -531,7 +573,7 @@ def _record(
         finish_reason=r.completion.finish_reason,
         reward=None if s is None else s.value,
         passed=None if s is None else s.passed,
-        parts={} if s is None else dict(s.parts),
+        parts={} if s is None else _parts(s.parts, r.diversity_bonus),
         reason=r.error or ("" if s is None else s.reason),
         verifier=per[1],
         timings=dict(r.timings),
@@ -542,6 +584,12 @@ def _record(
         retries=r.retries,
         id=r.id,
     )
+
+
+def _parts(parts: Mapping[str, float], bonus: float | None) -> dict[str, float]:
+    """The trace's score parts: the verifier's, and the diversity bonus apart (the record's
+    `reward` stays the verifier's)."""
+    return dict(parts) if bonus is None else {**parts, "diversity_bonus": bonus}
 
 
 def _verifier_name(domain: str) -> str:

@@ -3,7 +3,7 @@
 Invariant: a Rollout is either scored or masked with a typed error (never
 scored 0 for an infra error; a model fault is scored, normally 0, with
 `Score.reason` "model fault: ...", and carries no error kind); a group is
-trainable only when its scored rewards are not all equal, and its masked
+trainable only when its scored training rewards are not all equal, and its masked
 samples are left out (the trainer's advantages are over the scored ones).
 A rollout has its id from birth (`rollout_id`: its group id and its index in
 the group, so a resumed run gives the same sample the same id); the trace
@@ -40,6 +40,9 @@ class Rollout:
     retries: int = 0
     """Retries after infra errors before this sample's score or mask: its group's (admission
     stage calls, generation) and its own (execute step, environment step, verification)."""
+    diversity_bonus: float | None = None
+    """The diversity reward within its group, added to the verifier's reward for training
+    (pipeline/countermeasures.py); None: no diversity reward in its domain, or masked."""
     id: str = field(kw_only=True)
     """`rollout_id(group_id, index in the group)`: the trace row's id, the trainer row's
     rollout_id, the key of the train step's links."""
@@ -52,7 +55,13 @@ class Rollout:
 
     @property
     def reward(self) -> float | None:
+        """The verifier's reward (None: masked)."""
         return None if self.score is None else self.score.value
+
+    @property
+    def train_reward(self) -> float | None:
+        """What the trainer's advantages see: the verifier's reward plus the diversity bonus."""
+        return None if self.score is None else self.score.value + (self.diversity_bonus or 0.0)
 
 
 def rollout_id(group_id: str, sample: int) -> str:
@@ -63,8 +72,8 @@ def rollout_id(group_id: str, sample: int) -> str:
 
 
 def informative(group: Sequence[Rollout]) -> bool:
-    """A group carries signal when its scored rewards are not all equal."""
-    rewards = {r.reward for r in group if r.reward is not None}
+    """A group carries signal when its scored training rewards (`Rollout.train_reward`) are not all equal."""
+    rewards = {r.train_reward for r in group if r.train_reward is not None}
     return len(rewards) > 1
 
 

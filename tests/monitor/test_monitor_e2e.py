@@ -231,8 +231,8 @@ def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted, m
     plant_collapse(monkeypatch, PLANT)  # fires at step FIRST_FULL_WINDOW at the latest, before the step-7 checkpoint
     applied, apply = [], loop.apply_actions
 
-    def recording(actions, pool, stop=""):  # the loop's own apply_actions, watched
-        out = apply(actions, pool, stop)
+    def recording(actions, pool, stop="", cm=None):  # the loop's own apply_actions, watched
+        out = apply(actions, pool, stop, cm)
         applied.extend((a.domain, pool.weight(a.domain)) for a in actions if isinstance(a, LowerWeight))
         return out
 

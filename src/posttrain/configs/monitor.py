@@ -1,7 +1,8 @@
 """Typed configuration of the training monitor: signals, alarms, probes, loggers.
 
 Invariant: a MonitorConfig that validates is runnable as is: every threshold
-is bounded, every alarm names one action (log, lower_weight, stop), unknown
+is bounded, every alarm names one action (log, lower_weight, stop, or for the
+collapse alarms a countermeasure: raise_entropy, raise_diversity, countermeasures), unknown
 keys are rejected and the model is frozen. Importing it imports no torch.
 """
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 Action = Literal["log", "lower_weight", "stop"]
+CollapseAction = Literal["log", "lower_weight", "stop", "raise_entropy", "raise_diversity", "countermeasures"]
 
 
 class AlarmRule(BaseModel):
@@ -29,6 +31,12 @@ class AlarmRule(BaseModel):
 
 class CollapseRule(AlarmRule):
     """Entropy or diversity collapse: the signal falls far below its own start."""
+
+    action: CollapseAction = "log"
+    """log, lower_weight or stop as for every alarm; or a countermeasure (monitor.countermeasures
+    sets its steps and bounds): raise_entropy raises the domain's entropy-bonus coefficient
+    (trainer.entropy_bonus), raise_diversity its diversity-reward weight
+    (rollout.diversity_reward), countermeasures raises both."""
 
     ratio: float = Field(0.25, gt=0.0, lt=1.0)
     """Fires when the recent mean falls below ratio x the baseline mean."""
@@ -133,6 +141,22 @@ class AlarmsConfig(BaseModel):
     """A judge domain failing a run-start bias check (byo judge `checks`); `stop` refuses the run."""
 
 
+class CountermeasuresConfig(BaseModel):
+    """What a collapse alarm's countermeasure action does: each firing raises the domain's
+    coefficient by a step, never above its bound. The coefficient the run uses is the larger of
+    the configured one and the raised one."""
+
+    model_config = _STRICT
+    entropy_step: float = Field(0.01, gt=0.0, le=1.0)
+    """raise_entropy: added to the domain's raised entropy-bonus coefficient (from 0) each firing."""
+    entropy_max: float = Field(0.05, gt=0.0, le=1.0)
+    """raise_entropy: the raised entropy-bonus coefficient never exceeds this."""
+    diversity_step: float = Field(0.1, gt=0.0, le=1.0)
+    """raise_diversity: added to the domain's raised diversity-reward weight (from 0) each firing."""
+    diversity_max: float = Field(0.3, gt=0.0, le=1.0)
+    """raise_diversity: the raised diversity-reward weight never exceeds this."""
+
+
 class ProbeConfig(BaseModel):
     """Reward-hacking probes: cheat outputs scored by the live verifier."""
 
@@ -202,6 +226,8 @@ class MonitorConfig(BaseModel):
     """Reward-hacking probes."""
     audit: AuditConfig = Field(default_factory=AuditConfig)
     """Stricter-check audit of top-reward rollouts."""
+    countermeasures: CountermeasuresConfig = Field(default_factory=CountermeasuresConfig)
+    """Steps and bounds of the collapse alarms' countermeasure actions."""
     kl: KLConfig = Field(default_factory=KLConfig)
     """KL to the initial model."""
     diversity: DiversityConfig = Field(default_factory=DiversityConfig)

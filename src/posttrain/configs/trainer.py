@@ -192,6 +192,27 @@ class MismatchConfig(BaseModel):
     `mismatch_outside` metric counts tokens beyond (ratio > C or < 1/C)."""
 
 
+class EntropyBonusConfig(BaseModel):
+    """An entropy bonus in the loss: the trainer subtracts coef x the policy's token entropy (at the
+    sampling temperature, over the vocabulary, at each loss token) from every loss, as a token mean
+    over the step's loss tokens. A domain's coefficient is the larger of this configured one and
+    the one the monitor raised it to (`monitor.countermeasures`)."""
+
+    model_config = _STRICT
+    coef: float = Field(0.0, ge=0.0, le=1.0)
+    """Coefficient for every domain not named in `domains` (0: no bonus)."""
+    domains: dict[str, float] = Field(default_factory=dict)
+    """Per-domain coefficient, overriding `coef` for the domains named (each in [0, 1])."""
+
+    @field_validator("domains")
+    @classmethod
+    def _bounded(cls, coefs: dict[str, float]) -> dict[str, float]:
+        for name, value in coefs.items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"entropy_bonus.domains.{name} must be in [0, 1], got {value}")
+        return coefs
+
+
 class TrainerConfig(BaseModel):
     """Everything the RL trainer needs besides the model."""
 
@@ -234,6 +255,10 @@ class TrainerConfig(BaseModel):
     """The loss-spike guard."""
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
     """The train-inference mismatch: its bound and an optional correction (off by default)."""
+    entropy_bonus: EntropyBonusConfig = Field(default_factory=EntropyBonusConfig)
+    """Entropy bonus in the loss, global and per domain (off by default). A domain with a
+    coefficient above 0 keeps its groups without reward variance in the step (dynamic sampling
+    does not drop them): they enter the entropy term only, their advantage being 0."""
     seed: int = Field(0, ge=0)
     """Seeds python, numpy and torch when a Trainer is constructed."""
     keep_checkpoints: int = Field(3, ge=1)

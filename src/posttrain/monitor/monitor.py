@@ -4,9 +4,10 @@ Invariant: every alarm that fires is written three times, as a trace event,
 a metrics row of kind "alarm" and a log line, and fires once per episode
 (it re-arms only after its condition has cleared). The monitor never
 changes the run: each hook returns the actions its alarms ask for
-(monitor/actions.py: lower a weight, exclude a domain, stop), and the loop
-applies them through the task pool's API before the next step draws
-tasks. A domain whose live verifier accepts a declared cheat is never
+(monitor/actions.py: lower a weight, exclude a domain, stop, raise a
+domain's entropy bonus or diversity reward within monitor.countermeasures'
+bounds), and the loop applies them through the task pool's API (or the
+run's countermeasures) before the next step draws tasks. A domain whose live verifier accepts a declared cheat is never
 trained on again (probe action exclude), or the run refuses to start /
 stops (probe action stop). The actions issued are part of `state_dict`, and
 `start` returns them again on resume, so a resumed run draws the same
@@ -24,7 +25,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.configs.monitor import MonitorConfig
 from posttrain.errors import VerifierError, capture
-from posttrain.monitor.actions import Action, ExcludeDomain, LowerWeight, Stop
+from posttrain.monitor.actions import (
+    Action,
+    ExcludeDomain,
+    LowerWeight,
+    RaiseDiversityReward,
+    RaiseEntropyBonus,
+    Stop,
+)
 from posttrain.monitor.alarms import EVAL_DETECTORS, STEP_DETECTORS, Detector, History, Hit
 from posttrain.monitor.loggers import build_loggers, flatten
 from posttrain.monitor.probes import probe_domain
@@ -103,6 +111,8 @@ class Monitor:
         self.lowered: dict[str, list[float]] = {}
         """Per domain: the lower_weight factors issued, in order (replayed on resume)."""
         self.excluded: set[str] = set()
+        self.raised: dict[str, dict[str, float]] = {}
+        """Per domain: the entropy-bonus coefficient and diversity-reward weight raised to (by kind)."""
         self.active: set[tuple[str, str | None]] = set()
         self.fired: list[dict[str, Any]] = []
         self._actions: list[Action] = []
@@ -229,7 +239,27 @@ class Monitor:
             factor = self.cfg.alarms.weight_factor
             self._lower(hit.domain, factor)
             return f"weight of {hit.domain} x{factor:g} (now x{self.weights[hit.domain]:.3g})"
+        if action in ("raise_entropy", "raise_diversity", "countermeasures") and hit.domain in self._live():
+            kinds = ("entropy", "diversity") if action == "countermeasures" else (action.removeprefix("raise_"),)
+            return "; ".join(self._countermeasure(hit.domain, kind) for kind in kinds)
         return "logged"
+
+    def _countermeasure(self, domain: str, kind: str) -> str:
+        """Raise the domain's `kind` (entropy or diversity) by its step, within its bound."""
+        cm = self.cfg.countermeasures
+        step, top = (cm.entropy_step, cm.entropy_max) if kind == "entropy" else (cm.diversity_step, cm.diversity_max)
+        before = self.raised.get(domain, {}).get(kind, 0.0)
+        value = min(top, before + step)
+        label = "entropy bonus" if kind == "entropy" else "diversity reward"
+        if value <= before:
+            return f"{label} of {domain} already at its bound {top:g}"
+        self._raise(domain, kind, value)
+        return f"{label} of {domain} raised to {value:g}"
+
+    def _raise(self, domain: str, kind: str, value: float) -> None:
+        self.raised.setdefault(domain, {})[kind] = value
+        action = RaiseEntropyBonus(domain, value) if kind == "entropy" else RaiseDiversityReward(domain, value)
+        self._actions.append(action)
 
     def _live(self) -> list[str]:
         """The pool's drawable domains less those this monitor has asked to exclude."""
@@ -395,6 +425,7 @@ class Monitor:
             "weights": dict(self.weights),
             "lowered": {d: list(f) for d, f in self.lowered.items()},
             "excluded": sorted(self.excluded),
+            "raised": {d: dict(v) for d, v in self.raised.items()},
             "active": [list(k) for k in sorted(self.active, key=str)],
         }
 
@@ -410,6 +441,10 @@ class Monitor:
             if domain in self._live():
                 for factor in factors:
                     self._lower(domain, float(factor))
+        for domain, values in state.get("raised", {}).items():
+            if domain in self._live():
+                for kind, value in sorted(values.items()):
+                    self._raise(domain, kind, float(value))
 
     def _reload(self, upto: int) -> None:
         """Rebuild the history from metrics.jsonl rows up to `upto` (the resumed step)."""

@@ -28,6 +28,8 @@ class TrainRow:
     `temperature` 0 (greedy) is scored at temperature 1. `rollout_id` is the
     trace id of the rollout the row came from ("" for none): the trainer
     reports what it did with the row under that id (StepStats.rollouts).
+    `entropy_coef` is the row's entropy-bonus coefficient (trainer.entropy_bonus): above 0,
+    the row enters the loss's entropy term, even when its group carries no signal.
     A scored completion with no tokens is a row too: it counts in its
     group's advantages and enters no loss.
     """
@@ -40,6 +42,7 @@ class TrainRow:
     loss_mask: tuple[int, ...]
     temperature: float = 1.0
     rollout_id: str = ""
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -54,6 +57,8 @@ class TrainRow:
             raise TrainerError("TrainRow.loss_mask must hold only 0 and 1")
         if not math.isfinite(self.reward):
             raise TrainerError(f"TrainRow.reward must be finite, got {self.reward!r}")
+        if not (math.isfinite(self.entropy_coef) and self.entropy_coef >= 0.0):
+            raise TrainerError(f"TrainRow.entropy_coef must be finite and >= 0, got {self.entropy_coef!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
             raise TrainerError(f"TrainRow.temperature must be finite and >= 0, got {self.temperature!r}")
 
@@ -81,6 +86,7 @@ class TrainRow:
         temperature: float,
         loss_mask: Sequence[int] | None = None,
         rollout_id: str = "",
+        entropy_coef: float = 0.0,
     ) -> TrainRow:
         """A row from an engine Completion; the mask defaults to all ones."""
         mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
@@ -93,6 +99,7 @@ class TrainRow:
             loss_mask=mask,
             temperature=float(temperature),
             rollout_id=rollout_id,
+            entropy_coef=float(entropy_coef),
         )
 
 

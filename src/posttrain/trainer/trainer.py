@@ -89,6 +89,9 @@ class StepStats:
     """... share of tokens whose ratio exp(d) lies outside [1/bound, bound] (trainer.mismatch.bound) ..."""
     mismatch_corrected: float = 0.0
     """... and share of tokens whose weight trainer.mismatch.correction changed (truncated or masked)."""
+    entropy_bonus: float = 0.0
+    """The entropy term subtracted from the loss (trainer.entropy_bonus): the sum over loss tokens of
+    each row's coefficient x the policy's token entropy, over the step's loss tokens (0: no bonus)."""
     rollouts: Mapping[str, RolloutLink] = field(default_factory=dict)
     """Rollout id -> advantage, ratio and clipped share of every batch row that carries
     a rollout id (the trace and the monitor read these: computed once, here)."""
@@ -169,6 +172,8 @@ class _Accumulated:
     stats: LossStats
     entropy_sum: float
     mismatch: MismatchStats = MismatchStats()
+    bonus: float = 0.0
+    """The entropy-bonus term subtracted from the loss (already in `loss`)."""
 
 
 class Trainer:
@@ -199,6 +204,8 @@ class Trainer:
         self.steps = 0
         self.skipped = 0
         self.rolled_back = 0
+        self._loss_tokens = 1
+        """During `step`: the loss tokens of the rows that enter the loss (the entropy bonus's normaliser)."""
         self._row_clip: dict[str, tuple[float, float]] = {}
         """During `step`: rollout id -> (mean ratio, clipped token share) of each row with a
         rollout id that entered this rank's loss; reported in StepStats.rollouts."""
@@ -304,7 +311,12 @@ class Trainer:
         advantage_b = exact_b.to(torch.float32)  # as the loss, the trace and the monitor see it
         nonzero_b = (exact_b != 0).long()
         signal_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, nonzero_b) > 0
-        keep = [i for i, r in enumerate(batch.rows) if signal_g[group_b[i]] and r.n_loss_tokens > 0]
+        # a row with an entropy bonus enters the loss for its entropy term even without signal
+        keep = [
+            i
+            for i, r in enumerate(batch.rows)
+            if (signal_g[group_b[i]] or r.entropy_coef > 0.0) and r.n_loss_tokens > 0
+        ]
         if self.config.sort_by_length:  # similar lengths share a micro-batch: less padding
             keep.sort(key=lambda i: _order_key(batch.rows[i]))
         rows = tuple(batch.rows[i] for i in keep)
@@ -333,16 +345,19 @@ class Trainer:
         # no dropout: on-policy ratios are exactly exp(0) = 1. Gradient checkpointing acts
         # only in train mode, so with it the model trains in train mode, its dropout set to 0.
         self.model.train(self.config.gradient_checkpointing)
-        loss, stats, entropy_sum, gap = 0.0, LossStats(), 0.0, MismatchStats()
+        loss, stats, entropy_sum, gap, bonus = 0.0, LossStats(), 0.0, MismatchStats(), 0.0
+        self._loss_tokens = prepared.n_tokens  # the entropy bonus's normaliser
         try:
             for rows, advantage_b, weight in self._micro_batches(prepared):
-                mb_loss, mb_stats, mb_entropy, mb_gap = self._micro_step(rows, advantage_b, prepared.totals, weight)
+                mb_loss, mb_stats, mb_entropy, mb_gap, mb_bonus = self._micro_step(
+                    rows, advantage_b, prepared.totals, weight
+                )
                 if weight:
                     loss, stats, entropy_sum = loss + mb_loss, stats.merge(mb_stats), entropy_sum + mb_entropy
-                    gap = gap.merge(mb_gap)
+                    gap, bonus = gap.merge(mb_gap), bonus + mb_bonus
         finally:
             self.model.train(was_training)
-        return self._reduce(_Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum, mismatch=gap))
+        return self._reduce(_Accumulated(loss=loss, stats=stats, entropy_sum=entropy_sum, mismatch=gap, bonus=bonus))
 
     def _micro_batches(self, prepared: _Prepared) -> list[tuple[Sequence[TrainRow], Tensor, float]]:
         """This rank's rows cut into micro-batches; with FSDP, zero-weighted padding
@@ -367,7 +382,7 @@ class Trainer:
         s, g = acc.stats, acc.mismatch
         sums = self.parallel.sum_floats(
             [acc.loss, acc.entropy_sum, s.n_tokens, s.clipped_low, s.clipped_high, s.ratio_sum, s.kl_sum]
-            + [g.n_tokens, g.abs_sum, g.k3_sum, g.outside, g.corrected]
+            + [g.n_tokens, g.abs_sum, g.k3_sum, g.outside, g.corrected, acc.bonus]
         )
         stats = LossStats(
             n_tokens=sums[2],
@@ -378,16 +393,15 @@ class Trainer:
             kl_sum=sums[6],
         )
         gap = MismatchStats(sums[7], sums[8], self.parallel.max_float(g.abs_max), sums[9], sums[10], sums[11])
-        return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1], mismatch=gap)
+        return _Accumulated(loss=sums[0], stats=stats, entropy_sum=sums[1], mismatch=gap, bonus=sums[12])
 
     def _micro_step(
         self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
-    ) -> tuple[float, LossStats, float, MismatchStats]:
+    ) -> tuple[float, LossStats, float, MismatchStats, float]:
         packed = pack_rows(rows, self.device, share=self._share_prompts)
         logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
         logp_n = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1)
-        with torch.no_grad():
-            entropy_sum = float(torch.special.entr(logp_nv.exp()).sum())
+        bonus, entropy_sum = entropy_bonus(logp_nv, rows, packed.row_n, self._loss_tokens)
         logp_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
         mm = self.config.mismatch  # the trainer's log-probs here are the policy before this step's update
         with torch.no_grad():
@@ -402,11 +416,13 @@ class Trainer:
             correction_bt=factor_bc,
         )
         loss, stats = self.loss(inputs, totals)
+        if bonus is not None:  # trainer.entropy_bonus: the same term whatever the loss class
+            loss = loss - bonus
         if weight:
             self._record_rows(rows, inputs)
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum, so scale by world
         (loss * (weight * self.parallel.world)).backward()
-        return float(loss.detach()), stats, entropy_sum, gap
+        return float(loss.detach()), stats, entropy_sum, gap, float(bonus.detach()) if bonus is not None else 0.0
 
     def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
         ratio_b, clipped_b = self.loss.row_stats(inputs)
@@ -537,6 +553,7 @@ class Trainer:
             rolled_back_total=self.rolled_back,
             seconds=time.perf_counter() - started,
             **gap,
+            entropy_bonus=acc.bonus if acc is not None else 0.0,
             rollouts=self._links(batch, prepared),
         )
 
@@ -621,6 +638,24 @@ class Trainer:
         self.load_state_dict(loop_state.pop("trainer"))
         self._take_snapshot()
         return loop_state
+
+
+# ---------------------------------------------------------------- the entropy bonus
+
+
+def entropy_bonus(
+    logp_nv: Tensor, rows: Sequence[TrainRow], row_n: Tensor, n_tokens: int
+) -> tuple[Tensor | None, float]:
+    """The entropy term of a micro-batch, sum_n coef_row(n) x H_n / n_tokens, where H_n is the
+    entropy of the policy's distribution (log-probs `logp_nv`, at the sampling temperature) at
+    loss token n and `n_tokens` the step's loss tokens (so micro-batches sum to the step's term);
+    None when no row has a coefficient. Also the summed token entropy (detached), for the stats."""
+    if not any(r.entropy_coef > 0.0 for r in rows):
+        with torch.no_grad():
+            return None, float(torch.special.entr(logp_nv.exp()).sum())
+    entropy_n = -(logp_nv.exp() * logp_nv).sum(-1)  # not entr(p): its gradient at p = 0 is inf x 0
+    coef_b = torch.tensor([r.entropy_coef for r in rows], dtype=logp_nv.dtype, device=logp_nv.device)
+    return (coef_b[row_n] * entropy_n).sum() / max(n_tokens, 1), float(entropy_n.detach().sum())
 
 
 # ---------------------------------------------------------------- packing
