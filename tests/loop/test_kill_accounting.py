@@ -21,13 +21,14 @@ import functools
 import itertools
 import json
 import random
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 from test_crash_resume import TINY, _finish, _kill_when, _rows_with, _start
 
-from posttrain.trace import TraceStore
+from posttrain.trace import DROP_REASONS, TraceStore
 
 STEPS, EVERY = 8, 2
 
@@ -192,8 +193,10 @@ def test_the_async_mode_killed_and_resumed_reruns_what_was_in_flight(tmp_path, m
     assert sorted(listed) == sorted(r[0] for r in rows)  # every re-run draw is bound to its re-run group
     for draw, task, group, fate, reason, tasks, steps in rows:
         assert fate in ("trained", "dropped"), (draw, group, fate)
-        if fate == "trained":  # the same prompt, trained at one step
+        assert re.fullmatch(r"\d+:\d+(r1)?~\d+(r1)?", group), group  # its last group's id + "~" + the checkpoint's step
+        assert tasks in (task, None), (draw, task, tasks)  # its rollouts (when written) are the same prompt's
+        if fate == "trained":  # trained at one step
             assert tasks == task and steps == 1, (draw, task, tasks, steps)
         else:
-            assert reason.split(":")[0] in ("stopped", "stale", "no_signal", "guard", "masked"), (draw, reason)
+            assert reason.split(":")[0] in set(DROP_REASONS) - {"interrupted"}, (draw, reason)
     assert sum(r[3] == "trained" for r in rows) >= 4

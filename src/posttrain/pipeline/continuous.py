@@ -15,11 +15,12 @@ dropped, or skipped (its domain paused). Every task drawn is registered in `ledg
 group's new id to the same draw); a drop for staleness or a pause is its draw's fate there, the
 loop decides the fates of the groups `take` returns, and draws still outstanding when the run
 stops are the loop's to drop ("stopped"). A checkpoint carries, for every draw still open, the
-pool's state before the draw that made it (`state_dict`); a resumed run rebuilds those tasks
-from it (the same prompts, checked by task id) and re-admits them first (`resume`): each draw
-keeps its id and gets a new group (its old group id + "~" + the resume's loop step), so its
-fate is still decided once. At most (k + 1) x per_step groups are outstanding
-(admitted, not trained), so the pipeline never runs further ahead than the bound allows.
+pool's state before the draw that made it and the group it was bound to last (`state_dict`);
+a resumed run rebuilds those tasks from it (the same prompts, checked by task id) and
+re-admits them first (`resume`): each draw keeps its id and gets a new group (its last group
+id + "~" + the checkpoint's loop step), so its fate is still decided once. At most
+(k + 1) x per_step groups are outstanding (admitted, not trained), so the pipeline never
+runs further ahead than the bound allows.
 Tasks are drawn in the caller's thread only (`take`'s `draw`): the pool's state and draw
 order stay the loop's. The pipeline and its collector run in one background event loop;
 a crash there surfaces from the next `take`.
@@ -313,7 +314,9 @@ class Continuous:
     def state_dict(self) -> dict[str, Any]:
         """For a checkpoint: the draws that still have open draws, each with the pool's state
         before it (JSON-able), so that a resume rebuilds the tasks in flight (`resume`)."""
-        return {"draws": [{"step": s, "pool": p, "n": n, "ids": ids} for s, p, n, ids in self._open_batches()]}
+        groups = {t.draw: t.group_id for t in self.tickets.values()}  # (a rollback may clear the trace's binding)
+        batches = [{"step": s, "pool": p, "n": n, "ids": ids} for s, p, n, ids in self._open_batches()]
+        return {"draws": batches, "groups": groups}
 
     def resume(self, state: Mapping[str, Any] | None, pending: Sequence[DrawRecord], step: int) -> list[str]:
         """Re-admit the draws `pending` (open in the trace of the checkpoint the run resumes
@@ -330,14 +333,14 @@ class Continuous:
                 rebuilt.update(zip(batch["ids"], self.pool.draw(int(batch["n"])), strict=True))
         finally:
             self.pool.load_state_dict(live)
-        lost = []
+        lost, groups = [], (state or {}).get("groups", {})
         for rec in pending:
             task = rebuilt.get(rec.id)
             if task is None or task.id != rec.task_id:
                 lost.append(rec.id)
                 continue
             self.ledger.reopen(rec)
-            self._rerun.append((task, rec.id, f"{rec.group_id or rec.id}~{step}"))
+            self._rerun.append((task, rec.id, f"{groups.get(rec.id) or rec.group_id or rec.id}~{step}"))
         return lost
 
     def mix(self) -> Mapping[str, Mapping[str, float]]:
