@@ -211,8 +211,8 @@ def _resume_in_flight(run: _Run, sampling: _Sampling) -> None:
     async: the groups outstanding in the stream; their generation died with the process) are
     re-run: the stream rebuilds their tasks and admits them first (`Continuous.resume`), each
     keeping its draw id (a `resume_rerun` trace event lists them). A draw it cannot rebuild (the
-    checkpoint predates the stream's state, or the run is no longer async) is dropped as
-    "interrupted"."""
+    checkpoint predates the stream's state, or the pool no longer draws the recorded task; in
+    sync mode no draw is open at a checkpoint) is dropped as "interrupted"."""
     pending, step = run.trace.pending_draw_records(), run.state["step"]
     if not pending:
         return
