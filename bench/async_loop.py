@@ -231,16 +231,86 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def profile(run_dir: Path, k: int) -> dict[str, Any]:
+    """Where one run's time went, from its metrics and trace: the trainer's wait for finished
+    groups, the rest of each step (training, the push, the trace, the monitor: `c`), the stages'
+    busy shares, each admission cohort's lifetime (the groups admitted at loop step a: the
+    largest admission-to-finish time, `total_s`, of their rollouts), and the lower bound on the
+    wall time that those lifetimes set under a staleness bound k counted from admission: the
+    cohort of take a must be finished before take a + k + 1 can train, so the takes
+    a, a + k + 1, a + 2(k + 1), ... are at least a lifetime plus a step's `c` apart, and the run
+    lasts at least the largest sum of (lifetime + c) over one residue class of a mod (k + 1)
+    (for k = 0, sync, every step: the sum over all)."""
+    import sqlite3
+
+    from posttrain.metrics_log import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl", "train")
+    every = read_metrics(run_dir / "metrics.jsonl")
+    first = next(i for i, r in enumerate(every) if r["kind"] == "train")
+    times = [every[first - 1]["time"], *(r["time"] for r in rows)]
+    walls = [b - a for a, b in zip(times, times[1:])]
+    waits = [r.get("pipe_wait_s", r["rollout_s"]) for r in rows]  # sync: the whole sampling is the wait
+    rest = [w - x for w, x in zip(walls, waits)]
+    c = sum(rest) / len(rest)
+    con = sqlite3.connect(run_dir / "trace.db")
+    life: dict[int, float] = {}
+    sleep: dict[int, float] = {}  # the cohort's longest programmed sleep alone (no generation, no overhead)
+    for group, task, timings in con.execute("SELECT group_id, task_id, timings FROM rollouts"):
+        step = int(group.split(":")[0])
+        life[step] = max(life.get(step, 0.0), json.loads(timings).get("total_s", 0.0))
+        sleep[step] = max(sleep.get(step, 0.0), exec_seconds(task))
+    con.close()
+    lifetimes = [life.get(a, 0.0) for a in range(1, len(rows) + 1)]
+    sleeps = [sleep.get(a, 0.0) for a in range(1, len(rows) + 1)]
+    bound = max(sum(m + c for m in lifetimes[j :: k + 1]) for j in range(k + 1))
+    sleep_bound = max(sum(sleeps[j :: k + 1]) for j in range(k + 1))
+    last = rows[-1]
+    return {
+        "wall_s": sum(walls),
+        "wait_share": sum(waits) / sum(walls),
+        "rest_mean_s": c,
+        "generate_busy": 1 - last.get("generate_idle_share", 1.0),
+        "execute_busy": 1 - last.get("execute_idle_share", 1.0),
+        "execute_p50_s": last.get("execute_p50_s"),
+        "lifetime_mean_s": sum(lifetimes) / len(lifetimes),
+        "bound_s": bound,
+        "sleep_bound_s": sleep_bound,
+    }
+
+
+def profile_table(results: list[dict[str, Any]], out: Path) -> str:
+    lines = [
+        "| run | wall s | trainer waited | rest of a step s | generate busy | execute busy | execute p50 s "
+        "| cohort lifetime mean s | lower bound s | wall / bound | sleeps-only bound s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        name = "sync" if r["mode"] == "sync" else f"async-k{r['k']}"
+        p = profile(out / name, r["k"])
+        lines.append(
+            f"| {name} | {p['wall_s']:.1f} | {p['wait_share']:.0%} | {p['rest_mean_s']:.2f} | {p['generate_busy']:.1%} "
+            f"| {p['execute_busy']:.1%} | {p['execute_p50_s']:.2f} | {p['lifetime_mean_s']:.2f} | {p['bound_s']:.1f} "
+            f"| {p['wall_s'] / p['bound_s']:.2f} | {p['sleep_bound_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         raise SystemExit(child(sys.argv[2:]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4])
     p.add_argument("--out", default="/tmp/posttrain-bench-async")
     p.add_argument("--model", default=None, help="base model folder (default: the cached demo base)")
     p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--profile", default=None, help="only profile the runs of this earlier output folder")
     args = p.parse_args()
+    if args.profile:
+        done = [{"mode": "sync", "k": 0}, *({"mode": "async", "k": k} for k in args.ks)]
+        print(profile_table(done, Path(args.profile)))
+        return
     model = args.model or _cached_base()
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     results = [run_one("sync", 0, args.steps, out, model)]
@@ -249,6 +319,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print(table(results))
+    print("\nWhere the time went (bench/async_loop.py profile):\n")
+    print(profile_table(results, out))
 
 
 def _cached_base() -> str:

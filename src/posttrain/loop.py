@@ -75,6 +75,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
     run = _Run.open(cfg, resume, log)  # run dir, task pool, model, trainer, engine, trace, monitor, evaluator
     stop = run.evaluate_before()
     sampling = _Sampling.of(run)
+    _resume_in_flight(run, sampling)  # a resumed run: the draws in flight at its checkpoint
     bar, step = _progress(run.cfg, run.state["step"]), run.state["step"]
     run.budget.start()  # run.cpu_budget_s counts the steps only
     for step in range(run.state["step"] + 1, run.cfg.run.steps + 1):
@@ -113,6 +114,10 @@ class _Run:
     countermeasures: Countermeasures  # entropy bonus and diversity reward per domain (configured or raised)
     stop: str  # why the monitor, started, stops the run ('' to go on)
     log: Any
+    in_flight: dict[str, Any] | None = None
+    """A resumed run: the checkpoint's state of the async stream (`Continuous.state_dict`), or None."""
+    stream: Continuous | None = None
+    """pipeline.mode async: the stream, whose state every checkpoint carries."""
 
     @classmethod
     def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
@@ -121,6 +126,7 @@ class _Run:
         from posttrain.tasks.pool import TaskPool
 
         rundir, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
+        in_flight = None
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
@@ -135,6 +141,7 @@ class _Run:
             pool.load_state_dict(state.pop("pool"))
             sync.clean_leftovers(log)  # .tmp-* weight folders of an interrupted push
             sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
+            in_flight = state.pop("stream", None)  # the async stream's draws in flight, to re-run
             log(f"resumed {rundir.path} at step {state['step']}")
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
         sync.probe.attach(functools.partial(_probe_event, trace))  # every verified push is a trace event
@@ -147,7 +154,7 @@ class _Run:
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
             countermeasures=cm, stop=stop,
-            log=log,
+            log=log, in_flight=in_flight,
         )  # fmt: skip
 
     def evaluate_before(self) -> str:
@@ -175,7 +182,9 @@ class _Run:
         self.state["step"] = step
         self.state["train_cpu_s"] = self.budget.spent() if train_cpu_s is None else train_cpu_s
         records = self.marks() if records is None else records
-        parts = {"pool": self.pool, "monitor": self.monitor, "sync": self.sync}
+        parts: dict[str, Any] = {"pool": self.pool, "monitor": self.monitor, "sync": self.sync}
+        if self.stream is not None:
+            parts["stream"] = self.stream
         extra = {**self.state, **{k: part.state_dict() for k, part in parts.items()}, "records": records}
         self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
 
@@ -203,18 +212,29 @@ def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: An
             f"resume: rolled back what was written after step {step}: {rollouts} rollouts and {events} events "
             f"of trace.db, {cut} bytes of metrics.jsonl"
         )
-    _drop_interrupted(trace, step, log)
     return trace, MetricsLog(rundir.metrics_path)
 
 
-def _drop_interrupted(trace: TraceStore, step: int, log: Any) -> None:
+def _resume_in_flight(run: _Run, sampling: _Sampling) -> None:
     """Draws in flight when the checkpoint the run resumes from was written (pipeline.mode
-    async: the groups outstanding in the stream): their generation is lost with the process;
-    each is dropped as "interrupted"."""
-    pending = trace.pending_draws()
-    if pending:
-        trace.record_dropped(step, dict.fromkeys(pending, "interrupted"))
-        log(f"resume: {len(pending)} draws in flight at the checkpoint of step {step} dropped as interrupted")
+    async: the groups outstanding in the stream; their generation died with the process) are
+    re-run: the stream rebuilds their tasks and admits them first (`Continuous.resume`), each
+    keeping its draw id (a `resume_rerun` trace event lists them). A draw it cannot rebuild (the
+    checkpoint predates the stream's state, or the pool no longer draws the recorded task; in
+    sync mode no draw is open at a checkpoint) is dropped as "interrupted"."""
+    pending, step = run.trace.pending_draw_records(), run.state["step"]
+    if not pending:
+        return
+    stream = sampling.rollouts if isinstance(sampling.rollouts, Continuous) else None
+    lost = stream.resume(run.in_flight, pending, step) if stream is not None else [d.id for d in pending]
+    rerun = [d.id for d in pending if d.id not in set(lost)]
+    if rerun:
+        message = f"resume: {len(rerun)} draws in flight at the checkpoint of step {step} re-run"
+        run.trace.add_event("resume_rerun", message, step=step, data={"draws": rerun})
+        run.log(message)
+    if lost:
+        run.trace.record_dropped(step, dict.fromkeys(lost, "interrupted"))
+        run.log(f"resume: {len(lost)} draws in flight at the checkpoint of step {step} dropped as interrupted")
 
 
 def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any]]:
@@ -268,6 +288,7 @@ class _Sampling:
             stream = Continuous(
                 cfg.pipeline, workers, run.pool, cfg.run.seed, cfg.rollout.prompts_per_step, version, events, budgets
             )
+            run.stream = stream
             return cls(budgets, params, stream)
         rollouts = StepRollouts(
             cfg.pipeline, workers, run.pool, cfg.run.seed, events, cfg.rollout.dynamic_sampling, budgets

@@ -1,4 +1,5 @@
-"""`posttrain train configs/vllm.yaml pipeline.mode=async` against a real vLLM server (the `vllm` lane).
+"""`posttrain train configs/vllm.yaml` (async, its default; set here explicitly) against a real vLLM server
+(the `vllm` lane), a short run without a server kill (test_engine_vllm_train.py runs the long one).
 
 Continuous rollouts (docs/pipeline.md "The modes") through the vllm engine: generation runs on
 while the trainer trains, each push waits for the requests in flight, reloads, resets the prefix

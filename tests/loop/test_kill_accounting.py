@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import random
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 from test_crash_resume import TINY, _finish, _kill_when, _rows_with, _start
 
-from posttrain.trace import TraceStore
+from posttrain.trace import DROP_REASONS, TraceStore
 
 STEPS, EVERY = 8, 2
 
@@ -148,12 +150,35 @@ def test_kill_at_several_seeded_points_the_draws_equal_an_uninterrupted_runs(tmp
     assert _draws(run) == want
 
 
+def _reruns(run: Path) -> tuple[list[str], list[tuple]]:
+    """The draws the resumes re-ran (their `resume_rerun` events), and every re-run group's rows:
+    (draw id, its task, the group bound to it, its fate, the task of each of the group's rollouts,
+    the distinct train steps its rollouts are linked to)."""
+    con = sqlite3.connect(run / "trace.db")
+    try:
+        listed = [
+            d
+            for (data,) in con.execute("SELECT data FROM events WHERE kind='resume_rerun'")
+            for d in json.loads(data)["draws"]
+        ]
+        rows = con.execute(
+            "SELECT d.id, d.task_id, d.group_id, d.fate, d.reason, "
+            "(SELECT GROUP_CONCAT(DISTINCT r.task_id) FROM rollouts r WHERE r.group_id = d.group_id), "
+            "(SELECT COUNT(DISTINCT r.train_step) FROM rollouts r WHERE r.group_id = d.group_id) "
+            "FROM draws d WHERE d.group_id LIKE '%~%' ORDER BY d.rowid"
+        ).fetchall()
+    finally:
+        con.close()
+    return listed, [tuple(r) for r in rows]
+
+
 @pytest.mark.slow
-def test_the_async_mode_killed_and_resumed_drops_what_was_in_flight_as_interrupted(tmp_path, micro_base):
+def test_the_async_mode_killed_and_resumed_reruns_what_was_in_flight(tmp_path, micro_base):
     """pipeline.mode async, max_staleness 1: the stream holds up to 2 x prompts_per_step groups
-    admitted and not trained, so draws are in flight at every checkpoint; a resume drops those as
-    "interrupted" (their generation died with the process), the end of the run drops what is still
-    outstanding as "stopped", and nothing is lost or trained twice, from the trace alone."""
+    admitted and not trained, so draws are in flight at every checkpoint; a resume re-runs those
+    (the same tasks, a new group each, "~" + the resume's step) instead of dropping them, each
+    re-run draw ends trained or dropped with a reason, once; the end of the run drops what is
+    still outstanding as "stopped"; nothing is lost, interrupted or trained twice, from the trace alone."""
     points = [("generation", 3), ("checkpoint", 6)]
     run = _killed_run(tmp_path, micro_base, points, "pipeline.mode=async", "pipeline.max_staleness=1")
     _assert_exactly_once(run)
@@ -162,4 +187,16 @@ def test_the_async_mode_killed_and_resumed_drops_what_was_in_flight_as_interrupt
         got = store.accounting()
     finally:
         store.close()
-    assert got.dropped.get("interrupted", 0) >= 4 and got.dropped.get("stopped", 0) >= 4, got.describe()
+    assert "interrupted" not in got.dropped and got.dropped.get("stopped", 0) >= 4, got.describe()
+    listed, rows = _reruns(run)
+    assert len(listed) >= 2 * 4 and len(set(listed)) == len(listed), listed  # two resumes, each with draws in flight
+    assert sorted(listed) == sorted(r[0] for r in rows)  # every re-run draw is bound to its re-run group
+    for draw, task, group, fate, reason, tasks, steps in rows:
+        assert fate in ("trained", "dropped"), (draw, group, fate)
+        assert re.fullmatch(r"\d+:\d+(r1)?~\d+(r1)?", group), group  # its last group's id + "~" + the checkpoint's step
+        assert tasks in (task, None), (draw, task, tasks)  # its rollouts (when written) are the same prompt's
+        if fate == "trained":  # trained at one step
+            assert tasks == task and steps == 1, (draw, task, tasks, steps)
+        else:
+            assert reason.split(":")[0] in set(DROP_REASONS) - {"interrupted"}, (draw, reason)
+    assert sum(r[3] == "trained" for r in rows) >= 4

@@ -116,6 +116,78 @@ def test_lagging_completions_are_requeued_once_at_the_front_then_dropped(tmp_pat
     assert set(stream.lengths["dropped"]) == {length_bucket(1)}  # one-character answers
 
 
+def _stream(trainer, pool):
+    workers = TwinWorkers(ScriptedEngine(lambda c, j: str(j)), execute=_slow_long, source=trainer)
+    return Continuous(PipelineConfig(mode="async", max_staleness=1), workers, pool, 0, 4, lambda: trainer.version)
+
+
+def _run_steps(stream, pool, trainer, store, steps):
+    """Steps as the loop runs them: take, every returned group's draw trained, flush, new weights."""
+    for step in steps:
+        groups, _, _ = stream.take(pool.draw, SamplingParams(n=2, max_tokens=4), step)
+        for g in groups:
+            stream.ledger.trained(stream.ledger.draw_of(g[0].group_id), step)
+        stream.ledger.flush(store)
+        trainer.version += 1
+
+
+def test_a_resumed_stream_reruns_the_draws_in_flight_at_the_checkpoint(tmp_path):
+    """A checkpoint after step 3 (the pool's and the stream's state, the trace's open draws); a
+    new process's stream resumes from them: it rebuilds each open draw's task (the same task
+    ids), re-admits it first under a new group ("~3"), and trains it once under the same draw id;
+    the pool then goes on drawing what the uninterrupted run would have drawn next."""
+    from posttrain.trace import TraceStore
+
+    trainer, pool, store = Trainer(), _pool(), TraceStore(tmp_path / "trace.db")
+    stream = _stream(trainer, pool)
+    try:
+        _run_steps(stream, pool, trainer, store, range(1, 4))
+        checkpoint = {"pool": pool.state_dict(), "stream": stream.state_dict(), "version": trainer.version}
+        in_flight = {t.draw: t.task.id for t in stream.tickets.values()}
+        next_tasks = [t.id for t in pool.draw(4)]  # what the uninterrupted pool hands out next
+    finally:
+        stream.close()
+    pending = store.pending_draw_records()
+    assert {d.id: d.task_id for d in pending} == in_flight and len(pending) >= 4
+
+    trainer2, pool2 = Trainer(), _pool()  # the resumed process
+    trainer2.version = checkpoint["version"]
+    pool2.load_state_dict(checkpoint["pool"])
+    stream2 = _stream(trainer2, pool2)
+    try:
+        assert stream2.resume(checkpoint["stream"], pending, 3) == []
+        assert pool2.state_dict() == checkpoint["pool"]  # the replayed draws left the pool as it was
+        _run_steps(stream2, pool2, trainer2, store, range(4, 7))
+    finally:
+        stream2.close()
+    rows = {r[0]: r[1:] for r in store._db.execute("SELECT id, task_id, group_id, fate, fate_step FROM draws")}
+    fresh = [r[0] for r in store._db.execute("SELECT task_id FROM draws WHERE step=4 ORDER BY rowid")]
+    store.close()
+    assert 0 < len(fresh) <= 4 and fresh == next_tasks[: len(fresh)]  # the resumed pool draws on as before
+    for rec in pending:  # its own task, a new group bound to the same draw, trained once (within k=1)
+        assert rows[rec.id][:3] == (rec.task_id, f"{rec.group_id}~3", "trained"), (rec, rows[rec.id])
+        assert rows[rec.id][3] in (4, 5)
+
+
+def test_a_resume_that_cannot_rebuild_a_draw_says_so():
+    """A checkpoint without the stream's state, or whose pool no longer draws the recorded task:
+    the draws come back as not rebuilt (the loop drops them as "interrupted"), none re-opened."""
+    from posttrain.trace import DrawRecord
+
+    trainer, pool = Trainer(), _pool()
+    before = pool.state_dict()
+    task = pool.draw(1)[0]
+    stream = _stream(trainer, pool)
+    try:
+        recs = [DrawRecord("d1.0", 1, task.id, task.domain, "1:0"), DrawRecord("d1.1", 1, "add:x", "add", "1:1")]
+        state = {"draws": [{"step": 1, "pool": before, "n": 2, "ids": ["d1.0", "d1.1"]}]}
+        assert stream.resume(None, recs, 1) == ["d1.0", "d1.1"]
+        assert stream.resume(state, recs, 1) == ["d1.1"]  # d1.0 is the same task; d1.1 is not
+        assert stream.ledger.open() == ["d1.0"]
+    finally:
+        stream.close()
+
+
 def test_length_buckets():
     assert [length_bucket(x) for x in (0, 15.9, 16, 255, 256, 5000)] == [
         "0-15", "0-15", "16-63", "64-255", "256-1023", "1024+"

@@ -14,8 +14,13 @@ dropped, or skipped (its domain paused). Every task drawn is registered in `ledg
 (pipeline/draws.py) at the step that drew it and bound to its group at admission (a re-queued
 group's new id to the same draw); a drop for staleness or a pause is its draw's fate there, the
 loop decides the fates of the groups `take` returns, and draws still outstanding when the run
-stops are the loop's to drop ("stopped"). At most (k + 1) x per_step groups are outstanding
-(admitted, not trained), so the pipeline never runs further ahead than the bound allows.
+stops are the loop's to drop ("stopped"). A checkpoint carries, for every draw still open, the
+pool's state before the draw that made it and the group it was bound to last (`state_dict`);
+a resumed run rebuilds those tasks from it (the same prompts, checked by task id) and
+re-admits them first (`resume`): each draw keeps its id and gets a new group (its last group
+id + "~" + the checkpoint's loop step), so its fate is still decided once. At most
+(k + 1) x per_step groups are outstanding (admitted, not trained), so the pipeline never
+runs further ahead than the bound allows.
 Tasks are drawn in the caller's thread only (`take`'s `draw`): the pool's state and draw
 order stay the loop's. The pipeline and its collector run in one background event loop;
 a crash there surfaces from the next `take`.
@@ -39,6 +44,7 @@ from posttrain.pipeline.scheduler import EventSink
 from posttrain.pipeline.step import make_scheduler
 from posttrain.pipeline.workers import Workers
 from posttrain.rollout import Rollout, staleness, too_stale
+from posttrain.trace import DrawRecord
 from posttrain.types import SamplingParams, Task
 
 LENGTH_BUCKETS = ((16, "0-15"), (64, "16-63"), (256, "64-255"), (1024, "256-1023"))
@@ -87,6 +93,7 @@ class Continuous:
         self.version = version
         """The trainer's weight version, as the engine acknowledged it."""
         self.scheduler = make_scheduler(config, pool, events)
+        self.pool = pool
         self.ledger = DrawLedger()
         """Every task drawn, from its draw to its fate (the loop's `_account` decides the returned groups')."""
         self.tickets: dict[int, _Ticket] = {}  # by admission seq, outstanding
@@ -95,6 +102,11 @@ class Continuous:
         self.lengths: dict[str, Counter[str]] = {k: Counter() for k in ("requeued", "dropped")}
         """Per completion length bucket, over the run: groups re-queued and dropped for staleness."""
         self._step: dict[str, float] = {}
+        self._batches: list[tuple[int, dict[str, Any], int, list[str]]] = []
+        """(loop step, the pool's state before the draw, tasks drawn, their draw ids) of every
+        draw that still has an open draw: what a checkpoint needs to rebuild the tasks in flight."""
+        self._rerun: list[tuple[Task, str, str]] = []
+        """(task, draw id, group id) re-admitted first at the next take (`resume`)."""
         self._at = 0  # the loop step of the current take
         self._cond = threading.Condition()
         self._arrived: dict[int, GroupResult] = {}
@@ -179,11 +191,16 @@ class Continuous:
         return groups, left, self._stats(version, ages, waited, len(chosen))
 
     def _top_up(self, draw: Callable[[int], Sequence[Task]], step: int, version: int) -> None:
+        if self._rerun:  # the groups in flight at the checkpoint a resume started from, first
+            self._submit([_Ticket(t, d, g, version) for t, d, g in self._rerun], front=True)
+            self._rerun = []
         missing = self.capacity - len(self.tickets)
         if missing <= 0:
             return
+        before = self.pool.state_dict()
         tasks = list(draw(missing))
         draws = self.ledger.drawn(tasks, step)
+        self._batches = [*self._open_batches(), (step, before, len(tasks), draws)]
         self.counts["drawn"].update(t.domain for t in tasks)
         self._submit([_Ticket(t, d, f"{step}:{i}", version) for i, (t, d) in enumerate(zip(tasks, draws, strict=True))])
 
@@ -289,6 +306,42 @@ class Continuous:
         for name, row in mix.items():
             stats[f"mix_{name}"] = round(row["realised"], 4)
         return stats
+
+    def _open_batches(self) -> list[tuple[int, dict[str, Any], int, list[str]]]:
+        open_ = set(self.ledger.open())
+        return [b for b in self._batches if open_.intersection(b[3])]
+
+    def state_dict(self) -> dict[str, Any]:
+        """For a checkpoint: the draws that still have open draws, each with the pool's state
+        before it (JSON-able), so that a resume rebuilds the tasks in flight (`resume`)."""
+        groups = {t.draw: t.group_id for t in self.tickets.values()}  # (a rollback may clear the trace's binding)
+        batches = [{"step": s, "pool": p, "n": n, "ids": ids} for s, p, n, ids in self._open_batches()]
+        return {"draws": batches, "groups": groups}
+
+    def resume(self, state: Mapping[str, Any] | None, pending: Sequence[DrawRecord], step: int) -> list[str]:
+        """Re-admit the draws `pending` (open in the trace of the checkpoint the run resumes
+        from, at loop step `step`) at the next take, before any new draw: each task rebuilt by
+        replaying its draw on the pool from the state `state_dict` saved, and kept only when its
+        id is the one the trace recorded. Returns the ids of the draws it could not rebuild
+        (a checkpoint without the stream's state, or a pool that no longer draws the same task):
+        the loop drops those as "interrupted"."""
+        rebuilt: dict[str, Task] = {}
+        live = self.pool.state_dict()
+        try:
+            for batch in (state or {}).get("draws", []):
+                self.pool.load_state_dict(batch["pool"])
+                rebuilt.update(zip(batch["ids"], self.pool.draw(int(batch["n"])), strict=True))
+        finally:
+            self.pool.load_state_dict(live)
+        lost, groups = [], (state or {}).get("groups", {})
+        for rec in pending:
+            task = rebuilt.get(rec.id)
+            if task is None or task.id != rec.task_id:
+                lost.append(rec.id)
+                continue
+            self.ledger.reopen(rec)
+            self._rerun.append((task, rec.id, f"{groups.get(rec.id) or rec.group_id or rec.id}~{step}"))
+        return lost
 
     def mix(self) -> Mapping[str, Mapping[str, float]]:
         if self._pipe is None:

@@ -43,6 +43,16 @@ class DrawLedger:
             ids.append(rec.id)
         return ids
 
+    def reopen(self, rec: DrawRecord) -> None:
+        """Open again a draw the trace holds with no fate (in flight at the checkpoint a resume
+        started from), to be re-run: it keeps its id and gets its fate once, here; nothing is
+        written until a new group is bound to it (`bind`)."""
+        if rec.fate is not None:
+            raise ValueError(f"draw {rec.id!r} has its fate already ({rec.fate}): it cannot be re-run")
+        if rec.id in self._open:
+            raise ValueError(f"draw {rec.id!r} is open already")
+        self._open[rec.id] = DrawRecord(rec.id, rec.step, rec.task_id, rec.domain)
+
     def bind(self, draw: str, group_id: str) -> None:
         """The group `group_id` was made from the draw `draw`."""
         rec = self._record(draw)

@@ -104,7 +104,7 @@ DROP_REASONS = {
     "paused": "its domain was paused by the scheduler (never generated)",
     "guard": "the train step applied no update (trainer.guard skipped or rolled it back)",
     "stopped": "in flight when the run stopped",
-    "interrupted": "in flight at the checkpoint a resume started from (its generation was lost)",
+    "interrupted": "in flight at the checkpoint a resume started from, and its task could not be rebuilt to re-run",
 }
 """Why a draw was dropped: a dropped draw's `reason` is one of these keys, optionally followed
 by ': ' and a detail ("stale: 3 versions behind")."""
@@ -543,6 +543,13 @@ class TraceStore:
     def pending_draws(self) -> list[str]:
         """The ids of the draws with no fate yet (in flight), in draw order."""
         return [r[0] for r in self._db.execute("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid")]
+
+    def pending_draw_records(self) -> list[DrawRecord]:
+        """The draws with no fate yet (in flight), in draw order, as records (with the group bound last)."""
+        rows = self._db.execute(
+            "SELECT id, step, task_id, domain, group_id FROM draws WHERE fate IS NULL ORDER BY rowid"
+        )
+        return [DrawRecord(r[0], int(r[1]), r[2], r[3], r[4]) for r in rows]
 
     def accounting(self) -> Accounting:
         """What became of every draw, from the trace alone (`Accounting`)."""
