@@ -209,6 +209,18 @@ class Workers(Protocol):
     def close(self) -> None: ...
 
 
+class InlineWorkers(Workers, Protocol):
+    """Workers that also run in the caller's thread: what the direct path (pipeline/direct.py)
+    takes (`EmbeddedWorkers`; a runtime whose `inline` is always False need not have these)."""
+
+    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
+        """Each prompt's ids, or the error encoding it raised."""
+
+    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
+
+    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
+
+
 def _batchable_tokenizer(engine: Any) -> Any:
     """The tokenizer of an in-process HF engine whose `encode_chat` is HFEngine's own (a chat
     template rendered with add_generation_prompt, then tokenized without special tokens): the
