@@ -238,7 +238,7 @@ class Pipeline:
         self._gen_ready.set()
 
     def _requests(self, item: GroupRun) -> list[GenerationRequest]:
-        return item.requests(self.params, self.seed)
+        return item.requests(self.params, item.group_seed(self.seed))
 
     async def _generate_worker(self, index: int) -> None:
         """Each batch is split by token budget, shortest first, one engine call per

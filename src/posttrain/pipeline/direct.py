@@ -166,7 +166,7 @@ class Direct:
         return out
 
     def _call_engine(self, bucket: list[GroupRun]) -> BaseException | None:
-        requests = [it.requests(self.params, self.seed) for it in bucket]
+        requests = [it.requests(self.params, it.group_seed(self.seed)) for it in bucket]
         meter, token = self.meters["generate"], self._token()
         meter.begin(token)
         try:

@@ -138,6 +138,10 @@ class GroupRun:
     """Per sample: retries of its own (its execute step or environment step, its verification)."""
     timings: dict[str, float] = field(default_factory=dict)
     closed: bool = False
+    result: GroupResult | None = None
+    """What `finish` made (None until then)."""
+    final: list[Verdict] = field(default_factory=list)
+    """Each sample's verdict, as `finish` was given them (empty until then)."""
 
     # ---- admission -------------------------------------------------------------
     @classmethod
@@ -145,7 +149,7 @@ class GroupRun:
         cls,
         task: Task,
         group_id: str,
-        tier: CostClass,
+        tier: CostClass | None,
         seq: int,
         params: SamplingParams,
         policy: RetryPolicy,
@@ -154,10 +158,12 @@ class GroupRun:
     ) -> GroupRun:
         """A group of `params.n` samples admitted, counted: its domain resolved from the
         registry and its budget fixed (`budget`, the run's override; None: the domain's
-        declared turns and seconds, `params.max_tokens` tokens per turn)."""
+        declared turns and seconds, `params.max_tokens` tokens per turn); `tier` None: the
+        domain's cost class (a scheduler without tiers)."""
         from posttrain.domains.registry import get
 
         domain = get(task.domain)
+        tier = tier or domain.cost_class
         counters["admitted"] += 1
         counters["long_sampled"] += tier == "long"
         budget = budget or dataclasses.replace(domain.budget, tokens=params.max_tokens)
@@ -214,10 +220,15 @@ class GroupRun:
         return delay
 
     # ---- generation -------------------------------------------------------------
-    def requests(self, params: SamplingParams, seed: int | None) -> list[GenerationRequest]:
-        """The generation requests of the group's next turn (one request for a single-turn group),
-        seeded by (seed, group id, generation attempt): the same whatever the batching."""
-        base = None if seed is None else stable_hash("group", seed, self.group_id, self.attempts.get("generate", 0))
+    def group_seed(self, seed: int | None) -> int | None:
+        """The base seed of the group's requests in a run seeded `seed`: (seed, group id,
+        generation attempt), the same whatever the batching, the worker or the runtime."""
+        return None if seed is None else stable_hash("group", seed, self.group_id, self.attempts.get("generate", 0))
+
+    def requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
+        """The generation requests of the group's next turn (one request of `params.n` for a
+        single-turn group, seeded `base`; an episode's turn: `driver.requests`), with the
+        budget's tokens per turn."""
         params = dataclasses.replace(params, max_tokens=self.max_tokens)
         if self.trajectories is not None:
             reqs, self.targets = driver.requests(self.trajectories, params, base, self.group_id)
@@ -226,12 +237,17 @@ class GroupRun:
 
     def generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
         """The completions of `requests`' call (its share: `seconds`) join the group."""
-        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
-        if self.trajectories is not None:  # the share of the call joins the episodes' own time
-            driver.spent([t for ts in self.targets for t in ts], seconds)
+        self.spent(seconds)
+        if self.trajectories is not None:
             driver.add_actions(self.targets, got)
         else:
             self.completions = list(got[0])
+
+    def spent(self, seconds: float) -> None:
+        """The group's share of an engine call: its generate time, and its episodes' own time."""
+        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
+        if self.trajectories is not None:
+            driver.spent([t for ts in self.targets for t in ts], seconds)
 
     def no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
         """The trajectories `ts`, whose request the engine can never take, end: as truncated
@@ -323,11 +339,18 @@ class GroupRun:
     def to_verify(self) -> tuple[list[int], list[Episode]]:
         """The samples verified now (not decided, not verified yet) and their episodes; the
         group's environments are closed first (their sandbox sessions free their slots)."""
+        self.settle()
+        assert self.episodes is not None
+        todo = [i for i in range(len(self.episodes)) if i not in self.decided and i not in self.verified]
+        return todo, [self.episodes[i] for i in todo]
+
+    def settle(self) -> list[Episode]:
+        """The group's episodes, what the verifier scores (built once, after generation and the
+        execute step), its environments closed."""
         if self.episodes is None:
             self.episodes = self._episodes()
         self.close()
-        todo = [i for i in range(len(self.episodes)) if i not in self.decided and i not in self.verified]
-        return todo, [self.episodes[i] for i in todo]
+        return self.episodes
 
     def verified_some(self, todo: Sequence[int], got: Sequence[Verdict]) -> float | None:
         """After verifying the samples `todo`: the backoff before verification runs again for
@@ -387,6 +410,7 @@ class GroupRun:
         empty completions with finish reason "error"), the group's timings on each, and each
         sample's exec result and turns from `episodes` (none: a group masked by a stage call); counted."""
         self.close()
+        self.final = list(verdicts)
         self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         self.counters["finished"] += 1
         if self.trajectories:
@@ -400,7 +424,8 @@ class GroupRun:
             self._rollout(i, c, v, episodes[i] if episodes else None) for i, (c, v) in enumerate(zip(comps, verdicts))
         )
         version = min((c.model_version for c in comps), default=0)
-        return GroupResult(self.seq, self.tier, rollouts, version)
+        self.result = GroupResult(self.seq, self.tier, rollouts, version)
+        return self.result
 
     def _rollout(self, i: int, c: Completion, v: Verdict, ep: Episode | None) -> Rollout:
         timings = dict(self.timings)
