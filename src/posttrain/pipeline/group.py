@@ -68,7 +68,7 @@ class RetryPolicy:
         """The backoff before retry number `attempts` + 1 after the error `rec`; None: not retried."""
         if rec.kind in NOT_RETRIED or attempts >= self.max_retries:
             return None
-        return self.backoff_s * (2**attempts)
+        return float(self.backoff_s * 2.0**attempts)
 
 
 @dataclass(frozen=True)
