@@ -14,6 +14,7 @@ the queues, the stage tasks and the thread hops are gone: the engine and
 the verifier run in the caller's thread, one call after another. (The one
 counter that may differ is generate_splits: the pipeline batches retried groups
 together again, so a failing engine may be split more often there.)
+Both drive each group through the one lifecycle (`GroupRun`, pipeline/group.py).
 Admission is by waves, one engine call's groups at a time: a wave takes up to
 `generate_batch` groups in the pipeline's admission order (priority, then long
 tier first), each admitted only while its tier has a free slot and its domain
