@@ -112,6 +112,10 @@ class GroupRun:
     """The task's domain, resolved once at admission."""
     budget: Budget
     """The domain's effective budget (the override of `tasks.domains.X`, else its declaration)."""
+    episodic: bool = False
+    """The domain runs episodes (it declares an environment), resolved at admission."""
+    executes: bool = False
+    """The domain declares an execute step (`Domain.executes`), resolved at admission."""
     admitted_at: float = field(default_factory=time.perf_counter)
     prompt_ids: tuple[int, ...] = ()
     completions: list[Completion] = field(default_factory=list)
@@ -167,20 +171,12 @@ class GroupRun:
         counters["admitted"] += 1
         counters["long_sampled"] += tier == "long"
         budget = budget or dataclasses.replace(domain.budget, tokens=params.max_tokens)
-        return cls(task, group_id, tier, seq, params.n, policy, counters, domain, budget)
+        episodic, executes = domain.environment() is not None, domain.executes
+        return cls(task, group_id, tier, seq, params.n, policy, counters, domain, budget, episodic, executes)
 
     @property
     def multi_turn(self) -> bool:
         return self.trajectories is not None
-
-    @property
-    def episodic(self) -> bool:
-        """Whether the domain runs episodes (it declares an environment)."""
-        return self.domain.environment() is not None
-
-    @property
-    def executes(self) -> bool:
-        return self.domain.executes
 
     @property
     def max_tokens(self) -> int:
