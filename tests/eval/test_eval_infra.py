@@ -15,7 +15,7 @@ from pipeline_testlib import ScriptedEngine  # noqa: E402
 
 from posttrain.domains import registry  # noqa: E402
 from posttrain.domains.base import ProceduralDomain  # noqa: E402
-from posttrain.errors import ErrorRecord, SandboxError, VerifierError  # noqa: E402
+from posttrain.errors import ErrorRecord, GenerationError, SandboxError, VerifierError  # noqa: E402
 from posttrain.evaluate import EvalTable, format_table  # noqa: E402
 from posttrain.evaluate.core import ItemVerdict, evaluate_sets, judge  # noqa: E402
 from posttrain.evaluate.heldout import domain_set  # noqa: E402
@@ -154,3 +154,25 @@ def test_a_transient_verifier_failure_is_retried_in_evaluation_as_in_training(do
     res = evaluate_sets(ScriptedEngine(lambda context, j: "0"), {"test_sums": domain(down)})["test_sums"]
     assert res.infra_errors == 4 and res.accuracy is None
     assert sorted(down.calls.values()) == [3] * 4
+
+
+class FailingCalls(ScriptedEngine):
+    """A scripted engine whose first `fails` generate calls raise a transient GenerationError."""
+
+    def __init__(self, fails: int) -> None:
+        super().__init__(lambda context, j: "0")
+        self.fails, self.calls = fails, 0
+
+    def generate(self, requests):
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise GenerationError("the engine server restarted")
+        return super().generate(requests)
+
+
+def test_a_failed_engine_call_is_retried_in_evaluation_then_masks_never_zero(domain):
+    sets = {"test_sums": domain(Pays())}
+    res = evaluate_sets(FailingCalls(fails=2), sets)["test_sums"]
+    assert res.infra_errors == 0 and res.accuracy == 1.0  # the third call generated every item
+    res = evaluate_sets(FailingCalls(fails=3), sets)["test_sums"]
+    assert res.infra_errors == 4 and res.accuracy is None  # retries spent: infra, never a wrong answer

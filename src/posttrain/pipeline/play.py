@@ -21,7 +21,7 @@ from typing import Any
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.engine.base import Engine
 from posttrain.envs import driver
-from posttrain.errors import ErrorRecord, capture
+from posttrain.errors import ErrorRecord, GenerationError, capture
 from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, RetryPolicy
 from posttrain.pipeline.workers import ExecuteFn, execute_one, verify_group
 from posttrain.types import Completion, Episode, SamplingParams, Task
@@ -136,6 +136,8 @@ class Play:
             t0 = time.perf_counter()
             try:
                 outs = self.engine.generate(requests)
+                if len(outs) != len(requests):
+                    raise GenerationError(f"engine returned {len(outs)} groups for {len(requests)} requests")
             except Exception as exc:
                 rec, again, delay = capture(exc), [], 0.0
                 for r in batch:
