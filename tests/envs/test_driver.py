@@ -13,8 +13,9 @@ from pipeline_testlib import ScriptedEngine  # noqa: E402
 
 from posttrain.domains import registry  # noqa: E402
 from posttrain.domains.base import Budget, Domain  # noqa: E402
-from posttrain.envs import StepResult, play  # noqa: E402
+from posttrain.envs import StepResult  # noqa: E402
 from posttrain.errors import SandboxError  # noqa: E402
+from posttrain.pipeline.play import play  # noqa: E402
 from posttrain.types import Message, SamplingParams, Score, Task, TaskMeta  # noqa: E402
 
 

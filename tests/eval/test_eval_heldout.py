@@ -6,7 +6,8 @@ import pytest
 
 from posttrain.domains.hygiene import prompt_key
 from posttrain.evaluate import EvalTable, HeldoutSet, build_heldout, format_table, rotation_slice
-from posttrain.evaluate.core import _Outcome, _result, _verdict
+from posttrain.evaluate.core import _result, judge
+from posttrain.pipeline.workers import verify_one
 from posttrain.types import Episode
 
 
@@ -61,13 +62,13 @@ def test_eval_verifier_is_stricter_than_the_training_one():
     task = build_heldout({"add": 2}, 1).sets["core:add"].tasks()[0]
     ref = str(task.reference)
 
-    def done(text):
-        return _Outcome(Episode(text))
+    def verdicts(text):
+        return judge(task, verify_one(task, Episode(text)), Episode(text))[:2]
 
-    assert _verdict(task, done(ref))[:2] == (True, True)
+    assert verdicts(ref) == (True, True)
     # the training verifier reads the last answer tag; the eval verifier also wants nothing else around it
-    assert _verdict(task, done(f"junk <answer>{ref}</answer>"))[:2] == (False, True)
-    assert _verdict(task, done(ref + "1"))[:2] == (False, False)
+    assert verdicts(f"junk <answer>{ref}</answer>") == (False, True)
+    assert verdicts(ref + "1") == (False, False)
 
 
 def test_all_infra_domain_is_not_zero(raising_domain):

@@ -283,14 +283,15 @@ FAMILIES = (
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_evaluation_plays_hostile_episodes_without_masking(name):
-    from posttrain.envs.driver import play
-    from posttrain.evaluate.core import _Outcome, _verdict
+    from posttrain.evaluate.core import judge
+    from posttrain.pipeline.play import Play
 
     dom = DOMAINS[name]
     task = dom.sample(0, "train", 1)
     plans = _plans(name, task, 3)
     budget = dataclasses.replace(dom.budget, turns=max(map(len, plans)) + 1)
-    [played] = play(PlanEngine(plans), [task], SamplingParams(n=len(plans), max_tokens=64), len(plans), {name: budget})
-    assert [p.error for p in played] == [None] * len(plans)
-    verdicts = [_verdict(task, _Outcome(p.episode, p.turns, p.error, executed=True, fault=p.fault)) for p in played]
+    params = SamplingParams(n=len(plans), max_tokens=64)
+    [run] = Play(PlanEngine(plans), params, {name: budget}).run([task])  # the evaluator's scheduler
+    assert [v.error_kind for v in run.final] == [None] * len(plans)
+    verdicts = [judge(task, v, e) for v, e in zip(run.final, run.episodes)]
     assert all(v.ok is not None for v in verdicts), [v.error for v in verdicts]

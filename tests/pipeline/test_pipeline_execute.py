@@ -201,7 +201,8 @@ def test_mixed_budgets_generate_in_separate_calls_each_capped_at_its_own():
 
 
 def test_budget_cap_and_eval_use_the_same_budgets():
-    from posttrain.evaluate.core import EvalOptions, _generate, tokens_for
+    from posttrain.evaluate.core import EvalOptions, eval_budgets, tokens_for
+    from posttrain.pipeline.play import Play
 
     assert domain_budgets(["code", "add"], cap=512)["code"].tokens == 512  # rollout.max_tokens caps
     assert domain_budgets(["code", "add"], cap=512)["add"].tokens == 16
@@ -215,8 +216,9 @@ def test_budget_cap_and_eval_use_the_same_budgets():
         get("add").sample(1, "eval", 1),
     ]
     engine = BudgetEngine(lambda context, j: "9" * 100)
-    out = _generate(engine, tasks, SamplingParams(n=1), 8, opts)
-    assert [len(g[0].token_ids) for g in out] == [24, 16, 16]  # task order kept
+    budgets = eval_budgets([t.domain for t in tasks], opts)
+    out = Play(engine, SamplingParams(n=1), budgets, batch_size=8).groups(tasks)
+    assert [len(g.completions[0].token_ids) for g in out] == [24, 16, 16]  # task order kept
     assert engine.call_budgets == [{16}, {24}]
 
 

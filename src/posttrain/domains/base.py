@@ -15,7 +15,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from posttrain.errors import VerifierError
 from posttrain.types import CostClass, Episode, Message, Score, Split, Task, TaskMeta
@@ -52,10 +52,37 @@ class ExecutionResult(Protocol):
 
 
 class Verifier(Protocol):
+    """The verifier contract: `score(task, episode) -> Score`, named and versioned (the trace
+    and the report name it `name@version`). Optional capabilities are declared apart
+    (`ExecutingVerifier`, `CheapVerifier`), checked with isinstance, never sniffed."""
+
     name: str
     version: str
 
     def score(self, task: Task, episode: Episode) -> Score: ...
+
+
+@runtime_checkable
+class ExecutingVerifier(Protocol):
+    """A verifier that declares an execute step (its domain then `executes`): one sandbox run
+    through `run` (None: the process-wide pool) whose typed result the verifier reads as
+    Episode.exec_result; None when nothing runs. Raises SandboxError when the sandbox, not
+    the program, failed."""
+
+    def execute(self, task: Task, completion: str, run: Runner | None = None) -> ExecutionResult | None: ...
+
+
+@runtime_checkable
+class CheapVerifier(Protocol):
+    """A verifier that declares whether it scores in process in microseconds, with no I/O
+    (`cheap` True: the pipeline may call it in the event loop's thread, pipeline/direct.py)."""
+
+    cheap: bool
+
+
+def is_cheap(verifier: object) -> bool:
+    """Whether `verifier` declares itself cheap (`CheapVerifier` with `cheap` True)."""
+    return isinstance(verifier, CheapVerifier) and bool(verifier.cheap)
 
 
 def stable_hash(*parts: Any) -> int:
@@ -182,8 +209,8 @@ class Domain(abc.ABC):
 
     @property
     def executes(self) -> bool:
-        """Whether the domain declares an execute step (its verifier has `execute`)."""
-        return callable(getattr(self.verifier, "execute", None))
+        """Whether the domain declares an execute step (its verifier is an `ExecutingVerifier`)."""
+        return isinstance(self.verifier, ExecutingVerifier)
 
     def execute(self, task: Task, completion: str, run: Runner | None = None) -> ExecutionResult | None:
         """The execute step of a domain that runs what the model wrote: one
@@ -192,9 +219,10 @@ class Domain(abc.ABC):
         no sandbox call of its own. None when nothing runs (no such step, or no
         program in the completion). Raises SandboxError when the sandbox, not the
         program, failed: the pipeline retries it, then masks and counts it.
-        Default: the verifier's own `execute(task, completion, run)`, if it has one."""
-        step = getattr(self.verifier, "execute", None)
-        return step(task, completion, run) if callable(step) else None
+        Default: the verifier's own `execute(task, completion, run)`, if it declares one."""
+        if isinstance(self.verifier, ExecutingVerifier):
+            return self.verifier.execute(task, completion, run)
+        return None
 
     def environment(self) -> Any | None:
         """A multi-turn environment factory, or None for single-turn domains."""

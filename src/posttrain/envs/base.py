@@ -12,18 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from posttrain.types import Completion, FinishReason, Message, StepResult, Task, Turn
 
 __all__ = ["Environment", "StepResult", "as_step_result", "make_environment"]
 
 
+@runtime_checkable
 class Environment(Protocol):
-    """A multi-turn world. `reset` starts an episode for a task and returns the
-    first observation ("" for none), which the driver puts in the prompt (a
-    "tool" message after the task's messages) before the first generation.
-    `step` takes the model's action; a malformed action is an observation,
+    """A multi-turn world (checked once per environment made: `make_environment`). `reset`
+    starts an episode for a task and returns the first observation ("" for none), which
+    the driver puts in the prompt (a "tool" message after the task's messages) before the
+    first generation. `step` takes the model's action; a malformed action is an observation,
     never an exception; SandboxError means the sandbox failed (the driver
     retries, then masks and counts the episode; never reward 0). Any other
     exception a step raises on an action is the model's (`errors.blame`): the
@@ -37,19 +38,24 @@ class Environment(Protocol):
 
 
 def make_environment(domain: Any) -> Environment | None:
-    """A fresh environment of `domain` (its `environment()` returns a factory:
-    a class or a zero-arg callable), or None for single-turn domains."""
+    """A fresh environment of `domain` (its `environment()` returns a factory: a class or a
+    zero-arg callable, or an Environment itself), or None for single-turn domains. TypeError,
+    naming what is missing, when what it makes is not an Environment."""
     made = domain.environment()
     if made is None:
         return None
-    env: Environment = made() if isinstance(made, type) or not hasattr(made, "reset") else made
-    missing = [m for m in ("reset", "step", "close") if not callable(getattr(env, m, None))]
-    if missing:
+    env = made if isinstance(made, Environment) and not isinstance(made, type) else made()
+    if not isinstance(env, Environment):
+        missing = [m for m in _MEMBERS if not callable(getattr(env, m, None))]
         raise TypeError(
             f"domain {domain.name}: environment() gave {type(env).__name__}, which has no "
             f"{'/'.join(missing)} (the Environment contract: reset, step, close)"
         )
     return env
+
+
+_MEMBERS = ("reset", "step", "close")
+"""The Environment contract's members (named in make_environment's error)."""
 
 
 def as_step_result(got: Any) -> StepResult:

@@ -10,23 +10,22 @@ and its share of the engine calls) pass its time budget (`Budget.seconds`:
 as truncated, scored: the model's turns and the code they ran made it long),
 or when the action made the environment raise (a model fault: scored 0 with
 the reason, never masked);
-each Turn keeps the step's observation, parts and exec_result. The pipeline (embedded and Ray runtimes
-alike) and `play` (synchronous, for evaluation and tests) call these same
-functions; verification is never done here.
+each Turn keeps the step's observation, parts and exec_result. Every scheduler of
+a group's lifecycle (`pipeline.group.GroupRun`: the staged pipeline, embedded and Ray
+runtimes alike, and the synchronous `pipeline.play`, for evaluation and tests) steps
+episodes with these same functions; retries and verification are never done here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Environment, Trajectory, as_step_result, make_environment
-from posttrain.errors import NOT_RETRIED, ErrorRecord, ModelFault, PromptTooLong, blame
+from posttrain.errors import ErrorRecord, ModelFault, PromptTooLong, blame
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, StepResult, Task
 
 _UNSET: Any = object()
@@ -231,114 +230,3 @@ def close_envs(envs: Any) -> None:
 def turns_of(domain: Any, budget: Budget | None) -> int:
     """The episode's turn budget: the override (tasks.domains.X) or the domain's declaration."""
     return max(1, (budget or domain.budget).turns)
-
-
-# ---- play: the synchronous driver (evaluation, tests) -----------------------
-
-
-@dataclass(frozen=True)
-class Played:
-    """One episode run by `play`: the token ledger (with the loss mask), what the
-    verifier would score, how many turns it used, the infra error kind that
-    masked it (None when it ran to its end) and the model fault that ended it
-    (scored 0 with that reason; None when there was none)."""
-
-    completion: Completion
-    episode: Episode
-    turns: int
-    error: str | None = None
-    loss_mask: tuple[int, ...] = ()
-    fault: str | None = None
-
-
-def play(
-    engine: Any,
-    tasks: Sequence[Task],
-    params: SamplingParams,
-    n: int = 1,
-    budgets: Mapping[str, Budget] | None = None,
-    retries: int = 2,
-) -> list[list[Played]]:
-    """`n` episodes per task, run to their end through the same stepping code as the
-    pipeline; a step or execute that keeps failing (after `retries` retries) masks
-    its episode with the error kind. Single-turn domains: one generation each."""
-    from posttrain.domains.registry import get
-
-    out = []
-    for k, task in enumerate(tasks):
-        domain = get(task.domain)
-        budget = (budgets or {}).get(task.domain)
-        p = dataclasses.replace(params, max_tokens=budget.tokens if budget else params.max_tokens)
-        seed = None if params.seed is None else stable_hash("play", params.seed, k)
-        out.append(_play_task(engine, domain, task, p, n, budget, seed, retries))
-    return out
-
-
-def _play_task(
-    engine: Any,
-    domain: Any,
-    task: Task,
-    params: SamplingParams,
-    n: int,
-    budget: Budget | None,
-    seed: int | None,
-    retries: int,
-) -> list[Played]:
-    if domain.environment() is None:
-        prompt = engine.encode_chat(task.prompt)
-        group = engine.generate([GenerationRequest(prompt, dataclasses.replace(params, n=n, seed=seed), task.id)])[0]
-        played = []
-        for c in group:
-            run = (lambda c=c: domain.execute(task, require_utf8(c.text))) if domain.executes else (lambda: None)
-            res, rec = _retried(run, retries)
-            ep = Episode(c.text, finish_reason=c.finish_reason, exec_result=res)
-            error, fault_ = _error_and_fault(rec)
-            played.append(Played(c, ep, 1, error, (1,) * len(c.token_ids), fault_))
-        return played
-    envs = open_envs(domain, task, n)
-    try:
-        prompts = [engine.encode_chat(first_messages(task, obs)) for _, obs in envs]
-        trajs = start(envs, task, prompts, turns_of(domain, budget), (budget or domain.budget).seconds)
-        while any(not t.done for t in trajs):
-            reqs, targets = requests(trajs, params, seed, task.id)
-            t0 = time.perf_counter()
-            generate_each(engine.generate, reqs, targets)
-            spent([t for ts in targets for t in ts], time.perf_counter() - t0)
-            for t in (t for ts in targets for t in ts):
-                _, rec = _retried(functools.partial(step, t), retries)  # a model fault ends t inside step
-                if rec is not None:
-                    mask(t, rec.kind)
-                observe(t, engine.encode_chat)
-        return [_played(domain, task, t, retries) for t in trajs]
-    finally:
-        close_envs(e for e, _ in envs)
-
-
-def _played(domain: Any, task: Task, t: Trajectory, retries: int) -> Played:
-    ep = episode(t)
-    if domain.executes and t.error is None and t.fault is None:
-        res, rec = _retried(lambda: domain.execute(task, require_utf8(t.turns[-1].action)), retries)
-        t.error, fault_ = _error_and_fault(rec)
-        t.fault = t.fault or fault_
-        ep = dataclasses.replace(ep, exec_result=res)
-    return Played(t.completion(), ep, len(t.turns), t.error, tuple(t.mask), t.fault)
-
-
-def _error_and_fault(rec: ErrorRecord | None) -> tuple[str | None, str | None]:
-    """(the infra kind that masks, the model fault that scores 0) of a failed call's record."""
-    if rec is None:
-        return None, None
-    return (None, rec.message) if rec.kind == "model" else (rec.kind, None)
-
-
-def _retried(call: Callable[[], Any], retries: int) -> tuple[Any, ErrorRecord | None]:
-    """(call's result, None), or (None, the record of its failure, blamed by cause): a model
-    fault or a config/task error at once, an infra error once it failed `retries` + 1 times."""
-    for attempt in range(retries + 1):
-        try:
-            return call(), None
-        except Exception as exc:  # blamed: an environment or sandbox that fails is infra, never a score
-            rec = blame(exc, "sandbox")
-            if rec.kind in NOT_RETRIED or attempt == retries:
-                return None, rec
-    return None, ErrorRecord("infra", "unreachable: the loop returns")

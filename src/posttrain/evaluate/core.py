@@ -4,32 +4,38 @@ Invariant: the same model and held-out set give the same JSON twice (greedy
 decoding; sampled metrics use a fixed seed); only eval-split tasks are used;
 each item is scored by its domain's training verifier and by its eval
 verifier (`strict.py`: the training verdict AND the domain's stricter
-checks); what escapes the execute step or the verifier is blamed by its
-cause, as in training (`pipeline.workers`): an infra error (and a verifier
-that raises on the gold answer too) makes the item an infra error: counted,
-left out of every accuracy, never a 0; what the model's output made host
-code raise is a wrong answer (scored 0, the model's fault). A domain whose items are all infra
-errors has no accuracy (None), not 0.0. A multi-turn domain (one with an
-environment) is evaluated as it is trained: each item is an episode played to
-its end by `posttrain.envs.driver.play`, scored by the domain, and its turn
-count kept, so pass@turn-k (passed using at most k turns) is reported per turn.
+checks); each item's group runs through the training lifecycle
+(`pipeline.group.GroupRun`, scheduled by `pipeline.play.Play`): the same budgets,
+the same retries (a transient verifier, sandbox or engine failure is retried
+with the default `pipeline.max_retries` and `backoff_s`), and what escapes the
+execute step or the verifier is blamed by its cause (`pipeline.workers`): an
+infra error (and a verifier that raises on the gold answer too) makes the item
+an infra error: counted, left out of every accuracy, never a 0; what the
+model's output made host code raise is a wrong answer (scored 0, the model's
+fault). A domain whose items are all infra errors has no accuracy (None), not
+0.0. A multi-turn domain (one with an environment) is evaluated as it is
+trained: each item is an episode played to its end through `envs.driver`,
+scored by the domain, and its turn count kept, so pass@turn-k (passed using at
+most k turns) is reported per turn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple, cast
 
-from posttrain.domains.base import extract_answer
+from posttrain.domains.base import Budget, extract_answer
 from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
-from posttrain.errors import ErrorKind, ErrorRecord, blame, capture
+from posttrain.errors import ErrorKind, ErrorRecord, capture
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout
 from posttrain.evaluate.stats import maj_at_k, mean_interval, mean_over_domains_interval, pass_at_k, wilson
 from posttrain.evaluate.strict import checks_of, eval_verifier_name
-from posttrain.pipeline.workers import verify_one
-from posttrain.types import Episode, GenerationRequest, SamplingParams, Task
+from posttrain.pipeline.group import GroupRun
+from posttrain.pipeline.play import Play
+from posttrain.pipeline.workers import Verdict
+from posttrain.types import Episode, SamplingParams, Task
 
 Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, training verdict (None: infra error)
 
@@ -271,26 +277,18 @@ def tokens_for(domain: str, opts: EvalOptions) -> int:
     return min(tokens, opts.max_tokens) if opts.max_tokens else tokens
 
 
-def _generate(
-    engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions | None = None
-) -> list[list[Any]]:
-    """Completions in task order; generated in batches of one token budget each (per domain
-    with `opts`, else `params.max_tokens` for all), so a short domain never pads to a long one."""
-    budget = {t.domain: tokens_for(t.domain, opts) for t in tasks} if opts else {}
-    order: dict[int, list[int]] = {}
-    for i, t in enumerate(tasks):
-        order.setdefault(budget.get(t.domain, params.max_tokens), []).append(i)
-    out: list[list[Any]] = [[] for _ in tasks]
-    for tokens, idx in sorted(order.items()):
-        p = replace(params, max_tokens=tokens)
-        for start in range(0, len(idx), batch_size):
-            chunk = idx[start : start + batch_size]
-            got = engine.generate(
-                [GenerationRequest(engine.encode_chat(tasks[i].prompt), p, tasks[i].id) for i in chunk]
-            )
-            for i, g in zip(chunk, got):
-                out[i] = g
-    return out
+def eval_budgets(domains: Iterable[str], opts: EvalOptions) -> dict[str, Budget]:
+    """Each domain's eval budget: the training one (tokens capped by `opts.max_tokens`, turns,
+    seconds per episode), as `GroupRun.admit` takes it."""
+    return {
+        d: replace(
+            get(d).budget,
+            tokens=tokens_for(d, opts),
+            turns=turns_for(d, opts),
+            seconds=opts.seconds.get(d) or get(d).budget.seconds,
+        )
+        for d in set(domains)
+    }
 
 
 def is_multi_turn(domain: str) -> bool:
@@ -303,51 +301,14 @@ def turns_for(domain: str, opts: EvalOptions) -> int:
     return opts.turns.get(domain) or get(domain).budget.turns
 
 
-def _play(engine: Engine, tasks: Sequence[Task], params: SamplingParams, opts: EvalOptions) -> list[list[Any]]:
-    """Episodes of multi-turn tasks in task order (`params.n` per task), played to their end by
-    the episode driver with each domain's training budgets (tokens per turn, turns, seconds)."""
-    from posttrain.envs.driver import play
-
-    budgets = {
-        d: replace(
-            get(d).budget,
-            tokens=tokens_for(d, opts),
-            turns=turns_for(d, opts),
-            seconds=opts.seconds.get(d) or get(d).budget.seconds,
-        )
-        for d in {t.domain for t in tasks}
-    }
-    return play(engine, tasks, params, n=params.n, budgets=budgets)
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """What one item produced: an episode played by the driver (its turn count, or the kind of
-    the infra error that masked it; its execute step already run) or one completion (not executed yet)."""
-
-    episode: Episode
-    turns: int = 1
-    error: str | None = None
-    executed: bool = False
-    fault: str | None = None
-    """The model fault that ended the episode (scored 0), as the driver recorded it."""
-
-
-def _outcomes(
+def _groups(
     engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions
-) -> list[list[_Outcome]]:
-    """Every task's outcomes (`params.n` each), in task order: single-turn tasks generated in
-    batches by token budget, multi-turn ones played as episodes."""
-    multi = [i for i, t in enumerate(tasks) if is_multi_turn(t.domain)]
-    single = [i for i, t in enumerate(tasks) if not is_multi_turn(t.domain)]
-    out: list[list[_Outcome]] = [[] for _ in tasks]
-    if single:
-        for i, group in zip(single, _generate(engine, [tasks[i] for i in single], params, batch_size, opts)):
-            out[i] = [_Outcome(Episode(c.text, finish_reason=c.finish_reason)) for c in group]
-    if multi:
-        for i, group in zip(multi, _play(engine, [tasks[i] for i in multi], params, opts)):
-            out[i] = [_Outcome(p.episode, p.turns, p.error, executed=True, fault=p.fault) for p in group]
-    return out
+) -> list[GroupRun]:
+    """Every task's group (`params.n` samples), in task order, through the one lifecycle
+    (`pipeline.play.Play`: the training budgets, retries and masking; single-turn tasks
+    generated in batches by token budget, multi-turn ones played as episodes), verified."""
+    budgets = eval_budgets((t.domain for t in tasks), opts)
+    return Play(engine, params, budgets, batch_size=batch_size).run(tasks)
 
 
 class ItemVerdict(NamedTuple):
@@ -360,49 +321,40 @@ class ItemVerdict(NamedTuple):
     error: ErrorRecord | None = None
 
 
-def _verdict(task: Task, outcome: _Outcome) -> ItemVerdict:
-    """The item's verdicts; an exception escaping the execute step or the verifier is blamed
-    by its cause (errors.blame and the verifier's cause test): a model fault is a wrong
-    answer (0), an infra error leaves the item out; a stricter check that raises is captured."""
-    if outcome.error is not None:  # the driver masked the episode after its retries; `error` is the kind
-        masked = ErrorRecord(cast(ErrorKind, outcome.error), "the episode driver masked the episode")
-        return ItemVerdict(None, None, None, masked)
-    if outcome.fault is not None:  # the action made the environment raise: the model's, scored 0
-        return ItemVerdict(False, False, 0.0, ErrorRecord("model", outcome.fault))
-    dom, episode = get(task.domain), outcome.episode
-    try:  # the execute step first (a sandbox run where the domain declares one)
-        if dom.executes and not outcome.executed:
-            episode = replace(episode, exec_result=dom.execute(task, episode.completion))
-    except Exception as exc:  # blamed: a sandbox failure leaves the item out, a model fault scores 0
-        return _failed(blame(exc, "sandbox"))
-    verdict = verify_one(task, episode)
+def judge(task: Task, verdict: Verdict, episode: Episode) -> ItemVerdict:
+    """The item's verdicts from its training verdict (`GroupRun`: blamed by cause, transient
+    verifier failures retried): an infra error leaves the item out, a model fault is a wrong
+    answer (0); the eval verdict then ANDs the domain's stricter checks, and a check that
+    raises is captured (infra for the eval verdict only)."""
     if verdict.score is None:  # an infra error: never a wrong answer
         return ItemVerdict(None, None, None, ErrorRecord(cast(ErrorKind, verdict.error_kind), verdict.error or ""))
-    score = verdict.score
     if verdict.fault is not None:
         return ItemVerdict(False, False, 0.0, ErrorRecord("model", verdict.fault))
-    ok = bool(score.passed)
+    ok, score = bool(verdict.score.passed), verdict.score
     try:
-        strict = ok and all(bool(check(task, episode.completion)) for _, check in checks_of(dom))
+        strict = ok and all(bool(check(task, episode.completion)) for _, check in checks_of(get(task.domain)))
     except Exception as exc:  # the stricter check could not decide: infra for the eval verdict only
         return ItemVerdict(None, ok, float(score.value), capture(exc, "verifier"))
     return ItemVerdict(strict, ok, float(score.value))
 
 
-def _failed(rec: ErrorRecord) -> ItemVerdict:
-    """The verdicts of an item whose execute step failed: wrong (0) for a model fault, else infra."""
-    if rec.kind == "model":
-        return ItemVerdict(False, False, 0.0, rec)
-    return ItemVerdict(None, None, None, rec)
+def _judged(run: GroupRun) -> list[ItemVerdict]:
+    """A verified group's items' verdicts, sample by sample."""
+    assert run.result is not None  # `Play.run` finished it
+    episodes = run.episodes or [Episode(r.completion.text) for r in run.result.rollouts]
+    return [judge(run.task, v, e) for v, e in zip(run.final, episodes)]
+
+
+def _turns(run: GroupRun) -> list[int]:
+    return [len(t.turns) for t in run.trajectories] if run.trajectories else [1] * run.n
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
-    for task, group in zip(tasks, _outcomes(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)):
-        judged = [
-            (extract_answer(o.episode.completion), v) for o in group for v in [_verdict(task, o).ok] if v is not None
-        ]
+    for run in _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts):
+        episodes = run.episodes or [Episode("")] * run.n
+        judged = [(extract_answer(e.completion), v.ok) for e, v in zip(episodes, _judged(run)) if v.ok is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
             if k <= len(judged):
@@ -419,16 +371,16 @@ def evaluate_sets(
     tasks = {key: s.tasks() for key, s in sets.items()}
     flat = [t for ts in tasks.values() for t in ts]
     greedy = SamplingParams(max_tokens=16, temperature=0.0, n=1, seed=0)
-    outputs = iter(_outcomes(engine, flat, greedy, opts.batch_size, opts))
+    runs = iter(_groups(engine, flat, greedy, opts.batch_size, opts))
     kinds = set(sample_kinds)
     out = {}
     for key, s in sets.items():
         items, values, turns = [], [], []
         for task in tasks[key]:
-            outcome = next(outputs)[0]
-            ok, train_ok, value, _ = _verdict(task, outcome)
+            run = next(runs)
+            ok, train_ok, value, _ = _judged(run)[0]
             items.append((task.id, ok, train_ok))
-            turns.append(outcome.turns)
+            turns.append(_turns(run)[0])
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None

@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from posttrain.domains.base import Budget
+from posttrain.configs.tasks import DomainSpec
+from posttrain.domains.base import Budget, Domain
 
 
-def domain_budget(domain: Any, spec: Any = None, cap: int | None = None) -> Budget:
+def domain_budget(domain: Domain, spec: DomainSpec | None = None, cap: int | None = None) -> Budget:
     """One domain's effective budget (`spec`: its tasks.domains entry, or None)."""
     b = domain.budget
-    tokens = getattr(spec, "max_tokens", None) or b.tokens
-    turns = getattr(spec, "max_turns", None) or b.turns
-    seconds = getattr(spec, "max_seconds", None) or b.seconds
+    tokens = (spec and spec.max_tokens) or b.tokens
+    turns = (spec and spec.max_turns) or b.turns
+    seconds = (spec and spec.max_seconds) or b.seconds
     return dataclasses.replace(b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds)
 
 
 def domain_budgets(
-    names: Iterable[str], specs: Mapping[str, Any] | None = None, cap: int | None = None
+    names: Iterable[str], specs: Mapping[str, DomainSpec] | None = None, cap: int | None = None
 ) -> dict[str, Budget]:
     """Effective budgets of the named registered domains."""
     from posttrain.domains.registry import get

@@ -14,6 +14,7 @@ the queues, the stage tasks and the thread hops are gone: the engine and
 the verifier run in the caller's thread, one call after another. (The one
 counter that may differ is generate_splits: the pipeline batches retried groups
 together again, so a failing engine may be split more often there.)
+Both drive each group through the one lifecycle (`GroupRun`, pipeline/group.py).
 Admission is by waves, one engine call's groups at a time: a wave takes up to
 `generate_batch` groups in the pipeline's admission order (priority, then long
 tier first), each admitted only while its tier has a free slot and its domain
@@ -32,21 +33,12 @@ from typing import Any
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget
 from posttrain.errors import ErrorRecord, GenerationError, capture
-from posttrain.pipeline.core import (
-    COUNTERS,
-    GroupResult,
-    PipelineStats,
-    _Item,
-    finished_group,
-    group_requests,
-    retry_kinds,
-    splits,
-    take_retry,
-)
+from posttrain.pipeline.core import PipelineStats, splits
+from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, RetryPolicy
 from posttrain.pipeline.metrics import StageMeter
 from posttrain.pipeline.scheduler import Scheduler
-from posttrain.pipeline.workers import Verdict
-from posttrain.types import Episode, SamplingParams, Task
+from posttrain.pipeline.workers import InlineWorkers
+from posttrain.types import SamplingParams, Task
 
 
 class Direct:
@@ -56,7 +48,7 @@ class Direct:
     def __init__(
         self,
         config: PipelineConfig,
-        workers: Any,
+        workers: InlineWorkers,
         params: SamplingParams,
         scheduler: Scheduler,
         group_prefix: str = "",
@@ -76,6 +68,7 @@ class Direct:
         }
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._tokens = 0
+        self._policy = RetryPolicy.of(config)
 
     def run_groups(self, tasks: Sequence[Task]) -> list[GroupResult | None]:
         """Results in task order; None for a task whose domain is paused (paused_skipped)."""
@@ -95,7 +88,7 @@ class Direct:
 
     def _wave(
         self, first: int, tasks: Sequence[Task], encoded: list[Any], waiting: list[int], done: dict[int, GroupResult]
-    ) -> list[_Item]:
+    ) -> list[GroupRun]:
         """Admit the next engine call's groups, taking them out of `waiting`: tasks of paused
         domains are skipped and counted; then, in the staged pipeline's admission order
         (`Scheduler.next_admissible`: a free slot, room in the domain's quota, the highest
@@ -103,7 +96,7 @@ class Direct:
         for i in [i for i in waiting if self.scheduler.is_paused(tasks[i].domain)]:
             self.counters["paused_skipped"] += 1
             waiting.remove(i)
-        live: list[_Item] = []
+        live: list[GroupRun] = []
         while waiting and len(live) < self.cfg.generate_batch:
             k = self.scheduler.next_admissible([tasks[i] for i in waiting])
             if k is None:
@@ -123,54 +116,35 @@ class Direct:
 
     # ---- the steps of a group ------------------------------------------------
     def _encode(self, prompts: list[Any]) -> list[Any]:
-        """Each prompt's ids or the error encoding it raised: one batched call when the workers
-        have one (`EmbeddedWorkers.encode_many`), else prompt by prompt."""
-        many = getattr(self.workers, "encode_many", None)
-        if many is not None:
-            return list(many(prompts))
-        out: list[Any] = []
-        for p in prompts:
-            try:
-                out.append(self.workers.encode_now(p))
-            except Exception as exc:
-                out.append(exc)
-        return out
+        """Each prompt's ids or the error encoding it raised, in one call (`InlineWorkers.encode_many`)."""
+        return list(self.workers.encode_many(prompts))
 
-    def _admit(self, seq: int, task: Task, ids: Any) -> tuple[_Item, BaseException | None]:
+    def _admit(self, seq: int, task: Task, ids: Any) -> tuple[GroupRun, BaseException | None]:
         """Admit one task whose prompt encoded to `ids` (or raised the exception `ids`)."""
         tier = self.scheduler.admit(task.domain)
-        self.counters["admitted"] += 1
-        self.counters["long_sampled"] += tier == "long"
         budget = self.budgets.get(task.domain)
-        item = _Item(
-            task,
-            f"{self._prefix}{seq}",
-            tier,
-            seq,
-            time.perf_counter(),
-            max_tokens=budget.tokens if budget else self.params.max_tokens,
-        )  # single-turn: one turn
+        item = GroupRun.admit(task, f"{self._prefix}{seq}", tier, seq, self.params, self._policy, self.counters, budget)
         if isinstance(ids, BaseException):
             return item, ids
         item.prompt_ids = ids
         return item, None
 
-    def _generate(self, batch: list[_Item]) -> list[tuple[_Item, ErrorRecord | None]]:
+    def _generate(self, batch: list[GroupRun]) -> list[tuple[GroupRun, ErrorRecord | None]]:
         """Each group generated (with retries): (item, None) once it has its completions, or
         (item, the record of the error that masks it). One engine call per token budget, shortest first."""
-        out: list[tuple[_Item, ErrorRecord | None]] = []
-        buckets: dict[int, list[_Item]] = {}
+        out: list[tuple[GroupRun, ErrorRecord | None]] = []
+        buckets: dict[int, list[GroupRun]] = {}
         for it in batch:
             buckets.setdefault(it.max_tokens, []).append(it)
         for _, bucket in sorted(buckets.items()):
             out += self._generate_part(bucket)
         return out
 
-    def _generate_part(self, bucket: list[_Item]) -> list[tuple[_Item, ErrorRecord | None]]:
+    def _generate_part(self, bucket: list[GroupRun]) -> list[tuple[GroupRun, ErrorRecord | None]]:
         """`_generate` of one engine call's groups: a call that fails over several groups is
         split in halves (as `Pipeline._generate_bucket`); one group's failure, or a timeout,
         is retried after the backoff, then masks."""
-        out: list[tuple[_Item, ErrorRecord | None]] = []
+        out: list[tuple[GroupRun, ErrorRecord | None]] = []
         while bucket:
             error = self._call_engine(bucket)
             if error is None:
@@ -181,11 +155,10 @@ class Direct:
                 return out + self._generate_part(bucket[:half]) + self._generate_part(bucket[half:])
             rec, retry, delay = capture(error, "infra"), [], 0.0
             for it in bucket:
-                wait = take_retry(self.cfg, it, "generate", rec, self.counters)
+                wait = it.retry_group("generate", rec)
                 if wait is None:
                     out.append((it, rec))
                 else:
-                    it.group_retries += 1
                     delay = max(delay, wait)
                     retry.append(it)
             if retry:
@@ -193,8 +166,8 @@ class Direct:
             bucket = retry
         return out
 
-    def _call_engine(self, bucket: list[_Item]) -> BaseException | None:
-        requests = [group_requests(it, self.params, self.seed) for it in bucket]
+    def _call_engine(self, bucket: list[GroupRun]) -> BaseException | None:
+        requests = [it.requests(self.params, it.group_seed(self.seed)) for it in bucket]
         meter, token = self.meters["generate"], self._token()
         meter.begin(token)
         try:
@@ -207,40 +180,30 @@ class Direct:
             return exc
         took = meter.end(token, len(bucket))
         for it, got in zip(bucket, outs):
-            it.completions = list(got)
-            it.timings["generate_s"] = it.timings.get("generate_s", 0.0) + took / len(bucket)
+            it.generated([got], took / len(bucket))
         return None
 
-    def _verify(self, item: _Item) -> GroupResult:
+    def _verify(self, item: GroupRun) -> GroupResult:
         item.timings["execute_s"] = 0.0  # nothing to execute: the direct path's condition
-        episodes = [Episode(c.text, finish_reason=c.finish_reason) for c in item.completions]
         meter, token = self.meters["verify"], self._token()
         meter.begin(token)
-        verdicts = list(self.workers.verify_now(item.task, episodes))  # verify_group: an escape is blamed by cause
-        while again := retry_kinds(dict(enumerate(verdicts)), range(len(verdicts))):
-            first = verdicts[again[0]]
-            delay = take_retry(self.cfg, item, "verify", ErrorRecord("verifier", first.error or ""), self.counters)
+        while True:  # verify_group: an escape is blamed by cause; a transient one is retried
+            todo, episodes = item.to_verify()
+            delay = item.verified_some(todo, self.workers.verify_now(item.task, episodes))
             if delay is None:
-                break  # retries spent: the masked verdicts stand
+                break
             time.sleep(delay)
-            for i, v in zip(again, self.workers.verify_now(item.task, [episodes[i] for i in again])):
-                verdicts[i] = v
-                item.retried[i] = item.retried.get(i, 0) + 1
         item.timings["verify_s"] = meter.end(token)
-        self.counters["model_faults"] += sum(v.fault is not None for v in verdicts)
-        self.scheduler.record_verification(item.task.domain, any(v.error_kind == "verifier" for v in verdicts))
-        return self._finish(item, verdicts, episodes)
+        verdicts = item.verdicts()
+        self.scheduler.record_verification(item.task.domain, bool(item.infra_failed()))
+        return self._finish(item, verdicts, item.episodes or ())
 
-    def _mask(self, item: _Item, rec: ErrorRecord) -> GroupResult:
-        n = len(item.completions) or self.params.n
-        self.counters["masked_rollouts"] += n
-        return self._finish(item, [Verdict(None, rec.kind, rec.message)] * n)
+    def _mask(self, item: GroupRun, rec: ErrorRecord) -> GroupResult:
+        return self._finish(item, item.mask_rest(rec))
 
-    def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> GroupResult:
-        self.counters["masked_groups"] += all(v.score is None for v in verdicts)
-        result = finished_group(item, self.params.n, verdicts, episodes)
+    def _finish(self, item: GroupRun, verdicts: Any, episodes: Any = ()) -> GroupResult:
+        result = item.finish(verdicts, episodes)
         self.scheduler.finish(item.task.domain)
-        self.counters["finished"] += 1
         return result
 
     def _token(self) -> int:

@@ -175,7 +175,7 @@ class RayWorkers:
 
     @property
     def driver_version(self) -> int:
-        return int(getattr(self._source, "version", 0))
+        return 0 if self._source is None else int(self._source.version)
 
     def cheap_verifier(self, domain: str) -> bool:
         """Never: verification runs in the verifier actors."""
@@ -188,7 +188,7 @@ class RayWorkers:
     def sync(self) -> None:
         """Push the driver engine's weights to every generation actor when its version moved."""
         src = self._source
-        if src is None or getattr(src, "version", 0) == self._synced:
+        if src is None or src.version == self._synced:
             return
         state = {k: v.detach().cpu() for k, v in src.model.state_dict().items()}
         ref = self._ray.put(state)

@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from posttrain.domains.base import is_cheap
 from posttrain.envs.driver import require_utf8
 from posttrain.errors import ErrorRecord, blame
 from posttrain.types import Completion, Episode, GenerationRequest, Message, Score, Task
@@ -209,14 +210,26 @@ class Workers(Protocol):
     def close(self) -> None: ...
 
 
+class InlineWorkers(Workers, Protocol):
+    """Workers that also run in the caller's thread: what the direct path (pipeline/direct.py)
+    takes (`EmbeddedWorkers`; a runtime whose `inline` is always False need not have these)."""
+
+    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
+        """Each prompt's ids, or the error encoding it raised."""
+
+    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
+
+    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
+
+
 def _batchable_tokenizer(engine: Any) -> Any:
     """The tokenizer of an in-process HF engine whose `encode_chat` is HFEngine's own (a chat
     template rendered with add_generation_prompt, then tokenized without special tokens): the
     one case where a batched `apply_chat_template` gives the same ids. None otherwise."""
     hf = sys.modules.get("posttrain.engine.hf")  # not loaded: the engine is no HFEngine (and no torch import here)
-    if hf is None or getattr(type(engine), "encode_chat", None) is not hf.HFEngine.encode_chat:
+    if hf is None or not isinstance(engine, hf.HFEngine) or type(engine).encode_chat is not hf.HFEngine.encode_chat:
         return None
-    tokenizer = getattr(engine, "tokenizer", None)
+    tokenizer = engine.tokenizer
     return tokenizer if getattr(tokenizer, "chat_template", None) else None
 
 
@@ -288,7 +301,7 @@ class EmbeddedWorkers:
 
         if isinstance(self._verify_pool, ProcessPoolExecutor) or self._verify is not verify_group:
             return False
-        return bool(getattr(get(domain).verifier, "cheap", False))
+        return is_cheap(get(domain).verifier)
 
     def inline(self, domain: str) -> bool:
         """Whether groups of `domain` may skip the stages (pipeline/direct.py): single-turn,
