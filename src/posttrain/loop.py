@@ -104,6 +104,7 @@ class _Run:
     budget: CpuBudget  # run.cpu_budget_s: training CPU, carried across a resume
     stop: str  # why the monitor, started, stops the run ('' to go on)
     log: Any
+    replay: Any = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
 
     @classmethod
     def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
@@ -133,11 +134,13 @@ class _Run:
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
         evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
+        replay = _replay_buffer(cfg, state.pop("replay", None))
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
             stop=stop,
             log=log,
+            replay=replay,
         )  # fmt: skip
 
     def evaluate_before(self) -> str:
@@ -167,12 +170,26 @@ class _Run:
         self.state["train_cpu_s"] = self.budget.spent() if train_cpu_s is None else train_cpu_s
         records = self.marks() if records is None else records
         parts = {"pool": self.pool, "monitor": self.monitor, "sync": self.sync}
+        if self.replay is not None:  # trainer.replay: the buffer's groups, so a resume replays the same
+            parts["replay"] = self.replay
         extra = {**self.state, **{k: part.state_dict() for k, part in parts.items()}, "records": records}
         self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
 
     def marks(self) -> dict[str, Any]:
         """How far the trace and metrics.jsonl reach now (synced to disk)."""
         return {"trace": self.trace.mark(), "metrics": self.metrics.mark()}
+
+
+def _replay_buffer(cfg: Config, state: dict[str, Any] | None) -> Any:
+    """trainer.replay's buffer (None when off), with the checkpoint's contents on resume."""
+    if not cfg.trainer.replay.enabled:
+        return None
+    from posttrain.trainer.replay import ReplayBuffer
+
+    buffer = ReplayBuffer(cfg.trainer.replay, cfg.rollout.prompts_per_step)
+    if state is not None:
+        buffer.load_state_dict(state)
+    return buffer
 
 
 def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: Any) -> tuple[TraceStore, MetricsLog]:
@@ -283,11 +300,14 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     kept = [g for g in groups if informative(g)] if run.cfg.rollout.dynamic_sampling else groups
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    stats = _train_step(run, step, groups, kept, sampling.params.temperature)
+    replays = run.replay.take(step) if run.replay is not None else []  # trainer.replay: past groups, trained again
+    stats = _train_step(run, step, groups, kept, sampling.params.temperature, replays)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     _account(run, sampling.rollouts.ledger, step, groups, kept, stats)
     summary = _summary(groups, kept, sampling.budgets)
     trained = {} if stats is None else _stats_row(stats)
+    if run.replay is not None:
+        trained.update(_replay_step(run, step, kept, replays, stats, sampling.params.temperature))
     run.metrics.write(
         "train",
         step,
@@ -340,17 +360,88 @@ def _train_step(
     groups: Sequence[Sequence[Rollout]],
     kept: Sequence[Sequence[Rollout]],
     temperature: float,
+    replays: Sequence[Any] = (),
 ) -> Any:
-    """Train on the kept groups (the filtered ones count in the normalisers), push changed weights to
-    the engine, and mark in the trace what the step did with each rollout. The trainer's stats, or None."""
+    """Train on the kept groups (the filtered ones count in the normalisers) and the `replays`
+    (trainer.replay's entries: past groups' rows, with their behaviour log-probs), push changed
+    weights to the engine, and mark in the trace what the step did with each rollout it sampled
+    (a replayed rollout keeps the link to the step that sampled it; its replay is a `replay`
+    event, `_replay_step`). The trainer's stats, or None."""
     kept_ids = {g[0].group_id for g in kept if g}
     filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
-    batch = _batch(kept, temperature, filtered)
+    batch = _batch(kept, temperature, filtered, tuple(row for e in replays for row in e.rows))
     stats = run.trainer.step(batch) if batch is not None else None
     if stats is not None and stats.weights_changed:
         run.sync.push()
-    run.trace.mark_consumed(step, stats.rollouts if stats is not None else {})
+    replayed = {row.rollout_id for e in replays for row in e.rows}
+    links = stats.rollouts if stats is not None else {}
+    run.trace.mark_consumed(step, {rid: link for rid, link in links.items() if rid not in replayed})
     return stats
+
+
+def _replay_step(
+    run: _Run,
+    step: int,
+    kept: Sequence[Sequence[Rollout]],
+    replays: Sequence[Any],
+    stats: Any,
+    temperature: float,
+) -> dict[str, Any]:
+    """trainer.replay after a train step: the step's replays as one `replay` trace event (each
+    group, the draw it was made from, its age, and per rollout the advantage, the ratio to its
+    behaviour log-probs and the clipped share as this step's loss saw them), then the kept groups
+    of a step that applied its update enter the buffer. Returns the metrics row's replay figures:
+    replayed groups and rows, their share of the step's trained rows, their age (loop steps since
+    they were sampled), ratio and clipped share, and the buffer's size and totals."""
+    buffer = run.replay
+    links = stats.rollouts if stats is not None else {}
+    rows = [(row, e) for e in replays for row in e.rows]
+    used = [
+        links[row.rollout_id] for row, _ in rows if row.rollout_id in links and links[row.rollout_id].ratio is not None
+    ]
+    if replays:
+        groups = [
+            {
+                "group_id": e.group_id,
+                "draw": (run.trace.draw_of_group(e.group_id) or {}).get("id"),
+                "sampled_step": e.step,
+                "age": e.age(step),
+                "replays": e.replays + 1,
+                "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
+            }
+            for e in replays
+        ]
+        outcome = stats.outcome if stats is not None else "no_signal"
+        run.trace.add_event(
+            "replay",
+            f"{len(replays)} groups replayed ({outcome})",
+            step=step,
+            data={"groups": groups, "outcome": outcome},
+        )
+    if stats is not None and stats.outcome == "applied":
+        fresh = [(g, _rows(g, temperature)) for g in kept if g]
+        admitted = buffer.admit(fresh, step)
+    else:
+        admitted = 0
+    ages = [e.age(step) for e in replays]
+    n_rows = stats.n_rows if stats is not None else 0
+    return {
+        "replay_groups": len(replays),
+        "replay_rows": len(rows),
+        "replay_share": round(len(rows) / n_rows, 4) if n_rows else 0.0,
+        "replay_age_mean": round(sum(ages) / len(ages), 3) if ages else 0.0,
+        "replay_age_max": max(ages, default=0),
+        "replay_ratio_mean": round(sum(lk.ratio for lk in used) / len(used), 5) if used else 1.0,
+        "replay_clipped": round(sum(lk.clipped for lk in used) / len(used), 5) if used else 0.0,
+        "replay_admitted": admitted,
+        "replay_buffer": len(buffer),
+        **{f"replay_{k}_total": v for k, v in buffer.counts.items()},
+    }
+
+
+def _link_json(link: Any) -> dict[str, Any] | None:
+    """A trainer link as the replay event stores it (None: the row entered no batch)."""
+    return None if link is None else {"advantage": link.advantage, "ratio": link.ratio, "clipped": link.clipped}
 
 
 def _account(
@@ -438,24 +529,32 @@ def _batch(
     groups: Sequence[Sequence[Rollout]],
     temperature: float,
     filtered: Sequence[Sequence[Rollout]] = (),
+    replayed: Sequence[Any] = (),
 ) -> Any:
     """One row per scored rollout of the kept groups, carrying its trace id; a scored empty
-    completion is a row too (it counts in its group's advantages, enters no loss).
+    completion is a row too (it counts in its group's advantages, enters no loss), then the
+    `replayed` rows (trainer.replay: past groups' TrainRows, as they were first trained).
     The scored rollouts of the `filtered` groups (sampled this step, left out) are counted,
     with their loss tokens, for the loss's normalisers (trainer.normalise).
     None when no rollout is scored (nothing was sampled to train on); a batch of no rows
     when every scored group was filtered (the trainer's zero-gradient step)."""
-    from posttrain.trainer.batch import TrainBatch, TrainRow
+    from posttrain.trainer.batch import TrainBatch
 
-    rows = [
-        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask, rollout_id=r.id)
-        for g in groups
-        for r in g
-        if r.reward is not None
-    ]
+    rows = [row for g in groups for row in _rows(g, temperature)] + list(replayed)
     dropped = [r for g in filtered for r in g if r.reward is not None]
     tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
     return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows or dropped else None
+
+
+def _rows(group: Sequence[Rollout], temperature: float) -> tuple[Any, ...]:
+    """The TrainRows of a group's scored rollouts, each carrying its trace id."""
+    from posttrain.trainer.batch import TrainRow
+
+    return tuple(
+        TrainRow.from_completion(r.completion, r.reward, r.group_id, temperature, r.loss_mask, rollout_id=r.id)
+        for r in group
+        if r.reward is not None
+    )
 
 
 def _summary(

@@ -1,0 +1,90 @@
+"""trainer.replay at loop level: past groups re-enter later steps' losses (with the ratio to the
+behaviour log-probs they were sampled with), the metrics and the trace say so, the draw accounting
+stays exact (a replay is no new draw), and a resumed run replays what the uninterrupted run did."""
+
+from __future__ import annotations
+
+import json
+
+from loopcfg import tiny
+
+from posttrain.configs import load_config
+from posttrain.metrics_log import read_metrics
+from posttrain.trace import TraceStore
+
+REPLAY = [
+    "trainer.replay.enabled=true",
+    "trainer.replay.admit=mixed",
+    "trainer.replay.share=0.5",
+    "trainer.replay.max_age=2",
+]
+
+
+def _cfg(tmp_path, base, name, *extra):
+    return load_config(None, [*tiny(), f"model.path={base}", f"run.out_dir={tmp_path}", f"run.name={name}", *extra])
+
+
+def _params(run_dir):
+    from safetensors.torch import load_file
+
+    from posttrain.trainer.checkpoint import latest_checkpoint
+
+    return load_file(str(latest_checkpoint(run_dir) / "model.safetensors"))
+
+
+def _replays(run_dir):
+    """(step, group, sampled step, age, {rollout id: link}) of every replayed group, from the trace."""
+    store = TraceStore(run_dir / "trace.db")
+    return [
+        (e["step"], g["group_id"], g["sampled_step"], g["age"], g["rollouts"])
+        for e in store.events("replay")
+        for g in json.loads(e["data"])["groups"]
+    ]
+
+
+def test_replayed_groups_enter_later_losses_and_the_accounting_stays_exact(tmp_path, micro_base, parity_domain):
+    from posttrain.loop import train
+
+    result = train(_cfg(tmp_path, micro_base, "replay", "run.steps=4", parity_domain, *REPLAY), log=lambda *_: None)
+    rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    assert rows[0]["replay_groups"] == 0 and rows[0]["replay_buffer"] > 0  # nothing to replay yet; the step admitted
+    later = [r for r in rows[1:] if r["replay_groups"]]
+    assert later, "no step replayed a group"
+    for r in later:
+        assert r["replay_groups"] <= 2 and 0 < r["replay_share"] < 1
+        assert 1 <= r["replay_age_mean"] <= r["replay_age_max"] <= 2
+    replays = _replays(result.run_dir)
+    assert sum(r["replay_groups"] for r in rows) == len(replays)
+    store = TraceStore(result.run_dir / "trace.db")
+    ratios = []
+    for step, group, sampled, age, links in replays:
+        assert sampled < step and age == step - sampled
+        own = [r for r in store.recent(1000) if r["group_id"] == group]
+        assert own and {r["train_step"] for r in own} == {sampled}  # the link to the step that sampled it stays
+        assert set(links) <= {r["id"] for r in own} and all(link["ratio"] is not None for link in links.values())
+        ratios += [link["ratio"] for link in links.values()]
+    # the ratio is to the behaviour log-probs of an older policy: after an update it is no longer 1
+    assert any(abs(x - 1.0) > 1e-7 for x in ratios), ratios
+    acc = store.accounting()
+    assert acc.exact, acc.describe()
+    assert acc.drawn == 4 * 4 and acc.replayed == len(replays) and "replayed" in acc.describe()
+
+
+def test_resume_replays_what_the_uninterrupted_run_replays(tmp_path, micro_base, parity_domain):
+    from posttrain.loop import train
+    from posttrain.trainer.checkpoint import checkpoint_path
+
+    quiet = lambda *_: None  # noqa: E731
+    opts = ("run.checkpoint_every=2", parity_domain, *REPLAY)
+    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=5", *opts), log=quiet)
+    part = train(_cfg(tmp_path, micro_base, "part", "run.steps=2", *opts), log=quiet)
+    state = json.loads((checkpoint_path(part.run_dir, 2) / "loop_state.json").read_text())
+    assert state["replay"]["entries"], "the checkpoint holds no buffered group: the comparison would be vacuous"
+    cfg_path = part.run_dir / "config.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace("steps: 2", "steps: 5"))
+    resumed = train(None, resume=part.run_dir, log=quiet)
+    assert [r[:4] for r in _replays(full.run_dir)] == [r[:4] for r in _replays(resumed.run_dir)]
+    assert any(step > 2 for step, *_ in _replays(resumed.run_dir))  # replays after the resume, from the saved buffer
+    a, b = _params(full.run_dir), _params(resumed.run_dir)
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    assert TraceStore(resumed.run_dir / "trace.db").accounting().exact
