@@ -88,3 +88,37 @@ def test_resume_replays_what_the_uninterrupted_run_replays(tmp_path, micro_base,
     a, b = _params(full.run_dir), _params(resumed.run_dir)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     assert TraceStore(resumed.run_dir / "trace.db").accounting().exact
+
+
+def test_accounting_counts_replays_and_flags_a_replay_of_a_group_never_trained(tmp_path):
+    from posttrain.pipeline.draws import DrawLedger
+    from posttrain.trace import RolloutRecord
+    from posttrain.types import Message, Task, TaskMeta
+
+    store, ledger = TraceStore(tmp_path / "trace.db"), DrawLedger()
+    tasks = [Task(f"add:{i}", "add", (Message("user", "1+1="),), "2", TaskMeta("train", 1, "t", "v")) for i in (0, 1)]
+    trained, filtered = ledger.drawn(tasks, 1)
+    for draw, gid in ((trained, "1:0"), (filtered, "1:1")):
+        ledger.bind(draw, gid)
+        store.write_rollouts(
+            [
+                RolloutRecord(
+                    task_id="add:0", domain="add", split="train", difficulty=1, taskset_version="v", group_id=gid,
+                    model_version=0, sampling={}, prompt="p", completion="c", completion_tokens=1,
+                    finish_reason="stop", reward=float(i), passed=bool(i), parts={}, reason="", verifier="x",
+                    timings={}, id=f"{gid}/{i}",
+                )
+                for i in range(2)
+            ]
+        )  # fmt: skip
+    ledger.trained(trained, 1)
+    ledger.dropped(filtered, "filtered", 1)
+    link = type("L", (), {"advantage": 1.0, "ratio": 1.0, "clipped": 0.0})
+    store.mark_consumed(1, {"1:0/0": link, "1:0/1": link})
+    ledger.flush(store)
+    store.add_event("replay", "1 group", step=3, data={"groups": [{"group_id": "1:0"}]})
+    acc = store.accounting()
+    assert acc.exact and acc.replayed == 1 and acc.drawn == 2 and acc.trained == 1
+    store.add_event("replay", "1 group", step=4, data={"groups": [{"group_id": "1:1"}]})  # its draw was dropped
+    acc = store.accounting()
+    assert not acc.exact and any("1:1 replayed at step 4 but its draw is dropped" in c for c in acc.contradictions)
