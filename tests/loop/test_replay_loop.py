@@ -68,6 +68,10 @@ def test_replayed_groups_enter_later_losses_and_the_accounting_stays_exact(tmp_p
     acc = store.accounting()
     assert acc.exact, acc.describe()
     assert acc.drawn == 4 * 4 and acc.replayed == len(replays) and "replayed" in acc.describe()
+    from posttrain.report import write_report
+
+    page = write_report(result.run_dir).read_text()  # the report's replay section: share and age
+    assert f"<td>{len(replays)} / " in page and "age, mean / max (loop steps)" in page
 
 
 def test_resume_replays_what_the_uninterrupted_run_replays(tmp_path, micro_base, parity_domain):
