@@ -126,3 +126,16 @@ def test_accounting_counts_replays_and_flags_a_replay_of_a_group_never_trained(t
     store.add_event("replay", "1 group", step=4, data={"groups": [{"group_id": "1:1"}]})  # its draw was dropped
     acc = store.accounting()
     assert not acc.exact and any("1:1 replayed at step 4 but its draw is dropped" in c for c in acc.contradictions)
+
+
+def test_replay_in_async_mode_keeps_the_accounting_exact(tmp_path, micro_base, parity_domain):
+    """pipeline.mode async with replay: stale fresh groups and replayed ones share a step's batch;
+    every draw still has one fate and every replay refers to a draw trained before it."""
+    from posttrain.loop import train
+
+    opts = ("run.steps=5", "pipeline.mode=async", "pipeline.max_staleness=1", parity_domain, *REPLAY)
+    result = train(_cfg(tmp_path, micro_base, "async", *opts), log=lambda *_: None)
+    rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
+    assert sum(r["replay_groups"] for r in rows) > 0
+    acc = TraceStore(result.run_dir / "trace.db").accounting()
+    assert acc.exact and acc.replayed == sum(r["replay_groups"] for r in rows), acc.describe()
