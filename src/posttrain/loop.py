@@ -387,42 +387,18 @@ def _replay_step(
     stats: Any,
     temperature: float,
 ) -> dict[str, Any]:
-    """trainer.replay after a train step: the step's replays as one `replay` trace event (each
-    group, the draw it was made from, its age, and per rollout the advantage, the ratio to its
-    behaviour log-probs and the clipped share as this step's loss saw them), then the kept groups
-    of a step that applied its update enter the buffer. Returns the metrics row's replay figures:
-    replayed groups and rows, their share of the step's trained rows, their age (loop steps since
-    they were sampled), ratio and clipped share, and the buffer's size and totals."""
-    buffer = run.replay
+    """trainer.replay after a train step: its replays as a `replay` trace event (`_replay_event`),
+    then the kept groups of a step that applied its update enter the buffer. Returns the metrics
+    row's replay figures: replayed groups and rows, their share of the step's batch rows, their
+    age (loop steps since sampled), ratio to the behaviour log-probs and clipped share (means over
+    the replayed rows that entered the loss), what entered, and the buffer's size and totals."""
     links = stats.rollouts if stats is not None else {}
-    rows = [(row, e) for e in replays for row in e.rows]
-    used = [
-        links[row.rollout_id] for row, _ in rows if row.rollout_id in links and links[row.rollout_id].ratio is not None
-    ]
     if replays:
-        groups = [
-            {
-                "group_id": e.group_id,
-                "draw": (run.trace.draw_of_group(e.group_id) or {}).get("id"),
-                "sampled_step": e.step,
-                "age": e.age(step),
-                "replays": e.replays + 1,
-                "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
-            }
-            for e in replays
-        ]
-        outcome = stats.outcome if stats is not None else "no_signal"
-        run.trace.add_event(
-            "replay",
-            f"{len(replays)} groups replayed ({outcome})",
-            step=step,
-            data={"groups": groups, "outcome": outcome},
-        )
-    if stats is not None and stats.outcome == "applied":
-        fresh = [(g, _rows(g, temperature)) for g in kept if g]
-        admitted = buffer.admit(fresh, step)
-    else:
-        admitted = 0
+        _replay_event(run, step, replays, links, stats.outcome if stats is not None else "no_signal")
+    applied = stats is not None and stats.outcome == "applied"
+    admitted = run.replay.admit([(g, _rows(g, temperature)) for g in kept if g], step) if applied else 0
+    rows = [row for e in replays for row in e.rows]
+    used = [links[r.rollout_id] for r in rows if r.rollout_id in links and links[r.rollout_id].ratio is not None]
     ages = [e.age(step) for e in replays]
     n_rows = stats.n_rows if stats is not None else 0
     return {
@@ -434,9 +410,28 @@ def _replay_step(
         "replay_ratio_mean": round(sum(lk.ratio for lk in used) / len(used), 5) if used else 1.0,
         "replay_clipped": round(sum(lk.clipped for lk in used) / len(used), 5) if used else 0.0,
         "replay_admitted": admitted,
-        "replay_buffer": len(buffer),
-        **{f"replay_{k}_total": v for k, v in buffer.counts.items()},
+        "replay_buffer": len(run.replay),
+        **{f"replay_{k}_total": v for k, v in run.replay.counts.items()},
     }
+
+
+def _replay_event(run: _Run, step: int, replays: Sequence[Any], links: Mapping[str, Any], outcome: str) -> None:
+    """One `replay` trace event for the step: per replayed group its id, the draw it was made from
+    (whose fate stays the one it had), the step that sampled it, its age and replay count, and per
+    rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
+    groups = [
+        {
+            "group_id": e.group_id,
+            "draw": (run.trace.draw_of_group(e.group_id) or {}).get("id"),
+            "sampled_step": e.step,
+            "age": e.age(step),
+            "replays": e.replays + 1,
+            "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
+        }
+        for e in replays
+    ]
+    message = f"{len(replays)} groups replayed ({outcome})"
+    run.trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
 
 
 def _link_json(link: Any) -> dict[str, Any] | None:
