@@ -83,7 +83,10 @@ class RunData:
         if not rows:
             return None
         used = [r for r in rows if r["replay_groups"]]
-        mean = lambda key: sum(float(r[key]) for r in used) / len(used) if used else 0.0  # noqa: E731
+
+        def mean(key: str) -> float:
+            return sum(float(r[key]) for r in used) / len(used) if used else 0.0
+
         last = rows[-1]
         return {
             "steps": float(len(used)),
