@@ -148,11 +148,12 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--replay", nargs="*", default=[], help="extra trainer.replay.* overrides for the replay arm")
     ap.add_argument("--json", type=Path, help="write every run's figures here")
+    ap.add_argument("--arms", nargs="+", choices=["off", "replay"], default=["off", "replay"], help="which arms to run")
     args = ap.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            for arm in ("off", "replay"):
+            for arm in args.arms:
                 runs.append(run_one(seed, arm, args, Path(tmp)))
                 r = runs[-1]
                 print(
@@ -163,8 +164,9 @@ def main() -> int:
                 )
     print(f"\n{args.config.name}, {args.steps} steps, held-out {args.eval_tasks} tasks per domain\n")
     print(table(runs))
-    print()
-    print(summary(runs))
+    if len(args.arms) == 2:
+        print()
+        print(summary(runs))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     return 0
