@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from loopcfg import tiny
 
 from posttrain.configs import load_config
@@ -80,12 +81,12 @@ def test_resume_replays_what_the_uninterrupted_run_replays(tmp_path, micro_base,
 
     quiet = lambda *_: None  # noqa: E731
     opts = ("run.checkpoint_every=2", parity_domain, *REPLAY)
-    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=5", *opts), log=quiet)
+    full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", *opts), log=quiet)
     part = train(_cfg(tmp_path, micro_base, "part", "run.steps=2", *opts), log=quiet)
     state = json.loads((checkpoint_path(part.run_dir, 2) / "loop_state.json").read_text())
     assert state["replay"]["entries"], "the checkpoint holds no buffered group: the comparison would be vacuous"
     cfg_path = part.run_dir / "config.yaml"
-    cfg_path.write_text(cfg_path.read_text().replace("steps: 2", "steps: 5"))
+    cfg_path.write_text(cfg_path.read_text().replace("steps: 2", "steps: 4"))
     resumed = train(None, resume=part.run_dir, log=quiet)
     assert [r[:4] for r in _replays(full.run_dir)] == [r[:4] for r in _replays(resumed.run_dir)]
     assert any(step > 2 for step, *_ in _replays(resumed.run_dir))  # replays after the resume, from the saved buffer
@@ -128,6 +129,7 @@ def test_accounting_counts_replays_and_flags_a_replay_of_a_group_never_trained(t
     assert not acc.exact and any("1:1 replayed at step 4 but its draw is dropped" in c for c in acc.contradictions)
 
 
+@pytest.mark.slow
 def test_replay_in_async_mode_keeps_the_accounting_exact(tmp_path, micro_base, parity_domain):
     """pipeline.mode async with replay: stale fresh groups and replayed ones share a step's batch;
     every draw still has one fate and every replay refers to a draw trained before it."""
