@@ -10,7 +10,7 @@ cached base with the same run.seed, so the pair differs only by the buffer. Eval
 before and after training (eval.every_steps=0), on a held-out set of --eval-tasks tasks per
 domain. Each run is a child process; its peak RSS is the child's own (os.wait4).
 
-    flock /tmp/heavy.lock .venv/bin/python bench/replay.py --steps 150 --seeds 0 1 2
+    flock /tmp/heavy.lock .venv/bin/python bench/replay.py --steps 300 --seeds 0 1 2   # ~20 min on 2 cores
     .venv/bin/python bench/replay.py --steps 4 --seeds 0 --eval-tasks 8   # a quick look
 """
 
