@@ -118,6 +118,7 @@ class _Run:
     """A resumed run: the checkpoint's state of the async stream (`Continuous.state_dict`), or None."""
     stream: Continuous | None = None
     """pipeline.mode async: the stream, whose state every checkpoint carries."""
+    replay: Any = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
 
     @classmethod
     def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
@@ -150,11 +151,12 @@ class _Run:
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool, cm=cm)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
         evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
+        replay = _replay_buffer(cfg, state.pop("replay", None))
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
             countermeasures=cm, stop=stop,
-            log=log, in_flight=in_flight,
+            log=log, in_flight=in_flight, replay=replay,
         )  # fmt: skip
 
     def evaluate_before(self) -> str:
@@ -185,12 +187,26 @@ class _Run:
         parts: dict[str, Any] = {"pool": self.pool, "monitor": self.monitor, "sync": self.sync}
         if self.stream is not None:
             parts["stream"] = self.stream
+        if self.replay is not None:  # trainer.replay: the buffer's groups, so a resume replays the same
+            parts["replay"] = self.replay
         extra = {**self.state, **{k: part.state_dict() for k, part in parts.items()}, "records": records}
         self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
 
     def marks(self) -> dict[str, Any]:
         """How far the trace and metrics.jsonl reach now (synced to disk)."""
         return {"trace": self.trace.mark(), "metrics": self.metrics.mark()}
+
+
+def _replay_buffer(cfg: Config, state: dict[str, Any] | None) -> Any:
+    """trainer.replay's buffer (None when off), with the checkpoint's contents on resume."""
+    if not cfg.trainer.replay.enabled:
+        return None
+    from posttrain.trainer.replay import ReplayBuffer
+
+    buffer = ReplayBuffer(cfg.trainer.replay, cfg.rollout.prompts_per_step)
+    if state is not None:
+        buffer.load_state_dict(state)
+    return buffer
 
 
 def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: Any) -> tuple[TraceStore, MetricsLog]:
@@ -320,11 +336,14 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     )
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef)
+    replays = run.replay.take(step) if run.replay is not None else []  # trainer.replay: past groups, trained again
+    stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef, replays)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     _account(run, sampling.rollouts.ledger, step, groups, kept, stats)
     summary = _summary(groups, kept, sampling.budgets)
     trained = {} if stats is None else _stats_row(stats)
+    if run.replay is not None:
+        trained.update(_replay_step(run, step, kept, replays, stats, sampling.params.temperature))
     run.metrics.write(
         "train",
         step,
@@ -389,18 +408,88 @@ def _train_step(
     kept: Sequence[Sequence[Rollout]],
     temperature: float,
     entropy_coef: Callable[[str], float] | None = None,
+    replays: Sequence[Any] = (),
 ) -> Any:
-    """Train on the kept groups (the filtered ones count in the normalisers), push changed weights to
-    the engine, and mark in the trace what the step did with each rollout. The trainer's stats, or None.
-    `entropy_coef`: each domain's entropy-bonus coefficient (None: 0)."""
+    """Train on the kept groups (the filtered ones count in the normalisers) and the `replays`
+    (trainer.replay's entries: past groups' rows, with their behaviour log-probs), push changed
+    weights to the engine, and mark in the trace what the step did with each rollout it sampled
+    (a replayed rollout keeps the link to the step that sampled it; its replay is a `replay`
+    event, `_replay_step`). The trainer's stats, or None. `entropy_coef`: each domain's
+    entropy-bonus coefficient (None: 0)."""
     kept_ids = {g[0].group_id for g in kept if g}
     filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
-    batch = _batch(kept, temperature, filtered, entropy_coef)
+    batch = _batch(kept, temperature, filtered, entropy_coef, tuple(row for e in replays for row in e.rows))
     stats = run.trainer.step(batch) if batch is not None else None
     if stats is not None and stats.weights_changed:
         run.sync.push()
-    run.trace.mark_consumed(step, stats.rollouts if stats is not None else {})
+    replayed = {row.rollout_id for e in replays for row in e.rows}
+    links = stats.rollouts if stats is not None else {}
+    run.trace.mark_consumed(step, {rid: link for rid, link in links.items() if rid not in replayed})
     return stats
+
+
+def _replay_step(
+    run: _Run,
+    step: int,
+    kept: Sequence[Sequence[Rollout]],
+    replays: Sequence[Any],
+    stats: Any,
+    temperature: float,
+) -> dict[str, Any]:
+    """trainer.replay after a train step: its replays as a `replay` trace event (`_replay_event`),
+    then the kept groups of a step that applied its update enter the buffer. Returns the metrics
+    row's replay figures: replayed groups and rows, their share of the step's batch rows, their
+    age (loop steps since sampled), ratio to the behaviour log-probs and clipped share (means over
+    the replayed rows that entered the loss), what entered, and the buffer's size and totals."""
+    links = stats.rollouts if stats is not None else {}
+    if replays:
+        _replay_event(run, step, replays, links, stats.outcome if stats is not None else "no_signal")
+    applied = stats is not None and stats.outcome == "applied"
+    admitted = (
+        run.replay.admit([(g, _rows(g, temperature, run.countermeasures.entropy_coef)) for g in kept if g], step)
+        if applied
+        else 0
+    )
+    rows = [row for e in replays for row in e.rows]
+    used = [links[r.rollout_id] for r in rows if r.rollout_id in links and links[r.rollout_id].ratio is not None]
+    ages = [e.age(step) for e in replays]
+    n_rows = stats.n_rows if stats is not None else 0
+    return {
+        "replay_groups": len(replays),
+        "replay_rows": len(rows),
+        "replay_share": round(len(rows) / n_rows, 4) if n_rows else 0.0,
+        "replay_age_mean": round(sum(ages) / len(ages), 3) if ages else 0.0,
+        "replay_age_max": max(ages, default=0),
+        "replay_ratio_mean": round(sum(lk.ratio for lk in used) / len(used), 5) if used else 1.0,
+        "replay_clipped": round(sum(lk.clipped for lk in used) / len(used), 5) if used else 0.0,
+        "replay_admitted": admitted,
+        "replay_buffer": len(run.replay),
+        **{f"replay_{k}_total": v for k, v in run.replay.counts.items()},
+    }
+
+
+def _replay_event(run: _Run, step: int, replays: Sequence[Any], links: Mapping[str, Any], outcome: str) -> None:
+    """One `replay` trace event for the step: per replayed group its id, the draw it was made from
+    (whose fate stays the one it had), the step that sampled it, its age and replay count, and per
+    rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
+    groups = [
+        {
+            "group_id": e.group_id,
+            "draw": (run.trace.draw_of_group(e.group_id) or {}).get("id"),
+            "sampled_step": e.step,
+            "age": e.age(step),
+            "replays": e.replays + 1,
+            "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
+        }
+        for e in replays
+    ]
+    message = f"{len(replays)} groups replayed ({outcome})"
+    run.trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
+
+
+def _link_json(link: Any) -> dict[str, Any] | None:
+    """A trainer link as the replay event stores it (None: the row entered no batch)."""
+    return None if link is None else {"advantage": link.advantage, "ratio": link.ratio, "clipped": link.clipped}
 
 
 def _account(
@@ -496,29 +585,40 @@ def _batch(
     temperature: float,
     filtered: Sequence[Sequence[Rollout]] = (),
     entropy_coef: Callable[[str], float] | None = None,
+    replayed: Sequence[Any] = (),
 ) -> Any:
     """One row per scored rollout of the kept groups, carrying its trace id; a scored empty
-    completion is a row too (it counts in its group's advantages, enters no loss).
+    completion is a row too (it counts in its group's advantages, enters no loss), then the
+    `replayed` rows (trainer.replay: past groups' TrainRows, as they were first trained).
     The scored rollouts of the `filtered` groups (sampled this step, left out) are counted,
     with their loss tokens, for the loss's normalisers (trainer.normalise).
     None when no rollout is scored (nothing was sampled to train on); a batch of no rows
     when every scored group was filtered (the trainer's zero-gradient step). Each row's reward is
     the training reward (the verifier's plus any diversity bonus) and its entropy-bonus
     coefficient is its domain's (`entropy_coef`; None: 0)."""
-    from posttrain.trainer.batch import TrainBatch, TrainRow
+    from posttrain.trainer.batch import TrainBatch
 
-    coef = entropy_coef or (lambda _: 0.0)
-    rows = [
-        TrainRow.from_completion(
-            r.completion, r.train_reward, r.group_id, temperature, r.loss_mask, r.id, coef(r.task.domain)
-        )
-        for g in groups
-        for r in g
-        if r.train_reward is not None
-    ]
+    rows = [row for g in groups for row in _rows(g, temperature, entropy_coef)] + list(replayed)
     dropped = [r for g in filtered for r in g if r.reward is not None]
     tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
     return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows or dropped else None
+
+
+def _rows(
+    group: Sequence[Rollout], temperature: float, entropy_coef: Callable[[str], float] | None = None
+) -> tuple[Any, ...]:
+    """The TrainRows of a group's scored rollouts, each carrying its trace id, its training reward
+    (the verifier's plus any diversity bonus) and its domain's entropy-bonus coefficient."""
+    from posttrain.trainer.batch import TrainRow
+
+    coef = entropy_coef or (lambda _: 0.0)
+    return tuple(
+        TrainRow.from_completion(
+            r.completion, r.train_reward, r.group_id, temperature, r.loss_mask, r.id, coef(r.task.domain)
+        )
+        for r in group
+        if r.train_reward is not None
+    )
 
 
 def _summary(

@@ -212,6 +212,41 @@ class EntropyBonusConfig(BaseModel):
                 raise ValueError(f"entropy_bonus.domains.{name} must be in [0, 1], got {value}")
         return coefs
 
+class ReplayConfig(BaseModel):
+    """The replay buffer (trainer.replay; the loop keeps it, trainer/replay.py): groups trained on
+    at one step are kept, bounded, and trained on again at later steps, with the behaviour
+    log-probs they were sampled with. The ratio each replayed token's PPO clip sees is the one
+    every row gets (trainer.mismatch.correction none: current policy over the behaviour log-prob
+    it was sampled with, so an old row's ratio is clipped like a stale async row's; tis or mask:
+    over the trainer's own log-prob before the update, with the truncated or masked
+    exp(trainer - behaviour) as its weight). A replayed group is no new draw: its draw keeps the
+    one fate it had; its replays are `replay` trace events (docs/trainer.md)."""
+
+    model_config = _STRICT
+    enabled: bool = False
+    """Keep and replay groups (off by default: the demo trains only on what each step samples)."""
+    capacity: int = Field(32, ge=1, le=100_000)
+    """Most groups the buffer holds; admitting one more evicts the oldest (by the step that
+    sampled it)."""
+    admit: Literal["rare", "mixed"] = "rare"
+    """Which trained groups enter: rare (the default), groups with mixed rewards in which at most
+    `rare_share` of the scored samples passed (the rare successes of hard tasks); mixed: every
+    trained group whose scored rewards are not all equal. A group with equal rewards carries no
+    signal and never enters."""
+    rare_share: float = Field(0.25, gt=0.0, le=1.0)
+    """admit rare: the largest share of a group's scored samples that may have passed."""
+    domains: tuple[str, ...] = ()
+    """Only groups of these domains enter (empty, the default: every domain)."""
+    share: float = Field(0.125, gt=0.0, le=1.0)
+    """Groups replayed per step, as a share of rollout.prompts_per_step: round(share x
+    prompts_per_step) groups, at least 1, when the buffer holds that many (fewer otherwise)."""
+    max_age: int = Field(8, ge=1, le=100_000)
+    """An entry sampled at loop step s is replayed at steps s + 1 .. s + max_age at most; older
+    ones are evicted before each step takes its replays."""
+    max_replays: int = Field(2, ge=1, le=1000)
+    """Times one group is replayed before it leaves the buffer. A step takes the entries
+    replayed least often first, the most recently sampled among equals."""
+
 
 class TrainerConfig(BaseModel):
     """Everything the RL trainer needs besides the model."""
@@ -279,6 +314,8 @@ class TrainerConfig(BaseModel):
     fsdp: bool = False
     """Shard parameters, gradients and optimizer state with FSDP2 (fully_shard) across
     the torch.distributed process group (torchrun); rows are split across ranks."""
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    """The replay buffer of past groups (off by default; ReplayConfig)."""
 
     @field_validator("micro_batch_size")
     @classmethod

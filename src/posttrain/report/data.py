@@ -76,6 +76,34 @@ class RunData:
                         out.setdefault(f"{by}:{key[len(prefix) :]}", {})[kind] = float(value)
         return out
 
+    def replay(self) -> dict[str, float] | None:
+        """trainer.replay over the run: steps that replayed, groups replayed and admitted, the
+        replayed rows' mean share of their steps' rows, their mean and largest age (loop steps since
+        sampled), mean ratio to their behaviour log-probs and clipped share, the buffer's evictions.
+        None for a run without the buffer."""
+        rows = [r for r in self.train if "replay_groups" in r]
+        if not rows:
+            return None
+        used = [r for r in rows if r["replay_groups"]]
+
+        def mean(key: str) -> float:
+            return sum(float(r[key]) for r in used) / len(used) if used else 0.0
+
+        last = rows[-1]
+        return {
+            "steps": float(len(used)),
+            "groups": float(sum(r["replay_groups"] for r in rows)),
+            "admitted": float(last.get("replay_admitted_total", 0)),
+            "share": mean("replay_share"),
+            "age_mean": mean("replay_age_mean"),
+            "age_max": float(max((r["replay_age_max"] for r in rows), default=0)),
+            "ratio_mean": mean("replay_ratio_mean"),
+            "clipped": mean("replay_clipped"),
+            "evicted_age": float(last.get("replay_evicted_age_total", 0)),
+            "evicted_capacity": float(last.get("replay_evicted_capacity_total", 0)),
+            "evicted_used": float(last.get("replay_evicted_used_total", 0)),
+        }
+
     def train_series(self, key: str) -> list[tuple[int, float]]:
         return [(r["step"], float(r[key])) for r in self.train if isinstance(r.get(key), (int, float))]
 

@@ -284,6 +284,27 @@ def _staleness_table(data: RunData) -> str:
     return head + "<table>" + "".join(rows) + "</table>"
 
 
+def _replay_table(data: RunData) -> str:
+    """trainer.replay: how much of the training was replayed, how old it was, how off-policy."""
+    r = data.replay()
+    if r is None:
+        return '<p class="empty">trainer.replay off: every step trains only on what it sampled</p>'
+    cells = [
+        ("steps that replayed", f"{r['steps']:.0f}"),
+        ("groups replayed / admitted", f"{r['groups']:.0f} / {r['admitted']:.0f}"),
+        ("share of a replaying step's rows", f"{r['share']:.1%}"),
+        ("age, mean / max (loop steps)", f"{r['age_mean']:.2f} / {r['age_max']:.0f}"),
+        ("ratio to behaviour log-probs, mean", f"{r['ratio_mean']:.4f}"),
+        ("clipped share of replayed tokens", f"{r['clipped']:.1%}"),
+        (
+            "evicted: age / capacity / used up",
+            f"{r['evicted_age']:.0f} / {r['evicted_capacity']:.0f} / {r['evicted_used']:.0f}",
+        ),
+    ]
+    rows = "".join(f'<tr><td class="l">{html.escape(k)}</td><td>{v}</td></tr>' for k, v in cells)
+    return f"<table>{rows}</table>"
+
+
 def _summary(data: RunData) -> str:
     steps = data.train[-1]["step"] if data.train else 0
     overhead = [r.get("monitor_s", 0.0) for r in data.monitor]
@@ -444,6 +465,7 @@ def render(data: RunData) -> str:
 <h2>Judge bias checks</h2>{_judge_table(data)}
 <h2>Token use per domain</h2>{_token_table(data)}
 <h2>Staleness (pipeline.mode async)</h2>{_staleness_table(data)}
+<h2>Replay (trainer.replay)</h2>{_replay_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>
 <h2>Config</h2><pre>{html.escape(data.config)}</pre>
 </body></html>

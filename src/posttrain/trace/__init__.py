@@ -186,7 +186,10 @@ class Accounting:
     rollouts linked to a train step and no draw (rows written before trace schema 4). A dropped
     draw whose rollouts are linked to a train step is in `contradictions` unless that step
     applied no update (reasons "guard" and "no_signal": the step links its rows, changes nothing),
-    and so is a trained draw none of whose rollouts is linked to the step it was trained at."""
+    and so is a trained draw none of whose rollouts is linked to the step it was trained at.
+    `replayed`: groups trained again from trainer.replay's buffer (`replay` events; no new draws:
+    a replayed rollout keeps its link to the step that sampled it); a replay of a group whose
+    draw was not trained before the replay's step is a contradiction too."""
 
     drawn: int
     trained: int
@@ -195,6 +198,7 @@ class Accounting:
     trained_twice: tuple[str, ...]
     trained_undrawn: tuple[str, ...]
     contradictions: tuple[str, ...]
+    replayed: int = 0
 
     @property
     def exact(self) -> bool:
@@ -207,6 +211,8 @@ class Accounting:
         lines = [f"drawn      {self.drawn}", f"trained    {self.trained}", f"dropped    {sum(self.dropped.values())}"]
         lines += [f"  {reason:<14}{n}" for reason, n in sorted(self.dropped.items())]
         lines.append(f"lost       {len(self.lost)}" + (f"  (no fate: {', '.join(self.lost[:5])})" if self.lost else ""))
+        if self.replayed:
+            lines.append(f"replayed   {self.replayed}  (groups trained again from trainer.replay; not draws)")
         for name in ("trained_twice", "trained_undrawn", "contradictions"):
             found = getattr(self, name)
             if found:
@@ -261,7 +267,24 @@ def accounting(db: sqlite3.Connection) -> Accounting:
             "AND d.reason NOT LIKE 'no_signal%' GROUP BY d.id"
         )
     ]
-    return Accounting(drawn, trained, dropped, lost, tuple(twice), undrawn, tuple(contradictions))
+    replayed, bad = _replays(db)
+    return Accounting(drawn, trained, dropped, lost, tuple(twice), undrawn, tuple(contradictions + bad), replayed)
+
+
+def _replays(db: sqlite3.Connection) -> tuple[int, list[str]]:
+    """How many groups the `replay` events replayed, and the replays that contradict the draws:
+    a group whose draw was not trained at a step before the replay's."""
+    fates = {
+        r[0]: (r[1], r[2]) for r in db.execute("SELECT group_id, fate, fate_step FROM draws WHERE group_id IS NOT NULL")
+    }
+    count, bad = 0, []
+    for step, data in db.execute("SELECT step, data FROM events WHERE kind='replay' ORDER BY id"):
+        for group in json.loads(data).get("groups", []):
+            count += 1
+            fate, fate_step = fates.get(group["group_id"], (None, None))
+            if fate != "trained" or fate_step is None or fate_step >= step:
+                bad.append(f"group {group['group_id']} replayed at step {step} but its draw is {fate or 'unknown'}")
+    return count, bad
 
 
 _COLUMNS = (
