@@ -66,7 +66,7 @@ def check_request(i: int, req: GenerationRequest, vocab: int, max_len: int | Non
             f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; {limit} is {max_len}, leaving no room to generate"
         )
     if req.sessions and len(req.sessions) != p.n:
-        raise ConfigError(f"{where}.sessions has {len(req.sessions)} keys for n={p.n} samples (one per sample, or none)")
+        raise ConfigError(f"{where}.sessions has {len(req.sessions)} keys for n={p.n}: one per sample, or none")
     if p.max_tokens < 1:
         raise ConfigError(f"{where}.params.max_tokens must be >= 1, got {p.max_tokens}")
     if p.n < 1:

@@ -253,7 +253,8 @@ class HFEngine(Engine):
             reuse = 0 if resumed is None else min(len(resumed.tokens), len(req.prompt_ids) - 1)
             if share:
                 parts = [rows[k : k + limit] for k in range(0, len(rows), limit)]
-                chunks += [_Chunk(req.prompt_ids, _cached(p, reuse, len(req.prompt_ids)), resumed, reuse) for p in parts]
+                shared = len(req.prompt_ids)
+                chunks += [_Chunk(req.prompt_ids, _cached(p, reuse, shared), resumed, reuse) for p in parts]
             else:
                 chunks += [_Chunk(req.prompt_ids, _cached((row,), reuse, 0), resumed, reuse) for row in rows]
         return sorted(chunks, key=lambda c: len(c.prompt))

@@ -100,7 +100,8 @@ class SlabLayer(DynamicLayer):
 
     def row_kv(self, row: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the live cache's keys and values of batch row `row` at `columns`."""
-        return self.keys[row].index_select(1, columns), self.values[row].index_select(1, columns)
+        live_k, live_v = self._k[row, :, : self.length], self._v[row, :, : self.length]
+        return live_k.index_select(1, columns), live_v.index_select(1, columns)
 
 
 def slab_capable(model_config: Any) -> bool:
@@ -110,7 +111,11 @@ def slab_capable(model_config: Any) -> bool:
     return all(t == "full_attention" for t in layer_types)
 
 
-def preload(cache: Cache, rows: int, length: int, pieces: Sequence[tuple[int, tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]]]) -> None:
+LayerKV = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]
+"""Per layer, keys and values of one sequence (each heads x n x head_dim)."""
+
+
+def preload(cache: Cache, rows: int, length: int, pieces: Sequence[tuple[int, LayerKV]]) -> None:
     """`SlabLayer.preload` on every layer: `pieces` holds (row, per-layer keys, per-layer values)."""
     for i, layer in enumerate(cache.layers):
         if not isinstance(layer, SlabLayer):

@@ -53,12 +53,15 @@ COUNTERS = (
     "masked_execute",
     "model_faults",
     "generate_splits",
+    "prompt_computed",
+    "prompt_new",
 )
 """The pipeline's counters (`pipe_<name>` in the per-step metrics): masked_groups counts
 groups every sample of which was masked, masked_rollouts the masked samples;
 model_faults the samples scored 0 because their output made host code raise (a
 verifier or environment bug shows here); generate_splits the failed engine calls
-split in halves."""
+split in halves; prompt_computed and prompt_new the prompt tokens of finished multi-turn
+episodes that the engine computed and that were new to the episode (`Trajectory`)."""
 
 
 @dataclass
@@ -543,7 +546,7 @@ class Pipeline:
             if item.episodes is None:
                 item.episodes = self._episodes(item)
             episodes = item.episodes
-            _close_envs(item)  # free their sandbox sessions before verification needs slots
+            _close_envs(item, self.workers)  # free their sandbox sessions before verification needs slots
             todo = [i for i in range(len(episodes)) if i not in item.decided and i not in item.verified]
             token = next(self._tokens)
             self.meters["verify"].begin(token)
@@ -610,7 +613,10 @@ class Pipeline:
 
     # ---- endings -------------------------------------------------------
     async def _finish(self, item: _Item, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
-        _close_envs(item)
+        _close_envs(item, self.workers)
+        for t in item.trajectories or ():
+            self.counters["prompt_computed"] += t.prompt_computed
+            self.counters["prompt_new"] += t.prompt_new
         self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         result = finished_group(item, self.params.n, verdicts, episodes)
         self.scheduler.finish(item.task.domain)
@@ -770,6 +776,7 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
             t = item.trajectories[i]
             timings["turns"] = float(len(t.turns))
             timings["episode_s"] = round(t.own_s, 6)
+            timings["prompt_computed"], timings["prompt_new"] = float(t.prompt_computed), float(t.prompt_new)
             if t.timed_out:
                 timings["timed_out"] = 1.0
             mask, first = tuple(t.mask), t.first_observation
@@ -797,9 +804,10 @@ def finished_group(item: _Item, n: int, verdicts: Sequence[Verdict], episodes: S
     return GroupResult(item.seq, item.tier, tuple(rollouts), version)
 
 
-def _close_envs(item: _Item) -> None:
+def _close_envs(item: _Item, workers: Workers) -> None:
     """Close every environment of a group once (a terminal env holds a sandbox
-    session, and so a pool slot, until closed)."""
+    session, and so a pool slot, until closed), and end its episodes' engine sessions."""
     if item.trajectories is not None and not item.closed:
         item.closed = True
         driver.close_envs(t.env for t in item.trajectories)
+        workers.end_sessions(driver.session_keys(item.group_id, len(item.trajectories)))
