@@ -88,7 +88,7 @@ class EngineConfig(BaseModel):
     context); dropped when the episode ends. Greedy completions are identical with it off
     (tested on lookup and tool episodes); on by default (bench/kv_reuse.py: fewer prompt
     tokens computed on multi-turn episodes). False computes every turn's prompt in full."""
-    context_budget_tokens: int = Field(262_144, ge=0, le=1 << 30)
+    context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then
     computed in full). Each token holds 2 x layers x kv heads x head dim values."""

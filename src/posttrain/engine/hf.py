@@ -62,7 +62,7 @@ class HFEngineConfig(BaseModel):
     outputs are the same as without it; False computes every prompt in full. Only for models
     whose layers all use full attention (others always compute in full)."""
 
-    context_budget_tokens: int = Field(262_144, ge=0, le=1 << 30)
+    context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """Most tokens of kept contexts held at once (over all sessions); storing past it drops
     the least recently stored sessions first (counted as evicted). Each token holds
     2 x layers x kv heads x head dim values of the model's dtype."""
