@@ -12,8 +12,12 @@ transcripts (its cached base; built on first use in about a minute), 8,192 posit
 tool world's ~4k-token prompts fit. Each side runs in its own child process (spawned), the
 sides alternate `--repeats` times; wall times are the median, peak RSS the child's own.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py
-    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --tasks 4 --repeats 1   # a quick look
+    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py                      # ~2 min on 2 shared cores
+    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --tasks 8 --group 3   # ~1 min (bench/RESULTS.md)
+
+With this base the document-fields actions repeat one character until the token budget
+truncates them, which ends those episodes after one turn: their row shows reuse changing
+nothing where there is no second turn.
 """
 
 from __future__ import annotations
