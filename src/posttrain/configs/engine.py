@@ -87,8 +87,8 @@ class EngineConfig(BaseModel):
     (token-exact; else the whole prompt), on the same weights (a weight push drops every kept
     context); dropped when the episode ends. Greedy completions are identical with it off
     (tested on lookup, document-fields and tool episodes); on by default (bench/kv_reuse.py:
-    2.1x fewer prompt tokens computed on 3-turn lookup episodes, 6.3x on a tool world, 1.65x
-    less wall time). False computes every turn's prompt in full."""
+    2.1x fewer prompt tokens computed on 3-turn lookup episodes, 6.3x on a tool world, the episodes
+    1.65x faster). False computes every turn's prompt in full."""
     context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then
