@@ -218,7 +218,17 @@ def test_the_pipeline_batches_episodes_with_reuse_and_reports_the_counts(model_t
             workers.close()
 
     off, on = engine(model_tok, False), engine(model_tok, True)
+    calls: list[list[str]] = []
+    inner = on.generate
+
+    def recorded(requests):
+        calls.append([r.request_id for r in requests])
+        return inner(requests)
+
+    on.generate = recorded  # type: ignore[method-assign]
     (ga, sa), (gb, sb) = run(off), run(on)
+    later = [{rid.split(":")[0] for rid in c if ":" in rid} for c in calls]  # later turns' groups per call
+    assert max(len(groups) for groups in later) >= 2  # different episodes' turns resumed in one call
     ra = [r for g in ga for r in g.rollouts]
     rb = [r for g in gb for r in g.rollouts]
     assert [r.completion.token_ids for r in ra] == [r.completion.token_ids for r in rb]
