@@ -111,6 +111,11 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     request_id: str = ""
+    sessions: tuple[str, ...] = ()
+    """Empty, or one key per sample: the episode each sample continues. An engine that keeps
+    contexts (hf with context_reuse) keeps each sample's after the call under its key, and a
+    later one-sample request of that key whose prompt starts with the kept tokens computes
+    only the rest; `Engine.end_sessions` drops them. Other engines ignore it."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,9 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     model_version: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the engine did not compute for this completion (the hf engine: a kept
+    session's context, or a group-mate's shared prompt); 0 where the engine does not say."""
 
 
 def to_dict(record: Any) -> Any:

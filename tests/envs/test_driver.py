@@ -1,4 +1,4 @@
-"""The episode driver (`envs.driver.play`): first observation in the prompt, turns through the
+"""The episode driver (`pipeline.play.play` over `envs.driver`): first observation in the prompt, turns through the
 chat template, loss only on the model's tokens, turns recorded with parts and exec_result."""
 
 from __future__ import annotations

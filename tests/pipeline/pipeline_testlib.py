@@ -6,11 +6,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from posttrain.engine.base import Engine
 from posttrain.errors import GenerationError
 from posttrain.types import Completion, GenerationRequest, Message
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """Character-level engine whose samples come from `policy(context_text, sample_index)`.
 
     The chat rendering mirrors the embedded template (<|role|>content, assistant

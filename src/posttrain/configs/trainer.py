@@ -212,6 +212,7 @@ class EntropyBonusConfig(BaseModel):
                 raise ValueError(f"entropy_bonus.domains.{name} must be in [0, 1], got {value}")
         return coefs
 
+
 class ReplayConfig(BaseModel):
     """The replay buffer (trainer.replay; the loop keeps it, trainer/replay.py): groups trained on
     at one step are kept, bounded, and trained on again at later steps, with the behaviour

@@ -32,6 +32,12 @@ class Engine(Protocol):
         """Load new weights (a state dict or a checkpoint directory);
         returns the new version."""
 
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        """The episodes `keys` (`GenerationRequest.sessions`) ended: drop what the engine keeps
+        for them. The default keeps nothing and does nothing (an engine that keeps contexts,
+        hf with context_reuse, overrides it); engines subclass this contract to inherit it."""
+        return None
+
 
 def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:
     """`messages` rendered by `tokenizer`'s chat template, the assistant's turn opened, as token ids
@@ -59,6 +65,8 @@ def check_request(i: int, req: GenerationRequest, vocab: int, max_len: int | Non
         raise PromptTooLong(
             f"{where}.prompt_ids has {len(req.prompt_ids)} tokens; {limit} is {max_len}, leaving no room to generate"
         )
+    if req.sessions and len(req.sessions) != p.n:
+        raise ConfigError(f"{where}.sessions has {len(req.sessions)} keys for n={p.n}: one per sample, or none")
     if p.max_tokens < 1:
         raise ConfigError(f"{where}.params.max_tokens must be >= 1, got {p.max_tokens}")
     if p.n < 1:

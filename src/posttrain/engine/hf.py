@@ -6,7 +6,14 @@ Invariant: every Completion's `logprobs[i]` is `log_softmax(logits / T)` of
 and a request's samples depend only on (prompt, params, seed), never on the
 other requests in the call, on batching, or on whether its prompt was shared
 across its group. A group of n samples computes its prompt once and copies
-the prompt's KV cache n times.
+the prompt's KV cache n times. With `context_reuse`, a sample whose request
+names a session keeps its context's KV cache after the call
+(engine/sessions.py); a later request of that session whose prompt starts
+with the kept tokens computes only the rest of its prompt, on the same
+weights (an update drops every kept session), so its samples are those of
+a full prefill up to float rounding (greedy tokens identical in the tests).
+`Completion.cached_tokens` says how many prompt tokens were not computed
+for it (a kept session's, or a group-mate's shared prompt).
 """
 
 from __future__ import annotations
@@ -14,16 +21,17 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from posttrain.engine.base import chat_ids, check_request
-from posttrain.engine.kvcache import new_cache
+from posttrain.engine.base import Engine, chat_ids, check_request
+from posttrain.engine.kvcache import new_cache, preload, row_kv, slab_capable
 from posttrain.engine.sampling import row_key, sample_next
+from posttrain.engine.sessions import Session, SessionCache, SessionStats
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
 
@@ -47,14 +55,31 @@ class HFEngineConfig(BaseModel):
     copies the whole KV cache, keeping one costs a row of compute per step.
     0 drops each finished row at once."""
 
+    context_reuse: bool = True
+    """Keep the KV cache of each sample whose request names a session (the episode driver
+    names each episode's) after its turn, and compute only the new tokens of that session's
+    next prompt when it starts with the kept ones (token-exact; else the full prompt). Greedy
+    outputs are the same as without it; False computes every prompt in full. Only for models
+    whose layers all use full attention (others always compute in full)."""
+
+    context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
+    """Most tokens of kept contexts held at once (over all sessions); storing past it drops
+    the least recently stored sessions first (counted as evicted). Each token holds
+    2 x layers x kv heads x head dim values of the model's dtype."""
+
 
 @dataclass(frozen=True)
 class EngineStats:
     """Work done since the engine was built."""
 
     prompt_tokens: int
+    """Prompt tokens computed (a group's shared prompt once; a kept session's tokens not)."""
     generated_tokens: int
     forward_calls: int
+    prompt_reused: int = 0
+    """Prompt tokens taken from kept sessions instead of being computed (`context_reuse`)."""
+    sessions: SessionStats | None = None
+    """The session cache's counters (None: context_reuse is off)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +93,10 @@ class _Row:
     temperature: float
     top_p: float
     stop: tuple[str, ...]
+    session: str | None = None
+    """Where this row's context is kept after the call (None: not kept)."""
+    cached: int = 0
+    """Prompt tokens not computed for this row (`Completion.cached_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +105,9 @@ class _Chunk:
 
     prompt: tuple[int, ...]
     rows: tuple[_Row, ...]
+    resumed: Session | None = None
+    """A kept session whose tokens start the prompt: its first `reuse` tokens are not computed."""
+    reuse: int = 0
 
 
 @dataclass
@@ -86,9 +118,10 @@ class _Output:
     logprobs: list[float]
     finish: FinishReason | None = None
     stop_hit: bool = False
+    cached: int = 0
 
 
-class HFEngine:
+class HFEngine(Engine):
     """The Engine protocol over a transformers model held in this process."""
 
     def __init__(
@@ -112,7 +145,9 @@ class HFEngine:
         self._vocab = model.get_input_embeddings().weight.shape[0]
         self._generator = torch.Generator()
         self.seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        self._prompt_tokens = self._generated_tokens = self._forward_calls = 0
+        self._prompt_tokens = self._generated_tokens = self._forward_calls = self._prompt_reused = 0
+        reuse = self.config.context_reuse and slab_capable(model.config)
+        self._sessions = SessionCache(self.config.context_budget_tokens) if reuse else None
         self._lock = threading.RLock()  # one generate or weight update at a time
 
     @classmethod
@@ -139,7 +174,16 @@ class HFEngine:
         self._generator.manual_seed(int(seed) % (1 << 63))
 
     def stats(self) -> EngineStats:
-        return EngineStats(self._prompt_tokens, self._generated_tokens, self._forward_calls)
+        sessions = self._sessions.stats() if self._sessions is not None else None
+        return EngineStats(
+            self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused, sessions
+        )
+
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        """The episodes `keys` ended: their kept contexts are dropped (without waiting for a
+        generation in progress)."""
+        if self._sessions is not None:
+            self._sessions.end(keys)
 
     # -- text -----------------------------------------------------------------
 
@@ -165,6 +209,8 @@ class HFEngine:
             if state is not None:
                 _load_state(self.model, state)
             self.version += 1
+            if self._sessions is not None:  # contexts computed on the old weights no longer hold
+                self._sessions.clear()
             return self.version
 
     # -- generation -----------------------------------------------------------
@@ -203,18 +249,39 @@ class HFEngine:
         limit = self.config.max_batch_rows
         for i, req in enumerate(requests):
             rows = self._rows(i, req)
+            resumed = self._resumed(req)
+            reuse = 0 if resumed is None else min(len(resumed.tokens), len(req.prompt_ids) - 1)
             if share:
-                chunks += [_Chunk(req.prompt_ids, rows[k : k + limit]) for k in range(0, len(rows), limit)]
+                parts = [rows[k : k + limit] for k in range(0, len(rows), limit)]
+                shared = len(req.prompt_ids)
+                chunks += [_Chunk(req.prompt_ids, _cached(p, reuse, shared), resumed, reuse) for p in parts]
             else:
-                chunks += [_Chunk(req.prompt_ids, (row,)) for row in rows]
+                chunks += [_Chunk(req.prompt_ids, _cached((row,), reuse, 0), resumed, reuse) for row in rows]
         return sorted(chunks, key=lambda c: len(c.prompt))
+
+    def _resumed(self, req: GenerationRequest) -> Session | None:
+        """The kept session a one-sample request resumes (`SessionCache.take`), or None."""
+        if self._sessions is None or len(req.sessions) != 1:
+            return None
+        got = self._sessions.take(req.sessions[0], tuple(req.prompt_ids), self.version)
+        return got if got is not None and len(req.prompt_ids) > 1 else None
 
     def _rows(self, i: int, req: GenerationRequest) -> tuple[_Row, ...]:
         p = req.params
         seed = p.seed if p.seed is not None else int(torch.randint(0, 1 << 62, (1,), generator=self._generator).item())
         room = p.max_tokens if self._max_positions is None else self._max_positions - len(req.prompt_ids)
+        keep = req.sessions if self._sessions is not None else ()
         return tuple(
-            _Row(i, j, row_key(seed, j), min(p.max_tokens, room), float(p.temperature), float(p.top_p), tuple(p.stop))
+            _Row(
+                i,
+                j,
+                row_key(seed, j),
+                min(p.max_tokens, room),
+                float(p.temperature),
+                float(p.top_p),
+                tuple(p.stop),
+                keep[j] if keep else None,
+            )
             for j in range(p.n)
         )
 
@@ -235,6 +302,8 @@ class HFEngine:
     def _prefill(self, batch: list[_Chunk], capacity: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward each chunk's prompt once (left-padded), then copy its cache
         to its rows. Returns (cache, logits_bv, mask_bt, next_position_b)."""
+        if any(c.reuse for c in batch):
+            return self._prefill_resumed(batch, capacity)
         dev = self.device
         width = max(len(c.prompt) for c in batch)
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
@@ -247,6 +316,40 @@ class HFEngine:
         cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
         logits = self._forward(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
+        return self._expand(batch, cache, logits, mask, positions)
+
+    def _prefill_resumed(
+        self, batch: list[_Chunk], capacity: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`_prefill` where some chunks resume a kept session: the cache starts with each kept
+        context right-aligned at the first `longest` positions, and only each prompt's rest
+        (left-padded) is forwarded, at its own positions (the kept tokens' count on)."""
+        dev = self.device
+        longest = max(c.reuse for c in batch)
+        rests = [c.prompt[c.reuse :] for c in batch]
+        width = max(len(r) for r in rests)
+        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest + width), dtype=torch.long)
+        positions = torch.zeros((len(batch), width), dtype=torch.long)
+        for k, (c, rest) in enumerate(zip(batch, rests)):
+            ids[k, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            mask[k, longest - c.reuse : longest] = 1
+            mask[k, longest + width - len(rest) :] = 1
+            positions[k, width - len(rest) :] = torch.arange(c.reuse, len(c.prompt))
+        ids, mask, positions = ids.to(dev), mask.to(dev), positions.to(dev)
+        cache = new_cache(self.model.config, longest + width + capacity, sum(len(c.rows) for c in batch))
+        kept = [(k, _head(c.resumed, c.reuse)) for k, c in enumerate(batch) if c.resumed is not None and c.reuse]
+        preload(cache, len(batch), longest, kept)
+        logits = self._forward(ids, mask, positions, cache)
+        self._prompt_tokens += sum(len(r) for r in rests)
+        self._prompt_reused += sum(c.reuse for c in batch)
+        return self._expand(batch, cache, logits, mask, positions)
+
+    def _expand(
+        self, batch: list[_Chunk], cache: Any, logits: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each chunk's prefilled cache, logits and mask copied to its rows."""
+        dev = self.device
         counts = torch.tensor([len(c.rows) for c in batch], device=dev)
         expand = torch.repeat_interleave(torch.arange(len(batch), device=dev), counts)
         if len(expand) != len(batch):
@@ -258,12 +361,14 @@ class HFEngine:
         batch (its output ignored) until finished rows make up
         `compact_fraction` of it; then they are all dropped at once."""
         rows = [r for c in batch for r in c.rows]
+        prompts = [c.prompt for c in batch for _ in c.rows]
         dev = self.device
         cache, logits, mask, next_pos = self._prefill(batch, max(r.max_tokens for r in rows))
+        prefilled = mask.shape[1]
         temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
         top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
         keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
-        outs = [_Output([], []) for _ in rows]
+        outs = [_Output([], [], cached=r.cached) for r in rows]
         active = list(range(len(rows)))  # batch position -> row
         last_pos = (self._max_positions or (1 << 62)) - 1
         step = 0
@@ -274,8 +379,11 @@ class HFEngine:
             self._record(rows, outs, [active[k] for k in live], [tok_list[k] for k in live], [lp_list[k] for k in live])
             keep = [k for k, r in enumerate(active) if outs[r].finish is None]
             if not keep:
+                self._keep_sessions(cache, mask, prefilled, range(len(active)), active, rows, prompts, outs)
                 break
             if len(active) - len(keep) >= max(1, self.config.compact_fraction * len(active)):
+                gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
+                self._keep_sessions(cache, mask, prefilled, gone, active, rows, prompts, outs)
                 idx = torch.tensor(keep, device=dev)
                 cache.reorder_cache(idx)
                 mask, next_pos, tokens = mask[idx], next_pos[idx], tokens[idx]
@@ -286,6 +394,35 @@ class HFEngine:
             next_pos = next_pos + 1
             step += 1
         return {(r.request, r.sample): o for r, o in zip(rows, outs)}
+
+    def _keep_sessions(
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        prefilled: int,
+        positions: Sequence[int],
+        active: list[int],
+        rows: list[_Row],
+        prompts: list[tuple[int, ...]],
+        outs: list[_Output],
+    ) -> None:
+        """Keep the context of each finished row at batch `positions` that names a session: its
+        prompt and every output token but the last (which was sampled, never fed), with the
+        KV columns its mask marks."""
+        if self._sessions is None:
+            return
+        for k in positions:
+            r = active[k]
+            row, out = rows[r], outs[r]
+            if row.session is None:
+                continue
+            fed = prefilled + len(out.token_ids) - 1
+            columns = mask[k, :fed].nonzero().squeeze(-1)
+            tokens = prompts[r] + tuple(out.token_ids[:-1])
+            if len(columns) != len(tokens):
+                raise RuntimeError(f"kept context of {len(columns)} positions for {len(tokens)} tokens")
+            keys, values = row_kv(cache, k, columns)
+            self._sessions.put(row.session, Session(tokens, keys, values, self.version))
 
     def _record(
         self, rows: list[_Row], outs: list[_Output], active: list[int], tokens: list[int], logprobs: list[float]
@@ -324,7 +461,21 @@ class HFEngine:
             logprobs=tuple(out.logprobs),
             finish_reason=out.finish or "length",
             model_version=self.version,
+            cached_tokens=out.cached,
         )
+
+
+def _cached(rows: tuple[_Row, ...], reused: int, shared: int) -> tuple[_Row, ...]:
+    """`rows` of one chunk with their `cached` counts: the first computes the prompt but the
+    `reused` tokens of a kept session, the others share it (`shared` tokens not computed)."""
+    return tuple(replace(r, cached=reused if j == 0 else shared) for j, r in enumerate(rows))
+
+
+def _head(session: Session, n: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per layer, the keys and values of the session's first `n` tokens."""
+    if n == len(session.tokens):
+        return session.keys, session.values
+    return tuple(k[:, :n] for k in session.keys), tuple(v[:, :n] for v in session.values)
 
 
 def _pack(chunks: list[_Chunk], max_rows: int) -> list[list[_Chunk]]:

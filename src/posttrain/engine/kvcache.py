@@ -4,11 +4,14 @@ Invariant: each layer's `keys`/`values` are views of the first `length`
 positions of a slab of fixed capacity, so appending a token writes one
 column instead of copying the whole cache (DynamicCache concatenates every
 step); `reorder_cache(index)` selects, repeats or drops batch rows, and is
-how a group's prompt cache is copied to its samples.
+how a group's prompt cache is copied to its samples; `preload` starts a
+batch from kept contexts (engine/sessions.py) and `row_kv` copies one row's
+context out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -77,13 +80,62 @@ class SlabLayer(DynamicLayer):
         self.rows = rows
         self._refresh()
 
+    def preload(self, rows: int, length: int, pieces: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """Start the live cache at `rows` rows x `length` positions, zero but for `pieces`: (row,
+        keys, values) of shape (heads, n, head_dim), written right-aligned, at positions
+        [length - n, length) of that row (a kept context resumed; the zeros are masked out)."""
+        _, k0, v0 = pieces[0]
+        if not self.is_initialized:
+            self.lazy_initialization(k0[None], v0[None])
+        if rows > self.max_rows or length > self.capacity:
+            raise RuntimeError(f"KV slab misuse: preload {rows} x {length} into {self.max_rows} x {self.capacity}")
+        self.rows, self.length = rows, length
+        self._k[:rows, :, :length].zero_()
+        self._v[:rows, :, :length].zero_()
+        for row, k, v in pieces:
+            n = k.shape[-2]
+            self._k[row, :, length - n : length] = k
+            self._v[row, :, length - n : length] = v
+        self._refresh()
+
+    def row_kv(self, row: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the live cache's keys and values of batch row `row` at `columns`."""
+        live_k, live_v = self._k[row, :, : self.length], self._v[row, :, : self.length]
+        return live_k.index_select(1, columns), live_v.index_select(1, columns)
+
+
+def slab_capable(model_config: Any) -> bool:
+    """Whether every layer of the model uses full attention (the slab cache's case)."""
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    layer_types = getattr(text_config, "layer_types", None) or []
+    return all(t == "full_attention" for t in layer_types)
+
+
+LayerKV = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]
+"""Per layer, keys and values of one sequence (each heads x n x head_dim)."""
+
+
+def preload(cache: Cache, rows: int, length: int, pieces: Sequence[tuple[int, LayerKV]]) -> None:
+    """`SlabLayer.preload` on every layer: `pieces` holds (row, per-layer keys, per-layer values)."""
+    for i, layer in enumerate(cache.layers):
+        if not isinstance(layer, SlabLayer):
+            raise RuntimeError("preload needs a slab cache (a model whose layers all use full attention)")
+        layer.preload(rows, length, [(row, ks[i], vs[i]) for row, (ks, vs) in pieces])
+
+
+def row_kv(cache: Cache, row: int, columns: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per layer, copies of batch row `row`'s keys and values at `columns` (shape heads x n x head_dim)."""
+    got = [layer.row_kv(row, columns) for layer in cache.layers if isinstance(layer, SlabLayer)]
+    if len(got) != len(cache.layers):
+        raise RuntimeError("row_kv needs a slab cache (a model whose layers all use full attention)")
+    return tuple(k for k, _ in got), tuple(v for _, v in got)
+
 
 def new_cache(model_config: Any, capacity: int, max_rows: int) -> Cache:
     """A slab cache of `max_rows` x `capacity` positions for models whose layers all use
     full attention; any other model (sliding windows, linear attention) gets
     the library's DynamicCache, which handles its layer types."""
     text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    layer_types = getattr(text_config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
+    if not slab_capable(model_config):
         return DynamicCache(config=model_config)
     return Cache(layers=[SlabLayer(capacity, max_rows) for _ in range(text_config.num_hidden_layers)])

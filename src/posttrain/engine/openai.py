@@ -22,14 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from posttrain.engine.base import chat_ids
+from posttrain.engine.base import Engine, chat_ids
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable
 from posttrain.types import Completion, GenerationRequest, Message
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 
-class OpenAIEngine:
+class OpenAIEngine(Engine):
     """Engine over `base_url` (e.g. http://host:8000/v1); `tokenizer` renders chats locally."""
 
     def __init__(

@@ -56,9 +56,10 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
             timeout_s=cfg.timeout_s,
             concurrency=cfg.concurrency,
         )
-    from posttrain.engine.hf import HFEngine
+    from posttrain.engine.hf import HFEngine, HFEngineConfig
 
-    return HFEngine(model, tokenizer, seed=seed)
+    hf = HFEngineConfig(context_reuse=cfg.context_reuse, context_budget_tokens=cfg.context_budget_tokens)
+    return HFEngine(model, tokenizer, config=hf, seed=seed)
 
 
 def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Any:

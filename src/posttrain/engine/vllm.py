@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.configs.engine import VLLMConfig
-from posttrain.engine.base import chat_ids, check_request
+from posttrain.engine.base import Engine, chat_ids, check_request
 from posttrain.engine.openai import completion_body, parse_choices, post_json
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable, WeightSyncError
 from posttrain.types import Completion, GenerationRequest, Message
@@ -358,7 +358,7 @@ class _Loaded:
     transport: Transport | None
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """The Engine protocol over a vLLM server: owned (`server`) or attached (`url`)."""
 
     transports: tuple[Transport, ...] = ("reload", "lora")

@@ -101,12 +101,25 @@ class Trajectory:
     engine calls that generated its turns (not queueing, not retries' backoff)."""
     timed_out: bool = False
     """The episode ended at its time budget (finish reason "length")."""
+    prompt_computed: int = 0
+    """Prompt tokens the engine computed for this episode over its turns: each turn's context
+    less what the engine took from a cache (`Completion.cached_tokens`: a kept session's
+    context, a group-mate's shared prompt)."""
+    prompt_new: int = 0
+    """Prompt tokens new to the episode over its turns: the first turn's whole prompt, then on
+    each later turn what follows the previous turn's prompt and action (the observation)."""
+    _seen: int = field(default=0, repr=False)
+    """Tokens of the last turn's prompt and action (what the next turn's prompt starts with)."""
 
     def context(self) -> tuple[int, ...]:
         """What the model conditions on for its next turn."""
         return self.prompt_ids + tuple(self.ids)
 
     def add_action(self, completion: Completion) -> None:
+        context = len(self.prompt_ids) + len(self.ids)
+        self.prompt_computed += max(0, context - completion.cached_tokens)
+        self.prompt_new += context - self._seen
+        self._seen = context + len(completion.token_ids)
         self.ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [1] * len(completion.token_ids)

@@ -26,6 +26,7 @@ from typing import Any
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.envs.base import Environment, Trajectory, as_step_result, make_environment
 from posttrain.errors import ErrorRecord, ModelFault, PromptTooLong, blame
+from posttrain.rollout import rollout_id
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, StepResult, Task
 
 _UNSET: Any = object()
@@ -79,21 +80,31 @@ def requests(
 ) -> tuple[list[GenerationRequest], list[list[Trajectory]]]:
     """The generation requests of the trajectories due a turn, and for each request
     the trajectories its completions go to (in order). On the first turn, samples
-    that share a prompt are one request of n (shared-prefix group sampling)."""
+    that share a prompt are one request of n (shared-prefix group sampling). Each
+    sample names its episode's session (`session_keys`), so an engine that keeps
+    contexts computes only each later turn's new tokens."""
     due = [(i, t) for i, t in enumerate(trajectories) if not t.done and not t.awaiting_step]
     one = dataclasses.replace(params, n=1)
     if due and all(not t.turns for _, t in due) and len({t.prompt_ids for _, t in due}) == 1:
         group = dataclasses.replace(params, n=len(due), seed=base_seed)
-        return [GenerationRequest(due[0][1].prompt_ids, group, request_id)], [[t for _, t in due]]
+        keys = tuple(rollout_id(request_id, i) for i, _ in due)
+        return [GenerationRequest(due[0][1].prompt_ids, group, request_id, keys)], [[t for _, t in due]]
     reqs = [
         GenerationRequest(
             t.context(),
             dataclasses.replace(one, seed=None if base_seed is None else stable_hash(base_seed, i, len(t.turns))),
             f"{request_id}:{i}",
+            (rollout_id(request_id, i),),
         )
         for i, t in due
     ]
     return reqs, [[t] for _, t in due]
+
+
+def session_keys(request_id: str, n: int) -> list[str]:
+    """The session keys (rollout ids) of a group's `n` episodes, as `requests` names them: what
+    `Engine.end_sessions` takes once the episodes ended."""
+    return [rollout_id(request_id, i) for i in range(n)]
 
 
 def add_actions(targets: Sequence[Sequence[Trajectory]], outputs: Sequence[Sequence[Completion]]) -> None:

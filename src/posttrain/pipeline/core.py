@@ -192,6 +192,7 @@ class Pipeline:
         gid = self._group_ids.pop(seq, f"{self._prefix}{seq}")
         budget = (self.budgets or {}).get(task.domain)
         item = GroupRun.admit(task, gid, tier, seq, self.params, self._policy, self.counters, budget)
+        item.end_sessions = self.workers.end_sessions  # its episodes' kept contexts go when it closes
         try:
             if not item.episodic:
                 item.prompt_ids = await self.workers.encode(task.prompt)

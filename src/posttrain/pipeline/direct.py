@@ -124,6 +124,7 @@ class Direct:
         tier = self.scheduler.admit(task.domain)
         budget = self.budgets.get(task.domain)
         item = GroupRun.admit(task, f"{self._prefix}{seq}", tier, seq, self.params, self._policy, self.counters, budget)
+        item.end_sessions = self.workers.end_sessions
         if isinstance(ids, BaseException):
             return item, ids
         item.prompt_ids = ids

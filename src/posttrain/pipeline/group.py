@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,12 +42,15 @@ COUNTERS = (
     "masked_execute",
     "model_faults",
     "generate_splits",
+    "prompt_computed",
+    "prompt_new",
 )
 """The pipeline's counters (`pipe_<name>` in the per-step metrics): masked_groups counts
 groups every sample of which was masked, masked_rollouts the masked samples;
 model_faults the samples scored 0 because their output made host code raise (a
 verifier or environment bug shows here); generate_splits the failed engine calls
-split in halves."""
+split in halves; prompt_computed and prompt_new the prompt tokens of finished multi-turn
+episodes that the engine computed and that were new to the episode (`Trajectory`)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ class GroupRun:
     """Per sample: retries of its own (its execute step or environment step, its verification)."""
     timings: dict[str, float] = field(default_factory=dict)
     closed: bool = False
+    end_sessions: Callable[[Sequence[str]], None] | None = None
+    """Told the group's session keys when its episodes close (`Engine.end_sessions`, through
+    the scheduler's workers), so an engine that keeps an episode's context drops it."""
     result: GroupResult | None = None
     """What `finish` made (None until then)."""
     final: list[Verdict] = field(default_factory=list)
@@ -409,6 +415,9 @@ class GroupRun:
         self.final = list(verdicts)
         self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         self.counters["finished"] += 1
+        for t in self.trajectories or ():
+            self.counters["prompt_computed"] += t.prompt_computed
+            self.counters["prompt_new"] += t.prompt_new
         if self.trajectories:
             comps = [t.completion() for t in self.trajectories]
         else:
@@ -430,6 +439,7 @@ class GroupRun:
             t = self.trajectories[i]
             timings["turns"] = float(len(t.turns))
             timings["episode_s"] = round(t.own_s, 6)
+            timings["prompt_computed"], timings["prompt_new"] = float(t.prompt_computed), float(t.prompt_new)
             if t.timed_out:
                 timings["timed_out"] = 1.0
             mask, first = tuple(t.mask), t.first_observation
@@ -455,3 +465,5 @@ class GroupRun:
         if self.trajectories is not None and not self.closed:
             self.closed = True
             driver.close_envs(t.env for t in self.trajectories)
+            if self.end_sessions is not None:
+                self.end_sessions(driver.session_keys(self.group_id, len(self.trajectories)))

@@ -113,6 +113,7 @@ class Play:
         run = GroupRun.admit(
             task, task.id, None, seq, self.params, self.policy, self.counters, self.budgets.get(task.domain)
         )
+        run.end_sessions = self.engine.end_sessions  # Engine contract: a no-op where nothing is kept
         try:
             if not run.episodic:
                 run.prompt_ids = self.engine.encode_chat(task.prompt)

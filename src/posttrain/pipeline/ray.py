@@ -84,6 +84,9 @@ class GenerationWorker:
     def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         return self.engine.generate(requests)
 
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        self.engine.end_sessions(keys)
+
     def load(self, state: Any, version: int) -> int:
         self.engine.update_weights(state)
         self.engine.version = version
@@ -200,6 +203,13 @@ class RayWorkers:
 
     async def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         return await next(self._rr["g"]).generate.remote(requests)
+
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        """Sent to every generation actor, not waited for (an actor runs it after its current call).
+        Calls go round-robin over the actors, so with several a session's next turn may land on
+        another actor than the one keeping it: that turn is computed in full."""
+        for g in self.generators:
+            g.end_sessions.remote(list(keys))
 
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
         return await next(self._rr["e"]).execute.remote(task, tuple(completions))

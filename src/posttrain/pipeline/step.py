@@ -79,7 +79,7 @@ def detached_copy(engine: Any) -> Any:
 
     if not isinstance(engine, HFEngine):
         raise ConfigError("pipeline.mode async in the embedded runtime copies an in-process hf engine only")
-    twin = HFEngine(copy.deepcopy(engine.model), engine.tokenizer, seed=0)
+    twin = HFEngine(copy.deepcopy(engine.model), engine.tokenizer, config=engine.config, seed=0)
     twin.version = engine.version
     return twin
 

@@ -201,6 +201,10 @@ class Workers(Protocol):
     def sync(self) -> None:
         """Bring the generating engine's weights up to the trainer's (before a step's generation)."""
 
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        """The episodes `keys` ended: the engine drops their kept contexts (`Engine.end_sessions`).
+        Returns at once (never waits for an engine call in progress)."""
+
     def cheap_verifier(self, domain: str) -> bool:
         """Whether `domain`'s verifier may run in the caller's thread (no verify stage hop)."""
 
@@ -338,6 +342,9 @@ class EmbeddedWorkers:
             except Exception as exc:
                 out_ids.append(exc)
         return out_ids
+
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        self.engine.end_sessions(keys)  # the Engine contract's (a no-op default); not under the call lock
 
     def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """The engine's call in the caller's thread (the direct path)."""

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from posttrain.engine.base import Engine
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.types import Completion, GenerationRequest, Message, SamplingParams
@@ -228,7 +229,7 @@ class _Seq:
     """Per drafter, in this sequence: [rounds, proposed, accepted]."""
 
 
-class SpeculativeEngine:
+class SpeculativeEngine(Engine):
     """The Engine contract, decoding one sequence at a time (latency first)
     with draft proposals verified by `model`.
 

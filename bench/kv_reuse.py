@@ -1,0 +1,189 @@
+"""Context reuse across turns (engine.context_reuse, issue 27 item 5): multi-turn episodes through
+the staged pipeline with the hf engine computing every turn's whole prompt (off) against keeping
+each episode's KV cache between its turns (on), side by side in one run: prompt tokens computed
+and new per turn (the engine's own counts, per rollout as the trace stores them), the wall time
+of the episodes, whether the completions are identical, and each side's peak RSS.
+
+Domains: lookup (its own budget: 3 turns, 12 tokens per turn), the document-fields loop
+(doc_invoice_fields_text: extract, read the validator's complaints, re-extract; 3 turns) and a
+tool world (tool_transfer, capped at 3 turns here), the last two at 48 tokens per turn. Greedy
+(temperature 0), G samples per task. The model: the embedded micro preset pretrained on lookup
+transcripts (its cached base; built on first use in about a minute), 8,192 positions so the
+tool world's ~4k-token prompts fit. Each side runs in its own child process (spawned), the
+sides alternate `--repeats` times; wall times are the median, peak RSS the child's own.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py                      # ~2 min on 2 shared cores
+    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --tasks 8 --group 3   # ~1 min (bench/RESULTS.md)
+
+With this base the document-fields actions repeat one character until the token budget
+truncates them, which ends those episodes after one turn: their row shows reuse changing
+nothing where there is no second turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+DOMAINS = {"lookup": None, "doc_invoice_fields_text": 48, "tool_transfer": 48}
+"""Each domain and its tokens per turn (None: the domain's own budget)."""
+SHARE = {"lookup": 1.0, "doc_invoice_fields_text": 0.5, "tool_transfer": 0.25}
+"""Tasks of each domain, as a share of --tasks."""
+
+
+def base_config() -> Any:
+    from posttrain.configs.base import BaseConfig
+
+    return BaseConfig(preset="micro", domains={"lookup": 1}, steps=400, buggy_fraction=0.75, threads=1)
+
+
+def side(reuse: bool, tasks: int, group: int, queue: Any) -> None:
+    """One side, in a child process: the episodes through the pipeline; its figures on `queue`."""
+    import asyncio
+    import dataclasses
+
+    import torch
+
+    from posttrain.configs.pipeline import PipelineConfig
+    from posttrain.domains.base import Budget
+    from posttrain.domains.registry import get
+    from posttrain.engine.hf import HFEngine, HFEngineConfig
+    from posttrain.model.arch import load_model
+    from posttrain.model.pretrain import ensure_base
+    from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
+    from posttrain.types import SamplingParams
+
+    torch.set_num_threads(1)
+    model, tok = load_model(ensure_base(base_config(), progress=False), device="cpu")
+    engine = HFEngine(model, tok, config=HFEngineConfig(context_reuse=reuse), seed=0)
+    budgets = {d: Budget(turns=3, tokens=t, seconds=600.0) for d, t in DOMAINS.items() if t}
+    work = [get(d).sample(i, "train", 1) for d in DOMAINS for i in range(max(1, int(tasks * SHARE[d])))]
+    cfg = PipelineConfig(execute_workers=2, backoff_s=0.0, generate_batch=64, max_inflight=64)
+    params = SamplingParams(max_tokens=12, temperature=0.0, n=group)
+    sched = Scheduler(cfg, dict.fromkeys(DOMAINS, 1.0), dict.fromkeys(DOMAINS, "short"))
+    workers = EmbeddedWorkers(engine)
+
+    async def go() -> Any:
+        async with Pipeline(cfg, workers, params, sched, seed=0, budgets=budgets) as pipe:
+            return await pipe.run_groups(work, prefix="g"), pipe.stats().flat()
+
+    t0 = time.perf_counter()
+    try:
+        groups, flat = asyncio.run(go())
+    finally:
+        workers.close()
+    wall = time.perf_counter() - t0
+    rows = []
+    for g in groups:
+        for r in g.rollouts:
+            rows.append(
+                {
+                    "id": r.id,
+                    "domain": r.task.domain,
+                    "turns": int(r.timings.get("turns", 0)),
+                    "computed": int(r.timings["prompt_computed"]),
+                    "new": int(r.timings["prompt_new"]),
+                    "context": len(r.completion.prompt_ids) + len(r.completion.token_ids),
+                    "tokens": list(r.completion.token_ids),
+                }
+            )
+    st = engine.stats()
+    queue.put(
+        {
+            "reuse": reuse,
+            "wall_s": wall,
+            "rows": rows,
+            "engine_prompt_tokens": st.prompt_tokens,
+            "engine_prompt_reused": st.prompt_reused,
+            "engine_generated": st.generated_tokens,
+            "pipe_prompt_computed": flat["pipe_prompt_computed"],
+            "pipe_prompt_new": flat["pipe_prompt_new"],
+            "sessions": dataclasses.asdict(st.sessions) if st.sessions else None,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    )
+
+
+def run_side(reuse: bool, tasks: int, group: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=side, args=(reuse, tasks, group, queue))
+    proc.start()
+    got = queue.get()
+    proc.join()
+    return got
+
+
+def table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
+    """Per domain (and its 3-turn episodes): turns, prompt tokens computed and new per turn."""
+    out = [
+        "| domain | episodes | turns | final contexts | new | computed off | computed on | off/on | on/new |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    groups: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
+    for a, b in zip(off["rows"], on["rows"], strict=True):
+        groups[a["domain"]].append((a, b))
+        if a["turns"] == 3:
+            groups[f"{a['domain']} (3-turn episodes)"].append((a, b))
+    groups["all"] = [p for k, v in groups.items() if "(" not in k for p in v]
+    for name, pairs in groups.items():
+        turns = sum(a["turns"] for a, _ in pairs)
+        new = sum(a["new"] for a, _ in pairs)
+        c_off, c_on = sum(a["computed"] for a, _ in pairs), sum(b["computed"] for _, b in pairs)
+        ctx = sum(a["context"] for a, _ in pairs)
+        out.append(
+            f"| {name} | {len(pairs)} | {turns} | {ctx:,} | {new:,} ({new / turns:.0f}/turn) | "
+            f"{c_off:,} ({c_off / turns:.0f}/turn) | {c_on:,} ({c_on / turns:.0f}/turn) | "
+            f"{c_off / max(1, c_on):.2f}x | {c_on / max(1, new):.2f} |"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=16, help="lookup tasks (documents: half, tools: a quarter)")
+    ap.add_argument("--group", type=int, default=4, help="episodes per task (G)")
+    ap.add_argument("--repeats", type=int, default=2, help="times each side runs (alternating)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from posttrain.model.pretrain import ensure_base
+
+    ensure_base(base_config(), progress=False)  # build once, before the timed children
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for _ in range(args.repeats):
+        for reuse in (False, True):
+            runs[reuse].append(run_side(reuse, args.tasks, args.group))
+    off, on = runs[False][0], runs[True][0]
+    same = sum(a["tokens"] == b["tokens"] for a, b in zip(off["rows"], on["rows"], strict=True))
+    steady = all(r["rows"] == runs[k][0]["rows"] for k in runs for r in runs[k])
+    wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
+    print(f"{len(off['rows'])} episodes ({args.tasks} lookup tasks and the rest, G={args.group}), greedy")
+    print("\n".join(table(off, on)))
+    print(
+        f"engine prompt tokens computed: off {off['engine_prompt_tokens']:,}, on {on['engine_prompt_tokens']:,} "
+        f"(+{on['engine_prompt_reused']:,} reused); pipeline counters: new {on['pipe_prompt_new']:,.0f}, "
+        f"computed off {off['pipe_prompt_computed']:,.0f} / on {on['pipe_prompt_computed']:,.0f}"
+    )
+    print(f"sessions (on): {json.dumps(on['sessions'])}")
+    print(f"identical completions: {same}/{len(off['rows'])}; every repeat identical: {steady}")
+    print(
+        f"wall (median of {args.repeats}): off {wall[False]:.2f} s, on {wall[True]:.2f} s "
+        f"({wall[False] / wall[True]:.2f}x); each: off {[round(r['wall_s'], 2) for r in runs[False]]}, "
+        f"on {[round(r['wall_s'], 2) for r in runs[True]]}"
+    )
+    print(
+        f"peak RSS: off {max(r['peak_rss_mib'] for r in runs[False]):.0f} MiB, "
+        f"on {max(r['peak_rss_mib'] for r in runs[True]):.0f} MiB (each side's child process)"
+    )
+
+
+if __name__ == "__main__":
+    main()
