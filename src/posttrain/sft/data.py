@@ -74,7 +74,7 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
     """Every row of `cfg.data`, rendered, or rejected with its line. A missing file, or a file of
     which no row can train, is a ConfigError; so is any bad row under `cfg.strict`."""
     if cfg.data is None:
-        raise ConfigError("sft.data: give the demonstrations file (JSONL of {'messages': [...]}, CSV, Parquet, datasets)")
+        raise ConfigError("sft.data: give the demonstrations file (JSONL of {'messages': [...]}, CSV, Parquet)")
     source = SourceConfig(path=cfg.data, format=cfg.format, fields=FieldMap(prompt=None, messages=cfg.messages_field))
     try:
         path, reader = open_source(source)

@@ -6,8 +6,8 @@ and `eval.json` (the held-out sets and tables of `tasks.domains`, built and eval
 `RunEvaluator` as a train run, before and after), and `checkpoints/step_N/` written by
 `save_checkpoint` (Hugging Face weights and tokenizer, optimizer, RNG, loop state, manifest), so
 `posttrain train ... model.path=RUN/checkpoints/step_N` starts RL from the fine-tuned weights.
-Only assistant tokens enter the loss (sft/data.py); the run is seeded (`run.seed`: model order of
-batches, dropout-free forward) and single-process. `cpu_s` in each row is this process's CPU
+Only assistant tokens enter the loss (sft/data.py); the run is seeded (`run.seed`: torch, numpy and python
+RNGs, and each epoch's order of batches) and single-process. `cpu_s` in each row is this process's CPU
 time since the first step (the clock of `run.cpu_budget_s`), so an SFT run and an RL run can be
 compared at equal CPU.
 """
@@ -74,7 +74,7 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
         evaluator.write(rundir.eval_path, before, after, [])
         log("held-out before and after fine-tuning:\n" + evaluator.describe(before, after))
     metrics.close()
-    log(f"sft: {steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {cpu_s:.1f} CPU-s; final checkpoint {checkpoint}")
+    log(f"sft: {steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {cpu_s:.1f} CPU-s; checkpoint {checkpoint}")
     log(f"next: posttrain train CONFIG model.path={checkpoint}")
     return SftResult(rundir.path, checkpoint, steps, losses[0], losses[-1], cpu_s, before, after)
 
