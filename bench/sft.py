@@ -15,7 +15,10 @@ evaluations, loading and the demonstrations' writing are outside both arms alike
 seed the held-out accuracy of the base, after SFT, and at the end of each arm, the CPU each spent,
 then the median gain of each arm over the base with its spread, and the peak RSS.
 
-    .venv/bin/python bench/sft.py --seeds 0 1 2 --budget 90
+    .venv/bin/python bench/sft.py --seeds 0 1 2 --budget 100
+    .venv/bin/python bench/sft.py --summarize s0.json s1.json s2.json   # seeds run one per process
+
+The peak RSS line is this process's (in --summarize: the summariser's, not the runs').
 """
 
 from __future__ import annotations
@@ -96,13 +99,21 @@ def one_seed(seed: int, args: argparse.Namespace, demos: str, out: str) -> dict:
     left = max(args.budget - tuned.cpu_s, 1.0)
     then = _train_overrides(args.domain, args.max_tokens, out, f"sft-rl-{seed}", seed, left)
     after_sft = _rl(args.config, then, str(tuned.checkpoint))
-    return {"seed": seed, "rl": rl, "sft_cpu_s": tuned.cpu_s, "sft_steps": tuned.steps, "sft_rl": after_sft}
+    return {
+        "seed": seed,
+        "budget": args.budget,
+        "rl": rl,
+        "sft_cpu_s": tuned.cpu_s,
+        "sft_steps": tuned.steps,
+        "sft_rl": after_sft,
+        "peak_rss_mib": _peak_mib(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=90.0, help="CPU seconds of training per arm (SFT counted)")
+    p.add_argument("--budget", type=float, default=100.0, help="CPU seconds of training per arm (SFT counted)")
     p.add_argument("--domain", default="rg_products")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--demos", type=int, default=1000, help="demonstrations written from train-split gold answers")
@@ -111,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=1024)
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     p.add_argument("--json", help="also write the per-seed results here")
+    p.add_argument("--summarize", nargs="+", metavar="JSON", help="only summarise the --json files of earlier runs")
     args = p.parse_args(argv)
+    if args.summarize:
+        rows = [row for path in args.summarize for row in json.loads(Path(path).read_text())]
+        _summary(sorted(rows, key=lambda r: r["seed"]), args)
+        return 0
     import sft_demos
 
     rows = []
@@ -143,13 +159,21 @@ def _summary(rows: list[dict], args: argparse.Namespace) -> None:
     sft_only = [r["sft_rl"]["before"] - r["rl"]["before"] for r in rows]
     sft_rl = [r["sft_rl"]["after"] - r["rl"]["before"] for r in rows]
     ahead = sum(a > b for a, b in zip(sft_rl, rl))
-    print(f"{args.domain} level 1, budget {args.budget:g} CPU-s per arm, {len(rows)} seeds, held-out n=100:")
+    budgets = sorted({r.get("budget", args.budget) for r in rows})
+    print(f"{args.domain} level 1, budget {'/'.join(f'{b:g}' for b in budgets)} CPU-s per arm, {len(rows)} seeds:")
     print(f"  gain over the base, rl alone:  {spread(rl)}")
     print(f"  gain over the base, sft only:  {spread(sft_only)}")
     print(f"  gain over the base, sft -> rl: {spread(sft_rl)}")
     print(f"  sft -> rl ahead of rl alone in {ahead}/{len(rows)} seeds")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"  peak RSS {peak:.0f} MiB")
+    if args.summarize:
+        peaks = [r["peak_rss_mib"] for r in rows if "peak_rss_mib" in r]
+        print(f"  peak RSS of the runs: {max(peaks):.0f} MiB" if peaks else "  peak RSS: not recorded")
+    else:
+        print(f"  peak RSS {_peak_mib():.0f} MiB")
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 if __name__ == "__main__":
