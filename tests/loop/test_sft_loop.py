@@ -111,3 +111,11 @@ def test_loss_is_the_mean_over_assistant_tokens(micro_base):
     assert row["loss"] == pytest.approx(total / count, rel=1e-5)
     changed = [n for (n, p), q in zip(model.named_parameters(), trained.parameters()) if not torch.equal(p, q)]
     assert changed, "the step changed no weight"
+
+
+def test_bad_data_is_exit_2_and_leaves_no_run(tmp_path, micro_base, capsys):
+    missing = tmp_path / "missing.jsonl"
+    args = [f"sft.data={missing}", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=bad", *SFT]
+    assert main(["sft", *args]) == 2
+    assert "sft.data: task source" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

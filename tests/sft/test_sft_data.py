@@ -115,3 +115,18 @@ def test_length_batches_hold_every_demo_once_within_the_token_bound():
     assert any(len(b) > 1 for b in batches)  # it batches, not one row per step
     assert [[d.line for d in b] for b in batches] == [[d.line for d in b] for b in length_batches(demos, 24, 1)]
     assert [[d.line for d in b] for b in batches] != [[d.line for d in b] for b in length_batches(demos, 24, 2)]
+
+
+def test_a_csv_source_reads_like_jsonl(tmp_path, tok):
+    import csv
+
+    path = tmp_path / "demos.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["chat", "note"])
+        w.writerow([json.dumps([{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba"}]), "x"])
+        w.writerow(["[not json", "y"])
+    got = load_demos(SftSection(data=str(path), messages_field="chat"), tok)
+    assert len(got.demos) == 1 and got.unit == "line"
+    assert got.demos[0].ids == render(tok, CHAT[1:3], 0, 512).ids
+    assert [b.line for b in got.bad] == [3] and "'chat' must be a non-empty list" in got.bad[0].reason
