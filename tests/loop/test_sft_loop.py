@@ -24,6 +24,10 @@ def _demos(path, n=96):
             task = dom.sample(i, "train", 1)
             chat = [{"role": m.role, "content": m.content} for m in task.prompt]
             fh.write(json.dumps({"messages": [*chat, {"role": "assistant", "content": dom.gold(task)}]}) + "\n")
+        for i in range(3):  # three held-out items leak in: the overlap check must count them
+            task = dom.sample(i, "eval", 1)
+            chat = [{"role": m.role, "content": m.content} for m in task.prompt]
+            fh.write(json.dumps({"messages": [*chat, {"role": "assistant", "content": dom.gold(task)}]}) + "\n")
         fh.write("not json\n")  # reported with its line; the rest still train
     return str(path)
 
@@ -52,7 +56,8 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
     args = [f"sft.data={data}", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=sft", *SFT]
     assert main(["sft", *args]) == 0
     out = capsys.readouterr().out
-    assert "line 97: not valid JSON" in out and "96 demonstrations" in out
+    assert "line 100: not valid JSON" in out and "99 demonstrations" in out
+    assert "OVERLAP in reverse (3/8)" in out
     run = tmp_path / "sft"
     rows = read_metrics(run / "metrics.jsonl", "sft")
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 8
@@ -68,6 +73,7 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
     load_model(ckpt)  # a model directory as it stands
     table = json.loads((run / "eval.json").read_text())
     assert set(table["before"]["domains"]) == {"reverse"} and table["after"] is not None
+    assert table["sft_overlap"] == {"reverse": {"overlap": 3, "eval_tasks": 8}}
 
     # the documented path: `posttrain train ... model.path=<the sft checkpoint>`
     train = [*tiny("{reverse: {difficulty: 1}}"), f"model.path={ckpt}", f"run.out_dir={tmp_path}", "run.name=rl"]

@@ -61,6 +61,8 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
     _report_bad(demos, rundir.path, log)
     metrics = MetricsLog(rundir.metrics_path)
     evaluator = _evaluator(cfg, rundir.path, model, tokenizer, metrics, log) if cfg.sft.evaluate else None
+    if evaluator is not None:
+        _overlap(demos, evaluator.heldout, tokenizer, rundir.path, log)
     before = _evaluate(evaluator, 0, "before fine-tuning", log)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay
@@ -109,6 +111,24 @@ def _evaluator(cfg: Config, run_dir: Path, model: Any, tokenizer: Any, metrics: 
     pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates the domain names
     levels = {name: pool.eval_difficulty(name) for name in pool.names}
     return RunEvaluator(cfg, run_dir, HFEngine(model, tokenizer, seed=cfg.run.seed), metrics, levels, log)
+
+
+def _overlap(demos: Demos, heldout: Any, tokenizer: Any, run_dir: Path, log: Callable[[str], Any]) -> None:
+    """How many held-out core items a demonstration's opening prompt equals token for token (the
+    prompt before its first assistant turn against the item's `chat_ids`): logged, and written to
+    RUN_DIR/checks.json as `sft_overlap` (a fine-tuned score on such items is not held-out)."""
+    import json
+
+    from posttrain.engine.base import chat_ids
+
+    prompts = {d.ids[: d.mask.index(True)] for d in demos.demos}
+    found = {}
+    for name, s in heldout.of_kind("core").items():
+        hits = sum(chat_ids(tokenizer, t.prompt) in prompts for t in s.tasks())
+        found[name] = {"overlap": hits, "eval_tasks": s.n}
+    (run_dir / "checks.json").write_text(json.dumps({"sft_overlap": found}, indent=1))
+    bad = [f"{name} ({r['overlap']}/{r['eval_tasks']})" for name, r in found.items() if r["overlap"]]
+    log("demonstrations vs held-out prompts: " + (f"OVERLAP in {', '.join(bad)}" if bad else "no overlap"))
 
 
 def _evaluate(evaluator: Any, step: int, when: str, log: Callable[[str], Any]) -> EvalTable | None:
