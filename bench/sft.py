@@ -1,8 +1,8 @@
 """SFT then RL against RL alone at equal CPU, on a domain the embedded base cannot yet format.
 
-The domain (default rg_products at level 1: "Solve the following multiplication: 4 * 0 ...
-Put your final answer inside <answer></answer>.") is one the demo base never saw: it scores 0
-held-out. Per seed, from the same cached base (configs/default.yaml's):
+The domain (default rg_basic_arithmetic at level 1: "Calculate ( -8 + 2 ).\n\nPut your final
+answer inside <answer></answer>.", 100 distinct held-out items) is one the demo base never saw:
+it scores 0 held-out. Per seed, from the same cached base (configs/default.yaml's):
 
   rl    `posttrain train` on the domain with run.cpu_budget_s=BUDGET;
   sft   `posttrain sft` on demonstrations written from the domain's own train-split gold
@@ -114,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--budget", type=float, default=100.0, help="CPU seconds of training per arm (SFT counted)")
-    p.add_argument("--domain", default="rg_products")
+    p.add_argument("--domain", default="rg_basic_arithmetic")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--demos", type=int, default=1000, help="demonstrations written from train-split gold answers")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--batch-tokens", type=int, default=1024)
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
