@@ -32,6 +32,7 @@ from posttrain.configs.rollout import RolloutConfig
 from posttrain.configs.run import RunConfig
 from posttrain.configs.sandbox import SandboxSection
 from posttrain.configs.section import Section
+from posttrain.configs.sft import SftSection
 from posttrain.configs.tasks import TasksConfig
 from posttrain.configs.trainer import TrainerConfig
 from posttrain.errors import ConfigError
@@ -56,6 +57,8 @@ class Config(Section):
     """The sandbox pool of the execute stage (backend, workers, limit caps)."""
     engine: EngineConfig = EngineConfig()
     """Inference engine: hf (in process, default) or openai (a server that takes weight updates over HTTP)."""
+    sft: SftSection = SftSection()
+    """Supervised fine-tuning on demonstrations (`posttrain sft`; `posttrain train` does not read it)."""
 
 
 MAX_DEPTH = 64

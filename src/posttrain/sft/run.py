@@ -1,0 +1,224 @@
+"""`posttrain sft`: supervised fine-tuning on demonstrations, top to bottom.
+
+Invariant: the run directory is a `posttrain train` run directory in every part it shares with
+one: `config.yaml` (resolved), `metrics.jsonl` (one `sft` row per optimizer step), `heldout.json`
+and `eval.json` (the held-out sets and tables of `tasks.domains`, built and evaluated by the same
+`RunEvaluator` as a train run, before and after), and `checkpoints/step_N/` written by
+`save_checkpoint` (Hugging Face weights and tokenizer, optimizer, RNG, loop state, manifest), so
+`posttrain train ... model.path=RUN/checkpoints/step_N` starts RL from the fine-tuned weights.
+Only assistant tokens enter the loss (sft/data.py); the run is seeded (`run.seed`: torch, numpy and python
+RNGs, and each epoch's order of batches) and single-process. `cpu_s` in each row is this process's CPU
+time since the first step (the clock of `run.cpu_budget_s`), so an SFT run and an RL run can be
+compared at equal CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning threads under load
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from posttrain.configs import Config
+from posttrain.evaluate import EvalTable
+from posttrain.metrics_log import MetricsLog
+from posttrain.rundir import RunDir
+from posttrain.sft.data import Demo, Demos, length_batches, load_demos
+
+
+@dataclass(frozen=True)
+class SftResult:
+    run_dir: Path
+    checkpoint: Path
+    """The final checkpoint: the `model.path` a following `posttrain train` starts from."""
+    steps: int
+    first_loss: float
+    last_loss: float
+    cpu_s: float
+    """CPU seconds of the fine-tuning steps (evaluations and loading outside)."""
+    before: EvalTable | None
+    after: EvalTable | None
+
+
+def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
+    """Fine-tune `cfg.model.path` (or the embedded base) on `cfg.sft.data` and evaluate it
+    before and after on the held-out sets of `cfg.tasks.domains`."""
+    import torch
+
+    from posttrain.trainer.checkpoint import seed_everything
+
+    torch.set_num_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed)
+    model, tokenizer, model_dir = _load(cfg)
+    demos = load_demos(cfg.sft, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    rundir = RunDir.create(cfg)
+    log(f"sft: {model_dir} -> {rundir.path}\n{demos.summary()}")
+    _report_bad(demos, rundir.path, log)
+    metrics = MetricsLog(rundir.metrics_path)
+    evaluator = _evaluator(cfg, rundir.path, model, tokenizer, metrics, log) if cfg.sft.evaluate else None
+    if evaluator is not None:
+        _overlap(demos, evaluator.heldout, tokenizer, rundir.path, log)
+    before = _evaluate(evaluator, 0, "before fine-tuning", log)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay
+    )
+    steps, losses, cpu_s = _fit(cfg, model, tokenizer, optimizer, demos, rundir.path, metrics)
+    checkpoint = _save(cfg, rundir.path, model, tokenizer, optimizer, steps, cpu_s, demos)
+    if evaluator is not None:
+        evaluator.engine.update_weights(None)  # the engine shares the module: weights changed in place
+    after = _evaluate(evaluator, steps, "after fine-tuning", log)
+    if evaluator is not None and before is not None and after is not None:
+        evaluator.write(rundir.eval_path, before, after, [])
+        log("held-out before and after fine-tuning:\n" + evaluator.describe(before, after))
+    metrics.close()
+    log(f"sft: {steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {cpu_s:.1f} CPU-s; checkpoint {checkpoint}")
+    log(f"next: posttrain train CONFIG model.path={checkpoint}")
+    return SftResult(rundir.path, checkpoint, steps, losses[0], losses[-1], cpu_s, before, after)
+
+
+def _load(cfg: Config) -> tuple[Any, Any, Path]:
+    import torch
+
+    from posttrain.model.arch import load_model
+    from posttrain.model.pretrain import ensure_base
+
+    model_dir = Path(cfg.model.path or ensure_base(cfg.base, progress=cfg.run.progress))
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.model.device == "auto" else cfg.model.device
+    model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
+    return model, tokenizer, model_dir
+
+
+def _report_bad(demos: Demos, run_dir: Path, log: Callable[[str], Any]) -> None:
+    """Every rejected row, logged (the first 20) and written to RUN_DIR/rejected.txt."""
+    if not demos.bad:
+        return
+    lines = [f"{demos.path}: {bad}" for bad in demos.bad]
+    (run_dir / "rejected.txt").write_text("\n".join(lines) + "\n")
+    more = f"\n... and {len(lines) - 20} more (all in {run_dir / 'rejected.txt'})" if len(lines) > 20 else ""
+    log(f"warning: {len(lines)} {demos.unit}s rejected, the rest train:\n" + "\n".join(lines[:20]) + more)
+
+
+def _evaluator(cfg: Config, run_dir: Path, model: Any, tokenizer: Any, metrics: MetricsLog, log: Any) -> Any:
+    from posttrain.engine.hf import HFEngine
+    from posttrain.evaluate.run import RunEvaluator
+    from posttrain.tasks.pool import TaskPool
+
+    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates the domain names
+    levels = {name: pool.eval_difficulty(name) for name in pool.names}
+    return RunEvaluator(cfg, run_dir, HFEngine(model, tokenizer, seed=cfg.run.seed), metrics, levels, log)
+
+
+def _overlap(demos: Demos, heldout: Any, tokenizer: Any, run_dir: Path, log: Callable[[str], Any]) -> None:
+    """How many held-out core items a demonstration's opening prompt equals token for token (the
+    prompt before its first assistant turn against the item's `chat_ids`): logged, and written to
+    RUN_DIR/checks.json as `sft_overlap` (a fine-tuned score on such items is not held-out)."""
+    import json
+
+    from posttrain.engine.base import chat_ids
+
+    prompts = {d.ids[: d.mask.index(True)] for d in demos.demos}
+    found = {}
+    for name, s in heldout.of_kind("core").items():
+        hits = sum(chat_ids(tokenizer, t.prompt) in prompts for t in s.tasks())
+        found[name] = {"overlap": hits, "eval_tasks": s.n}
+    (run_dir / "checks.json").write_text(json.dumps({"sft_overlap": found}, indent=1))
+    bad = [f"{name} ({r['overlap']}/{r['eval_tasks']})" for name, r in found.items() if r["overlap"]]
+    log("demonstrations vs held-out prompts: " + (f"OVERLAP in {', '.join(bad)}" if bad else "no overlap"))
+
+
+def _evaluate(evaluator: Any, step: int, when: str, log: Callable[[str], Any]) -> EvalTable | None:
+    if evaluator is None:
+        return None
+    table: EvalTable = evaluator.full(step)
+    log(f"held-out {when}:\n" + evaluator.describe(table))
+    return table
+
+
+def _fit(
+    cfg: Config, model: Any, tokenizer: Any, optimizer: Any, demos: Demos, run_dir: Path, metrics: MetricsLog
+) -> tuple[int, list[float], float]:
+    """The optimizer steps: each epoch's length batches in a seeded order; a row of metrics per
+    step, a checkpoint every `sft.checkpoint_every`. Returns steps, losses, CPU seconds."""
+    from tqdm import tqdm
+
+    s = cfg.sft
+    epochs = [length_batches(demos.demos, s.batch_tokens, cfg.run.seed + e) for e in range(s.epochs)]
+    total = sum(map(len, epochs)) if s.max_steps is None else min(s.max_steps, sum(map(len, epochs)))
+    bar = tqdm(total=total, desc="sft", unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
+    model.train()
+    t0, step, losses = time.process_time(), 0, []
+    for epoch, batches in enumerate(epochs):
+        for batch in batches:
+            if step >= total:
+                break
+            step += 1
+            row = _step(model, optimizer, batch, _lr(s.lr, s.warmup_steps, step), s.grad_clip, tokenizer.pad_token_id)
+            losses.append(row["loss"])
+            metrics.write("sft", step, epoch=epoch, cpu_s=time.process_time() - t0, **row)
+            bar.set_postfix_str(f"loss={row['loss']:.4f}")
+            bar.update(1)
+            if s.checkpoint_every and step % s.checkpoint_every == 0 and step < total:
+                _save(cfg, run_dir, model, tokenizer, optimizer, step, time.process_time() - t0, demos)
+    bar.close()
+    model.eval()
+    return step, losses, time.process_time() - t0
+
+
+def _lr(lr: float, warmup: int, step: int) -> float:
+    return lr * min(1.0, step / warmup) if warmup else lr
+
+
+def _step(model: Any, optimizer: Any, batch: Sequence[Demo], lr: float, clip: float, pad_id: int) -> dict[str, Any]:
+    """One AdamW step on `batch`: the mean cross-entropy over its assistant tokens (each token's
+    loss weighs the same whichever row it is in)."""
+    import torch
+
+    ids_bt, mask_bt, attn_bt = _pad(batch, pad_id, next(model.parameters()).device)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    logits_btv = model(input_ids=ids_bt, attention_mask=attn_bt).logits[:, :-1].float()
+    target_bt, weight_bt = ids_bt[:, 1:], mask_bt[:, 1:].float()
+    nll_bt = torch.nn.functional.cross_entropy(logits_btv.transpose(1, 2), target_bt, reduction="none")
+    tokens = weight_bt.sum()
+    loss = (nll_bt * weight_bt).sum() / tokens
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return {
+        "loss": float(loss.detach()),
+        "grad_norm": float(grad_norm),
+        "lr": lr,
+        "rows": len(batch),
+        "loss_tokens": int(tokens),
+        "padded_tokens": int(ids_bt.numel()),
+    }
+
+
+def _pad(batch: Sequence[Demo], pad_id: int, device: Any) -> tuple[Any, Any, Any]:
+    """Right-padded ids, loss mask and attention mask (batch x time)."""
+    import torch
+
+    width = max(len(d.ids) for d in batch)
+    ids_bt = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask_bt = torch.zeros((len(batch), width), dtype=torch.bool)
+    attn_bt = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, d in enumerate(batch):
+        ids_bt[i, : len(d.ids)] = torch.tensor(d.ids)
+        mask_bt[i, : len(d.ids)] = torch.tensor(d.mask)
+        attn_bt[i, : len(d.ids)] = 1
+    return ids_bt.to(device), mask_bt.to(device), attn_bt.to(device)
+
+
+def _save(
+    cfg: Config, run_dir: Path, model: Any, tokenizer: Any, optimizer: Any, step: int, cpu_s: float, demos: Demos
+) -> Path:
+    from posttrain.trainer.checkpoint import save_checkpoint
+
+    state = {"step": step, "sft": {"data": demos.path, "demos": len(demos.demos), "cpu_s": cpu_s}}
+    return save_checkpoint(run_dir, model, tokenizer, optimizer, state, step, keep=cfg.sft.keep_checkpoints)

@@ -1,0 +1,127 @@
+"""`posttrain sft` end to end on the micro base: the assistant-token loss falls, the weights
+change, the loss is the mean over assistant tokens only (padding and prompts left out), the
+checkpoint is one `posttrain train` reads, and `posttrain train` starts RL from it."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from loopcfg import tiny
+
+from posttrain.cli import main
+from posttrain.metrics_log import read_metrics
+
+
+def _demos(path, n=96):
+    """Demonstrations of `reverse` from its own train-split tasks and gold answers."""
+    from posttrain.domains.registry import get
+
+    dom = get("reverse")
+    with open(path, "w") as fh:
+        for i in range(n):
+            task = dom.sample(i, "train", 1)
+            chat = [{"role": m.role, "content": m.content} for m in task.prompt]
+            fh.write(json.dumps({"messages": [*chat, {"role": "assistant", "content": dom.gold(task)}]}) + "\n")
+        for i in range(3):  # three held-out items leak in: the overlap check must count them
+            task = dom.sample(i, "eval", 1)
+            chat = [{"role": m.role, "content": m.content} for m in task.prompt]
+            fh.write(json.dumps({"messages": [*chat, {"role": "assistant", "content": dom.gold(task)}]}) + "\n")
+        fh.write("not json\n")  # reported with its line; the rest still train
+    return str(path)
+
+
+SFT = [
+    "sft.epochs=4",
+    "sft.lr=3e-3",
+    "sft.batch_tokens=256",
+    "tasks.domains={reverse: {difficulty: 1}}",
+    "eval.tasks_per_domain=8",
+    "eval.samples=0",
+    "eval.above_tasks=0",
+    "eval.max_tokens=6",
+    "run.threads=1",
+    "run.progress=false",
+]
+
+
+def test_sft_then_train(tmp_path, micro_base, capsys):
+    from safetensors.torch import load_file
+
+    from posttrain.model.arch import load_model
+    from posttrain.trainer.checkpoint import intact_checkpoint
+
+    data = _demos(tmp_path / "demos.jsonl")
+    args = [f"sft.data={data}", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=sft", *SFT]
+    assert main(["sft", *args]) == 0
+    out = capsys.readouterr().out
+    assert "line 100: not valid JSON" in out and "99 demonstrations" in out
+    assert "OVERLAP in reverse (3/8)" in out
+    run = tmp_path / "sft"
+    rows = read_metrics(run / "metrics.jsonl", "sft")
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 8
+    first, last = statistics.mean(r["loss"] for r in rows[:3]), statistics.mean(r["loss"] for r in rows[-3:])
+    assert last < 0.7 * first, (first, last)
+    assert all(r["loss_tokens"] < r["padded_tokens"] for r in rows)  # prompts and padding are out of the loss
+    assert (run / "rejected.txt").read_text().count("\n") == 1
+
+    ckpt = intact_checkpoint(run, print)  # the format train's resume checks: manifest, sizes, sha256
+    assert ckpt.name == f"step_{len(rows):08d}"
+    start, tuned = load_file(f"{micro_base}/model.safetensors"), load_file(str(ckpt / "model.safetensors"))
+    assert any((start[k] != tuned[k]).any() for k in start), "sft never changed the weights"
+    load_model(ckpt)  # a model directory as it stands
+    table = json.loads((run / "eval.json").read_text())
+    assert set(table["before"]["domains"]) == {"reverse"} and table["after"] is not None
+    assert table["sft_overlap"] == {"reverse": {"overlap": 3, "eval_tasks": 8}}
+
+    # the documented path: `posttrain train ... model.path=<the sft checkpoint>`
+    train = [*tiny("{reverse: {difficulty: 1}}"), f"model.path={ckpt}", f"run.out_dir={tmp_path}", "run.name=rl"]
+    assert main(["train", *train, "run.steps=2"]) == 0
+    rl = read_metrics(tmp_path / "rl" / "metrics.jsonl", "train")
+    assert [r["step"] for r in rl] == [1, 2]
+    config = (tmp_path / "rl" / "config.yaml").read_text()
+    assert str(ckpt) in config
+
+
+def test_loss_is_the_mean_over_assistant_tokens(micro_base):
+    """The batched, padded step's loss equals the mean negative log-likelihood of the assistant
+    tokens computed row by row without padding (worked out here from the logits)."""
+    import copy
+
+    import torch
+
+    from posttrain.model.arch import load_model
+    from posttrain.sft.data import render
+    from posttrain.sft.run import _step
+    from posttrain.types import Message
+
+    model, tok = load_model(micro_base)
+    chats = [
+        [Message("user", "rev abc="), Message("assistant", "cba")],
+        [Message("user", "sort 3142="), Message("assistant", "1234"), Message("user", "x"), Message("assistant", "y")],
+    ]
+    demos = [render(tok, c, i, 512) for i, c in enumerate(chats)]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for d in demos:
+            logp = torch.log_softmax(model(input_ids=torch.tensor([d.ids])).logits[0].float(), -1)
+            for t in range(1, len(d.ids)):
+                if d.mask[t]:
+                    total, count = total - float(logp[t - 1, d.ids[t]]), count + 1
+    assert count == len("cba") + len("1234") + len("y") + 3  # each turn's <|end|> too
+    trained = copy.deepcopy(model)
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+    row = _step(trained, opt, demos, 1e-3, 1.0, tok.pad_token_id)
+    assert row["loss_tokens"] == count
+    assert row["loss"] == pytest.approx(total / count, rel=1e-5)
+    changed = [n for (n, p), q in zip(model.named_parameters(), trained.parameters()) if not torch.equal(p, q)]
+    assert changed, "the step changed no weight"
+
+
+def test_bad_data_is_exit_2_and_leaves_no_run(tmp_path, micro_base, capsys):
+    missing = tmp_path / "missing.jsonl"
+    args = [f"sft.data={missing}", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=bad", *SFT]
+    assert main(["sft", *args]) == 2
+    assert "sft.data: task source" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
