@@ -83,7 +83,9 @@ def test_trace_reads_go_through_the_store_read_only(tmp_path):
     store.close()
     before = db.read_bytes()
     ro = TraceStore.read_only(db)
-    assert ro.has("ra1") and ro.has("rb") and not ro.has("zz")  # exact id or prefix
+    assert ro.has("ra1") and ro.has("rb3") and not ro.has("zz")  # exact ids
+    with pytest.raises(ConfigError, match="ambiguous"):
+        ro.has("rb")  # a prefix of rb0 .. rb3 names none of them
     assert [s["id"] for s in ro.siblings(ro.get("ra1"))] == ["ra0", "ra1", "ra2"]
     assert sorted(ro.outcomes(), key=str) == sorted(
         [("add", "ok", None), ("add", None, "sandbox"), ("add", None, None)], key=str
