@@ -147,14 +147,15 @@ NAMED = {
     "composite": ({"parts": [{"verifier": {"name": "exact"}}, {"verifier": {"name": "numeric"}, "weight": 2.0}]}, "42"),
     "python": ({"path": "byo_rewards:strict_int"}, "42"),
 }
-"""Every named verifier of byo that runs here, with parameters and a row's answer. The two that
-call a model (reward_model, judge) raise VerifierError when the service fails: infra by design."""
+"""Every named verifier of byo that runs here, with parameters and a row's answer. The ones that
+call a model (reward_model, judge, judge_ensemble) raise VerifierError when the service fails:
+infra by design (tests/byo/test_byo_judge_bias.py runs them against served judges)."""
 
 
 def test_every_named_verifier_is_listed():
     from posttrain.byo.verifiers import BUILTIN
 
-    assert set(BUILTIN) - set(NAMED) == {"reward_model", "judge"}
+    assert set(BUILTIN) - set(NAMED) == {"reward_model", "judge", "judge_ensemble"}
 
 
 @pytest.fixture
