@@ -2,7 +2,11 @@
 this machine at three execute-worker splits (pipeline.execute_workers 1, 2, 4; pipeline.mode
 sync), then the planner, fed ONE run's trace per mix (the execute_workers=1 run), predicts the
 steps per hour of every split; predicted and measured side by side, the error per split, and
-the peak RSS of each training process.
+the peak RSS of each training process. Two predictions per split: `replay` (the source run's
+groups in their order: the runs share seed 0, so every split draws the same tasks) and
+`bootstrap` (groups drawn at random from the source run, 200 replicas averaged); and, to tell
+the model's error from the run-to-run spread of the measured times, each split predicted from
+its own run's trace (`own trace's error`).
 
 The mixes (both use bench/async_loop.py's `slowadd`: addition questions whose check runs in the
 sandbox after sleeping a heavy-tailed, per-task time, Pareto scale 0.5 s shape 1, cap 10 s):
@@ -97,32 +101,50 @@ def measure(mix: str, workers: int, steps: int, out: Path, model: str) -> dict[s
     return result
 
 
-def plan_rows(out: Path, cluster_dir: Path) -> list[dict[str, Any]]:
-    """Plan each mix from its execute_workers=1 run, for every split, and pair with the measured."""
+CLUSTER = """# this machine: one embedded engine at its measured rate, 64 sandbox slots
+engines: {{count: 1, tokens_per_s: measured}}
+sandbox_slots: 64
+workers: {{generate: 1, execute: {workers}, verify: 2}}
+search: {{generate: [1], execute: [1, 2, 4, 8], verify: [2]}}
+simulate: {{draw: {draw}, steps: {steps}, replicas: {replicas}, search_steps: {steps}}}
+"""
+
+
+def predicted(source: Path, workers: int, draw: str, steps: int, cluster_dir: Path) -> Any:
     from posttrain.plan import load_cluster, plan_run
 
+    replicas = 1 if draw == "replay" else 200
+    cluster = cluster_dir / f"cluster-{source.name}-ew{workers}-{draw}.yaml"
+    cluster.write_text(CLUSTER.format(workers=workers, draw=draw, steps=steps, replicas=replicas))
+    return plan_run(source, load_cluster(cluster), seed=0)
+
+
+def plan_rows(out: Path, steps: int) -> list[dict[str, Any]]:
+    """Plan each mix from its execute_workers=1 run, for every split (replaying the run's groups
+    in order, and drawing them at random), and from each split's own run (the model alone)."""
     rows = []
     for mix in MIXES:
         source = out / f"{mix}-ew1"
         for workers in SPLITS:
             measured = json.loads((out / f"{mix}-ew{workers}" / "bench.json").read_text())
-            cluster = cluster_dir / f"{mix}-ew{workers}.yaml"
-            cluster.write_text(
-                "# this machine: one embedded engine at its measured rate, 64 sandbox slots\n"
-                "engines: {count: 1, tokens_per_s: measured}\n"
-                "sandbox_slots: 64\n"
-                f"workers: {{generate: 1, execute: {workers}, verify: 2}}\n"
-            )
+            got = measured["steps_per_hour"]
             t0 = time.perf_counter()
-            plan = plan_run(source, load_cluster(cluster), seed=0)
-            pred = plan.current.steps_per_hour
+            replay = predicted(source, workers, "replay", measured["steps"], out)
+            plan_s = time.perf_counter() - t0
+            boot = predicted(source, workers, "bootstrap", measured["steps"], out)
+            own = predicted(out / f"{mix}-ew{workers}", workers, "replay", measured["steps"], out)
             rows.append(
                 {
                     **measured,
-                    "predicted_steps_per_hour": pred,
-                    "error": pred / measured["steps_per_hour"] - 1,
-                    "bottleneck": plan.current.bottleneck,
-                    "plan_s": time.perf_counter() - t0,
+                    "replay_steps_per_hour": replay.current.steps_per_hour,
+                    "replay_error": replay.current.steps_per_hour / got - 1,
+                    "bootstrap_steps_per_hour": boot.current.steps_per_hour,
+                    "bootstrap_error": boot.current.steps_per_hour / got - 1,
+                    "own_trace_error": own.current.steps_per_hour / got - 1,
+                    "bottleneck": replay.current.bottleneck,
+                    "best_split": "/".join(map(str, replay.best.workers)),
+                    "execute_s_total": sum(g.execute_s for g in own.profile.groups),
+                    "plan_s": plan_s,
                 }
             )
     return rows
@@ -130,14 +152,16 @@ def plan_rows(out: Path, cluster_dir: Path) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| mix | execute workers | measured steps/h | predicted steps/h | error | predicted bottleneck "
-        "| wall s | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---|---:|---:|",
+        "| mix | execute workers | measured steps/h | predicted (replay) | error | predicted (bootstrap) | error "
+        "| own trace's error | bottleneck | run's execute s | wall s | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['mix']} | {r['execute_workers']} | {r['steps_per_hour']:.0f} | {r['predicted_steps_per_hour']:.0f} "
-            f"| {r['error']:+.0%} | {r['bottleneck']} | {r['wall_s']:.1f} | {r['rss_mib']:.0f} |"
+            f"| {r['mix']} | {r['execute_workers']} | {r['steps_per_hour']:.0f} | {r['replay_steps_per_hour']:.0f} "
+            f"| {r['replay_error']:+.0%} | {r['bootstrap_steps_per_hour']:.0f} | {r['bootstrap_error']:+.0%} "
+            f"| {r['own_trace_error']:+.0%} | {r['bottleneck']} | {r['execute_s_total']:.1f} | {r['wall_s']:.1f} "
+            f"| {r['rss_mib']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -165,10 +189,10 @@ def main() -> None:
         if args.measure_only:
             print(f"runs in {out}")
             return
-    rows = plan_rows(out, out)
+    rows = plan_rows(out, args.steps)
     print(table(rows))
-    worst = max(abs(r["error"]) for r in rows)
-    print(f"\nworst error {worst:.0%} ({'within' if worst <= 0.2 else 'NOT within'} 20%); runs in {out}")
+    worst = max(abs(r["replay_error"]) for r in rows)
+    print(f"\nworst error (replay) {worst:.0%} ({'within' if worst <= 0.2 else 'NOT within'} 20%); runs in {out}")
     print(f"bench peak RSS (this process, planning included): {_self_rss():.0f} MiB")
 
 

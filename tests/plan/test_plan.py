@@ -223,3 +223,11 @@ def test_plan_command_end_to_end(tmp_path, capsys):
     assert data["current"]["step_s_mean"] >= 3.8 - 1e-9
     assert data["best"]["steps_per_hour"] >= data["current"]["steps_per_hour"] * 0.99
     assert (tmp_path / "run" / "plan.png").stat().st_size > 1000
+
+
+def test_replay_follows_the_runs_order():
+    # replay: the run's groups in order, cycled; one group a step on one executor: 1, 3, 1, 3 s
+    order = [GroupSample("d", 1, 0.0, 1.0, 0.0), GroupSample("d", 1, 0.0, 3.0, 0.0)]
+    sim = Simulation({"d": order}, {"d": 1.0}, _costs(), _shape("sync", 0, 1), order=order)
+    res = sim.run(4)
+    assert [round(r.end - r.start, 6) for r in res.steps] == [1.0, 3.0, 1.0, 3.0]

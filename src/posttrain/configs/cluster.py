@@ -117,6 +117,10 @@ class SimulateSpec(BaseModel):
     """Independent replicas (seeds seed, seed+1, ...) whose steps per hour are averaged."""
     search_steps: int = Field(60, ge=1, le=100_000)
     """Train steps simulated per replica for each split of the search."""
+    draw: Literal["bootstrap", "replay"] = "bootstrap"
+    """bootstrap: each group drawn at random (the domain by its share, then one of its measured
+    groups); replay: the run's groups in their admission order, cycled (the same task sequence
+    the run saw: what a rerun with the same seed would face)."""
 
 
 class ClusterConfig(BaseModel):

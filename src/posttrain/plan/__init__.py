@@ -113,11 +113,15 @@ def shape_for(profile: Profile, cluster: ClusterConfig, workers: tuple[int, int,
     )
 
 
-def predict(profile: Profile, costs: Costs, shape: Shape, steps: int, replicas: int, seed: int) -> Prediction:
-    """The split's mean over `replicas` seeded simulations of `steps` steps."""
+def predict(
+    profile: Profile, costs: Costs, shape: Shape, steps: int, replicas: int, seed: int, replay: bool = False
+) -> Prediction:
+    """The split's mean over `replicas` seeded simulations of `steps` steps (`replay`: the run's
+    groups in order rather than drawn)."""
     shares = {d: len(gs) / len(profile.groups) for d, gs in profile.by_domain.items()}
+    order = profile.groups if replay else None
     results: list[SimResult] = [
-        Simulation(profile.by_domain, shares, costs, shape, seed + r).run(steps) for r in range(replicas)
+        Simulation(profile.by_domain, shares, costs, shape, seed + r, order).run(steps) for r in range(replicas)
     ]
     util = {k: sum(r.utilisation[k] for r in results) / replicas for k in results[0].utilisation}
     sph = sum(r.steps_per_hour for r in results) / replicas
@@ -131,9 +135,10 @@ def plan_profile(profile: Profile, cluster: ClusterConfig, run: str = "", seed: 
     sim = cluster.simulate
     w = cluster.workers
     current_shape = shape_for(profile, cluster, (w.generate, w.execute, w.verify))
-    current = predict(profile, costs, current_shape, sim.steps, sim.replicas, seed)
+    replay = sim.draw == "replay"
+    current = predict(profile, costs, current_shape, sim.steps, sim.replicas, seed, replay)
     searched = tuple(
-        predict(profile, costs, shape_for(profile, cluster, split), sim.search_steps, sim.replicas, seed)
+        predict(profile, costs, shape_for(profile, cluster, split), sim.search_steps, sim.replicas, seed, replay)
         for split in cluster.search.splits()
     )
     top = max(p.steps_per_hour for p in searched)

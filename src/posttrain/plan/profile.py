@@ -123,7 +123,7 @@ def load_profile(run_dir: str | Path) -> Profile:
 
 
 def read_groups(path: Path) -> tuple[list[GroupSample], dict[tuple[int, float], float]]:
-    """Every group of the trace (training split, not an infra failure), and the generation calls:
+    """Every group of the trace (training split, not an infra failure), in admission order, and the generation calls:
     (weight version, call seconds) -> seconds."""
     with readable(path):
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -142,7 +142,7 @@ def read_groups(path: Path) -> tuple[list[GroupSample], dict[tuple[int, float], 
         g = acc.setdefault(group_id, {"domain": domain, "tokens": 0, "t": t, "version": version})
         g["tokens"] += int(tokens)
     groups, calls = [], {}
-    for g in acc.values():
+    for _, g in sorted(acc.items(), key=lambda kv: _admission(kv[0])):
         t = g["t"]
         gen = float(t.get("generate_s", 0.0))
         calls[(g["version"], gen)] = gen
@@ -150,6 +150,12 @@ def read_groups(path: Path) -> tuple[list[GroupSample], dict[tuple[int, float], 
             GroupSample(g["domain"], g["tokens"], gen, float(t.get("execute_s", 0.0)), float(t.get("verify_s", 0.0)))
         )
     return groups, calls
+
+
+def _admission(group_id: str) -> tuple[int, int]:
+    """A group id's admission order: the loop names groups `STEP:K` (others keep trace order)."""
+    step, _, k = group_id.partition(":")
+    return (int(step), int(k)) if step.isdigit() and k.isdigit() else (0, 0)
 
 
 def read_shape(path: Path) -> RunShape:

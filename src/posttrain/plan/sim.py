@@ -1,7 +1,8 @@
 """A discrete-event model of the rollout pipeline and trainer, replaying a run's empirical groups.
 
 Invariant: simulated time moves only by the durations of sampled work, so one seed gives one
-result. The model is the pipeline's own shape (pipeline/core.py): admission puts groups in the
+result. The model is the pipeline's own shape (pipeline/core.py): groups are drawn at random by domain share (or
+replayed in the run's order, `order`); admission puts groups in the
 generate queue; generate workers (at most one engine call each, at most `engines` at once) take
 up to `generate_batch` queued groups per call, lasting the batch's completion tokens over the
 engine's rate; execute workers take one group each (groups with no execution skip the stage),
@@ -111,6 +112,7 @@ class Simulation:
         costs: Costs,
         shape: Shape,
         seed: int = 0,
+        order: Sequence[GroupSample] | None = None,
     ) -> None:
         if not groups or any(not gs for gs in groups.values()):
             raise ValueError("the simulation needs at least one group sample per domain")
@@ -118,6 +120,7 @@ class Simulation:
         self.domains = sorted(groups)
         self.weights = [shares[d] for d in self.domains]
         self.rng = random.Random(seed)
+        self.order, self.drawn = order, 0
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
@@ -156,6 +159,9 @@ class Simulation:
 
     # -- work
     def _draw(self) -> GroupSample:
+        if self.order:
+            self.drawn += 1
+            return self.order[(self.drawn - 1) % len(self.order)]
         domain = self.rng.choices(self.domains, self.weights)[0]
         return self.rng.choice(self.groups[domain])
 
