@@ -4,9 +4,7 @@ sync), then the planner, fed ONE run's trace per mix (the execute_workers=1 run)
 steps per hour of every split; predicted and measured side by side, the error per split, and
 the peak RSS of each training process. Two predictions per split: `replay` (the source run's
 groups in their order: the runs share seed 0, so every split draws the same tasks) and
-`bootstrap` (groups drawn at random from the source run, 200 replicas averaged); and, to tell
-the model's error from the run-to-run spread of the measured times, each split predicted from
-its own run's trace (`own trace's error`).
+`bootstrap` (groups drawn at random from the source run, 200 replicas averaged).
 
 The mixes (both use bench/async_loop.py's `slowadd`: addition questions whose check runs in the
 sandbox after sleeping a heavy-tailed, per-task time, Pareto scale 0.5 s shape 1, cap 10 s):
@@ -121,7 +119,7 @@ def predicted(source: Path, workers: int, draw: str, steps: int, cluster_dir: Pa
 
 def plan_rows(out: Path, steps: int) -> list[dict[str, Any]]:
     """Plan each mix from its execute_workers=1 run, for every split (replaying the run's groups
-    in order, and drawing them at random), and from each split's own run (the model alone)."""
+    in order, and drawing them at random)."""
     rows = []
     for mix in MIXES:
         source = out / f"{mix}-ew1"
@@ -132,7 +130,6 @@ def plan_rows(out: Path, steps: int) -> list[dict[str, Any]]:
             replay = predicted(source, workers, "replay", measured["steps"], out)
             plan_s = time.perf_counter() - t0
             boot = predicted(source, workers, "bootstrap", measured["steps"], out)
-            own = predicted(out / f"{mix}-ew{workers}", workers, "replay", measured["steps"], out)
             rows.append(
                 {
                     **measured,
@@ -140,10 +137,8 @@ def plan_rows(out: Path, steps: int) -> list[dict[str, Any]]:
                     "replay_error": replay.current.steps_per_hour / got - 1,
                     "bootstrap_steps_per_hour": boot.current.steps_per_hour,
                     "bootstrap_error": boot.current.steps_per_hour / got - 1,
-                    "own_trace_error": own.current.steps_per_hour / got - 1,
                     "bottleneck": replay.current.bottleneck,
                     "best_split": "/".join(map(str, replay.best.workers)),
-                    "execute_s_total": sum(g.execute_s for g in own.profile.groups),
                     "plan_s": plan_s,
                 }
             )
@@ -153,14 +148,14 @@ def plan_rows(out: Path, steps: int) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| mix | execute workers | measured steps/h | predicted (replay) | error | predicted (bootstrap) | error "
-        "| own trace's error | bottleneck | run's execute s | wall s | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| bottleneck | best split | wall s | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['mix']} | {r['execute_workers']} | {r['steps_per_hour']:.0f} | {r['replay_steps_per_hour']:.0f} "
             f"| {r['replay_error']:+.0%} | {r['bootstrap_steps_per_hour']:.0f} | {r['bootstrap_error']:+.0%} "
-            f"| {r['own_trace_error']:+.0%} | {r['bottleneck']} | {r['execute_s_total']:.1f} | {r['wall_s']:.1f} "
+            f"| {r['bottleneck']} | {r['best_split']} | {r['wall_s']:.1f} "
             f"| {r['rss_mib']:.0f} |"
         )
     return "\n".join(lines)

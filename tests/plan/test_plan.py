@@ -83,6 +83,8 @@ def test_profile_reads_known_timings(tmp_path):
     assert slow["share"] == pytest.approx(0.5) and slow["tokens_mean"] == pytest.approx(20)
     assert slow["execute_s_mean"] == pytest.approx(2.0) and slow["verify_s_mean"] == pytest.approx(0.1)
     assert p.summary()["fast"]["execute_s_max"] == 0.0
+    # one execute worker ran the group's two programs one after the other: 1.0 s each
+    assert {g.program_s for g in p.by_domain["slow"]} == {1.0}
     # each call: (20 + 10) tokens in 0.5 s
     assert p.tokens_per_s == pytest.approx(60.0)
     assert p.train_s_per_token == pytest.approx(0.2 / 100)
@@ -100,13 +102,14 @@ def _shape(mode="async", k=100, p=4, workers=(1, 1, 1), inflight=1000, queue=100
 
 
 def _one(exec_s: float, verify_s: float = 0.0, tokens: int = 1) -> dict[str, list[GroupSample]]:
-    return {"d": [GroupSample("d", tokens, 0.0, exec_s, verify_s)]}
+    """One group sample whose G programs take exec_s / G each: exec_s on one program slot."""
+    return {"d": [GroupSample("d", tokens, 0.0, exec_s, verify_s, exec_s / G)]}
 
 
 @pytest.mark.parametrize("workers", [1, 3, 8])
 def test_deterministic_pipeline_runs_at_its_slowest_stage(workers):
-    # execute 2.0 s per group on `workers` workers, verify 0.5 s on one: the stages' rates are
-    # workers / 2.0 and 1 / 0.5 groups per second; throughput is the smaller, over 4 groups a step.
+    # execute 2.0 s per group (two 1.0 s programs) on `workers` workers and as many program
+    # slots, verify 0.5 s on one: the stages' rates are workers / 2.0 and 1 / 0.5 groups per second; throughput is the smaller, over 4 groups a step.
     sim = Simulation(_one(2.0, 0.5), {"d": 1.0}, _costs(), _shape(workers=(1, workers, 1)))
     res = sim.run(300)
     rate = min(workers / 2.0, 1 / 0.5)
@@ -123,9 +126,10 @@ def test_generation_rate_bounds_throughput():
 
 
 def test_sync_barrier_is_the_slowest_group_plus_the_step():
-    # sync: each step waits for its slowest group (executions run in parallel, 8 workers), then
+    # sync: each step waits for its slowest group (its 2 programs each last the group's time, all
+    # 4 x 2 programs run at once on 8 workers' slots), then
     # trains for 0.3 s + 0.2 s overhead: step time = max(latencies) + 0.5.
-    groups = {"d": [GroupSample("d", 1, 0.0, e, 0.0) for e in (0.5, 1.0, 4.0)]}
+    groups = {"d": [GroupSample("d", 1, 0.0, e, 0.0, e) for e in (0.5, 1.0, 4.0)]}
     sim = Simulation(groups, {"d": 1.0}, _costs(train_s=0.3, overhead=0.2), _shape("sync", 0, 4, (1, 8, 1)), seed=3)
     res = sim.run(50)
     for rec in res.steps:
@@ -138,8 +142,9 @@ def test_staleness_bound_limits_overlap():
     # async, training costs 1 s, execution 1 s on many workers: with k = 0 groups of the next
     # step are admitted only after the step trained (serial: 2 s a step); with k = 1 the next
     # step's groups execute while this one trains (1 s a step).
-    serial = Simulation(_one(1.0), {"d": 1.0}, _costs(overhead=1.0), _shape(k=0, workers=(1, 64, 1))).run(100)
-    overlap = Simulation(_one(1.0), {"d": 1.0}, _costs(overhead=1.0), _shape(k=1, workers=(1, 64, 1))).run(100)
+    one = {"d": [GroupSample("d", 1, 0.0, 1.0, 0.0, 1.0)]}  # programs of 1 s, all at once on 64 slots
+    serial = Simulation(one, {"d": 1.0}, _costs(overhead=1.0), _shape(k=0, workers=(1, 64, 1))).run(100)
+    overlap = Simulation(one, {"d": 1.0}, _costs(overhead=1.0), _shape(k=1, workers=(1, 64, 1))).run(100)
     assert serial.steps_per_hour == pytest.approx(3600 / 2.0, rel=0.02)
     assert overlap.steps_per_hour == pytest.approx(3600 / 1.0, rel=0.03)
 
@@ -157,9 +162,10 @@ def _profile(groups: list[GroupSample], mode="async", k=4) -> Profile:
 
 
 def test_search_moves_workers_to_the_slow_stage():
-    # execute 2 s a group, verify 0.1 s, generation 0.05 s: with 8 workers in all the best split
-    # gives execution everything it can (1/6/1), and it beats the cluster's 2/2/4
-    profile = _profile([GroupSample("d", 5, 0.05, 2.0, 0.1)])
+    # execute 2 s a group (two 1 s programs), verify 0.1 s, generation 0.05 s: with 8 workers in
+    # all the best split gives execution everything it can (1/6/1: 3 groups/s), and it beats the
+    # cluster's 2/2/4 (2 program slots: 1 group/s)
+    profile = _profile([GroupSample("d", 5, 0.05, 2.0, 0.1, 1.0)])
     cluster = ClusterConfig.model_validate(
         {
             "workers": {"generate": 2, "execute": 2, "verify": 4},
@@ -226,8 +232,9 @@ def test_plan_command_end_to_end(tmp_path, capsys):
 
 
 def test_replay_follows_the_runs_order():
-    # replay: the run's groups in order, cycled; one group a step on one executor: 1, 3, 1, 3 s
-    order = [GroupSample("d", 1, 0.0, 1.0, 0.0), GroupSample("d", 1, 0.0, 3.0, 0.0)]
+    # replay: the run's groups in order, cycled; one group a step, its two programs one after
+    # the other on one slot: 1, 3, 1, 3 s
+    order = [GroupSample("d", 1, 0.0, 1.0, 0.0, 0.5), GroupSample("d", 1, 0.0, 3.0, 0.0, 1.5)]
     sim = Simulation({"d": order}, {"d": 1.0}, _costs(), _shape("sync", 0, 1), order=order)
     res = sim.run(4)
     assert [round(r.end - r.start, 6) for r in res.steps] == [1.0, 3.0, 1.0, 3.0]

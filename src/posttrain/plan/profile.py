@@ -12,6 +12,7 @@ less its wait for groups and its optimiser step: the weight push, trace and metr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from collections import defaultdict
@@ -35,6 +36,11 @@ class GroupSample:
     generate_s: float
     execute_s: float
     verify_s: float
+    program_s: float = 0.0
+    """One of the group's programs: execute_s x c / group size, c = min(execute workers, sandbox
+    slots, group size), the most of its programs the run could run at once (the programs of
+    one group are taken to last alike; time spent waiting for another group's programs is
+    counted in)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ def load_profile(run_dir: str | Path) -> Profile:
     if not groups:
         raise ConfigError(f"{run}/trace.db holds no finished rollouts to plan from")
     shape = read_shape(run / "config.yaml")
+    c = min(shape.workers[1], shape.sandbox_slots, shape.group_size)
+    groups = [dataclasses.replace(g, program_s=g.execute_s * c / shape.group_size) for g in groups]
     rows = read_metrics(run / "metrics.jsonl", "train")
     if not rows:
         raise ConfigError(f"{run}/metrics.jsonl has no train steps to plan from")

@@ -5,10 +5,11 @@ result. The model is the pipeline's own shape (pipeline/core.py): groups are dra
 replayed in the run's order, `order`); admission puts groups in the
 generate queue; generate workers (at most one engine call each, at most `engines` at once) take
 up to `generate_batch` queued groups per call, lasting the batch's completion tokens over the
-engine's rate; execute workers take one group each (groups with no execution skip the stage),
-lasting its measured execute seconds (times ceil(group size / sandbox slots) when the slots are
-fewer than one group's programs, and at most slots // group size groups at once); verify workers
-take one group each. Every queue holds at most `queue_size` groups: a worker whose next queue is
+engine's rate; execute workers take one group each (groups with no execution skip the stage)
+and hand its `group_size` programs, each lasting the group's `program_s`, to one pool of
+min(execute workers, sandbox slots) program slots shared by all groups (as the pipeline runs
+programs on a pool of `execute_workers` threads, pipeline/step.py), FIFO; the group leaves when
+its last program ends. Verify workers take one group each. Every queue holds at most `queue_size` groups: a worker whose next queue is
 full holds its groups (blocked, not busy) until there is room. mode sync: a step admits its
 `prompts_per_step` groups together and trains when all are finished (the barrier); async: groups
 stream in while fewer than min(max_inflight, (max_staleness + 1) x prompts_per_step) are
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import math
 import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -84,7 +84,7 @@ class SimResult:
     steps_per_hour: float
     wall_s: float
     utilisation: dict[str, float]
-    """Busy share of each stage's concurrency and of the trainer."""
+    """Busy share of each stage's concurrency (execute: of its program slots) and of the trainer."""
     bottleneck: str
     steps: tuple[StepRecord, ...]
 
@@ -125,11 +125,13 @@ class Simulation:
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         g, e, v = shape.workers
-        per_group = max(1, math.ceil(costs.group_size / costs.sandbox_slots))
-        exec_limit = max(1, min(e, costs.sandbox_slots // max(1, costs.group_size)))
+        self.slots = min(e, costs.sandbox_slots)
+        self.programs: deque[tuple[Group, list[Group]]] = deque()  # (group, its batch), one per program
+        self.slots_busy = 0
+        self.left: dict[int, int] = {}  # programs not yet ended, by id of the group's batch list
         self.stages = {
             "generate": _Stage("generate", min(g, costs.engines), shape.generate_batch, self._gen_time),
-            "execute": _Stage("execute", exec_limit, 1, lambda b: b[0].sample.execute_s * per_group),
+            "execute": _Stage("execute", e, 1, lambda b: 0.0),
             "verify": _Stage("verify", v, 1, lambda b: b[0].sample.verify_s),
         }
         self.finished: deque[Group] = deque()
@@ -154,6 +156,7 @@ class Simulation:
             raise RuntimeError(f"the simulation stalled after {len(self.records)} of {steps} steps")
         wall = self.records[-1].end
         util = {n: s.busy_s / (s.limit * wall) for n, s in self.stages.items()}
+        util["execute"] = self.stages["execute"].busy_s / (self.slots * wall)  # busy share of the program slots
         util["trainer"] = self.train_busy / wall
         return SimResult(3600 * steps / wall, wall, util, max(util, key=lambda n: util[n]), tuple(self.records))
 
@@ -187,6 +190,9 @@ class Simulation:
         while stage.busy < stage.limit and stage.queue:
             batch = [stage.queue.popleft() for _ in range(min(stage.batch, len(stage.queue)))]
             stage.busy += 1
+            if stage.name == "execute":
+                self._run_programs(batch)
+                continue
             took = stage.duration(batch)
             stage.busy_s += took
             self._at(took, functools.partial(self._done, stage, batch))
@@ -199,6 +205,28 @@ class Simulation:
             self._start(stage)
         if stage.name == "generate" and self.shape.mode == "async":
             self._admit_later()
+
+    def _run_programs(self, batch: list[Group]) -> None:
+        """Queue the group's programs for the shared slots; the group is done with its last."""
+        self.left[id(batch)] = self.costs.group_size
+        self.programs.extend((batch[0], batch) for _ in range(self.costs.group_size))
+        self._next_program()
+
+    def _next_program(self) -> None:
+        while self.slots_busy < self.slots and self.programs:
+            group, batch = self.programs.popleft()
+            self.slots_busy += 1
+            took = group.sample.program_s
+            self.stages["execute"].busy_s += took
+            self._at(took, functools.partial(self._program_done, batch))
+
+    def _program_done(self, batch: list[Group]) -> None:
+        self.slots_busy -= 1
+        self.left[id(batch)] -= 1
+        if not self.left[id(batch)]:
+            del self.left[id(batch)]
+            self._done(self.stages["execute"], batch)
+        self._next_program()
 
     def _admit_later(self) -> None:
         gen = self.stages["generate"]
