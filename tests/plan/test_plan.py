@@ -109,7 +109,8 @@ def _one(exec_s: float, verify_s: float = 0.0, tokens: int = 1) -> dict[str, lis
 @pytest.mark.parametrize("workers", [1, 3, 8])
 def test_deterministic_pipeline_runs_at_its_slowest_stage(workers):
     # execute 2.0 s per group (two 1.0 s programs) on `workers` workers and as many program
-    # slots, verify 0.5 s on one: the stages' rates are workers / 2.0 and 1 / 0.5 groups per second; throughput is the smaller, over 4 groups a step.
+    # slots, verify 0.5 s on one: the stages' rates are workers / 2.0 and 1 / 0.5 groups per
+    # second; throughput is the smaller, over 4 groups a step.
     sim = Simulation(_one(2.0, 0.5), {"d": 1.0}, _costs(), _shape(workers=(1, workers, 1)))
     res = sim.run(300)
     rate = min(workers / 2.0, 1 / 0.5)

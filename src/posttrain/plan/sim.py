@@ -9,8 +9,8 @@ engine's rate; execute workers take one group each (groups with no execution ski
 and hand its `group_size` programs, each lasting the group's `program_s`, to one pool of
 min(execute workers, sandbox slots) program slots shared by all groups (as the pipeline runs
 programs on a pool of `execute_workers` threads, pipeline/step.py), FIFO; the group leaves when
-its last program ends. Verify workers take one group each. Every queue holds at most `queue_size` groups: a worker whose next queue is
-full holds its groups (blocked, not busy) until there is room. mode sync: a step admits its
+its last program ends. Verify workers take one group each. Every queue holds at most
+`queue_size` groups: a worker whose next queue is full holds its groups (blocked, not busy) until there is room. mode sync: a step admits its
 `prompts_per_step` groups together and trains when all are finished (the barrier); async: groups
 stream in while fewer than min(max_inflight, (max_staleness + 1) x prompts_per_step) are
 admitted and untrained, and the trainer takes the first `prompts_per_step` finished. A step costs
