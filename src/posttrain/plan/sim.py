@@ -1,22 +1,23 @@
 """A discrete-event model of the rollout pipeline and trainer, replaying a run's empirical groups.
 
 Invariant: simulated time moves only by the durations of sampled work, so one seed gives one
-result. The model is the pipeline's own shape (pipeline/core.py): groups are drawn at random by domain share (or
-replayed in the run's order, `order`); admission puts groups in the
-generate queue; generate workers (at most one engine call each, at most `engines` at once) take
-up to `generate_batch` queued groups per call, lasting the batch's completion tokens over the
+result. The model is the pipeline's own shape (pipeline/core.py): groups are drawn at random by
+domain share (or replayed in the run's order, `order`); admission puts groups in the generate
+queue; generate workers (at most one engine call each, at most `engines` at once) take up to
+`generate_batch` queued groups per call, lasting the batch's completion tokens over the
 engine's rate; execute workers take one group each (groups with no execution skip the stage)
 and hand its `group_size` programs, each lasting the group's `program_s`, to one pool of
 min(execute workers, sandbox slots) program slots shared by all groups (as the pipeline runs
 programs on a pool of `execute_workers` threads, pipeline/step.py), FIFO; the group leaves when
 its last program ends. Verify workers take one group each. Every queue holds at most
-`queue_size` groups: a worker whose next queue is full holds its groups (blocked, not busy) until there is room. mode sync: a step admits its
-`prompts_per_step` groups together and trains when all are finished (the barrier); async: groups
-stream in while fewer than min(max_inflight, (max_staleness + 1) x prompts_per_step) are
-admitted and untrained, and the trainer takes the first `prompts_per_step` finished. A step costs
-its trained tokens times seconds per token plus a sampled step overhead (the weight push, the
-writes). What it does not model: generation time that is not linear in a call's tokens, engine
-preemption, retries, and dynamic sampling's replacement groups.
+`queue_size` groups: a worker whose next queue is full holds its groups (blocked, not busy)
+until there is room. mode sync: a step admits its `prompts_per_step` groups together and
+trains when all are finished (the barrier); async: groups stream in while fewer than
+min(max_inflight, (max_staleness + 1) x prompts_per_step) are admitted and untrained, and the
+trainer takes the first `prompts_per_step` finished. A step costs its trained tokens times
+seconds per token plus a sampled step overhead (the weight push, the writes). What it does not
+model: generation time that is not linear in a call's tokens, engine preemption, retries, and
+dynamic sampling's replacement groups.
 """
 
 from __future__ import annotations
