@@ -195,6 +195,9 @@ def test_cluster_file_errors_name_the_field(tmp_path):
     bad.write_text("search: {max_workers: 3, generate: [2], execute: [2], verify: [2]}\n")
     with pytest.raises(ConfigError, match="leaves no split"):
         load_cluster(bad)
+    bad.write_text("pipeline: {mode: sync, max_staleness: 2}\n")
+    with pytest.raises(ConfigError, match="sync is on-policy"):
+        load_cluster(bad)
     bad.write_text("[1, 2]\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_cluster(bad)

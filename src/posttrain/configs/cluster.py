@@ -106,6 +106,12 @@ class ShapeSpec(BaseModel):
     generate_batch: int | None = Field(None, ge=1, le=65536)
     """Most groups one generation call takes."""
 
+    @model_validator(mode="after")
+    def _sync_is_on_policy(self) -> ShapeSpec:
+        if self.mode == "sync" and self.max_staleness:
+            raise ValueError(f"pipeline.max_staleness ({self.max_staleness}) bounds mode async; sync is on-policy")
+        return self
+
 
 class SimulateSpec(BaseModel):
     """How long and how often the simulation runs."""
