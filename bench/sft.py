@@ -1,8 +1,10 @@
 """SFT then RL against RL alone at equal CPU, on a domain the embedded base cannot yet format.
 
-The domain (default rg_basic_arithmetic at level 1: "Calculate ( -8 + 2 ).\n\nPut your final
-answer inside <answer></answer>.", 100 distinct held-out items) is one the demo base never saw:
-it scores 0 held-out. Per seed, from the same cached base (configs/default.yaml's):
+The domain (default rg_family_relationships at level 1: "Noah is married to Eleanor. They have a
+child called Ryder.\n\nHow is Eleanor related to Ryder? ...", the answer one of husband, wife,
+father, mother, son inside <answer></answer>; 100 distinct held-out items) is one the demo base
+never saw (it learned add, sub, reverse and sort): it scores 0 held-out, greedy and in 8 samples,
+so RL alone gets no reward to learn from. Per seed, from the same cached base (configs/default.yaml's):
 
   rl    `posttrain train` on the domain with run.cpu_budget_s=BUDGET;
   sft   `posttrain sft` on demonstrations written from the domain's own train-split gold
@@ -13,7 +15,9 @@ Both arms are measured on the same held-out set (eval.seed, the train run's RunE
 and after; CPU is this process's CPU time in the training steps (the clock of run.cpu_budget_s;
 evaluations, loading and the demonstrations' writing are outside both arms alike). Prints per
 seed the held-out accuracy of the base, after SFT, and at the end of each arm, the CPU each spent,
-then the median gain of each arm over the base with its spread, and the peak RSS.
+then the median gain of each arm over the base with its spread, what an RL step of each arm cost
+(CPU-s per step, split by whether it trained; completion tokens per rollout; the mean reward,
+all from the run's metrics.jsonl), and the peak RSS.
 
     .venv/bin/python bench/sft.py --seeds 0 1 2 --budget 100
     .venv/bin/python bench/sft.py --summarize s0.json s1.json s2.json   # seeds run one per process
