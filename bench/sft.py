@@ -1,8 +1,10 @@
 """SFT then RL against RL alone at equal CPU, on a domain the embedded base cannot yet format.
 
-The domain (default rg_basic_arithmetic at level 1: "Calculate ( -8 + 2 ).\n\nPut your final
-answer inside <answer></answer>.", 100 distinct held-out items) is one the demo base never saw:
-it scores 0 held-out. Per seed, from the same cached base (configs/default.yaml's):
+The domain (default rg_family_relationships at level 1: "Noah is married to Eleanor. They have a
+child called Ryder.\n\nHow is Eleanor related to Ryder? ...", the answer one of husband, wife,
+father, mother, son inside <answer></answer>; 100 distinct held-out items) is one the demo base
+never saw (it learned add, sub, reverse and sort): it scores 0 held-out, greedy and in 8 samples,
+so RL alone gets no reward to learn from. Per seed, from the same cached base (configs/default.yaml's):
 
   rl    `posttrain train` on the domain with run.cpu_budget_s=BUDGET;
   sft   `posttrain sft` on demonstrations written from the domain's own train-split gold
@@ -13,7 +15,9 @@ Both arms are measured on the same held-out set (eval.seed, the train run's RunE
 and after; CPU is this process's CPU time in the training steps (the clock of run.cpu_budget_s;
 evaluations, loading and the demonstrations' writing are outside both arms alike). Prints per
 seed the held-out accuracy of the base, after SFT, and at the end of each arm, the CPU each spent,
-then the median gain of each arm over the base with its spread, and the peak RSS.
+then the median gain of each arm over the base with its spread, what an RL step of each arm cost
+(CPU-s per step, split by whether it trained; completion tokens per rollout; the mean reward,
+all from the run's metrics.jsonl), and the peak RSS.
 
     .venv/bin/python bench/sft.py --seeds 0 1 2 --budget 100
     .venv/bin/python bench/sft.py --summarize s0.json s1.json s2.json   # seeds run one per process
@@ -71,6 +75,33 @@ def _rl(config: Path, overrides: list[str], model_path: str | None) -> dict:
         "after": result.after.mean_accuracy,
         "steps": result.steps,
         "cpu_s": state["train_cpu_s"],
+        **_step_costs(Path(result.run_dir) / "metrics.jsonl"),
+    }
+
+
+def _step_costs(metrics: Path) -> dict:
+    """What an RL step cost and held, from the run's `train` rows: CPU-s per step (the difference
+    of consecutive train_cpu_s), split by whether the step trained (groups_kept > 0: a group with
+    mixed rewards) or only sampled; the completion tokens per rollout; the reward."""
+    rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("kind") == "train"]
+    cpu, prev = [], 0.0
+    for r in rows:
+        cpu.append(r["train_cpu_s"] - prev)
+        prev = r["train_cpu_s"]
+    trained = [c for c, r in zip(cpu, rows) if r.get("groups_kept", 0) > 0]
+    idle = [c for c, r in zip(cpu, rows) if r.get("groups_kept", 0) == 0]
+    tokens = [v for r in rows for k, v in r.items() if k.startswith("tokens_mean_")]
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {
+        "cpu_per_step": mean(cpu),
+        "steps_trained": len(trained),
+        "cpu_per_trained_step": mean(trained),
+        "cpu_per_untrained_step": mean(idle),
+        "completion_tokens": mean(tokens),
+        "reward_mean": mean([r["reward_mean"] for r in rows]),
     }
 
 
@@ -114,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--budget", type=float, default=100.0, help="CPU seconds of training per arm (SFT counted)")
-    p.add_argument("--domain", default="rg_basic_arithmetic")
+    p.add_argument("--domain", default="rg_family_relationships")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--demos", type=int, default=1000, help="demonstrations written from train-split gold answers")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--batch-tokens", type=int, default=1024)
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
@@ -145,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sr['cpu_s']:.1f} CPU-s; total {row['sft_cpu_s'] + sr['cpu_s']:.1f})",
                 flush=True,
             )
+            for arm in ("rl", "sft_rl"):
+                print(f"  {arm} steps: {_costs(row[arm])}", flush=True)
     _summary(rows, args)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -165,11 +198,26 @@ def _summary(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"  gain over the base, sft only:  {spread(sft_only)}")
     print(f"  gain over the base, sft -> rl: {spread(sft_rl)}")
     print(f"  sft -> rl ahead of rl alone in {ahead}/{len(rows)} seeds")
+    for r in rows:
+        if "cpu_per_step" in r["rl"]:
+            print(f"  seed {r['seed']} rl alone: {_costs(r['rl'])}")
+            print(f"  seed {r['seed']} sft -> rl: {_costs(r['sft_rl'])}")
     if args.summarize:
         peaks = [r["peak_rss_mib"] for r in rows if "peak_rss_mib" in r]
         print(f"  peak RSS of the runs: {max(peaks):.0f} MiB" if peaks else "  peak RSS: not recorded")
     else:
         print(f"  peak RSS {_peak_mib():.0f} MiB")
+
+
+def _costs(arm: dict) -> str:
+    def f(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    return (
+        f"{f(arm['cpu_per_step'], '.3f')} CPU-s/step; {arm['steps_trained']}/{arm['steps']} trained at "
+        f"{f(arm['cpu_per_trained_step'], '.3f')}, the rest at {f(arm['cpu_per_untrained_step'], '.3f')}; "
+        f"{f(arm['completion_tokens'], '.1f')} completion tokens/rollout; reward {f(arm['reward_mean'], '.3f')}"
+    )
 
 
 def _peak_mib() -> float:
