@@ -1,0 +1,91 @@
+"""The elastic controller's decisions (hysteresis, bounds, cooldown) on a fake clock and fake
+loads, and the pipeline.elastic config's checks: no Ray."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from posttrain.configs import Config
+from posttrain.configs.pipeline import ElasticConfig, PipelineConfig
+from posttrain.pipeline.elastic import ElasticController, StageLoad
+
+CFG = ElasticConfig(
+    enabled=True,
+    execute={"min": 1, "max": 3},
+    verify={"min": 1, "max": 2},
+    hold_periods=2,
+    cooldown_s=5.0,
+    grow_backlog=1.0,
+    shrink_idle=0.5,
+)
+
+BUSY = StageLoad(workers=1, waiting=3, idle_share=0.0)
+IDLE = StageLoad(workers=1, waiting=0, idle_share=0.9)
+
+
+def _run(ctrl, looks):
+    """Feed (time, {stage: load}) looks; the changes as (time, stage, before, after)."""
+    return [(c.at, c.stage, c.before, c.after) for t, loads in looks for c in ctrl.decide(t, loads)]
+
+
+def test_a_backlog_grows_the_stage_only_after_it_held_for_hold_periods():
+    ctrl = ElasticController(CFG)
+    assert _run(ctrl, [(0.0, {"execute": BUSY})]) == []  # one look is not enough
+    assert _run(ctrl, [(1.0, {"execute": BUSY})]) == [(1.0, "execute", 1, 2)]
+
+
+def test_a_condition_that_breaks_resets_the_streak():
+    ctrl = ElasticController(CFG)
+    calm = StageLoad(workers=1, waiting=0, idle_share=0.2)  # neither grows nor shrinks
+    looks = [(0.0, {"execute": BUSY}), (1.0, {"execute": calm}), (2.0, {"execute": BUSY})]
+    assert _run(ctrl, looks) == []
+    assert _run(ctrl, [(3.0, {"execute": BUSY})]) == [(3.0, "execute", 1, 2)]
+
+
+def test_cooldown_holds_the_next_change_back():
+    ctrl = ElasticController(CFG)
+    busy2 = StageLoad(workers=2, waiting=4, idle_share=0.0)
+    got = _run(ctrl, [(0.0, {"execute": BUSY}), (1.0, {"execute": BUSY})])
+    got += _run(ctrl, [(t, {"execute": busy2}) for t in (2.0, 3.0, 4.0, 5.0)])  # held, but cooling down
+    assert got == [(1.0, "execute", 1, 2)]
+    assert _run(ctrl, [(6.0, {"execute": busy2})]) == [(6.0, "execute", 2, 3)]
+
+
+def test_bounds_are_never_passed():
+    ctrl = ElasticController(CFG.model_copy(update={"cooldown_s": 0.0, "hold_periods": 1}))
+    top = StageLoad(workers=3, waiting=9, idle_share=0.0)
+    bottom = StageLoad(workers=1, waiting=0, idle_share=1.0)
+    assert _run(ctrl, [(float(t), {"execute": top, "verify": bottom}) for t in range(5)]) == []
+    # a pool outside its bounds (an actor lost for good) goes back inside at once, whatever the streaks
+    assert _run(ctrl, [(9.0, {"execute": StageLoad(0, 0, 1.0)})]) == [(9.0, "execute", 0, 1)]
+
+
+def test_idle_shrinks_and_shrinks_come_before_grows():
+    ctrl = ElasticController(CFG.model_copy(update={"hold_periods": 1}))
+    idle2 = StageLoad(workers=2, waiting=0, idle_share=0.8)
+    got = _run(ctrl, [(0.0, {"execute": BUSY, "verify": idle2})])
+    assert got == [(0.0, "verify", 2, 1), (0.0, "execute", 1, 2)]  # what verify frees, execute may take
+    waiting = StageLoad(workers=2, waiting=1, idle_share=0.8)  # idle actors but a call waits: no shrink
+    assert _run(ctrl, [(10.0, {"verify": waiting}), (20.0, {"verify": waiting})]) == []
+
+
+def test_an_undone_grow_may_retry_without_the_cooldown():
+    ctrl = ElasticController(CFG.model_copy(update={"hold_periods": 1}))
+    (change,) = ctrl.decide(0.0, {"execute": BUSY})
+    ctrl.undo(change)  # the cluster had no room
+    assert _run(ctrl, [(1.0, {"execute": BUSY})]) == [(1.0, "execute", 1, 2)]
+
+
+def test_elastic_config_checks():
+    with pytest.raises(ValidationError, match="within"):
+        PipelineConfig(execute_workers=4, elastic={"enabled": True, "execute": {"min": 1, "max": 2}})
+    with pytest.raises(ValidationError, match="min"):
+        ElasticConfig(execute={"min": 3, "max": 2})
+    with pytest.raises(ValidationError, match="CPU/GPU"):
+        PipelineConfig(execute_resources={"CPU": 1.0})
+    with pytest.raises(ValidationError, match="runtime=ray"):
+        Config(pipeline={"elastic": {"enabled": True}})
+    cfg = PipelineConfig(execute_workers=1, elastic={"enabled": True, "execute": {"min": 1, "max": 3}})
+    assert cfg.calls("execute") == 3 and cfg.workers("execute") == 1
+    assert PipelineConfig(execute_workers=2).calls("execute") == 2  # off: the fixed count
