@@ -89,3 +89,28 @@ def test_elastic_config_checks():
     cfg = PipelineConfig(execute_workers=1, elastic={"enabled": True, "execute": {"min": 1, "max": 3}})
     assert cfg.calls("execute") == 3 and cfg.workers("execute") == 1
     assert PipelineConfig(execute_workers=2).calls("execute") == 2  # off: the fixed count
+
+
+def test_report_shows_the_pool_counts_where_they_moved(tmp_path):
+    from posttrain.report import html as report_html
+    from posttrain.report.data import RunData
+
+    def row(step, execute, changes):
+        return {
+            "step": step,
+            "pool_generate_workers": 1,
+            "pool_execute_workers": execute,
+            "pool_verify_workers": 1,
+            "pool_changes": changes,
+            "pool_grown": min(changes, 2),
+            "pool_shrunk": max(0, changes - 2),
+            "pool_blocked": 0,
+        }
+
+    train = [row(1, 1, 0), row(2, 1, 0), row(3, 3, 2), row(4, 3, 2), row(5, 1, 4)]
+    data = RunData(tmp_path, "", train, [], [], [], [], [], None)
+    assert [(r["step"], r["pool_execute_workers"]) for r in data.pools()] == [(1, 1), (3, 3), (5, 1)]
+    table = report_html._pool_table(data)
+    assert table.count("<tr>") == 4 and "<tr><td>3</td><td>1</td><td>3</td><td>1</td>" in table  # header + 3 rows
+    empty = RunData(tmp_path, "", [{"step": 1}], [], [], [], [], [], None)
+    assert "no Ray stage pools" in report_html._pool_table(empty)
