@@ -3,6 +3,8 @@ loads, and the pipeline.elastic config's checks: no Ray."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import ValidationError
 
@@ -114,3 +116,54 @@ def test_report_shows_the_pool_counts_where_they_moved(tmp_path):
     assert table.count("<tr>") == 4 and "<tr><td>3</td><td>1</td><td>3</td><td>1</td>" in table  # header + 3 rows
     empty = RunData(tmp_path, "", [{"step": 1}], [], [], [], [], [], None)
     assert "no Ray stage pools" in report_html._pool_table(empty)
+
+
+class _FakeRay:
+    """Records kills (the pool's only Ray call)."""
+
+    def __init__(self):
+        self.killed = []
+
+    def kill(self, actor, no_restart=True):
+        assert no_restart
+        self.killed.append(actor)
+
+
+def test_a_pool_drains_a_busy_actor_before_it_kills_it_and_calls_wait_for_a_free_one():
+    from posttrain.pipeline.ray import StagePool
+
+    ray = _FakeRay()
+    made = iter(range(100))
+    now = [0.0]
+
+    async def go():
+        pool = StagePool("execute", lambda: f"actor{next(made)}", 2, {"CPU": 0.5, "sandbox_slot": 1.0}, ray)
+        assert pool.held() == {"CPU": 1.0, "sandbox_slot": 2.0}
+        a = await pool.acquire(lambda: now[0])
+        b = await pool.acquire(lambda: now[0])
+        waiter = asyncio.ensure_future(pool.acquire(lambda: now[0]))
+        await asyncio.sleep(0)
+        assert not waiter.done()  # both actors busy: the third call waits
+        now[0] = 1.0
+        load = pool.load(now[0])
+        assert (load.workers, load.waiting, load.idle_share) == (2, 1.0, 0.0)
+        pool.shrink()  # every actor busy: the last one is drained, not killed
+        assert ray.killed == [] and len(pool.slots) == 1 and pool.held()["sandbox_slot"] == 2.0
+        pool.release(b, now[0])  # its call ended: now it goes
+        assert ray.killed == ["actor1"] and pool.held()["sandbox_slot"] == 1.0
+        await asyncio.sleep(0)
+        assert not waiter.done()  # the drained actor took no new call
+        pool.release(a, now[0])
+        got = await waiter
+        assert got.actor == "actor0"
+        actor = pool.grow()
+        assert actor == "actor2" and pool.actors == ["actor0", "actor2"]
+        pool.shrink()  # an idle actor goes at once
+        assert ray.killed == ["actor1", "actor2"]
+        pool.release(got, 2.0)
+        now[0] = 3.0
+        assert pool.load(now[0]).idle_share == 0.5  # busy from 1.0 to 2.0, idle from 2.0 to 3.0
+        pool.close()
+        assert ray.killed == ["actor1", "actor2", "actor0"] and pool.actors == []
+
+    asyncio.run(go())
