@@ -167,3 +167,24 @@ def test_a_pool_drains_a_busy_actor_before_it_kills_it_and_calls_wait_for_a_free
         assert ray.killed == ["actor1", "actor2", "actor0"] and pool.actors == []
 
     asyncio.run(go())
+
+
+def test_custom_resources_are_declared_and_checked_like_cpus():
+    from posttrain.errors import ConfigError
+    from posttrain.pipeline.ray import actor_options, check_fits, declared
+
+    cfg = PipelineConfig(
+        generate_workers=1,
+        execute_workers=2,
+        verify_workers=1,
+        execute_cpus=0.25,
+        execute_resources={"sandbox_slot": 1},
+    )
+    opts = actor_options(cfg)
+    assert opts["execute"]["resources"] == {"sandbox_slot": 1.0} and "resources" not in opts["verify"]
+    assert declared(opts["execute"]) == {"CPU": 0.25, "GPU": 0.0, "sandbox_slot": 1.0}
+    check_fits(cfg, {"CPU": 4.0, "sandbox_slot": 2.0})  # 2 execution actors, 2 slots: fits
+    with pytest.raises(ConfigError, match="sandbox_slot"):
+        check_fits(cfg, {"CPU": 4.0, "sandbox_slot": 1.0})
+    with pytest.raises(ConfigError, match="sandbox_slot"):
+        check_fits(cfg, {"CPU": 4.0})  # a cluster that never declared the resource
