@@ -134,13 +134,13 @@ def test_elastic_pool_follows_the_long_domain_and_back_with_the_same_samples(ray
     async def run_elastic():
         nonlocal peak
         mixed = _mixed(elastic, engine)
-        for name, domain, count in [("quick0", "add", 4)] + [(f"long{i}", "reverse", 6) for i in range(4)]:
+        for name, domain, count in [("quick0", "add", 4)] + [(f"long{i}", "reverse", 6) for i in range(6)]:
             got, c = await _phase(ELASTIC, mixed, domain, name, count)
             phases.append((name, domain, count))
             views.append(_view(got))
             counters.append(c)
             peak = max([peak] + [after for _, after in _execute_counts(elastic)])
-            if peak == SLOTS:  # grown as far as the slots hold: the long domain leaves
+            if peak == SLOTS and elastic.counts["blocked"]:  # as far as the slots hold: the long domain leaves
                 break
         for i in range(40):  # quick executions again, until the pool is back at its min (bounded)
             if len(elastic.pools["execute"].slots) == 1:
