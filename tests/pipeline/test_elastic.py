@@ -68,7 +68,7 @@ def test_idle_shrinks_and_shrinks_come_before_grows():
     idle2 = StageLoad(workers=2, waiting=0, idle_share=0.8)
     got = _run(ctrl, [(0.0, {"execute": BUSY, "verify": idle2})])
     assert got == [(0.0, "verify", 2, 1), (0.0, "execute", 1, 2)]  # what verify frees, execute may take
-    waiting = StageLoad(workers=2, waiting=1, idle_share=0.8)  # idle actors but a call waits: no shrink
+    waiting = StageLoad(workers=2, waiting=2, idle_share=0.8)  # idle share high but a backlog: no shrink
     assert _run(ctrl, [(10.0, {"verify": waiting}), (20.0, {"verify": waiting})]) == []
 
 

@@ -21,8 +21,8 @@ from posttrain.types import SamplingParams
 
 pytestmark = pytest.mark.ray
 
-SLOTS = 3
-"""The cluster's sandbox slots: the execution pool may grow to 4 by its bounds, the slots stop it at 3."""
+SLOTS = 2
+"""The cluster's sandbox slots: the execution pool may grow to 4 by its bounds, the slots stop it at 2."""
 
 BASE = dict(
     generate_workers=1,
@@ -44,7 +44,7 @@ ELASTIC = PipelineConfig(
         "period_s": 0.05,
         "hold_periods": 2,
         "cooldown_s": 0.1,
-        "grow_backlog": 0.3,  # 4 calls on 3 actors: 1 waits, 1/3 >= 0.3: a 4th is tried (no slot)
+        "grow_backlog": 0.5,  # 4 calls on 2 actors: 2 wait: a 3rd actor is tried (no slot)
         "shrink_idle": 0.5,
     },
 )
@@ -162,9 +162,9 @@ def test_elastic_pool_follows_the_long_domain_and_back_with_the_same_samples(ray
     ups = _execute_counts(elastic)
     assert ups[0] == (1, 2) and peak == SLOTS  # toward the long domain...
     assert all(abs(a - b) == 1 for a, b in ups)  # ...one actor at a time
-    assert stats["pool_blocked"] >= 1  # bounds allowed 4, the sandbox slots (a custom resource) held 3
+    assert stats["pool_blocked"] >= 1  # bounds allowed 4, the sandbox slots (a custom resource) held 2
     assert ups[-1] == (2, 1) and stats["pool_execute_workers"] == 1  # and back
-    assert stats["pool_grown"] >= 2 and stats["pool_shrunk"] >= 2
+    assert stats["pool_grown"] >= 1 and stats["pool_shrunk"] >= 1
     assert stats["pool_changes"] == len(elastic.changes)
 
     fixed = RayWorkers(FIXED, lambda: None, engine, execute=Execute())

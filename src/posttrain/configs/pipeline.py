@@ -48,13 +48,14 @@ class ElasticConfig(BaseModel):
     verify: StageBounds = StageBounds()
     """Bounds of the verification pool."""
     period_s: float = Field(1.0, gt=0.0, le=3600.0)
-    """Seconds between two looks of the controller (it looks when a stage call starts or ends,
+    """Seconds between two looks of the controller (it looks when a stage call starts, ends or waits,
     once this much time has passed since its last look; no timer runs)."""
     grow_backlog: float = Field(1.0, gt=0.0, le=1_000_000.0)
-    """A stage grows when its backlog (calls waiting for a busy actor) per actor is at least this."""
+    """A stage grows when its backlog (calls waiting for a busy actor, on average over the period)
+    per actor is at least this."""
     shrink_idle: float = Field(0.5, gt=0.0, le=1.0)
-    """A stage shrinks when its actors' idle share over the last period is at least this and no
-    call waits."""
+    """A stage shrinks when its actors' idle share over the last period is at least this and its
+    backlog is below `grow_backlog` (it would not grow)."""
     hold_periods: int = Field(2, ge=1, le=1000)
     """Consecutive looks a grow or shrink condition must hold before the pool changes."""
     cooldown_s: float = Field(2.0, ge=0.0, le=86400.0)

@@ -23,7 +23,7 @@ class StageLoad:
     workers: int
     """Actors the pool holds now (draining ones not counted)."""
     waiting: float
-    """Calls waiting for a busy actor (the stage's backlog at the actors), at the look."""
+    """Calls waiting for a busy actor (the stage's backlog at the actors), on average over the period."""
     idle_share: float
     """Share of the actors' time over the period with no call in flight (0..1)."""
 
@@ -67,7 +67,7 @@ class ElasticController:
                 st.changed_at = now
                 continue
             grow = load.waiting / max(n, 1) >= self.config.grow_backlog
-            shrink = load.waiting == 0 and load.idle_share >= self.config.shrink_idle
+            shrink = not grow and load.idle_share >= self.config.shrink_idle
             st.grow = st.grow + 1 if grow else 0
             st.shrink = st.shrink + 1 if shrink else 0
             cooled = st.changed_at is None or now - st.changed_at >= self.config.cooldown_s

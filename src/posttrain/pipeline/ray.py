@@ -21,9 +21,10 @@ cluster (no `ray_address`), declarations it cannot hold are a ConfigError; custo
 A call goes to a free actor of its stage (none free: it waits for one), so an actor runs one
 call at a time. With `pipeline.elastic.enabled`, the pipeline runs each stage's `max` calls and
 an `ElasticController` (pipeline/elastic.py) resizes the pools: looked at when a call starts
-or ends, once per `period_s`; an actor is added only when the cluster's resources (less what
-this run's actors declare) hold it, and removed only with no call in flight (a busy one is
-drained: no new call, killed when its call ends). Every change is counted in `pool_stats()`.
+or ends or waits for an actor, once per `period_s`; an actor is added only when the
+cluster's resources (less what this run's actors declare) hold it, and removed only with no
+call in flight (a busy one is drained: no new call, killed when its call ends). Every change
+is counted in `pool_stats()`.
 """
 
 from __future__ import annotations
@@ -123,8 +124,10 @@ class StagePool:
         self.slots: list[_Slot] = []
         self.draining: list[_Slot] = []
         self._waiters: list[asyncio.Future[None]] = []
-        self._busy_s = self._cap_s = 0.0
+        self._busy_s = self._cap_s = self._wait_s = self._span_s = 0.0
         self._last: float | None = None
+        self.on_wait: Callable[[], None] | None = None
+        """Called when a call starts waiting (RayWorkers: the controller's look)."""
         for _ in range(count):
             self._spawn()
 
@@ -143,14 +146,17 @@ class StagePool:
             dt = now - self._last
             self._busy_s += dt * sum(1 for s in self.slots if s.inflight)
             self._cap_s += dt * len(self.slots)
+            self._wait_s += dt * len(self._waiters)
+            self._span_s += dt
         self._last = now
 
     def load(self, now: float) -> StageLoad:
         """The load since the last call of `load` (then the measure restarts)."""
         self.account(now)
         idle = 1.0 - self._busy_s / self._cap_s if self._cap_s > 0 else 1.0
-        self._busy_s = self._cap_s = 0.0
-        return StageLoad(len(self.slots), float(sum(not w.done() for w in self._waiters)), max(0.0, idle))
+        waiting = self._wait_s / self._span_s if self._span_s > 0 else float(len(self._waiters))
+        self._busy_s = self._cap_s = self._wait_s = self._span_s = 0.0
+        return StageLoad(len(self.slots), waiting, max(0.0, idle))
 
     async def acquire(self, now: Callable[[], float]) -> _Slot:
         while True:
@@ -160,12 +166,15 @@ class StagePool:
                 free[0].inflight += 1
                 return free[0]
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.account(now())
             self._waiters.append(fut)
+            if self.on_wait is not None:  # the backlog is at its height: the controller may look
+                self.on_wait()
             try:
                 await fut
             finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
+                self.account(now())
+                self._waiters.remove(fut)
 
     def release(self, slot: _Slot, now: float) -> None:
         self.account(now)
@@ -281,6 +290,9 @@ class RayWorkers:
         self.changes: list[Change] = []
         """Every pool change of the run, in order."""
         self.counts = {"grown": 0, "shrunk": 0, "blocked": 0}
+        if self.controller is not None:
+            for pool in self.pools.values():
+                pool.on_wait = self._look
 
     @classmethod
     def from_engine(
