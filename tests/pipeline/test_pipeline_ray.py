@@ -132,7 +132,7 @@ def test_killed_ray_sandbox_actor_is_retried(ray_cluster, engine, tmp_path):
     local = EmbeddedWorkers(engine)
 
     class Mixed:
-        encode, generate = local.encode, local.generate
+        encode, generate, end_sessions = local.encode, local.generate, local.end_sessions
         execute, verify = workers.execute, workers.verify
         sync, cheap_verifier, inline = workers.sync, workers.cheap_verifier, workers.inline
 

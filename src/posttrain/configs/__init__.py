@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from posttrain.configs.base import BaseConfig
 from posttrain.configs.engine import EngineConfig
@@ -59,6 +59,12 @@ class Config(Section):
     """Inference engine: hf (in process, default) or openai (a server that takes weight updates over HTTP)."""
     sft: SftSection = SftSection()
     """Supervised fine-tuning on demonstrations (`posttrain sft`; `posttrain train` does not read it)."""
+
+    @model_validator(mode="after")
+    def _elastic_on_ray(self) -> Config:
+        if self.pipeline.elastic.enabled and self.runtime != "ray":
+            raise ValueError("pipeline.elastic resizes Ray actor pools: it needs runtime=ray")
+        return self
 
 
 MAX_DEPTH = 64

@@ -14,6 +14,56 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
+STAGES = ("generate", "execute", "verify")
+
+
+class StageBounds(BaseModel):
+    """How few and how many actors one stage's elastic pool may hold."""
+
+    model_config = _STRICT
+    min: int = Field(1, ge=1, le=4096)
+    """Fewest actors of the stage (the controller never removes below it)."""
+    max: int = Field(4, ge=1, le=4096)
+    """Most actors of the stage (the controller never adds above it); with elastic pools the
+    pipeline runs this many concurrent calls of the stage, so calls wait on the actors."""
+
+    @model_validator(mode="after")
+    def _order(self) -> StageBounds:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class ElasticConfig(BaseModel):
+    """With runtime ray: a controller that adds or removes one stage's actors within bounds
+    by the stage's backlog and idle share, with hysteresis (pipeline/elastic.py)."""
+
+    model_config = _STRICT
+    enabled: bool = False
+    """Resize the stages' actor pools while the run goes (False: the fixed `*_workers` counts)."""
+    generate: StageBounds = StageBounds(min=1, max=1)
+    """Bounds of the generation pool (a new generation actor gets the synced weights first)."""
+    execute: StageBounds = StageBounds()
+    """Bounds of the execution (sandbox) pool."""
+    verify: StageBounds = StageBounds()
+    """Bounds of the verification pool."""
+    period_s: float = Field(1.0, gt=0.0, le=3600.0)
+    """Seconds between two looks of the controller (it looks when a stage call starts, ends or waits,
+    once this much time has passed since its last look; no timer runs)."""
+    grow_backlog: float = Field(1.0, gt=0.0, le=1_000_000.0)
+    """A stage grows when its backlog (calls waiting for a busy actor, on average over the period)
+    per actor is at least this."""
+    shrink_idle: float = Field(0.5, gt=0.0, le=1.0)
+    """A stage shrinks when its actors' idle share over the last period is at least this and its
+    backlog is below `grow_backlog` (it would not grow)."""
+    hold_periods: int = Field(2, ge=1, le=1000)
+    """Consecutive looks a grow or shrink condition must hold before the pool changes."""
+    cooldown_s: float = Field(2.0, ge=0.0, le=86400.0)
+    """Seconds after a change of a stage before that stage may change again."""
+
+    def bounds(self, stage: str) -> StageBounds:
+        return {"generate": self.generate, "execute": self.execute, "verify": self.verify}[stage]
+
 
 class PipelineConfig(BaseModel):
     """The asynchronous rollout pipeline: generate -> execute -> verify."""
@@ -81,6 +131,15 @@ class PipelineConfig(BaseModel):
     time, one after another: about one core while busy)."""
     verify_cpus: float = Field(1.0, ge=0.0, le=1024.0)
     """With runtime ray: CPUs each verifier actor declares (one group's verifier calls at a time)."""
+    generate_resources: dict[str, float] = Field(default_factory=dict)
+    """With runtime ray: custom resources each generation actor declares (e.g. {engine_slot: 1});
+    on a local cluster, checked against its declared resources like CPUs."""
+    execute_resources: dict[str, float] = Field(default_factory=dict)
+    """With runtime ray: custom resources each execution actor declares (e.g. {sandbox_slot: 1})."""
+    verify_resources: dict[str, float] = Field(default_factory=dict)
+    """With runtime ray: custom resources each verifier actor declares."""
+    elastic: ElasticConfig = ElasticConfig()
+    """With runtime ray: elastic stage pools (off by default; docs/scale-out.md)."""
     ray_address: str | None = None
     """With runtime ray: the cluster address (None: start a local cluster; "auto": the one running here)."""
     direct: bool = True
@@ -100,9 +159,43 @@ class PipelineConfig(BaseModel):
                 f"pipeline.max_staleness ({self.max_staleness}) bounds pipeline.mode async; mode sync is on-policy "
                 "(staleness 0): set pipeline.mode=async"
             )
+        for stage in STAGES:
+            res = self.resources(stage)
+            bad = {k: v for k, v in res.items() if k in ("CPU", "GPU") or v < 0 or not k}
+            if bad:
+                raise ValueError(
+                    f"pipeline.{stage}_resources {bad}: custom resources need a name other than CPU/GPU "
+                    f"(use pipeline.{stage}_cpus / generate_gpus) and an amount >= 0"
+                )
+            if self.elastic.enabled:
+                b, n = self.elastic.bounds(stage), self.workers(stage)
+                if not b.min <= n <= b.max:
+                    raise ValueError(
+                        f"pipeline.{stage}_workers ({n}) is the elastic pool's starting size: it must lie within "
+                        f"pipeline.elastic.{stage} [{b.min}, {b.max}]"
+                    )
         if self.long_slots >= self.max_inflight:
             raise ValueError(f"long_slots ({self.long_slots}) must be < max_inflight ({self.max_inflight})")
         return self
+
+    def workers(self, stage: str) -> int:
+        """The stage's configured (starting) worker count."""
+        return {"generate": self.generate_workers, "execute": self.execute_workers, "verify": self.verify_workers}[
+            stage
+        ]
+
+    def calls(self, stage: str) -> int:
+        """Concurrent calls the pipeline runs for the stage: its `*_workers`, or with elastic
+        pools its pool's `max` (the calls then wait on however many actors the pool holds)."""
+        return self.elastic.bounds(stage).max if self.elastic.enabled else self.workers(stage)
+
+    def resources(self, stage: str) -> dict[str, float]:
+        """The stage's declared custom resources (`pipeline.<stage>_resources`)."""
+        return {
+            "generate": self.generate_resources,
+            "execute": self.execute_resources,
+            "verify": self.verify_resources,
+        }[stage]
 
 
 Runtime = Literal["embedded", "ray"]

@@ -107,9 +107,9 @@ class Pipeline:
         self.results: BoundedQueue[GroupResult] = BoundedQueue("results", config.queue_size)
         w = config.latency_window
         self.meters = {
-            "generate": StageMeter("generate", config.generate_workers, w),
-            "execute": StageMeter("execute", config.execute_workers, w),
-            "verify": StageMeter("verify", config.verify_workers, w),
+            "generate": StageMeter("generate", config.calls("generate"), w),
+            "execute": StageMeter("execute", config.calls("execute"), w),
+            "verify": StageMeter("verify", config.calls("verify"), w),
         }
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._seq = itertools.count()
@@ -133,9 +133,10 @@ class Pipeline:
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         spawn = self._tg.create_task
-        self._tasks += [spawn(self._generate_worker(i)) for i in range(self.cfg.generate_workers)]
-        self._tasks += [spawn(self._execute_worker()) for _ in range(self.cfg.execute_workers)]
-        self._tasks += [spawn(self._verify_worker()) for _ in range(self.cfg.verify_workers)]
+        # concurrent calls per stage: the workers, or with elastic pools the pool's max (pipeline/ray.py)
+        self._tasks += [spawn(self._generate_worker(i)) for i in range(self.cfg.calls("generate"))]
+        self._tasks += [spawn(self._execute_worker()) for _ in range(self.cfg.calls("execute"))]
+        self._tasks += [spawn(self._verify_worker()) for _ in range(self.cfg.calls("verify"))]
         self._tasks.append(spawn(self._feeder()))
         return self
 

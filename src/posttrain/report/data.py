@@ -76,6 +76,18 @@ class RunData:
                         out.setdefault(f"{by}:{key[len(prefix) :]}", {})[kind] = float(value)
         return out
 
+    def pools(self) -> list[dict[str, float]]:
+        """runtime ray: the stages' actor counts (`pool_<stage>_workers`) and the pool changes so
+        far (`pool_changes`, `pool_grown`, `pool_shrunk`, `pool_blocked`), at the first train row
+        and at every row where some count moved. Empty for a run without Ray pools."""
+        rows = [r for r in self.train if "pool_changes" in r]
+        out: list[dict[str, float]] = []
+        for r in rows:
+            cur = {"step": float(r.get("step", 0)), **{k: float(v) for k, v in r.items() if k.startswith("pool_")}}
+            if not out or any(cur.get(k) != out[-1].get(k) for k in cur if k != "step"):
+                out.append(cur)
+        return out
+
     def replay(self) -> dict[str, float] | None:
         """trainer.replay over the run: steps that replayed, groups replayed and admitted, the
         replayed rows' mean share of their steps' rows, their mean and largest age (loop steps since

@@ -284,6 +284,23 @@ def _staleness_table(data: RunData) -> str:
     return head + "<table>" + "".join(rows) + "</table>"
 
 
+def _pool_table(data: RunData) -> str:
+    """runtime ray: each stage's actors, at the first step and wherever the elastic controller moved them."""
+    rows = data.pools()
+    if not rows:
+        return '<p class="empty">no Ray stage pools in this run (runtime embedded)</p>'
+    head = (
+        "<tr><th>step</th><th>generate</th><th>execute</th><th>verify</th>"
+        "<th>changes</th><th>grown</th><th>shrunk</th><th>blocked (no room)</th></tr>"
+    )
+    cols = ("generate_workers", "execute_workers", "verify_workers", "changes", "grown", "shrunk", "blocked")
+    body = "".join(
+        f"<tr><td>{r['step']:.0f}</td>" + "".join(f"<td>{r.get('pool_' + c, 0.0):.0f}</td>" for c in cols) + "</tr>"
+        for r in rows
+    )
+    return f"<table>{head}{body}</table>"
+
+
 def _replay_table(data: RunData) -> str:
     """trainer.replay: how much of the training was replayed, how old it was, how off-policy."""
     r = data.replay()
@@ -466,6 +483,7 @@ def render(data: RunData) -> str:
 <h2>Token use per domain</h2>{_token_table(data)}
 <h2>Staleness (pipeline.mode async)</h2>{_staleness_table(data)}
 <h2>Replay (trainer.replay)</h2>{_replay_table(data)}
+<h2>Stage pools (runtime ray, pipeline.elastic)</h2>{_pool_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>
 <h2>Config</h2><pre>{html.escape(data.config)}</pre>
 </body></html>
