@@ -21,6 +21,7 @@ import math
 import pytest
 import torch
 import trainer_testlib  # noqa: F401  (sets OMP threads before torch)
+from trainer_testlib import BEHAVIOUR_BT, EPS, GROUP_B, MASK_BT, RATIO_BT, REWARD_B, TOTALS, a, b
 
 from posttrain.configs.trainer import DAPOLossConfig, DrGRPOLossConfig, GRPOLossConfig
 from posttrain.trainer.losses import (
@@ -34,16 +35,6 @@ from posttrain.trainer.losses import (
     group_centred,
     group_normalised,
 )
-
-EPS = 1e-6
-a = 0.25 / (0.25 + EPS)
-b = 0.5 / (0.5 + EPS)
-REWARD_B = torch.tensor([1.0, 0.0, 1.0, 0.5])
-GROUP_B = torch.tensor([0, 0, 1, 1])
-RATIO_BT = torch.tensor([[1.0, 1.5, 0.5], [1.5, 0.5, 3.0], [1.1, 1.25, 1.0], [0.7, 2.0, 2.0]])
-MASK_BT = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
-TOTALS = BatchTotals(n_sequences=4, n_tokens=9)
-BEHAVIOUR_BT = torch.full((4, 3), -2.0)
 
 
 def inputs(advantage_b, ref_logp_bt=None, rows=slice(None)):

@@ -12,8 +12,21 @@ import random  # noqa: E402
 import torch  # noqa: E402
 
 from posttrain.trainer.batch import TrainBatch, TrainRow  # noqa: E402
+from posttrain.trainer.losses import BatchTotals  # noqa: E402
 
 VOCAB = 64
+
+# The shared loss example of test_trainer_losses.py and test_trainer_losses_more.py (worked out
+# in test_trainer_losses.py's docstring): 2 groups of 2 sequences, 3 completion tokens each.
+EPS = 1e-6
+a = 0.25 / (0.25 + EPS)
+b = 0.5 / (0.5 + EPS)
+REWARD_B = torch.tensor([1.0, 0.0, 1.0, 0.5])
+GROUP_B = torch.tensor([0, 0, 1, 1])
+RATIO_BT = torch.tensor([[1.0, 1.5, 0.5], [1.5, 0.5, 3.0], [1.1, 1.25, 1.0], [0.7, 2.0, 2.0]])
+MASK_BT = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+TOTALS = BatchTotals(n_sequences=4, n_tokens=9)
+BEHAVIOUR_BT = torch.full((4, 3), -2.0)
 
 
 def tiny_model(seed: int = 0, tied: bool = False):
