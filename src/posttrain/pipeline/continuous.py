@@ -289,9 +289,7 @@ class Continuous:
     def _stats(self, version: int, ages: list[int], waited: float, chosen: int) -> dict[str, float]:
         stats, mix = self._in_loop(lambda pipe: (pipe.stats().flat(), self.scheduler.mix()))  # cumulative
         stats.update(self._step)
-        pools = getattr(self.workers, "pool_stats", None)  # runtime ray: actors per stage, pool changes
-        if pools is not None:
-            stats.update(pools())
+        stats.update(self.workers.pool_stats())  # runtime ray: actors per stage, pool changes
         stats.update(
             pipe_async=1.0,
             pipe_trainer_version=float(version),

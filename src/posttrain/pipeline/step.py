@@ -220,9 +220,7 @@ class StepRollouts:
         self.totals["replaced"] += replaced
         stats["pipe_replaced"] = float(replaced)
         stats["pipe_direct"] = float(self.direct)
-        pools = getattr(self.workers, "pool_stats", None)  # runtime ray: actors per stage, pool changes
-        if pools is not None:
-            stats.update(pools())
+        stats.update(self.workers.pool_stats())  # runtime ray: actors per stage, pool changes
         for name, row in self.scheduler.mix().items():
             stats[f"mix_{name}"] = round(row["realised"], 4)
         return stats

@@ -211,6 +211,10 @@ class Workers(Protocol):
     def inline(self, domain: str) -> bool:
         """Whether `domain`'s groups may take the direct path (pipeline/direct.py, no stages)."""
 
+    def pool_stats(self) -> dict[str, float]:
+        """The step's stage-pool metrics (`pool_*`: actors per stage, changes so far); empty for
+        a runtime whose pools are fixed."""
+
     def close(self) -> None: ...
 
 
@@ -345,6 +349,9 @@ class EmbeddedWorkers:
 
     def end_sessions(self, keys: Sequence[str]) -> None:
         self.engine.end_sessions(keys)  # the Engine contract's (a no-op default); not under the call lock
+
+    def pool_stats(self) -> dict[str, float]:
+        return {}  # one process, fixed pools: nothing resizes
 
     def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         """The engine's call in the caller's thread (the direct path)."""
