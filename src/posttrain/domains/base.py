@@ -229,6 +229,13 @@ class Domain(abc.ABC):
         return None
 
     # ---- what the monitor and the eval verifier ask of a domain (declared, with defaults) ----
+    pretrain_pool: ClassVar[int | None] = None
+    """Multi-turn domains whose environment runs in the sandbox: the base pretraining corpus plays
+    this many distinct transcripts of the domain through its real environment (train tasks 0..N-1,
+    each gold or buggy as drawn at its first use) and reuses them (model/pretrain.py), so a base
+    build pays N episodes of sandbox steps, not one per example. None: a fresh transcript each
+    example (in-process environments, e.g. lookup)."""
+
     partial_credit: bool = False
     """Whether the verifier gives scores strictly between 0 and 1 (a share of the fields,
     checks or tests passed); False: every score is 0 or 1. A domain sets it as a class or

@@ -53,6 +53,11 @@ Conversation = list[tuple[str, str]]
 """(role, content) messages; the loss covers the assistant ones."""
 
 
+_POOL: dict[tuple[str, int, int, bool], Conversation] = {}
+"""Transcripts of pooled domains (`Domain.pretrain_pool`) played so far in this process, by
+(domain, slot, level, buggy): a base build and its `data_digest` share them."""
+
+
 def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[Conversation]]:
     from posttrain.domains.registry import get
 
@@ -65,7 +70,19 @@ def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[Conve
         for _ in range(n):
             name = rng.choice(names)
             domain, top = domains[name]
-            task = domain.sample(counter["i"], "train", rng.randint(1, top))
+            level = rng.randint(1, top)
+            if domain.pretrain_pool and name in TURN_BUGS:
+                # a pooled domain: slot k of N is train task k, gold or buggy as drawn now;
+                # the same (slot, level, buggy) is played once per process
+                slot = rng.randrange(domain.pretrain_pool)
+                buggy = rng.random() < cfg.buggy_fraction
+                key = (name, slot, level, buggy)
+                if key not in _POOL:
+                    task = domain.sample(slot, "train", level)
+                    _POOL[key] = transcript(domain, task, TURN_BUGS[name] if buggy else None)
+                out.append(_POOL[key])
+                continue
+            task = domain.sample(counter["i"], "train", level)
             counter["i"] += 1
             question = task.prompt[-1].content
             if name in TURN_BUGS:
