@@ -229,8 +229,9 @@ class CodeFix(ProceduralDomain):
 
     def cheats(self, task: Task) -> list[str]:
         """Completions that try for reward without solving: the visible test's wanted value
-        hard-coded, a table or a special case of the visible input, the observation copied,
-        stopping (`done`, nothing), the spec resubmitted on a stale task; and the `code`
+        hard-coded, a table of the visible input, the observation copied, stopping (`done`,
+        nothing), and on a stale task a special case of the visible input over the spec and each of these after the spec's failing
+        attempt (the spec resubmitted too); and the `code`
         family's CHEATS (read the answers from frames, gc, memory or files; exit early; fake
         results; objects equal to anything; patched builtins). Each scores below the gold."""
         ref: FixReference = task.reference
@@ -238,15 +239,15 @@ class CodeFix(ProceduralDomain):
         n, spec = ref.name, answer(ref.name, ref.op, ref.spec)
         out = [
             f"def {n}(x):return {want}",
-            f"{spec}\ndef {n}(x):return {want}",
             f"def {n}(x):return {{{x0}:{want}}}[x]",
-            f"def {n}(x):return {want} if x=={x0} else x{ref.op}{ref.spec}",
-            f"{spec}\n{n}({x0})={apply(ref.op, x0, ref.spec)},want:{want}",
+            f"{n}({x0})={apply(ref.op, x0, ref.spec)},want:{want}",
             "done",
             "",
         ]
-        if ref.stale:
-            out.append(f"{spec}\n{spec}")
+        if ref.stale:  # a special case of the visible input over the spec; the cheats after the spec's
+            # failing attempt (on a right spec, that attempt is the gold)
+            out.append(f"def {n}(x):return {want} if x=={x0} else x{ref.op}{ref.spec}")
+            out += [f"{spec}\n{x}" for x in (f"def {n}(x):return {want}", f"{n}({x0})={apply(ref.op, x0, ref.spec)},want:{want}", spec, "done")]
         return out + [f"```python\n{src.replace('ENTRY', n)}```" for src in CHEATS.values()]
 
 
