@@ -146,8 +146,16 @@ def test_junk_actions_are_observations_not_exceptions():
     name = task.reference.name
     env = F.CodeFixEnv()
     env.reset(task)
-    for junk in ("", "\x00\x01", "def", "{" * 1000, f"def {name}(x):return x/0", "import os;os._exit(0)",
-                 f"def {name}(x):return 'a'*999", f"def {name}(x):\n while 1:pass"):
+    for junk in (
+        "",
+        "\x00\x01",
+        "def",
+        "{" * 1000,
+        f"def {name}(x):return x/0",
+        "import os;os._exit(0)",
+        f"def {name}(x):return 'a'*999",
+        f"def {name}(x):\n while 1:pass",
+    ):
         result = as_step_result(env.step(junk))
         assert not result.done and 0 < len(result.observation) <= F.OBS_CHARS, (junk[:20], result.observation)
     assert as_step_result(env.step("")).observation == F.NO_CODE

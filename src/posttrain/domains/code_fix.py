@@ -201,7 +201,9 @@ class CodeFix(ProceduralDomain):
                 k = rng.randint(*K_RANGE)
         x0 = VISIBLE_INPUT[op]
         xs = rng.sample([x for x in range(2, 100) if x != x0], HIDDEN_TESTS)
-        visible = CodeReference.build(name, "function", "exact", [{"args": [x0], "expected": apply(op, x0, k)}], TIMEOUT_S)
+        visible = CodeReference.build(
+            name, "function", "exact", [{"args": [x0], "expected": apply(op, x0, k)}], TIMEOUT_S
+        )
         hidden = CodeReference.build(
             name, "function", "exact", [{"args": [x], "expected": apply(op, x, k)} for x in xs], TIMEOUT_S
         )
@@ -230,10 +232,10 @@ class CodeFix(ProceduralDomain):
     def cheats(self, task: Task) -> list[str]:
         """Completions that try for reward without solving: the visible test's wanted value
         hard-coded, a table of the visible input, the observation copied, stopping (`done`,
-        nothing), and on a stale task a special case of the visible input over the spec and each of these after the spec's failing
-        attempt (the spec resubmitted too); and the `code`
-        family's CHEATS (read the answers from frames, gc, memory or files; exit early; fake
-        results; objects equal to anything; patched builtins). Each scores below the gold."""
+        nothing); on a stale task also a special case of the visible input over the spec, and
+        each of these after the spec's failing attempt (the spec resubmitted too); and the
+        `code` family's CHEATS (read the answers from frames, gc, memory or files; exit early;
+        fake results; objects equal to anything; patched builtins). Each scores below the gold."""
         ref: FixReference = task.reference
         (x0,), want = ref.visible.inputs()[0], ref.visible.expected()[0]
         n, spec = ref.name, answer(ref.name, ref.op, ref.spec)
@@ -247,7 +249,8 @@ class CodeFix(ProceduralDomain):
         if ref.stale:  # a special case of the visible input over the spec; the cheats after the spec's
             # failing attempt (on a right spec, that attempt is the gold)
             out.append(f"def {n}(x):return {want} if x=={x0} else x{ref.op}{ref.spec}")
-            out += [f"{spec}\n{x}" for x in (f"def {n}(x):return {want}", f"{n}({x0})={apply(ref.op, x0, ref.spec)},want:{want}", spec, "done")]
+            copied = f"{n}({x0})={apply(ref.op, x0, ref.spec)},want:{want}"
+            out += [f"{spec}\n{x}" for x in (f"def {n}(x):return {want}", copied, spec, "done")]
         return out + [f"```python\n{src.replace('ENTRY', n)}```" for src in CHEATS.values()]
 
 

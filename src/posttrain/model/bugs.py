@@ -75,7 +75,6 @@ def lookup_buggy(question: str, observation: str) -> str:
     return observation.split("=", 1)[1][::-1]
 
 
-
 _FIX_SPEC = re.compile(r"spec:([a-z]+)\(x\)=x([+*])(\d+)")
 _FIX_WANT = re.compile(r"want:(-?\d+)")
 
