@@ -75,5 +75,34 @@ def lookup_buggy(question: str, observation: str) -> str:
     return observation.split("=", 1)[1][::-1]
 
 
+_FIX_SPEC = re.compile(r"spec:([a-z]+)\(x\)=x([+*])(\d+)")
+_FIX_WANT = re.compile(r"want:(-?\d+)")
+
+
+def code_fix_buggy(question: str, observation: str) -> str:
+    """code_fix's buggy policy. Its first answer follows the spec (as the gold's does); after a
+    failing visible test it does one of three things, by a hash of the question: resubmits the
+    spec's code, ignoring the feedback (1/3); hard-codes the value the visible test wants,
+    `return 27`, which passes only that test (1/3); or copies K wrongly from the message, digits
+    reversed or off by one (1/3)."""
+    from posttrain.domains.code_fix import answer, miscopy
+
+    m = _FIX_SPEC.search(question)
+    if m is None:
+        return "done"
+    name, op, spec = m.group(1), m.group(2), int(m.group(3))
+    want = _FIX_WANT.search(observation)
+    if want is None:
+        return answer(name, op, spec)
+    value = int(want.group(1))
+    k = value  # the visible input is 0 for x+K and 1 for x*K, so the wanted value is K
+    kind = hashlib.sha256(question.encode()).digest()[0] % 3
+    if kind == 0:
+        return answer(name, op, spec)
+    if kind == 1:
+        return f"def {name}(x):return {value}"
+    return answer(name, op, miscopy(k))
+
+
 TurnBug = Callable[[str, str], str]
-TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy}
+TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy}
