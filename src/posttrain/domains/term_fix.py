@@ -177,7 +177,8 @@ class TermFix(Domain):
     cost_class = "long"
     budget = Budget(turns=3, tokens=32, seconds=60.0)
     verifier = TermFixVerifier()
-    pretrain_pool = 600
+    partial_credit = True
+    pretrain_pool = 400
     """Distinct train transcripts a base build plays through the sandbox and reuses
     (model/pretrain.py, where it supports pools; each env step costs one sandbox session)."""
 
