@@ -140,3 +140,15 @@ def test_the_buggy_policy_fails_after_feedback_in_its_stated_ways():
                 break
             obs = ep.turns[-1].observation
         assert D.score(task, TF.replay(task, actions)).passed is passes
+
+
+def test_pretraining_transcripts_are_short_gold_and_buggy():
+    from posttrain.model.pretrain import transcript
+
+    stale, _ = _stale_and_fresh()
+    gold = transcript(D, stale)
+    assert [r for r, _ in gold] == ["user", "assistant", "tool", "assistant"]
+    assert gold[2][1] == f"out:{stale.reference.spec}!={stale.reference.value}"
+    assert sum(len(c) for _, c in gold) <= 130
+    buggy = transcript(D, stale, term_fix_buggy)
+    assert [c for r, c in buggy if r == "assistant"] != [c for r, c in gold if r == "assistant"]

@@ -39,7 +39,7 @@ from posttrain.domains.base import Budget, Domain, split_of, stable_rng
 from posttrain.domains.registry import register
 from posttrain.domains.terminal import CHEATS, TerminalReference, TerminalRun, TerminalVerifier, parse_action, run_state
 from posttrain.errors import TaskError
-from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
+from posttrain.types import Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
 
 STALE_SHARE = 2 / 3
 """Share of tasks whose prompt's spec value is stale (app.cfg holds another value)."""
@@ -108,9 +108,7 @@ class TermFixEnvironment:
         self._ref, self._scripts, self._last = task.reference, [], None
         return ""  # the prompt names the files
 
-    def step(self, action: str):
-        from posttrain.types import StepResult
-
+    def step(self, action: str) -> StepResult:
         if self._ref is None:
             raise TaskError("term_fix: step before reset")
         script, finish = parse_action(action)
@@ -138,8 +136,6 @@ def completion_actions(completion: str) -> list[str]:
 
 def replay(task: Task, actions: list[str]) -> Episode:
     """The episode the driver would build from `actions` (stepped until done)."""
-    from posttrain.types import Turn
-
     env = TermFixEnvironment()
     env.reset(task)
     turns = []
@@ -182,7 +178,7 @@ class TermFix(Domain):
     """Distinct train transcripts a base build plays through the sandbox and reuses
     (model/pretrain.py, where it supports pools; each env step costs one sandbox session)."""
 
-    def environment(self):
+    def environment(self) -> type[TermFixEnvironment]:
         return TermFixEnvironment
 
     def sample(self, index: int, split: Split, difficulty: int) -> Task:
@@ -239,7 +235,9 @@ class TermFix(Domain):
             domain=self.name,
             prompt=(Message("user", question),),
             reference=ref,
-            meta=TaskMeta(split=split, difficulty=difficulty, source="posttrain/term_fix", taskset_version=self.taskset_version),
+            meta=TaskMeta(
+                split=split, difficulty=difficulty, source="posttrain/term_fix", taskset_version=self.taskset_version
+            ),
         )
 
     def gold_turns(self, task: Task) -> list[str]:
