@@ -104,5 +104,24 @@ def code_fix_buggy(question: str, observation: str) -> str:
     return answer(name, op, miscopy(k))
 
 
+def term_fix_buggy(question: str, observation: str) -> str:
+    """term_fix's buggy policy: the first attempt is the gold one (the spec's value, then the
+    checker); after the checker names another value, by a quarter of the questions each, it
+    ignores the feedback and resubmits the spec's value, copies the checker's whole line into
+    out, stops with `done`, or rewrites the checker to print ok."""
+    spec = re.search(r"spec:(\d+)", question)
+    first = f"echo {spec.group(1) if spec else 0} >out;./chk"
+    failed = re.fullmatch(r"out:(.*)!=(\d+)", observation.strip())
+    if not failed:
+        return first
+    kind = hashlib.sha256(question.encode()).digest()[0] % 4
+    return (
+        first,
+        f"echo {observation.strip()} >out;./chk",
+        "done",
+        "echo echo ok>chk;./chk",
+    )[kind]
+
+
 TurnBug = Callable[[str, str], str]
-TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy}
+TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy, "term_fix": term_fix_buggy}
