@@ -158,7 +158,11 @@ def test_the_buggy_policy_mixes_its_stated_mistakes_and_copies_the_print_first()
         kinds.add(
             "resubmit"
             if second == printed
-            else "report" if second.startswith("tot_not_sum") else "a" if not second.startswith(printed[:5]) else "tot"
+            else "report"
+            if second.startswith("tot_not_sum")
+            else "a"
+            if not second.startswith(printed[:5])
+            else "tot"
         )
     assert kinds == {"resubmit", "report", "a", "tot"}
     fresh = next(t for t in TASKS if not t.reference["stale"])

@@ -216,7 +216,7 @@ class DocFix(ProceduralDomain):
     partial_credit = True
     verifier = DocFixVerifier()
 
-    def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:  # type: ignore[override]
+    def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:
         items = {k: rng.randint(*RANGES[k]) for k in ITEMS[difficulty]}
         total = sum(items.values())
         stale = rng.random() < STALE_SHARE
