@@ -123,5 +123,39 @@ def term_fix_buggy(question: str, observation: str) -> str:
     )[kind]
 
 
+def _printed_fields(question: str) -> dict[str, int]:
+    body = question.split(":", 1)[1]
+    return {k: int(v) for k, v in (pair.split("=", 1) for pair in body.split(","))}
+
+
+def _render(fields: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def doc_fix_buggy(question: str, observation: str) -> str:
+    """doc_fix's buggy policy: its first attempt copies the printed fields (as the gold does);
+    after a reconciliation report (`tot_not_sum:N`) it errs one of four ways, chosen by the
+    question's hash: resubmits the printed fields unchanged (ignores the report); changes the
+    first item so that the printed total reconciles (the wrong field fixed, the validator
+    satisfied); puts the reported sum in `tot` miscopied (digits reversed, or the last digit
+    changed); or copies the report line itself. After any other observation it resubmits."""
+    printed = _printed_fields(question)
+    if "_not_sum:" not in observation:
+        return _render(printed)
+    reported = observation.rsplit(":", 1)[1]
+    share = hashlib.sha256(question.encode()).digest()[0] % 4
+    if share == 0:
+        return _render(printed)
+    if share == 1:
+        first = next(iter(printed))
+        forced = printed["tot"] - sum(v for k, v in printed.items() if k not in (first, "tot"))
+        return _render({**printed, first: max(0, forced)})
+    if share == 2:
+        flipped = reported[::-1].lstrip("0") or "0"
+        wrong = flipped if flipped != reported else reported[:-1] + str((int(reported[-1]) + 1) % 10)
+        return _render({**printed, "tot": int(wrong)})
+    return observation
+
+
 TurnBug = Callable[[str, str], str]
-TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy, "term_fix": term_fix_buggy}
+TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy, "term_fix": term_fix_buggy, "doc_fix": doc_fix_buggy}
