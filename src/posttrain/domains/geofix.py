@@ -102,8 +102,7 @@ def box_script(dims: tuple[int, ...] | list[int]) -> str:
 def _checks(ref: dict[str, Any]) -> dict[str, Any]:
     """The family's checks for the slot's box: volume, extents, one part, no hole, its shape."""
     t = ref["slot"]
-    return {"volume": t[0] * t[1] * t[2], "vol_tol": 0.01, "bbox": list(t), "parts": 1, "genus": 0,
-            "solid": _cube(*t)}
+    return {"volume": t[0] * t[1] * t[2], "vol_tol": 0.01, "bbox": list(t), "parts": 1, "genus": 0, "solid": _cube(*t)}
 
 
 def host_run(dims: tuple[int, ...] | list[int], solid: list[Any] | None) -> GeoRun:
@@ -114,8 +113,13 @@ def host_run(dims: tuple[int, ...] | list[int], solid: list[Any] | None) -> GeoR
     mesh = build(_cube(*dims)).to_mesh()
     v = np.asarray(mesh.vert_properties, dtype=np.float64)[:, :3]
     f = np.asarray(mesh.tri_verts, dtype=np.int64)
-    return GeoRun(status="ok", exit_code=0, measures=measure(v, f, solid), note="host build of the template",
-                  program=spec_text(dims))
+    return GeoRun(
+        status="ok",
+        exit_code=0,
+        measures=measure(v, f, solid),
+        note="host build of the template",
+        program=spec_text(dims),
+    )
 
 
 def results_of(ref: dict[str, Any], m: dict[str, Any]) -> dict[str, float]:
@@ -235,8 +239,11 @@ class GeoFixVerifier:
         results = results_of(ref, got.measures)
         parts = {**base, **results}
         if not all(results.values()):
-            why = "infeasible task, not stopped" if infeasible else "failed: " + ", ".join(
-                k for k, v in results.items() if not v)
+            why = (
+                "infeasible task, not stopped"
+                if infeasible
+                else "failed: " + ", ".join(k for k, v in results.items() if not v)
+            )
             return Score(0.0, parts, False, why)
         parts["outcome"] = 1.0
         return Score(0.8 + 0.2 * efficiency, parts, True)
@@ -268,8 +275,14 @@ class GeoFix(ProceduralDomain):
                 spec[k] = lo + s_lo
             slot[k] = spec[k] - rng.randint(s_lo, min(s_hi, spec[k] - lo))
             mins[k] = rng.randint(slot[k] + 1, spec[k])
-        ref = {"spec": spec, "slot": slot, "min": mins, "kind": kind, "axis": AXES[k],
-               "turns": 1 if kind == "exact" else 2}
+        ref = {
+            "spec": spec,
+            "slot": slot,
+            "min": mins,
+            "kind": kind,
+            "axis": AXES[k],
+            "turns": 1 if kind == "exact" else 2,
+        }
         return f"{spec_text(spec)};fit_slot", ref
 
     def environment(self) -> type[GeoFixEnv]:
