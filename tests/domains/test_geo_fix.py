@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from posttrain.domains.geo3d import check, run_script
 from posttrain.domains.geofix import (
     AXES,
     BAD_ACTION,
@@ -26,7 +27,6 @@ from posttrain.domains.geofix import (
     parse_action,
     results_of,
 )
-from posttrain.domains.geo3d import check, run_script
 from posttrain.domains.registry import get
 from posttrain.model.bugs import geo_fix_buggy
 from posttrain.types import Episode, Turn
