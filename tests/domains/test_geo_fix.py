@@ -61,7 +61,7 @@ def test_gold_passes_as_an_episode_over_many_tasks():
         assert {"stopped", "infeasible"} <= set(s.parts)
 
 
-def test_gold_passes_as_one_completion_through_the_sandbox():
+def test_gold_passes_as_one_completion_replayed():
     for t in TASKS[:12]:
         s = D.score(t, Episode(D.gold(t)))
         assert s.passed and s.value == D.gold_value(t), (t.id, s)
@@ -202,6 +202,19 @@ def test_host_build_measures_what_the_sandboxed_template_measures():
             assert boxed is not None and host.keys() == boxed.keys()
             for key in host:
                 assert host[key] == pytest.approx(boxed[key], abs=1e-6), key
+
+
+def test_the_sandboxed_verifier_scores_as_the_host_one():
+    from posttrain.domains.geofix import SandboxedGeoFixVerifier
+
+    boxed = SandboxedGeoFixVerifier()
+    for t in TASKS[:6]:
+        for c in [D.gold(t), *D.cheats(t)[4:7]]:
+            ran = boxed.execute(t, c)
+            want = D.score(t, Episode(c))
+            got = boxed.score(t, Episode(c, exec_result=ran))
+            assert (got.value, got.passed, got.reason) == (want.value, want.passed, want.reason), (t.id, c)
+            assert ran is None or ran.note != "host build of the template"
 
 
 def test_buggy_policy_behaviours():

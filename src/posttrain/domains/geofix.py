@@ -17,12 +17,15 @@ So the first attempt (the spec) is right on the exact tasks only; the report nam
 the deviation and the gold revision uses it (`box:W,25,H`), or stops when the report
 says the slot is below the minimum.
 
-Where builds run: the environment's steps build the template's solid on the host
-(the spec is three parsed integers, never model code; the same Manifold the template
-script builds, `host_run`), about 2 ms a step instead of about 100 ms in the sandbox,
-so the pretraining corpus can play thousands of transcripts. The verdict is the
-family's: the execute step (`GeoFixVerifier.execute`) runs the final build's script
-in the sandbox (`geo3d.run_script`) and the verifier checks that mesh.
+Where builds run: the spec is three parsed integers, never model code, so the
+environment builds the template's solid on the host (`host_run`: the Manifold the
+template script builds, measured by the family's `measure`), about 1.5 ms a step
+against about 100 ms for the sandbox's start-up, and the verifier checks the mesh
+the episode's last turn measured. So the pretraining corpus plays tens of thousands
+of transcripts, and an RL step of 256 episodes does not spend half a minute in the
+sandbox. `SandboxedGeoFixVerifier` is the family's way (the execute step runs the
+template script in the sandbox, `geo3d.run_script`); a test checks both measure the
+same and score the same.
 
 Reward contract (every score carries parts `stopped` and `infeasible`, 0/1):
 - a final build that meets every check: value 0.8 + 0.2 x efficiency (turns the task
@@ -66,6 +69,7 @@ TOL = 0.1
 MAX_DIM = 999
 STOP_VALUE = 0.5
 BAD_ACTION = "error:say_box:w,d,h_or_stop"
+HOST_NOTE = "host build of the template"
 _BOX = re.compile(r"box:(\d{1,3}),(\d{1,3}),(\d{1,3})")
 
 
@@ -117,7 +121,7 @@ def host_run(dims: tuple[int, ...] | list[int], solid: list[Any] | None) -> GeoR
         status="ok",
         exit_code=0,
         measures=measure(v, f, solid),
-        note="host build of the template",
+        note=HOST_NOTE,
         program=spec_text(dims),
     )
 
@@ -196,19 +200,22 @@ def replay(task: Task, actions: list[str]) -> list[str]:
 
 
 class GeoFixVerifier:
-    """The reward contract of the module docstring. `execute` runs the final build's template
-    script in the sandbox (the pipeline's execute stage runs it on the episode's last action);
-    `score` checks that mesh with the family's checks plus `slot` and `min_wall`."""
+    """The reward contract of the module docstring. The final build's mesh is the one its
+    episode's last turn measured (the environment's GeoRun: the template's solid, built on the
+    host from the parsed dims and measured by the family's `measure`); one completion is
+    replayed through the environment the same way. `score` checks that mesh with the family's
+    `check` plus `slot` and `min_wall`. `SandboxedGeoFixVerifier` runs the template script in
+    the sandbox instead (the family's execute step)."""
 
     name = "geo_fix_constraints"
     version = "1"
 
-    def execute(self, task: Task, completion: str, run: Any = None) -> GeoRun | None:
-        played = replay(task, actions_of(Episode(completion)))
-        act = parse_action(played[-1]) if played else Action("bad")
-        if act.kind != "box":
-            return None
-        return run_script(box_script(act.dims), run, _checks(task.reference)["solid"])
+    def final_run(self, task: Task, episode: Episode, last: Action) -> GeoRun:
+        """The measured run of the final build `last`: the episode's own when it has one."""
+        got = episode.exec_result
+        if isinstance(got, GeoRun) and got.measures is not None and got.program == spec_text(last.dims):
+            return got
+        return host_run(last.dims, _checks(task.reference)["solid"])
 
     def score(self, task: Task, episode: Episode) -> Score:
         ref = task.reference
@@ -231,22 +238,38 @@ class GeoFixVerifier:
             return Score(STOP_VALUE, {**base, "outcome": 1.0}, True)
         if last.kind != "box":
             return Score(0.0, base, False, "no build at the end" if any(a.kind == "box" for a in acts) else "no build")
-        got = episode.exec_result if isinstance(episode.exec_result, GeoRun) else None
-        if got is None or got.measures is None:
-            got = run_script(box_script(last.dims), None, _checks(ref)["solid"])
+        got = self.final_run(task, episode, last)
         if got.measures is None:
             return Score(0.0, base, False, got.note or "no mesh")
         results = results_of(ref, got.measures)
         parts = {**base, **results}
         if not all(results.values()):
-            why = (
-                "infeasible task, not stopped"
-                if infeasible
-                else "failed: " + ", ".join(k for k, v in results.items() if not v)
-            )
-            return Score(0.0, parts, False, why)
+            failed = ", ".join(k for k, v in results.items() if not v)
+            return Score(0.0, parts, False, "infeasible task, not stopped" if infeasible else f"failed: {failed}")
         parts["outcome"] = 1.0
         return Score(0.8 + 0.2 * efficiency, parts, True)
+
+
+class SandboxedGeoFixVerifier(GeoFixVerifier):
+    """The same contract with the family's execute step: `execute` runs the final build's
+    template script in the sandbox (the pipeline runs it on the episode's last action) and
+    `score` checks that mesh (a direct `score` without one runs it itself). About 100 ms a
+    run against about 1.5 ms on the host; the measures are the same (tested)."""
+
+    name = "geo_fix_constraints_sandboxed"
+
+    def execute(self, task: Task, completion: str, run: Any = None) -> GeoRun | None:
+        played = replay(task, actions_of(Episode(completion)))
+        act = parse_action(played[-1]) if played else Action("bad")
+        if act.kind != "box":
+            return None
+        return run_script(box_script(act.dims), run, _checks(task.reference)["solid"])
+
+    def final_run(self, task: Task, episode: Episode, last: Action) -> GeoRun:
+        got = episode.exec_result
+        if isinstance(got, GeoRun) and got.note != HOST_NOTE:
+            return got  # the execute step's sandbox run
+        return run_script(box_script(last.dims), None, _checks(task.reference)["solid"])
 
 
 class GeoFix(ProceduralDomain):
