@@ -157,5 +157,31 @@ def doc_fix_buggy(question: str, observation: str) -> str:
     return observation
 
 
+_GEO_ITEM = re.compile(r"([wdh]):(\d+)([<>])(\d+)(,min:\d+)?")
+
+
+def geo_fix_buggy(question: str, observation: str) -> str:
+    """geo_fix's buggy policy. Turn 1 builds the prompt's spec (as the gold does); after a
+    report it does one of four wrong things, a quarter of the questions each: resubmits the
+    spec (ignores the report); puts the slot's size into the next dimension (the wrong one);
+    never stops (on a report with a minimum wall it builds the slot's size anyway, else it
+    revises like the gold); stops after any failure (right on infeasible tasks only)."""
+    spec = [int(x) for x in re.findall(r"\d+", question)[:3]]
+    first = "box:" + ",".join(map(str, spec))
+    items = _GEO_ITEM.findall(observation)
+    if not observation or len(spec) != 3:
+        return first
+    mode = hashlib.sha256(question.encode()).digest()[0] % 4
+    if mode == 0 or not items:
+        return first
+    if mode == 3:
+        return "stop"
+    dims = list(spec)
+    for axis, _, _, slot, _ in items:
+        k = "wdh".index(axis)
+        dims[(k + 1) % 3 if mode == 1 else k] = int(slot)
+    return "box:" + ",".join(map(str, dims))
+
+
 TurnBug = Callable[[str, str], str]
-TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy, "term_fix": term_fix_buggy, "doc_fix": doc_fix_buggy}
+TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy, "term_fix": term_fix_buggy, "doc_fix": doc_fix_buggy, "geo_fix": geo_fix_buggy}
