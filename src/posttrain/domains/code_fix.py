@@ -190,6 +190,9 @@ class CodeFix(ProceduralDomain):
     partial_credit = True
     budget = Budget(turns=3, tokens=32, seconds=60.0)
     verifier = CodeFixVerifier()
+    pretrain_pool = 512
+    """Distinct train transcripts a base build plays through the sandbox and reuses
+    (`Domain.pretrain_pool`; each env step is one sandbox run, about 20 ms warm)."""
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:  # type: ignore[override]
         op = OPS[difficulty]

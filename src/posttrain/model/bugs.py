@@ -184,4 +184,10 @@ def geo_fix_buggy(question: str, observation: str) -> str:
 
 
 TurnBug = Callable[[str, str], str]
-TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy, "code_fix": code_fix_buggy, "term_fix": term_fix_buggy, "doc_fix": doc_fix_buggy, "geo_fix": geo_fix_buggy}
+TURN_BUGS: dict[str, TurnBug] = {
+    "lookup": lookup_buggy,
+    "code_fix": code_fix_buggy,
+    "term_fix": term_fix_buggy,
+    "doc_fix": doc_fix_buggy,
+    "geo_fix": geo_fix_buggy,
+}
