@@ -18,20 +18,13 @@ SANDBOX_HEAVY = ("code", "code_revise", "terminal")
 NAMES = sorted(n for n in DOMAINS if n not in SANDBOX_HEAVY)
 
 
-def _gold_value(d, task) -> float:
-    """What the gold scores: 1.0, or what a domain declares for the task (`gold_value`:
-    geo_fix's honest stop on an infeasible task scores 0.5)."""
-    declared = getattr(d, "gold_value", None)
-    return declared(task) if declared else 1.0
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_every_declared_cheat_scores_below_the_gold(name):
     d = DOMAINS[name]
     task = d.sample(0, "train", 1)
     gold = d.score(task, Episode(d.gold(task)))
     cheats = list(d.cheats(task))
-    assert gold.value == _gold_value(d, task) and gold.passed and cheats, (name, gold)
+    assert gold.value == d.gold_value(task) and gold.passed and cheats, (name, gold)
     for cheat in cheats:
         s = d.score(task, Episode(cheat))
         assert s.value < gold.value and not s.passed, (name, cheat[:80], s)

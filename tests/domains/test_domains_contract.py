@@ -20,13 +20,6 @@ DOMAINS = all_domains()
 NAMES = sorted(DOMAINS)
 
 
-def _gold_value(d, task) -> float:
-    """What the gold scores: 1.0, or what a domain declares for the task (`gold_value`:
-    geo_fix's honest stop on an infeasible task scores 0.5)."""
-    declared = getattr(d, "gold_value", None)
-    return declared(task) if declared else 1.0
-
-
 def test_at_least_200_domains():
     assert len(DOMAINS) >= 200
 
@@ -45,7 +38,7 @@ def test_gold_scores_one_and_wrong_scores_less(name):
             assert (task.domain, task.meta.split, task.meta.difficulty) == (name, split, level)
             gold = d.score(task, Episode(d.gold(task)))
             wrong = d.score(task, Episode(d.wrong(task)))
-            assert gold.value == _gold_value(d, task) and gold.passed, (task.id, gold)
+            assert gold.value == d.gold_value(task) and gold.passed, (task.id, gold)
             assert wrong.value < gold.value and not wrong.passed, (task.id, wrong)
 
 
@@ -56,8 +49,8 @@ def test_contract_at_every_level(name):
     for level in range(1, d.levels + 1):
         for index in range(3):
             task = d.sample(index, "train", level)
-            assert d.score(task, Episode(d.gold(task))).value == _gold_value(d, task)
-            assert d.score(task, Episode(d.wrong(task))).value < _gold_value(d, task)
+            assert d.score(task, Episode(d.gold(task))).value == d.gold_value(task)
+            assert d.score(task, Episode(d.wrong(task))).value < d.gold_value(task)
 
 
 _DIGEST = """

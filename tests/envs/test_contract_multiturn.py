@@ -28,13 +28,6 @@ MULTI = sorted(n for n, d in DOMAINS.items() if d.environment() is not None)
 SINGLE = sorted(n for n, d in DOMAINS.items() if d.environment() is None)
 
 
-def _gold_value(d, task) -> float:
-    """What the gold scores: 1.0, or what a domain declares for the task (`gold_value`:
-    geo_fix's honest stop on an infeasible task scores 0.5)."""
-    declared = getattr(d, "gold_value", None)
-    return declared(task) if declared else 1.0
-
-
 def _tasks(name):
     d = DOMAINS[name]
     return [d.sample(i, "train", level) for i, level in enumerate(sorted({1, d.levels}))]
@@ -79,7 +72,7 @@ def test_gold_trajectory_scores_1_through_the_training_pipeline(name):
         assert r.error is None, (r.task.id, r.error)
         gold = DOMAINS[name].gold_turns(r.task)
         assert r.timings["turns"] == len(gold), (r.task.id, [t.observation for t in r.turns])
-        want = _gold_value(DOMAINS[name], r.task)
+        want = DOMAINS[name].gold_value(r.task)
         assert r.reward == want and r.score.passed, (r.task.id, r.score, [t.observation for t in r.turns])
 
 

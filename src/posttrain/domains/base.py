@@ -199,6 +199,12 @@ class Domain(abc.ABC):
         training pipeline). Default: the single gold completion."""
         return [self.gold(task)]
 
+    def gold_value(self, task: Task) -> float:
+        """What the gold scores on `task` (the contract tests hold `gold` to it). Default 1.0; a
+        domain whose best outcome on some tasks is worth less declares it (geo_fix: an honest
+        stop on a task that cannot be met scores 0.5)."""
+        return 1.0
+
     @abc.abstractmethod
     def wrong(self, task: Task) -> str:
         """A plausible completion that scores below 1.0."""
