@@ -14,6 +14,7 @@ import pytest
 
 from posttrain import sandbox
 from posttrain.domains import code_fix as F
+from posttrain.domains.base import play_actions
 from posttrain.domains.registry import get
 from posttrain.envs.base import as_step_result
 from posttrain.model.bugs import TURN_BUGS, code_fix_buggy
@@ -26,16 +27,7 @@ TASKS = [DOMAIN.sample(i, split, level) for i in range(5) for split in ("train",
 
 def play(task, actions, runner=None):
     """The actions stepped through a fresh environment until done or the turn budget."""
-    env = F.CodeFixEnv(runner)
-    assert env.reset(task) == ""
-    turns = []
-    for action in actions[: DOMAIN.budget.turns]:
-        result = as_step_result(env.step(action))
-        turns.append(Turn(action, result.observation, parts=result.parts))
-        if result.done:
-            break
-    env.close()
-    return Episode(turns[-1].action if turns else "", tuple(turns))
+    return play_actions(F.CodeFixEnv(runner), task, actions[: DOMAIN.budget.turns])
 
 
 def _stale(level: int):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain.domains.base import play_actions
 from posttrain.domains.docfix import STALE_SHARE, DocFixEnv, parse_action, report
 from posttrain.domains.registry import get
 from posttrain.envs.base import as_step_result
@@ -20,15 +21,7 @@ TASKS = [DOMAIN.sample(i, split, level) for i in range(30) for split in ("train"
 
 def play_through_env(task, actions):
     """The actions stepped through a fresh environment until done or the turn budget: an Episode."""
-    env = DOMAIN.environment()()
-    assert env.reset(task) == ""
-    turns = []
-    for action in actions[: DOMAIN.budget.turns]:
-        result = as_step_result(env.step(action))
-        turns.append(Turn(action, result.observation, parts=result.parts))
-        if result.done:
-            break
-    return Episode(turns[-1].action if turns else "", tuple(turns))
+    return play_actions(DOMAIN.environment()(), task, actions[: DOMAIN.budget.turns])
 
 
 @pytest.mark.parametrize("task", TASKS[:16], ids=lambda t: t.id)

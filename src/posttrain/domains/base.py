@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from posttrain.errors import VerifierError
-from posttrain.types import CostClass, Episode, Message, Score, Split, Task, TaskMeta
+from posttrain.types import CostClass, Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
 
 EVAL_PERCENT = 10
 _MAX_SPLIT_ATTEMPTS = 10_000
@@ -318,3 +318,23 @@ class ProceduralDomain(Domain):
 
     def wrong(self, task: Task) -> str:
         return self.corrupt(str(task.reference))
+
+
+def play_actions(env: Any, task: Task, actions: Sequence[str]) -> Episode:
+    """The episode a fresh environment `env` gives for `actions`, stepped in order until one ends
+    it (each step's observation, execution result and parts kept in its Turn; the last turn's
+    execution result is the episode's), then closed: what the episode driver builds, without a
+    model. A step may answer a StepResult or an `(observation, done)` pair."""
+    env.reset(task)
+    turns: list[Turn] = []
+    try:
+        for action in actions:
+            got = env.step(action)
+            res = got if isinstance(got, StepResult) else StepResult(str(got[0]), bool(got[1]))
+            turns.append(Turn(action, res.observation, res.exec_result, dict(res.parts)))
+            if res.done:
+                break
+    finally:
+        env.close()
+    last = turns[-1] if turns else None
+    return Episode(last.action if last else "", tuple(turns), exec_result=last.exec_result if last else None)

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.domains.base import Budget, ProceduralDomain
-from posttrain.domains.code import CHEATS, CodeReference, CodeRun, execute, extract_code, judge, same
+from posttrain.domains.code import CHEATS, CodeReference, CodeRun, RevisionVerifier, execute, extract_code, same
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
-from posttrain.types import Episode, Score, Task
+from posttrain.types import Task
 
 STALE_SHARE = 2 / 3
 """Share of tasks whose spec constant is stale (the hidden K differs)."""
@@ -144,31 +144,14 @@ class CodeFixEnv:
         self._visible = None
 
 
-class CodeFixVerifier:
-    """The hidden tests' pass rate on the last answer (outcome), run by the execute
-    step; process = mean visible pass over the turns; efficiency = 1 / turns used.
-    value = outcome; passed = every hidden test passed."""
+class CodeFixVerifier(RevisionVerifier):
+    """The coding loop's verdict (`RevisionVerifier`): the hidden tests' pass rate on the last
+    answer (outcome), run by the execute step; process = mean visible pass over the turns;
+    efficiency = 1 / turns used. value = outcome; passed = every hidden test passed."""
 
     name = "code_fix_hidden_tests"
     version = "1"
-
-    def execute(self, task: Task, completion: str, run: Callable[[Any], Any] | None = None) -> CodeRun | None:
-        """The execute step: the hidden tests on the completion's code, or None without code."""
-        code = extract_code(completion)
-        if not code.strip():
-            return None
-        return execute(task.reference.hidden, code, run, domain="code_fix", suite="hidden")
-
-    def score(self, task: Task, episode: Episode) -> Score:
-        ref: FixReference = task.reference
-        run = episode.exec_result
-        if not (isinstance(run, CodeRun) and run.suite == "hidden"):  # a direct `score`: no execute step ran
-            run = self.execute(task, episode.completion)
-        hidden = judge(ref.hidden, run) if run is not None else Score(0.0, {"outcome": 0.0}, False, "no code")
-        parts = {"outcome": hidden.value, "efficiency": 1.0 / max(1, len(episode.turns))}
-        if episode.turns:
-            parts["process"] = sum(t.parts.get("process", 0.0) for t in episode.turns) / len(episode.turns)
-        return Score(hidden.value, parts, hidden.passed, hidden.reason)
+    domain = "code_fix"
 
 
 def miscopy(k: int) -> int:

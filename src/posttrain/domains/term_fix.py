@@ -35,11 +35,11 @@ import random
 import string
 from dataclasses import dataclass
 
-from posttrain.domains.base import Budget, Domain, split_of, stable_rng
+from posttrain.domains.base import Budget, Domain, play_actions, split_of, stable_rng
 from posttrain.domains.registry import register
 from posttrain.domains.terminal import CHEATS, TerminalReference, TerminalRun, TerminalVerifier, parse_action, run_state
 from posttrain.errors import TaskError
-from posttrain.types import Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
+from posttrain.types import Episode, Message, Score, Split, StepResult, Task, TaskMeta
 
 STALE_SHARE = 2 / 3
 """Share of tasks whose prompt's spec value is stale (app.cfg holds another value)."""
@@ -136,18 +136,7 @@ def completion_actions(completion: str) -> list[str]:
 
 def replay(task: Task, actions: list[str]) -> Episode:
     """The episode the driver would build from `actions` (stepped until done)."""
-    env = TermFixEnvironment()
-    env.reset(task)
-    turns = []
-    try:
-        for action in actions:
-            got = env.step(action)
-            turns.append(Turn(action, got.observation, got.exec_result, got.parts))
-            if got.done:
-                break
-    finally:
-        env.close()
-    return Episode(turns[-1].action, tuple(turns), exec_result=turns[-1].exec_result)
+    return play_actions(TermFixEnvironment(), task, actions)
 
 
 class TermFixVerifier:
