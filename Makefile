@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-slow test-ray test-vllm vllm-venv bench bench-peer lint clean
+.PHONY: install demo test test-slow test-ray test-feedback test-vllm vllm-venv bench bench-peer lint clean
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
@@ -33,6 +33,10 @@ test-slow: install
 
 test-ray: install
 	$(BIN)/pytest -q -m ray
+
+# issue 27: the feedback tiers each still learn (builds configs/feedback.yaml's base on first use)
+test-feedback: install
+	$(BIN)/pytest -q -m feedback
 
 # The vllm engine's lane (issue 25): tests against a real vLLM server, started from .venv-vllm.
 test-vllm: install vllm-venv

@@ -44,13 +44,13 @@ def timed(cmd: list[str]) -> dict:
     }
 
 
-def build_base(overrides: list[str]) -> dict:
+def build_base(overrides: list[str], config: Path = CONFIG) -> dict:
     code = (
         "import sys; from posttrain.configs import load_config; from posttrain.model.pretrain import default_dir, "
         "ensure_base; cfg = load_config(sys.argv[1], sys.argv[2:]); cached = (default_dir(cfg.base) / "
         "'config.json').is_file(); ensure_base(cfg.base, progress=False); print('CACHED' if cached else 'BUILT')"
     )
-    return timed([sys.executable, "-c", code, str(CONFIG), *overrides])
+    return timed([sys.executable, "-c", code, str(config), *overrides])
 
 
 def turns(result: dict) -> dict[int, float]:

@@ -14,6 +14,11 @@ sides alternate `--repeats` times; wall times are the median, peak RSS the child
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py                      # ~2 min on 2 shared cores
     OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --tasks 8 --group 3   # ~1 min (bench/RESULTS.md)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --suite feedback --tasks 8 --group 3
+
+`--suite feedback`: the four feedback tiers (code_fix, term_fix, doc_fix, geo_fix, docs/feedback.md),
+each at its own budget (3 turns; 32 tokens a turn, geo_fix 16), `--tasks` tasks each, on the base
+of configs/feedback.yaml (its cached base; built on first use).
 
 With this base the document-fields actions repeat one character until the token budget
 truncates them, which ends those episodes after one turn: their row shows reuse changing
@@ -38,13 +43,30 @@ SHARE = {"lookup": 1.0, "doc_invoice_fields_text": 0.5, "tool_transfer": 0.25}
 """Tasks of each domain, as a share of --tasks."""
 
 
-def base_config() -> Any:
+FEEDBACK = {"code_fix": None, "term_fix": None, "doc_fix": None, "geo_fix": None}
+"""`--suite feedback`: the feedback tiers, each at its own budget, --tasks tasks each."""
+
+
+def base_config(suite: str = "default") -> Any:
     from posttrain.configs.base import BaseConfig
 
+    if suite == "feedback":
+        from pathlib import Path
+
+        from posttrain.configs import load_config
+
+        return load_config(str(Path(__file__).resolve().parents[1] / "configs" / "feedback.yaml"), []).base
     return BaseConfig(preset="micro", domains={"lookup": 1}, steps=400, buggy_fraction=0.75, threads=1)
 
 
-def side(reuse: bool, tasks: int, group: int, queue: Any) -> None:
+def suite_domains(suite: str) -> tuple[dict[str, int | None], dict[str, float]]:
+    """The suite's domains with their tokens per turn (None: own budget), and tasks as a share of --tasks."""
+    if suite == "feedback":
+        return FEEDBACK, dict.fromkeys(FEEDBACK, 1.0)
+    return DOMAINS, SHARE
+
+
+def side(reuse: bool, tasks: int, group: int, queue: Any, suite: str = "default") -> None:
     """One side, in a child process: the episodes through the pipeline; its figures on `queue`."""
     import asyncio
     import dataclasses
@@ -61,13 +83,14 @@ def side(reuse: bool, tasks: int, group: int, queue: Any) -> None:
     from posttrain.types import SamplingParams
 
     torch.set_num_threads(1)
-    model, tok = load_model(ensure_base(base_config(), progress=False), device="cpu")
+    model, tok = load_model(ensure_base(base_config(suite), progress=False), device="cpu")
     engine = HFEngine(model, tok, config=HFEngineConfig(context_reuse=reuse), seed=0)
-    budgets = {d: Budget(turns=3, tokens=t, seconds=600.0) for d, t in DOMAINS.items() if t}
-    work = [get(d).sample(i, "train", 1) for d in DOMAINS for i in range(max(1, int(tasks * SHARE[d])))]
+    domains, share = suite_domains(suite)
+    budgets = {d: Budget(turns=3, tokens=t, seconds=600.0) for d, t in domains.items() if t}
+    work = [get(d).sample(i, "train", 1) for d in domains for i in range(max(1, int(tasks * share[d])))]
     cfg = PipelineConfig(execute_workers=2, backoff_s=0.0, generate_batch=64, max_inflight=64)
     params = SamplingParams(max_tokens=12, temperature=0.0, n=group)
-    sched = Scheduler(cfg, dict.fromkeys(DOMAINS, 1.0), dict.fromkeys(DOMAINS, "short"))
+    sched = Scheduler(cfg, dict.fromkeys(domains, 1.0), dict.fromkeys(domains, "short"))
     workers = EmbeddedWorkers(engine)
 
     async def go() -> Any:
@@ -111,10 +134,10 @@ def side(reuse: bool, tasks: int, group: int, queue: Any) -> None:
     )
 
 
-def run_side(reuse: bool, tasks: int, group: int) -> dict[str, Any]:
+def run_side(reuse: bool, tasks: int, group: int, suite: str = "default") -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=side, args=(reuse, tasks, group, queue))
+    proc = ctx.Process(target=side, args=(reuse, tasks, group, queue, suite))
     proc.start()
     got = queue.get()
     proc.join()
@@ -151,21 +174,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=16, help="lookup tasks (documents: half, tools: a quarter)")
     ap.add_argument("--group", type=int, default=4, help="episodes per task (G)")
     ap.add_argument("--repeats", type=int, default=2, help="times each side runs (alternating)")
+    ap.add_argument("--suite", choices=("default", "feedback"), default="default", help="which domains (see above)")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from posttrain.model.pretrain import ensure_base
 
-    ensure_base(base_config(), progress=False)  # build once, before the timed children
+    ensure_base(base_config(args.suite), progress=False)  # build once, before the timed children
     runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for _ in range(args.repeats):
         for reuse in (False, True):
-            runs[reuse].append(run_side(reuse, args.tasks, args.group))
+            runs[reuse].append(run_side(reuse, args.tasks, args.group, args.suite))
     off, on = runs[False][0], runs[True][0]
     same = sum(a["tokens"] == b["tokens"] for a, b in zip(off["rows"], on["rows"], strict=True))
     steady = all(r["rows"] == runs[k][0]["rows"] for k in runs for r in runs[k])
     wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
-    print(f"{len(off['rows'])} episodes ({args.tasks} lookup tasks and the rest, G={args.group}), greedy")
+    what = f"{args.tasks} tasks per tier" if args.suite == "feedback" else f"{args.tasks} lookup tasks and the rest"
+    print(f"{len(off['rows'])} episodes ({what}, G={args.group}), greedy")
     print("\n".join(table(off, on)))
     print(
         f"engine prompt tokens computed: off {off['engine_prompt_tokens']:,}, on {on['engine_prompt_tokens']:,} "

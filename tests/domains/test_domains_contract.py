@@ -38,8 +38,8 @@ def test_gold_scores_one_and_wrong_scores_less(name):
             assert (task.domain, task.meta.split, task.meta.difficulty) == (name, split, level)
             gold = d.score(task, Episode(d.gold(task)))
             wrong = d.score(task, Episode(d.wrong(task)))
-            assert gold.value == 1.0 and gold.passed, (task.id, gold)
-            assert wrong.value < 1.0 and not wrong.passed, (task.id, wrong)
+            assert gold.value == d.gold_value(task) and gold.passed, (task.id, gold)
+            assert wrong.value < gold.value and not wrong.passed, (task.id, wrong)
 
 
 @pytest.mark.slow
@@ -49,8 +49,8 @@ def test_contract_at_every_level(name):
     for level in range(1, d.levels + 1):
         for index in range(3):
             task = d.sample(index, "train", level)
-            assert d.score(task, Episode(d.gold(task))).value == 1.0
-            assert d.score(task, Episode(d.wrong(task))).value < 1.0
+            assert d.score(task, Episode(d.gold(task))).value == d.gold_value(task)
+            assert d.score(task, Episode(d.wrong(task))).value < d.gold_value(task)
 
 
 _DIGEST = """

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from posttrain.domains.base import play_actions
 from posttrain.domains.lookup import LookupEnv, parse_action
 from posttrain.domains.registry import get
-from posttrain.envs.base import as_step_result
 from posttrain.types import Episode, Turn
 
 DOMAIN = get("lookup")
@@ -16,15 +16,7 @@ TASKS = [DOMAIN.sample(i, split, level) for i in range(4) for split in ("train",
 
 def play_through_env(task, actions):
     """The actions stepped through a fresh environment until done or the turn budget: an Episode."""
-    env = DOMAIN.environment()()
-    assert env.reset(task) == ""
-    turns = []
-    for action in actions[: DOMAIN.budget.turns]:
-        result = as_step_result(env.step(action))
-        turns.append(Turn(action, result.observation, parts=result.parts))
-        if result.done:
-            break
-    return Episode(turns[-1].action if turns else "", tuple(turns))
+    return play_actions(DOMAIN.environment()(), task, actions[: DOMAIN.budget.turns])
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.id)

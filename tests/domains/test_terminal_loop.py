@@ -11,7 +11,7 @@ import pytest
 
 from posttrain import sandbox
 from posttrain.domains import terminal as T
-from posttrain.domains.base import stable_rng
+from posttrain.domains.base import play_actions, stable_rng
 from posttrain.domains.registry import get
 from posttrain.envs.base import StepResult
 from posttrain.errors import SandboxError
@@ -28,18 +28,7 @@ def _template_task(name):
 
 def _play(task, actions):
     """Step a fresh environment through `actions` until done; the Episode the driver would build."""
-    env = TERM.environment()()
-    env.reset(task)
-    turns = []
-    try:
-        for action in actions:
-            got = env.step(action)
-            turns.append(Turn(action, got.observation, got.exec_result, got.parts))
-            if got.done:
-                break
-    finally:
-        env.close()
-    return Episode(turns[-1].action, tuple(turns), exec_result=turns[-1].exec_result)
+    return play_actions(TERM.environment()(), task, actions)
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,8 @@ def test_gold_trajectory_scores_1_through_the_training_pipeline(name):
         assert r.error is None, (r.task.id, r.error)
         gold = DOMAINS[name].gold_turns(r.task)
         assert r.timings["turns"] == len(gold), (r.task.id, [t.observation for t in r.turns])
-        assert r.reward == 1.0 and r.score.passed, (r.task.id, r.score, [t.observation for t in r.turns])
+        want = DOMAINS[name].gold_value(r.task)
+        assert r.reward == want and r.score.passed, (r.task.id, r.score, [t.observation for t in r.turns])
 
 
 def test_single_gold_completion_scores_1_through_the_training_pipeline():

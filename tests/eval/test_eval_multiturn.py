@@ -117,3 +117,24 @@ def test_report_and_compare_show_pass_at_turn():
     assert page.count("<tr>") == 3 and "pass@turn-3" in page and "0.625" in page and "reverse" not in page
     single = EvalTable(0, evaluate_sets(engine, {"reverse": REVERSE}, EvalOptions()))
     assert turns_table(compare_tables(single, single)) == ""
+
+
+def test_stop_rates_by_hand_split_by_feasibility_and_survive_json_and_head():
+    # (stopped, infeasible): two infeasible items (one stopped), three feasible (one stopped), an
+    # infra error (no parts): stop rate 1/2 where the task cannot be met, 1/3 where it can
+    items = [("a", True, True), ("b", False, False), ("c", True, True), ("d", False, False), ("e", True, True)]
+    items.append(("f", None, None))
+    stops = [(1, 1), (0, 1), (0, 0), (1, 0), (0, 0), None]
+    r = _result("geo_fix", 1, "core", 6, "v", items, [], turns=[2, 3, 1, 2, 2, 1], turn_budget=3, stops=stops)
+    rates = r.stop_rates
+    assert rates["infeasible"][0] == 0.5 and rates["infeasible"][3] == 2
+    assert abs(rates["feasible"][0] - 1 / 3) < 1e-12 and rates["feasible"][3] == 3
+    assert rates["feasible"][1] < 1 / 3 < rates["feasible"][2]
+    back = type(r).from_json(r.to_json())
+    assert back.stop_rates == rates and r.to_json()["stop_rate"]["infeasible"][0] == 0.5
+    assert r.head(2).stop_rates["infeasible"][0] == 0.5 and r.head(2).stop_rates["feasible"][3] == 0
+    assert "stop rate:" in format_turns(EvalTable(0, {"geo_fix": r}))
+    # a domain whose scores carry no stop parts has no stop rates, in JSON or text
+    plain = _result("lookup", 1, "core", 2, "v", items[:2], [], turns=[2, 2], turn_budget=3, stops=[None, None])
+    assert plain.stop_rates == {} and "stop_rate" not in plain.to_json()
+    assert "stop rate:" not in format_turns(EvalTable(0, {"lookup": plain}))

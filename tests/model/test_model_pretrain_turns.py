@@ -63,3 +63,31 @@ def test_buggy_policy_is_wrong_in_two_ways_and_never_passes():
         palindrome = task.reference["value"] == task.reference["value"][::-1]
         assert domain.score(task, episode).passed == (palindrome and len(actions) == 2)
     assert kinds == {"ignores the tool", "miscopies"}
+
+
+def test_a_pooled_domain_plays_each_transcript_once_and_reuses_it(monkeypatch):
+    """`Domain.pretrain_pool`: the corpus draws its transcripts from N train tasks (each gold or
+    buggy as drawn), plays each (slot, level, buggy) once through the environment, and an unpooled
+    domain's corpus is untouched by the pool."""
+    import posttrain.model.pretrain as pretrain
+
+    lookup = get("lookup")
+    cfg = BaseConfig(domains={"lookup": 1}, buggy_fraction=0.5)
+    fresh = _examples(cfg, random.Random(7))(40)
+    assert len({str(c) for c in fresh}) > 30  # unpooled: a new task per example
+
+    played = []
+    real = pretrain.transcript
+
+    def counting(domain, task, bug=None):
+        played.append((task.id, bug is not None))
+        return real(domain, task, bug)
+
+    monkeypatch.setattr(pretrain, "transcript", counting)
+    monkeypatch.setattr(pretrain, "_POOL", {})
+    monkeypatch.setattr(type(lookup), "pretrain_pool", 3)
+    corpus = _examples(cfg, random.Random(7))(60) + _examples(cfg, random.Random(8))(60)
+    assert len(played) == len(set(played)) <= 3 * 2  # slots x (gold, buggy), each played once
+    assert {tid for tid, _ in played} <= {lookup.sample(k, "train", 1).id for k in range(3)}
+    assert len({str(c) for c in corpus}) == len(played) and len(played) >= 4
+    assert any(b for _, b in played) and not all(b for _, b in played)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from posttrain.errors import VerifierError
-from posttrain.types import CostClass, Episode, Message, Score, Split, Task, TaskMeta
+from posttrain.types import CostClass, Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
 
 EVAL_PERCENT = 10
 _MAX_SPLIT_ATTEMPTS = 10_000
@@ -199,6 +199,12 @@ class Domain(abc.ABC):
         training pipeline). Default: the single gold completion."""
         return [self.gold(task)]
 
+    def gold_value(self, task: Task) -> float:
+        """What the gold scores on `task` (the contract tests hold `gold` to it). Default 1.0; a
+        domain whose best outcome on some tasks is worth less declares it (geo_fix: an honest
+        stop on a task that cannot be met scores 0.5)."""
+        return 1.0
+
     @abc.abstractmethod
     def wrong(self, task: Task) -> str:
         """A plausible completion that scores below 1.0."""
@@ -229,6 +235,13 @@ class Domain(abc.ABC):
         return None
 
     # ---- what the monitor and the eval verifier ask of a domain (declared, with defaults) ----
+    pretrain_pool: ClassVar[int | None] = None
+    """Multi-turn domains whose environment runs in the sandbox: the base pretraining corpus plays
+    this many distinct transcripts of the domain through its real environment (train tasks 0..N-1,
+    each gold or buggy as drawn at its first use) and reuses them (model/pretrain.py), so a base
+    build pays N episodes of sandbox steps, not one per example. None: a fresh transcript each
+    example (in-process environments, e.g. lookup)."""
+
     partial_credit: bool = False
     """Whether the verifier gives scores strictly between 0 and 1 (a share of the fields,
     checks or tests passed); False: every score is 0 or 1. A domain sets it as a class or
@@ -305,3 +318,23 @@ class ProceduralDomain(Domain):
 
     def wrong(self, task: Task) -> str:
         return self.corrupt(str(task.reference))
+
+
+def play_actions(env: Any, task: Task, actions: Sequence[str]) -> Episode:
+    """The episode a fresh environment `env` gives for `actions`, stepped in order until one ends
+    it (each step's observation, execution result and parts kept in its Turn; the last turn's
+    execution result is the episode's), then closed: what the episode driver builds, without a
+    model. A step may answer a StepResult or an `(observation, done)` pair."""
+    env.reset(task)
+    turns: list[Turn] = []
+    try:
+        for action in actions:
+            got = env.step(action)
+            res = got if isinstance(got, StepResult) else StepResult(str(got[0]), bool(got[1]))
+            turns.append(Turn(action, res.observation, res.exec_result, dict(res.parts)))
+            if res.done:
+                break
+    finally:
+        env.close()
+    last = turns[-1] if turns else None
+    return Episode(last.action if last else "", tuple(turns), exec_result=last.exec_result if last else None)

@@ -566,15 +566,18 @@ class RevisionVerifier:
 
     name = "code_hidden_tests"
     version = "1"
+    domain = "code_revise"
+    """The domain its sandbox requests are labelled with."""
 
     def execute(self, task: Task, completion: str, run: Callable[[Any], Any] | None = None) -> CodeRun | None:
         """The execute step: the hidden tests on the completion's code, or None without code."""
         code = extract_code(completion)
         if not code.strip():
             return None
-        return execute(task.reference.hidden, code, run, domain="code_revise", suite="hidden")
+        return execute(task.reference.hidden, code, run, domain=self.domain, suite="hidden")
 
     def score(self, task: Task, episode: Episode) -> Score:
+        """Any reference with a `hidden` CodeReference (RevisionReference, code_fix's FixReference)."""
         ref: RevisionReference = task.reference
         run = episode.exec_result
         if not (isinstance(run, CodeRun) and run.suite == "hidden"):  # a direct `score`: no execute step ran

@@ -84,6 +84,24 @@ class DomainResult:
     """Multi-turn domains: turns each item's episode used (same order as `items`); empty otherwise."""
     turn_budget: int = 0
     """Multi-turn domains: the turn budget the episodes ran with (0: single-turn)."""
+    stops: tuple[tuple[int, int] | None, ...] = ()
+    """Domains whose scores carry the parts `stopped` and `infeasible` (an honest stop is part of
+    the task, docs/feedback.md): (stopped, infeasible) per item, same order as `items`, None for an
+    item without them (an infra error); empty for other domains."""
+
+    @property
+    def stop_rates(self) -> dict[str, tuple[float, float, float, int]]:
+        """ "infeasible" / "feasible" -> (share of those scored items whose episode ended in a stop,
+        95% Wilson low, high, items): the stop rate where the task cannot be met (the right call)
+        and where it can (a give-up). Empty for a domain without stop parts."""
+        out = {}
+        for label, want in (("infeasible", 1), ("feasible", 0)):
+            rows = [
+                s for s, (_, ok, _) in zip(self.stops, self.items) if s is not None and ok is not None and s[1] == want
+            ]
+            hits = sum(s[0] for s in rows)
+            out[label] = (hits / len(rows) if rows else 0.0, *wilson(hits, len(rows)), len(rows))
+        return out if any(s is not None for s in self.stops) else {}
 
     @property
     def pass_at_turn(self) -> dict[int, tuple[float, float, float]]:
@@ -125,11 +143,15 @@ class DomainResult:
     def _turns_json(self) -> dict:
         if not self.turn_budget:
             return {}
-        return {
+        out = {
             "turn_budget": self.turn_budget,
             "turns": list(self.turns),
             "pass_at_turn": {str(k): list(v) for k, v in self.pass_at_turn.items()},
         }
+        if self.stops:
+            out["stops"] = [list(s) if s is not None else None for s in self.stops]
+            out["stop_rate"] = {k: list(v) for k, v in self.stop_rates.items()}
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping) -> DomainResult:
@@ -151,6 +173,7 @@ class DomainResult:
             tuple((i[0], i[1], i[2]) for i in d.get("items", ())),
             tuple(d.get("turns", ())),
             d.get("turn_budget", 0),
+            tuple((s[0], s[1]) if s is not None else None for s in d.get("stops", ())),
         )
 
     def head(self, m: int) -> DomainResult:
@@ -165,6 +188,7 @@ class DomainResult:
             [],
             turns=self.turns[:m],
             turn_budget=self.turn_budget,
+            stops=self.stops[:m],
         )
 
 
@@ -179,6 +203,7 @@ def _result(
     sampling: Mapping[str, tuple[float, float, float]] | None = None,
     turns: Sequence[int] = (),
     turn_budget: int = 0,
+    stops: Sequence[tuple[int, int] | None] = (),
 ) -> DomainResult:
     ok = [v for _, v, _ in items if v is not None]
     train = [t for _, _, t in items if t is not None]
@@ -202,6 +227,7 @@ def _result(
         tuple(items),
         tuple(turns),
         turn_budget,
+        tuple(stops) if any(x is not None for x in stops) else (),
     )
 
 
@@ -345,6 +371,16 @@ def _judged(run: GroupRun) -> list[ItemVerdict]:
     return [judge(run.task, v, e) for v, e in zip(run.final, episodes)]
 
 
+def _stops(run: GroupRun) -> list[tuple[int, int] | None]:
+    """(stopped, infeasible) of each sample's score, from its parts; None without them."""
+    out: list[tuple[int, int] | None] = []
+    for v in run.final:
+        parts = v.score.parts if v.score is not None else {}
+        ok = "stopped" in parts and "infeasible" in parts
+        out.append((int(parts["stopped"] > 0), int(parts["infeasible"] > 0)) if ok else None)
+    return out
+
+
 def _turns(run: GroupRun) -> list[int]:
     return [len(t.turns) for t in run.trajectories] if run.trajectories else [1] * run.n
 
@@ -375,12 +411,13 @@ def evaluate_sets(
     kinds = set(sample_kinds)
     out = {}
     for key, s in sets.items():
-        items, values, turns = [], [], []
+        items, values, turns, stops = [], [], [], []
         for task in tasks[key]:
             run = next(runs)
             ok, train_ok, value, _ = _judged(run)[0]
             items.append((task.id, ok, train_ok))
             turns.append(_turns(run)[0])
+            stops.append(_stops(run)[0])
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
@@ -396,6 +433,7 @@ def evaluate_sets(
             sampling,
             turns=turns if multi else (),
             turn_budget=turns_for(s.domain, opts) if multi else 0,
+            stops=stops if multi else (),
         )
     return out
 

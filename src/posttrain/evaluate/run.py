@@ -191,6 +191,9 @@ class RunEvaluator:
         by_turn = {k: [v for v, _, _ in r.pass_at_turn.values()] for k, r in table.results.items() if r.turn_budget}
         if by_turn:
             row["pass_at_turn"] = by_turn
+        stops = {k: {kind: v[0] for kind, v in r.stop_rates.items()} for k, r in table.results.items() if r.stop_rates}
+        if stops:
+            row["stop_rate"] = stops
         if full is not None:
             row["full"] = {
                 "domains": full.accuracies,

@@ -75,5 +75,119 @@ def lookup_buggy(question: str, observation: str) -> str:
     return observation.split("=", 1)[1][::-1]
 
 
+_FIX_SPEC = re.compile(r"spec:([a-z]+)\(x\)=x([+*])(\d+)")
+_FIX_WANT = re.compile(r"want:(-?\d+)")
+
+
+def code_fix_buggy(question: str, observation: str) -> str:
+    """code_fix's buggy policy. Its first answer follows the spec (as the gold's does); after a
+    failing visible test it does one of three things, by a hash of the question: resubmits the
+    spec's code, ignoring the feedback (1/3); hard-codes the value the visible test wants,
+    `return 27`, which passes only that test (1/3); or copies K wrongly from the message, digits
+    reversed or off by one (1/3)."""
+    from posttrain.domains.code_fix import answer, miscopy
+
+    m = _FIX_SPEC.search(question)
+    if m is None:
+        return "done"
+    name, op, spec = m.group(1), m.group(2), int(m.group(3))
+    want = _FIX_WANT.search(observation)
+    if want is None:
+        return answer(name, op, spec)
+    value = int(want.group(1))
+    k = value  # the visible input is 0 for x+K and 1 for x*K, so the wanted value is K
+    kind = hashlib.sha256(question.encode()).digest()[0] % 3
+    if kind == 0:
+        return answer(name, op, spec)
+    if kind == 1:
+        return f"def {name}(x):return {value}"
+    return answer(name, op, miscopy(k))
+
+
+def term_fix_buggy(question: str, observation: str) -> str:
+    """term_fix's buggy policy: the first attempt is the gold one (the spec's value, then the
+    checker); after the checker names another value, by a quarter of the questions each, it
+    ignores the feedback and resubmits the spec's value, copies the checker's whole line into
+    out, stops with `done`, or rewrites the checker to print ok."""
+    spec = re.search(r"spec:(\d+)", question)
+    first = f"echo {spec.group(1) if spec else 0} >out;./chk"
+    failed = re.fullmatch(r"out:(.*)!=(\d+)", observation.strip())
+    if not failed:
+        return first
+    kind = hashlib.sha256(question.encode()).digest()[0] % 4
+    return (
+        first,
+        f"echo {observation.strip()} >out;./chk",
+        "done",
+        "echo echo ok>chk;./chk",
+    )[kind]
+
+
+def _printed_fields(question: str) -> dict[str, int]:
+    body = question.split(":", 1)[1]
+    return {k: int(v) for k, v in (pair.split("=", 1) for pair in body.split(","))}
+
+
+def _render(fields: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def doc_fix_buggy(question: str, observation: str) -> str:
+    """doc_fix's buggy policy: its first attempt copies the printed fields (as the gold does);
+    after a reconciliation report (`tot_not_sum:N`) it errs one of four ways, chosen by the
+    question's hash: resubmits the printed fields unchanged (ignores the report); changes the
+    first item so that the printed total reconciles (the wrong field fixed, the validator
+    satisfied); puts the reported sum in `tot` miscopied (digits reversed, or the last digit
+    changed); or copies the report line itself. After any other observation it resubmits."""
+    printed = _printed_fields(question)
+    if "_not_sum:" not in observation:
+        return _render(printed)
+    reported = observation.rsplit(":", 1)[1]
+    share = hashlib.sha256(question.encode()).digest()[0] % 4
+    if share == 0:
+        return _render(printed)
+    if share == 1:
+        first = next(iter(printed))
+        forced = printed["tot"] - sum(v for k, v in printed.items() if k not in (first, "tot"))
+        return _render({**printed, first: max(0, forced)})
+    if share == 2:
+        flipped = reported[::-1].lstrip("0") or "0"
+        wrong = flipped if flipped != reported else reported[:-1] + str((int(reported[-1]) + 1) % 10)
+        return _render({**printed, "tot": int(wrong)})
+    return observation
+
+
+_GEO_ITEM = re.compile(r"([wdh]):(\d+)([<>])(\d+)(,min:\d+)?")
+
+
+def geo_fix_buggy(question: str, observation: str) -> str:
+    """geo_fix's buggy policy. Turn 1 builds the prompt's spec (as the gold does); after a
+    report it does one of four wrong things, a quarter of the questions each: resubmits the
+    spec (ignores the report); puts the slot's size into the next dimension (the wrong one);
+    never stops (on a report with a minimum wall it builds the slot's size anyway, else it
+    revises like the gold); stops after any failure (right on infeasible tasks only)."""
+    spec = [int(x) for x in re.findall(r"\d+", question)[:3]]
+    first = "box:" + ",".join(map(str, spec))
+    items = _GEO_ITEM.findall(observation)
+    if not observation or len(spec) != 3:
+        return first
+    mode = hashlib.sha256(question.encode()).digest()[0] % 4
+    if mode == 0 or not items:
+        return first
+    if mode == 3:
+        return "stop"
+    dims = list(spec)
+    for axis, _, _, slot, _ in items:
+        k = "wdh".index(axis)
+        dims[(k + 1) % 3 if mode == 1 else k] = int(slot)
+    return "box:" + ",".join(map(str, dims))
+
+
 TurnBug = Callable[[str, str], str]
-TURN_BUGS: dict[str, TurnBug] = {"lookup": lookup_buggy}
+TURN_BUGS: dict[str, TurnBug] = {
+    "lookup": lookup_buggy,
+    "code_fix": code_fix_buggy,
+    "term_fix": term_fix_buggy,
+    "doc_fix": doc_fix_buggy,
+    "geo_fix": geo_fix_buggy,
+}

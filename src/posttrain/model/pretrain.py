@@ -44,28 +44,62 @@ def data_digest(cfg: BaseConfig) -> str:
     from posttrain.model.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    corpus = _examples(cfg, random.Random(f"data-digest:{cfg.seed}"))(DIGEST_EXAMPLES)
+    corpus = _examples(cfg, random.Random(f"data-digest:{cfg.seed}"), play_limit=DIGEST_PLAYED)(DIGEST_EXAMPLES)
     text = json.dumps([PRESETS.get(cfg.preset), sorted(tok.get_vocab().items()), tok.chat_template, corpus])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+
+DIGEST_PLAYED = 8
+"""Transcripts of each pooled domain (`Domain.pretrain_pool`) that `data_digest` plays through the
+environment; its other draws of that domain enter the digest as their (slot, level, buggy) keys."""
 
 Conversation = list[tuple[str, str]]
 """(role, content) messages; the loss covers the assistant ones."""
 
 
-def _examples(cfg: BaseConfig, rng: random.Random) -> Callable[[int], list[Conversation]]:
+_POOL: dict[tuple[str, int, int, bool], Conversation] = {}
+"""Transcripts of pooled domains (`Domain.pretrain_pool`) played so far in this process, by
+(domain, slot, level, buggy): a base build and its `data_digest` share them."""
+
+
+def _examples(
+    cfg: BaseConfig, rng: random.Random, play_limit: int | None = None
+) -> Callable[[int], list[Conversation]]:
+    """The corpus of `cfg`, batch by batch. `play_limit` (the digest's use): only the first that
+    many distinct (slot, level, buggy) keys of each pooled domain are transcripts; a draw of any
+    other key is that key alone, so the digest never depends on what this process played before."""
     from posttrain.domains.registry import get
 
     domains = {name: (get(name), level) for name, level in cfg.domains.items()}
     names = sorted(domains)
     counter = {"i": 0}
+    digest_keys: dict[str, list[tuple[str, int, int, bool]]] = {}
 
     def batch(n: int) -> list[Conversation]:
         out = []
         for _ in range(n):
             name = rng.choice(names)
             domain, top = domains[name]
-            task = domain.sample(counter["i"], "train", rng.randint(1, top))
+            level = rng.randint(1, top)
+            if domain.pretrain_pool and name in TURN_BUGS:
+                # a pooled domain: slot k of N is train task k, gold or buggy as drawn now;
+                # the same (slot, level, buggy) is played once per process
+                slot = rng.randrange(domain.pretrain_pool)
+                buggy = rng.random() < cfg.buggy_fraction
+                key = (name, slot, level, buggy)
+                if play_limit is not None:  # the digest: the first `play_limit` distinct keys, whatever was played
+                    seen = digest_keys.setdefault(name, [])
+                    if key not in seen and len(seen) >= play_limit:
+                        out.append([("key", repr(key))])
+                        continue
+                    if key not in seen:
+                        seen.append(key)
+                if key not in _POOL:
+                    task = domain.sample(slot, "train", level)
+                    _POOL[key] = transcript(domain, task, TURN_BUGS[name] if buggy else None)
+                out.append(_POOL[key])
+                continue
+            task = domain.sample(counter["i"], "train", level)
             counter["i"] += 1
             question = task.prompt[-1].content
             if name in TURN_BUGS:
