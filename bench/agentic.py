@@ -57,12 +57,14 @@ def turns(result: dict) -> dict[int, float]:
     return {int(k): v[0] for k, v in result["domains"]["lookup"]["pass_at_turn"].items()}
 
 
-def one_seed(seed: int, overrides: list[str]) -> dict:
+def train_seed(config: Path, seed: int, overrides: list[str]) -> tuple[dict, dict]:
+    """`posttrain train CONFIG run.seed=SEED` in a temporary run directory under /usr/bin/time -v:
+    its timing (`timed`) and its eval.json."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             str(ROOT / ".venv/bin/posttrain"),
             "train",
-            str(CONFIG),
+            str(config),
             f"run.seed={seed}",
             f"run.out_dir={out}",
             f"run.name=seed{seed}",
@@ -70,10 +72,12 @@ def one_seed(seed: int, overrides: list[str]) -> dict:
             *overrides,
         ]
         t = timed(cmd)
-        table = json.loads((Path(out) / f"seed{seed}" / "eval.json").read_text())
-        print(
-            f"seed {seed}: {t['wall_s']:.0f} s wall, {t['cpu_s']:.0f} CPU-s, eval {table['eval_seconds']}", flush=True
-        )
+        return t, json.loads((Path(out) / f"seed{seed}" / "eval.json").read_text())
+
+
+def one_seed(seed: int, overrides: list[str]) -> dict:
+    t, table = train_seed(CONFIG, seed, overrides)
+    print(f"seed {seed}: {t['wall_s']:.0f} s wall, {t['cpu_s']:.0f} CPU-s, eval {table['eval_seconds']}", flush=True)
     before, after = turns(table["before"]), turns(table["after"])
     last = max(before)
     t.pop("stdout")

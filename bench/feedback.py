@@ -17,14 +17,12 @@ cached, and timed apart. Each run is a `posttrain train` subprocess under /usr/b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agentic import ROOT, build_base, timed  # noqa: E402
+from agentic import ROOT, build_base, train_seed  # noqa: E402
 
 from posttrain.evaluate.stats import wilson  # noqa: E402
 
@@ -54,19 +52,7 @@ def family_figures(before: dict, after: dict, delta: dict) -> dict:
 
 
 def one_seed(seed: int, overrides: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            str(ROOT / ".venv/bin/posttrain"),
-            "train",
-            str(CONFIG),
-            f"run.seed={seed}",
-            f"run.out_dir={out}",
-            f"run.name=seed{seed}",
-            "run.progress=false",
-            *overrides,
-        ]
-        t = timed(cmd)
-        table = json.loads((Path(out) / f"seed{seed}" / "eval.json").read_text())
+    t, table = train_seed(CONFIG, seed, overrides)
     t.pop("stdout")
     fams = {
         name: family_figures(r, table["after"]["domains"][name], table["deltas"]["domains"][name])

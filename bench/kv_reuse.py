@@ -86,7 +86,7 @@ def side(reuse: bool, tasks: int, group: int, queue: Any, suite: str = "default"
     model, tok = load_model(ensure_base(base_config(suite), progress=False), device="cpu")
     engine = HFEngine(model, tok, config=HFEngineConfig(context_reuse=reuse), seed=0)
     domains, share = suite_domains(suite)
-    budgets = {d: Budget(turns=3, tokens=t, seconds=600.0) for d, t in domains.items() if t}
+    budgets = {d: Budget(turns=3, tokens=t or get(d).budget.tokens, seconds=600.0) for d, t in domains.items()}
     work = [get(d).sample(i, "train", 1) for d in domains for i in range(max(1, int(tasks * share[d])))]
     cfg = PipelineConfig(execute_workers=2, backoff_s=0.0, generate_batch=64, max_inflight=64)
     params = SamplingParams(max_tokens=12, temperature=0.0, n=group)

@@ -45,3 +45,6 @@ def test_every_feedback_tier_rises_and_uses_the_feedback(tmp_path):
         scored = [(it[1], n) for it, n in zip(after["items"], after["turns"]) if it[1] is not None]
         at2 = sum(bool(ok) and n == 2 for ok, n in scored)
         assert wilson(at2, len(scored))[0] > 0.0, f"{name}: {at2} of {len(scored)} passed at exactly turn 2"
+    # the honest stop: after training geo_fix stops more where the task cannot be met than where it can
+    stop = table["after"]["domains"]["geo_fix"]["stop_rate"]
+    assert stop["infeasible"][0] > stop["feasible"][0], stop
