@@ -320,6 +320,14 @@ class ProceduralDomain(Domain):
         return self.corrupt(str(task.reference))
 
 
+def actions_of(episode: Episode) -> list[str]:
+    """The actions of an episode: its turns', or the non-empty lines of one completion (a
+    multi-turn domain's single-completion form, one action per line)."""
+    if episode.turns:
+        return [t.action for t in episode.turns]
+    return [line for line in episode.completion.splitlines() if line.strip()]
+
+
 def play_actions(env: Any, task: Task, actions: Sequence[str]) -> Episode:
     """The episode a fresh environment `env` gives for `actions`, stepped in order until one ends
     it (each step's observation, execution result and parts kept in its Turn; the last turn's

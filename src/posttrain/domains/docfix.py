@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.domains._common import answer_json, f1
-from posttrain.domains.base import Budget, ProceduralDomain
+from posttrain.domains.base import Budget, ProceduralDomain, actions_of
 from posttrain.domains.docfin import field_matches
 from posttrain.domains.registry import register
 from posttrain.types import Episode, Score, StepResult, Task
@@ -143,13 +143,6 @@ class DocFixEnv:
 
     def close(self) -> None:
         self.keys = ()
-
-
-def actions_of(episode: Episode) -> list[str]:
-    """The actions of an episode: its turns, or the non-empty lines of one completion."""
-    if episode.turns:
-        return [t.action for t in episode.turns]
-    return [line for line in episode.completion.splitlines() if line.strip()]
 
 
 def final_object(actions: list[str], keys: tuple[str, ...], turns: int) -> tuple[dict[str, Any] | None, int, bool]:

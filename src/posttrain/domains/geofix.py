@@ -51,7 +51,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.domains.base import Budget, ProceduralDomain
+from posttrain.domains.base import Budget, ProceduralDomain, actions_of
 from posttrain.domains.geo3d import GeoRun, _cube, build, check, measure, run_script, script, solid_code
 from posttrain.domains.registry import register
 from posttrain.types import Episode, Score, StepResult, Task
@@ -177,13 +177,6 @@ class GeoFixEnv:
 
     def close(self) -> None:
         pass
-
-
-def actions_of(episode: Episode) -> list[str]:
-    """The actions of an episode: its turns, or the non-empty lines of one completion."""
-    if episode.turns:
-        return [t.action for t in episode.turns]
-    return [line for line in episode.completion.splitlines() if line.strip()]
 
 
 def replay(task: Task, actions: list[str]) -> list[str]:

@@ -29,7 +29,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.domains.base import Budget, ProceduralDomain, extract_answer
+from posttrain.domains.base import Budget, ProceduralDomain, actions_of, extract_answer
 from posttrain.domains.registry import register
 from posttrain.types import Episode, Score, Task
 
@@ -84,13 +84,6 @@ class LookupEnv:
 
     def close(self) -> None:
         pass
-
-
-def actions_of(episode: Episode) -> list[str]:
-    """The actions of an episode: its turns, or the non-empty lines of one completion."""
-    if episode.turns:
-        return [t.action for t in episode.turns]
-    return [line for line in episode.completion.splitlines() if line.strip()]
 
 
 class LookupVerifier:
