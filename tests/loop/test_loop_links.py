@@ -89,8 +89,8 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(
         link = recorded[r["id"]]
         assert (r["advantage"], r["ratio"], r["clipped"]) == (link.advantage, link.ratio, link.clipped)
 
-    batch = loop._batch  # the same groups, handed to the trainer in the reverse order, each reversed
-    monkeypatch.setattr(loop, "_batch", lambda gs, t, *more: batch([g[::-1] for g in gs[::-1]], t, *more))
+    batch = loop.batch_of  # the same groups, handed to the trainer in the reverse order, each reversed
+    monkeypatch.setattr(loop, "batch_of", lambda gs, t, *more: batch([g[::-1] for g in gs[::-1]], t, *more))
     reordered = train(_cfg(tmp_path, micro_base, "reordered", "run.steps=3", parity_domain), log=lambda *_: None)
     a, b = _params(plain.run_dir), _params(reordered.run_dir)
     assert a.keys() == b.keys()
@@ -123,14 +123,17 @@ def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
     tmp_path, micro_base, monkeypatch, parity_domain
 ):
     import posttrain.loop as loop
+    import posttrain.pipeline.draws as draws
     from posttrain.loop import train
     from posttrain.rollout import informative
 
     # step 2 keeps no group and (as when every rollout of a step is an infra error) gives the trainer
     # no batch, so the trainer is not called: its count falls behind the loop's
-    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("2:") and informative(g))
-    batch = loop._batch
-    monkeypatch.setattr(loop, "_batch", lambda groups, *a: batch(groups, *a) if groups else None)
+    looks = lambda g: not g[0].group_id.startswith("2:") and informative(g)  # noqa: E731
+    monkeypatch.setattr(loop, "informative", looks)
+    monkeypatch.setattr(draws, "informative", looks)  # the ledger's fates (pipeline/draws.py)
+    batch = loop.batch_of
+    monkeypatch.setattr(loop, "batch_of", lambda groups, *a: batch(groups, *a) if groups else None)
     extra = ("run.steps=4", "run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
     first = train(_cfg(tmp_path, micro_base, "ckpt", *extra), log=lambda *_: None)
     root = first.run_dir / "checkpoints"
@@ -156,10 +159,13 @@ def test_a_step_whose_groups_are_all_filtered_coasts_and_resumes_exactly(
     move between the checkpoints around it, the step is logged as coasted, and a run resumed
     right after it ends with the uninterrupted run's weights."""
     import posttrain.loop as loop
+    import posttrain.pipeline.draws as draws
     from posttrain.loop import train
     from posttrain.rollout import informative
 
-    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("3:") and informative(g))
+    looks = lambda g: not g[0].group_id.startswith("3:") and informative(g)  # noqa: E731
+    monkeypatch.setattr(loop, "informative", looks)
+    monkeypatch.setattr(draws, "informative", looks)  # the ledger's fates (pipeline/draws.py)
     extra = ("run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
     full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", *extra), log=lambda *_: None)
     rows = [json.loads(line) for line in (full.run_dir / "metrics.jsonl").read_text().splitlines()]
