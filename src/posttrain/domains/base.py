@@ -4,6 +4,14 @@ Invariant: `sample(index, split, difficulty)` is a pure function of its
 arguments (and the domain's version), and the train and eval splits never
 share a task: a task's split is decided by a hash of its canonical question,
 so a question that hashes to eval can never be drawn for train.
+
+A new domain: one module `domains/NAME.py` (the file name is the domain's name; add.py is a
+whole one) with a `ProceduralDomain` (or `Domain`) subclass: name, category, levels, a
+verifier with its label (contracts/verifier.py), gold, wrong and cheats, optionally budget,
+cost_class, environment() and an execute step; `register(...)` at its bottom. It may import
+this module, types, errors, contracts and the sandbox; never the pipeline, the trainer or
+the loop. The contract test (tests/domains/test_domains_contract.py) covers it at once.
+docs/extending.md has the steps.
 """
 
 from __future__ import annotations
