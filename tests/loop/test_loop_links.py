@@ -27,8 +27,10 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     import torch
 
     from posttrain.configs.trainer import TrainerConfig
-    from posttrain.loop import _batch, _record
+    from posttrain.domains.registry import verifier_label
     from posttrain.model.arch import load_model
+    from posttrain.trace.rows import rollout_record
+    from posttrain.trainer.batch import batch_of
     from posttrain.trainer.trainer import Trainer
 
     trainer = Trainer(load_model(micro_base)[0], TrainerConfig(lr=1e-4))
@@ -47,8 +49,8 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     ]
     trace = TraceStore(tmp_path / "trace.db")
     params = SamplingParams(max_tokens=4, temperature=1.0, n=4)
-    trace.write_rollouts([_record(r, params) for r in group])
-    stats = trainer.step(_batch([group], 1.0))
+    trace.write_rollouts([rollout_record(r, params, verifier_label) for r in group])
+    stats = trainer.step(batch_of([group], 1.0))
     trace.mark_consumed(1, stats.rollouts)
     got = {r.id: trace.get(r.id) for r in group}
     good, bad, empty, infra = (r.id for r in group)
