@@ -124,3 +124,71 @@ def test_check_label_names_what_is_missing(attrs, missing):
     with pytest.raises(TypeError, match=rf"domain d: its verifier V has no {missing}\b"):
         check_label(verifier, "domain d")
     check_label(type("W", (), {"name": "w", "version": "1", "score": lambda self, t, e: None})(), "domain d")
+
+
+def _task(i: int, domain: str = "add"):
+    from posttrain.types import Task, TaskMeta
+
+    return Task(f"{domain}:{i}", domain, (Message("user", f"{i}+0="),), str(i), TaskMeta("train", 1, "t", "v1"))
+
+
+def _group(gid: str, rewards, domain: str = "add"):
+    from posttrain.rollout import Rollout
+
+    done = Completion((1,), (2, 3), "x", (-0.1, -0.2), "stop")
+    task = _task(int(gid.split("/")[-1]), domain)
+    return [
+        Rollout(task, done, gid, None if v is None else Score(v, {"outcome": v}, v == 1.0), id=f"{gid}/{k}")
+        for k, v in enumerate(rewards)
+    ]
+
+
+def test_the_ledger_accounts_each_returned_group_by_its_cause():
+    """DrawLedger.account (moved out of loop.py): masked, filtered, stale, trained, guard, no_signal."""
+    from posttrain.pipeline.draws import DrawLedger
+
+    ledger = DrawLedger()
+    groups = [
+        _group("1:g/0", [None, None]),  # every sample masked
+        _group("1:g/1", [1.0, 1.0]),  # uninformative, not kept: filtered
+        _group("1:g/2", [1.0, 0.0]),  # informative, not kept: stale
+        _group("1:g/3", [1.0, 0.0]),  # kept
+    ]
+    ids = ledger.drawn([g[0].task for g in groups], 1)
+    for draw, g in zip(ids, groups):
+        ledger.bind(draw, g[0].group_id)
+    ledger.account(1, groups, [groups[3]], "applied")
+    fates = {d.group_id: (d.fate, d.reason) for d in ledger._dirty.values()}
+    assert fates == {
+        "1:g/0": ("dropped", "masked"),
+        "1:g/1": ("dropped", "filtered"),
+        "1:g/2": ("dropped", "stale"),
+        "1:g/3": ("trained", ""),
+    }
+    for outcome, reason in (("skipped", "guard: skipped (spike)"), ("coasted", "no_signal: coasted")):
+        other = DrawLedger()
+        other.bind(other.drawn([groups[3][0].task], 2)[0], "1:g/3")
+        other.account(2, [groups[3]], [groups[3]], outcome, "spike")
+        assert [(d.fate, d.reason) for d in other._dirty.values()] == [("dropped", reason)]
+    with pytest.raises(RuntimeError, match="has no draw"):
+        DrawLedger().account(1, [groups[0]], [], "applied")
+
+
+def test_rollout_records_share_each_domains_sampling_and_label():
+    from posttrain.contracts import Budget
+    from posttrain.trace.rows import rollout_records
+    from posttrain.types import SamplingParams
+
+    asked: list[str] = []
+
+    def labels(domain: str) -> str:
+        asked.append(domain)
+        return f"{domain}_check@2"
+
+    groups = [_group("1:g/0", [1.0, None]), _group("1:g/1", [0.0], domain="sub")]
+    rows = rollout_records(groups, SamplingParams(max_tokens=64, n=2), labels, {"add": Budget(tokens=8)})
+    assert asked == ["add", "sub"]  # once per domain
+    assert [r.verifier for r in rows] == ["add_check@2", "add_check@2", "sub_check@2"]
+    assert rows[0].sampling is rows[1].sampling and rows[0].sampling["max_tokens"] == 8  # the domain's budget
+    assert rows[2].sampling["max_tokens"] == 64
+    assert rows[1].reward is None and rows[1].passed is None and rows[0].id == "1:g/0/0"
