@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.configs.engine import EngineConfig
+from posttrain.contracts.engine import Engine
 from posttrain.engine.probe import SyncProbe
 from posttrain.rollout import too_stale
 
@@ -37,7 +38,7 @@ _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
 
 
-def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Any:
+def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Engine:
     """The loop's engine: HFEngine over the trained module, VLLMEngine (a server started for the
     module's model directory, its files under `run_dir`/vllm, or attached at cfg.url), or
     OpenAIEngine over cfg.url."""
@@ -58,11 +59,13 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
         )
     from posttrain.engine.hf import HFEngine, HFEngineConfig
 
-    hf = HFEngineConfig(context_reuse=cfg.context_reuse, context_budget_tokens=cfg.context_budget_tokens)
+    hf = HFEngineConfig.model_validate(
+        {"context_reuse": cfg.context_reuse, "context_budget_tokens": cfg.context_budget_tokens}
+    )
     return HFEngine(model, tokenizer, config=hf, seed=seed)
 
 
-def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Any:
+def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:
     from posttrain.engine.vllm import VLLMEngine
 
     v = cfg.vllm
@@ -89,7 +92,7 @@ def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_d
 class WeightSync:
     """Pushes the trainer's weights to the engine after each optimizer step."""
 
-    def __init__(self, cfg: EngineConfig, engine: Any, trainer: Any, run_dir: str | Path) -> None:
+    def __init__(self, cfg: EngineConfig, engine: Engine, trainer: Any, run_dir: str | Path) -> None:
         self.cfg, self.engine, self.trainer = cfg, engine, trainer
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
@@ -102,12 +105,9 @@ class WeightSync:
         return self.cfg.kind in ("openai", "vllm")
 
     def stats(self) -> dict[str, int]:
-        """What the metrics row carries: the engine's own counters (vllm: request retries,
-        server restarts, pushes, failed push attempts), prefixed `engine_`."""
-        stats = getattr(self.engine, "stats", None)
-        if self.cfg.kind != "vllm" or not callable(stats):
-            return {}
-        return {f"engine_{k}": int(v) for k, v in stats().items()}
+        """What the metrics row carries: the engine's own counters (`Engine.counters`; vllm: request
+        retries, server restarts, pushes, failed push attempts), prefixed `engine_`."""
+        return {f"engine_{k}": int(v) for k, v in self.engine.counters().items()}
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
@@ -173,6 +173,7 @@ class WeightSync:
         return kept
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if self.remote and callable(close):
-            close()
+        """Close a remote engine (`Engine.close`: its server, its clients); an in-process one
+        lives on with the trainer's module (the run's evaluation may still use it)."""
+        if self.remote:
+            self.engine.close()
