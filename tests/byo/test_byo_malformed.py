@@ -84,11 +84,20 @@ def test_duplicate_ids_name_both_lines_in_every_format(tmp_path):
         source_domain("dupp", _spec(tmp_path / "dup.parquet"))
 
 
-def test_without_an_id_field_rows_are_told_apart_by_line(tmp_path):
+def test_a_column_named_id_is_the_row_id_unless_fields_id_names_another(tmp_path):
     data = _with_duplicates(rows(30))
+    first = data[2]["id"]
     path = write_jsonl(tmp_path / "noid.jsonl", data)
-    domain = source_domain("noid", _spec(path, {"prompt": "q", "answer": "a"}))  # the id column is not the id
+    with pytest.raises(TaskError, match=rf"line 10: duplicate id '{first}' \(first at line 3\)"):
+        source_domain("noid", _spec(path, {"prompt": "q", "answer": "a"}))  # no fields.id: `id` is the id
+    domain = source_domain("other", _spec(path, {"prompt": "q", "answer": "a", "id": "q"}))  # another column
     assert domain.size("train") + domain.size("eval") == 30
+    assert domain.sample(0, "train", 1).id.startswith("other:") and "-" in domain.sample(0, "train", 1).id
+    keyed = [{"key": r["id"], **{k: v for k, v in r.items() if k != "id"}} for r in data]
+    path = write_jsonl(tmp_path / "key.jsonl", keyed)
+    domain = source_domain("keyed", _spec(path, {"prompt": "q", "answer": "a"}))  # no `id` column: the line
+    assert domain.size("train") + domain.size("eval") == 30
+    assert domain.sample(0, "train", 1).id.split(":")[1].isdigit()
 
 
 def _over(raw: bytes) -> bool:
