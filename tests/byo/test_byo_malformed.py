@@ -121,3 +121,35 @@ def test_posttrain_train_exits_2_naming_both_lines(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"line 10: duplicate id '{data[2]['id']}' (first at line 3)" in err
+
+
+def test_a_lone_surrogate_and_a_row_over_the_bound_name_their_line_and_field(tmp_path):
+    lines = _jsonl_lines(rows(30))
+    lines[4] = b'{"id": "s", "q": "1-\\ud800=", "a": "1"}'  # line 5: a lone surrogate escape
+    lines[6] = json.dumps({"id": "big", "q": "9-1=", "a": "8", "pad": "x" * 4_000_000}).encode()  # line 7: 4 MB
+    lines[8] = b'{"id": "m", "q": "2-1=", "a": "1", "meta": [{"k": "\\udfff"}]}'  # line 9: in a nested value
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TaskError) as got:
+        source_domain("hostile", _spec(path))
+    said = str(got.value)
+    assert "3 bad rows: line 5: field 'q' holds a lone surrogate \\ud800 at character 2: not text" in said, said
+    assert "line 7: row too long: 4,000,0" in said and "over the bound of 1,048,576 per row" in said, said
+    assert "line 9: field 'meta[0].k' holds a lone surrogate" in said, said
+    bigger = DomainSpec.model_validate(
+        {"source": {"path": str(path), "fields": FIELDS, "max_row_bytes": 8_000_000}, "verifier": "numeric"}
+    )
+    with pytest.raises(TaskError, match="2 bad rows: line 5: .*line 9: "):  # a larger bound takes the long row
+        source_domain("hostile2", bigger)
+
+
+def test_a_csv_record_over_the_bound_names_its_line_and_the_next_rows_read(tmp_path):
+    path = tmp_path / "long.csv"
+    data = rows(30)
+    data[3]["q"] = "y" * 2_000_000  # line 5 (the header is 1)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(data[0]))
+        w.writeheader()
+        w.writerows(data)
+    with pytest.raises(TaskError, match=r"1 bad rows: line 5: row too long: 2,000,0\d\d bytes"):
+        source_domain("longcsv", _spec(path))

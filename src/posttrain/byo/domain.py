@@ -88,7 +88,7 @@ def parse_row(raw: RawRow, source: SourceConfig, unit: str) -> Row:
             f"missing field {', '.join(map(repr, missing))} (has {', '.join(map(repr, sorted(data))) or 'none'})"
         )
     messages = _messages(data, source)
-    answer = json_cell(data[f.answer])
+    answer = json_cell(data[f.answer], f.answer)
     if answer is None or answer == "":
         raise ValueError(f"empty answer field {f.answer!r}")
     level = None
@@ -100,11 +100,11 @@ def parse_row(raw: RawRow, source: SourceConfig, unit: str) -> Row:
             raise ValueError(f"difficulty field {f.difficulty!r} must be an integer, got {value!r}") from None
     cheats = tuple(source.cheats)
     if f.cheats and data.get(f.cheats) not in (None, ""):
-        value = json_cell(data[f.cheats])
+        value = json_cell(data[f.cheats], f.cheats)
         if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
             raise ValueError(f"cheats field {f.cheats!r} must be a list of strings")
         cheats += tuple(value)
-    meta = {c: json_cell(data.get(c)) for c in f.metadata}
+    meta = {c: json_cell(data.get(c), c) for c in f.metadata}
     split = _split(data, raw, source)
     id_col = f.id_column(data)
     row_id = text_of(data[id_col]) if id_col and data.get(id_col) not in (None, "") else str(raw.line)
@@ -135,7 +135,7 @@ def _messages(data: dict[str, Any], source: SourceConfig) -> tuple[Message, ...]
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"prompt field {f.prompt!r} must be a non-empty string")
         return head + (Message("user", source.template.replace("{prompt}", prompt)),)
-    chat = json_cell(data[f.messages])
+    chat = json_cell(data[f.messages], f.messages)
     if not isinstance(chat, list) or not chat:
         raise ValueError(f"messages field {f.messages!r} must be a non-empty list of {{role, content}}")
     out = []

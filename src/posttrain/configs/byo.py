@@ -144,6 +144,10 @@ class SourceConfig(Strict):
     """One line shown by `posttrain domains`."""
     max_tokens: int = Field(64, ge=1, le=1_000_000)
     """Budget: tokens per completion of this domain (tasks.domains.<name>.max_tokens overrides it; rollout.max_tokens caps it)."""  # noqa: E501 (field docstring = its help text)
+    max_row_bytes: int = Field(1 << 20, ge=1024, le=1 << 28)
+    """The most bytes one row may take (a JSONL line, a CSV record; for Parquet and `datasets`,
+    the characters of its text): a longer row is refused by its line before it is parsed whole or
+    tokenized, and the reader never holds more than this of it."""
 
     @field_validator("template")
     @classmethod
