@@ -51,6 +51,7 @@ from posttrain.pipeline.workers import DomainExecute, configure_pool
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import RunDir
 from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
+from posttrain.trainer.fit import check_fits
 from posttrain.types import SamplingParams, to_dict
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class _Run:
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
+        check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
         engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}

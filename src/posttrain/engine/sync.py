@@ -58,7 +58,11 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
         )
     from posttrain.engine.hf import HFEngine, HFEngineConfig
 
-    hf = HFEngineConfig(context_reuse=cfg.context_reuse, context_budget_tokens=cfg.context_budget_tokens)
+    hf = HFEngineConfig(
+        context_reuse=cfg.context_reuse,
+        context_budget_tokens=cfg.context_budget_tokens,
+        max_batch_tokens=cfg.max_batch_tokens,
+    )
     return HFEngine(model, tokenizer, config=hf, seed=seed)
 
 
