@@ -16,7 +16,10 @@ run, no hidden check is in the sandbox: the session starts from the task's
 files only, the checks reach the checker on its stdin in a later step (when
 nothing of the episode is alive), the expected outputs of the commands are
 compared on the host, and no check result reaches an observation. A sandbox
-infra error raises SandboxError; it is never a score. 24 templates written
+infra error raises SandboxError; it is never a score, but only when the sandbox caused it:
+whatever the model's commands do to their own session (its work directory's modes, its
+files, its processes) is the model's outcome (`run_state`: a failure after they ran is
+the model's unless the task's untouched files fail the same way). 24 templates written
 for posttrain in three levels (data/terminal/tasks.py); a task's split is
 fixed by a hash of its prompt.
 """
@@ -36,7 +39,7 @@ from typing import Any
 from posttrain.domains._common import run_summary
 from posttrain.domains.base import Budget, Domain, split_of, stable_rng
 from posttrain.domains.registry import register
-from posttrain.errors import ModelFault, TaskError, VerifierError
+from posttrain.errors import ModelFault, SandboxError, TaskError, VerifierError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "terminal")
@@ -221,14 +224,57 @@ def _tail(data: bytes, limit: int = OUTPUT_CHARS) -> str:
     return text if len(text) <= limit else "[...]" + text[-limit:]
 
 
+HOST_FAILURES: tuple[type[BaseException], ...] = (SandboxError, VerifierError, OSError)
+"""What a session step can raise for a failure the model's state might have caused (a run's
+infra error, a checker without a verdict, a host-side call that broke on its files)."""
+
+
 def run_state(ref: TerminalReference, scripts: list[str], domain: str = "terminal") -> TerminalRun:
     """One fresh session from the task's files: the scripts in order, then (every
-    process of theirs dead) the end-state checks. SandboxError on an infra error."""
+    process of theirs dead) the end-state checks.
+
+    Blame by cause: a failure before the model's first command ran in the session (no
+    slot, the session could not open: the sandbox could not start) is the sandbox's and
+    propagates (SandboxError, retried then masked). A failure after it ran is judged by the
+    cause test (`_cause`): replayed once in a fresh session (a passing failure of the host
+    leaves the replay as the result); failing again while the task's untouched files go
+    through the same steps cleanly, it is what the model's commands did to their own
+    sandbox: ModelFault (scored 0 with the reason, never masked); failing on the untouched
+    files too, the sandbox is broken: the first error propagates."""
+    ran = [False]
+    try:
+        return _state(ref, scripts, domain, ran)
+    except HOST_FAILURES as first:
+        if not ran[0]:
+            raise
+        return _cause(ref, scripts, domain, first)
+
+
+def _cause(ref: TerminalReference, scripts: list[str], domain: str, first: BaseException) -> TerminalRun:
+    """The cause test of a failure after the model's commands ran (see `run_state`)."""
+    try:
+        return _state(ref, scripts, domain, [False])
+    except HOST_FAILURES:
+        pass
+    try:
+        _state(ref, [], domain, [False])
+    except HOST_FAILURES:
+        raise first from None  # the untouched task fails too: the sandbox's, whatever the model did
+    raise ModelFault(
+        f"the sandbox step failed after the model's commands ran in their own session, again on a replay, "
+        f"while the task's untouched files check cleanly: {type(first).__name__}: {first}"
+    )
+
+
+def _state(ref: TerminalReference, scripts: list[str], domain: str, ran: list[bool]) -> TerminalRun:
+    """`run_state` without the cause test; `ran[0]` turns True once a model command is handed to
+    the session."""
     from posttrain import sandbox
 
     with sandbox.get_pool().session(dict(ref.files), domain=domain) as s:
         last = sandbox.ExecResult("ok", exit_code=None)
         for script in scripts:
+            ran[0] = True
             last = sandbox.raise_for_infra(s.run(step_request(script)))
         snap = s.snapshot()
         results = _file_checks(s, ref)
