@@ -31,7 +31,7 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from types import ModuleType
 from typing import Any
@@ -204,6 +204,9 @@ class TerminalRun:
     program: str = ""  # the last script, truncated to PROGRAM_CHARS
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    untouched: tuple[bool, ...] = ()
+    """The same checks on the task's untouched files (`untouched_checks`): what doing nothing
+    already meets, which earns no credit (`credit`)."""
 
     def observation(self) -> str:
         code = self.exit_code if self.exit_code is not None else f"none ({self.status})"
@@ -241,13 +244,36 @@ def run_state(ref: TerminalReference, scripts: list[str], domain: str = "termina
     through the same steps cleanly, it is what the model's commands did to their own
     sandbox: ModelFault (scored 0 with the reason, never masked); failing on the untouched
     files too, the sandbox is broken: the first error propagates."""
+    untouched = untouched_checks(ref, domain)  # before the model's commands: a failure here is the sandbox's
     ran = [False]
     try:
-        return _state(ref, scripts, domain, ran)
+        run = _state(ref, scripts, domain, ran)
     except HOST_FAILURES as first:
         if not ran[0]:
             raise
-        return _cause(ref, scripts, domain, first)
+        run = _cause(ref, scripts, domain, first)
+    return replace(run, untouched=untouched)
+
+
+@lru_cache(maxsize=4096)
+def untouched_checks(ref: TerminalReference, domain: str = "terminal") -> tuple[bool, ...]:
+    """The end-state checks on the task's untouched files (no command run), once per task in
+    this process (a group's episodes share it). SandboxError on an infra error."""
+    return _state(ref, [], domain, [False]).checks
+
+
+def credit(checks: tuple[bool, ...], untouched: tuple[bool, ...]) -> float:
+    """Partial credit for what the commands changed, never for the untouched state: the share of
+    the checks the untouched files fail (the task's work) that now hold, less one for each check
+    the untouched files met that now fails (what the commands broke), never below 0. Doing nothing
+    scores 0; meeting every check scores 1. (Before: the share of all checks, so a junk command
+    earned what the untouched files already met: 0.75 on term_fix, 1/6 on many terminal tasks.)"""
+    base = untouched if len(untouched) == len(checks) else (False,) * len(checks)
+    work = [c for c, b in zip(checks, base) if not b]
+    broke = sum(1 for c, b in zip(checks, base) if b and not c)
+    if not work:
+        return float(all(checks))
+    return max(0.0, (sum(work) - broke) / len(work))
 
 
 def _cause(ref: TerminalReference, scripts: list[str], domain: str, first: BaseException) -> TerminalRun:
@@ -324,8 +350,9 @@ def _file_checks(s, ref: TerminalReference) -> list[bool]:
 
 
 class TerminalVerifier:
-    """Fraction of end-state checks (files and command outputs) that hold (outcome),
-    read from the episode's execution result (the last step's TerminalRun); a
+    """Partial credit beyond the untouched state (`credit`: the share of the checks the task's
+    untouched files fail that now hold, less what the commands broke; 0 for doing nothing,
+    1 when every check holds), read from the episode's execution result (the last step's TerminalRun); a
     direct `score` without one replays the scripts in a fresh session. Parts:
     outcome; process = share of the turns with commands whose script exited 0;
     efficiency = 1 / turns used. value = outcome."""
@@ -342,12 +369,16 @@ class TerminalVerifier:
         results = run.checks
         if not results:
             raise VerifierError(f"terminal: task {task.id} has no checks")
-        value = sum(results) / len(results)
+        value = credit(results, run.untouched)
         parts = {"outcome": value, "efficiency": 1.0 / max(1, len(episode.turns))}
         ran = [t.parts["process"] for t in episode.turns if "process" in t.parts]
         if ran:
             parts["process"] = sum(ran) / len(ran)
-        return Score(value, parts, all(results), "" if all(results) else f"{len(results) - sum(results)} checks failed")
+        if all(results):
+            return Score(value, parts, True)
+        work = sum(1 for b in run.untouched if not b) if len(run.untouched) == len(results) else len(results)
+        reason = f"{len(results) - sum(results)} checks failed (credit counts the {work} the untouched task fails)"
+        return Score(value, parts, False, reason)
 
 
 NO_COMMAND = (
