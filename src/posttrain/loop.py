@@ -56,6 +56,7 @@ from posttrain.rundir import RunDir
 from posttrain.trace import TraceStore
 from posttrain.trace.rows import rollout_records
 from posttrain.trainer.batch import batch_of
+from posttrain.trainer.fit import check_fits
 from posttrain.trainer.replay import replay_buffer
 from posttrain.types import SamplingParams, to_dict
 
@@ -146,6 +147,7 @@ class _Run:
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
+        check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
         engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}

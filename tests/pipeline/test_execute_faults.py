@@ -23,6 +23,7 @@ from pipeline_testlib import ScriptedEngine
 
 from posttrain import sandbox
 from posttrain.configs.pipeline import PipelineConfig
+from posttrain.domains import terminal
 from posttrain.domains.registry import get
 from posttrain.errors import SandboxError
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
@@ -148,6 +149,10 @@ def _execute_stage(domain: str, faults: Faults):
 
 
 def _step(domain: str, faults: Faults, monkeypatch):
+    # the terminal step's first sandbox call is then the untouched task's checks, before any command of
+    # the model: the sandbox's failure, which the pipeline retries (one after the commands ran is
+    # replayed inside the step, tests/pipeline/test_blame_sandbox.py)
+    terminal.untouched_checks.cache_clear()
     real = sandbox.get_pool()
     monkeypatch.setattr(sandbox, "get_pool", lambda: FaultyPool(real, faults))
     return _run(get(domain).sample(0, "train", 1), DomainExecute())

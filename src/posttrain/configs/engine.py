@@ -89,6 +89,13 @@ class EngineConfig(BaseModel):
     (tested on lookup, document-fields and tool episodes); on by default (bench/kv_reuse.py:
     2.1x fewer prompt tokens computed on 3-turn lookup episodes, 6.3x on a tool world, the episodes
     1.65x faster). False computes every turn's prompt in full."""
+    max_batch_tokens: int = Field(16_384, ge=1, le=1 << 30)
+    """With hf: most tokens one generation batch holds, rows x (longest prompt + largest
+    max_tokens): the KV cache it allocates and a bound on its prefill (whose attention holds
+    about 8 bytes per token pair: at most about 8 x this x the longest prompt bytes). Larger
+    calls run as several batches, with the same samples (a request's samples never depend on
+    batching). Sized so that evaluating every registered domain stays near 1 GiB of engine
+    memory on the embedded base; raise it for throughput where memory allows."""
     context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then

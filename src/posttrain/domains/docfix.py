@@ -26,7 +26,8 @@ family's comparison). An object that reconciles internally but misreads an item
 Reward parts: outcome, precision, recall, process (the validator accepts the
 final object), efficiency (turns needed / turns used: 1 when the print was
 right, else 2); value = 0.85 + 0.15 efficiency when every field is right, else
-0.5 x F1. One completion holding the actions one per line is replayed the same
+0.5 x the credit beyond the printed fields (`beyond_printed`: copying the print pays
+nothing). One completion holding the actions one per line is replayed the same
 way (the contract test's single-completion gold).
 """
 
@@ -175,7 +176,7 @@ class DocFixVerifier:
             parts = {"outcome": 0.0, "precision": 0.0, "recall": 0.0, "process": 0.0, "efficiency": 0.0}
             return Score(0.0, parts, False, "no object")
         tp = sum(1 for k, v in got.items() if k in gold and field_matches(gold[k], v))
-        precision, recall, value = f1(tp, len(got), len(gold))
+        precision, recall, _ = f1(tp, len(got), len(gold))
         ok = tp == len(gold) == len(got)
         need = 2 if task.reference["stale"] else 1
         efficiency = min(1.0, need / used) if ok else 0.0
@@ -187,8 +188,25 @@ class DocFixVerifier:
             "efficiency": efficiency,
         }
         if not ok:
-            return Score(0.5 * value, parts, False, f"{tp}/{len(gold)} fields right")
+            value = 0.5 * beyond_printed(got, gold, task.reference["printed"])
+            reason = f"{tp}/{len(gold)} fields right (credit counts the fields the print got wrong)"
+            return Score(value, parts, False, reason)
         return Score(0.85 + 0.15 * efficiency, parts, True)
+
+
+def beyond_printed(got: dict[str, Any], gold: dict[str, int], printed: dict[str, int]) -> float:
+    """Partial credit for what the submission changed, never for the untouched document: the share
+    of the fields the print got wrong (the task's work: the total of a stale task) that the
+    submission gets right, less one for each field the print had right that it gets wrong and for
+    each unknown key, never below 0; 0 where the print was right throughout. Copying the printed
+    fields scores 0 (before: 0.5 x F1, 0.33 for the printed fields of a stale task)."""
+    work = [k for k in gold if printed.get(k) != gold[k]]
+    if not work:
+        return 0.0
+    right = sum(1 for k in work if k in got and field_matches(gold[k], got[k]))
+    broke = sum(1 for k in gold if k not in work and not (k in got and field_matches(gold[k], got[k])))
+    extra = sum(1 for k in got if k not in gold)
+    return max(0.0, (right - broke - extra) / len(work))
 
 
 def typo(value: int, rng: random.Random) -> int:

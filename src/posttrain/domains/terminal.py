@@ -16,7 +16,10 @@ run, no hidden check is in the sandbox: the session starts from the task's
 files only, the checks reach the checker on its stdin in a later step (when
 nothing of the episode is alive), the expected outputs of the commands are
 compared on the host, and no check result reaches an observation. A sandbox
-infra error raises SandboxError; it is never a score. 24 templates written
+infra error raises SandboxError; it is never a score, but only when the sandbox caused it:
+whatever the model's commands do to their own session (its work directory's modes, its
+files, its processes) is the model's outcome (`run_state`: a failure after they ran is
+the model's unless the task's untouched files fail the same way). 24 templates written
 for posttrain in three levels (data/terminal/tasks.py); a task's split is
 fixed by a hash of its prompt.
 """
@@ -28,7 +31,7 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from types import ModuleType
 from typing import Any
@@ -36,7 +39,7 @@ from typing import Any
 from posttrain.domains._common import run_summary
 from posttrain.domains.base import Budget, Domain, split_of, stable_rng
 from posttrain.domains.registry import register
-from posttrain.errors import ModelFault, TaskError, VerifierError
+from posttrain.errors import ModelFault, SandboxError, TaskError, VerifierError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "terminal")
@@ -201,6 +204,9 @@ class TerminalRun:
     program: str = ""  # the last script, truncated to PROGRAM_CHARS
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    untouched: tuple[bool, ...] = ()
+    """The same checks on the task's untouched files (`untouched_checks`): what doing nothing
+    already meets, which earns no credit (`credit`)."""
 
     def observation(self) -> str:
         code = self.exit_code if self.exit_code is not None else f"none ({self.status})"
@@ -221,14 +227,80 @@ def _tail(data: bytes, limit: int = OUTPUT_CHARS) -> str:
     return text if len(text) <= limit else "[...]" + text[-limit:]
 
 
+HOST_FAILURES: tuple[type[BaseException], ...] = (SandboxError, VerifierError, OSError)
+"""What a session step can raise for a failure the model's state might have caused (a run's
+infra error, a checker without a verdict, a host-side call that broke on its files)."""
+
+
 def run_state(ref: TerminalReference, scripts: list[str], domain: str = "terminal") -> TerminalRun:
     """One fresh session from the task's files: the scripts in order, then (every
-    process of theirs dead) the end-state checks. SandboxError on an infra error."""
+    process of theirs dead) the end-state checks.
+
+    Blame by cause: a failure before the model's first command ran in the session (no
+    slot, the session could not open: the sandbox could not start) is the sandbox's and
+    propagates (SandboxError, retried then masked). A failure after it ran is judged by the
+    cause test (`_cause`): replayed once in a fresh session (a passing failure of the host
+    leaves the replay as the result); failing again while the task's untouched files go
+    through the same steps cleanly, it is what the model's commands did to their own
+    sandbox: ModelFault (scored 0 with the reason, never masked); failing on the untouched
+    files too, the sandbox is broken: the first error propagates."""
+    untouched = untouched_checks(ref, domain)  # before the model's commands: a failure here is the sandbox's
+    ran = [False]
+    try:
+        run = _state(ref, scripts, domain, ran)
+    except HOST_FAILURES as first:
+        if not ran[0]:
+            raise
+        run = _cause(ref, scripts, domain, first)
+    return replace(run, untouched=untouched)
+
+
+@lru_cache(maxsize=4096)
+def untouched_checks(ref: TerminalReference, domain: str = "terminal") -> tuple[bool, ...]:
+    """The end-state checks on the task's untouched files (no command run), once per task in
+    this process (a group's episodes share it). SandboxError on an infra error."""
+    return _state(ref, [], domain, [False]).checks
+
+
+def credit(checks: tuple[bool, ...], untouched: tuple[bool, ...]) -> float:
+    """Partial credit for what the commands changed, never for the untouched state: the share of
+    the checks the untouched files fail (the task's work) that now hold, less one for each check
+    the untouched files met that now fails (what the commands broke), never below 0. Doing nothing
+    scores 0; meeting every check scores 1. (Before: the share of all checks, so a junk command
+    earned what the untouched files already met: 0.75 on term_fix, 1/6 on many terminal tasks.)"""
+    base = untouched if len(untouched) == len(checks) else (False,) * len(checks)
+    work = [c for c, b in zip(checks, base) if not b]
+    broke = sum(1 for c, b in zip(checks, base) if b and not c)
+    if not work:
+        return float(all(checks))
+    return max(0.0, (sum(work) - broke) / len(work))
+
+
+def _cause(ref: TerminalReference, scripts: list[str], domain: str, first: BaseException) -> TerminalRun:
+    """The cause test of a failure after the model's commands ran (see `run_state`)."""
+    try:
+        return _state(ref, scripts, domain, [False])
+    except HOST_FAILURES:
+        pass
+    try:
+        _state(ref, [], domain, [False])
+    except HOST_FAILURES:
+        raise first from None  # the untouched task fails too: the sandbox's, whatever the model did
+    raise ModelFault(
+        f"the sandbox step failed after the model's commands ran in their own session, again on a replay, "
+        f"while the task's untouched files check cleanly: {type(first).__name__}: {first}"
+    )
+
+
+def _state(ref: TerminalReference, scripts: list[str], domain: str, ran: list[bool]) -> TerminalRun:
+    """`run_state` without the cause test; `ran[0]` turns True once a model command is handed to
+    the session."""
     from posttrain import sandbox
 
     with sandbox.get_pool().session(dict(ref.files), domain=domain) as s:
         last = sandbox.ExecResult("ok", exit_code=None)
         for script in scripts:
+            ran[0] = True
             last = sandbox.raise_for_infra(s.run(step_request(script)))
         snap = s.snapshot()
         results = _file_checks(s, ref)
@@ -278,8 +350,9 @@ def _file_checks(s, ref: TerminalReference) -> list[bool]:
 
 
 class TerminalVerifier:
-    """Fraction of end-state checks (files and command outputs) that hold (outcome),
-    read from the episode's execution result (the last step's TerminalRun); a
+    """Partial credit beyond the untouched state (`credit`: the share of the checks the task's
+    untouched files fail that now hold, less what the commands broke; 0 for doing nothing,
+    1 when every check holds), read from the episode's execution result (the last step's TerminalRun); a
     direct `score` without one replays the scripts in a fresh session. Parts:
     outcome; process = share of the turns with commands whose script exited 0;
     efficiency = 1 / turns used. value = outcome."""
@@ -296,12 +369,16 @@ class TerminalVerifier:
         results = run.checks
         if not results:
             raise VerifierError(f"terminal: task {task.id} has no checks")
-        value = sum(results) / len(results)
+        value = credit(results, run.untouched)
         parts = {"outcome": value, "efficiency": 1.0 / max(1, len(episode.turns))}
         ran = [t.parts["process"] for t in episode.turns if "process" in t.parts]
         if ran:
             parts["process"] = sum(ran) / len(ran)
-        return Score(value, parts, all(results), "" if all(results) else f"{len(results) - sum(results)} checks failed")
+        if all(results):
+            return Score(value, parts, True)
+        work = sum(1 for b in run.untouched if not b) if len(run.untouched) == len(results) else len(results)
+        reason = f"{len(results) - sum(results)} checks failed (credit counts the {work} the untouched task fails)"
+        return Score(value, parts, False, reason)
 
 
 NO_COMMAND = (

@@ -60,7 +60,11 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
     from posttrain.engine.hf import HFEngine, HFEngineConfig
 
     hf = HFEngineConfig.model_validate(
-        {"context_reuse": cfg.context_reuse, "context_budget_tokens": cfg.context_budget_tokens}
+        {
+            "context_reuse": cfg.context_reuse,
+            "context_budget_tokens": cfg.context_budget_tokens,
+            "max_batch_tokens": cfg.max_batch_tokens,
+        }
     )
     return HFEngine(model, tokenizer, config=hf, seed=seed)
 

@@ -130,8 +130,10 @@ class Play:
         return run
 
     def _generate(self, batch: list[GroupRun]) -> None:
-        """One engine call for `batch` (single-turn groups); a failed call is retried for the
-        groups whose retries are not spent, and masks the others."""
+        """One engine call for `batch` (single-turn groups); a call that fails over several
+        groups is split in halves (as the pipeline and the direct path do), so only the group
+        whose own request fails is masked; one group's failed call, or a timeout, is retried
+        while its retries last, then masks it."""
         while batch:
             requests = [r.requests(self.params, self.params.seed)[0] for r in batch]
             t0 = time.perf_counter()
@@ -140,6 +142,12 @@ class Play:
                 if len(outs) != len(requests):
                     raise GenerationError(f"engine returned {len(outs)} groups for {len(requests)} requests")
             except Exception as exc:
+                if len(batch) > 1 and not isinstance(exc, TimeoutError):
+                    self.counters["generate_splits"] += 1
+                    half = len(batch) // 2
+                    self._generate(batch[:half])
+                    self._generate(batch[half:])
+                    return
                 rec, again, delay = capture(exc), [], 0.0
                 for r in batch:
                     wait = r.retry_group("generate", rec)

@@ -621,6 +621,10 @@ def _task_main(task: Task, pipes: dict) -> None:
         os.set_inheritable(st, False)
         _set_oom_adj(1000)
         _set_rlimits(task.lim)
+        # entered as root, before the uid drop: a work directory an earlier step of the session
+        # made unsearchable (chmod 000 .) is the task's own state, so its commands fail on it
+        # (EACCES, a result) as a shell left in it would, never this set-up (an infra error)
+        os.chdir(WORKDIR)
         uid, gid = task.w.uid, task.w.gid
         _linux.drop_bounding_caps()
         os.setgroups([])
@@ -629,7 +633,6 @@ def _task_main(task: Task, pipes: dict) -> None:
         _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
         if task.w.filter is not None:
             task.w.filter.load()
-        os.chdir(WORKDIR)
         env = dict(BASE_ENV)
         env.update(task.req.get("env", {}))
     except BaseException as exc:
