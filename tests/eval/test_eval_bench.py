@@ -50,8 +50,8 @@ def test_final_choice(text, want):
 def test_humaneval_program_takes_a_full_function_or_continues_the_prompt():
     fenced = bench.humaneval_program(TOY, "```python\ndef hyp(a, b):\n    return math.hypot(a, b)\n```")
     assert fenced.startswith("import math\n") and "check(hyp)" in fenced and '"""The hypotenuse."""' not in fenced
-    body = bench.humaneval_program(TOY, TOY.canonical)
-    assert body.startswith(TOY.prompt + TOY.canonical)
+    for completion in (TOY.canonical, f"```python\n{TOY.canonical}```"):  # a body, fenced or not
+        assert bench.humaneval_program(TOY, completion).startswith(TOY.prompt + TOY.canonical)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_humaneval_program_takes_a_full_function_or_continues_the_prompt():
         ("    return a + b\n", False, "failed"),  # wrong: an assertion fails
         ("    import sys; sys.exit(0)\n", False, "failed"),  # leaving early is no pass
         ("    import os; os._exit(0)\n", False, "ok"),  # exit 0 without the driver's pass line
-        ("    print('posttrain-humaneval: all checks passed'); import os; os._exit(0)\n", False, "ok"),
+        ("    print('posttrain-humaneval: all checks passed', flush=True); import os; os._exit(0)\n", False, "ok"),
         ("    while True: pass\n", False, "timeout"),
     ],
 )

@@ -9,10 +9,11 @@ held-out set cannot silently change data. Items are scored by the evaluation pat
 uses (`evaluate.core`: the chat template, greedy decoding, intervals, pass@k with sampling).
 HumanEval's programs (the model's completion, the problem's test and `check(entry_point)`) run
 only in posttrain's sandbox, never on the host; a program passes when the sandbox run ends `ok`
-with the driver's pass line, so one that exits early (`sys.exit`, `os._exit`), raises, times
-out or runs out of memory fails. Not covered: a program that reads the driver's frames to forge
-its pass line (an evaluation-only set has no training pressure to do so; the sandbox still
-contains it).
+and its last line is the driver's pass line with a fresh token (given on the driver's stdin and
+read before the program starts), so one that exits early (`sys.exit`, `os._exit`), raises, times
+out, runs out of memory or prints the pass line itself fails. Not covered: a program that walks
+the driver's frames to read the token (an evaluation-only set puts no training pressure on it;
+the sandbox still contains it).
 
 To add a benchmark: a `Benchmark` subclass (where its rows come from, the prompt, the verifier,
 the token budget) listed in `BENCHMARKS`.
@@ -26,13 +27,14 @@ import hashlib
 import importlib.util
 import json
 import re
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
-from posttrain.domains.base import Budget, Domain, last_fenced_block, stable_rng
+from posttrain.domains.base import Budget, Domain, stable_rng
 from posttrain.errors import ModelLoadError, TaskError
 from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
 
@@ -236,18 +238,25 @@ class GPQADiamond(Benchmark):
 
 PASS_LINE = "posttrain-humaneval: all checks passed"
 DRIVER = f"""
-import sys
-src = open("program.py").read()
-ns = {{"__name__": "__humaneval__"}}
-try:
-    exec(compile(src, "program.py", "exec"), ns)
-except BaseException as exc:  # SystemExit too: leaving early is a failure
-    print("failed:", type(exc).__name__, str(exc)[:500], file=sys.stderr)
-    sys.stderr.flush()
-    import os
-    os._exit(1)
-sys.stdout.write({PASS_LINE!r} + "\\n")
-sys.stdout.flush()
+import os, sys
+
+
+def main():
+    token = sys.stdin.readline().strip()  # read before the program runs; it never sees stdin
+    sys.stdin.close()
+    src = open("program.py").read()
+    ns = {{"__name__": "__humaneval__"}}
+    try:
+        exec(compile(src, "program.py", "exec"), ns)
+    except BaseException as exc:  # SystemExit too: leaving early is a failure
+        print("failed:", type(exc).__name__, str(exc)[:500], file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.write({PASS_LINE!r} + " " + token + "\\n")
+    sys.stdout.flush()
+
+
+main()
 """
 
 
@@ -282,25 +291,32 @@ class HumanEvalReference:
         return self.entry_point
 
 
+_FENCED = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
 def humaneval_program(ref: HumanEvalReference, completion: str) -> str:
-    """The program a completion makes: its last code block when it defines the entry point (the
-    prompt's imports kept), else the prompt continued by the completion; then the test and the
-    call `check(entry_point)`."""
-    code = last_fenced_block(completion, ("python", "py", "Python"))
+    """The program a completion makes: its last code block (the whole completion without one)
+    when it defines the entry point (the prompt's imports kept), else the prompt continued by
+    that code (a function body); then the test and the call `check(entry_point)`."""
+    blocks = _FENCED.findall(completion)
+    code = blocks[-1] if blocks else completion  # not stripped: a function body keeps its indent
     if not re.search(rf"^\s*def\s+{re.escape(ref.entry_point)}\s*\(", code, re.MULTILINE):
-        code = ref.prompt + completion
+        code = ref.prompt + code
     else:
         imports = [ln for ln in ref.prompt.splitlines() if ln.startswith(("import ", "from "))]
         code = "\n".join(imports) + "\n" + code
     return f"{code}\n\n{ref.test}\n\ncheck({ref.entry_point})\n"
 
 
-def humaneval_request(program: str, timeout_s: float = 10.0) -> Any:
+def humaneval_request(program: str, token: str, timeout_s: float = 10.0) -> Any:
+    """The sandbox request: the driver runs the program, then prints the pass line with `token`
+    (given on stdin, read before the program starts)."""
     from posttrain.sandbox import ExecRequest, Limits
 
     return ExecRequest(
         files={"driver.py": DRIVER, "program.py": program},
         python_main="driver.py",
+        stdin=f"{token}\n".encode(),
         limits=Limits(wall_s=timeout_s, cpu_s=timeout_s, memory_bytes=512 << 20, pids=32, output_bytes=64 << 10),
     )
 
@@ -313,9 +329,11 @@ def run_humaneval(
     from posttrain import sandbox
 
     program = humaneval_program(ref, completion)
-    req = humaneval_request(program, timeout_s)
+    token = secrets.token_hex(16)
+    req = humaneval_request(program, token, timeout_s)
     res = sandbox.raise_for_infra(run(req) if run else sandbox.run(req, domain="humaneval"))
-    passed = res.status == "ok" and res.exit_code == 0 and res.stdout.decode("utf-8", "replace").strip() == PASS_LINE
+    lines = res.stdout.decode("utf-8", "replace").splitlines()
+    passed = res.status == "ok" and res.exit_code == 0 and bool(lines) and lines[-1] == f"{PASS_LINE} {token}"
     stderr = res.stderr.decode("utf-8", "replace")[-2000:]
     return HumanEvalRun(res.status, passed, res.exit_code, res.cpu_s, res.wall_s, program[:4000], stderr)
 
