@@ -10,7 +10,11 @@ under POSTTRAIN_CACHE), one model in process and one in a server subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,18 +91,37 @@ def test_evaluation_applies_the_chat_template(loaded):
     assert "Janet" in text
 
 
+@contextlib.contextmanager
+def _serve(model: str):
+    """`posttrain serve --model MODEL` as a user starts it, waited on for up to 15 minutes (the model
+    loads in seconds on an idle machine, minutes on a shared one), stopped at the end."""
+    from serve_process import _wait_healthy, free_port
+
+    port = free_port()
+    cmd = [str(Path(sys.executable).with_name("posttrain")), "serve", "--model", model, "--port", str(port)]
+    cmd += ["--set", "canary.probe_domains=[]"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url, timeout_s=900)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def test_serving_applies_the_same_chat_template_with_the_openai_sdk(loaded):
     import openai
 
     from posttrain.engine.hf import HFEngine
     from posttrain.types import GenerationRequest, Message, SamplingParams
-    from serve_process import posttrain_serve
 
     model, tok = loaded
     engine = HFEngine(model, tok, seed=0)
     ids = engine.encode_chat([Message("user", PROMPT[0]["content"])])
     want = engine.generate([GenerationRequest(ids, SamplingParams(max_tokens=8, temperature=0.0))])[0][0].text
-    with posttrain_serve(NAME) as (url, _):
+    with _serve(NAME) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x")
         got = client.chat.completions.create(model="v0", messages=PROMPT, max_tokens=8, temperature=0.0)
         stream = client.chat.completions.create(model="v0", messages=PROMPT, max_tokens=8, temperature=0.0, stream=True)
