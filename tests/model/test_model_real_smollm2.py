@@ -123,8 +123,10 @@ def test_serving_applies_the_same_chat_template_with_the_openai_sdk(loaded):
     want = engine.generate([GenerationRequest(ids, SamplingParams(max_tokens=8, temperature=0.0))])[0][0].text
     with _serve(NAME) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x")
-        got = client.chat.completions.create(model="v0", messages=PROMPT, max_tokens=8, temperature=0.0)
-        stream = client.chat.completions.create(model="v0", messages=PROMPT, max_tokens=8, temperature=0.0, stream=True)
+        got = client.chat.completions.create(model="posttrain", messages=PROMPT, max_tokens=8, temperature=0.0)
+        stream = client.chat.completions.create(
+            model="posttrain", messages=PROMPT, max_tokens=8, temperature=0.0, stream=True
+        )
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert got.choices[0].message.content == want == streamed
     assert "Paris" in want
