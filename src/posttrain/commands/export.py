@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", required=True, help="output model directory (must not exist or be empty)")
     p.add_argument(
         "--base",
-        help="base model directory for a LoRA checkpoint (default: the run's model.path, else the embedded base)",
+        help="base model directory or real model name for a LoRA checkpoint "
+        "(default: the run's model.path, else the embedded base)",
     )
     p.set_defaults(func=run)
 

