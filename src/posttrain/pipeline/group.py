@@ -7,10 +7,16 @@ environment step, a transient verifier failure) goes through its one
 `RetryPolicy`, and its attempts and retries are recorded on it and counted;
 masking is by cause (`errors.blame`): a model fault scores its sample 0 with
 the reason, an infra failure masks that sample alone after its retries, never
-its group-mates; `finish` makes the group's Rollouts, each with its id from
-birth (`rollout_id`). The schedulers (the staged pipeline, pipeline/core.py;
-the direct path, pipeline/direct.py; the synchronous `play`, pipeline/play.py,
-which the evaluator uses) only queue, batch and run the calls concurrently;
+its group-mates; a stage call that fails for the whole group (`fail`) is
+retried after its backoff (`backoff`), then masks every sample not decided and
+finishes the group; `finish` makes the group's Rollouts, each with its id from
+birth (`rollout_id`). Generation is batched across groups by one helper,
+`generation`, for every scheduler: an engine call that fails over several
+groups is halved down to the group that failed it, and a multi-turn group's
+prompt too long for the engine down to its single requests, so one bad prompt
+masks only its own samples. The schedulers (the staged pipeline,
+pipeline/core.py; the inline scheduler, pipeline/play.py, which training's
+direct path and the evaluator share) only admit, batch and run the calls;
 what a call's outcome does to the group is decided here.
 """
 
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +32,7 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, Domain, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Environment, Trajectory
-from posttrain.errors import NOT_RETRIED, ErrorRecord, PromptTooLong, capture
+from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, capture
 from posttrain.pipeline.workers import Verdict, verdict_of
 from posttrain.rollout import Rollout, rollout_id
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
@@ -152,6 +158,9 @@ class GroupRun:
     """What `finish` made (None until then)."""
     final: list[Verdict] = field(default_factory=list)
     """Each sample's verdict, as `finish` was given them (empty until then)."""
+    backoff: float | None = None
+    """Set by `fail` when the failed call is retried: the seconds to wait before it runs again
+    (cleared when `generation` takes the group again)."""
 
     # ---- admission -------------------------------------------------------------
     @classmethod
@@ -220,6 +229,17 @@ class GroupRun:
         delay = self.take_retry(stage, rec)
         self.group_retries += delay is not None
         return delay
+
+    def fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
+        """A call of `stage` ("admit", "generate", "execute", "verify") failed for the whole group:
+        the backoff before it runs again (`retry_group`; also left in `backoff`), or None: every
+        sample not decided is masked (`mask_rest`) and the group finished (`result`). Admission
+        is never retried."""
+        rec = exc if isinstance(exc, ErrorRecord) else capture(exc, "sandbox" if stage == "execute" else "infra")
+        self.backoff = None if stage == "admit" else self.retry_group(stage, rec)
+        if self.backoff is None:
+            self.finish(self.mask_rest(rec, stage))
+        return self.backoff
 
     # ---- generation -------------------------------------------------------------
     def group_seed(self, seed: int | None) -> int | None:
@@ -467,3 +487,64 @@ class GroupRun:
             driver.close_envs(t.env for t in self.trajectories)
             if self.end_sessions is not None:
                 self.end_sessions(driver.session_keys(self.group_id, len(self.trajectories)))
+
+
+EngineCall = tuple[int, list[GenerationRequest]]
+"""One engine call `generation` asks for: how many groups it serves, and its requests."""
+Outcome = tuple["Sequence[Sequence[Completion]] | BaseException", float]
+"""What came of an engine call: its completions per request (or what it raised; a TimeoutError
+for a call past the scheduler's deadline), and the seconds it took."""
+
+
+def generation(
+    batch: Sequence[GroupRun], params: SamplingParams, seed: Callable[[GroupRun], int | None]
+) -> Generator[EngineCall, Outcome, None]:
+    """The generation of `batch` (groups due a turn), batched into engine calls for every
+    scheduler: it yields each call, is sent back what came of it, and decides. A call that
+    succeeds gives each group its completions (`GroupRun.generated`); one that fails over
+    several groups is split in halves, down to the group that failed it (counted in
+    generate_splits), unless it timed out (the engine, not a request: each group is retried);
+    a multi-turn group's PromptTooLong is split down to its single requests (`GroupRun.no_room`:
+    the episodes that can never fit end, their mates play on); what else fails a group is its
+    `fail("generate", ...)`: retried after the backoff (`backoff`), then masked. Each group's
+    requests are seeded by `seed(group)`."""
+    for it in batch:
+        it.backoff = None
+    requests = [it.requests(params, seed(it)) for it in batch]
+    flat = [r for rs in requests for r in rs]
+    got, took = yield len(batch), flat
+    if not isinstance(got, BaseException) and len(got) != len(flat):
+        got = GenerationError(f"engine returned {len(got)} groups for {len(flat)} requests")
+    if not isinstance(got, BaseException):
+        cursor = 0
+        for it, rs in zip(batch, requests):
+            it.generated(got[cursor : cursor + len(rs)], took / len(batch))
+            cursor += len(rs)
+    elif isinstance(got, TimeoutError):
+        for it in batch:
+            it.fail("generate", GenerationError(str(got)))
+    elif len(batch) > 1:
+        batch[0].counters["generate_splits"] += 1
+        half = len(batch) // 2
+        yield from generation(batch[:half], params, seed)
+        yield from generation(batch[half:], params, seed)
+    elif isinstance(got, PromptTooLong) and batch[0].multi_turn:
+        yield from _one_by_one(batch[0], requests[0])
+    else:
+        batch[0].fail("generate", got)
+
+
+def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[EngineCall, Outcome, None]:
+    """A multi-turn group whose call failed with PromptTooLong: its requests one by one. An
+    episode whose context no longer fits after its own turns ends there, as truncated; one whose
+    first prompt does not fit is masked with kind "prompt" (`GroupRun.no_room`); the mates play
+    on. Another failure fails the group's call (only the episodes still due a turn generate again)."""
+    for req, ts in zip(requests, list(item.targets)):
+        got, _ = yield 1, [req]
+        if isinstance(got, PromptTooLong):
+            item.no_room(ts, got)
+        elif isinstance(got, BaseException):
+            item.fail("generate", got)
+            return
+        else:
+            driver.add_actions([ts], got)
