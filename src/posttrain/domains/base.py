@@ -75,7 +75,7 @@ class ExecutingVerifier(Protocol):
 @runtime_checkable
 class CheapVerifier(Protocol):
     """A verifier that declares whether it scores in process in microseconds, with no I/O
-    (`cheap` True: the pipeline may call it in the event loop's thread, pipeline/direct.py)."""
+    (`cheap` True: the pipeline may call it in the event loop's thread, pipeline/play.py)."""
 
     cheap: bool
 
@@ -149,7 +149,7 @@ class ExactMatch:
     name = "exact_match"
     version = "1"
     cheap = True
-    """Scores in process in microseconds, no I/O: the pipeline may call it inline (pipeline/direct.py)."""
+    """Scores in process in microseconds, no I/O: the pipeline may call it inline (pipeline/play.py)."""
 
     def score(self, task: Task, episode: Episode) -> Score:
         got = extract_answer(episode.completion)

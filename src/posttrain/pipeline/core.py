@@ -384,7 +384,8 @@ class Pipeline:
             failed = item.infra_failed()
             if failed is not None:  # infra failed: its sandbox past retries, or its verifier
                 self.scheduler.record_verification(item.task.domain, failed)
-            await self._finish(item, item.verdicts(), item.episodes or ())
+            item.finish(item.verdicts(), item.episodes or ())
+            await self._finished(item)
 
     async def _verify_some(self, task: Task, episodes: list[Episode]) -> Sequence[Verdict]:
         """The verdicts of `episodes` (none: no call)."""
@@ -401,10 +402,6 @@ class Pipeline:
         return self._cheap_domains[domain]
 
     # ---- endings -------------------------------------------------------
-    async def _finish(self, item: GroupRun, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
-        item.finish(verdicts, episodes)
-        await self._finished(item)
-
     async def _finished(self, item: GroupRun) -> None:
         assert item.result is not None
         self.scheduler.finish(item.task.domain)

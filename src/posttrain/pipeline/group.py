@@ -198,10 +198,6 @@ class GroupRun:
         """Tokens per turn (the budget's)."""
         return self.budget.tokens
 
-    @property
-    def turn_budget(self) -> int:
-        return driver.turns_of(self.domain, self.budget)
-
     def open_envs(self) -> list[tuple[Environment, str]]:
         """The group's fresh environments, each reset on the task, with its first observation
         (blocking: a scheduler may run it in a thread)."""
@@ -211,10 +207,12 @@ class GroupRun:
         """The group's episodes begin: `encoded` maps each first observation to its prompt's ids."""
         self.prompt_ids = encoded[envs[0][1]]
         ids = [encoded[o] for _, o in envs]
-        self.trajectories = driver.start(envs, self.task, ids, self.turn_budget, self.budget.seconds)
+        self.trajectories = driver.start(
+            envs, self.task, ids, driver.turns_of(self.domain, self.budget), self.budget.seconds
+        )
 
     # ---- retries ---------------------------------------------------------------
-    def take_retry(self, stage: str, rec: ErrorRecord) -> float | None:
+    def _take_retry(self, stage: str, rec: ErrorRecord) -> float | None:
         """The backoff before `stage` runs again after the error `rec`, the attempt and the retry
         counted; None when it is not retried (the policy: a kind never retried, or retries spent)."""
         n = self.attempts.get(stage, 0)
@@ -224,21 +222,16 @@ class GroupRun:
             self.counters["retries"] += 1
         return delay
 
-    def retry_group(self, stage: str, rec: ErrorRecord) -> float | None:
-        """`take_retry` for a call that failed for the whole group (every sample retries it)."""
-        delay = self.take_retry(stage, rec)
-        self.group_retries += delay is not None
-        return delay
-
     def fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
         """A call of `stage` ("admit", "generate", "execute", "verify") failed for the whole group:
-        the backoff before it runs again (`retry_group`; also left in `backoff`), or None: every
+        the backoff before it runs again (`_take_retry`; also left in `backoff`), or None: every
         sample not decided is masked (`mask_rest`) and the group finished (`result`). Admission
         is never retried."""
         rec = exc if isinstance(exc, ErrorRecord) else capture(exc, "sandbox" if stage == "execute" else "infra")
-        self.backoff = None if stage == "admit" else self.retry_group(stage, rec)
+        self.backoff = None if stage == "admit" else self._take_retry(stage, rec)
+        self.group_retries += self.backoff is not None  # every sample went through it
         if self.backoff is None:
-            self.finish(self.mask_rest(rec, stage))
+            self.finish(self._mask_rest(rec, stage))
         return self.backoff
 
     # ---- generation -------------------------------------------------------------
@@ -247,7 +240,7 @@ class GroupRun:
         generation attempt), the same whatever the batching, the worker or the runtime."""
         return None if seed is None else stable_hash("group", seed, self.group_id, self.attempts.get("generate", 0))
 
-    def requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
+    def _requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
         """The generation requests of the group's next turn (one request of `params.n` for a
         single-turn group, seeded `base`; an episode's turn: `driver.requests`), with the
         budget's tokens per turn."""
@@ -257,21 +250,17 @@ class GroupRun:
             return reqs
         return [GenerationRequest(self.prompt_ids, dataclasses.replace(params, seed=base), self.group_id)]
 
-    def generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
-        """The completions of `requests`' call (its share: `seconds`) join the group."""
-        self.spent(seconds)
+    def _generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
+        """The completions of `_requests`' call (its share: `seconds`) join the group: the
+        group's generate time, and its episodes' own time."""
+        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
         if self.trajectories is not None:
+            driver.spent([t for ts in self.targets for t in ts], seconds)
             driver.add_actions(self.targets, got)
         else:
             self.completions = list(got[0])
 
-    def spent(self, seconds: float) -> None:
-        """The group's share of an engine call: its generate time, and its episodes' own time."""
-        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
-        if self.trajectories is not None:
-            driver.spent([t for ts in self.targets for t in ts], seconds)
-
-    def no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
+    def _no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
         """The trajectories `ts`, whose request the engine can never take, end: as truncated
         after turns of their own, masked (kind "prompt") before any."""
         assert self.trajectories is not None
@@ -281,15 +270,15 @@ class GroupRun:
                 continue
             i = next(k for k, u in enumerate(self.trajectories) if u is t)
             driver.mask(t, "prompt")
-            self.mask_sample(i, capture(exc))
+            self._mask_sample(i, capture(exc))
 
     # ---- per-sample outcomes ----------------------------------------------------
-    def fault(self, i: int, rec: ErrorRecord) -> None:
+    def _fault(self, i: int, rec: ErrorRecord) -> None:
         """Sample `i`'s output made host code raise: scored 0 with the reason, counted."""
         self.decided[i] = verdict_of(rec)
         self.counters["model_faults"] += 1
 
-    def mask_sample(self, i: int, rec: ErrorRecord) -> None:
+    def _mask_sample(self, i: int, rec: ErrorRecord) -> None:
         """Sample `i` failed for the infra past its retries: masked alone, counted."""
         self.decided[i] = verdict_of(rec)
         self.counters["masked_rollouts"] += 1
@@ -298,13 +287,13 @@ class GroupRun:
         """After the infra failures `failed` (sample -> record) of some samples' execute or
         environment steps: the backoff before the stage runs again for them (the others keep
         what they have); or None, each of them masked alone, and the group goes on."""
-        delay = self.take_retry("execute", next(iter(failed.values())))
+        delay = self._take_retry("execute", next(iter(failed.values())))
         if delay is not None:
             for i in failed:
                 self.retried[i] = self.retried.get(i, 0) + 1
             return delay
         for i, rec in failed.items():
-            self.mask_sample(i, rec)
+            self._mask_sample(i, rec)
             if self.trajectories is not None:
                 driver.mask(self.trajectories[i], rec.kind)
         self.counters["masked_execute"] += len(failed)
@@ -320,7 +309,7 @@ class GroupRun:
         """After trajectory `i`'s step (`driver.step`, and the observation encoded): a model
         fault it ended on decides it (0); an observation that could not be encoded masks it."""
         if t.fault is not None and i not in self.decided:
-            self.fault(i, ErrorRecord("model", t.fault))
+            self._fault(i, ErrorRecord("model", t.fault))
         elif t.error is not None and i not in self.decided:
             self.decided[i] = Verdict(None, t.error, "the observation could not be encoded")
             self.counters["masked_rollouts"] += 1
@@ -352,7 +341,7 @@ class GroupRun:
                 self.execs[i] = res
             elif res.kind == "model":
                 self.execs[i] = None
-                self.fault(i, res)
+                self._fault(i, res)
             else:
                 failed[i] = res
         return failed
@@ -371,7 +360,7 @@ class GroupRun:
         execute step), its environments closed."""
         if self.episodes is None:
             self.episodes = self._episodes()
-        self.close()
+        self._close()
         return self.episodes
 
     def verified_some(self, todo: Sequence[int], got: Sequence[Verdict]) -> float | None:
@@ -384,7 +373,7 @@ class GroupRun:
         again = [i for i in todo if v[i].score is None and v[i].error_kind not in (None, *NOT_RETRIED)]
         if not again:
             return None
-        delay = self.take_retry("verify", ErrorRecord("verifier", self.verified[again[0]].error or ""))
+        delay = self._take_retry("verify", ErrorRecord("verifier", self.verified[again[0]].error or ""))
         if delay is None:
             return None
         for i in again:
@@ -416,7 +405,7 @@ class GroupRun:
         return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(self.completions, execs)]
 
     # ---- endings ------------------------------------------------------------------
-    def mask_rest(self, rec: ErrorRecord, stage: str = "") -> list[Verdict]:
+    def _mask_rest(self, rec: ErrorRecord, stage: str = "") -> list[Verdict]:
         """A stage call failed for the whole group past its retries: every sample not already
         decided is masked with `rec` (a sample scored for a model fault keeps its score)."""
         n = len(self.completions) or (len(self.trajectories) if self.trajectories else self.n)
@@ -431,7 +420,7 @@ class GroupRun:
         """The finished group: one Rollout per verdict (a group masked before generation gets `n`
         empty completions with finish reason "error"), the group's timings on each, and each
         sample's exec result and turns from `episodes` (none: a group masked by a stage call); counted."""
-        self.close()
+        self._close()
         self.final = list(verdicts)
         self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         self.counters["finished"] += 1
@@ -479,7 +468,7 @@ class GroupRun:
             id=rollout_id(self.group_id, i),
         )
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Close every environment of the group once (a terminal env holds a sandbox
         session, and so a pool slot, until closed)."""
         if self.trajectories is not None and not self.closed:
@@ -501,16 +490,16 @@ def generation(
 ) -> Generator[EngineCall, Outcome, None]:
     """The generation of `batch` (groups due a turn), batched into engine calls for every
     scheduler: it yields each call, is sent back what came of it, and decides. A call that
-    succeeds gives each group its completions (`GroupRun.generated`); one that fails over
+    succeeds gives each group its completions (`GroupRun._generated`); one that fails over
     several groups is split in halves, down to the group that failed it (counted in
     generate_splits), unless it timed out (the engine, not a request: each group is retried);
-    a multi-turn group's PromptTooLong is split down to its single requests (`GroupRun.no_room`:
+    a multi-turn group's PromptTooLong is split down to its single requests (`GroupRun._no_room`:
     the episodes that can never fit end, their mates play on); what else fails a group is its
     `fail("generate", ...)`: retried after the backoff (`backoff`), then masked. Each group's
     requests are seeded by `seed(group)`."""
     for it in batch:
         it.backoff = None
-    requests = [it.requests(params, seed(it)) for it in batch]
+    requests = [it._requests(params, seed(it)) for it in batch]
     flat = [r for rs in requests for r in rs]
     got, took = yield len(batch), flat
     if not isinstance(got, BaseException) and len(got) != len(flat):
@@ -518,7 +507,7 @@ def generation(
     if not isinstance(got, BaseException):
         cursor = 0
         for it, rs in zip(batch, requests):
-            it.generated(got[cursor : cursor + len(rs)], took / len(batch))
+            it._generated(got[cursor : cursor + len(rs)], took / len(batch))
             cursor += len(rs)
     elif isinstance(got, TimeoutError):
         for it in batch:
@@ -537,12 +526,12 @@ def generation(
 def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[EngineCall, Outcome, None]:
     """A multi-turn group whose call failed with PromptTooLong: its requests one by one. An
     episode whose context no longer fits after its own turns ends there, as truncated; one whose
-    first prompt does not fit is masked with kind "prompt" (`GroupRun.no_room`); the mates play
+    first prompt does not fit is masked with kind "prompt" (`GroupRun._no_room`); the mates play
     on. Another failure fails the group's call (only the episodes still due a turn generate again)."""
     for req, ts in zip(requests, list(item.targets)):
         got, _ = yield 1, [req]
         if isinstance(got, PromptTooLong):
-            item.no_room(ts, got)
+            item._no_room(ts, got)
         elif isinstance(got, BaseException):
             item.fail("generate", got)
             return

@@ -1,23 +1,17 @@
 """The inline scheduler: groups run in the caller's thread, one call after another, for
-training's direct path (`StepRollouts`, pipeline/step.py), the evaluator (evaluate/core.py)
+training's direct path (`Play.direct`, from pipeline/step.py), the evaluator (evaluate/core.py)
 and episode play (`play`).
 
-Invariant: every task's group runs through the one lifecycle (`GroupRun`, pipeline/group.py),
-as in the staged pipeline: the same admission (domain and budget resolved once), the same
-generation helper (`group.generation`: engine calls batched across groups by token budget,
-shortest first, at most `batch_size` groups each; a failed call halved down to the group
-that failed it, a multi-turn prompt too long for the engine down to its single requests),
-the same retry policy for generation, execute and environment steps and transient verifier
-failures (backoffs slept), the same masking by cause. What differs between its users is only
-concurrency and admission: with a `Scheduler` (the direct path) groups are admitted by waves,
-one engine call's groups at a time, in the staged pipeline's admission order (priority, then
-long tier first, each while its tier has a free slot and its domain room in its quota), and
-each wave is verified and finished before the next is admitted, so a domain quota of q means
-at most q of its groups share one engine call; without one (evaluation, `play`) every task is
-one wave. Multi-turn groups play their episodes one group at a time through `envs.driver`.
-For the direct path's conditions (`EmbeddedWorkers.inline`: single-turn, nothing executed, a
-cheap verifier) its groups, seeds and results equal the staged pipeline's (the one counter
-that may differ is generate_splits: the pipeline batches retried groups together again).
+Invariant: every group runs through the one lifecycle (`GroupRun`) and the one generation
+helper (`group.generation`), as in the staged pipeline: the same admission, budgets, splits
+of a failed engine call, retries (backoffs slept) and masking by cause. Only concurrency and
+admission are its own. With a `Scheduler` (the direct path) groups are admitted by waves of at
+most `batch_size`, in the staged pipeline's order (priority, long tier first, a free slot and
+room in the domain's quota), each wave verified and finished before the next; without one
+every task is one wave. Single-turn groups generate by token budget (shortest first, at most
+`batch_size` a call); multi-turn groups play their episodes one group at a time. Under the
+direct path's conditions (`EmbeddedWorkers.inline`) its groups, seeds and results equal the
+staged pipeline's (but generate_splits: the pipeline batches retried groups together again).
 """
 
 from __future__ import annotations
