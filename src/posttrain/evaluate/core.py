@@ -317,16 +317,12 @@ def tokens_for(domain: str, opts: EvalOptions) -> int:
 def eval_budgets(domains: Iterable[str], opts: EvalOptions) -> dict[str, Budget]:
     """Each domain's eval budget by the one budget rule (`pipeline.budget.domain_budget`): the
     training one (tokens capped by `opts.max_tokens`, turns, seconds per episode)."""
-    return {d: domain_budget(get(d), _spec(d, opts), opts.max_tokens) for d in set(domains)}
-
-
-def _spec(domain: str, opts: EvalOptions) -> DomainSpec:
-    """The domain's `tasks.domains` budget fields as the options carry them."""
-    return DomainSpec(
-        max_tokens=opts.budgets.get(domain) or None,
-        max_turns=opts.turns.get(domain) or None,
-        max_seconds=opts.seconds.get(domain) or None,
+    spec = lambda d: DomainSpec(  # noqa: E731 - the tasks.domains budget fields as the options carry them
+        max_tokens=opts.budgets.get(d) or None,
+        max_turns=opts.turns.get(d) or None,
+        max_seconds=opts.seconds.get(d) or None,
     )
+    return {d: domain_budget(get(d), spec(d), opts.max_tokens) for d in set(domains)}
 
 
 def is_multi_turn(domain: str) -> bool:

@@ -488,15 +488,11 @@ for a call past the scheduler's deadline), and the seconds it took."""
 def generation(
     batch: Sequence[GroupRun], params: SamplingParams, seed: Callable[[GroupRun], int | None]
 ) -> Generator[EngineCall, Outcome, None]:
-    """The generation of `batch` (groups due a turn), batched into engine calls for every
-    scheduler: it yields each call, is sent back what came of it, and decides. A call that
-    succeeds gives each group its completions (`GroupRun._generated`); one that fails over
-    several groups is split in halves, down to the group that failed it (counted in
-    generate_splits), unless it timed out (the engine, not a request: each group is retried);
-    a multi-turn group's PromptTooLong is split down to its single requests (`GroupRun._no_room`:
-    the episodes that can never fit end, their mates play on); what else fails a group is its
-    `fail("generate", ...)`: retried after the backoff (`backoff`), then masked. Each group's
-    requests are seeded by `seed(group)`."""
+    """The engine calls of `batch` (groups due a turn, requests seeded by `seed(group)`), for every
+    scheduler: it yields each call and is sent what came of it. A call that fails over several
+    groups is halved down to the group that failed it (generate_splits), a multi-turn group's
+    PromptTooLong down to its single requests (`_no_room`); a timeout, or what else fails a
+    group, is its `fail("generate", ...)`: retried after `backoff`, then masked."""
     for it in batch:
         it.backoff = None
     requests = [it._requests(params, seed(it)) for it in batch]
@@ -524,10 +520,8 @@ def generation(
 
 
 def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[EngineCall, Outcome, None]:
-    """A multi-turn group whose call failed with PromptTooLong: its requests one by one. An
-    episode whose context no longer fits after its own turns ends there, as truncated; one whose
-    first prompt does not fit is masked with kind "prompt" (`GroupRun._no_room`); the mates play
-    on. Another failure fails the group's call (only the episodes still due a turn generate again)."""
+    """A multi-turn group's PromptTooLong: its requests one by one; an episode that can never fit
+    ends (`_no_room`), its mates play on; another failure fails the group's call."""
     for req, ts in zip(requests, list(item.targets)):
         got, _ = yield 1, [req]
         if isinstance(got, PromptTooLong):

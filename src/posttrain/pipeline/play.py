@@ -17,6 +17,7 @@ staged pipeline's (but generate_splits: the pipeline batches retried groups toge
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -135,33 +136,16 @@ class Play:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.meters = {k: StageMeter(k, 1, latency_window) for k in ("generate", "execute", "verify")}
         self._next_seq = 0
-        self._tokens = 0
+        self._tokens = itertools.count(1)
         self._episode_seeds: dict[int, int | None] = {}
 
     @classmethod
-    def direct(
-        cls,
-        config: PipelineConfig,
-        workers: Calls,
-        params: SamplingParams,
-        scheduler: Scheduler,
-        group_prefix: str = "",
-        seed: int | None = None,
-        budgets: Mapping[str, Budget] | None = None,
-    ) -> Play:
-        """Training's direct path (pipeline/step.py): waves of `generate_batch` groups."""
-        return cls(
-            None,
-            params,
-            budgets,
-            RetryPolicy.of(config),
-            config.generate_batch,
-            scheduler=scheduler,
-            seed=seed,
-            prefix=group_prefix,
-            latency_window=config.latency_window,
-            calls=workers,
-        )
+    def direct(cls, cfg: PipelineConfig, workers: Calls, params: SamplingParams, sched: Scheduler, **kw: Any) -> Play:
+        """Training's direct path (pipeline/step.py): waves of `generate_batch` groups admitted by
+        `sched`, the run's retry policy; `kw`: budgets, seed, prefix (default "")."""
+        kw.setdefault("prefix", "")
+        kw.update(scheduler=sched, latency_window=cfg.latency_window, calls=workers)
+        return cls(None, params, kw.pop("budgets", None), RetryPolicy.of(cfg), cfg.generate_batch, **kw)
 
     def run(self, tasks: Sequence[Task]) -> list[GroupRun]:
         """Every task's group, verified and finished (`GroupRun.result`), in task order."""
@@ -305,7 +289,7 @@ class Play:
             batch = again
 
     def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> tuple[Any, float]:
-        meter, token = self.meters["generate"], self._token()
+        meter, token = self.meters["generate"], next(self._tokens)
         meter.begin(token)
         try:
             outs = self.calls.generate_now(requests)
@@ -352,7 +336,7 @@ class Play:
     def _verify(self, run: GroupRun) -> GroupResult:
         """Verify the group (transient verifier failures retried after the backoff) and finish it."""
         run.timings.setdefault("execute_s", 0.0)
-        meter, token = self.meters["verify"], self._token()
+        meter, token = self.meters["verify"], next(self._tokens)
         meter.begin(token)
         while True:
             todo, episodes = run.to_verify()
@@ -365,10 +349,6 @@ class Play:
         if self.scheduler is not None:
             self.scheduler.record_verification(run.task.domain, bool(run.infra_failed()))
         return run.finish(verdicts, run.episodes or ())
-
-    def _token(self) -> int:
-        self._tokens += 1
-        return self._tokens
 
 
 def _episodic(task: Task) -> bool:

@@ -174,14 +174,9 @@ class StepRollouts:
         self, tasks: list[Task], ids: list[str], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
         """As `_sample`, through the inline scheduler (pipeline/play.py): no event loop, no stages."""
+        seed = stable_hash("rollout", self.seed, step)
         direct = Play.direct(
-            self.config,
-            self.workers,
-            params,
-            self.scheduler,
-            group_prefix=f"{step}:",
-            seed=stable_hash("rollout", self.seed, step),
-            budgets=self.budgets,
+            self.config, self.workers, params, self.scheduler, prefix=f"{step}:", seed=seed, budgets=self.budgets
         )
         groups: list[list[Rollout]] = []
         for round_ in range(self.config.replace_rounds + 1):
