@@ -46,11 +46,11 @@ from posttrain.monitor.actions import (
     Stop,
 )
 from posttrain.monitor.budget import CpuBudget
-from posttrain.pipeline.budget import domain_budgets
+from posttrain.pipeline.budget import domain_budgets, execute_of
 from posttrain.pipeline.continuous import Continuous
 from posttrain.pipeline.countermeasures import Countermeasures
 from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
-from posttrain.pipeline.workers import DomainExecute, configure_pool
+from posttrain.pipeline.workers import configure_pool
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import RunDir
 from posttrain.trace import TraceStore
@@ -300,8 +300,7 @@ class _Sampling:
             top_p=cfg.rollout.top_p,
             n=cfg.rollout.group_size,
         )
-        seconds = {n: b.seconds for n, b in budgets.items()}  # each domain's runs within its budget seconds
-        execute = DomainExecute(cfg.sandbox.pool_config(), cfg.sandbox.max_memory_mb, cfg.sandbox.max_wall_s, seconds)
+        execute = execute_of(cfg.sandbox, budgets)  # the caps evaluation runs under too (evaluate/run.py)
         workers = make_workers(cfg.runtime, cfg.pipeline, run.engine, execute=execute)
         events = trace_events(run.trace, run.log)
         if cfg.pipeline.mode == "async":

@@ -22,7 +22,7 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.registry import get
 from posttrain.errors import PromptTooLong, SandboxError
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
-from posttrain.pipeline.direct import Direct
+from posttrain.pipeline.play import Play
 from posttrain.rollout import informative
 from posttrain.types import Message, SamplingParams
 
@@ -111,7 +111,7 @@ def test_a_prompt_over_the_models_positions_masks_its_own_group_only(oversized):
     staged, counters = _pipeline(EmbeddedWorkers(engine), tasks, params, PipelineConfig(generate_batch=4))
     cfg = PipelineConfig(generate_batch=4, direct=True)
     sched = Scheduler(cfg, {"add": 1.0}, {"add": "short"})
-    direct_run = Direct(cfg, EmbeddedWorkers(engine), params, sched, seed=0)
+    direct_run = Play.direct(cfg, EmbeddedWorkers(engine), params, sched, seed=0)
     direct = direct_run.run_groups(tasks)
     for groups, c in ((staged, counters), (direct, direct_run.counters)):
         kinds = [[r.error_kind for r in g.rollouts] for g in groups]

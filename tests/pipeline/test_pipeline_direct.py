@@ -1,4 +1,4 @@
-"""The direct path (pipeline/direct.py) against the staged pipeline: the same groups, samples,
+"""The direct path (Play.direct, pipeline/play.py) against the staged pipeline: the same groups, samples,
 rewards, masks and counters for the same tasks and seeds; and when it is (not) taken."""
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in heldout.warnings():
         print(f"warning: {warning}")
     engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
-    table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks))
+    table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks, run=cfg))
     print(format_table(table))
     if turns := format_turns(table, labels=("model", "")):
         print(turns)

@@ -145,7 +145,7 @@ class PipelineConfig(BaseModel):
     direct: bool = True
     """Run an on-policy step's groups without the asyncio stages when every domain of the run
     is single-turn, executes nothing and has a `cheap` verifier, in the embedded runtime with
-    verification in threads and no generate timeout (pipeline/direct.py): same groups, seeds
+    verification in threads and no generate timeout (pipeline/play.py): same groups, seeds
     and results, less overhead. False: always the staged pipeline."""
     latency_window: int = Field(4096, ge=16, le=10_000_000)
     """Latencies kept per stage for percentiles."""

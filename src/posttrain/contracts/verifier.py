@@ -56,7 +56,7 @@ class ExecutingVerifier(Protocol):
 @runtime_checkable
 class CheapVerifier(Protocol):
     """A verifier that declares whether it scores in process in microseconds, with no I/O
-    (`cheap` True: the pipeline may call it in the event loop's thread, pipeline/direct.py)."""
+    (`cheap` True: the pipeline may call it in the event loop's thread, pipeline/play.py)."""
 
     cheap: bool
 

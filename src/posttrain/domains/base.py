@@ -102,7 +102,7 @@ class ExactMatch:
     name = "exact_match"
     version = "1"
     cheap = True
-    """Scores in process in microseconds, no I/O: the pipeline may call it inline (pipeline/direct.py)."""
+    """Scores in process in microseconds, no I/O: the pipeline may call it inline (pipeline/play.py)."""
 
     def score(self, task: Task, episode: Episode) -> Score:
         got = extract_answer(episode.completion)

@@ -5,9 +5,13 @@ decoding; sampled metrics use a fixed seed); only eval-split tasks are used;
 each item is scored by its domain's training verifier and by its eval
 verifier (`strict.py`: the training verdict AND the domain's stricter
 checks); each item's group runs through the training lifecycle
-(`pipeline.group.GroupRun`, scheduled by `pipeline.play.Play`): the same budgets,
-the same retries (a transient verifier, sandbox or engine failure is retried
-with the default `pipeline.max_retries` and `backoff_s`), and what escapes the
+(`pipeline.group.GroupRun`, scheduled by the inline scheduler training's direct
+path uses, `pipeline.play.Play`): the same budgets (`pipeline.budget`), the same
+retries (the run's `pipeline.max_retries` and `backoff_s`, `EvalOptions.policy`),
+the same generation batching (an engine call that fails is split down to the
+group that failed it, so one prompt too long for the engine masks only its own
+item), programs run under the run's execute caps (`EvalOptions.sandbox`,
+`pipeline.budget.execute_of`), and what escapes the
 execute step or the verifier is blamed by its cause (`pipeline.workers`): an
 infra error (and a verifier that raises on the gold answer too) makes the item
 an infra error: counted, left out of every accuracy, never a 0; what the
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
+from posttrain.configs.tasks import DomainSpec
 from posttrain.domains.base import Budget, extract_answer
 from posttrain.domains.registry import get
 from posttrain.engine.base import Engine
@@ -32,7 +37,8 @@ from posttrain.errors import ErrorKind, ErrorRecord, capture
 from posttrain.evaluate.heldout import DomainSet, HeldoutSet, build_heldout
 from posttrain.evaluate.stats import maj_at_k, mean_interval, mean_over_domains_interval, pass_at_k, wilson
 from posttrain.evaluate.strict import checks_of, eval_verifier_name
-from posttrain.pipeline.group import GroupRun
+from posttrain.pipeline.budget import domain_budget, execute_of
+from posttrain.pipeline.group import GroupRun, RetryPolicy
 from posttrain.pipeline.play import Play
 from posttrain.pipeline.workers import Verdict
 from posttrain.types import Episode, SamplingParams, Task
@@ -58,6 +64,12 @@ class EvalOptions:
     temperature: float = 1.0
     ks: tuple[int, ...] = ()
     seed: int = 0
+    policy: RetryPolicy = RetryPolicy()
+    """The run's retry policy (`RetryPolicy.of(pipeline)`; default: the pipeline's defaults)."""
+    sandbox: Any = None
+    """The run's `sandbox` section: programs run under its caps (max_memory_mb, max_wall_s) and
+    each domain's budget seconds, as in training (None: the pool as configured, no caps but the
+    budget seconds)."""
 
 
 @dataclass(frozen=True)
@@ -299,22 +311,18 @@ def eval_tasks(domain: str, difficulty: int, n: int) -> list[Task]:
 
 def tokens_for(domain: str, opts: EvalOptions) -> int:
     """A domain's eval token budget: the training one, capped by `opts.max_tokens`."""
-    tokens = opts.budgets.get(domain) or get(domain).budget.tokens
-    return min(tokens, opts.max_tokens) if opts.max_tokens else tokens
+    return eval_budgets([domain], opts)[domain].tokens
 
 
 def eval_budgets(domains: Iterable[str], opts: EvalOptions) -> dict[str, Budget]:
-    """Each domain's eval budget: the training one (tokens capped by `opts.max_tokens`, turns,
-    seconds per episode), as `GroupRun.admit` takes it."""
-    return {
-        d: replace(
-            get(d).budget,
-            tokens=tokens_for(d, opts),
-            turns=turns_for(d, opts),
-            seconds=opts.seconds.get(d) or get(d).budget.seconds,
-        )
-        for d in set(domains)
-    }
+    """Each domain's eval budget by the one budget rule (`pipeline.budget.domain_budget`): the
+    training one (tokens capped by `opts.max_tokens`, turns, seconds per episode)."""
+    spec = lambda d: DomainSpec(  # noqa: E731 - the tasks.domains budget fields as the options carry them
+        max_tokens=opts.budgets.get(d) or None,
+        max_turns=opts.turns.get(d) or None,
+        max_seconds=opts.seconds.get(d) or None,
+    )
+    return {d: domain_budget(get(d), spec(d), opts.max_tokens) for d in set(domains)}
 
 
 def is_multi_turn(domain: str) -> bool:
@@ -324,17 +332,18 @@ def is_multi_turn(domain: str) -> bool:
 
 def turns_for(domain: str, opts: EvalOptions) -> int:
     """A multi-turn domain's eval turn budget: the training one."""
-    return opts.turns.get(domain) or get(domain).budget.turns
+    return eval_budgets([domain], opts)[domain].turns
 
 
 def _groups(
     engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions
 ) -> list[GroupRun]:
     """Every task's group (`params.n` samples), in task order, through the one lifecycle
-    (`pipeline.play.Play`: the training budgets, retries and masking; single-turn tasks
-    generated in batches by token budget, multi-turn ones played as episodes), verified."""
+    (`pipeline.play.Play`: the training budgets, retries, execute caps and masking; single-turn
+    tasks generated in batches by token budget, multi-turn ones played as episodes), verified."""
     budgets = eval_budgets((t.domain for t in tasks), opts)
-    return Play(engine, params, budgets, batch_size=batch_size).run(tasks)
+    execute = execute_of(opts.sandbox, budgets)
+    return Play(engine, params, budgets, opts.policy, batch_size, execute).run(tasks)
 
 
 class ItemVerdict(NamedTuple):

@@ -23,12 +23,13 @@ from posttrain.contracts.engine import Engine
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
 from posttrain.evaluate.tables import format_details, format_probes, format_table, format_turns, write_table
+from posttrain.pipeline.group import RetryPolicy
 
 
-def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None) -> EvalOptions:
+def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None, run: Any = None) -> EvalOptions:
     """Eval options; with the run's `tasks` config, each domain's token and turn budgets are
     the ones it trains with (tasks.domains.<name>.max_tokens / max_turns / max_seconds, else its
-    declaration)."""
+    declaration); with the run's whole config `run`, its retry policy and execute caps."""
     budgets: dict[str, int] = {}
     turns: dict[str, int] = {}
     seconds: dict[str, float] = {}
@@ -49,6 +50,7 @@ def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None) -> EvalOptio
         temperature=eval_cfg.temperature,
         ks=tuple(eval_cfg.k),
         seed=eval_cfg.seed,
+        **({} if run is None else {"policy": RetryPolicy.of(run.pipeline), "sandbox": run.sandbox}),
     )
 
 
@@ -72,6 +74,8 @@ class RunEvaluator:
     ) -> None:
         self.cfg, self.run_dir, self.engine, self.metrics, self.log = cfg.eval, Path(run_dir), engine, metrics, log
         self.tasks = cfg.tasks
+        self.run = cfg
+        """The run's whole config: evaluation takes its retry policy and execute caps."""
         path = self.run_dir / "heldout.json"
         if path.is_file():
             self.heldout = HeldoutSet.load(path)
@@ -139,7 +143,7 @@ class RunEvaluator:
     def full(self, step: int) -> EvalTable:
         """Every core item (sampled metrics included), the generalisation probes."""
         t0 = time.perf_counter()
-        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, tasks=self.tasks))
+        table = evaluate_heldout(self.engine, self.heldout, options(self.cfg, tasks=self.tasks, run=self.run))
         seconds = time.perf_counter() - t0
         self.seconds["full"] += seconds
         self._row(step, self.comparable(table), seconds, full=table)
@@ -161,7 +165,7 @@ class RunEvaluator:
         table = evaluate_heldout(
             self.engine,
             self.heldout,
-            options(self.cfg, sampled=False, tasks=self.tasks),
+            options(self.cfg, sampled=False, tasks=self.tasks, run=self.run),
             subset=self.cfg.subset_tasks,
             rotation=rotation,
             probes=False,

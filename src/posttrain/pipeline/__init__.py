@@ -8,8 +8,8 @@ is owned by one asyncio.TaskGroup.
         results = await pipe.run_groups(tasks)   # one step's tasks, in order (multi-turn: envs.driver)
     pipe.stats().flat()   # queue depths, throughput, latency percentiles, idle share
 
-Every scheduler (the staged pipeline, the direct path, the synchronous `Play` of evaluation
-and `play`) drives each group through one lifecycle, `GroupRun` (pipeline/group.py).
+Every scheduler (the staged pipeline; the inline `Play` that training's direct path, evaluation
+and `play` share) drives each group through one lifecycle, `GroupRun` (pipeline/group.py).
 pipeline.mode async streams instead (`Continuous`, pipeline/continuous.py: `Pipeline.submit`
 and `Pipeline.drain` under a staleness bound).
 """

@@ -11,7 +11,8 @@ its group-mates go on; each Rollout carries the retries it went through;
 admission keeps each domain's quota of in-flight groups and takes the
 highest-priority pending task first (`Scheduler.next_admissible`); an engine call
 that fails over several groups is split in halves until the failing group
-stands alone, so only its own request masks it. Every
+stands alone, so only its own request masks it (`group.generation`, the helper
+every scheduler batches generation with). Every
 background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
 any stage cancels its siblings and surfaces from `async with`; a stage
 never blocks the event loop (its workers' calls are awaitable; only a
@@ -35,15 +36,15 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import ErrorRecord, GenerationError, PromptTooLong, blame, capture
-from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, RetryPolicy
+from posttrain.errors import ErrorRecord, blame, capture
+from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, Outcome, RetryPolicy, generation
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import Verdict, Workers
 from posttrain.types import Episode, GenerationRequest, SamplingParams, Task
 
-__all__ = ["COUNTERS", "GroupResult", "Pipeline", "PipelineStats", "splits"]
+__all__ = ["COUNTERS", "GroupResult", "Pipeline", "PipelineStats"]
 
 
 @dataclass(frozen=True)
@@ -242,9 +243,6 @@ class Pipeline:
         await queue.put(item)
         self._gen_ready.set()
 
-    def _requests(self, item: GroupRun) -> list[GenerationRequest]:
-        return item.requests(self.params, item.group_seed(self.seed))
-
     async def _generate_worker(self, index: int) -> None:
         """Each batch is split by token budget, shortest first, one engine call per
         budget: a 16-token row neither waits for nor pads to a 1024-token one."""
@@ -256,62 +254,44 @@ class Pipeline:
                 await self._generate_bucket(batch)
 
     async def _generate_bucket(self, batch: list[GroupRun]) -> None:
-        """One engine call for `batch`. A call that fails over several groups is split in
-        halves (`splits`), so a group whose own request fails (a prompt over the model's
-        positions) is masked alone; a timeout or a single group's failure is retried."""
-        requests = [self._requests(it) for it in batch]
+        """`batch`'s engine calls (`group.generation`: a call that fails over several groups is
+        split in halves, so only the group whose own request fails is masked; a timeout or a
+        single group's failure is retried), then each group on to its next stage."""
+        plan = generation(batch, self.params, self._seed)
+        call = next(plan)
+        while True:
+            try:
+                call = plan.send(await self._engine_call(*call))
+            except StopIteration:
+                break
+        for it in batch:
+            if it.result is not None:
+                await self._finished(it)
+            elif it.backoff is not None:
+                self._later("generate", it, it.backoff)
+            else:
+                await self.q_execute.put(it)
+
+    def _seed(self, item: GroupRun) -> int | None:
+        return item.group_seed(self.seed)
+
+    async def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> Outcome:
+        """What came of one engine call (its completions, or what it raised) and its seconds."""
         token = next(self._tokens)
         meter = self.meters["generate"]
         meter.begin(token)
         try:
-            flat = [r for rs in requests for r in rs]
-            call = self.workers.generate(flat)
-            outs = await (asyncio.wait_for(call, self.cfg.generate_timeout_s) if self.cfg.generate_timeout_s else call)
-            if len(outs) != len(flat):
-                raise GenerationError(f"engine returned {len(outs)} groups for {len(flat)} requests")
+            call = self.workers.generate(requests)
+            timeout = self.cfg.generate_timeout_s
+            outs = await (asyncio.wait_for(call, timeout) if timeout else call)
         except Exception as exc:
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            meter.end(token, len(batch), error=True)
+            meter.end(token, groups, error=True)
             if isinstance(exc, TimeoutError):
-                exc = GenerationError(f"generation timed out after {self.cfg.generate_timeout_s}s")
-            elif splits(batch):
-                self.counters["generate_splits"] += 1
-                half = len(batch) // 2
-                await self._generate_bucket(batch[:half])
-                await self._generate_bucket(batch[half:])
-                return
-            elif isinstance(exc, PromptTooLong) and batch[0].multi_turn and len(requests[0]) > 1:
-                await self._generate_alone(batch[0], requests[0])
-                return
-            for it in batch:
-                await self._retry(it, "generate", exc)
-            return
-        took = meter.end(token, len(batch))
-        cursor = 0
-        for it, rs in zip(batch, requests):
-            got, cursor = outs[cursor : cursor + len(rs)], cursor + len(rs)
-            it.generated(got, took / len(batch))
-            await self.q_execute.put(it)
-
-    async def _generate_alone(self, item: GroupRun, requests: list[GenerationRequest]) -> None:
-        """A multi-turn group whose call failed with PromptTooLong: its trajectories' requests
-        one by one. An episode whose context no longer fits the model after its own turns ends
-        there, as truncated (`driver.out_of_context`); one whose first prompt does not fit is
-        masked with kind "prompt"; the mates play on. Another failure retries the group (only
-        the trajectories still due a turn generate again)."""
-        try:
-            for req, ts in zip(requests, item.targets):
-                try:
-                    driver.add_actions([ts], await self.workers.generate([req]))
-                except PromptTooLong as exc:
-                    item.no_room(ts, exc)
-        except Exception as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            await self._retry(item, "generate", exc)
-            return
-        await self.q_execute.put(item)
+                exc = TimeoutError(f"generation timed out after {self.cfg.generate_timeout_s}s")
+            return exc, 0.0
+        return outs, meter.end(token, groups)
 
     async def _execute_worker(self) -> None:
         while not self._closing:
@@ -404,7 +384,8 @@ class Pipeline:
             failed = item.infra_failed()
             if failed is not None:  # infra failed: its sandbox past retries, or its verifier
                 self.scheduler.record_verification(item.task.domain, failed)
-            await self._finish(item, item.verdicts(), item.episodes or ())
+            item.finish(item.verdicts(), item.episodes or ())
+            await self._finished(item)
 
     async def _verify_some(self, task: Task, episodes: list[Episode]) -> Sequence[Verdict]:
         """The verdicts of `episodes` (none: no call)."""
@@ -421,25 +402,23 @@ class Pipeline:
         return self._cheap_domains[domain]
 
     # ---- endings -------------------------------------------------------
-    async def _finish(self, item: GroupRun, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> None:
-        result = item.finish(verdicts, episodes)
+    async def _finished(self, item: GroupRun) -> None:
+        assert item.result is not None
         self.scheduler.finish(item.task.domain)
         self._changed.set()
-        await self.results.put(result)
+        await self.results.put(item.result)
         self._arrived.set()
 
     async def _retry(self, item: GroupRun, stage: str, exc: BaseException) -> None:
-        """A stage call that failed for the whole item (admission, its engine request, a
-        worker call): retried after a backoff (`GroupRun.retry_group`), then every sample not
-        already decided is masked (a sample scored for a model fault keeps its score)."""
-        rec = capture(exc, "sandbox" if stage == "execute" else "infra")
-        delay = None if stage == "admit" else item.retry_group(stage, rec)
+        """A stage call that failed for the whole item (admission, a worker call): retried after
+        a backoff, else every sample not already decided is masked (`GroupRun.fail`)."""
+        delay = item.fail(stage, exc)
         if delay is not None:
             self._later(stage, item, delay)
             return
         if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
             self.scheduler.record_verification(item.task.domain, True)
-        await self._finish(item, item.mask_rest(rec, stage))
+        await self._finished(item)
 
     def _later(self, stage: str, item: GroupRun, delay: float) -> None:
         """`item` back in `stage`'s queue after `delay` seconds (a task the TaskGroup owns)."""
@@ -512,8 +491,3 @@ class Pipeline:
             dict(self.counters),
             self.scheduler.cap.value,
         )
-
-
-def splits(batch: Sequence[GroupRun]) -> bool:
-    """Whether a failed engine call over `batch` is split in halves (more than one group)."""
-    return len(batch) > 1

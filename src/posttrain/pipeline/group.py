@@ -7,10 +7,16 @@ environment step, a transient verifier failure) goes through its one
 `RetryPolicy`, and its attempts and retries are recorded on it and counted;
 masking is by cause (`errors.blame`): a model fault scores its sample 0 with
 the reason, an infra failure masks that sample alone after its retries, never
-its group-mates; `finish` makes the group's Rollouts, each with its id from
-birth (`rollout_id`). The schedulers (the staged pipeline, pipeline/core.py;
-the direct path, pipeline/direct.py; the synchronous `play`, pipeline/play.py,
-which the evaluator uses) only queue, batch and run the calls concurrently;
+its group-mates; a stage call that fails for the whole group (`fail`) is
+retried after its backoff (`backoff`), then masks every sample not decided and
+finishes the group; `finish` makes the group's Rollouts, each with its id from
+birth (`rollout_id`). Generation is batched across groups by one helper,
+`generation`, for every scheduler: an engine call that fails over several
+groups is halved down to the group that failed it, and a multi-turn group's
+prompt too long for the engine down to its single requests, so one bad prompt
+masks only its own samples. The schedulers (the staged pipeline,
+pipeline/core.py; the inline scheduler, pipeline/play.py, which training's
+direct path and the evaluator share) only admit, batch and run the calls;
 what a call's outcome does to the group is decided here.
 """
 
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +32,7 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, Domain, stable_hash
 from posttrain.envs import driver
 from posttrain.envs.base import Environment, Trajectory
-from posttrain.errors import NOT_RETRIED, ErrorRecord, PromptTooLong, capture
+from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, capture
 from posttrain.pipeline.workers import Verdict, verdict_of
 from posttrain.rollout import Rollout, rollout_id
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
@@ -152,6 +158,9 @@ class GroupRun:
     """What `finish` made (None until then)."""
     final: list[Verdict] = field(default_factory=list)
     """Each sample's verdict, as `finish` was given them (empty until then)."""
+    backoff: float | None = None
+    """Set by `fail` when the failed call is retried: the seconds to wait before it runs again
+    (cleared when `generation` takes the group again)."""
 
     # ---- admission -------------------------------------------------------------
     @classmethod
@@ -189,10 +198,6 @@ class GroupRun:
         """Tokens per turn (the budget's)."""
         return self.budget.tokens
 
-    @property
-    def turn_budget(self) -> int:
-        return driver.turns_of(self.domain, self.budget)
-
     def open_envs(self) -> list[tuple[Environment, str]]:
         """The group's fresh environments, each reset on the task, with its first observation
         (blocking: a scheduler may run it in a thread)."""
@@ -202,10 +207,12 @@ class GroupRun:
         """The group's episodes begin: `encoded` maps each first observation to its prompt's ids."""
         self.prompt_ids = encoded[envs[0][1]]
         ids = [encoded[o] for _, o in envs]
-        self.trajectories = driver.start(envs, self.task, ids, self.turn_budget, self.budget.seconds)
+        self.trajectories = driver.start(
+            envs, self.task, ids, driver.turns_of(self.domain, self.budget), self.budget.seconds
+        )
 
     # ---- retries ---------------------------------------------------------------
-    def take_retry(self, stage: str, rec: ErrorRecord) -> float | None:
+    def _take_retry(self, stage: str, rec: ErrorRecord) -> float | None:
         """The backoff before `stage` runs again after the error `rec`, the attempt and the retry
         counted; None when it is not retried (the policy: a kind never retried, or retries spent)."""
         n = self.attempts.get(stage, 0)
@@ -215,11 +222,17 @@ class GroupRun:
             self.counters["retries"] += 1
         return delay
 
-    def retry_group(self, stage: str, rec: ErrorRecord) -> float | None:
-        """`take_retry` for a call that failed for the whole group (every sample retries it)."""
-        delay = self.take_retry(stage, rec)
-        self.group_retries += delay is not None
-        return delay
+    def fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
+        """A call of `stage` ("admit", "generate", "execute", "verify") failed for the whole group:
+        the backoff before it runs again (`_take_retry`; also left in `backoff`), or None: every
+        sample not decided is masked (`mask_rest`) and the group finished (`result`). Admission
+        is never retried."""
+        rec = exc if isinstance(exc, ErrorRecord) else capture(exc, "sandbox" if stage == "execute" else "infra")
+        self.backoff = None if stage == "admit" else self._take_retry(stage, rec)
+        self.group_retries += self.backoff is not None  # every sample went through it
+        if self.backoff is None:
+            self.finish(self._mask_rest(rec, stage))
+        return self.backoff
 
     # ---- generation -------------------------------------------------------------
     def group_seed(self, seed: int | None) -> int | None:
@@ -227,7 +240,7 @@ class GroupRun:
         generation attempt), the same whatever the batching, the worker or the runtime."""
         return None if seed is None else stable_hash("group", seed, self.group_id, self.attempts.get("generate", 0))
 
-    def requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
+    def _requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
         """The generation requests of the group's next turn (one request of `params.n` for a
         single-turn group, seeded `base`; an episode's turn: `driver.requests`), with the
         budget's tokens per turn."""
@@ -237,21 +250,17 @@ class GroupRun:
             return reqs
         return [GenerationRequest(self.prompt_ids, dataclasses.replace(params, seed=base), self.group_id)]
 
-    def generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
-        """The completions of `requests`' call (its share: `seconds`) join the group."""
-        self.spent(seconds)
+    def _generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
+        """The completions of `_requests`' call (its share: `seconds`) join the group: the
+        group's generate time, and its episodes' own time."""
+        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
         if self.trajectories is not None:
+            driver.spent([t for ts in self.targets for t in ts], seconds)
             driver.add_actions(self.targets, got)
         else:
             self.completions = list(got[0])
 
-    def spent(self, seconds: float) -> None:
-        """The group's share of an engine call: its generate time, and its episodes' own time."""
-        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
-        if self.trajectories is not None:
-            driver.spent([t for ts in self.targets for t in ts], seconds)
-
-    def no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
+    def _no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
         """The trajectories `ts`, whose request the engine can never take, end: as truncated
         after turns of their own, masked (kind "prompt") before any."""
         assert self.trajectories is not None
@@ -261,15 +270,15 @@ class GroupRun:
                 continue
             i = next(k for k, u in enumerate(self.trajectories) if u is t)
             driver.mask(t, "prompt")
-            self.mask_sample(i, capture(exc))
+            self._mask_sample(i, capture(exc))
 
     # ---- per-sample outcomes ----------------------------------------------------
-    def fault(self, i: int, rec: ErrorRecord) -> None:
+    def _fault(self, i: int, rec: ErrorRecord) -> None:
         """Sample `i`'s output made host code raise: scored 0 with the reason, counted."""
         self.decided[i] = verdict_of(rec)
         self.counters["model_faults"] += 1
 
-    def mask_sample(self, i: int, rec: ErrorRecord) -> None:
+    def _mask_sample(self, i: int, rec: ErrorRecord) -> None:
         """Sample `i` failed for the infra past its retries: masked alone, counted."""
         self.decided[i] = verdict_of(rec)
         self.counters["masked_rollouts"] += 1
@@ -278,13 +287,13 @@ class GroupRun:
         """After the infra failures `failed` (sample -> record) of some samples' execute or
         environment steps: the backoff before the stage runs again for them (the others keep
         what they have); or None, each of them masked alone, and the group goes on."""
-        delay = self.take_retry("execute", next(iter(failed.values())))
+        delay = self._take_retry("execute", next(iter(failed.values())))
         if delay is not None:
             for i in failed:
                 self.retried[i] = self.retried.get(i, 0) + 1
             return delay
         for i, rec in failed.items():
-            self.mask_sample(i, rec)
+            self._mask_sample(i, rec)
             if self.trajectories is not None:
                 driver.mask(self.trajectories[i], rec.kind)
         self.counters["masked_execute"] += len(failed)
@@ -300,7 +309,7 @@ class GroupRun:
         """After trajectory `i`'s step (`driver.step`, and the observation encoded): a model
         fault it ended on decides it (0); an observation that could not be encoded masks it."""
         if t.fault is not None and i not in self.decided:
-            self.fault(i, ErrorRecord("model", t.fault))
+            self._fault(i, ErrorRecord("model", t.fault))
         elif t.error is not None and i not in self.decided:
             self.decided[i] = Verdict(None, t.error, "the observation could not be encoded")
             self.counters["masked_rollouts"] += 1
@@ -332,7 +341,7 @@ class GroupRun:
                 self.execs[i] = res
             elif res.kind == "model":
                 self.execs[i] = None
-                self.fault(i, res)
+                self._fault(i, res)
             else:
                 failed[i] = res
         return failed
@@ -351,7 +360,7 @@ class GroupRun:
         execute step), its environments closed."""
         if self.episodes is None:
             self.episodes = self._episodes()
-        self.close()
+        self._close()
         return self.episodes
 
     def verified_some(self, todo: Sequence[int], got: Sequence[Verdict]) -> float | None:
@@ -364,7 +373,7 @@ class GroupRun:
         again = [i for i in todo if v[i].score is None and v[i].error_kind not in (None, *NOT_RETRIED)]
         if not again:
             return None
-        delay = self.take_retry("verify", ErrorRecord("verifier", self.verified[again[0]].error or ""))
+        delay = self._take_retry("verify", ErrorRecord("verifier", self.verified[again[0]].error or ""))
         if delay is None:
             return None
         for i in again:
@@ -396,7 +405,7 @@ class GroupRun:
         return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(self.completions, execs)]
 
     # ---- endings ------------------------------------------------------------------
-    def mask_rest(self, rec: ErrorRecord, stage: str = "") -> list[Verdict]:
+    def _mask_rest(self, rec: ErrorRecord, stage: str = "") -> list[Verdict]:
         """A stage call failed for the whole group past its retries: every sample not already
         decided is masked with `rec` (a sample scored for a model fault keeps its score)."""
         n = len(self.completions) or (len(self.trajectories) if self.trajectories else self.n)
@@ -411,7 +420,7 @@ class GroupRun:
         """The finished group: one Rollout per verdict (a group masked before generation gets `n`
         empty completions with finish reason "error"), the group's timings on each, and each
         sample's exec result and turns from `episodes` (none: a group masked by a stage call); counted."""
-        self.close()
+        self._close()
         self.final = list(verdicts)
         self.counters["masked_groups"] += all(v.score is None for v in verdicts)
         self.counters["finished"] += 1
@@ -459,7 +468,7 @@ class GroupRun:
             id=rollout_id(self.group_id, i),
         )
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Close every environment of the group once (a terminal env holds a sandbox
         session, and so a pool slot, until closed)."""
         if self.trajectories is not None and not self.closed:
@@ -467,3 +476,58 @@ class GroupRun:
             driver.close_envs(t.env for t in self.trajectories)
             if self.end_sessions is not None:
                 self.end_sessions(driver.session_keys(self.group_id, len(self.trajectories)))
+
+
+EngineCall = tuple[int, list[GenerationRequest]]
+"""One engine call `generation` asks for: how many groups it serves, and its requests."""
+Outcome = tuple["Sequence[Sequence[Completion]] | BaseException", float]
+"""What came of an engine call: its completions per request (or what it raised; a TimeoutError
+for a call past the scheduler's deadline), and the seconds it took."""
+
+
+def generation(
+    batch: Sequence[GroupRun], params: SamplingParams, seed: Callable[[GroupRun], int | None]
+) -> Generator[EngineCall, Outcome, None]:
+    """The engine calls of `batch` (groups due a turn, requests seeded by `seed(group)`), for every
+    scheduler: it yields each call and is sent what came of it. A call that fails over several
+    groups is halved down to the group that failed it (generate_splits), a multi-turn group's
+    PromptTooLong down to its single requests (`_no_room`); a timeout, or what else fails a
+    group, is its `fail("generate", ...)`: retried after `backoff`, then masked."""
+    for it in batch:
+        it.backoff = None
+    requests = [it._requests(params, seed(it)) for it in batch]
+    flat = [r for rs in requests for r in rs]
+    got, took = yield len(batch), flat
+    if not isinstance(got, BaseException) and len(got) != len(flat):
+        got = GenerationError(f"engine returned {len(got)} groups for {len(flat)} requests")
+    if not isinstance(got, BaseException):
+        cursor = 0
+        for it, rs in zip(batch, requests):
+            it._generated(got[cursor : cursor + len(rs)], took / len(batch))
+            cursor += len(rs)
+    elif isinstance(got, TimeoutError):
+        for it in batch:
+            it.fail("generate", GenerationError(str(got)))
+    elif len(batch) > 1:
+        batch[0].counters["generate_splits"] += 1
+        half = len(batch) // 2
+        yield from generation(batch[:half], params, seed)
+        yield from generation(batch[half:], params, seed)
+    elif isinstance(got, PromptTooLong) and batch[0].multi_turn:
+        yield from _one_by_one(batch[0], requests[0])
+    else:
+        batch[0].fail("generate", got)
+
+
+def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[EngineCall, Outcome, None]:
+    """A multi-turn group's PromptTooLong: its requests one by one; an episode that can never fit
+    ends (`_no_room`), its mates play on; another failure fails the group's call."""
+    for req, ts in zip(requests, list(item.targets)):
+        got, _ = yield 1, [req]
+        if isinstance(got, PromptTooLong):
+            item._no_room(ts, got)
+        elif isinstance(got, BaseException):
+            item.fail("generate", got)
+            return
+        else:
+            driver.add_actions([ts], got)

@@ -1,37 +1,38 @@
-"""The synchronous scheduler: groups run in the caller's thread, one call after another.
+"""The inline scheduler: groups run in the caller's thread, one call after another, for
+training's direct path (`Play.direct`, from pipeline/step.py), the evaluator (evaluate/core.py)
+and episode play (`play`).
 
-Invariant: every task's group runs through the one lifecycle (`GroupRun`, pipeline/group.py),
-as in the staged pipeline: the same admission (domain and budget resolved once), the same
-retry policy for generation, execute and environment steps and transient verifier
-failures (backoffs slept), the same masking by cause. Single-turn groups are generated in
-batches, one engine call per token budget (shortest first) and at most `batch_size` groups
-each, so a short domain never pads to a long one; multi-turn groups play their episodes one
-task at a time through `envs.driver`. Nothing here runs concurrently: it is the evaluator's
-scheduler (evaluate/core.py) and the tests'.
+Invariant: every group runs through the one lifecycle (`GroupRun`) and the one generation
+helper (`group.generation`), as in the staged pipeline: the same admission, budgets, splits
+of a failed engine call, retries (backoffs slept) and masking by cause. Only concurrency and
+admission are its own. With a `Scheduler` (the direct path) groups are admitted by waves of at
+most `batch_size`, in the staged pipeline's order (priority, long tier first, a free slot and
+room in the domain's quota), each wave verified and finished before the next; without one
+every task is one wave. Single-turn groups generate by token budget (shortest first, at most
+`batch_size` a call); multi-turn groups play their episodes one group at a time. Under the
+direct path's conditions (`EmbeddedWorkers.inline`) its groups, seeds and results equal the
+staged pipeline's (but generate_splits: the pipeline batches retried groups together again).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.engine.base import Engine
 from posttrain.envs import driver
-from posttrain.errors import ErrorRecord, GenerationError, capture
-from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, RetryPolicy
-from posttrain.pipeline.workers import ExecuteFn, execute_one, verify_group
-from posttrain.types import Completion, Episode, SamplingParams, Task
-
-
-def domain_execute(task: Task, completion: Completion) -> Any:
-    """The domain's declared execute step on the process-wide sandbox pool (`Domain.execute`)."""
-    from posttrain.domains.registry import get
-
-    return get(task.domain).execute(task, completion.text)
+from posttrain.errors import ErrorRecord, capture
+from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, RetryPolicy, generation
+from posttrain.pipeline.metrics import StageMeter, StageStats
+from posttrain.pipeline.scheduler import Scheduler
+from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, execute_one, verify_group
+from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, Task
 
 
 @dataclass(frozen=True)
@@ -49,21 +50,81 @@ class Played:
     fault: str | None = None
 
 
+class Calls(Protocol):
+    """What the inline scheduler calls, in the caller's thread (`EmbeddedWorkers`, or an engine
+    through `EngineCalls`)."""
+
+    def encode_now(self, messages: Sequence[Message]) -> tuple[int, ...]: ...
+
+    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]: ...
+
+    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
+
+    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
+
+    def end_sessions(self, keys: Sequence[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineCalls:
+    """An engine's calls as the inline scheduler makes them; verification by `verify_group`."""
+
+    engine: Engine
+
+    def encode_now(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        return self.engine.encode_chat(messages)
+
+    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
+        out: list[tuple[int, ...] | Exception] = []
+        for p in prompts:
+            try:
+                out.append(self.engine.encode_chat(p))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return self.engine.generate(requests)
+
+    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]:
+        return verify_group(task, episodes)
+
+    def end_sessions(self, keys: Sequence[str]) -> None:
+        self.engine.end_sessions(keys)  # the Engine contract: a no-op where nothing is kept
+
+
 class Play:
-    """Run groups synchronously: `groups(tasks)` (generated, executed, not verified) or
-    `run(tasks)` (verified too, each GroupRun finished with its GroupResult)."""
+    """Run groups inline: `run(tasks)` (verified, each GroupRun finished with its GroupResult),
+    `groups(tasks)` (generated and executed, not verified) or, with a scheduler,
+    `run_groups(tasks)` (the direct path: results, None for a paused domain's task) and
+    `stats()`. It calls `engine` (an Engine), or `calls` (workers that run in the caller's
+    thread, the direct path's). `execute` is the run's execute step with its caps (`Wiring`).
+    Group ids are `prefix` + admission seq (None: the task's id); with `seed`, each group's
+    samples are seeded by (seed, group id, generation attempt) as in the staged pipeline;
+    without, by `params.seed` (an episode group: by params.seed and its index among the
+    call's episode groups)."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         params: SamplingParams,
         budgets: Mapping[str, Budget] | None = None,
         policy: RetryPolicy | None = None,
         batch_size: int = 256,
-        execute: ExecuteFn = domain_execute,
+        execute: ExecuteFn = DomainExecute(),
         sleep: Callable[[float], None] = time.sleep,
+        scheduler: Scheduler | None = None,
+        seed: int | None = None,
+        prefix: str | None = None,
+        latency_window: int = 4096,
+        calls: Calls | None = None,
     ) -> None:
-        self.engine, self.params = engine, params
+        if calls is None:
+            if engine is None:
+                raise ValueError("Play needs an engine or calls")
+            calls = EngineCalls(engine)
+        self.calls = calls
+        self.params = params
         self.policy = policy or RetryPolicy()
         """The one retry policy (None: `RetryPolicy()`, the defaults of `pipeline.max_retries` and `backoff_s`)."""
         self.budgets = budgets or {}
@@ -71,116 +132,184 @@ class Play:
         self.batch_size = batch_size
         self.execute = execute
         self.sleep = sleep
+        self.scheduler, self.seed, self.prefix = scheduler, seed, prefix
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.meters = {k: StageMeter(k, 1, latency_window) for k in ("generate", "execute", "verify")}
+        self._next_seq = 0
+        self._tokens = itertools.count(1)
+        self._episode_seeds: dict[int, int | None] = {}
+
+    @classmethod
+    def direct(cls, cfg: PipelineConfig, workers: Calls, params: SamplingParams, sched: Scheduler, **kw: Any) -> Play:
+        """Training's direct path (pipeline/step.py): waves of `generate_batch` groups admitted by
+        `sched`, the run's retry policy; `kw`: budgets, seed, prefix (default "")."""
+        kw.setdefault("prefix", "")
+        kw.update(scheduler=sched, latency_window=cfg.latency_window, calls=workers)
+        return cls(None, params, kw.pop("budgets", None), RetryPolicy.of(cfg), cfg.generate_batch, **kw)
 
     def run(self, tasks: Sequence[Task]) -> list[GroupRun]:
         """Every task's group, verified and finished (`GroupRun.result`), in task order."""
-        runs = self.groups(tasks)
-        for run in runs:
-            if run.result is None:
-                self._verify(run)
-        return runs
+        return [r for r in self._run(tasks, verify=True) if r is not None]
 
     def groups(self, tasks: Sequence[Task]) -> list[GroupRun]:
         """Every task's group generated and executed (not verified), in task order; a group a
-        stage masked past its retries is finished already. Multi-turn episodes are seeded by
-        (params.seed, their index among this call's multi-turn tasks); single-turn groups by
-        params.seed."""
-        runs = [self._admit(i, t) for i, t in enumerate(tasks)]
-        single = [r for r in runs if r.result is None and not r.episodic]
+        stage masked past its retries is finished already."""
+        return [r for r in self._run(tasks, verify=False) if r is not None]
+
+    def run_groups(self, tasks: Sequence[Task]) -> list[GroupResult | None]:
+        """Results in task order; None for a task whose domain is paused (paused_skipped)."""
+        return [r.result if r is not None else None for r in self._run(tasks, verify=True)]
+
+    def stats(self) -> Any:
+        """The stage meters and counters (`PipelineStats`, the staged pipeline's keys without queues)."""
+        from posttrain.pipeline.core import PipelineStats
+
+        cap = self.scheduler.cap.value if self.scheduler is not None else 0
+        stages: tuple[StageStats, ...] = tuple(m.stats() for m in self.meters.values())
+        return PipelineStats(stages, (), dict(self.counters), cap)
+
+    # ---- admission: waves ---------------------------------------------------------------
+    def _run(self, tasks: Sequence[Task], verify: bool) -> list[GroupRun | None]:
+        first, self._next_seq = self._next_seq, self._next_seq + len(tasks)
+        sched = self.scheduler
+        order = list(range(len(tasks)))
+        if sched is not None:
+            order.sort(key=lambda i: (sched.tier(tasks[i].domain) != "long", i))
+        single = [i for i in order if not _episodic(tasks[i])]
+        encoded = dict(zip(single, self.calls.encode_many([tasks[i].prompt for i in single])))
+        episodic = [i for i, t in enumerate(tasks) if _episodic(t)]
+        if self.seed is None and self.params.seed is not None:
+            seeds = {first + i: stable_hash("play", self.params.seed, k) for k, i in enumerate(episodic)}
+            self._episode_seeds.update(seeds)
+        runs: dict[int, GroupRun] = {}
+        waiting = order
+        while waiting:
+            before = len(waiting)
+            wave = self._wave(first, tasks, encoded, waiting)
+            if len(waiting) == before:  # nothing in flight here, so only a scheduler shared elsewhere blocks
+                raise RuntimeError("inline scheduler: no pending task is admissible (in-flight groups held elsewhere)")
+            live = [r for r in wave if r.result is None]
+            self._play(live)
+            for r in sorted(live, key=lambda r: r.max_tokens):  # the order the engine calls ran in
+                if verify and r.result is None:
+                    self._verify(r)
+                if sched is not None:
+                    sched.finish(r.task.domain)
+            runs.update((r.seq - first, r) for r in wave)
+        return [runs.get(i) for i in range(len(tasks))]
+
+    def _wave(
+        self, first: int, tasks: Sequence[Task], encoded: Mapping[int, Any], waiting: list[int]
+    ) -> list[GroupRun]:
+        """Admit the next wave, taking its tasks out of `waiting`: without a scheduler, all of
+        them; with one, tasks of paused domains are skipped and counted, then, in the staged
+        pipeline's admission order (`Scheduler.next_admissible`), up to `batch_size` groups."""
+        sched = self.scheduler
+        if sched is None:
+            everything = [self._admit(first + i, tasks[i], encoded.get(i)) for i in waiting]
+            waiting.clear()
+            return everything
+        for i in [i for i in waiting if sched.is_paused(tasks[i].domain)]:
+            self.counters["paused_skipped"] += 1
+            waiting.remove(i)
+        wave: list[GroupRun] = []
+        while waiting and sum(r.result is None for r in wave) < self.batch_size:
+            k = sched.next_admissible([tasks[i] for i in waiting])
+            if k is None:
+                break
+            i = waiting.pop(k)
+            wave.append(run := self._admit(first + i, tasks[i], encoded.get(i)))
+            if run.result is not None:  # it could not start: masked, its slot free again
+                sched.finish(run.task.domain)
+        return wave
+
+    def _admit(self, seq: int, task: Task, ids: Any) -> GroupRun:
+        """One group admitted: its prompt's ids (`ids`, or the error encoding raised), or its
+        environments opened; a task that cannot start is masked and counted, as in the pipeline."""
+        tier = self.scheduler.admit(task.domain) if self.scheduler is not None else None
+        gid = task.id if self.prefix is None else f"{self.prefix}{seq}"
+        budget = self.budgets.get(task.domain)
+        run = GroupRun.admit(task, gid, tier, seq, self.params, self.policy, self.counters, budget)
+        run.end_sessions = self.calls.end_sessions
+        try:
+            if isinstance(ids, BaseException):
+                raise ids
+            if not run.episodic:
+                run.prompt_ids = ids
+            else:
+                envs = run.open_envs()
+                try:
+                    encoded = {o: self.calls.encode_now(driver.first_messages(task, o)) for _, o in envs}
+                except BaseException:
+                    driver.close_envs(e for e, _ in envs)
+                    raise
+                run.start(envs, encoded)
+        except Exception as exc:
+            run.fail("admit", exc)
+        return run
+
+    # ---- the stages, in the caller's thread ---------------------------------------------
+    def _play(self, wave: list[GroupRun]) -> None:
+        """The wave's single-turn groups generated (by token budget, shortest first, at most
+        `batch_size` a call), its episode groups played one group at a time, then the execute
+        steps of the single-turn groups."""
+        single = [r for r in wave if r.result is None and not r.episodic]
         by_tokens: dict[int, list[GroupRun]] = {}
         for r in single:
             by_tokens.setdefault(r.max_tokens, []).append(r)
         for _, batch in sorted(by_tokens.items()):
             for start in range(0, len(batch), self.batch_size):
                 self._generate(batch[start : start + self.batch_size])
-        multi = [r for r in runs if r.episodic]
-        for k, r in enumerate(multi):
-            seed = None if self.params.seed is None else stable_hash("play", self.params.seed, k)
-            if r.result is None:
-                self._episodes(r, seed)
-            if r.result is None and r.executes:
-                self._retrying(r, self._run_execute)
-            if r.result is None:
-                r.settle()  # its environments close before the next task's open
+        for r in wave:
+            if r.episodic:
+                self._episodes(r)
         for r in single:
             if r.result is None and r.executes:
                 self._retrying(r, self._run_execute)
-        return runs
 
-    # ---- the stages, in the caller's thread ---------------------------------------
-    def _admit(self, seq: int, task: Task) -> GroupRun:
-        run = GroupRun.admit(
-            task, task.id, None, seq, self.params, self.policy, self.counters, self.budgets.get(task.domain)
-        )
-        run.end_sessions = self.engine.end_sessions  # Engine contract: a no-op where nothing is kept
-        try:
-            if not run.episodic:
-                run.prompt_ids = self.engine.encode_chat(task.prompt)
-            else:
-                envs = run.open_envs()
-                try:
-                    encoded = {o: self.engine.encode_chat(driver.first_messages(task, o)) for _, o in envs}
-                except BaseException:
-                    driver.close_envs(e for e, _ in envs)
-                    raise
-                run.start(envs, encoded)
-        except Exception as exc:  # a task that cannot start is masked and counted, as in the pipeline
-            run.finish(run.mask_rest(capture(exc)))
-        return run
+    def _seed(self, run: GroupRun) -> int | None:
+        if self.seed is not None:
+            return run.group_seed(self.seed)
+        return self._episode_seeds.get(run.seq) if run.episodic else self.params.seed
 
     def _generate(self, batch: list[GroupRun]) -> None:
-        """One engine call for `batch` (single-turn groups); a call that fails over several
-        groups is split in halves (as the pipeline and the direct path do), so only the group
-        whose own request fails is masked; one group's failed call, or a timeout, is retried
-        while its retries last, then masks it."""
+        """`batch` generated through `group.generation`; the groups whose call is retried are
+        generated again after the longest of their backoffs, until none is."""
         while batch:
-            requests = [r.requests(self.params, self.params.seed)[0] for r in batch]
-            t0 = time.perf_counter()
+            plan = generation(batch, self.params, self._seed)
             try:
-                outs = self.engine.generate(requests)
-                if len(outs) != len(requests):
-                    raise GenerationError(f"engine returned {len(outs)} groups for {len(requests)} requests")
-            except Exception as exc:
-                if len(batch) > 1 and not isinstance(exc, TimeoutError):
-                    self.counters["generate_splits"] += 1
-                    half = len(batch) // 2
-                    self._generate(batch[:half])
-                    self._generate(batch[half:])
-                    return
-                rec, again, delay = capture(exc), [], 0.0
-                for r in batch:
-                    wait = r.retry_group("generate", rec)
-                    if wait is None:
-                        r.finish(r.mask_rest(rec))
-                    else:
-                        again.append(r)
-                        delay = max(delay, wait)
-                self.sleep(delay)
-                batch = again
-                continue
-            took = (time.perf_counter() - t0) / len(batch)
-            for r, got in zip(batch, outs):
-                r.generated([got], took)
-            return
+                call = next(plan)
+                while True:
+                    call = plan.send(self._engine_call(*call))
+            except StopIteration:
+                pass
+            again = [r for r in batch if r.result is None and r.backoff is not None]
+            if again:
+                self.sleep(max(r.backoff or 0.0 for r in again))
+            batch = again
 
-    def _episodes(self, run: GroupRun, seed: int | None) -> None:
+    def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> tuple[Any, float]:
+        meter, token = self.meters["generate"], next(self._tokens)
+        meter.begin(token)
+        try:
+            outs = self.calls.generate_now(requests)
+        except Exception as exc:
+            meter.end(token, groups, error=True)
+            return exc, 0.0
+        return outs, meter.end(token, groups)
+
+    def _episodes(self, run: GroupRun) -> None:
         """Play the group's episodes to their end: generate each turn, step the environments
-        (an infra failure retried, then masked alone), encode the observations."""
-        while run.playing:
-            reqs = run.requests(self.params, seed)
-            t0 = time.perf_counter()
-            try:
-                driver.generate_each(self.engine.generate, reqs, run.targets)
-            except Exception as exc:
-                delay = run.retry_group("generate", capture(exc))
-                if delay is None:
-                    run.finish(run.mask_rest(capture(exc)))
-                    return
-                self.sleep(delay)
-                continue
-            run.spent(time.perf_counter() - t0)
-            self._retrying(run, self._step)
+        (an infra failure retried, then masked alone), encode the observations; then its
+        execute step (a domain that executes), its environments closed."""
+        while run.result is None and run.playing:
+            self._generate([run])
+            if run.result is None:
+                self._retrying(run, self._step)
+        if run.result is None and run.executes:
+            self._retrying(run, self._run_execute)
+        if run.result is None:
+            run.settle()  # its environments close before the next group's turn
 
     def _retrying(self, run: GroupRun, stage: Callable[[GroupRun], dict[int, ErrorRecord]]) -> None:
         """`stage` (stepping or the execute step), run again for the samples that failed for the
@@ -196,7 +325,7 @@ class Play:
             except Exception as exc:
                 failed[i] = capture(exc, "sandbox")
                 continue
-            driver.observe(t, self.engine.encode_chat)
+            driver.observe(t, self.calls.encode_now)
             run.stepped(i, t)
         return failed
 
@@ -206,12 +335,26 @@ class Play:
 
     def _verify(self, run: GroupRun) -> GroupResult:
         """Verify the group (transient verifier failures retried after the backoff) and finish it."""
+        run.timings.setdefault("execute_s", 0.0)
+        meter, token = self.meters["verify"], next(self._tokens)
+        meter.begin(token)
         while True:
             todo, episodes = run.to_verify()
-            delay = run.verified_some(todo, verify_group(run.task, episodes) if episodes else ())
+            delay = run.verified_some(todo, self.calls.verify_now(run.task, episodes) if episodes else ())
             if delay is None:
-                return run.finish(run.verdicts(), run.episodes or ())
+                break
             self.sleep(delay)
+        run.timings["verify_s"] = meter.end(token)
+        verdicts = run.verdicts()
+        if self.scheduler is not None:
+            self.scheduler.record_verification(run.task.domain, bool(run.infra_failed()))
+        return run.finish(verdicts, run.episodes or ())
+
+
+def _episodic(task: Task) -> bool:
+    from posttrain.domains.registry import get
+
+    return get(task.domain).environment() is not None
 
 
 def played(run: GroupRun) -> list[Played]:

@@ -3,7 +3,7 @@ domains are paused.
 
 What a run does with it: the mix of domains is the task pool's (`TaskPool.draw`,
 tasks/pool.py: smooth weighted round-robin by target share, within one round of it); the
-pipeline's schedulers (pipeline/core.py, pipeline/direct.py) admit the drawn tasks through
+pipeline's schedulers (pipeline/core.py, pipeline/play.py) admit the drawn tasks through
 `next_admissible`, `admit` and `finish`, skip a paused domain's tasks (`is_paused`), and
 report each verified group (`record_verification`).
 

@@ -4,7 +4,7 @@ Invariant: `sample` returns one group per task it ran, in task order (tasks
 of a paused domain are skipped and counted, never generated), each group's
 samples seeded by (run seed, step, group index) so results do not depend on
 batching, on the runtime (embedded threads or Ray actors) or on the path
-(the direct path, pipeline/direct.py, when every domain allows it; else the
+(the direct path, the inline scheduler of pipeline/play.py, when every domain allows it; else the
 staged pipeline on one event loop kept for the run); replacement rounds draw
 fresh tasks for groups dynamic sampling filtered, and count them.
 Every task it is given or draws is registered in `ledger` (pipeline/draws.py)
@@ -25,8 +25,8 @@ from posttrain.contracts.engine import Engine
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
 from posttrain.pipeline.core import GroupResult, Pipeline
-from posttrain.pipeline.direct import Direct
 from posttrain.pipeline.draws import DrawLedger
+from posttrain.pipeline.play import Play
 from posttrain.pipeline.scheduler import EventSink, Scheduler
 from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Workers
 from posttrain.rollout import Rollout, informative
@@ -126,7 +126,7 @@ class StepRollouts:
         self.direct = bool(
             config.direct and config.generate_timeout_s is None and all(workers.inline(n) for n in pool.names)
         )
-        """Every step runs through pipeline/direct.py (no asyncio stages): see PipelineConfig.direct."""
+        """Every step runs inline (pipeline/play.py, no asyncio stages): see PipelineConfig.direct."""
         self._runner: asyncio.Runner | None = None
         self._replaced = 0
         self.ledger = DrawLedger()
@@ -166,15 +166,10 @@ class StepRollouts:
     def _sample_direct(
         self, tasks: list[Task], ids: list[str], params: SamplingParams, step: int
     ) -> tuple[list[list[Rollout]], dict[str, float]]:
-        """As `_sample`, through pipeline/direct.py: no event loop, no stages."""
-        direct = Direct(
-            self.config,
-            self.workers,
-            params,
-            self.scheduler,
-            group_prefix=f"{step}:",
-            seed=stable_hash("rollout", self.seed, step),
-            budgets=self.budgets,
+        """As `_sample`, through the inline scheduler (pipeline/play.py): no event loop, no stages."""
+        seed = stable_hash("rollout", self.seed, step)
+        direct = Play.direct(
+            self.config, self.workers, params, self.scheduler, prefix=f"{step}:", seed=seed, budgets=self.budgets
         )
         groups: list[list[Rollout]] = []
         for round_ in range(self.config.replace_rounds + 1):

@@ -209,7 +209,7 @@ class Workers(Protocol):
         """Whether `domain`'s verifier may run in the caller's thread (no verify stage hop)."""
 
     def inline(self, domain: str) -> bool:
-        """Whether `domain`'s groups may take the direct path (pipeline/direct.py, no stages)."""
+        """Whether `domain`'s groups may take the direct path (pipeline/play.py, no stages)."""
 
     def pool_stats(self) -> dict[str, float]:
         """The step's stage-pool metrics (`pool_*`: actors per stage, changes so far); empty for
@@ -219,7 +219,7 @@ class Workers(Protocol):
 
 
 class InlineWorkers(Workers, Protocol):
-    """Workers that also run in the caller's thread: what the direct path (pipeline/direct.py)
+    """Workers that also run in the caller's thread: what the direct path (pipeline/play.py)
     takes (`EmbeddedWorkers`; a runtime whose `inline` is always False need not have these)."""
 
     def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
@@ -301,7 +301,7 @@ class EmbeddedWorkers:
         return is_cheap(get(domain).verifier)
 
     def inline(self, domain: str) -> bool:
-        """Whether groups of `domain` may skip the stages (pipeline/direct.py): single-turn,
+        """Whether groups of `domain` may skip the stages (pipeline/play.py): single-turn,
         nothing to execute, and a cheap verifier (`cheap_verifier`)."""
         from posttrain.domains.registry import get
 
