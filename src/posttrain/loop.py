@@ -336,7 +336,8 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     )
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    replays = run.replay.take(step) if run.replay is not None else []  # trainer.replay: past groups, trained again
+    # trainer.replay: past groups, trained again at the engine's (the trainer's) weights
+    replays = run.replay.take(step, int(run.engine.version)) if run.replay is not None else []
     stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef, replays)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     _account(run, sampling.rollouts.ledger, step, groups, kept, stats)
@@ -439,8 +440,9 @@ def _replay_step(
     """trainer.replay after a train step: its replays as a `replay` trace event (`_replay_event`),
     then the kept groups of a step that applied its update enter the buffer. Returns the metrics
     row's replay figures: replayed groups and rows, their share of the step's batch rows, their
-    age (loop steps since sampled), ratio to the behaviour log-probs and clipped share (means over
-    the replayed rows that entered the loss), what entered, and the buffer's size and totals."""
+    age (weight versions since the ones that generated them), ratio to the behaviour log-probs and
+    clipped share (means over the replayed rows that entered the loss), what entered, and the
+    buffer's size and totals."""
     links = stats.rollouts if stats is not None else {}
     if replays:
         _replay_event(run, step, replays, links, stats.outcome if stats is not None else "no_signal")
@@ -452,7 +454,7 @@ def _replay_step(
     )
     rows = [row for e in replays for row in e.rows]
     used = [links[r.rollout_id] for r in rows if r.rollout_id in links and links[r.rollout_id].ratio is not None]
-    ages = [e.age(step) for e in replays]
+    ages = run.replay.ages(replays)  # weight versions between a group's generation and this step's
     n_rows = stats.n_rows if stats is not None else 0
     return {
         "replay_groups": len(replays),
@@ -470,15 +472,12 @@ def _replay_step(
 
 def _replay_event(run: _Run, step: int, replays: Sequence[Any], links: Mapping[str, Any], outcome: str) -> None:
     """One `replay` trace event for the step: per replayed group its id, the draw it was made from
-    (whose fate stays the one it had), the step that sampled it, its age and replay count, and per
+    (whose fate stays the one it had), the step that drew it, the step that first trained it, the
+    weight versions that generated it and train it now, their gap, its replay count, and per
     rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
     groups = [
         {
-            "group_id": e.group_id,
-            "draw": (run.trace.draw_of_group(e.group_id) or {}).get("id"),
-            "sampled_step": e.step,
-            "age": e.age(step),
-            "replays": e.replays + 1,
+            **run.replay.event_group(e, run.trace.draw_of_group(e.group_id)),
             "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
         }
         for e in replays

@@ -310,7 +310,7 @@ def _replay_table(data: RunData) -> str:
         ("steps that replayed", f"{r['steps']:.0f}"),
         ("groups replayed / admitted", f"{r['groups']:.0f} / {r['admitted']:.0f}"),
         ("share of a replaying step's rows", f"{r['share']:.1%}"),
-        ("age, mean / max (loop steps)", f"{r['age_mean']:.2f} / {r['age_max']:.0f}"),
+        ("age, mean / max (weight versions)", f"{r['age_mean']:.2f} / {r['age_max']:.0f}"),
         ("ratio to behaviour log-probs, mean", f"{r['ratio_mean']:.4f}"),
         ("clipped share of replayed tokens", f"{r['clipped']:.1%}"),
         (
