@@ -235,7 +235,8 @@ def _judge_table(data: RunData) -> str:
 
     rows = [
         '<tr><th class="l">domain</th><th class="l">judge</th><th>items</th><th>agreement [95% CI]</th>'
-        '<th>length bias</th><th>swap disagreement</th><th class="l">verdict</th></tr>'
+        '<th>length bias</th><th>swap disagreement</th><th>content bias (worst)</th><th>abstentions (skew)</th>'
+        '<th class="l">verdict</th></tr>'
     ]
     for j in data.judges:
         fired = j.get("fired") or []
@@ -244,6 +245,8 @@ def _judge_table(data: RunData) -> str:
             f"<td>{j['items'] - j['infra_errors']}</td>"
             f"<td>{fmt(j['agreement'])} [{j['agreement_low']:.2f}, {j['agreement_high']:.2f}]</td>"
             f"<td>{fmt(j['length_bias'])}</td><td>{fmt(j['swap_disagreement'])}</td>"
+            f"<td>{fmt(max((j.get('content_bias') or {}).values(), default=None))}</td>"
+            f"<td>{j.get('abstentions', 0)} ({fmt(j.get('abstention_skew'))})</td>"
             f'<td class="l{" alarm" if fired else ""}">{html.escape("biased: " + ", ".join(fired) if fired else "passed")}</td></tr>'
         )
     return "<table>" + "".join(rows) + "</table>"
