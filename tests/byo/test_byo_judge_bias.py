@@ -250,7 +250,9 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
     assert out["biased"][0]["fired"] == ["calibration", "length", "content"] and len(out["biased"][1]) == 1
     assert "biased: calibration, length, content" in out["biased"][2]  # the report's judge table
     stop = train_cfg(tmp_path / "stop", micro_base, "stop", domains, "monitor.alarms.judge_bias.action=stop")
-    with pytest.raises(VerifierError, match="biased: calibration, length, content; set monitor.alarms.judge_bias.action=log"):
+    with pytest.raises(
+        VerifierError, match="biased: calibration, length, content; set monitor.alarms.judge_bias.action=log"
+    ):
         train(stop, log=lambda *_: None)  # refuses to start on the biased judge
 
 

@@ -115,7 +115,7 @@ def _no_verdict_replies(seed: int) -> list:
         lambda r, n: f'<verdict id="{n[::-1]}">10</verdict>',
         lambda r, n: f'<verdict id="{n}">10',
     ]
-    noise = [(lambda text: (lambda r, n: text))(" ".join(rnd.choices(words, k=rnd.randint(0, 30)))) for _ in range(6)]
+    noise = [(lambda text: lambda r, n: text)(" ".join(rnd.choices(words, k=rnd.randint(0, 30)))) for _ in range(6)]
     return fixed + noise
 
 

@@ -235,7 +235,7 @@ def _judge_table(data: RunData) -> str:
 
     rows = [
         '<tr><th class="l">domain</th><th class="l">judge</th><th>items</th><th>agreement [95% CI]</th>'
-        '<th>length bias</th><th>swap disagreement</th><th>content bias (worst)</th><th>abstentions (skew)</th>'
+        "<th>length bias</th><th>swap disagreement</th><th>content bias (worst)</th><th>abstentions (skew)</th>"
         '<th class="l">verdict</th></tr>'
     ]
     for j in data.judges:
