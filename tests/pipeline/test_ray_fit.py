@@ -54,3 +54,40 @@ def test_custom_resources_of_the_local_cluster_come_from_the_config():
         check_fits(fit_defaults(cfg, {"CPU": 2.0}), {"CPU": 2.0})  # without the field: no slot
     with pytest.raises(ConfigError, match="pipeline.ray_resources"):
         load_config(None, ["pipeline.ray_resources={CPU: 4}"])
+
+
+@pytest.mark.ray
+def test_train_starts_its_own_cluster_with_the_defaults_and_custom_resources(micro_base, tmp_path):
+    """`posttrain train` with runtime ray, the default CPU declarations (7 CPUs on a machine that may
+    have 2) and execution actors that declare a custom resource the cluster gets from
+    pipeline.ray_resources: the run starts its own local cluster and trains (before: refused)."""
+    import ray
+
+    from posttrain.loop import train
+    from posttrain.trace import TraceStore
+
+    assert not ray.is_initialized()
+    overrides = [
+        "runtime=ray",
+        "pipeline.ray_resources={sandbox_slot: 4}",
+        "pipeline.execute_resources={sandbox_slot: 1}",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens=4",
+        "eval.tasks_per_domain=2",
+        "eval.max_tokens=4",
+        "run.threads=1",
+        "run.progress=false",
+        "monitor.report=false",
+        "run.steps=1",
+        "tasks.domains={add: {difficulty: 1}}",
+        f"model.path={micro_base}",
+        f"run.out_dir={tmp_path}",
+        "run.name=fit",
+    ]
+    try:
+        # 4 execution actors x 1 sandbox_slot: without the cluster's 4 slots check_fits refuses the run
+        result = train(load_config(None, overrides), log=lambda *_: None)
+    finally:
+        ray.shutdown()  # the run shuts the cluster it started; this is for a run that failed
+    assert len(TraceStore(result.run_dir / "trace.db").recent(100)) == 2 * 2
