@@ -340,7 +340,8 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     )
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    replays = run.replay.take(step) if run.replay is not None else []  # trainer.replay: past groups, trained again
+    # trainer.replay: past groups, trained again at the engine's (the trainer's) weights
+    replays = run.replay.take(step, int(run.engine.version)) if run.replay is not None else []
     stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef, replays)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     outcome, guard = (stats.outcome, stats.guard_reason) if stats is not None else ("no_signal", None)

@@ -242,8 +242,12 @@ class ReplayConfig(BaseModel):
     """Groups replayed per step, as a share of rollout.prompts_per_step: round(share x
     prompts_per_step) groups, at least 1, when the buffer holds that many (fewer otherwise)."""
     max_age: int = Field(8, ge=1, le=100_000)
-    """An entry sampled at loop step s is replayed at steps s + 1 .. s + max_age at most; older
-    ones are evicted before each step takes its replays."""
+    """The largest gap, in weight versions, between the weights that generated a group (the
+    oldest among its scored completions) and the weights a replay trains it at: a group made by
+    version v is replayed only while the trainer is at v + 1 .. v + max_age (in sync mode, where
+    every step that updates pushes one version, the steps after the one that sampled it; in
+    async mode a group first trained k versions late has max_age - k left). Older entries are
+    evicted before each step takes its replays."""
     max_replays: int = Field(2, ge=1, le=1000)
     """Times one group is replayed before it leaves the buffer. A step takes the entries
     replayed least often first, the most recently sampled among equals."""
