@@ -43,9 +43,8 @@ class OpenAIEngine(Engine):
         concurrency: int = 16,
         admin_token: str | None = None,
     ) -> None:
-        import httpx
-
         from posttrain.configs.serve import admin_token as env_admin_token
+        from posttrain.engine import http
 
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"openai engine: base_url must start with http:// or https://, got {base_url!r}")
@@ -54,11 +53,7 @@ class OpenAIEngine(Engine):
         self.eos_token_id = int(tokenizer.eos_token_id) if tokenizer is not None else -1  # None: chat() only
         self.version = 0
         self._admin_token = admin_token or env_admin_token(None) or api_key
-        self._client = httpx.Client(
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {api_key}"},
-            limits=httpx.Limits(max_connections=concurrency),
-        )
+        self._client = http.client(timeout_s, concurrency, headers={"Authorization": f"Bearer {api_key}"})
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai-engine")
 
     @classmethod
