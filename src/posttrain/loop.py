@@ -132,7 +132,7 @@ class _Run:
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
         engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
-        sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
+        sync = WeightSync(cfg.engine, engine, trainer, rundir.path, cfg.trainer.mismatch)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
         if resume:
@@ -420,6 +420,7 @@ def _train_step(
     filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
     batch = _batch(kept, temperature, filtered, entropy_coef, tuple(row for e in replays for row in e.rows))
     stats = run.trainer.step(batch) if batch is not None else None
+    run.sync.guard.after_step(groups, stats, run.log)  # engine faults, train-inference mismatch: alarm or stop
     if stats is not None and stats.weights_changed:
         run.sync.push()
     replayed = {row.rollout_id for e in replays for row in e.rows}

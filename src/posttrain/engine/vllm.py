@@ -62,7 +62,8 @@ from typing import Any, Literal
 from posttrain.configs.engine import VLLMConfig
 from posttrain.engine import http
 from posttrain.engine.base import Engine, chat_ids, check_request
-from posttrain.engine.openai import completion_body, parse_choices, post_json
+from posttrain.engine.openai import completion_body, decoded, parse_choices, post_json
+from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable, WeightSyncError
 from posttrain.types import Completion, GenerationRequest, Message
 
@@ -191,8 +192,8 @@ class VLLMServer:
     interpreter, serving on a Unix domain socket (`socket`) in a folder of mode 0700 (no TCP port:
     its development routes, /pause, /collective_rpc, /reset_prefix_cache, /resume, which vLLM's
     --api-key does not guard, take orders only from this user's processes), HF_HUB_OFFLINE=1,
-    its own process group, its log in `<run_dir>/vllm/server.log`, its pid (= its process group) in `server.pid`. Serves an
-    export of `model_dir` (see `export_for_vllm`) as BASE_NAME; `lora_rank` enables runtime
+    its own process group, its log in `<run_dir>/vllm/server.log`, its pid (= its process group)
+    in `server.pid`. Serves an export of `model_dir` (see `export_for_vllm`) as BASE_NAME; `lora_rank` enables runtime
     adapters up to that rank. Stopped on `stop()`, at the end of a `with` block, and at exit."""
 
     def __init__(
@@ -483,7 +484,8 @@ class VLLMEngine(Engine):
                 req.params.seed if req.params.seed is not None else self._rng.randrange(_SEED_SPAN) for req in requests
             ]
         with self._admitted() as version:
-            return list(self._pool.map(lambda rs: self._one(rs[0], rs[1], version), zip(requests, seeds)))
+            outs = list(self._pool.map(lambda rs: self._one(rs[0], rs[1], version), zip(requests, seeds)))
+            return decoded(requests, screen(requests, outs, self._vocab, (version, self.version)), self.decode)
 
     def update_weights(self, source: Any) -> int:
         """Load a checkpoint directory the server can read (full weights, or a LoRA adapter
@@ -571,7 +573,7 @@ class VLLMEngine(Engine):
         body = completion_body(self.model, ask, seed=seed % _SEED_SPAN)
         body["max_tokens"] = min(p.max_tokens, self._max_len - len(req.prompt_ids))
         data = self._call("/v1/completions", body, self.timeout_s)
-        out = [_trim_stop(c, p.stop) for c in parse_choices(ask, data, version, _no_token_strings, self.decode)]
+        out = parse_choices(ask, data, version, _no_token_strings)
         return out * p.n if greedy else out
 
     def _call(self, path: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
@@ -714,13 +716,3 @@ def _tensor_names(model_dir: Path) -> set[str]:
 
 def _no_token_strings(token: str) -> int:
     raise GenerationError(f"vllm engine: the server returned token {token!r} without token ids (return_token_ids)")
-
-
-def _trim_stop(c: Completion, stop: tuple[str, ...]) -> Completion:
-    """The text cut before the first stop string, as the hf engine cuts it."""
-    if not stop:
-        return c
-    cut = min((c.text.find(s) for s in stop if s in c.text), default=len(c.text))
-    if cut == len(c.text):
-        return c
-    return replace(c, text=c.text[:cut])
