@@ -155,7 +155,9 @@ def test_each_lie_refuses_that_sample_alone(liar, lie, kind):
     [group] = engine.generate([_request()])
     refused = group[LIE_AT]
     assert refused.fault.startswith("engine fault:") and _EXPECT[kind] in refused.fault, refused.fault
-    assert refused.token_ids == () and refused.logprobs == () and refused.text == "" and refused.finish_reason == "error"
+    assert (
+        refused.token_ids == () and refused.logprobs == () and refused.text == "" and refused.finish_reason == "error"
+    )
     assert [c for i, c in enumerate(group) if i != LIE_AT] == [c for i, c in enumerate(honest) if i != LIE_AT]
 
 

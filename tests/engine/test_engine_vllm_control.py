@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from test_sync_probe_vllm import _train_one_step
 
 from posttrain.configs.engine import EngineConfig
 from posttrain.configs.trainer import TrainerConfig
@@ -22,12 +23,23 @@ from posttrain.engine.vllm import default_python
 from posttrain.errors import SyncVerificationError
 from posttrain.model.arch import load_model
 from posttrain.trainer.trainer import Trainer
-from test_sync_probe_vllm import _train_one_step, untied_tiny  # noqa: F401 - a fixture
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not default_python().exists(), reason="no .venv-vllm (make vllm-venv)"),
 ]
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory) -> str:
+    """The embedded base's architecture (preset tiny, tied embeddings: the server serves an untied
+    export), pretrained for a few steps."""
+    from posttrain.configs.base import BaseConfig
+    from posttrain.model.pretrain import build_base
+
+    out = tmp_path_factory.mktemp("base") / "tiny"
+    build_base(BaseConfig(preset="tiny", steps=60, batch_size=16, threads=1), out, progress=False)
+    return str(out)
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -92,10 +104,10 @@ def _other_user_connects(path: Path) -> str:
         return f.read().decode()
 
 
-def test_the_owned_server_takes_orders_only_from_posttrain(untied_tiny, tmp_path):  # noqa: F811
+def test_the_owned_server_takes_orders_only_from_posttrain(tiny_base, tmp_path):
     from posttrain.engine.sync import WeightSync, make_engine
 
-    model, tok = load_model(untied_tiny, device="cpu")
+    model, tok = load_model(tiny_base, device="cpu")
     trainer = Trainer(model, TrainerConfig(lr=1e-2))
     cfg = EngineConfig.model_validate({"kind": "vllm"})
     engine = make_engine(cfg, model, tok, 0, tmp_path)
