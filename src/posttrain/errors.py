@@ -47,7 +47,7 @@ class TaskError(PosttrainError, ValueError):
 class GenerationError(PosttrainError):
     """The engine failed or timed out (infra, never reward 0)."""
 
-    kind = "generation"
+    kind: ErrorKind = "generation"
 
 
 class ServerUnavailable(GenerationError):
@@ -68,7 +68,7 @@ class EngineFault(GenerationError):
     kind "engine", counted, and never scored or trained on; an engine that keeps doing it stops
     the run with this error."""
 
-    kind = "engine"
+    kind: ErrorKind = "engine"
 
 
 class SandboxError(PosttrainError):
