@@ -78,6 +78,12 @@ class ProbeResult:
 
     @property
     def message(self) -> str:
+        if self.attempt == 0:  # before_push: the engine against its own verified answer
+            verdict = "unchanged" if self.ok else "CHANGED without a push"
+            return (
+                f"served weights {verdict} since the check at engine version {self.version}: max |now - then| "
+                f"log-prob {self.max_diff:.3g} over {self.tokens} tokens (tolerance {self.tolerance:g})"
+            )
         verdict = "verified" if self.ok else "MISMATCH"
         return (
             f"weight sync {verdict} at engine version {self.version} (attempt {self.attempt}): "
