@@ -236,8 +236,8 @@ class SyncProbe:
             attempt=attempt,
         )
         self._record(result)
-        if result.ok:
-            self._verified = (tuple(completion.token_ids), tuple(engine_lp), int(version))
+        # a failed check leaves nothing verified to compare with (the run stops on it anyway)
+        self._verified = (tuple(completion.token_ids), tuple(engine_lp), int(version)) if result.ok else None
         return result
 
     def prompt(self) -> tuple[int, ...]:
