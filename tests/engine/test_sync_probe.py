@@ -128,7 +128,7 @@ def test_weights_changed_behind_posttrains_back_are_caught_before_the_next_push(
     with pytest.raises(SyncVerificationError, match="changed without a push") as err:
         probe.before_push()
     figures = re.search(r"now (-?\d+\.\d+), at the check (-?\d+\.\d+)", str(err.value))
-    tokens = re.search(r"other tokens: now \[[\d, ]+\], at the check \[[\d, ]+\]", str(err.value))
+    tokens = re.search(r"another first token: now \[[\d, ]+\], at the check \[[\d, ]+\]", str(err.value))
     assert tokens or abs(float(figures.group(1)) - float(figures.group(2))) > 1e-4, str(err.value)
 
 
