@@ -17,8 +17,9 @@ sink (the run's trace) before any error is raised.
 A remote engine's served weights must also change only by posttrain's pushes: `before_push`
 (the start of every `WeightSync.push` to a remote engine) runs the probe again and compares
 the engine's answer with the last verified one (same weights, same prompt, same seed: the same
-log-probs within the tolerance over the tokens both answers share, at least the first); a difference means another process changed what
-the engine serves (a reload through its control plane, say), and SyncVerificationError stops
+log-probs within the tolerance over the tokens both answers share, at least the first); a
+difference means another process changed what the engine serves (a reload through its control
+plane, say), and SyncVerificationError stops
 the run, naming both figures. The probe runs the same request at every push, so this costs one
 probe generation a push.
 """
