@@ -234,7 +234,8 @@ def variant(name: str, cfg: Any, model_dir: str | None, out: str) -> dict[str, A
 
 
 def step(v: dict[str, Any], number: int) -> None:
-    from posttrain import loop
+    from posttrain.domains.registry import verifier_label
+    from posttrain.trace.rows import rollout_record
     from posttrain.trainer.batch import RolloutLink
 
     t, clock, cpu = v["times"], v["clock"], time.process_time
@@ -246,7 +247,7 @@ def step(v: dict[str, Any], number: int) -> None:
     else:
         groups, _ = v["rollouts"].sample(tasks, v["params"], number)
     c2, e1 = cpu(), clock.cpu
-    records = [loop._record(r, v["params"], v["budgets"]) for g in groups for r in g]
+    records = [rollout_record(r, v["params"], verifier_label, v["budgets"]) for g in groups for r in g]
     c3 = cpu()
     if v["name"] == "before":
         legacy_write(v["trace"], records)

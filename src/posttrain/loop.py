@@ -10,7 +10,9 @@ from its newest intact checkpoint, with the trace and metrics cut back to what
 they held when that checkpoint was written (its `records` marks), so the
 resumed run's records equal the uninterrupted run's. Every task the pool hands
 out is, across crashes and resumes, trained on once or dropped with its reason,
-both in the trace (`draws`) before the checkpoint after it (`_account`).
+both in the trace (`draws`) before the checkpoint after it (`DrawLedger.account`,
+pipeline/draws.py). The trace rows are built in trace/rows.py, the replay bookkeeping is
+trainer/replay.py's, the batch trainer/batch.py's: this file is the loop.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from posttrain.configs import Config
+from posttrain.domains.registry import verifier_label
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
 from posttrain.metrics_log import MetricsLog, roll_back
@@ -50,11 +53,23 @@ from posttrain.pipeline.step import StepRollouts, make_workers, trace_events
 from posttrain.pipeline.workers import DomainExecute, configure_pool
 from posttrain.rollout import Rollout, informative
 from posttrain.rundir import RunDir
-from posttrain.trace import RolloutRecord, TraceStore, exec_summary, transcript
+from posttrain.trace import TraceStore
+from posttrain.trace.rows import rollout_records
+from posttrain.trainer.batch import batch_of
+from posttrain.trainer.replay import replay_buffer
 from posttrain.types import SamplingParams, to_dict
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from posttrain.contracts.engine import Engine
+    from posttrain.engine.sync import WeightSync
+    from posttrain.monitor.monitor import Monitor
     from posttrain.tasks.pool import TaskPool
+    from posttrain.trainer.distributed import LeaderTrainer
+    from posttrain.trainer.replay import ReplayBuffer
+    from posttrain.trainer.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -100,25 +115,25 @@ class _Run:
     cfg: Config
     rundir: RunDir
     pool: TaskPool
-    model: Any
-    tokenizer: Any
-    trainer: Any  # the trainer, or its torchrun leader
-    engine: Any
-    sync: Any  # weight sync with the (maybe remote) engine
+    model: torch.nn.Module  # the policy (a transformers causal LM; peft-wrapped under LoRA)
+    tokenizer: PreTrainedTokenizerBase
+    trainer: Trainer | LeaderTrainer  # the trainer, or its torchrun leader
+    engine: Engine  # hf, vllm or openai (engine/sync.py make_engine)
+    sync: WeightSync  # weight sync with the (maybe remote) engine
     trace: TraceStore
     metrics: MetricsLog
-    monitor: Any
+    monitor: Monitor
     evaluator: RunEvaluator
     state: dict[str, Any]  # what a checkpoint carries (besides `records`, the trace and metrics marks)
     budget: CpuBudget  # run.cpu_budget_s: training CPU, carried across a resume
     countermeasures: Countermeasures  # entropy bonus and diversity reward per domain (configured or raised)
     stop: str  # why the monitor, started, stops the run ('' to go on)
-    log: Any
+    log: Callable[[str], object]
     in_flight: dict[str, Any] | None = None
     """A resumed run: the checkpoint's state of the async stream (`Continuous.state_dict`), or None."""
     stream: Continuous | None = None
     """pipeline.mode async: the stream, whose state every checkpoint carries."""
-    replay: Any = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
+    replay: ReplayBuffer | None = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
 
     @classmethod
     def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
@@ -151,7 +166,7 @@ class _Run:
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool, cm=cm)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
         evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
-        replay = _replay_buffer(cfg, state.pop("replay", None))
+        replay = replay_buffer(cfg.trainer.replay, cfg.rollout.prompts_per_step, state.pop("replay", None))
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
@@ -195,18 +210,6 @@ class _Run:
     def marks(self) -> dict[str, Any]:
         """How far the trace and metrics.jsonl reach now (synced to disk)."""
         return {"trace": self.trace.mark(), "metrics": self.metrics.mark()}
-
-
-def _replay_buffer(cfg: Config, state: dict[str, Any] | None) -> Any:
-    """trainer.replay's buffer (None when off), with the checkpoint's contents on resume."""
-    if not cfg.trainer.replay.enabled:
-        return None
-    from posttrain.trainer.replay import ReplayBuffer
-
-    buffer = ReplayBuffer(cfg.trainer.replay, cfg.rollout.prompts_per_step)
-    if state is not None:
-        buffer.load_state_dict(state)
-    return buffer
 
 
 def _records(rundir: RunDir, marks: Mapping[str, Any] | None, step: int, log: Any) -> tuple[TraceStore, MetricsLog]:
@@ -339,11 +342,16 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     replays = run.replay.take(step) if run.replay is not None else []  # trainer.replay: past groups, trained again
     stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef, replays)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
-    _account(run, sampling.rollouts.ledger, step, groups, kept, stats)
+    outcome, guard = (stats.outcome, stats.guard_reason) if stats is not None else ("no_signal", None)
+    ledger = sampling.rollouts.ledger  # each returned group's draw gets its fate (pipeline/draws.py)
+    ledger.account(step, groups, kept, outcome, guard, run.cfg.rollout.dynamic_sampling)
+    ledger.flush(run.trace)  # one transaction, before any checkpoint after this step
     summary = _summary(groups, kept, sampling.budgets)
     trained = {} if stats is None else _stats_row(stats)
-    if run.replay is not None:
-        trained.update(_replay_step(run, step, kept, replays, stats, sampling.params.temperature))
+    if run.replay is not None:  # its replay event, the kept groups admitted, its metrics (trainer/replay.py)
+        trained.update(
+            run.replay.after_step(run.trace, step, kept, replays, stats, sampling.params.temperature, cm.entropy_coef)
+        )
     run.metrics.write(
         "train",
         step,
@@ -395,8 +403,7 @@ def _stats_row(stats: Any) -> dict[str, Any]:
 def _write_trace(run: _Run, sampling: _Sampling, groups: Sequence[Sequence[Rollout]]) -> None:
     """Write every rollout of the step to the trace, under the id it was born with (before any
     train step consumes it), and let the pool see the scored ones."""
-    shared: dict[str, tuple[dict[str, Any], str]] = {}  # per domain, for this step's records
-    run.trace.write_rollouts([_record(r, sampling.params, sampling.budgets, shared) for g in groups for r in g])
+    run.trace.write_rollouts(rollout_records(groups, sampling.params, verifier_label, sampling.budgets))
     for r in (r for g in groups for r in g if r.reward is not None):
         run.pool.observe(r.task, r.reward)
 
@@ -414,11 +421,11 @@ def _train_step(
     (trainer.replay's entries: past groups' rows, with their behaviour log-probs), push changed
     weights to the engine, and mark in the trace what the step did with each rollout it sampled
     (a replayed rollout keeps the link to the step that sampled it; its replay is a `replay`
-    event, `_replay_step`). The trainer's stats, or None. `entropy_coef`: each domain's
+    event, `ReplayBuffer.after_step`). The trainer's stats, or None. `entropy_coef`: each domain's
     entropy-bonus coefficient (None: 0)."""
     kept_ids = {g[0].group_id for g in kept if g}
     filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
-    batch = _batch(kept, temperature, filtered, entropy_coef, tuple(row for e in replays for row in e.rows))
+    batch = batch_of(kept, temperature, filtered, entropy_coef, tuple(row for e in replays for row in e.rows))
     stats = run.trainer.step(batch) if batch is not None else None
     run.sync.guard.after_step(groups, stats, run.log)  # engine faults, train-inference mismatch: alarm or stop
     if stats is not None and stats.weights_changed:
@@ -427,103 +434,6 @@ def _train_step(
     links = stats.rollouts if stats is not None else {}
     run.trace.mark_consumed(step, {rid: link for rid, link in links.items() if rid not in replayed})
     return stats
-
-
-def _replay_step(
-    run: _Run,
-    step: int,
-    kept: Sequence[Sequence[Rollout]],
-    replays: Sequence[Any],
-    stats: Any,
-    temperature: float,
-) -> dict[str, Any]:
-    """trainer.replay after a train step: its replays as a `replay` trace event (`_replay_event`),
-    then the kept groups of a step that applied its update enter the buffer. Returns the metrics
-    row's replay figures: replayed groups and rows, their share of the step's batch rows, their
-    age (loop steps since sampled), ratio to the behaviour log-probs and clipped share (means over
-    the replayed rows that entered the loss), what entered, and the buffer's size and totals."""
-    links = stats.rollouts if stats is not None else {}
-    if replays:
-        _replay_event(run, step, replays, links, stats.outcome if stats is not None else "no_signal")
-    applied = stats is not None and stats.outcome == "applied"
-    admitted = (
-        run.replay.admit([(g, _rows(g, temperature, run.countermeasures.entropy_coef)) for g in kept if g], step)
-        if applied
-        else 0
-    )
-    rows = [row for e in replays for row in e.rows]
-    used = [links[r.rollout_id] for r in rows if r.rollout_id in links and links[r.rollout_id].ratio is not None]
-    ages = [e.age(step) for e in replays]
-    n_rows = stats.n_rows if stats is not None else 0
-    return {
-        "replay_groups": len(replays),
-        "replay_rows": len(rows),
-        "replay_share": round(len(rows) / n_rows, 4) if n_rows else 0.0,
-        "replay_age_mean": round(sum(ages) / len(ages), 3) if ages else 0.0,
-        "replay_age_max": max(ages, default=0),
-        "replay_ratio_mean": round(sum(lk.ratio for lk in used) / len(used), 5) if used else 1.0,
-        "replay_clipped": round(sum(lk.clipped for lk in used) / len(used), 5) if used else 0.0,
-        "replay_admitted": admitted,
-        "replay_buffer": len(run.replay),
-        **{f"replay_{k}_total": v for k, v in run.replay.counts.items()},
-    }
-
-
-def _replay_event(run: _Run, step: int, replays: Sequence[Any], links: Mapping[str, Any], outcome: str) -> None:
-    """One `replay` trace event for the step: per replayed group its id, the draw it was made from
-    (whose fate stays the one it had), the step that sampled it, its age and replay count, and per
-    rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
-    groups = [
-        {
-            "group_id": e.group_id,
-            "draw": (run.trace.draw_of_group(e.group_id) or {}).get("id"),
-            "sampled_step": e.step,
-            "age": e.age(step),
-            "replays": e.replays + 1,
-            "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
-        }
-        for e in replays
-    ]
-    message = f"{len(replays)} groups replayed ({outcome})"
-    run.trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
-
-
-def _link_json(link: Any) -> dict[str, Any] | None:
-    """A trainer link as the replay event stores it (None: the row entered no batch)."""
-    return None if link is None else {"advantage": link.advantage, "ratio": link.ratio, "clipped": link.clipped}
-
-
-def _account(
-    run: _Run,
-    ledger: Any,
-    step: int,
-    groups: Sequence[Sequence[Rollout]],
-    kept: Sequence[Sequence[Rollout]],
-    stats: Any,
-) -> None:
-    """Each returned group's draw gets its fate, and the step's draws and fates go to the trace
-    (one transaction, before any checkpoint after this step): trained when the group entered a
-    train step that applied its update; else dropped: "masked" (no sample scored), "filtered"
-    (dynamic sampling), "stale" (its weights too old for the engine), "guard" (the trainer's
-    guard skipped or rolled back the update), "no_signal" (the step had no row with signal)."""
-    kept_ids = {g[0].group_id for g in kept if g}
-    outcome = stats.outcome if stats is not None else "no_signal"
-    for g in groups:
-        draw = ledger.draw_of(g[0].group_id)
-        if draw is None:  # a group the ledger never bound: a pipeline path that skips it
-            raise RuntimeError(f"group {g[0].group_id} has no draw in the ledger")
-        if all(r.reward is None for r in g):
-            ledger.dropped(draw, "masked", step)
-        elif g[0].group_id not in kept_ids:
-            filtered = run.cfg.rollout.dynamic_sampling and not informative(g)
-            ledger.dropped(draw, "filtered" if filtered else "stale", step)
-        elif outcome == "applied":
-            ledger.trained(draw, step)
-        elif outcome in ("skipped", "rolled_back"):
-            ledger.dropped(draw, f"guard: {outcome} ({stats.guard_reason})", step)
-        else:
-            ledger.dropped(draw, f"no_signal: {outcome}", step)
-    ledger.flush(run.trace)
 
 
 def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
@@ -581,47 +491,6 @@ def _progress(cfg: Config, done: int) -> Any:
     )
 
 
-def _batch(
-    groups: Sequence[Sequence[Rollout]],
-    temperature: float,
-    filtered: Sequence[Sequence[Rollout]] = (),
-    entropy_coef: Callable[[str], float] | None = None,
-    replayed: Sequence[Any] = (),
-) -> Any:
-    """One row per scored rollout of the kept groups, carrying its trace id; a scored empty
-    completion is a row too (it counts in its group's advantages, enters no loss), then the
-    `replayed` rows (trainer.replay: past groups' TrainRows, as they were first trained).
-    The scored rollouts of the `filtered` groups (sampled this step, left out) are counted,
-    with their loss tokens, for the loss's normalisers (trainer.normalise).
-    None when no rollout is scored (nothing was sampled to train on); a batch of no rows
-    when every scored group was filtered (the trainer's zero-gradient step). Each row's reward is
-    the training reward (the verifier's plus any diversity bonus) and its entropy-bonus
-    coefficient is its domain's (`entropy_coef`; None: 0)."""
-    from posttrain.trainer.batch import TrainBatch
-
-    rows = [row for g in groups for row in _rows(g, temperature, entropy_coef)] + list(replayed)
-    dropped = [r for g in filtered for r in g if r.reward is not None]
-    tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
-    return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows or dropped else None
-
-
-def _rows(
-    group: Sequence[Rollout], temperature: float, entropy_coef: Callable[[str], float] | None = None
-) -> tuple[Any, ...]:
-    """The TrainRows of a group's scored rollouts, each carrying its trace id, its training reward
-    (the verifier's plus any diversity bonus) and its domain's entropy-bonus coefficient."""
-    from posttrain.trainer.batch import TrainRow
-
-    coef = entropy_coef or (lambda _: 0.0)
-    return tuple(
-        TrainRow.from_completion(
-            r.completion, r.train_reward, r.group_id, temperature, r.loss_mask, r.id, coef(r.task.domain)
-        )
-        for r in group
-        if r.train_reward is not None
-    )
-
-
 def _summary(
     groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]], budgets: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -654,68 +523,3 @@ def _summary(
         if budgets and d in budgets:
             out[f"token_budget_{d}"] = budgets[d].tokens
     return out
-
-
-@functools.lru_cache(maxsize=256)
-def _sampling(params: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
-    """The trace's view of the sampling parameters (with the domain's token budget), built
-    once per distinct value: every rollout of a domain shares it. Callers copy it."""
-    return to_dict(params if max_tokens is None else dataclasses.replace(params, max_tokens=max_tokens))
-
-
-def _record(
-    r: Rollout,
-    params: SamplingParams,
-    budgets: Mapping[str, Any] | None = None,
-    shared: dict[str, tuple[dict[str, Any], str]] | None = None,
-) -> RolloutRecord:
-    """The trace record of `r`. `shared`: per domain, the sampling dict and the verifier's name,
-    filled on first use and then shared by every record of the domain made with it (one write's
-    records: the trace encodes a shared value once)."""
-    s = r.score
-    domain = r.task.domain
-    per = shared.get(domain) if shared is not None else None
-    if per is None:
-        tokens = budgets[domain].tokens if budgets and domain in budgets else None
-        per = (dict(_sampling(params, tokens)), _verifier_name(domain))
-        if shared is not None:
-            shared[domain] = per
-    return RolloutRecord(
-        task_id=r.task.id,
-        domain=r.task.domain,
-        split=r.task.meta.split,
-        difficulty=r.task.meta.difficulty,
-        taskset_version=r.task.meta.taskset_version,
-        group_id=r.group_id,
-        model_version=r.completion.model_version,
-        sampling=per[0],
-        prompt=r.prompt_text,
-        completion=r.completion.text,
-        completion_tokens=len(r.completion.token_ids),
-        finish_reason=r.completion.finish_reason,
-        reward=None if s is None else s.value,
-        passed=None if s is None else s.passed,
-        parts={} if s is None else _parts(s.parts, r.diversity_bonus),
-        reason=r.error or ("" if s is None else s.reason),
-        verifier=per[1],
-        timings=dict(r.timings),
-        error_kind=r.error_kind,
-        error=r.error,
-        exec_result=exec_summary(r.exec_result),
-        turns=transcript(r.turns),
-        retries=r.retries,
-        id=r.id,
-    )
-
-
-def _parts(parts: Mapping[str, float], bonus: float | None) -> dict[str, float]:
-    """The trace's score parts: the verifier's, and the diversity bonus apart (the record's
-    `reward` stays the verifier's)."""
-    return dict(parts) if bonus is None else {**parts, "diversity_bonus": bonus}
-
-
-def _verifier_name(domain: str) -> str:
-    from posttrain.domains.registry import get
-
-    v = get(domain).verifier
-    return f"{getattr(v, 'name', type(v).__name__)}@{getattr(v, 'version', '?')}"

@@ -5,16 +5,22 @@ metrics (the loop, the monitor, the report, the torchrun followers) imports it
 without reaching the root config. Every line carries `kind`, `step` and `time`;
 each line is appended by one `write` system call on an O_APPEND descriptor, so it
 is readable at once while the run goes on and a crash (kill -9) leaves at most
-one partial last line, which `read_metrics` skips and `roll_back` removes.
+one partial last line, which `read_metrics` skips and `roll_back` removes. `read_metrics` is
+the one reader: a corrupt line (not UTF-8, not JSON, not an object, or without a string
+`kind`, an integer `step` and a numeric `time`) is skipped with one warning naming file:line
+and why, so a plan, a report or a resume reads the rest of the run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLog:
@@ -77,12 +83,42 @@ def roll_back(path: Path, mark: int) -> int:
 
 def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The rows of a metrics log (of `kind`, when given). A last line without its newline (a
-    write cut short by a crash) is not a row yet and is left out."""
+    write cut short by a crash) is not a row yet and is left out; a corrupt line is skipped with
+    one warning naming file:line (`parse_row`)."""
     if not path.is_file():
         return []
-    text = path.read_text()
-    lines = text.split("\n")
-    if lines and not text.endswith("\n"):
-        lines.pop()  # a partial last line (or the empty string after the final newline)
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return [r for r in rows if kind is None or r["kind"] == kind]
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    lines.pop()  # a partial last line, or the empty string after the final newline
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row, why = parse_row(line)
+        if row is None:
+            log.warning("%s:%d: corrupt metrics line skipped (%s)", path, number, why)
+        elif kind is None or row["kind"] == kind:
+            rows.append(row)
+    return rows
+
+
+def parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The row on one line of the log, or None and why it is not one."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    except RecursionError:
+        return None, "not JSON: nested too deeply"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    if not isinstance(row.get("kind"), str):
+        return None, "no string kind"
+    step, when = row.get("step"), row.get("time")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None, "no integer step"
+    if not isinstance(when, int | float) or isinstance(when, bool):
+        return None, "no numeric time"
+    return row, ""

@@ -10,7 +10,8 @@ from posttrain.cli import main
 
 
 def test_validate_and_stats_on_a_clean_file(tmp_path, capsys):
-    path = write_jsonl(tmp_path / "q.jsonl", rows(80) + rows(80)[:3])  # 3 exact duplicates
+    again = [{k: v for k, v in r.items() if k != "id"} for r in rows(80)[:3]]  # the same task, no id
+    path = write_jsonl(tmp_path / "q.jsonl", rows(80) + again)  # 3 exact duplicates
     assert (
         main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "numeric"])
         == 0
@@ -32,6 +33,17 @@ def test_validate_lists_bad_rows_and_rejected_gold(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 1 and "line 7: not valid JSON" in out and "PROBLEMS FOUND" in out
     assert "line 8: gold answer" in out or "line 8: gold answer could not be scored" in out
+
+
+def test_validate_catches_a_repeated_id_column_without_fields_id(tmp_path, capsys):
+    """A column named `id` is the row id unless fields.id names another: a repeated value is a
+    bad row naming both lines, with or without `--field id=...`."""
+    data = rows(60)
+    data[9]["id"] = data[2]["id"]
+    path = write_jsonl(tmp_path / "q.jsonl", data)
+    code = main(["tasks", "validate", str(path), "--field", "prompt=q", "--field", "answer=a", "--verifier", "numeric"])
+    out = capsys.readouterr().out
+    assert code == 1 and f"line 10: duplicate id '{data[2]['id']}' (first at line 3)" in out, out
 
 
 def test_unusable_input_exits_2(tmp_path, capsys):

@@ -84,11 +84,20 @@ def test_duplicate_ids_name_both_lines_in_every_format(tmp_path):
         source_domain("dupp", _spec(tmp_path / "dup.parquet"))
 
 
-def test_without_an_id_field_rows_are_told_apart_by_line(tmp_path):
+def test_a_column_named_id_is_the_row_id_unless_fields_id_names_another(tmp_path):
     data = _with_duplicates(rows(30))
+    first = data[2]["id"]
     path = write_jsonl(tmp_path / "noid.jsonl", data)
-    domain = source_domain("noid", _spec(path, {"prompt": "q", "answer": "a"}))  # the id column is not the id
+    with pytest.raises(TaskError, match=rf"line 10: duplicate id '{first}' \(first at line 3\)"):
+        source_domain("noid", _spec(path, {"prompt": "q", "answer": "a"}))  # no fields.id: `id` is the id
+    domain = source_domain("other", _spec(path, {"prompt": "q", "answer": "a", "id": "q"}))  # another column
     assert domain.size("train") + domain.size("eval") == 30
+    assert domain.sample(0, "train", 1).id.startswith("other:") and "-" in domain.sample(0, "train", 1).id
+    keyed = [{"key": r["id"], **{k: v for k, v in r.items() if k != "id"}} for r in data]
+    path = write_jsonl(tmp_path / "key.jsonl", keyed)
+    domain = source_domain("keyed", _spec(path, {"prompt": "q", "answer": "a"}))  # no `id` column: the line
+    assert domain.size("train") + domain.size("eval") == 30
+    assert domain.sample(0, "train", 1).id.split(":")[1].isdigit()
 
 
 def _over(raw: bytes) -> bool:
@@ -112,3 +121,35 @@ def test_posttrain_train_exits_2_naming_both_lines(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"line 10: duplicate id '{data[2]['id']}' (first at line 3)" in err
+
+
+def test_a_lone_surrogate_and_a_row_over_the_bound_name_their_line_and_field(tmp_path):
+    lines = _jsonl_lines(rows(30))
+    lines[4] = b'{"id": "s", "q": "1-\\ud800=", "a": "1"}'  # line 5: a lone surrogate escape
+    lines[6] = json.dumps({"id": "big", "q": "9-1=", "a": "8", "pad": "x" * 4_000_000}).encode()  # line 7: 4 MB
+    lines[8] = b'{"id": "m", "q": "2-1=", "a": "1", "meta": [{"k": "\\udfff"}]}'  # line 9: in a nested value
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TaskError) as got:
+        source_domain("hostile", _spec(path))
+    said = str(got.value)
+    assert "3 bad rows: line 5: field 'q' holds a lone surrogate \\ud800 at character 2: not text" in said, said
+    assert "line 7: row too long: 4,000,0" in said and "over the bound of 1,048,576 per row" in said, said
+    assert "line 9: field 'meta[0].k' holds a lone surrogate" in said, said
+    bigger = DomainSpec.model_validate(
+        {"source": {"path": str(path), "fields": FIELDS, "max_row_bytes": 8_000_000}, "verifier": "numeric"}
+    )
+    with pytest.raises(TaskError, match="2 bad rows: line 5: .*line 9: "):  # a larger bound takes the long row
+        source_domain("hostile2", bigger)
+
+
+def test_a_csv_record_over_the_bound_names_its_line_and_the_next_rows_read(tmp_path):
+    path = tmp_path / "long.csv"
+    data = rows(30)
+    data[3]["q"] = "y" * 2_000_000  # line 5 (the header is 1)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(data[0]))
+        w.writeheader()
+        w.writerows(data)
+    with pytest.raises(TaskError, match=r"1 bad rows: line 5: row too long: 2,000,0\d\d bytes"):
+        source_domain("longcsv", _spec(path))

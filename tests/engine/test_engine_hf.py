@@ -120,21 +120,34 @@ def test_keeping_finished_rows_in_the_batch_changes_nothing(model_tok, fraction)
     assert max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
 
 
-def test_the_record_hook_sees_each_new_token_of_unfinished_rows_once(model_tok):
+def test_on_tokens_sees_each_new_token_of_unfinished_rows_once(model_tok):
     model, tok = model_tok
     streamed: dict[tuple[int, int], list[int]] = {}
 
-    class Streaming(HFEngine):
-        def _record(self, rows, outs, active, tokens, logprobs):
-            super()._record(rows, outs, active, tokens, logprobs)
-            for r, t in zip(active, tokens):
-                streamed.setdefault((rows[r].request, rows[r].sample), []).append(t)
+    def on_tokens(request, sample, ids):
+        streamed.setdefault((request, sample), []).extend(ids)
 
-    engine = Streaming(model, tok, config=HFEngineConfig(compact_fraction=1.0))
-    groups = engine.generate(mixed_requests(engine))
+    engine = HFEngine(model, tok, config=HFEngineConfig(compact_fraction=1.0))
+    groups = engine.generate(mixed_requests(engine), on_tokens=on_tokens)
     for i, group in enumerate(groups):
         for j, c in enumerate(group):
             assert tuple(streamed[(i, j)]) == c.token_ids
+    streamed.clear()
+    engine.generate(mixed_requests(engine))  # the callback belongs to its call only
+    assert streamed == {}
+
+
+def test_check_finite_refuses_nonfinite_logits_and_is_off_by_default(model_tok):
+    import copy
+
+    model, tok = model_tok
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.get_input_embeddings().weight.fill_(float("nan"))
+    req = [GenerationRequest(chat(HFEngine(broken, tok), "hi"), SamplingParams(max_tokens=2, seed=0))]
+    with pytest.raises(GenerationError, match="non-finite logits"):
+        HFEngine(broken, tok, config=HFEngineConfig(check_finite=True)).generate(req)
+    HFEngine(broken, tok).generate(req)  # off (the training engine's default): it samples
 
 
 def test_prefix_sharing_computes_each_prompt_once(engine):

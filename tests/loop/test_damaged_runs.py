@@ -117,6 +117,25 @@ def test_a_partial_last_metrics_line_is_dropped_at_resume(run, finished):
     assert_same(records(run), records(finished))
 
 
+def test_a_corrupt_metrics_line_is_skipped_by_plan_report_and_resume(run, finished, capsys, caplog):
+    """A corrupt line in the middle of metrics.jsonl (before the checkpoint's mark, so a resume
+    keeps it) is skipped with one warning naming file:line; plan, report and resume go on."""
+    from posttrain.metrics_log import read_metrics
+
+    path = run / "metrics.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = b'{"kind": "train", "step": \xff oops'
+    path.write_bytes(b"\n".join(lines))
+    cluster = run / "cluster.yaml"
+    cluster.write_text("search: {generate: [1], execute: [1], verify: [1]}\nsimulate: {steps: 2, search_steps: 2}\n")
+    for argv in (["plan", str(run), "--cluster", str(cluster)], ["report", str(run)], ["train", "--resume", str(run)]):
+        caplog.clear()
+        assert main(argv) == 0, argv
+        assert f"{path}:2: corrupt metrics line skipped (not UTF-8)" in caplog.text, argv
+    rows = [(r["kind"], r["step"]) for r in read_metrics(finished / "metrics.jsonl")]
+    assert [(r["kind"], r["step"]) for r in read_metrics(path)] == rows[:1] + rows[2:]  # nothing else lost
+
+
 def _garbage(db):
     db.write_bytes(b"this is not a database" * 100)
     for side in ("trace.db-wal", "trace.db-shm"):

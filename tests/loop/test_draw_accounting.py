@@ -140,12 +140,15 @@ def test_a_run_accounts_for_every_draw_and_the_command_prints_it(tmp_path, micro
     from test_loop_e2e import _cfg
 
     import posttrain.loop as loop
+    import posttrain.pipeline.draws as draws
     from posttrain.loop import train
     from posttrain.rollout import informative
     from posttrain.trainer.guard import SpikeGuard
 
     # step 2's groups all look uninformative to the loop: they are dropped as filtered, not lost
-    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("2:") and informative(g))
+    looks = lambda g: not g[0].group_id.startswith("2:") and informative(g)  # noqa: E731
+    monkeypatch.setattr(loop, "informative", looks)
+    monkeypatch.setattr(draws, "informative", looks)  # the ledger's fates (pipeline/draws.py)
     calls, verdict = [], SpikeGuard.verdict  # the guard's second verdict (step 3's; step 2 coasts) is a spike
 
     def spike(self, loss, grad_norm):

@@ -27,8 +27,10 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     import torch
 
     from posttrain.configs.trainer import TrainerConfig
-    from posttrain.loop import _batch, _record
+    from posttrain.domains.registry import verifier_label
     from posttrain.model.arch import load_model
+    from posttrain.trace.rows import rollout_record
+    from posttrain.trainer.batch import batch_of
     from posttrain.trainer.trainer import Trainer
 
     trainer = Trainer(load_model(micro_base)[0], TrainerConfig(lr=1e-4))
@@ -47,8 +49,8 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     ]
     trace = TraceStore(tmp_path / "trace.db")
     params = SamplingParams(max_tokens=4, temperature=1.0, n=4)
-    trace.write_rollouts([_record(r, params) for r in group])
-    stats = trainer.step(_batch([group], 1.0))
+    trace.write_rollouts([rollout_record(r, params, verifier_label) for r in group])
+    stats = trainer.step(batch_of([group], 1.0))
     trace.mark_consumed(1, stats.rollouts)
     got = {r.id: trace.get(r.id) for r in group}
     good, bad, empty, infra = (r.id for r in group)
@@ -89,8 +91,8 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(
         link = recorded[r["id"]]
         assert (r["advantage"], r["ratio"], r["clipped"]) == (link.advantage, link.ratio, link.clipped)
 
-    batch = loop._batch  # the same groups, handed to the trainer in the reverse order, each reversed
-    monkeypatch.setattr(loop, "_batch", lambda gs, t, *more: batch([g[::-1] for g in gs[::-1]], t, *more))
+    batch = loop.batch_of  # the same groups, handed to the trainer in the reverse order, each reversed
+    monkeypatch.setattr(loop, "batch_of", lambda gs, t, *more: batch([g[::-1] for g in gs[::-1]], t, *more))
     reordered = train(_cfg(tmp_path, micro_base, "reordered", "run.steps=3", parity_domain), log=lambda *_: None)
     a, b = _params(plain.run_dir), _params(reordered.run_dir)
     assert a.keys() == b.keys()
@@ -123,14 +125,17 @@ def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
     tmp_path, micro_base, monkeypatch, parity_domain
 ):
     import posttrain.loop as loop
+    import posttrain.pipeline.draws as draws
     from posttrain.loop import train
     from posttrain.rollout import informative
 
     # step 2 keeps no group and (as when every rollout of a step is an infra error) gives the trainer
     # no batch, so the trainer is not called: its count falls behind the loop's
-    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("2:") and informative(g))
-    batch = loop._batch
-    monkeypatch.setattr(loop, "_batch", lambda groups, *a: batch(groups, *a) if groups else None)
+    looks = lambda g: not g[0].group_id.startswith("2:") and informative(g)  # noqa: E731
+    monkeypatch.setattr(loop, "informative", looks)
+    monkeypatch.setattr(draws, "informative", looks)  # the ledger's fates (pipeline/draws.py)
+    batch = loop.batch_of
+    monkeypatch.setattr(loop, "batch_of", lambda groups, *a: batch(groups, *a) if groups else None)
     extra = ("run.steps=4", "run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
     first = train(_cfg(tmp_path, micro_base, "ckpt", *extra), log=lambda *_: None)
     root = first.run_dir / "checkpoints"
@@ -156,10 +161,13 @@ def test_a_step_whose_groups_are_all_filtered_coasts_and_resumes_exactly(
     move between the checkpoints around it, the step is logged as coasted, and a run resumed
     right after it ends with the uninterrupted run's weights."""
     import posttrain.loop as loop
+    import posttrain.pipeline.draws as draws
     from posttrain.loop import train
     from posttrain.rollout import informative
 
-    monkeypatch.setattr(loop, "informative", lambda g: not g[0].group_id.startswith("3:") and informative(g))
+    looks = lambda g: not g[0].group_id.startswith("3:") and informative(g)  # noqa: E731
+    monkeypatch.setattr(loop, "informative", looks)
+    monkeypatch.setattr(draws, "informative", looks)  # the ledger's fates (pipeline/draws.py)
     extra = ("run.checkpoint_every=1", "trainer.keep_checkpoints=10", parity_domain)
     full = train(_cfg(tmp_path, micro_base, "full", "run.steps=4", *extra), log=lambda *_: None)
     rows = [json.loads(line) for line in (full.run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -41,10 +41,10 @@ def _pipeline(workers, tasks, params, cfg=CFG):
 
 
 def _rows(groups):
-    """The trainer's rows of `groups` (loop._batch: one per scored rollout)."""
-    from posttrain.loop import _batch
+    """The trainer's rows of `groups` (trainer.batch.batch_of: one per scored rollout)."""
+    from posttrain.trainer.batch import batch_of
 
-    return _batch(groups, 1.0).rows
+    return batch_of(groups, 1.0).rows
 
 
 def test_one_episodes_sandbox_failure_masks_it_alone(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from posttrain.configs import load_config
+from posttrain.engine.base import Engine
 from posttrain.engine.hf import HFEngine
 from posttrain.model.arch import random_model
 from posttrain.pipeline.workers import EmbeddedWorkers
@@ -54,12 +55,16 @@ def test_a_prompt_that_cannot_be_encoded_gets_its_own_error(workers):
 
 
 def test_other_engines_encode_prompt_by_prompt():
-    class Echo:
+    class Echo(Engine):  # the contract's default encode_chats: encode_chat one prompt at a time
         def encode_chat(self, messages):
+            if not messages:
+                raise ValueError("empty")
             return tuple(len(m.content) for m in messages)
 
     w = EmbeddedWorkers(Echo())
     try:
         assert w.encode_many([(Message("user", "abc"),), (Message("user", "de"),)]) == [(3,), (2,)]
+        out = w.encode_many([(Message("user", "abc"),), ()])
+        assert out[0] == (3,) and isinstance(out[1], ValueError)  # one prompt's error is its own
     finally:
         w.close()

@@ -85,12 +85,13 @@ def test_code_runs_in_the_execute_stage_and_the_verifier_makes_no_sandbox_call(m
     assert [r.reward == 1.0 for r in rollouts] == [True, False, True, False]  # gold, wrong, gold, wrong
 
     # the trace row carries the execution result; `trace explain` shows program, result and verdict
-    from posttrain.loop import _record
+    from posttrain.domains.registry import verifier_label
     from posttrain.trace import TraceStore
     from posttrain.trace.explain import explain
+    from posttrain.trace.rows import rollout_record
 
     store = TraceStore(tmp_path / "trace.db")
-    ids = store.write_rollouts([_record(r, SamplingParams(n=2)) for r in rollouts])
+    ids = store.write_rollouts([rollout_record(r, SamplingParams(n=2), verifier_label) for r in rollouts])
     row = store.get(ids[1])
     assert row["exec_result"]["status"] in ("ok", "failed") and len(row["exec_result"]["tests"]) > 0
     assert "cpu_s" in row["exec_result"] and "def " in row["exec_result"]["program"]
@@ -292,15 +293,16 @@ def test_trace_explain_on_a_code_revise_rollout_shows_each_turn(tmp_path):
     """The real coding loop: a wrong first program, the visible tests' failure as the
     observation, a revision; `trace explain` prints every turn's program, its execution
     result and the verifier's verdict."""
-    from posttrain.loop import _record
+    from posttrain.domains.registry import verifier_label
     from posttrain.trace import TraceStore
     from posttrain.trace.explain import explain
+    from posttrain.trace.rows import rollout_record
 
     rollouts, _, _ = _run([get("code_revise").sample(0, "train", 1)])
     wrong_first = rollouts[1]
     assert len(wrong_first.turns) >= 2 and all(t.exec_result is not None for t in wrong_first.turns)
     store = TraceStore(tmp_path / "trace.db")
-    ids = store.write_rollouts([_record(r, SamplingParams(n=2)) for r in rollouts])
+    ids = store.write_rollouts([rollout_record(r, SamplingParams(n=2), verifier_label) for r in rollouts])
     out = explain(store, ids[1])
     n = len(wrong_first.turns)
     for k in range(1, n + 1):

@@ -163,13 +163,16 @@ def test_coding_loop_loss_mask_covers_only_model_tokens(fixcode):
 
 
 def test_trace_explain_shows_each_turn_program_result_and_verdict(fixcode, tmp_path):
-    from posttrain.loop import _record
+    from posttrain.domains.registry import verifier_label
     from posttrain.trace import TraceStore
     from posttrain.trace.explain import explain
+    from posttrain.trace.rows import rollout_record
 
     [group], _ = _run(fixcode, coding_policy, [fixcode.sample(2, "train", 1)], n=2)
     store = TraceStore(tmp_path / "trace.db")
-    ids = store.write_rollouts([_record(r, SamplingParams(max_tokens=200)) for r in group.rollouts])
+    ids = store.write_rollouts(
+        [rollout_record(r, SamplingParams(max_tokens=200), verifier_label) for r in group.rollouts]
+    )
     row = store.get(ids[1])
     assert [t["action"] for t in row["turns"]] == [t.action for t in group.rollouts[1].turns]
     out = explain(store, ids[1])

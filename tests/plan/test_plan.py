@@ -59,7 +59,7 @@ def _write_run(run: Path) -> None:
         "rollout: {prompts_per_step: 2, group_size: 2}\npipeline: {execute_workers: 1, mode: sync}\n"
         "sandbox: {workers: 8}\n"
     )
-    rows = [{"kind": "eval", "time": 100.0}]
+    rows = [{"kind": "eval", "step": 0, "time": 100.0}]
     for step in range(1, 4):
         rows.append(
             {

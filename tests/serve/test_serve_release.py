@@ -81,7 +81,7 @@ def test_gate_fails_when_the_lossy_tier_drops_more_than_a_point(tmp_path, monkey
     monkeypatch.setattr(ev, "evaluate", fake)
     path = save_model(tmp_path / "m", "micro")
     result = quality_gate(path, "int8", ("reverse",), 3)
-    assert calls == ["StreamingHFEngine", "SpeculativeEngine"]
+    assert calls == ["HFEngine", "SpeculativeEngine"]  # the standard tier is the hf engine (check_finite on)
     assert not result.passed and result.as_dict()["delta"]["reverse"] == -0.02
     calls.clear()
     assert quality_gate(path, "int8", ("reverse",), 3, max_drop=0.05).passed

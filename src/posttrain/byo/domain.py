@@ -4,7 +4,8 @@ Invariant: train and held-out never share a row and never share a prompt: a
 row's split comes from its split column (or `datasets` split name) or, without
 one, from a hash of its normalised prompt (`split_of`), and `build_index`
 refuses a file whose split column puts one prompt in both; two rows with the
-same id are an error naming both lines. `sample(index,
+same id are an error naming both lines (a row's id is its `fields.id` column,
+else its column named `id`, else its row number). `sample(index,
 split, level)` is a pure function of the file and its arguments: index i of a
 (split, level) pool is row `order[i mod n]` of a permutation seeded by (name,
 split, level, epoch), so the pool's seeded base index makes the order a
@@ -58,6 +59,8 @@ class Row:
     row_id: str
     priority: int | None = None
     """The row's admission priority (`fields.priority`; None: the domain's)."""
+    id_column: str | None = None
+    """The column its id is read from (None: the id is the row number)."""
 
 
 @dataclass
@@ -85,7 +88,7 @@ def parse_row(raw: RawRow, source: SourceConfig, unit: str) -> Row:
             f"missing field {', '.join(map(repr, missing))} (has {', '.join(map(repr, sorted(data))) or 'none'})"
         )
     messages = _messages(data, source)
-    answer = json_cell(data[f.answer])
+    answer = json_cell(data[f.answer], f.answer)
     if answer is None or answer == "":
         raise ValueError(f"empty answer field {f.answer!r}")
     level = None
@@ -97,15 +100,16 @@ def parse_row(raw: RawRow, source: SourceConfig, unit: str) -> Row:
             raise ValueError(f"difficulty field {f.difficulty!r} must be an integer, got {value!r}") from None
     cheats = tuple(source.cheats)
     if f.cheats and data.get(f.cheats) not in (None, ""):
-        value = json_cell(data[f.cheats])
+        value = json_cell(data[f.cheats], f.cheats)
         if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
             raise ValueError(f"cheats field {f.cheats!r} must be a list of strings")
         cheats += tuple(value)
-    meta = {c: json_cell(data.get(c)) for c in f.metadata}
+    meta = {c: json_cell(data.get(c), c) for c in f.metadata}
     split = _split(data, raw, source)
-    row_id = text_of(data[f.id]) if f.id and data.get(f.id) not in (None, "") else str(raw.line)
+    id_col = f.id_column(data)
+    row_id = text_of(data[id_col]) if id_col and data.get(id_col) not in (None, "") else str(raw.line)
     ref = RowRef(answer, meta, cheats, f"{source.path}:{unit} {raw.line}")
-    return Row(raw.line, messages, ref, split, level, row_id, _priority(data, f.priority))
+    return Row(raw.line, messages, ref, split, level, row_id, _priority(data, f.priority), id_col)
 
 
 def _priority(data: dict[str, Any], column: str | None) -> int | None:
@@ -131,7 +135,7 @@ def _messages(data: dict[str, Any], source: SourceConfig) -> tuple[Message, ...]
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"prompt field {f.prompt!r} must be a non-empty string")
         return head + (Message("user", source.template.replace("{prompt}", prompt)),)
-    chat = json_cell(data[f.messages])
+    chat = json_cell(data[f.messages], f.messages)
     if not isinstance(chat, list) or not chat:
         raise ValueError(f"messages field {f.messages!r} must be a non-empty list of {{role, content}}")
     out = []
@@ -184,7 +188,7 @@ def build_index(name: str, reader: Reader, source: SourceConfig) -> Index:
         except ValueError as exc:
             index.errors.append((raw.line, str(exc)))
             continue
-        first = _first_with_id(id_lines, row, raw, reader, source) if source.fields.id else None
+        first = _first_with_id(id_lines, row, raw, reader) if row.id_column else None
         if first is not None:
             index.errors.append((raw.line, f"duplicate id {row.row_id!r} (first at {reader.unit} {first})"))
             continue
@@ -209,9 +213,7 @@ def build_index(name: str, reader: Reader, source: SourceConfig) -> Index:
     return index
 
 
-def _first_with_id(
-    seen: dict[int, tuple[int, int]], row: Row, raw: RawRow, reader: Reader, source: SourceConfig
-) -> int | None:
+def _first_with_id(seen: dict[int, tuple[int, int]], row: Row, raw: RawRow, reader: Reader) -> int | None:
     """The line of an earlier row with `row`'s id, else None (and `row` is remembered). Ids are
     kept as 64-bit hashes; a hash seen before is confirmed by reading that row's id again."""
     key = stable_hash("id", row.row_id)
@@ -219,7 +221,7 @@ def _first_with_id(
     if first == (raw.line, raw.loc):
         return None
     earlier = reader.row(first[1])
-    return first[0] if text_of(earlier.get(source.fields.id)) == row.row_id else None
+    return first[0] if text_of(earlier.get(row.id_column)) == row.row_id else None
 
 
 class SourceDomain(Domain):

@@ -7,6 +7,14 @@ infra error that is masked and counted, never reward 0. `build_verifier`
 knows the built-in names and the ones plugins register under the entry
 point group `posttrain.verifiers`; an unknown name is a ConfigError that
 lists the known ones.
+
+A new named verifier: a class with `score(task, episode) -> Score` and its label (`name`,
+`version`: contracts/verifier.py; bump the version when a score could change), entered in
+`BUILTIN` below, or outside the package a factory under the `posttrain.verifiers` entry
+point group (byo/plugins.py). Raise VerifierError when it cannot decide; declare `cheap` or
+an execute step rather than doing sandbox work in `score`. It may touch the task, the
+episode, types, errors and contracts; never the trainer, the pipeline or the trace
+(docs/extending.md).
 """
 
 from __future__ import annotations

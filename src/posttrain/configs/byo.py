@@ -40,6 +40,8 @@ class Strict(BaseModel):
 
 
 Format = Literal["auto", "jsonl", "csv", "parquet", "datasets"]
+DEFAULT_ID = "id"
+"""The column that is a row's id when `fields.id` names none."""
 FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
@@ -59,7 +61,8 @@ class FieldMap(Strict):
     difficulty: str | None = None
     """Column with an integer difficulty; its distinct values become levels 1..L in sorted order."""
     id: str | None = None
-    """Column with a stable row id (default: the row number)."""
+    """Column with a stable row id (default: the column named `id` when a row has one, else the
+    row number); two rows with one id are an error naming both lines."""
     split: str | None = None
     """Column naming each row's split (values in `source.train_values` / `source.eval_values`); default: by hash."""
     cheats: str | None = None
@@ -95,7 +98,14 @@ class FieldMap(Strict):
             self.cheats,
             self.priority,
         ]
-        return [c for c in named if c] + list(self.metadata)
+        implied = [] if self.id else [DEFAULT_ID]  # a column named `id` is the row id unless `id` names another
+        return [c for c in named if c] + implied + list(self.metadata)
+
+    def id_column(self, row: Any) -> str | None:
+        """The column holding `row`'s id: `id` when set, else `DEFAULT_ID` when the row has it."""
+        if self.id:
+            return self.id
+        return DEFAULT_ID if isinstance(row, dict) and DEFAULT_ID in row else None
 
 
 class SourceConfig(Strict):
@@ -134,6 +144,10 @@ class SourceConfig(Strict):
     """One line shown by `posttrain domains`."""
     max_tokens: int = Field(64, ge=1, le=1_000_000)
     """Budget: tokens per completion of this domain (tasks.domains.<name>.max_tokens overrides it; rollout.max_tokens caps it)."""  # noqa: E501 (field docstring = its help text)
+    max_row_bytes: int = Field(1 << 20, ge=1024, le=1 << 28)
+    """The most bytes one row may take (a JSONL line, a CSV record; for Parquet and `datasets`,
+    the characters of its text): a longer row is refused by its line before it is parsed whole or
+    tokenized, and the reader never holds more than this of it."""
 
     @field_validator("template")
     @classmethod

@@ -1,9 +1,12 @@
 """The cluster file of `posttrain plan RUN --cluster FILE`: the machine the planner predicts for.
 
 Invariant: a ClusterConfig that validates can be simulated as is: every count is at least one,
-every rate is positive or `measured` (taken from the run's own trace), the search is bounded
-(at most MAX_SPLITS worker splits), unknown keys are rejected, and `load_cluster` turns any bad
-file into one ConfigError naming the file and each bad field.
+every rate is positive and finite or `measured` (taken from the run's own trace), the search is
+bounded (at most MAX_SPLITS worker splits), the simulation is bounded in events and wall time
+(`simulate.max_events`, `simulate.deadline_s`), unknown keys are rejected, and `load_cluster`
+turns any bad file into one ConfigError naming the file and each bad field. What validates here
+may still be refused by the planner with one ConfigError (a loop shape that can never train a
+step, a plan over its event budget or deadline: plan/__init__.py).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from posttrain.errors import ConfigError
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 MAX_SPLITS = 4096
 Measured = Literal["measured"]
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_EVENTS = 20_000_000
+"""The most simulated events `simulate.max_events` may allow (about 5 minutes of simulation)."""
 
 
 class EnginesSpec(BaseModel):
@@ -127,6 +132,13 @@ class SimulateSpec(BaseModel):
     """bootstrap: each group drawn at random (the domain by its share, then one of its measured
     groups); replay: the run's groups in their admission order, cycled (the same task sequence
     the run saw: what a rerun with the same seed would face)."""
+    max_events: int = Field(2_000_000, ge=1000, le=MAX_EVENTS)
+    """Most simulated events (a group's generation, each of its programs, its verification, a
+    step) over the whole plan, the search included, counted before simulating from the steps,
+    replicas, splits, groups per step and group size: a plan over it is refused up front, and
+    a simulation that reaches it stops. It bounds the planner's time and memory."""
+    deadline_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
+    """Wall-clock seconds the whole plan may take; past it the plan stops with one error."""
 
 
 class ClusterConfig(BaseModel):

@@ -4,6 +4,14 @@ Invariant: `sample(index, split, difficulty)` is a pure function of its
 arguments (and the domain's version), and the train and eval splits never
 share a task: a task's split is decided by a hash of its canonical question,
 so a question that hashes to eval can never be drawn for train.
+
+A new domain: one module `domains/NAME.py` (the file name is the domain's name; add.py is a
+whole one) with a `ProceduralDomain` (or `Domain`) subclass: name, category, levels, a
+verifier with its label (contracts/verifier.py), gold, wrong and cheats, optionally budget,
+cost_class, environment() and an execute step; `register(...)` at its bottom. It may import
+this module, types, errors, contracts and the sandbox; never the pipeline, the trainer or
+the loop. The contract test (tests/domains/test_domains_contract.py) covers it at once.
+docs/extending.md has the steps.
 """
 
 from __future__ import annotations
@@ -13,76 +21,21 @@ import dataclasses
 import hashlib
 import random
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
 
+from posttrain.contracts.budget import Budget as Budget  # the contracts, re-exported where domains read them
+from posttrain.contracts.verifier import CheapVerifier as CheapVerifier
+from posttrain.contracts.verifier import ExecutingVerifier as ExecutingVerifier
+from posttrain.contracts.verifier import ExecutionResult as ExecutionResult
+from posttrain.contracts.verifier import Runner as Runner
+from posttrain.contracts.verifier import Verifier as Verifier
+from posttrain.contracts.verifier import is_cheap as is_cheap
 from posttrain.errors import VerifierError
 from posttrain.types import CostClass, Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
 
 EVAL_PERCENT = 10
 _MAX_SPLIT_ATTEMPTS = 10_000
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Per-episode limits: turns, generated tokens per turn, wall seconds. The
-    pipeline and the evaluator generate each domain's turns with its own token
-    budget (overridable per domain in `tasks.domains`)."""
-
-    turns: int = 1
-    tokens: int = 16
-    seconds: float = 30.0
-
-
-Runner = Callable[[Any], Any]
-"""Runs one sandbox ExecRequest and returns its ExecResult (the pipeline's pool, or
-the process-wide one)."""
-
-
-class ExecutionResult(Protocol):
-    """What a domain's `execute` step returns: a frozen record the verifier reads
-    (Episode.exec_result) and whose `summary()` (plain JSON data: status, exit
-    code, cpu_s, wall_s, the program, per-test outcomes or the report, truncated
-    output) goes into the trace row."""
-
-    status: str
-
-    def summary(self) -> dict[str, Any]: ...
-
-
-class Verifier(Protocol):
-    """The verifier contract: `score(task, episode) -> Score`, named and versioned (the trace
-    and the report name it `name@version`). Optional capabilities are declared apart
-    (`ExecutingVerifier`, `CheapVerifier`), checked with isinstance, never sniffed."""
-
-    name: str
-    version: str
-
-    def score(self, task: Task, episode: Episode) -> Score: ...
-
-
-@runtime_checkable
-class ExecutingVerifier(Protocol):
-    """A verifier that declares an execute step (its domain then `executes`): one sandbox run
-    through `run` (None: the process-wide pool) whose typed result the verifier reads as
-    Episode.exec_result; None when nothing runs. Raises SandboxError when the sandbox, not
-    the program, failed."""
-
-    def execute(self, task: Task, completion: str, run: Runner | None = None) -> ExecutionResult | None: ...
-
-
-@runtime_checkable
-class CheapVerifier(Protocol):
-    """A verifier that declares whether it scores in process in microseconds, with no I/O
-    (`cheap` True: the pipeline may call it in the event loop's thread, pipeline/direct.py)."""
-
-    cheap: bool
-
-
-def is_cheap(verifier: object) -> bool:
-    """Whether `verifier` declares itself cheap (`CheapVerifier` with `cheap` True)."""
-    return isinstance(verifier, CheapVerifier) and bool(verifier.cheap)
 
 
 def stable_hash(*parts: Any) -> int:

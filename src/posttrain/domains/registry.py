@@ -7,6 +7,7 @@ registry is read, so a domain exists as soon as its module file (or its
 plugin) does. Domains read from files (`tasks.domains.NAME.source`) are
 registered by the task pool (through byo); one may replace an earlier file domain
 of the same name (a new config in the same process), never a module or plugin one.
+Every registered domain's verifier has its label (`contracts.verifier.check_label`).
 Their specs are also kept in the environment with the import path of what builds
 them (`remember_source`), so a worker process started later (a verification
 process pool, a Ray actor) rebuilds them by name; the registry itself imports
@@ -21,6 +22,7 @@ import json
 import os
 import pkgutil
 
+from posttrain.contracts.verifier import check_label, label
 from posttrain.domains.base import Domain
 from posttrain.errors import TaskError
 
@@ -37,7 +39,11 @@ def _default_origin(domain: Domain) -> str:
 
 
 def register(domain: Domain, origin: str | None = None) -> Domain:
+    """Register `domain` under its name. TaskError for a name registered twice; TypeError, naming
+    the domain and what is missing, for a verifier without its label (`check_label`: a
+    non-empty string name and version, and a score)."""
     origin = origin or _default_origin(domain)
+    check_label(domain.verifier, f"domain {domain.name!r} ({origin})")
     if domain.name in _REGISTRY:
         old = _ORIGINS.get(domain.name, "?")
         if not (old.startswith("file ") and origin.startswith("file ")):
@@ -105,3 +111,8 @@ def get(name: str) -> Domain:
 def all_domains() -> dict[str, Domain]:
     _load_builtin()
     return dict(sorted(_REGISTRY.items()))
+
+
+def verifier_label(name: str) -> str:
+    """The label of domain `name`'s verifier, `name@version` (the trace row's `verifier`)."""
+    return label(get(name).verifier)

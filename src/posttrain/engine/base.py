@@ -1,4 +1,13 @@
-"""The Engine contract: chat messages to token ids, token ids to sampled completions.
+"""What every engine shares: the Engine contract (declared in contracts/engine.py, re-exported
+here), rendering a chat with a local tokenizer (`chat_ids`), and the checks every engine makes
+on a request before it samples (`check_request`).
+
+A new engine: subclass `Engine`, implement its required members (`version`, `eos_token_id`,
+`encode_chat`, `decode`, `generate`, `update_weights`), override the optional capabilities it
+has (`in_process`, `encode_chats`, `end_sessions`, `counters`, `close`; `StreamingEngine` for
+token callbacks), call `check_request` on each request, and add it to `make_engine`
+(engine/sync.py) under a new `engine.kind`. It may import types, errors and configs; the
+loop and the pipeline only see the contract. docs/extending.md has the steps.
 
 Invariant: every Completion carries the behaviour policy's per-token
 log-probs and the `version` of the weights that produced it.
@@ -7,36 +16,13 @@ log-probs and the `version` of the weights that produced it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from posttrain.contracts.engine import Engine as Engine  # the contract, re-exported where engines import it
+from posttrain.contracts.engine import OnTokens as OnTokens
+from posttrain.contracts.engine import StreamingEngine as StreamingEngine
 from posttrain.errors import ConfigError, PromptTooLong
-from posttrain.types import Completion, GenerationRequest, Message
-
-
-class Engine(Protocol):
-    version: int
-    """Weight version; bumped by every `update_weights`."""
-
-    eos_token_id: int
-
-    def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:
-        """Render chat messages with the model's chat template, ending with
-        the assistant's turn opened, as token ids."""
-
-    def decode(self, token_ids: Sequence[int]) -> str: ...
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
-        """For each request, `request.params.n` completions (a group)."""
-
-    def update_weights(self, source: Any) -> int:
-        """Load new weights (a state dict or a checkpoint directory);
-        returns the new version."""
-
-    def end_sessions(self, keys: Sequence[str]) -> None:
-        """The episodes `keys` (`GenerationRequest.sessions`) ended: drop what the engine keeps
-        for them. The default keeps nothing and does nothing (an engine that keeps contexts,
-        hf with context_reuse, overrides it); engines subclass this contract to inherit it."""
-        return None
+from posttrain.types import GenerationRequest, Message
 
 
 def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:

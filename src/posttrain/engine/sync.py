@@ -31,6 +31,7 @@ from typing import Any
 
 from posttrain.configs.engine import EngineConfig
 from posttrain.configs.trainer import MismatchConfig
+from posttrain.contracts.engine import Engine
 from posttrain.engine.guard import EngineGuard
 from posttrain.engine.probe import SyncProbe
 from posttrain.rollout import too_stale
@@ -39,7 +40,7 @@ _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
 
 
-def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Any:
+def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Engine:
     """The loop's engine: HFEngine over the trained module, VLLMEngine (a server started for the
     module's model directory, its files under `run_dir`/vllm, or attached at cfg.url), or
     OpenAIEngine over cfg.url."""
@@ -60,11 +61,13 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
         )
     from posttrain.engine.hf import HFEngine, HFEngineConfig
 
-    hf = HFEngineConfig(context_reuse=cfg.context_reuse, context_budget_tokens=cfg.context_budget_tokens)
+    hf = HFEngineConfig.model_validate(
+        {"context_reuse": cfg.context_reuse, "context_budget_tokens": cfg.context_budget_tokens}
+    )
     return HFEngine(model, tokenizer, config=hf, seed=seed)
 
 
-def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Any:
+def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:
     from posttrain.engine.vllm import VLLMEngine
 
     v = cfg.vllm
@@ -92,14 +95,21 @@ class WeightSync:
     """Pushes the trainer's weights to the engine after each optimizer step."""
 
     def __init__(
-        self, cfg: EngineConfig, engine: Any, trainer: Any, run_dir: str | Path, mismatch: MismatchConfig | None = None
+        self,
+        cfg: EngineConfig,
+        engine: Engine,
+        trainer: Any,
+        run_dir: str | Path,
+        mismatch: MismatchConfig | None = None,
     ) -> None:
         self.cfg, self.engine, self.trainer = cfg, engine, trainer
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
         self.dropped_stale = 0
         self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
-        self.guard = EngineGuard(cfg, mismatch or MismatchConfig(), self.probe)  # faults, mismatch (engine/guard.py)
+        self.guard = EngineGuard(
+            cfg, mismatch or MismatchConfig.model_validate({}), self.probe
+        )  # faults, mismatch (engine/guard.py)
 
     @property
     def remote(self) -> bool:
@@ -107,12 +117,9 @@ class WeightSync:
         return self.cfg.kind in ("openai", "vllm")
 
     def stats(self) -> dict[str, int]:
-        """What the metrics row carries: the engine's own counters (vllm: request retries,
-        server restarts, pushes, failed push attempts), prefixed `engine_`."""
-        stats = getattr(self.engine, "stats", None)
-        if self.cfg.kind != "vllm" or not callable(stats):
-            return {}
-        return {f"engine_{k}": int(v) for k, v in stats().items()}
+        """What the metrics row carries: the engine's own counters (`Engine.counters`; vllm: request
+        retries, server restarts, pushes, failed push attempts), prefixed `engine_`."""
+        return {f"engine_{k}": int(v) for k, v in self.engine.counters().items()}
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
@@ -179,6 +186,7 @@ class WeightSync:
         return kept
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if self.remote and callable(close):
-            close()
+        """Close a remote engine (`Engine.close`: its server, its clients); an in-process one
+        lives on with the trainer's module (the run's evaluation may still use it)."""
+        if self.remote:
+            self.engine.close()

@@ -467,6 +467,10 @@ class VLLMEngine(Engine):
         with self._lock:
             return dict(self._counts)
 
+    def counters(self) -> dict[str, int]:
+        """The Engine contract's counters for the metrics row: `stats()`."""
+        return self.stats()
+
     # -- Engine contract ------------------------------------------------------
 
     def encode_chat(self, messages: Sequence[Message]) -> tuple[int, ...]:

@@ -1,4 +1,6 @@
-"""The Environment contract for multi-turn episodes, and the token ledger of one trajectory.
+"""Multi-turn episodes on the Environment contract (contracts/environment.py): making one
+for a domain (`make_environment`, checked against the contract), and the token ledger of
+one trajectory.
 
 Invariant: a trajectory's completion holds, in order, every token the model
 sampled (loss mask 1, its behaviour log-prob) and every token the
@@ -12,29 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from posttrain.types import Completion, FinishReason, Message, StepResult, Task, Turn
+from posttrain.contracts.environment import Environment
+from posttrain.types import Completion, FinishReason, Message, StepResult, Turn
 
 __all__ = ["Environment", "StepResult", "as_step_result", "make_environment"]
-
-
-@runtime_checkable
-class Environment(Protocol):
-    """A multi-turn world (checked once per environment made: `make_environment`). `reset`
-    starts an episode for a task and returns the first observation ("" for none), which
-    the driver puts in the prompt (a "tool" message after the task's messages) before the
-    first generation. `step` takes the model's action; a malformed action is an observation,
-    never an exception; SandboxError means the sandbox failed (the driver
-    retries, then masks and counts the episode; never reward 0). Any other
-    exception a step raises on an action is the model's (`errors.blame`): the
-    driver ends that episode as a model fault, scored 0 with the reason."""
-
-    def reset(self, task: Task) -> str: ...
-
-    def step(self, action: str) -> StepResult: ...
-
-    def close(self) -> None: ...
 
 
 def make_environment(domain: Any) -> Environment | None:

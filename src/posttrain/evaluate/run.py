@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.contracts.engine import Engine
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet, build_heldout, rotation_slice
 from posttrain.evaluate.tables import format_details, format_probes, format_table, format_turns, write_table
@@ -64,7 +65,7 @@ class RunEvaluator:
         self,
         cfg: Any,
         run_dir: Path,
-        engine: Any,
+        engine: Engine,
         metrics: Any,
         levels: Mapping[str, int],
         log: Callable[[str], Any] = print,

@@ -37,6 +37,4 @@ def checks_of(domain: Domain) -> list[tuple[str, Check]]:
 
 
 def eval_verifier_name(domain: Domain) -> str:
-    v = domain.verifier
-    base = getattr(v, "name", type(v).__name__)
-    return "+".join([base, *(name for name, _ in checks_of(domain))])
+    return "+".join([domain.verifier.name, *(name for name, _ in checks_of(domain))])

@@ -20,6 +20,7 @@ from typing import Any
 from posttrain.byo.domain import SourceDomain
 from posttrain.byo.models import JudgeEnsemble, JudgeVerifier
 from posttrain.configs.byo import JudgeChecks
+from posttrain.contracts.verifier import label
 from posttrain.domains.base import Domain
 from posttrain.evaluate.stats import wilson
 from posttrain.types import Episode, Task
@@ -119,8 +120,7 @@ def _summary(
         fired.append("length")
     if swap is not None and swap > checks.max_swap_disagreement:
         fired.append("position_swap")
-    v = domain.verifier
-    name = f"{getattr(v, 'name', type(v).__name__)}@{getattr(v, 'version', '?')}"
+    name = label(domain.verifier)
     return JudgeCheck(
         domain.name, name, n + errors, errors, agree / n if n else None, low, high, bias, swap, tuple(fired)
     )

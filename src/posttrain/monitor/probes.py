@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posttrain.contracts.verifier import label
 from posttrain.domains.base import Domain
 from posttrain.errors import ErrorRecord, capture
 from posttrain.types import Episode
@@ -53,8 +54,7 @@ class ProbeResult:
 
 
 def verifier_name(domain: Domain) -> str:
-    v = domain.verifier
-    return f"{getattr(v, 'name', type(v).__name__)}@{getattr(v, 'version', '?')}"
+    return label(domain.verifier)
 
 
 def probe_domain(domain: Domain, difficulty: int, tasks: int) -> ProbeResult | None:

@@ -95,7 +95,8 @@ class Continuous:
         self.scheduler = make_scheduler(config, pool, events)
         self.pool = pool
         self.ledger = DrawLedger()
-        """Every task drawn, from its draw to its fate (the loop's `_account` decides the returned groups')."""
+        """Every task drawn, from its draw to its fate (`DrawLedger.account`, which the loop calls,
+        decides the returned groups')."""
         self.tickets: dict[int, _Ticket] = {}  # by admission seq, outstanding
         self.counts: dict[str, Counter[str]] = {k: Counter() for k in ("drawn", "trained", "requeued", "dropped")}
         """Per domain, over the run: groups drawn, trained, re-queued and dropped for staleness."""

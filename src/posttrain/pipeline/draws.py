@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from posttrain.rollout import Rollout, informative
 from posttrain.trace import DROP_REASONS, DrawRecord, draw_id
 from posttrain.types import Task
 
@@ -83,6 +84,38 @@ class DrawLedger:
         for draw in open_:
             self.dropped(draw, "stopped", step)
         return len(open_)
+
+    def account(
+        self,
+        step: int,
+        groups: Sequence[Sequence[Rollout]],
+        kept: Sequence[Sequence[Rollout]],
+        outcome: str,
+        guard_reason: str | None = None,
+        dynamic_sampling: bool = True,
+    ) -> None:
+        """Loop step `step`'s fates: each returned group's draw is trained when the group was kept
+        and the step's train step applied its update (`outcome` "applied"); else dropped: "masked"
+        (no sample scored), "filtered" (dynamic sampling on and the group uninformative), "stale"
+        (left out for its weights' age), "guard" (the trainer's guard skipped or rolled back the
+        update: `outcome` "skipped" or "rolled_back", with `guard_reason`), "no_signal" (any other
+        outcome: the step had no row with signal, or trained nothing). RuntimeError for a group
+        with no open draw (a pipeline path that never bound it). The loop then `flush`es."""
+        kept_ids = {g[0].group_id for g in kept if g}
+        for g in groups:
+            draw = self.draw_of(g[0].group_id)
+            if draw is None:  # a group the ledger never bound: a pipeline path that skips it
+                raise RuntimeError(f"group {g[0].group_id} has no draw in the ledger")
+            if all(r.reward is None for r in g):
+                self.dropped(draw, "masked", step)
+            elif g[0].group_id not in kept_ids:
+                self.dropped(draw, "filtered" if dynamic_sampling and not informative(g) else "stale", step)
+            elif outcome == "applied":
+                self.trained(draw, step)
+            elif outcome in ("skipped", "rolled_back"):
+                self.dropped(draw, f"guard: {outcome} ({guard_reason})", step)
+            else:
+                self.dropped(draw, f"no_signal: {outcome}", step)
 
     def open(self) -> list[str]:
         """The ids of the draws with no fate yet, in draw order."""

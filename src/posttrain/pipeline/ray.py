@@ -303,7 +303,7 @@ class RayWorkers:
         execute: ExecuteFn | None = DomainExecute(),
     ) -> RayWorkers:
         """Generation actors running the same HF engine on a copy of `engine`'s weights."""
-        if not hasattr(engine, "model") or not hasattr(engine, "tokenizer"):
+        if not engine.in_process:  # Engine.in_process: the hf engine, whose model and tokenizer the actors copy
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")
         return cls(
             config,

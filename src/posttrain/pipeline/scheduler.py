@@ -1,16 +1,29 @@
-"""The scheduler: which domain's task is admitted next, and how many may be in flight.
+"""The scheduler: which drawn task is admitted next, how many may be in flight, and which
+domains are paused.
 
-Invariant: admission follows the configured mix by deficit (the domain
-furthest below weight x admissions goes next), so over N admissions each
-unpaused domain's count is within `mix_slack` + 1 of its target; long tasks
-only ever occupy the `long_slots` reserved for them and short tasks never do,
-so a long task cannot block a short one; a domain never has more groups in
-flight than its quota (`tasks.domains.<name>.max_inflight`, else
-`pipeline.domain_quota`; 0: none); among tasks waiting for admission, a
-higher priority goes first (`priority`: the task's `meta.priority`, else its
-domain's); a domain whose verifier failed
-`degrade_after` groups in a row is paused with an alarm event, and gets one
-probe group per cooldown until a probe verifies.
+What a run does with it: the mix of domains is the task pool's (`TaskPool.draw`,
+tasks/pool.py: smooth weighted round-robin by target share, within one round of it); the
+pipeline's schedulers (pipeline/core.py, pipeline/direct.py) admit the drawn tasks through
+`next_admissible`, `admit` and `finish`, skip a paused domain's tasks (`is_paused`), and
+report each verified group (`record_verification`).
+
+Invariant: a task is admitted only when a slot of its tier is free and its domain is under
+its quota (`admissible`): long tasks only ever occupy the `long_slots` reserved for them and
+short tasks never do, so a long task cannot block a short one; a domain never has more
+groups in flight than its quota (`tasks.domains.<name>.max_inflight`, else
+`pipeline.domain_quota`; 0: none); among tasks waiting for admission, a higher priority
+goes first (`priority`: the task's `meta.priority`, else its domain's), the first drawn on a
+tie; a domain whose verifier failed `degrade_after` groups in a row is paused with an alarm
+event, and gets one probe group per cooldown until a probe verifies.
+
+`pick()` is not on a run's path: it chooses a domain by deficit (the domain furthest below
+weight x admissions goes next, so over N admissions each unpaused domain's count is within
+`mix_slack` + 1 of its target) for a caller that admits by domain rather than by drawn task.
+No scheduler of the loop or the evaluator calls it (its tests do), so `pipeline.mix_slack`
+changes no run today.
+
+A new scheduler policy (what runs next and where) is a change here, where admission is
+decided, never in a scheduler loop: docs/extending.md says what it may touch.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from posttrain.configs.pipeline import PipelineConfig, Runtime
+from posttrain.contracts.engine import Engine
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.errors import ConfigError
 from posttrain.pipeline.core import GroupResult, Pipeline
@@ -35,7 +36,7 @@ from posttrain.types import SamplingParams, Task
 def make_workers(
     runtime: Runtime,
     config: PipelineConfig,
-    engine: Any,
+    engine: Engine,
     ray_address: str | None = None,
     execute: ExecuteFn | None = None,
 ) -> Workers:
@@ -49,7 +50,9 @@ def make_workers(
 
         return RayWorkers.from_engine(engine, config, address=ray_address, execute=execute)
     source = None
-    if config.mode == "async" and in_process(engine):  # generation overlaps training: its own copy of the weights
+    # generation overlaps training: an in-process engine (Engine.in_process, the hf engine) generates on its own
+    # copy of the weights; a remote one (openai, vllm) generates in another process and gets new weights by push
+    if config.mode == "async" and engine.in_process:
         source, engine = engine, detached_copy(engine)
     return EmbeddedWorkers(
         engine,
@@ -59,16 +62,6 @@ def make_workers(
         verify_threads=config.verify_workers,
         source=source,
     )
-
-
-def in_process(engine: Any) -> bool:
-    """Whether `engine` generates in this process on the trainer's module (the hf engine): the
-    async mode then generates on a detached copy. A remote engine (openai, vllm) generates in
-    another process and gets new weights by push (`WeightSync.push`)."""
-    import sys
-
-    hf = sys.modules.get("posttrain.engine.hf")  # not loaded: no HFEngine was built
-    return hf is not None and isinstance(engine, hf.HFEngine)
 
 
 def detached_copy(engine: Any) -> Any:

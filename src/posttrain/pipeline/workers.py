@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor as _PoolExecutor
@@ -23,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from posttrain.contracts.engine import Engine
 from posttrain.domains.base import is_cheap
 from posttrain.envs.driver import require_utf8
 from posttrain.errors import ErrorRecord, blame
@@ -230,17 +230,6 @@ class InlineWorkers(Workers, Protocol):
     def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
 
 
-def _batchable_tokenizer(engine: Any) -> Any:
-    """The tokenizer of an in-process HF engine whose `encode_chat` is HFEngine's own (a chat
-    template rendered with add_generation_prompt, then tokenized without special tokens): the
-    one case where a batched `apply_chat_template` gives the same ids. None otherwise."""
-    hf = sys.modules.get("posttrain.engine.hf")  # not loaded: the engine is no HFEngine (and no torch import here)
-    if hf is None or not isinstance(engine, hf.HFEngine) or type(engine).encode_chat is not hf.HFEngine.encode_chat:
-        return None
-    tokenizer = engine.tokenizer
-    return tokenizer if getattr(tokenizer, "chat_template", None) else None
-
-
 class EmbeddedWorkers:
     """In-process workers: the engine in its own thread (one call at a time), the
     executor and the verifiers in thread pools sized for their stages (asyncio's
@@ -248,7 +237,7 @@ class EmbeddedWorkers:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         execute: ExecuteFn | None = DomainExecute(),
         verify_processes: int = 0,
         verify: Callable[[Task, Sequence[Episode]], tuple[Verdict, ...]] = verify_group,
@@ -325,27 +314,9 @@ class EmbeddedWorkers:
         return self.engine.encode_chat(messages)
 
     def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
-        """Each prompt's ids as `encode_now` gives them, or the error that encoding it raised. For
-        the in-process HF engine, one batched chat-template call (one render pass, one batched
-        tokenizer call: the ids `encode_chat` gives, at about a third of the CPU); otherwise, or
-        when the batched call fails, prompt by prompt."""
-        tokenizer = _batchable_tokenizer(self.engine)
-        if tokenizer is not None and prompts and all(prompts):
-            chats = [[{"role": m.role, "content": m.content} for m in p] for p in prompts]
-            try:
-                out = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
-                rows = out["input_ids"] if hasattr(out, "keys") else out
-                if len(rows) == len(prompts):
-                    return [tuple(int(i) for i in row) for row in rows]
-            except Exception:  # noqa: S110 - every prompt is encoded alone below, raising its own error
-                pass
-        out_ids: list[tuple[int, ...] | Exception] = []
-        for p in prompts:
-            try:
-                out_ids.append(self.encode_now(p))
-            except Exception as exc:
-                out_ids.append(exc)
-        return out_ids
+        """Each prompt's ids as `encode_now` gives them, or the error that encoding it raised
+        (`Engine.encode_chats`: the in-process HF engine's is one batched chat-template call)."""
+        return self.engine.encode_chats(prompts)
 
     def end_sessions(self, keys: Sequence[str]) -> None:
         self.engine.end_sessions(keys)  # the Engine contract's (a no-op default); not under the call lock

@@ -18,20 +18,30 @@ trainer takes the first `prompts_per_step` finished. A step costs its trained to
 seconds per token plus a sampled step overhead (the weight push, the writes). What it does not
 model: generation time that is not linear in a call's tokens, engine preemption, retries, and
 dynamic sampling's replacement groups.
+
+Bounds: `run` stops with one ConfigError, never a hang, when it has handled `max_events`
+events, when the monotonic clock passes `deadline` (checked every CHECK_EVERY events), when no
+event is left before the last step (a stall: the shape can never train a step), or when the
+simulated time is zero or not finite (every cost zero, or a rate so small that time overflows).
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import math
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from posttrain.errors import ConfigError
 from posttrain.plan.profile import GroupSample
 
 STAGES = ("generate", "execute", "verify")
+CHECK_EVERY = 4096
+"""Events between two looks at the wall clock."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,8 @@ class SimResult:
     """Busy share of each stage's concurrency (execute: of its program slots) and of the trainer."""
     bottleneck: str
     steps: tuple[StepRecord, ...]
+    events: int = 0
+    """Events the simulation handled."""
 
 
 @dataclass
@@ -147,19 +159,43 @@ class Simulation:
         self._seq += 1
         heapq.heappush(self._events, (self.now + delay, self._seq, fn))
 
-    def run(self, steps: int) -> SimResult:
+    def run(self, steps: int, max_events: int | None = None, deadline: float | None = None) -> SimResult:
+        """Simulate `steps` train steps; at most `max_events` events, until `deadline` (monotonic)."""
         self.target = steps
         self._admit()
+        handled = 0
         while self._events and len(self.records) < steps:
+            if max_events is not None and handled >= max_events:
+                raise ConfigError(
+                    f"the plan reached its bound of simulated events (simulate.max_events) at step "
+                    f"{len(self.records)} of {steps}"
+                )
+            if deadline is not None and handled % CHECK_EVERY == 0 and time.monotonic() > deadline:
+                raise ConfigError(
+                    f"the plan passed its deadline (simulate.deadline_s) at step {len(self.records)} "
+                    f"of {steps}: lower simulate.steps, replicas or search_steps, or the search"
+                )
             self.now, _, fn = heapq.heappop(self._events)
             fn()
+            handled += 1
         if len(self.records) < steps:
-            raise RuntimeError(f"the simulation stalled after {len(self.records)} of {steps} steps")
+            raise ConfigError(
+                f"the simulation stalled after {len(self.records)} of {steps} steps: "
+                f"no work is left that could finish a step of {self.shape.prompts_per_step} groups"
+            )
         wall = self.records[-1].end
+        if not math.isfinite(wall) or wall <= 0 or not math.isfinite(3600 * steps / wall):
+            raise ConfigError(
+                f"the simulated steps last {wall} s: every cost is zero (or next to it), or the costs overflow "
+                "(a rate too small or an overhead too large: engines.tokens_per_s, trainer.*, the run's measured costs)"
+            )
         util = {n: s.busy_s / (s.limit * wall) for n, s in self.stages.items()}
         util["execute"] = self.stages["execute"].busy_s / (self.slots * wall)  # busy share of the program slots
         util["trainer"] = self.train_busy / wall
-        return SimResult(3600 * steps / wall, wall, util, max(util, key=lambda n: util[n]), tuple(self.records))
+        if not all(math.isfinite(u) for u in util.values()):
+            raise ConfigError(f"a stage's simulated busy time overflows ({util}): a stated rate is too small")
+        bottleneck = max(util, key=lambda n: util[n])
+        return SimResult(3600 * steps / wall, wall, util, bottleneck, tuple(self.records), handled)
 
     # -- work
     def _draw(self) -> GroupSample:

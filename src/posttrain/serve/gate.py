@@ -54,11 +54,11 @@ def quality_gate(
     from posttrain.configs.serve import FastTierConfig
     from posttrain.evaluate import evaluate
     from posttrain.model.arch import load_model
-    from posttrain.serve.tiers import StreamingHFEngine, build_fast
+    from posttrain.serve.tiers import build_fast, standard_engine
 
     model, tok = load_model(model_dir)
     levels = {d: difficulty for d in domains}
-    std = evaluate(StreamingHFEngine(model, tok), levels, tasks_per_domain)
+    std = evaluate(standard_engine(model, tok), levels, tasks_per_domain)
     fast = evaluate(build_fast(model, tok, FastTierConfig(), mode, 0), levels, tasks_per_domain)
     s_acc, f_acc = std.accuracies, fast.accuracies  # infra-only domains left out of both
     scored = set(s_acc) == set(f_acc) == set(domains)

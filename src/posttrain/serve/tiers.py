@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from posttrain.configs.serve import BatchConfig, FastTierConfig
-from posttrain.engine.hf import HFEngine
+from posttrain.contracts.engine import StreamingEngine
+from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
@@ -33,31 +34,11 @@ TokenSink = Callable[[int, Sequence[int]], None]
 """Per-job streaming callback: (sample index, new token ids), on the event loop."""
 
 
-class StreamingHFEngine(HFEngine):
-    """The `hf` engine, reporting each decoded token to an optional callback."""
-
-    _on_tokens: Callable[[int, int, Sequence[int]], None] | None = None
-
-    def generate(
-        self, requests: Sequence[GenerationRequest], on_tokens: Callable[[int, int, Sequence[int]], None] | None = None
-    ) -> list[list[Completion]]:
-        self._on_tokens = on_tokens
-        try:
-            return super().generate(requests)
-        finally:
-            self._on_tokens = None
-
-    def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        logits = super()._forward(*args, **kwargs)
-        if not bool(torch.isfinite(logits).all()):
-            raise GenerationError("model produced non-finite logits (broken weights?)")
-        return logits
-
-    def _record(self, rows: Any, outs: Any, active: list[int], tokens: list[int], logprobs: list[float]) -> None:
-        super()._record(rows, outs, active, tokens, logprobs)
-        if self._on_tokens is not None:
-            for r, tok in zip(active, tokens):
-                self._on_tokens(rows[r].request, rows[r].sample, (tok,))
+def standard_engine(model: Any, tokenizer: Any) -> HFEngine:
+    """The standard tier's engine: the `hf` engine, refusing non-finite logits
+    (`HFEngineConfig.check_finite`); it streams through `generate(requests, on_tokens)`, the
+    StreamingEngine capability."""
+    return HFEngine(model, tokenizer, config=HFEngineConfig(check_finite=True))
 
 
 def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int) -> SpeculativeEngine:
@@ -143,7 +124,7 @@ class Batcher:
 
     def __init__(
         self,
-        get_engine: Callable[[], Any],
+        get_engine: Callable[[], StreamingEngine],
         cfg: BatchConfig,
         lock: threading.Lock,
         metrics: ServeMetrics,
@@ -240,7 +221,6 @@ class Batcher:
 
 
 def _set_threads(n: int) -> None:
-    import torch
 
     torch.set_num_threads(n)
 
@@ -262,7 +242,7 @@ class Deployment:
         self.name, self.model, self.tokenizer = name, model, tokenizer
         self.fast_cfg, self.fast_mode = fast_cfg, fast_mode
         self.locks: dict[Tier, threading.Lock] = {"standard": threading.Lock(), "fast": threading.Lock()}
-        self.engines: dict[Tier, Any] = {"standard": StreamingHFEngine(model, tokenizer)}
+        self.engines: dict[Tier, Any] = {"standard": standard_engine(model, tokenizer)}
         self.engines["fast"] = build_fast(model, tokenizer, fast_cfg, fast_mode, 0)
         self.batchers: dict[Tier, Batcher] = {
             "standard": Batcher(

@@ -6,13 +6,19 @@ messages (the template rollouts are rendered with, `engine.base.chat_ids`), and 
 is true on the tokens of its assistant turns only (their content and the end-of-turn token the
 template closes them with), never on a system, user or tool token, nor on the `<|assistant|>`
 opener a rollout's prompt already ends with. A row that cannot train (not JSON, no messages, a
-bad role, no assistant turn, too long) is reported with its line and reason, and every other row
-is kept: one bad line never costs a good one.
+bad role, no assistant turn, too long, a lone surrogate, a special token spelled in its text) is
+reported with its line and reason, and every other row is kept: one bad line never costs a good
+one. Before any row is tokenized, its text is bounded (`RowGuard`): a row whose messages hold
+more bytes than `max_length` tokens of this tokenizer could ever cover is refused unrendered, and
+a row whose text spells one of the tokenizer's special tokens (the chat template's role and
+end-of-turn tokens among them) is refused, so a role or end-of-turn token under the loss is only
+ever one the template put there, never one that came from data.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +31,11 @@ from posttrain.errors import ConfigError, TaskError
 from posttrain.types import Message
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_SOURCE_ROW_BYTES = 1 << 28
+"""The most `source.max_row_bytes` allows."""
+NORMALISER_SLACK = 4
+"""How many bytes of text one byte of a token's string may stand for after the tokenizer's
+normaliser (NFKC folds a 3-byte fullwidth letter to 1 byte); the pre-tokenization bound allows it."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +86,15 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
     which no row can train, is a ConfigError; so is any bad row under `cfg.strict`."""
     if cfg.data is None:
         raise ConfigError("sft.data: give the demonstrations file (JSONL of {'messages': [...]}, CSV, Parquet)")
-    source = SourceConfig(path=cfg.data, format=cfg.format, fields=FieldMap(prompt=None, messages=cfg.messages_field))
+    limit = min(cfg.max_length, max_positions) if max_positions else cfg.max_length
+    guard = RowGuard.of(tokenizer, limit)
+    fields = FieldMap(prompt=None, messages=cfg.messages_field)
+    bound = min(guard.max_row_bytes, MAX_SOURCE_ROW_BYTES)
+    source = SourceConfig(path=cfg.data, format=cfg.format, fields=fields, max_row_bytes=bound)
     try:
         path, reader = open_source(source)
     except TaskError as exc:
         raise ConfigError(f"sft.data: {exc}") from None
-    limit = min(cfg.max_length, max_positions) if max_positions else cfg.max_length
     demos: list[Demo] = []
     bad: list[BadRow] = []
     for raw in reader.scan():
@@ -88,7 +102,9 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
             bad.append(BadRow(raw.line, raw.error or "unreadable row"))
             continue
         try:
-            demos.append(render(tokenizer, parse_messages(raw.data, cfg.messages_field), raw.line, limit))
+            messages = parse_messages(raw.data, cfg.messages_field)
+            guard.check(messages)
+            demos.append(render(tokenizer, messages, raw.line, limit))
         except ValueError as exc:
             bad.append(BadRow(raw.line, str(exc)))
     found = Demos(path, tuple(demos), tuple(bad), reader.unit)
@@ -100,6 +116,52 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
     return found
 
 
+@dataclass(frozen=True)
+class RowGuard:
+    """What a row's text must keep to before it is tokenized: at most `max_text_bytes` bytes of
+    message content (`max_length` tokens times the longest token's bytes times NORMALISER_SLACK:
+    more cannot render within `max_length`), and none of the tokenizer's special-token strings."""
+
+    max_length: int
+    max_text_bytes: int
+    specials: re.Pattern[str] | None
+
+    @property
+    def max_row_bytes(self) -> int:
+        """The reader's bound on one row: its text bound, room for JSON escapes (6 bytes per
+        character at most) and the row's structure."""
+        return 6 * self.max_text_bytes + 65536
+
+    @classmethod
+    def of(cls, tokenizer: Any, max_length: int) -> RowGuard:
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        longest = max((len(str(t).encode("utf-8")) for t in tokens if t is not None), default=1)
+        names = set(tokenizer.all_special_tokens)
+        names |= {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+        names = {n for n in names if n}
+        pattern = re.compile("|".join(map(re.escape, sorted(names, key=len, reverse=True)))) if names else None
+        return cls(max_length, max_length * max(1, longest) * NORMALISER_SLACK, pattern)
+
+    def check(self, messages: Sequence[Message]) -> None:
+        """A ValueError naming the message when the row is over the text bound or spells a
+        special token."""
+        size = sum(len(m.content.encode("utf-8")) for m in messages)
+        if size > self.max_text_bytes:
+            raise ValueError(
+                f"too long: {size:,} bytes of text, more than {self.max_length} tokens (sft.max_length or the "
+                f"model's positions) can hold with this tokenizer ({self.max_text_bytes:,}); refused untokenized"
+            )
+        if self.specials is None:
+            return
+        for i, m in enumerate(messages):
+            found = self.specials.search(m.content)
+            if found is not None:
+                raise ValueError(
+                    f"message {i} ({m.role}): its text spells the special token {found.group()!r} of the tokenizer "
+                    "(a chat-template role or control token): data may not open or close turns"
+                )
+
+
 def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
     """The row's chat as Messages; a ValueError naming what is wrong (missing column, a message
     that is not {role, content}, an unknown role, no assistant turn)."""
@@ -107,7 +169,7 @@ def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
 
     if field not in row:
         raise ValueError(f"no {field!r} column (columns: {', '.join(sorted(map(str, row))) or 'none'})")
-    value = json_cell(row[field])
+    value = json_cell(row[field], field)
     if not isinstance(value, list) or not value:
         raise ValueError(f"{field!r} must be a non-empty list of {{role, content}} messages, got {_kind(value)}")
     messages = [_message(i, m) for i, m in enumerate(value)]

@@ -3,16 +3,18 @@
 Invariant: a TrainRow that constructs is trainable as is: its completion,
 behaviour log-probs and loss mask have one entry per completion token, the
 behaviour log-probs and the reward are finite, and the mask holds only 0 and 1.
-Torch-free, so the loop can build batches without importing torch.
+Torch-free, so the loop can build batches without importing torch: `batch_of` makes a
+step's batch from its kept groups of rollouts (`rows_of` a group's rows).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from posttrain.errors import TrainerError
+from posttrain.rollout import Rollout
 from posttrain.types import Completion
 
 
@@ -150,3 +152,39 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def rows_of(
+    group: Sequence[Rollout], temperature: float, entropy_coef: Callable[[str], float] | None = None
+) -> tuple[TrainRow, ...]:
+    """The TrainRows of a group's scored rollouts, each carrying its trace id, its training reward
+    (the verifier's plus any diversity bonus) and its domain's entropy-bonus coefficient
+    (`entropy_coef`; None: 0)."""
+    coef = entropy_coef or (lambda _: 0.0)
+    return tuple(
+        TrainRow.from_completion(
+            r.completion, r.train_reward, r.group_id, temperature, r.loss_mask, r.id, coef(r.task.domain)
+        )
+        for r in group
+        if r.train_reward is not None
+    )
+
+
+def batch_of(
+    groups: Sequence[Sequence[Rollout]],
+    temperature: float,
+    filtered: Sequence[Sequence[Rollout]] = (),
+    entropy_coef: Callable[[str], float] | None = None,
+    replayed: Sequence[TrainRow] = (),
+) -> TrainBatch | None:
+    """One row per scored rollout of the kept `groups` (`rows_of`); a scored empty completion is
+    a row too (it counts in its group's advantages, enters no loss), then the `replayed` rows
+    (trainer.replay: past groups' TrainRows, as they were first trained). The scored rollouts of
+    the `filtered` groups (sampled this step, left out) are counted, with their loss tokens, for
+    the loss's normalisers (trainer.normalise). None when no rollout is scored (nothing was
+    sampled to train on); a batch of no rows when every scored group was filtered (the trainer's
+    zero-gradient step)."""
+    rows = [row for g in groups for row in rows_of(g, temperature, entropy_coef)] + list(replayed)
+    dropped = [r for g in filtered for r in g if r.reward is not None]
+    tokens = sum(sum(r.loss_mask) if r.loss_mask is not None else len(r.completion.token_ids) for r in dropped)
+    return TrainBatch(tuple(rows), filtered_rows=len(dropped), filtered_tokens=tokens) if rows or dropped else None

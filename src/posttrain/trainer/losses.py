@@ -12,6 +12,13 @@ correction the ratio is taken against the behaviour log-probs; with one
 (`correct`: tis or mask) it is taken against the trainer's own log-probs
 before the update, and each token's weight is multiplied by its correction
 (a detached factor), so the sum stays exact across micro-batches.
+
+A new loss: a config class with `type: Literal["NAME"]` in the `LossConfig` union
+(configs/trainer.py), a class implementing `Loss` here (subclass `_PPOClip` for the
+PPO-clip call), and one entry in `LOSSES`; never a chain of `if type == ...`. It may touch
+the batch's tensors, its config and torch; never the loop, the pipeline or the engine. Test
+it against a derivation and in `test_micro_batches_sum_to_the_full_batch`
+(docs/extending.md).
 """
 
 from __future__ import annotations

@@ -5,18 +5,24 @@ Invariant: the buffer never holds more than `capacity` groups, nor one sampled m
 holds (rows with their behaviour log-probs, the step that sampled them, their replay counts) and
 what it has counted are JSON (`state_dict`), so a resumed run takes the same replays. The choice
 of what a step replays is deterministic (least replayed first, then most recently sampled), so
-no random state needs saving. Torch-free: the loop builds the rows (`trainer.batch.TrainRow`).
+no random state needs saving. Torch-free. After each train step the loop hands the buffer the
+step (`after_step`): its replays become one `replay` trace event, the kept groups of a step that
+applied its update enter, and the metrics row gets the replay figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrain.configs.trainer import ReplayConfig
 from posttrain.rollout import Rollout
-from posttrain.trainer.batch import TrainRow
+from posttrain.trace import TraceStore
+from posttrain.trainer.batch import RolloutLink, TrainRow, rows_of
+
+if TYPE_CHECKING:
+    from posttrain.trainer.trainer import StepStats
 
 
 @dataclass(frozen=True)
@@ -64,9 +70,19 @@ def admits(cfg: ReplayConfig, group: Sequence[Rollout]) -> bool:
     return 0 < passed <= cfg.rare_share * len(scored)
 
 
+def replay_buffer(cfg: ReplayConfig, prompts_per_step: int, state: dict[str, Any] | None) -> ReplayBuffer | None:
+    """trainer.replay's buffer (None when off), with the checkpoint's contents (`state`) on resume."""
+    if not cfg.enabled:
+        return None
+    buffer = ReplayBuffer(cfg, prompts_per_step)
+    if state is not None:
+        buffer.load_state_dict(state)
+    return buffer
+
+
 class ReplayBuffer:
-    """A bounded buffer of past groups; `admit` after a step that applied its update, `take`
-    before a step trains."""
+    """A bounded buffer of past groups; `take` before a step trains, `after_step` (which admits)
+    after it."""
 
     def __init__(self, cfg: ReplayConfig, prompts_per_step: int) -> None:
         self.cfg = cfg
@@ -127,3 +143,68 @@ class ReplayBuffer:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def after_step(
+        self,
+        trace: TraceStore,
+        step: int,
+        kept: Sequence[Sequence[Rollout]],
+        replays: Sequence[ReplayEntry],
+        stats: StepStats | None,
+        temperature: float,
+        entropy_coef: Callable[[str], float] | None = None,
+    ) -> dict[str, Any]:
+        """After loop step `step`'s train step (`stats`, None when nothing was trained): its
+        `replays` as a `replay` trace event (`replay_event`), then the `kept` groups of a step
+        that applied its update enter the buffer (their rows as `rows_of` makes them). Returns
+        the metrics row's replay figures: replayed groups and rows, their share of the step's
+        batch rows, their age (loop steps since sampled), ratio to the behaviour log-probs and
+        clipped share (means over the replayed rows that entered the loss), what entered, and
+        the buffer's size and totals."""
+        links = stats.rollouts if stats is not None else {}
+        if replays:
+            replay_event(trace, step, replays, links, stats.outcome if stats is not None else "no_signal")
+        applied = stats is not None and stats.outcome == "applied"
+        admitted = self.admit([(g, rows_of(g, temperature, entropy_coef)) for g in kept if g], step) if applied else 0
+        rows = [row for e in replays for row in e.rows]
+        used = [links[r.rollout_id] for r in rows if r.rollout_id in links and links[r.rollout_id].ratio is not None]
+        ages = [e.age(step) for e in replays]
+        n_rows = stats.n_rows if stats is not None else 0
+        return {
+            "replay_groups": len(replays),
+            "replay_rows": len(rows),
+            "replay_share": round(len(rows) / n_rows, 4) if n_rows else 0.0,
+            "replay_age_mean": round(sum(ages) / len(ages), 3) if ages else 0.0,
+            "replay_age_max": max(ages, default=0),
+            "replay_ratio_mean": round(sum(lk.ratio for lk in used) / len(used), 5) if used else 1.0,
+            "replay_clipped": round(sum(lk.clipped for lk in used) / len(used), 5) if used else 0.0,
+            "replay_admitted": admitted,
+            "replay_buffer": len(self),
+            **{f"replay_{k}_total": v for k, v in self.counts.items()},
+        }
+
+
+def replay_event(
+    trace: TraceStore, step: int, replays: Sequence[ReplayEntry], links: Mapping[str, RolloutLink], outcome: str
+) -> None:
+    """One `replay` trace event for the step: per replayed group its id, the draw it was made from
+    (whose fate stays the one it had), the step that sampled it, its age and replay count, and per
+    rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
+    groups = [
+        {
+            "group_id": e.group_id,
+            "draw": (trace.draw_of_group(e.group_id) or {}).get("id"),
+            "sampled_step": e.step,
+            "age": e.age(step),
+            "replays": e.replays + 1,
+            "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
+        }
+        for e in replays
+    ]
+    message = f"{len(replays)} groups replayed ({outcome})"
+    trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
+
+
+def _link_json(link: RolloutLink | None) -> dict[str, Any] | None:
+    """A trainer link as the replay event stores it (None: the row entered no batch)."""
+    return None if link is None else {"advantage": link.advantage, "ratio": link.ratio, "clipped": link.clipped}
