@@ -195,7 +195,8 @@ class MismatchConfig(BaseModel):
     (`mismatch_abs_mean`, before the update) above this (engine/guard.py); None: no alarm. Honest
     engines measured below it: the in-process hf engine at most 3.2e-7 on-policy (float rounding)
     and 0.087 under pipeline.max_staleness 1, where the gap also holds one optimizer step of
-    policy change (the demo's learning rate; docs/reliability.md)."""
+    policy change (the demo's learning rate); the vllm engine (CPU, float32) 0.047 under
+    max_staleness 1 (docs/reliability.md)."""
     stop_abs_mean: float | None = Field(1.0, gt=0.0, le=100.0)
     """The run stops (EngineFault, naming this figure and the sync probe's) when a step's batch has a
     mean |trainer log-prob - behaviour log-prob| above this, before the step's weights are pushed
