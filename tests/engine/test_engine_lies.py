@@ -181,7 +181,7 @@ def _pipeline(engine: OpenAIEngine, tasks: list[Any], n: int = 4) -> tuple[list[
 
 
 def test_a_lying_sample_is_masked_alone_counted_and_never_trained_on(liar, lie):
-    from posttrain.loop import _batch
+    from posttrain.trainer.batch import batch_of
 
     _, engine = liar
     lie.lie = _lies(len(engine.tokenizer))["positive log-prob"]
@@ -191,7 +191,7 @@ def test_a_lying_sample_is_masked_alone_counted_and_never_trained_on(liar, lie):
     assert refused.reward is None and refused.error_kind == "engine" and "impossible log-probs" in refused.error
     assert all(r.reward is not None and r.error_kind is None for r in mates)  # scored, not masked
     assert counters["engine_faults"] == 1 and counters["masked_rollouts"] == 1 and counters["masked_groups"] == 0
-    rows = _batch([list(group.rollouts)], 1.0).rows
+    rows = batch_of([list(group.rollouts)], 1.0).rows
     assert len(rows) == 3 and all(max(r.behaviour_logprobs) <= 0 for r in rows)
 
 
