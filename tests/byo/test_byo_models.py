@@ -178,6 +178,7 @@ def test_judge_domain_trains_over_http(tmp_path, micro_base):
     assert all(r["reason"].split(" key ")[1].split()[0] in keys for r in got)
 
 
+@pytest.mark.heavy
 def test_judge_down_is_an_infra_error_in_training(tmp_path, micro_base):
     from posttrain.loop import train
 

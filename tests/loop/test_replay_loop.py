@@ -101,6 +101,7 @@ def test_replayed_groups_enter_later_losses_and_the_accounting_stays_exact(tmp_p
     assert f"<td>{len(replays)} / " in page and "age, mean / max (weight versions)" in page
 
 
+@pytest.mark.heavy
 def test_resume_replays_what_the_uninterrupted_run_replays(tmp_path, micro_base, parity_domain):
     from posttrain.loop import train
     from posttrain.trainer.checkpoint import checkpoint_path
