@@ -269,13 +269,13 @@ class GroupRun:
                 for t, c in zip(ts, cs):
                     if c.fault:  # the engine's answer was refused (engine/validate.py): masked alone
                         driver.mask(t, "engine")
-                        self.mask_sample(next(k for k, u in enumerate(self.trajectories) if u is t), _lie(c))
+                        self._mask_sample(next(k for k, u in enumerate(self.trajectories) if u is t), _lie(c))
                         self.counters["engine_faults"] += 1
         else:
             self.completions = list(got[0])
             for i, c in enumerate(self.completions):
                 if c.fault:
-                    self.mask_sample(i, _lie(c))
+                    self._mask_sample(i, _lie(c))
                     self.counters["engine_faults"] += 1
 
     def _no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
