@@ -182,22 +182,8 @@ class SyncProbe:
         shared = next((i for i, (a, b) in enumerate(zip(ids, tokens)) if a != b), min(len(ids), len(tokens)))
         # compared over the tokens both answers share (a near-tie may flip a later sampled token on
         # kernels that are not bit-deterministic); no shared token: nothing to compare, a change
-        diffs = [abs(a - b) if math.isfinite(a) else math.inf for a, b in zip(now[:shared], logprobs[:shared])]
-        same = bool(diffs)
-        at = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
-        worst = diffs[at] if diffs else math.inf
-        result = ProbeResult(
-            version=version,
-            tokens=len(diffs),
-            max_diff=worst,
-            engine_logprob=now[at] if diffs else math.nan,
-            trainer_logprob=logprobs[at] if diffs else math.nan,
-            position=at,
-            tolerance=self.tolerance,
-            ok=worst <= self.tolerance,
-            seconds=time.perf_counter() - started,
-            attempt=0,
-        )
+        result = self._compare(version, now[:shared], list(logprobs[:shared]), started, attempt=0)
+        same, worst, at = result.tokens > 0, result.max_diff, result.position
         self._record(result, report=False)
         if not result.ok:
             what = (
@@ -225,11 +211,22 @@ class SyncProbe:
         completion = self._generate()
         engine_lp = [float(x) for x in completion.logprobs]
         trainer_lp = list(self.scorer.sequence_logprobs(prompt, completion.token_ids, PROBE_TEMPERATURE))
+        result = self._compare(int(version), engine_lp, trainer_lp, started, attempt)
+        self._record(result)
+        # a failed check leaves nothing verified to compare with (the run stops on it anyway)
+        self._verified = (tuple(completion.token_ids), tuple(engine_lp), int(version)) if result.ok else None
+        return result
+
+    def _compare(
+        self, version: int, engine_lp: Sequence[float], trainer_lp: Sequence[float], started: float, attempt: int
+    ) -> ProbeResult:
+        """The probe's verdict on two log-prob sequences, token by token: the largest gap and where
+        it is (a non-finite engine log-prob is an infinite gap; no token: nothing verified, a fail)."""
         diffs = [abs(a - b) if math.isfinite(a) else math.inf for a, b in zip(engine_lp, trainer_lp)]
         at = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
-        worst = diffs[at] if diffs else math.inf  # no token generated: nothing verified
-        result = ProbeResult(
-            version=int(version),
+        worst = diffs[at] if diffs else math.inf
+        return ProbeResult(
+            version=version,
             tokens=len(diffs),
             max_diff=worst,
             engine_logprob=engine_lp[at] if diffs else math.nan,
@@ -240,10 +237,6 @@ class SyncProbe:
             seconds=time.perf_counter() - started,
             attempt=attempt,
         )
-        self._record(result)
-        # a failed check leaves nothing verified to compare with (the run stops on it anyway)
-        self._verified = (tuple(completion.token_ids), tuple(engine_lp), int(version)) if result.ok else None
-        return result
 
     def prompt(self) -> tuple[int, ...]:
         """The probe's prompt: a fixed user message, repeated until the chat-rendered prompt has

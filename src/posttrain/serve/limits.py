@@ -52,15 +52,21 @@ def too_large(limit: int) -> ApiError:
     )
 
 
+def check_declared_length(declared: str | None, limit: int) -> None:
+    """A request's Content-Length header (None: absent) refused with 400 when it is not a
+    number and with 413 when it declares more than `limit` bytes."""
+    if declared is None:
+        return
+    if not (declared.isascii() and declared.isdigit()):
+        raise ApiError(400, f"invalid Content-Length header {declared[:40]!r}")
+    if len(declared) > 18 or int(declared) > limit:
+        raise too_large(limit)
+
+
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The request body, refused with 413 when its Content-Length or the bytes received exceed
     `limit`, and with 408 when it has not all arrived within `timeout_s`."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ApiError(400, f"invalid Content-Length header {declared[:40]!r}")
-        if len(declared) > 18 or int(declared) > limit:
-            raise too_large(limit)
+    check_declared_length(request.headers.get("content-length"), limit)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -205,11 +211,7 @@ async def receive_body(scope: Any, receive: Any, limit: int, timeout_s: float) -
     Content-Length or by the bytes received; 408 when it has not all arrived within `timeout_s`;
     400 when the client disconnects first)."""
     declared = dict(scope.get("headers") or []).get(b"content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ApiError(400, f"invalid Content-Length header {declared[:40].decode('latin-1')!r}")
-        if len(declared) > 18 or int(declared) > limit:
-            raise too_large(limit)
+    check_declared_length(None if declared is None else declared.decode("latin-1"), limit)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
