@@ -88,8 +88,13 @@ def test_a_raising_callable_is_masked_and_counted(tmp_path, micro_base, monkeypa
 
 
 def test_verification_in_worker_processes_rebuilds_the_file_domain(tmp_path, micro_base):
+    import multiprocessing.forkserver
+
     from posttrain.loop import train
 
+    # the forkserver started before the run knew its file domain (as an earlier test's pool may
+    # have started it): its workers inherit an environment without the spec
+    multiprocessing.forkserver.ensure_running()
     path = write_jsonl(tmp_path / "q.jsonl", rows(60))
     domains = (
         f"{{procs: {{source: {{path: {path}, "

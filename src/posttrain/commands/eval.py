@@ -99,10 +99,11 @@ def _bench(args: argparse.Namespace, cfg) -> int:
         raise ConfigError(f"--limit must be at least 1, got {args.limit}")
     if args.samples < 0:
         raise ConfigError(f"--samples must be at least 0, got {args.samples}")
-    from posttrain.evaluate.bench import benchmark, contamination_against, run_benchmarks
+    from posttrain.evaluate.bench import BENCHMARKS, benchmark, contamination_against, run_benchmarks
 
-    for name in names:
-        benchmark(name)  # unknown name or missing package: one clear error before any model loads
+    # unknown names first, then a missing package: one clear error before any model loads
+    for name in sorted(names, key=lambda n: n in BENCHMARKS):
+        benchmark(name)
     import torch
 
     from posttrain.engine.hf import HFEngine

@@ -84,6 +84,18 @@ def remember_source(name: str, builder: str, spec_json: str, base_dir: str | Non
     os.environ[SOURCE_ENV] = json.dumps(known)
 
 
+def sources() -> str:
+    """The file domains' specs this process keeps (`remember_source`), as `adopt_sources` takes them."""
+    return os.environ.get(SOURCE_ENV, "{}")
+
+
+def adopt_sources(specs: str) -> None:
+    """A worker process's initializer: keep the parent's file-domain specs (`sources()`), so the
+    worker rebuilds them whatever environment it inherited (a forkserver started before a run
+    set them holds an older one)."""
+    os.environ[SOURCE_ENV] = specs
+
+
 def _from_environment(name: str) -> Domain | None:
     entry = json.loads(os.environ.get(SOURCE_ENV, "{}")).get(name)
     if entry is None:

@@ -260,7 +260,14 @@ class EmbeddedWorkers:
         if verify_processes:
             import multiprocessing as mp
 
-            self._verify_pool = ProcessPoolExecutor(verify_processes, mp_context=mp.get_context("forkserver"))
+            from posttrain.domains import registry
+
+            self._verify_pool = ProcessPoolExecutor(
+                verify_processes,
+                mp_context=mp.get_context("forkserver"),
+                initializer=registry.adopt_sources,  # file domains rebuilt from this run's specs
+                initargs=(registry.sources(),),
+            )
 
     @property
     def driver_version(self) -> int:
