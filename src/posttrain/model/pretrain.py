@@ -217,7 +217,9 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
 def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    from posttrain.model.tokenizer import save_tokenizer
+
+    save_tokenizer(tok, tmp)
     info = {
         "base_config": cfg.model_dump(),
         "data_digest": data_digest(cfg),
