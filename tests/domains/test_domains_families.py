@@ -263,3 +263,14 @@ def test_a_one_number_answer_is_compared_exactly_not_within_math_verifys_roundin
 
     assert exact_value("-\\frac{7}{3}") == exact_value("-7/3") == Fraction(-7, 3)
     assert exact_value("1/0") is None and exact_value("1e5") is None
+
+
+def test_the_bf_generator_prints_nothing(capfd):
+    """reasoning-gym's bf compiler printed "." per optimizer pass to stdout: the stray `..`
+    before `posttrain domains`' header, and in every run's output."""
+    from posttrain.domains.registry import get
+
+    task = get("rg_bf").sample(0, "train", 1)
+    assert task.prompt
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

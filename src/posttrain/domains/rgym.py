@@ -308,6 +308,8 @@ def build_dataset(generator: str, difficulty: int, size: int, curriculum: bool) 
     from reasoning_gym.factory import CURRICULA, DATASETS
 
     dataset_cls, config_cls = DATASETS[generator]
+    if generator == "bf":
+        _quiet_bf_optimizer()
     seed = stable_hash("rgym-seed", generator, difficulty) % 2**31
     if curriculum:
         cur = CURRICULA[generator]()
@@ -316,6 +318,20 @@ def build_dataset(generator: str, difficulty: int, size: int, curriculum: bool) 
     else:
         config = config_cls(seed=seed, size=size)
     return dataset_cls(config)
+
+
+def _quiet_bf_optimizer() -> None:
+    """reasoning-gym's bf generator compiles each program with an optimizer that prints "." to
+    stdout on every pass (the stray dots before `posttrain domains`' header, and in any run's
+    output). Its module-level `print` is shadowed by a no-op: that module only, thread-safe,
+    no stdout swap."""
+    from reasoning_gym.code.contrib.bfit.Compiler import Optimizer
+
+    Optimizer.print = _no_print  # type: ignore[attr-defined]
+
+
+def _no_print(*_: Any, **__: Any) -> None:
+    return None
 
 
 def build_catalog(level_timeout_s: int = 8) -> dict[str, dict[str, Any]]:
