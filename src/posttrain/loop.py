@@ -500,11 +500,9 @@ def apply_actions(actions: Sequence[Action], pool: TaskPool, stop: str = "", cm:
 
 
 def _progress(cfg: Config, done: int) -> Any:
-    from tqdm import tqdm
+    from posttrain.progress import progress
 
-    return tqdm(
-        total=cfg.run.steps, initial=done, desc="train", unit="step", disable=not cfg.run.progress, dynamic_ncols=True
-    )
+    return progress(cfg.run.steps, "train", initial=done, disable=not cfg.run.progress)  # plain lines off a terminal
 
 
 def _summary(
