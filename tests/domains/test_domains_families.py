@@ -27,7 +27,7 @@ def _norm(s: str) -> str:
 
 
 def test_rg_catalog_covers_installed_reasoning_gym():
-    from reasoning_gym.factory import DATASETS
+    from posttrain.domains.rgym import _factory; _factory()
 
     catalog = rgym._load_catalog()
     assert set(catalog) <= set(DATASETS)
@@ -274,3 +274,17 @@ def test_the_bf_generator_prints_nothing(capfd):
     assert task.prompt
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+@pytest.mark.heavy  # compiles all of reasoning-gym afresh in a subprocess (10-30 s)
+def test_reasoning_gyms_first_import_prints_nothing(tmp_path):
+    """cellpylib (a reasoning-gym dependency) printed a SyntaxWarning per `is "recursive"` line
+    whenever its bytecode was compiled: a fresh clone's first run, or every run without a cache."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
+    code = "from posttrain.domains.rgym import _factory; _factory()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""

@@ -305,7 +305,7 @@ def wrong_candidates(gold: str) -> list[str]:
 
 def build_dataset(generator: str, difficulty: int, size: int, curriculum: bool) -> Any:
     """The reasoning-gym dataset of `generator` at `difficulty` (1-based level)."""
-    from reasoning_gym.factory import CURRICULA, DATASETS
+    CURRICULA, DATASETS = _factory()
 
     dataset_cls, config_cls = DATASETS[generator]
     if generator == "bf":
@@ -318,6 +318,18 @@ def build_dataset(generator: str, difficulty: int, size: int, curriculum: bool) 
     else:
         config = config_cls(seed=seed, size=size)
     return dataset_cls(config)
+
+
+def _factory() -> tuple[Any, Any]:
+    """reasoning-gym's CURRICULA and DATASETS. Its first import compiles its dependency cellpylib,
+    whose `memoize is "recursive"` lines each print a SyntaxWarning (two lines of stderr each,
+    on every run where the bytecode cannot be cached): ignored during this import only."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=SyntaxWarning, message='"is" with a literal')
+        from reasoning_gym.factory import CURRICULA, DATASETS
+    return CURRICULA, DATASETS
 
 
 def _quiet_bf_optimizer() -> None:
@@ -339,7 +351,7 @@ def build_catalog(level_timeout_s: int = 8) -> dict[str, dict[str, Any]]:
     each builds within `level_timeout_s` and yields items faster than
     MAX_ITEM_S), size, category and cost class. Takes minutes; run by hand
     (`python -m posttrain.domains.rgym`) to refresh rgym_catalog.json."""
-    from reasoning_gym.factory import CURRICULA, DATASETS
+    CURRICULA, DATASETS = _factory()
 
     catalog = {}
     for gen in sorted(set(DATASETS) - set(EXCLUDED)):
@@ -353,7 +365,7 @@ def _measure(gen: str, curriculum: bool, level_timeout_s: int) -> dict[str, Any]
     import signal
     import time
 
-    from reasoning_gym.factory import CURRICULA, DATASETS
+    CURRICULA, DATASETS = _factory()
 
     def on_alarm(*_: Any) -> None:
         raise TimeoutError(gen)
