@@ -138,11 +138,25 @@ class _Run:
 
     @classmethod
     def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
+        """The run set up; a fresh run whose set-up fails leaves no run directory behind."""
+        if resume:
+            rundir, cfg = RunDir.open(resume)
+            return cls._open(cfg, rundir, resume, log)
+        rundir = RunDir.create(cfg)  # refuses a non-empty folder: what is removed below is all this start's
+        try:
+            return cls._open(cfg, rundir, None, log)
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(rundir.path, ignore_errors=True)
+            raise
+
+    @classmethod
+    def _open(cls, cfg: Config, rundir: RunDir, resume: str | Path | None, log: Any) -> _Run:
         from posttrain.engine.sync import WeightSync, make_engine
         from posttrain.monitor.monitor import Monitor, RunContext
         from posttrain.tasks.pool import TaskPool
 
-        rundir, cfg = RunDir.open(resume) if resume else (RunDir.create(cfg), cfg)
         in_flight = None
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
@@ -486,11 +500,9 @@ def apply_actions(actions: Sequence[Action], pool: TaskPool, stop: str = "", cm:
 
 
 def _progress(cfg: Config, done: int) -> Any:
-    from tqdm import tqdm
+    from posttrain.progress import progress
 
-    return tqdm(
-        total=cfg.run.steps, initial=done, desc="train", unit="step", disable=not cfg.run.progress, dynamic_ncols=True
-    )
+    return progress(cfg.run.steps, "train", initial=done, disable=not cfg.run.progress)  # plain lines off a terminal
 
 
 def _summary(

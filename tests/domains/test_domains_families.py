@@ -263,3 +263,28 @@ def test_a_one_number_answer_is_compared_exactly_not_within_math_verifys_roundin
 
     assert exact_value("-\\frac{7}{3}") == exact_value("-7/3") == Fraction(-7, 3)
     assert exact_value("1/0") is None and exact_value("1e5") is None
+
+
+def test_the_bf_generator_prints_nothing(capfd):
+    """reasoning-gym's bf compiler printed "." per optimizer pass to stdout: the stray `..`
+    before `posttrain domains`' header, and in every run's output."""
+    from posttrain.domains.registry import get
+
+    task = get("rg_bf").sample(0, "train", 1)
+    assert task.prompt
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+@pytest.mark.heavy  # compiles all of reasoning-gym afresh in a subprocess (10-30 s)
+def test_reasoning_gyms_first_import_prints_nothing(tmp_path):
+    """cellpylib (a reasoning-gym dependency) printed a SyntaxWarning per `is "recursive"` line
+    whenever its bytecode was compiled: a fresh clone's first run, or every run without a cache."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
+    code = "from posttrain.domains.rgym import _factory; _factory()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""

@@ -82,3 +82,17 @@ def test_all_infra_domain_is_not_zero(raising_domain):
     text = format_table(table)
     assert "infra (2 errors)" in text and "0.000" not in text.splitlines()[1]
     assert EvalTable.from_json(table.to_json()) == table
+
+
+def test_the_demo_configs_held_out_sets_are_full():
+    """configs/default.yaml asked for 100 tasks per domain; add and sub at level 1 hold 85 and 91,
+    so every demo run printed two warnings."""
+    from pathlib import Path
+
+    from posttrain.configs import load_config
+    from posttrain.evaluate.run import heldout_for
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "default.yaml", [])
+    h = heldout_for(cfg.eval, {name: d.difficulty for name, d in cfg.tasks.domains.items()})
+    assert h.warnings() == []
+    assert {s.n for k, s in h.sets.items() if k.startswith("core:")} == {85}

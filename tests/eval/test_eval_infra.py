@@ -176,3 +176,11 @@ def test_a_failed_engine_call_is_retried_in_evaluation_then_masks_never_zero(dom
     assert res.infra_errors == 0 and res.accuracy == 1.0  # the third call generated every item
     res = evaluate_sets(FailingCalls(fails=10**6), sets)["test_sums"]  # split down to each item, retried
     assert res.infra_errors == 4 and res.accuracy is None  # retries spent: infra, never a wrong answer
+
+
+def test_a_single_models_table_is_headed_accuracy_not_before(domain):
+    res = evaluate_sets(ScriptedEngine(lambda context, j: "0"), {"test_sums": domain(Pays())})["test_sums"]
+    head = format_table(EvalTable(0, {"test_sums": res})).splitlines()[0]
+    assert "accuracy [95% CI]" in head and "before" not in head and "after" not in head
+    two = format_table(EvalTable(0, {"test_sums": res}), EvalTable(1, {"test_sums": res})).splitlines()[0]
+    assert "before [95% CI]" in two and "after [95% CI]" in two

@@ -181,6 +181,22 @@ def test_search_moves_workers_to_the_slow_stage():
     assert all(sum(p.workers) <= 8 for p in plan.searched)
 
 
+def test_the_best_is_never_slower_than_the_clusters_own_split():
+    """The search's splits leave out the cluster's 1/6/1 (execute capped at 2 workers): its row
+    was faster than every searched one, and the "best" row was slower than the cluster's."""
+    profile = _profile([GroupSample("d", 5, 0.05, 2.0, 0.1, 1.0)])
+    cluster = ClusterConfig.model_validate(
+        {
+            "workers": {"generate": 1, "execute": 6, "verify": 1},
+            "search": {"generate": [1, 2], "execute": [1, 2], "verify": [1, 2], "max_workers": 8},
+            "simulate": {"steps": 40, "search_steps": 40, "replicas": 1},
+        }
+    )
+    plan = plan_profile(profile, cluster)
+    assert max(p.steps_per_hour for p in plan.searched) < plan.current.steps_per_hour
+    assert plan.best == plan.current
+
+
 def test_cluster_file_errors_name_the_field(tmp_path):
     bad = tmp_path / "c.yaml"
     bad.write_text("engines: {count: 0}\nsandbox_slot: 3\n")

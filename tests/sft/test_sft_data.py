@@ -88,8 +88,10 @@ def test_bad_rows_are_reported_with_their_lines_and_lose_nothing_else(tmp_path, 
 
 
 def test_files_that_cannot_train_are_clear_errors(tmp_path, tok):
-    with pytest.raises(ConfigError, match="sft.data: .*does not exist"):
-        load_demos(SftSection(data=str(tmp_path / "missing.jsonl")), tok)
+    missing = str(tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="sft.data: .*does not exist") as err:
+        load_demos(SftSection(data=missing), tok)
+    assert f"scripts/sft_demos.py DOMAIN --n 1000 --out {missing}" in str(err.value)  # the step that makes it
     with pytest.raises(ConfigError, match=r"no demonstration can train: line 1: no assistant turn"):
         load_demos(SftSection(data=_write(tmp_path, [_row(("user", "x"))])), tok)
     with pytest.raises(ConfigError, match="sft.data: give the demonstrations file"):

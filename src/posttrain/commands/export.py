@@ -42,6 +42,7 @@ def export(source: Any, out: Any, base: str | None = None) -> dict[str, str]:
 
     from posttrain.errors import ConfigError
     from posttrain.model.arch import check_model_dir
+    from posttrain.model.tokenizer import make_portable
     from posttrain.trainer.checkpoint import _resolve
     from posttrain.trainer.lora import is_adapter_dir, merge_to_dir
 
@@ -59,6 +60,7 @@ def export(source: Any, out: Any, base: str | None = None) -> dict[str, str]:
             for f in ckpt.iterdir():
                 if f.is_file() and f.name not in _TRAINER_FILES:
                     shutil.copy2(f, tmp / f.name)
+            make_portable(tmp)  # a checkpoint written before tokenizers were saved portable
         check_model_dir(tmp)
         (tmp / "export.json").write_text(json.dumps({"checkpoint": str(ckpt), "kind": kind}))
         if out.exists():

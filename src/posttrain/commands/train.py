@@ -22,6 +22,10 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("--resume continues a run with its own config.yaml; give no config or overrides with it")
     cfg = load_config(config, overrides)
+    if cfg.model.path and not args.resume:  # a wrong model path is said before the heavy imports
+        from posttrain.model.arch import check_model_dir
+
+        check_model_dir(cfg.model.path)
     from posttrain.loop import train
 
     result = train(cfg, resume=args.resume)

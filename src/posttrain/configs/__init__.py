@@ -31,7 +31,7 @@ from posttrain.configs.pipeline import PipelineConfig, Runtime
 from posttrain.configs.rollout import RolloutConfig
 from posttrain.configs.run import RunConfig
 from posttrain.configs.sandbox import SandboxSection
-from posttrain.configs.section import Section
+from posttrain.configs.section import Section, did_you_mean
 from posttrain.configs.sft import SftSection
 from posttrain.configs.tasks import TasksConfig
 from posttrain.configs.trainer import TrainerConfig
@@ -201,7 +201,7 @@ def _allowed_fields(model: type[BaseModel], loc: tuple) -> str:
             return ""
         node = field.annotation
     names = sorted(getattr(node, "model_fields", {}))
-    return f"; allowed: {', '.join(names)}" if names else ""
+    return did_you_mean(str(loc[-1]), names) + f"; allowed: {', '.join(names)}" if names else ""
 
 
 def validate(tree: dict[str, Any], source: str = "config") -> Config:

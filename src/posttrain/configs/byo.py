@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from posttrain.configs.section import did_you_mean
+
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
@@ -33,9 +35,9 @@ class Strict(BaseModel):
         if isinstance(data, dict):
             unknown = sorted(set(map(str, data)) - set(cls.model_fields))
             if unknown:
-                raise ValueError(
-                    f"unknown field {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(cls.model_fields))}"
-                )
+                near = did_you_mean(unknown[0], cls.model_fields) if len(unknown) == 1 else ""
+                allowed = ", ".join(sorted(cls.model_fields))
+                raise ValueError(f"unknown field {', '.join(map(repr, unknown))}{near}; allowed: {allowed}")
         return data
 
 
@@ -524,7 +526,8 @@ def describe_errors(exc: ValidationError, model: type[BaseModel], where: str) ->
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown field {loc!r}; allowed: {', '.join(sorted(model.model_fields))}")
+            near = did_you_mean(str(err["loc"][-1]), model.model_fields)
+            lines.append(f"{where}: unknown field {loc!r}{near}; allowed: {', '.join(sorted(model.model_fields))}")
         else:
             lines.append(f"{where}: {loc + ': ' if loc else ''}{err['msg']}")
     return "; ".join(lines)

@@ -26,7 +26,8 @@ class RunConfig(Section):
     checkpoint_every: int = Field(20, ge=0)
     """Save a checkpoint every N steps (0: only at the end)."""
     progress: bool = True
-    """Show a progress bar with live per-domain reward."""
+    """Show a progress bar with live per-domain reward (on stderr; when that is not a terminal, plain
+    lines, at most one every 30 s, instead of carriage-return frames: posttrain/progress.py)."""
     cpu_budget_s: float | None = Field(None, gt=0)
     """Stop after the step at which training has spent this many seconds of CPU time (this
     process, every thread; counted from the first step, so the held-out evaluation before

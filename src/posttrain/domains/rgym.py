@@ -305,9 +305,11 @@ def wrong_candidates(gold: str) -> list[str]:
 
 def build_dataset(generator: str, difficulty: int, size: int, curriculum: bool) -> Any:
     """The reasoning-gym dataset of `generator` at `difficulty` (1-based level)."""
-    from reasoning_gym.factory import CURRICULA, DATASETS
+    CURRICULA, DATASETS = _factory()
 
     dataset_cls, config_cls = DATASETS[generator]
+    if generator == "bf":
+        _quiet_bf_optimizer()
     seed = stable_hash("rgym-seed", generator, difficulty) % 2**31
     if curriculum:
         cur = CURRICULA[generator]()
@@ -318,12 +320,38 @@ def build_dataset(generator: str, difficulty: int, size: int, curriculum: bool) 
     return dataset_cls(config)
 
 
+def _factory() -> tuple[Any, Any]:
+    """reasoning-gym's CURRICULA and DATASETS. Its first import compiles its dependency cellpylib,
+    whose `memoize is "recursive"` lines each print a SyntaxWarning (two lines of stderr each,
+    on every run where the bytecode cannot be cached): ignored during this import only."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=SyntaxWarning, message='"is" with a literal')
+        from reasoning_gym.factory import CURRICULA, DATASETS
+    return CURRICULA, DATASETS
+
+
+def _quiet_bf_optimizer() -> None:
+    """reasoning-gym's bf generator compiles each program with an optimizer that prints "." to
+    stdout on every pass (the stray dots before `posttrain domains`' header, and in any run's
+    output). Its module-level `print` is shadowed by a no-op: that module only, thread-safe,
+    no stdout swap."""
+    from reasoning_gym.code.contrib.bfit.Compiler import Optimizer
+
+    Optimizer.print = _no_print  # type: ignore[attr-defined]
+
+
+def _no_print(*_: Any, **__: Any) -> None:
+    return None
+
+
 def build_catalog(level_timeout_s: int = 8) -> dict[str, dict[str, Any]]:
     """Measure every non-excluded generator: usable levels (consecutive from 1,
     each builds within `level_timeout_s` and yields items faster than
     MAX_ITEM_S), size, category and cost class. Takes minutes; run by hand
     (`python -m posttrain.domains.rgym`) to refresh rgym_catalog.json."""
-    from reasoning_gym.factory import CURRICULA, DATASETS
+    CURRICULA, DATASETS = _factory()
 
     catalog = {}
     for gen in sorted(set(DATASETS) - set(EXCLUDED)):
@@ -337,7 +365,7 @@ def _measure(gen: str, curriculum: bool, level_timeout_s: int) -> dict[str, Any]
     import signal
     import time
 
-    from reasoning_gym.factory import CURRICULA, DATASETS
+    CURRICULA, DATASETS = _factory()
 
     def on_alarm(*_: Any) -> None:
         raise TimeoutError(gen)

@@ -45,10 +45,11 @@ def deltas(before: EvalTable, after: EvalTable, seed: int = 0) -> tuple[dict[str
     )
 
 
-def format_table(
-    before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")
-) -> str:
-    """Core held-out accuracy with 95% Wilson intervals; with `after`, paired deltas and marks."""
+def format_table(before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] | None = None) -> str:
+    """Core held-out accuracy with 95% Wilson intervals; with `after`, paired deltas and marks.
+    Columns are headed by `labels`, by default "before" and "after" for two tables and
+    "accuracy" for one (a single model's evaluation has no before)."""
+    labels = labels or (("before", "after") if after else ("accuracy", ""))
     per, mean = deltas(before, after) if after else ({}, None)
     head = f"{'domain':<22}{'level':>6}{'n':>9}{labels[0] + ' [95% CI]':>22}"
     if after:

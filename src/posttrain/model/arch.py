@@ -63,6 +63,23 @@ def random_model(preset: str = "micro", seed: int = 0, max_positions: int = 512)
     return model, tok
 
 
+def _what_loads(path: str) -> str:
+    """What a model path may name, with a near registered name when there is one."""
+    import difflib
+
+    from posttrain.model.real import MODELS
+
+    text = (
+        "a model path is a local Hugging Face model folder or a packaged model's name "
+        f"(`posttrain models list`: {', '.join(sorted(MODELS)) or 'none registered'}); nothing is downloaded"
+    )
+    parts = path.split("/")
+    if len(parts) == 2 and all(parts) and not path.startswith((".", "~")):
+        text += f" from the Hugging Face Hub: {path!r} looks like a hub id (download it and give its folder)"
+    near = difflib.get_close_matches(path.rsplit("/", 1)[-1].lower(), sorted(MODELS), n=1, cutoff=0.6)
+    return text + (f"; did you mean {near[0]!r}?" if near else "")
+
+
 def check_model_dir(path: str | Path) -> Path:
     """The model folder `path` names (a registered real model's name resolves to its checked
     cache, model/real.py), checked to hold a config and weights."""
@@ -70,7 +87,7 @@ def check_model_dir(path: str | Path) -> Path:
 
     p = Path(resolve(path))
     if not p.is_dir():
-        raise ModelLoadError(f"model directory {str(p)!r} does not exist")
+        raise ModelLoadError(f"model directory {str(p)!r} does not exist; {_what_loads(str(path))}")
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"model directory {str(p)!r} has no config.json (not a Hugging Face model directory)")
     weights = list(p.glob("*.safetensors")) + list(p.glob("pytorch_model*.bin"))

@@ -182,9 +182,9 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
     import math
 
     import torch
-    from tqdm import tqdm
 
     from posttrain.model.arch import random_model
+    from posttrain.progress import progress as progress_bar
 
     out = Path(out_dir) if out_dir else default_dir(cfg)
     torch.set_num_threads(cfg.threads)
@@ -197,8 +197,8 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
     )
     batches = _examples(cfg, random.Random(cfg.seed))
     start = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc="pretrain base", disable=not progress, unit="step")
-    for step in bar:
+    bar = progress_bar(cfg.steps, "pretrain base", disable=not progress)
+    for step in range(cfg.steps):
         ids, attn, mask = _encode_batch(tok, batches(cfg.batch_size))
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
@@ -210,6 +210,8 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
         sched.step()
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.update(1)
+    bar.close()
     _save(model.eval(), tok, out, cfg, time.perf_counter() - start)
     return out
 
@@ -217,7 +219,9 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
 def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    from posttrain.model.tokenizer import save_tokenizer
+
+    save_tokenizer(tok, tmp)
     info = {
         "base_config": cfg.model_dump(),
         "data_digest": data_digest(cfg),

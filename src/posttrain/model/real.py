@@ -249,7 +249,9 @@ def _convert(model: RealModel, source: Path, out: Path) -> None:
     fresh.generation_config = loaded.generation_config
     out.mkdir(parents=True)
     fresh.save_pretrained(out)
-    tok.save_pretrained(out)
+    from posttrain.model.tokenizer import save_tokenizer
+
+    save_tokenizer(tok, out)
     del loaded, fresh
     dist = importlib.metadata.distribution(model.distribution)
     (out / "LICENSE").write_text(dist.read_text("LICENSE") or f"{model.license}\n")

@@ -29,7 +29,17 @@ from posttrain.plan.sim import Costs, Shape, SimResult, Simulation
 
 TIE = 0.01
 """Splits within this share of the best steps per hour are a tie (the fewest workers wins)."""
-__all__ = ["Bounds", "Plan", "Prediction", "events_bound", "load_cluster", "plan_profile", "plan_run", "predict"]
+__all__ = [
+    "Bounds",
+    "Plan",
+    "Prediction",
+    "events_bound",
+    "load_cluster",
+    "pick_best",
+    "plan_profile",
+    "plan_run",
+    "predict",
+]
 
 
 @dataclass
@@ -209,12 +219,20 @@ def plan_profile(profile: Profile, cluster: ClusterConfig, run: str = "", seed: 
         )
         for split in cluster.search.splits()
     )
-    top = max(p.steps_per_hour for p in searched)
-    near = [p for p in searched if p.steps_per_hour >= (1 - TIE) * top]
-    best = min(near, key=lambda p: (sum(p.workers), -p.steps_per_hour))
+    best = pick_best(current, searched)
     return Plan(run, cluster, profile, costs, current_shape, current, best, searched, bounds.used)
 
 
 def plan_run(run_dir: str | Path, cluster: ClusterConfig, seed: int = 0) -> Plan:
     """The plan for `cluster` from the finished run in `run_dir`."""
     return plan_profile(load_profile(run_dir), cluster, str(run_dir), seed)
+
+
+def pick_best(current: Prediction, searched: tuple[Prediction, ...]) -> Prediction:
+    """The fewest workers among the splits within TIE of the fastest, never slower than the
+    cluster's own split: that split is a candidate too (the search may not hold it, and its
+    prediction runs `simulate.steps`, the search's `search_steps`)."""
+    candidates = (*searched, current)
+    top = max(p.steps_per_hour for p in candidates)
+    near = [p for p in candidates if p.steps_per_hour >= (1 - TIE) * top and p.steps_per_hour >= current.steps_per_hour]
+    return min(near, key=lambda p: (sum(p.workers), -p.steps_per_hour))

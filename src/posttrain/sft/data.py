@@ -21,6 +21,7 @@ import random
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from posttrain.byo.sources import open_source
@@ -94,7 +95,14 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
     try:
         path, reader = open_source(source)
     except TaskError as exc:
-        raise ConfigError(f"sft.data: {exc}") from None
+        hint = ""
+        if not Path(cfg.data).exists():
+            hint = (
+                "; make demonstrations from a registered domain's own train-split tasks and gold answers with "
+                f"`.venv/bin/python scripts/sft_demos.py DOMAIN --n 1000 --out {cfg.data}` "
+                "(configs/sft.yaml: DOMAIN rg_basic_arithmetic)"
+            )
+        raise ConfigError(f"sft.data: {exc}{hint}") from None
     demos: list[Demo] = []
     bad: list[BadRow] = []
     for raw in reader.scan():

@@ -144,12 +144,12 @@ def _fit(
 ) -> tuple[int, list[float], float]:
     """The optimizer steps: each epoch's length batches in a seeded order; a row of metrics per
     step, a checkpoint every `sft.checkpoint_every`. Returns steps, losses, CPU seconds."""
-    from tqdm import tqdm
+    from posttrain.progress import progress
 
     s = cfg.sft
     epochs = [length_batches(demos.demos, s.batch_tokens, cfg.run.seed + e) for e in range(s.epochs)]
     total = sum(map(len, epochs)) if s.max_steps is None else min(s.max_steps, sum(map(len, epochs)))
-    bar = tqdm(total=total, desc="sft", unit="step", disable=not cfg.run.progress, dynamic_ncols=True)
+    bar = progress(total, "sft", disable=not cfg.run.progress)
     model.train()
     t0, step, losses = time.process_time(), 0, []
     for epoch, batches in enumerate(epochs):

@@ -156,7 +156,9 @@ def _write_all(
     if not list(tmp.glob("*.safetensors")):
         raise TrainerError(f"save_pretrained wrote no safetensors file in {tmp}")
     if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
+        from posttrain.model.tokenizer import save_tokenizer
+
+        save_tokenizer(tokenizer, tmp)
     torch.save(full_state[1] if full_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(capture_rng(), tmp / "rng.pt")
     (tmp / "loop_state.json").write_text(loop_json)

@@ -138,5 +138,7 @@ def merge_to_dir(base_dir: str | Path, adapter_dir: str | Path, out: str | Path)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tok.save_pretrained(out)
+    from posttrain.model.tokenizer import save_tokenizer
+
+    save_tokenizer(tok, out)
     return out
