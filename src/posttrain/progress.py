@@ -32,9 +32,7 @@ def progress(
     if isatty is not None and isatty():
         from tqdm import tqdm
 
-        return tqdm(
-            total=total, initial=initial, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, file=out
-        )
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, file=out)
     return PlainProgress(total, desc, unit, initial, disable, out, interval_s)
 
 
