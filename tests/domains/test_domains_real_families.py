@@ -1,0 +1,115 @@
+"""The task families for a real small instruct model (issue 37 item 3): arith_fmt's required last
+line, ifeval's constraint checks and held-out topics, pyfunc's tests that tell the wrong body apart
+and its split by function. Their gold, wrong and cheats are covered by the contract and cheat
+tests (tests/domains/test_domains_contract.py, test_domains_cheats.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.domains import ifeval, pyfunc
+from posttrain.domains.arith_fmt import final_answer
+from posttrain.domains.base import split_of
+from posttrain.domains.registry import all_domains
+from posttrain.types import Episode
+
+D = all_domains()
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("7 + 5 = 12\nAnswer: 12", "12"),
+        ("Answer: **12**", "12"),
+        ("**Answer:** 12.", "12"),
+        ("Answer: -3", "-3"),
+        ("Answer: 12\nAnswer: 13", None),  # two answers
+        ("answer: 12\nAnswer: 12", None),  # the same answer twice is still two lines
+        ("Answer: 12\nthat is all", None),  # not the last line
+        ("Answer: 12 or 13", None),
+        ("12", None),
+        ("<answer>12</answer>", None),
+        ("", None),
+    ],
+)
+def test_arith_fmt_reads_only_one_answer_line_that_ends_the_reply(text, want):
+    assert final_answer(text) == want
+
+
+def test_arith_fmt_scores_the_number_on_the_required_line():
+    d = D["arith_fmt"]
+    task = d.sample(0, "train", 1)
+    ref = task.reference
+    assert d.score(task, Episode(f"working\nAnswer: {ref}")).value == 1.0
+    wrong = d.score(task, Episode(f"Answer: {int(ref) + 1}"))
+    assert (wrong.value, wrong.parts["format"], wrong.reason) == (0.0, 1.0, "wrong answer")
+    assert d.score(task, Episode(str(ref))).reason == "no 'Answer: N' last line"
+
+
+@pytest.mark.parametrize(
+    ("kind", "param", "text", "ok"),
+    [
+        ("min_words", 3, "one two three", True),
+        ("min_words", 3, "one two", False),
+        ("max_words", 2, "one two three", False),
+        ("sentences", 2, "One. Two!", True),
+        ("sentences", 2, "One. Two! Three?", False),
+        ("include", "color", "The Color is red.", True),
+        ("include", "color", "colorful", False),  # a whole word only
+        ("forbid", "very", "every day", True),
+        ("forbid", "very", "Very good", False),
+        ("lower", "", "all lower here", True),
+        ("lower", "", "Not lower", False),
+        ("lower", "", "123", False),  # no letters: not a lowercase text
+        ("upper", "", "ALL UPPER", True),
+        ("json", "", '{"a": 1}', True),
+        ("json", "", '```json\n{"a": 1}\n```', True),
+        ("json", "", "[1, 2]", False),
+        ("json", "", 'Here: {"a": 1}', False),
+        ("bullets", 2, "- one\n- two", True),
+        ("bullets", 2, "- one\n- two\n- three", False),
+        ("bullets", 2, "Intro\n- one\n- two", False),  # every line a bullet
+        ("ending", ifeval.END_PHRASE, f"Text. {ifeval.END_PHRASE}", True),
+        ("ending", ifeval.END_PHRASE, f"{ifeval.END_PHRASE} More.", False),
+    ],
+)
+def test_ifeval_checks_each_constraint_exactly(kind, param, text, ok):
+    assert ifeval.check(kind, param, text) is ok
+
+
+def test_ifeval_needs_the_topic_content_and_own_words():
+    d = D["ifeval"]
+    task = d.sample(0, "train", 1)
+    gold = d.gold(task)
+    assert d.score(task, Episode(gold)).passed
+    echoed = d.score(task, Episode(f"{task.prompt[-1].content} {gold}"))
+    assert echoed.parts["own_words"] == 0.0 and not echoed.passed
+    short = d.score(task, Episode(task.reference.topic))
+    assert short.parts["content"] == 0.0 and not short.passed
+
+
+def test_ifeval_holds_out_its_eval_topics():
+    d = D["ifeval"]
+    for level in (1, 2):
+        assert {d.sample(i, "train", level).reference.topic for i in range(200)} <= set(ifeval.TOPICS)
+        assert {d.sample(i, "eval", level).reference.topic for i in range(50)} <= set(ifeval.EVAL_TOPICS)
+    assert not set(ifeval.TOPICS) & set(ifeval.EVAL_TOPICS)
+
+
+def test_pyfunc_tests_tell_the_wrong_body_apart_in_both_suites():
+    for level in (1, 2, 3):
+        for i in range(20):
+            task = D["pyfunc_revise"].sample(i, "train", level)
+            t, k = pyfunc.parse_name(task.reference.name)
+            bad = pyfunc.reference_function(t, k, bad=True)
+            for suite in (task.reference.visible, task.reference.hidden):
+                assert any(bad(*a) != e for a, e in zip(suite.inputs(), suite.expected())), task.id
+
+
+def test_pyfunc_and_its_loop_hold_out_the_same_functions():
+    for name in ("pyfunc", "pyfunc_revise"):
+        for split in ("train", "eval"):
+            for i in range(10):
+                task = D[name].sample(i, split, 2)
+                statement = task.prompt[-1].content.split("\n", 1)[0]
+                assert split_of("pyfunc", statement) == split
