@@ -18,9 +18,9 @@ any stage cancels its siblings and surfaces from `async with`; a stage
 never blocks the event loop (its workers' calls are awaitable; only a
 verifier that declares itself `cheap`, microseconds, is called inline);
 no task waits on a timer: the feeder and `run_groups` sleep on events.
-What a stage call's outcome does to a group (retries, masks, the rollouts) is
-the group lifecycle's (`GroupRun`, pipeline/group.py); the pipeline only
-queues, batches and runs the calls concurrently.
+What comes next for a group (the stage order, retries and their backoffs, masks,
+the rollouts) is the group lifecycle's (`GroupRun.next_call` / `feed`, pipeline/group.py);
+the pipeline maps each call kind to its queue (`_route`) and runs the calls concurrently.
 """
 
 from __future__ import annotations

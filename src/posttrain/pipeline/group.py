@@ -1,23 +1,23 @@
 """One group's lifecycle, from admission to finish, whatever schedules it.
 
-Invariant: a `GroupRun` carries one task's group of samples from admission to
-one `GroupResult`: its domain and budget are resolved once, at admission
-(`GroupRun.admit`); every retry of a stage (generation, an execute or
-environment step, a transient verifier failure) goes through its one
-`RetryPolicy`, and its attempts and retries are recorded on it and counted;
-masking is by cause (`errors.blame`): a model fault scores its sample 0 with
-the reason, an infra failure masks that sample alone after its retries, never
-its group-mates; a stage call that fails for the whole group (`_fail`) is
-retried after its backoff (`backoff`), then masks every sample not decided and
-finishes the group; `_finish` makes the group's Rollouts, each with its id from
-birth (`rollout_id`). Generation is batched across groups by one helper,
-`generation`, for every scheduler: an engine call that fails over several
-groups is halved down to the group that failed it, and a multi-turn group's
-prompt too long for the engine down to its single requests, so one bad prompt
-masks only its own samples. The schedulers (the staged pipeline,
-pipeline/core.py; the inline scheduler, pipeline/play.py, which training's
-direct path and the evaluator share) only admit, batch and run the calls;
-what a call's outcome does to the group is decided here.
+Invariant: a `GroupRun` carries one task's group of samples from admission to one
+`GroupResult`, and it alone decides the sequence. A scheduler asks it for its next call
+(`next_call`: Open its environments, Encode prompts, Generate a turn, Step episodes, Execute
+samples, Verify episodes, Wait a backoff, or Done) and hands back what came of that call
+(`feed`); the group decides what follows. Its domain and budget are resolved once, at
+admission (`GroupRun.admit`); every retry of a stage (generation, an execute or environment
+step, a transient verifier failure) goes through its one `RetryPolicy`, its attempts and
+retries recorded and counted, its backoff handed out once as a Wait; masking is by cause
+(`errors.blame`): a model fault scores its sample 0 with the reason, an infra failure masks
+that sample alone after its retries, never its group-mates; a call that fails for the whole
+group is retried after its backoff, then masks every sample not decided and finishes the
+group; each Rollout has its id from birth (`rollout_id`). Generation is batched across groups
+by one helper, `generation`, for every scheduler (it takes the groups whose next call is
+Generate): an engine call that fails over several groups is halved down to the group that
+failed it, and a multi-turn group's prompt too long for the engine down to its single
+requests, so one bad prompt masks only its own samples. The schedulers (the staged pipeline,
+pipeline/core.py, which maps call kinds to its queues; the inline scheduler, pipeline/play.py,
+which training's direct path and the evaluator share) supply only concurrency and admission.
 """
 
 from __future__ import annotations
@@ -237,6 +237,7 @@ class GroupRun:
     """Some sample's execute step or environment step failed past its retries (the group
     then counts as an infra failure of its domain, `Scheduler.record_verification`)."""
     episodes: list[Episode] | None = None
+    """The group's episodes, what the verifier scores (built once, when verification is asked for)."""
     _verified: dict[int, Verdict] = field(default_factory=dict)
     """Samples verified so far (a verification retry verifies only the others)."""
     _attempts: dict[str, int] = field(default_factory=dict)
@@ -419,11 +420,6 @@ class GroupRun:
         """Tokens per turn (the budget's)."""
         return self._budget.tokens
 
-    def _open_envs(self) -> list[tuple[Environment, str]]:
-        """The group's fresh environments, each reset on the task, with its first observation
-        (blocking: a scheduler may run it in a thread)."""
-        return driver.open_envs(self._domain, self.task, self._n)
-
     def _start(self, envs: Sequence[tuple[Environment, str]], encoded: Mapping[str, tuple[int, ...]]) -> None:
         """The group's episodes begin: `encoded` maps each first observation to its prompt's ids."""
         self._prompt_ids = encoded[envs[0][1]]
@@ -441,6 +437,7 @@ class GroupRun:
         if delay is not None:
             self._attempts[stage] = n + 1
             self._counters["retries"] += 1
+            self._backoff = delay
         return delay
 
     def _fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
@@ -456,11 +453,6 @@ class GroupRun:
         return self._backoff
 
     # ---- generation -------------------------------------------------------------
-    def _group_seed(self, seed: int | None) -> int | None:
-        """The base seed of the group's requests in a run seeded `seed`: (seed, group id,
-        generation attempt), the same whatever the batching, the worker or the runtime."""
-        return None if seed is None else stable_hash("group", seed, self._group_id, self._attempts.get("generate", 0))
-
     def _requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
         """The generation requests of the group's next turn (one request of `params.n` for a
         single-turn group, seeded `base`; an episode's turn: `driver.requests`), with the
@@ -581,7 +573,7 @@ class GroupRun:
         """The group's episodes, what the verifier scores (built once, after generation and the
         execute step), its environments closed."""
         if self.episodes is None:
-            self.episodes = self._episodes()
+            self.episodes = self._make_episodes()
         self._close()
         return self.episodes
 
@@ -618,7 +610,7 @@ class GroupRun:
             return None
         return self._sandbox_failed or any(v.error_kind == "verifier" for v in final)
 
-    def _episodes(self) -> list[Episode]:
+    def _make_episodes(self) -> list[Episode]:
         if self._trajectories is not None:
             if self._executes and self._execs:
                 return [driver.episode(t, _ran(e)) for t, e in zip(self._trajectories, self._execs)]
@@ -759,4 +751,4 @@ def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[
 def group_seed(run: GroupRun, seed: int | None) -> int | None:
     """The base seed of `run`'s requests in a run seeded `seed`: (seed, group id, generation
     attempt), the same whatever the batching, the worker or the runtime."""
-    return run._group_seed(seed)
+    return None if seed is None else stable_hash("group", seed, run._group_id, run._attempts.get("generate", 0))

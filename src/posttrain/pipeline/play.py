@@ -3,15 +3,17 @@ training's direct path (`Play.direct`, from pipeline/step.py), the evaluator (ev
 and episode play (`play`).
 
 Invariant: every group runs through the one lifecycle (`GroupRun`) and the one generation
-helper (`group.generation`), as in the staged pipeline: the same admission, budgets, splits
-of a failed engine call, retries (backoffs slept) and masking by cause. Only concurrency and
-admission are its own. With a `Scheduler` (the direct path) groups are admitted by waves of at
-most `batch_size`, in the staged pipeline's order (priority, long tier first, a free slot and
-room in the domain's quota), each wave verified and finished before the next; without one
-every task is one wave. Single-turn groups generate by token budget (shortest first, at most
-`batch_size` a call); multi-turn groups play their episodes one group at a time. Under the
-direct path's conditions (`EmbeddedWorkers.inline`) its groups, seeds and results equal the
-staged pipeline's (but generate_splits: the pipeline batches retried groups together again).
+helper (`group.generation`), as in the staged pipeline: it runs the calls the group asks for
+(`GroupRun.next_call`) inline and feeds back what came of them (a Wait is slept), so
+admission, budgets, splits of a failed engine call, retries and masking by cause are the
+group's. Only concurrency and admission are its own. With a `Scheduler` (the direct path)
+groups are admitted by waves of at most `batch_size`, in the staged pipeline's order (priority,
+long tier first, a free slot and room in the domain's quota), each wave verified and finished
+before the next; without one every task is one wave. Single-turn groups generate by token
+budget (shortest first, at most `batch_size` a call); multi-turn groups play their episodes one
+group at a time. Under the direct path's conditions (`EmbeddedWorkers.inline`) its groups,
+seeds and results equal the staged pipeline's (but generate_splits: the pipeline batches
+retried groups together again).
 """
 
 from __future__ import annotations
