@@ -32,6 +32,7 @@ from posttrain.engine.base import Engine
 from posttrain.envs import driver
 from posttrain.pipeline.group import (
     COUNTERS,
+    Call,
     Done,
     Encode,
     Execute,
@@ -198,6 +199,7 @@ class Play:
             for r in sorted(live, key=lambda r: self._tokens_of(r.task)):  # the order the engine calls ran in
                 if verify and r.result is None:
                     done = self._drive(r)
+                    assert isinstance(done, Done)
                     if sched is not None:
                         sched.record_verification(r.task.domain, bool(done.health))
                 if sched is not None:
@@ -303,7 +305,7 @@ class Play:
             return exc, 0.0
         return outs, meter.end(token, groups)
 
-    def _drive(self, run: GroupRun, until: type | None = None) -> Any:
+    def _drive(self, run: GroupRun, until: type | None = None) -> Call:
         """Run the group's calls inline until it asks for `until` (None: until it is done); a
         Wait is slept, a turn generated alone."""
         while not isinstance(call := run.next_call(), Done) and (until is None or not isinstance(call, until)):
