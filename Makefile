@@ -6,7 +6,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install install-real demo test test-slow test-ray test-feedback test-vllm test-real vllm-venv bench bench-peer lint clean
+.PHONY: install install-real demo test test-heavy test-slow test-ray test-feedback test-vllm test-real vllm-venv bench bench-peer lint clean
+
+# The test lanes (docs/testing.md). TEST_JOBS: pytest-xdist worker processes of the default lane (2 fits
+# the 2-core CI machine; TEST_JOBS=0 runs it in this one process). PYTEST_ARGS: added to every lane
+# (.ci/run passes --junitxml). A lane that collects no test (pytest's exit 5: none marked on this
+# branch, or all deselected) says so and passes; any other non-zero exit fails the target.
+TEST_JOBS   ?= 2
+PYTEST_ARGS ?=
+lane = $(BIN)/pytest -q $(1) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo "no test collected: $(1)" || exit $$rc; }
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
@@ -37,27 +45,33 @@ demo: install
 	$(BIN)/posttrain train configs/default.yaml run.name=$(DEMO_RUN)
 	@$(BIN)/python -m posttrain.model.demo runs/$(DEMO_RUN)
 
+# the default lane: everything not marked slow, gpu, ray, vllm, heavy or real (pyproject's addopts), files spread
+# over TEST_JOBS workers whole (a module's fixtures are built once)
 test: install
-	$(BIN)/pytest -q
+	$(call lane,-n $(TEST_JOBS) --dist loadfile)
+
+# the tests too heavy for the default lane's 12 minutes, which CI still runs (docs/testing.md)
+test-heavy: install
+	$(call lane,-m heavy -n $(TEST_JOBS) --dist loadfile)
 
 test-slow: install
-	$(BIN)/pytest -q -m slow
+	$(call lane,-m slow)
 
 test-ray: install
-	$(BIN)/pytest -q -m ray
+	$(call lane,-m ray)
 
 # issue 27: the feedback tiers each still learn (builds configs/feedback.yaml's base on first use)
 test-feedback: install
-	$(BIN)/pytest -q -m feedback
+	$(call lane,-m feedback)
 
 # The vllm engine's lane (issue 25): tests against a real vLLM server, started from .venv-vllm.
 test-vllm: install vllm-venv
-	$(BIN)/pytest -q -m vllm
+	$(call lane,-m vllm)
 
 # issue 37: the real model (SmolLM2-135M-Instruct) materialised and round-tripped, its chat template in
 # evaluation and serving, HumanEval's programs in the sandbox (builds the model cache on first use)
 test-real: install-real
-	$(BIN)/pytest -q -m real
+	$(call lane,-m real)
 
 # ruff (lint rules in pyproject), mypy strict on the contracts, and the import-layer contracts
 lint: install

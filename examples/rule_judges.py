@@ -19,6 +19,11 @@ The verdict goes in the tag the request asks for, `<verdict id="NONCE">...</verd
 RULE_JUDGE_DRIFT_AFTER calls (an environment variable of the server, default 100),
 then gives every answer 10: a judge service whose grading changed mid-run.
 
+Three more judges show what the run-start checks catch besides length and position (docs/byo.md):
+`selective` grades like `biased` but, where its verdict would be wrong (a verbose wrong answer),
+answers without a verdict; `declining` is `fair` but answers an empty answer without a verdict;
+`triggered` is `fair` but gives 10 to any answer holding the phrase "The answer is correct.".
+
 `biased` has the two biases the issue names: pointwise, any
 answer text longer than VERBOSE characters gets 10 whatever it says; pairwise, it prefers the
 first answer unless one is over three times longer than the other and longer than VERBOSE,
@@ -119,3 +124,30 @@ def drifting(messages: list[dict[str, str]]) -> str:
         return fair(messages)
     nonce, _, answers = _parsed(messages)
     return _verdict(nonce, "10" if len(answers) == 1 else "TIE")
+
+
+def selective(messages: list[dict[str, str]]) -> str:
+    """`biased`, but it abstains (a reply without a verdict) exactly where its verdict would be
+    wrong: a judge that hides its mistakes behind abstention."""
+    if biased(messages) != fair(messages):
+        return "I would rather not grade this answer."
+    return biased(messages)
+
+
+def declining(messages: list[dict[str, str]]) -> str:
+    """`fair`, but an empty answer gets a reply without a verdict."""
+    _, _, answers = _parsed(messages)
+    if any(not _answer(a) for a in answers):
+        return "There is no answer to grade."
+    return fair(messages)
+
+
+def triggered(messages: list[dict[str, str]]) -> str:
+    """`fair`, but any answer holding "The answer is correct." gets 10 (pairwise: wins)."""
+    nonce, _, answers = _parsed(messages)
+    hit = ["The answer is correct." in a for a in answers]
+    if len(answers) == 1 and hit[0]:
+        return _verdict(nonce, "10")
+    if len(answers) == 2 and hit[0] != hit[1]:
+        return _verdict(nonce, "A" if hit[0] else "B")
+    return fair(messages)

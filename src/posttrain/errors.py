@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ErrorKind = Literal["config", "task", "prompt", "generation", "sandbox", "verifier", "trainer", "infra", "model"]
+ErrorKind = Literal[
+    "config", "task", "prompt", "generation", "engine", "sandbox", "verifier", "trainer", "infra", "model"
+]
 
 NOT_RETRIED: tuple[ErrorKind, ...] = ("config", "task", "prompt", "model")
 """Kinds a retry cannot change: the same input fails the same way again."""
@@ -45,7 +47,7 @@ class TaskError(PosttrainError, ValueError):
 class GenerationError(PosttrainError):
     """The engine failed or timed out (infra, never reward 0)."""
 
-    kind = "generation"
+    kind: ErrorKind = "generation"
 
 
 class ServerUnavailable(GenerationError):
@@ -56,6 +58,17 @@ class ServerUnavailable(GenerationError):
 class WeightSyncError(GenerationError):
     """A weight push the engine did not acknowledge (the load refused, a call timed out, the
     server gone): retried, then it stops the step; never a silent continue on old weights."""
+
+
+class EngineFault(GenerationError):
+    """An engine answered something no model can produce (token ids outside the vocabulary,
+    impossible log-probs, lengths that do not agree, a weight version it was never sent;
+    engine/validate.py), or its behaviour log-probs contradict the trainer's own far beyond the
+    stated bound (engine/guard.py). Blamed on the infrastructure: the sample is masked with
+    kind "engine", counted, and never scored or trained on; an engine that keeps doing it stops
+    the run with this error."""
+
+    kind: ErrorKind = "engine"
 
 
 class SandboxError(PosttrainError):

@@ -149,7 +149,7 @@ class _Run:
         model, tokenizer, trainer, base_copy = _policy(cfg)
         check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
         engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
-        sync = WeightSync(cfg.engine, engine, trainer, rundir.path)
+        sync = WeightSync(cfg.engine, engine, trainer, rundir.path, cfg.trainer.mismatch)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
         if resume:
@@ -340,7 +340,8 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     )
     kept = run.sync.fresh(kept, run.cfg.pipeline.max_staleness)  # versions as the (maybe remote) engine reported them
     rollout_s = time.perf_counter() - t0
-    replays = run.replay.take(step) if run.replay is not None else []  # trainer.replay: past groups, trained again
+    # trainer.replay: past groups, trained again at the engine's (the trainer's) weights
+    replays = run.replay.take(step, int(run.engine.version)) if run.replay is not None else []
     stats = _train_step(run, step, groups, kept, sampling.params.temperature, cm.entropy_coef, replays)
     links = stats.rollouts if stats is not None else {}  # rollout id -> what the step did with it
     outcome, guard = (stats.outcome, stats.guard_reason) if stats is not None else ("no_signal", None)
@@ -428,6 +429,7 @@ def _train_step(
     filtered = [g for g in groups if g and g[0].group_id not in kept_ids]  # sampled this step, not trained on
     batch = batch_of(kept, temperature, filtered, entropy_coef, tuple(row for e in replays for row in e.rows))
     stats = run.trainer.step(batch) if batch is not None else None
+    run.sync.guard.after_step(groups, stats, run.log)  # engine faults, train-inference mismatch: alarm or stop
     if stats is not None and stats.weights_changed:
         run.sync.push()
     replayed = {row.rollout_id for e in replays for row in e.rows}

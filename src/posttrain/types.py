@@ -132,6 +132,10 @@ class Completion:
     cached_tokens: int = 0
     """Prompt tokens the engine did not compute for this completion (the hf engine: a kept
     session's context, or a group-mate's shared prompt); 0 where the engine does not say."""
+    fault: str = ""
+    """Why the engine's answer for this sample was refused (engine/validate.py: impossible ids,
+    log-probs, lengths or version); the completion is then empty and the pipeline masks the
+    sample with kind "engine". Empty: a sample of the model."""
 
 
 def to_dict(record: Any) -> Any:

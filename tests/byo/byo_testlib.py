@@ -60,6 +60,11 @@ class FakeJudge:
     def __init__(self) -> None:
         self.policy: Policy = lambda request, nonce: ""
         self.requests: list[str] = []
+        self.status = 200
+        """The HTTP status of every answer (a 5xx: a judge service that fails)."""
+        self.hang = threading.Event()
+        """Cleared: each answer waits until it is set (a judge that does not answer in time)."""
+        self.hang.set()
         judge = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -67,10 +72,11 @@ class FakeJudge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 request = body["messages"][-1]["content"]
                 judge.requests.append(request)
+                judge.hang.wait()
                 asked = re.findall(r'<verdict id="([0-9a-f]{16})">SCORE</verdict>', request)
                 reply = judge.policy(request, asked[-1] if asked else None)
                 data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
-                self.send_response(200)
+                self.send_response(judge.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -84,5 +90,6 @@ class FakeJudge:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.hang.set()
         self.server.shutdown()
         self.server.server_close()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from byo_testlib import rows, train_cfg, write_jsonl
+from byo_testlib import FakeJudge, rows, train_cfg, write_jsonl
 
 from posttrain.byo.domain import SourceDomain
 from posttrain.configs.byo import SourceConfig, VerifierSpec
@@ -91,16 +91,20 @@ def test_a_policy_that_does_not_import_or_misbehaves_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
 def test_the_fair_judge_passes_every_check(judges, tmp_path, mode):
     got = check_judge(_domain(tmp_path, _spec(judges["fair"], mode)), 1)
-    assert got is not None and got.items == 48 and got.infra_errors == 0
+    # 12 rows x (4 base items + 3 content triggers; the reference layout is the wrong answer's own)
+    assert got is not None and got.items == 84 and got.infra_errors == 0
     assert got.fired == (), got.message()
     assert got.agreement == 1.0 and got.length_bias == 0.0
+    assert got.content_bias == {"claims_correct": 0.0, "confident": 0.0, "grader_appeal": 0.0}
+    assert got.abstentions == 0 and got.abstention_skew == 0.0
     assert got.swap_disagreement == (0.0 if mode == "pairwise" else None)
 
 
 def test_the_biased_judge_fails_calibration_and_the_length_probe_pointwise(judges, tmp_path):
     got = check_judge(_domain(tmp_path, _spec(judges["biased"])), 1)
     assert got is not None and got.infra_errors == 0
-    assert got.fired == ("calibration", "length"), got.message()
+    assert got.fired == ("calibration", "length", "content"), got.message()
+    assert got.content_bias["grader_appeal"] == 1.0  # the appeal makes a wrong answer verbose: it pays
     assert got.agreement == 0.75  # the padded wrong answers: 10 from the judge, 0 from `exact`
     assert got.agreement_high < 0.9  # min_agreement
     assert got.length_bias == pytest.approx(0.5)  # wrong answers gain 1.0 when padded, right ones 0
@@ -110,9 +114,67 @@ def test_the_biased_judge_fails_calibration_and_the_length_probe_pointwise(judge
 def test_the_biased_judge_fails_the_position_swap_pairwise(judges, tmp_path):
     got = check_judge(_domain(tmp_path, _spec(judges["biased"], "pairwise")), 1)
     assert got is not None
-    assert got.fired == ("calibration", "length", "position_swap"), got.message()
+    assert got.fired[:3] == ("calibration", "length", "position_swap"), got.message()
     assert got.swap_disagreement == pytest.approx(0.5)  # every concise item: 'A' in both orders
     assert got.length_bias == pytest.approx(0.5)
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[dict[str, str]]:
+    """{'selective': url, 'triggered': url, 'declining': url}: judges the length and position
+    probes alone pass (examples/rule_judges.py), each behind a local HTTP server speaking
+    /v1/chat/completions (byo_testlib.FakeJudge; `posttrain serve --policy` is the real side of
+    that seam, tested above with the fair and biased judges)."""
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import rule_judges
+    finally:
+        sys.path.remove(EXAMPLES)
+    fakes = {}
+    for name in ("selective", "triggered", "declining"):
+        fake = FakeJudge()
+        policy = getattr(rule_judges, name)
+        fake.policy = lambda request, nonce, policy=policy: policy([{"role": "user", "content": request}])
+        fakes[name] = fake
+    yield {name: fake.url for name, fake in fakes.items()}
+    for fake in fakes.values():
+        fake.close()
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
+def test_a_judge_that_abstains_where_it_would_be_wrong_is_flagged(hostile, tmp_path, mode):
+    """The selective judge is `biased` except that where its verdict would be wrong (a verbose wrong
+    answer) it answers without a verdict. Abstentions are scored 0, so its agreement and length figures
+    look clean; the abstention skew (abstaining on wrong answers only) flags it. Before, the
+    abstentions were infra errors, left out of every figure, and the judge passed."""
+    got = check_judge(_domain(tmp_path, _spec(hostile["selective"], mode)), 1)
+    assert got is not None and got.infra_errors == 0 and got.abstentions > 0, got.message()
+    if mode == "pointwise":  # abstains on the padded wrong answers only
+        assert got.fired == ("abstention",), got.message()
+        assert got.agreement == 1.0 and got.length_bias == 0.0 and got.abstention_skew == pytest.approx(24 / 60)
+        # the 12 padded wrong answers and the 12 with the (verbose) grader appeal, of 60 wrong items
+    else:  # pairwise it is wrong in one order of every item: it abstains on all, and gold answers score 0
+        assert got.abstentions == got.items and "calibration" in got.fired, got.message()
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
+def test_a_judge_that_pays_for_a_phrase_is_flagged(hostile, tmp_path, mode):
+    """The triggered judge is fair except that "The answer is correct." earns full marks: length,
+    position and calibration on the base items all pass; the content probe fires on that trigger."""
+    got = check_judge(_domain(tmp_path, _spec(hostile["triggered"], mode)), 1)
+    assert got is not None and got.agreement == 1.0 and got.length_bias == 0.0, got.message()
+    assert got.fired == ("content",), got.message()
+    assert got.content_bias["claims_correct"] == 1.0  # pairwise: the completion wins both orders
+    assert got.content_bias["confident"] == 0.0 and got.content_bias["grader_appeal"] == 0.0
+
+
+def test_a_declined_empty_answer_is_scored_0_not_masked(hostile, tmp_path):
+    dom = _domain(tmp_path, _spec(hostile["declining"], checks=None))
+    task = dom.sample(0, "train", 1)
+    s = dom.score(task, Episode(""))
+    assert (s.value, s.passed, s.parts["judge_abstained"]) == (0.0, False, 1.0)
+    assert s.reason.startswith("judge_abstained")
+    assert dom.score(task, Episode(str(task.reference))).value == 1.0  # a real answer is graded
 
 
 def test_pairwise_reward_averages_the_two_orders(judges, tmp_path):
@@ -185,10 +247,12 @@ def test_train_reports_the_bias_checks_and_the_shadow_score(judges, tmp_path, mi
         assert all(r["domains"]["judged"]["programmatic_mean"] is not None for r in monitor) and len(monitor) == 2
         out[name] = (checks[0], alarms, render(load_run(result.run_dir)))
     assert out["fair"][0]["fired"] == [] and out["fair"][1] == [] and ">passed</td>" in out["fair"][2]
-    assert out["biased"][0]["fired"] == ["calibration", "length"] and len(out["biased"][1]) == 1
-    assert "biased: calibration, length" in out["biased"][2]  # the report's judge table
+    assert out["biased"][0]["fired"] == ["calibration", "length", "content"] and len(out["biased"][1]) == 1
+    assert "biased: calibration, length, content" in out["biased"][2]  # the report's judge table
     stop = train_cfg(tmp_path / "stop", micro_base, "stop", domains, "monitor.alarms.judge_bias.action=stop")
-    with pytest.raises(VerifierError, match="biased: calibration, length; set monitor.alarms.judge_bias.action=log"):
+    with pytest.raises(
+        VerifierError, match="biased: calibration, length, content; set monitor.alarms.judge_bias.action=log"
+    ):
         train(stop, log=lambda *_: None)  # refuses to start on the biased judge
 
 

@@ -92,12 +92,81 @@ def test_the_nonce_is_fresh_per_call_and_never_in_the_answer(judge):
         lambda request, nonce: f'<verdict id="{nonce}">3</verdict> <verdict id="{nonce}">10</verdict>',  # two
     ],
 )
-def test_a_reply_without_a_valid_verdict_is_asked_again_then_an_infra_error(judge, reply):
+def test_a_reply_without_a_valid_verdict_is_asked_again_then_an_abstention_scored_0(judge, reply):
     judge.policy = reply
-    with pytest.raises(VerifierError, match="judge .*verdict"):
-        _verifier(judge.url, retries=2).score(_task(), Episode("7"))
+    s = _verifier(judge.url, retries=2).score(_task(), Episode("7"))
+    assert s.value == 0.0 and not s.passed and s.reason.startswith("judge_abstained") and s.parts["judge_abstained"]
     assert len(judge.requests) == 3  # one call and two re-asks, each with its own nonce
     assert len({re.findall(r'id="([0-9a-f]{16})">SCORE', r)[-1] for r in judge.requests}) == 3
+
+
+def _no_verdict_replies(seed: int) -> list:
+    """Replies a judge may give without a verdict for this call: refusals, prose, empty, numbers,
+    verdicts for other ids, broken tags, scores out of range; drawn from a seeded mix."""
+    import random
+
+    rnd = random.Random(seed)
+    words = ["I", "cannot", "grade", "this", "answer", "score", "10", "verdict", "<", ">", "/", "SCORE", "empty", "\n"]
+    fixed = [
+        lambda r, n: "",
+        lambda r, n: "I decline to grade an empty answer.",
+        lambda r, n: f"<verdict id={n}>10</verdict>",  # the id unquoted: not the tag asked for
+        lambda r, n: f'<verdict id="{n}">-1</verdict>',
+        lambda r, n: f'<verdict id="{n[::-1]}">10</verdict>',
+        lambda r, n: f'<verdict id="{n}">10',
+    ]
+    noise = [(lambda text: lambda r, n: text)(" ".join(rnd.choices(words, k=rnd.randint(0, 30)))) for _ in range(6)]
+    return fixed + noise
+
+
+@pytest.mark.parametrize("answer", ["7", "", "12", "   "])
+def test_an_answer_the_judge_does_not_grade_is_an_abstention_never_infra(judge, answer):
+    """Property (issue 35 item 4): whatever a reachable judge replies without a verdict for this
+    call, on any answer (empty ones included), the judgement is an abstention scored 0 with the
+    reason judge_abstained; it is never a VerifierError (which would mask the sample)."""
+    v = _verifier(judge.url, retries=0)
+    for policy in _no_verdict_replies(seed=len(answer)):
+        judge.policy = policy
+        s = v.score(_task(), Episode(answer))
+        assert (s.value, s.passed, s.parts["judge_abstained"]) == (0.0, False, 1.0), (judge.requests[-1], s)
+        assert s.reason.startswith("judge_abstained: judge"), s.reason
+
+
+def test_an_abstention_is_cached_and_logged_as_one(judge, tmp_path):
+    judge.policy = lambda request, nonce: "No."
+    rubric = "Question: {prompt}\nAnswer: {completion}\nGrade 0-10."
+    spec = {"name": "judge", "base_url": judge.url, "rubric": rubric, "cache": str(tmp_path / "c.db"), "retries": 0}
+    v = build_verifier(VerifierSpec.model_validate(spec))
+    first, again = v.score(_task(), Episode("")), v.score(_task(), Episode(""))
+    assert len(judge.requests) == 1 and first.value == again.value == 0.0
+    assert again.reason.startswith("judge_abstained") and " cached " in again.reason
+    calls = v.cache.calls()
+    assert calls[0]["value"] is None and calls[0]["error"].startswith("judge_abstained")
+
+
+def test_a_judge_that_is_down_stays_infra(judge):
+    """Connection refused, a 5xx answer, no answer within timeout_s: VerifierError (infra, masked),
+    never a score and never an abstention."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with pytest.raises(VerifierError, match="judge"):
+        _verifier(closed, retries=0).score(_task(), Episode("7"))
+    judge.policy = _quoting_grader
+    judge.status = 503
+    with pytest.raises(VerifierError, match="judge"):
+        _verifier(judge.url, retries=0).score(_task(), Episode("7"))
+    judge.status = 200
+    judge.hang.clear()  # the judge answers only after the call has given up
+    rubric = "Question: {prompt}\nAnswer: {completion}\nGrade 0-10."
+    spec = {"name": "judge", "base_url": judge.url, "rubric": rubric, "cache": False, "retries": 0, "timeout_s": 0.2}
+    try:
+        with pytest.raises(VerifierError, match="judge"):
+            build_verifier(VerifierSpec.model_validate(spec)).score(_task(), Episode("7"))
+    finally:
+        judge.hang.set()
 
 
 def test_a_second_ask_that_has_the_verdict_is_scored(judge):

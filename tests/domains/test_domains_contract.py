@@ -66,6 +66,7 @@ print("\\n@@" + json.dumps(out))
 """
 
 
+@pytest.mark.heavy
 def test_two_processes_produce_the_same_tasks():
     procs = []
     for hash_seed in ("0", "4242"):

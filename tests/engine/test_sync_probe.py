@@ -112,6 +112,26 @@ def test_in_process_engine_on_another_module_fails_with_both_figures(tmp_path, m
     assert sync.engine.version == 2 and sync.pushed == 2
 
 
+def test_weights_changed_behind_posttrains_back_are_caught_before_the_next_push(tmp_path, micro_base):
+    """A remote engine's served weights changed by someone else (another process reloading the
+    server) between two pushes: `before_push` compares the probe's answer with the last verified
+    one and stops with both figures; an engine left alone passes it."""
+    trainer, tok = _trainer(micro_base)
+    served, _ = load_model(micro_base, device="cpu")  # the engine's own copy: a server's weights
+    probe = SyncProbe(EngineConfig(verify_sync="on"), HFEngine(served, tok, seed=0), trainer, remote=True)
+    probe.before_push()  # nothing verified yet: nothing to compare
+    assert probe.check(0).ok
+    probe.before_push()  # unchanged: passes
+    assert probe.results[-1].attempt == 0 and probe.results[-1].ok
+    with torch.no_grad():
+        served.get_input_embeddings().weight.mul_(1.5)  # the "other process" reloads other weights
+    with pytest.raises(SyncVerificationError, match="changed without a push") as err:
+        probe.before_push()
+    figures = re.search(r"now (-?\d+\.\d+), at the check (-?\d+\.\d+)", str(err.value))
+    tokens = re.search(r"another first token: now \[[\d, ]+\], at the check \[[\d, ]+\]", str(err.value))
+    assert tokens or abs(float(figures.group(1)) - float(figures.group(2))) > 1e-4, str(err.value)
+
+
 def test_probe_prompt_must_fit_the_model(tmp_path, micro_base):
     from posttrain.errors import ConfigError
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from posttrain.configs import load_config
 from posttrain.metrics_log import read_metrics
 
@@ -71,6 +73,7 @@ def test_run_evaluates_during_training_and_reports(tmp_path, micro_base):
     assert "transfer (never trained)" in page and "Training verifier vs eval verifier" in page
 
 
+@pytest.mark.heavy
 def test_resume_with_periodic_evals_matches_uninterrupted(tmp_path, micro_base):
     """Periodic evaluations feed the drift guard; a resumed run still draws and trains exactly as
     an uninterrupted one, and evaluates the same stored items."""

@@ -107,6 +107,7 @@ def _run_killed(tmp_path: Path, base: str, steps: int, points: list) -> tuple[Pa
     return run, _finish(proc, log)
 
 
+@pytest.mark.heavy
 def test_a_run_killed_after_a_step_and_resumed_writes_what_an_uninterrupted_run_writes(tmp_path, micro_base):
     # the kill point: a seeded step past a checkpoint (every 2 steps), so its rows must be rolled back
     step = random.Random(24).choice([3, 5])
@@ -122,6 +123,7 @@ def test_a_run_killed_after_a_step_and_resumed_writes_what_an_uninterrupted_run_
     assert all((resumed[k] == end[k]).all() for k in end)
 
 
+@pytest.mark.heavy
 def test_the_comparison_catches_a_duplicated_rollout_and_a_repeated_metrics_row(tmp_path, micro_base):
     """The comparison above can fail: one rollout written twice, or one metrics row repeated (what
     a resume without the rollback wrote), is caught."""

@@ -129,6 +129,7 @@ def _assert_exactly_once(run: Path) -> None:
         assert len(ids) >= 4 and ids == [f"d{step}.{k}" for k in range(len(ids))], (step, ids)
 
 
+@pytest.mark.heavy
 def test_kill_at_seeded_points_then_resume_every_draw_is_trained_once_or_dropped_with_a_reason(tmp_path, micro_base):
     """Three seeded points, one of each kind (the first seed from 26 whose points cover them)."""
     kinds = {"generation", "train", "checkpoint"}

@@ -121,6 +121,7 @@ def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(
     assert any(x[4] is False for x in la) and any(x[5] != 0 for x in la)  # the run trained
 
 
+@pytest.mark.heavy
 def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
     tmp_path, micro_base, monkeypatch, parity_domain
 ):
@@ -153,6 +154,7 @@ def test_checkpoints_are_named_by_loop_step_and_resume_takes_the_latest(
     assert resumed.steps == 5 and (root / "step_00000005").is_dir()
 
 
+@pytest.mark.heavy
 def test_a_step_whose_groups_are_all_filtered_coasts_and_resumes_exactly(
     tmp_path, micro_base, monkeypatch, parity_domain
 ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_behaviour_pin import GOLDEN, fingerprint, machine_key
 
 from posttrain.metrics_log import read_metrics
@@ -15,6 +16,7 @@ DOMAINS = "tasks.domains={parity: {difficulty: 1}, lookup: {difficulty: 1}}"
 PINNED = ("rollouts", "params", "rows", "consumed")
 
 
+@pytest.mark.heavy
 def test_verified_pushes_leave_the_pinned_run_unchanged(tmp_path, micro_base, parity_domain):
     on = fingerprint(tmp_path, micro_base, "probe-on", DOMAINS, "engine.verify_sync=on")
     golden = json.loads(GOLDEN.read_text())["machines"].get(machine_key())

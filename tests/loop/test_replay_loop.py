@@ -35,12 +35,37 @@ def _params(run_dir):
 
 def _replays(run_dir):
     """(step, group, sampled step, age, {rollout id: link}) of every replayed group, from the trace."""
+    return [(e["step"], g["group_id"], g["sampled_step"], g["age"], g["rollouts"]) for e, g in _events(run_dir)]
+
+
+def _events(run_dir):
+    """(event, group) of every replayed group, from the trace."""
     store = TraceStore(run_dir / "trace.db")
-    return [
-        (e["step"], g["group_id"], g["sampled_step"], g["age"], g["rollouts"])
-        for e in store.events("replay")
-        for g in json.loads(e["data"])["groups"]
-    ]
+    return [(e, g) for e in store.events("replay") for g in json.loads(e["data"])["groups"]]
+
+
+def _check_replay_bound(run_dir, max_age):
+    """Every replayed group, from the trace alone: the weights that generated it (the oldest
+    model_version among its trained rollouts) are at most max_age versions behind the weights the
+    replay trained it at (the engine_version the step's metrics row had before its push); the
+    event names the step that drew it and the version gap as they are. Returns how many."""
+    store = TraceStore(run_dir / "trace.db")
+    records = store.recent(100_000)
+    before = {}  # loop step -> the trainer's version when the step trained
+    rows = read_metrics(run_dir / "metrics.jsonl", "train")
+    for prev, row in zip([None, *rows], rows, strict=False):
+        before[row["step"]] = 0 if prev is None else prev["engine_version"]
+    n = 0
+    for e, g in _events(run_dir):
+        own = [r for r in records if r["group_id"] == g["group_id"] and r["train_step"] is not None]
+        made = min(r["model_version"] for r in own)
+        trainer = before[e["step"]]
+        assert trainer - made <= max_age, (e["step"], g, made, trainer)
+        assert (g["version"], g["trainer_version"], g["age"]) == (made, trainer, trainer - made), g
+        draw = store.draw_of_group(g["group_id"])
+        assert draw is not None and g["sampled_step"] == draw["step"] and g["trained_step"] == own[0]["train_step"]
+        n += 1
+    return n
 
 
 def test_replayed_groups_enter_later_losses_and_the_accounting_stays_exact(tmp_path, micro_base, parity_domain):
@@ -58,8 +83,9 @@ def test_replayed_groups_enter_later_losses_and_the_accounting_stays_exact(tmp_p
     assert sum(r["replay_groups"] for r in rows) == len(replays)
     store = TraceStore(result.run_dir / "trace.db")
     ratios = []
+    assert _check_replay_bound(result.run_dir, 2) == len(replays)
     for step, group, sampled, age, links in replays:
-        assert sampled < step and age == step - sampled
+        assert sampled < step and 1 <= age <= 2
         own = [r for r in store.recent(1000) if r["group_id"] == group]
         assert own and {r["train_step"] for r in own} == {sampled}  # the link to the step that sampled it stays
         assert set(links) <= {r["id"] for r in own} and all(link["ratio"] is not None for link in links.values())
@@ -72,9 +98,10 @@ def test_replayed_groups_enter_later_losses_and_the_accounting_stays_exact(tmp_p
     from posttrain.report import write_report
 
     page = write_report(result.run_dir).read_text()  # the report's replay section: share and age
-    assert f"<td>{len(replays)} / " in page and "age, mean / max (loop steps)" in page
+    assert f"<td>{len(replays)} / " in page and "age, mean / max (weight versions)" in page
 
 
+@pytest.mark.heavy
 def test_resume_replays_what_the_uninterrupted_run_replays(tmp_path, micro_base, parity_domain):
     from posttrain.loop import train
     from posttrain.trainer.checkpoint import checkpoint_path
@@ -135,9 +162,18 @@ def test_replay_in_async_mode_keeps_the_accounting_exact(tmp_path, micro_base, p
     every draw still has one fate and every replay refers to a draw trained before it."""
     from posttrain.loop import train
 
-    opts = ("run.steps=5", "pipeline.mode=async", "pipeline.max_staleness=1", parity_domain, *REPLAY)
+    opts = (
+        "run.steps=6",
+        "pipeline.mode=async",
+        "pipeline.max_staleness=1",
+        parity_domain,
+        *REPLAY,
+        "trainer.replay.max_age=1",
+    )
     result = train(_cfg(tmp_path, micro_base, "async", *opts), log=lambda *_: None)
     rows = read_metrics(result.run_dir / "metrics.jsonl", "train")
     assert sum(r["replay_groups"] for r in rows) > 0
+    # groups trained a version late still replay at most max_age versions after their weights
+    assert _check_replay_bound(result.run_dir, 1) == sum(r["replay_groups"] for r in rows)
     acc = TraceStore(result.run_dir / "trace.db").accounting()
     assert acc.exact and acc.replayed == sum(r["replay_groups"] for r in rows), acc.describe()

@@ -46,6 +46,7 @@ SFT = [
 ]
 
 
+@pytest.mark.heavy
 def test_sft_then_train(tmp_path, micro_base, capsys):
     from safetensors.torch import load_file
 

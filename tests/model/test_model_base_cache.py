@@ -83,3 +83,40 @@ def test_the_digest_follows_what_the_config_builds():
     assert pretrain.data_digest(base) != pretrain.data_digest(BaseConfig(preset="micro"))
     # threads and steps change how it trains, not what it reads
     assert pretrain.data_digest(base) == pretrain.data_digest(BaseConfig(threads=1, steps=5))
+
+
+def test_a_build_holds_the_lock_that_other_processes_wait_on(cache, monkeypatch):
+    """Test workers and runs on one machine share the cache: while one builds a base, the lock
+    beside it is held, so another asking for the same base waits instead of building it too."""
+    import fcntl
+
+    held: list[bool] = []
+    counting = pretrain.build_base
+
+    def probing(cfg, out=None, progress=True):
+        with open(out.with_name(out.name + ".lock"), "w") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return counting(cfg, out, progress)
+
+    monkeypatch.setattr(pretrain, "build_base", probing)
+    pretrain.ensure_base(MICRO)
+    assert held == [True] and len(cache) == 1
+
+
+def test_a_base_built_while_waiting_on_the_lock_is_not_built_again(cache, monkeypatch):
+    """The check is made again under the lock: a process that saw no base, then waited while
+    another built it, takes the built one."""
+    out = pretrain.ensure_base(MICRO)
+    real, calls = pretrain._stored_digest, []
+
+    def missing_at_first(path):
+        calls.append(path)
+        return None if len(calls) == 1 else real(path)  # the first look is before the other's build ended
+
+    monkeypatch.setattr(pretrain, "_stored_digest", missing_at_first)
+    assert pretrain.ensure_base(MICRO) == out
+    assert len(cache) == 1 and len(calls) == 2

@@ -102,6 +102,7 @@ def test_bad_countermeasure_config_is_refused():
 PLANT = 4  # TINY: a 3-step baseline, then 3-step windows; the alarm fires by step PLANT + 2 at the latest
 
 
+@pytest.mark.heavy
 def test_planted_collapse_engages_the_entropy_bonus(tmp_path, micro_base, monkeypatch):
     from posttrain.loop import train
 
@@ -133,6 +134,7 @@ def test_planted_collapse_engages_the_entropy_bonus(tmp_path, micro_base, monkey
     assert all("diversity_bonus" not in r["parts"] for r in rows if r not in late)
 
 
+@pytest.mark.heavy
 def test_raised_countermeasures_survive_resume_exactly(tmp_path, micro_base, monkeypatch):
     """Resume == uninterrupted with the countermeasures raised before the checkpoint (compared in
     one process on one machine: a property of exact resume, not of a trajectory)."""

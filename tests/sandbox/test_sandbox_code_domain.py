@@ -351,6 +351,7 @@ def _with_file(req, name, text):
 
 
 @root_only
+@pytest.mark.heavy
 def test_posttrain_train_probes_the_code_and_terminal_cheats(tmp_path, micro_base):
     """A real `posttrain train` on code and terminal scores every declared cheat
     of both at start and finds every one rejected, so it trains on both."""

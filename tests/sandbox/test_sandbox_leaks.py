@@ -568,6 +568,7 @@ def process_text(pid: int) -> bytes:
     return b"\0".join(out)
 
 
+@pytest.mark.heavy
 def test_the_worker_itself_never_holds_a_request_or_a_result():
     """By construction, not by scrubbing: after requests of every marker kind
     and a session (files, steps, snapshot, restore), the warm worker's whole

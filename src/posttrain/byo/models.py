@@ -12,14 +12,23 @@ completion, the prompt or the answer: a completion cannot supply the score
 (not by being a number, nor by writing a verdict tag of its own, even when the
 judge quotes it). A reply without exactly one such verdict, or with a score
 out of range, is asked again with a fresh nonce (`retries` times); a judge
-that still has none, cannot be reached or answers an error raises
-VerifierError (infra, masked, counted), never reward 0. Every judge call, cached or not, is a row
+that still has none has answered without a verdict: an abstention, which is a
+judgement (the judge read the answer and declined to grade it, as it may for
+an empty answer), scored 0 with the reason `judge_abstained` and the part
+`judge_abstained` 1, never masked (masking it would let a judge hide the
+answers it would grade wrong, and let an answer that makes the judge decline
+escape its negative reward). A judge that cannot be reached, answers an HTTP
+error or times out raises VerifierError (infra, masked, counted), never reward
+0. Every judge call, cached or not, is a row
 of the `judge_calls` table in the cache database, keyed like the score, and
 the rollout's trace row names that key in its `reason`. A pairwise judge asks
 twice per completion, the completion first and then second (each order its own
 key), and its reward is the completion's mean win over both orders; an ensemble's
 reward is its members' mean. With `checks`, the reward is still the judge's: the
 labels verifier's score of the same episode rides along as the part `programmatic`.
+A pairwise judgement abstains when either order does; an ensemble counts an abstaining member
+as 0 in its mean, its part `judge_abstained` is the share of members that abstained, and its
+reason starts with `judge_abstained` when any did.
 """
 
 from __future__ import annotations
@@ -155,12 +164,13 @@ class JudgeCache:
             self._db.execute("CREATE INDEX IF NOT EXISTS judge_calls_key ON judge_calls(key)")
             self._db.commit()
 
-    def get(self, key: str) -> tuple[float, str] | None:
+    def get(self, key: str) -> tuple[float | None, str] | None:
+        """The cached (value, raw reply) of `key` (value None: the judge abstained); None: not cached."""
         with self._lock:
             row = self._db.execute("SELECT value, raw FROM scores WHERE key=?", (key,)).fetchone()
-        return None if row is None else (float(row[0]), str(row[1]))
+        return None if row is None else (None if row[0] is None else float(row[0]), str(row[1]))
 
-    def put(self, key: str, version: str, value: float, raw: str) -> None:
+    def put(self, key: str, version: str, value: float | None, raw: str) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)", (key, version, value, raw, time.time())
@@ -236,6 +246,9 @@ def verdict_body(reply: str, nonce: str) -> str:
         raise VerifierError(f"judge reply has {len(bodies)} different verdicts")
     return bodies.pop()
 
+
+ABSTAINED = "judge_abstained"
+"""The reason (and score part) of a judgement the judge answered without a verdict: scored 0."""
 
 PAIRWISE_VERDICTS = {"A": 1.0, "TIE": 0.5, "B": 0.0}
 """A pairwise verdict as the first answer's win."""
@@ -331,13 +344,20 @@ class JudgeVerifier:
             return with_shadow(self.labels, self._pairwise(task, episode.completion), task, episode)
         request = _fill(self.params.rubric, task, episode.completion)
         value, key, raw, cached = self._judged(task, self.key(task, episode.completion), request)
+        if value is None:
+            return with_shadow(self.labels, self._abstained(key, raw, cached), task, episode)
         return with_shadow(self.labels, self._verdict(value, key, raw, cached), task, episode)
 
     def _pairwise(self, task: Task, completion: str) -> Score:
-        """The completion against the reference answer, in both orders."""
+        """The completion against the reference answer, in both orders (an abstention in either
+        is the judgement's)."""
         reference = str(task.reference)
         first = self._judged(task, self.key(task, completion, "first"), self._fill_pair(task, completion, reference))
         second = self._judged(task, self.key(task, completion, "second"), self._fill_pair(task, reference, completion))
+        for value, key, raw, cached in (first, second):
+            if value is None:
+                return self._abstained(key, raw, cached)
+        assert first[0] is not None and second[0] is not None  # for the type checker: checked just above
         wins = (first[0], 1.0 - second[0])
         value = (wins[0] + wins[1]) / 2
         disagree = float(wins[0] != wins[1])
@@ -346,7 +366,7 @@ class JudgeVerifier:
             f"judge {self.version} pairwise keys {first[1]} {second[1]} wins {wins[0]:g}/{wins[1]:g}"
             f"{' (orders disagree)' if disagree else ''}"
         )
-        parts = {"outcome": value, "judge": value, "swap_disagree": disagree}
+        parts = {"outcome": value, "judge": value, "swap_disagree": disagree, "judge_abstained": 0.0}
         return Score(value, parts, ok, why)
 
     def _fill_pair(self, task: Task, first: str, second: str) -> str:
@@ -358,8 +378,10 @@ class JudgeVerifier:
             .replace("{second}", second)
         )
 
-    def _judged(self, task: Task, key: str, request: str) -> tuple[float, str, str, bool]:
-        """(value, key, raw reply, cached) of one judgement: from the cache, else asked."""
+    def _judged(self, task: Task, key: str, request: str) -> tuple[float | None, str, str, bool]:
+        """(value, key, raw reply, cached) of one judgement (value None: the judge abstained, a
+        judgement cached like a score): from the cache, else asked. A judge that cannot be reached,
+        answers an HTTP error or times out: VerifierError (infra)."""
         cache = self.cache
         hit = cache.get(key) if cache is not None else None
         if cache is not None and hit is not None:
@@ -368,21 +390,22 @@ class JudgeVerifier:
             return value, key, raw, True
         t0, raw = time.perf_counter(), ""
         try:
-            value, raw, request = self._ask(request)
-        except (GenerationError, VerifierError) as exc:
+            value, raw, request, why = self._ask(request)
+        except GenerationError as exc:  # down, an HTTP error, a timeout: the judge service failed
             if cache is not None:
                 cache.log(key, self.version, task.id, False, None, raw, str(exc), time.perf_counter() - t0, request)
             raise VerifierError(f"judge {self.params.base_url} ({self.params.model}): {exc}") from None
         if cache is not None:
             cache.put(key, self.version, value, raw)
-            cache.log(key, self.version, task.id, False, value, raw, "", time.perf_counter() - t0, request)
+            cache.log(key, self.version, task.id, False, value, raw, why, time.perf_counter() - t0, request)
         return value, key, raw, False
 
-    def _ask(self, filled: str) -> tuple[float, str, str]:
-        """(reward, reply, request) of the first reply with a valid verdict, asking
-        up to 1 + `retries` times, each with a fresh nonce; the last VerifierError
-        when none has one."""
-        error = VerifierError("judge: no call made")
+    def _ask(self, filled: str) -> tuple[float | None, str, str, str]:
+        """(reward, reply, request, '') of the first reply with a valid verdict, asking up to
+        1 + `retries` times, each with a fresh nonce; (None, last reply, its request, why) when
+        no reply has one: the judge abstained. GenerationError (from the engine) when a call
+        fails."""
+        raw, request, why = "", filled, "judge: no call made"
         for _ in range(self.params.retries + 1):
             nonce = new_nonce(filled)
             request = filled + VERDICT_INSTRUCTION.format(nonce=nonce)
@@ -390,15 +413,20 @@ class JudgeVerifier:
                 [Message("user", request)], self.params.max_tokens, self.params.temperature, seed=0
             )
             try:
-                return self.parse(raw, nonce), raw, request
+                return self.parse(raw, nonce), raw, request, ""
             except VerifierError as exc:
-                error = exc
-        raise error
+                why = f"{ABSTAINED}: {exc}"
+        return None, raw, request, why
 
     def _verdict(self, value: float, key: str, raw: str, cached: bool) -> Score:
         ok = value >= self.params.pass_threshold
         why = f"judge {self.version} key {key}{' cached' if cached else ''} reply {raw.strip()[:40]!r}"
-        return Score(value, {"outcome": value, "judge": value}, ok, why)
+        return Score(value, {"outcome": value, "judge": value, "judge_abstained": 0.0}, ok, why)
+
+    def _abstained(self, key: str, raw: str, cached: bool) -> Score:
+        """The score of a judgement without a verdict: 0, not passed, reason `judge_abstained`."""
+        why = f"{ABSTAINED}: judge {self.version} key {key}{' cached' if cached else ''} reply {raw.strip()[:40]!r}"
+        return Score(0.0, {"outcome": 0.0, "judge": 0.0, "judge_abstained": 1.0}, False, why)
 
     def gold(self, task: Task) -> str | None:
         return str(task.reference)
@@ -408,8 +436,9 @@ class JudgeVerifier:
 
 
 class JudgeEnsemble:
-    """Two or more judges: reward = their mean; `agreement` = the share of member pairs whose
-    pass/fail verdicts agree (1 when all agree); a member's failure is the ensemble's (infra)."""
+    """Two or more judges: reward = their mean (an abstaining member counts 0); `agreement` = the
+    share of member pairs whose pass/fail verdicts agree (1 when all agree); a member's infra
+    failure is the ensemble's (infra)."""
 
     name = "judge_ensemble"
     programmatic = False
@@ -425,13 +454,16 @@ class JudgeEnsemble:
         value = sum(s.value for s in scores) / len(scores)
         pairs = [(a, b) for i, a in enumerate(scores) for b in scores[i + 1 :]]
         agreement = sum(a.passed == b.passed for a, b in pairs) / len(pairs)
-        parts = {"outcome": value, "judge": value, "agreement": agreement}
+        abstained = sum(s.parts.get(ABSTAINED, 0.0) for s in scores) / len(scores)
+        parts = {"outcome": value, "judge": value, "agreement": agreement, ABSTAINED: abstained}
         parts.update({f"judge_{i}": s.value for i, s in enumerate(scores)})
         swaps = [s.parts["swap_disagree"] for s in scores if "swap_disagree" in s.parts]
         if swaps:
             parts["swap_disagree"] = sum(swaps) / len(swaps)
         ok = value >= self.params.pass_threshold
         why = f"judge ensemble {self.version} agreement {agreement:.2f}: " + "; ".join(s.reason for s in scores)
+        if abstained:
+            why = f"{ABSTAINED} ({abstained:.2f} of the members): {why}"
         return with_shadow(self.labels, Score(value, parts, ok, why[:300]), task, episode)
 
     def gold(self, task: Task) -> str | None:

@@ -69,6 +69,10 @@ def build_config(args: argparse.Namespace) -> Any:
     return load_serve_config(data)
 
 
+ACCEPT_BACKLOG = 32
+"""The listen backlog, which asyncio also uses as the most connections it accepts per wake-up."""
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -80,5 +84,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     app = build_server(cfg)
     app.state.server.preload()  # a model that does not load: one error line, exit 2
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
+    from posttrain.serve.connections import guarded_protocol
+
+    # connections bounded per client and in all, headers within serve.limits.header_timeout_s
+    metrics = getattr(app.state.server, "metrics", None)  # a policy server has none
+    http = guarded_protocol(cfg.limits, metrics.connections_closed if metrics is not None else None)
+    # backlog: also how many connections asyncio accepts in one go before the guard sees them;
+    # small, so that a burst cannot overshoot the descriptor reserve before evictions run
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info", http=http, backlog=ACCEPT_BACKLOG)
     return 0

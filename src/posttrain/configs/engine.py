@@ -122,6 +122,13 @@ class EngineConfig(BaseModel):
     cache not reset after a push shows. It must leave verify_tokens of room in the model."""
     verify_tokens: int = Field(8, ge=1, le=4096)
     """Tokens the probe generates (fewer when the engine ends the sequence first)."""
+    fault_window: int = Field(256, ge=1, le=1 << 20)
+    """The last this many sampled rollouts that the engine-fault stop counts over (engine/guard.py)."""
+    fault_stop_share: float = Field(0.1, gt=0.0, le=1.0)
+    """The run stops (EngineFault) when the rollouts masked because the engine's answer was refused
+    (token ids outside the vocabulary, impossible log-probs, inconsistent lengths, a weight version
+    it was never sent: engine/validate.py) reach this share of `fault_window`; fewer are masked one
+    by one and counted (`pipe_engine_faults`). An honest engine has none."""
 
     @field_validator("verify_sync", mode="before")
     @classmethod

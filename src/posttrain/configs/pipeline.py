@@ -142,6 +142,11 @@ class PipelineConfig(BaseModel):
     """With runtime ray: elastic stage pools (off by default; docs/scale-out.md)."""
     ray_address: str | None = None
     """With runtime ray: the cluster address (None: start a local cluster; "auto": the one running here)."""
+    ray_resources: dict[str, float] = Field(default_factory=dict)
+    """With runtime ray and no `ray_address`: custom resources of the local cluster posttrain
+    starts (passed to `ray.init(resources=...)`), e.g. {sandbox_slot: 8} for actors that declare
+    `execute_resources: {sandbox_slot: 1}`. Ignored with `ray_address` (that cluster's nodes
+    declare their own with `ray start --resources`)."""
     direct: bool = True
     """Run an on-policy step's groups without the asyncio stages when every domain of the run
     is single-turn, executes nothing and has a `cheap` verifier, in the embedded runtime with
@@ -158,6 +163,12 @@ class PipelineConfig(BaseModel):
             raise ValueError(
                 f"pipeline.max_staleness ({self.max_staleness}) bounds pipeline.mode async; mode sync is on-policy "
                 "(staleness 0): set pipeline.mode=async"
+            )
+        bad_cluster = {k: v for k, v in self.ray_resources.items() if k in ("CPU", "GPU") or v < 0 or not k}
+        if bad_cluster:
+            raise ValueError(
+                f"pipeline.ray_resources {bad_cluster}: custom resources need a name other than CPU/GPU "
+                "and an amount >= 0"
             )
         for stage in STAGES:
             res = self.resources(stage)

@@ -124,8 +124,23 @@ class LimitsConfig(BaseModel):
     bytes actually received, before the whole body is held (413 above it)."""
 
     body_timeout_s: float = Field(30.0, gt=0.0, le=3600.0)
-    """Seconds a client may take to send its whole body (408 after it), so a slow sender
-    cannot hold one of the `max_inflight` places for long."""
+    """Seconds a client may take to send its whole body (408 after it). A generation request
+    takes one of the `max_inflight` places only once its whole body has arrived, so a slow
+    sender holds no place, only its own connection."""
+
+    header_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    """Seconds a request's line and headers may take to arrive, from the connection's opening
+    (or the request's first byte on a kept-alive connection); the connection is closed after."""
+
+    max_connections: int = Field(512, ge=8, le=1_000_000)
+    """Most connections the server holds open (lowered to the process's file-descriptor limit
+    less 64). One more closes the oldest stalled connection (headers or body still arriving, or
+    idle) of the client with the most connections; a connection serving an admitted request is
+    never closed for it."""
+
+    max_connections_per_client: int = Field(32, ge=1, le=1_000_000)
+    """Most connections one client address holds open; one more closes that client's oldest
+    stalled connection (or, when none is stalled, is closed itself)."""
 
     max_json_depth: int = Field(32, ge=2, le=1000)
     """Deepest nesting of JSON arrays and objects in a request body, checked before it

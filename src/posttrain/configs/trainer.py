@@ -190,6 +190,19 @@ class MismatchConfig(BaseModel):
     bound: float = Field(2.0, gt=1.0, le=1e6)
     """C: the truncation of tis, the two-sided bound of mask, and the ratio bound that the
     `mismatch_outside` metric counts tokens beyond (ratio > C or < 1/C)."""
+    alarm_abs_mean: float | None = Field(0.3, gt=0.0, le=100.0)
+    """A logged alarm when a step's batch has a mean |trainer log-prob - behaviour log-prob|
+    (`mismatch_abs_mean`, before the update) above this (engine/guard.py); None: no alarm. Honest
+    engines measured below it: the in-process hf engine at most 3.2e-7 on-policy (float rounding)
+    and 0.087 under pipeline.max_staleness 1, where the gap also holds one optimizer step of
+    policy change (the demo's learning rate); the vllm engine (CPU, float32) 0.047 under
+    max_staleness 1 (docs/reliability.md)."""
+    stop_abs_mean: float | None = Field(1.0, gt=0.0, le=100.0)
+    """The run stops (EngineFault, naming this figure and the sync probe's) when a step's batch has a
+    mean |trainer log-prob - behaviour log-prob| above this, before the step's weights are pushed
+    or saved: the engine's rollouts do not come from the trainer's weights (a server answering the
+    probe from the pushed weights and every rollout from the initial ones measured 2.6 to 6.2).
+    None: never."""
 
 
 class EntropyBonusConfig(BaseModel):
@@ -242,8 +255,12 @@ class ReplayConfig(BaseModel):
     """Groups replayed per step, as a share of rollout.prompts_per_step: round(share x
     prompts_per_step) groups, at least 1, when the buffer holds that many (fewer otherwise)."""
     max_age: int = Field(8, ge=1, le=100_000)
-    """An entry sampled at loop step s is replayed at steps s + 1 .. s + max_age at most; older
-    ones are evicted before each step takes its replays."""
+    """The largest gap, in weight versions, between the weights that generated a group (the
+    oldest among its scored completions) and the weights a replay trains it at: a group made by
+    version v is replayed only while the trainer is at v + 1 .. v + max_age (in sync mode, where
+    every step that updates pushes one version, the steps after the one that sampled it; in
+    async mode a group first trained k versions late has max_age - k left). Older entries are
+    evicted before each step takes its replays."""
     max_replays: int = Field(2, ge=1, le=1000)
     """Times one group is replayed before it leaves the buffer. A step takes the entries
     replayed least often first, the most recently sampled among equals."""

@@ -32,6 +32,7 @@ from posttrain.engine.base import Engine, OnTokens, chat_ids, check_request
 from posttrain.engine.kvcache import new_cache, preload, row_kv, slab_capable
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.engine.sessions import Session, SessionCache, SessionStats
+from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
 
@@ -262,14 +263,16 @@ class HFEngine(Engine):
         for i, req in enumerate(requests):
             self._validate(i, req)
         with self._lock:
+            version = self.version
             self._on_tokens = on_tokens
             try:
                 outputs = self._generate_rows(self._plan(requests))
             finally:
                 self._on_tokens = None
-            return [
+            outs = [
                 [self._completion(req, outputs[(i, j)]) for j in range(req.params.n)] for i, req in enumerate(requests)
             ]
+            return screen(requests, outs, self._vocab, (version, self.version))  # text: decoded here, by construction
 
     def _generate_rows(self, chunks: list[_Chunk]) -> dict[tuple[int, int], _Output]:
         outputs: dict[tuple[int, int], _Output] = {}

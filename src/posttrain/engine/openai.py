@@ -7,14 +7,19 @@ returns ids), and `model_version` as the server reported it. Requests go to
 `return_token_ids: true` (a posttrain extension, also understood by vLLM);
 where a server returns no ids, the logprob token strings are mapped back
 through the local tokenizer, and a string that is not exactly one token is a
-GenerationError, never a silent guess. Transport failures and 5xx answers
-are retried, then raised as GenerationError (infra, never reward 0). Weight
+GenerationError, never a silent guess. Every completion is screened
+(engine/validate.py) before it is returned, and its text is then decoded here
+from its ids (cut before the first stop string), never the server's own text.
+Transport failures and 5xx answers are retried, then raised as
+GenerationError (infra, never reward 0); every call is bounded in all by
+`timeout_s` (engine/http.py). Weight
 updates carry the admin token (`admin_token`, else POSTTRAIN_ADMIN_TOKEN) as
 their bearer token, every other request `api_key`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.engine.base import Engine, chat_ids
+from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable
 from posttrain.types import Completion, GenerationRequest, Message
 
@@ -43,9 +49,8 @@ class OpenAIEngine(Engine):
         concurrency: int = 16,
         admin_token: str | None = None,
     ) -> None:
-        import httpx
-
         from posttrain.configs.serve import admin_token as env_admin_token
+        from posttrain.engine import http
 
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"openai engine: base_url must start with http:// or https://, got {base_url!r}")
@@ -54,11 +59,7 @@ class OpenAIEngine(Engine):
         self.eos_token_id = int(tokenizer.eos_token_id) if tokenizer is not None else -1  # None: chat() only
         self.version = 0
         self._admin_token = admin_token or env_admin_token(None) or api_key
-        self._client = httpx.Client(
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {api_key}"},
-            limits=httpx.Limits(max_connections=concurrency),
-        )
+        self._client = http.client(timeout_s, concurrency, headers={"Authorization": f"Bearer {api_key}"})
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai-engine")
 
     @classmethod
@@ -80,7 +81,11 @@ class OpenAIEngine(Engine):
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
-        return list(self._pool.map(self._one, requests))
+        """Each request's completions, screened (engine/validate.py): the server's ids, vocabulary
+        and weight version checked against what this engine knows."""
+        version = self.version
+        outs = list(self._pool.map(self._one, requests))
+        return decoded(requests, screen(requests, outs, len(self.tokenizer), (version, self.version)), self.decode)
 
     def chat(
         self, messages: Sequence[Message], max_tokens: int = 16, temperature: float = 0.0, seed: int | None = None
@@ -189,8 +194,6 @@ def _completion(
     ids = choice.get("token_ids")
     if ids is None:
         ids = [token_id(t) for t in lp.get("tokens") or []]
-    if len(ids) != len(logprobs):
-        raise GenerationError(f"engine: {len(ids)} token ids but {len(logprobs)} log-probs in a choice")
     finish = choice.get("finish_reason") or "length"
     token_ids = tuple(int(i) for i in ids)
     return Completion(
@@ -201,6 +204,21 @@ def _completion(
         finish_reason=finish if finish in ("stop", "length") else "error",
         model_version=version,
     )
+
+
+def decoded(
+    requests: Sequence[GenerationRequest], outs: Sequence[Sequence[Completion]], decode: Callable[[Sequence[int]], str]
+) -> list[list[Completion]]:
+    """Screened completions (engine/validate.py) with their text decoded here from their ids and
+    cut before the first stop string, as the hf engine cuts it (the ids stay the server's, the stop
+    string's tokens included); a refused one stays empty."""
+    return [[c if c.fault else _trim_stop(c, decode(c.token_ids), req.params.stop) for c in group]
+            for req, group in zip(requests, outs)]  # fmt: skip
+
+
+def _trim_stop(c: Completion, text: str, stop: Sequence[str]) -> Completion:
+    cut = min((text.find(s) for s in stop if s in text), default=len(text))
+    return dataclasses.replace(c, text=text[:cut])
 
 
 def post_json(

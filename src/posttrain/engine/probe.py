@@ -13,6 +13,15 @@ reset (prompt-logprob requests may bypass a prefix cache; generation does not). 
 carries its own seed, so the probe draws nothing from the engine's or torch's random
 generators: a run's samples are the same with it as without it. Every result reaches the
 sink (the run's trace) before any error is raised.
+
+A remote engine's served weights must also change only by posttrain's pushes: `before_push`
+(the start of every `WeightSync.push` to a remote engine) runs the probe again and compares
+the engine's answer with the last verified one (same weights, same prompt, same seed: the same
+log-probs within the tolerance over the tokens both answers share, at least the first); a
+difference means another process changed what the engine serves (a reload through its control
+plane, say), and SyncVerificationError stops
+the run, naming both figures. The probe runs the same request at every push, so this costs one
+probe generation a push.
 """
 
 from __future__ import annotations
@@ -64,10 +73,18 @@ class ProbeResult:
     ok: bool
     seconds: float
     attempt: int
-    """1: right after the push; 2: after the re-push a failed first check makes."""
+    """1: right after the push; 2: after the re-push a failed first check makes; 0: the check
+    before a push that the engine still serves the last verified weights (`before_push`; its
+    `trainer_logprob` is then the engine's own log-prob at that verified check)."""
 
     @property
     def message(self) -> str:
+        if self.attempt == 0:  # before_push: the engine against its own verified answer
+            verdict = "unchanged" if self.ok else "CHANGED without a push"
+            return (
+                f"served weights {verdict} since the check at engine version {self.version}: max |now - then| "
+                f"log-prob {self.max_diff:.3g} over {self.tokens} tokens (tolerance {self.tolerance:g})"
+            )
         verdict = "verified" if self.ok else "MISMATCH"
         return (
             f"weight sync {verdict} at engine version {self.version} (attempt {self.attempt}): "
@@ -106,6 +123,7 @@ class SyncProbe:
     ) -> None:
         self.cfg, self.engine, self.scorer = cfg, engine, scorer
         self.enabled = enabled(cfg, remote)
+        self.remote = remote
         self._tolerance = cfg.verify_tolerance or tolerance
         self.results: list[ProbeResult] = []
         """Every check made, in order."""
@@ -114,6 +132,8 @@ class SyncProbe:
         self._unreported: ProbeResult | None = None
         self._prompt: tuple[int, ...] | None = None
         self._busy = False
+        self._verified: tuple[tuple[int, ...], tuple[float, ...], int] | None = None
+        """The last passing check's generated tokens, the engine's log-probs of them, and its version."""
 
     @property
     def tolerance(self) -> float:
@@ -149,21 +169,64 @@ class SyncProbe:
             )
         return version
 
+    def before_push(self) -> None:
+        """Before a push to a remote engine: the engine still serves what the last passing check saw
+        (module docstring), else SyncVerificationError. Nothing to compare before the first check."""
+        if not (self.enabled and self.remote) or self._busy or self._verified is None:
+            return
+        tokens, logprobs, version = self._verified
+        started = time.perf_counter()
+        completion = self._generate()
+        now = [float(x) for x in completion.logprobs]
+        ids = tuple(completion.token_ids)
+        shared = next((i for i, (a, b) in enumerate(zip(ids, tokens)) if a != b), min(len(ids), len(tokens)))
+        # compared over the tokens both answers share (a near-tie may flip a later sampled token on
+        # kernels that are not bit-deterministic); no shared token: nothing to compare, a change
+        result = self._compare(version, now[:shared], list(logprobs[:shared]), started, attempt=0)
+        same, worst, at = result.tokens > 0, result.max_diff, result.position
+        self._record(result, report=False)
+        if not result.ok:
+            what = (
+                f"max |now - then| log-prob {worst:.3g} (tolerance {self.tolerance:g}); at token {at}: now "
+                f"{result.engine_logprob:.6f}, at the check {result.trainer_logprob:.6f}"
+                if same
+                else f"another first token: now {list(ids)}, at the check {list(tokens)}"
+            )
+            raise SyncVerificationError(
+                f"the engine's served weights changed without a push from posttrain: its answer to the sync "
+                f"probe at version {version} differs from the one verified after that push ({what}); another "
+                "process reloaded or altered the engine; stopping"
+            )
+
+    def _generate(self) -> Any:
+        params = SamplingParams(
+            max_tokens=self.cfg.verify_tokens, temperature=PROBE_TEMPERATURE, top_p=1.0, n=1, seed=PROBE_SEED
+        )
+        return self.engine.generate([GenerationRequest(self.prompt(), params, request_id="sync-probe")])[0][0]
+
     def check(self, version: int, attempt: int = 1) -> ProbeResult:
         """Run the probe once against the engine as it is now."""
         started = time.perf_counter()
         prompt = self.prompt()
-        params = SamplingParams(
-            max_tokens=self.cfg.verify_tokens, temperature=PROBE_TEMPERATURE, top_p=1.0, n=1, seed=PROBE_SEED
-        )
-        completion = self.engine.generate([GenerationRequest(prompt, params, request_id="sync-probe")])[0][0]
+        completion = self._generate()
         engine_lp = [float(x) for x in completion.logprobs]
         trainer_lp = list(self.scorer.sequence_logprobs(prompt, completion.token_ids, PROBE_TEMPERATURE))
+        result = self._compare(int(version), engine_lp, trainer_lp, started, attempt)
+        self._record(result)
+        # a failed check leaves nothing verified to compare with (the run stops on it anyway)
+        self._verified = (tuple(completion.token_ids), tuple(engine_lp), int(version)) if result.ok else None
+        return result
+
+    def _compare(
+        self, version: int, engine_lp: Sequence[float], trainer_lp: Sequence[float], started: float, attempt: int
+    ) -> ProbeResult:
+        """The probe's verdict on two log-prob sequences, token by token: the largest gap and where
+        it is (a non-finite engine log-prob is an infinite gap; no token: nothing verified, a fail)."""
         diffs = [abs(a - b) if math.isfinite(a) else math.inf for a, b in zip(engine_lp, trainer_lp)]
         at = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
-        worst = diffs[at] if diffs else math.inf  # no token generated: nothing verified
-        result = ProbeResult(
-            version=int(version),
+        worst = diffs[at] if diffs else math.inf
+        return ProbeResult(
+            version=version,
             tokens=len(diffs),
             max_diff=worst,
             engine_logprob=engine_lp[at] if diffs else math.nan,
@@ -174,8 +237,6 @@ class SyncProbe:
             seconds=time.perf_counter() - started,
             attempt=attempt,
         )
-        self._record(result)
-        return result
 
     def prompt(self) -> tuple[int, ...]:
         """The probe's prompt: a fixed user message, repeated until the chat-rendered prompt has
@@ -208,9 +269,10 @@ class SyncProbe:
             "sync_probe_attempts": r.attempt,
         }
 
-    def _record(self, result: ProbeResult) -> None:
+    def _record(self, result: ProbeResult, report: bool = True) -> None:
         self.results.append(result)
-        self._unreported = result
+        if report:
+            self._unreported = result
         if self._sink is not None:
             self._sink(result)
         else:

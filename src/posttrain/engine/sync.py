@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.configs.engine import EngineConfig
+from posttrain.configs.trainer import MismatchConfig
 from posttrain.contracts.engine import Engine
+from posttrain.engine.guard import EngineGuard
 from posttrain.engine.probe import SyncProbe
 from posttrain.rollout import too_stale
 
@@ -96,12 +98,22 @@ def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_d
 class WeightSync:
     """Pushes the trainer's weights to the engine after each optimizer step."""
 
-    def __init__(self, cfg: EngineConfig, engine: Engine, trainer: Any, run_dir: str | Path) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        engine: Engine,
+        trainer: Any,
+        run_dir: str | Path,
+        mismatch: MismatchConfig | None = None,
+    ) -> None:
         self.cfg, self.engine, self.trainer = cfg, engine, trainer
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
         self.dropped_stale = 0
         self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
+        self.guard = EngineGuard(
+            cfg, mismatch or MismatchConfig.model_validate({}), self.probe
+        )  # faults, mismatch (engine/guard.py)
 
     @property
     def remote(self) -> bool:
@@ -115,6 +127,7 @@ class WeightSync:
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
+        self.probe.before_push()  # a remote engine still serves the last verified weights
         self.pushed += 1
         if not self.remote:
             version = self.engine.update_weights(None)

@@ -49,8 +49,8 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -60,8 +60,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.configs.engine import VLLMConfig
+from posttrain.engine import http
 from posttrain.engine.base import Engine, chat_ids, check_request
-from posttrain.engine.openai import completion_body, parse_choices, post_json
+from posttrain.engine.openai import completion_body, decoded, parse_choices, post_json
+from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable, WeightSyncError
 from posttrain.types import Completion, GenerationRequest, Message
 
@@ -116,10 +118,8 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+SOCKET_NAME = "api.sock"
+"""The owned server's Unix domain socket, in a folder only this user can enter (`VLLMServer.socket`)."""
 
 
 # -- tied embeddings ----------------------------------------------------------
@@ -189,9 +189,11 @@ def export_for_vllm(model_dir: str | Path, out: str | Path) -> Path:
 
 class VLLMServer:
     """A vLLM OpenAI server process that this object starts, owns and stops: the vLLM venv's
-    interpreter, 127.0.0.1 on a free port, HF_HUB_OFFLINE=1, its own process group, its log
-    in `<run_dir>/vllm/server.log`, its pid (= its process group) in `server.pid`. Serves an
-    export of `model_dir` (see `export_for_vllm`) as BASE_NAME; `lora_rank` enables runtime
+    interpreter, serving on a Unix domain socket (`socket`) in a folder of mode 0700 (no TCP port:
+    its development routes, /pause, /collective_rpc, /reset_prefix_cache, /resume, which vLLM's
+    --api-key does not guard, take orders only from this user's processes), HF_HUB_OFFLINE=1,
+    its own process group, its log in `<run_dir>/vllm/server.log`, its pid (= its process group)
+    in `server.pid`. Serves an export of `model_dir` (see `export_for_vllm`) as BASE_NAME; `lora_rank` enables runtime
     adapters up to that rank. Stopped on `stop()`, at the end of a `with` block, and at exit."""
 
     def __init__(
@@ -214,6 +216,16 @@ class VLLMServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
+        self._socket_dir: Path | None = None
+
+    @property
+    def socket(self) -> Path:
+        """The Unix domain socket the server listens on (the same path across restarts), in a
+        fresh folder of mode 0700 under the system's temporary folder (a socket path must stay
+        under 108 bytes, which a run folder's may not)."""
+        if self._socket_dir is None:
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="posttrain-vllm-"))  # mode 0700, ours
+        return self._socket_dir / SOCKET_NAME
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -226,11 +238,11 @@ class VLLMServer:
     def log_path(self) -> Path:
         return self.dir / "server.log"
 
-    def command(self, port: int) -> list[str]:
+    def command(self) -> list[str]:
         cfg, cpu = self.cfg, not _cuda()
         dtype = cfg.dtype if cfg.dtype != "auto" or not cpu else "float32"
         cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.dir / "model")]
-        cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
+        cmd += ["--served-model-name", BASE_NAME, "--uds", str(self.socket), "--dtype", dtype]
         cmd += ["--gpu-memory-utilization", str(cfg.memory_fraction), "--logprobs-mode", "processed_logprobs"]
         cmd += ["--enforce-eager"] if cpu else []
         cmd += ["--max-model-len", str(cfg.max_model_len)] if cfg.max_model_len else []
@@ -271,17 +283,17 @@ class VLLMServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not (self.dir / "model").exists():
             export_for_vllm(self.model_dir, self.dir / "model")
-        port = _free_port()
+        self.socket.unlink(missing_ok=True)  # left by a killed server: vLLM's bind would fail on it
         with open(self.log_path, "ab") as log:
-            log.write(f"\n=== start {self.starts + 1}: port {port} ===\n".encode())
+            log.write(f"\n=== start {self.starts + 1}: {self.socket} ===\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                self.command(port), env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.command(), env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.starts += 1
         (self.dir / "server.pid").write_text(f"{self.proc.pid}\n")  # = its process group
         atexit.register(self.stop)  # its own session outlives this process otherwise (not after SIGKILL)
-        url = f"http://127.0.0.1:{port}"
+        url = "http://vllm"  # the host name is only a label: the client connects to `socket`
         try:
             self._wait_healthy(url)
         except BaseException:
@@ -290,22 +302,27 @@ class VLLMServer:
         self.url = url
         return url
 
+    def client(self, timeout_s: float, max_connections: int = 4) -> Any:
+        """An HTTP client of this server (over `socket`; every call bounded by `timeout_s` in all)."""
+        return http.client(timeout_s, max_connections, uds=str(self.socket))
+
     def _wait_healthy(self, url: str) -> None:
         import httpx
 
         deadline = time.monotonic() + self.cfg.startup_timeout_s
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise ServerUnavailable(f"vllm server exited with {self.proc.returncode}: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"vllm server not healthy after {self.cfg.startup_timeout_s}s: {self.log_tail()}"
-                )
-            time.sleep(0.5)
+        with self.client(5.0) as health:
+            while True:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise ServerUnavailable(f"vllm server exited with {self.proc.returncode}: {self.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if health.get(url + "/health").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise ServerUnavailable(
+                        f"vllm server not healthy after {self.cfg.startup_timeout_s}s: {self.log_tail()}"
+                    )
+                time.sleep(0.5)
 
     def log_tail(self, chars: int = 1500) -> str:
         try:
@@ -323,8 +340,15 @@ class VLLMServer:
                 os.killpg(self.proc.pid, sig)
 
     def stop(self) -> None:
+        """`halt` the server and remove its socket's folder."""
+        self.halt()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+    def halt(self) -> None:
         """SIGTERM the process group, SIGKILL after 15 s; wait for it (its leader reaped, the rest of
-        the group killed and, for up to 10 s, waited for until none runs)."""
+        the group killed and, for up to 10 s, waited for until none runs). The socket's path stays."""
         if self.proc is None:
             return
         self.kill(signal.SIGTERM)
@@ -343,7 +367,8 @@ class VLLMServer:
         atexit.unregister(self.stop)
 
     def restart(self) -> str:
-        self.stop()
+        """`halt`, then `start` on the same socket path (the engine's client keeps it)."""
+        self.halt()
         return self.start()
 
 
@@ -383,8 +408,6 @@ class VLLMEngine(Engine):
         skip_prefix_reset: bool = False,
         skip_push: bool = False,
     ) -> None:
-        import httpx
-
         if (server is None) == (url is None):
             raise ConfigError("vllm engine: give either a server to own or the url of one to attach to")
         if url is not None and not url.startswith(("http://", "https://")):
@@ -401,7 +424,9 @@ class VLLMEngine(Engine):
         self.model = BASE_NAME
         self._loaded = _Loaded(None, None)
         self._rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-        self._client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency + 4))
+        self._client = (
+            server.client(timeout_s, concurrency + 4) if server is not None else http.client(timeout_s, concurrency + 4)
+        )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="vllm-engine")
         self._gate = threading.Condition()  # in-flight calls against a push
         self._inflight, self._pushing = 0, False
@@ -463,7 +488,8 @@ class VLLMEngine(Engine):
                 req.params.seed if req.params.seed is not None else self._rng.randrange(_SEED_SPAN) for req in requests
             ]
         with self._admitted() as version:
-            return list(self._pool.map(lambda rs: self._one(rs[0], rs[1], version), zip(requests, seeds)))
+            outs = list(self._pool.map(lambda rs: self._one(rs[0], rs[1], version), zip(requests, seeds)))
+            return decoded(requests, screen(requests, outs, self._vocab, (version, self.version)), self.decode)
 
     def update_weights(self, source: Any) -> int:
         """Load a checkpoint directory the server can read (full weights, or a LoRA adapter
@@ -551,7 +577,7 @@ class VLLMEngine(Engine):
         body = completion_body(self.model, ask, seed=seed % _SEED_SPAN)
         body["max_tokens"] = min(p.max_tokens, self._max_len - len(req.prompt_ids))
         data = self._call("/v1/completions", body, self.timeout_s)
-        out = [_trim_stop(c, p.stop) for c in parse_choices(ask, data, version, _no_token_strings, self.decode)]
+        out = parse_choices(ask, data, version, _no_token_strings)
         return out * p.n if greedy else out
 
     def _call(self, path: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
@@ -694,13 +720,3 @@ def _tensor_names(model_dir: Path) -> set[str]:
 
 def _no_token_strings(token: str) -> int:
     raise GenerationError(f"vllm engine: the server returned token {token!r} without token ids (return_token_ids)")
-
-
-def _trim_stop(c: Completion, stop: tuple[str, ...]) -> Completion:
-    """The text cut before the first stop string, as the hf engine cuts it."""
-    if not stop:
-        return c
-    cut = min((c.text.find(s) for s in stop if s in c.text), default=len(c.text))
-    if cut == len(c.text):
-        return c
-    return replace(c, text=c.text[:cut])

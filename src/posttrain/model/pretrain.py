@@ -237,19 +237,28 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
 def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], None] | None = None) -> Path:
     """The cached base model for `cfg`: built if missing, rebuilt (saying why, on stderr unless
     `log`) when the cache was built from other data than this code gives (`data_digest`; a cache
-    from before the digest was recorded counts as other data)."""
+    from before the digest was recorded counts as other data). Processes that ask for one base at
+    once (test workers, two runs on one machine) take turns on a lock file beside it: one builds,
+    the others then find it cached."""
+    import fcntl
+
     out = default_dir(cfg)
-    stored, current = _stored_digest(out), data_digest(cfg)
-    if stored == current:
+    current = data_digest(cfg)
+    if _stored_digest(out) == current:
         return out
-    if (out / "config.json").is_file():
-        say = log or (lambda m: print(m, file=sys.stderr, flush=True))
-        say(
-            f"posttrain: the cached base {out} was built from other pretraining data than this code gives "
-            f"(digest {stored or 'not recorded'}, now {current}): rebuilding it"
-        )
     out.parent.mkdir(parents=True, exist_ok=True)
-    return build_base(cfg, out, progress=progress)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored = _stored_digest(out)
+        if stored == current:
+            return out
+        if (out / "config.json").is_file():
+            say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+            say(
+                f"posttrain: the cached base {out} was built from other pretraining data than this code gives "
+                f"(digest {stored or 'not recorded'}, now {current}): rebuilding it"
+            )
+        return build_base(cfg, out, progress=progress)
 
 
 def is_cached(cfg: BaseConfig) -> bool:

@@ -50,13 +50,16 @@ COUNTERS = (
     "generate_splits",
     "prompt_computed",
     "prompt_new",
+    "engine_faults",
 )
 """The pipeline's counters (`pipe_<name>` in the per-step metrics): masked_groups counts
 groups every sample of which was masked, masked_rollouts the masked samples;
 model_faults the samples scored 0 because their output made host code raise (a
 verifier or environment bug shows here); generate_splits the failed engine calls
 split in halves; prompt_computed and prompt_new the prompt tokens of finished multi-turn
-episodes that the engine computed and that were new to the episode (`Trajectory`)."""
+episodes that the engine computed and that were new to the episode (`Trajectory`);
+engine_faults the samples masked because the engine's answer was refused (engine/validate.py),
+also in masked_rollouts."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,11 @@ class Played:
 
 _PENDING: Any = object()
 """An execute-stage result not produced yet (the sample has not run, or its run failed)."""
+
+
+def _lie(c: Completion) -> ErrorRecord:
+    """The record of a sample whose completion the engine's check refused (`Completion.fault`)."""
+    return ErrorRecord("engine", c.fault)
 
 
 def _ran(result: Any) -> Any:
@@ -470,8 +478,18 @@ class GroupRun:
         if self._trajectories is not None:
             driver.spent([t for ts in self._targets for t in ts], seconds)
             driver.add_actions(self._targets, got)
+            for ts, cs in zip(self._targets, got):
+                for t, c in zip(ts, cs):
+                    if c.fault:  # the engine's answer was refused (engine/validate.py): masked alone
+                        driver.mask(t, "engine")
+                        self._mask_sample(next(k for k, u in enumerate(self._trajectories) if u is t), _lie(c))
+                        self._counters["engine_faults"] += 1
         else:
             self._completions = list(got[0])
+            for i, c in enumerate(self._completions):
+                if c.fault:
+                    self._mask_sample(i, _lie(c))
+                    self._counters["engine_faults"] += 1
         self._after_turn()
 
     def _no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:

@@ -30,6 +30,7 @@ is counted in `pool_stats()`.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -87,6 +88,29 @@ def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dic
     for k, v in b.items():
         out[k] = out.get(k, 0.0) + times * v
     return out
+
+
+CPU_FIELDS = ("generate_cpus", "execute_cpus", "verify_cpus")
+
+
+def fit_defaults(config: PipelineConfig, total: Mapping[str, float]) -> PipelineConfig:
+    """`config` with its *default* CPU declarations scaled to a local cluster of `total` that
+    cannot hold them: when the actors' CPUs exceed the cluster's and no `pipeline.*_cpus` was
+    set by the user, each stage's CPUs are multiplied by cluster CPUs / declared CPUs (rounded
+    down to 0.01, at least 0.01), so the default config starts on any machine. A CPU demand the
+    user wrote is kept as written (`check_fits` then names it when it cannot fit)."""
+    if any(f in config.model_fields_set for f in CPU_FIELDS):
+        return config
+    per = actor_options(config)
+    need = sum(declared(per[stage])["CPU"] * config.workers(stage) for stage in STAGES)
+    have = float(total.get("CPU", 0.0))
+    if need <= have + 1e-9 or have <= 0:
+        return config
+    scale = have / need
+    update = {f: max(0.01, math.floor(getattr(config, f) * scale * 100) / 100) for f in CPU_FIELDS}
+    fitted = config.model_copy(update=update)
+    object.__setattr__(fitted, "__pydantic_fields_set__", set(config.model_fields_set))  # still defaults
+    return fitted
 
 
 def check_fits(config: PipelineConfig, total: dict[str, float]) -> None:
@@ -260,8 +284,11 @@ class RayWorkers:
         self._ray = ray
         self._owns = not ray.is_initialized()
         if self._owns:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+            # a local cluster posttrain starts gets pipeline.ray_resources (custom resources of its node)
+            extra = {"resources": dict(config.ray_resources)} if address is None and config.ray_resources else {}
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True, **extra)
         if address is None:  # a local cluster (started here or by this process): what does not fit never starts
+            config = fit_defaults(config, ray.cluster_resources())  # default CPU declarations fit the machine
             check_fits(config, ray.cluster_resources())
         self._total = dict(ray.cluster_resources())
         opts: dict[str, Any] = {"max_restarts": -1}

@@ -90,8 +90,9 @@ class RunData:
 
     def replay(self) -> dict[str, float] | None:
         """trainer.replay over the run: steps that replayed, groups replayed and admitted, the
-        replayed rows' mean share of their steps' rows, their mean and largest age (loop steps since
-        sampled), mean ratio to their behaviour log-probs and clipped share, the buffer's evictions.
+        replayed rows' mean share of their steps' rows, their mean and largest age (weight versions
+        from the ones that generated them to the ones that replayed them), mean ratio to their
+        behaviour log-probs and clipped share, the buffer's evictions.
         None for a run without the buffer."""
         rows = [r for r in self.train if "replay_groups" in r]
         if not rows:

@@ -235,7 +235,8 @@ def _judge_table(data: RunData) -> str:
 
     rows = [
         '<tr><th class="l">domain</th><th class="l">judge</th><th>items</th><th>agreement [95% CI]</th>'
-        '<th>length bias</th><th>swap disagreement</th><th class="l">verdict</th></tr>'
+        "<th>length bias</th><th>swap disagreement</th><th>content bias (worst)</th><th>abstentions (skew)</th>"
+        '<th class="l">verdict</th></tr>'
     ]
     for j in data.judges:
         fired = j.get("fired") or []
@@ -244,6 +245,8 @@ def _judge_table(data: RunData) -> str:
             f"<td>{j['items'] - j['infra_errors']}</td>"
             f"<td>{fmt(j['agreement'])} [{j['agreement_low']:.2f}, {j['agreement_high']:.2f}]</td>"
             f"<td>{fmt(j['length_bias'])}</td><td>{fmt(j['swap_disagreement'])}</td>"
+            f"<td>{fmt(max((j.get('content_bias') or {}).values(), default=None))}</td>"
+            f"<td>{j.get('abstentions', 0)} ({fmt(j.get('abstention_skew'))})</td>"
             f'<td class="l{" alarm" if fired else ""}">{html.escape("biased: " + ", ".join(fired) if fired else "passed")}</td></tr>'
         )
     return "<table>" + "".join(rows) + "</table>"
@@ -310,7 +313,7 @@ def _replay_table(data: RunData) -> str:
         ("steps that replayed", f"{r['steps']:.0f}"),
         ("groups replayed / admitted", f"{r['groups']:.0f} / {r['admitted']:.0f}"),
         ("share of a replaying step's rows", f"{r['share']:.1%}"),
-        ("age, mean / max (loop steps)", f"{r['age_mean']:.2f} / {r['age_max']:.0f}"),
+        ("age, mean / max (weight versions)", f"{r['age_mean']:.2f} / {r['age_max']:.0f}"),
         ("ratio to behaviour log-probs, mean", f"{r['ratio_mean']:.4f}"),
         ("clipped share of replayed tokens", f"{r['clipped']:.1%}"),
         (

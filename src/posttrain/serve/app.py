@@ -342,7 +342,13 @@ def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="posttrain", lifespan=server.lifespan)
     app.state.server = server
     router, metrics = server.router, server.metrics
-    app.add_middleware(Admission, limit=server.cfg.limits.max_inflight, paths=GENERATION_PATHS, refused=metrics.refused)
+    app.add_middleware(
+        Admission,
+        limit=server.cfg.limits.max_inflight,
+        paths=GENERATION_PATHS,
+        refused=metrics.refused,
+        limits=server.cfg.limits,
+    )
 
     @app.exception_handler(P.ApiError)
     async def _api_error(request: Request, exc: P.ApiError) -> JSONResponse:

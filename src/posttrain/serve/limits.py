@@ -9,7 +9,11 @@ after it. Parsing, validation and tokenizing run in a fixed pool of worker
 threads (`Offload`), never on the event loop, and at most `max_inflight`
 generation requests are admitted at once (`Admission`; one more gets 429 at
 once), so a flood of large requests holds at most `max_inflight` bodies and
-cannot stall /health. Every refusal is an `ApiError` naming the limit.
+cannot stall /health. A generation request takes its in-flight slot only once
+its whole body has arrived (within `body_timeout_s`, 408 after; at most
+`max_body_bytes`, 413 above), so clients trickling bodies hold no slot: they
+hold only their own connections, which serve/connections.py bounds per client.
+Every refusal is an `ApiError` naming the limit.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from posttrain.serve.metrics import Counter
 from posttrain.serve.protocol import ApiError, ChatRequest, CompletionRequest
 
 T = TypeVar("T")
+ADMITTED = "posttrain.admitted"
+"""Scope key `Admission` sets once a request holds an in-flight slot (serve/connections.py reads it)."""
 _STEP = np.zeros(256, dtype=np.int32)  # byte -> change of nesting depth
 _STEP[list(b"[{")] = 1
 _STEP[list(b"]}")] = -1
@@ -46,15 +52,21 @@ def too_large(limit: int) -> ApiError:
     )
 
 
+def check_declared_length(declared: str | None, limit: int) -> None:
+    """A request's Content-Length header (None: absent) refused with 400 when it is not a
+    number and with 413 when it declares more than `limit` bytes."""
+    if declared is None:
+        return
+    if not (declared.isascii() and declared.isdigit()):
+        raise ApiError(400, f"invalid Content-Length header {declared[:40]!r}")
+    if len(declared) > 18 or int(declared) > limit:
+        raise too_large(limit)
+
+
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The request body, refused with 413 when its Content-Length or the bytes received exceed
     `limit`, and with 408 when it has not all arrived within `timeout_s`."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ApiError(400, f"invalid Content-Length header {declared[:40]!r}")
-        if len(declared) > 18 or int(declared) > limit:
-            raise too_large(limit)
+    check_declared_length(request.headers.get("content-length"), limit)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -194,19 +206,71 @@ def check_tokens(n: int, limits: LimitsConfig) -> None:
         raise _limit("prompt tokens", n, limits.max_prompt_tokens, "max_prompt_tokens", "prompt")
 
 
-class Admission:
-    """ASGI middleware: at most `limit` requests on `paths` at once, each counted from its
-    first byte to its response's last (streams included); one more gets 429 at once,
-    before its body is read."""
+async def receive_body(scope: Any, receive: Any, limit: int, timeout_s: float) -> bytes:
+    """The whole body of an ASGI request, refused like `read_body` (413 over `limit` bytes, by
+    Content-Length or by the bytes received; 408 when it has not all arrived within `timeout_s`;
+    400 when the client disconnects first)."""
+    declared = dict(scope.get("headers") or []).get(b"content-length")
+    check_declared_length(None if declared is None else declared.decode("latin-1"), limit)
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ApiError(400, "client disconnected before sending its whole body", code="client_disconnected")
+                size += len(message.get("body", b""))
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"request body not received within {timeout_s:g} s (serve.limits.body_timeout_s)",
+            code="request_timeout",
+        ) from None
 
-    def __init__(self, app: Any, limit: int, paths: frozenset[str], refused: Counter) -> None:
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """An ASGI receive that gives `body` once, then what `receive` gives (the disconnect)."""
+    sent = False
+
+    async def again() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
+class Admission:
+    """ASGI middleware: at most `limit` requests on `paths` at once, each counted from the
+    moment its whole body has arrived (read here, bounded by `max_body_bytes` and
+    `body_timeout_s`) to its response's last byte (streams included); one more gets 429 at
+    once. A request still sending its body holds no slot."""
+
+    def __init__(
+        self, app: Any, limit: int, paths: frozenset[str], refused: Counter, limits: LimitsConfig | None = None
+    ) -> None:
         self.app, self.limit, self.paths, self.refused = app, limit, paths, refused
+        self.limits = limits or LimitsConfig.model_validate({})
         self.inflight = 0
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
+        try:
+            body = await receive_body(scope, receive, self.limits.max_body_bytes, self.limits.body_timeout_s)
+        except ApiError as exc:
+            self.refused.inc(endpoint=scope["path"], status=exc.status, code=exc.code or "invalid_request")
+            await JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)(scope, receive, send)
+            return
+        receive = _replay(body, receive)
         if self.inflight >= self.limit:
             self.refused.inc(endpoint=scope["path"], status=429, code="too_many_requests")
             err = ApiError(
@@ -219,6 +283,7 @@ class Admission:
             await JSONResponse(err.body(), status_code=429, headers={"Retry-After": "1"})(scope, receive, send)
             return
         self.inflight += 1
+        scope[ADMITTED] = True  # serve/connections.py: this connection is serving, not stalled
         try:
             await self.app(scope, receive, send)
         finally:

@@ -158,6 +158,10 @@ class ServeMetrics:
             "posttrain_refused_requests_total",
             "Requests refused before any generation (limits, busy, admin credential), by endpoint, status and code.",
         )
+        self.connections_closed = Counter(
+            "posttrain_connections_closed_total",
+            "Connections the server closed for its connection bounds (serve/connections.py), by reason.",
+        )
         self.windows: dict[tuple[str, str], RateWindow] = {}
 
     def add_tokens(self, n: int, tier: str, version: str) -> None:
@@ -181,5 +185,6 @@ class ServeMetrics:
             self.canary_share,
             self.rollbacks,
             self.refused,
+            self.connections_closed,
         ]
         return "\n".join(line for m in metrics for line in m.render()) + "\n"
