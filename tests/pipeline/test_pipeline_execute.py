@@ -219,7 +219,7 @@ def test_budget_cap_and_eval_use_the_same_budgets():
     engine = BudgetEngine(lambda context, j: "9" * 100)
     budgets = eval_budgets([t.domain for t in tasks], opts)
     out = Play(engine, SamplingParams(n=1), budgets, batch_size=8).groups(tasks)
-    assert [len(g.completions[0].token_ids) for g in out] == [24, 16, 16]  # task order kept
+    assert [len(g.played()[0].completion.token_ids) for g in out] == [24, 16, 16]  # task order kept
     assert engine.call_budgets == [{16}, {24}]
 
 

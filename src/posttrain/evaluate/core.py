@@ -391,7 +391,7 @@ def _stops(run: GroupRun) -> list[tuple[int, int] | None]:
 
 
 def _turns(run: GroupRun) -> list[int]:
-    return [len(t.turns) for t in run.trajectories] if run.trajectories else [1] * run.n
+    return [p.turns for p in run.played()]
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:

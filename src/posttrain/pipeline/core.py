@@ -18,9 +18,9 @@ any stage cancels its siblings and surfaces from `async with`; a stage
 never blocks the event loop (its workers' calls are awaitable; only a
 verifier that declares itself `cheap`, microseconds, is called inline);
 no task waits on a timer: the feeder and `run_groups` sleep on events.
-What a stage call's outcome does to a group (retries, masks, the rollouts) is
-the group lifecycle's (`GroupRun`, pipeline/group.py); the pipeline only
-queues, batches and runs the calls concurrently.
+What comes next for a group (the stage order, retries and their backoffs, masks,
+the rollouts) is the group lifecycle's (`GroupRun.next_call` / `feed`, pipeline/group.py);
+the pipeline maps each call kind to its queue (`_route`) and runs the calls concurrently.
 """
 
 from __future__ import annotations
@@ -36,8 +36,25 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget
 from posttrain.envs import driver
 from posttrain.envs.base import Trajectory
-from posttrain.errors import ErrorRecord, blame, capture
-from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, Outcome, RetryPolicy, generation
+from posttrain.errors import blame
+from posttrain.pipeline.group import (
+    COUNTERS,
+    Call,
+    Done,
+    Encode,
+    Execute,
+    Generate,
+    GroupResult,
+    GroupRun,
+    Open,
+    Outcome,
+    RetryPolicy,
+    Step,
+    Verify,
+    Wait,
+    generation,
+    group_seed,
+)
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.queues import BoundedQueue, QueueStats
 from posttrain.pipeline.scheduler import EventSink, Scheduler
@@ -193,31 +210,21 @@ class Pipeline:
         tier = self.scheduler.admit(task.domain)
         gid = self._group_ids.pop(seq, f"{self._prefix}{seq}")
         budget = (self.budgets or {}).get(task.domain)
-        item = GroupRun.admit(task, gid, tier, seq, self.params, self._policy, self.counters, budget)
-        item.end_sessions = self.workers.end_sessions  # its episodes' kept contexts go when it closes
-        try:
-            if not item.episodic:
-                item.prompt_ids = await self.workers.encode(task.prompt)
-            else:
-                await self._open(item)
-        except Exception as exc:  # a task that cannot start is masked and counted; the pipeline goes on
-            await self._retry(item, "admit", exc)
-            return
-        await self._to_generate(item, self.q_generate)
-
-    async def _open(self, item: GroupRun) -> None:
-        """The group's episodes: fresh environments reset on the task, their first
-        observations in the prompt (samples that share one prompt share its encoding)."""
-        envs = await asyncio.to_thread(item.open_envs)
-        try:
-            encoded: dict[str, tuple[int, ...]] = {}
-            for _, obs in envs:
-                if obs not in encoded:
-                    encoded[obs] = await self.workers.encode(driver.first_messages(item.task, obs))
-        except BaseException:
-            driver.close_envs(e for e, _ in envs)
-            raise
-        item.start(envs, encoded)
+        item = GroupRun.admit(
+            task, gid, tier, seq, self.params, self._policy, self.counters, budget, self.workers.end_sessions
+        )
+        while isinstance(call := item.next_call(), Open | Encode):  # a task that cannot start is masked
+            try:
+                if isinstance(call, Open):
+                    item.feed(await asyncio.to_thread(call.envs))
+                else:
+                    item.feed([await self.workers.encode(p) for p in call.prompts])
+            except Exception as exc:
+                item.feed(exc)
+        if isinstance(call, Generate):
+            await self._to_generate(item, self.q_generate)
+        else:
+            await self._route(item)
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[GroupRun]:
@@ -249,7 +256,9 @@ class Pipeline:
         while not self._closing:
             buckets: dict[int, list[GroupRun]] = {}
             for it in await self._take_batch():
-                buckets.setdefault(it.max_tokens, []).append(it)
+                call = it.next_call()  # a Generate: the group is due a turn
+                assert isinstance(call, Generate)
+                buckets.setdefault(call.tokens, []).append(it)
             for _, batch in sorted(buckets.items()):
                 await self._generate_bucket(batch)
 
@@ -265,15 +274,10 @@ class Pipeline:
             except StopIteration:
                 break
         for it in batch:
-            if it.result is not None:
-                await self._finished(it)
-            elif it.backoff is not None:
-                self._later("generate", it, it.backoff)
-            else:
-                await self.q_execute.put(it)
+            await self._route(it)
 
     def _seed(self, item: GroupRun) -> int | None:
-        return item.group_seed(self.seed)
+        return group_seed(item, self.seed)
 
     async def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> Outcome:
         """What came of one engine call (its completions, or what it raised) and its seconds."""
@@ -294,63 +298,45 @@ class Pipeline:
         return outs, meter.end(token, groups)
 
     async def _execute_worker(self) -> None:
+        """A group's environment steps, then (once every episode is done, or for a single-turn
+        group) its execute step, in one pass while it asks for them."""
         while not self._closing:
             item = await self.q_execute.get()
-            token = next(self._tokens)
-            self.meters["execute"].begin(token)
-            try:
-                retried = await self._execute_item(item)
-            except Exception as exc:  # the worker call itself failed: infra for the whole call
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                self.meters["execute"].end(token, error=True)
-                await self._retry(item, "execute", exc)
-                continue
-            item.timings["execute_s"] = item.timings.get("execute_s", 0.0) + self.meters["execute"].end(token)
-            if retried:
-                continue
-            if item.playing:
-                await self._to_generate(item, self.q_continue)
-            else:
-                await self.q_verify.put(item)
+            while isinstance(call := item.next_call(), Step | Execute):
+                token = next(self._tokens)
+                self.meters["execute"].begin(token)
+                try:
+                    got = await (self._step_envs(call) if isinstance(call, Step) else self._execute(call))
+                except Exception as exc:  # the worker call itself failed: infra for the whole call
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    self.meters["execute"].end(token, error=True)
+                    item.feed(exc)
+                    continue
+                item.feed(got, self.meters["execute"].end(token))
+            await self._route(item, call)
 
-    async def _execute_item(self, item: GroupRun) -> bool:
-        """Step the group's episodes (multi-turn), then, once every episode is done (or for a
-        single-turn group), run the execute step: True when some sample failed for the infra
-        and is run again after a backoff (`GroupRun.retry_samples`)."""
-        if item.multi_turn:
-            failed = await self._step_envs(item)
-            if failed and self._retry_samples(item, failed):
-                return True
-            if not item.executes or item.playing:
-                return False
-        todo, comps = item.to_execute()  # single-turn: the ExecuteFn decides whether anything runs
-        failed = item.executed(todo, await self.workers.execute(item.task, comps) if todo else ())
-        return bool(failed) and self._retry_samples(item, failed)
+    async def _execute(self, call: Execute) -> Sequence[Any]:
+        """The execute step's results (none to run: no call; the ExecuteFn decides whether anything runs)."""
+        return await self.workers.execute(call.task, call.completions) if call.completions else ()
 
-    def _retry_samples(self, item: GroupRun, failed: Mapping[int, ErrorRecord]) -> bool:
-        """True when the failed samples' stage runs again after the group's backoff."""
-        delay = item.retry_samples(failed)
-        if delay is not None:
-            self._later("execute", item, delay)
-        return delay is not None
-
-    async def _step_envs(self, item: GroupRun) -> dict[int, ErrorRecord]:
+    async def _step_envs(self, call: Step) -> list[BaseException | None]:
         """Step every trajectory whose last action is not stepped yet, concurrently (a retry
         after an infra error steps only those). An action that made its environment raise
-        ends that episode as a model fault (`driver.step`); returns the infra failures,
-        trajectory index -> record."""
-        pending = item.stepping()
-        stepped = await asyncio.gather(*(asyncio.to_thread(driver.step, t) for _, t in pending), return_exceptions=True)
-        failed: dict[int, ErrorRecord] = {}
-        for (i, t), got in zip(pending, stepped):
+        ends that episode as a model fault (`driver.step`); returns, per trajectory, what
+        `driver.step` raised (an infra error) or None."""
+        stepped = await asyncio.gather(
+            *(asyncio.to_thread(driver.step, t) for _, t in call.pending), return_exceptions=True
+        )
+        out: list[BaseException | None] = []
+        for (_, t), got in zip(call.pending, stepped):
             if isinstance(got, BaseException):  # driver.step raises only infra errors
-                failed[i] = capture(got, "sandbox")
+                out.append(got)
                 continue
             if not t.done:  # the observation joins the context through the chat template
                 await self._observe(t)
-            item.stepped(i, t)
-        return failed
+            out.append(None)
+        return out
 
     async def _observe(self, t: Trajectory) -> None:
         """The last observation's tokens join the context; an observation that cannot be
@@ -365,27 +351,22 @@ class Pipeline:
     async def _verify_worker(self) -> None:
         while not self._closing:
             item = await self.q_verify.get()
-            todo, episodes = item.to_verify()  # the group's envs close first: their sandbox slots free
+            call = item.next_call()  # the group's envs closed: their sandbox slots free
+            if not isinstance(call, Verify):
+                await self._route(item, call)
+                continue
             token = next(self._tokens)
             self.meters["verify"].begin(token)
             try:
-                got = await self._verify_some(item.task, episodes)
+                got = await self._verify_some(call.task, call.episodes)
             except Exception as exc:
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 self.meters["verify"].end(token, error=True)
-                await self._retry(item, "verify", exc)
-                continue
-            item.timings["verify_s"] = item.timings.get("verify_s", 0.0) + self.meters["verify"].end(token)
-            delay = item.verified_some(todo, got)
-            if delay is not None:  # transient verifier errors: those samples alone, after the backoff
-                self._later("verify", item, delay)
-                continue
-            failed = item.infra_failed()
-            if failed is not None:  # infra failed: its sandbox past retries, or its verifier
-                self.scheduler.record_verification(item.task.domain, failed)
-            item.finish(item.verdicts(), item.episodes or ())
-            await self._finished(item)
+                item.feed(exc)
+            else:
+                item.feed(got, self.meters["verify"].end(token))
+            await self._route(item)
 
     async def _verify_some(self, task: Task, episodes: list[Episode]) -> Sequence[Verdict]:
         """The verdicts of `episodes` (none: no call)."""
@@ -401,37 +382,36 @@ class Pipeline:
             self._cheap_domains[domain] = self.workers.cheap_verifier(domain)
         return self._cheap_domains[domain]
 
-    # ---- endings -------------------------------------------------------
-    async def _finished(self, item: GroupRun) -> None:
-        assert item.result is not None
-        self.scheduler.finish(item.task.domain)
-        self._changed.set()
-        await self.results.put(item.result)
-        self._arrived.set()
-
-    async def _retry(self, item: GroupRun, stage: str, exc: BaseException) -> None:
-        """A stage call that failed for the whole item (admission, a worker call): retried after
-        a backoff, else every sample not already decided is masked (`GroupRun.fail`)."""
-        delay = item.fail(stage, exc)
-        if delay is not None:
-            self._later(stage, item, delay)
-            return
-        if stage == "execute":  # a sandbox that keeps failing degrades its domain like a failing verifier
-            self.scheduler.record_verification(item.task.domain, True)
-        await self._finished(item)
-
-    def _later(self, stage: str, item: GroupRun, delay: float) -> None:
-        """`item` back in `stage`'s queue after `delay` seconds (a task the TaskGroup owns)."""
-        assert self._tg is not None
-        self._tasks.append(self._tg.create_task(self._requeue(stage, item, delay)))
-
-    async def _requeue(self, stage: str, item: GroupRun, delay: float) -> None:
-        await asyncio.sleep(delay)
-        queue = {"generate": self.q_generate, "execute": self.q_execute, "verify": self.q_verify}[stage]
-        if stage == "generate":
-            await self._to_generate(item, self.q_continue if item.multi_turn and item.trajectories else self.q_generate)
+    # ---- routing: each call kind to its queue ---------------------------
+    async def _route(self, item: GroupRun, call: Call | None = None) -> None:
+        """`item` to the queue of the call it asks for next (`call`: asked already): a turn to
+        the generate queue (an episode's turn to the continuation queue), a step or execute
+        step to the execute queue, a verification to the verify queue; a Wait back after its
+        seconds; a finished group out."""
+        call = call or item.next_call()
+        if isinstance(call, Done):
+            if call.health is not None:  # infra failed: its sandbox past retries, or its verifier
+                self.scheduler.record_verification(item.task.domain, call.health)
+            self.scheduler.finish(item.task.domain)
+            self._changed.set()
+            await self.results.put(call.result)
+            self._arrived.set()
+        elif isinstance(call, Wait):
+            assert self._tg is not None
+            self._tasks.append(self._tg.create_task(self._later(item, call.seconds)))
+        elif isinstance(call, Generate):
+            await self._to_generate(item, self.q_continue if call.turn else self.q_generate)
+        elif isinstance(call, Step | Execute):
+            await self.q_execute.put(item)
+        elif isinstance(call, Verify):
+            await self.q_verify.put(item)
         else:
-            await queue.put(item)
+            raise TypeError(f"pipeline: unexpected call {call!r}")
+
+    async def _later(self, item: GroupRun, delay: float) -> None:
+        """`item` routed again after `delay` seconds (a task the TaskGroup owns)."""
+        await asyncio.sleep(delay)
+        await self._route(item)
 
     # ---- the two ways to use it: a fixed set, or a stream ----------------
     async def run_groups(self, tasks: Sequence[Task], prefix: str | None = None) -> list[GroupResult | None]:

@@ -1,23 +1,23 @@
 """One group's lifecycle, from admission to finish, whatever schedules it.
 
-Invariant: a `GroupRun` carries one task's group of samples from admission to
-one `GroupResult`: its domain and budget are resolved once, at admission
-(`GroupRun.admit`); every retry of a stage (generation, an execute or
-environment step, a transient verifier failure) goes through its one
-`RetryPolicy`, and its attempts and retries are recorded on it and counted;
-masking is by cause (`errors.blame`): a model fault scores its sample 0 with
-the reason, an infra failure masks that sample alone after its retries, never
-its group-mates; a stage call that fails for the whole group (`fail`) is
-retried after its backoff (`backoff`), then masks every sample not decided and
-finishes the group; `finish` makes the group's Rollouts, each with its id from
-birth (`rollout_id`). Generation is batched across groups by one helper,
-`generation`, for every scheduler: an engine call that fails over several
-groups is halved down to the group that failed it, and a multi-turn group's
-prompt too long for the engine down to its single requests, so one bad prompt
-masks only its own samples. The schedulers (the staged pipeline,
-pipeline/core.py; the inline scheduler, pipeline/play.py, which training's
-direct path and the evaluator share) only admit, batch and run the calls;
-what a call's outcome does to the group is decided here.
+Invariant: a `GroupRun` carries one task's group of samples from admission to one
+`GroupResult`, and it alone decides the sequence. A scheduler asks it for its next call
+(`next_call`: Open its environments, Encode prompts, Generate a turn, Step episodes, Execute
+samples, Verify episodes, Wait a backoff, or Done) and hands back what came of that call
+(`feed`); the group decides what follows. Its domain and budget are resolved once, at
+admission (`GroupRun.admit`); every retry of a stage (generation, an execute or environment
+step, a transient verifier failure) goes through its one `RetryPolicy`, its attempts and
+retries recorded and counted, its backoff handed out once as a Wait; masking is by cause
+(`errors.blame`): a model fault scores its sample 0 with the reason, an infra failure masks
+that sample alone after its retries, never its group-mates; a call that fails for the whole
+group is retried after its backoff, then masks every sample not decided and finishes the
+group; each Rollout has its id from birth (`rollout_id`). Generation is batched across groups
+by one helper, `generation`, for every scheduler (it takes the groups whose next call is
+Generate): an engine call that fails over several groups is halved down to the group that
+failed it, and a multi-turn group's prompt too long for the engine down to its single
+requests, so one bad prompt masks only its own samples. The schedulers (the staged pipeline,
+pipeline/core.py, which maps call kinds to its queues; the inline scheduler, pipeline/play.py,
+which training's direct path and the evaluator share) supply only concurrency and admission.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from posttrain.envs.base import Environment, Trajectory
 from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, capture
 from posttrain.pipeline.workers import Verdict, verdict_of
 from posttrain.rollout import Rollout, rollout_id
-from posttrain.types import Completion, CostClass, Episode, GenerationRequest, SamplingParams, Task
+from posttrain.types import Completion, CostClass, Episode, GenerationRequest, Message, SamplingParams, Task
 
 COUNTERS = (
     "admitted",
@@ -98,6 +98,21 @@ class GroupResult:
         return self.rollouts[0].task.domain
 
 
+@dataclass(frozen=True)
+class Played:
+    """One episode as `GroupRun.played` gives it: the token ledger (with the loss mask), what the
+    verifier would score, how many turns it used, the infra error kind that masked it (None when
+    it ran to its end) and the model fault that ended it (scored 0 with that reason; None when
+    there was none)."""
+
+    completion: Completion
+    episode: Episode
+    turns: int
+    error: str | None = None
+    loss_mask: tuple[int, ...] = ()
+    fault: str | None = None
+
+
 _PENDING: Any = object()
 """An execute-stage result not produced yet (the sample has not run, or its run failed)."""
 
@@ -112,63 +127,153 @@ def _ran(result: Any) -> Any:
     return None if result is _PENDING else result
 
 
-@dataclass
+@dataclass(frozen=True)
+class Open:
+    """Open the group's environments (blocking: a scheduler may run `envs` in a thread); feed
+    back what `envs()` returned, or what it raised."""
+
+    domain: Domain
+    task: Task
+    n: int
+
+    def envs(self) -> list[tuple[Environment, str]]:
+        """The group's fresh environments, each reset on the task, with its first observation."""
+        return driver.open_envs(self.domain, self.task, self.n)
+
+
+@dataclass(frozen=True)
+class Encode:
+    """Encode `prompts` (chat messages each); feed back their ids in order, or what encoding raised."""
+
+    prompts: tuple[Sequence[Message], ...]
+
+
+@dataclass(frozen=True)
+class Generate:
+    """The group's next turn is due: the scheduler batches it with other groups' through
+    `generation`, which feeds the group itself. `tokens`: its tokens per turn (groups are
+    batched by it); `turn`: an episode group's turn (past its admission, the staged pipeline
+    queues it for continuation)."""
+
+    tokens: int
+    turn: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    """Step each `(index, trajectory)` (`driver.step`, then its observation encoded); feed back,
+    in order, None for a step that ran, or what `driver.step` raised (an infra error)."""
+
+    pending: list[tuple[int, Trajectory]]
+
+
+@dataclass(frozen=True)
+class Execute:
+    """Run the execute step on `completions` (`workers.execute_one` each); feed back each result
+    or ErrorRecord in order, or what the whole call raised. `declared`: the domain declares an
+    execute step (without one, the default ExecuteFn gives None for each)."""
+
+    task: Task
+    completions: list[Completion]
+    declared: bool
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Verify `episodes` (none: nothing left to verify, no call needed); feed back their verdicts
+    in order, or what the call raised."""
+
+    task: Task
+    episodes: list[Episode]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait `seconds` (a retry's backoff), then ask again."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Done:
+    """The group finished: its `result`; `health`: what its domain's health record gets (True:
+    an infra failure, its sandbox or verifier past retries; False: it verified cleanly; None:
+    nothing to record)."""
+
+    result: GroupResult
+    health: bool | None
+
+
+Call = Open | Encode | Generate | Step | Execute | Verify | Wait | Done
+"""What a group asks its scheduler for next (`GroupRun.next_call`)."""
+
+
+@dataclass(eq=False)
 class GroupRun:
     """One group in flight (mutable; only its GroupResult leaves). Made by `admit`."""
 
     task: Task
-    group_id: str
-    tier: CostClass
-    seq: int
-    n: int
+    _group_id: str
+    _tier: CostClass
+    _seq: int
+    _n: int
     """Samples in the group (`SamplingParams.n`)."""
-    policy: RetryPolicy
-    counters: dict[str, int]
+    _policy: RetryPolicy
+    _counters: dict[str, int]
     """The scheduler's counters (`COUNTERS`), which this group's retries, faults and masks add to."""
-    domain: Domain
+    _domain: Domain
     """The task's domain, resolved once at admission."""
-    budget: Budget
+    _budget: Budget
     """The domain's effective budget (the override of `tasks.domains.X`, else its declaration)."""
-    episodic: bool = False
+    _episodic: bool = False
     """The domain runs episodes (it declares an environment), resolved at admission."""
-    executes: bool = False
+    _executes: bool = False
     """The domain declares an execute step (`Domain.executes`), resolved at admission."""
-    admitted_at: float = field(default_factory=time.perf_counter)
-    prompt_ids: tuple[int, ...] = ()
-    completions: list[Completion] = field(default_factory=list)
-    trajectories: list[Trajectory] | None = None
+    _admitted_at: float = field(default_factory=time.perf_counter)
+    _prompt_ids: tuple[int, ...] = ()
+    _completions: list[Completion] = field(default_factory=list)
+    _trajectories: list[Trajectory] | None = None
     """Multi-turn groups: one episode per sample, stepped by `envs.driver`."""
-    targets: list[list[Trajectory]] = field(default_factory=list)
+    _targets: list[list[Trajectory]] = field(default_factory=list)
     """The trajectories each of the last generation requests feeds (driver.requests)."""
-    execs: list[Any] = field(default_factory=list)
+    _execs: list[Any] = field(default_factory=list)
     """Each sample's execute-stage result (`_PENDING` until it ran)."""
-    decided: dict[int, Verdict] = field(default_factory=dict)
+    _decided: dict[int, Verdict] = field(default_factory=dict)
     """Samples whose verdict is known before verification: masked by an infra error after
     their retries, or scored 0 for a model fault. The rest of the group goes on."""
-    sandbox_failed: bool = False
+    _sandbox_failed: bool = False
     """Some sample's execute step or environment step failed past its retries (the group
     then counts as an infra failure of its domain, `Scheduler.record_verification`)."""
     episodes: list[Episode] | None = None
-    verified: dict[int, Verdict] = field(default_factory=dict)
+    """The group's episodes, what the verifier scores (built once, when verification is asked for)."""
+    _verified: dict[int, Verdict] = field(default_factory=dict)
     """Samples verified so far (a verification retry verifies only the others)."""
-    attempts: dict[str, int] = field(default_factory=dict)
+    _attempts: dict[str, int] = field(default_factory=dict)
     """Per stage: the retries taken (`RetryPolicy.delay`'s `attempts`)."""
-    group_retries: int = 0
+    _group_retries: int = 0
     """Retries of a stage call for the whole group (every sample went through them)."""
-    retried: dict[int, int] = field(default_factory=dict)
+    _retried: dict[int, int] = field(default_factory=dict)
     """Per sample: retries of its own (its execute step or environment step, its verification)."""
-    timings: dict[str, float] = field(default_factory=dict)
-    closed: bool = False
-    end_sessions: Callable[[Sequence[str]], None] | None = None
+    _timings: dict[str, float] = field(default_factory=dict)
+    _closed: bool = False
+    _end_sessions: Callable[[Sequence[str]], None] | None = None
     """Told the group's session keys when its episodes close (`Engine.end_sessions`, through
     the scheduler's workers), so an engine that keeps an episode's context drops it."""
     result: GroupResult | None = None
-    """What `finish` made (None until then)."""
+    """What `_finish` made (None until then)."""
     final: list[Verdict] = field(default_factory=list)
-    """Each sample's verdict, as `finish` was given them (empty until then)."""
-    backoff: float | None = None
-    """Set by `fail` when the failed call is retried: the seconds to wait before it runs again
-    (cleared when `generation` takes the group again)."""
+    """Each sample's verdict, as `_finish` was given them (empty until then)."""
+    _backoff: float | None = None
+    """Set by `_fail` when the failed call is retried: the seconds to wait before it runs again
+    (`next_call` hands it out once, as a Wait)."""
+    _stage: str = "encode"
+    """The stage due: "open", "encode", "generate", "step", "execute" or "verify"."""
+    _envs: list[tuple[Environment, str]] | None = None
+    """An episode group's opened environments, until their first observations are encoded."""
+    _pending: list[Any] = field(default_factory=list)
+    """What the call handed out last serves (samples, trajectories, first observations)."""
+    _health: bool | None = None
+    """What the domain's health record gets once the group is done (`Done.health`)."""
 
     # ---- admission -------------------------------------------------------------
     @classmethod
@@ -182,11 +287,13 @@ class GroupRun:
         policy: RetryPolicy,
         counters: dict[str, int],
         budget: Budget | None = None,
+        end_sessions: Callable[[Sequence[str]], None] | None = None,
     ) -> GroupRun:
         """A group of `params.n` samples admitted, counted: its domain resolved from the
         registry and its budget fixed (`budget`, the run's override; None: the domain's
         declared turns and seconds, `params.max_tokens` tokens per turn); `tier` None: the
-        domain's cost class (a scheduler without tiers)."""
+        domain's cost class (a scheduler without tiers). `end_sessions` is told the group's
+        session keys when its episodes close (`Engine.end_sessions`)."""
         from posttrain.domains.registry import get
 
         domain = get(task.domain)
@@ -195,275 +302,382 @@ class GroupRun:
         counters["long_sampled"] += tier == "long"
         budget = budget or dataclasses.replace(domain.budget, tokens=params.max_tokens)
         episodic, executes = domain.environment() is not None, domain.executes
-        return cls(task, group_id, tier, seq, params.n, policy, counters, domain, budget, episodic, executes)
+        run = cls(task, group_id, tier, seq, params.n, policy, counters, domain, budget, episodic, executes)
+        run._end_sessions, run._stage = end_sessions, "open" if episodic else "encode"
+        return run
+
+    # ---- the sequence: what a scheduler asks for, and hands back ------------------
+    def next_call(self) -> Call:
+        """The call the group needs next. A Wait is handed out once (then the call it delays);
+        any other call until it is fed. Asking for the verification closes the group's
+        environments (their sandbox sessions free their slots)."""
+        if self.result is not None:
+            return Done(self.result, self._health)
+        if self._backoff is not None:
+            wait, self._backoff = self._backoff, None
+            return Wait(wait)
+        stage = self._stage
+        if stage == "open":
+            return Open(self._domain, self.task, self._n)
+        if stage == "encode":
+            if self._envs is None:
+                return Encode((self.task.prompt,))
+            self._pending = list(dict.fromkeys(o for _, o in self._envs))
+            return Encode(tuple(driver.first_messages(self.task, o) for o in self._pending))
+        if stage == "generate":
+            return Generate(self._max_tokens, self._multi_turn)
+        if stage == "step":
+            self._pending = self._stepping()
+            return Step(list(self._pending))
+        if stage == "execute":
+            self._pending, comps = self._to_execute()
+            return Execute(self.task, comps, self._executes)
+        self._pending, episodes = self._to_verify()
+        return Verify(self.task, episodes)
+
+    def feed(self, got: Any, seconds: float = 0.0) -> None:
+        """What came of the call `next_call` handed out (its value as the call says, or the
+        exception that failed the whole call) and the seconds it took; the group decides what
+        follows: the next stage, a retry after a backoff, masks by cause, or its finish."""
+        stage = self._stage
+        if stage == "open":
+            if isinstance(got, BaseException):
+                self._fail("admit", got)
+            else:
+                self._envs, self._stage = list(got), "encode"
+        elif stage == "encode":
+            self._encoded(got)
+        elif stage == "step":
+            self._stepped_all(got)
+        elif stage == "execute":
+            self._timings["execute_s"] = self._timings.get("execute_s", 0.0) + seconds
+            if isinstance(got, BaseException):
+                self._fail("execute", got)
+                self._health = True if self.result is not None else None
+                return
+            failed = self._executed(self._pending, got)
+            if not failed or self._retry_samples(failed) is None:
+                self._stage = "generate" if self._playing else "verify"
+        elif stage == "verify":
+            self._timings["verify_s"] = self._timings.get("verify_s", 0.0) + seconds
+            if isinstance(got, BaseException):
+                self._fail("verify", got)
+            elif self._verified_some(self._pending, got) is None:
+                self._timings.setdefault("execute_s", 0.0)
+                self._health = self._infra_failed()
+                self._finish(self._verdicts(), self.episodes or ())
+        else:
+            raise ValueError(f"GroupRun.feed: no call of the group's is out in stage {stage!r}")
+
+    def played(self) -> list[Played]:
+        """The group's episodes as played (a group masked by a stage: no episodes)."""
+        episodes = self._settle() if self.result is None else self.episodes or ()
+        out = []
+        for i in range(self._n):
+            v = self._decided.get(i) or (self.final[i] if self.final else None)
+            error = v.error_kind if v is not None and v.score is None else None
+            fault = v.fault if v is not None else None
+            if self._trajectories:
+                t = self._trajectories[i]
+                c, turns, mask = t.completion(), len(t.turns), tuple(t.mask)
+            else:
+                c = self._completions[i] if self._completions else Completion(self._prompt_ids, (), "", (), "error", 0)
+                turns, mask = 1, (1,) * len(c.token_ids)
+            ep = episodes[i] if episodes else Episode(c.text, finish_reason=c.finish_reason)
+            out.append(Played(c, ep, turns, error, mask, fault))
+        return out
+
+    def _encoded(self, got: Any) -> None:
+        """The admission's encoding came back: the group starts generating, or cannot start."""
+        envs, self._envs = self._envs, None
+        try:
+            if isinstance(got, BaseException):
+                raise got
+            if envs is None:
+                self._prompt_ids = got[0]
+            else:
+                self._start(envs, dict(zip(self._pending, got)))
+        except Exception as exc:
+            if envs is not None:
+                driver.close_envs(e for e, _ in envs)
+            self._fail("admit", exc)
+            return
+        self._stage = "generate"
+
+    def _after_turn(self) -> None:
+        """After an engine call the group took: its episodes step, a single-turn group executes."""
+        self._stage = "step" if self._multi_turn else "execute"
+
+    def _stepped_all(self, got: Sequence[BaseException | None]) -> None:
+        failed: dict[int, ErrorRecord] = {}
+        for (i, t), exc in zip(self._pending, got):
+            if exc is not None:
+                failed[i] = capture(exc, "sandbox")
+            else:
+                self._stepped(i, t)
+        if failed and self._retry_samples(failed) is not None:
+            return
+        self._stage = "generate" if self._playing else "execute" if self._executes else "verify"
 
     @property
-    def multi_turn(self) -> bool:
-        return self.trajectories is not None
+    def _multi_turn(self) -> bool:
+        return self._trajectories is not None
 
     @property
-    def max_tokens(self) -> int:
+    def _max_tokens(self) -> int:
         """Tokens per turn (the budget's)."""
-        return self.budget.tokens
+        return self._budget.tokens
 
-    def open_envs(self) -> list[tuple[Environment, str]]:
-        """The group's fresh environments, each reset on the task, with its first observation
-        (blocking: a scheduler may run it in a thread)."""
-        return driver.open_envs(self.domain, self.task, self.n)
-
-    def start(self, envs: Sequence[tuple[Environment, str]], encoded: Mapping[str, tuple[int, ...]]) -> None:
+    def _start(self, envs: Sequence[tuple[Environment, str]], encoded: Mapping[str, tuple[int, ...]]) -> None:
         """The group's episodes begin: `encoded` maps each first observation to its prompt's ids."""
-        self.prompt_ids = encoded[envs[0][1]]
+        self._prompt_ids = encoded[envs[0][1]]
         ids = [encoded[o] for _, o in envs]
-        self.trajectories = driver.start(
-            envs, self.task, ids, driver.turns_of(self.domain, self.budget), self.budget.seconds
+        self._trajectories = driver.start(
+            envs, self.task, ids, driver.turns_of(self._domain, self._budget), self._budget.seconds
         )
 
     # ---- retries ---------------------------------------------------------------
     def _take_retry(self, stage: str, rec: ErrorRecord) -> float | None:
         """The backoff before `stage` runs again after the error `rec`, the attempt and the retry
         counted; None when it is not retried (the policy: a kind never retried, or retries spent)."""
-        n = self.attempts.get(stage, 0)
-        delay = self.policy.delay(n, rec)
+        n = self._attempts.get(stage, 0)
+        delay = self._policy.delay(n, rec)
         if delay is not None:
-            self.attempts[stage] = n + 1
-            self.counters["retries"] += 1
+            self._attempts[stage] = n + 1
+            self._counters["retries"] += 1
+            self._backoff = delay
         return delay
 
-    def fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
+    def _fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
         """A call of `stage` ("admit", "generate", "execute", "verify") failed for the whole group:
         the backoff before it runs again (`_take_retry`; also left in `backoff`), or None: every
         sample not decided is masked (`mask_rest`) and the group finished (`result`). Admission
         is never retried."""
         rec = exc if isinstance(exc, ErrorRecord) else capture(exc, "sandbox" if stage == "execute" else "infra")
-        self.backoff = None if stage == "admit" else self._take_retry(stage, rec)
-        self.group_retries += self.backoff is not None  # every sample went through it
-        if self.backoff is None:
-            self.finish(self._mask_rest(rec, stage))
-        return self.backoff
+        self._backoff = None if stage == "admit" else self._take_retry(stage, rec)
+        self._group_retries += self._backoff is not None  # every sample went through it
+        if self._backoff is None:
+            self._finish(self._mask_rest(rec, stage))
+        return self._backoff
 
     # ---- generation -------------------------------------------------------------
-    def group_seed(self, seed: int | None) -> int | None:
-        """The base seed of the group's requests in a run seeded `seed`: (seed, group id,
-        generation attempt), the same whatever the batching, the worker or the runtime."""
-        return None if seed is None else stable_hash("group", seed, self.group_id, self.attempts.get("generate", 0))
-
     def _requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
         """The generation requests of the group's next turn (one request of `params.n` for a
         single-turn group, seeded `base`; an episode's turn: `driver.requests`), with the
         budget's tokens per turn."""
-        params = dataclasses.replace(params, max_tokens=self.max_tokens)
-        if self.trajectories is not None:
-            reqs, self.targets = driver.requests(self.trajectories, params, base, self.group_id)
+        params = dataclasses.replace(params, max_tokens=self._max_tokens)
+        if self._trajectories is not None:
+            reqs, self._targets = driver.requests(self._trajectories, params, base, self._group_id)
             return reqs
-        return [GenerationRequest(self.prompt_ids, dataclasses.replace(params, seed=base), self.group_id)]
+        return [GenerationRequest(self._prompt_ids, dataclasses.replace(params, seed=base), self._group_id)]
 
     def _generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
         """The completions of `_requests`' call (its share: `seconds`) join the group: the
         group's generate time, and its episodes' own time."""
-        self.timings["generate_s"] = self.timings.get("generate_s", 0.0) + seconds
-        if self.trajectories is not None:
-            driver.spent([t for ts in self.targets for t in ts], seconds)
-            driver.add_actions(self.targets, got)
-            for ts, cs in zip(self.targets, got):
+        self._timings["generate_s"] = self._timings.get("generate_s", 0.0) + seconds
+        if self._trajectories is not None:
+            driver.spent([t for ts in self._targets for t in ts], seconds)
+            driver.add_actions(self._targets, got)
+            for ts, cs in zip(self._targets, got):
                 for t, c in zip(ts, cs):
                     if c.fault:  # the engine's answer was refused (engine/validate.py): masked alone
                         driver.mask(t, "engine")
-                        self._mask_sample(next(k for k, u in enumerate(self.trajectories) if u is t), _lie(c))
-                        self.counters["engine_faults"] += 1
+                        self._mask_sample(next(k for k, u in enumerate(self._trajectories) if u is t), _lie(c))
+                        self._counters["engine_faults"] += 1
         else:
-            self.completions = list(got[0])
-            for i, c in enumerate(self.completions):
+            self._completions = list(got[0])
+            for i, c in enumerate(self._completions):
                 if c.fault:
                     self._mask_sample(i, _lie(c))
-                    self.counters["engine_faults"] += 1
+                    self._counters["engine_faults"] += 1
+        self._after_turn()
 
     def _no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
         """The trajectories `ts`, whose request the engine can never take, end: as truncated
         after turns of their own, masked (kind "prompt") before any."""
-        assert self.trajectories is not None
+        assert self._trajectories is not None
         for t in ts:
             if t.turns:
                 driver.out_of_context(t)
                 continue
-            i = next(k for k, u in enumerate(self.trajectories) if u is t)
+            i = next(k for k, u in enumerate(self._trajectories) if u is t)
             driver.mask(t, "prompt")
             self._mask_sample(i, capture(exc))
 
     # ---- per-sample outcomes ----------------------------------------------------
     def _fault(self, i: int, rec: ErrorRecord) -> None:
         """Sample `i`'s output made host code raise: scored 0 with the reason, counted."""
-        self.decided[i] = verdict_of(rec)
-        self.counters["model_faults"] += 1
+        self._decided[i] = verdict_of(rec)
+        self._counters["model_faults"] += 1
 
     def _mask_sample(self, i: int, rec: ErrorRecord) -> None:
         """Sample `i` failed for the infra past its retries: masked alone, counted."""
-        self.decided[i] = verdict_of(rec)
-        self.counters["masked_rollouts"] += 1
+        self._decided[i] = verdict_of(rec)
+        self._counters["masked_rollouts"] += 1
 
-    def retry_samples(self, failed: Mapping[int, ErrorRecord]) -> float | None:
+    def _retry_samples(self, failed: Mapping[int, ErrorRecord]) -> float | None:
         """After the infra failures `failed` (sample -> record) of some samples' execute or
         environment steps: the backoff before the stage runs again for them (the others keep
         what they have); or None, each of them masked alone, and the group goes on."""
         delay = self._take_retry("execute", next(iter(failed.values())))
         if delay is not None:
             for i in failed:
-                self.retried[i] = self.retried.get(i, 0) + 1
+                self._retried[i] = self._retried.get(i, 0) + 1
             return delay
         for i, rec in failed.items():
             self._mask_sample(i, rec)
-            if self.trajectories is not None:
-                driver.mask(self.trajectories[i], rec.kind)
-        self.counters["masked_execute"] += len(failed)
-        self.sandbox_failed = True  # a failing sandbox degrades its domain (recorded once the group verified)
+            if self._trajectories is not None:
+                driver.mask(self._trajectories[i], rec.kind)
+        self._counters["masked_execute"] += len(failed)
+        self._sandbox_failed = True  # a failing sandbox degrades its domain (recorded once the group verified)
         return None
 
-    def stepping(self) -> list[tuple[int, Trajectory]]:
+    def _stepping(self) -> list[tuple[int, Trajectory]]:
         """The trajectories whose last action the environment has not answered yet."""
-        assert self.trajectories is not None
-        return [(i, t) for i, t in enumerate(self.trajectories) if t.awaiting_step]
+        assert self._trajectories is not None
+        return [(i, t) for i, t in enumerate(self._trajectories) if t.awaiting_step]
 
-    def stepped(self, i: int, t: Trajectory) -> None:
+    def _stepped(self, i: int, t: Trajectory) -> None:
         """After trajectory `i`'s step (`driver.step`, and the observation encoded): a model
         fault it ended on decides it (0); an observation that could not be encoded masks it."""
-        if t.fault is not None and i not in self.decided:
+        if t.fault is not None and i not in self._decided:
             self._fault(i, ErrorRecord("model", t.fault))
-        elif t.error is not None and i not in self.decided:
-            self.decided[i] = Verdict(None, t.error, "the observation could not be encoded")
-            self.counters["masked_rollouts"] += 1
+        elif t.error is not None and i not in self._decided:
+            self._decided[i] = Verdict(None, t.error, "the observation could not be encoded")
+            self._counters["masked_rollouts"] += 1
 
     @property
-    def playing(self) -> bool:
+    def _playing(self) -> bool:
         """Some episode of the group is not done (it generates again)."""
-        return any(not t.done for t in self.trajectories or ())
+        return any(not t.done for t in self._trajectories or ())
 
-    def to_execute(self) -> tuple[list[int], list[Completion]]:
+    def _to_execute(self) -> tuple[list[int], list[Completion]]:
         """The samples whose execute step runs now (not run yet, not decided: a retry runs only
         those) and what each runs: its completion, or its episode's last action."""
-        if self.trajectories is None:
-            comps = self.completions
+        if self._trajectories is None:
+            comps = self._completions
         else:
-            comps = [driver.exec_action(t) for t in self.trajectories]
-        if not self.execs:
-            self.execs = [_PENDING] * len(comps)
-        todo = [i for i, e in enumerate(self.execs) if e is _PENDING and i not in self.decided]
+            comps = [driver.exec_action(t) for t in self._trajectories]
+        if not self._execs:
+            self._execs = [_PENDING] * len(comps)
+        todo = [i for i, e in enumerate(self._execs) if e is _PENDING and i not in self._decided]
         return todo, [comps[i] for i in todo]
 
-    def executed(self, todo: Sequence[int], got: Sequence[Any]) -> dict[int, ErrorRecord]:
+    def _executed(self, todo: Sequence[int], got: Sequence[Any]) -> dict[int, ErrorRecord]:
         """The execute results `got` of the samples `todo` (a result, or the ErrorRecord of a
         failure, `workers.execute_one`): a run the model's output broke decides its sample
         (scored 0); returns the infra failures, sample -> record."""
         failed: dict[int, ErrorRecord] = {}
         for i, res in zip(todo, got):
             if not isinstance(res, ErrorRecord):
-                self.execs[i] = res
+                self._execs[i] = res
             elif res.kind == "model":
-                self.execs[i] = None
+                self._execs[i] = None
                 self._fault(i, res)
             else:
                 failed[i] = res
         return failed
 
     # ---- verification -----------------------------------------------------------
-    def to_verify(self) -> tuple[list[int], list[Episode]]:
+    def _to_verify(self) -> tuple[list[int], list[Episode]]:
         """The samples verified now (not decided, not verified yet) and their episodes; the
         group's environments are closed first (their sandbox sessions free their slots)."""
-        self.settle()
+        self._settle()
         assert self.episodes is not None
-        todo = [i for i in range(len(self.episodes)) if i not in self.decided and i not in self.verified]
+        todo = [i for i in range(len(self.episodes)) if i not in self._decided and i not in self._verified]
         return todo, [self.episodes[i] for i in todo]
 
-    def settle(self) -> list[Episode]:
+    def _settle(self) -> list[Episode]:
         """The group's episodes, what the verifier scores (built once, after generation and the
         execute step), its environments closed."""
         if self.episodes is None:
-            self.episodes = self._episodes()
+            self.episodes = self._make_episodes()
         self._close()
         return self.episodes
 
-    def verified_some(self, todo: Sequence[int], got: Sequence[Verdict]) -> float | None:
+    def _verified_some(self, todo: Sequence[int], got: Sequence[Verdict]) -> float | None:
         """After verifying the samples `todo`: the backoff before verification runs again for
         those whose verdict is a transient infra error (a VerifierError, an OSError, a timeout:
         not config, task, prompt or model), with `take_retry`; None when none is, or the retries
         are spent (the masked verdicts stand): the group is then verified."""
-        self.verified.update(zip(todo, got))
-        v = self.verified
+        self._verified.update(zip(todo, got))
+        v = self._verified
         again = [i for i in todo if v[i].score is None and v[i].error_kind not in (None, *NOT_RETRIED)]
         if not again:
             return None
-        delay = self._take_retry("verify", ErrorRecord("verifier", self.verified[again[0]].error or ""))
+        delay = self._take_retry("verify", ErrorRecord("verifier", self._verified[again[0]].error or ""))
         if delay is None:
             return None
         for i in again:
-            del self.verified[i]
-            self.retried[i] = self.retried.get(i, 0) + 1
+            del self._verified[i]
+            self._retried[i] = self._retried.get(i, 0) + 1
         return delay
 
-    def verdicts(self) -> list[Verdict]:
+    def _verdicts(self) -> list[Verdict]:
         """Every sample's verdict, once verified (decided ones as decided), model faults counted."""
-        final = list(self.verified.values())
-        self.counters["model_faults"] += sum(v.fault is not None for v in final)
-        both = {**self.decided, **self.verified}
+        final = list(self._verified.values())
+        self._counters["model_faults"] += sum(v.fault is not None for v in final)
+        both = {**self._decided, **self._verified}
         return [both[i] for i in range(len(self.episodes or ()))]
 
-    def infra_failed(self) -> bool | None:
+    def _infra_failed(self) -> bool | None:
         """Whether the group, once verified, counts as an infra failure of its domain (its
         sandbox past retries, or its verifier); None: nothing was verified or ran (no record)."""
-        final = list(self.verified.values())
-        if not final and not self.sandbox_failed:
+        final = list(self._verified.values())
+        if not final and not self._sandbox_failed:
             return None
-        return self.sandbox_failed or any(v.error_kind == "verifier" for v in final)
+        return self._sandbox_failed or any(v.error_kind == "verifier" for v in final)
 
-    def _episodes(self) -> list[Episode]:
-        if self.trajectories is not None:
-            if self.executes and self.execs:
-                return [driver.episode(t, _ran(e)) for t, e in zip(self.trajectories, self.execs)]
-            return [driver.episode(t) for t in self.trajectories]
-        execs = [_ran(e) for e in self.execs] or [None] * len(self.completions)
-        return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(self.completions, execs)]
+    def _make_episodes(self) -> list[Episode]:
+        if self._trajectories is not None:
+            if self._executes and self._execs:
+                return [driver.episode(t, _ran(e)) for t, e in zip(self._trajectories, self._execs)]
+            return [driver.episode(t) for t in self._trajectories]
+        execs = [_ran(e) for e in self._execs] or [None] * len(self._completions)
+        return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(self._completions, execs)]
 
     # ---- endings ------------------------------------------------------------------
     def _mask_rest(self, rec: ErrorRecord, stage: str = "") -> list[Verdict]:
         """A stage call failed for the whole group past its retries: every sample not already
         decided is masked with `rec` (a sample scored for a model fault keeps its score)."""
-        n = len(self.completions) or (len(self.trajectories) if self.trajectories else self.n)
-        masked = [i for i in range(n) if i not in self.decided]
-        self.counters["masked_rollouts"] += len(masked)
+        n = len(self._completions) or (len(self._trajectories) if self._trajectories else self._n)
+        masked = [i for i in range(n) if i not in self._decided]
+        self._counters["masked_rollouts"] += len(masked)
         if stage == "execute":
-            self.counters["masked_execute"] += len(masked)
+            self._counters["masked_execute"] += len(masked)
         verdict = Verdict(None, rec.kind, rec.message)
-        return [self.decided.get(i, verdict) for i in range(n)]
+        return [self._decided.get(i, verdict) for i in range(n)]
 
-    def finish(self, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> GroupResult:
+    def _finish(self, verdicts: Sequence[Verdict], episodes: Sequence[Episode] = ()) -> GroupResult:
         """The finished group: one Rollout per verdict (a group masked before generation gets `n`
         empty completions with finish reason "error"), the group's timings on each, and each
         sample's exec result and turns from `episodes` (none: a group masked by a stage call); counted."""
         self._close()
         self.final = list(verdicts)
-        self.counters["masked_groups"] += all(v.score is None for v in verdicts)
-        self.counters["finished"] += 1
-        for t in self.trajectories or ():
-            self.counters["prompt_computed"] += t.prompt_computed
-            self.counters["prompt_new"] += t.prompt_new
-        if self.trajectories:
-            comps = [t.completion() for t in self.trajectories]
+        self._counters["masked_groups"] += all(v.score is None for v in verdicts)
+        self._counters["finished"] += 1
+        for t in self._trajectories or ():
+            self._counters["prompt_computed"] += t.prompt_computed
+            self._counters["prompt_new"] += t.prompt_new
+        if self._trajectories:
+            comps = [t.completion() for t in self._trajectories]
         else:
-            comps = self.completions or [Completion(self.prompt_ids, (), "", (), "error", 0) for _ in range(self.n)]
-        self.timings["total_s"] = time.perf_counter() - self.admitted_at
-        staged = sum(self.timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s"))
-        self.timings["queue_s"] = max(0.0, self.timings["total_s"] - staged)
+            comps = self._completions or [Completion(self._prompt_ids, (), "", (), "error", 0) for _ in range(self._n)]
+        self._timings["total_s"] = time.perf_counter() - self._admitted_at
+        staged = sum(self._timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s"))
+        self._timings["queue_s"] = max(0.0, self._timings["total_s"] - staged)
         rollouts = tuple(
             self._rollout(i, c, v, episodes[i] if episodes else None) for i, (c, v) in enumerate(zip(comps, verdicts))
         )
         version = min((c.model_version for c in comps), default=0)
-        self.result = GroupResult(self.seq, self.tier, rollouts, version)
+        self.result = GroupResult(self._seq, self._tier, rollouts, version)
         return self.result
 
     def _rollout(self, i: int, c: Completion, v: Verdict, ep: Episode | None) -> Rollout:
-        timings = dict(self.timings)
+        timings = dict(self._timings)
         first, mask = "", None
-        if self.trajectories:
-            t = self.trajectories[i]
+        if self._trajectories:
+            t = self._trajectories[i]
             timings["turns"] = float(len(t.turns))
             timings["episode_s"] = round(t.own_s, 6)
             timings["prompt_computed"], timings["prompt_new"] = float(t.prompt_computed), float(t.prompt_new)
@@ -473,7 +687,7 @@ class GroupRun:
         return Rollout(
             self.task,
             c,
-            self.group_id,
+            self._group_id,
             v.score,
             v.error_kind,
             v.error,
@@ -482,18 +696,18 @@ class GroupRun:
             ep.exec_result if ep else None,
             ep.turns if ep else (),
             first,
-            self.group_retries + self.retried.get(i, 0),
-            id=rollout_id(self.group_id, i),
+            self._group_retries + self._retried.get(i, 0),
+            id=rollout_id(self._group_id, i),
         )
 
     def _close(self) -> None:
         """Close every environment of the group once (a terminal env holds a sandbox
         session, and so a pool slot, until closed)."""
-        if self.trajectories is not None and not self.closed:
-            self.closed = True
-            driver.close_envs(t.env for t in self.trajectories)
-            if self.end_sessions is not None:
-                self.end_sessions(driver.session_keys(self.group_id, len(self.trajectories)))
+        if self._trajectories is not None and not self._closed:
+            self._closed = True
+            driver.close_envs(t.env for t in self._trajectories)
+            if self._end_sessions is not None:
+                self._end_sessions(driver.session_keys(self._group_id, len(self._trajectories)))
 
 
 EngineCall = tuple[int, list[GenerationRequest]]
@@ -512,7 +726,7 @@ def generation(
     PromptTooLong down to its single requests (`_no_room`); a timeout, or what else fails a
     group, is its `fail("generate", ...)`: retried after `backoff`, then masked."""
     for it in batch:
-        it.backoff = None
+        it._backoff = None
     requests = [it._requests(params, seed(it)) for it in batch]
     flat = [r for rs in requests for r in rs]
     got, took = yield len(batch), flat
@@ -525,27 +739,34 @@ def generation(
             cursor += len(rs)
     elif isinstance(got, TimeoutError):
         for it in batch:
-            it.fail("generate", GenerationError(str(got)))
+            it._fail("generate", GenerationError(str(got)))
     elif len(batch) > 1:
-        batch[0].counters["generate_splits"] += 1
+        batch[0]._counters["generate_splits"] += 1
         half = len(batch) // 2
         yield from generation(batch[:half], params, seed)
         yield from generation(batch[half:], params, seed)
-    elif isinstance(got, PromptTooLong) and batch[0].multi_turn:
+    elif isinstance(got, PromptTooLong) and batch[0]._multi_turn:
         yield from _one_by_one(batch[0], requests[0])
     else:
-        batch[0].fail("generate", got)
+        batch[0]._fail("generate", got)
 
 
 def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[EngineCall, Outcome, None]:
     """A multi-turn group's PromptTooLong: its requests one by one; an episode that can never fit
     ends (`_no_room`), its mates play on; another failure fails the group's call."""
-    for req, ts in zip(requests, list(item.targets)):
+    for req, ts in zip(requests, list(item._targets)):
         got, _ = yield 1, [req]
         if isinstance(got, PromptTooLong):
             item._no_room(ts, got)
         elif isinstance(got, BaseException):
-            item.fail("generate", got)
+            item._fail("generate", got)
             return
         else:
             driver.add_actions([ts], got)
+    item._after_turn()
+
+
+def group_seed(run: GroupRun, seed: int | None) -> int | None:
+    """The base seed of `run`'s requests in a run seeded `seed`: (seed, group id, generation
+    attempt), the same whatever the batching, the worker or the runtime."""
+    return None if seed is None else stable_hash("group", seed, run._group_id, run._attempts.get("generate", 0))

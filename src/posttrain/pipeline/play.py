@@ -3,15 +3,17 @@ training's direct path (`Play.direct`, from pipeline/step.py), the evaluator (ev
 and episode play (`play`).
 
 Invariant: every group runs through the one lifecycle (`GroupRun`) and the one generation
-helper (`group.generation`), as in the staged pipeline: the same admission, budgets, splits
-of a failed engine call, retries (backoffs slept) and masking by cause. Only concurrency and
-admission are its own. With a `Scheduler` (the direct path) groups are admitted by waves of at
-most `batch_size`, in the staged pipeline's order (priority, long tier first, a free slot and
-room in the domain's quota), each wave verified and finished before the next; without one
-every task is one wave. Single-turn groups generate by token budget (shortest first, at most
-`batch_size` a call); multi-turn groups play their episodes one group at a time. Under the
-direct path's conditions (`EmbeddedWorkers.inline`) its groups, seeds and results equal the
-staged pipeline's (but generate_splits: the pipeline batches retried groups together again).
+helper (`group.generation`), as in the staged pipeline: it runs the calls the group asks for
+(`GroupRun.next_call`) inline and feeds back what came of them (a Wait is slept), so
+admission, budgets, splits of a failed engine call, retries and masking by cause are the
+group's. Only concurrency and admission are its own. With a `Scheduler` (the direct path)
+groups are admitted by waves of at most `batch_size`, in the staged pipeline's order (priority,
+long tier first, a free slot and room in the domain's quota), each wave verified and finished
+before the next; without one every task is one wave. Single-turn groups generate by token
+budget (shortest first, at most `batch_size` a call); multi-turn groups play their episodes one
+group at a time. Under the direct path's conditions (`EmbeddedWorkers.inline`) its groups,
+seeds and results equal the staged pipeline's (but generate_splits: the pipeline batches
+retried groups together again).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,27 +30,28 @@ from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
 from posttrain.engine.base import Engine
 from posttrain.envs import driver
-from posttrain.errors import ErrorRecord, capture
-from posttrain.pipeline.group import COUNTERS, GroupResult, GroupRun, RetryPolicy, generation
+from posttrain.pipeline.group import (
+    COUNTERS,
+    Call,
+    Done,
+    Encode,
+    Execute,
+    Generate,
+    GroupResult,
+    GroupRun,
+    Open,
+    Played,
+    RetryPolicy,
+    Step,
+    Verify,
+    Wait,
+    generation,
+    group_seed,
+)
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.scheduler import Scheduler
 from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, execute_one, verify_group
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, Task
-
-
-@dataclass(frozen=True)
-class Played:
-    """One episode run by `play`: the token ledger (with the loss mask), what the
-    verifier would score, how many turns it used, the infra error kind that
-    masked it (None when it ran to its end) and the model fault that ended it
-    (scored 0 with that reason; None when there was none)."""
-
-    completion: Completion
-    episode: Episode
-    turns: int
-    error: str | None = None
-    loss_mask: tuple[int, ...] = ()
-    fault: str | None = None
 
 
 class Calls(Protocol):
@@ -138,6 +142,8 @@ class Play:
         self._next_seq = 0
         self._tokens = itertools.count(1)
         self._episode_seeds: dict[int, int | None] = {}
+        self._seed_of: weakref.WeakKeyDictionary[GroupRun, int | None] = weakref.WeakKeyDictionary()
+        """An episode group's seed without a run seed."""
 
     @classmethod
     def direct(cls, cfg: PipelineConfig, workers: Calls, params: SamplingParams, sched: Scheduler, **kw: Any) -> Play:
@@ -188,37 +194,44 @@ class Play:
             wave = self._wave(first, tasks, encoded, waiting)
             if len(waiting) == before:  # nothing in flight here, so only a scheduler shared elsewhere blocks
                 raise RuntimeError("inline scheduler: no pending task is admissible (in-flight groups held elsewhere)")
-            live = [r for r in wave if r.result is None]
+            live = [r for _, r in wave if r.result is None]
             self._play(live)
-            for r in sorted(live, key=lambda r: r.max_tokens):  # the order the engine calls ran in
+            for r in sorted(live, key=lambda r: self._tokens_of(r.task)):  # the order the engine calls ran in
                 if verify and r.result is None:
-                    self._verify(r)
+                    done = self._drive(r)
+                    assert isinstance(done, Done)
+                    if sched is not None:
+                        sched.record_verification(r.task.domain, bool(done.health))
                 if sched is not None:
                     sched.finish(r.task.domain)
-            runs.update((r.seq - first, r) for r in wave)
+            runs.update((seq - first, r) for seq, r in wave)
         return [runs.get(i) for i in range(len(tasks))]
+
+    def _tokens_of(self, task: Task) -> int:
+        budget = self.budgets.get(task.domain)
+        return budget.tokens if budget is not None else self.params.max_tokens
 
     def _wave(
         self, first: int, tasks: Sequence[Task], encoded: Mapping[int, Any], waiting: list[int]
-    ) -> list[GroupRun]:
+    ) -> list[tuple[int, GroupRun]]:
         """Admit the next wave, taking its tasks out of `waiting`: without a scheduler, all of
         them; with one, tasks of paused domains are skipped and counted, then, in the staged
         pipeline's admission order (`Scheduler.next_admissible`), up to `batch_size` groups."""
         sched = self.scheduler
         if sched is None:
-            everything = [self._admit(first + i, tasks[i], encoded.get(i)) for i in waiting]
+            everything = [(first + i, self._admit(first + i, tasks[i], encoded.get(i))) for i in waiting]
             waiting.clear()
             return everything
         for i in [i for i in waiting if sched.is_paused(tasks[i].domain)]:
             self.counters["paused_skipped"] += 1
             waiting.remove(i)
-        wave: list[GroupRun] = []
-        while waiting and sum(r.result is None for r in wave) < self.batch_size:
+        wave: list[tuple[int, GroupRun]] = []
+        while waiting and sum(r.result is None for _, r in wave) < self.batch_size:
             k = sched.next_admissible([tasks[i] for i in waiting])
             if k is None:
                 break
             i = waiting.pop(k)
-            wave.append(run := self._admit(first + i, tasks[i], encoded.get(i)))
+            wave.append((first + i, run := self._admit(first + i, tasks[i], encoded.get(i))))
             if run.result is not None:  # it could not start: masked, its slot free again
                 sched.finish(run.task.domain)
         return wave
@@ -229,48 +242,42 @@ class Play:
         tier = self.scheduler.admit(task.domain) if self.scheduler is not None else None
         gid = task.id if self.prefix is None else f"{self.prefix}{seq}"
         budget = self.budgets.get(task.domain)
-        run = GroupRun.admit(task, gid, tier, seq, self.params, self.policy, self.counters, budget)
-        run.end_sessions = self.calls.end_sessions
-        try:
-            if isinstance(ids, BaseException):
-                raise ids
-            if not run.episodic:
-                run.prompt_ids = ids
+        run = GroupRun.admit(
+            task, gid, tier, seq, self.params, self.policy, self.counters, budget, self.calls.end_sessions
+        )
+        if seq in self._episode_seeds:
+            self._seed_of[run] = self._episode_seeds.pop(seq)
+        while isinstance(call := run.next_call(), Open | Encode):
+            if isinstance(call, Open):
+                run.feed(_attempt(call.envs))
+            elif ids is not None:
+                run.feed(ids if isinstance(ids, BaseException) else [ids])
             else:
-                envs = run.open_envs()
-                try:
-                    encoded = {o: self.calls.encode_now(driver.first_messages(task, o)) for _, o in envs}
-                except BaseException:
-                    driver.close_envs(e for e, _ in envs)
-                    raise
-                run.start(envs, encoded)
-        except Exception as exc:
-            run.fail("admit", exc)
+                run.feed(_attempt(lambda: [self.calls.encode_now(p) for p in call.prompts]))
         return run
 
-    # ---- the stages, in the caller's thread ---------------------------------------------
+    # ---- the calls, in the caller's thread ----------------------------------------------
     def _play(self, wave: list[GroupRun]) -> None:
         """The wave's single-turn groups generated (by token budget, shortest first, at most
         `batch_size` a call), its episode groups played one group at a time, then the execute
         steps of the single-turn groups."""
-        single = [r for r in wave if r.result is None and not r.episodic]
+        single = [r for r in wave if r.result is None and not _episodic(r.task)]
         by_tokens: dict[int, list[GroupRun]] = {}
         for r in single:
-            by_tokens.setdefault(r.max_tokens, []).append(r)
+            by_tokens.setdefault(self._tokens_of(r.task), []).append(r)
         for _, batch in sorted(by_tokens.items()):
             for start in range(0, len(batch), self.batch_size):
                 self._generate(batch[start : start + self.batch_size])
         for r in wave:
-            if r.episodic:
-                self._episodes(r)
+            if r.result is None and _episodic(r.task):
+                self._drive(r, Verify)  # its environments close before the next group's turn
         for r in single:
-            if r.result is None and r.executes:
-                self._retrying(r, self._run_execute)
+            self._drive(r, Verify)
 
     def _seed(self, run: GroupRun) -> int | None:
         if self.seed is not None:
-            return run.group_seed(self.seed)
-        return self._episode_seeds.get(run.seq) if run.episodic else self.params.seed
+            return group_seed(run, self.seed)
+        return self._seed_of.get(run, self.params.seed)
 
     def _generate(self, batch: list[GroupRun]) -> None:
         """`batch` generated through `group.generation`; the groups whose call is retried are
@@ -283,10 +290,10 @@ class Play:
                     call = plan.send(self._engine_call(*call))
             except StopIteration:
                 pass
-            again = [r for r in batch if r.result is None and r.backoff is not None]
-            if again:
-                self.sleep(max(r.backoff or 0.0 for r in again))
-            batch = again
+            waits = [(r, c.seconds) for r in batch if isinstance(c := r.next_call(), Wait)]
+            if waits:
+                self.sleep(max(s for _, s in waits))
+            batch = [r for r, _ in waits]
 
     def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> tuple[Any, float]:
         meter, token = self.meters["generate"], next(self._tokens)
@@ -298,57 +305,47 @@ class Play:
             return exc, 0.0
         return outs, meter.end(token, groups)
 
-    def _episodes(self, run: GroupRun) -> None:
-        """Play the group's episodes to their end: generate each turn, step the environments
-        (an infra failure retried, then masked alone), encode the observations; then its
-        execute step (a domain that executes), its environments closed."""
-        while run.result is None and run.playing:
-            self._generate([run])
-            if run.result is None:
-                self._retrying(run, self._step)
-        if run.result is None and run.executes:
-            self._retrying(run, self._run_execute)
-        if run.result is None:
-            run.settle()  # its environments close before the next group's turn
+    def _drive(self, run: GroupRun, until: type | None = None) -> Call:
+        """Run the group's calls inline until it asks for `until` (None: until it is done); a
+        Wait is slept, a turn generated alone."""
+        while not isinstance(call := run.next_call(), Done) and (until is None or not isinstance(call, until)):
+            if isinstance(call, Wait):
+                self.sleep(call.seconds)
+            elif isinstance(call, Generate):
+                self._generate([run])
+            elif isinstance(call, Step):
+                run.feed(self._step(call))
+            elif isinstance(call, Execute):
+                comps, run_one = call.completions, self.execute
+                run.feed([execute_one(run_one, call.task, c) if call.declared else None for c in comps])
+            elif isinstance(call, Verify):
+                meter, token = self.meters["verify"], next(self._tokens)
+                meter.begin(token)
+                got = _attempt(lambda: self.calls.verify_now(call.task, call.episodes) if call.episodes else ())
+                run.feed(got, meter.end(token, error=isinstance(got, BaseException)))
+            else:
+                raise TypeError(f"inline scheduler: unexpected call {call!r}")
+        return call
 
-    def _retrying(self, run: GroupRun, stage: Callable[[GroupRun], dict[int, ErrorRecord]]) -> None:
-        """`stage` (stepping or the execute step), run again for the samples that failed for the
-        infra while the policy retries them (`GroupRun.retry_samples`, which masks them after)."""
-        while (failed := stage(run)) and (delay := run.retry_samples(failed)) is not None:
-            self.sleep(delay)
-
-    def _step(self, run: GroupRun) -> dict[int, ErrorRecord]:
-        failed: dict[int, ErrorRecord] = {}
-        for i, t in run.stepping():
+    def _step(self, call: Step) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for _, t in call.pending:
             try:
                 driver.step(t)  # raises only infra errors; a model fault ends t inside
             except Exception as exc:
-                failed[i] = capture(exc, "sandbox")
+                out.append(exc)
                 continue
             driver.observe(t, self.calls.encode_now)
-            run.stepped(i, t)
-        return failed
+            out.append(None)
+        return out
 
-    def _run_execute(self, run: GroupRun) -> dict[int, ErrorRecord]:
-        todo, comps = run.to_execute()
-        return run.executed(todo, [execute_one(self.execute, run.task, c) for c in comps])
 
-    def _verify(self, run: GroupRun) -> GroupResult:
-        """Verify the group (transient verifier failures retried after the backoff) and finish it."""
-        run.timings.setdefault("execute_s", 0.0)
-        meter, token = self.meters["verify"], next(self._tokens)
-        meter.begin(token)
-        while True:
-            todo, episodes = run.to_verify()
-            delay = run.verified_some(todo, self.calls.verify_now(run.task, episodes) if episodes else ())
-            if delay is None:
-                break
-            self.sleep(delay)
-        run.timings["verify_s"] = meter.end(token)
-        verdicts = run.verdicts()
-        if self.scheduler is not None:
-            self.scheduler.record_verification(run.task.domain, bool(run.infra_failed()))
-        return run.finish(verdicts, run.episodes or ())
+def _attempt(fn: Callable[[], Any]) -> Any:
+    """What `fn()` returns, or the exception it raised (what a group is fed)."""
+    try:
+        return fn()
+    except Exception as exc:
+        return exc
 
 
 def _episodic(task: Task) -> bool:
@@ -358,22 +355,8 @@ def _episodic(task: Task) -> bool:
 
 
 def played(run: GroupRun) -> list[Played]:
-    """The group's episodes as `play` returns them (a group masked by a stage: no episodes)."""
-    episodes = run.settle() if run.result is None else run.episodes or ()
-    out = []
-    for i in range(run.n):
-        v = run.decided.get(i) or (run.final[i] if run.final else None)
-        error = v.error_kind if v is not None and v.score is None else None
-        fault = v.fault if v is not None else None
-        if run.trajectories:
-            t = run.trajectories[i]
-            c, turns, mask = t.completion(), len(t.turns), tuple(t.mask)
-        else:
-            c = run.completions[i] if run.completions else Completion(run.prompt_ids, (), "", (), "error", 0)
-            turns, mask = 1, (1,) * len(c.token_ids)
-        ep = episodes[i] if episodes else Episode(c.text, finish_reason=c.finish_reason)
-        out.append(Played(c, ep, turns, error, mask, fault))
-    return out
+    """The group's episodes as `play` returns them (`GroupRun.played`)."""
+    return run.played()
 
 
 def play(
