@@ -31,7 +31,7 @@ from posttrain.configs.pipeline import PipelineConfig, Runtime
 from posttrain.configs.rollout import RolloutConfig
 from posttrain.configs.run import RunConfig
 from posttrain.configs.sandbox import SandboxSection
-from posttrain.configs.section import Section, did_you_mean
+from posttrain.configs.section import Section, did_you_mean, fields_at
 from posttrain.configs.sft import SftSection
 from posttrain.configs.tasks import TasksConfig
 from posttrain.configs.trainer import TrainerConfig
@@ -194,13 +194,7 @@ def _describe(err: dict[str, Any]) -> str:
 
 
 def _allowed_fields(model: type[BaseModel], loc: tuple) -> str:
-    node: Any = model
-    for part in loc[:-1]:
-        field = getattr(node, "model_fields", {}).get(part)
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
-            return ""
-        node = field.annotation
-    names = sorted(getattr(node, "model_fields", {}))
+    names = fields_at(model, loc)
     return did_you_mean(str(loc[-1]), names) + f"; allowed: {', '.join(names)}" if names else ""
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from posttrain.configs.section import did_you_mean
+from posttrain.configs.section import did_you_mean, fields_at
 from posttrain.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -182,10 +182,4 @@ def load_cluster(path: str | Path) -> ClusterConfig:
 
 def _near(model: type[BaseModel], loc: tuple) -> str:
     """A did-you-mean for the unknown field at `loc` among its section's fields."""
-    node: Any = model
-    for part in loc[:-1]:
-        field = getattr(node, "model_fields", {}).get(part)
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
-            return ""
-        node = field.annotation
-    return did_you_mean(str(loc[-1]), getattr(node, "model_fields", {}))
+    return did_you_mean(str(loc[-1]), fields_at(model, loc))
