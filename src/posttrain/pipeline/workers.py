@@ -218,18 +218,6 @@ class Workers(Protocol):
     def close(self) -> None: ...
 
 
-class InlineWorkers(Workers, Protocol):
-    """Workers that also run in the caller's thread: what the direct path (pipeline/play.py)
-    takes (`EmbeddedWorkers`; a runtime whose `inline` is always False need not have these)."""
-
-    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
-        """Each prompt's ids, or the error encoding it raised."""
-
-    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
-
-    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
-
-
 class EmbeddedWorkers:
     """In-process workers: the engine in its own thread (one call at a time), the
     executor and the verifiers in thread pools sized for their stages (asyncio's
