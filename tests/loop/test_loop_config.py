@@ -30,7 +30,7 @@ def test_override_parses_yaml_scalars():
 @pytest.mark.parametrize(
     "override, needle",
     [
-        ("trainer.lrr=1", "trainer.lrr: unknown field; allowed: "),
+        ("trainer.lrr=1", "trainer.lrr: unknown field; did you mean lr?; allowed: "),
         ("rollout.group_size=1", "rollout.group_size"),
         ("trainer.loss.type=ppo_magic", "trainer.loss"),
         ("run.steps=-3", "run.steps"),
