@@ -186,6 +186,10 @@ class CallableVerifier:
             try:
                 return future.result(timeout=self.params.timeout_s)  # type: ignore[no-any-return]
             except cf.TimeoutError:
+                with self._lock:
+                    killed_by_another = self._kills != kills
+                if killed_by_another:  # its workers died under another call's timeout before word reached it
+                    continue
                 self.close()
                 raise VerifierError(f"{self.params.path} ran past its {self.params.timeout_s}s time limit") from None
             except (cf.process.BrokenProcessPool, cf.CancelledError) as exc:
