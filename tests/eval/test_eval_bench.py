@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from posttrain.errors import ModelLoadError, TaskError
+from posttrain.configs import TasksConfig
+from posttrain.domains import registry
 from posttrain.evaluate import bench
+from posttrain.tasks.pool import TaskPool
 from posttrain.types import Episode, Message, Task, TaskMeta
 
 META = TaskMeta(split="eval", difficulty=1, source="test", taskset_version="t")
@@ -103,7 +106,16 @@ def toy(tmp_path, monkeypatch):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(Toy, "where", path, raising=False)
     monkeypatch.setitem(bench.BENCHMARKS, "toybench", Toy)
-    return path
+    yield path
+    registry._REGISTRY.pop("toybench", None)  # the registration outlives the monkeypatched data path
+
+
+def test_a_pattern_never_draws_a_benchmark_to_train_on(toy):
+    bench.benchmark("toybench")
+    pool = TaskPool(TasksConfig.model_validate({"domains": {"*": {}}}), seed=0)
+    assert "toybench" not in pool.domains and "add" in pool.domains
+    with pytest.raises(TaskError, match="evaluation-only"):
+        TaskPool(TasksConfig.model_validate({"domains": {"toybench": {}}}), seed=0).draw(1)
 
 
 def test_a_benchmark_is_evaluation_only(toy):

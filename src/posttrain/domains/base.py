@@ -137,6 +137,7 @@ class Domain(abc.ABC):
     cost_class: ClassVar[CostClass] = "short"
     budget: ClassVar[Budget] = Budget()
     verifier: Verifier = ExactMatch()
+    trains: ClassVar[bool] = True  # False: evaluation-only (a benchmark); a `tasks.domains` pattern skips it
 
     @abc.abstractmethod
     def sample(self, index: int, split: Split, difficulty: int) -> Task:

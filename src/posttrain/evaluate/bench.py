@@ -125,6 +125,7 @@ class Benchmark(Domain):
 
     category = "benchmark"
     levels = 1
+    trains = False
     distribution: ClassVar[str]
     module: ClassVar[str]
     files: ClassVar[tuple[str, ...]]

@@ -36,8 +36,8 @@ def _is_pattern(name: str) -> bool:
 
 def resolve_specs(config: TasksConfig) -> dict[str, tuple[Domain, DomainSpec]]:
     """The registered domains the config names, each with its spec. A key may
-    be a glob pattern (`rg_*`, `*`) matching registered names; an explicit name
-    overrides a pattern's spec. An unknown name, a pattern matching nothing or a
+    be a glob pattern (`rg_*`, `*`) matching registered names, evaluation-only ones
+    (benchmarks, `Domain.trains` False) left out; an explicit name overrides a pattern's spec. An unknown name, a pattern matching nothing or a
     bad fixed difficulty raises TaskError naming it."""
     from posttrain.byo.build import register_sources
     from posttrain.domains.registry import all_domains, get
@@ -46,7 +46,7 @@ def resolve_specs(config: TasksConfig) -> dict[str, tuple[Domain, DomainSpec]]:
     specs: dict[str, DomainSpec] = {}
     for key, spec in sorted(config.domains.items(), key=lambda kv: not _is_pattern(kv[0])):
         if _is_pattern(key):
-            matched = fnmatch.filter(all_domains(), key)
+            matched = [n for n, d in all_domains().items() if d.trains and fnmatch.fnmatchcase(n, key)]
             if not matched:
                 raise TaskError(f"tasks.domains: pattern {key!r} matches no registered domain")
             specs.update({name: spec for name in matched})
