@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.errors import ModelLoadError, TaskError
 from posttrain.configs import TasksConfig
 from posttrain.domains import registry
+from posttrain.errors import ModelLoadError, TaskError
 from posttrain.evaluate import bench
 from posttrain.tasks.pool import TaskPool
 from posttrain.types import Episode, Message, Task, TaskMeta

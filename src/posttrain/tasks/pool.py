@@ -37,8 +37,9 @@ def _is_pattern(name: str) -> bool:
 def resolve_specs(config: TasksConfig) -> dict[str, tuple[Domain, DomainSpec]]:
     """The registered domains the config names, each with its spec. A key may
     be a glob pattern (`rg_*`, `*`) matching registered names, evaluation-only ones
-    (benchmarks, `Domain.trains` False) left out; an explicit name overrides a pattern's spec. An unknown name, a pattern matching nothing or a
-    bad fixed difficulty raises TaskError naming it."""
+    (benchmarks, `Domain.trains` False) left out; an explicit name overrides a
+    pattern's spec. An unknown name, a pattern matching nothing or a bad fixed
+    difficulty raises TaskError naming it."""
     from posttrain.byo.build import register_sources
     from posttrain.domains.registry import all_domains, get
 
