@@ -97,6 +97,17 @@ def test_an_overlay_draws_a_line_per_run_and_names_both(tmp_path, monkeypatch):
     assert "posttrain runs: lr-low vs lr-high" in page and page.count("<figure") == len(dashboard.CURVES) + 1
 
 
+def test_kl_is_the_trainers_when_its_loss_has_one_else_the_monitors(tmp_path):
+    kl = next(c for c in dashboard.CURVES if c.title == "KL to the reference")
+    run = _run(tmp_path, "beta0", {**FULL, "kl": 0.0})
+    log = MetricsLog(run / "metrics.jsonl")
+    log.write("monitor", 2, kl={})  # a step without a KL measurement
+    log.write("monitor", 3, kl={"add": 0.1, "sort": 0.3})
+    log.close()
+    assert dashboard.series(load_run(run), kl) == [(3, pytest.approx(0.2))]
+    assert dashboard.series(load_run(_run(tmp_path, "beta", FULL)), kl) == [(1, 0.01), (2, 0.01), (3, 0.01)]
+
+
 def test_runs_of_the_same_name_are_told_apart(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
@@ -126,6 +137,9 @@ def test_samples_pick_best_worst_and_the_most_common_failure():
     # all passed: no failure; one item: best only (not also shown as the worst)
     alone = dashboard.pick([_item("a", 1.0, True, "y")])
     assert alone["failure"] is None and alone["worst"] is None and alone["best"]["task"] == "a"
+    # all failed with score 0: no best (a failed item is not shown as one)
+    none = dashboard.pick([_item("a", 0.0, False, "x"), _item("b", 0.0, False, "x")])
+    assert none["best"] is None and none["worst"]["task"] == "a" and none["failure"]["count"] == 2
 
 
 def test_samples_table_per_evaluation_newest_open_and_escaped(tmp_path):

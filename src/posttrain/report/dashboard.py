@@ -48,13 +48,22 @@ class Curve:
     value: Callable[[dict[str, Any]], float | None]
     caption: str
     log_y: bool = False
+    points: Callable[[RunData], Points] | None = None
+    """Where the points come from when not one value per train row (`value` is then unused)."""
 
 
 CURVES = (
     Curve("loss", "loss", _key("loss"), "the policy loss of each step (its value, not a quality measure)"),
     Curve("gradient norm", "grad_norm", _key("grad_norm"), "gradient norm before clipping", log_y=True),
     Curve("learning rate", "lr", _key("lr"), "the optimizer's learning rate after the schedule"),
-    Curve("KL to the reference", "kl", _key("kl"), "the trainer's k3 KL estimate to the reference model"),
+    Curve(
+        "KL to the reference",
+        "kl (train rows), kl (monitor rows)",
+        _key("kl"),
+        "the trainer's k3 KL to the reference where the loss has a KL term; else the monitor's KL to the "
+        "initial model, mean over domains, every monitor.kl.every_steps",
+        points=lambda data: _kl_points(data),
+    ),
     Curve("entropy", "entropy", _key("entropy"), "the policy's token entropy over the trained rows (nats)"),
     Curve("clip fraction", "clip_frac", _key("clip_frac"), "share of loss tokens whose ratio the loss clipped"),
     Curve(
@@ -68,8 +77,19 @@ CURVES = (
 )
 
 
+def _kl_points(data: RunData) -> Points:
+    """The trainer's KL where any is nonzero (its loss has a KL term), else the monitor's."""
+    trainer = [(int(r["step"]), v) for r in data.train if (v := _key("kl")(r)) is not None]
+    if any(v for _, v in trainer):
+        return trainer
+    monitor = [(int(r["step"]), list(r["kl"].values())) for r in data.monitor if isinstance(r.get("kl"), dict)]
+    return [(step, sum(map(float, vs)) / len(vs)) for step, vs in monitor if vs] or trainer
+
+
 def series(data: RunData, curve: Curve) -> Points:
-    """(step, value) of every train row that logged the curve."""
+    """(step, value) of every train row that logged the curve (or the curve's own `points`)."""
+    if curve.points is not None:
+        return curve.points(data)
     out = []
     for row in data.train:
         v = curve.value(row)
@@ -127,9 +147,9 @@ def curve_figure(curve: Curve, runs: Sequence[RunData]) -> str:
     )
 
 
-def dynamics_section(runs: Sequence[RunData]) -> str:
-    """Every curve of `CURVES` over `runs`, one small panel each."""
-    return '<div class="dashgrid">' + "".join(curve_figure(c, runs) for c in CURVES) + "</div>"
+def dynamics_section(runs: Sequence[RunData], first: str = "") -> str:
+    """Every curve of `CURVES` over `runs`, one small panel each (after the figure `first`)."""
+    return f'<div class="dashgrid">{first}' + "".join(curve_figure(c, runs) for c in CURVES) + "</div>"
 
 
 def heldout_overlay(runs: Sequence[RunData]) -> str:
@@ -161,12 +181,17 @@ def _failure(item: dict[str, Any]) -> str:
 
 
 def pick(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The best item (highest score, a passed one first), the worst (lowest score, a failed one
-    first), and the most common failure (the failure shared by most failed items, with how many
-    share it and the first of them); a role with no item is None."""
+    """The best item (highest score, a passed one first; None when none passed or scored above 0),
+    the worst (lowest score, a failed one first; None when every item passed), and the most common
+    failure (the failure shared by most failed items, with how many share it and the first of
+    them; None when none failed)."""
     scored = [i for i in items if isinstance(i.get("value"), int | float)]
     best = max(scored, key=lambda i: (i["value"], bool(i.get("ok"))), default=None)
     worst = min(scored, key=lambda i: (i["value"], bool(i.get("ok"))), default=None)
+    if best is not None and not best.get("ok") and best["value"] <= 0:
+        best = None
+    if worst is not None and worst.get("ok"):
+        worst = None
     failed = [i for i in items if not i.get("ok")]
     common = Counter(_failure(i) for i in failed).most_common(1)
     failure = None
@@ -181,9 +206,9 @@ def pick(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"best": best, "worst": worst if worst is not best else None, "failure": failure}
 
 
-def _cell(item: dict[str, Any] | None, head: str = "") -> str:
+def _cell(item: dict[str, Any] | None, head: str = "", none: str = "none") -> str:
     if item is None:
-        return '<td class="l empty">none</td>'
+        return f'<td class="l empty">{none}</td>'
     value = item.get("value")
     verdict = "infra error" if item.get("ok") is None else ("passed" if item["ok"] else "failed")
     score = f"{value:.2f}" if isinstance(value, int | float) else "-"
@@ -204,7 +229,8 @@ def _eval_rows(evaluation: dict[str, Any]) -> str:
         head = f'<div class="alarm">{html.escape(f["what"])} ({f["count"]} of {f["failed"]} failed)</div>' if f else ""
         rows.append(
             f'<tr><td class="l">{html.escape(domain)}</td><td>{passed}/{len(scored)}</td>'
-            f"{_cell(p['best'])}{_cell(p['worst'])}{_cell(f['item'] if f else None, head)}</tr>"
+            f"{_cell(p['best'], none='none passed')}{_cell(p['worst'], none='every item passed')}"
+            f"{_cell(f['item'] if f else None, head, none='no failure')}</tr>"
         )
     return "".join(rows)
 

@@ -486,8 +486,8 @@ def render(data: RunData) -> str:
 <h1>posttrain run report: {html.escape(data.path.name)}</h1>
 <p class="meta">{html.escape(str(data.path))} · {html.escape(_summary(data))}</p>
 {dashboard.problems_note([data])}
-<h2>Training dynamics</h2>{dashboard.dynamics_section([data])}
-<h2>Sample completions at each evaluation</h2>{dashboard.samples_section(data)}
+<h2 id="dynamics">Training dynamics</h2>{dashboard.dynamics_section([data])}
+<h2 id="samples">Sample completions at each evaluation</h2>{dashboard.samples_section(data)}
 <h2>Held-out accuracy</h2>{eval_section(data)}
 <h2>Alarms</h2>{_alarm_table(data)}
 <h2>Reward-hacking probes</h2>{_probe_table(data)}
@@ -519,8 +519,8 @@ def render_runs(runs: Sequence[RunData]) -> str:
 <h1>posttrain runs: {html.escape(title)}</h1>
 <table><tr><th class="l">run</th><th class="l">folder</th><th class="l">summary</th></tr>{rows}</table>
 {dashboard.problems_note(runs)}
-<h2>Training dynamics</h2><div class="dashgrid">{dashboard.heldout_overlay(runs)}</div>{dashboard.dynamics_section(runs)}
-<h2>Sample completions at each evaluation</h2>{samples}
+<h2 id="dynamics">Training dynamics</h2>{dashboard.dynamics_section(runs, dashboard.heldout_overlay(runs))}
+<h2 id="samples">Sample completions at each evaluation</h2>{samples}
 </body></html>
 """
 
