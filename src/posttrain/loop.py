@@ -107,7 +107,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         if run.cfg.run.checkpoint_every and step % run.cfg.run.checkpoint_every == 0 and step < run.cfg.run.steps:
             run.save(step)  # named by the loop step; the last step's checkpoint is the final one in _finish
     bar.close()
-    live.close()  # the refresh in flight ends before the final report is written
+    live.close()  # a refresh in flight stops: the final report supersedes it
     return _finish(run, sampling, step if stop else run.cfg.run.steps)
 
 

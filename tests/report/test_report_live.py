@@ -25,7 +25,7 @@ def test_a_failed_refresh_is_logged_and_the_run_goes_on(tmp_path):
     logged = []
     live = LiveReport(tmp_path / "not-a-run", every=1, log=logged.append)
     assert live.refresh(1, evaluated=False) and live.started == [1]
-    live.close()
+    live.wait()
     (line,) = logged
     assert line.startswith("warning: report not refreshed at step 1:") and "is not a run directory" in line
 
@@ -37,8 +37,19 @@ def test_one_refresh_at_a_time(tmp_path):
     live._proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     assert not live.refresh(2, evaluated=True) and live.started == []  # skipped: the next one shows its rows
     live._proc.stdin.close()
-    live.close()
+    live.wait()
     assert live._proc is None
+
+
+def test_close_stops_the_refresh_in_flight_and_removes_its_page(tmp_path):
+    """The run's final report follows `close`: a late refresh must not replace it."""
+    live = LiveReport(tmp_path, every=1)
+    live._err = tempfile.TemporaryFile()
+    child = live._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a slow refresh
+    partial = tmp_path / f".report.html.{child.pid}.tmp"
+    partial.write_text("<html>half")
+    live.close()
+    assert child.returncode is not None and not partial.exists() and live._proc is None
 
 
 @pytest.mark.heavy
@@ -51,7 +62,7 @@ def test_a_refresh_writes_the_page_of_the_rows_so_far(tmp_path):
         log.write("train", step, loss=0.5, grad_norm=1.0, lr=1e-3, reward_mean=0.2)
     live = LiveReport(run, every=2)
     assert live.refresh(2, evaluated=False)
-    live.close()
+    live.wait()
     log.close()
     page = (run / "report.html").read_text()
     assert "2 steps" in page and 'alt="loss"' in page and "clip fraction: not logged" in page

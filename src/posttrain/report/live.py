@@ -3,9 +3,10 @@
 
 Invariant: at most one refresh runs at a time (one due while another runs is skipped: the next
 one shows its rows too); each refresh is a whole `posttrain report RUN_DIR`, which writes the
-page atomically (`html._write_atomic`); `close` waits for the refresh in flight, so the run's
-final report is the last one written; a refresh that fails is logged with its stderr and never
-stops the run.
+page atomically (`html._write_atomic`); `close` stops the refresh in flight and removes its
+temporary file (the run's final report, written next, supersedes it), so a late refresh can
+never replace the final page; a refresh that fails is logged with its stderr and never stops
+the run.
 """
 
 from __future__ import annotations
@@ -65,7 +66,19 @@ class LiveReport:
             self.log(f"warning: report not refreshed at step {self._step}: {tail}")
 
     def close(self) -> None:
-        """Wait for the refresh in flight (if any)."""
+        """Stop the refresh in flight (if any) and remove its temporary page."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait()
+            (self.run_dir / f".report.html.{self._proc.pid}.tmp").unlink(missing_ok=True)
+            self._proc, self._err = None, None
+            return
+        self._finished()
+
+    def wait(self) -> None:
+        """Wait for the refresh in flight (if any) to end."""
         if self._proc is not None:
             self._proc.wait()
             self._finished()
