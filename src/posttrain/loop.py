@@ -90,6 +90,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         return None
     run = _Run.open(cfg, resume, log)  # run dir, task pool, model, trainer, engine, trace, monitor, evaluator
     stop = run.evaluate_before()
+    live = _live_report(run)
     sampling = _Sampling.of(run)
     _resume_in_flight(run, sampling)  # a resumed run: the draws in flight at its checkpoint
     bar, step = _progress(run.cfg, run.state["step"]), run.state["step"]
@@ -98,6 +99,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         summary, stop = _step(run, sampling, step, stop)
         bar.set_postfix_str(" ".join(f"{d}={v:.2f}" for d, v in summary["reward_by_domain"].items()))
         bar.update(1)
+        live.refresh(step, run.evaluator.due(step, run.cfg.run.steps))
         if stop:
             log(f"stopping the run after step {step}: {stop}")
             run.metrics.write("stop", step, reason=stop)
@@ -105,6 +107,7 @@ def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> Ru
         if run.cfg.run.checkpoint_every and step % run.cfg.run.checkpoint_every == 0 and step < run.cfg.run.steps:
             run.save(step)  # named by the loop step; the last step's checkpoint is the final one in _finish
     bar.close()
+    live.close()  # a refresh in flight stops: the final report supersedes it
     return _finish(run, sampling, step if stop else run.cfg.run.steps)
 
 
@@ -452,6 +455,14 @@ def _train_step(
     return stats
 
 
+def _live_report(run: _Run) -> Any:
+    """monitor.report: RUN_DIR/report.html rewritten in the background after each evaluation and
+    every monitor.report_every_steps steps (report/live.py), so it can be opened while the run trains."""
+    from posttrain.report.live import LiveReport
+
+    return LiveReport(run.rundir.path, run.cfg.monitor.report_every_steps, run.cfg.monitor.report, run.log)
+
+
 def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     """The end of the run: the held-out table after training, the final checkpoint, eval.json,
     every part closed, and the report when asked for. Draws still in flight (pipeline.mode
@@ -530,6 +541,7 @@ def _summary(
         "groups_filtered": len(groups) - len(kept),
         "infra_errors": errors,
         "truncated": truncated,
+        "tokens_sampled": sum(t[1] for t in tokens.values()),  # the report's tokens/s
     }
     for d, (n, toks, cut) in sorted(tokens.items()):  # per-domain token use against its budget
         out[f"tokens_mean_{d}"] = round(toks / n, 3)

@@ -81,10 +81,10 @@ def roll_back(path: Path, mark: int) -> int:
     return size - mark
 
 
-def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+def read_metrics(path: Path, kind: str | None = None, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """The rows of a metrics log (of `kind`, when given). A last line without its newline (a
     write cut short by a crash) is not a row yet and is left out; a corrupt line is skipped with
-    one warning naming file:line (`parse_row`)."""
+    one warning naming file:line (`parse_row`), also appended to `problems` when given."""
     if not path.is_file():
         return []
     data = path.read_bytes()
@@ -97,6 +97,8 @@ def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
         row, why = parse_row(line)
         if row is None:
             log.warning("%s:%d: corrupt metrics line skipped (%s)", path, number, why)
+            if problems is not None:
+                problems.append(f"{path}:{number}: corrupt metrics line skipped ({why})")
         elif kind is None or row["kind"] == kind:
             rows.append(row)
     return rows

@@ -235,4 +235,8 @@ class MonitorConfig(BaseModel):
     loggers: LoggersConfig = Field(default_factory=LoggersConfig)
     """Optional TensorBoard and W&B loggers."""
     report: bool = True
-    """Write RUN_DIR/report.html at the end of `posttrain train`."""
+    """Write RUN_DIR/report.html during `posttrain train` (after each evaluation and every
+    `report_every_steps` steps) and at its end."""
+    report_every_steps: int = Field(50, ge=0)
+    """Also rewrite the report every this many steps between evaluations (0: after evaluations
+    and at the end only)."""

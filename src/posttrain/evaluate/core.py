@@ -46,6 +46,19 @@ from posttrain.types import Episode, SamplingParams, Task
 Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, training verdict (None: infra error)
 
 
+class ItemSample(NamedTuple):
+    """One item's greedy completion as the evaluation saw it (`DomainResult.samples`): what the
+    report's sample table shows. `value`: the training score (None: an infra error); `ok`: the
+    eval verdict; `error`: why the item is an infra error or a model fault ("" otherwise)."""
+
+    task_id: str
+    prompt: str
+    completion: str
+    value: float | None
+    ok: bool | None
+    error: str = ""
+
+
 @dataclass(frozen=True)
 class EvalOptions:
     """How items are decoded and which sampled metrics are computed."""
@@ -100,6 +113,9 @@ class DomainResult:
     """Domains whose scores carry the parts `stopped` and `infeasible` (an honest stop is part of
     the task, docs/feedback.md): (stopped, infeasible) per item, same order as `items`, None for an
     item without them (an infra error); empty for other domains."""
+    samples: tuple[ItemSample, ...] = ()
+    """Each item's prompt and greedy completion, same order as `items`, as measured (not in
+    `to_json`: eval.json keeps verdicts only; `RunEvaluator` writes these to eval_samples.jsonl)."""
 
     @property
     def stop_rates(self) -> dict[str, tuple[float, float, float, int]]:
@@ -201,6 +217,7 @@ class DomainResult:
             turns=self.turns[:m],
             turn_budget=self.turn_budget,
             stops=self.stops[:m],
+            samples=self.samples[:m],
         )
 
 
@@ -216,6 +233,7 @@ def _result(
     turns: Sequence[int] = (),
     turn_budget: int = 0,
     stops: Sequence[tuple[int, int] | None] = (),
+    samples: Sequence[ItemSample] = (),
 ) -> DomainResult:
     ok = [v for _, v, _ in items if v is not None]
     train = [t for _, _, t in items if t is not None]
@@ -240,6 +258,7 @@ def _result(
         tuple(turns),
         turn_budget,
         tuple(stops) if any(x is not None for x in stops) else (),
+        tuple(samples),
     )
 
 
@@ -420,11 +439,12 @@ def evaluate_sets(
     kinds = set(sample_kinds)
     out = {}
     for key, s in sets.items():
-        items, values, turns, stops = [], [], [], []
+        items, values, turns, stops, samples = [], [], [], [], []
         for task in tasks[key]:
             run = next(runs)
-            ok, train_ok, value, _ = _judged(run)[0]
+            ok, train_ok, value, error = _judged(run)[0]
             items.append((task.id, ok, train_ok))
+            samples.append(_sample(task, run, value, ok, error))
             turns.append(_turns(run)[0])
             stops.append(_stops(run)[0])
             if value is not None and ok is not None:
@@ -443,8 +463,18 @@ def evaluate_sets(
             turns=turns if multi else (),
             turn_budget=turns_for(s.domain, opts) if multi else 0,
             stops=stops if multi else (),
+            samples=samples,
         )
     return out
+
+
+def _sample(task: Task, run: GroupRun, value: float | None, ok: bool | None, error: ErrorRecord | None) -> ItemSample:
+    """The item's last prompt message and its first sample's completion (an episode's whole text)."""
+    rollouts = run.result.rollouts if run.result is not None else ()
+    episodes = run.episodes or [Episode(r.completion.text) for r in rollouts]
+    prompt = task.prompt[-1].content if task.prompt else ""
+    reason = f"{error.kind}: {error.message}" if error is not None else ""
+    return ItemSample(task.id, prompt, episodes[0].completion if episodes else "", value, ok, reason)
 
 
 def evaluate_heldout(

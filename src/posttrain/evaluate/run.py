@@ -8,12 +8,15 @@ those items. Every curve point (before, during, after) is measured on the
 same fixed subset (the first `eval.subset_tasks` items of each core set), so
 points compare; the rotation slice is reported apart and never mixed into
 it. The contamination and exposure checks run once, at the start of a new
-run, and are written to RUN_DIR/checks.json.
+run, and are written to RUN_DIR/checks.json. Each evaluation appends one line to
+RUN_DIR/eval_samples.jsonl: every core item's prompt, greedy completion, score and verdict
+per domain (the report's sample table), in one write.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,6 +55,37 @@ def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None, run: Any = N
         seed=eval_cfg.seed,
         **({} if run is None else {"policy": RetryPolicy.of(run.pipeline), "sandbox": run.sandbox}),
     )
+
+
+_SAMPLE_CHARS = 2000
+"""A sample's prompt and completion are cut to this many characters in eval_samples.jsonl."""
+
+
+def append_samples(path: Path, step: int, label: str, table: EvalTable) -> None:
+    """Append one line of `table`'s core items (prompt, completion, score, verdict, error) per
+    domain to `path`, in one write on an O_APPEND descriptor (a reader sees whole lines only)."""
+    domains = {
+        d: [
+            {
+                "task": s.task_id,
+                "prompt": s.prompt[:_SAMPLE_CHARS],
+                "completion": s.completion[:_SAMPLE_CHARS],
+                "value": s.value,
+                "ok": s.ok,
+                "error": s.error,
+            }
+            for s in r.samples
+        ]
+        for d, r in table.results.items()
+    }
+    line = json.dumps({"step": step, "eval": label, "time": time.time(), "domains": domains}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        data = memoryview(line.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
 
 
 def heldout_for(eval_cfg: Any, levels: Mapping[str, int]) -> HeldoutSet:
@@ -206,6 +240,7 @@ class RunEvaluator:
                 "probes": {k: r.accuracy for k, r in full.probes.items()},
             }
         self.metrics.write("eval", step, **row)
+        append_samples(self.run_dir / "eval_samples.jsonl", step, "full" if full else "subset", full or table)
 
     # ------------------------------------------------------------ the end of a run
 

@@ -1,9 +1,11 @@
-"""Run reports: a self-contained HTML page of a run's curves, held-out tables, probes and alarms.
+"""Run reports: a self-contained HTML page of a run's curves, samples, held-out tables, probes and
+alarms (or of several runs overlaid), rewritten while the run trains.
 
 Invariant: a report is a pure function of the run directory's files; the
 package imports matplotlib only when a report is written.
 """
 
 from posttrain.report.html import write_report
+from posttrain.report.live import LiveReport
 
-__all__ = ["write_report"]
+__all__ = ["LiveReport", "write_report"]

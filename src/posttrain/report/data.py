@@ -37,6 +37,11 @@ class RunData:
     sandbox: dict[str, Counter] = field(default_factory=dict)
     judges: list[dict[str, Any]] = field(default_factory=list)
     """The run-start bias checks of its judge domains (metrics rows `judge_check`)."""
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    """Each evaluation's items (eval_samples.jsonl lines: step, eval, domains -> items), in order."""
+    problems: list[str] = field(default_factory=list)
+    """What could not be read (a corrupt metrics line, eval.json, an eval_samples.jsonl line), each
+    naming the file and why; the page shows them and renders the rest."""
 
     def per_domain(self, name: str) -> Series:
         """A monitor signal per domain: {domain: [(step, value)]}."""
@@ -252,12 +257,62 @@ def _other_alarms(db: Path, train: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+def _eval_table(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """eval.json, or None (absent, or unreadable: then a problem naming it)."""
+    if not path.is_file():
+        return None
+    try:
+        table = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        problems.append(f"{path}: not JSON ({exc}); the held-out tables are left out")
+        return None
+    if not isinstance(table, dict):
+        problems.append(f"{path}: a JSON {type(table).__name__}, not an object; the held-out tables are left out")
+        return None
+    return table
+
+
+def _sample_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """One eval_samples.jsonl line, or None and why it is not one."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int) or not isinstance(row.get("domains"), dict):
+        return None, "not an object with an integer step and domains"
+    for domain, items in row["domains"].items():
+        if not isinstance(items, list) or not all(isinstance(i, dict) and "completion" in i for i in items):
+            return None, f"domain {domain!r} is not a list of items with a completion"
+    return row, ""
+
+
+def read_samples(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """The evaluations of eval_samples.jsonl in order, the last line of each (step, eval) kept (a
+    resumed run evaluates its last step again); a corrupt line is skipped into `problems`."""
+    if not path.is_file():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    lines.pop()  # a line still being written (or the empty string after the last newline)
+    out: dict[tuple[int, str], dict[str, Any]] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row, why = _sample_line(line)
+        if row is None:
+            problems.append(f"{path}:{number}: corrupt eval samples line skipped ({why})")
+            continue
+        out.pop((row["step"], str(row.get("eval"))), None)
+        out[(row["step"], str(row.get("eval")))] = row
+    return list(out.values())
+
+
 def load_run(path: str | Path) -> RunData:
     run = Path(path)
     metrics = run / "metrics.jsonl"
     if not run.is_dir() or not (run / "config.yaml").is_file():
         raise ConfigError(f"{str(run)!r} is not a run directory (no config.yaml)")
-    rows = read_metrics(metrics)
+    problems: list[str] = []
+    rows = read_metrics(metrics, problems=problems)
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_kind.setdefault(row["kind"], []).append(row)
@@ -274,7 +329,9 @@ def load_run(path: str | Path) -> RunData:
             key=lambda a: a["step"],
         ),
         probes=by_kind.get("probe", []),
-        eval_table=json.loads(table_path.read_text()) if table_path.is_file() else None,
+        eval_table=_eval_table(table_path, problems),
         sandbox=_sandbox_outcomes(run / "trace.db"),
         judges=by_kind.get("judge_check", []),
+        samples=read_samples(run / "eval_samples.jsonl", problems),
+        problems=problems,
     )

@@ -1,8 +1,12 @@
-"""`write_report(run_dir)`: one self-contained HTML page with embedded PNG plots.
+"""`write_report(run_dir, ...)`: one self-contained HTML page with embedded PNG plots, of one
+run or of several overlaid (`live.py` rewrites it while a run trains).
 
 Invariant: the page references nothing outside itself (plots are base64
 data URIs, styles inline, no scripts), every text taken from the run is
-HTML-escaped, and a section without data says so instead of failing.
+HTML-escaped, and a section without data says so instead of failing. A page
+is written to a temporary file in its folder and renamed over the old one,
+so a reader (a browser refreshing during training) sees the old page or the
+new one, never half of one.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.report import dashboard
 from posttrain.report.data import RunData, Series, load_run
 from posttrain.report.evalhtml import eval_section, heldout_bars, heldout_curves, turns_plot
 
@@ -476,9 +482,12 @@ def render(data: RunData) -> str:
     body = "".join(_img(src, cap, wide=i in _WIDE) for i, (src, cap) in enumerate(figures))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(data.path.name)}</title>
-<style>{_CSS}</style></head><body>
+<style>{_CSS}{dashboard.CSS}</style></head><body>
 <h1>posttrain run report: {html.escape(data.path.name)}</h1>
 <p class="meta">{html.escape(str(data.path))} · {html.escape(_summary(data))}</p>
+{dashboard.problems_note([data])}
+<h2 id="dynamics">Training dynamics</h2>{dashboard.dynamics_section([data])}
+<h2 id="samples">Sample completions at each evaluation</h2>{dashboard.samples_section(data)}
 <h2>Held-out accuracy</h2>{eval_section(data)}
 <h2>Alarms</h2>{_alarm_table(data)}
 <h2>Reward-hacking probes</h2>{_probe_table(data)}
@@ -493,12 +502,51 @@ def render(data: RunData) -> str:
 """
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Render RUN_DIR/report.html (or `out`) and return its path."""
+def render_runs(runs: Sequence[RunData]) -> str:
+    """Several runs on one page: each dashboard curve and the held-out accuracy with one line per
+    run, a row per run, and each run's newest evaluation samples."""
+    names = dashboard.labels(runs)
+    rows = "".join(
+        f'<tr><td class="l">{html.escape(name)}</td><td class="l">{html.escape(str(run.path))}</td>'
+        f'<td class="l">{html.escape(_summary(run))}</td></tr>'
+        for name, run in zip(names, runs)
+    )
+    samples = "".join(f"<h3>{html.escape(name)}</h3>{dashboard.samples_section(run)}" for name, run in zip(names, runs))
+    title = " vs ".join(names)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(title)}</title>
+<style>{_CSS}{dashboard.CSS}</style></head><body>
+<h1>posttrain runs: {html.escape(title)}</h1>
+<table><tr><th class="l">run</th><th class="l">folder</th><th class="l">summary</th></tr>{rows}</table>
+{dashboard.problems_note(runs)}
+<h2 id="dynamics">Training dynamics</h2>{dashboard.dynamics_section(runs, dashboard.heldout_overlay(runs))}
+<h2 id="samples">Sample completions at each evaluation</h2>{samples}
+</body></html>
+"""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """`text` to `path` through a temporary file in the same folder and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, others: Sequence[str | Path] = ()) -> Path:
+    """Render RUN_DIR/report.html (or `out`) and return its path. With `others` (more run
+    directories), one page overlays them all, by default RUN_DIR/overlay.html."""
+    data = load_run(run_dir)
+    runs = [data, *(load_run(o) for o in others)]  # every folder checked before any plotting
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    data = load_run(run_dir)
+    if others:
+        path = Path(out) if out else data.path / "overlay.html"
+        _write_atomic(path, render_runs(runs))
+        return path
     path = Path(out) if out else data.path / "report.html"
-    path.write_text(render(data))
+    _write_atomic(path, render(data))
     return path
