@@ -27,15 +27,17 @@ HISTORY = "config_history.jsonl"
 _STEP = re.compile(r"^step_(\d+)$")
 
 
+FINISHED = "finished.json"
+"""In a run folder: {"step": S, "steps": N}, written last by a run's end (`loop._finish`, after
+eval.json): the run ended at step S under run.steps N (S < N: a stop ended it early)."""
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     """What a checkpoint folder says of itself (meta.json, loop_state.json), read without torch."""
 
     path: Path
     step: int
-    finished: int | None
-    """The run.steps of the run whose end (`loop._finish`) wrote it: the run evaluated after it
-    and stopped there (at run.steps, or earlier by a stop); None for any other checkpoint."""
     lora: bool
 
     @classmethod
@@ -48,8 +50,7 @@ class CheckpointInfo:
             raise ConfigError(f"{str(p)!r} is not a readable checkpoint folder ({exc})") from None
         if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or not isinstance(state, dict):
             raise ConfigError(f"{str(p)!r}: meta.json or loop_state.json is not a checkpoint record")
-        finished = state.get("finished")
-        return cls(p, meta["step"], finished if isinstance(finished, int) else None, meta.get("weights") == "lora")
+        return cls(p, meta["step"], meta.get("weights") == "lora")
 
 
 def newest_checkpoint(run_dir: str | Path) -> CheckpointInfo | None:
@@ -94,24 +95,40 @@ def resume_overrides(run_dir: str | Path, config: str | None, overrides: list[st
 
 
 def finished(run_dir: str | Path, cfg: Config, changed: list[Change]) -> str:
-    """Why resuming the run does nothing ('' when it trains on). The newest checkpoint is its
-    final one (`CheckpointInfo.finished`) and run.steps is not above the run.steps it finished
-    under: with nothing changed, the run is left as it is; a run that reached its run.steps,
-    asked for other changes alone, is a ConfigError saying that these train nothing. (A run a
-    stop ended early trains on with any change; a final checkpoint from before the mark was
-    written counts as not finished, as before.)"""
-    ckpt = newest_checkpoint(run_dir)
-    if ckpt is None or ckpt.finished is None or cfg.run.steps > ckpt.finished:
+    """Why resuming the run does nothing ('' when it trains on). The run finished (its FINISHED
+    record names its newest checkpoint's step) and run.steps is not above the run.steps it
+    finished under: with nothing changed, the run is left as it is; a run that reached its
+    run.steps, asked for other changes alone, is a ConfigError saying that these train nothing.
+    A run a stop ended early trains on with any change. A run killed after its final checkpoint
+    but before its end was recorded is not finished: its resume runs the final evaluation again."""
+    ckpt, end = newest_checkpoint(run_dir), _finished(run_dir)
+    if ckpt is None or end is None or end[0] != ckpt.step or cfg.run.steps > end[1]:
         return ""
-    more = f"give run.steps=N with N above {ckpt.finished} to train more"
+    more = f"give run.steps=N with N above {end[1]} to train more"
     if not changed:
         return f"{run_dir} finished at step {ckpt.step}: nothing to do ({more}; the run is left as it is)"
-    if ckpt.step >= ckpt.finished:
+    if ckpt.step >= end[1]:
         fields = ", ".join(c.field for c in changed)
         raise ConfigError(
             f"run.steps: {run_dir} finished at step {ckpt.step}; changing {fields} alone trains nothing: {more}"
         )
     return ""
+
+
+def mark_finished(rundir: RunDir, step: int, steps: int) -> None:
+    """Record that the run ended at `step` under run.steps `steps` (FINISHED, written atomically)."""
+    tmp = rundir.path / (FINISHED + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "steps": steps}))
+    tmp.replace(rundir.path / FINISHED)
+
+
+def _finished(run_dir: str | Path) -> tuple[int, int] | None:
+    """(step, steps) of the run's FINISHED record, or None without a readable one."""
+    try:
+        end = json.loads((Path(run_dir) / FINISHED).read_text())
+        return int(end["step"]), int(end["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def finished_resume(run_dir: str | Path, cfg: Config | None) -> str:

@@ -186,7 +186,6 @@ class _Run:
             sync.clean_leftovers(log)  # .tmp-* weight folders of an interrupted push
             sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
             in_flight = state.pop("stream", None)  # the async stream's draws in flight, to re-run
-            state.pop("finished", None)  # an extended run's final checkpoint: it goes on
             lineage.check_length(cfg, state["step"], rundir.path)
             log(f"resumed {rundir.path} at step {state['step']}")
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
@@ -481,7 +480,6 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
         ledger.flush(run.trace)
     marks = run.marks()  # an extended run resumes from the final checkpoint: its records go back to here
     after = run.evaluator.full(step)
-    run.state["finished"] = run.cfg.run.steps  # a plain resume of the finished run does nothing (lineage.py)
     run.save(step, spent, marks)
     run.monitor.after_eval(step, run.evaluator.comparable(after))  # its actions: too late, nothing is drawn after
     before = EvalTable.from_json(run.state["before"])
@@ -494,6 +492,7 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
         from posttrain.report import write_report
 
         run.log(f"report: {write_report(run.rundir.path)}")
+    lineage.mark_finished(run.rundir, step, run.cfg.run.steps)  # a plain resume now does nothing
     return RunResult(run.rundir.path, before, after, step)
 
 
