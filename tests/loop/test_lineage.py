@@ -129,6 +129,19 @@ def test_changes_are_written_down_and_written_again_after_a_rollback(tmp_path):
     assert later.rows == []
 
 
+def test_posttrain_trace_lists_the_config_changes(tmp_path, capsys):
+    from posttrain.trace import TraceStore
+
+    path, cfg = _run(tmp_path)
+    store = TraceStore(path / "trace.db")
+    rundir, goes_on, changed = lineage.resume_config(path, _with(cfg, "run.steps=8"))
+    lineage.record_resume(rundir, goes_on, changed, 4, store, _Sink(), lambda m: None)
+    store.close()
+    assert main(["trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 config change(s) (config_history.jsonl):\n  step 4: resumed at step 4 with run.steps 4 -> 8" in out
+
+
 def test_a_branch_takes_the_source_runs_config_and_names_the_checkpoint(tmp_path):
     path, _ = _run(tmp_path, name="src", extra=["trainer.lr=1e-3", "model.path=/orig"])
     ckpt = path / "checkpoints" / "step_00000004"
