@@ -64,9 +64,9 @@ def _bases(configs: list[str | None], overrides: list[str]) -> dict[str, tuple[B
 def _state(base: BaseConfig) -> str:
     from posttrain.model.pretrain import default_dir, is_cached
 
-    if is_cached(base):
-        return "cached"
-    return "stale (other data than this code gives)" if (default_dir(base) / "config.json").is_file() else "not built"
+    if not (default_dir(base) / "config.json").is_file():
+        return "not built"
+    return "cached" if is_cached(base) else "stale (other data than this code gives)"
 
 
 def run_list(args: argparse.Namespace) -> int:
