@@ -5,7 +5,8 @@ places: `config.yaml` holds the config the run goes on with (so a later plain `-
 it), `config_history.jsonl` one line per change (never rolled back), and the run's metrics and
 trace one `config_change` row and event each at the step it applies from (re-written after a
 resume that rolled them back). A branch (`model.path` a checkpoint folder of another run) is a
-new run, step 0, fresh optimizer, whose first history line and `branch` row name its source.
+new run, step 0, fresh optimizer, whose first history line, row and event (change "branch")
+name its source. A run's end is FINISHED, written last, so a plain resume of it does nothing.
 Torch-free: checkpoints are read here from their JSON files only.
 """
 
@@ -25,8 +26,6 @@ from posttrain.rundir import RunDir
 
 HISTORY = "config_history.jsonl"
 _STEP = re.compile(r"^step_(\d+)$")
-
-
 FINISHED = "finished.json"
 """In a run folder: {"step": S, "steps": N}, written last by a run's end (`loop._finish`, after
 eval.json): the run ended at step S under run.steps N (S < N: a stop ended it early)."""
@@ -54,13 +53,13 @@ class CheckpointInfo:
 
 
 def newest_checkpoint(run_dir: str | Path) -> CheckpointInfo | None:
-    """The newest complete checkpoint (manifest written) of `run_dir`, or None. Its files are
-    checked against the manifest only when the trainer loads it (trainer/checkpoint.py)."""
+    """The newest checkpoint of `run_dir` (a folder under its final name is complete), or None.
+    Its files are checked against its manifest only when the trainer loads it (trainer/checkpoint.py)."""
     folder = Path(run_dir) / "checkpoints"
     found = []
     for p in folder.iterdir() if folder.is_dir() else ():
         m = _STEP.match(p.name)
-        if m and (p / "manifest.json").is_file() and (p / "meta.json").is_file():
+        if m and (p / "meta.json").is_file():
             found.append((int(m.group(1)), p))
     return CheckpointInfo.read(max(found)[1]) if found else None
 
