@@ -15,14 +15,19 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from posttrain.configs import Config, apply_override, dump_config, read_yaml, validate
 from posttrain.configs.resume import Change, check_resume
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, TrainerError
 from posttrain.rundir import RunDir
+
+Verify = Callable[[Path], object]
+"""Raises TrainerError naming the damage of a checkpoint folder (trainer/checkpoint.py
+`verify_checkpoint`, passed in by the caller: this module imports no torch)."""
 
 HISTORY = "config_history.jsonl"
 _STEP = re.compile(r"^step_(\d+)$")
@@ -93,15 +98,17 @@ def resume_overrides(run_dir: str | Path, config: str | None, overrides: list[st
     return validate(tree, str(config or f"{run_dir}/config.yaml"))
 
 
-def finished(run_dir: str | Path, cfg: Config, changed: list[Change]) -> str:
+def finished(run_dir: str | Path, cfg: Config, changed: list[Change], verify: Verify) -> str:
     """Why resuming the run does nothing ('' when it trains on). The run finished (its FINISHED
-    record names its newest checkpoint's step) and run.steps is not above the run.steps it
-    finished under: with nothing changed, the run is left as it is; a run that reached its
-    run.steps, asked for other changes alone, is a ConfigError saying that these train nothing.
-    A run a stop ended early trains on with any change. A run killed after its final checkpoint
-    but before its end was recorded is not finished: its resume runs the final evaluation again."""
-    ckpt, end = newest_checkpoint(run_dir), _finished(run_dir)
-    if ckpt is None or end is None or end[0] != ckpt.step or cfg.run.steps > end[1]:
+    record names its newest checkpoint's step, and `verify` finds that checkpoint intact) and
+    run.steps is not above the run.steps it finished under: with nothing changed, the run is
+    left as it is; a run that reached its run.steps, asked for other changes alone, is a
+    ConfigError saying that these train nothing. A run a stop ended early trains on with any
+    change. A run killed after its final checkpoint but before its end was recorded, or whose
+    final checkpoint is damaged, is not finished: its resume goes on as a resume does (the final
+    evaluation again; the previous intact checkpoint, said in one line)."""
+    end, ckpt = _finished(run_dir), _readable_newest(run_dir)
+    if ckpt is None or end is None or end[0] != ckpt.step or cfg.run.steps > end[1] or not _intact(ckpt, verify):
         return ""
     more = f"give run.steps=N with N above {end[1]} to train more"
     if not changed:
@@ -130,14 +137,31 @@ def _finished(run_dir: str | Path) -> tuple[int, int] | None:
         return None
 
 
-def finished_resume(run_dir: str | Path, cfg: Config | None) -> str:
+def finished_resume(run_dir: str | Path, cfg: Config | None, verify: Verify) -> str:
     """`finished` for a resume of `run_dir` with `cfg` (None: its own config), after the changes
-    are checked; run.steps below the newest checkpoint's step is a ConfigError. Reads JSON only."""
+    are checked and run.steps against the newest checkpoint when that one is intact (else the
+    loop checks it against the checkpoint it loads: `check_length`)."""
     _, cfg, changed = resume_config(run_dir, cfg)
-    ckpt = newest_checkpoint(run_dir)
-    if ckpt is not None:
+    ckpt = _readable_newest(run_dir)
+    if ckpt is not None and cfg.run.steps < ckpt.step and _intact(ckpt, verify):
         check_length(cfg, ckpt.step, run_dir)
-    return finished(run_dir, cfg, changed)
+    return finished(run_dir, cfg, changed, verify)
+
+
+def _readable_newest(run_dir: str | Path) -> CheckpointInfo | None:
+    """`newest_checkpoint`, or None when its meta.json or loop_state.json is unreadable (damaged)."""
+    try:
+        return newest_checkpoint(run_dir)
+    except (ConfigError, RecursionError):
+        return None
+
+
+def _intact(ckpt: CheckpointInfo, verify: Verify) -> bool:
+    try:
+        verify(ckpt.path)
+    except TrainerError:
+        return False
+    return True
 
 
 def check_length(cfg: Config, step: int, run: str | Path) -> None:

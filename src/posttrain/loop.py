@@ -87,9 +87,10 @@ def train(cfg: Config | None, resume: str | Path | None = None, log: Any = print
     fields checked and recorded, lineage.py) and return its before/after tables; None on a
     torchrun follower rank, or when `resume` names a finished run that nothing asks to go on
     (said in one line). Reads top to bottom: set up, evaluate before, step, finish."""
+    from posttrain.trainer.checkpoint import verify_checkpoint
     from posttrain.trainer.distributed import follow_unless_leader
 
-    if resume and (done := lineage.finished_resume(resume, cfg)):
+    if resume and (done := lineage.finished_resume(resume, cfg, verify_checkpoint)):
         log(done)
         return None
     if cfg is None and not resume:

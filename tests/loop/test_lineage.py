@@ -4,6 +4,7 @@ checkpoint's meta, loop state and manifest); test_extend_runs.py trains real one
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from posttrain.cli import main
 from posttrain.configs import dump_config, load_config
 from posttrain.errors import ConfigError
 from posttrain.rundir import RunDir
+from posttrain.trainer.checkpoint import verify_checkpoint
 
 
 def _run(tmp_path, name="r", steps=4, at=4, finished=4, weights="full", extra=()):
@@ -24,7 +26,12 @@ def _run(tmp_path, name="r", steps=4, at=4, finished=4, weights="full", extra=()
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"format": 1, "step": at, "weights": weights}))
     (ckpt / "loop_state.json").write_text(json.dumps({"step": at}))
-    (ckpt / "manifest.json").write_text(json.dumps({"format": 1, "files": {}}))
+    (ckpt / "model.safetensors").write_bytes(b"weights")  # what the manifest checks: sizes and sha256
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in ckpt.iterdir()
+    }
+    (ckpt / "manifest.json").write_text(json.dumps({"format": 1, "files": files}))
     if finished is not None:
         lineage.mark_finished(run, at, finished)
     return run.path, cfg
@@ -54,24 +61,35 @@ def test_a_finished_run_asked_for_other_changes_alone_is_told_they_train_nothing
 
 def test_more_steps_go_on_and_fewer_than_the_checkpoint_are_refused(tmp_path):
     path, cfg = _run(tmp_path)
-    assert lineage.finished_resume(path, _with(cfg, "run.steps=6")) == ""
+    assert lineage.finished_resume(path, _with(cfg, "run.steps=6"), verify_checkpoint) == ""
     with pytest.raises(ConfigError, match=r"run.steps: 3 is below step 4, which .* newest checkpoint holds"):
-        lineage.finished_resume(path, _with(cfg, "run.steps=3"))
+        lineage.finished_resume(path, _with(cfg, "run.steps=3"), verify_checkpoint)
 
 
 def test_a_run_a_stop_ended_early_goes_on_with_a_change_and_rests_without(tmp_path):
     path, cfg = _run(tmp_path, steps=10, at=4, finished=10)
-    assert "finished at step 4: nothing to do" in lineage.finished_resume(path, None)
-    assert lineage.finished_resume(path, _with(cfg, "trainer.lr=1e-4")) == ""
+    assert "finished at step 4: nothing to do" in lineage.finished_resume(path, None, verify_checkpoint)
+    assert lineage.finished_resume(path, _with(cfg, "trainer.lr=1e-4"), verify_checkpoint) == ""
 
 
 def test_an_unfinished_run_goes_on_and_so_does_one_killed_before_its_end_was_recorded(tmp_path):
     path, _ = _run(tmp_path, steps=8, at=4, finished=None)
-    assert lineage.finished_resume(path, None) == ""
+    assert lineage.finished_resume(path, None, verify_checkpoint) == ""
     # ended once at step 2, extended, killed after its new final checkpoint (step 4) and before its
     # end was recorded: the resume runs the final evaluation again (eval.json may be missing)
     lineage.mark_finished(RunDir(path), 2, 2)
-    assert lineage.finished_resume(path, None) == ""
+    assert lineage.finished_resume(path, None, verify_checkpoint) == ""
+
+
+def test_a_finished_run_whose_final_checkpoint_is_damaged_is_not_finished(tmp_path):
+    """Its resume falls back to the previous intact checkpoint (tests/loop/test_damaged_runs.py)."""
+    path, cfg = _run(tmp_path)
+    weights = path / "checkpoints" / "step_00000004" / "model.safetensors"
+    weights.write_bytes(b"wEights")  # same size, other bytes
+    assert lineage.finished_resume(path, None, verify_checkpoint) == ""
+    (path / "checkpoints" / "step_00000004" / "loop_state.json").write_text("[" * 100_000)
+    assert lineage.finished_resume(path, None, verify_checkpoint) == ""
+    assert lineage.finished_resume(path, _with(cfg, "run.steps=2"), verify_checkpoint) == ""  # the loop checks it
 
 
 def test_refused_fields_are_refused_on_the_command_line_before_anything_loads(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         from posttrain.model.arch import check_model_dir
 
         check_model_dir(cfg.model.path)
-    if args.resume and (done := lineage.finished_resume(args.resume, cfg)):  # before the heavy imports
+    if args.resume and (done := lineage.finished_resume(args.resume, cfg, _verify)):  # before the loop loads
         print(done)
         return 0
     from posttrain.loop import train
@@ -51,3 +52,10 @@ def run(args: argparse.Namespace) -> int:
     if result is not None:  # None on torchrun ranks > 0, which only follow rank 0's trainer
         print(f"run directory: {result.run_dir}")
     return 0
+
+
+def _verify(path: Path) -> None:
+    """trainer/checkpoint.py's check, imported (with torch) only when a resume needs it."""
+    from posttrain.trainer.checkpoint import verify_checkpoint
+
+    verify_checkpoint(path)
