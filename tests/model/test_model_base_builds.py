@@ -87,6 +87,15 @@ def test_base_build_builds_each_base_once_saying_so_first(cache, tmp_path, capsy
     assert len((cache / pretrain.BUILDS).read_text().splitlines()) == 2
 
 
+def test_base_build_without_a_config_says_it_builds_the_defaults_base(cache, capsys, monkeypatch):
+    built: list[str] = []
+    monkeypatch.setattr(pretrain, "ensure_base", lambda cfg, log=None: built.append(cfg) or "DIR")
+    assert main(["base", "build", "base.steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no config given: the base of the built-in defaults")
+    assert [c.steps for c in built] == [3] and "base model built: DIR" in out
+
+
 def test_base_build_all_reads_the_configs_folder(cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["base", "build", "--all"]) == 2

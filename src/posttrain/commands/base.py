@@ -98,6 +98,8 @@ def run_build(args: argparse.Namespace) -> int:
     from posttrain.model.pretrain import build_base, build_note, default_dir, ensure_base, is_cached
 
     configs, overrides = _configs(args.args, args.all)
+    if configs == [None]:
+        print("no config given: the base of the built-in defaults (`posttrain base list` names each config's base)")
     bases = _bases(configs, overrides)
     wanted = {k: v for k, v in bases.items() if v[0] is not None}
     for key, (_, names) in bases.items():
