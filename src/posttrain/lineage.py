@@ -272,11 +272,15 @@ def branch_config(source: str | Path, config: str | None, overrides: list[str]) 
 
 
 def record_branch(rundir: RunDir, cfg: Config, events: Any, metrics: Any, log: Any) -> None:
-    """A fresh run whose model.path is a checkpoint folder of a run: its first history line, a
-    `config_change` row and event of kind branch, at step 0. Nothing for any other model.path."""
+    """A fresh run whose model.path is a checkpoint folder of a run (`train` or `sft`): its first
+    history line, a `config_change` row and event of kind branch, at step 0. Nothing for any
+    other model.path."""
     if not cfg.model.path or not (Path(cfg.model.path) / "meta.json").is_file():
         return
-    ckpt = CheckpointInfo.read(cfg.model.path)
+    try:
+        ckpt = CheckpointInfo.read(cfg.model.path)
+    except (ConfigError, RecursionError):  # not a checkpoint record after all: the model loaded, no lineage
+        return
     entry = {
         "kind": "branch",
         "step": 0,
