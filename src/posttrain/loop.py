@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: no spinning
 # "process just got forked after parallelism" warning in every later subprocess)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from posttrain import lineage
 from posttrain.configs import Config
 from posttrain.domains.registry import verifier_label
 from posttrain.evaluate import EvalTable
@@ -81,11 +82,19 @@ class RunResult:
     steps: int
 
 
-def train(cfg: Config, resume: str | Path | None = None, log: Any = print) -> RunResult | None:
-    """Run the loop of `cfg` (or continue the run at `resume`) and return its before/after tables;
-    None on a torchrun follower rank. Reads top to bottom: set up, evaluate before, step, finish."""
+def train(cfg: Config | None, resume: str | Path | None = None, log: Any = print) -> RunResult | None:
+    """Run the loop of `cfg` (or continue the run at `resume`, with `cfg` when given: its changed
+    fields checked and recorded, lineage.py) and return its before/after tables; None on a
+    torchrun follower rank, or when `resume` names a finished run that nothing asks to go on
+    (said in one line). Reads top to bottom: set up, evaluate before, step, finish."""
+    from posttrain.trainer.checkpoint import verify_checkpoint
     from posttrain.trainer.distributed import follow_unless_leader
 
+    if resume and (done := lineage.finished_resume(resume, cfg, verify_checkpoint)):
+        log(done)
+        return None
+    if cfg is None and not resume:
+        raise ValueError("train() needs a config, or a run to resume")
     if follow_unless_leader(cfg, resume):  # torchrun + trainer.fsdp: ranks > 0 replay rank 0's trainer calls
         return None
     run = _Run.open(cfg, resume, log)  # run dir, task pool, model, trainer, engine, trace, monitor, evaluator
@@ -140,11 +149,13 @@ class _Run:
     replay: ReplayBuffer | None = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
 
     @classmethod
-    def open(cls, cfg: Config, resume: str | Path | None, log: Any) -> _Run:
+    def open(cls, cfg: Config | None, resume: str | Path | None, log: Any) -> _Run:
         """The run set up; a fresh run whose set-up fails leaves no run directory behind."""
         if resume:
-            rundir, cfg = RunDir.open(resume)
-            return cls._open(cfg, rundir, resume, log)
+            rundir, cfg, changed = lineage.resume_config(resume, cfg)  # refused changes: one ConfigError
+            return cls._open(cfg, rundir, resume, log, changed)
+        if cfg is None:
+            raise ValueError("a fresh run needs a config")
         rundir = RunDir.create(cfg)  # refuses a non-empty folder: what is removed below is all this start's
         try:
             return cls._open(cfg, rundir, None, log)
@@ -155,7 +166,9 @@ class _Run:
             raise
 
     @classmethod
-    def _open(cls, cfg: Config, rundir: RunDir, resume: str | Path | None, log: Any) -> _Run:
+    def _open(
+        cls, cfg: Config, rundir: RunDir, resume: str | Path | None, log: Any, changed: Sequence[Any] = ()
+    ) -> _Run:
         from posttrain.engine.sync import WeightSync, make_engine
         from posttrain.monitor.monitor import Monitor, RunContext
         from posttrain.tasks.pool import TaskPool
@@ -177,8 +190,13 @@ class _Run:
             sync.clean_leftovers(log)  # .tmp-* weight folders of an interrupted push
             sync.resume(state.pop("sync", None))  # the restored weights, as the version they had
             in_flight = state.pop("stream", None)  # the async stream's draws in flight, to re-run
+            lineage.check_length(cfg, state["step"], rundir.path)
             log(f"resumed {rundir.path} at step {state['step']}")
         trace, metrics = _records(rundir, state.pop("records", {}) if resume else None, state["step"], log)
+        if resume:  # config.yaml, config_history.jsonl, a config_change row and event (lineage.py)
+            lineage.record_resume(rundir, cfg, list(changed), state["step"], trace, metrics, log)
+        else:  # model.path a checkpoint of another run: the branch's first history line
+            lineage.record_branch(rundir, cfg, trace, metrics, log)
         sync.probe.attach(functools.partial(_probe_event, trace))  # every verified push is a trace event
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
         cm = Countermeasures(cfg.trainer.entropy_bonus, cfg.rollout.diversity_reward, cfg.monitor.diversity.n)
@@ -472,7 +490,7 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     ledger = sampling.rollouts.ledger
     if ledger.stop(step):
         ledger.flush(run.trace)
-    marks = run.marks()  # a resume from the final checkpoint evaluates again: its records go back to here
+    marks = run.marks()  # an extended run resumes from the final checkpoint: its records go back to here
     after = run.evaluator.full(step)
     run.save(step, spent, marks)
     run.monitor.after_eval(step, run.evaluator.comparable(after))  # its actions: too late, nothing is drawn after
@@ -486,6 +504,7 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
         from posttrain.report import write_report
 
         run.log(f"report: {write_report(run.rundir.path)}")
+    lineage.mark_finished(run.rundir, step, run.cfg.run.steps)  # a plain resume now does nothing
     return RunResult(run.rundir.path, before, after, step)
 
 

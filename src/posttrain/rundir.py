@@ -2,7 +2,9 @@
 trace database, eval table.
 
 Invariant: a run directory is self-describing: `config.yaml` is the resolved
-config it was started with, and everything the run wrote lives below it.
+config it goes on with (the one it was started with, unless a `--resume` changed
+fields a resume may change: each change, and a branch's source, is a line of
+`config_history.jsonl`, lineage.py), and everything the run wrote lives below it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 line), leftovers of interrupted writes are removed, no intact checkpoint is one clear error,
 and a damaged trace.db is one clear error naming its recovery, `posttrain trace recover`.
 
-One finished run (checkpoints at steps 2 and 4) is made once; each test damages a copy of it.
+One finished run (checkpoints at steps 2 and 4) is made once; each test damages a copy of it
+without its end record (`finished.json`), as a run killed after its final checkpoint: its resume
+runs (the final evaluation again), where a finished run's resume does nothing (lineage.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def finished(tmp_path_factory, micro_base):
 def run(finished, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(finished, copy)
+    (copy / "finished.json").unlink()
     return copy
 
 

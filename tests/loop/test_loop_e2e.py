@@ -61,10 +61,9 @@ def test_resume_matches_uninterrupted(tmp_path, micro_base, parity_domain):
     part = train(
         _cfg(tmp_path, micro_base, "part", "run.steps=2", "run.checkpoint_every=2", parity_domain), log=lambda *_: None
     )
-    # extend the interrupted run to 4 steps and resume it
-    cfg_path = part.run_dir / "config.yaml"
-    cfg_path.write_text(cfg_path.read_text().replace("steps: 2", "steps: 4"))
-    resumed = train(None, resume=part.run_dir, log=lambda *_: None)
+    # extend the finished run to 4 steps (`train --resume RUN run.steps=4`): exactly the uninterrupted run
+    longer = _cfg(tmp_path, micro_base, "part", "run.steps=4", "run.checkpoint_every=2", parity_domain)
+    resumed = train(longer, resume=part.run_dir, log=lambda *_: None)
     a, b = _params(full.run_dir), _params(resumed.run_dir)
     start = load_file(f"{micro_base}/model.safetensors")
     assert any((a[k] != start[k]).any() for k in a), "the run never trained: the comparison would be vacuous"

@@ -71,6 +71,18 @@ def test_resume_continues_exactly(tmp_path):
     assert torch.equal(after_straight[0], after_resumed[0]) and after_straight[1:] == after_resumed[1:]
 
 
+def test_a_resume_takes_the_optimizer_state_and_the_configured_learning_rate(tmp_path):
+    """`train --resume RUN trainer.lr=...`: the moments and step counts come from the checkpoint,
+    the learning rate from the resumed trainer's config (the checkpoint's would win otherwise)."""
+    first = Trainer(tiny_model(0), TrainerConfig(lr=3e-4))
+    first.step(synthetic_batch(seed=0))
+    first.save(tmp_path, build_tokenizer(), {})
+    lower = Trainer(tiny_model(5), TrainerConfig(lr=1e-4))
+    lower.resume(tmp_path)
+    assert [g["lr"] for g in lower.optimizer.param_groups] == [1e-4]
+    assert same_params(optimizer_tensors(first.optimizer), optimizer_tensors(lower.optimizer))
+
+
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
     model = tiny_model(0)
     trainer = Trainer(model, TrainerConfig(keep_checkpoints=2))

@@ -148,6 +148,11 @@ def _show(db: Path, args: argparse.Namespace) -> None:
             f"{r['id']}  {r['domain']:<12} v{r['model_version']:<4} step {step:<5} reward {reward:<7} "
             f"{r['prompt'][:30]!r} -> {r['completion'][:30]!r} {r['reason']}"
         )
+    changes = store.events("config_change")  # a resume that changed fields, a branch's source (lineage.py)
+    if changes:
+        print(f"\n{len(changes)} config change(s) (config_history.jsonl):")
+        for ev in changes:
+            print(f"  step {ev['step']}: {ev['message']}")
     alarms = store.events("alarm")
     if alarms:
         print(f"\n{len(alarms)} alarm(s):")

@@ -32,6 +32,63 @@ def default_dir(cfg: BaseConfig) -> Path:
     return DEFAULT_CACHE / f"base-{cfg.preset}-{cfg.fingerprint()}"
 
 
+BUILDS = "builds.jsonl"
+"""In the cache folder: one line per base built there (name, preset, steps, seconds, when)."""
+
+
+def _builds() -> list[dict]:
+    path = DEFAULT_CACHE / BUILDS
+    out = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else ():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("seconds"), int | float):
+            out.append(row)
+    return out
+
+
+def last_build(cfg: BaseConfig) -> tuple[float, str] | None:
+    """How long building `cfg`'s base took on this machine: (seconds, "") from its last build
+    here (the cache folder's log, else the record beside a cached copy), or (seconds, why) an
+    estimate from the newest build of its preset scaled by steps; None when nothing was built."""
+    out = default_dir(cfg)
+    rows = _builds()
+    own = [r for r in rows if r.get("base") == out.name]
+    if own:
+        return float(own[-1]["seconds"]), ""
+    try:
+        info = json.loads((out / "posttrain_base.json").read_text())
+        return float(info.get("build_seconds") or info["pretrain_seconds"]), ""
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    alike = [r for r in rows if r.get("preset") == cfg.preset and isinstance(r.get("steps"), int) and r["steps"] > 0]
+    if alike:
+        r = alike[-1]
+        return r["seconds"] * cfg.steps / r["steps"], f"estimated from a {r['steps']}-step build of preset {cfg.preset}"
+    return None
+
+
+def duration(seconds: float) -> str:
+    """38s, 4m52s, 1h02m."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def build_note(cfg: BaseConfig) -> str:
+    """What the last build of `cfg`'s base took here, in words (`last_build`)."""
+    last = last_build(cfg)
+    if last is None:
+        return f"not built on this machine before ({cfg.steps} pretraining steps of preset {cfg.preset})"
+    seconds, why = last
+    return f"about {duration(seconds)}, {why}" if why else f"the last build took {duration(seconds)}"
+
+
 def data_digest(cfg: BaseConfig) -> str:
     """What a build trains on beyond its config: the first DIGEST_EXAMPLES conversations the
     corpus generator gives for `cfg` (the domains' task generators, gold answers, buggy solvers
@@ -178,7 +235,8 @@ def _encode_batch(tok, conversations: list[Conversation] | list[tuple[str, str]]
 
 
 def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
-    """Pretrain and save the base model; returns its directory."""
+    """Pretrain and save the base model; returns its directory. Its build time is stored beside
+    it (`posttrain_base.json`) and, for a build into the cache folder, logged there (`BUILDS`)."""
     import math
 
     import torch
@@ -186,6 +244,7 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
     from posttrain.model.arch import random_model
     from posttrain.progress import progress as progress_bar
 
+    began = time.perf_counter()
     out = Path(out_dir) if out_dir else default_dir(cfg)
     torch.set_num_threads(cfg.threads)
     model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=cfg.max_positions)
@@ -212,11 +271,11 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
             bar.set_postfix(loss=f"{loss.item():.3f}")
         bar.update(1)
     bar.close()
-    _save(model.eval(), tok, out, cfg, time.perf_counter() - start)
+    _save(model.eval(), tok, out, cfg, time.perf_counter() - start, time.perf_counter() - began)
     return out
 
 
-def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
+def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds: float) -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     from posttrain.model.tokenizer import save_tokenizer
@@ -226,6 +285,7 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
         "base_config": cfg.model_dump(),
         "data_digest": data_digest(cfg),
         "pretrain_seconds": round(seconds, 1),
+        "build_seconds": round(build_seconds, 1),
         "buggy_solvers": sorted(BUGS),
     }
     if set(cfg.domains) & set(TURN_BUGS):
@@ -236,14 +296,19 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float) -> None:
 
         shutil.rmtree(out)
     tmp.rename(out)
+    if out.resolve() == default_dir(cfg).resolve():
+        row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 1)}
+        with open(DEFAULT_CACHE / BUILDS, "a") as f:
+            f.write(json.dumps({**row, "time": round(time.time())}) + "\n")
 
 
 def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], None] | None = None) -> Path:
-    """The cached base model for `cfg`: built if missing, rebuilt (saying why, on stderr unless
-    `log`) when the cache was built from other data than this code gives (`data_digest`; a cache
-    from before the digest was recorded counts as other data). Processes that ask for one base at
-    once (test workers, two runs on one machine) take turns on a lock file beside it: one builds,
-    the others then find it cached."""
+    """The cached base model for `cfg`: built if missing (saying so first, with how long its last
+    build here took: `build_note`; on stderr unless `log`), rebuilt (saying why) when the cache
+    was built from other data than this code gives (`data_digest`; a cache from before the
+    digest was recorded counts as other data). Processes that ask for one base at once (test
+    workers, two runs on one machine) take turns on a lock file beside it: one builds, the
+    others then find it cached."""
     import fcntl
 
     out = default_dir(cfg)
@@ -251,17 +316,19 @@ def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], Non
     if _stored_digest(out) == current:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     with open(out.with_name(out.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         stored = _stored_digest(out)
         if stored == current:
             return out
         if (out / "config.json").is_file():
-            say = log or (lambda m: print(m, file=sys.stderr, flush=True))
             say(
                 f"posttrain: the cached base {out} was built from other pretraining data than this code gives "
-                f"(digest {stored or 'not recorded'}, now {current}): rebuilding it"
+                f"(digest {stored or 'not recorded'}, now {current}): rebuilding it; {build_note(cfg)}"
             )
+        else:
+            say(f"posttrain: building the base model {out} (not cached; `posttrain base list`): {build_note(cfg)}")
         return build_base(cfg, out, progress=progress)
 
 

@@ -630,8 +630,12 @@ class Trainer:
 
     def resume(self, path: str | Path) -> dict[str, Any]:
         """Restore from a checkpoint (or a run directory's latest); returns the
-        caller's loop state. Model parameters are overwritten in place."""
+        caller's loop state. Model parameters are overwritten in place. The optimizer's moments
+        and step counts come from the checkpoint, its learning rate from this trainer's config
+        (`trainer.lr`, which a resume may change: configs/resume.py)."""
         ckpt = load_checkpoint(path, self.model, self.optimizer)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr
         loop_state = dict(ckpt.loop_state)
         if "trainer" not in loop_state:
             raise TrainerError(f"checkpoint {ckpt.path} holds no trainer state (not saved by Trainer.save)")
