@@ -209,3 +209,17 @@ def test_the_page_is_replaced_whole_never_written_in_place(tmp_path, monkeypatch
     with pytest.raises(OSError):
         write_report(run)
     assert page.read_text() == old and [p.name for p in run.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_the_page_lists_the_runs_config_history(tmp_path, no_plots):
+    """A resume that changed fields and a branch (lineage.py's config_history.jsonl) are named on the page."""
+    run = _run(tmp_path, "extended")
+    assert "neither extended nor branched" in write_report(run).read_text()
+    entries = [
+        {"kind": "branch", "step": 0, "from": "runs/a/checkpoints/step_00000004", "source_step": 4, "source_run": "a"},
+        {"kind": "resume", "step": 3, "changes": [{"field": "run.steps", "from": 3, "to": 6}]},
+    ]
+    (run / "config_history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries) + "not json\n")
+    page = write_report(run).read_text()
+    assert "branched from runs/a/checkpoints/step_00000004 (step 4 of a)" in page
+    assert "resumed at step 3 with run.steps 3 -&gt; 6" in page

@@ -331,6 +331,19 @@ def _replay_table(data: RunData) -> str:
     return f"<table>{rows}</table>"
 
 
+def _history_table(data: RunData) -> str:
+    """The run's config history (lineage.py): each resume that changed fields, a branch's source."""
+    from posttrain.lineage import describe, read_history
+
+    entries = read_history(data.path)
+    if not entries:
+        return '<p class="empty">neither extended nor branched: one config from step 0</p>'
+    rows = "".join(
+        f'<tr><td>{e.get("step", 0):.0f}</td><td class="l">{html.escape(describe(e))}</td></tr>' for e in entries
+    )
+    return f'<table><tr><th>step</th><th class="l">change</th></tr>{rows}</table>'
+
+
 def _summary(data: RunData) -> str:
     steps = data.train[-1]["step"] if data.train else 0
     overhead = [r.get("monitor_s", 0.0) for r in data.monitor]
@@ -497,6 +510,7 @@ def render(data: RunData) -> str:
 <h2>Replay (trainer.replay)</h2>{_replay_table(data)}
 <h2>Stage pools (runtime ray, pipeline.elastic)</h2>{_pool_table(data)}
 <h2>Curves</h2><div class="grid">{body}</div>
+<h2>Run history (resumes with changes, branches)</h2>{_history_table(data)}
 <h2>Config</h2><pre>{html.escape(data.config)}</pre>
 </body></html>
 """
