@@ -107,3 +107,13 @@ EXPECTED = [
 def test_every_scheduler_masks_the_long_prompt_and_the_broken_call_alone(scheduler):
     assert {o for _, o in EXPECTED} == {"masked", "passed", "failed"}
     assert scheduler() == EXPECTED
+
+
+def test_sampled_evaluation_scores_its_batch_mates_when_a_group_is_masked():
+    """pass@k over sampled groups: the groups the engine could not serve are left out, the rest
+    scored (a masked group has no episodes to read: this crashed on `run.n` before)."""
+    from posttrain.evaluate.core import EvalOptions
+
+    [result] = evaluate_sets(FlakyEngine(), {"add": SET}, EvalOptions(samples=2, ks=(1, 2)), ["core"]).values()
+    mean, low, high = result.sampling["pass@1"]
+    assert 0.0 < mean < 1.0 and low <= mean <= high  # even first operands pass, odd ones fail

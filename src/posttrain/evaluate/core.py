@@ -184,35 +184,19 @@ class DomainResult:
     @classmethod
     def from_json(cls, d: Mapping) -> DomainResult:
         low, high = d.get("ci", (0.0, 1.0))
-        return cls(
-            d["domain"],
-            d["difficulty"],
-            d["n"],
-            d["accuracy"],
-            d.get("mean_score"),
-            d.get("infra_errors", 0),
-            low,
-            high,
-            d.get("train_accuracy"),
-            d.get("eval_verifier", ""),
-            d.get("requested", d["n"]),
-            d.get("kind", "core"),
-            {k: tuple(v) for k, v in d.get("sampling", {}).items()},
-            tuple((i[0], i[1], i[2]) for i in d.get("items", ())),
-            tuple(d.get("turns", ())),
-            d.get("turn_budget", 0),
-            tuple((s[0], s[1]) if s is not None else None for s in d.get("stops", ())),
-        )
+        figures = (d["accuracy"], d.get("mean_score"), d.get("infra_errors", 0), low, high, d.get("train_accuracy"))
+        labels = (d.get("eval_verifier", ""), d.get("requested", d["n"]), d.get("kind", "core"))
+        sampling = {k: tuple(v) for k, v in d.get("sampling", {}).items()}
+        items = tuple((i[0], i[1], i[2]) for i in d.get("items", ()))
+        stops = tuple((s[0], s[1]) if s is not None else None for s in d.get("stops", ()))
+        turns = (tuple(d.get("turns", ())), d.get("turn_budget", 0))
+        return cls(d["domain"], d["difficulty"], d["n"], *figures, *labels, sampling, items, *turns, stops)
 
     def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
+        first = (self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier, self.items[:m])
         return _result(
-            self.domain,
-            self.difficulty,
-            self.kind,
-            min(self.requested, m),
-            self.eval_verifier,
-            self.items[:m],
+            *first,
             [],
             turns=self.turns[:m],
             turn_budget=self.turn_budget,
@@ -240,24 +224,19 @@ def _result(
     k = sum(ok)
     acc = k / len(ok) if ok else None
     low, high = wilson(k, len(ok))
+    mean, train_acc = sum(values) / len(values) if values else None, sum(train) / len(train) if train else None
+    figures = (acc, mean, len(items) - len(ok), low, high, train_acc, verifier, requested, kind)
+    kept_stops = tuple(stops) if any(x is not None for x in stops) else ()
     return DomainResult(
         domain,
         level,
         len(items),
-        acc,
-        sum(values) / len(values) if values else None,
-        len(items) - len(ok),
-        low,
-        high,
-        sum(train) / len(train) if train else None,
-        verifier,
-        requested,
-        kind,
+        *figures,
         dict(sampling or {}),
         tuple(items),
         tuple(turns),
         turn_budget,
-        tuple(stops) if any(x is not None for x in stops) else (),
+        kept_stops,
         tuple(samples),
     )
 
@@ -417,7 +396,7 @@ def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
     for run in _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts):
-        episodes = run.episodes or [Episode("")] * run.n
+        episodes = run.episodes or [Episode("")] * len(run.final)  # a group masked before verification
         judged = [(extract_answer(e.completion), v.ok) for e, v in zip(episodes, _judged(run)) if v.ok is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
@@ -450,20 +429,12 @@ def evaluate_sets(
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
-        multi = is_multi_turn(s.domain)
+        episodes: dict[str, Any] = {}  # a multi-turn domain's turns, turn budget and stops
+        if is_multi_turn(s.domain):
+            episodes = {"turns": turns, "turn_budget": turns_for(s.domain, opts), "stops": stops}
+        label = eval_verifier_name(get(s.domain))
         out[key] = _result(
-            s.domain,
-            s.level,
-            s.kind,
-            s.requested,
-            eval_verifier_name(get(s.domain)),
-            items,
-            values,
-            sampling,
-            turns=turns if multi else (),
-            turn_budget=turns_for(s.domain, opts) if multi else 0,
-            stops=stops if multi else (),
-            samples=samples,
+            s.domain, s.level, s.kind, s.requested, label, items, values, sampling, samples=samples, **episodes
         )
     return out
 

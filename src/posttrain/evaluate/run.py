@@ -196,14 +196,8 @@ class RunEvaluator:
                 d: rotation_slice(s, self.cfg.rotation_tasks, number, self.cfg.seed)
                 for d, s in self.heldout.of_kind("core").items()
             }
-        table = evaluate_heldout(
-            self.engine,
-            self.heldout,
-            options(self.cfg, sampled=False, tasks=self.tasks, run=self.run),
-            subset=self.cfg.subset_tasks,
-            rotation=rotation,
-            probes=False,
-        )
+        opts = options(self.cfg, sampled=False, tasks=self.tasks, run=self.run)
+        table = evaluate_heldout(self.engine, self.heldout, opts, self.cfg.subset_tasks, rotation, probes=False)
         seconds = time.perf_counter() - t0
         self.seconds["periodic"] += seconds
         self._row(step, table, seconds)

@@ -1,8 +1,7 @@
-"""posttrain.pipeline: the asynchronous rollout pipeline and its scheduler.
+"""posttrain.pipeline: the rollout pipeline, its schedulers and the group lifecycle.
 
-Invariant: every admitted group leaves the pipeline exactly once, scored or
-masked with a typed infra error (never scored 0), and every background task
-is owned by one asyncio.TaskGroup.
+Invariant: every admitted group leaves exactly once, scored or masked with a typed infra
+error (never scored 0), whichever scheduler ran it.
 
     async with Pipeline(cfg, EmbeddedWorkers(engine), params, scheduler) as pipe:
         results = await pipe.run_groups(tasks)   # one step's tasks, in order (multi-turn: envs.driver)

@@ -345,11 +345,6 @@ class Continuous:
             self._rerun.append((task, rec.id, f"{groups.get(rec.id) or rec.group_id or rec.id}~{step}"))
         return lost
 
-    def mix(self) -> Mapping[str, Mapping[str, float]]:
-        if self._pipe is None:
-            return self.scheduler.mix()
-        return self._in_loop(lambda _: self.scheduler.mix())
-
     def close(self) -> None:
         """Stop the pipeline (groups in flight are abandoned), its loop and the workers."""
         if self._serving is not None and not self._serving.done():

@@ -1,26 +1,16 @@
 """The asynchronous rollout pipeline: generate -> execute -> verify over bounded queues.
 
-Invariant: every admitted group leaves the pipeline exactly once, as one
-GroupResult holding one Rollout per sample: scored, or masked with a typed
-error after its retries ran out (never scored 0 for an infra error). Blame
-is per sample and by cause: what the model's output made host code raise
-(an environment step, the execute step, the verifier) scores that sample 0
-with the reason; an infra failure of one sample's step, run or verification
-(a transient verifier error) is retried, then masks that sample alone, and
-its group-mates go on; each Rollout carries the retries it went through;
-admission keeps each domain's quota of in-flight groups and takes the
-highest-priority pending task first (`Scheduler.next_admissible`); an engine call
-that fails over several groups is split in halves until the failing group
-stands alone, so only its own request masks it (`group.generation`, the helper
-every scheduler batches generation with). Every
-background task is owned by the pipeline's asyncio.TaskGroup, so a crash in
-any stage cancels its siblings and surfaces from `async with`; a stage
-never blocks the event loop (its workers' calls are awaitable; only a
-verifier that declares itself `cheap`, microseconds, is called inline);
-no task waits on a timer: the feeder and `run_groups` sleep on events.
-What comes next for a group (the stage order, retries and their backoffs, masks,
-the rollouts) is the group lifecycle's (`GroupRun.next_call` / `feed`, pipeline/group.py);
-the pipeline maps each call kind to its queue (`_route`) and runs the calls concurrently.
+Invariant: every admitted group leaves the pipeline exactly once, as one GroupResult holding
+one Rollout per sample: scored, or masked with a typed error after its retries ran out (never
+scored 0 for an infra error). What comes next for a group (the stage order, retries and their
+backoffs, blame by cause, the split of a failed engine call, the rollouts) is the group
+lifecycle's (`GroupRun.next_call` / `feed` and `generation`, pipeline/group.py); the pipeline
+admits (a domain's quota, the highest priority first: `Scheduler.next_admissible`), maps each
+call kind to its queue (`_route`) and runs the calls concurrently. Every background task is
+owned by the pipeline's asyncio.TaskGroup, so a crash in any stage cancels its siblings and
+surfaces from `async with`; a stage never blocks the event loop (its workers' calls are
+awaitable; only a verifier that declares itself `cheap`, microseconds, is called inline); no
+task waits on a timer: the feeder and `run_groups` sleep on events.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,15 +65,9 @@ class PipelineStats:
         """Per-step metrics: depth, throughput, p50/p99 latency, idle share per stage."""
         out: dict[str, float] = {f"pipe_{k}": float(v) for k, v in self.counters.items()}
         for s in self.stages:
-            out.update(
-                {
-                    f"{s.name}_items": s.items,
-                    f"{s.name}_per_s": round(s.throughput, 3),
-                    f"{s.name}_p50_s": round(s.p50_s, 5),
-                    f"{s.name}_p99_s": round(s.p99_s, 5),
-                    f"{s.name}_idle_share": round(1.0 - s.utilisation, 4),
-                }
-            )
+            out.update({f"{s.name}_items": s.items, f"{s.name}_per_s": round(s.throughput, 3)})
+            out.update({f"{s.name}_p50_s": round(s.p50_s, 5), f"{s.name}_p99_s": round(s.p99_s, 5)})
+            out[f"{s.name}_idle_share"] = round(1.0 - s.utilisation, 4)
         for q in self.queues:
             out[f"queue_{q.name}_max_depth"] = q.max_depth
         out["inflight_cap"] = self.inflight_cap
@@ -111,23 +95,18 @@ class Pipeline:
     ) -> None:
         self.cfg, self.workers, self.params, self.scheduler = config, workers, params, scheduler
         self.budgets = budgets
-        """Per-domain budgets: each group generates with its domain's tokens per turn and
-        turns (None: `params.max_tokens` and the declared turns for every domain)."""
+        """Per-domain budgets (None: `params.max_tokens` and the declared turns for every domain)."""
         self._events = events
         self._prefix = group_prefix
         self.seed = seed
-        """With a seed, each group's samples are seeded by (seed, group id): the same
-        whatever the batching, the worker or the runtime."""
+        """With a seed, each group's samples are seeded by (seed, group id, attempt): `group_seed`."""
         self.q_generate: BoundedQueue[GroupRun] = BoundedQueue("generate", config.queue_size)
         self.q_continue: BoundedQueue[GroupRun] = BoundedQueue("continue", config.max_inflight + 1)
         self.q_execute: BoundedQueue[GroupRun] = BoundedQueue("execute", config.queue_size)
         self.q_verify: BoundedQueue[GroupRun] = BoundedQueue("verify", config.queue_size)
         self.results: BoundedQueue[GroupResult] = BoundedQueue("results", config.queue_size)
-        w = config.latency_window
         self.meters = {
-            "generate": StageMeter("generate", config.calls("generate"), w),
-            "execute": StageMeter("execute", config.calls("execute"), w),
-            "verify": StageMeter("verify", config.calls("verify"), w),
+            k: StageMeter(k, config.calls(k), config.latency_window) for k in ("generate", "execute", "verify")
         }
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._seq = itertools.count()
@@ -166,12 +145,10 @@ class Pipeline:
         await self._tg.__aexit__(*exc)
 
     # ---- admission -----------------------------------------------------
-    def _fill(self) -> float:
-        return max(q.fill() for q in (self.q_generate, self.q_execute, self.q_verify))
-
     def _room(self) -> bool:
-        inflight = self.counters["admitted"] - self.counters["finished"]
-        return inflight < self.scheduler.cap.update(self._fill())
+        """Room for another group under the in-flight cap (`AdaptiveCap`, by the fullest queue)."""
+        fill = max(q.fill() for q in (self.q_generate, self.q_execute, self.q_verify))
+        return self.counters["admitted"] - self.counters["finished"] < self.scheduler.cap.update(fill)
 
     def _next_pending(self) -> tuple[int, Task] | None:
         """The pending task to admit now (`Scheduler.next_admissible`: a free slot of its tier,
@@ -221,34 +198,28 @@ class Pipeline:
                     item.feed([await self.workers.encode(p) for p in call.prompts])
             except Exception as exc:
                 item.feed(exc)
-        if isinstance(call, Generate):
-            await self._to_generate(item, self.q_generate)
+        if isinstance(call, Generate):  # a first turn, an episode group's too: the generate queue
+            await self.q_generate.put(item)
+            self._gen_ready.set()
         else:
             await self._route(item)
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[GroupRun]:
-        batch = [await self._get_either()]
+        """Up to `generate_batch` groups, the continuation queue's first (sleeps until one is queued)."""
+        batch: list[GroupRun] = []
         while len(batch) < self.cfg.generate_batch:
+            if not batch and self._closing:
+                raise asyncio.CancelledError
             nxt = self.q_continue.get_nowait() or self.q_generate.get_nowait()
-            if nxt is None:
+            if nxt is not None:
+                batch.append(nxt)
+            elif batch:
                 break
-            batch.append(nxt)
+            else:
+                self._gen_ready.clear()
+                await self._gen_ready.wait()
         return batch
-
-    async def _get_either(self) -> GroupRun:
-        """Next item from the continuation queue (priority) or the generate queue."""
-        while not self._closing:
-            item = self.q_continue.get_nowait() or self.q_generate.get_nowait()
-            if item is not None:
-                return item
-            self._gen_ready.clear()
-            await self._gen_ready.wait()
-        raise asyncio.CancelledError  # closing
-
-    async def _to_generate(self, item: GroupRun, queue: BoundedQueue[GroupRun]) -> None:
-        await queue.put(item)
-        self._gen_ready.set()
 
     async def _generate_worker(self, index: int) -> None:
         """Each batch is split by token budget, shortest first, one engine call per
@@ -279,23 +250,25 @@ class Pipeline:
     def _seed(self, item: GroupRun) -> int | None:
         return group_seed(item, self.seed)
 
+    async def _metered(self, stage: str, call: Awaitable[Any], items: int = 1) -> tuple[Any, float]:
+        """What the worker call `call` returned (or the exception that failed it: infra for the
+        whole call; 0 seconds) and the seconds it took, on the stage's meter."""
+        token = next(self._tokens)
+        self.meters[stage].begin(token)
+        try:
+            got = await call
+        except Exception as exc:  # a cancellation is no Exception: it propagates
+            self.meters[stage].end(token, items, error=True)
+            return exc, 0.0
+        return got, self.meters[stage].end(token, items)
+
     async def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> Outcome:
         """What came of one engine call (its completions, or what it raised) and its seconds."""
-        token = next(self._tokens)
-        meter = self.meters["generate"]
-        meter.begin(token)
-        try:
-            call = self.workers.generate(requests)
-            timeout = self.cfg.generate_timeout_s
-            outs = await (asyncio.wait_for(call, timeout) if timeout else call)
-        except Exception as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            meter.end(token, groups, error=True)
-            if isinstance(exc, TimeoutError):
-                exc = TimeoutError(f"generation timed out after {self.cfg.generate_timeout_s}s")
-            return exc, 0.0
-        return outs, meter.end(token, groups)
+        call, timeout = self.workers.generate(requests), self.cfg.generate_timeout_s
+        got, took = await self._metered("generate", asyncio.wait_for(call, timeout) if timeout else call, groups)
+        if isinstance(got, TimeoutError):
+            got = TimeoutError(f"generation timed out after {timeout}s")
+        return got, took
 
     async def _execute_worker(self) -> None:
         """A group's environment steps, then (once every episode is done, or for a single-turn
@@ -303,17 +276,11 @@ class Pipeline:
         while not self._closing:
             item = await self.q_execute.get()
             while isinstance(call := item.next_call(), Step | Execute):
-                token = next(self._tokens)
-                self.meters["execute"].begin(token)
-                try:
-                    got = await (self._step_envs(call) if isinstance(call, Step) else self._execute(call))
-                except Exception as exc:  # the worker call itself failed: infra for the whole call
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    self.meters["execute"].end(token, error=True)
-                    item.feed(exc)
-                    continue
-                item.feed(got, self.meters["execute"].end(token))
+                item.feed(
+                    *await self._metered(
+                        "execute", self._step_envs(call) if isinstance(call, Step) else self._execute(call)
+                    )
+                )
             await self._route(item, call)
 
     async def _execute(self, call: Execute) -> Sequence[Any]:
@@ -355,32 +322,19 @@ class Pipeline:
             if not isinstance(call, Verify):
                 await self._route(item, call)
                 continue
-            token = next(self._tokens)
-            self.meters["verify"].begin(token)
-            try:
-                got = await self._verify_some(call.task, call.episodes)
-            except Exception as exc:
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                self.meters["verify"].end(token, error=True)
-                item.feed(exc)
-            else:
-                item.feed(got, self.meters["verify"].end(token))
+            item.feed(*await self._metered("verify", self._verify_some(call.task, call.episodes)))
             await self._route(item)
 
     async def _verify_some(self, task: Task, episodes: list[Episode]) -> Sequence[Verdict]:
-        """The verdicts of `episodes` (none: no call)."""
+        """The verdicts of `episodes` (none: no call); a verifier that declares itself cheap
+        (`Workers.cheap_verifier`, microseconds) is called in the event loop's thread."""
         if not episodes:
             return ()
-        if self._cheap(task.domain):  # microseconds: no thread hop
+        if task.domain not in self._cheap_domains:
+            self._cheap_domains[task.domain] = self.workers.cheap_verifier(task.domain)
+        if self._cheap_domains[task.domain]:
             return self.workers.verify_now(task, episodes)
         return await self.workers.verify(task, episodes)
-
-    def _cheap(self, domain: str) -> bool:
-        """The domain's verifier is called in the event loop's thread (`Workers.cheap_verifier`)."""
-        if domain not in self._cheap_domains:
-            self._cheap_domains[domain] = self.workers.cheap_verifier(domain)
-        return self._cheap_domains[domain]
 
     # ---- routing: each call kind to its queue ---------------------------
     async def _route(self, item: GroupRun, call: Call | None = None) -> None:
@@ -400,7 +354,8 @@ class Pipeline:
             assert self._tg is not None
             self._tasks.append(self._tg.create_task(self._later(item, call.seconds)))
         elif isinstance(call, Generate):
-            await self._to_generate(item, self.q_continue if call.turn else self.q_generate)
+            await (self.q_continue if call.turn else self.q_generate).put(item)
+            self._gen_ready.set()
         elif isinstance(call, Step | Execute):
             await self.q_execute.put(item)
         elif isinstance(call, Verify):

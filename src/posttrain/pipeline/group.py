@@ -2,28 +2,25 @@
 
 Invariant: a `GroupRun` carries one task's group of samples from admission to one
 `GroupResult`, and it alone decides the sequence. A scheduler asks it for its next call
-(`next_call`: Open its environments, Encode prompts, Generate a turn, Step episodes, Execute
-samples, Verify episodes, Wait a backoff, or Done) and hands back what came of that call
-(`feed`); the group decides what follows. Its domain and budget are resolved once, at
-admission (`GroupRun.admit`); every retry of a stage (generation, an execute or environment
-step, a transient verifier failure) goes through its one `RetryPolicy`, its attempts and
-retries recorded and counted, its backoff handed out once as a Wait; masking is by cause
-(`errors.blame`): a model fault scores its sample 0 with the reason, an infra failure masks
-that sample alone after its retries, never its group-mates; a call that fails for the whole
-group is retried after its backoff, then masks every sample not decided and finishes the
-group; each Rollout has its id from birth (`rollout_id`). Generation is batched across groups
-by one helper, `generation`, for every scheduler (it takes the groups whose next call is
-Generate): an engine call that fails over several groups is halved down to the group that
-failed it, and a multi-turn group's prompt too long for the engine down to its single
-requests, so one bad prompt masks only its own samples. The schedulers (the staged pipeline,
-pipeline/core.py, which maps call kinds to its queues; the inline scheduler, pipeline/play.py,
-which training's direct path and the evaluator share) supply only concurrency and admission.
+(`next_call`: Open, Encode, Generate, Step, Execute, Verify, Wait or Done) and hands back what
+came of it (`feed`). Its domain and budget are resolved once, at admission (`GroupRun.admit`);
+every retry of a stage goes through its one `RetryPolicy`, counted, its backoff handed out once
+as a Wait; masking is by cause (`errors.blame`): a model fault scores its sample 0 with the
+reason, an infra failure masks that sample alone after its retries, never its group-mates; a
+call that fails for the whole group is retried, then masks every sample not decided and
+finishes the group; each Rollout has its id from birth (`rollout_id`). Generation is batched
+across groups by one helper, `generation`, for every scheduler: an engine call that fails over
+several groups is halved down to the group that failed it, and a multi-turn group's prompt too
+long for the engine down to its single requests, so one bad prompt masks only its own samples.
+The schedulers (pipeline/core.py, which maps call kinds to its queues; pipeline/play.py, which
+training's direct path and the evaluator share) supply only concurrency and admission.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,20 +34,9 @@ from posttrain.pipeline.workers import Verdict, verdict_of
 from posttrain.rollout import Rollout, rollout_id
 from posttrain.types import Completion, CostClass, Episode, GenerationRequest, Message, SamplingParams, Task
 
-COUNTERS = (
-    "admitted",
-    "finished",
-    "retries",
-    "masked_groups",
-    "masked_rollouts",
-    "paused_skipped",
-    "long_sampled",
-    "masked_execute",
-    "model_faults",
-    "generate_splits",
-    "prompt_computed",
-    "prompt_new",
-    "engine_faults",
+COUNTERS = tuple(
+    "admitted finished retries masked_groups masked_rollouts paused_skipped long_sampled masked_execute"
+    " model_faults generate_splits prompt_computed prompt_new engine_faults".split()
 )
 """The pipeline's counters (`pipe_<name>` in the per-step metrics): masked_groups counts
 groups every sample of which was masked, masked_rollouts the masked samples;
@@ -101,9 +87,8 @@ class GroupResult:
 @dataclass(frozen=True)
 class Played:
     """One episode as `GroupRun.played` gives it: the token ledger (with the loss mask), what the
-    verifier would score, how many turns it used, the infra error kind that masked it (None when
-    it ran to its end) and the model fault that ended it (scored 0 with that reason; None when
-    there was none)."""
+    verifier would score, its turns, the infra error kind that masked it (None: it ran to its
+    end) and the model fault that ended it (scored 0 with that reason; None: there was none)."""
 
     completion: Completion
     episode: Episode
@@ -115,16 +100,6 @@ class Played:
 
 _PENDING: Any = object()
 """An execute-stage result not produced yet (the sample has not run, or its run failed)."""
-
-
-def _lie(c: Completion) -> ErrorRecord:
-    """The record of a sample whose completion the engine's check refused (`Completion.fault`)."""
-    return ErrorRecord("engine", c.fault)
-
-
-def _ran(result: Any) -> Any:
-    """An execute-stage result as the verifier reads it (None for a run that never produced one)."""
-    return None if result is _PENDING else result
 
 
 @dataclass(frozen=True)
@@ -152,8 +127,8 @@ class Encode:
 class Generate:
     """The group's next turn is due: the scheduler batches it with other groups' through
     `generation`, which feeds the group itself. `tokens`: its tokens per turn (groups are
-    batched by it); `turn`: an episode group's turn (past its admission, the staged pipeline
-    queues it for continuation)."""
+    batched by it); `turn`: an episode group's turn (the staged pipeline queues it for
+    continuation)."""
 
     tokens: int
     turn: bool
@@ -180,8 +155,8 @@ class Execute:
 
 @dataclass(frozen=True)
 class Verify:
-    """Verify `episodes` (none: nothing left to verify, no call needed); feed back their verdicts
-    in order, or what the call raised."""
+    """Verify `episodes` (none: no call needed); feed back their verdicts in order, or what the
+    call raised."""
 
     task: Task
     episodes: list[Episode]
@@ -217,18 +192,14 @@ class GroupRun:
     _tier: CostClass
     _seq: int
     _n: int
-    """Samples in the group (`SamplingParams.n`)."""
     _policy: RetryPolicy
     _counters: dict[str, int]
     """The scheduler's counters (`COUNTERS`), which this group's retries, faults and masks add to."""
     _domain: Domain
-    """The task's domain, resolved once at admission."""
     _budget: Budget
     """The domain's effective budget (the override of `tasks.domains.X`, else its declaration)."""
-    _episodic: bool = False
-    """The domain runs episodes (it declares an environment), resolved at admission."""
     _executes: bool = False
-    """The domain declares an execute step (`Domain.executes`), resolved at admission."""
+    """The domain declares an execute step (`Domain.executes`)."""
     _admitted_at: float = field(default_factory=time.perf_counter)
     _prompt_ids: tuple[int, ...] = ()
     _completions: list[Completion] = field(default_factory=list)
@@ -237,13 +208,11 @@ class GroupRun:
     _targets: list[list[Trajectory]] = field(default_factory=list)
     """The trajectories each of the last generation requests feeds (driver.requests)."""
     _execs: list[Any] = field(default_factory=list)
-    """Each sample's execute-stage result (`_PENDING` until it ran)."""
     _decided: dict[int, Verdict] = field(default_factory=dict)
     """Samples whose verdict is known before verification: masked by an infra error after
     their retries, or scored 0 for a model fault. The rest of the group goes on."""
     _sandbox_failed: bool = False
-    """Some sample's execute step or environment step failed past its retries (the group
-    then counts as an infra failure of its domain, `Scheduler.record_verification`)."""
+    """Some sample's execute or environment step failed past its retries (`Done.health`)."""
     episodes: list[Episode] | None = None
     """The group's episodes, what the verifier scores (built once, when verification is asked for)."""
     _verified: dict[int, Verdict] = field(default_factory=dict)
@@ -252,20 +221,18 @@ class GroupRun:
     """Per stage: the retries taken (`RetryPolicy.delay`'s `attempts`)."""
     _group_retries: int = 0
     """Retries of a stage call for the whole group (every sample went through them)."""
-    _retried: dict[int, int] = field(default_factory=dict)
-    """Per sample: retries of its own (its execute step or environment step, its verification)."""
+    _retried: Counter[int] = field(default_factory=Counter)
+    """Per sample: retries of its own (its execute or environment step, its verification)."""
     _timings: dict[str, float] = field(default_factory=dict)
     _closed: bool = False
     _end_sessions: Callable[[Sequence[str]], None] | None = None
-    """Told the group's session keys when its episodes close (`Engine.end_sessions`, through
-    the scheduler's workers), so an engine that keeps an episode's context drops it."""
+    """Told the group's session keys when its episodes close (`Engine.end_sessions`)."""
     result: GroupResult | None = None
     """What `_finish` made (None until then)."""
     final: list[Verdict] = field(default_factory=list)
     """Each sample's verdict, as `_finish` was given them (empty until then)."""
     _backoff: float | None = None
-    """Set by `_fail` when the failed call is retried: the seconds to wait before it runs again
-    (`next_call` hands it out once, as a Wait)."""
+    """The seconds to wait before a retried call runs again (`next_call` hands it out once)."""
     _stage: str = "encode"
     """The stage due: "open", "encode", "generate", "step", "execute" or "verify"."""
     _envs: list[tuple[Environment, str]] | None = None
@@ -273,9 +240,7 @@ class GroupRun:
     _pending: list[Any] = field(default_factory=list)
     """What the call handed out last serves (samples, trajectories, first observations)."""
     _health: bool | None = None
-    """What the domain's health record gets once the group is done (`Done.health`)."""
 
-    # ---- admission -------------------------------------------------------------
     @classmethod
     def admit(
         cls,
@@ -301,9 +266,8 @@ class GroupRun:
         counters["admitted"] += 1
         counters["long_sampled"] += tier == "long"
         budget = budget or dataclasses.replace(domain.budget, tokens=params.max_tokens)
-        episodic, executes = domain.environment() is not None, domain.executes
-        run = cls(task, group_id, tier, seq, params.n, policy, counters, domain, budget, episodic, executes)
-        run._end_sessions, run._stage = end_sessions, "open" if episodic else "encode"
+        run = cls(task, group_id, tier, seq, params.n, policy, counters, domain, budget, domain.executes)
+        run._end_sessions, run._stage = end_sessions, "open" if domain.environment() is not None else "encode"
         return run
 
     # ---- the sequence: what a scheduler asks for, and hands back ------------------
@@ -325,15 +289,17 @@ class GroupRun:
             self._pending = list(dict.fromkeys(o for _, o in self._envs))
             return Encode(tuple(driver.first_messages(self.task, o) for o in self._pending))
         if stage == "generate":
-            return Generate(self._max_tokens, self._multi_turn)
+            return Generate(self._budget.tokens, self._trajectories is not None)
         if stage == "step":
-            self._pending = self._stepping()
+            assert self._trajectories is not None
+            self._pending = [(i, t) for i, t in enumerate(self._trajectories) if t.awaiting_step]
             return Step(list(self._pending))
         if stage == "execute":
             self._pending, comps = self._to_execute()
             return Execute(self.task, comps, self._executes)
-        self._pending, episodes = self._to_verify()
-        return Verify(self.task, episodes)
+        episodes = self._settle()
+        self._pending = [i for i in range(len(episodes)) if i not in self._decided and i not in self._verified]
+        return Verify(self.task, [episodes[i] for i in self._pending])
 
     def feed(self, got: Any, seconds: float = 0.0) -> None:
         """What came of the call `next_call` handed out (its value as the call says, or the
@@ -348,7 +314,7 @@ class GroupRun:
         elif stage == "encode":
             self._encoded(got)
         elif stage == "step":
-            self._stepped_all(got)
+            self._stepped(got)
         elif stage == "execute":
             self._timings["execute_s"] = self._timings.get("execute_s", 0.0) + seconds
             if isinstance(got, BaseException):
@@ -364,31 +330,36 @@ class GroupRun:
                 self._fail("verify", got)
             elif self._verified_some(self._pending, got) is None:
                 self._timings.setdefault("execute_s", 0.0)
-                self._health = self._infra_failed()
-                self._finish(self._verdicts(), self.episodes or ())
+                final = list(self._verified.values())
+                self._counters["model_faults"] += sum(v.fault is not None for v in final)
+                # the domain's health record: infra failed (its sandbox past retries, or its verifier)
+                ran = final or self._sandbox_failed
+                self._health = (self._sandbox_failed or any(v.error_kind == "verifier" for v in final)) if ran else None
+                both = {**self._decided, **self._verified}
+                self._finish([both[i] for i in range(len(self.episodes or ()))], self.episodes or ())
         else:
             raise ValueError(f"GroupRun.feed: no call of the group's is out in stage {stage!r}")
 
     def played(self) -> list[Played]:
         """The group's episodes as played (a group masked by a stage: no episodes)."""
         episodes = self._settle() if self.result is None else self.episodes or ()
-        out = []
+        comps, out = self._samples(), []
         for i in range(self._n):
             v = self._decided.get(i) or (self.final[i] if self.final else None)
             error = v.error_kind if v is not None and v.score is None else None
             fault = v.fault if v is not None else None
+            c = comps[i]
             if self._trajectories:
-                t = self._trajectories[i]
-                c, turns, mask = t.completion(), len(t.turns), tuple(t.mask)
+                turns, mask = len(self._trajectories[i].turns), tuple(self._trajectories[i].mask)
             else:
-                c = self._completions[i] if self._completions else Completion(self._prompt_ids, (), "", (), "error", 0)
                 turns, mask = 1, (1,) * len(c.token_ids)
             ep = episodes[i] if episodes else Episode(c.text, finish_reason=c.finish_reason)
             out.append(Played(c, ep, turns, error, mask, fault))
         return out
 
     def _encoded(self, got: Any) -> None:
-        """The admission's encoding came back: the group starts generating, or cannot start."""
+        """The admission's encoding came back: the group starts generating (an episode group's
+        episodes begin, `got` the ids of each distinct first observation), or cannot start."""
         envs, self._envs = self._envs, None
         try:
             if isinstance(got, BaseException):
@@ -396,7 +367,11 @@ class GroupRun:
             if envs is None:
                 self._prompt_ids = got[0]
             else:
-                self._start(envs, dict(zip(self._pending, got)))
+                encoded = dict(zip(self._pending, got))
+                self._prompt_ids = encoded[envs[0][1]]
+                ids = [encoded[o] for _, o in envs]
+                turns = driver.turns_of(self._domain, self._budget)
+                self._trajectories = driver.start(envs, self.task, ids, turns, self._budget.seconds)
         except Exception as exc:
             if envs is not None:
                 driver.close_envs(e for e, _ in envs)
@@ -404,37 +379,26 @@ class GroupRun:
             return
         self._stage = "generate"
 
-    def _after_turn(self) -> None:
-        """After an engine call the group took: its episodes step, a single-turn group executes."""
-        self._stage = "step" if self._multi_turn else "execute"
-
-    def _stepped_all(self, got: Sequence[BaseException | None]) -> None:
+    def _stepped(self, got: Sequence[BaseException | None]) -> None:
+        """After the environment steps: a model fault a trajectory ended on decides it (0); an
+        observation that could not be encoded masks it; a step that raised is retried, then masked."""
         failed: dict[int, ErrorRecord] = {}
         for (i, t), exc in zip(self._pending, got):
             if exc is not None:
                 failed[i] = capture(exc, "sandbox")
-            else:
-                self._stepped(i, t)
+            elif t.fault is not None and i not in self._decided:
+                self._decide(i, ErrorRecord("model", t.fault), "model_faults")
+            elif t.error is not None and i not in self._decided:
+                self._decided[i] = Verdict(None, t.error, "the observation could not be encoded")
+                self._counters["masked_rollouts"] += 1
         if failed and self._retry_samples(failed) is not None:
             return
         self._stage = "generate" if self._playing else "execute" if self._executes else "verify"
 
     @property
-    def _multi_turn(self) -> bool:
-        return self._trajectories is not None
-
-    @property
-    def _max_tokens(self) -> int:
-        """Tokens per turn (the budget's)."""
-        return self._budget.tokens
-
-    def _start(self, envs: Sequence[tuple[Environment, str]], encoded: Mapping[str, tuple[int, ...]]) -> None:
-        """The group's episodes begin: `encoded` maps each first observation to its prompt's ids."""
-        self._prompt_ids = encoded[envs[0][1]]
-        ids = [encoded[o] for _, o in envs]
-        self._trajectories = driver.start(
-            envs, self.task, ids, driver.turns_of(self._domain, self._budget), self._budget.seconds
-        )
+    def _playing(self) -> bool:
+        """Some episode of the group is not done (it generates again)."""
+        return any(not t.done for t in self._trajectories or ())
 
     # ---- retries ---------------------------------------------------------------
     def _take_retry(self, stage: str, rec: ErrorRecord) -> float | None:
@@ -448,24 +412,22 @@ class GroupRun:
             self._backoff = delay
         return delay
 
-    def _fail(self, stage: str, exc: BaseException | ErrorRecord) -> float | None:
+    def _fail(self, stage: str, exc: BaseException | ErrorRecord) -> None:
         """A call of `stage` ("admit", "generate", "execute", "verify") failed for the whole group:
-        the backoff before it runs again (`_take_retry`; also left in `backoff`), or None: every
-        sample not decided is masked (`mask_rest`) and the group finished (`result`). Admission
-        is never retried."""
+        it runs again after a backoff (`_take_retry`), or every sample not decided is masked
+        (`_mask_rest`) and the group finished. Admission is never retried."""
         rec = exc if isinstance(exc, ErrorRecord) else capture(exc, "sandbox" if stage == "execute" else "infra")
         self._backoff = None if stage == "admit" else self._take_retry(stage, rec)
         self._group_retries += self._backoff is not None  # every sample went through it
         if self._backoff is None:
             self._finish(self._mask_rest(rec, stage))
-        return self._backoff
 
     # ---- generation -------------------------------------------------------------
     def _requests(self, params: SamplingParams, base: int | None) -> list[GenerationRequest]:
         """The generation requests of the group's next turn (one request of `params.n` for a
         single-turn group, seeded `base`; an episode's turn: `driver.requests`), with the
         budget's tokens per turn."""
-        params = dataclasses.replace(params, max_tokens=self._max_tokens)
+        params = dataclasses.replace(params, max_tokens=self._budget.tokens)
         if self._trajectories is not None:
             reqs, self._targets = driver.requests(self._trajectories, params, base, self._group_id)
             return reqs
@@ -473,24 +435,29 @@ class GroupRun:
 
     def _generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
         """The completions of `_requests`' call (its share: `seconds`) join the group: the
-        group's generate time, and its episodes' own time."""
+        group's generate time, and its episodes' own time. A completion the engine's check
+        refused (`Completion.fault`, engine/validate.py) masks its sample alone."""
         self._timings["generate_s"] = self._timings.get("generate_s", 0.0) + seconds
+        refused: list[tuple[int, Completion]] = []
         if self._trajectories is not None:
             driver.spent([t for ts in self._targets for t in ts], seconds)
             driver.add_actions(self._targets, got)
             for ts, cs in zip(self._targets, got):
                 for t, c in zip(ts, cs):
-                    if c.fault:  # the engine's answer was refused (engine/validate.py): masked alone
+                    if c.fault:
                         driver.mask(t, "engine")
-                        self._mask_sample(next(k for k, u in enumerate(self._trajectories) if u is t), _lie(c))
-                        self._counters["engine_faults"] += 1
+                        refused.append((next(k for k, u in enumerate(self._trajectories) if u is t), c))
         else:
             self._completions = list(got[0])
-            for i, c in enumerate(self._completions):
-                if c.fault:
-                    self._mask_sample(i, _lie(c))
-                    self._counters["engine_faults"] += 1
+            refused = [(i, c) for i, c in enumerate(self._completions) if c.fault]
+        for i, c in refused:
+            self._decide(i, ErrorRecord("engine", c.fault))
+            self._counters["engine_faults"] += 1
         self._after_turn()
+
+    def _after_turn(self) -> None:
+        """After an engine call the group took: its episodes step, a single-turn group executes."""
+        self._stage = "step" if self._trajectories is not None else "execute"
 
     def _no_room(self, ts: Sequence[Trajectory], exc: PromptTooLong) -> None:
         """The trajectories `ts`, whose request the engine can never take, end: as truncated
@@ -502,18 +469,14 @@ class GroupRun:
                 continue
             i = next(k for k, u in enumerate(self._trajectories) if u is t)
             driver.mask(t, "prompt")
-            self._mask_sample(i, capture(exc))
+            self._decide(i, capture(exc))
 
     # ---- per-sample outcomes ----------------------------------------------------
-    def _fault(self, i: int, rec: ErrorRecord) -> None:
-        """Sample `i`'s output made host code raise: scored 0 with the reason, counted."""
+    def _decide(self, i: int, rec: ErrorRecord, counter: str = "masked_rollouts") -> None:
+        """Sample `i`'s verdict before verification (`verdict_of`: scored 0 with the reason for a
+        model fault, masked for an infra failure past its retries), counted under `counter`."""
         self._decided[i] = verdict_of(rec)
-        self._counters["model_faults"] += 1
-
-    def _mask_sample(self, i: int, rec: ErrorRecord) -> None:
-        """Sample `i` failed for the infra past its retries: masked alone, counted."""
-        self._decided[i] = verdict_of(rec)
-        self._counters["masked_rollouts"] += 1
+        self._counters[counter] += 1
 
     def _retry_samples(self, failed: Mapping[int, ErrorRecord]) -> float | None:
         """After the infra failures `failed` (sample -> record) of some samples' execute or
@@ -521,35 +484,15 @@ class GroupRun:
         what they have); or None, each of them masked alone, and the group goes on."""
         delay = self._take_retry("execute", next(iter(failed.values())))
         if delay is not None:
-            for i in failed:
-                self._retried[i] = self._retried.get(i, 0) + 1
+            self._retried.update(failed.keys())
             return delay
         for i, rec in failed.items():
-            self._mask_sample(i, rec)
+            self._decide(i, rec)
             if self._trajectories is not None:
                 driver.mask(self._trajectories[i], rec.kind)
         self._counters["masked_execute"] += len(failed)
         self._sandbox_failed = True  # a failing sandbox degrades its domain (recorded once the group verified)
         return None
-
-    def _stepping(self) -> list[tuple[int, Trajectory]]:
-        """The trajectories whose last action the environment has not answered yet."""
-        assert self._trajectories is not None
-        return [(i, t) for i, t in enumerate(self._trajectories) if t.awaiting_step]
-
-    def _stepped(self, i: int, t: Trajectory) -> None:
-        """After trajectory `i`'s step (`driver.step`, and the observation encoded): a model
-        fault it ended on decides it (0); an observation that could not be encoded masks it."""
-        if t.fault is not None and i not in self._decided:
-            self._fault(i, ErrorRecord("model", t.fault))
-        elif t.error is not None and i not in self._decided:
-            self._decided[i] = Verdict(None, t.error, "the observation could not be encoded")
-            self._counters["masked_rollouts"] += 1
-
-    @property
-    def _playing(self) -> bool:
-        """Some episode of the group is not done (it generates again)."""
-        return any(not t.done for t in self._trajectories or ())
 
     def _to_execute(self) -> tuple[list[int], list[Completion]]:
         """The samples whose execute step runs now (not run yet, not decided: a retry runs only
@@ -573,33 +516,35 @@ class GroupRun:
                 self._execs[i] = res
             elif res.kind == "model":
                 self._execs[i] = None
-                self._fault(i, res)
+                self._decide(i, res, "model_faults")
             else:
                 failed[i] = res
         return failed
 
     # ---- verification -----------------------------------------------------------
-    def _to_verify(self) -> tuple[list[int], list[Episode]]:
-        """The samples verified now (not decided, not verified yet) and their episodes; the
-        group's environments are closed first (their sandbox sessions free their slots)."""
-        self._settle()
-        assert self.episodes is not None
-        todo = [i for i in range(len(self.episodes)) if i not in self._decided and i not in self._verified]
-        return todo, [self.episodes[i] for i in todo]
-
     def _settle(self) -> list[Episode]:
         """The group's episodes, what the verifier scores (built once, after generation and the
-        execute step), its environments closed."""
+        execute step; a run that never produced a result reaches it as None), its environments
+        closed (their sandbox sessions free their slots)."""
         if self.episodes is None:
-            self.episodes = self._make_episodes()
+            execs = [None if e is _PENDING else e for e in self._execs]
+            if self._trajectories is None:
+                execs = execs or [None] * len(self._completions)
+                self.episodes = [
+                    Episode(c.text, finish_reason=c.finish_reason, exec_result=e)
+                    for c, e in zip(self._completions, execs)
+                ]
+            elif self._executes and execs:
+                self.episodes = [driver.episode(t, e) for t, e in zip(self._trajectories, execs)]
+            else:
+                self.episodes = [driver.episode(t) for t in self._trajectories]
         self._close()
         return self.episodes
 
     def _verified_some(self, todo: Sequence[int], got: Sequence[Verdict]) -> float | None:
         """After verifying the samples `todo`: the backoff before verification runs again for
-        those whose verdict is a transient infra error (a VerifierError, an OSError, a timeout:
-        not config, task, prompt or model), with `take_retry`; None when none is, or the retries
-        are spent (the masked verdicts stand): the group is then verified."""
+        those whose verdict is a transient infra error (not config, task, prompt or model), with
+        `_take_retry`; None when none is, or the retries are spent (the masked verdicts stand)."""
         self._verified.update(zip(todo, got))
         v = self._verified
         again = [i for i in todo if v[i].score is None and v[i].error_kind not in (None, *NOT_RETRIED)]
@@ -610,31 +555,8 @@ class GroupRun:
             return None
         for i in again:
             del self._verified[i]
-            self._retried[i] = self._retried.get(i, 0) + 1
+        self._retried.update(again)
         return delay
-
-    def _verdicts(self) -> list[Verdict]:
-        """Every sample's verdict, once verified (decided ones as decided), model faults counted."""
-        final = list(self._verified.values())
-        self._counters["model_faults"] += sum(v.fault is not None for v in final)
-        both = {**self._decided, **self._verified}
-        return [both[i] for i in range(len(self.episodes or ()))]
-
-    def _infra_failed(self) -> bool | None:
-        """Whether the group, once verified, counts as an infra failure of its domain (its
-        sandbox past retries, or its verifier); None: nothing was verified or ran (no record)."""
-        final = list(self._verified.values())
-        if not final and not self._sandbox_failed:
-            return None
-        return self._sandbox_failed or any(v.error_kind == "verifier" for v in final)
-
-    def _make_episodes(self) -> list[Episode]:
-        if self._trajectories is not None:
-            if self._executes and self._execs:
-                return [driver.episode(t, _ran(e)) for t, e in zip(self._trajectories, self._execs)]
-            return [driver.episode(t) for t in self._trajectories]
-        execs = [_ran(e) for e in self._execs] or [None] * len(self._completions)
-        return [Episode(c.text, finish_reason=c.finish_reason, exec_result=e) for c, e in zip(self._completions, execs)]
 
     # ---- endings ------------------------------------------------------------------
     def _mask_rest(self, rec: ErrorRecord, stage: str = "") -> list[Verdict]:
@@ -659,10 +581,7 @@ class GroupRun:
         for t in self._trajectories or ():
             self._counters["prompt_computed"] += t.prompt_computed
             self._counters["prompt_new"] += t.prompt_new
-        if self._trajectories:
-            comps = [t.completion() for t in self._trajectories]
-        else:
-            comps = self._completions or [Completion(self._prompt_ids, (), "", (), "error", 0) for _ in range(self._n)]
+        comps = self._samples()
         self._timings["total_s"] = time.perf_counter() - self._admitted_at
         staged = sum(self._timings.get(k, 0.0) for k in ("generate_s", "execute_s", "verify_s"))
         self._timings["queue_s"] = max(0.0, self._timings["total_s"] - staged)
@@ -672,6 +591,12 @@ class GroupRun:
         version = min((c.model_version for c in comps), default=0)
         self.result = GroupResult(self._seq, self._tier, rollouts, version)
         return self.result
+
+    def _samples(self) -> list[Completion]:
+        """Each sample's completion (a group masked before generation: empty, finish reason "error")."""
+        if self._trajectories:
+            return [t.completion() for t in self._trajectories]
+        return self._completions or [Completion(self._prompt_ids, (), "", (), "error", 0) for _ in range(self._n)]
 
     def _rollout(self, i: int, c: Completion, v: Verdict, ep: Episode | None) -> Rollout:
         timings = dict(self._timings)
@@ -684,21 +609,10 @@ class GroupRun:
             if t.timed_out:
                 timings["timed_out"] = 1.0
             mask, first = tuple(t.mask), t.first_observation
-        return Rollout(
-            self.task,
-            c,
-            self._group_id,
-            v.score,
-            v.error_kind,
-            v.error,
-            timings,
-            mask,
-            ep.exec_result if ep else None,
-            ep.turns if ep else (),
-            first,
-            self._group_retries + self._retried.get(i, 0),
-            id=rollout_id(self._group_id, i),
-        )
+        ex, turns = (ep.exec_result, ep.turns) if ep else (None, ())
+        retries = self._group_retries + self._retried[i]
+        row = (self.task, c, self._group_id, v.score, v.error_kind, v.error, timings, mask, ex, turns, first, retries)
+        return Rollout(*row, id=rollout_id(self._group_id, i))
 
     def _close(self) -> None:
         """Close every environment of the group once (a terminal env holds a sandbox
@@ -745,7 +659,7 @@ def generation(
         half = len(batch) // 2
         yield from generation(batch[:half], params, seed)
         yield from generation(batch[half:], params, seed)
-    elif isinstance(got, PromptTooLong) and batch[0]._multi_turn:
+    elif isinstance(got, PromptTooLong) and batch[0]._trajectories is not None:
         yield from _one_by_one(batch[0], requests[0])
     else:
         batch[0]._fail("generate", got)

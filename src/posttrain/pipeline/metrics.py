@@ -70,17 +70,6 @@ class StageMeter:
         elapsed = now - self._start
         busy = self._busy + sum(now - t for t in self._open.values())
         lat = list(self._lat)
-        return StageStats(
-            name=self.name,
-            workers=self.workers,
-            items=self._items,
-            errors=self._errors,
-            elapsed_s=elapsed,
-            busy_s=busy,
-            idle_s=max(0.0, self.workers * elapsed - busy),
-            throughput=self._items / elapsed if elapsed > 0 else 0.0,
-            p50_s=percentile(lat, 50),
-            p90_s=percentile(lat, 90),
-            p99_s=percentile(lat, 99),
-            max_s=max(lat, default=0.0),
-        )
+        idle, rate = max(0.0, self.workers * elapsed - busy), self._items / elapsed if elapsed > 0 else 0.0
+        tail = (percentile(lat, 50), percentile(lat, 90), percentile(lat, 99), max(lat, default=0.0))
+        return StageStats(self.name, self.workers, self._items, self._errors, elapsed, busy, idle, rate, *tail)

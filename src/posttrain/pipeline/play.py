@@ -2,18 +2,15 @@
 training's direct path (`Play.direct`, from pipeline/step.py), the evaluator (evaluate/core.py)
 and episode play (`play`).
 
-Invariant: every group runs through the one lifecycle (`GroupRun`) and the one generation
-helper (`group.generation`), as in the staged pipeline: it runs the calls the group asks for
-(`GroupRun.next_call`) inline and feeds back what came of them (a Wait is slept), so
-admission, budgets, splits of a failed engine call, retries and masking by cause are the
-group's. Only concurrency and admission are its own. With a `Scheduler` (the direct path)
-groups are admitted by waves of at most `batch_size`, in the staged pipeline's order (priority,
-long tier first, a free slot and room in the domain's quota), each wave verified and finished
-before the next; without one every task is one wave. Single-turn groups generate by token
-budget (shortest first, at most `batch_size` a call); multi-turn groups play their episodes one
-group at a time. Under the direct path's conditions (`EmbeddedWorkers.inline`) its groups,
-seeds and results equal the staged pipeline's (but generate_splits: the pipeline batches
-retried groups together again).
+Invariant: it runs the calls each group asks for (`GroupRun.next_call`) inline and feeds back
+what came of them (a Wait is slept), generation through `group.generation`, so budgets, splits,
+retries and masking are the group's, as in the staged pipeline. Only concurrency and admission
+are its own: with a `Scheduler` (the direct path) groups are admitted by waves of at most
+`batch_size`, in the staged pipeline's order, each wave verified and finished before the next;
+without one every task is one wave. Single-turn groups generate by token budget (shortest
+first, at most `batch_size` a call); multi-turn groups play one group at a time. Under the
+direct path's conditions (`EmbeddedWorkers.inline`) its groups, seeds and results equal the
+staged pipeline's (but generate_splits: the pipeline batches retried groups together again).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget, stable_hash
@@ -50,23 +47,8 @@ from posttrain.pipeline.group import (
 )
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.scheduler import Scheduler
-from posttrain.pipeline.workers import DomainExecute, ExecuteFn, Verdict, execute_one, verify_group
+from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Verdict, execute_one, verify_group
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, Task
-
-
-class Calls(Protocol):
-    """What the inline scheduler calls, in the caller's thread (`EmbeddedWorkers`, or an engine
-    through `EngineCalls`)."""
-
-    def encode_now(self, messages: Sequence[Message]) -> tuple[int, ...]: ...
-
-    def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]: ...
-
-    def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]: ...
-
-    def verify_now(self, task: Task, episodes: Sequence[Episode]) -> tuple[Verdict, ...]: ...
-
-    def end_sessions(self, keys: Sequence[str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -79,13 +61,7 @@ class EngineCalls:
         return self.engine.encode_chat(messages)
 
     def encode_many(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
-        out: list[tuple[int, ...] | Exception] = []
-        for p in prompts:
-            try:
-                out.append(self.engine.encode_chat(p))
-            except Exception as exc:
-                out.append(exc)
-        return out
+        return self.engine.encode_chats(prompts)  # the Engine contract: encode_chat's ids, each error in place
 
     def generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         return self.engine.generate(requests)
@@ -97,15 +73,17 @@ class EngineCalls:
         self.engine.end_sessions(keys)  # the Engine contract: a no-op where nothing is kept
 
 
+Calls = EngineCalls | EmbeddedWorkers
+"""What the inline scheduler calls, in the caller's thread: an engine's, or the direct path's workers."""
+
+
 class Play:
-    """Run groups inline: `run(tasks)` (verified, each GroupRun finished with its GroupResult),
-    `groups(tasks)` (generated and executed, not verified) or, with a scheduler,
-    `run_groups(tasks)` (the direct path: results, None for a paused domain's task) and
-    `stats()`. It calls `engine` (an Engine), or `calls` (workers that run in the caller's
-    thread, the direct path's). `execute` is the run's execute step with its caps (`Wiring`).
-    Group ids are `prefix` + admission seq (None: the task's id); with `seed`, each group's
-    samples are seeded by (seed, group id, generation attempt) as in the staged pipeline;
-    without, by `params.seed` (an episode group: by params.seed and its index among the
+    """Run groups inline: `run(tasks)` (verified, finished), `groups(tasks)` (not verified) or,
+    with a scheduler, `run_groups(tasks)` (the direct path: results, None for a paused domain's
+    task); `stats()`. It calls `engine`, or `calls` (the direct path's workers); `execute` is the
+    run's execute step with its caps. Group ids are `prefix` + admission seq (None: the task's
+    id); with `seed`, each group is seeded by (seed, group id, generation attempt) as in the
+    staged pipeline; without, by `params.seed` (an episode group: with its index among the
     call's episode groups)."""
 
     def __init__(
@@ -287,7 +265,7 @@ class Play:
             try:
                 call = next(plan)
                 while True:
-                    call = plan.send(self._engine_call(*call))
+                    call = plan.send(self._metered("generate", call[0], self.calls.generate_now, call[1]))
             except StopIteration:
                 pass
             waits = [(r, c.seconds) for r in batch if isinstance(c := r.next_call(), Wait)]
@@ -295,15 +273,12 @@ class Play:
                 self.sleep(max(s for _, s in waits))
             batch = [r for r, _ in waits]
 
-    def _engine_call(self, groups: int, requests: list[GenerationRequest]) -> tuple[Any, float]:
-        meter, token = self.meters["generate"], next(self._tokens)
+    def _metered(self, stage: str, items: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+        """What `fn(*args)` returned (or raised) and the seconds it took, on the stage's meter."""
+        meter, token = self.meters[stage], next(self._tokens)
         meter.begin(token)
-        try:
-            outs = self.calls.generate_now(requests)
-        except Exception as exc:
-            meter.end(token, groups, error=True)
-            return exc, 0.0
-        return outs, meter.end(token, groups)
+        got = _attempt(fn, *args)
+        return got, meter.end(token, items, error=isinstance(got, BaseException))
 
     def _drive(self, run: GroupRun, until: type | None = None) -> Call:
         """Run the group's calls inline until it asks for `until` (None: until it is done); a
@@ -319,10 +294,8 @@ class Play:
                 comps, run_one = call.completions, self.execute
                 run.feed([execute_one(run_one, call.task, c) if call.declared else None for c in comps])
             elif isinstance(call, Verify):
-                meter, token = self.meters["verify"], next(self._tokens)
-                meter.begin(token)
-                got = _attempt(lambda: self.calls.verify_now(call.task, call.episodes) if call.episodes else ())
-                run.feed(got, meter.end(token, error=isinstance(got, BaseException)))
+                verify = self.calls.verify_now if call.episodes else lambda *_: ()
+                run.feed(*self._metered("verify", 1, verify, call.task, call.episodes))
             else:
                 raise TypeError(f"inline scheduler: unexpected call {call!r}")
         return call
@@ -340,10 +313,10 @@ class Play:
         return out
 
 
-def _attempt(fn: Callable[[], Any]) -> Any:
-    """What `fn()` returns, or the exception it raised (what a group is fed)."""
+def _attempt(fn: Callable[..., Any], *args: Any) -> Any:
+    """What `fn(*args)` returns, or the exception it raised (what a group is fed)."""
     try:
-        return fn()
+        return fn(*args)
     except Exception as exc:
         return exc
 
@@ -352,11 +325,6 @@ def _episodic(task: Task) -> bool:
     from posttrain.domains.registry import get
 
     return get(task.domain).environment() is not None
-
-
-def played(run: GroupRun) -> list[Played]:
-    """The group's episodes as `play` returns them (`GroupRun.played`)."""
-    return run.played()
 
 
 def play(
@@ -371,4 +339,4 @@ def play(
     or execute step that keeps failing (after `retries` retries, no backoff) masks its episode
     with the error kind. Single-turn domains: one generation of `n` each."""
     runs = Play(engine, dataclasses.replace(params, n=n), budgets, RetryPolicy(retries, 0.0)).groups(tasks)
-    return [played(r) for r in runs]
+    return [r.played() for r in runs]

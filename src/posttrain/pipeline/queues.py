@@ -61,9 +61,6 @@ class BoundedQueue(Generic[T]):
         self._gets += 1
         return item
 
-    def depth(self) -> int:
-        return self._q.qsize()
-
     def fill(self) -> float:
         return self._q.qsize() / self.capacity
 

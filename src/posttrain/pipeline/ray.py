@@ -332,23 +332,9 @@ class RayWorkers:
         """Generation actors running the same HF engine on a copy of `engine`'s weights."""
         if not engine.in_process:  # Engine.in_process: the hf engine, whose model and tokenizer the actors copy
             raise ConfigError("runtime: ray builds generation actors from an hf engine (model and tokenizer)")
-        return cls(
-            config,
-            HFEngineFactory(
-                engine.model,
-                engine.tokenizer,
-                threads=max(1, int(config.generate_cpus)),
-                device="cuda" if config.generate_gpus > 0 else "cpu",
-            ),
-            engine,
-            execute,
-            address or config.ray_address,
-            engine,
-        )
-
-    @property
-    def driver_version(self) -> int:
-        return 0 if self._source is None else int(self._source.version)
+        device = "cuda" if config.generate_gpus > 0 else "cpu"
+        factory = HFEngineFactory(engine.model, engine.tokenizer, max(1, int(config.generate_cpus)), device)
+        return cls(config, factory, engine, execute, address or config.ray_address, engine)
 
     def cheap_verifier(self, domain: str) -> bool:
         """Never: verification runs in the verifier actors."""

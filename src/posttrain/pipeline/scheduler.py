@@ -41,10 +41,6 @@ EventSink = Callable[[str, str, "str | None", Mapping[str, Any]], None]
 """(kind, message, domain, data): the trace's add_event, or a logger."""
 
 
-def _no_events(kind: str, message: str, domain: str | None, data: Mapping[str, Any]) -> None:
-    return None
-
-
 @dataclass
 class _DomainState:
     weight: float
@@ -108,7 +104,7 @@ class Scheduler:
             for n, w in sorted(weights.items())
         }
         self.cap = AdaptiveCap(config.min_inflight, config.max_inflight)
-        self._events = events or _no_events
+        self._events: EventSink = events or (lambda *_: None)
         self._clock = clock
         self._admitted = 0
         self.inflight = {"short": 0, "long": 0}

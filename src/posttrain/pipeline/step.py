@@ -1,17 +1,14 @@
 """The closed loop's rollout step through the pipeline: one step's tasks in, groups out.
 
-Invariant: `sample` returns one group per task it ran, in task order (tasks
-of a paused domain are skipped and counted, never generated), each group's
-samples seeded by (run seed, step, group index) so results do not depend on
-batching, on the runtime (embedded threads or Ray actors) or on the path
-(the direct path, the inline scheduler of pipeline/play.py, when every domain allows it; else the
-staged pipeline on one event loop kept for the run); replacement rounds draw
-fresh tasks for groups dynamic sampling filtered, and count them.
-Every task it is given or draws is registered in `ledger` (pipeline/draws.py)
-when drawn, bound to the group made from it, or dropped there when it never
-becomes a returned group (a paused domain); the loop decides the returned
-groups' fates. This is pipeline.mode sync (on-policy); mode async streams
-groups through pipeline/continuous.py instead, on a ledger of its own.
+Invariant: `sample` returns one group per task it ran, in task order (tasks of a paused domain
+are skipped and counted, never generated), each group's samples seeded by (run seed, step, group
+index) so results do not depend on batching, on the runtime (embedded threads or Ray actors) or
+on the path (the direct path, pipeline/play.py, when every domain allows it; else the staged
+pipeline on one event loop kept for the run); replacement rounds draw fresh tasks for groups
+dynamic sampling filtered, and count them. Every task it is given or draws is registered in
+`ledger` (pipeline/draws.py) when drawn, bound to its group, or dropped there when it never
+becomes a returned group (a paused domain); the loop decides the returned groups' fates. This
+is pipeline.mode sync; mode async streams through pipeline/continuous.py instead.
 """
 
 from __future__ import annotations
@@ -121,7 +118,6 @@ class StepRollouts:
         self.seed = seed
         self.dynamic_sampling = dynamic_sampling
         self.scheduler = make_scheduler(config, pool, events)
-        self.totals: dict[str, int] = {"replaced": 0}
         self._events = events
         self.direct = bool(
             config.direct and config.generate_timeout_s is None and all(workers.inline(n) for n in pool.names)
@@ -184,7 +180,11 @@ class StepRollouts:
         """Add a round's groups to `groups` (each bound to its draw of `ids`, a paused task's draw
         dropped); the next round's tasks and their draw ids: a fresh draw for each group dynamic
         sampling would filter ([] when none is missing or the rounds are used up)."""
-        self._settle(ids, results, step)
+        for draw, result in zip(ids, results, strict=True):  # each returned group bound to its draw
+            if result is None:  # skipped: its domain paused
+                self.ledger.dropped(draw, "paused", step)
+            else:
+                self.ledger.bind(draw, result.rollouts[0].group_id)
         new = [list(r.rollouts) for r in results if r is not None]
         groups += new
         missing = sum(not informative(g) for g in new) if self.dynamic_sampling else 0
@@ -194,27 +194,14 @@ class StepRollouts:
         tasks = self.pool.draw(missing)
         return tasks, self.ledger.drawn(tasks, step)
 
-    def _settle(self, ids: Sequence[str], results: Sequence[GroupResult | None], step: int) -> None:
-        """Bind each returned group to its draw (`results` in the order of `ids`); a task the
-        pipeline skipped (None: its domain paused) is dropped."""
-        for draw, result in zip(ids, results, strict=True):
-            if result is None:
-                self.ledger.dropped(draw, "paused", step)
-            else:
-                self.ledger.bind(draw, result.rollouts[0].group_id)
-
     def _step_stats(self, stats: dict[str, float]) -> dict[str, float]:
         replaced, self._replaced = self._replaced, 0
-        self.totals["replaced"] += replaced
         stats["pipe_replaced"] = float(replaced)
         stats["pipe_direct"] = float(self.direct)
         stats.update(self.workers.pool_stats())  # runtime ray: actors per stage, pool changes
         for name, row in self.scheduler.mix().items():
             stats[f"mix_{name}"] = round(row["realised"], 4)
         return stats
-
-    def mix(self) -> Mapping[str, Mapping[str, float]]:
-        return self.scheduler.mix()
 
     def close(self) -> None:
         if self._runner is not None:

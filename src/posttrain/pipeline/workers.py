@@ -161,13 +161,6 @@ class DomainExecute:
         return dataclasses.replace(req, limits=dataclasses.replace(lim, **changes)) if changes else req
 
 
-def _executes(domain: str) -> bool:
-    """Whether the domain declares an execute step (DomainExecute returns None otherwise)."""
-    from posttrain.domains.registry import get
-
-    return bool(get(domain).executes)
-
-
 _POOL_CONFIG: list[Any] = [None]
 _POOL_LOCK = threading.Lock()
 
@@ -257,11 +250,6 @@ class EmbeddedWorkers:
                 initargs=(registry.sources(),),
             )
 
-    @property
-    def driver_version(self) -> int:
-        """The weight version of the engine the trainer updates."""
-        return int((self.source or self.engine).version)
-
     def sync(self) -> None:
         """Stage a copy of the source engine's weights for the detached copy when its version
         moved, and load it now unless an engine call is running; then the next call loads it
@@ -338,8 +326,10 @@ class EmbeddedWorkers:
     async def execute(self, task: Task, completions: Sequence[Completion]) -> tuple[Any, ...]:
         """Each completion's execution result or the ErrorRecord of its failure (`execute_one`),
         the group's runs concurrently."""
+        from posttrain.domains.registry import get
+
         run = self._execute
-        if run is None or (isinstance(run, DomainExecute) and not _executes(task.domain)):
+        if run is None or (isinstance(run, DomainExecute) and not get(task.domain).executes):
             return (None,) * len(completions)  # nothing to run: no thread hop per completion
         loop = asyncio.get_running_loop()
         return tuple(

@@ -92,17 +92,8 @@ class TrainRow:
     ) -> TrainRow:
         """A row from an engine Completion; the mask defaults to all ones."""
         mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
-        return cls(
-            prompt_ids=tuple(completion.prompt_ids),
-            completion_ids=tuple(completion.token_ids),
-            behaviour_logprobs=tuple(completion.logprobs),
-            reward=float(reward),
-            group_id=group_id,
-            loss_mask=mask,
-            temperature=float(temperature),
-            rollout_id=rollout_id,
-            entropy_coef=float(entropy_coef),
-        )
+        ids, logprobs = (tuple(completion.prompt_ids), tuple(completion.token_ids)), tuple(completion.logprobs)
+        return cls(*ids, logprobs, float(reward), group_id, mask, float(temperature), rollout_id, float(entropy_coef))
 
 
 @dataclass(frozen=True)

@@ -54,22 +54,11 @@ class ReplayEntry:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayEntry:
-        rows = tuple(
-            TrainRow(
-                **{**r, **{k: tuple(r[k]) for k in ("prompt_ids", "completion_ids", "behaviour_logprobs", "loss_mask")}}
-            )
-            for r in data["rows"]
-        )
+        arrays = ("prompt_ids", "completion_ids", "behaviour_logprobs", "loss_mask")
+        rows = tuple(TrainRow(**{**r, **{k: tuple(r[k]) for k in arrays}}) for r in data["rows"])
         version = data.get("version")  # absent in checkpoints written before versions were kept
-        return cls(
-            data["group_id"],
-            data["domain"],
-            data["task_id"],
-            int(data["step"]),
-            rows,
-            int(data["replays"]),
-            None if version is None else int(version),
-        )
+        ids = (data["group_id"], data["domain"], data["task_id"])
+        return cls(*ids, int(data["step"]), rows, int(data["replays"]), None if version is None else int(version))
 
 
 def generated_by(group: Sequence[Rollout]) -> int | None:
@@ -167,24 +156,6 @@ class ReplayBuffer:
         assert self.trainer_version is not None, "ages() follows a take()"
         return [self.trainer_version - (e.version or 0) for e in taken]
 
-    def event_group(self, entry: ReplayEntry, draw: dict[str, Any] | None) -> dict[str, Any]:
-        """A replayed group as the step's `replay` trace event names it: its draw (`draw`, the
-        trace's record, None: none recorded) and the loop step that drew it (`sampled_step`; the
-        step that first trained it when no draw is recorded), the step that first trained it, the
-        weight version that generated it and the one the replay trains it at, their gap (`age`,
-        at most max_age) and its replay count (this one included)."""
-        assert self.trainer_version is not None and entry.version is not None, "a taken entry"
-        return {
-            "group_id": entry.group_id,
-            "draw": (draw or {}).get("id"),
-            "sampled_step": int(draw["step"]) if draw and draw.get("step") is not None else entry.step,
-            "trained_step": entry.step,
-            "version": entry.version,
-            "trainer_version": self.trainer_version,
-            "age": self.trainer_version - entry.version,
-            "replays": entry.replays + 1,
-        }
-
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -206,18 +177,29 @@ class ReplayBuffer:
         links: Mapping[str, RolloutLink],
         outcome: str,
     ) -> None:
-        """One `replay` trace event for the step: per replayed group what `event_group` names
-        (its draw, whose fate stays the one it had, the step that drew it, the step that first
-        trained it, the versions that generated it and train it now, their gap, its replay
-        count), and per rollout the advantage, ratio and clipped share this step's loss saw
-        (None: not in the loss)."""
-        groups = [
-            {
-                **self.event_group(e, trace.draw_of_group(e.group_id)),
-                "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
-            }
-            for e in replays
-        ]
+        """One `replay` trace event for the step: per replayed group its draw (the trace's record,
+        whose fate stays the one it had; None: none recorded) and the loop step that drew it
+        (`sampled_step`; the step that first trained it when no draw is recorded), the step that
+        first trained it, the weight version that generated it and the one the replay trains it
+        at, their gap (`age`, at most max_age), its replay count (this one included), and per
+        rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
+        groups = []
+        for e in replays:
+            assert self.trainer_version is not None and e.version is not None, "a taken entry"
+            draw = trace.draw_of_group(e.group_id) or {}
+            groups.append(
+                {
+                    "group_id": e.group_id,
+                    "draw": draw.get("id"),
+                    "sampled_step": int(draw["step"]) if draw.get("step") is not None else e.step,
+                    "trained_step": e.step,
+                    "version": e.version,
+                    "trainer_version": self.trainer_version,
+                    "age": self.trainer_version - e.version,
+                    "replays": e.replays + 1,
+                    "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
+                }
+            )
         message = f"{len(replays)} groups replayed ({outcome})"
         trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
 
