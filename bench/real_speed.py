@@ -271,17 +271,24 @@ def child_hf(args: argparse.Namespace, which: str) -> dict[str, Any]:
         ]
 
     engine.generate(reqs(8))
-    times, tokens = [], 0
+    times, cpu, tokens = [], [], 0
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = engine.generate(reqs(args.max_tokens))
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         tokens = sum(len(c.token_ids) for g in out for c in g)
-    return _gen_result(shape, prompts, group, args.max_tokens, tokens, times)
+    return _gen_result(shape, prompts, group, args.max_tokens, tokens, times, cpu)
 
 
 def _gen_result(
-    shape: Shape, prompts: list[tuple[int, ...]], group: int, new: int, tokens: int, times: list[float]
+    shape: Shape,
+    prompts: list[tuple[int, ...]],
+    group: int,
+    new: int,
+    tokens: int,
+    times: list[float],
+    cpu: list[float] | None = None,
 ) -> dict[str, Any]:
     expected = len(prompts) * group * new
     best, span = rate_range(tokens, times)
@@ -294,6 +301,8 @@ def _gen_result(
         "range": span,
         "gflops": flops / min(times) / 1e9,
         "prompt_lens": [len(p) for p in prompts],
+        "cpu_seconds": cpu or [],
+        "tokens_per_cpu_s": tokens / min(cpu) if cpu else None,
     }
 
 
@@ -327,13 +336,14 @@ def child_generate(args: argparse.Namespace, which: str) -> dict[str, Any]:
             )
 
     call(8)
-    times, tokens = [], 0
+    times, cpu, tokens = [], [], 0
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = call(args.max_tokens)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         tokens = int(out[:, width:].numel())
-    return _gen_result(shape, prompts, group, args.max_tokens, tokens, times)
+    return _gen_result(shape, prompts, group, args.max_tokens, tokens, times, cpu)
 
 
 def child_vllm(args: argparse.Namespace) -> dict[str, Any]:
@@ -441,11 +451,12 @@ def child_train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
             rows.append(TrainRow(p, comp, tuple(-8.0 for _ in comp), float(k % 2), g, (1,) * c))
     batch = TrainBatch(tuple(rows))
     trainer.step(TrainBatch(tuple(rows[:2])))  # warm-up
-    times = []
+    times, cpu = [], []
     for _ in range(args.train_repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         trainer.step(batch)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     best, span = rate_range(tokens, times)
     flops = train_step_flops(shape, [len(p) for p in prompts], args.group, c, lora_params)
@@ -458,6 +469,8 @@ def child_train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "trainable": sum(p.numel() for p in trainer.params),
         "prompt_lens": [len(p) for p in prompts],
         "shared_prompts": bool(trainer._share_prompts),
+        "cpu_seconds": cpu,
+        "tokens_per_cpu_s": tokens / min(cpu),
     }
 
 
@@ -540,6 +553,8 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
         note = f"{res['tokens']} tokens a call"
         if res["tokens"] != res["expected_tokens"]:
             note += f" (expected {res['expected_tokens']})"
+    if res.get("tokens_per_cpu_s"):  # process CPU: steadier than wall on a shared machine
+        note += f"; {res['tokens_per_cpu_s']:,.1f} tokens/CPU-s"
     return [Row(label, batch, res["tokens_per_s"], res["range"], res["gflops"], rss, note)]
 
 
