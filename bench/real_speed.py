@@ -73,6 +73,10 @@ MEASUREMENTS = (
     "train-full",
 )
 """Child measurements in run order (`vllm` measures batch 1 and the RL batch on one server)."""
+EXTRA = ("hf-vs-generate",)
+"""Measurements run only when named in --only: `hf-vs-generate`, the hf engine and transformers
+`generate` at the RL batch in one process, taking turns (--repeats rounds after one warm-up
+each), in process CPU seconds: their ratio free of the load moving between two children."""
 
 
 # -- FLOP formulas (pure: tested in tests/bench/test_real_speed.py) --------------
@@ -474,6 +478,60 @@ def child_train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
     }
 
 
+def child_hf_vs_generate(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.types import GenerationRequest, SamplingParams
+
+    model, tok, shape = _load(args)
+    model.eval()
+    engine = HFEngine(model, tok, seed=0)
+    engine._eos_ids = frozenset()
+    prompts = _prompts(engine.encode_chat, args.prompts)
+    new, group = args.max_tokens, args.group
+    reqs = [
+        GenerationRequest(p, SamplingParams(max_tokens=new, temperature=1.0, n=group, seed=100 + i))
+        for i, p in enumerate(prompts)
+    ]
+    width = max(map(len, prompts))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def generate() -> Any:
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=mask, do_sample=True, top_k=0, max_new_tokens=new,
+                                  min_new_tokens=new, num_return_sequences=group, pad_token_id=pad)  # fmt: skip
+
+    calls = {"generate": generate, "hf": lambda: engine.generate(reqs)}
+    for fn in calls.values():
+        fn()  # warm-up
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    wall: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, fn in calls.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    tokens = len(prompts) * group * new
+    flops = generation_flops(shape, [len(p) for p in prompts], group, new)
+    return {
+        name: {
+            "tokens": tokens,
+            "expected_tokens": tokens,
+            "seconds": wall[name],
+            "cpu_seconds": cpu[name],
+            "tokens_per_s": tokens / min(wall[name]),
+            "range": rate_range(tokens, wall[name])[1],
+            "tokens_per_cpu_s": tokens / min(cpu[name]),
+            "gflops": flops / min(wall[name]) / 1e9,
+        }
+        for name in calls
+    }
+
+
 def child(args: argparse.Namespace) -> None:
     _setup(args)
     name = args.child
@@ -485,6 +543,8 @@ def child(args: argparse.Namespace) -> None:
         out = child_generate(args, name.split("-", 1)[1])
     elif name == "vllm":
         out = child_vllm(args)
+    elif name == "hf-vs-generate":
+        out = child_hf_vs_generate(args)
     elif name.startswith("train-"):
         out = child_train(args, name.split("-", 1)[1])
     else:
@@ -537,6 +597,22 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
     if name == "peak":
         note = f"fp32 matmul {args.peak_n}^3, best of {args.peak_repeats}"
         return [Row("matmul peak", "", gflops=res["gflops"], peak_rss_mb=rss, note=note)]
+    if name == "hf-vs-generate":
+        pair = [
+            Row(
+                label,
+                rl,
+                r["tokens_per_s"],
+                r["range"],
+                r["gflops"],
+                rss,
+                f"taking turns; {r['tokens_per_cpu_s']:,.1f} tokens/CPU-s",
+            )  # fmt: skip
+            for label, r in (("hf engine (turns)", res["hf"]), ("transformers generate (turns)", res["generate"]))
+        ]
+        ratio = res["hf"]["tokens_per_cpu_s"] / res["generate"]["tokens_per_cpu_s"]
+        pair[0].note += f" = {ratio:.2f}x generate's"
+        return pair
     if name == "vllm":
         server = res.get("server_peak_rss_mb", 0.0)
         out = []
@@ -585,7 +661,7 @@ def main() -> int:
     ap.add_argument("--peak-repeats", type=int, default=5)
     ap.add_argument("--vllm-max-len", type=int, default=2048, help="the vLLM server's max_model_len")
     ap.add_argument("--child-timeout", type=int, default=900)
-    ap.add_argument("--only", nargs="+", default=list(MEASUREMENTS), choices=MEASUREMENTS)
+    ap.add_argument("--only", nargs="+", default=list(MEASUREMENTS), choices=MEASUREMENTS + EXTRA)
     ap.add_argument("--json", default="", help="also write every child's raw result here")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()

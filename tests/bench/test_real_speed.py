@@ -111,3 +111,18 @@ def test_rows_of_an_error_keep_the_reason_in_one_cell() -> None:
     assert (row.name, row.batch) == ("train step, full", "4 x 4")
     assert "\n" not in row.note and "|" not in row.note
     assert row.tokens_per_s is None
+
+
+def test_rows_of_the_turn_taking_pair_give_the_cpu_ratio() -> None:
+    args = SimpleNamespace(prompts=4, group=4, lora_rank=16, peak_n=2048, peak_repeats=5)
+    one = {"tokens_per_s": 90.0, "range": "", "gflops": 3.0}
+    res = {
+        "hf": {**one, "tokens_per_cpu_s": 50.0},
+        "generate": {**one, "tokens_per_cpu_s": 40.0},
+        "vm_hwm_mb": 900.0,
+    }
+    hf, gen = rs.rows_of("hf-vs-generate", res, args)
+    assert (hf.name, gen.name) == ("hf engine (turns)", "transformers generate (turns)")
+    assert hf.note.endswith("50.0 tokens/CPU-s = 1.25x generate's")
+    assert gen.note.endswith("40.0 tokens/CPU-s")
+    assert hf.peak_rss_mb == 900.0 and hf.batch == "4 x 4"
