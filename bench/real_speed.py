@@ -537,18 +537,18 @@ def child(args: argparse.Namespace) -> None:
     name = args.child
     if name == "peak":
         out = child_peak(args)
-    elif name.startswith("hf-"):
+    elif name == "hf-vs-generate":
+        out = child_hf_vs_generate(args)
+    elif name in ("hf-1", "hf-rl"):
         out = child_hf(args, name.split("-", 1)[1])
     elif name.startswith("generate-"):
         out = child_generate(args, name.split("-", 1)[1])
     elif name == "vllm":
         out = child_vllm(args)
-    elif name == "hf-vs-generate":
-        out = child_hf_vs_generate(args)
     elif name.startswith("train-"):
         out = child_train(args, name.split("-", 1)[1])
     else:
-        raise SystemExit(f"unknown measurement {name!r}; known: {', '.join(MEASUREMENTS)}")
+        raise SystemExit(f"unknown measurement {name!r}; known: {', '.join(MEASUREMENTS + EXTRA)}")
     out["vm_hwm_mb"] = vm_hwm_mb()
     print("RESULT " + json.dumps(out))
 
