@@ -42,24 +42,25 @@ row (train step); the fraction is achieved FLOP/s over the peak.
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/real_speed.py --threads 2 > log
     .venv/bin/python bench/real_speed.py --only peak hf-1 --repeats 1      (a quick check)
 
+    .venv/bin/python bench/real_speed.py --only peak hf-vs-generate peak --max-tokens 64 --repeats 3
+        (the hf engine and `generate` taking turns in one process: their CPU-time ratio)
+
 Needs the cached model (`posttrain models get smollm2-135m-instruct`) and, for the vllm rows,
-.venv-vllm (`make vllm-venv`); a measurement that cannot run says why in its row.
+.venv-vllm (`make vllm-venv`; from a worktree without one, POSTTRAIN_VLLM_PYTHON names its
+interpreter); a measurement that cannot run says why in its row.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 MODEL = "smollm2-135m-instruct"
 MEASUREMENTS = (
@@ -665,6 +666,7 @@ def main() -> int:
     ap.add_argument("--json", default="", help="also write every child's raw result here")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the children inherit it (set here: no import side effect)
     if args.child:
         child(args)
         return 0
