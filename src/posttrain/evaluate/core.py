@@ -323,16 +323,6 @@ def eval_budgets(domains: Iterable[str], opts: EvalOptions) -> dict[str, Budget]
     return {d: domain_budget(get(d), spec(d), opts.max_tokens) for d in set(domains)}
 
 
-def is_multi_turn(domain: str) -> bool:
-    """Whether a domain runs episodes (it has an environment)."""
-    return get(domain).environment() is not None
-
-
-def turns_for(domain: str, opts: EvalOptions) -> int:
-    """A multi-turn domain's eval turn budget: the training one."""
-    return eval_budgets([domain], opts)[domain].turns
-
-
 def _groups(
     engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions
 ) -> list[GroupRun]:
@@ -378,18 +368,11 @@ def _judged(run: GroupRun) -> list[ItemVerdict]:
     return [judge(run.task, v, e) for v, e in zip(run.final, episodes)]
 
 
-def _stops(run: GroupRun) -> list[tuple[int, int] | None]:
-    """(stopped, infeasible) of each sample's score, from its parts; None without them."""
-    out: list[tuple[int, int] | None] = []
-    for v in run.final:
-        parts = v.score.parts if v.score is not None else {}
-        ok = "stopped" in parts and "infeasible" in parts
-        out.append((int(parts["stopped"] > 0), int(parts["infeasible"] > 0)) if ok else None)
-    return out
-
-
-def _turns(run: GroupRun) -> list[int]:
-    return [p.turns for p in run.played()]
+def _stop(verdict: Verdict) -> tuple[int, int] | None:
+    """(stopped, infeasible) of a sample's score, from its parts; None without them."""
+    parts = verdict.score.parts if verdict.score is not None else {}
+    ok = "stopped" in parts and "infeasible" in parts
+    return (int(parts["stopped"] > 0), int(parts["infeasible"] > 0)) if ok else None
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
@@ -424,14 +407,14 @@ def evaluate_sets(
             ok, train_ok, value, error = _judged(run)[0]
             items.append((task.id, ok, train_ok))
             samples.append(_sample(task, run, value, ok, error))
-            turns.append(_turns(run)[0])
-            stops.append(_stops(run)[0])
+            turns.append(run.played()[0].turns)
+            stops.append(_stop(run.final[0]))
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
         episodes: dict[str, Any] = {}  # a multi-turn domain's turns, turn budget and stops
-        if is_multi_turn(s.domain):
-            episodes = {"turns": turns, "turn_budget": turns_for(s.domain, opts), "stops": stops}
+        if get(s.domain).environment() is not None:  # multi-turn
+            episodes = {"turns": turns, "turn_budget": eval_budgets([s.domain], opts)[s.domain].turns, "stops": stops}
         label = eval_verifier_name(get(s.domain))
         out[key] = _result(
             s.domain, s.level, s.kind, s.requested, label, items, values, sampling, samples=samples, **episodes

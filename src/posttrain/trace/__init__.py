@@ -348,17 +348,13 @@ _PASSED_AT = _COLUMNS.index("passed")
 _INSERT = f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))})"
 
 
-def _row(rec: RolloutRecord, encoded: dict[int, str] | None = None) -> tuple:
+def _row(rec: RolloutRecord, encoded: dict[int, str]) -> tuple:
     """The row of `rec`; `encoded`: JSON text by id(value), for values shared by several records
     of one write (the loop passes one sampling dict per domain), encoded once."""
     out = list(_FIELDS(rec))
     for i in _JSON_AT:
         value = out[i]
-        if value is None and i in _NULLABLE_AT:
-            continue
-        if encoded is None:
-            out[i] = _ENCODE(value)
-        else:
+        if value is not None or i not in _NULLABLE_AT:
             text = encoded.get(id(value))
             if text is None:
                 text = encoded[id(value)] = _ENCODE(value)
@@ -629,7 +625,15 @@ class TraceStore:
         """An existing trace opened for reading only: nothing is created, migrated or
         written (a report, or `posttrain trace` while another process trains). Raises
         ConfigError when `path` is not a file."""
-        return _ReadOnlyTrace(path)
+        store = cls.__new__(cls)
+        store.path = Path(path)
+        if not store.path.is_file():
+            raise ConfigError(f"no trace database at {str(store.path)!r}")
+        store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
+        store._db.row_factory = sqlite3.Row
+        with readable(store.path):  # garbage in place of a database fails here, not in the first query
+            store._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return store
 
     def has(self, rollout_id: str) -> bool:
         """Whether a rollout with this id (or a unique-enough prefix of it) is stored."""
@@ -653,19 +657,6 @@ class TraceStore:
             "WHERE exec_result IS NOT NULL OR error_kind IS NOT NULL"
         )
         return [(r["domain"], _status(r["exec_result"]), r["error_kind"]) for r in self._db.execute(sql)]
-
-
-class _ReadOnlyTrace(TraceStore):
-    """A TraceStore on a read-only connection (`TraceStore.read_only`)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ConfigError(f"no trace database at {str(self.path)!r}")
-        self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        with readable(self.path):  # garbage in place of a database fails here, not in the first query
-            self._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
 
 
 def read_or(path: str | Path, query: Callable[[TraceStore], T], empty: T) -> T:
