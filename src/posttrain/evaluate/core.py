@@ -227,18 +227,8 @@ def _result(
     mean, train_acc = sum(values) / len(values) if values else None, sum(train) / len(train) if train else None
     figures = (acc, mean, len(items) - len(ok), low, high, train_acc, verifier, requested, kind)
     kept_stops = tuple(stops) if any(x is not None for x in stops) else ()
-    return DomainResult(
-        domain,
-        level,
-        len(items),
-        *figures,
-        dict(sampling or {}),
-        tuple(items),
-        tuple(turns),
-        turn_budget,
-        kept_stops,
-        tuple(samples),
-    )
+    rest = (dict(sampling or {}), tuple(items), tuple(turns), turn_budget, kept_stops, tuple(samples))
+    return DomainResult(domain, level, len(items), *figures, *rest)
 
 
 @dataclass(frozen=True)

@@ -302,6 +302,8 @@ class RayWorkers:
             stage: StagePool(stage, makers[stage], config.workers(stage), declared(per[stage]), ray) for stage in STAGES
         }
         self.generators = self.pools["generate"].actors
+        self.executors = self.pools["execute"].actors
+        self.verifiers = self.pools["verify"].actors
         self.encoder = encoder
         self._source = state_source
         self._synced = -1  # the first sync stamps the actors with the driver's version
@@ -430,6 +432,6 @@ class RayWorkers:
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
-        self.generators = []
+        self.generators = self.executors = self.verifiers = []
         if self._owns:
             self._ray.shutdown()

@@ -12,12 +12,9 @@ that names it and its recovery, `posttrain trace recover RUN_DIR`
 (`recover.py`); `mark` and `roll_back` let a resume cut the trace back to
 what it held at a checkpoint.
 
-Every task the pool hands out is a draw (table `draws`, schema 4): its id,
-deterministic (`draw_id`), the group made from it and its fate, `trained`
-or `dropped` with a reason (`DROP_REASONS`), both written before the
-checkpoint that holds the pool state that drew it; `accounting` computes,
-from the trace alone, what became of every draw (none may be lost or
-trained twice).
+Every task the pool hands out is a draw (table `draws`, schema 4, `DrawRecord`), written
+with its fate before the checkpoint that holds the pool state that drew it; `accounting`
+computes, from the trace alone, what became of every draw (none may be lost or trained twice).
 """
 
 from __future__ import annotations
