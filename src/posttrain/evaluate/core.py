@@ -195,14 +195,7 @@ class DomainResult:
     def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
         first = (self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier, self.items[:m])
-        return _result(
-            *first,
-            [],
-            turns=self.turns[:m],
-            turn_budget=self.turn_budget,
-            stops=self.stops[:m],
-            samples=self.samples[:m],
-        )
+        return _result(*first, [], None, self.turns[:m], self.turn_budget, self.stops[:m], self.samples[:m])
 
 
 def _result(

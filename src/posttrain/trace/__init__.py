@@ -228,23 +228,18 @@ def accounting(db: sqlite3.Connection) -> Accounting:
     for (reason,) in db.execute("SELECT reason FROM draws WHERE fate='dropped'"):
         key = reason.split(":", 1)[0]
         dropped[key] = dropped.get(key, 0) + 1
-    lost = tuple(r[0] for r in db.execute("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid"))
-    twice = [
-        r[0]
-        for r in db.execute(
-            "SELECT d.id FROM draws d JOIN rollouts r ON r.group_id = d.group_id WHERE r.train_step IS NOT NULL "
-            "GROUP BY d.id HAVING COUNT(DISTINCT r.train_step) > 1"
-        )
-    ]
+    ids = lambda sql: [r[0] for r in db.execute(sql)]  # noqa: E731 - the first column of a query's rows
+    lost = tuple(ids("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid"))
+    twice = ids(
+        "SELECT d.id FROM draws d JOIN rollouts r ON r.group_id = d.group_id WHERE r.train_step IS NOT NULL "
+        "GROUP BY d.id HAVING COUNT(DISTINCT r.train_step) > 1"
+    )
     twice += [
-        f"group {r[0]}"
-        for r in db.execute(
-            "SELECT group_id FROM draws WHERE group_id IS NOT NULL GROUP BY group_id HAVING COUNT(*) > 1"
-        )
+        f"group {g}"
+        for g in ids("SELECT group_id FROM draws WHERE group_id IS NOT NULL GROUP BY group_id HAVING COUNT(*) > 1")
     ]
     undrawn = tuple(
-        r[0]
-        for r in db.execute(
+        ids(
             "SELECT DISTINCT r.group_id FROM rollouts r WHERE r.train_step IS NOT NULL "
             "AND NOT EXISTS (SELECT 1 FROM draws d WHERE d.group_id = r.group_id)"
         )
