@@ -4,23 +4,16 @@ Invariant: the same model and held-out set give the same JSON twice (greedy
 decoding; sampled metrics use a fixed seed); only eval-split tasks are used;
 each item is scored by its domain's training verifier and by its eval
 verifier (`strict.py`: the training verdict AND the domain's stricter
-checks); each item's group runs through the training lifecycle
-(`pipeline.group.GroupRun`, scheduled by the inline scheduler training's direct
-path uses, `pipeline.play.Play`): the same budgets (`pipeline.budget`), the same
-retries (the run's `pipeline.max_retries` and `backoff_s`, `EvalOptions.policy`),
-the same generation batching (an engine call that fails is split down to the
-group that failed it, so one prompt too long for the engine masks only its own
-item), programs run under the run's execute caps (`EvalOptions.sandbox`,
-`pipeline.budget.execute_of`), and what escapes the
-execute step or the verifier is blamed by its cause (`pipeline.workers`): an
-infra error (and a verifier that raises on the gold answer too) makes the item
-an infra error: counted, left out of every accuracy, never a 0; what the
-model's output made host code raise is a wrong answer (scored 0, the model's
-fault). A domain whose items are all infra errors has no accuracy (None), not
-0.0. A multi-turn domain (one with an environment) is evaluated as it is
-trained: each item is an episode played to its end through `envs.driver`,
-scored by the domain, and its turn count kept, so pass@turn-k (passed using at
-most k turns) is reported per turn.
+checks). Each item's group runs through the training lifecycle
+(`pipeline.group.GroupRun` under `pipeline.play.Play`): the run's budgets,
+retries, generation batching (a failing engine call is split down to the group
+that failed it: one prompt too long masks only its own item) and execute caps
+(`EvalOptions`), with what escapes the execute step or the verifier blamed by its
+cause (`judge`): an infra error (a verifier that raises on the gold answer too is
+one) is counted and left out of every accuracy, never a 0 (a domain of infra
+errors only has accuracy None); a model fault is a wrong answer (scored 0). A multi-turn domain (one with an environment) is evaluated as it is
+trained: each item an episode played to its end through `envs.driver`, its turn
+count kept, so pass@turn-k (passed using at most k turns) is reported per turn.
 """
 
 from __future__ import annotations
