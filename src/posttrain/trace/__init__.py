@@ -340,10 +340,10 @@ _PASSED_AT = _COLUMNS.index("passed")
 _INSERT = f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({','.join('?' * len(_COLUMNS))})"
 
 
-def _row(rec: RolloutRecord, encoded: dict[int, str]) -> tuple:
+def _row(rec: RolloutRecord, encoded: dict[int, str] | None = None) -> tuple:
     """The row of `rec`; `encoded`: JSON text by id(value), for values shared by several records
     of one write (the loop passes one sampling dict per domain), encoded once."""
-    out = list(_FIELDS(rec))
+    out, encoded = list(_FIELDS(rec)), {} if encoded is None else encoded
     for i in _JSON_AT:
         value = out[i]
         if value is not None or i not in _NULLABLE_AT:

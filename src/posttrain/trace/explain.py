@@ -104,12 +104,8 @@ def explain(store: Any, rollout_id: str) -> str:
     passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
     sampling = " ".join(f"{k}={v}" for k, v in (row["sampling"] or {}).items())
     parts = ", ".join(f"{k}={v:.4f}" for k, v in (row["parts"] or {}).items()) or "(none)"
-    timings = (
-        ", ".join(
-            f"{k}={v * 1000:.2f}ms" if k.endswith("_s") else f"{k}={v:g}" for k, v in (row["timings"] or {}).items()
-        )
-        or "(none)"
-    )  # seconds as ms; counts (`turns`) as they are
+    timing = lambda k, v: f"{k}={v * 1000:.2f}ms" if k.endswith("_s") else f"{k}={v:g}"  # noqa: E731 - seconds in ms, counts as is
+    timings = ", ".join(timing(k, v) for k, v in (row["timings"] or {}).items()) or "(none)"
     lines = [
         f"rollout {row['id']}  ({when} UTC)",
         f"   task {row['task_id']}  domain {row['domain']}  split {row['split']}  difficulty {row['difficulty']}  "
