@@ -16,8 +16,7 @@ from typing import Any
 from posttrain.errors import ConfigError
 from posttrain.evaluate.core import EvalOptions, EvalTable, evaluate_heldout
 from posttrain.evaluate.heldout import HeldoutSet
-from posttrain.evaluate.stats import paired_deltas
-from posttrain.evaluate.tables import delta_json, format_details, format_probes, format_table, format_turns
+from posttrain.evaluate.tables import deltas_json, format_details, format_probes, format_table, format_turns
 
 
 @dataclass(frozen=True)
@@ -57,22 +56,14 @@ def heldout_of(a: Side, b: Side, explicit: str | None, build: Any) -> HeldoutSet
 def compare_tables(a: EvalTable, b: EvalTable, seed: int = 0) -> dict[str, Any]:
     """eval.json-shaped comparison: `before` is A, `after` is B, with paired deltas of the core sets
     and of the probes."""
-    per, mean = paired_deltas(
-        {k: r.verdicts for k, r in a.results.items()}, {k: r.verdicts for k, r in b.results.items()}, seed
-    )
-    probes, _ = paired_deltas(
-        {k: r.verdicts for k, r in a.probes.items()}, {k: r.verdicts for k, r in b.probes.items()}, seed
-    )
+    found = deltas_json(a, b, seed)
+    per = found["domains"].items()
     return {
         "before": a.to_json(),
         "after": b.to_json(),
-        "deltas": {
-            "domains": {k: delta_json(v) for k, v in per.items()},
-            "mean": delta_json(mean),
-            "probes": {k: delta_json(v) for k, v in probes.items()},
-        },
-        "improved": sorted(k for k, v in per.items() if v.significant and v.delta > 0),
-        "regressed": sorted(k for k, v in per.items() if v.significant and v.delta < 0),
+        "deltas": found,
+        "improved": sorted(k for k, v in per if v["significant"] and v["delta"] > 0),
+        "regressed": sorted(k for k, v in per if v["significant"] and v["delta"] < 0),
     }
 
 

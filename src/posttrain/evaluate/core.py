@@ -4,23 +4,16 @@ Invariant: the same model and held-out set give the same JSON twice (greedy
 decoding; sampled metrics use a fixed seed); only eval-split tasks are used;
 each item is scored by its domain's training verifier and by its eval
 verifier (`strict.py`: the training verdict AND the domain's stricter
-checks); each item's group runs through the training lifecycle
-(`pipeline.group.GroupRun`, scheduled by the inline scheduler training's direct
-path uses, `pipeline.play.Play`): the same budgets (`pipeline.budget`), the same
-retries (the run's `pipeline.max_retries` and `backoff_s`, `EvalOptions.policy`),
-the same generation batching (an engine call that fails is split down to the
-group that failed it, so one prompt too long for the engine masks only its own
-item), programs run under the run's execute caps (`EvalOptions.sandbox`,
-`pipeline.budget.execute_of`), and what escapes the
-execute step or the verifier is blamed by its cause (`pipeline.workers`): an
-infra error (and a verifier that raises on the gold answer too) makes the item
-an infra error: counted, left out of every accuracy, never a 0; what the
-model's output made host code raise is a wrong answer (scored 0, the model's
-fault). A domain whose items are all infra errors has no accuracy (None), not
-0.0. A multi-turn domain (one with an environment) is evaluated as it is
-trained: each item is an episode played to its end through `envs.driver`,
-scored by the domain, and its turn count kept, so pass@turn-k (passed using at
-most k turns) is reported per turn.
+checks). Each item's group runs through the training lifecycle
+(`pipeline.group.GroupRun` under `pipeline.play.Play`): the run's budgets,
+retries, generation batching (a failing engine call is split down to the group
+that failed it: one prompt too long masks only its own item) and execute caps
+(`EvalOptions`), with what escapes the execute step or the verifier blamed by its
+cause (`judge`): an infra error (a verifier that raises on the gold answer too is
+one) is counted and left out of every accuracy, never a 0 (a domain of infra
+errors only has accuracy None); a model fault is a wrong answer (scored 0). A multi-turn domain (one with an environment) is evaluated as it is
+trained: each item an episode played to its end through `envs.driver`, its turn
+count kept, so pass@turn-k (passed using at most k turns) is reported per turn.
 """
 
 from __future__ import annotations
@@ -195,14 +188,7 @@ class DomainResult:
     def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
         first = (self.domain, self.difficulty, self.kind, min(self.requested, m), self.eval_verifier, self.items[:m])
-        return _result(
-            *first,
-            [],
-            turns=self.turns[:m],
-            turn_budget=self.turn_budget,
-            stops=self.stops[:m],
-            samples=self.samples[:m],
-        )
+        return _result(*first, [], None, self.turns[:m], self.turn_budget, self.stops[:m], self.samples[:m])
 
 
 def _result(
@@ -227,18 +213,8 @@ def _result(
     mean, train_acc = sum(values) / len(values) if values else None, sum(train) / len(train) if train else None
     figures = (acc, mean, len(items) - len(ok), low, high, train_acc, verifier, requested, kind)
     kept_stops = tuple(stops) if any(x is not None for x in stops) else ()
-    return DomainResult(
-        domain,
-        level,
-        len(items),
-        *figures,
-        dict(sampling or {}),
-        tuple(items),
-        tuple(turns),
-        turn_budget,
-        kept_stops,
-        tuple(samples),
-    )
+    rest = (dict(sampling or {}), tuple(items), tuple(turns), turn_budget, kept_stops, tuple(samples))
+    return DomainResult(domain, level, len(items), *figures, *rest)
 
 
 @dataclass(frozen=True)
@@ -323,16 +299,6 @@ def eval_budgets(domains: Iterable[str], opts: EvalOptions) -> dict[str, Budget]
     return {d: domain_budget(get(d), spec(d), opts.max_tokens) for d in set(domains)}
 
 
-def is_multi_turn(domain: str) -> bool:
-    """Whether a domain runs episodes (it has an environment)."""
-    return get(domain).environment() is not None
-
-
-def turns_for(domain: str, opts: EvalOptions) -> int:
-    """A multi-turn domain's eval turn budget: the training one."""
-    return eval_budgets([domain], opts)[domain].turns
-
-
 def _groups(
     engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions
 ) -> list[GroupRun]:
@@ -378,18 +344,11 @@ def _judged(run: GroupRun) -> list[ItemVerdict]:
     return [judge(run.task, v, e) for v, e in zip(run.final, episodes)]
 
 
-def _stops(run: GroupRun) -> list[tuple[int, int] | None]:
-    """(stopped, infeasible) of each sample's score, from its parts; None without them."""
-    out: list[tuple[int, int] | None] = []
-    for v in run.final:
-        parts = v.score.parts if v.score is not None else {}
-        ok = "stopped" in parts and "infeasible" in parts
-        out.append((int(parts["stopped"] > 0), int(parts["infeasible"] > 0)) if ok else None)
-    return out
-
-
-def _turns(run: GroupRun) -> list[int]:
-    return [p.turns for p in run.played()]
+def _stop(verdict: Verdict) -> tuple[int, int] | None:
+    """(stopped, infeasible) of a sample's score, from its parts; None without them."""
+    parts = verdict.score.parts if verdict.score is not None else {}
+    ok = "stopped" in parts and "infeasible" in parts
+    return (int(parts["stopped"] > 0), int(parts["infeasible"] > 0)) if ok else None
 
 
 def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
@@ -424,14 +383,14 @@ def evaluate_sets(
             ok, train_ok, value, error = _judged(run)[0]
             items.append((task.id, ok, train_ok))
             samples.append(_sample(task, run, value, ok, error))
-            turns.append(_turns(run)[0])
-            stops.append(_stops(run)[0])
+            turns.append(run.played()[0].turns)
+            stops.append(_stop(run.final[0]))
             if value is not None and ok is not None:
                 values.append(value)
         sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
         episodes: dict[str, Any] = {}  # a multi-turn domain's turns, turn budget and stops
-        if is_multi_turn(s.domain):
-            episodes = {"turns": turns, "turn_budget": turns_for(s.domain, opts), "stops": stops}
+        if get(s.domain).environment() is not None:  # multi-turn
+            episodes = {"turns": turns, "turn_budget": eval_budgets([s.domain], opts)[s.domain].turns, "stops": stops}
         label = eval_verifier_name(get(s.domain))
         out[key] = _result(
             s.domain, s.level, s.kind, s.requested, label, items, values, sampling, samples=samples, **episodes

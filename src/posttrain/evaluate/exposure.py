@@ -45,9 +45,6 @@ class Exposure:
             f"nats: {verdict}"
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def answer_logprobs(model: Any, tokenizer: Any, pairs: Sequence[tuple[Task, str]], batch_size: int = 64) -> list[float]:
     """Sum of log-probs of each answer's tokens and end-of-sequence after its task's chat prompt."""
@@ -124,4 +121,4 @@ def check_exposure(
 
 
 def exposure_json(result: Mapping[str, Exposure]) -> dict[str, Any]:
-    return {k: v.to_json() for k, v in result.items()}
+    return {k: asdict(v) for k, v in result.items()}

@@ -72,12 +72,6 @@ class PairedDelta:
         """The interval excludes 0 and, for one domain, the exact McNemar test agrees (p < 0.05)."""
         return self.n > 0 and (self.low > 0 or self.high < 0) and (self.p_value is None or self.p_value < 0.05)
 
-    @property
-    def mark(self) -> str:
-        if not self.significant:
-            return ""
-        return "+" if self.delta > 0 else "-"
-
 
 def _pairs(before: Mapping[str, bool | None], after: Mapping[str, bool | None]) -> tuple[list[int], list[int]]:
     keys = [k for k in before if k in after and before[k] is not None and after[k] is not None]

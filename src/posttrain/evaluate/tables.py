@@ -38,11 +38,23 @@ def _delta(d: PairedDelta | None) -> str:
     return f"{d.delta:>+8.3f} [{d.low:+.2f},{d.high:+.2f}] {'*' if d.significant else ' '}"
 
 
-def deltas(before: EvalTable, after: EvalTable, seed: int = 0) -> tuple[dict[str, PairedDelta], PairedDelta | None]:
-    """Paired before/after deltas per domain over the items both scored, and of the mean."""
-    return paired_deltas(
-        {k: r.verdicts for k, r in before.results.items()}, {k: r.verdicts for k, r in after.results.items()}, seed
-    )
+def deltas(
+    before: EvalTable, after: EvalTable, seed: int = 0, probes: bool = False
+) -> tuple[dict[str, PairedDelta], PairedDelta | None]:
+    """Paired before/after deltas per domain (with `probes`: per probe) over the items both
+    scored, and of the mean."""
+    b, a = (before.probes, after.probes) if probes else (before.results, after.results)
+    return paired_deltas({k: r.verdicts for k, r in b.items()}, {k: r.verdicts for k, r in a.items()}, seed)
+
+
+def deltas_json(before: EvalTable, after: EvalTable, seed: int = 0) -> dict[str, Any]:
+    """eval.json's `deltas`: paired deltas per domain, of the mean, and per probe."""
+    per, mean = deltas(before, after, seed)
+    return {
+        "domains": {k: delta_json(v) for k, v in per.items()},
+        "mean": delta_json(mean),
+        "probes": {k: delta_json(v) for k, v in deltas(before, after, seed, probes=True)[0].items()},
+    }
 
 
 def format_table(before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] | None = None) -> str:
@@ -104,13 +116,7 @@ def format_probes(
 ) -> str:
     """The generalisation probes apart from the core: one level above the trained one, and
     families never trained on; with `after`, paired deltas."""
-    per, _ = (
-        paired_deltas(
-            {k: r.verdicts for k, r in before.probes.items()}, {k: r.verdicts for k, r in after.probes.items()}
-        )
-        if after
-        else ({}, None)
-    )
+    per = deltas(before, after, probes=True)[0] if after else {}
     lines = []
     for kind, title in (
         ("above", "held-out one level above the trained one"),
@@ -182,15 +188,7 @@ def write_table(
     (held-out set, contamination and exposure reports); written whole or not at all."""
     data: dict[str, Any] = {"before": before.to_json(), "after": after.to_json() if after else None}
     if after:
-        per, mean = deltas(before, after)
-        probes, _ = paired_deltas(
-            {k: r.verdicts for k, r in before.probes.items()}, {k: r.verdicts for k, r in after.probes.items()}
-        )
-        data["deltas"] = {
-            "domains": {k: delta_json(v) for k, v in per.items()},
-            "mean": delta_json(mean),
-            "probes": {k: delta_json(v) for k, v in probes.items()},
-        }
+        data["deltas"] = deltas_json(before, after)
     data["history"] = [{"step": s, **t.to_json()} for s, t in history]
     data.update(extra or {})
     tmp = path.with_name(f".{path.name}.tmp")  # renamed into place: a crash never leaves half a table

@@ -205,15 +205,11 @@ class Continuous:
         self.counts["drawn"].update(t.domain for t in tasks)
         self._submit([_Ticket(t, d, f"{step}:{i}", version) for i, (t, d) in enumerate(zip(tasks, draws, strict=True))])
 
-    def _due(self, version: int) -> set[int]:
-        """Outstanding groups that the next update (to version + 1) would make too stale."""
-        return {s for s, t in self.tickets.items() if too_stale(version + 1, t.admitted, self.k)}
-
     def _wait(self, version: int) -> list[int]:
         """Sleep until `per_step` groups are finished (or none is in flight) and every due group
         is; returns the seqs to train on: the due ones, then the oldest finished, `per_step` in
         all (more when more are due: the bound is kept, never traded for the batch size)."""
-        due = self._due(version)
+        due = {s for s, t in self.tickets.items() if too_stale(version + 1, t.admitted, self.k)}  # by the next update
         with self._cond:
             while True:
                 self._absorb()

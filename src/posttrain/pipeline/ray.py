@@ -75,19 +75,17 @@ def actor_options(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
-def declared(options: Mapping[str, Any]) -> dict[str, float]:
-    """One actor's declaration in Ray's resource names (CPU, GPU and the custom ones)."""
-    out = {"CPU": float(options.get("num_cpus", 0.0)), "GPU": float(options.get("num_gpus", 0.0))}
-    for k, v in options.get("resources", {}).items():
-        out[k] = out.get(k, 0.0) + float(v)
-    return out
-
-
 def _add(a: dict[str, float], b: Mapping[str, float], times: float = 1.0) -> dict[str, float]:
     out = dict(a)
     for k, v in b.items():
         out[k] = out.get(k, 0.0) + times * v
     return out
+
+
+def declared(options: Mapping[str, Any]) -> dict[str, float]:
+    """One actor's declaration in Ray's resource names (CPU, GPU and the custom ones)."""
+    base = {"CPU": float(options.get("num_cpus", 0.0)), "GPU": float(options.get("num_gpus", 0.0))}
+    return _add(base, options.get("resources", {}))
 
 
 CPU_FIELDS = ("generate_cpus", "execute_cpus", "verify_cpus")

@@ -12,12 +12,9 @@ that names it and its recovery, `posttrain trace recover RUN_DIR`
 (`recover.py`); `mark` and `roll_back` let a resume cut the trace back to
 what it held at a checkpoint.
 
-Every task the pool hands out is a draw (table `draws`, schema 4): its id,
-deterministic (`draw_id`), the group made from it and its fate, `trained`
-or `dropped` with a reason (`DROP_REASONS`), both written before the
-checkpoint that holds the pool state that drew it; `accounting` computes,
-from the trace alone, what became of every draw (none may be lost or
-trained twice).
+Every task the pool hands out is a draw (table `draws`, schema 4, `DrawRecord`), written
+with its fate before the checkpoint that holds the pool state that drew it; `accounting`
+computes, from the trace alone, what became of every draw (none may be lost or trained twice).
 """
 
 from __future__ import annotations
@@ -231,23 +228,18 @@ def accounting(db: sqlite3.Connection) -> Accounting:
     for (reason,) in db.execute("SELECT reason FROM draws WHERE fate='dropped'"):
         key = reason.split(":", 1)[0]
         dropped[key] = dropped.get(key, 0) + 1
-    lost = tuple(r[0] for r in db.execute("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid"))
-    twice = [
-        r[0]
-        for r in db.execute(
-            "SELECT d.id FROM draws d JOIN rollouts r ON r.group_id = d.group_id WHERE r.train_step IS NOT NULL "
-            "GROUP BY d.id HAVING COUNT(DISTINCT r.train_step) > 1"
-        )
-    ]
+    ids = lambda sql: [r[0] for r in db.execute(sql)]  # noqa: E731 - the first column of a query's rows
+    lost = tuple(ids("SELECT id FROM draws WHERE fate IS NULL ORDER BY rowid"))
+    twice = ids(
+        "SELECT d.id FROM draws d JOIN rollouts r ON r.group_id = d.group_id WHERE r.train_step IS NOT NULL "
+        "GROUP BY d.id HAVING COUNT(DISTINCT r.train_step) > 1"
+    )
     twice += [
-        f"group {r[0]}"
-        for r in db.execute(
-            "SELECT group_id FROM draws WHERE group_id IS NOT NULL GROUP BY group_id HAVING COUNT(*) > 1"
-        )
+        f"group {g}"
+        for g in ids("SELECT group_id FROM draws WHERE group_id IS NOT NULL GROUP BY group_id HAVING COUNT(*) > 1")
     ]
     undrawn = tuple(
-        r[0]
-        for r in db.execute(
+        ids(
             "SELECT DISTINCT r.group_id FROM rollouts r WHERE r.train_step IS NOT NULL "
             "AND NOT EXISTS (SELECT 1 FROM draws d WHERE d.group_id = r.group_id)"
         )
@@ -351,14 +343,10 @@ _INSERT = f"INSERT INTO rollouts ({','.join(_COLUMNS)}) VALUES ({','.join('?' * 
 def _row(rec: RolloutRecord, encoded: dict[int, str] | None = None) -> tuple:
     """The row of `rec`; `encoded`: JSON text by id(value), for values shared by several records
     of one write (the loop passes one sampling dict per domain), encoded once."""
-    out = list(_FIELDS(rec))
+    out, encoded = list(_FIELDS(rec)), {} if encoded is None else encoded
     for i in _JSON_AT:
         value = out[i]
-        if value is None and i in _NULLABLE_AT:
-            continue
-        if encoded is None:
-            out[i] = _ENCODE(value)
-        else:
+        if value is not None or i not in _NULLABLE_AT:
             text = encoded.get(id(value))
             if text is None:
                 text = encoded[id(value)] = _ENCODE(value)
@@ -629,7 +617,15 @@ class TraceStore:
         """An existing trace opened for reading only: nothing is created, migrated or
         written (a report, or `posttrain trace` while another process trains). Raises
         ConfigError when `path` is not a file."""
-        return _ReadOnlyTrace(path)
+        store = cls.__new__(cls)
+        store.path = Path(path)
+        if not store.path.is_file():
+            raise ConfigError(f"no trace database at {str(store.path)!r}")
+        store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
+        store._db.row_factory = sqlite3.Row
+        with readable(store.path):  # garbage in place of a database fails here, not in the first query
+            store._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return store
 
     def has(self, rollout_id: str) -> bool:
         """Whether a rollout with this id (or a unique-enough prefix of it) is stored."""
@@ -653,19 +649,6 @@ class TraceStore:
             "WHERE exec_result IS NOT NULL OR error_kind IS NOT NULL"
         )
         return [(r["domain"], _status(r["exec_result"]), r["error_kind"]) for r in self._db.execute(sql)]
-
-
-class _ReadOnlyTrace(TraceStore):
-    """A TraceStore on a read-only connection (`TraceStore.read_only`)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ConfigError(f"no trace database at {str(self.path)!r}")
-        self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30.0, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        with readable(self.path):  # garbage in place of a database fails here, not in the first query
-            self._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
 
 
 def read_or(path: str | Path, query: Callable[[TraceStore], T], empty: T) -> T:

@@ -23,11 +23,6 @@ def _block(title: str, text: str) -> list[str]:
     return [f"-- {title}", *("   " + line for line in body.splitlines() or [""]), ""]
 
 
-def _siblings(store: Any, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rollouts sampled for the same prompt in the same step."""
-    return store.siblings(row)
-
-
 def _training(row: dict[str, Any], siblings: list[dict[str, Any]]) -> list[str]:
     if row["train_step"] is not None:
         lines = [f"   used by train step {row['train_step']}", f"   advantage {row['advantage']:+.4f}"]
@@ -103,18 +98,14 @@ def explain(store: Any, rollout_id: str) -> str:
     row = store.get(rollout_id)
     if row is None:
         raise ConfigError(f"rollout {rollout_id!r} is not in {store.path}")
-    siblings = _siblings(store, row)
+    siblings = store.siblings(row)  # the rollouts sampled for the same prompt in the same step
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["created_at"]))
     reward = "masked (infra error)" if row["reward"] is None else f"{row['reward']:.4f}"
     passed = "-" if row["passed"] is None else ("yes" if row["passed"] else "no")
     sampling = " ".join(f"{k}={v}" for k, v in (row["sampling"] or {}).items())
     parts = ", ".join(f"{k}={v:.4f}" for k, v in (row["parts"] or {}).items()) or "(none)"
-    timings = (
-        ", ".join(
-            f"{k}={v * 1000:.2f}ms" if k.endswith("_s") else f"{k}={v:g}" for k, v in (row["timings"] or {}).items()
-        )
-        or "(none)"
-    )  # seconds as ms; counts (`turns`) as they are
+    timing = lambda k, v: f"{k}={v * 1000:.2f}ms" if k.endswith("_s") else f"{k}={v:g}"  # noqa: E731 - seconds in ms, counts as is
+    timings = ", ".join(timing(k, v) for k, v in (row["timings"] or {}).items()) or "(none)"
     lines = [
         f"rollout {row['id']}  ({when} UTC)",
         f"   task {row['task_id']}  domain {row['domain']}  split {row['split']}  difficulty {row['difficulty']}  "

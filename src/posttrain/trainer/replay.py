@@ -16,7 +16,7 @@ applied its update enter, and the metrics row gets the replay figures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -169,40 +169,6 @@ class ReplayBuffer:
     def close(self) -> None:
         """Nothing to release."""
 
-    def replay_event(
-        self,
-        trace: TraceStore,
-        step: int,
-        replays: Sequence[ReplayEntry],
-        links: Mapping[str, RolloutLink],
-        outcome: str,
-    ) -> None:
-        """One `replay` trace event for the step: per replayed group its draw (the trace's record,
-        whose fate stays the one it had; None: none recorded) and the loop step that drew it
-        (`sampled_step`; the step that first trained it when no draw is recorded), the step that
-        first trained it, the weight version that generated it and the one the replay trains it
-        at, their gap (`age`, at most max_age), its replay count (this one included), and per
-        rollout the advantage, ratio and clipped share this step's loss saw (None: not in the loss)."""
-        groups = []
-        for e in replays:
-            assert self.trainer_version is not None and e.version is not None, "a taken entry"
-            draw = trace.draw_of_group(e.group_id) or {}
-            groups.append(
-                {
-                    "group_id": e.group_id,
-                    "draw": draw.get("id"),
-                    "sampled_step": int(draw["step"]) if draw.get("step") is not None else e.step,
-                    "trained_step": e.step,
-                    "version": e.version,
-                    "trainer_version": self.trainer_version,
-                    "age": self.trainer_version - e.version,
-                    "replays": e.replays + 1,
-                    "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
-                }
-            )
-        message = f"{len(replays)} groups replayed ({outcome})"
-        trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
-
     def after_step(
         self,
         trace: TraceStore,
@@ -214,15 +180,40 @@ class ReplayBuffer:
         entropy_coef: Callable[[str], float] | None = None,
     ) -> dict[str, Any]:
         """After loop step `step`'s train step (`stats`, None when nothing was trained): its
-        `replays` as a `replay` trace event (`replay_event`), then the `kept` groups of a step
-        that applied its update enter the buffer (their rows as `rows_of` makes them). Returns
+        `replays` as one `replay` trace event, then the `kept` groups of a step that applied its
+        update enter the buffer (their rows as `rows_of` makes them). The event holds, per
+        replayed group, its draw (the trace's record, whose fate stays the one it had; None: none
+        recorded) and the loop step that drew it (`sampled_step`; the step that first trained it
+        when no draw is recorded), the step that first trained it, the weight version that
+        generated it and the one the replay trains it at, their gap (`age`, at most max_age), its
+        replay count (this one included), and per rollout the advantage, ratio and clipped share
+        this step's loss saw (None: not in the loss). Returns
         the metrics row's replay figures: replayed groups and rows, their share of the step's
         batch rows, their age (weight versions since the ones that generated them), ratio to the behaviour log-probs and
         clipped share (means over the replayed rows that entered the loss), what entered, and
         the buffer's size and totals."""
         links = stats.rollouts if stats is not None else {}
         if replays:
-            self.replay_event(trace, step, replays, links, stats.outcome if stats is not None else "no_signal")
+            groups = []
+            for e in replays:
+                assert self.trainer_version is not None and e.version is not None, "a taken entry"
+                draw = trace.draw_of_group(e.group_id) or {}
+                groups.append(
+                    {
+                        "group_id": e.group_id,
+                        "draw": draw.get("id"),
+                        "sampled_step": int(draw["step"]) if draw.get("step") is not None else e.step,
+                        "trained_step": e.step,
+                        "version": e.version,
+                        "trainer_version": self.trainer_version,
+                        "age": self.trainer_version - e.version,
+                        "replays": e.replays + 1,
+                        "rollouts": {r.rollout_id: _link_json(links.get(r.rollout_id)) for r in e.rows},
+                    }
+                )
+            outcome = stats.outcome if stats is not None else "no_signal"
+            message = f"{len(replays)} groups replayed ({outcome})"
+            trace.add_event("replay", message, step=step, data={"groups": groups, "outcome": outcome})
         applied = stats is not None and stats.outcome == "applied"
         admitted = self.admit([(g, rows_of(g, temperature, entropy_coef)) for g in kept if g], step) if applied else 0
         rows = [row for e in replays for row in e.rows]
