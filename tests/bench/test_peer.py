@@ -4,29 +4,20 @@ TRL side's reward function (posttrain's verifiers). The TRL run itself needs the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_loader import load
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_PYTHON = ROOT / ".venv-peer" / "bin" / "python"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-peer = _load("peer")
-peer_trl = _load("peer_trl")
+peer = load("peer")
+peer_trl = load("peer_trl")
 
 
 def _row(wall, gen, ver, train, cpu):

@@ -4,25 +4,16 @@ model and are run by hand (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bench_loader import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-rs = _load("real_speed")
+rs = load("real_speed")
 
 SMOL = SimpleNamespace(
     num_attention_heads=9, hidden_size=576, vocab_size=49152, num_hidden_layers=30, tie_word_embeddings=True
