@@ -4,8 +4,9 @@
 One subprocess of .venv-vllm's python runs vLLM's offline API (`vllm.LLM`, fp32, eager, the
 CPU settings posttrain's own server uses) on a `posttrain export` folder of a short-pretrained
 tiny base (vLLM's CPU attention needs head_dim >= 32: the micro preset's 8 is refused), with
-tied embeddings as exported, and prints the tokenizer's ids, the ids vLLM itself prompted
-with and its greedy completions for posttrain's own prompts of every built-in domain.
+tied embeddings as exported, and prints the tokenizer's ids, the ids vLLM itself prompted with,
+their logprobs and its greedy completions (stopped at EOS, and through it: `ignore_eos`) for
+posttrain's own prompts of every built-in domain but reasoning-gym's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ pytestmark = [
 
 NEW = 8
 """Greedy tokens per prompt."""
+TOL = 1e-4
+"""|dlogprob| allowed on every prompt token between vLLM and posttrain (fp32 both), as in
+test_engine_vllm.py."""
 
 # vLLM only: posttrain is not importable from this script's path.
 VLLM = r"""
@@ -40,7 +44,8 @@ prompts = json.loads(sys.stdin.read())
 llm = LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=length, seed=0,
           enable_chunked_prefill=False, max_num_batched_tokens=max(length, 2048))
 tok = llm.get_tokenizer()
-outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=new))
+outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=new, prompt_logprobs=0))
+full = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
 assert "posttrain" not in sys.modules
 print("JSON " + json.dumps({
     "class": type(tok).__name__,
@@ -48,6 +53,9 @@ print("JSON " + json.dumps({
     "prompt_ids": [list(o.prompt_token_ids) for o in outs],
     "greedy_ids": [list(o.outputs[0].token_ids) for o in outs],
     "greedy": [o.outputs[0].text for o in outs],
+    "full_ids": [list(o.outputs[0].token_ids) for o in full],
+    "full": [o.outputs[0].text for o in full],
+    "prompt_logprobs": [[d[t].logprob for d, t in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])] for o in outs],
 }))
 """
 
@@ -87,16 +95,43 @@ def test_vllm_gets_posttrains_ids_and_greedy_answers(exported):
 
 
 def _assert_matches(folder, prompts: list[str], out: dict, new: int) -> None:
-    """vLLM's ids (its tokenizer's and those it prompted with) and greedy ids and texts equal
-    posttrain's tokenizer and model generating `new` tokens greedily, prompt by prompt."""
+    """vLLM's ids (its tokenizer's and those it prompted with) equal posttrain's tokenizer's, its
+    logprob of every prompt token posttrain's model's within TOL, and its greedy ids and texts
+    (`new` tokens through EOS, and stopped at EOS) posttrain's model's, prompt by prompt. Greedy
+    alone is weak on a short-pretrained base: most of its answers are EOS at once."""
     model, tok = load_model(folder)
     built = build_tokenizer()
-    rows = zip(prompts, out["ids"], out["prompt_ids"], out["greedy_ids"], out["greedy"], strict=True)
-    for p, ids, prompted, got_ids, answer in rows:
+    rows = zip(
+        prompts,
+        out["ids"],
+        out["prompt_ids"],
+        out["greedy_ids"],
+        out["greedy"],
+        out["full_ids"],
+        out["full"],
+        out["prompt_logprobs"],
+        strict=True,
+    )
+    for p, ids, prompted, got_ids, answer, full_ids, full, logprobs in rows:
         assert ids == prompted == tok.encode(p) == built.encode(p), p
         with torch.no_grad():
-            g = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id)
-        want = g[0, len(ids) :].tolist()
-        if tok.eos_token_id in want:  # vLLM stops at EOS (and returns it); generate pads after it
+            mine = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1).gather(1, torch.tensor([ids[1:]]).T)
+        assert torch.allclose(torch.tensor(logprobs), mine[:, 0], atol=TOL, rtol=0), p
+        want = _greedy(model, ids, new)
+        assert (full_ids, full) == (want, tok.decode(want, skip_special_tokens=True)), p
+        if tok.eos_token_id in want:  # without ignore_eos, vLLM stops at EOS (and returns it)
             want = want[: want.index(tok.eos_token_id) + 1]
         assert (got_ids, answer) == (want, tok.decode(want, skip_special_tokens=True)), p
+
+
+def _greedy(model, ids: list[int], new: int) -> list[int]:
+    """posttrain's model's `new` greedy tokens after `ids`, through EOS (vLLM's ignore_eos): a
+    KV-cached argmax loop, as `generate` computes them but without stopping."""
+    out, past, x = [], None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(new):
+            step = model(input_ids=x, past_key_values=past, use_cache=True)
+            past, token = step.past_key_values, int(step.logits[0, -1].argmax())
+            out.append(token)
+            x = torch.tensor([[token]])
+    return out
