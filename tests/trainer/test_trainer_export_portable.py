@@ -18,11 +18,10 @@ import sys
 import pytest
 import torch
 
-from posttrain.cli import main
-from posttrain.configs.trainer import TrainerConfig
+from export_check import domain_prompts as _prompts
+from export_check import export_base
 from posttrain.model.arch import load_model
 from posttrain.model.tokenizer import build_tokenizer, make_portable
-from posttrain.trainer.trainer import Trainer
 
 # Each plain-transformers subprocess imports torch and transformers (5-30 s under load).
 pytestmark = pytest.mark.heavy
@@ -48,22 +47,6 @@ print(json.dumps(out))
 """
 
 
-def _prompts() -> list[str]:
-    """Two prompts of every built-in domain but reasoning-gym's (building its datasets takes
-    ~10 s, and 14 of them hold non-ASCII characters, which the char-level tokenizer maps to
-    <|unk|> and the portable one drops)."""
-    from posttrain.domains.registry import all_domains
-
-    tok, out = build_tokenizer(), []
-    for name, dom in sorted(all_domains().items()):
-        if name.startswith("rg_"):
-            continue
-        for i in range(2):
-            msgs = [{"role": m.role, "content": m.content} for m in dom.sample(i, "eval", 1).prompt]
-            out.append(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
-    return out
-
-
 def _plain(folder, prompts: list[str], new: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
@@ -80,11 +63,7 @@ def _plain(folder, prompts: list[str], new: int) -> dict:
 
 @pytest.fixture(scope="module")
 def exported(micro_base, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("export")
-    model, tok = load_model(micro_base)
-    ckpt = Trainer(model, TrainerConfig()).save(tmp / "run", tok, {})
-    assert main(["export", str(ckpt), "--out", str(tmp / "out")]) == 0
-    return tmp / "out"
+    return export_base(micro_base, tmp_path_factory.mktemp("export"))
 
 
 def test_plain_transformers_gets_posttrains_ids_and_greedy_answers(exported):
