@@ -11,9 +11,10 @@ that failed it: one prompt too long masks only its own item) and execute caps
 (`EvalOptions`), with what escapes the execute step or the verifier blamed by its
 cause (`judge`): an infra error (a verifier that raises on the gold answer too is
 one) is counted and left out of every accuracy, never a 0 (a domain of infra
-errors only has accuracy None); a model fault is a wrong answer (scored 0). A multi-turn domain (one with an environment) is evaluated as it is
-trained: each item an episode played to its end through `envs.driver`, its turn
-count kept, so pass@turn-k (passed using at most k turns) is reported per turn.
+errors only has accuracy None); a model fault is a wrong answer (scored 0). A
+multi-turn domain (one with an environment) is evaluated as it is trained: each
+item an episode played to its end through `envs.driver`, its turn count kept, so
+pass@turn-k (passed using at most k turns) is reported per turn.
 """
 
 from __future__ import annotations
