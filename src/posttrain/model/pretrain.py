@@ -284,8 +284,8 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds:
     info = {
         "base_config": cfg.model_dump(),
         "data_digest": data_digest(cfg),
-        "pretrain_seconds": round(seconds, 1),
-        "build_seconds": round(build_seconds, 1),
+        "pretrain_seconds": round(seconds, 3),
+        "build_seconds": round(build_seconds, 3),
         "buggy_solvers": sorted(BUGS),
     }
     if set(cfg.domains) & set(TURN_BUGS):
@@ -297,7 +297,7 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds:
         shutil.rmtree(out)
     tmp.rename(out)
     if out.resolve() == default_dir(cfg).resolve():
-        row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 1)}
+        row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 3)}
         with open(DEFAULT_CACHE / BUILDS, "a") as f:
             f.write(json.dumps({**row, "time": round(time.time())}) + "\n")
 
