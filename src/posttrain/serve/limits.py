@@ -42,6 +42,13 @@ _STEP[list(b"[{")] = 1
 _STEP[list(b"]}")] = -1
 
 
+def too_slow(timeout_s: float) -> ApiError:
+    """The 408 error of a body not received within `timeout_s` seconds."""
+    return ApiError(
+        408, f"request body not received within {timeout_s:g} s (serve.limits.body_timeout_s)", code="request_timeout"
+    )
+
+
 def too_large(limit: int) -> ApiError:
     """The 413 error of a body over `limit` bytes."""
     return ApiError(
@@ -78,11 +85,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     except ClientDisconnect:
         raise ApiError(400, "client disconnected before sending its whole body", code="client_disconnected") from None
     except TimeoutError:
-        raise ApiError(
-            408,
-            f"request body not received within {timeout_s:g} s (serve.limits.body_timeout_s)",
-            code="request_timeout",
-        ) from None
+        raise too_slow(timeout_s) from None
     return b"".join(chunks)
 
 
@@ -226,11 +229,7 @@ async def receive_body(scope: Any, receive: Any, limit: int, timeout_s: float) -
                 if not message.get("more_body", False):
                     return b"".join(chunks)
     except TimeoutError:
-        raise ApiError(
-            408,
-            f"request body not received within {timeout_s:g} s (serve.limits.body_timeout_s)",
-            code="request_timeout",
-        ) from None
+        raise too_slow(timeout_s) from None
 
 
 def _replay(body: bytes, receive: Any) -> Any:
