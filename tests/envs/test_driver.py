@@ -129,3 +129,22 @@ def test_a_sandbox_fault_is_retried_then_masked_never_scored(lookup):
     Lookup.fail_steps = 10
     [[p]] = play(ScriptedEngine(policy), [lookup.sample(1, "train", 1)], SamplingParams(max_tokens=40), retries=2)
     assert p.error == "sandbox"
+
+
+def test_the_episodes_of_a_wave_take_their_turns_together_one_engine_call_a_turn(lookup):
+    """Evaluation's inline scheduler plays episode groups in lockstep: five tasks whose second
+    sample needs two turns cost two engine calls (five groups each), not one call per group turn."""
+
+    class Counting(ScriptedEngine):
+        sizes: list[int] = []
+
+        def generate(self, requests):
+            self.sizes.append(len(requests))
+            return super().generate(requests)
+
+    engine = Counting(policy)
+    tasks = [lookup.sample(i, "eval", 1) for i in range(5)]
+    groups = play(engine, tasks, SamplingParams(max_tokens=40), n=2)
+    assert engine.sizes == [5, 5]  # turn 1: every group; turn 2: the groups whose sample 1 looked around
+    assert [[p.episode.completion for p in g] for g in groups] == [[f"answer {100 + i}"] * 2 for i in range(5)]
+    assert [[p.turns for p in g] for g in groups] == [[1, 2]] * 5

@@ -207,9 +207,9 @@ def test_budget_cap_and_eval_use_the_same_budgets():
 
     assert domain_budgets(["code", "add"], cap=512)["code"].tokens == 512  # rollout.max_tokens caps
     assert domain_budgets(["code", "add"], cap=512)["add"].tokens == 16
-    opts = EvalOptions(budgets={"math_arith_nth": 24})
+    opts = EvalOptions(budgets={"math_arith_nth": 40})
     assert (
-        tokens_for("add", opts) == 16 and tokens_for("math_arith_nth", opts) == 24 and tokens_for("code", opts) == 1024
+        tokens_for("add", opts) == 16 and tokens_for("math_arith_nth", opts) == 40 and tokens_for("code", opts) == 1024
     )
     tasks = [
         get("math_arith_nth").sample(0, "eval", 1),
@@ -219,8 +219,39 @@ def test_budget_cap_and_eval_use_the_same_budgets():
     engine = BudgetEngine(lambda context, j: "9" * 100)
     budgets = eval_budgets([t.domain for t in tasks], opts)
     out = Play(engine, SamplingParams(n=1), budgets, batch_size=8).groups(tasks)
-    assert [len(g.played()[0].completion.token_ids) for g in out] == [24, 16, 16]  # task order kept
-    assert engine.call_budgets == [{16}, {24}]
+    assert [len(g.played()[0].completion.token_ids) for g in out] == [40, 16, 16]  # task order kept
+    assert engine.call_budgets == [{16}, {40}]  # 40 > 2 x 16: a call each, shortest first
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["pipeline", "play"])
+def test_budgets_within_twice_share_one_call_each_row_capped_at_its_own(inline):
+    """configs/real.yaml's 96- and 160-token domains: one engine call, not two in series, in the
+    staged pipeline and in the inline scheduler alike; each row still stops at its own budget."""
+    from posttrain.pipeline.play import Play
+
+    tasks = [get("add").sample(i, "train", 1) for i in range(2)] + [
+        get("math_arith_nth").sample(i, "train", 1) for i in range(2)
+    ]
+    budgets = {"add": Budget(tokens=16), "math_arith_nth": Budget(tokens=24)}
+    engine = BudgetEngine(lambda context, j: "7" * 100)
+    if inline:
+        out = Play(engine, SamplingParams(n=2), budgets, batch_size=8).groups(tasks)
+        lengths = [{len(p.completion.token_ids) for p in g.played()} for g in out]
+    else:
+        rollouts, _, _ = _run(tasks, engine=engine, budgets=budgets, params=SamplingParams(n=2, max_tokens=999))
+        by_task = {r.task.id: len(r.completion.token_ids) for r in rollouts}
+        lengths = [{by_task[t.id]} for t in tasks]
+    assert engine.call_budgets == [{16, 24}]
+    assert lengths == [{16}, {16}, {24}, {24}]
+
+
+def test_by_budget_merges_within_twice_the_shortest_and_keeps_order():
+    from posttrain.pipeline.group import by_budget
+
+    runs = [("a", 160), ("b", 96), ("c", 16), ("d", 1024), ("e", 32), ("f", 33), ("g", 96)]
+    calls = by_budget(runs, lambda r: r[1])
+    assert [[name for name, _ in c] for c in calls] == [["c", "e"], ["f"], ["b", "g", "a"], ["d"]]
+    assert by_budget([], lambda r: r[1]) == []
 
 
 @needs_root

@@ -42,6 +42,7 @@ from posttrain.pipeline.group import (
     Step,
     Verify,
     Wait,
+    by_budget,
     generation,
     group_seed,
 )
@@ -222,15 +223,10 @@ class Pipeline:
         return batch
 
     async def _generate_worker(self, index: int) -> None:
-        """Each batch is split by token budget, shortest first, one engine call per
-        budget: a 16-token row neither waits for nor pads to a 1024-token one."""
+        """Each batch is split by token budget, shortest first (`group.by_budget`: budgets
+        within 2x share a call): a 16-token row neither waits for nor pads to a 1024-token one."""
         while not self._closing:
-            buckets: dict[int, list[GroupRun]] = {}
-            for it in await self._take_batch():
-                call = it.next_call()  # a Generate: the group is due a turn
-                assert isinstance(call, Generate)
-                buckets.setdefault(call.tokens, []).append(it)
-            for _, batch in sorted(buckets.items()):
+            for batch in by_budget(await self._take_batch(), _turn_tokens):
                 await self._generate_bucket(batch)
 
     async def _generate_bucket(self, batch: list[GroupRun]) -> None:
@@ -426,3 +422,10 @@ class Pipeline:
             dict(self.counters),
             self.scheduler.cap.value,
         )
+
+
+def _turn_tokens(item: GroupRun) -> int:
+    """The token budget of the turn `item` is due (its next call is a Generate)."""
+    call = item.next_call()
+    assert isinstance(call, Generate)
+    return call.tokens

@@ -680,6 +680,26 @@ def _one_by_one(item: GroupRun, requests: list[GenerationRequest]) -> Generator[
     item._after_turn()
 
 
+BUDGET_SPAN = 2
+"""Token budgets within this factor of a call's shortest share its engine call."""
+
+
+def by_budget(runs: Sequence[GroupRun], tokens: Callable[[GroupRun], int]) -> list[list[GroupRun]]:
+    """`runs` in engine calls by token budget (`tokens(run)`), shortest first, for every scheduler:
+    a budget within `BUDGET_SPAN` of a call's shortest shares that call (each row still stops at
+    its own budget, the engines honour every request's max_tokens), a longer one starts the next.
+    A 16-token row neither waits for nor pads to a 1024-token one, and a 96- and a 160-token
+    domain (configs/real.yaml) cost one engine call, not two in series."""
+    calls: list[list[GroupRun]] = []
+    shortest = 0
+    for run in sorted(runs, key=tokens):  # stable: runs of one budget keep their order
+        if not calls or tokens(run) > BUDGET_SPAN * shortest:
+            calls.append([])
+            shortest = tokens(run)
+        calls[-1].append(run)
+    return calls
+
+
 def group_seed(run: GroupRun, seed: int | None) -> int | None:
     """The base seed of `run`'s requests in a run seeded `seed`: (seed, group id, generation
     attempt), the same whatever the batching, the worker or the runtime."""

@@ -42,6 +42,7 @@ from posttrain.pipeline.group import (
     Step,
     Verify,
     Wait,
+    by_budget,
     generation,
     group_seed,
 )
@@ -236,21 +237,21 @@ class Play:
 
     # ---- the calls, in the caller's thread ----------------------------------------------
     def _play(self, wave: list[GroupRun]) -> None:
-        """The wave's single-turn groups generated (by token budget, shortest first, at most
-        `batch_size` a call), its episode groups played one group at a time, then the execute
-        steps of the single-turn groups."""
-        single = [r for r in wave if r.result is None and not _episodic(r.task)]
-        by_tokens: dict[int, list[GroupRun]] = {}
-        for r in single:
-            by_tokens.setdefault(self._tokens_of(r.task), []).append(r)
-        for _, batch in sorted(by_tokens.items()):
-            for start in range(0, len(batch), self.batch_size):
-                self._generate(batch[start : start + self.batch_size])
-        for r in wave:
-            if r.result is None and _episodic(r.task):
-                self._drive(r, Verify)  # its environments close before the next group's turn
-        for r in single:
-            self._drive(r, Verify)
+        """The wave's groups played in lockstep: every group due a turn (a single-turn group's
+        one turn, each episode group's next) generated together, by token budget
+        (`group.by_budget`, shortest first, at most `batch_size` groups a call), then the episode
+        groups' environment steps, until no episode is due another turn; then the execute steps
+        of the single-turn groups. Twenty two-turn episodes cost two engine calls, not forty."""
+        live = [r for r in wave if r.result is None]
+        due = [r for r in live if isinstance(r.next_call(), Generate)]
+        while due:
+            for batch in by_budget(due, lambda r: self._tokens_of(r.task)):
+                for start in range(0, len(batch), self.batch_size):
+                    self._generate(batch[start : start + self.batch_size])
+            due = [r for r in live if _episodic(r.task) and isinstance(self._drive(r, (Generate, Verify)), Generate)]
+        for r in live:
+            if not _episodic(r.task):
+                self._drive(r, Verify)
 
     def _seed(self, run: GroupRun) -> int | None:
         if self.seed is not None:
@@ -280,9 +281,9 @@ class Play:
         got = _attempt(fn, *args)
         return got, meter.end(token, items, error=isinstance(got, BaseException))
 
-    def _drive(self, run: GroupRun, until: type | None = None) -> Call:
-        """Run the group's calls inline until it asks for `until` (None: until it is done); a
-        Wait is slept, a turn generated alone."""
+    def _drive(self, run: GroupRun, until: type | tuple[type, ...] | None = None) -> Call:
+        """Run the group's calls inline until it asks for `until` (a call type or a tuple of
+        them; None: until it is done); a Wait is slept, a turn generated alone."""
         while not isinstance(call := run.next_call(), Done) and (until is None or not isinstance(call, until)):
             if isinstance(call, Wait):
                 self.sleep(call.seconds)
