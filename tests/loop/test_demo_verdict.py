@@ -46,3 +46,20 @@ def test_an_infra_only_domain_fails_and_the_gain_interval_is_shown(tmp_path, cap
     run["after"]["domains"]["sort"]["accuracy"] = None
     (tmp_path / "eval.json").write_text(json.dumps(run))
     assert main([str(tmp_path)]) == 1 and "no held-out accuracy for sort" in capsys.readouterr().out
+
+
+def test_demo_real_asks_its_own_gain_and_prints_the_benchmarks_before_and_after(tmp_path, capsys):
+    table = lambda accs: {"domains": {d: {"accuracy": a} for d, a in accs.items()}}  # noqa: E731
+    (tmp_path / "eval.json").write_text(json.dumps({"before": table({"add": 0.1}), "after": table({"add": 0.27})}))
+    assert main([str(tmp_path)]) == 1  # +0.17: below make demo's +0.20
+    capsys.readouterr()
+    bench = lambda acc, lo, hi: {"domains": {"gsm8k": {"accuracy": acc, "ci": [lo, hi], "n": 20}}}  # noqa: E731
+    (tmp_path / "b.json").write_text(json.dumps(bench(0.05, 0.01, 0.24)))
+    (tmp_path / "a.json").write_text(json.dumps(bench(0.0, 0.0, 0.16)))
+    args = [str(tmp_path), "--min-gain", "0.15", "--bench", str(tmp_path / "b.json"), str(tmp_path / "a.json")]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "benchmark gsm8k: 0.05 [0.01, 0.24] (n=20) -> 0.00 [0.00, 0.16] (n=20)"  # forgetting shown
+    assert out[1].startswith("demo: PASS") and "(+0.17)" in out[1]
+    args[-1] = str(tmp_path / "missing.json")
+    assert main(args) == 0 and "benchmarks: no table at" in capsys.readouterr().out  # shown, not a criterion
