@@ -225,7 +225,7 @@ def test_budget_cap_and_eval_use_the_same_budgets():
 
 @pytest.mark.parametrize("inline", [False, True], ids=["pipeline", "play"])
 def test_budgets_within_twice_share_one_call_each_row_capped_at_its_own(inline):
-    """configs/real.yaml's 96- and 160-token domains: one engine call, not two in series, in the
+    """arith_fmt (96 tokens) beside ifeval (160): one engine call, not two in series, in the
     staged pipeline and in the inline scheduler alike; each row still stops at its own budget."""
     from posttrain.pipeline.play import Play
 

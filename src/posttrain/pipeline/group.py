@@ -689,7 +689,7 @@ def by_budget(runs: Sequence[GroupRun], tokens: Callable[[GroupRun], int]) -> li
     a budget within `BUDGET_SPAN` of a call's shortest shares that call (each row still stops at
     its own budget, the engines honour every request's max_tokens), a longer one starts the next.
     A 16-token row neither waits for nor pads to a 1024-token one, and a 96- and a 160-token
-    domain (configs/real.yaml) cost one engine call, not two in series."""
+    domain (arith_fmt beside ifeval) cost one engine call, not two in series."""
     calls: list[list[GroupRun]] = []
     shortest = 0
     for run in sorted(runs, key=tokens):  # stable: runs of one budget keep their order
