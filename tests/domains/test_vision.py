@@ -127,6 +127,9 @@ def test_train_and_eval_never_share_an_image_and_eval_is_held_out(name):
     assert len(train) == 3 * 12 and len(held) == 3 * 6 and not train & held
     d = get(name)
     assert all(d.sample(i, "eval", 1).meta.split == "eval" for i in range(3))
+    # the split is by scene, not by question: one question's images are in both splits
+    train_q = {t.prompt[0].content for t in _tasks(name, 12)}
+    assert train_q & {t.prompt[0].content for t in _tasks(name, 6, "eval")}
 
 
 # ---- verifier ------------------------------------------------------------------------------------
