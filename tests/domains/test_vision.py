@@ -20,6 +20,7 @@ from PIL import Image as PILImage
 
 from posttrain.configs.tasks import TasksConfig
 from posttrain.domains._vision import encode_png, judge
+from posttrain.domains.base import extract_answer
 from posttrain.domains.registry import get
 from posttrain.monitor.probes import probe_domain
 from posttrain.tasks.pool import resolve_domains
@@ -158,8 +159,12 @@ def test_labels_ignore_case_and_spaces_numbers_and_letters_are_exact():
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_monitor_probe_finds_no_declared_cheat_accepted(name):
-    result = probe_domain(get(name), 1, 3)
+    d = get(name)
+    result = probe_domain(d, 1, 3)
     assert result is not None and result.cheats > 0 and not result.accepted, result
+    for t in _tasks(name, 4):  # every shortcut that is not right for the task is a declared cheat
+        wrong = [a for a in t.reference["shortcuts"].values() if not judge(t.reference, a)[1]]
+        assert wrong and set(wrong) <= {extract_answer(c) for c in d.cheats(t)}, t.id
 
 
 @pytest.mark.parametrize("name", FAMILIES)
