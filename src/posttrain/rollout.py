@@ -50,8 +50,9 @@ class Rollout:
     @property
     def prompt_text(self) -> str:
         """What the model was shown before its first turn, as text (the trace's prompt):
-        the task's messages and, for a multi-turn episode, the first observation."""
-        return "\n".join([*(m.content for m in self.task.prompt), *filter(None, [self.first_observation])])
+        the task's messages (an image named by its size and sha256 digest, `Message.as_text`, never
+        its bytes) and, for a multi-turn episode, the first observation."""
+        return "\n".join([*(m.as_text() for m in self.task.prompt), *filter(None, [self.first_observation])])
 
     @property
     def reward(self) -> float | None:

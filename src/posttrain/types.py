@@ -1,25 +1,172 @@
 """Typed frozen records that cross stage boundaries.
 
 Invariant: every record here is immutable and JSON-serialisable through
-`to_dict`; no stage passes dicts of string keys to another.
+`to_dict`; no stage passes dicts of string keys to another. An image enters a
+record only as an `Image` (validated PNG bytes, bounded), and `to_dict` shows it
+by digest, never its bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import struct
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from posttrain.errors import TaskError
 
 Split = Literal["train", "eval"]
 CostClass = Literal["short", "long"]
 FinishReason = Literal["stop", "length", "error"]
 
 
+MAX_IMAGE_BYTES = 4 * 2**20
+"""The largest PNG file an `Image` holds (4 MiB)."""
+MAX_IMAGE_PIXELS = 2048 * 2048
+"""The most pixels (width x height) an `Image` may have."""
+PNG_CHUNKS = (b"IHDR", b"PLTE", b"IDAT", b"IEND")
+"""The only chunks an `Image`'s PNG may hold: pixels, no text, time or other metadata."""
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_COLOUR = {0: ((1, 2, 4, 8, 16), 1), 2: ((8, 16), 3), 3: ((1, 2, 4, 8), 1), 4: ((8, 16), 2), 6: ((8, 16), 4)}
+"""PNG colour type -> (its allowed bit depths, samples per pixel)."""
+
+
+def check_png(data: bytes) -> tuple[int, int]:
+    """The (width, height) of `data`, a PNG an `Image` may hold; TaskError naming what is wrong
+    otherwise: not bytes, over MAX_IMAGE_BYTES, not a PNG (signature, a chunk's length or CRC),
+    a chunk other than IHDR, PLTE, IDAT, IEND (metadata: text, time, physical size, ...), chunks
+    out of order, bytes after IEND, over MAX_IMAGE_PIXELS, an unknown colour type or bit depth,
+    interlaced, a palette image without its palette, or pixel data that does not inflate to
+    exactly the rows IHDR declares (each with a filter byte 0-4). Inflating is bounded by that
+    size, so a decompression bomb is refused before it is expanded."""
+    if not isinstance(data, bytes):
+        raise TaskError(f"image: PNG data must be bytes, got {type(data).__name__}")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise TaskError(f"image: {len(data):,} bytes; an image is at most {MAX_IMAGE_BYTES:,} bytes")
+    if not data.startswith(_PNG_SIGNATURE):
+        raise TaskError("image: not a PNG (the file does not start with the PNG signature)")
+    pos, plte = len(_PNG_SIGNATURE), b""
+    seen: list[bytes] = []
+    idat: list[bytes] = []
+    while pos < len(data):
+        if len(data) - pos < 12:
+            raise TaskError(f"image: not a PNG (a truncated chunk at byte {pos})")
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if len(body) != length or len(data) < pos + 12 + length:
+            raise TaskError(f"image: not a PNG (chunk {kind!r} at byte {pos} runs past the end)")
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            raise TaskError(f"image: not a PNG (chunk {kind!r} at byte {pos} fails its CRC)")
+        if kind not in PNG_CHUNKS:
+            raise TaskError(
+                f"image: PNG chunk {kind.decode('latin-1')!r} is not allowed: an image carries pixels only "
+                "(IHDR, PLTE, IDAT, IEND); strip text, time and other metadata"
+            )
+        if (
+            (kind == b"IHDR") != (not seen)
+            or (kind == b"PLTE" and (plte or idat))
+            or (kind == b"IDAT" and seen[-1] not in (b"IHDR", b"PLTE", b"IDAT"))
+        ):
+            raise TaskError(f"image: not a PNG (chunk {kind!r} out of order after {[k.decode() for k in seen]})")
+        seen.append(kind)
+        pos += 12 + length
+        if kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"PLTE":
+            plte = body
+        elif kind == b"IEND":
+            break
+    if not seen or seen[-1] != b"IEND" or pos != len(data):
+        raise TaskError("image: not a PNG (no IEND chunk at the end of the data)")
+    ihdr = data[16:29]
+    if len(ihdr) != 13 or struct.unpack(">I", data[8:12])[0] != 13:
+        raise TaskError("image: not a PNG (IHDR is not 13 bytes)")
+    width, height, depth, colour, compression, filtering, interlace = struct.unpack(">IIBBBBB", ihdr)
+    if width < 1 or height < 1 or width * height > MAX_IMAGE_PIXELS:
+        raise TaskError(f"image: {width}x{height} pixels; an image has 1 to {MAX_IMAGE_PIXELS:,} pixels")
+    if colour not in _PNG_COLOUR or depth not in _PNG_COLOUR[colour][0] or compression or filtering:
+        raise TaskError(f"image: PNG colour type {colour} with bit depth {depth} is not a valid PNG format")
+    if interlace:
+        raise TaskError("image: interlaced PNGs are not accepted (save it without interlacing)")
+    if colour == 3 and (not plte or len(plte) % 3 or len(plte) > 768):
+        raise TaskError("image: a palette PNG needs one PLTE chunk of 1 to 256 RGB entries")
+    if plte and colour != 3:
+        raise TaskError(f"image: a PLTE chunk in a PNG of colour type {colour} (only palette images carry one)")
+    if not idat:
+        raise TaskError("image: not a PNG (no IDAT chunk: no pixel data)")
+    row = (width * depth * _PNG_COLOUR[colour][1] + 7) // 8 + 1
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(b"".join(idat), row * height + 1)
+    except zlib.error as exc:
+        raise TaskError(f"image: the PNG's pixel data does not inflate ({exc})") from None
+    if len(raw) != row * height or not inflate.eof or inflate.unused_data:
+        raise TaskError(f"image: the PNG's pixel data is not the {height} rows of {row - 1} bytes its IHDR declares")
+    if any(raw[i] > 4 for i in range(0, len(raw), row)):
+        raise TaskError("image: the PNG's pixel data has a row filter byte outside 0-4")
+    return width, height
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """IHDR's width and height, unchecked ((0, 0) when there is none): `Image.from_png` builds
+    the record with them and its check then decides."""
+    if isinstance(data, bytes) and len(data) >= 24 and data.startswith(_PNG_SIGNATURE):
+        w, h = struct.unpack(">II", data[16:24])
+        return int(w), int(h)
+    return 0, 0
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image of a task, a PNG: its bytes, size and sha256 digest (hex). Every construction
+    checks the bytes (`check_png`: bounded in bytes and pixels, pixels only, no metadata) and that
+    the size and digest are theirs, so an Image in a record is always a valid, bounded PNG.
+    Build one with `Image.from_png(data)`. `to_dict` shows it by digest and size, never its bytes
+    (the trace names an image, it does not store it); repr leaves the bytes out too."""
+
+    png: bytes = field(repr=False, metadata={"to_dict": False})
+    width: int
+    height: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        size = check_png(self.png)
+        digest = hashlib.sha256(self.png).hexdigest()
+        if size != (self.width, self.height) or digest != self.sha256:
+            raise TaskError(
+                f"image: declared {self.width}x{self.height} sha256 {self.sha256[:16]}..., "
+                f"but the PNG is {size[0]}x{size[1]} sha256 {digest[:16]}..."
+            )
+
+    @classmethod
+    def from_png(cls, data: bytes) -> Image:
+        """The Image of PNG bytes `data` (TaskError naming what is wrong, see `check_png`)."""
+        width, height = _png_size(data)
+        return cls(data, width, height, hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else "")
+
+    @property
+    def marker(self) -> str:
+        """How text views of a prompt (the trace's, the task-set keys') name this image."""
+        return f"[image {self.width}x{self.height} sha256:{self.sha256}]"
+
+
 @dataclass(frozen=True)
 class Message:
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    images: tuple[Image, ...] = field(default=(), metadata={"omit_empty": True})
+    """Images shown with this message (a vision task's screenshot, chart or drawing). Empty for
+    text: `to_dict` then leaves the field out, so a text message's record is as before. Engines
+    that read text only refuse a message with images (engine/base.py `text_chat`)."""
+
+    def as_text(self) -> str:
+        """The message as text: its content, then one line per image naming it by size and digest
+        (`Image.marker`); a text message's content unchanged."""
+        return "\n".join([self.content, *(i.marker for i in self.images)]) if self.images else self.content
 
 
 @dataclass(frozen=True)
@@ -45,6 +192,11 @@ class Task:
     prompt: tuple[Message, ...]
     reference: Any
     meta: TaskMeta
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Every image of the prompt, in order (empty for a text task)."""
+        return tuple(i for m in self.prompt for i in m.images)
 
 
 @dataclass(frozen=True)
@@ -139,9 +291,16 @@ class Completion:
 
 
 def to_dict(record: Any) -> Any:
-    """Plain-JSON view of a record (for traces and metrics)."""
+    """Plain-JSON view of a record (for traces and metrics). A field declared with metadata
+    `to_dict: False` is left out (an Image's bytes), and one with `omit_empty` while empty (a
+    text message's images)."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {f.name: to_dict(getattr(record, f.name)) for f in dataclasses.fields(record)}
+        out = {}
+        for f in dataclasses.fields(record):
+            value = getattr(record, f.name)
+            if f.metadata.get("to_dict", True) and not (f.metadata.get("omit_empty") and not value):
+                out[f.name] = to_dict(value)
+        return out
     if isinstance(record, Mapping):
         return {str(k): to_dict(v) for k, v in record.items()}
     if isinstance(record, (list, tuple)):

@@ -105,7 +105,7 @@ def show(args: argparse.Namespace) -> int:
     )
     print(f"task {task.id} | taskset {task.meta.taskset_version}\n")
     for m in task.prompt:
-        print(f"[{m.role}]\n{m.content}\n")
+        print(f"[{m.role}]\n{m.as_text()}\n")  # an image by its size and digest
     print(f"[gold answer]\n{gold}\n-> score {gs.value:.3f} {dict(gs.parts)}\n")
     print(f"[a wrong answer]\n{wrong}\n-> score {ws.value:.3f} {dict(ws.parts)} {ws.reason}")
     return 0

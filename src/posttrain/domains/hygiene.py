@@ -20,7 +20,9 @@ _WORD = re.compile(r"\w+|[^\w\s]")
 
 
 def prompt_text(task: Task) -> str:
-    return "\n".join(m.content for m in task.prompt)
+    """The prompt as text, each image named by its size and digest (`Message.as_text`): two image
+    tasks that ask the same question of different images are different tasks."""
+    return "\n".join(m.as_text() for m in task.prompt)
 
 
 def normalise(text: str) -> str:

@@ -25,14 +25,27 @@ from posttrain.errors import ConfigError, PromptTooLong
 from posttrain.types import GenerationRequest, Message
 
 
+def text_chat(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """`messages` as the role/content dicts a chat template renders; ConfigError for a message
+    that carries images (`Message.images`): every engine here reads text only, and an image
+    refused loudly is never an image silently dropped between the task and the model."""
+    for i, m in enumerate(messages):
+        if m.images:
+            raise ConfigError(
+                f"messages[{i}] carries {len(m.images)} image(s) ({m.images[0].marker}): this engine reads "
+                "text only and would drop them; image tasks need a vision engine, which posttrain does "
+                "not have yet (docs/domains.md, image families)"
+            )
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
 def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:
     """`messages` rendered by `tokenizer`'s chat template, the assistant's turn opened, as token ids
-    (the encode_chat of every engine that holds a local tokenizer)."""
+    (the encode_chat of every engine that holds a local tokenizer). ConfigError for no message, or
+    one with images (`text_chat`)."""
     if not messages:
         raise ConfigError("messages is empty: encode_chat needs at least one message")
-    out = tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
-    )
+    out = tokenizer.apply_chat_template(text_chat(messages), add_generation_prompt=True, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
     return tuple(int(i) for i in ids)
 

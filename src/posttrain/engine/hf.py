@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from posttrain.engine.base import Engine, OnTokens, chat_ids, check_request
+from posttrain.engine.base import Engine, OnTokens, chat_ids, check_request, text_chat
 from posttrain.engine.kvcache import new_cache, preload, row_kv, slab_capable
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.engine.sessions import Session, SessionCache, SessionStats
@@ -223,8 +223,8 @@ class HFEngine(Engine):
         template; prompt by prompt otherwise, or when the batched call fails. (A subclass that
         renders chats another way overrides `encode_chat` and this method both.)"""
         if prompts and all(prompts) and getattr(self.tokenizer, "chat_template", None):
-            chats = [[{"role": m.role, "content": m.content} for m in p] for p in prompts]
             try:
+                chats = [text_chat(p) for p in prompts]  # one with images: each prompt alone, below
                 out = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
                 rows = out["input_ids"] if hasattr(out, "keys") else out
                 if len(rows) == len(prompts):

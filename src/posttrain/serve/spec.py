@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from posttrain.engine.base import Engine
+from posttrain.engine.base import Engine, text_chat
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.types import Completion, GenerationRequest, Message, SamplingParams
@@ -415,9 +415,8 @@ def _hits_stop(text: str, stops: Sequence[str]) -> bool:
 
 
 def encode_chat(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:
-    """Chat messages rendered by the tokenizer's template, assistant turn opened."""
-    rendered = tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True, tokenize=True
-    )
+    """Chat messages rendered by the tokenizer's template, assistant turn opened (ConfigError for
+    a message with images: `engine.base.text_chat`)."""
+    rendered = tokenizer.apply_chat_template(text_chat(messages), add_generation_prompt=True, tokenize=True)
     ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
     return tuple(int(i) for i in ids)

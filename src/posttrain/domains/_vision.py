@@ -1,0 +1,214 @@
+"""What the image task families (chart.py, ui.py, drawing.py) share: the scene a seed draws,
+its rendering to a metadata-free PNG, the answer verifier and the declared cheats.
+
+Invariant: a task's image is a pure function of its scene, and its scene of (domain, version,
+level, split, index, attempt); the PNG holds IHDR, IDAT and IEND only (8-bit RGB, one IDAT,
+zlib level 6, every row filter 0), written here from the pixels and never by an image library's
+encoder, so no text, time or software chunk can carry the answer and the bytes are the same in
+every process. The split is decided by the scene and the question together (`split_of` on their
+canonical JSON): one question asked of many images spreads over both splits.
+
+Pillow is imported on the first render, never when the registry loads.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import json
+import random
+import re
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from posttrain.domains.base import Budget, Domain, extract_answer, split_of, stable_rng
+from posttrain.types import Episode, Image, Message, Score, Split, Task, TaskMeta
+
+INSTRUCTION = "Give only the answer inside <answer></answer> tags."
+_MAX_ATTEMPTS = 10_000
+_NUMBER = re.compile(r"-?\d+")
+_POINT = re.compile(r"\(?\s*(\d+)\s*,\s*(\d+)\s*\)?")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One drawn task before rendering: what to draw (`spec`, plain JSON), the question (`ask` names
+    it), the answer and its kind ("label", "number", "letter" or "point": any x,y inside `box`, inclusive), and the
+    shortcut answers a policy that does not read the image well would give (named; the cheats)."""
+
+    spec: Mapping[str, Any]
+    question: str
+    answer: str
+    kind: str
+    box: tuple[int, int, int, int] | None = None
+    shortcuts: Mapping[str, str] = field(default_factory=dict)
+    ask: str = ""
+    """Which of the family's questions this is ("max", "click_button", "holes", ...)."""
+
+    def key(self) -> str:
+        """The canonical text the split is decided by: the scene and the question."""
+        return json.dumps([self.spec, self.question], sort_keys=True)
+
+
+def encode_png(pixels: bytes, width: int, height: int) -> bytes:
+    """8-bit RGB `pixels` (row-major, 3 bytes a pixel) as a PNG of IHDR, one IDAT and IEND only."""
+    if len(pixels) != width * height * 3:
+        raise ValueError(f"encode_png: {len(pixels)} bytes for {width}x{height} RGB")
+    stride = width * 3
+    raw = b"".join(b"\x00" + pixels[y * stride : (y + 1) * stride] for y in range(height))
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+
+
+@functools.lru_cache(maxsize=16)
+def font(size: int) -> Any:
+    """Pillow's bundled scalable font at `size` pixels (the same glyphs in every process)."""
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)
+
+
+def canvas(width: int, height: int) -> tuple[Any, Any]:
+    """A white RGB image and its drawing context."""
+    from PIL import Image as PILImage
+    from PIL import ImageDraw
+
+    img = PILImage.new("RGB", (width, height), (255, 255, 255))
+    return img, ImageDraw.Draw(img)
+
+
+def text_centred(draw: Any, xy: tuple[float, float], text: str, size: int, fill: Any = (0, 0, 0)) -> None:
+    draw.text(xy, text, fill=fill, font=font(size), anchor="mm")
+
+
+def normal_label(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def inside(point: tuple[int, int], box: Sequence[int]) -> bool:
+    x, y = point
+    return box[0] <= x <= box[2] and box[1] <= y <= box[3]
+
+
+def judge(reference: Mapping[str, Any], got: str) -> tuple[bool, bool]:
+    """(the answer has the kind's form, it is right) for the extracted answer `got`: a label
+    equal to the reference up to case and spaces; an integer equal to it; one letter; a point
+    `x,y` (optionally in parentheses) inside the reference's box."""
+    kind, want = reference["kind"], str(reference["answer"])
+    if kind == "label":
+        return bool(got.strip()), normal_label(got) == normal_label(want)
+    if kind == "number":
+        ok = _NUMBER.fullmatch(got.strip()) is not None
+        return ok, ok and int(got) == int(want)
+    if kind == "letter":
+        g = got.strip()
+        return len(g) == 1 and g.isalpha(), g.upper() == want
+    if kind == "point":
+        m = _POINT.fullmatch(got.strip())
+        return m is not None, m is not None and inside((int(m.group(1)), int(m.group(2))), reference["box"])
+    raise ValueError(f"unknown answer kind {kind!r}")
+
+
+class ImageAnswer:
+    """1.0 when the extracted answer (`extract_answer`) is right for the image's question (`judge`);
+    parts: format (the answer has the kind's form) and outcome."""
+
+    name = "image_answer"
+    version = "1"
+    cheap = True
+
+    def score(self, task: Task, episode: Episode) -> Score:
+        fmt, ok = judge(task.reference, extract_answer(episode.completion))
+        reason = (
+            "" if ok else "truncated" if episode.finish_reason == "length" else "wrong answer" if fmt else "bad form"
+        )
+        return Score(1.0 if ok else 0.0, {"format": float(fmt), "outcome": float(ok)}, ok, reason)
+
+
+class ImageDomain(Domain):
+    """A family of single-turn questions about one rendered image. Subclasses draw a `Scene`
+    (`scene`) and render its spec (`render`, an RGB Pillow image of `size`). Evaluation-only for
+    now (`trains` False: no `tasks.domains` pattern picks it; every engine posttrain has reads
+    text only and refuses an image, engine/base.py `text_chat`)."""
+
+    category = "vision"
+    levels = 3
+    trains = False
+    budget = Budget(turns=1, tokens=32, seconds=60.0)
+    verifier = ImageAnswer()
+    size: ClassVar[tuple[int, int]] = (320, 240)
+
+    @abc.abstractmethod
+    def scene(self, rng: random.Random, difficulty: int) -> Scene:
+        """One scene, question and answer at `difficulty`."""
+
+    @abc.abstractmethod
+    def render(self, spec: Mapping[str, Any]) -> Any:
+        """The scene's picture: an RGB Pillow image of `self.size`."""
+
+    def draw(self, split: Split, index: int, difficulty: int) -> Scene:
+        """The scene of task `index` of `split` (the first attempt whose scene hashes to `split`)."""
+        self.check_difficulty(difficulty)
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        for attempt in range(_MAX_ATTEMPTS):
+            sc = self.scene(stable_rng(self.name, self.version, difficulty, split, index, attempt), difficulty)
+            if split_of(self.name, sc.key()) == split:
+                return sc
+        raise RuntimeError(f"{self.name}: no {split} task found at difficulty {difficulty}")
+
+    def image(self, spec: Mapping[str, Any]) -> Image:
+        img = self.render(spec).convert("RGB")
+        if img.size != self.size:
+            raise ValueError(f"{self.name}: rendered {img.size}, expected {self.size}")
+        return Image.from_png(encode_png(img.tobytes(), *self.size))
+
+    def sample(self, index: int, split: Split, difficulty: int) -> Task:
+        sc = self.draw(split, index, difficulty)
+        reference = {"ask": sc.ask, "kind": sc.kind, "answer": sc.answer, "box": list(sc.box) if sc.box else None}
+        reference |= {"shortcuts": dict(sc.shortcuts), "scene": sc.spec}
+        return Task(
+            id=f"{self.name}:{split}:{difficulty}:{index}",
+            domain=self.name,
+            prompt=(Message("user", f"{sc.question} {INSTRUCTION}", (self.image(sc.spec),)),),
+            reference=reference,
+            meta=TaskMeta(split=split, difficulty=difficulty, source="posttrain", taskset_version=self.taskset_version),
+        )
+
+    def gold(self, task: Task) -> str:
+        return f"<answer>{task.reference['answer']}</answer>"
+
+    def wrong(self, task: Task) -> str:
+        ref = task.reference
+        if ref["kind"] == "number":
+            return f"<answer>{int(ref['answer']) + 1}</answer>"
+        if ref["kind"] == "point":
+            return f"<answer>{ref['box'][2] + 3},{ref['box'][3] + 3}</answer>"
+        others = [s for s in ref["shortcuts"].values() if not judge(ref, s)[1]]
+        return f"<answer>{others[0] if others else 'none'}</answer>"
+
+    def cheats(self, task: Task) -> Sequence[str]:
+        """Empty, the prompt echoed, the answer hidden among wrong ones or outside the final tag,
+        two answers, and each of the scene's shortcuts (the first label, the largest number, the
+        image centre as click point, ...) where it is not also the right answer."""
+        ref, gold = task.reference, str(task.reference["answer"])
+        wrong = extract_answer(self.wrong(task))
+        shortcuts = [s for s in ref["shortcuts"].values() if not judge(ref, s)[1]]
+        return (
+            "",
+            " ",
+            task.prompt[-1].content,
+            f"<answer>{wrong} {gold}</answer>",
+            f"<answer>{gold} {wrong}</answer>",
+            f"<answer>{gold}\n{wrong}</answer>",
+            f"{gold} <answer>{wrong}</answer>",
+            f"<answer>{wrong}</answer> {gold}",
+            *(f"<answer>{s}</answer>" for s in shortcuts),
+        )
