@@ -176,3 +176,34 @@ def test_the_monitor_probe_finds_every_declared_cheat_rejected(name):
 def test_the_prompt_is_one_user_message_for_any_chat_template(name):
     task = get(name).sample(0, "train", 1)
     assert [m.role for m in task.prompt] == ["user"] and "Answer: X" in task.prompt[-1].content
+
+
+def test_the_pool_and_the_held_out_sets_name_a_length_like_any_domain():
+    from posttrain.configs.tasks import DomainSpec, TasksConfig
+    from posttrain.evaluate.heldout import build_heldout
+    from posttrain.tasks import TaskPool
+
+    pool = TaskPool(TasksConfig(domains={"keychain@3000": DomainSpec(), "vartrack": DomainSpec(difficulty=2)}))
+    drawn = pool.draw(6)
+    assert {t.domain for t in drawn} == {"keychain@3000", "vartrack"}
+    assert all(len(t.prompt[-1].content) <= (3000 if t.domain == "keychain@3000" else 1000) for t in drawn)
+    held = build_heldout({"vartrack": 2}, 4, transfer={"vartrack@8000": 2}, above_tasks=4)
+    core, far = held.sets["core:vartrack"], held.sets["transfer:vartrack@8000"]
+    assert core.indices == far.indices  # the same held-out questions, at 8x the length
+    assert [t.reference for t in core.tasks()] == [t.reference for t in far.tasks()]
+
+
+def test_configs_long_fits_the_embedded_base_at_every_length_it_names():
+    from pathlib import Path
+
+    from posttrain.configs import load_config
+    from posttrain.configs.base import BaseConfig
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "long.yaml")
+    names = [*cfg.tasks.domains, *cfg.eval.transfer_domains]
+    contexts = sorted({get(n).context for n in names})
+    assert contexts == [1000, 4000, 8000]  # L, 4L, 8L
+    for name in names:
+        d = get(name)
+        assert d.context + d.budget.tokens + 3 <= BaseConfig().max_positions, name  # + the chat template's role tokens
+    assert set(cfg.base.domains) == set(FAMILIES)
