@@ -207,3 +207,49 @@ def test_configs_long_fits_the_embedded_base_at_every_length_it_names():
         d = get(name)
         assert d.context + d.budget.tokens + 3 <= BaseConfig().max_positions, name  # + the chat template's role tokens
     assert set(cfg.base.domains) == set(FAMILIES)
+
+
+def test_memread_feeds_a_chunk_per_memory_and_scores_only_an_answer_held_in_the_last_memory():
+    from posttrain.domains import memread
+    from posttrain.domains.base import play_actions
+
+    d = get("memread@4000")
+    for level in (1, d.levels):
+        task = d.sample(3, "eval", level)
+        parts = task.reference["chunks"]
+        assert all(len(p) <= memread.CHUNK for p in parts) and len(parts) + 1 <= d.budget.turns
+        assert task.prompt[-1].content.endswith(parts[0]) and f"Chunk 1/{len(parts)}" in task.prompt[-1].content
+        gold = d.gold_turns(task)
+        episode = play_actions(d.environment()(), task, gold)
+        observations = [t.observation for t in episode.turns]
+        assert [o.split(":\n")[1] for o in observations[:-2]] == parts[1:]  # each later chunk once, in order
+        assert "last chunk" in observations[-2] and len(episode.turns) == len(parts) + 1
+        assert d.score(task, episode).value == 1.0 and d.audit(task, d.gold(task))
+        over = [*gold[:-2], gold[-2] + " " + "x" * memread.MEMORY, gold[-1]]
+        env = d.environment()()
+        env.reset(task)
+        assert "memory over" in "".join(env.step(a).observation for a in over[:-1])
+        assert not d.score(task, Episode("\n".join(over))).passed
+        # the answer right but the last memory without it (worked out only at the end)
+        late = [*gold[:-2], "nothing", gold[-1]]
+        assert d.score(task, Episode("\n".join(late))).reason == "the last memory does not hold the answer alone"
+        # the length dial keeps the question: the same answer at L
+        assert task.reference["answer"] == get("memread").sample(3, "eval", level).reference["answer"]
+
+
+def test_memread_at_4l_fits_the_embedded_positions_and_8l_does_not():
+    from posttrain.configs.base import BaseConfig
+    from posttrain.domains import memread
+
+    def longest(name):  # the episode's characters with every memory at the bound: one token each
+        d = get(name)
+        tasks = [d.sample(i, "eval", lv) for i in range(5) for lv in (1, d.levels)]
+        return max(
+            len(t.prompt[-1].content)
+            + sum(len(c) + 40 for c in t.reference["chunks"])
+            + (memread.MEMORY + 3) * len(t.reference["chunks"])
+            + 40
+            for t in tasks
+        )
+
+    assert longest("memread@4000") <= BaseConfig().max_positions < longest("memread@8000")

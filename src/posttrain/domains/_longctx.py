@@ -1,4 +1,4 @@
-"""Helpers of the long-context families (keychain, vartrack, noisygraph; not a domain itself).
+"""Helpers of the long-context families (keychain, vartrack, noisygraph, memread; not a domain itself).
 
 Two dials, apart. Difficulty (the level) sets the structure a task must be solved
 through: hops, variables, distractor chains, irrelevant facts. Context length is the
@@ -34,7 +34,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 from posttrain.domains.base import Budget, ProceduralDomain, split_of, stable_rng
 from posttrain.errors import TaskError
@@ -256,9 +256,13 @@ class LongContextDomain(ProceduralDomain):
             rng = stable_rng(self.base_name, self.version, difficulty, split, index, attempt)
             core = self.build(rng, difficulty)
             if split_of(self.base_name, "\n".join([*core.facts, core.tail])) == split:
-                text = weave(rng, core.facts, self.context, self.head, core.tail)[0]
-                return self.make_task(index, split, difficulty, text, core.answer)
+                return self.make_task(index, split, difficulty, *self.compose(rng, core))
         raise RuntimeError(f"{self.name}: no {split} task found at difficulty {difficulty}")
+
+    def compose(self, rng: random.Random, core: Core) -> tuple[str, Any]:
+        """The prompt and the reference of a task from its core: the facts woven among
+        filler up to the context, the question last; the answer."""
+        return weave(rng, core.facts, self.context, self.head, core.tail)[0], core.answer
 
     def min_context(self, difficulty: int, tasks: int = 20) -> int:
         """The longest prompt of `tasks` draws at `difficulty` with no filler: a context
