@@ -253,3 +253,14 @@ def test_memread_at_4l_fits_the_embedded_positions_and_8l_does_not():
         )
 
     assert longest("memread@4000") <= BaseConfig().max_positions < longest("memread@8000")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_base_bug_reads_by_position_and_is_mostly_wrong(name):
+    from posttrain.model.bugs import BUGS
+
+    d = get(name)
+    tasks = [d.sample(i, "train", 2) for i in range(60)]
+    scores = [d.score(t, Episode(BUGS[name](t.prompt[-1].content))) for t in tasks]
+    assert all(s.parts["format"] == 1.0 for s in scores)  # the gold's answer line, a position's answer
+    assert sum(s.passed for s in scores) <= 0.45 * len(tasks)
