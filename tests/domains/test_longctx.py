@@ -264,3 +264,15 @@ def test_the_base_bug_reads_by_position_and_is_mostly_wrong(name):
     scores = [d.score(t, Episode(BUGS[name](t.prompt[-1].content))) for t in tasks]
     assert all(s.parts["format"] == 1.0 for s in scores)  # the gold's answer line, a position's answer
     assert sum(s.passed for s in scores) <= 0.45 * len(tasks)
+
+
+def test_memread_gold_memories_stay_within_the_bound_at_every_level():
+    from posttrain.domains import memread
+
+    d = get("memread@3000")
+    for level in range(1, d.levels + 1):
+        for i in range(6):
+            task = d.sample(i, "train", level)
+            gold = d.gold_turns(task)
+            assert all(len(m) <= memread.MEMORY and "\n" not in m for m in gold[:-1]), gold
+            assert d.score(task, Episode("\n".join(gold))).value == 1.0

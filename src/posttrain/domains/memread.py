@@ -27,13 +27,12 @@ Difficulty (level): keychain's levels. Context length: `memread@N` (characters).
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from posttrain.domains._longctx import NUMBER, Canon, Core, LongContextDomain, final_answer, integer, weave
 from posttrain.domains.base import Budget, actions_of
-from posttrain.domains.keychain import KeyChain, follow, parse
+from posttrain.domains.keychain import KeyChain, follow, parse, start_key
 from posttrain.domains.registry import register
 from posttrain.types import Episode, Score, StepResult, Task
 
@@ -41,7 +40,6 @@ CHUNK = 500
 """Most characters of one chunk (cut at a line end)."""
 MEMORY = 160
 """Most characters of one memory."""
-_START = re.compile(r"Start at key ([0-9a-f]{4}-[0-9a-f]{4}),")
 
 
 def chunks(text: str, size: int = CHUNK) -> list[str]:
@@ -151,8 +149,7 @@ class MemRead(LongContextDomain):
 
     def solve(self, question: str) -> str | None:
         """The chain followed in a text holding the question and the whole document."""
-        m = _START.search(question)
-        return None if m is None else follow(question, m.group(1))[1]
+        return follow(question, start_key(question))[1]
 
     def audit(self, task: Task, completion: str) -> bool:
         """The answer worked out again from the whole document, and the episode scored against it."""
@@ -169,7 +166,7 @@ class MemRead(LongContextDomain):
         """A memory per chunk keeping the start key's chain, its question and the asked
         record as they are met (the answer once all are in), then the answer."""
         doc = self._document(task)
-        chain, _ = follow(doc, _START.findall(task.prompt[-1].content)[0])
+        chain, _ = follow(doc, start_key(task.prompt[-1].content))
         _, asks, records = parse(doc)
         item, city = asks[chain[-1]]
         wanted = {f"Key {a} points to key {b}." for a, b in zip(chain, chain[1:], strict=False)}
@@ -193,9 +190,6 @@ class MemRead(LongContextDomain):
     def wrong(self, task: Task) -> str:
         turns = self.gold_turns(task)
         return "\n".join([*turns[:-1], f"Answer: {int(task.reference['answer']) + 1}"])
-
-    def gold_value(self, task: Task) -> float:
-        return 1.0
 
     def cheats(self, task: Task) -> Sequence[str]:
         """No memories; memories that list every count; a memory over the bound; the answer
