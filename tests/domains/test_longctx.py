@@ -299,3 +299,11 @@ def test_configs_long_smollm2_lengths_fit_its_positions_with_its_chat_template()
                 text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
                 n = len(tok(text)["input_ids"])
                 assert lo <= n <= hi, (task.id, n)
+
+
+def test_noisygraph_values_stay_within_0_and_999():
+    d = get("noisygraph")
+    for level in (1, 3, d.levels):
+        for i in range(60):
+            values = noisygraph.evaluate(d.sample(i, "train", level).prompt[-1].content).values()
+            assert 0 <= min(values) and max(values) <= noisygraph.MAX_VALUE

@@ -72,7 +72,7 @@ class _Graph:
             return
         src, (p1, a1) = self.values[sources[0]], sources[0]
         k, kind = rng.randint(2, 9), rng.choice(("more", "fewer", "times"))
-        if kind == "times" and src * k > MAX_VALUE or kind == "fewer" and src - k < 0:
+        if not 0 <= {"more": src + k, "fewer": src - k, "times": src * k}[kind] <= MAX_VALUE:
             kind = "more" if src + k <= MAX_VALUE else "fewer"
         if kind == "times":
             self.values[q], self.sentences[q] = src * k, f"{p} has {k} times as many {a} as {p1} has {a1}."
@@ -140,11 +140,14 @@ class NoisyGraph(LongContextDomain):
 
     def build(self, rng: random.Random, difficulty: int) -> Core:
         ops, noise = LEVELS[difficulty]
-        free = [(p, a) for p in PLACES for a in ANIMALS]
-        rng.shuffle(free)
-        graph = _Graph(rng, free)
-        target = graph.new()
-        _tree(graph, target, ops, difficulty >= 3)
+        while True:  # a sum may pass MAX_VALUE: the tree is drawn again (one level-5 tree in 500)
+            free = [(p, a) for p in PLACES for a in ANIMALS]
+            rng.shuffle(free)
+            graph = _Graph(rng, free)
+            target = graph.new()
+            _tree(graph, target, ops, difficulty >= 3)
+            if max(graph.values.values()) <= MAX_VALUE:
+                break
         for _ in range(noise):
             q = graph.new()
             if rng.random() < 0.5:
