@@ -188,6 +188,13 @@ class Domain(abc.ABC):
         """A multi-turn environment factory, or None for single-turn domains."""
         return None
 
+    def variant(self, spec: str) -> Domain | None:
+        """The domain named `NAME@spec`, this family at a setting that is not a level (a
+        long-context family's context length: `keychain@8000`), or None when the family
+        has none. The registry asks it the first time such a name is used (and keeps the
+        answer); a malformed `spec` raises TaskError naming what it may be."""
+        return None
+
     # ---- what the monitor and the eval verifier ask of a domain (declared, with defaults) ----
     pretrain_pool: ClassVar[int | None] = None
     """Multi-turn domains whose environment runs in the sandbox: the base pretraining corpus plays

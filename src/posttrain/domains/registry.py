@@ -4,7 +4,9 @@ Invariant: a name is registered once (a duplicate raises TaskError naming
 both origins), and every module in `posttrain.domains` is imported, then
 every installed plugin's `posttrain.domains` entry points loaded, before the
 registry is read, so a domain exists as soon as its module file (or its
-plugin) does. Domains read from files (`tasks.domains.NAME.source`) are
+plugin) does. A name `NAME@SPEC` is registered NAME's variant (`Domain.variant`: a
+long-context family at another context length), made on first `get` and not listed by
+`all_domains`. Domains read from files (`tasks.domains.NAME.source`) are
 registered by the task pool (through byo); one may replace an earlier file domain
 of the same name (a new config in the same process), never a module or plugin one.
 Every registered domain's verifier has its label (`contracts.verifier.check_label`).
@@ -27,6 +29,8 @@ from posttrain.domains.base import Domain
 from posttrain.errors import TaskError
 
 _REGISTRY: dict[str, Domain] = {}
+_VARIANTS: dict[str, Domain] = {}
+"""Domains named `NAME@SPEC` (`Domain.variant`), made on first use; not listed by `all_domains`."""
 _ORIGINS: dict[str, str] = {}
 _LOADED = False
 _NOT_DOMAINS = {"base", "registry", "plugins", "hygiene"}
@@ -110,7 +114,7 @@ def get(name: str) -> Domain:
     try:
         return _REGISTRY[name]
     except KeyError:
-        found = _from_environment(name)
+        found = _from_environment(name) or _variant(name)
         if found is not None:
             return found
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
@@ -118,6 +122,24 @@ def get(name: str) -> Domain:
             f"; did you mean {', '.join(close)}?" if close else f"; known: {len(_REGISTRY)} domains (posttrain domains)"
         )
         raise TaskError(f"unknown domain {name!r}{hint}") from None
+
+
+def _variant(name: str) -> Domain | None:
+    """Domain `NAME@SPEC`: registered NAME's `variant(SPEC)`, made once per process (None when
+    NAME is not registered or has no variants; its TaskError for a malformed SPEC)."""
+    base, at, spec = name.partition("@")
+    if not at or base not in _REGISTRY:
+        return None
+    if name not in _VARIANTS:
+        made = _REGISTRY[base].variant(spec)
+        if made is None:
+            return None
+        if made.name != name:
+            raise TaskError(f"domain {base!r}: variant({spec!r}) is named {made.name!r}, not {name!r}")
+        check_label(made.verifier, f"domain {name!r} (variant of {base})")
+        _VARIANTS[name] = made
+        _ORIGINS[name] = f"variant of {base}: {_ORIGINS.get(base, '?')}"
+    return _VARIANTS[name]
 
 
 def all_domains() -> dict[str, Domain]:

@@ -1,4 +1,4 @@
-"""Deliberately wrong solvers for the built-in domains.
+"""Deliberately wrong solvers for the built-in domains (and the long-context families, read by position).
 
 The embedded base model is pretrained on a mix of correct answers and the
 answers of these buggy solvers, so that it starts out systematically wrong
@@ -50,12 +50,33 @@ def sort_descending(question: str) -> str:
     return "".join(sorted(_payload(question), reverse=True))
 
 
+def read_by_position(family: str, strategies: tuple[str, ...]) -> Callable[[str], str]:
+    """A long-context family (domains/_longctx.py) answered by position: the answer of the
+    first of `strategies` the question offers (keychain: the first question's record), with
+    the gold's answer line, so the base reads by position where the gold follows the chain."""
+
+    def bug(question: str) -> str:
+        from posttrain.domains._longctx import LongContextDomain
+        from posttrain.domains.registry import get
+
+        domain = get(family)
+        if not isinstance(domain, LongContextDomain):
+            raise TypeError(f"read_by_position: {family} is not a long-context family")
+        given = domain.position_answers(question)
+        return f"Answer: {next((given[s] for s in strategies if given.get(s)), '0')}"
+
+    return bug
+
+
 BUGS: dict[str, Callable[[str], str]] = {
     "add": add_subtracts,
     "sub": sub_adds,
     "mul": mul_no_carry,
     "reverse": reverse_copy,
     "sort": sort_descending,
+    "keychain": read_by_position("keychain", ("first_question",)),
+    "vartrack": read_by_position("vartrack", ("first_chain", "first_number")),
+    "noisygraph": read_by_position("noisygraph", ("first_defined",)),
 }
 
 
