@@ -26,6 +26,8 @@ Tables:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py          # about 2 minutes
     OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py --lengths 256,1024,4096,16384 --one-pass-max 4096
+    OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py --only-real \
+        --real ~/.cache/posttrain/models/smollm2-135m-instruct     # table 4: the real model, about 2 minutes
 """
 
 from __future__ import annotations
@@ -94,7 +96,12 @@ def _status_kb(field: str) -> int:
 def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     """In the child: build the model and trainer, then one timed forward+backward."""
     ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
-    model = _llama(spec["vocab"], spec.get("hidden", 64), spec.get("layers", 2))
+    if spec.get("real"):
+        from posttrain.model.arch import load_model
+
+        model, _ = load_model(spec["real"])
+    else:
+        model = _llama(spec["vocab"], spec.get("hidden", 64), spec.get("layers", 2))
     trainer = Trainer(model, TrainerConfig(**spec["config"]))
     batch = _rows(spec["lengths"], spec["vocab"])
     prepared = trainer._prepare(batch)
@@ -202,6 +209,19 @@ def packing(rows: int, shortest: int, longest_row: int, capacity: int) -> None:
         )
 
 
+def real(path: str, lengths: list[int]) -> None:
+    """The real SmolLM2-135M-Instruct (fp32, 538 MB), one row per length, as table 1."""
+    print(f"\n4. the real SmolLM2-135M-Instruct ({path}); one row; CPU s, loss-path MB, peak RSS MB")
+    print(
+        f"{'tokens':>7} | {'one pass: s':>11} {'loss MB':>9} {'peak MB':>10} | "
+        f"{'chunked: s':>10} {'loss MB':>9} {'peak MB':>10} {'|d loss|':>9}"
+    )
+    for n in lengths:
+        spec = {"vocab": SMOLLM2_VOCAB, "lengths": [n], "real": path}
+        whole, chunked = _point({**spec, "config": ONE_PASS}), _point({**spec, "config": CHUNKED})
+        print(f"{n:7d} | {_cell(whole):>31} | {_cell(chunked)} {abs(whole['loss'] - chunked['loss']):9.1e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="256,512,1024,2048,4096")
@@ -212,13 +232,19 @@ def main() -> None:
     ap.add_argument("--pack-min", type=int, default=16, help="shortest row of the packing batch")
     ap.add_argument("--pack-max", type=int, default=384, help="longest row of the packing batch")
     ap.add_argument("--pack-tokens", type=int, default=1024)
+    ap.add_argument("--real", metavar="DIR", help="also table 4 on the real model at DIR (not in the default run)")
+    ap.add_argument("--real-lengths", default="256,1024")
+    ap.add_argument("--only-real", action="store_true", help="with --real: table 4 alone")
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
     _measure({"vocab": 256, "lengths": [32], "config": CHUNKED})  # imports and lazy set-up, inherited by every point
-    by_length([int(x) for x in args.lengths.split(",")], args.one_pass_max)
-    by_vocab([int(x) for x in args.vocabs.split(",")], args.vocab_length)
-    packing(args.pack_rows, args.pack_min, args.pack_max, args.pack_tokens)
+    if not args.only_real:
+        by_length([int(x) for x in args.lengths.split(",")], args.one_pass_max)
+        by_vocab([int(x) for x in args.vocabs.split(",")], args.vocab_length)
+        packing(args.pack_rows, args.pack_min, args.pack_max, args.pack_tokens)
+    if args.real:
+        real(args.real, [int(x) for x in args.real_lengths.split(",")])
     print(f"\nwall {time.perf_counter() - started:.0f} s")
 
 

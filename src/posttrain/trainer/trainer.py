@@ -7,8 +7,10 @@ by the guard, or rolled back to the last good state). The model is updated
 in place, so an inference engine holding the same module sees the new
 weights; it runs on whatever device the model's parameters are on.
 The scale options (LoRA, FSDP, bf16 autocast, gradient checkpointing,
-memory-sized micro-batches, pinned RNG; see prepare.py) change the
-model it trains and how a step is cut, never what a step computes.
+memory-sized micro-batches, pinned RNG; see prepare.py) and the long-context
+ones (the LM head in chunks, chunked.py; rows packed without padding,
+`pack_sequence`) change the model it trains and how a step is cut, never
+what a step computes (up to float rounding).
 """
 
 from __future__ import annotations
