@@ -31,6 +31,8 @@ SAFE: dict[str, str] = {
     "trainer.micro_batch_tokens": "how a step is split into passes (memory), not its loss",
     "trainer.sort_by_length": "how a step is split into passes (memory), not its loss",
     "trainer.gradient_checkpointing": "memory against compute, not the loss",
+    "trainer.logits_chunk_mib": "memory against compute, not the loss",
+    "trainer.packing_tokens": "how a step is split into passes (memory), not its loss",
     "eval.every_steps": "how often it evaluates during training",
     "eval.batch_size": "prompts per generation call at evaluation",
     "monitor.report": "whether the HTML report is written at the end",

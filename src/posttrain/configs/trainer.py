@@ -326,6 +326,21 @@ class TrainerConfig(BaseModel):
     micro_batch_tokens: int | Literal["auto"] | None = None
     """Cap on padded tokens (rows x longest row) per micro-batch, on top of
     micro_batch_size; "auto" sizes it from free CUDA memory (the whole batch on CPU)."""
+    packing_tokens: int | None = Field(None, ge=1)
+    """Sequence packing without padding: the step's rows are packed, first fit by decreasing
+    length, into sequences of at most this many tokens (a longer row is a sequence of its own),
+    each one forward/backward, with position ids restarting per row and attention kept within
+    each row (transformers' packed-sequence mask); micro_batch_size, micro_batch_tokens and the
+    forward of each shared prompt once do not apply. Same loss and gradients up to float
+    rounding; the model must pass a packing probe at construction (ConfigError otherwise).
+    None (the default): right-padded micro-batches."""
+    logits_chunk_mib: float | None = Field(64.0, gt=0.0)
+    """The LM head runs on the loss positions a chunk at a time, each chunk's float32 logits
+    taking at most this many MiB (max(1, MiB x 2^20 / (4 x vocab)) positions: 341 for a
+    49,152-token vocabulary); log-probs and entropies are reduced per chunk and its backward
+    recomputes that chunk alone, so no positions x vocabulary tensor is held (same values up to
+    float rounding; trainer/chunked.py). None: every loss position of a micro-batch at once.
+    Applies when the head splits from the model (not under fsdp)."""
     deterministic: bool = False
     """Pin RNG and kernels: torch.use_deterministic_algorithms, no cuDNN benchmark,
     a fixed cuBLAS workspace; the same seed then gives the same step on CUDA."""

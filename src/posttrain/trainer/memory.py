@@ -80,7 +80,9 @@ def micro_slices(lengths: Sequence[int], max_rows: int, max_tokens: int | None) 
     return slices
 
 
-def token_budget(setting: int | str | None, model: Any, device: torch.device, checkpointing: bool) -> int | None:
+def token_budget(
+    setting: int | str | None, model: Any, device: torch.device, checkpointing: bool, chunked: bool = False
+) -> int | None:
     """The padded-token cap per micro-batch: the configured int, None, or for
     "auto" an estimate from free CUDA memory (None on the CPU)."""
     if setting != "auto":
@@ -88,19 +90,20 @@ def token_budget(setting: int | str | None, model: Any, device: torch.device, ch
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
-    return max(1, int(free * _AUTO_MEMORY_SHARE / bytes_per_token(model, checkpointing)))
+    return max(1, int(free * _AUTO_MEMORY_SHARE / bytes_per_token(model, checkpointing, chunked)))
 
 
-def bytes_per_token(model: Any, checkpointing: bool) -> int:
+def bytes_per_token(model: Any, checkpointing: bool, chunked: bool = False) -> int:
     """A conservative training-memory estimate per token: float32 logits, their
-    log-softmax and gradient (3 x vocab x 4 bytes) plus activations (about 34
+    log-softmax and gradient (3 x vocab x 4 bytes; none with `chunked`, the LM head
+    applied a bounded chunk at a time: trainer.logits_chunk_mib) plus activations (about 34
     hidden-sized values per layer, 2 per layer with checkpointing, at 2-4 bytes)."""
     cfg = model.config
     vocab = int(cfg.vocab_size)
     hidden = int(cfg.hidden_size)
     layers = int(cfg.num_hidden_layers)
     per_layer = 2 if checkpointing else 34
-    return 12 * vocab + 4 * hidden * (per_layer * layers + 8)
+    return (0 if chunked else 12 * vocab) + 4 * hidden * (per_layer * layers + 8)
 
 
 def peak_memory_bytes(device: torch.device) -> int:

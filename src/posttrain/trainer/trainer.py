@@ -7,8 +7,10 @@ by the guard, or rolled back to the last good state). The model is updated
 in place, so an inference engine holding the same module sees the new
 weights; it runs on whatever device the model's parameters are on.
 The scale options (LoRA, FSDP, bf16 autocast, gradient checkpointing,
-memory-sized micro-batches, pinned RNG; see prepare.py) change the
-model it trains and how a step is cut, never what a step computes.
+memory-sized micro-batches, pinned RNG; see prepare.py) and the long-context
+ones (the LM head in chunks, chunked.py; rows packed without padding,
+`pack_sequence`) change the model it trains and how a step is cut, never
+what a step computes (up to float rounding).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from posttrain.configs.trainer import TrainerConfig
 from posttrain.errors import ConfigError, TrainerError
 from posttrain.trainer.batch import RolloutLink, TrainBatch, TrainRow
 from posttrain.trainer.checkpoint import load_checkpoint, save_checkpoint, seed_everything
+from posttrain.trainer.chunked import chunk_positions, token_logp_entropy
 from posttrain.trainer.fsdp import DataParallel
 from posttrain.trainer.guard import SpikeGuard
 from posttrain.trainer.losses import (
@@ -143,6 +146,25 @@ class _Packed:
     shared: _SharedPrompts | None = None
     """The micro-batch's distinct prompts, when forwarding each once is cheaper (`pack_rows`'s
     `share`); None: every row forwards its whole sequence."""
+    position_bs: Tensor | None = None
+    """With the rows packed into one sequence (`pack_sequence`): each token's position within
+    its own row (restarting at 0 per row, so attention does not cross rows); None: right-padded
+    rows under `attention_bs`."""
+    seq_n: Tensor | None = None
+    """With packing: the sequence (0) holding each loss token; None: its row (`row_n`)."""
+
+    def decoder_inputs(self) -> dict[str, Any]:
+        """The decoder's inputs: padded rows with their attention mask, or one packed sequence
+        with per-row position ids, no mask and no cache (transformers then masks attention per
+        row: it reads packed rows from the position ids only without a mask or a cache)."""
+        if self.position_bs is not None:
+            return {"input_ids": self.input_ids_bs, "position_ids": self.position_bs, "use_cache": False}
+        return {"input_ids": self.input_ids_bs, "attention_mask": self.attention_bs}
+
+    @property
+    def sequence_n(self) -> Tensor:
+        """The sequence of the forward that holds each loss token."""
+        return self.seq_n if self.seq_n is not None else self.row_n
 
 
 @dataclass(frozen=True)
@@ -212,10 +234,17 @@ class Trainer:
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
         self._ref_head: tuple[Any, Any] | bool | None = None
         self._take_snapshot()
-        self._max_tokens = self._token_budget()
         self._split_head = split_head(model) if not config.fsdp else None
         """(decoder, lm_head) when the model's logits are exactly lm_head(decoder output): the
         step then sends only loss positions through the head (None: the model's own forward)."""
+        if config.packing_tokens is not None and not packs_rows(model):
+            raise ConfigError(
+                "trainer.packing_tokens: this model attends across rows packed into one sequence "
+                "(its logits differ from the padded rows'); leave packing_tokens null"
+            )
+        self._chunk = chunk_positions(config.logits_chunk_mib, self.vocab_size)
+        """Loss positions per LM-head chunk (trainer.logits_chunk_mib; None: all at once)."""
+        self._max_tokens = self._token_budget()
         self._share_prompts = (
             self._split_head is not None
             and not config.gradient_checkpointing
@@ -232,13 +261,14 @@ class Trainer:
         """Padded tokens per micro-batch: micro_batch_tokens when set; with an automatic
         micro-batch size, a budget from available memory (CUDA or CPU); else none."""
         cfg = self.config
+        chunked = self._split_head is not None and self._chunk is not None  # logits memory bounded per chunk
         if cfg.micro_batch_tokens is not None or cfg.micro_batch_size != "auto":
-            return token_budget(cfg.micro_batch_tokens, self.model, self.device, cfg.gradient_checkpointing)
+            return token_budget(cfg.micro_batch_tokens, self.model, self.device, cfg.gradient_checkpointing, chunked)
         if self.device.type == "cuda":
-            return token_budget("auto", self.model, self.device, cfg.gradient_checkpointing)
+            return token_budget("auto", self.model, self.device, cfg.gradient_checkpointing, chunked)
         if not all(hasattr(getattr(self.model, "config", None), k) for k in ("vocab_size", "hidden_size")):
             return None  # no sizes to estimate from: the whole step in one pass
-        per_token = bytes_per_token(self.model, cfg.gradient_checkpointing)
+        per_token = bytes_per_token(self.model, cfg.gradient_checkpointing, chunked)
         return max(1, int(available_memory_bytes() * _AUTO_CPU_MEMORY_SHARE / per_token))
 
     # ------------------------------------------------------------ the step
@@ -364,6 +394,12 @@ class Trainer:
         micro-batches so that every rank runs as many forward/backward passes."""
         lo, hi = self.parallel.share(len(prepared.rows))
         lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in prepared.rows[lo:hi]]
+        if self.config.packing_tokens is not None:
+            bins = [[lo + i for i in b] for b in pack_bins(lengths, self.config.packing_tokens)]
+            batches = [(tuple(prepared.rows[i] for i in b), prepared.advantage_b[b], 1.0) for b in bins]
+            for _ in range(self.parallel.max_int(len(bins)) - len(bins)):
+                batches.append((prepared.rows[:1], torch.zeros(1), 0.0))
+            return batches
         if self.config.micro_batch_size == "auto":
             prompts = [r.prompt_ids for r in prepared.rows[lo:hi]] if self._share_prompts else None
             slices = cost_slices(lengths, self._max_tokens, prompts)
@@ -398,10 +434,13 @@ class Trainer:
     def _micro_step(
         self, rows: Sequence[TrainRow], advantage_b: Tensor, totals: BatchTotals, weight: float = 1.0
     ) -> tuple[float, LossStats, float, MismatchStats, float]:
-        packed = pack_rows(rows, self.device, share=self._share_prompts)
-        logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
-        logp_n = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1)
-        bonus, entropy_sum = entropy_bonus(logp_nv, rows, packed.row_n, self._loss_tokens)
+        if self.config.packing_tokens is not None:
+            packed = pack_sequence(rows, self.device)
+        else:
+            packed = pack_rows(rows, self.device, share=self._share_prompts)
+        with_bonus = any(r.entropy_coef > 0.0 for r in rows)
+        logp_n, entropy_n = self._loss_token_logp(self.model, self._split_head, packed, entropy_grad=with_bonus)
+        bonus, entropy_sum = entropy_term(entropy_n, rows, packed.row_n, self._loss_tokens)
         logp_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
         mm = self.config.mismatch  # the trainer's log-probs here are the policy before this step's update
         with torch.no_grad():
@@ -447,27 +486,36 @@ class Trainer:
         ref_device = next(self.ref_model.parameters()).device
         on_ref = _to_device(replace(packed, shared=None), ref_device)
         with torch.no_grad():
-            logp_nv = self._loss_token_logp(self.ref_model, self._ref_head or None, on_ref)
-            logp_n = logp_nv.gather(-1, on_ref.target_n[:, None]).squeeze(-1).to(self.device)
+            logp_n = self._loss_token_logp(self.ref_model, self._ref_head or None, on_ref)[0].to(self.device)
         return torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
 
-    def _loss_token_logp(self, model: Any, head: tuple[Any, Any] | None, packed: _Packed) -> Tensor:
-        """log_softmax(logits / temperature) over the vocabulary at the positions that predict
-        each loss token (n x vocab): only those positions reach the LM head when `head` splits
-        the model; otherwise the model's forward, from the first loss position on."""
-        with autocast(packed.input_ids_bs.device, self.config.precision):
-            if head is not None and packed.shared is not None:
-                logits_nv = head[1](shared_prompt_hidden(head[0], packed.shared, packed.row_n, packed.col_n))
-            elif head is not None:
-                decoder, lm_head = head
-                hidden_bsh = decoder(
-                    input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, use_cache=False
-                ).last_hidden_state
-                logits_nv = lm_head(hidden_bsh[packed.row_n, packed.pos_n])
-            else:
-                logits_nv = _forward_logits(model, packed)
+    def _loss_token_logp(
+        self, model: Any, head: tuple[Any, Any] | None, packed: _Packed, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """Each loss token's log_softmax(logits / temperature) and the entropy of that
+        distribution (n each; the entropy with a gradient only for `entropy_grad`). When `head`
+        splits the model, only the positions that predict a loss token reach the LM head, and
+        they reach it `trainer.logits_chunk_mib` at a time (chunked.py: no n x vocab tensor);
+        otherwise the model's forward, from the first loss position on."""
+        device, precision = packed.input_ids_bs.device, self.config.precision
         temperature_n = packed.temperature_b[packed.row_n]
-        return (logits_nv.float() / temperature_n[:, None]).log_softmax(-1)
+        if head is None:
+            with autocast(device, precision):
+                logits_nv = _forward_logits(model, packed)
+            return token_logp_entropy(lambda x: x, logits_nv, packed.target_n, temperature_n, None, entropy_grad)
+        decoder, lm_head = head
+        with autocast(device, precision):
+            if packed.shared is not None:
+                hidden_nh = shared_prompt_hidden(decoder, packed.shared, packed.row_n, packed.col_n)
+            else:
+                hidden_bsh = decoder(**packed.decoder_inputs() | {"use_cache": False}).last_hidden_state
+                hidden_nh = hidden_bsh[packed.sequence_n, packed.pos_n]
+
+        def project(hidden: Tensor) -> Tensor:
+            with autocast(device, precision):
+                return lm_head(hidden)
+
+        return token_logp_entropy(project, hidden_nh, packed.target_n, temperature_n, self._chunk, entropy_grad)
 
     def token_logprobs(self, rows: Sequence[TrainRow]) -> list[tuple[float, ...]]:
         """Each row's log-probs of its loss tokens (mask 1) under the current weights, by the
@@ -481,8 +529,7 @@ class Trainer:
         try:
             with torch.no_grad():
                 packed = pack_rows(rows, self.device, share=self._share_prompts)
-                logp_nv = self._loss_token_logp(self.model, self._split_head, packed)
-                values = logp_nv.gather(-1, packed.target_n[:, None]).squeeze(-1).tolist()
+                values = self._loss_token_logp(self.model, self._split_head, packed)[0].tolist()
         finally:
             self.model.train(was_training)
         out, start = [], 0
@@ -650,16 +697,28 @@ class Trainer:
 def entropy_bonus(
     logp_nv: Tensor, rows: Sequence[TrainRow], row_n: Tensor, n_tokens: int
 ) -> tuple[Tensor | None, float]:
-    """The entropy term of a micro-batch, sum_n coef_row(n) x H_n / n_tokens, where H_n is the
-    entropy of the policy's distribution (log-probs `logp_nv`, at the sampling temperature) at
-    loss token n and `n_tokens` the step's loss tokens (so micro-batches sum to the step's term);
-    None when no row has a coefficient. Also the summed token entropy (detached), for the stats."""
-    if not any(r.entropy_coef > 0.0 for r in rows):
+    """`entropy_term` of the token entropies of log-probs `logp_nv` (n x vocab)."""
+    with_bonus = any(r.entropy_coef > 0.0 for r in rows)
+    if with_bonus:
+        entropy_n = -(logp_nv.exp() * logp_nv).sum(-1)  # not entr(p): its gradient at p = 0 is inf x 0
+    else:
         with torch.no_grad():
-            return None, float(torch.special.entr(logp_nv.exp()).sum())
-    entropy_n = -(logp_nv.exp() * logp_nv).sum(-1)  # not entr(p): its gradient at p = 0 is inf x 0
-    coef_b = torch.tensor([r.entropy_coef for r in rows], dtype=logp_nv.dtype, device=logp_nv.device)
-    return (coef_b[row_n] * entropy_n).sum() / max(n_tokens, 1), float(entropy_n.detach().sum())
+            entropy_n = torch.special.entr(logp_nv.exp()).sum(-1)
+    return entropy_term(entropy_n, rows, row_n, n_tokens)
+
+
+def entropy_term(
+    entropy_n: Tensor, rows: Sequence[TrainRow], row_n: Tensor, n_tokens: int
+) -> tuple[Tensor | None, float]:
+    """The entropy term of a micro-batch, sum_n coef_row(n) x H_n / n_tokens, where H_n is the
+    entropy of the policy's distribution (at the sampling temperature) at loss token n and
+    `n_tokens` the step's loss tokens (so micro-batches sum to the step's term); None when no
+    row has a coefficient. Also the summed token entropy (detached), for the stats."""
+    entropy_sum = float(entropy_n.detach().sum())
+    if not any(r.entropy_coef > 0.0 for r in rows):
+        return None, entropy_sum
+    coef_b = torch.tensor([r.entropy_coef for r in rows], dtype=entropy_n.dtype, device=entropy_n.device)
+    return (coef_b[row_n] * entropy_n).sum() / max(n_tokens, 1), entropy_sum
 
 
 # ---------------------------------------------------------------- packing
@@ -705,6 +764,46 @@ def pack_rows(rows: Sequence[TrainRow], device: torch.device, share: bool = Fals
         target_n=target_bc[row_n, col_n].to(device),
         shared=shared,
     )
+
+
+def pack_sequence(rows: Sequence[TrainRow], device: torch.device) -> _Packed:
+    """The rows back to back in one sequence, no padding (trainer.packing_tokens): position ids
+    restart at 0 for each row, so the decoder (transformers' packed-sequence mask, with no
+    attention mask given) attends within each row only; the completion-aligned tensors are
+    `pack_rows`' (row b, completion position c), the loss tokens' positions offset by the rows
+    before them."""
+    padded = pack_rows(rows, torch.device("cpu"))
+    length_b = torch.tensor([len(r.prompt_ids) + len(r.completion_ids) for r in rows])
+    start_b = length_b.cumsum(0) - length_b
+    ids_s = torch.tensor(list(chain.from_iterable(r.prompt_ids + r.completion_ids for r in rows)))
+    position_s = torch.arange(len(ids_s)) - start_b.repeat_interleave(length_b)
+    packed = replace(
+        padded,
+        input_ids_bs=ids_s[None, :],
+        attention_bs=torch.ones(1, len(ids_s), dtype=torch.long),
+        first_index=0,
+        pos_n=start_b[padded.row_n] + padded.pos_n,
+        position_bs=position_s[None, :],
+        seq_n=torch.zeros_like(padded.row_n),
+    )
+    return _to_device(packed, device)
+
+
+def pack_bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Rows (by index) into sequences of at most `capacity` tokens, first fit by decreasing
+    length (ties by index, so the same lengths give the same bins); a row longer than the
+    capacity is a sequence of its own. Each bin lists its rows in index order."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        fit = next((k for k, r in enumerate(room) if lengths[i] <= r), None)
+        if fit is None:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            bins[fit].append(i)
+            room[fit] -= lengths[i]
+    return [sorted(b) for b in bins]
 
 
 def _share(
@@ -781,9 +880,9 @@ def _forward_logits(model: Any, packed: _Packed) -> Tensor:
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft forwards kwargs
     if "logits_to_keep" in inspect.signature(inner.forward).parameters:
         kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
-    logits_bsv = model(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits
+    logits_bsv = model(**packed.decoder_inputs(), **kwargs).logits
     offset = packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
-    return logits_bsv[packed.row_n, packed.pos_n - offset]
+    return logits_bsv[packed.sequence_n, packed.pos_n - offset]
 
 
 def split_head(model: Any) -> tuple[Any, Any] | None:
@@ -846,6 +945,30 @@ def shares_prompts(model: Any, head: tuple[Any, Any]) -> bool:
             shared = _share(rows, torch.tensor([len(r.prompt_ids) for r in rows]), 4, 0, device, always=True)
             got = lm_head(shared_prompt_hidden(decoder, shared, packed.row_n, packed.col_n)).float()
     except Exception:  # a decoder that takes no cache this way: every row forwards its whole sequence
+        return False
+    finally:
+        model.train(was_training)
+    return torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+
+
+def packs_rows(model: Any) -> bool:
+    """Whether rows packed into one sequence (`pack_sequence`) give this model the logits of
+    the same rows right-padded, on a probe of three short rows (one of one token)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    vocab = int(inner.get_input_embeddings().num_embeddings)
+    rows = [
+        TrainRow(tuple(i % vocab for i in p), tuple(i % vocab for i in c), (0.0,) * len(c), 0.0, 0, (1,) * len(c))
+        for p, c in (((1, 2, 3), (4, 5)), ((6,), (7,)), ((2, 3, 4, 5), (6, 7, 8)))
+    ]
+    device = next(inner.parameters()).device
+    padded, packed = pack_rows(rows, device), pack_sequence(rows, device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            want = model(**padded.decoder_inputs()).logits[padded.row_n, padded.pos_n].float()
+            got = model(**packed.decoder_inputs()).logits[packed.sequence_n, packed.pos_n].float()
+    except Exception:  # a model that takes no position ids this way: it cannot pack
         return False
     finally:
         model.train(was_training)

@@ -1,0 +1,252 @@
+"""Trainer memory and time against context length, side by side in one run (issue 39 item 4).
+
+Each point is one forward+backward of the trainer's loss path (`Trainer._accumulate`: the
+decoder, the LM head on the loss positions, log-softmax, entropy, the GRPO loss, backward into
+every parameter; no optimizer step) in a child process forked for that point alone, so its peak
+RSS is its own: the kernel's high-water mark (VmHWM) is reset just before the pass, and
+"loss path MB" is that peak minus the RSS before the pass (model, trainer, inputs). Every
+allocation of 64 KiB or more is its own mapping, returned to the kernel on free
+(M_MMAP_THRESHOLD), so the baseline holds no freed heap a pass could reuse unseen and the
+figures repeat to a few MB (with glibc's default, retained heap moved them by up to 130 MB).
+"CPU s" is the child's user + system CPU time of the pass (1 thread), so other load on the
+machine does not count; the allocator setting adds page-fault time to both sides. The model is a tiny LlamaForCausalLM
+with SmolLM2-135M's vocabulary (49,152 tokens, tied embeddings; hidden 64, 2 layers), so the
+LM head's logits dominate memory as in the real model; the real 538 MB model is not loaded.
+
+Tables:
+1. context length (one row of a 16-token prompt and L - 16 completion tokens, all in the
+   loss): the LM head at once (`logits_chunk_mib: null`, the behaviour before) against in
+   chunks of 64 MiB (the default); the one-pass side stops at --one-pass-max tokens.
+2. vocabulary size at one length: the loss path's peak with the head at once grows with the
+   vocabulary, in chunks it stays flat (the chunk is a fixed number of bytes).
+3. packing on a mixed-length batch (20 rows of 16 to 384 tokens) on a model whose decoder
+   weighs as much as its head (hidden 256, 4 layers, vocabulary 8,192): right-padded in one
+   pass, the default padding-aware micro-batches (`micro_batch_size: auto`), and packed rows
+   (`packing_tokens: 1024`), each with its loss to show they agree.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py          # about 2 minutes
+    OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py --lengths 256,1024,4096,16384 --one-pass-max 4096
+    OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py --only-real \
+        --real ~/.cache/posttrain/models/smollm2-135m-instruct     # table 4: the real model, about 2 minutes
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import ctypes
+import json
+import random
+import time
+from typing import Any
+
+import torch
+
+from posttrain.configs.trainer import TrainerConfig
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.trainer import Trainer
+
+SMOLLM2_VOCAB = 49_152
+PROMPT = 16
+_M_MMAP_THRESHOLD = -3
+
+
+def _llama(vocab: int, hidden: int = 64, layers: int = 2, positions: int = 32_768) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=positions,
+        tie_word_embeddings=True,
+    )
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _rows(lengths: list[int], vocab: int, seed: int = 0) -> TrainBatch:
+    """One row per length (16-token prompt, the rest completion, every token in the loss), all
+    in one group with rewards alternating 0/1, so every row carries signal."""
+    rng = random.Random(seed)
+    rows = []
+    for i, n in enumerate(lengths):
+        prompt = tuple(rng.randrange(vocab) for _ in range(PROMPT))
+        completion = tuple(rng.randrange(vocab) for _ in range(n - PROMPT))
+        rows.append(TrainRow(prompt, completion, (-10.0,) * len(completion), float(i % 2), 0, (1,) * len(completion)))
+    if len(rows) == 1:  # a group of one has advantage 0: add a zero-length partner with the other reward
+        rows.append(TrainRow(rows[0].prompt_ids, (), (), 1.0 - rows[0].reward, rows[0].group_id, ()))
+    return TrainBatch(tuple(rows))
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """In the child: build the model and trainer, then one timed forward+backward."""
+    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
+    if spec.get("real"):
+        from posttrain.model.arch import load_model
+
+        model, _ = load_model(spec["real"])
+    else:
+        model = _llama(spec["vocab"], spec.get("hidden", 64), spec.get("layers", 2))
+    trainer = Trainer(model, TrainerConfig(**spec["config"]))
+    batch = _rows(spec["lengths"], spec["vocab"])
+    prepared = trainer._prepare(batch)
+    passes = len(trainer._micro_batches(prepared))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    base = _status_kb("VmRSS")
+    started = time.process_time()
+    acc = trainer._accumulate(prepared)
+    seconds = time.process_time() - started
+    grads_mb = sum(p.grad.numel() * 4 for p in trainer.params if p.grad is not None) / 2**20
+    return {
+        "seconds": seconds,
+        "peak_mb": _status_kb("VmHWM") / 1024,
+        "loss_path_mb": (_status_kb("VmHWM") - base) / 1024,
+        "grads_mb": grads_mb,
+        "loss": acc.loss,
+        "passes": passes,
+        "chunk": trainer._chunk,
+    }
+
+
+def _point(spec: dict[str, Any]) -> dict[str, Any]:
+    """`_measure` in a forked child (its own peak RSS); the result comes back through a pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, write, leave without running the parent's cleanup
+        os.close(read)
+        try:
+            out = json.dumps(_measure(spec)).encode()
+        except BaseException as e:  # noqa: BLE001 - the parent prints what failed
+            out = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
+        with os.fdopen(write, "wb") as f:
+            f.write(out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    result: dict[str, Any] = json.loads(data) if data else {"error": "the child wrote nothing"}
+    if "error" in result:
+        raise SystemExit(f"point {spec} failed: {result['error']}")
+    return result
+
+
+ONE_PASS = {"logits_chunk_mib": None}
+CHUNKED: dict[str, Any] = {}  # the defaults: 64 MiB chunks
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return f"{'-':>8} {'-':>9} {'-':>10}"
+    return f"{r['seconds']:8.2f} {r['loss_path_mb']:9.0f} {r['peak_mb']:10.0f}"
+
+
+def by_length(lengths: list[int], one_pass_max: int) -> None:
+    print(f"\n1. context length, vocabulary {SMOLLM2_VOCAB:,} (one row; CPU s, loss-path MB, peak RSS MB)")
+    print(
+        f"{'tokens':>7} | {'one pass: s':>11} {'loss MB':>9} {'peak MB':>10} | "
+        f"{'chunked: s':>10} {'loss MB':>9} {'peak MB':>10}"
+    )
+    for n in lengths:
+        spec = {"vocab": SMOLLM2_VOCAB, "lengths": [n]}
+        whole = _point({**spec, "config": ONE_PASS}) if n <= one_pass_max else None
+        chunked = _point({**spec, "config": CHUNKED})
+        if whole is not None and abs(whole["loss"] - chunked["loss"]) > 1e-5:
+            raise SystemExit(f"length {n}: losses differ ({whole['loss']} vs {chunked['loss']})")
+        print(f"{n:7d} | {_cell(whole):>31} | {_cell(chunked)}")
+
+
+def by_vocab(vocabs: list[int], length: int) -> None:
+    print(f"\n2. vocabulary size at {length} tokens (loss-path MB includes the parameter gradients, grads MB)")
+    print(
+        f"{'vocab':>7} {'grads MB':>8} | {'one pass: s':>11} {'loss MB':>9} {'peak MB':>10} | "
+        f"{'chunked: s':>10} {'loss MB':>9} {'peak MB':>10} {'chunk':>6}"
+    )
+    for v in vocabs:
+        spec = {"vocab": v, "lengths": [length]}
+        whole, chunked = _point({**spec, "config": ONE_PASS}), _point({**spec, "config": CHUNKED})
+        print(f"{v:7d} {chunked['grads_mb']:8.1f} | {_cell(whole):>31} | {_cell(chunked)} {chunked['chunk']:6d}")
+
+
+def packing(rows: int, shortest: int, longest_row: int, capacity: int) -> None:
+    rng = random.Random(1)
+    lengths = [rng.randint(shortest, longest_row) for _ in range(rows)]
+    model = {"vocab": 8192, "hidden": 256, "layers": 4, "lengths": lengths}
+    total, longest = sum(lengths), max(lengths)
+    print(
+        f"\n3. packing: {rows} rows of {shortest}-{longest_row} tokens ({total:,} tokens; padded to the longest: "
+        f"{rows * longest:,}); hidden 256, 4 layers, vocabulary 8,192"
+    )
+    print(f"{'layout':<34} {'passes':>6} {'CPU s':>7} {'speed-up':>8} {'peak MB':>8} {'loss':>12}")
+    cases = [
+        ("right-padded, one pass", {"micro_batch_size": rows}),
+        ("padding-aware micro-batches (auto)", {}),
+        (f"packed, packing_tokens={capacity}", {"packing_tokens": capacity}),
+    ]
+    first = None
+    for name, cfg in cases:
+        r = _point({**model, "config": cfg})
+        first = first or r
+        print(
+            f"{name:<34} {r['passes']:6d} {r['seconds']:7.2f} {first['seconds'] / r['seconds']:7.2f}x "
+            f"{r['peak_mb']:8.0f} {r['loss']:12.8f}"
+        )
+
+
+def real(path: str, lengths: list[int]) -> None:
+    """The real SmolLM2-135M-Instruct (fp32, 538 MB), one row per length, as table 1."""
+    print(f"\n4. the real SmolLM2-135M-Instruct ({path}); one row; CPU s, loss-path MB, peak RSS MB")
+    print(
+        f"{'tokens':>7} | {'one pass: s':>11} {'loss MB':>9} {'peak MB':>10} | "
+        f"{'chunked: s':>10} {'loss MB':>9} {'peak MB':>10} {'|d loss|':>9}"
+    )
+    for n in lengths:
+        spec = {"vocab": SMOLLM2_VOCAB, "lengths": [n], "real": path}
+        whole, chunked = _point({**spec, "config": ONE_PASS}), _point({**spec, "config": CHUNKED})
+        print(f"{n:7d} | {_cell(whole):>31} | {_cell(chunked)} {abs(whole['loss'] - chunked['loss']):9.1e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="256,512,1024,2048,4096")
+    ap.add_argument("--one-pass-max", type=int, default=2048, help="longest length run with the head at once")
+    ap.add_argument("--vocabs", default="8192,32768,49152,131072")
+    ap.add_argument("--vocab-length", type=int, default=512)
+    ap.add_argument("--pack-rows", type=int, default=20)
+    ap.add_argument("--pack-min", type=int, default=16, help="shortest row of the packing batch")
+    ap.add_argument("--pack-max", type=int, default=384, help="longest row of the packing batch")
+    ap.add_argument("--pack-tokens", type=int, default=1024)
+    ap.add_argument("--real", metavar="DIR", help="also table 4 on the real model at DIR (not in the default run)")
+    ap.add_argument("--real-lengths", default="256,1024")
+    ap.add_argument("--only-real", action="store_true", help="with --real: table 4 alone")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    _measure({"vocab": 256, "lengths": [32], "config": CHUNKED})  # imports and lazy set-up, inherited by every point
+    if not args.only_real:
+        by_length([int(x) for x in args.lengths.split(",")], args.one_pass_max)
+        by_vocab([int(x) for x in args.vocabs.split(",")], args.vocab_length)
+        packing(args.pack_rows, args.pack_min, args.pack_max, args.pack_tokens)
+    if args.real:
+        real(args.real, [int(x) for x in args.real_lengths.split(",")])
+    print(f"\nwall {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
