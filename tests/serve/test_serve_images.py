@@ -209,7 +209,11 @@ def test_content_that_is_neither_a_string_nor_parts_is_refused():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = save_model(tmp_path_factory.mktemp("model") / "m", "micro", seed=2)
-    app = build_server(ServeConfig(model=str(path), canary={"probe_domains": []}, limits={"max_image_pixels": 4096}))
+    app = build_server(
+        ServeConfig(
+            model=str(path), canary={"probe_domains": []}, limits={"max_image_pixels": 4096, "max_image_bytes": 65536}
+        )
+    )
     with running(app) as url:
         yield url, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
@@ -245,20 +249,27 @@ def test_a_valid_image_reaches_the_text_only_engine_and_is_refused_with_one_400(
 
 
 @pytest.mark.parametrize(
-    "part, code",
+    "part, code, said",
     [
-        (image_part(data_url(png(80, 80))), "image_too_large"),  # 6,400 pixels, the fixture allows 4,096
-        (image_part(data_url(b"not an image at all, just some bytes")), "invalid_image"),
-        (image_part("https://example.com/chart.png"), "invalid_image_url"),
-        ({"type": "video_url", "video_url": {"url": "x"}}, "invalid_content_part"),
+        (image_part(data_url(png(80, 80))), "image_too_large", "max_image_pixels"),  # 6,400 pixels; 4,096 allowed
+        (
+            image_part(data_url(png(8, 8, extra=_chunk(b"tEXt", b"k\x00" + b"v" * 70_000)))),
+            "image_too_large",
+            "max_image_bytes",  # 70 kB; 64 KiB allowed
+        ),
+        (image_part(data_url(b"not an image at all, just some bytes")), "invalid_image", "not a PNG"),
+        (image_part("https://example.com/chart.png"), "invalid_image_url", "remote image URLs are not fetched"),
+        ({"type": "video_url", "video_url": {"url": "x"}}, "invalid_content_part", "type 'video_url'"),
     ],
 )
-def test_the_servers_refusals_are_openai_shaped_400s(server, part, code):
-    _, client = server
+def test_the_servers_refusals_are_openai_shaped_400s(server, part, code, said):
+    url, client = server
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="posttrain", messages=[{"role": "user", "content": [TEXT, part]}])
-    assert info.value.status_code == 400 and info.value.body["code"] == code
+    assert info.value.status_code == 400 and info.value.body["code"] == code and said in info.value.body["message"]
     assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"].startswith("messages.0")
+    counted = [line for line in httpx.get(url + "/metrics").text.splitlines() if f'code="{code}"' in line]
+    assert counted and all(line.startswith("posttrain_refused_requests_total{") for line in counted)
 
 
 def test_the_policy_server_refuses_images_too(monkeypatch):
