@@ -157,6 +157,20 @@ class LimitsConfig(BaseModel):
     max_messages: int = Field(256, ge=1, le=1_000_000)
     """Most chat messages (and content parts) in one chat request (400 above it)."""
 
+    max_images: int = Field(8, ge=0, le=1024)
+    """Most `image_url` content parts in one chat request (400 above it; 0 refuses images)."""
+
+    max_image_bytes: int = Field(4 << 20, ge=64, le=4 << 20)
+    """Largest image, in PNG bytes once decoded from its data URL: the base64 text's length is
+    checked against it before any of it is decoded, the decoded bytes after (400 above it). At
+    most 4 MiB, the typed Image's own bound (types.MAX_IMAGE_BYTES); `max_body_bytes` bounds
+    the whole request first."""
+
+    max_image_pixels: int = Field(2048 * 2048, ge=1, le=2048 * 2048)
+    """Most pixels (width x height) of one image, read from its PNG header before the image
+    is decoded (400 above it). At most 2048 x 2048, the typed Image's own bound
+    (types.MAX_IMAGE_PIXELS)."""
+
     max_prompts: int = Field(32, ge=1, le=100_000)
     """Most prompts in one completions request (400 above it)."""
 

@@ -35,7 +35,7 @@ from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router
 from posttrain.serve.tiers import Deployment
-from posttrain.types import GenerationRequest, SamplingParams
+from posttrain.types import GenerationRequest, Message, SamplingParams
 
 log = logging.getLogger("posttrain.serve")
 DEFAULT_MAX_TOKENS = 64
@@ -367,7 +367,7 @@ def create_app(server: Server) -> FastAPI:
     async def chat(request: Request) -> Response:
         body: P.ChatRequest = await server.parse(request, P.ChatRequest)
         messages = tuple(m.to_message() for m in body.messages)
-        return await server.run("chat", body, [lambda dep: dep.engines["standard"].encode_chat(messages)], "chat")
+        return await server.run("chat", body, [_chat_builder(messages)], "chat")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -465,6 +465,22 @@ def create_app(server: Server) -> FastAPI:
         }
 
     return app
+
+
+def _chat_builder(messages: tuple[Message, ...]) -> Callable[[Deployment], tuple[int, ...]]:
+    """The chat prompt's ids for a deployment. Images reach the engine as `Message.images`; an
+    engine that reads text only refuses them (engine.base.text_chat), answered as 400
+    `images_not_supported`: an image is refused, never dropped between client and model."""
+
+    def build(dep: Deployment) -> tuple[int, ...]:
+        try:
+            return tuple(dep.engines["standard"].encode_chat(messages))
+        except ConfigError as exc:
+            if not any(m.images for m in messages):
+                raise
+            raise P.ApiError(400, str(exc), param="messages", code="images_not_supported") from None
+
+    return build
 
 
 def _prompt_builder(prompt: str | list[int]) -> Callable[[Deployment], tuple[int, ...]]:

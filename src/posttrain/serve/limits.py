@@ -13,7 +13,10 @@ cannot stall /health. A generation request takes its in-flight slot only once
 its whole body has arrived (within `body_timeout_s`, 408 after; at most
 `max_body_bytes`, 413 above), so clients trickling bodies hold no slot: they
 hold only their own connections, which serve/connections.py bounds per client.
-Every refusal is an `ApiError` naming the limit.
+A chat request's image parts are counted (`max_images`) and each decoded under
+`max_image_bytes` and `max_image_pixels` in the same worker thread
+(serve/images.py: sizes checked before decoding). Every refusal is an
+`ApiError` naming the limit.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from posttrain.configs.serve import LimitsConfig
+from posttrain.serve.images import decode_image_url
 from posttrain.serve.metrics import Counter
-from posttrain.serve.protocol import ApiError, ChatRequest, CompletionRequest
+from posttrain.serve.protocol import ApiError, ChatRequest, CompletionRequest, ImagePart
 
 T = TypeVar("T")
 ADMITTED = "posttrain.admitted"
@@ -151,7 +155,8 @@ def validate(raw: bytes, model: type[BaseModel], limits: LimitsConfig) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(x) for x in err["loc"]) or None
-        raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+        code = err["type"] if err["type"] in ("invalid_content", "invalid_content_part") else None
+        raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param, code=code) from None
     if isinstance(body, ChatRequest):
         check_chat(body, limits)
     elif isinstance(body, CompletionRequest):
@@ -175,16 +180,27 @@ def check_n(n: int, limits: LimitsConfig) -> None:
 
 
 def check_chat(body: ChatRequest, limits: LimitsConfig) -> None:
-    """400 naming the limit when a chat request has too many messages, parts or characters."""
+    """400 naming the limit when a chat request has too many messages, parts, characters or
+    images; then each image part's data URL decoded into its `Image` (serve.images: 400 naming
+    the rule for a remote URL, another scheme, an oversized image or one that is not a PNG)."""
     check_n(body.n, limits)
     parts = sum(1 if isinstance(m.content, str) else max(1, len(m.content)) for m in body.messages)
     if parts > limits.max_messages:
         raise _limit("messages (and content parts)", parts, limits.max_messages, "max_messages", "messages")
-    chars = sum(
-        len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content) for m in body.messages
-    )
+    chars = sum(len(m.text()) for m in body.messages)
     if chars > limits.max_prompt_chars:
         raise _limit("prompt characters", chars, limits.max_prompt_chars, "max_prompt_chars", "messages")
+    images = [
+        (f"messages.{i}.content.{j}.image_url.url", p)
+        for i, m in enumerate(body.messages)
+        if not isinstance(m.content, str)
+        for j, p in enumerate(m.content)
+        if isinstance(p, ImagePart)
+    ]
+    if len(images) > limits.max_images:
+        raise _limit("images", len(images), limits.max_images, "max_images", "messages")
+    for param, part in images:
+        part.attach(decode_image_url(part.image_url.url, limits.max_image_bytes, limits.max_image_pixels, param))
 
 
 def check_completion(body: CompletionRequest, limits: LimitsConfig) -> None:

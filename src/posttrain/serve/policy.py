@@ -91,6 +91,13 @@ def policy_app(cfg: ServeConfig) -> FastAPI:
         body: P.ChatRequest = await asyncio.to_thread(validate, raw, P.ChatRequest, limits)
         if body.stream:
             raise P.ApiError(400, "a policy server does not stream", param="stream")
+        if any(m.images() for m in body.messages):
+            raise P.ApiError(
+                400,
+                "this policy server reads text only: a request with image parts is refused, not passed on without them",
+                param="messages",
+                code="images_not_supported",
+            )
         messages = [{"role": m.role, "content": m.to_message().content} for m in body.messages]
         text = await asyncio.to_thread(server.reply, messages)
         message = {"role": "assistant", "content": text}

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic_core import PydanticCustomError
 
-from posttrain.types import Completion, Message
+from posttrain.types import Completion, Image, Message
 
 Tier = Literal["standard", "fast"]
 TIER_ALIASES: dict[str, Tier] = {
@@ -30,20 +31,105 @@ TIER_ALIASES: dict[str, Tier] = {
 _LOOSE = ConfigDict(extra="ignore")
 
 
-class ContentPart(BaseModel):
+class TextPart(BaseModel):
+    """A `{"type": "text", "text": ...}` content part."""
+
     model_config = _LOOSE
     type: Literal["text"]
     text: str
+
+
+class ImageUrl(BaseModel):
+    model_config = _LOOSE
+    url: str
+    detail: str | None = None
+    """OpenAI's resolution hint; accepted and ignored (the image is passed as sent)."""
+
+
+class ImagePart(BaseModel):
+    """A `{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}` content part.
+    Validation checks its shape only; `serve.limits.check_chat` decodes the data URL into the
+    typed `Image` under the server's bounds (`decode_image_url`) and sets `image`."""
+
+    model_config = _LOOSE
+    type: Literal["image_url"]
+    image_url: ImageUrl
+    _image: Image | None = PrivateAttr(None)
+
+    def attach(self, image: Image) -> None:
+        """Set the part's decoded image (`serve.limits.check_chat`)."""
+        self._image = image
+
+    @property
+    def image(self) -> Image:
+        if self._image is None:
+            raise RuntimeError("ImagePart.image read before serve.limits.check_chat decoded it")
+        return self._image
+
+
+ContentPart = TextPart | ImagePart
+PART_TYPES = ("text", "image_url")
+
+
+def _part(i: int, p: Any) -> ContentPart:
+    """Content part `i` of a message, or a PydanticCustomError naming what is wrong with it."""
+    if not isinstance(p, dict):
+        raise PydanticCustomError("invalid_content_part", f"part {i} is {type(p).__name__}, not an object")
+    kind = p.get("type")
+    if "type" not in p:
+        raise PydanticCustomError("invalid_content_part", f"part {i} has no 'type' ('text' or 'image_url')")
+    if kind not in PART_TYPES:
+        raise PydanticCustomError(
+            "invalid_content_part",
+            f"part {i} has type {str(kind)[:40]!r}; this server accepts 'text' and 'image_url' parts",
+        )
+    if kind == "text":
+        if not isinstance(p.get("text"), str):
+            raise PydanticCustomError("invalid_content_part", f"part {i}: a 'text' part needs a string 'text'")
+        return TextPart(type="text", text=p["text"])
+    box = p.get("image_url")
+    if not isinstance(box, dict) or not isinstance(box.get("url"), str):
+        raise PydanticCustomError(
+            "invalid_content_part",
+            f'part {i}: an \'image_url\' part needs "image_url": {{"url": "data:image/png;base64,..."}}',
+        )
+    detail = box.get("detail")
+    return ImagePart(
+        type="image_url", image_url=ImageUrl(url=box["url"], detail=detail if isinstance(detail, str) else None)
+    )
 
 
 class ChatMessage(BaseModel):
     model_config = _LOOSE
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart]
+    """A string, or a list of content parts (OpenAI's form): 'text' parts, whose texts are joined
+    in order, and 'image_url' parts (data URLs only), which become the message's images."""
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise PydanticCustomError(
+                "invalid_content", f"content must be a string or a list of content parts, not {type(v).__name__}"
+            )
+        return [_part(i, p) for i, p in enumerate(v)]
+
+    def text(self) -> str:
+        """The message's text: its content, or its text parts joined."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def images(self) -> tuple[Image, ...]:
+        """The message's images, in part order (decoded by `serve.limits.check_chat`)."""
+        return () if isinstance(self.content, str) else tuple(p.image for p in self.content if isinstance(p, ImagePart))
 
     def to_message(self) -> Message:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return Message(role="system" if self.role == "developer" else self.role, content=text)
+        role = "system" if self.role == "developer" else self.role
+        return Message(role=role, content=self.text(), images=self.images())
 
 
 class StreamOptions(BaseModel):
