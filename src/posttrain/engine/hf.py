@@ -46,7 +46,7 @@ from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
 from posttrain.engine.kvcache import compact, new_cache, preload, row_kv, slab_capable, truncate
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.engine.sessions import Session, SessionCache, SessionStats
-from posttrain.engine.speculate import Governor, SpecCounters
+from posttrain.engine.speculate import Governor, SpecCounters, accepted_lengths
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
@@ -574,8 +574,7 @@ class HFEngine(Engine):
                 flat_steps,
             )
             tok_bw, lp_bw = tok_bw.reshape(len(active), width), lp_bw.reshape(len(active), width)
-            matched = (tok_bw[:, :-1] == ids[:, 1:]) & (fed[:, 1:] > 0)
-            accepted = matched.long().cumprod(dim=1).sum(dim=1)
+            accepted = accepted_lengths(tok_bw[:, :-1], ids[:, 1:], fed[:, 1:] > 0)
             kept = int(accepted.max()) + 1
             truncate(cache, before + kept)
             mask = torch.cat([mask, fed[:, :kept] * (offsets[None, :kept] <= accepted[:, None])], dim=1)

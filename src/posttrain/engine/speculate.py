@@ -1,7 +1,8 @@
-"""Bookkeeping of the hf engine's speculative decoding: acceptance counters and the auto-off rule.
+"""The hf engine's speculative decoding: the acceptance rule, acceptance counters and the auto-off rule.
 
-Invariant: neither changes what the engine emits (every emitted token is verified against
-the policy in engine/hf.py); they decide how many tokens are drafted and count what happened.
+Invariant: the acceptance rule (`accepted_lengths`) lets only the policy's own samples out; the
+counters and the governor decide how many tokens are drafted and count what happened, never
+which tokens are emitted.
 
 The rule (`net_negative`): a verifying step of a batch costs `spec_s` seconds (drafting, the
 (k+1)-token forward, acceptance) and emits `gain` tokens per unfinished row on average; a plain
@@ -16,6 +17,21 @@ back on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
+
+
+def accepted_lengths(sampled: torch.Tensor, drafted: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per row, how many drafted tokens are accepted: the length of the run of positions j where
+    the draft's token `drafted[:, j]` is real (`valid[:, j]`) and equals `sampled[:, j]`, the token
+    the row's own sampler draws from the policy after the tokens before it (rows x k each).
+
+    For a deterministic drafter (q a point mass on the draft d) this is the standard
+    speculative-sampling rule: d is accepted with probability P(sample = d) = p(d) = min(1, p/q),
+    and after a rejection the emitted token is `sampled[:, j]` given that it is not d, which is
+    the normalised residual max(0, p - q); greedy rows accept while the draft is the argmax."""
+    matched = (sampled == drafted) & valid
+    return matched.long().cumprod(dim=1).sum(dim=1)
 
 
 def net_negative(gain: float, spec_s: float, plain_s: float) -> bool:
