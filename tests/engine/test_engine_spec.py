@@ -17,7 +17,15 @@ from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.engine.kvcache import compact, new_cache, truncate
 from posttrain.engine.sampling import sample_next
-from posttrain.engine.speculate import Governor, SpecCounters, acceptance_row, accepted_lengths, net_negative
+from posttrain.engine.speculate import (
+    CollapseProbe,
+    Governor,
+    SpecCounters,
+    acceptance_row,
+    accepted_lengths,
+    net_negative,
+)
+from posttrain.errors import GenerationError
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
 REPEATS = ["abcabcabcabc", "hello hello hello", "1 2 3 1 2 3 1 2 3"]
@@ -340,8 +348,10 @@ def test_counters_per_depth_and_the_metrics_figures():
     assert (got["spec_rows"], got["spec_proposed"], got["spec_accepted"]) == (3, 6, 3)
     assert [got[f"spec_proposed_d{d}"] for d in (1, 2, 3)] == [3, 2, 1]
     assert [got[f"spec_accepted_d{d}"] for d in (1, 2, 3)] == [2, 1, 0]
+    c.drafting = 6  # 3 row-steps drafted, 3 found nothing
+    got = c.counters()
     row = acceptance_row({f"engine_{k}": v for k, v in got.items()}, {})
-    assert row == {"engine_spec_acceptance": 0.5, "engine_spec_accepted_len": 2.0}
+    assert row == {"engine_spec_acceptance": 0.5, "engine_spec_accepted_len": 2.0, "engine_spec_step_len": 1.5}
     assert acceptance_row(got, got) == {}  # nothing verified in between
     assert acceptance_row({"engine_restarts": 1}, {}) == {}
 
@@ -403,3 +413,34 @@ def test_speculation_config_reaches_the_engine_and_rejects_bad_values(model_tok)
         EngineConfig.model_validate({"speculation": {"kind": "suffix", "max_draft": 0}})
     with pytest.raises(ValueError, match="kind"):
         EngineConfig.model_validate({"speculation": {"kind": "eagle"}})
+
+
+def test_the_collapse_probe_fails_loudly_below_its_running_level():
+    probe = CollapseProbe(drop=0.3, warmup=3)
+    for figure in (1.0, 3.0, 3.2, 2.9, None, 3.1, 2.4, 2.2):  # a slow drift and a no-draft step pass
+        probe.observe(figure)
+    level = probe.level
+    with pytest.raises(GenerationError, match=r"1\.500 tokens .* more than 30% below its running level 2\.") as err:
+        probe.observe(1.5, " after push 9")
+    assert "after push 9" in str(err.value) and probe.level == level
+    early = CollapseProbe(warmup=3)
+    early.observe(4.0)
+    early.observe(1.0)  # during the warm-up: no verdict
+
+
+def test_a_wiped_drafter_after_a_push_fails_the_run_with_both_figures(model_tok, tmp_path, monkeypatch):
+    from posttrain.engine.sync import WeightSync
+
+    spec = engine(model_tok)
+    cfg = EngineConfig.model_validate({"speculation": {"kind": "suffix", "collapse_check": True}})
+    sync = WeightSync(cfg, spec, trainer=None, run_dir=tmp_path)
+    reqs = requests(spec, 0.0)
+    for _ in range(4):
+        spec.generate(reqs)
+        healthy = sync.stats()["engine_spec_step_len"]
+    assert healthy > 1.5
+    monkeypatch.setattr(spec, "_draft", lambda *a: [])  # the planted wipe: nothing is drafted any more
+    spec.generate(reqs)
+    with pytest.raises(GenerationError, match=r"collapsed after push 0: 1\.000 tokens"):
+        sync.stats()
+    assert WeightSync(EngineConfig(), spec, trainer=None, run_dir=tmp_path)._collapse is None  # off by default

@@ -532,6 +532,7 @@ class HFEngine(Engine):
             live = [outs[r].finish is None for r in active]
             speculate = self._governor.speculate(len(active))
             self._spec_counts.off_steps += int(not speculate)
+            self._spec_counts.drafting += sum(live) if speculate else 0
             drafts = [
                 self._draft(index[r], prompts[r], outs[r].token_ids, lengths[r].value, rows[r].max_tokens)
                 if speculate and ok

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from posttrain.errors import GenerationError
+
 
 def accepted_lengths(sampled: torch.Tensor, drafted: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per row, how many drafted tokens are accepted: the length of the run of positions j where
@@ -114,6 +116,8 @@ class SpecCounters:
     """Verifying forwards (more than one token fed per row)."""
     rows: int = 0
     """Row-steps that verified a non-empty draft."""
+    drafting: int = 0
+    """Row-steps of unfinished rows at steps the governor let draft (a draft found or not)."""
     proposed: int = 0
     accepted: int = 0
     plain_steps: int = 0
@@ -145,6 +149,7 @@ class SpecCounters:
         out = {
             "spec_forwards": self.forwards,
             "spec_rows": self.rows,
+            "spec_drafting": self.drafting,
             "spec_proposed": self.proposed,
             "spec_accepted": self.accepted,
             "spec_plain_steps": self.plain_steps,
@@ -159,17 +164,54 @@ class SpecCounters:
 def acceptance_row(now: dict[str, int], before: dict[str, int]) -> dict[str, float]:
     """Figures between two `counters()` snapshots (prefixed or not, the same keys): acceptance
     (accepted / proposed draft tokens) and mean accepted length (tokens emitted per verified
-    draft: accepted + the one the policy adds); empty when no draft was verified between them."""
+    draft: accepted + the one the policy adds), when a draft was verified between them; and
+    `spec_step_len`, tokens emitted per row per step at the steps that drafted (1.0: nothing
+    drafted or accepted, as with a wiped drafter), when such steps ran."""
     key = next((k for k in now if k.endswith("spec_rows")), None)
     if key is None:
         return {}
     pre = key[: -len("spec_rows")]
-    rows = now[key] - before.get(key, 0)
-    proposed = now[pre + "spec_proposed"] - before.get(pre + "spec_proposed", 0)
-    accepted = now[pre + "spec_accepted"] - before.get(pre + "spec_accepted", 0)
-    if rows <= 0 or proposed <= 0:
-        return {}
-    return {
-        pre + "spec_acceptance": round(accepted / proposed, 4),
-        pre + "spec_accepted_len": round(1 + accepted / rows, 4),
-    }
+
+    def delta(name: str) -> int:
+        return now.get(pre + name, 0) - before.get(pre + name, 0)
+
+    rows, proposed, accepted, drafting = (
+        delta("spec_rows"),
+        delta("spec_proposed"),
+        delta("spec_accepted"),
+        delta("spec_drafting"),
+    )
+    out: dict[str, float] = {}
+    if rows > 0 and proposed > 0:
+        out[pre + "spec_acceptance"] = round(accepted / proposed, 4)
+        out[pre + "spec_accepted_len"] = round(1 + accepted / rows, 4)
+    if drafting > 0:
+        out[pre + "spec_step_len"] = round(1 + accepted / drafting, 4)
+    return out
+
+
+class CollapseProbe:
+    """Fails loudly when speculation collapses: after `warmup` steps, a step whose `spec_step_len`
+    (tokens per row per drafting step) is more than `drop` below the running level (an
+    exponential mean, weight `alpha`, of the steps before it) raises GenerationError with both
+    figures. A step that passes joins the level; a step without drafting steps is skipped."""
+
+    def __init__(self, drop: float = 0.3, warmup: int = 3, alpha: float = 0.3) -> None:
+        if not 0 < drop < 1:
+            raise ValueError(f"CollapseProbe drop must be in (0, 1), got {drop}")
+        self.drop, self.warmup, self.alpha = drop, warmup, alpha
+        self.level: float | None = None
+        self.seen = 0
+
+    def observe(self, step_len: float | None, where: str = "") -> None:
+        """One step's figure (None: no drafting step ran); raises on a collapse."""
+        if step_len is None:
+            return
+        if self.level is not None and self.seen >= self.warmup and step_len < (1 - self.drop) * self.level:
+            raise GenerationError(
+                f"speculation collapsed{where}: {step_len:.3f} tokens per row per drafting step, more than "
+                f"{self.drop:.0%} below its running level {self.level:.3f} (a wiped, stale or broken drafter); "
+                "engine.speculation.collapse_check false runs on without this check"
+            )
+        self.seen += 1
+        self.level = step_len if self.level is None else self.level + self.alpha * (step_len - self.level)

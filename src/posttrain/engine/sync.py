@@ -34,7 +34,7 @@ from posttrain.configs.trainer import MismatchConfig
 from posttrain.contracts.engine import Engine
 from posttrain.engine.guard import EngineGuard
 from posttrain.engine.probe import SyncProbe
-from posttrain.engine.speculate import acceptance_row
+from posttrain.engine.speculate import CollapseProbe, acceptance_row
 from posttrain.rollout import too_stale
 
 _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
@@ -113,6 +113,8 @@ class WeightSync:
         self.pushed = 0
         self.dropped_stale = 0
         self._last_counters: dict[str, int] = {}
+        spec = cfg.speculation
+        self._collapse = CollapseProbe(spec.collapse_drop) if spec.kind != "off" and spec.collapse_check else None
         self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
         self.guard = EngineGuard(
             cfg, mismatch or MismatchConfig.model_validate({}), self.probe
@@ -127,10 +129,14 @@ class WeightSync:
         """What the metrics row carries: the engine's own counters (`Engine.counters`; vllm: request
         retries, server restarts, pushes, failed push attempts; hf with speculation: its draft
         counters), prefixed `engine_`, and with speculation the acceptance figures since the last
-        call (`engine_spec_acceptance`, `engine_spec_accepted_len`: engine/speculate.py)."""
+        call (`engine_spec_acceptance`, `engine_spec_accepted_len`, `engine_spec_step_len`:
+        engine/speculate.py); with `engine.speculation.collapse_check`, a collapse of the last
+        raises GenerationError (`CollapseProbe`)."""
         now = {f"engine_{k}": int(v) for k, v in self.engine.counters().items()}
         figures = acceptance_row(now, self._last_counters)
         self._last_counters = now
+        if self._collapse is not None:  # engine.speculation.collapse_check
+            self._collapse.observe(figures.get("engine_spec_step_len"), f" after push {self.pushed}")
         return {**now, **figures}
 
     def push(self) -> int:
