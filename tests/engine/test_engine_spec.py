@@ -388,6 +388,12 @@ def test_the_governor_switches_a_losing_bucket_off_and_retries_it():
         gov.record(16, spec, 0.012 if spec else 0.01, 3.0)
     assert gov.off_buckets() == []
     assert Governor(enabled=False).speculate(64)
+    warm = Governor(min_steps=3)
+    turns = []
+    for _ in range(6):  # warming up: speculative and plain steps take turns until each has 3
+        turns.append(warm.speculate(8))
+        warm.record(8, turns[-1], 0.01, 2.0)
+    assert turns == [True, False, True, False, True, False]
 
 
 def test_auto_off_decodes_plain_where_speculation_loses(model_tok, monkeypatch):

@@ -58,8 +58,9 @@ class _Bucket:
 class Governor:
     """Whether to speculate at a step of a batch of `rows` rows, by the measured rule above.
     Running means are exponential (weight `alpha` for a new step) after a first plain mean of
-    `min_steps` steps; no decision before `min_steps` of each kind were measured. While on, every
-    `probe_every`-th step of a bucket is plain, so both kinds keep being measured."""
+    `min_steps` steps; no decision before `min_steps` of each kind were measured (until then the
+    two kinds take turns). While on, every `probe_every`-th step of a bucket is plain, so both
+    kinds keep being measured."""
 
     def __init__(
         self, enabled: bool = True, min_steps: int = 8, probe_every: int = 16, retry_every: int = 64, alpha: float = 0.1
@@ -81,6 +82,8 @@ class Governor:
             return True
         if b.off:
             return b.steps % self.retry_every == 0
+        if b.spec_n < self.min_steps or b.plain_n < self.min_steps:  # warming up: measure both in turn
+            return b.spec_n <= b.plain_n
         return b.steps % self.probe_every != 0
 
     def record(self, rows: int, speculated: bool, seconds: float, gain: float = 1.0) -> None:
