@@ -230,8 +230,8 @@ class HFEngine(Engine):
 
     def counters(self) -> dict[str, int]:
         """With speculation: its counters (engine/speculate.py `SpecCounters`: verifying forwards,
-        drafts verified, draft tokens proposed and accepted, in all and per depth, plain and
-        auto-off steps), which the loop's metrics row carries prefixed `engine_`; else none."""
+        drafts verified, draft tokens proposed and accepted, in all and per depth, plain, auto-off
+        and drafting row-steps), which the loop's metrics row carries prefixed `engine_`; else none."""
         return self._spec_counts.counters() if self._spec is not None else {}
 
     def end_sessions(self, keys: Sequence[str]) -> None:
