@@ -47,6 +47,38 @@ class VLLMConfig(BaseModel):
     """More arguments for `vllm.entrypoints.openai.api_server` (e.g. --max-num-seqs 64)."""
 
 
+class SpeculationConfig(BaseModel):
+    """Speculative decoding in the hf engine (docs/engines.md, "Speculative decoding"): a
+    model-free drafter guesses each row's next tokens and one forward verifies them. Every
+    emitted token and its log-prob are the policy's own, whatever is drafted."""
+
+    model_config = _STRICT
+    kind: Literal["off", "suffix"] = "off"
+    """off: decode one token per forward (the default). suffix: draft by suffix matching over the
+    prompt, the group's sibling samples as they are generated and the past completions of the
+    same prompt (engine/drafter.py), verified in one forward per step."""
+    max_draft: int = Field(8, ge=1, le=64)
+    """Most tokens drafted per row per step (the adaptive draft length's ceiling; it starts at 4,
+    doubles after a fully accepted draft, halves after a rejected one)."""
+    max_match: int = Field(8, ge=1, le=64)
+    """Longest context suffix (tokens) the drafter matches."""
+    auto_off: bool = True
+    """Switch speculation off for a batch size where it measured net-negative: mean tokens emitted
+    per row per verifying forward below that forward's time over a plain one-token forward's
+    (1 + overhead), each measured over the engine's own steps; re-tried every 64th step there."""
+    store_tasks: int = Field(4096, ge=0, le=1 << 20)
+    """Prompts whose past completions are kept as draft sources (least recently stored dropped)."""
+    store_per_task: int = Field(8, ge=0, le=1024)
+    """Past completions kept per prompt (latest first kept), each cut to 1,024 tokens."""
+    collapse_check: bool = False
+    """Stop the run (GenerationError, with both figures) when a step's tokens per row per
+    drafting step fall more than collapse_drop below their running level over the earlier
+    steps (after 3 steps): a wiped or broken drafter. Off by default: with the model-free
+    drafter a policy that changes fast moves this figure too."""
+    collapse_drop: float = Field(0.3, gt=0.0, lt=1.0)
+    """The fall below the running level that collapse_check stops at (0.3: 30%)."""
+
+
 class EngineConfig(BaseModel):
     """Inference for rollouts and eval: in process (hf), a vLLM server (vllm), or a remote
     OpenAI-compatible server (openai)."""
@@ -100,6 +132,9 @@ class EngineConfig(BaseModel):
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then
     computed in full). Each token holds 2 x layers x kv heads x head dim values."""
+    speculation: SpeculationConfig = SpeculationConfig()
+    """With hf: speculative decoding (kind off by default; suffix: the model-free drafter). The
+    emitted tokens and log-probs are the policy's own either way; see docs/engines.md."""
 
     @property
     def type(self) -> str:

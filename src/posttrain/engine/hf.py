@@ -14,12 +14,24 @@ weights (an update drops every kept session), so its samples are those of
 a full prefill up to float rounding (greedy tokens identical in the tests).
 `Completion.cached_tokens` says how many prompt tokens were not computed
 for it (a kept session's, or a group-mate's shared prompt).
+
+With `speculation.kind: suffix` (off by default; models whose layers all use
+full attention) each step drafts up to k tokens per row (engine/drafter.py)
+and one forward scores them; a drafted token is accepted when it equals the
+token the row's own sampler draws at that position (the same per-row noise
+as plain decoding), and the first token that differs is emitted in its place.
+So every emitted token, and its log-prob, is what plain decoding emits for
+the same seed, up to float rounding of a multi-token forward (greedy tokens
+identical in the tests): for a deterministic draft d this is the standard
+speculative-sampling rule, acceptance with probability p(d) = min(1, p/q)
+and, on rejection, a draw from the normalised residual max(0, p - q).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,10 +40,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from posttrain.configs.engine import SpeculationConfig
 from posttrain.engine.base import Engine, OnTokens, chat_ids, check_request, text_chat
-from posttrain.engine.kvcache import new_cache, preload, row_kv, slab_capable
+from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
+from posttrain.engine.kvcache import compact, new_cache, preload, row_kv, slab_capable, truncate
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.engine.sessions import Session, SessionCache, SessionStats
+from posttrain.engine.speculate import Governor, SpecCounters, accepted_lengths
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message
@@ -81,6 +96,12 @@ class HFEngineConfig(BaseModel):
     """Most tokens of kept contexts held at once (over all sessions); storing past it drops
     the least recently stored sessions first (counted as evicted). Each token holds
     2 x layers x kv heads x head dim values of the model's dtype."""
+
+    speculation: SpeculationConfig = SpeculationConfig()
+    """Speculative decoding (`engine.speculation`): off, or suffix drafting verified one forward
+    per step; only for models whose layers all use full attention (others decode plain). A
+    speculative batch's KV cache holds max_draft + 1 + a quarter of its max_tokens more
+    positions per row (room for rejected drafts' columns before they are compacted)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +191,13 @@ class HFEngine(Engine):
         self._lock = threading.RLock()  # one generate or weight update at a time
         self._on_tokens: OnTokens | None = None
         """The running `generate` call's token callback (set and cleared under the lock)."""
+        spec = self.config.speculation
+        self._spec = spec if spec.kind != "off" and slab_capable(model.config) else None
+        self._store = TaskStore(spec.store_tasks, spec.store_per_task)
+        self._governor = Governor(enabled=spec.auto_off)
+        self._spec_counts = SpecCounters(spec.max_draft)
+        self._indexes: dict[int, SuffixIndex] = {}
+        """The running call's draft index per request (speculation only)."""
 
     @classmethod
     def from_pretrained(
@@ -199,6 +227,12 @@ class HFEngine(Engine):
         return EngineStats(
             self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused, sessions
         )
+
+    def counters(self) -> dict[str, int]:
+        """With speculation: its counters (engine/speculate.py `SpecCounters`: verifying forwards,
+        drafts verified, draft tokens proposed and accepted, in all and per depth, plain, auto-off
+        and drafting row-steps), which the loop's metrics row carries prefixed `engine_`; else none."""
+        return self._spec_counts.counters() if self._spec is not None else {}
 
     def end_sessions(self, keys: Sequence[str]) -> None:
         """The episodes `keys` ended: their kept contexts are dropped (without waiting for a
@@ -269,6 +303,11 @@ class HFEngine(Engine):
                 outputs = self._generate_rows(self._plan(requests))
             finally:
                 self._on_tokens = None
+                self._indexes = {}
+            if self._spec is not None:  # each completion becomes a draft source for its prompt's next call
+                for i, req in enumerate(requests):
+                    for j in range(req.params.n):
+                        self._store.add(req.prompt_ids, outputs[(i, j)].token_ids)
             outs = [
                 [self._completion(req, outputs[(i, j)]) for j in range(req.params.n)] for i, req in enumerate(requests)
             ]
@@ -281,7 +320,7 @@ class HFEngine(Engine):
         try:
             with torch.inference_mode():
                 for batch in _pack(chunks, self.config.max_batch_rows, self.config.max_batch_tokens):
-                    outputs.update(self._run_batch(batch))
+                    outputs.update(self._run_batch(batch) if self._spec is None else self._run_batch_spec(batch))
         except RuntimeError as exc:  # torch failures, out-of-memory included: infra, not the task
             raise GenerationError(f"hf engine failed while decoding: {exc}") from exc
         finally:
@@ -336,18 +375,20 @@ class HFEngine(Engine):
         )
 
     def _forward(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int = 1
     ) -> torch.Tensor:
+        """Logits of the last input position (batch, vocab); with `keep` > 1, of the last `keep`
+        positions (batch, keep, vocab)."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
         )
         self._forward_calls += 1
-        logits: torch.Tensor = out.logits[:, -1, :].float()
+        logits: torch.Tensor = out.logits[:, -1, :].float() if keep == 1 else out.logits[:, -keep:, :].float()
         if self.config.check_finite and not bool(torch.isfinite(logits).all()):
             raise GenerationError("model produced non-finite logits (broken weights?)")
         return logits
@@ -417,7 +458,6 @@ class HFEngine(Engine):
         prompts = [c.prompt for c in batch for _ in c.rows]
         dev = self.device
         cache, logits, mask, next_pos = self._prefill(batch, max(r.max_tokens for r in rows))
-        prefilled = mask.shape[1]
         temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
         top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
         keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
@@ -432,11 +472,11 @@ class HFEngine(Engine):
             self._record(rows, outs, [active[k] for k in live], [tok_list[k] for k in live], [lp_list[k] for k in live])
             keep = [k for k, r in enumerate(active) if outs[r].finish is None]
             if not keep:
-                self._keep_sessions(cache, mask, prefilled, range(len(active)), active, rows, prompts, outs)
+                self._keep_sessions(cache, mask, range(len(active)), active, rows, prompts, outs)
                 break
             if len(active) - len(keep) >= max(1, self.config.compact_fraction * len(active)):
                 gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
-                self._keep_sessions(cache, mask, prefilled, gone, active, rows, prompts, outs)
+                self._keep_sessions(cache, mask, gone, active, rows, prompts, outs)
                 idx = torch.tensor(keep, device=dev)
                 cache.reorder_cache(idx)
                 mask, next_pos, tokens = mask[idx], next_pos[idx], tokens[idx]
@@ -448,11 +488,158 @@ class HFEngine(Engine):
             step += 1
         return {(r.request, r.sample): o for r, o in zip(rows, outs)}
 
+    def _run_batch_spec(self, batch: list[_Chunk]) -> dict[tuple[int, int], _Output]:
+        """`_run_batch` with speculation: each step drafts up to k tokens per unfinished row,
+        feeds [last token, draft...] in one forward and keeps, per row, the drafted tokens that
+        equal what its sampler draws there plus the first one drawn after them (the module
+        docstring's rule). Rejected columns leave the KV cache: the shared length is cut to the
+        longest kept run, shorter rows mask the rest (holes `compact` removes when the slab
+        would overflow)."""
+        spec = self._spec
+        assert spec is not None
+        rows = [r for c in batch for r in c.rows]
+        prompts = [c.prompt for c in batch for _ in c.rows]
+        dev = self.device
+        room = max(r.max_tokens for r in rows)
+        cache, logits, mask, next_pos = self._prefill(batch, room + _spec_slack(room, spec.max_draft))
+        capacity = mask.shape[1] + room + _spec_slack(room, spec.max_draft)
+        temp = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
+        top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
+        keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
+        outs = [_Output([], [], cached=r.cached) for r in rows]
+        lengths = [DraftLength(spec.max_draft) for _ in rows]
+        index = [self._draft_index(r.request, p) for r, p in zip(rows, prompts)]
+        sids = [ix.add_sequence() for ix in index]
+        active = list(range(len(rows)))  # batch position -> row
+        last_pos = (self._max_positions or (1 << 62)) - 1
+        tokens, lps = sample_next(logits, temp, top_p, keys, 0)
+        runs = [([t], [lp]) for t, lp in zip(tokens.tolist(), lps.tolist())]
+        while True:
+            self._record_runs(rows, outs, active, runs, index, sids)
+            keep = [k for k, r in enumerate(active) if outs[r].finish is None]
+            if not keep:
+                self._keep_sessions(cache, mask, range(len(active)), active, rows, prompts, outs)
+                break
+            if len(active) - len(keep) >= max(1, self.config.compact_fraction * len(active)):
+                gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
+                self._keep_sessions(cache, mask, gone, active, rows, prompts, outs)
+                idx = torch.tensor(keep, device=dev)
+                cache.reorder_cache(idx)
+                mask, next_pos = mask[idx], next_pos[idx]
+                temp, top_p, keys = temp[idx], top_p[idx], keys[idx]
+                active = [active[k] for k in keep]
+            started = time.perf_counter()
+            live = [outs[r].finish is None for r in active]
+            speculate = self._governor.speculate(len(active))
+            self._spec_counts.off_steps += int(not speculate)
+            self._spec_counts.drafting += sum(live) if speculate else 0
+            drafts = [
+                self._draft(index[r], prompts[r], outs[r].token_ids, lengths[r].value, rows[r].max_tokens)
+                if speculate and ok
+                else []
+                for r, ok in zip(active, live)
+            ]
+            width = 1 + max(len(d) for d in drafts)
+            last = torch.tensor([outs[r].token_ids[-1] for r in active], dtype=torch.long, device=dev)
+            steps = torch.tensor([len(outs[r].token_ids) for r in active], dtype=torch.int64, device=dev)
+            fed = torch.zeros((len(active), width), dtype=mask.dtype)
+            for k, (d, ok) in enumerate(zip(drafts, live)):
+                fed[k, : 1 + len(d)] = int(ok)
+            fed = fed.to(dev)
+            if mask.shape[1] + width > capacity:  # rejected drafts' holes would overflow the slab
+                mask = compact(cache, mask)
+            if width == 1:
+                mask = torch.cat([mask, fed], dim=1)
+                logits = self._forward(last[:, None], mask, next_pos.clamp(max=last_pos)[:, None], cache)
+                tokens, lps = sample_next(logits, temp, top_p, keys, steps)
+                runs = [([t], [lp]) for t, lp in zip(tokens.tolist(), lps.tolist())]
+                next_pos = next_pos + 1
+                self._spec_counts.plain_steps += 1
+                self._governor.record(len(active), False, time.perf_counter() - started)
+                continue
+            ids = torch.full((len(active), width), self._pad_id, dtype=torch.long)
+            ids[:, 0] = last.cpu()
+            for k, d in enumerate(drafts):
+                ids[k, 1 : 1 + len(d)] = torch.tensor(d, dtype=torch.long)
+            ids = ids.to(dev)
+            offsets = torch.arange(width, device=dev)
+            positions = (next_pos[:, None] + offsets[None, :]).clamp(max=last_pos)
+            before = mask.shape[1]
+            logits_bwv = self._forward(ids, torch.cat([mask, fed], dim=1), positions, cache, keep=width)
+            flat_steps = (steps[:, None] + offsets[None, :]).reshape(-1)
+            tok_bw, lp_bw = sample_next(
+                logits_bwv.reshape(len(active) * width, -1),
+                temp.repeat_interleave(width),
+                top_p.repeat_interleave(width),
+                keys.repeat_interleave(width),
+                flat_steps,
+            )
+            tok_bw, lp_bw = tok_bw.reshape(len(active), width), lp_bw.reshape(len(active), width)
+            accepted = accepted_lengths(tok_bw[:, :-1], ids[:, 1:], fed[:, 1:] > 0)
+            kept = int(accepted.max()) + 1
+            truncate(cache, before + kept)
+            mask = torch.cat([mask, fed[:, :kept] * (offsets[None, :kept] <= accepted[:, None])], dim=1)
+            next_pos = next_pos + accepted + 1
+            acc, tok_l, lp_l = accepted.tolist(), tok_bw.tolist(), lp_bw.tolist()
+            runs = [(tok_l[k][: a + 1], lp_l[k][: a + 1]) for k, a in enumerate(acc)]
+            self._spec_counts.forwards += 1
+            for k, (d, a) in enumerate(zip(drafts, acc)):
+                if d:
+                    self._spec_counts.add(len(d), a)
+                    lengths[active[k]].update(len(d), a)
+            gain = sum(a + 1 for a, ok in zip(acc, live) if ok) / max(1, sum(live))
+            self._governor.record(len(active), True, time.perf_counter() - started, gain)
+        return {(r.request, r.sample): o for r, o in zip(rows, outs)}
+
+    def _draft_index(self, request: int, prompt: tuple[int, ...]) -> SuffixIndex:
+        """The running call's draft index of request `request`: its prompt and the past
+        completions kept for it (made on first use)."""
+        got = self._indexes.get(request)
+        if got is None:
+            assert self._spec is not None
+            got = self._indexes[request] = SuffixIndex(prompt, max_n=self._spec.max_match)
+            for past in self._store.get(prompt):
+                got.add_sequence(past)
+        return got
+
+    def _draft(self, index: SuffixIndex, prompt: tuple[int, ...], out: list[int], k: int, max_tokens: int) -> list[int]:
+        """Up to `k` drafted tokens after `prompt + out`, leaving room for the token the policy
+        adds after them within `max_tokens`."""
+        k = min(k, max_tokens - len(out) - 1)
+        n = index.max_n
+        context = out[-n:] if len(out) >= n else list(prompt[len(prompt) - (n - len(out)) :]) + out
+        return index.propose(context, k)
+
+    def _record_runs(
+        self,
+        rows: list[_Row],
+        outs: list[_Output],
+        active: list[int],
+        runs: list[tuple[list[int], list[float]]],
+        index: list[SuffixIndex],
+        sids: list[int],
+    ) -> None:
+        """`_record` of each active row's run of new tokens (`runs[k]` for row `active[k]`), one
+        depth at a time, so a row stops at its first eos, stop string or max_tokens; then the
+        recorded tokens join the draft index."""
+        sizes = [len(outs[r].token_ids) for r in active]
+        depth = 0
+        while True:
+            ks = [k for k, r in enumerate(active) if outs[r].finish is None and depth < len(runs[k][0])]
+            if not ks:
+                break
+            self._record(
+                rows, outs, [active[k] for k in ks], [runs[k][0][depth] for k in ks], [runs[k][1][depth] for k in ks]
+            )
+            depth += 1
+        for k, r in enumerate(active):
+            if len(outs[r].token_ids) > sizes[k]:
+                index[r].extend(sids[r], outs[r].token_ids[sizes[k] :])
+
     def _keep_sessions(
         self,
         cache: Any,
         mask: torch.Tensor,
-        prefilled: int,
         positions: Sequence[int],
         active: list[int],
         rows: list[_Row],
@@ -461,7 +648,8 @@ class HFEngine(Engine):
     ) -> None:
         """Keep the context of each finished row at batch `positions` that names a session: its
         prompt and every output token but the last (which was sampled, never fed), with the
-        KV columns its mask marks."""
+        first KV columns its mask marks (after them, speculation may have fed accepted drafts
+        past a row's end)."""
         if self._sessions is None:
             return
         for k in positions:
@@ -469,9 +657,8 @@ class HFEngine(Engine):
             row, out = rows[r], outs[r]
             if row.session is None:
                 continue
-            fed = prefilled + len(out.token_ids) - 1
-            columns = mask[k, :fed].nonzero().squeeze(-1)
             tokens = prompts[r] + tuple(out.token_ids[:-1])
+            columns = mask[k].nonzero().squeeze(-1)[: len(tokens)]
             if len(columns) != len(tokens):
                 raise RuntimeError(f"kept context of {len(columns)} positions for {len(tokens)} tokens")
             keys, values = row_kv(cache, k, columns)
@@ -517,6 +704,13 @@ class HFEngine(Engine):
             model_version=self.version,
             cached_tokens=out.cached,
         )
+
+
+def _spec_slack(room: int, max_draft: int) -> int:
+    """KV positions a speculative batch holds per row beyond its prompt and `room` generated tokens:
+    one step's draft (at least max_draft + 1, which `compact` needs) and a quarter of `room` for
+    rejected drafts' columns before they are compacted."""
+    return max_draft + 1 + room // 4
 
 
 def _cached(rows: tuple[_Row, ...], reused: int, shared: int) -> tuple[_Row, ...]:

@@ -6,7 +6,10 @@ column instead of copying the whole cache (DynamicCache concatenates every
 step); `reorder_cache(index)` selects, repeats or drops batch rows, and is
 how a group's prompt cache is copied to its samples; `preload` starts a
 batch from kept contexts (engine/sessions.py) and `row_kv` copies one row's
-context out.
+context out. Speculative decoding (engine/hf.py) drops rejected draft
+columns with `truncate` (the shared length) and the attention mask (per
+row), and `compact` moves each row's live columns together when the holes
+would overflow the slab.
 """
 
 from __future__ import annotations
@@ -98,6 +101,25 @@ class SlabLayer(DynamicLayer):
             self._v[row, :, length - n : length] = v
         self._refresh()
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions of the live cache."""
+        if self.is_initialized:
+            self.length = min(self.length, length)
+            self._refresh()
+
+    def compact(self, index: torch.Tensor) -> None:
+        """Position j of row r becomes old position index[r, j] (rows x new length)."""
+        if not self.is_initialized:
+            return
+        rows, width = index.shape
+        idx = index.to(self._k.device)
+        for slab in (self._k, self._v):
+            live = slab[:rows, :, : self.length]
+            gather = idx[:, None, :, None].expand(rows, live.shape[1], width, live.shape[-1])
+            slab[:rows, :, :width] = live.gather(2, gather)
+        self.length = width
+        self._refresh()
+
     def row_kv(self, row: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the live cache's keys and values of batch row `row` at `columns`."""
         live_k, live_v = self._k[row, :, : self.length], self._v[row, :, : self.length]
@@ -129,6 +151,32 @@ def row_kv(cache: Cache, row: int, columns: torch.Tensor) -> tuple[tuple[torch.T
     if len(got) != len(cache.layers):
         raise RuntimeError("row_kv needs a slab cache (a model whose layers all use full attention)")
     return tuple(k for k, _ in got), tuple(v for _, v in got)
+
+
+def _slabs(cache: Cache, what: str) -> list[SlabLayer]:
+    layers = [layer for layer in cache.layers if isinstance(layer, SlabLayer)]
+    if len(layers) != len(cache.layers):
+        raise RuntimeError(f"{what} needs a slab cache (a model whose layers all use full attention)")
+    return layers
+
+
+def truncate(cache: Cache, length: int) -> None:
+    """Keep the first `length` positions of every layer (rejected draft columns dropped)."""
+    for layer in _slabs(cache, "truncate"):
+        layer.truncate(length)
+
+
+def compact(cache: Cache, mask: torch.Tensor) -> torch.Tensor:
+    """Move each row's live columns (`mask` rows x length, 1 = live) to the right end of the
+    first max-live-count positions, in order, and return the new mask (rows x that count, zeros
+    on the left of rows with fewer live columns). Keys keep the positions they were computed at."""
+    live = mask.bool()
+    width = int(live.sum(dim=1).max())
+    order = torch.sort(live.to(torch.int8), dim=1, stable=True).indices  # holes first, then live columns in order
+    index = order[:, mask.shape[1] - width :]
+    for layer in _slabs(cache, "compact"):
+        layer.compact(index)
+    return mask.gather(1, index)
 
 
 def new_cache(model_config: Any, capacity: int, max_rows: int) -> Cache:

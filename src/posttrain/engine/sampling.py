@@ -62,7 +62,12 @@ def mix32_t(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _step_hash(keys: torch.Tensor, step: int) -> torch.Tensor:
+def _step_hash(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """The per-(key, step) hash; `step` is one int for every row, or an int64 tensor of one
+    step per row (speculative decoding, where rows are at different steps): equal values give
+    equal hashes either way."""
+    if isinstance(step, torch.Tensor):
+        return mix32_t(keys ^ mix32_t((_mul32(step, _STEP_MUL) + 1) & MASK32))
     return mix32_t(keys ^ mix32((step * _STEP_MUL + 1) & MASK32))
 
 
@@ -71,7 +76,7 @@ def _to_gumbel(h: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def gumbel_noise(keys_b: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+def gumbel_noise(keys_b: torch.Tensor, step: int | torch.Tensor, vocab: int) -> torch.Tensor:
     """Gumbel(0, 1) noise of shape (batch, vocab), float32, a pure function of
     (key, step, vocab index)."""
     offsets_v = _mul32(torch.arange(vocab, device=keys_b.device, dtype=torch.int64), _GOLDEN)
@@ -83,7 +88,7 @@ def noise_at(keys_n: torch.Tensor, step: int, cols_n: torch.Tensor) -> torch.Ten
     return _to_gumbel(mix32_t((_step_hash(keys_n, step) + _mul32(cols_n, _GOLDEN)) & MASK32))
 
 
-def uniform_at(keys_b: torch.Tensor, step: int) -> torch.Tensor:
+def uniform_at(keys_b: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     """One float64 uniform in (0, 1) per row with 53 random bits, a pure
     function of (key, step)."""
     h1 = _step_hash(keys_b, step)
@@ -92,12 +97,12 @@ def uniform_at(keys_b: torch.Tensor, step: int) -> torch.Tensor:
     return (bits.to(torch.float64) + 0.5) / float(1 << 53)
 
 
-def gumbel_argmax(logp_bv: torch.Tensor, keys_b: torch.Tensor, step: int) -> torch.Tensor:
+def gumbel_argmax(logp_bv: torch.Tensor, keys_b: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     """A sample of softmax(logp) per row: argmax(logp + Gumbel noise)."""
     return (logp_bv + gumbel_noise(keys_b, step, logp_bv.shape[-1])).argmax(dim=-1)
 
 
-def inverse_cdf(logp_bv: torch.Tensor, keys_b: torch.Tensor, step: int) -> torch.Tensor:
+def inverse_cdf(logp_bv: torch.Tensor, keys_b: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     """A sample of softmax(logp) per row: the first token whose cumulative
     probability (float64, in vocabulary order) exceeds u * total. One uniform
     per row instead of one hash per token, so large vocabularies stay cheap."""
@@ -140,12 +145,14 @@ def sample_next(
     temperature_b: torch.Tensor,
     top_p_b: torch.Tensor,
     keys_b: torch.Tensor,
-    step: int,
+    step: int | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its log-prob. Rows with temperature 0 are greedy.
 
     logits_bv: float32 (batch, vocab); temperature_b, top_p_b: float32 (batch,);
-    keys_b: int64 (batch,) in [0, 2**32). Returns (tokens_b int64, logprobs_b float32).
+    keys_b: int64 (batch,) in [0, 2**32); step: the generation step of every row, or an int64
+    (batch,) tensor of each row's own step (the same draws as one int of that value).
+    Returns (tokens_b int64, logprobs_b float32).
     """
     greedy_b = temperature_b <= 0
     t_eff_b = torch.where(greedy_b, torch.ones_like(temperature_b), temperature_b)

@@ -34,6 +34,7 @@ from posttrain.configs.trainer import MismatchConfig
 from posttrain.contracts.engine import Engine
 from posttrain.engine.guard import EngineGuard
 from posttrain.engine.probe import SyncProbe
+from posttrain.engine.speculate import CollapseProbe, acceptance_row
 from posttrain.rollout import too_stale
 
 _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
@@ -66,6 +67,7 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
             "context_reuse": cfg.context_reuse,
             "context_budget_tokens": cfg.context_budget_tokens,
             "max_batch_tokens": cfg.max_batch_tokens,
+            "speculation": cfg.speculation,
         }
     )
     return HFEngine(model, tokenizer, config=hf, seed=seed)
@@ -110,6 +112,9 @@ class WeightSync:
         self.dir = Path(cfg.sync_dir) if cfg.sync_dir else Path(run_dir) / "weights"
         self.pushed = 0
         self.dropped_stale = 0
+        self._last_counters: dict[str, int] = {}
+        spec = cfg.speculation
+        self._collapse = CollapseProbe(spec.collapse_drop) if spec.kind != "off" and spec.collapse_check else None
         self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
         self.guard = EngineGuard(
             cfg, mismatch or MismatchConfig.model_validate({}), self.probe
@@ -120,10 +125,19 @@ class WeightSync:
         """Whether the weights travel to another process (written to sync_dir, then loaded)."""
         return self.cfg.kind in ("openai", "vllm")
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """What the metrics row carries: the engine's own counters (`Engine.counters`; vllm: request
-        retries, server restarts, pushes, failed push attempts), prefixed `engine_`."""
-        return {f"engine_{k}": int(v) for k, v in self.engine.counters().items()}
+        retries, server restarts, pushes, failed push attempts; hf with speculation: its draft
+        counters), prefixed `engine_`, and with speculation the acceptance figures since the last
+        call (`engine_spec_acceptance`, `engine_spec_accepted_len`, `engine_spec_step_len`:
+        engine/speculate.py); with `engine.speculation.collapse_check`, a collapse of the last
+        raises GenerationError (`CollapseProbe`)."""
+        now = {f"engine_{k}": int(v) for k, v in self.engine.counters().items()}
+        figures = acceptance_row(now, self._last_counters)
+        self._last_counters = now
+        if self._collapse is not None:  # engine.speculation.collapse_check
+            self._collapse.observe(figures.get("engine_spec_step_len"), f" after push {self.pushed}")
+        return {**now, **figures}
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
