@@ -70,9 +70,11 @@ def test_staleness_bound_holds_and_long_tasks_keep_their_share(k):
     n = sum(resolved.values())
     p = resolved[LONG] / n
     assert trained[LONG] / sum(trained.values()) >= p - 2 * math.sqrt(p * (1 - p) / n)
-    if k:  # the workload bites: long groups are trained later after admission than short ones
+    if k:  # the workload bites: long groups are trained no sooner after admission than short ones
         assert max(ages[LONG]) >= 1
-        assert sum(ages[LONG]) / len(ages[LONG]) > sum(ages["add"]) / len(ages["add"])
+        # not strictly later: on a loaded machine every group, short ones too, can reach the bound
+        # (22/24 each was seen in a CI run beside a training job), so ties are allowed
+        assert sum(ages[LONG]) / len(ages[LONG]) >= sum(ages["add"]) / len(ages["add"])
 
 
 def test_lagging_completions_are_requeued_once_at_the_front_then_dropped(tmp_path):
