@@ -225,10 +225,10 @@ def test_fsdp_loop_under_torchrun_against_server(tmp_path, micro_base):
 
 def _server_serves_the_trained_weights(url: str, base: str, run_dir: Path, tmp: Path) -> None:
     """Greedy tokens from the server equal those of the run's final checkpoint, exported and loaded here."""
-    from posttrain.commands.export import export
     from posttrain.engine.hf import HFEngine
     from posttrain.engine.openai import OpenAIEngine
     from posttrain.model.arch import load_model
+    from posttrain.trainer.export import export
     from posttrain.types import GenerationRequest, SamplingParams
 
     export(run_dir, tmp / "exported", base)

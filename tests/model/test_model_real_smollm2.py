@@ -136,9 +136,9 @@ def test_export_of_an_adapter_on_the_real_model_loads_in_plain_transformers(tmp_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.commands.export import export
     from posttrain.configs.trainer import LoraConfig
     from posttrain.model.arch import load_model
+    from posttrain.trainer.export import export
     from posttrain.trainer.lora import apply_lora
 
     base, _ = load_model(NAME)

@@ -58,8 +58,30 @@ def test_export_refuses_a_non_empty_out_and_a_baseless_adapter(tmp_path, base_di
     assert main(["export", str(ckpt), "--out", str(tmp_path / "full")]) != 0
     assert "--out" in capsys.readouterr().err
     assert (tmp_path / "full" / "x").read_text() == "keep me"
-    from posttrain.commands.export import export
+    from posttrain.trainer.export import export
 
     with pytest.raises(ConfigError, match="--base"):
         export(ckpt, tmp_path / "o2")
     assert not (tmp_path / "o2").exists()
+
+
+def test_a_lora_runs_checkpoint_is_evaluated_merged_into_its_base(tmp_path, base_dir):
+    """`posttrain eval --run` / `compare` on a LoRA run (make demo-real's benchmarks after
+    training): the adapter is merged into the run's model.path once, into RUN/merged/, and
+    reused; before, the adapter folder itself was handed to the engine ('has no config.json')."""
+    from posttrain.evaluate.compare import resolve
+
+    model, tok = load_model(base_dir)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, lora=LoraConfig(rank=4)))
+    assert trainer.step(_batch()).outcome == "applied"
+    run = tmp_path / "run"
+    ckpt = trainer.save(run, tok, {})
+    (run / "config.yaml").write_text(f"model:\n  path: {base_dir}\n")
+    side = resolve(str(run))
+    assert side.model_dir == run / "merged" / ckpt.name and side.run_dir == run
+    merged, _ = load_model(side.model_dir)
+    ids = torch.tensor([[4, 30, 31, 40, 41]])
+    assert torch.allclose(_logits(merged, ids), _logits(trainer.model, ids), atol=1e-5)
+    stamp = (side.model_dir / "export.json").stat().st_mtime_ns
+    assert resolve(str(run)).model_dir == side.model_dir  # made once, then reused
+    assert (side.model_dir / "export.json").stat().st_mtime_ns == stamp

@@ -29,17 +29,19 @@ class Side:
 
 
 def resolve(spec: str) -> Side:
-    """A run directory (its latest checkpoint) or a Hugging Face model directory."""
+    """A run directory (its latest checkpoint; a LoRA adapter merged into the run's base once,
+    `trainer.export.servable`) or a Hugging Face model directory."""
     from posttrain.model.arch import check_model_dir
 
     path = Path(spec)
     if (path / "config.yaml").is_file():
         from posttrain.trainer.checkpoint import latest_checkpoint
+        from posttrain.trainer.export import servable
 
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise ConfigError(f"run directory {spec!r} has no checkpoint to evaluate")
-        return Side(path.name, ckpt, path)
+        return Side(path.name, servable(ckpt), path)
     return Side(path.name, check_model_dir(path), None)
 
 
