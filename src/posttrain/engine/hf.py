@@ -470,18 +470,10 @@ class HFEngine(Engine):
             tok_list, lp_list = tokens.tolist(), lps.tolist()
             live = [k for k, r in enumerate(active) if outs[r].finish is None]
             self._record(rows, outs, [active[k] for k in live], [tok_list[k] for k in live], [lp_list[k] for k in live])
-            keep = [k for k, r in enumerate(active) if outs[r].finish is None]
-            if not keep:
-                self._keep_sessions(cache, mask, range(len(active)), active, rows, prompts, outs)
+            left = self._retire(cache, mask, active, rows, prompts, outs, next_pos, tokens, temp, top_p, keys)
+            if left is None:
                 break
-            if len(active) - len(keep) >= max(1, self.config.compact_fraction * len(active)):
-                gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
-                self._keep_sessions(cache, mask, gone, active, rows, prompts, outs)
-                idx = torch.tensor(keep, device=dev)
-                cache.reorder_cache(idx)
-                mask, next_pos, tokens = mask[idx], next_pos[idx], tokens[idx]
-                temp, top_p, keys = temp[idx], top_p[idx], keys[idx]
-                active = [active[k] for k in keep]
+            active, mask, (next_pos, tokens, temp, top_p, keys) = left
             mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
             logits = self._forward(tokens[:, None], mask, next_pos.clamp(max=last_pos)[:, None], cache)
             next_pos = next_pos + 1
@@ -516,18 +508,10 @@ class HFEngine(Engine):
         runs = [([t], [lp]) for t, lp in zip(tokens.tolist(), lps.tolist())]
         while True:
             self._record_runs(rows, outs, active, runs, index, sids)
-            keep = [k for k, r in enumerate(active) if outs[r].finish is None]
-            if not keep:
-                self._keep_sessions(cache, mask, range(len(active)), active, rows, prompts, outs)
+            left = self._retire(cache, mask, active, rows, prompts, outs, next_pos, temp, top_p, keys)
+            if left is None:
                 break
-            if len(active) - len(keep) >= max(1, self.config.compact_fraction * len(active)):
-                gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
-                self._keep_sessions(cache, mask, gone, active, rows, prompts, outs)
-                idx = torch.tensor(keep, device=dev)
-                cache.reorder_cache(idx)
-                mask, next_pos = mask[idx], next_pos[idx]
-                temp, top_p, keys = temp[idx], top_p[idx], keys[idx]
-                active = [active[k] for k in keep]
+            active, mask, (next_pos, temp, top_p, keys) = left
             started = time.perf_counter()
             live = [outs[r].finish is None for r in active]
             speculate = self._governor.speculate(len(active))
@@ -590,6 +574,32 @@ class HFEngine(Engine):
             gain = sum(a + 1 for a, ok in zip(acc, live) if ok) / max(1, sum(live))
             self._governor.record(len(active), True, time.perf_counter() - started, gain)
         return {(r.request, r.sample): o for r, o in zip(rows, outs)}
+
+    def _retire(
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        active: list[int],
+        rows: list[_Row],
+        prompts: list[tuple[int, ...]],
+        outs: list[_Output],
+        *per_row: torch.Tensor,
+    ) -> tuple[list[int], torch.Tensor, tuple[torch.Tensor, ...]] | None:
+        """Finished rows leave the batch, for both decode loops: None when every active row is
+        finished (each kept session stored); else the active rows, the mask and `per_row`'s
+        tensors (one entry per batch position), with the finished rows dropped (their sessions
+        kept first) once they make up `compact_fraction` of the batch, unchanged before that."""
+        keep = [k for k, r in enumerate(active) if outs[r].finish is None]
+        if not keep:
+            self._keep_sessions(cache, mask, range(len(active)), active, rows, prompts, outs)
+            return None
+        if len(active) - len(keep) < max(1, self.config.compact_fraction * len(active)):
+            return active, mask, per_row
+        gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
+        self._keep_sessions(cache, mask, gone, active, rows, prompts, outs)
+        idx = torch.tensor(keep, device=self.device)
+        cache.reorder_cache(idx)
+        return [active[k] for k in keep], mask[idx], tuple(t[idx] for t in per_row)
 
     def _draft_index(self, request: int, prompt: tuple[int, ...]) -> SuffixIndex:
         """The running call's draft index of request `request`: its prompt and the past
