@@ -59,3 +59,14 @@ def test_every_posttrain_name_in_the_trl_and_verl_table_exists():
             continue
         models = [m for _, m in section_models(Config, section)]
         assert any(field in m.model_fields for m in models), name
+
+
+def test_python_dash_m_posttrain_runs_the_same_command_line():
+    out = subprocess.run(
+        [sys.executable, "-m", "posttrain", "config", "show", "run.steps=7", "--section", "run"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert yaml.safe_load(out)["steps"] == 7
