@@ -266,6 +266,23 @@ class ReplayConfig(BaseModel):
     replayed least often first, the most recently sampled among equals."""
 
 
+class DraftHeadConfig(BaseModel):
+    """A draft head co-trained with the policy (model/draft_head.py): fitted each step on the
+    step's own rollouts from the policy's detached hidden states, with its own optimizer, so the
+    policy's update is the same with it on or off; saved in checkpoints and exports, and the
+    hf engine's drafter with `engine.speculation.kind: head`."""
+
+    model_config = _STRICT
+    enabled: bool = False
+    """Train a draft head beside the policy (off by default)."""
+    depth: int = Field(4, ge=1, le=16)
+    """Tokens the head drafts ahead (each depth trained on the tokens that many positions on)."""
+    lr: float = Field(1e-3, gt=0.0, le=1.0)
+    """The head's AdamW learning rate (its own optimizer; the policy's is untouched)."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the head's gradient norm to this value."""
+
+
 class TrainerConfig(BaseModel):
     """Everything the RL trainer needs besides the model."""
 
@@ -349,6 +366,8 @@ class TrainerConfig(BaseModel):
     the torch.distributed process group (torchrun); rows are split across ranks."""
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     """The replay buffer of past groups (off by default; ReplayConfig)."""
+    draft_head: DraftHeadConfig = Field(default_factory=DraftHeadConfig)
+    """The co-trained draft head for speculative decoding (off by default; DraftHeadConfig)."""
 
     @field_validator("micro_batch_size")
     @classmethod

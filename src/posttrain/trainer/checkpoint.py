@@ -113,11 +113,13 @@ def save_checkpoint(
     step: int,
     keep: int | None = None,
     full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a complete checkpoint atomically; keep only the newest `keep`.
     `tokenizer` is anything with save_pretrained, or None to skip it;
     `full_state` (model, optimizer) replaces the model's and optimizer's own
-    state dicts (gathered from FSDP shards)."""
+    state dicts (gathered from FSDP shards); `extra` writes more files into the
+    folder (the draft head's), listed in the manifest with the rest."""
     if step < 0:
         raise TrainerError(f"checkpoint step must be >= 0, got {step}")
     try:
@@ -128,7 +130,7 @@ def save_checkpoint(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     try:
-        _write_all(tmp, model, tokenizer, optimizer, loop_json, step, full_state)
+        _write_all(tmp, model, tokenizer, optimizer, loop_json, step, full_state, extra)
         _install(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -145,6 +147,7 @@ def _write_all(
     loop_json: str,
     step: int,
     full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> None:
     from posttrain.trainer.lora import is_peft
 
@@ -162,6 +165,8 @@ def _write_all(
     torch.save(full_state[1] if full_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(capture_rng(), tmp / "rng.pt")
     (tmp / "loop_state.json").write_text(loop_json)
+    if extra is not None:
+        extra(tmp)
     weights = "lora" if is_peft(model) else "full"
     (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step, "weights": weights}))
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir()) if p.is_file()}

@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-_TRAINER_FILES = {"optimizer.pt", "rng.pt", "loop_state.json", "meta.json"}
+_TRAINER_FILES = {"optimizer.pt", "rng.pt", "loop_state.json", "meta.json", "draft_head_optimizer.pt"}
+"""Checkpoint files an export leaves out (the draft head's own files, draft_head.pt
+and draft_head.json, go with the model: the fast tier drafts with them)."""
 
 
 def export(source: Any, out: Any, base: str | None = None) -> dict[str, str]:

@@ -51,6 +51,8 @@ Outcome = Literal["applied", "coasted", "no_signal", "skipped", "rolled_back"]
 _AUTO_CPU_MEMORY_SHARE = 0.25
 """Share of the CPU's available memory an automatic micro-batch may plan to use (the
 engine, the sandbox and other processes share it)."""
+DRAFT_OPTIMIZER = "draft_head_optimizer.pt"
+"""The draft head's optimizer state in a checkpoint (trainer.draft_head)."""
 _PASS_COST_TOKENS = 128
 """The fixed cost of one forward/backward pass, in padded tokens, for `cost_slices`:
 a new micro-batch pays off when it saves more padding than this."""
@@ -252,6 +254,31 @@ class Trainer:
         )
         """Whether a micro-batch whose rows share prompts may forward each prompt once
         (`_SharedPrompts`): the decoder takes a key/value cache and gives the same logits."""
+        self.draft_head, self._draft_opt = self._make_draft_head()
+        """trainer.draft_head: the co-trained head and its own optimizer (None, None: off)."""
+        self._draft_fit: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        """During a micro-step with the head on: (hidden, target, row, col) of its loss tokens."""
+        self.draft_acc: list[float] = []
+        """The head's accuracy per depth on the last step's loss tokens, before its update (the
+        mean over the step's micro-batches; empty: no fit ran)."""
+        self._draft_accs: list[list[float]] = []
+
+    def _make_draft_head(self) -> tuple[Any, Any]:
+        cfg = self.config.draft_head
+        if not cfg.enabled:
+            return None, None
+        if self._split_head is None:
+            raise ConfigError(
+                "trainer.draft_head: the head reads the policy's last hidden state, which this model "
+                "(or fsdp) does not expose apart from its logits; set trainer.draft_head.enabled false"
+            )
+        from posttrain.model.draft_head import DraftHead
+
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        eps = float(getattr(inner.config, "rms_norm_eps", 1e-6))
+        head = DraftHead(int(inner.config.hidden_size), cfg.depth, eps, seed=self.config.seed)
+        head = head.to(self.device, dtype=self.params[0].dtype)
+        return head, torch.optim.AdamW(head.parameters(), lr=cfg.lr, foreach=True)
 
     @property
     def device(self) -> torch.device:
@@ -288,11 +315,28 @@ class Trainer:
             acc = self._accumulate(prepared)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient survives
+            if self._draft_opt is not None:
+                self._draft_opt.zero_grad(set_to_none=True)
             raise
+        self._step_draft_head()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip, foreach=True))
         reason = self.guard.verdict(acc.loss, grad_norm)
         outcome = self._apply(reason, acc.loss, grad_norm)
         return self._stats(batch, prepared, outcome, reason, acc, grad_norm, started)
+
+    def _step_draft_head(self) -> None:
+        """The draft head's own optimizer step on the gradient its loss left (summed over the
+        micro-batches), whatever the policy's step does: the head only fits the rollouts."""
+        if self._draft_opt is None or self.draft_head is None:
+            return
+        accs, self._draft_accs = self._draft_accs, []
+        self.draft_acc = [
+            sum(a[d] for a in accs if len(a) > d) / sum(1 for a in accs if len(a) > d)
+            for d in range(max((len(a) for a in accs), default=0))
+        ]
+        torch.nn.utils.clip_grad_norm_(list(self.draft_head.parameters()), self.config.draft_head.grad_clip)
+        self._draft_opt.step()
+        self._draft_opt.zero_grad(set_to_none=True)
 
     def _apply(self, reason: str, loss: float, grad_norm: float) -> Outcome:
         if reason:
@@ -439,7 +483,9 @@ class Trainer:
         else:
             packed = pack_rows(rows, self.device, share=self._share_prompts)
         with_bonus = any(r.entropy_coef > 0.0 for r in rows)
-        logp_n, entropy_n = self._loss_token_logp(self.model, self._split_head, packed, entropy_grad=with_bonus)
+        logp_n, entropy_n = self._loss_token_logp(
+            self.model, self._split_head, packed, entropy_grad=with_bonus, keep_hidden=self.draft_head is not None
+        )
         bonus, entropy_sum = entropy_term(entropy_n, rows, packed.row_n, self._loss_tokens)
         logp_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
         mm = self.config.mismatch  # the trainer's log-probs here are the policy before this step's update
@@ -460,8 +506,25 @@ class Trainer:
         if weight:
             self._record_rows(rows, inputs)
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum, so scale by world
-        (loss * (weight * self.parallel.world)).backward()
+        total = loss * (weight * self.parallel.world)
+        if self._draft_fit is not None and weight:  # trainer.draft_head: its own loss, on detached inputs
+            total = total + self._draft_loss()
+        total.backward()
         return float(loss.detach()), stats, entropy_sum, gap, float(bonus.detach()) if bonus is not None else 0.0
+
+    def _draft_loss(self) -> Tensor:
+        """The draft head's loss on this micro-batch's loss tokens (model/draft_head.py); the
+        policy's hidden states, embeddings and LM head enter it detached, so its gradient
+        reaches only the head's parameters and the policy's update is the same without it."""
+        assert self.draft_head is not None and self._draft_fit is not None
+        from posttrain.model.draft_head import policy_tables
+
+        hidden_nh, target_n, row_n, col_n = self._draft_fit
+        self._draft_fit = None
+        embed_vh, lm_vh = policy_tables(self.model)
+        loss, acc = self.draft_head.fit_loss(hidden_nh.detach(), target_n, row_n, col_n, embed_vh, lm_vh)
+        self._draft_accs.append(acc)
+        return loss
 
     def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
         ratio_b, clipped_b = self.loss.row_stats(inputs)
@@ -490,13 +553,19 @@ class Trainer:
         return torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
 
     def _loss_token_logp(
-        self, model: Any, head: tuple[Any, Any] | None, packed: _Packed, entropy_grad: bool = False
+        self,
+        model: Any,
+        head: tuple[Any, Any] | None,
+        packed: _Packed,
+        entropy_grad: bool = False,
+        keep_hidden: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Each loss token's log_softmax(logits / temperature) and the entropy of that
         distribution (n each; the entropy with a gradient only for `entropy_grad`). When `head`
         splits the model, only the positions that predict a loss token reach the LM head, and
         they reach it `trainer.logits_chunk_mib` at a time (chunked.py: no n x vocab tensor);
-        otherwise the model's forward, from the first loss position on."""
+        otherwise the model's forward, from the first loss position on. `keep_hidden` (the draft
+        head on) keeps the loss positions' hidden states for `_draft_loss`."""
         device, precision = packed.input_ids_bs.device, self.config.precision
         temperature_n = packed.temperature_b[packed.row_n]
         if head is None:
@@ -510,6 +579,8 @@ class Trainer:
             else:
                 hidden_bsh = decoder(**packed.decoder_inputs() | {"use_cache": False}).last_hidden_state
                 hidden_nh = hidden_bsh[packed.sequence_n, packed.pos_n]
+        if keep_hidden:
+            self._draft_fit = (hidden_nh, packed.target_n, packed.row_n, packed.col_n)
 
         def project(hidden: Tensor) -> Tensor:
             with autocast(device, precision):
@@ -652,10 +723,38 @@ class Trainer:
             step,
             keep=self.config.keep_checkpoints,
             full_state=full,
+            extra=self._save_draft_head if self.draft_head is not None else None,
         )
         if self.config.fsdp:
             self.parallel.barrier()
         return path
+
+    def _save_draft_head(self, folder: Path) -> None:
+        """trainer.draft_head: the head (model/draft_head.py's files) and its optimizer's state
+        (`draft_head_optimizer.pt`) into checkpoint folder `folder`."""
+        assert self.draft_head is not None and self._draft_opt is not None
+        self.draft_head.save(folder)
+        torch.save(self._draft_opt.state_dict(), folder / DRAFT_OPTIMIZER)
+
+    def _resume_draft_head(self, folder: Path) -> None:
+        """The head and its optimizer as checkpoint `folder` saved them; a checkpoint without a
+        head (trained before trainer.draft_head was on) leaves the fresh one."""
+        from posttrain.model.draft_head import has_head, load
+
+        if self.draft_head is None or self._draft_opt is None or not has_head(folder):
+            return
+        saved = load(folder, self.draft_head.hidden)
+        if saved.depth != self.draft_head.depth:
+            raise ConfigError(
+                f"trainer.draft_head.depth is {self.draft_head.depth}, the checkpoint's head ({folder}) has "
+                f"depth {saved.depth}; resume with trainer.draft_head.depth={saved.depth}"
+            )
+        with torch.no_grad():
+            for mine, theirs in zip(self.draft_head.parameters(), saved.parameters()):
+                mine.copy_(theirs)
+        self._draft_opt.load_state_dict(torch.load(folder / DRAFT_OPTIMIZER, map_location=self.device))
+        for group in self._draft_opt.param_groups:
+            group["lr"] = self.config.draft_head.lr
 
     def save_weights(self, path: str | Path) -> Path:
         """Only the weights (the adapter alone for LoRA) as a Hugging Face directory at
@@ -683,6 +782,7 @@ class Trainer:
         ckpt = load_checkpoint(path, self.model, self.optimizer)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr
+        self._resume_draft_head(ckpt.path)
         loop_state = dict(ckpt.loop_state)
         if "trainer" not in loop_state:
             raise TrainerError(f"checkpoint {ckpt.path} holds no trainer state (not saved by Trainer.save)")

@@ -1,0 +1,76 @@
+"""trainer.draft_head: the head fits the step's rollouts without touching the policy's update,
+and travels with checkpoints, resumes and exports."""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.cli import main
+from posttrain.configs.trainer import DraftHeadConfig, TrainerConfig
+from posttrain.model.arch import random_model
+from posttrain.model.draft_head import META, WEIGHTS, has_head, load
+from posttrain.trainer.batch import TrainBatch, TrainRow
+from posttrain.trainer.trainer import DRAFT_OPTIMIZER, Trainer
+
+
+def _batch(step: int) -> TrainBatch:
+    """Two groups of 4 with reward variance; completions repeat a pattern the head can learn."""
+    rows = []
+    for k in range(8):
+        comp = tuple(40 + (step + k + j) % 6 for j in range(7))
+        rows.append(TrainRow((4, 30, 31 + k % 2), comp, (-3.0,) * 7, float(k % 2), f"g{k // 4}", (1,) * 7))
+    return TrainBatch(tuple(rows))
+
+
+def _trainer(head: bool, depth: int = 3) -> Trainer:
+    model, _ = random_model("micro", 5)
+    return Trainer(model, TrainerConfig(lr=1e-2, draft_head=DraftHeadConfig(enabled=head, depth=depth, lr=3e-2)))
+
+
+def test_the_policy_update_is_bit_identical_with_and_without_the_head():
+    on, off = _trainer(True), _trainer(False)
+    before = {k: v.clone() for k, v in on.draft_head.state_dict().items()}
+    for step in range(3):
+        assert on.step(_batch(step)).outcome == off.step(_batch(step)).outcome == "applied"
+    for (name, a), b in zip(on.model.named_parameters(), off.model.parameters()):
+        assert torch.equal(a, b), f"{name} differs with the draft head on"
+    assert any(not torch.equal(before[k], v) for k, v in on.draft_head.state_dict().items())  # the head trained
+    assert len(on.draft_acc) == 3
+
+
+def test_the_head_learns_the_rollouts_next_tokens():
+    model, _ = random_model("micro", 5)
+    trainer = Trainer(model, TrainerConfig(lr=1e-3, draft_head=DraftHeadConfig(enabled=True, depth=2, lr=0.1)))
+    trainer.step(_batch(0))
+    first = list(trainer.draft_acc)
+    for step in range(1, 20):
+        trainer.step(_batch(step))
+    assert first[0] < 0.5 and trainer.draft_acc == [1.0, 1.0]  # the pattern (a cycle of 6) is learned
+
+
+def test_the_head_is_saved_restored_and_exported(tmp_path):
+    trainer = _trainer(True)
+    tok = random_model("micro", 5)[1]
+    trainer.step(_batch(0))
+    ckpt = trainer.save(tmp_path / "run", tok, {})
+    for name in (WEIGHTS, META, DRAFT_OPTIMIZER):
+        assert (ckpt / name).is_file(), name
+    saved = {k: v.clone() for k, v in trainer.draft_head.state_dict().items()}
+    trainer.step(_batch(1))  # moves away from the checkpoint
+    fresh = _trainer(True)
+    fresh.resume(ckpt)
+    for k, v in fresh.draft_head.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    assert fresh._draft_opt.state_dict()["state"]  # the moments came back too
+    # the resumed pair takes the same next step as the original did from the checkpoint
+    twin = _trainer(True)
+    twin.resume(ckpt)
+    fresh.step(_batch(1))
+    twin.step(_batch(1))
+    for a, b in zip(fresh.draft_head.parameters(), twin.draft_head.parameters()):
+        assert torch.equal(a, b)
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "out")]) == 0
+    assert has_head(tmp_path / "out") and not (tmp_path / "out" / DRAFT_OPTIMIZER).exists()
+    exported = load(tmp_path / "out", hidden=trainer.draft_head.hidden)
+    for k, v in exported.state_dict().items():
+        assert torch.equal(v, saved[k]), k
