@@ -178,7 +178,9 @@ class _Run:
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         model, tokenizer, trainer, base_copy = _policy(cfg)
         check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
-        engine = make_engine(cfg.engine, model, tokenizer, cfg.run.seed, rundir.path)  # hf, vllm or openai
+        engine = make_engine(
+            cfg.engine, model, tokenizer, cfg.run.seed, rundir.path, trainer.draft_head
+        )  # hf, vllm or openai
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path, cfg.trainer.mismatch)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}

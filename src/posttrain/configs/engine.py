@@ -49,14 +49,17 @@ class VLLMConfig(BaseModel):
 
 class SpeculationConfig(BaseModel):
     """Speculative decoding in the hf engine (docs/engines.md, "Speculative decoding"): a
-    model-free drafter guesses each row's next tokens and one forward verifies them. Every
-    emitted token and its log-prob are the policy's own, whatever is drafted."""
+    drafter (model-free, or the co-trained draft head) guesses each row's next tokens and one
+    forward verifies them. Every emitted token and its log-prob are the policy's own, whatever
+    is drafted."""
 
     model_config = _STRICT
-    kind: Literal["off", "suffix"] = "off"
+    kind: Literal["off", "suffix", "head"] = "off"
     """off: decode one token per forward (the default). suffix: draft by suffix matching over the
     prompt, the group's sibling samples as they are generated and the past completions of the
-    same prompt (engine/drafter.py), verified in one forward per step."""
+    same prompt (engine/drafter.py), verified in one forward per step. head: draft with the draft
+    head co-trained in this run (`trainer.draft_head.enabled` true; model/draft_head.py) from each
+    row's last hidden state, greedily, up to the head's depth, verified the same way."""
     max_draft: int = Field(8, ge=1, le=64)
     """Most tokens drafted per row per step (the adaptive draft length's ceiling; it starts at 4,
     doubles after a fully accepted draft, halves after a rejected one)."""

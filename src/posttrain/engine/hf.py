@@ -25,6 +25,11 @@ the same seed, up to float rounding of a multi-token forward (greedy tokens
 identical in the tests): for a deterministic draft d this is the standard
 speculative-sampling rule, acceptance with probability p(d) = min(1, p/q)
 and, on rejection, a draw from the normalised residual max(0, p - q).
+With `speculation.kind: head` the drafts come from a draft head (model/draft_head.py) fed
+each row's last hidden state and token, with the same verification; the engine's forward
+then runs the decoder and the LM head apart (the same computation as the model's forward) to
+keep the hidden states. An in-process engine shares the trainer's head object (every push
+carries it); a checkpoint path pushed with `draft_head.pt` beside its weights replaces it.
 """
 
 from __future__ import annotations
@@ -171,6 +176,7 @@ class HFEngine(Engine):
         device: str | torch.device | None = None,
         config: HFEngineConfig | None = None,
         seed: int | None = None,
+        draft_head: Any = None,
     ) -> None:
         if device is not None:
             model.to(_resolve_device(device))
@@ -198,6 +204,25 @@ class HFEngine(Engine):
         self._spec_counts = SpecCounters(spec.max_draft)
         self._indexes: dict[int, SuffixIndex] = {}
         """The running call's draft index per request (speculation only)."""
+        self.draft_head = draft_head
+        """The draft head (model/draft_head.py) that speculation.kind head drafts with."""
+        self._hidden: torch.Tensor | None = None
+        """With a head drafting: the last forward's final hidden states of its kept positions."""
+        self._split = self._head_split() if self._spec is not None and spec.kind == "head" else None
+        """(decoder, lm_head) when the head drafts: the forward keeps the hidden states."""
+
+    def _head_split(self) -> tuple[Any, Any]:
+        """The model's decoder and LM head, for speculation.kind head (ConfigError without a head
+        or a model that does not expose them)."""
+        if self.draft_head is None:
+            raise ConfigError(
+                "engine.speculation.kind head: no draft head to draft with (set trainer.draft_head.enabled "
+                "true, or give the engine a model folder with draft_head.pt)"
+            )
+        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        if decoder is None or head is None or decoder is self.model:
+            raise ConfigError("engine.speculation.kind head: the model does not expose its decoder and LM head")
+        return decoder, head
 
     @classmethod
     def from_pretrained(
@@ -212,7 +237,10 @@ class HFEngine(Engine):
         from posttrain.model.arch import load_model
 
         model, tokenizer = load_model(path, device=str(_resolve_device(device)), dtype=_resolve_dtype(dtype))
-        return cls(model, tokenizer, config=config, seed=seed)
+        from posttrain.model.draft_head import has_head, load
+
+        head = load(path, model.config.hidden_size).to(model.device, model.dtype) if has_head(path) else None
+        return cls(model, tokenizer, config=config, seed=seed, draft_head=head)
 
     @property
     def device(self) -> torch.device:
@@ -273,13 +301,15 @@ class HFEngine(Engine):
     # -- weights --------------------------------------------------------------
 
     def update_weights(self, source: Any = None) -> int:
-        """None: the model object was updated in place; a state dict: load it;
-        a path: load that Hugging Face checkpoint directory's weights.
-        Returns the new version."""
+        """None: the model object was updated in place (a shared draft head too); a state dict:
+        load it; a path: load that Hugging Face checkpoint directory's weights, and its draft head
+        when it holds one (`draft_head.pt`). Returns the new version."""
         state = _read_checkpoint(source) if isinstance(source, (str, Path)) else source
         with self._lock:
             if state is not None:
                 _load_state(self.model, state)
+            if isinstance(source, (str, Path)) and self.draft_head is not None:
+                self.draft_head = _pushed_head(source, self.draft_head)
             self.version += 1
             if self._sessions is not None:  # contexts computed on the old weights no longer hold
                 self._sessions.clear()
@@ -379,6 +409,8 @@ class HFEngine(Engine):
     ) -> torch.Tensor:
         """Logits of the last input position (batch, vocab); with `keep` > 1, of the last `keep`
         positions (batch, keep, vocab)."""
+        if self._split is not None:
+            return self._forward_split(input_ids, mask, positions, cache, keep)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -389,6 +421,25 @@ class HFEngine(Engine):
         )
         self._forward_calls += 1
         logits: torch.Tensor = out.logits[:, -1, :].float() if keep == 1 else out.logits[:, -keep:, :].float()
+        return self._check(logits)
+
+    def _forward_split(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int = 1
+    ) -> torch.Tensor:
+        """`_forward` as the decoder and the LM head apart (the model's own forward does the
+        same), keeping the last `keep` positions' final hidden states in `_hidden`."""
+        assert self._split is not None
+        decoder, lm_head = self._split
+        out = decoder(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        self._forward_calls += 1
+        self._hidden = out.last_hidden_state[:, -keep:, :]
+        logits = lm_head(self._hidden).float()
+        return self._check(logits[:, -1, :] if keep == 1 else logits)
+
+    def _check(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits`, refused (GenerationError) when non-finite under `check_finite`."""
         if self.config.check_finite and not bool(torch.isfinite(logits).all()):
             raise GenerationError("model produced non-finite logits (broken weights?)")
         return logits
@@ -448,6 +499,8 @@ class HFEngine(Engine):
         expand = torch.repeat_interleave(torch.arange(len(batch), device=dev), counts)
         if len(expand) != len(batch):
             cache.reorder_cache(expand)
+        if self._hidden is not None:
+            self._hidden = self._hidden[expand]
         return cache, logits[expand], mask[expand], positions[expand, -1] + 1
 
     def _run_batch(self, batch: list[_Chunk]) -> dict[tuple[int, int], _Output]:
@@ -500,29 +553,35 @@ class HFEngine(Engine):
         keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
         outs = [_Output([], [], cached=r.cached) for r in rows]
         lengths = [DraftLength(spec.max_draft) for _ in rows]
-        index = [self._draft_index(r.request, p) for r, p in zip(rows, prompts)]
+        by_head = self._split is not None
+        index = [] if by_head else [self._draft_index(r.request, p) for r, p in zip(rows, prompts)]
         sids = [ix.add_sequence() for ix in index]
+        # the head drafts from each row's hidden state where its last token was chosen
+        hid = self._hidden[:, -1] if by_head and self._hidden is not None else torch.empty(len(rows), 0, device=dev)
         active = list(range(len(rows)))  # batch position -> row
         last_pos = (self._max_positions or (1 << 62)) - 1
         tokens, lps = sample_next(logits, temp, top_p, keys, 0)
         runs = [([t], [lp]) for t, lp in zip(tokens.tolist(), lps.tolist())]
         while True:
             self._record_runs(rows, outs, active, runs, index, sids)
-            left = self._retire(cache, mask, active, rows, prompts, outs, next_pos, temp, top_p, keys)
+            left = self._retire(cache, mask, active, rows, prompts, outs, next_pos, temp, top_p, keys, hid)
             if left is None:
                 break
-            active, mask, (next_pos, temp, top_p, keys) = left
+            active, mask, (next_pos, temp, top_p, keys, hid) = left
             started = time.perf_counter()
             live = [outs[r].finish is None for r in active]
             speculate = self._governor.speculate(len(active))
             self._spec_counts.off_steps += int(not speculate)
             self._spec_counts.drafting += sum(live) if speculate else 0
-            drafts = [
-                self._draft(index[r], prompts[r], outs[r].token_ids, lengths[r].value, rows[r].max_tokens)
-                if speculate and ok
-                else []
-                for r, ok in zip(active, live)
-            ]
+            if by_head:
+                drafts = self._head_drafts(hid, active, rows, outs, lengths, live if speculate else [])
+            else:
+                drafts = [
+                    self._draft(index[r], prompts[r], outs[r].token_ids, lengths[r].value, rows[r].max_tokens)
+                    if speculate and ok
+                    else []
+                    for r, ok in zip(active, live)
+                ]
             width = 1 + max(len(d) for d in drafts)
             last = torch.tensor([outs[r].token_ids[-1] for r in active], dtype=torch.long, device=dev)
             steps = torch.tensor([len(outs[r].token_ids) for r in active], dtype=torch.int64, device=dev)
@@ -535,6 +594,7 @@ class HFEngine(Engine):
             if width == 1:
                 mask = torch.cat([mask, fed], dim=1)
                 logits = self._forward(last[:, None], mask, next_pos.clamp(max=last_pos)[:, None], cache)
+                hid = self._hidden[:, -1] if by_head and self._hidden is not None else hid
                 tokens, lps = sample_next(logits, temp, top_p, keys, steps)
                 runs = [([t], [lp]) for t, lp in zip(tokens.tolist(), lps.tolist())]
                 next_pos = next_pos + 1
@@ -560,6 +620,8 @@ class HFEngine(Engine):
             )
             tok_bw, lp_bw = tok_bw.reshape(len(active), width), lp_bw.reshape(len(active), width)
             accepted = accepted_lengths(tok_bw[:, :-1], ids[:, 1:], fed[:, 1:] > 0)
+            if by_head and self._hidden is not None:  # where each row's last emitted token was chosen
+                hid = self._hidden[torch.arange(len(active), device=dev), accepted]
             kept = int(accepted.max()) + 1
             truncate(cache, before + kept)
             mask = torch.cat([mask, fed[:, :kept] * (offsets[None, :kept] <= accepted[:, None])], dim=1)
@@ -612,6 +674,31 @@ class HFEngine(Engine):
                 got.add_sequence(past)
         return got
 
+    def _head_drafts(
+        self,
+        hid: torch.Tensor,
+        active: list[int],
+        rows: list[_Row],
+        outs: list[_Output],
+        lengths: list[DraftLength],
+        live: list[bool],
+    ) -> list[list[int]]:
+        """Each active row's draft from the draft head (`live[k]` false or missing: none): up to
+        its adaptive length, leaving room for the token the policy adds within max_tokens."""
+        ks = [
+            min(lengths[r].value, rows[r].max_tokens - len(outs[r].token_ids) - 1) if k < len(live) and live[k] else 0
+            for k, r in enumerate(active)
+        ]
+        most = max(ks, default=0)
+        if most < 1:
+            return [[] for _ in active]
+        from posttrain.model.draft_head import policy_tables
+
+        last = torch.tensor([outs[r].token_ids[-1] for r in active], dtype=torch.long, device=hid.device)
+        embed_vh, lm_vh = policy_tables(self.model)
+        drafted = self.draft_head.draft(hid, last, most, embed_vh, lm_vh).tolist()
+        return [d[:k] for d, k in zip(drafted, ks)]
+
     def _draft(self, index: SuffixIndex, prompt: tuple[int, ...], out: list[int], k: int, max_tokens: int) -> list[int]:
         """Up to `k` drafted tokens after `prompt + out`, leaving room for the token the policy
         adds after them within `max_tokens`."""
@@ -643,7 +730,7 @@ class HFEngine(Engine):
             )
             depth += 1
         for k, r in enumerate(active):
-            if len(outs[r].token_ids) > sizes[k]:
+            if index and len(outs[r].token_ids) > sizes[k]:  # no index: the draft head drafts
                 index[r].extend(sids[r], outs[r].token_ids[sizes[k] :])
 
     def _keep_sessions(
@@ -792,6 +879,17 @@ def _all_eos(model: Any, tokenizer: Any) -> frozenset[int]:
     elif extra:
         ids.update(int(e) for e in extra)
     return frozenset(ids)
+
+
+def _pushed_head(path: str | Path, head: Any) -> Any:
+    """The draft head a pushed checkpoint folder holds (`draft_head.pt`), on the device and dtype
+    of `head`; `head` itself when the folder holds none."""
+    from posttrain.model.draft_head import has_head, load
+
+    if not has_head(path):
+        return head
+    ref = next(head.parameters())
+    return load(path, head.hidden).to(ref.device, ref.dtype)
 
 
 def _read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:

@@ -41,8 +41,16 @@ _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
 
 
-def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Engine:
-    """The loop's engine: HFEngine over the trained module, VLLMEngine (a server started for the
+def make_engine(
+    cfg: EngineConfig,
+    model: Any,
+    tokenizer: Any,
+    seed: int,
+    run_dir: str | Path | None = None,
+    draft_head: Any = None,
+) -> Engine:
+    """The loop's engine: HFEngine over the trained module (and the trainer's `draft_head`, which
+    `engine.speculation.kind: head` drafts with), VLLMEngine (a server started for the
     module's model directory, its files under `run_dir`/vllm, or attached at cfg.url), or
     OpenAIEngine over cfg.url."""
     if cfg.kind == "vllm":
@@ -70,7 +78,7 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
             "speculation": cfg.speculation,
         }
     )
-    return HFEngine(model, tokenizer, config=hf, seed=seed)
+    return HFEngine(model, tokenizer, config=hf, seed=seed, draft_head=draft_head)
 
 
 def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:

@@ -1,0 +1,124 @@
+"""speculation.kind head: the hf engine drafts with the co-trained draft head; outputs are the
+policy's own (greedy identical, sampled tokens and log-probs identical for the same seeds); a
+head wiped after a push is caught by the collapse probe; a pushed folder's head replaces it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine_hf import spread_model
+
+from posttrain.configs.engine import EngineConfig, SpeculationConfig
+from posttrain.engine.hf import HFEngine, HFEngineConfig
+from posttrain.errors import ConfigError, GenerationError
+from posttrain.model.draft_head import DraftHead, load, policy_tables
+from posttrain.types import GenerationRequest, Message, SamplingParams
+
+PROMPTS = ["abcabc", "hello", "1 2 3", "xyz", "sort 3 1 2"]
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    return spread_model(0)
+
+
+def requests(eng: HFEngine, temperature: float = 0.0, n: int = 2, max_tokens: int = 24):
+    return [
+        GenerationRequest(
+            eng.encode_chat([Message("user", t)]),
+            SamplingParams(max_tokens=max_tokens, temperature=temperature, n=n, seed=3 + i),
+        )
+        for i, t in enumerate(PROMPTS)
+    ]
+
+
+def engine(model_tok, head, kind: str = "head", **kw) -> HFEngine:
+    model, tok = model_tok
+    spec = SpeculationConfig(kind=kind, max_draft=4, auto_off=False, **kw)
+    return HFEngine(model, tok, config=HFEngineConfig(speculation=spec), seed=1, draft_head=head)
+
+
+@pytest.fixture(scope="module")
+def fitted(model_tok):
+    """A head fitted (as trainer.draft_head fits it) to the model's own greedy completions."""
+    model, _ = model_tok
+    plain = engine(model_tok, None, "off")
+    comps = [c for g in plain.generate(requests(plain)) for c in g]
+    head = DraftHead(model.config.hidden_size, depth=4, seed=0)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-2)
+    embed_vh, lm_vh = policy_tables(model)
+    ids = [list(c.prompt_ids) + list(c.token_ids) for c in comps]
+    hidden, target, row, col = [], [], [], []
+    with torch.no_grad():
+        for r, (c, seq) in enumerate(zip(comps, ids)):
+            h = model.get_decoder()(input_ids=torch.tensor([seq])).last_hidden_state[0]
+            p = len(c.prompt_ids)
+            hidden.append(h[p - 1 : len(seq) - 1])
+            target.append(torch.tensor(seq[p:]))
+            row += [r] * (len(seq) - p)
+            col += list(range(len(seq) - p))
+    args = (torch.cat(hidden), torch.cat(target), torch.tensor(row), torch.tensor(col), embed_vh, lm_vh)
+    for _ in range(150):
+        loss, acc = head.fit_loss(*args)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert acc[0] > 0.9
+    return head.eval()
+
+
+def test_greedy_outputs_are_identical_with_the_head_drafting(model_tok, fitted):
+    plain, spec = engine(model_tok, None, "off"), engine(model_tok, fitted)
+    a = [c for g in plain.generate(requests(plain)) for c in g]
+    b = [c for g in spec.generate(requests(spec)) for c in g]
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p.logprobs, q.logprobs)) < 1e-5
+    counts = spec.counters()
+    assert counts["spec_accepted_d1"] > 0.8 * counts["spec_proposed_d1"]  # the fitted head drafts well
+    assert spec.stats().forward_calls < 0.6 * plain.stats().forward_calls
+
+
+def test_sampled_tokens_and_log_probs_are_the_policys_with_a_random_head(model_tok):
+    head = DraftHead(model_tok[0].config.hidden_size, depth=4, seed=5)
+    plain, spec = engine(model_tok, None, "off"), engine(model_tok, head)
+    a = [c for g in plain.generate(requests(plain, 1.0)) for c in g]
+    b = [c for g in spec.generate(requests(spec, 1.0)) for c in g]
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p.logprobs, q.logprobs)) < 1e-5
+    assert spec.counters()["spec_proposed"] > 0
+
+
+def test_a_head_wiped_after_a_push_fails_the_run_with_both_figures(model_tok, fitted, tmp_path):
+    from posttrain.engine.sync import WeightSync
+
+    head = DraftHead(fitted.hidden, fitted.depth)
+    head.load_state_dict(fitted.state_dict())
+    spec = engine(model_tok, head)
+    cfg = EngineConfig.model_validate({"speculation": {"kind": "head", "collapse_check": True}})
+    sync = WeightSync(cfg, spec, trainer=None, run_dir=tmp_path)
+    for _ in range(4):
+        spec.generate(requests(spec))
+        healthy = sync.stats()["engine_spec_step_len"]
+    assert healthy > 2.0
+    with torch.no_grad():  # the planted wipe: the pushed head's weights are zeros
+        for p in head.parameters():
+            p.zero_()
+    spec.generate(requests(spec))
+    with pytest.raises(GenerationError, match=r"collapsed after push 0: 1\.0\d\d tokens"):
+        sync.stats()
+
+
+def test_a_pushed_folder_with_a_head_replaces_the_engines_head(model_tok, fitted, tmp_path):
+    model, tok = model_tok
+    model.save_pretrained(tmp_path / "m")
+    fitted.save(tmp_path / "m")
+    spec = engine(model_tok, DraftHead(fitted.hidden, fitted.depth, seed=9))
+    spec.update_weights(str(tmp_path / "m"))
+    for a, b in zip(spec.draft_head.parameters(), fitted.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(next(load(tmp_path / "m").parameters()), next(fitted.parameters()))
+
+
+def test_head_speculation_without_a_head_is_a_config_error(model_tok):
+    with pytest.raises(ConfigError, match="no draft head"):
+        engine(model_tok, None)
