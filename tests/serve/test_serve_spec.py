@@ -123,3 +123,56 @@ def test_served_fast_configs_reproduce_the_standard_engine(model, kw):
     want = [[c.token_ids for c in g] for g in reference.generate(reqs)]
     engine = build_fast(m, tok, FastTierConfig(**kw), "lossless", 0)
     assert [[c.token_ids for c in g] for g in engine.generate(reqs)] == want
+
+
+def _fitted_head(m, tok, reqs):
+    """A draft head fitted (as trainer.draft_head fits it) to the model's own greedy outputs."""
+    from posttrain.model.draft_head import DraftHead, policy_tables
+
+    comps = [c for g in HFEngine(m, tok).generate(reqs) for c in g]
+    hidden, target, row, col = [], [], [], []
+    with torch.no_grad():
+        for r, c in enumerate(comps):
+            seq = list(c.prompt_ids) + list(c.token_ids)
+            h = m.get_decoder()(input_ids=torch.tensor([seq])).last_hidden_state[0]
+            hidden.append(h[len(c.prompt_ids) - 1 : len(seq) - 1])
+            target.append(torch.tensor(c.token_ids))
+            row += [r] * len(c.token_ids)
+            col += list(range(len(c.token_ids)))
+    head = DraftHead(m.config.hidden_size, depth=4)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-2)
+    args = (torch.cat(hidden), torch.cat(target), torch.tensor(row), torch.tensor(col), *policy_tables(m))
+    for _ in range(150):
+        loss, _ = head.fit_loss(*args)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head
+
+
+def test_the_fast_tier_drafts_with_the_folders_head_and_reproduces_the_standard_engine(model, tmp_path):
+    from posttrain.configs.serve import FastTierConfig
+    from posttrain.model.draft_head import load_if_any
+    from posttrain.serve.tiers import build_fast
+
+    m, tok = model
+    reference = HFEngine(m, tok)
+    reqs = _requests(reference, 0.0)
+    want = [[c.token_ids for c in g] for g in reference.generate(reqs)]
+    _fitted_head(m, tok, reqs).save(tmp_path)
+    head = load_if_any(tmp_path, m)
+    assert head is not None and load_if_any(tmp_path / "nothing", m) is None
+    plain = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none"), "lossless", 0)
+    fast = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none"), "lossless", 0, head)
+    assert [d.name for d in fast.drafters] == ["head"]
+    assert [[c.token_ids for c in g] for g in fast.generate(reqs)] == want
+    assert [[c.token_ids for c in g] for g in plain.generate(reqs)] == want
+    st = fast.stats.drafters["head"]
+    assert st.accepted > 0.7 * st.proposed  # drafts from the right position are accepted
+    assert fast.stats.target_forwards < 0.5 * plain.stats.target_forwards
+    sampled = _requests(reference, 0.9)
+    assert [[c.token_ids for c in g] for g in fast.generate(sampled)] == [
+        [c.token_ids for c in g] for g in reference.generate(sampled)
+    ]
+    off = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none", head=False), "lossless", 0, head)
+    assert off.drafters == []

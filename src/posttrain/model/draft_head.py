@@ -141,6 +141,11 @@ def load(folder: str | Path, hidden: int | None = None) -> DraftHead:
     return head.eval()
 
 
+def load_if_any(folder: str | Path, model: Any) -> DraftHead | None:
+    """The draft head in model folder `folder` for `model` (None when it holds none)."""
+    return load(folder, int(model.config.hidden_size)) if has_head(folder) else None
+
+
 def policy_tables(model: Any) -> tuple[Tensor, Tensor]:
     """The policy's (token embedding, LM head) weight matrices, detached (vocab x hidden each)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model

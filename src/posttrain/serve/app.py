@@ -45,10 +45,12 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 def load_deployment(info: VersionInfo, cfg: ServeConfig, metrics: ServeMetrics) -> Deployment:
     """A deployment of a registry version; the lossy fast mode only where its release gate passed."""
     from posttrain.model.arch import load_model
+    from posttrain.model.draft_head import load_if_any
 
     model, tok = load_model(info.path)
     mode = "int8" if cfg.fast.mode == "int8" and info.fast_mode == "int8" else "lossless"
-    return Deployment(info.name, model, tok, cfg.fast, mode, cfg.standard_batch, metrics, cfg.torch_threads)
+    head = load_if_any(info.path, model)
+    return Deployment(info.name, model, tok, cfg.fast, mode, cfg.standard_batch, metrics, cfg.torch_threads, head)
 
 
 @dataclass

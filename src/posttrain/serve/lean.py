@@ -7,7 +7,8 @@ QKV and gate/up matrices and a preallocated KV cache, so one decoding step
 costs a few dozen tensor ops instead of hundreds of module calls. It only
 drafts: every token it proposes is verified by the target model, so its
 rounding never reaches the output. Built from a snapshot of the weights;
-rebuilt when they change.
+rebuilt when they change. It keeps each computed position's final (normed) hidden state
+(`hidden`), which `HeadDrafter` drafts from.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class LeanDecoder:
         self.cos, self.sin = cos[0].float(), sin[0].float()  # (positions, head_dim)
         shape = (len(self.layers), self.kv_heads, self.max_pos, self.head_dim)
         self.k_cache, self.v_cache = torch.zeros(shape), torch.zeros(shape)
+        self.hidden = torch.zeros(self.max_pos, cfg.hidden_size)
+        """Each cached position's final normed hidden state (what the LM head reads)."""
         self.length = 0
         self.int8 = int8
         if int8:
@@ -123,7 +126,9 @@ class LeanDecoder:
             g, u = self._linear(self._rms(x, w["ln2"]), w["gate_up"]).chunk(2, dim=-1)
             x = x + self._linear(F.silu(g) * u, w["down"])
         self.length = end
-        return F.linear(self._rms(x, self.norm), self.lm_head)
+        normed = self._rms(x, self.norm)
+        self.hidden[start:end] = normed
+        return F.linear(normed, self.lm_head)
 
 
 _LINEARS = ("qkv", "o", "gate_up", "down")
@@ -192,4 +197,36 @@ class LeanDrafter:
             if token in self.stop_ids:
                 break
             feed = [token]
+        return out
+
+
+class HeadDrafter:
+    """Drafts with a co-trained draft head (model/draft_head.py) from the verifying lean
+    decoder's hidden state at the position that chose the sequence's last token, greedily, up
+    to the head's depth; no extra forward of the model. Only with the lean target (whose
+    `hidden` it reads); every drafted token is verified by that target."""
+
+    name = "head"
+    stop_ids: set[int] = set()
+
+    def __init__(self, head: Any, decoder: LeanDecoder) -> None:
+        if head.hidden != decoder.hidden.shape[1]:
+            raise ConfigError(f"draft head: hidden size {head.hidden}, the model's is {decoder.hidden.shape[1]}")
+        self.head, self.decoder = head.float().eval(), decoder
+
+    def reset(self) -> None:
+        return None
+
+    def propose(self, ids: Sequence[int], k: int, choose: Any, step: int) -> list[int]:
+        pos = len(ids) - 2  # the position whose logits chose ids[-1]: cached by the target
+        if pos < 0 or pos >= self.decoder.length or k < 1:
+            return []
+        last = torch.tensor([int(ids[-1])])
+        with torch.inference_mode():
+            drafted = self.head.draft(self.decoder.hidden[pos][None], last, k, self.decoder.embed, self.decoder.lm_head)
+        out: list[int] = []
+        for token in drafted[0].tolist():
+            out.append(token)
+            if token in self.stop_ids:
+                break
         return out

@@ -110,7 +110,7 @@ class ModelRegistry:
         final = self.root / "versions" / name
         tmp = self.root / "versions" / f".{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("optimizer*", "*.pt", "loop_state*", "rng*"))
+        shutil.copytree(src, tmp, ignore=_trainer_state)
         info = VersionInfo(name, str(final), source or str(src), time.time(), fast_mode, dict(gate or {}))
         (tmp / "release.json").write_text(json.dumps(info.__dict__ | {"gate": dict(info.gate)}, indent=2))
         os.replace(tmp, final)
@@ -153,3 +153,12 @@ class ModelRegistry:
         )
         os.replace(tmp, self.state_path)
         return st
+
+
+_TRAINER_STATE = shutil.ignore_patterns("optimizer*", "*.pt", "loop_state*", "rng*")
+
+
+def _trainer_state(folder: str, names: list[str]) -> set[str]:
+    """What a release leaves out of a model folder: the trainer's state (optimizer, RNG, loop
+    state, draft_head_optimizer.pt), but not the draft head the fast tier drafts with."""
+    return set(_TRAINER_STATE(folder, names)) - {"draft_head.pt"}

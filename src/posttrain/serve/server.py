@@ -30,9 +30,11 @@ def model_dir_deployment(path: str, cfg: ServeConfig, name: str = "v0") -> Any:
 
     def build(metrics: ServeMetrics) -> Deployment:
         from posttrain.model.arch import load_model
+        from posttrain.model.draft_head import load_if_any
 
         model, tok = load_model(path)
-        return Deployment(name, model, tok, cfg.fast, "lossless", cfg.standard_batch, metrics, cfg.torch_threads)
+        head = load_if_any(path, model)  # the fast tier drafts with it
+        return Deployment(name, model, tok, cfg.fast, "lossless", cfg.standard_batch, metrics, cfg.torch_threads, head)
 
     return build
 

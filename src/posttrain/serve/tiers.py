@@ -24,7 +24,7 @@ from posttrain.configs.serve import BatchConfig, FastTierConfig
 from posttrain.contracts.engine import StreamingEngine
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.errors import ConfigError, GenerationError
-from posttrain.serve.lean import LeanDecoder, LeanDrafter, LeanTarget
+from posttrain.serve.lean import HeadDrafter, LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
 from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
@@ -41,8 +41,12 @@ def standard_engine(model: Any, tokenizer: Any) -> HFEngine:
     return HFEngine(model, tokenizer, config=HFEngineConfig(check_finite=True))
 
 
-def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int) -> SpeculativeEngine:
-    """The fast tier's engine: float target with drafts (lossless) or int8 target (lossy)."""
+def build_fast(
+    model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int, head: Any = None
+) -> SpeculativeEngine:
+    """The fast tier's engine: float target with drafts (lossless) or int8 target (lossy). A
+    co-trained draft `head` (the model folder's, or None) drafts first when `cfg.head` and the
+    target is lean (lossless mode)."""
     drafters: list[Any] = [NgramDrafter(max_n=3, min_n=2)] if cfg.ngram else []  # 1-gram matches are noise
     lengths = [cfg.ngram_tokens] if cfg.ngram else []
     if mode == "int8":
@@ -71,6 +75,9 @@ def build_fast(model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, versi
     if cfg.target == "lean":
         decoder = LeanDecoder(model)
         target = lambda: LeanTarget(decoder)  # noqa: E731
+        if head is not None and cfg.head:  # the head reads the target's hidden state: no extra forward
+            drafters.insert(0, HeadDrafter(head, decoder))
+            lengths.insert(0, head.depth)
     return SpeculativeEngine(
         model, tokenizer, drafters, lengths, version=version, target=target, model_draft_after=cfg.model_draft_after
     )
@@ -238,12 +245,13 @@ class Deployment:
         standard_batch: BatchConfig,
         metrics: ServeMetrics,
         threads: int = 1,
+        head: Any = None,
     ) -> None:
-        self.name, self.model, self.tokenizer = name, model, tokenizer
+        self.name, self.model, self.tokenizer, self.head = name, model, tokenizer, head
         self.fast_cfg, self.fast_mode = fast_cfg, fast_mode
         self.locks: dict[Tier, threading.Lock] = {"standard": threading.Lock(), "fast": threading.Lock()}
         self.engines: dict[Tier, Any] = {"standard": standard_engine(model, tokenizer)}
-        self.engines["fast"] = build_fast(model, tokenizer, fast_cfg, fast_mode, 0)
+        self.engines["fast"] = build_fast(model, tokenizer, fast_cfg, fast_mode, 0, head)
         self.batchers: dict[Tier, Batcher] = {
             "standard": Batcher(
                 lambda: self.engines["standard"],
@@ -276,13 +284,19 @@ class Deployment:
         return out
 
     def update_weights(self, path: str) -> int:
-        """Load a checkpoint into the shared weights and rebuild the fast tier (blocking).
-        A LoRA adapter directory is merged into the base weights held at the first adapter update."""
+        """Load a checkpoint into the shared weights and rebuild the fast tier (blocking), with the
+        checkpoint's draft head when it holds one (else none: a head fitted to older weights is
+        dropped). A LoRA adapter directory is merged into the base weights held at the first
+        adapter update."""
+        from posttrain.model.draft_head import load_if_any
         from posttrain.trainer.lora import resolve_update
 
         with self.locks["standard"], self.locks["fast"]:
             version = self.engines["standard"].update_weights(resolve_update(self.model, path))
-            self.engines["fast"] = build_fast(self.model, self.tokenizer, self.fast_cfg, self.fast_mode, version)
+            self.head = load_if_any(path, self.model)
+            self.engines["fast"] = build_fast(
+                self.model, self.tokenizer, self.fast_cfg, self.fast_mode, version, self.head
+            )
         return version
 
     def spec_stats(self) -> dict[str, Any]:
