@@ -10,7 +10,13 @@ load:  starts `posttrain serve` as a separate process on loopback and drives it
 
 .venv/bin/python bench/serving.py speed --model DIR [--label TEXT]
 .venv/bin/python bench/serving.py speed --preset medium     (random weights)
-.venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256
+.venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=false]
+
+With a model folder that holds a co-trained draft head (draft_head.pt: `posttrain train` with
+trainer.draft_head.enabled, then `posttrain export`), `speed` adds the head modes and prints
+the head's speed-up over the same lean decoder without drafts (mode 2), its mean accepted
+length and its acceptance per depth; `load` serves the folder as `posttrain serve` does (with
+its head unless `--serve-set fast.head=false`) and prints the server's peak RSS.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain 
     ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"target": "hf", "draft_model": "int8"}),
     ("lossy int8, lean target: ngram", "int8", {"draft_model": "none"}),
     ("lossless, lean target: lean-int8 draft only", "lossless", {"ngram": False, "draft_model": "lean-int8"}),
+]
+HEAD_MODES = [  # with the model folder's draft head (modes 8, 9); compared with mode 2, the same decoder undrafted
+    ("lossless, lean target: draft head only", "lossless", {"ngram": False, "draft_model": "none"}),
+    ("lossless, lean target: draft head + ngram", "lossless", {"draft_model": "none"}),
 ]
 
 
@@ -105,7 +115,12 @@ def speed(args: argparse.Namespace) -> None:
     label = args.label or (args.model or f"random {args.preset}")
     standard = HFEngine(model, tok)
     reqs = prompts(standard, args.per_domain, args.max_tokens)
+    from posttrain.model.draft_head import load_if_any
+
+    head = load_if_any(args.model, model) if args.model else None
     modes = {label: build_fast(model, tok, FastTierConfig(**kw), mode, 0) for label, mode, kw in MODES}
+    if head is not None:
+        modes |= {label: build_fast(model, tok, FastTierConfig(**kw), mode, 0, head) for label, mode, kw in HEAD_MODES}
     if args.modes:
         modes = {n: e for i, (n, e) in enumerate(modes.items()) if str(i) in args.modes.split(",")}
     best, best_cpu, outs = timed({"standard": standard, **modes}, reqs, args.rounds)
@@ -147,6 +162,16 @@ def speed(args: argparse.Namespace) -> None:
             "n": len(reqs),
             "stats": st,
         }
+    undrafted = MODES[2][0]
+    for name, _, _ in HEAD_MODES if head is not None else []:
+        if name in rows and undrafted in rows:
+            h = rows[name]["stats"]["drafters"]["head"]
+            depth = ", ".join(f"d{i + 1} {a:.2f}" for i, a in enumerate(h["acceptance_at"]))
+            print(
+                f"{name}: {rows[name]['tok_s'] / rows[undrafted]['tok_s']:.2f}x wall, "
+                f"{rows[name]['cpu_tok_s'] / rows[undrafted]['cpu_tok_s']:.2f}x cpu over '{undrafted}'; "
+                f"mean accepted length {h['accepted_len']:.2f}; acceptance per depth {depth}"
+            )
     if args.batched:
         t0 = time.perf_counter()
         outs = standard.generate(reqs)
@@ -280,6 +305,7 @@ def load_test(args: argparse.Namespace) -> None:
         str(port),
         "--set",
         "canary.probe_domains=[]",
+        *[x for kv in args.serve_set for x in ("--set", kv)],
     ]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -296,6 +322,7 @@ def load_test(args: argparse.Namespace) -> None:
             time.sleep(0.3)
         results, errors, wall = asyncio.run(client_run(url, args.clients, args.requests, args.max_tokens))
         metrics = httpx.get(url + "/metrics").text
+        server_rss = _vm_hwm_mb(server.pid)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -326,9 +353,20 @@ def load_test(args: argparse.Namespace) -> None:
         if ln.startswith(("posttrain_batch_size_sum", "posttrain_batch_size_count", "posttrain_fast_overflows_total{"))
     ]
     print(f"throughput {toks / wall:.0f} output tokens/s over {wall:.1f} s; {'; '.join(sizes)}")
-    print(f"peak RSS (client process) {peak_rss_mb():.0f} MB")
+    print(f"peak RSS: server {server_rss:.0f} MB, client process {peak_rss_mb():.0f} MB")
     if errors:
         raise SystemExit(1)
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    """A live process's peak resident set (VmHWM), MB; nan where /proc does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def main() -> None:
@@ -350,6 +388,7 @@ def main() -> None:
     lp = sub.choices["load"]
     lp.add_argument("--clients", type=int, default=32)
     lp.add_argument("--requests", type=int, default=256)
+    lp.add_argument("--serve-set", action="append", default=[], help="a `posttrain serve --set` override")
     args = p.parse_args()
     speed(args) if args.cmd == "speed" else load_test(args)
 

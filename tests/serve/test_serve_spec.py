@@ -169,6 +169,8 @@ def test_the_fast_tier_drafts_with_the_folders_head_and_reproduces_the_standard_
     assert [[c.token_ids for c in g] for g in plain.generate(reqs)] == want
     st = fast.stats.drafters["head"]
     assert st.accepted > 0.7 * st.proposed  # drafts from the right position are accepted
+    assert st.proposed_at[0] == st.rounds and sum(st.accepted_at) == st.accepted  # per depth
+    assert fast.stats.as_dict()["drafters"]["head"]["accepted_len"] == 1 + st.accepted / st.rounds
     assert fast.stats.target_forwards < 0.5 * plain.stats.target_forwards
     sampled = _requests(reference, 0.9)
     assert [[c.token_ids for c in g] for g in fast.generate(sampled)] == [

@@ -171,15 +171,35 @@ class ModelDrafter:
 
 @dataclass
 class DraftStats:
-    """Counters of one drafter: proposed and accepted draft tokens, rounds."""
+    """Counters of one drafter: proposed and accepted draft tokens, rounds, and per depth d
+    (index d - 1) the drafts with a d-th token and those whose d-th token was accepted."""
 
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
 
     @property
     def acceptance(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def accepted_len(self) -> float:
+        """Tokens emitted per verified draft: accepted ones plus the one the target adds."""
+        return 1 + self.accepted / self.rounds if self.rounds else 0.0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        """One verified draft of `proposed` tokens, the first `accepted` accepted."""
+        self.rounds, self.proposed, self.accepted = self.rounds + 1, self.proposed + proposed, self.accepted + accepted
+        grow = proposed - len(self.proposed_at)
+        if grow > 0:
+            self.proposed_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for d in range(proposed):
+            self.proposed_at[d] += 1
+        for d in range(accepted):
+            self.accepted_at[d] += 1
 
 
 @dataclass
@@ -196,7 +216,13 @@ class SpecStats:
             "tokens": self.tokens,
             "tokens_per_forward": self.tokens / self.target_forwards if self.target_forwards else 0.0,
             "drafters": {
-                n: {"proposed": s.proposed, "accepted": s.accepted, "acceptance": s.acceptance}
+                n: {
+                    "proposed": s.proposed,
+                    "accepted": s.accepted,
+                    "acceptance": s.acceptance,
+                    "accepted_len": s.accepted_len,
+                    "acceptance_at": [a / p if p else 0.0 for a, p in zip(s.accepted_at, s.proposed_at)],
+                }
                 for n, s in self.drafters.items()
             },
         }
@@ -337,11 +363,10 @@ class SpeculativeEngine(Engine):
         return text
 
     def _count(self, seq: _Seq, name: str, draft: list[int], new: list[tuple[int, float]]) -> None:
-        st = self.stats.drafters[name]
         matched = 0
         while matched < min(len(draft), len(new)) and new[matched][0] == draft[matched]:
             matched += 1
-        st.rounds, st.proposed, st.accepted = st.rounds + 1, st.proposed + len(draft), st.accepted + matched
+        self.stats.drafters[name].add(len(draft), matched)
         mine = seq.tried.setdefault(name, [0, 0, 0])
         mine[0], mine[1], mine[2] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched
 
