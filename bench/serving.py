@@ -79,6 +79,13 @@ def prompts(engine, n_per_domain: int, max_tokens: int):
     ]
 
 
+def set_domains(spec: str | None) -> None:
+    """--domains add:1,sort:1 replaces DOMAINS (the prompts of `speed` and `load`)."""
+    if spec:
+        DOMAINS.clear()
+        DOMAINS.update({d: int(lv) for d, lv in (item.split(":") for item in spec.split(","))})
+
+
 def timed(engines: dict, reqs, rounds: int):
     """Per engine, best of `rounds` passes of tokens/s, one request at a time; the
     engines take turns prompt by prompt so a busy machine slows all alike."""
@@ -377,6 +384,7 @@ def main() -> None:
         s.add_argument("--model", help="model directory (default: random weights of --preset)")
         s.add_argument("--preset", default="medium")
         s.add_argument("--max-tokens", type=int, default=64)
+        s.add_argument("--domains", help="domain:level,... (default: add:2,sub:2,mul:2,reverse:3,sort:3)")
     sp = sub.choices["speed"]
     sp.add_argument("--label")
     sp.add_argument("--per-domain", type=int, default=4)
@@ -390,6 +398,7 @@ def main() -> None:
     lp.add_argument("--requests", type=int, default=256)
     lp.add_argument("--serve-set", action="append", default=[], help="a `posttrain serve --set` override")
     args = p.parse_args()
+    set_domains(args.domains)
     speed(args) if args.cmd == "speed" else load_test(args)
 
 

@@ -684,7 +684,8 @@ class HFEngine(Engine):
         live: list[bool],
     ) -> list[list[int]]:
         """Each active row's draft from the draft head (`live[k]` false or missing: none): up to
-        its adaptive length, leaving room for the token the policy adds within max_tokens."""
+        its adaptive length, leaving room for the token the policy adds within max_tokens, and
+        cut after a drafted eos."""
         ks = [
             min(lengths[r].value, rows[r].max_tokens - len(outs[r].token_ids) - 1) if k < len(live) and live[k] else 0
             for k, r in enumerate(active)
@@ -697,7 +698,7 @@ class HFEngine(Engine):
         last = torch.tensor([outs[r].token_ids[-1] for r in active], dtype=torch.long, device=hid.device)
         embed_vh, lm_vh = policy_tables(self.model)
         drafted = self.draft_head.draft(hid, last, most, embed_vh, lm_vh).tolist()
-        return [d[:k] for d, k in zip(drafted, ks)]
+        return [_to_eos(d[:k], self._eos_ids) for d, k in zip(drafted, ks)]
 
     def _draft(self, index: SuffixIndex, prompt: tuple[int, ...], out: list[int], k: int, max_tokens: int) -> list[int]:
         """Up to `k` drafted tokens after `prompt + out`, leaving room for the token the policy
@@ -801,6 +802,15 @@ class HFEngine(Engine):
             model_version=self.version,
             cached_tokens=out.cached,
         )
+
+
+def _to_eos(draft: list[int], eos: frozenset[int]) -> list[int]:
+    """`draft` up to and including its first eos (nothing after an end is ever emitted, so
+    verifying or counting it would only cost time and inflate the acceptance figures)."""
+    for i, tok in enumerate(draft):
+        if tok in eos:
+            return draft[: i + 1]
+    return draft
 
 
 def _spec_slack(room: int, max_draft: int) -> int:

@@ -203,8 +203,10 @@ class LeanDrafter:
 class HeadDrafter:
     """Drafts with a co-trained draft head (model/draft_head.py) from the verifying lean
     decoder's hidden state at the position that chose the sequence's last token, greedily, up
-    to the head's depth; no extra forward of the model. Only with the lean target (whose
-    `hidden` it reads); every drafted token is verified by that target."""
+    to the head's depth; no extra forward of the model. It drafts from the second generated
+    token on (the head is trained on hidden states that chose a completion token, never on the
+    prompt's last). Only with the lean target (whose `hidden` it reads); every drafted token is
+    verified by that target."""
 
     name = "head"
     stop_ids: set[int] = set()
@@ -219,7 +221,7 @@ class HeadDrafter:
 
     def propose(self, ids: Sequence[int], k: int, choose: Any, step: int) -> list[int]:
         pos = len(ids) - 2  # the position whose logits chose ids[-1]: cached by the target
-        if pos < 0 or pos >= self.decoder.length or k < 1:
+        if step < 1 or pos >= self.decoder.length or k < 1:  # step 0: ids[-1] is the prompt's, not chosen
             return []
         last = torch.tensor([int(ids[-1])])
         with torch.inference_mode():

@@ -392,8 +392,8 @@ class SpeculativeEngine(Engine):
         for drafter, k in zip(self.drafters, self.draft_tokens):
             if not self._paying(seq, drafter.name):
                 continue
-            if drafter.name != "ngram" and len(seq.out) < self.model_draft_after:
-                continue  # a draft model's own prompt prefill only pays off on longer answers
+            if drafter.name not in ("ngram", "head") and len(seq.out) < self.model_draft_after:
+                continue  # a draft model's own prompt prefill only pays off on longer answers (the head has none)
             draft = drafter.propose(ids, min(k, room - 1), choose, len(seq.out))
             if self.eos_token_id in draft:  # nothing after an end of sequence can be accepted
                 draft = draft[: draft.index(self.eos_token_id) + 1]
