@@ -45,7 +45,7 @@ def fitted(model_tok):
     plain = engine(model_tok, None, "off")
     comps = [c for g in plain.generate(requests(plain)) for c in g]
     head = DraftHead(model.config.hidden_size, depth=4, seed=0)
-    opt = torch.optim.AdamW(head.parameters(), lr=3e-2)
+    opt = torch.optim.AdamW(head.parameters(), lr=6e-2)
     embed_vh, lm_vh = policy_tables(model)
     ids = [list(c.prompt_ids) + list(c.token_ids) for c in comps]
     hidden, target, row, col = [], [], [], []
@@ -58,7 +58,7 @@ def fitted(model_tok):
             row += [r] * (len(seq) - p)
             col += list(range(len(seq) - p))
     args = (torch.cat(hidden), torch.cat(target), torch.tensor(row), torch.tensor(col), embed_vh, lm_vh)
-    for _ in range(150):
+    for _ in range(50):
         loss, acc = head.fit_loss(*args)
         opt.zero_grad()
         loss.backward()
