@@ -179,3 +179,27 @@ def test_the_fast_tier_drafts_with_the_folders_head_and_reproduces_the_standard_
     ]
     off = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none", head=False), "lossless", 0, head)
     assert off.drafters == []
+
+
+def test_the_head_drafter_reads_the_hidden_state_that_chose_the_last_token(model):
+    from posttrain.model.draft_head import DraftHead, policy_tables
+    from posttrain.serve.lean import HeadDrafter, LeanDecoder, LeanTarget
+
+    m, _ = model
+    head = DraftHead(m.config.hidden_size, depth=3, seed=2)
+    with torch.no_grad():  # a head whose drafts depend on the hidden state, not on the token alone
+        head.fc.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
+        head.fc.weight[:, m.config.hidden_size :] = 0
+    decoder = LeanDecoder(m)
+    drafter = HeadDrafter(head, decoder)
+    ids = [5, 9, 12, 7, 30, 31, 8]
+    target = LeanTarget(decoder)
+    target.forward(ids[:-1])  # what the fast tier has cached when ids[-1] was just chosen
+    with torch.no_grad():
+        states = m.get_decoder()(input_ids=torch.tensor([ids[:-1]])).last_hidden_state[0]
+    h = states[-1]
+    want = head.draft(h[None], torch.tensor([ids[-1]]), 3, *policy_tables(m))[0].tolist()
+    assert drafter.propose(ids, 3, _never, step=1) == want
+    assert drafter.propose(ids, 3, _never, step=0) == []  # the prompt's last token was not chosen
+    before = head.draft(states[-2][None], torch.tensor([ids[-1]]), 3, *policy_tables(m))[0].tolist()
+    assert before != want  # the position matters to this head (an off-by-one would show)
