@@ -27,14 +27,15 @@ from posttrain.types import GenerationRequest, Message
 
 def text_chat(messages: Sequence[Message]) -> list[dict[str, str]]:
     """`messages` as the role/content dicts a chat template renders; ConfigError for a message
-    that carries images (`Message.images`): every engine here reads text only, and an image
-    refused loudly is never an image silently dropped between the task and the model."""
+    that carries images (`Message.images`): the text renderers read text only (a vision model's
+    hf engine renders images itself, engine/hf.py), and an image refused loudly is never an
+    image silently dropped between the task and the model."""
     for i, m in enumerate(messages):
         if m.images:
             raise ConfigError(
                 f"messages[{i}] carries {len(m.images)} image(s) ({m.images[0].marker}): this engine reads "
-                "text only and would drop them; image tasks need a vision engine, which posttrain does "
-                "not have yet (docs/domains.md, image families)"
+                "text only and would drop them; image tasks need a vision model in the hf engine "
+                "(docs/models.md, the vision model)"
             )
     return [{"role": m.role, "content": m.content} for m in messages]
 
