@@ -76,3 +76,13 @@ def test_a_bad_spec_names_its_field():
         VisionSpec(image_size=100)
     with pytest.raises(ValueError, match="VisionSpec.buggy_fraction"):
         VisionSpec(buggy_fraction=1.5)
+
+
+def test_the_command_builds_into_a_folder_and_says_what_it_built(tmp_path, capsys):
+    from posttrain.cli import main
+
+    assert main(["base", "vlm", "--seed", "3", "--steps", "1", "--pool", "1", "--out", str(tmp_path / "v")]) == 0
+    said = capsys.readouterr().out
+    digest = _info(tmp_path / "v")["weights_digest"]
+    assert f"vision model: {tmp_path / 'v'} (seed 3, 1 steps): weights {digest}, built in" in said
+    assert "peak RSS" in said

@@ -55,10 +55,10 @@ class VisionSpec:
     (image, question, answer) triples drawn from a pool of `pool` train tasks per family."""
 
     seed: int = 0
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 16
     lr: float = 2e-3
-    pool: int = 256
+    pool: int = 128
     buggy_fraction: float = 0.3
     image_size: int = 96
     patch_size: int = 12
