@@ -90,3 +90,36 @@ def test_a_text_model_still_refuses_images():
     ids = text.encode_chat([type(task.prompt[0])("user", "hi")])
     with pytest.raises(ConfigError, match=r"requests\[0\] carries 1 image.*reads text only"):
         text.generate([GenerationRequest(ids, GREEDY, images=task.prompt[0].images)])
+
+
+def test_an_image_task_through_the_training_pipeline_reaches_the_trainer_rows_with_its_pixels(engine):
+    import asyncio
+
+    from posttrain.configs.pipeline import PipelineConfig
+    from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
+    from posttrain.trainer.batch import rows_of
+
+    task = get("chart").sample(0, "train", 1)
+    cfg = PipelineConfig(execute_workers=1, backoff_s=0.0)
+    sched = Scheduler(cfg, {"chart": 1.0}, {"chart": "short"})
+
+    async def go():
+        async with Pipeline(cfg, EmbeddedWorkers(engine), SamplingParams(n=2, max_tokens=4), sched, seed=0) as p:
+            return await p.run_groups([task])
+
+    (group,) = asyncio.run(go())
+    want = vision.pixel_digest(vision.pixel_values(engine.processor, task.prompt[0].images))
+    assert [r.error_kind for r in group.rollouts] == [None, None]
+    assert all(r.score is not None and r.completion.pixel_digest == want for r in group.rollouts)
+    for row in rows_of(group.rollouts, 1.0):
+        assert row.images == task.prompt[0].images and row.pixel_digest == want
+
+
+def test_engines_that_read_text_only_refuse_a_request_with_images():
+    from posttrain.engine.base import check_request
+
+    task = get("drawing").sample(0, "train", 1)
+    req = GenerationRequest((1, 2), GREEDY, images=task.prompt[0].images)
+    with pytest.raises(ConfigError, match=r"requests\[3\] carries 1 image\(s\) .*reads text only"):
+        check_request(3, req, 100, None, "the limit")  # what the vllm engine calls
+    check_request(3, req, 100, None, "the limit", images=True)

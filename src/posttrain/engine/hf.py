@@ -367,13 +367,9 @@ class HFEngine(Engine):
         return outputs
 
     def _validate(self, i: int, req: GenerationRequest) -> None:
-        check_request(i, req, self._vocab, self._max_positions, "the model's max_position_embeddings")
+        limit = "the model's max_position_embeddings"
+        check_request(i, req, self._vocab, self._max_positions, limit, images=self._image_id is not None)
         if self._image_id is None:
-            if req.images:
-                raise ConfigError(
-                    f"requests[{i}] carries {len(req.images)} image(s) ({req.images[0].marker}): this model "
-                    "reads text only and would drop them (a vision model's folder has an image token)"
-                )
             return
         run = self.model.config.image_seq_length
         found = sum(1 for t in req.prompt_ids if t == self._image_id)

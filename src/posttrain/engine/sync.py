@@ -41,10 +41,18 @@ _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
 
 
-def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None = None) -> Engine:
-    """The loop's engine: HFEngine over the trained module, VLLMEngine (a server started for the
-    module's model directory, its files under `run_dir`/vllm, or attached at cfg.url), or
-    OpenAIEngine over cfg.url."""
+def make_engine(
+    cfg: EngineConfig,
+    model: Any,
+    tokenizer: Any,
+    seed: int,
+    run_dir: str | Path | None = None,
+    processor: Any = None,
+) -> Engine:
+    """The loop's engine: HFEngine over the trained module (a vision model's with its
+    `processor`), VLLMEngine (a server started for the module's model directory, its files under
+    `run_dir`/vllm, or attached at cfg.url), or OpenAIEngine over cfg.url (these two read text
+    only and refuse a request with images)."""
     if cfg.kind == "vllm":
         return _vllm_engine(cfg, model, tokenizer, seed, run_dir)
     if cfg.kind == "openai":
@@ -70,7 +78,7 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
             "speculation": cfg.speculation,
         }
     )
-    return HFEngine(model, tokenizer, config=hf, seed=seed)
+    return HFEngine(model, tokenizer, config=hf, seed=seed, processor=processor)
 
 
 def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:

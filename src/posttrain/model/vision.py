@@ -29,6 +29,8 @@ from typing import Any
 from posttrain.errors import ModelLoadError
 from posttrain.types import Image, Message
 
+NAME = "posttrain-vlm"
+"""What `model.path` (and any model path) may say for the default build (`VisionSpec()`)."""
 IMAGE_TOKEN = "<|image|>"
 FAMILIES = ("chart", "drawing", "ui")
 INFO = "posttrain_vlm.json"
