@@ -86,3 +86,15 @@ def test_the_command_builds_into_a_folder_and_says_what_it_built(tmp_path, capsy
     digest = _info(tmp_path / "v")["weights_digest"]
     assert f"vision model: {tmp_path / 'v'} (seed 3, 1 steps): weights {digest}, built in" in said
     assert "peak RSS" in said
+
+
+def test_the_name_posttrain_vlm_stands_for_the_default_build(tmp_path, monkeypatch):
+    from posttrain.engine.hf import HFEngine
+    from posttrain.model import pretrain
+    from posttrain.model.real import resolve
+
+    monkeypatch.setattr(pretrain, "DEFAULT_CACHE", tmp_path)
+    where = vision.default_dir(VisionSpec())
+    vision.build_vlm(VisionSpec(steps=1, batch_size=1, pool=1), where, progress=False)  # stands in for it
+    assert resolve(vision.NAME) == str(where) and vision.is_vision_dir(vision.NAME)
+    assert HFEngine.from_pretrained(vision.NAME, device="cpu").processor is not None
