@@ -10,7 +10,7 @@ load:  starts `posttrain serve` as a separate process on loopback and drives it
 
 .venv/bin/python bench/serving.py speed --model DIR [--label TEXT]
 .venv/bin/python bench/serving.py speed --preset medium     (random weights)
-.venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=false]
+.venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=true]
 
 With a model folder that holds a co-trained draft head (draft_head.pt: `posttrain train` with
 trainer.draft_head.enabled, then `posttrain export`), `speed` adds the head modes and prints
@@ -49,8 +49,8 @@ MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain 
     ("lossless, lean target: lean-int8 draft only", "lossless", {"ngram": False, "draft_model": "lean-int8"}),
 ]
 HEAD_MODES = [  # with the model folder's draft head (modes 8, 9); compared with mode 2, the same decoder undrafted
-    ("lossless, lean target: draft head only", "lossless", {"ngram": False, "draft_model": "none"}),
-    ("lossless, lean target: draft head + ngram", "lossless", {"draft_model": "none"}),
+    ("lossless, lean target: draft head only", "lossless", {"ngram": False, "draft_model": "none", "head": True}),
+    ("lossless, lean target: draft head + ngram", "lossless", {"draft_model": "none", "head": True}),
 ]
 
 

@@ -147,6 +147,7 @@ class _Run:
     stream: Continuous | None = None
     """pipeline.mode async: the stream, whose state every checkpoint carries."""
     replay: ReplayBuffer | None = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
+    processor: Any = None  # a vision model's processor (saved with each checkpoint, tokenizer included); None: text
 
     @classmethod
     def open(cls, cfg: Config | None, resume: str | Path | None, log: Any) -> _Run:
@@ -176,10 +177,10 @@ class _Run:
         in_flight = None
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
-        model, tokenizer, trainer, base_copy = _policy(cfg)
+        model, tokenizer, trainer, base_copy, processor = _policy(cfg)
         check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
         engine = make_engine(
-            cfg.engine, model, tokenizer, cfg.run.seed, rundir.path, trainer.draft_head
+            cfg.engine, model, tokenizer, cfg.run.seed, rundir.path, trainer.draft_head, processor
         )  # hf, vllm or openai
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path, cfg.trainer.mismatch)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
@@ -210,7 +211,7 @@ class _Run:
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
             countermeasures=cm, stop=stop,
-            log=log, in_flight=in_flight, replay=replay,
+            log=log, in_flight=in_flight, replay=replay, processor=processor,
         )  # fmt: skip
 
     def evaluate_before(self) -> str:
@@ -244,7 +245,7 @@ class _Run:
         if self.replay is not None:  # trainer.replay: the buffer's groups, so a resume replays the same
             parts["replay"] = self.replay
         extra = {**self.state, **{k: part.state_dict() for k, part in parts.items()}, "records": records}
-        self.trainer.save(self.rundir.path, self.tokenizer, extra, step)
+        self.trainer.save(self.rundir.path, self.processor or self.tokenizer, extra, step)
 
     def marks(self) -> dict[str, Any]:
         """How far the trace and metrics.jsonl reach now (synced to disk)."""
@@ -295,13 +296,15 @@ def _resume_in_flight(run: _Run, sampling: _Sampling) -> None:
         run.log(f"resume: {len(lost)} draws in flight at the checkpoint of step {step} dropped as interrupted")
 
 
-def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any]]:
+def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any], Any]:
     """The policy model and its tokenizer, its trainer (the torchrun leader's under trainer.fsdp),
-    and a lazily loaded copy of the base model (the KL reference when there is one) for the monitor."""
+    a lazily loaded copy of the base model (the KL reference when there is one) for the monitor,
+    and a vision model's processor (model/vision.py; None for a text model)."""
     import torch
 
     from posttrain.model.arch import load_model
     from posttrain.model.pretrain import ensure_base
+    from posttrain.model.vision import is_vision_dir, load_vlm
     from posttrain.trainer.distributed import LeaderTrainer
     from posttrain.trainer.trainer import Trainer
 
@@ -309,12 +312,17 @@ def _policy(cfg: Config) -> tuple[Any, Any, Any, Callable[[], Any]]:
     model_dir = cfg.model.path or ensure_base(cfg.base, progress=cfg.run.progress)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = auto if cfg.model.device == "auto" else cfg.model.device
-    model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
-    ref_model = load_model(model_dir, device=device)[0] if cfg.trainer.kl_coef > 0 else None
-    trainer = Trainer(model, cfg.trainer, ref_model=ref_model)
+    if is_vision_dir(model_dir):
+        model, tokenizer, processor = load_vlm(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
+        load = functools.partial(load_vlm, model_dir, device=device)
+    else:
+        model, tokenizer = load_model(model_dir, device=device, dtype=getattr(torch, cfg.model.dtype))
+        processor, load = None, functools.partial(load_model, model_dir, device=device)
+    ref_model = load()[0] if cfg.trainer.kl_coef > 0 else None
+    trainer = Trainer(model, cfg.trainer, ref_model=ref_model, processor=processor)
     trainer = LeaderTrainer(trainer) if cfg.trainer.fsdp else trainer
-    base_copy = functools.cache(lambda: ref_model if ref_model is not None else load_model(model_dir, device=device)[0])
-    return model, tokenizer, trainer, base_copy
+    base_copy = functools.cache(lambda: ref_model if ref_model is not None else load()[0])
+    return model, tokenizer, trainer, base_copy, processor
 
 
 @dataclass(frozen=True)

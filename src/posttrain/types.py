@@ -268,6 +268,10 @@ class GenerationRequest:
     contexts (hf with context_reuse) keeps each sample's after the call under its key, and a
     later one-sample request of that key whose prompt starts with the kept tokens computes
     only the rest; `Engine.end_sessions` drops them. Other engines ignore it."""
+    images: tuple[Image, ...] = field(default=(), metadata={"omit_empty": True})
+    """The prompt's images in the order its image tokens run (a vision engine's `encode_chat`
+    puts one run per image). Empty for text. An engine that reads text only refuses a request
+    with images; a vision engine refuses one whose image-token runs do not match them."""
 
 
 @dataclass(frozen=True)
@@ -288,6 +292,10 @@ class Completion:
     """Why the engine's answer for this sample was refused (engine/validate.py: impossible ids,
     log-probs, lengths or version); the completion is then empty and the pipeline masks the
     sample with kind "engine". Empty: a sample of the model."""
+    pixel_digest: str = field(default="", metadata={"omit_empty": True})
+    """sha256 of the pixel tensor the engine fed the model for the request's images
+    (model/vision.py `pixel_digest`); empty for a prompt without images. The trainer recomputes
+    the pixels from the images and refuses a row whose digest differs."""
 
 
 def to_dict(record: Any) -> Any:

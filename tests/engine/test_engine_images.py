@@ -1,4 +1,4 @@
-"""Every engine posttrain has reads text only: a prompt that carries an image (`Message.images`) is
+"""Every text engine reads text only: a prompt that carries an image (`Message.images`) is
 refused with one clear error, never rendered without it (the field's silent failure: an image
 dropped between the environment and the trainer while the loss looks normal)."""
 

@@ -164,7 +164,7 @@ def test_the_fast_tier_drafts_with_the_folders_head_and_reproduces_the_standard_
     head = load_if_any(tmp_path, m)
     assert head is not None and load_if_any(tmp_path / "nothing", m) is None
     plain = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none"), "lossless", 0)
-    fast = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none"), "lossless", 0, head)
+    fast = build_fast(m, tok, FastTierConfig(ngram=False, draft_model="none", head=True), "lossless", 0, head)
     assert [d.name for d in fast.drafters] == ["head"]
     assert [[c.token_ids for c in g] for g in fast.generate(reqs)] == want
     assert [[c.token_ids for c in g] for g in plain.generate(reqs)] == want

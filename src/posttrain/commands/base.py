@@ -3,7 +3,9 @@
 `list` names, per config, the base it pretrains (preset, cache folder), whether it is cached
 and how long its last build here took; `build` builds the bases of the configs given (`--all`:
 every configs/*.yaml), each once, saying before each how long it took last time. A config with
-model.path uses no embedded base.
+model.path uses no embedded base. `vlm` builds the embedded vision-language model
+(model/vision.py) of a seed and step count, into the cache unless `--out`, and prints its
+folder, weights digest, build time and peak RSS.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", metavar="DIR", help="where to save it, for one base (default: the cache directory)")
     b.add_argument("--force", action="store_true", help="rebuild even if the cached model exists")
     b.set_defaults(func=run_build)
+    v = verbs.add_parser("vlm", help="build the embedded vision-language model (deterministic from its seed)")
+    v.add_argument("--seed", type=int, default=0, help="the build's seed (default 0)")
+    v.add_argument("--steps", type=int, default=None, help="pretraining steps (default: model/vision.py's)")
+    v.add_argument("--pool", type=int, default=None, help="train tasks drawn per family (default: model/vision.py's)")
+    v.add_argument("--out", metavar="DIR", help="where to save it (default: the cache directory)")
+    v.add_argument("--force", action="store_true", help="rebuild even if the cached model exists")
+    v.set_defaults(func=run_vlm)
 
 
 def _configs(args: list[str], every: bool) -> tuple[list[str | None], list[str]]:
@@ -117,4 +126,30 @@ def run_build(args: argparse.Namespace) -> int:
             print(f"base model already built: {default_dir(base)} ({users})")
         else:
             print(f"base model built: {ensure_base(base, log=lambda m, u=users: print(f'{m} (for {u})', flush=True))}")
+    return 0
+
+
+def run_vlm(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    import os
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from posttrain.errors import ConfigError
+    from posttrain.model.vision import INFO, VisionSpec, build_vlm, default_dir, ensure_vlm
+
+    try:
+        given = {k: getattr(args, k) for k in ("steps", "pool") if getattr(args, k) is not None}
+        spec = dataclasses.replace(VisionSpec(seed=args.seed), **given)
+    except ValueError as exc:
+        raise ConfigError(f"posttrain base vlm: {exc}") from exc
+    if args.out or args.force:
+        out = build_vlm(spec, Path(args.out) if args.out else default_dir(spec))
+    else:
+        out = ensure_vlm(spec)
+    info = json.loads((out / INFO).read_text())
+    print(
+        f"vision model: {out} (seed {spec.seed}, {spec.steps} steps): weights {info['weights_digest']}, "
+        f"built in {info['build_seconds']:.0f}s, peak RSS {info['peak_rss_mib']:.0f} MiB"
+    )
     return 0

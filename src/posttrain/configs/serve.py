@@ -68,8 +68,8 @@ class FastTierConfig(BaseModel):
     draft_model_tokens: int = Field(5, ge=1, le=16)
     """Draft length of the draft model."""
 
-    head: bool = True
-    """Draft first with the served model folder's co-trained draft head (`draft_head.pt`, written
+    head: bool = False
+    """Opt-in (measured net-negative on the embedded demo: 0.66-0.76x, bench/RESULTS.md). Draft first with the served model folder's co-trained draft head (`draft_head.pt`, written
     by `posttrain train` with trainer.draft_head on and kept by export and release) when it has
     one, up to the head's depth, from the lean target's hidden state (target `lean` only);
     false: never."""

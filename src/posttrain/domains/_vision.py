@@ -134,9 +134,9 @@ class ImageAnswer:
 
 class ImageDomain(Domain):
     """A family of single-turn questions about one rendered image. Subclasses draw a `Scene`
-    (`scene`) and render its spec (`render`, an RGB Pillow image of `size`). Evaluation-only for
-    now (`trains` False: no `tasks.domains` pattern picks it; every engine posttrain has reads
-    text only and refuses an image, engine/base.py `text_chat`)."""
+    (`scene`) and render its spec (`render`, an RGB Pillow image of `size`). Evaluation-only
+    (`trains` False: no `tasks.domains` pattern picks it; a config names it): only a vision
+    model's hf engine reads the image (model/vision.py); text engines refuse it (engine/base.py)."""
 
     category = "vision"
     levels = 3

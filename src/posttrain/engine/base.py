@@ -27,14 +27,15 @@ from posttrain.types import GenerationRequest, Message
 
 def text_chat(messages: Sequence[Message]) -> list[dict[str, str]]:
     """`messages` as the role/content dicts a chat template renders; ConfigError for a message
-    that carries images (`Message.images`): every engine here reads text only, and an image
-    refused loudly is never an image silently dropped between the task and the model."""
+    that carries images (`Message.images`): the text renderers read text only (a vision model's
+    hf engine renders images itself, engine/hf.py), and an image refused loudly is never an
+    image silently dropped between the task and the model."""
     for i, m in enumerate(messages):
         if m.images:
             raise ConfigError(
                 f"messages[{i}] carries {len(m.images)} image(s) ({m.images[0].marker}): this engine reads "
-                "text only and would drop them; image tasks need a vision engine, which posttrain does "
-                "not have yet (docs/domains.md, image families)"
+                "text only and would drop them; image tasks need a vision model in the hf engine "
+                "(docs/models.md, the vision model)"
             )
     return [{"role": m.role, "content": m.content} for m in messages]
 
@@ -50,11 +51,26 @@ def chat_ids(tokenizer: Any, messages: Sequence[Message]) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
-def check_request(i: int, req: GenerationRequest, vocab: int, max_len: int | None, limit: str) -> None:
+def text_only(i: int, req: GenerationRequest) -> None:
+    """ConfigError when `requests[i]` carries images: an engine that reads text only refuses
+    them rather than drop them."""
+    if req.images:
+        raise ConfigError(
+            f"requests[{i}] carries {len(req.images)} image(s) ({req.images[0].marker}): this engine reads "
+            "text only and would drop them (the hf engine reads images with a vision model: docs/models.md)"
+        )
+
+
+def check_request(
+    i: int, req: GenerationRequest, vocab: int, max_len: int | None, limit: str, images: bool = False
+) -> None:
     """What every engine refuses in `requests[i]` before it samples: an empty prompt, ids outside
     [0, vocab), a prompt of `max_len` tokens or more (PromptTooLong, naming `limit`, what sets
-    max_len; None: no limit known), and sampling parameters out of range (ConfigError)."""
+    max_len; None: no limit known), sampling parameters out of range, and images unless the
+    engine reads them (`images`: a vision model's hf engine) (ConfigError)."""
     p, where = req.params, f"requests[{i}]"
+    if not images:
+        text_only(i, req)
     if not req.prompt_ids:
         raise ConfigError(f"{where}.prompt_ids is empty: a prompt needs at least one token")
     bad = [t for t in req.prompt_ids if not (0 <= int(t) < vocab)]

@@ -15,6 +15,12 @@ a full prefill up to float rounding (greedy tokens identical in the tests).
 `Completion.cached_tokens` says how many prompt tokens were not computed
 for it (a kept session's, or a group-mate's shared prompt).
 
+A vision-language model (a folder with an image token: model/vision.py) reads the images of
+a request (`GenerationRequest.images`): its prompt forward gets their pixel values from the
+model's processor (`model.vision.pixel_values`), each image in place of its run of image
+tokens, and every completion names the pixels it saw (`Completion.pixel_digest`). A request
+whose image-token runs do not match its images is refused; a text model refuses images.
+
 With `speculation.kind: suffix` (off by default; models whose layers all use
 full attention) each step drafts up to k tokens per row (engine/drafter.py)
 and one forward scores them; a drafted token is accepted when it equals the
@@ -149,6 +155,8 @@ class _Chunk:
     resumed: Session | None = None
     """A kept session whose tokens start the prompt: its first `reuse` tokens are not computed."""
     reuse: int = 0
+    pixels: torch.Tensor | None = None
+    """The request's pixel values (images x 3 x H x W), fed with the prompt forward; None for text."""
 
 
 @dataclass
@@ -177,7 +185,10 @@ class HFEngine(Engine):
         config: HFEngineConfig | None = None,
         seed: int | None = None,
         draft_head: Any = None,
+        processor: Any = None,
     ) -> None:
+        from posttrain.model.vision import is_vision_model
+
         if device is not None:
             model.to(_resolve_device(device))
         self.model = model
@@ -187,7 +198,12 @@ class HFEngine(Engine):
         self.eos_token_id = _primary_eos(model, tokenizer)
         self._eos_ids = _all_eos(model, tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
-        self._max_positions = getattr(model.config, "max_position_embeddings", None)
+        self._max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        self.processor = processor
+        """A vision model's processor (images to pixel values); None for a text model."""
+        self._image_id: int | None = model.config.image_token_index if is_vision_model(model.config) else None
+        if self._image_id is not None and processor is None:
+            raise ModelLoadError("a vision model needs its processor (HFEngine(..., processor=...))")
         self._vocab = model.get_input_embeddings().weight.shape[0]
         self._generator = torch.Generator()
         self.seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
@@ -223,6 +239,8 @@ class HFEngine(Engine):
         if decoder is None or head is None or decoder is self.model:
             raise ConfigError("engine.speculation.kind head: the model does not expose its decoder and LM head")
         return decoder, head
+        self._seen: dict[int, str] = {}
+        """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
 
     @classmethod
     def from_pretrained(
@@ -233,10 +251,15 @@ class HFEngine(Engine):
         config: HFEngineConfig | None = None,
         seed: int | None = None,
     ) -> HFEngine:
-        """An engine over a local Hugging Face model directory."""
+        """An engine over a local Hugging Face model directory (a vision model's with its processor)."""
         from posttrain.model.arch import load_model
+        from posttrain.model.vision import is_vision_dir, load_vlm
 
-        model, tokenizer = load_model(path, device=str(_resolve_device(device)), dtype=_resolve_dtype(dtype))
+        where, kind = str(_resolve_device(device)), _resolve_dtype(dtype)
+        if is_vision_dir(path):
+            model, tokenizer, proc = load_vlm(path, device=where, dtype=kind)
+            return cls(model, tokenizer, config=config, seed=seed, processor=proc)
+        model, tokenizer = load_model(path, device=where, dtype=kind)
         from posttrain.model.draft_head import has_head, load
 
         head = load(path, model.config.hidden_size).to(model.device, model.dtype) if has_head(path) else None
@@ -276,7 +299,21 @@ class HFEngine(Engine):
                 "the tokenizer has no chat_template: encode_chat needs a chat model "
                 "(or pass prompt_ids rendered another way)"
             )
+        if self._image_id is not None:
+            return self._vision_ids(messages)
         return chat_ids(self.tokenizer, messages)
+
+    def _vision_ids(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        """A vision model's prompt: the chat template over content parts, each image's token
+        expanded to the model's run (`model.vision.expand_ids`, what its processor does)."""
+        from posttrain.model.vision import chat, expand_ids
+
+        if not messages:
+            raise ConfigError("messages is empty: encode_chat needs at least one message")
+        out = self.tokenizer.apply_chat_template(chat(messages), add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        assert self._image_id is not None
+        return expand_ids([int(i) for i in ids], self._image_id, self.model.config.image_seq_length)
 
     def encode_chats(self, prompts: Sequence[Sequence[Message]]) -> list[tuple[int, ...] | Exception]:
         """Each prompt's ids as `encode_chat` gives them, or the error encoding it raised: one
@@ -284,7 +321,7 @@ class HFEngine(Engine):
         about a third of the CPU) when every prompt is non-empty and the tokenizer has a chat
         template; prompt by prompt otherwise, or when the batched call fails. (A subclass that
         renders chats another way overrides `encode_chat` and this method both.)"""
-        if prompts and all(prompts) and getattr(self.tokenizer, "chat_template", None):
+        if prompts and all(prompts) and getattr(self.tokenizer, "chat_template", None) and self._image_id is None:
             try:
                 chats = [text_chat(p) for p in prompts]  # one with images: each prompt alone, below
                 out = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
@@ -334,12 +371,14 @@ class HFEngine(Engine):
             finally:
                 self._on_tokens = None
                 self._indexes = {}
+                seen, self._seen = self._seen, {}
             if self._spec is not None:  # each completion becomes a draft source for its prompt's next call
                 for i, req in enumerate(requests):
                     for j in range(req.params.n):
                         self._store.add(req.prompt_ids, outputs[(i, j)].token_ids)
             outs = [
-                [self._completion(req, outputs[(i, j)]) for j in range(req.params.n)] for i, req in enumerate(requests)
+                [self._completion(req, outputs[(i, j)], seen.get(i, "")) for j in range(req.params.n)]
+                for i, req in enumerate(requests)
             ]
             return screen(requests, outs, self._vocab, (version, self.version))  # text: decoded here, by construction
 
@@ -358,7 +397,25 @@ class HFEngine(Engine):
         return outputs
 
     def _validate(self, i: int, req: GenerationRequest) -> None:
-        check_request(i, req, self._vocab, self._max_positions, "the model's max_position_embeddings")
+        limit = "the model's max_position_embeddings"
+        check_request(i, req, self._vocab, self._max_positions, limit, images=self._image_id is not None)
+        if self._image_id is None:
+            return
+        run = self.model.config.image_seq_length
+        found = sum(1 for t in req.prompt_ids if t == self._image_id)
+        if found != run * len(req.images):
+            raise ConfigError(
+                f"requests[{i}] has {found} image tokens for {len(req.images)} image(s) of {run} tokens each: "
+                "an image missing from the request, or a prompt not rendered by this engine's encode_chat"
+            )
+
+    def _pixels(self, req: GenerationRequest) -> torch.Tensor | None:
+        """The request's pixel values on the model's device (None without images)."""
+        if not req.images:
+            return None
+        from posttrain.model.vision import pixel_values
+
+        return pixel_values(self.processor, req.images).to(self.device, self.model.dtype)
 
     def _plan(self, requests: Sequence[GenerationRequest]) -> list[_Chunk]:
         """Rows of every request, grouped into prompt-sharing chunks."""
@@ -366,16 +423,21 @@ class HFEngine(Engine):
         share = self.config.prefix_sharing
         for i, req in enumerate(requests):
             rows = self._rows(i, req)
-            resumed = self._resumed(req)
+            pixels = self._pixels(req)
+            if pixels is not None:
+                from posttrain.model.vision import pixel_digest
+
+                self._seen[i] = pixel_digest(pixels)
+            resumed = self._resumed(req) if pixels is None else None
             reuse = 0 if resumed is None else min(len(resumed.tokens), len(req.prompt_ids) - 1)
             span = len(req.prompt_ids) + max((r.max_tokens for r in rows), default=0)
             limit = max(1, min(self.config.max_batch_rows, self.config.max_batch_tokens // max(1, span)))
             if share:
                 parts = [rows[k : k + limit] for k in range(0, len(rows), limit)]
                 shared = len(req.prompt_ids)
-                chunks += [_Chunk(req.prompt_ids, _cached(p, reuse, shared), resumed, reuse) for p in parts]
+                chunks += [_Chunk(req.prompt_ids, _cached(p, reuse, shared), resumed, reuse, pixels) for p in parts]
             else:
-                chunks += [_Chunk(req.prompt_ids, _cached((row,), reuse, 0), resumed, reuse) for row in rows]
+                chunks += [_Chunk(req.prompt_ids, _cached((row,), reuse, 0), resumed, reuse, pixels) for row in rows]
         return sorted(chunks, key=lambda c: len(c.prompt))
 
     def _resumed(self, req: GenerationRequest) -> Session | None:
@@ -405,13 +467,24 @@ class HFEngine(Engine):
         )
 
     def _forward(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int = 1
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        keep: int = 1,
+        pixels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits of the last input position (batch, vocab); with `keep` > 1, of the last `keep`
-        positions (batch, keep, vocab)."""
+        positions (batch, keep, vocab). `pixels`: a vision model's images, in the order of the
+        image-token runs of `input_ids` (row by row)."""
         if self._split is not None:
+            if pixels is not None:
+                raise ConfigError("engine.speculation.kind head: a vision model's requests cannot draft with a head")
             return self._forward_split(input_ids, mask, positions, cache, keep)
+        extra = {} if pixels is None else {"pixel_values": pixels}
         out = self.model(
+            **extra,
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
@@ -459,7 +532,8 @@ class HFEngine(Engine):
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
-        logits = self._forward(ids, mask, positions, cache)
+        seen = [c.pixels for c in batch if c.pixels is not None]
+        logits = self._forward(ids, mask, positions, cache, pixels=torch.cat(seen) if seen else None)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
         return self._expand(batch, cache, logits, mask, positions)
 
@@ -788,7 +862,7 @@ class HFEngine(Engine):
         tail = self.decode(token_ids[-window:])
         return any(s in tail for s in stop)
 
-    def _completion(self, req: GenerationRequest, out: _Output) -> Completion:
+    def _completion(self, req: GenerationRequest, out: _Output, pixel_digest: str = "") -> Completion:
         body = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in self._eos_ids else out.token_ids
         text = self.decode(body)
         if out.stop_hit:
@@ -801,6 +875,7 @@ class HFEngine(Engine):
             finish_reason=out.finish or "length",
             model_version=self.version,
             cached_tokens=out.cached,
+            pixel_digest=pixel_digest,
         )
 
 

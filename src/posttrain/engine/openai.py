@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from posttrain.engine.base import Engine, chat_ids
+from posttrain.engine.base import Engine, chat_ids, text_only
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable
 from posttrain.types import Completion, GenerationRequest, Message
@@ -82,7 +82,9 @@ class OpenAIEngine(Engine):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         """Each request's completions, screened (engine/validate.py): the server's ids, vocabulary
-        and weight version checked against what this engine knows."""
+        and weight version checked against what this engine knows; a request with images refused."""
+        for i, req in enumerate(requests):
+            text_only(i, req)
         version = self.version
         outs = list(self._pool.map(self._one, requests))
         return decoded(requests, screen(requests, outs, len(self.tokenizer), (version, self.version)), self.decode)

@@ -48,11 +48,13 @@ def make_engine(
     seed: int,
     run_dir: str | Path | None = None,
     draft_head: Any = None,
+    processor: Any = None,
 ) -> Engine:
     """The loop's engine: HFEngine over the trained module (and the trainer's `draft_head`, which
-    `engine.speculation.kind: head` drafts with), VLLMEngine (a server started for the
-    module's model directory, its files under `run_dir`/vllm, or attached at cfg.url), or
-    OpenAIEngine over cfg.url."""
+    `engine.speculation.kind: head` drafts with; a vision model's with its `processor`),
+    VLLMEngine (a server started for the module's model directory, its files under
+    `run_dir`/vllm, or attached at cfg.url), or OpenAIEngine over cfg.url (these two read text
+    only and refuse a request with images)."""
     if cfg.kind == "vllm":
         return _vllm_engine(cfg, model, tokenizer, seed, run_dir)
     if cfg.kind == "openai":
@@ -78,7 +80,7 @@ def make_engine(
             "speculation": cfg.speculation,
         }
     )
-    return HFEngine(model, tokenizer, config=hf, seed=seed, draft_head=draft_head)
+    return HFEngine(model, tokenizer, config=hf, seed=seed, draft_head=draft_head, processor=processor)
 
 
 def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:

@@ -278,7 +278,13 @@ def _convert(model: RealModel, source: Path, out: Path) -> None:
 
 def resolve(path: str | os.PathLike[str]) -> str:
     """`path` itself, or for a registered name its checked cached folder (built on first use when
-    the package is installed: `posttrain models get NAME` does it ahead of time)."""
+    the package is installed: `posttrain models get NAME` does it ahead of time). The name
+    `posttrain-vlm` stands for the embedded vision model's default build (model/vision.py),
+    built on first use."""
+    from posttrain.model.vision import NAME, VisionSpec, ensure_vlm
+
+    if str(path) == NAME and not os.path.isdir(path):
+        return str(ensure_vlm(VisionSpec()))
     if not is_name(path):
         return str(path)
     name = str(path)

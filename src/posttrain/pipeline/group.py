@@ -431,7 +431,9 @@ class GroupRun:
         if self._trajectories is not None:
             reqs, self._targets = driver.requests(self._trajectories, params, base, self._group_id)
             return reqs
-        return [GenerationRequest(self._prompt_ids, dataclasses.replace(params, seed=base), self._group_id)]
+        images = tuple(i for m in self.task.prompt for i in m.images)  # the engine reads or refuses them
+        seeded = dataclasses.replace(params, seed=base)
+        return [GenerationRequest(self._prompt_ids, seeded, self._group_id, images=images)]
 
     def _generated(self, got: Sequence[Sequence[Completion]], seconds: float) -> None:
         """The completions of `_requests`' call (its share: `seconds`) join the group: the

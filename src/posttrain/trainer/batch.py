@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from posttrain.errors import TrainerError
 from posttrain.rollout import Rollout
-from posttrain.types import Completion
+from posttrain.types import Completion, Image
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class TrainRow:
     the row enters the loss's entropy term, even when its group carries no signal.
     A scored completion with no tokens is a row too: it counts in its
     group's advantages and enters no loss.
+    `images` are the prompt's images (a vision task's, in the order of its image-token runs) and
+    `pixel_digest` the digest of the pixels the generator fed the model for them
+    (`Completion.pixel_digest`): a vision model's trainer recomputes the pixels from the images
+    and refuses the row when they differ, or when image tokens and images disagree.
     """
 
     prompt_ids: tuple[int, ...]
@@ -45,6 +49,8 @@ class TrainRow:
     temperature: float = 1.0
     rollout_id: str = ""
     entropy_coef: float = 0.0
+    images: tuple[Image, ...] = ()
+    pixel_digest: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -89,11 +95,23 @@ class TrainRow:
         loss_mask: Sequence[int] | None = None,
         rollout_id: str = "",
         entropy_coef: float = 0.0,
+        images: Sequence[Image] = (),
     ) -> TrainRow:
-        """A row from an engine Completion; the mask defaults to all ones."""
+        """A row from an engine Completion (its pixel digest with it); the mask defaults to all ones."""
         mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
         ids, logprobs = (tuple(completion.prompt_ids), tuple(completion.token_ids)), tuple(completion.logprobs)
-        return cls(*ids, logprobs, float(reward), group_id, mask, float(temperature), rollout_id, float(entropy_coef))
+        return cls(
+            *ids,
+            logprobs,
+            float(reward),
+            group_id,
+            mask,
+            float(temperature),
+            rollout_id,
+            float(entropy_coef),
+            tuple(images),
+            completion.pixel_digest,
+        )
 
 
 @dataclass(frozen=True)
@@ -149,12 +167,19 @@ def rows_of(
     group: Sequence[Rollout], temperature: float, entropy_coef: Callable[[str], float] | None = None
 ) -> tuple[TrainRow, ...]:
     """The TrainRows of a group's scored rollouts, each carrying its trace id, its training reward
-    (the verifier's plus any diversity bonus) and its domain's entropy-bonus coefficient
-    (`entropy_coef`; None: 0)."""
+    (the verifier's plus any diversity bonus), its domain's entropy-bonus coefficient
+    (`entropy_coef`; None: 0) and its task prompt's images."""
     coef = entropy_coef or (lambda _: 0.0)
     return tuple(
         TrainRow.from_completion(
-            r.completion, r.train_reward, r.group_id, temperature, r.loss_mask, r.id, coef(r.task.domain)
+            r.completion,
+            r.train_reward,
+            r.group_id,
+            temperature,
+            r.loss_mask,
+            r.id,
+            coef(r.task.domain),
+            tuple(i for m in r.task.prompt for i in m.images),
         )
         for r in group
         if r.train_reward is not None

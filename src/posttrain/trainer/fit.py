@@ -72,8 +72,10 @@ def estimate(cfg: Config, model: Any) -> Estimate:
     if cfg.trainer.kl_coef > 0:
         terms["KL reference"] = params * 4
     if cfg.engine.kind == "hf":
-        per_token = kv_bytes_per_token(model.config, element)
-        positions = int(getattr(model.config, "max_position_embeddings", 0) or 8192)
+        config = model.config  # a vision model's language model holds the cache
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        per_token = kv_bytes_per_token(text, element)
+        positions = int(getattr(text, "max_position_embeddings", 0) or 8192)
         batch = cfg.engine.max_batch_tokens
         terms["generation batch"] = batch * per_token + ATTENTION_BYTES_PER_PAIR * batch * positions
         if cfg.engine.context_reuse:

@@ -16,14 +16,16 @@ applied its update enter, and the metrics row gets the replay figures.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from posttrain.configs.trainer import ReplayConfig
 from posttrain.rollout import Rollout
 from posttrain.trace import TraceStore
 from posttrain.trainer.batch import RolloutLink, TrainRow, rows_of
+from posttrain.types import Image
 
 if TYPE_CHECKING:
     from posttrain.trainer.trainer import StepStats
@@ -50,12 +52,21 @@ class ReplayEntry:
         return None if self.version is None else trainer_version - self.version
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "rows": [asdict(r) for r in self.rows]}
+        """Plain JSON; a row's images as base64 PNG bytes (so a replayed image row keeps them)."""
+        rows = [{f.name: getattr(r, f.name) for f in fields(r)} for r in self.rows]
+        rows = [r | {"images": [base64.b64encode(i.png).decode() for i in r["images"]]} for r in rows]
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "rows": rows}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayEntry:
         arrays = ("prompt_ids", "completion_ids", "behaviour_logprobs", "loss_mask")
-        rows = tuple(TrainRow(**{**r, **{k: tuple(r[k]) for k in arrays}}) for r in data["rows"])
+        rows = tuple(
+            TrainRow(
+                **{**{k: v for k, v in r.items() if k != "images"}, **{k: tuple(r[k]) for k in arrays}},
+                images=tuple(Image.from_png(base64.b64decode(i)) for i in r.get("images", ())),
+            )
+            for r in data["rows"]
+        )
         version = data.get("version")  # absent in checkpoints written before versions were kept
         ids = (data["group_id"], data["domain"], data["task_id"])
         return cls(*ids, int(data["step"]), rows, int(data["replays"]), None if version is None else int(version))

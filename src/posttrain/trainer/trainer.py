@@ -154,14 +154,18 @@ class _Packed:
     rows under `attention_bs`."""
     seq_n: Tensor | None = None
     """With packing: the sequence (0) holding each loss token; None: its row (`row_n`)."""
+    pixels: Tensor | None = None
+    """A vision model's pixel values of the rows' images, row by row (`Trainer._with_pixels`)."""
 
     def decoder_inputs(self) -> dict[str, Any]:
         """The decoder's inputs: padded rows with their attention mask, or one packed sequence
         with per-row position ids, no mask and no cache (transformers then masks attention per
-        row: it reads packed rows from the position ids only without a mask or a cache)."""
+        row: it reads packed rows from the position ids only without a mask or a cache); with
+        images, their pixel values."""
+        extra = {} if self.pixels is None else {"pixel_values": self.pixels}
         if self.position_bs is not None:
-            return {"input_ids": self.input_ids_bs, "position_ids": self.position_bs, "use_cache": False}
-        return {"input_ids": self.input_ids_bs, "attention_mask": self.attention_bs}
+            return {"input_ids": self.input_ids_bs, "position_ids": self.position_bs, "use_cache": False} | extra
+        return {"input_ids": self.input_ids_bs, "attention_mask": self.attention_bs} | extra
 
     @property
     def sequence_n(self) -> Tensor:
@@ -203,7 +207,7 @@ class _Accumulated:
 class Trainer:
     """Owns the optimizer of a causal LM and applies guarded policy-gradient steps."""
 
-    def __init__(self, model: Any, config: TrainerConfig, ref_model: Any = None) -> None:
+    def __init__(self, model: Any, config: TrainerConfig, ref_model: Any = None, processor: Any = None) -> None:
         if config.kl_coef > 0.0 and ref_model is None:
             raise ConfigError("trainer.kl_coef > 0 needs a reference model (ref_model is None)")
         if config.kl_coef == 0.0 and ref_model is not None:
@@ -236,9 +240,19 @@ class Trainer:
         self._snapshot: tuple[list[Tensor], dict[str, Any]] | None = None
         self._ref_head: tuple[Any, Any] | bool | None = None
         self._take_snapshot()
-        self._split_head = split_head(model) if not config.fsdp else None
+        self.processor = processor
+        """A vision model's processor: the trainer recomputes each row's pixels with it."""
+        self._image_id, self._image_run = _image_tokens(model)
+        if self._image_id is not None and processor is None:
+            raise ConfigError("a vision model's trainer needs its processor (Trainer(..., processor=...))")
+        if self._image_id is not None and config.packing_tokens is not None:
+            raise ConfigError("trainer.packing_tokens: a vision model trains on padded rows; leave it null")
+        self._pixel_cache: dict[tuple[str, ...], Tensor] = {}
+        """Pixel values of the images of the batch being checked, by the images' sha256s."""
+        self._split_head = split_head(model) if not config.fsdp and self._image_id is None else None
         """(decoder, lm_head) when the model's logits are exactly lm_head(decoder output): the
-        step then sends only loss positions through the head (None: the model's own forward)."""
+        step then sends only loss positions through the head (None: the model's own forward,
+        always for a vision model, whose forward takes the pixels)."""
         if config.packing_tokens is not None and not packs_rows(model):
             raise ConfigError(
                 "trainer.packing_tokens: this model attends across rows packed into one sequence "
@@ -372,6 +386,45 @@ class Trainer:
                 ids = getattr(row, name)
                 if ids and not (min(ids) >= 0 and max(ids) < self.vocab_size):
                     raise TrainerError(f"rows[{i}].{name} holds token ids outside [0, {self.vocab_size})")
+        self._check_pixels(batch.rows)
+
+    def _check_pixels(self, rows: Sequence[TrainRow]) -> None:
+        """Every row's images against its prompt and the generator: a text model takes none; a
+        vision model's row has one run of image tokens per image, and the pixels recomputed from
+        its images (`model.vision.pixel_values`) have the digest the generator reported. Keeps
+        the pixels for the step's forwards (`_with_pixels`); TrainerError naming the row else."""
+        from posttrain.model.vision import pixel_digest, pixel_values
+
+        self._pixel_cache = {}
+        for i, row in enumerate(rows):
+            if self._image_id is None:
+                if row.images:
+                    raise TrainerError(f"rows[{i}] carries {len(row.images)} image(s) but the model reads text only")
+                continue
+            found = sum(1 for t in row.prompt_ids if t == self._image_id)
+            if found != self._image_run * len(row.images):
+                raise TrainerError(
+                    f"rows[{i}] has {found} image tokens for {len(row.images)} image(s) of {self._image_run} "
+                    "tokens each: an image was lost between the rollout and the batch"
+                )
+            if not row.images:
+                continue
+            key = tuple(im.sha256 for im in row.images)
+            pixels = self._pixel_cache.get(key)
+            if pixels is None:
+                pixels = self._pixel_cache[key] = pixel_values(self.processor, row.images)
+            if row.pixel_digest and pixel_digest(pixels) != row.pixel_digest:
+                raise TrainerError(
+                    f"rows[{i}]: the pixels of its images differ from those the generator saw (digest "
+                    f"{pixel_digest(pixels)[:16]}..., generator {row.pixel_digest[:16]}...): an image was altered"
+                )
+
+    def _with_pixels(self, rows: Sequence[TrainRow], packed: _Packed) -> _Packed:
+        """`packed` with the rows' pixel values (checked by `_check_pixels`), row by row."""
+        if self._image_id is None or not any(r.images for r in rows):
+            return packed
+        pixels = [self._pixel_cache[tuple(im.sha256 for im in r.images)] for r in rows if r.images]
+        return replace(packed, pixels=torch.cat(pixels).to(self.device, self.model.dtype))
 
     def _prepare(self, batch: TrainBatch) -> _Prepared:
         if not batch.rows:  # every group of the step was filtered before the trainer
@@ -482,6 +535,7 @@ class Trainer:
             packed = pack_sequence(rows, self.device)
         else:
             packed = pack_rows(rows, self.device, share=self._share_prompts)
+        packed = self._with_pixels(rows, packed)
         with_bonus = any(r.entropy_coef > 0.0 for r in rows)
         logp_n, entropy_n = self._loss_token_logp(
             self.model, self._split_head, packed, entropy_grad=with_bonus, keep_hidden=self.draft_head is not None
@@ -598,8 +652,9 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
+            self._check_pixels(rows)
             with torch.no_grad():
-                packed = pack_rows(rows, self.device, share=self._share_prompts)
+                packed = self._with_pixels(rows, pack_rows(rows, self.device, share=self._share_prompts))
                 values = self._loss_token_logp(self.model, self._split_head, packed)[0].tolist()
         finally:
             self.model.train(was_training)
@@ -983,6 +1038,17 @@ def _forward_logits(model: Any, packed: _Packed) -> Tensor:
     logits_bsv = model(**packed.decoder_inputs(), **kwargs).logits
     offset = packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
     return logits_bsv[packed.sequence_n, packed.pos_n - offset]
+
+
+def _image_tokens(model: Any) -> tuple[int | None, int]:
+    """A vision model's image token id and the run of them one image takes; (None, 0) for text."""
+    from posttrain.model.vision import is_vision_model
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(inner, "config", None)
+    if config is None or not is_vision_model(config):
+        return None, 0
+    return int(config.image_token_index), int(config.image_seq_length)
 
 
 def split_head(model: Any) -> tuple[Any, Any] | None:
