@@ -16,7 +16,7 @@ With a model folder that holds a co-trained draft head (draft_head.pt: `posttrai
 trainer.draft_head.enabled, then `posttrain export`), `speed` adds the head modes and prints
 the head's speed-up over the same lean decoder without drafts (mode 2), its mean accepted
 length and its acceptance per depth; `load` serves the folder as `posttrain serve` does (with
-its head unless `--serve-set fast.head=false`) and prints the server's peak RSS.
+without its head unless `--serve-set fast.head=true`) and prints the server's peak RSS.
 """
 
 from __future__ import annotations
