@@ -226,6 +226,8 @@ class HFEngine(Engine):
         """With a head drafting: the last forward's final hidden states of its kept positions."""
         self._split = self._head_split() if self._spec is not None and spec.kind == "head" else None
         """(decoder, lm_head) when the head drafts: the forward keeps the hidden states."""
+        self._seen: dict[int, str] = {}
+        """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
 
     def _head_split(self) -> tuple[Any, Any]:
         """The model's decoder and LM head, for speculation.kind head (ConfigError without a head
@@ -239,8 +241,6 @@ class HFEngine(Engine):
         if decoder is None or head is None or decoder is self.model:
             raise ConfigError("engine.speculation.kind head: the model does not expose its decoder and LM head")
         return decoder, head
-        self._seen: dict[int, str] = {}
-        """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
 
     @classmethod
     def from_pretrained(
