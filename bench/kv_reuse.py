@@ -16,6 +16,10 @@ sides alternate `--repeats` times; wall times are the median, peak RSS the child
     OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --tasks 8 --group 3   # ~1 min (bench/RESULTS.md)
     OMP_NUM_THREADS=1 .venv/bin/python bench/kv_reuse.py --suite feedback --tasks 8 --group 3
 
+Columns: "new" counts each episode's first prompt and then its observations; "on/needed" is
+the prompt tokens computed with reuse over the new ones less the first prompts a group-mate
+computed (prefix sharing): 1.00 when each prompt token of an episode is computed once.
+
 `--suite feedback`: the four feedback tiers (code_fix, term_fix, doc_fix, geo_fix, docs/feedback.md),
 each at its own budget (3 turns; 32 tokens a turn, geo_fix 16), `--tasks` tasks each, on the base
 of configs/feedback.yaml (its cached base; built on first use).
@@ -105,9 +109,10 @@ def side(reuse: bool, tasks: int, group: int, queue: Any, suite: str = "default"
     wall = time.perf_counter() - t0
     rows = []
     for g in groups:
-        for r in g.rollouts:
+        for j, r in enumerate(g.rollouts):
             rows.append(
                 {
+                    "shared": len(r.completion.prompt_ids) if j else 0,
                     "id": r.id,
                     "domain": r.task.domain,
                     "turns": int(r.timings.get("turns", 0)),
@@ -147,8 +152,9 @@ def run_side(reuse: bool, tasks: int, group: int, suite: str = "default") -> dic
 def table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
     """Per domain (and its 3-turn episodes): turns, prompt tokens computed and new per turn."""
     out = [
-        "| domain | episodes | turns | final contexts | new | computed off | computed on | off/on | on/new |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| domain | episodes | turns | final contexts | new | computed off | computed on "
+        "| off/on | on/new | on/needed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     groups: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
     for a, b in zip(off["rows"], on["rows"], strict=True):
@@ -161,10 +167,11 @@ def table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
         new = sum(a["new"] for a, _ in pairs)
         c_off, c_on = sum(a["computed"] for a, _ in pairs), sum(b["computed"] for _, b in pairs)
         ctx = sum(a["context"] for a, _ in pairs)
+        needed = new - sum(b["shared"] for _, b in pairs)
         out.append(
             f"| {name} | {len(pairs)} | {turns} | {ctx:,} | {new:,} ({new / turns:.0f}/turn) | "
             f"{c_off:,} ({c_off / turns:.0f}/turn) | {c_on:,} ({c_on / turns:.0f}/turn) | "
-            f"{c_off / max(1, c_on):.2f}x | {c_on / max(1, new):.2f} |"
+            f"{c_off / max(1, c_on):.2f}x | {c_on / max(1, new):.2f} | {c_on / max(1, needed):.2f} |"
         )
     return out
 
