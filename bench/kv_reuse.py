@@ -24,6 +24,18 @@ computed (prefix sharing): 1.00 when each prompt token of an episode is computed
 each at its own budget (3 turns; 32 tokens a turn, geo_fix 16), `--tasks` tasks each, on the base
 of configs/feedback.yaml (its cached base; built on first use).
 
+`--prefill`: chunked prefill (engine.prefill_chunk_tokens, issue 39 item 3) instead of the
+episodes: the prompt forward's peak memory and CPU time against prompt length, one forward
+(None) against chunks of 2,048 (the default) and 512 positions, each point in a child forked
+for it alone (its peak RSS, VmHWM, reset just before the call; allocations of 64 KiB or more
+returned to the kernel on free, so freed heap does not hide a peak). One call of two prompts,
+of L and L/2 tokens (a batch of mixed lengths is left-padded, which is where one forward's
+attention holds L x L scores per head: a lone unpadded prompt takes torch's fused kernel), and
+a lone prompt of L; max_tokens 1; the micro preset with random weights and 8,192 positions.
+"max |dlp|" is the largest gap of the first tokens' log-probs from one forward's.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~1 min
+
 With this base the document-fields actions repeat one character until the token budget
 truncates them, which ends those episodes after one turn: their row shows reuse changing
 nothing where there is no second turn.
@@ -176,13 +188,115 @@ def table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
     return out
 
 
+_M_MMAP_THRESHOLD = -3
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a forked child: one engine call of `spec["rows"]` prompts (L, L/2, ...), its CPU time,
+    its peak RSS over the RSS before it, and the first tokens' log-probs."""
+    import ctypes
+
+    import torch
+
+    from posttrain.engine.hf import HFEngine, HFEngineConfig
+    from posttrain.model.arch import random_model
+    from posttrain.types import GenerationRequest, SamplingParams
+
+    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
+    torch.set_num_threads(1)
+    model, tok = random_model("micro", 0, max_positions=8192)
+    cfg = HFEngineConfig(prefill_chunk_tokens=spec["chunk"], max_batch_tokens=1 << 30, **spec.get("engine", {}))
+    eng = HFEngine(model, tok, config=cfg, seed=0)
+    g = torch.Generator().manual_seed(0)
+    ids = tuple(torch.randint(10, len(tok) - 5, (spec["length"],), generator=g).tolist())
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    eng.generate([GenerationRequest(ids[:32], one)])  # lazy set-up outside the measure
+    reqs = [GenerationRequest(ids[: len(ids) // (k + 1)], one) for k in range(spec["rows"])]
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    base = _status_kb("VmRSS")
+    started = time.process_time()
+    out = eng.generate(reqs)
+    seconds = time.process_time() - started
+    hwm = _status_kb("VmHWM")
+    return {
+        "cpu_s": seconds,
+        "call_mb": (hwm - base) / 1024,
+        "peak_mb": hwm / 1024,
+        "logprobs": [g[0].logprobs[0] for g in out],
+    }
+
+
+def _fork(spec: dict[str, Any]) -> dict[str, Any]:
+    """`_prefill_measure` in a forked child (its own peak RSS); the result through a pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            out = json.dumps(_prefill_measure(spec)).encode()
+        except BaseException as e:  # noqa: BLE001 - the parent reports what failed
+            out = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
+        with os.fdopen(write, "wb") as f:
+            f.write(out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    got: dict[str, Any] = json.loads(data) if data else {"error": "the child wrote nothing"}
+    if "error" in got:
+        raise SystemExit(f"point {spec} failed: {got['error']}")
+    return got
+
+
+def prefill_table(lengths: list[int], chunks: list[int | None], rows: int, engine: dict[str, Any]) -> list[str]:
+    """Per prompt length: CPU s, the call's MB over its start and the child's peak RSS, per chunk
+    setting; and the largest first-token log-prob gap from one forward (chunks[0])."""
+    names = ["one forward" if c is None else f"chunks of {c}" for c in chunks]
+    out = [
+        "| L | " + " | ".join(f"{n}: CPU s, call MB, peak MB" for n in names) + " | max abs dlp |",
+        "|---:|" + "---:|" * (len(chunks) + 1),
+    ]
+    for length in lengths:
+        got = [_fork({"length": length, "chunk": c, "rows": rows, "engine": engine}) for c in chunks]
+        gap = max(abs(a - b) for r in got[1:] for a, b in zip(got[0]["logprobs"], r["logprobs"]))
+        cells = [f"{r['cpu_s']:.2f} s, {r['call_mb']:.0f}, {r['peak_mb']:.0f}" for r in got]
+        out.append(f"| {length:,} | " + " | ".join(cells) + f" | {gap:.1e} |")
+    return out
+
+
+def prefill_main(args: argparse.Namespace) -> None:
+    started = time.perf_counter()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    chunks: list[int | None] = [None, 2048, 512]
+    print(f"1. two prompts (L and L/2, left-padded), one call, max_tokens 1; chunks {chunks}")
+    print("\n".join(prefill_table(lengths, chunks, 2, {})))
+    print("\n2. one prompt of L (no padding)")
+    print("\n".join(prefill_table(lengths[-2:], chunks, 1, {})))
+    print(f"\nwall {time.perf_counter() - started:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=16, help="lookup tasks (documents: half, tools: a quarter)")
     ap.add_argument("--group", type=int, default=4, help="episodes per task (G)")
     ap.add_argument("--repeats", type=int, default=2, help="times each side runs (alternating)")
     ap.add_argument("--suite", choices=("default", "feedback"), default="default", help="which domains (see above)")
+    ap.add_argument("--prefill", action="store_true", help="chunked prefill's memory against prompt length")
+    ap.add_argument("--lengths", default="512,1024,2048,4096,8000", help="with --prefill: prompt lengths")
     args = ap.parse_args(argv)
+    if args.prefill:
+        prefill_main(args)
+        return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from posttrain.model.pretrain import ensure_base

@@ -82,6 +82,13 @@ class HFEngineConfig(BaseModel):
     copies the whole KV cache, keeping one costs a row of compute per step.
     0 drops each finished row at once."""
 
+    prefill_chunk_tokens: int | None = Field(2048, ge=1, le=1 << 30)
+    """A prompt longer than this is prefilled in forwards of at most this many positions each
+    (every row of the batch at once; each chunk attends to the KV cache of the chunks before
+    it), so the prefill's activations hold chunk x prompt attention scores instead of prompt x
+    prompt, and the MLP's hidden states of one chunk. The logits equal one forward's up to float
+    rounding (tested); None: one forward, whatever the length."""
+
     context_reuse: bool = True
     """Keep the KV cache of each sample whose request names a session (the episode driver
     names each episode's) after its turn, and compute only the new tokens of that session's
@@ -403,6 +410,21 @@ class HFEngine(Engine):
             raise GenerationError("model produced non-finite logits (broken weights?)")
         return logits
 
+    def _forward_prompt(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """The prompt forward of `ids` (batch x width, after the cache's first mask.shape[1] -
+        width columns): in chunks of at most `prefill_chunk_tokens` columns, each over the
+        mask up to its end, appending to the cache; the logits of the last position."""
+        width, step = ids.shape[1], self.config.prefill_chunk_tokens or ids.shape[1]
+        past = mask.shape[1] - width
+        logits = None
+        for a in range(0, width, step):
+            b = min(width, a + step)
+            logits = self._forward(ids[:, a:b], mask[:, : past + b], positions[:, a:b], cache)
+        assert logits is not None  # width >= 1: every prompt has a token
+        return logits
+
     def _prefill(self, batch: list[_Chunk], capacity: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward each chunk's prompt once (left-padded), then copy its cache
         to its rows. Returns (cache, logits_bv, mask_bt, next_position_b)."""
@@ -418,7 +440,7 @@ class HFEngine(Engine):
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward_prompt(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
         return self._expand(batch, cache, logits, mask, positions)
 
@@ -444,7 +466,7 @@ class HFEngine(Engine):
         cache = new_cache(self.model.config, longest + width + capacity, sum(len(c.rows) for c in batch))
         kept = [(k, _head(c.resumed, c.reuse)) for k, c in enumerate(batch) if c.resumed is not None and c.reuse]
         preload(cache, len(batch), longest, kept)
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward_prompt(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(r) for r in rests)
         self._prompt_reused += sum(c.reuse for c in batch)
         return self._expand(batch, cache, logits, mask, positions)

@@ -67,6 +67,7 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
             "context_reuse": cfg.context_reuse,
             "context_budget_tokens": cfg.context_budget_tokens,
             "max_batch_tokens": cfg.max_batch_tokens,
+            "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
             "speculation": cfg.speculation,
         }
     )
