@@ -134,6 +134,11 @@ class EngineConfig(BaseModel):
     prefill holds chunk x prompt attention scores instead of prompt x prompt and one chunk's MLP
     activations (bench/kv_reuse.py --prefill measures peak memory against prompt length). The
     logits equal one forward's up to float rounding; None: one forward whatever the length."""
+    kv_dtype: Literal["auto", "int8"] = "auto"
+    """With hf: the KV cache's storage. auto: the model's dtype; int8: int8 values with one float32
+    scale per (row, head, position), dequantized at each attention, about 3.6x less KV memory than
+    float32 at head dim 32 (1 + 4 / head dim bytes per value), lossy (held-out accuracy measured in
+    bench/RESULTS.md, "int8 KV cache"). Only for models whose layers all use full attention."""
     context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -88,6 +88,14 @@ class HFEngineConfig(BaseModel):
     it), so the prefill's activations hold chunk x prompt attention scores instead of prompt x
     prompt, and the MLP's hidden states of one chunk. The logits equal one forward's up to float
     rounding (tested); None: one forward, whatever the length."""
+
+    kv_dtype: Literal["auto", "int8"] = "auto"
+    """The KV cache's storage: auto, the model's dtype; int8, int8 values with one float32 scale
+    per (row, head, position) (absmax / 127 over the head dim), dequantized at every attention
+    (one layer's float copy at a time): 1 + 4 / head_dim bytes per value instead of 4 in
+    float32. Lossy: logits move by the rounding (bench/RESULTS.md measures held-out accuracy);
+    kept sessions hold their contexts dequantized. Only for models whose layers all use full
+    attention (the slab cache); others are refused."""
 
     context_reuse: bool = True
     """Keep the KV cache of each sample whose request names a session (the episode driver
@@ -199,6 +207,12 @@ class HFEngine(Engine):
         self._prompt_tokens = self._generated_tokens = self._forward_calls = self._prompt_reused = 0
         self._last_fed = 0
         reuse = self.config.context_reuse and slab_capable(model.config)
+        self._int8 = self.config.kv_dtype == "int8"
+        if self._int8 and not slab_capable(model.config):
+            raise ConfigError(
+                "engine.kv_dtype int8 needs a model whose layers all use full attention (the slab KV cache); "
+                "this one has sliding-window or linear-attention layers: use kv_dtype auto"
+            )
         self._sessions = SessionCache(self.config.context_budget_tokens) if reuse else None
         self._lock = threading.RLock()  # one generate or weight update at a time
         self._on_tokens: OnTokens | None = None
@@ -439,7 +453,7 @@ class HFEngine(Engine):
             mask[k, width - len(c.prompt) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
+        cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch), self._int8)
         logits = self._forward_prompt(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
         return self._expand(batch, cache, logits, mask, positions)
@@ -463,7 +477,7 @@ class HFEngine(Engine):
             mask[k, longest + width - len(rest) :] = 1
             positions[k, width - len(rest) :] = torch.arange(c.reuse, len(c.prompt))
         ids, mask, positions = ids.to(dev), mask.to(dev), positions.to(dev)
-        cache = new_cache(self.model.config, longest + width + capacity, sum(len(c.rows) for c in batch))
+        cache = new_cache(self.model.config, longest + width + capacity, sum(len(c.rows) for c in batch), self._int8)
         kept = [(k, _head(c.resumed, c.reuse)) for k, c in enumerate(batch) if c.resumed is not None and c.reuse]
         preload(cache, len(batch), longest, kept)
         logits = self._forward_prompt(ids, mask, positions, cache)

@@ -68,6 +68,7 @@ def make_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_di
             "context_budget_tokens": cfg.context_budget_tokens,
             "max_batch_tokens": cfg.max_batch_tokens,
             "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
+            "kv_dtype": cfg.kv_dtype,
             "speculation": cfg.speculation,
         }
     )
