@@ -212,14 +212,24 @@ def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
 
     ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
     torch.set_num_threads(1)
-    model, tok = random_model("micro", 0, max_positions=8192)
     cfg = HFEngineConfig(prefill_chunk_tokens=spec["chunk"], max_batch_tokens=1 << 30, **spec.get("engine", {}))
-    eng = HFEngine(model, tok, config=cfg, seed=0)
-    g = torch.Generator().manual_seed(0)
-    ids = tuple(torch.randint(10, len(tok) - 5, (spec["length"],), generator=g).tolist())
-    one = SamplingParams(max_tokens=1, temperature=0.0)
-    eng.generate([GenerationRequest(ids[:32], one)])  # lazy set-up outside the measure
-    reqs = [GenerationRequest(ids[: len(ids) // (k + 1)], one) for k in range(spec["rows"])]
+    if spec.get("model"):
+        eng = HFEngine.from_pretrained(spec["model"], device="cpu", config=cfg, seed=0)
+        tok = eng.tokenizer
+    else:
+        model, tok = random_model(spec.get("preset", "micro"), 0, max_positions=8192)
+        eng = HFEngine(model, tok, config=cfg, seed=0)
+    one = SamplingParams(max_tokens=spec.get("max_tokens", 1), temperature=0.0, n=spec.get("n", 1))
+    if spec.get("domain"):  # real prompts: task i of the family at this length, chat template applied
+        from posttrain.domains.registry import get
+
+        dom = get(f"{spec['domain']}@{spec['length']}")
+        reqs = [GenerationRequest(eng.encode_chat(dom.sample(i, "eval", 2).prompt), one) for i in range(spec["rows"])]
+    else:
+        g = torch.Generator().manual_seed(0)
+        ids = tuple(torch.randint(10, len(tok) - 5, (spec["length"],), generator=g).tolist())
+        reqs = [GenerationRequest(ids[: len(ids) // (k + 1)], one) for k in range(spec["rows"])]
+    eng.generate([GenerationRequest(reqs[0].prompt_ids[:32], SamplingParams(max_tokens=1))])  # lazy set-up
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     base = _status_kb("VmRSS")
@@ -232,6 +242,8 @@ def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
         "call_mb": (hwm - base) / 1024,
         "peak_mb": hwm / 1024,
         "logprobs": [g[0].logprobs[0] for g in out],
+        "tokens": [list(c.token_ids) for g in out for c in g],
+        "prompt_tokens": sum(len(r.prompt_ids) for r in reqs),
     }
 
 
@@ -274,6 +286,49 @@ def prefill_table(lengths: list[int], chunks: list[int | None], rows: int, engin
     return out
 
 
+def int8_table(lengths: list[int], spec: dict[str, Any]) -> list[str]:
+    """Per prompt length: kv_dtype auto against int8 on the same call (`spec`), CPU s, the call's
+    MB over its start, the child's peak RSS; the KV slab's own MB (computed from the shapes); and
+    how far int8 moves the outputs: greedy completions identical, largest first-token log-prob gap."""
+    out = [
+        "| L | prompt tokens | auto: CPU s, call MB, peak MB | int8: CPU s, call MB, peak MB | KV slab MB auto / int8 "
+        "| identical greedy | max abs dlp |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length in lengths:
+        a, b = (_fork({**spec, "length": length, "engine": {"kv_dtype": kind}}) for kind in ("auto", "int8"))
+        gap = max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"]))
+        same = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
+        slab = [_slab_mb(spec, a["prompt_tokens"], int8) for int8 in (False, True)]
+        cells = [f"{r['cpu_s']:.2f} s, {r['call_mb']:.0f}, {r['peak_mb']:.0f}" for r in (a, b)]
+        out.append(
+            f"| {length:,} | {a['prompt_tokens']:,} | {cells[0]} | {cells[1]} | {slab[0]:.0f} / {slab[1]:.0f} "
+            f"| {same}/{len(a['tokens'])} | {gap:.1e} |"
+        )
+    return out
+
+
+def _slab_mb(spec: dict[str, Any], prompt_tokens: int, int8: bool) -> float:
+    """MB of the KV slabs of `spec`'s call: rows x (longest prompt + max_tokens) positions per layer,
+    keys and values; float32, or int8 plus one float32 scale per head_dim values (the shapes of
+    the micro or tiny preset, or the model folder's config)."""
+    from posttrain.model.arch import PRESETS
+
+    if spec.get("model"):
+        import json as _json
+        from pathlib import Path
+
+        c = _json.loads((Path(spec["model"]) / "config.json").read_text())
+        layers, kv, hd = c["num_hidden_layers"], c["num_key_value_heads"], c["hidden_size"] // c["num_attention_heads"]
+    else:
+        hidden, layers, heads, kv, _ = PRESETS[spec.get("preset", "micro")]
+        hd = hidden // heads
+    rows = spec["rows"] * spec.get("n", 1)
+    positions = rows * (prompt_tokens // spec["rows"] + spec.get("max_tokens", 1))  # prompts of one length
+    per_value = 1 + 4 / hd if int8 else 4
+    return positions * layers * 2 * kv * hd * per_value / 2**20
+
+
 def prefill_main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -282,6 +337,14 @@ def prefill_main(args: argparse.Namespace) -> None:
     print("\n".join(prefill_table(lengths, chunks, 2, {})))
     print("\n2. one prompt of L (no padding)")
     print("\n".join(prefill_table(lengths[-2:], chunks, 1, {})))
+    tiny = {"preset": "tiny", "rows": 1, "n": 16, "max_tokens": 16, "chunk": 2048}
+    print("\n3. kv_dtype auto against int8: one prompt of L random tokens, 16 samples (prefix sharing), 16 greedy")
+    print("tokens each, the tiny preset (4 layers, 2 kv heads of 32), random weights")
+    print("\n".join(int8_table(lengths, tiny)))
+    if args.model:
+        real = {"model": args.model, "rows": 8, "max_tokens": 24, "chunk": 2048, "domain": "keychain"}
+        print(f"\n4. kv_dtype auto against int8 on {args.model}: 8 keychain@L eval prompts (level 2), greedy")
+        print("\n".join(int8_table([int(x) for x in args.model_lengths.split(",")], real)))
     print(f"\nwall {time.perf_counter() - started:.0f} s")
 
 
@@ -293,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--suite", choices=("default", "feedback"), default="default", help="which domains (see above)")
     ap.add_argument("--prefill", action="store_true", help="chunked prefill's memory against prompt length")
     ap.add_argument("--lengths", default="512,1024,2048,4096,8000", help="with --prefill: prompt lengths")
+    ap.add_argument("--model", help="with --prefill: also int8 against auto on this model folder (keychain prompts)")
+    ap.add_argument("--model-lengths", default="1000,4000,8000", help="with --model: keychain@L lengths")
     args = ap.parse_args(argv)
     if args.prefill:
         prefill_main(args)
