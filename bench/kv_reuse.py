@@ -34,7 +34,15 @@ attention holds L x L scores per head: a lone unpadded prompt takes torch's fuse
 a lone prompt of L; max_tokens 1; the micro preset with random weights and 8,192 positions.
 "max |dlp|" is the largest gap of the first tokens' log-probs from one forward's.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~1 min
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~3 min
+
+`--ratio DOMAINS`: prompt tokens computed over the tokens each episode needs computed (its new
+tokens less a group-mate's shared first prompt), per domain: 4 tasks x 3 episodes stepped by the
+driver's own functions, T = 1, stop strings so that actions end early and episodes run 3 turns,
+on a random micro model (no base to build: the feedback tiers' base takes over 15 minutes here).
+1.00 when every prompt token is computed once.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --ratio lookup,code_fix,term_fix,doc_fix,geo_fix
 
 With this base the document-fields actions repeat one character until the token budget
 truncates them, which ends those episodes after one turn: their row shows reuse changing
@@ -329,6 +337,46 @@ def _slab_mb(spec: dict[str, Any], prompt_tokens: int, int8: bool) -> float:
     return positions * layers * 2 * kv * hd * per_value / 2**20
 
 
+def ratio_main(names: list[str]) -> None:
+    """`--ratio`: per domain, episodes, turns, prompt tokens computed, new and needed."""
+    import torch
+
+    from posttrain.domains.registry import get
+    from posttrain.engine.hf import HFEngine
+    from posttrain.envs import driver
+    from posttrain.model.arch import random_model
+    from posttrain.types import SamplingParams
+
+    torch.set_num_threads(1)
+    model, tok = random_model("micro", 0, max_positions=8192)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # wide weights: greedy paths vary, eos and the stop strings are reachable
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=7, stop=tuple("aeiostnp%"))
+    print("| domain | episodes | turns | computed | new | needed | computed / needed |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        eng, dom, trajs = HFEngine(model.eval(), tok, seed=1), get(name), []
+        for task in [dom.sample(i, "train", 1) for i in range(4)]:
+            envs = driver.open_envs(dom, task, 3)
+            ts = driver.start(envs, task, [eng.encode_chat(driver.first_messages(task, o)) for _, o in envs], 3)
+            while any(not t.done for t in ts):
+                reqs, targets = driver.requests(ts, params, 7, task.id)
+                driver.generate_each(eng.generate, reqs, targets)
+                for t in (t for group in targets for t in group):
+                    driver.step(t)
+                    driver.observe(t, eng.encode_chat)
+            eng.end_sessions(driver.session_keys(task.id, 3))
+            driver.close_envs(e for e, _ in envs)
+            trajs += ts
+        computed, new = sum(t.prompt_computed for t in trajs), sum(t.prompt_new for t in trajs)
+        needed = new - sum(len(t.prompt_ids) for j, t in enumerate(trajs) if j % 3)
+        turns = sum(len(t.turns) for t in trajs)
+        print(f"| {name} | {len(trajs)} | {turns} | {computed:,} | {new:,} | {needed:,} | {computed / needed:.3f} |")
+
+
 def prefill_main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -340,7 +388,7 @@ def prefill_main(args: argparse.Namespace) -> None:
     tiny = {"preset": "tiny", "rows": 1, "n": 16, "max_tokens": 16, "chunk": 2048}
     print("\n3. kv_dtype auto against int8: one prompt of L random tokens, 16 samples (prefix sharing), 16 greedy")
     print("tokens each, the tiny preset (4 layers, 2 kv heads of 32), random weights")
-    print("\n".join(int8_table(lengths, tiny)))
+    print("\n".join(int8_table(lengths[-3:], tiny)))
     if args.model:
         real = {"model": args.model, "rows": 8, "max_tokens": 24, "chunk": 2048, "domain": "keychain"}
         print(f"\n4. kv_dtype auto against int8 on {args.model}: 8 keychain@L eval prompts (level 2), greedy")
@@ -358,7 +406,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lengths", default="512,1024,2048,4096,8000", help="with --prefill: prompt lengths")
     ap.add_argument("--model", help="with --prefill: also int8 against auto on this model folder (keychain prompts)")
     ap.add_argument("--model-lengths", default="1000,4000,8000", help="with --model: keychain@L lengths")
+    ap.add_argument("--ratio", metavar="DOMAINS", help="prompt tokens computed over needed per domain (see above)")
     args = ap.parse_args(argv)
+    if args.ratio:
+        ratio_main(args.ratio.split(","))
+        return
     if args.prefill:
         prefill_main(args)
         return

@@ -115,3 +115,21 @@ def test_the_run_config_sets_the_chunk_and_refuses_a_bad_one(model_tok):
     assert load_config(None, []).engine.prefill_chunk_tokens == 2048
     with pytest.raises(Exception, match="prefill_chunk_tokens"):
         load_config(None, ["engine.prefill_chunk_tokens=0"])
+
+
+def test_a_lone_unpadded_prompt_takes_one_fused_forward(model_tok):
+    """Nothing padded, nothing cached, sdpa: torch's fused causal kernel holds no L x L scores,
+    so chunks would only cost time (measured in bench/RESULTS.md); eager attention is chunked."""
+    model, tok = model_tok
+    assert model.config._attn_implementation == "sdpa"
+    eng = Widths(model, tok, config=HFEngineConfig(prefill_chunk_tokens=37))
+    prompt = eng.encode_chat([Message("user", "the quick brown fox " * 10)])
+    eng.generate([GenerationRequest(prompt, SamplingParams(max_tokens=1, n=3))])
+    assert eng.widths == [len(prompt)]
+    model.config._attn_implementation = "eager"
+    try:
+        eager = Widths(model, tok, config=HFEngineConfig(prefill_chunk_tokens=37))
+        eager.generate([GenerationRequest(prompt, SamplingParams(max_tokens=1))])
+    finally:
+        model.config._attn_implementation = "sdpa"
+    assert max(eager.widths) == 37

@@ -133,7 +133,8 @@ class EngineConfig(BaseModel):
     each (the batch's rows at once, each chunk attending to the cache of those before it), so the
     prefill holds chunk x prompt attention scores instead of prompt x prompt and one chunk's MLP
     activations (bench/kv_reuse.py --prefill measures peak memory against prompt length). The
-    logits equal one forward's up to float rounding; None: one forward whatever the length."""
+    logits equal one forward's up to float rounding; None: one forward whatever the length. An
+    unpadded batch with nothing cached takes one forward under a fused attention kernel (sdpa)."""
     kv_dtype: Literal["auto", "int8"] = "auto"
     """With hf: the KV cache's storage. auto: the model's dtype; int8: int8 values with one float32
     scale per (row, head, position), dequantized at each attention, about 3.6x less KV memory than
