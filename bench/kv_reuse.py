@@ -34,7 +34,7 @@ attention holds L x L scores per head: a lone unpadded prompt takes torch's fuse
 a lone prompt of L; max_tokens 1; the micro preset with random weights and 8,192 positions.
 "max |dlp|" is the largest gap of the first tokens' log-probs from one forward's.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~3 min
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~3 min under load
 
 `--ratio DOMAINS`: prompt tokens computed over the tokens each episode needs computed (its new
 tokens less a group-mate's shared first prompt), per domain: 4 tasks x 3 episodes stepped by the
@@ -379,6 +379,13 @@ def ratio_main(names: list[str]) -> None:
 
 def prefill_main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
+    import torch  # imported once here: every forked point inherits it (a fresh import per point cost ~8 s)
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.model.arch import random_model
+
+    torch.set_num_threads(1)
+    HFEngine(*random_model("micro", 0), seed=0)
     lengths = [int(x) for x in args.lengths.split(",")]
     chunks: list[int | None] = [None, 2048, 512]
     print(f"1. two prompts (L and L/2, left-padded), one call, max_tokens 1; chunks {chunks}")
