@@ -34,7 +34,7 @@ attention holds L x L scores per head: a lone unpadded prompt takes torch's fuse
 a lone prompt of L; max_tokens 1; the micro preset with random weights and 8,192 positions.
 "max |dlp|" is the largest gap of the first tokens' log-probs from one forward's.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~3 min under load
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/kv_reuse.py --prefill   # ~70 s
 
 `--ratio DOMAINS`: prompt tokens computed over the tokens each episode needs computed (its new
 tokens less a group-mate's shared first prompt), per domain: 4 tasks x 3 episodes stepped by the

@@ -138,8 +138,9 @@ class EngineConfig(BaseModel):
     kv_dtype: Literal["auto", "int8"] = "auto"
     """With hf: the KV cache's storage. auto: the model's dtype; int8: int8 values with one float32
     scale per (row, head, position), dequantized at each attention, about 3.6x less KV memory than
-    float32 at head dim 32 (1 + 4 / head dim bytes per value), lossy (held-out accuracy measured in
-    bench/RESULTS.md, "int8 KV cache"). Only for models whose layers all use full attention."""
+    float32 at head dim 32 (1 + 4 / head dim bytes per value), lossy (held-out accuracy measured:
+    bench/RESULTS.md, "Long and multi-turn contexts in the hf engine"), 3-4x slower per call on a
+    CPU. Only for models whose layers all use full attention."""
     context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then
