@@ -87,9 +87,10 @@ def test_greedy_episodes_are_identical_with_reuse_and_compute_fewer_tokens(model
     assert off.stats().generated_tokens == st.generated_tokens
 
 
-def episodes(eng: HFEngine, name: str, k: int, n: int) -> list:
-    """The trajectories of `k` tasks x `n` episodes, stepped by the driver's own functions."""
-    params = SamplingParams(max_tokens=12, temperature=0.0, seed=7, stop=STOP)
+def episodes(eng: HFEngine, name: str, k: int, n: int, temperature: float = 0.0) -> list:
+    """The trajectories of `k` tasks x `n` episodes, stepped by the driver's own functions (a
+    task's episodes' turns batched in one engine call)."""
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=7, stop=STOP)
     dom, out = get(name), []
     for task in tasks(name, k):
         budget = BUDGETS.get(name, dom.budget)
@@ -110,8 +111,8 @@ def episodes(eng: HFEngine, name: str, k: int, n: int) -> list:
 
 @pytest.mark.parametrize("name", DOMAINS)
 def test_three_turn_episodes_compute_only_their_new_tokens(model_tok, name):
-    """Counts, not time. With reuse, each later turn computes its new tokens (the observation)
-    and the previous action's last token (sampled, never fed), nothing else; the first turn's
+    """Counts, not time. With reuse, each later turn computes its new tokens (the observation),
+    nothing else (the previous action's last token was fed before its session was kept); the first turn's
     prompt once per group (on its first sample). Per 3-turn episode of the document-fields loop
     and the tool world (prompts of ~700 and ~4,000 tokens), >= 2x fewer prompt tokens computed
     than without. Lookup's prompt (15 tokens) is shorter than the error observation the random
@@ -122,7 +123,7 @@ def test_three_turn_episodes_compute_only_their_new_tokens(model_tok, name):
         assert x.ids == y.ids  # identical completions
         assert x.prompt_new == y.prompt_new  # what is new does not depend on the engine
         shared = len(y.prompt_ids) if j % 3 else 0  # group-mates share the first turn's prompt
-        assert y.prompt_computed == y.prompt_new - shared + len(y.turns) - 1
+        assert y.prompt_computed == y.prompt_new - shared  # only the new tokens: each observation
     three = [(x, y) for x, y in zip(a, b) if len(x.turns) == 3]
     assert len(three) >= 4
     computed_off = sum(x.prompt_computed for x, _ in three)
@@ -130,6 +131,33 @@ def test_three_turn_episodes_compute_only_their_new_tokens(model_tok, name):
     assert computed_off >= (1.5 if name == LOOKUP else 2.0) * computed_on, (computed_off, computed_on)
     assert sum(x.prompt_computed for x in a) == off.stats().prompt_tokens  # the engine's own count
     assert sum(y.prompt_computed for y in b) == on.stats().prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("name", "spec"), [(LOOKUP, "off"), (LOOKUP, "suffix"), ("doc_fix", "off"), ("geo_fix", "off")]
+)
+def test_a_multi_turn_episode_computes_exactly_its_new_tokens(model_tok, name, spec):
+    """Issue 39 item 3: each prompt token of an episode is computed once, so prompt tokens
+    computed equal the new ones (ratio 1.00), the first prompt once per group. Decoding samples
+    an action's last token without feeding it; the engine feeds it before keeping the session
+    (the next step's forward while other rows still decode, else one closing forward), so the
+    next turn computes only its observation. Sampled (T = 1): a group's episodes finish their
+    turns at different steps and run 1 to 3 turns; lookup (with speculation too) and two feedback
+    tiers (document and geometry fixes; docs/feedback.md). The old engine computed
+    each later turn's observation plus that last token."""
+    from posttrain.configs.engine import SpeculationConfig
+
+    on = engine(model_tok, True, speculation=SpeculationConfig(kind=spec))
+    trajs = episodes(on, name, 4, 3, temperature=1.0)
+    assert max(len(t.turns) for t in trajs) == 3
+    full = episodes(engine(model_tok, False, speculation=SpeculationConfig(kind=spec)), name, 4, 3, 1.0)
+    assert [t.ids for t in trajs] == [t.ids for t in full]  # the fed last tokens' keys are right
+    for j, t in enumerate(trajs):
+        shared = len(t.prompt_ids) if j % 3 else 0  # group-mates share the first turn's prompt
+        assert t.prompt_computed == t.prompt_new - shared, (j, t.prompt_computed, t.prompt_new, shared)
+    st = on.stats()
+    assert st.last_fed > 0 and sum(t.prompt_computed for t in trajs) == st.prompt_tokens
+    assert st.sessions is not None and st.sessions.hits == sum(len(t.turns) - 1 for t in trajs)
 
 
 def test_a_tiny_budget_evicts_and_changes_no_output(model_tok):
@@ -169,9 +197,9 @@ def test_a_diverging_prompt_falls_back_to_a_full_prefill(model_tok):
     st = on.stats()
     assert st.sessions is not None and st.sessions.diverged == 1 and st.prompt_reused == 0
     # the diverged turn kept its own context: the next turn resumes it
-    nxt = changed + got.token_ids
+    nxt = changed + got.token_ids + first[-2:]  # its whole context kept (the last token too), then new tokens
     again = on.generate([GenerationRequest(nxt, greedy, "r", ("s",))])[0][0]
-    assert again.cached_tokens == len(changed) + len(got.token_ids) - 1
+    assert again.cached_tokens == len(changed) + len(got.token_ids)
     assert again.token_ids == off.generate([GenerationRequest(nxt, greedy)])[0][0].token_ids
 
 

@@ -66,3 +66,23 @@ def test_compare_same_items_paired(tmp_path, micro_base, capsys):
     page = (out / "compare.html").read_text()
     assert "data:image/png;base64," in page and "paired" in page
     assert main(["compare", micro_base, str(tmp_path / "nope")]) == 2
+
+
+def test_eval_builds_its_engine_from_the_engine_section(micro_base, monkeypatch, capsys):
+    """`engine.*` settings reach `posttrain eval`'s hf engine (before, it built one with the
+    defaults whatever the config said, so `engine.kv_dtype=int8` evaluated float32)."""
+    from posttrain.engine.hf import HFEngine
+
+    built = []
+    real = HFEngine.from_pretrained.__func__
+
+    def recording(cls, *args, **kwargs):
+        engine = real(cls, *args, **kwargs)
+        built.append(engine.config)
+        return engine
+
+    monkeypatch.setattr(HFEngine, "from_pretrained", classmethod(recording))
+    small = [*SMALL, "eval.samples=0", "eval.tasks_per_domain=2", "eval.above_tasks=0"]
+    argv = ["eval", *small, "engine.kv_dtype=int8", "engine.prefill_chunk_tokens=64", "--model", micro_base]
+    assert main(argv) == 0
+    assert [(c.kv_dtype, c.prefill_chunk_tokens) for c in built] == [("int8", 64)]

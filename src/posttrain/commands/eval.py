@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from posttrain.engine.hf import HFEngine
+    from posttrain.engine.sync import hf_config
     from posttrain.evaluate import HeldoutSet, evaluate_heldout, format_details, format_table, format_turns
     from posttrain.evaluate.run import heldout_for, options
 
@@ -72,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     heldout = HeldoutSet.load(args.heldout or args.run) if (args.heldout or args.run) else _build(cfg, heldout_for)
     for warning in heldout.warnings():
         print(f"warning: {warning}")
-    engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
+    engine = HFEngine.from_pretrained(
+        _model(args, cfg), device=cfg.model.device, seed=cfg.run.seed, config=hf_config(cfg.engine)
+    )
     table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks, run=cfg))
     print(format_table(table))
     if turns := format_turns(table, labels=("model", "")):
@@ -107,6 +110,7 @@ def _bench(args: argparse.Namespace, cfg) -> int:
     import torch
 
     from posttrain.engine.hf import HFEngine
+    from posttrain.engine.sync import hf_config
     from posttrain.evaluate import format_details, format_table
     from posttrain.evaluate.run import options
     from posttrain.tasks.pool import TaskPool
@@ -119,7 +123,9 @@ def _bench(args: argparse.Namespace, cfg) -> int:
         samples=args.samples,
         ks=tuple(k for k in cfg.eval.k if k <= args.samples),
     )
-    engine = HFEngine.from_pretrained(_model(args, cfg), device=cfg.model.device, seed=cfg.run.seed)
+    engine = HFEngine.from_pretrained(
+        _model(args, cfg), device=cfg.model.device, seed=cfg.run.seed, config=hf_config(cfg.engine)
+    )
     table = run_benchmarks(engine, names, opts, args.limit)
     print(format_table(table))
     print(format_details(table))

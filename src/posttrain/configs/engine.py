@@ -131,6 +131,19 @@ class EngineConfig(BaseModel):
     calls run as several batches, with the same samples (a request's samples never depend on
     batching). Sized so that evaluating every registered domain stays near 1 GiB of engine
     memory on the embedded base; raise it for throughput where memory allows."""
+    prefill_chunk_tokens: int | None = Field(2048, ge=1, le=1 << 30)
+    """With hf: a prompt longer than this is prefilled in forwards of at most this many positions
+    each (the batch's rows at once, each chunk attending to the cache of those before it), so the
+    prefill holds chunk x prompt attention scores instead of prompt x prompt and one chunk's MLP
+    activations (bench/kv_reuse.py --prefill measures peak memory against prompt length). The
+    logits equal one forward's up to float rounding; None: one forward whatever the length. An
+    unpadded batch with nothing cached takes one forward under a fused attention kernel (sdpa)."""
+    kv_dtype: Literal["auto", "int8"] = "auto"
+    """With hf: the KV cache's storage. auto: the model's dtype; int8: int8 values with one float32
+    scale per (row, head, position), dequantized at each attention, about 3.6x less KV memory than
+    float32 at head dim 32 (1 + 4 / head dim bytes per value), lossy (held-out accuracy measured:
+    bench/RESULTS.md, "Long and multi-turn contexts in the hf engine"), 3-4x slower per call on a
+    CPU. Only for models whose layers all use full attention."""
     context_budget_tokens: int = Field(131_072, ge=0, le=1 << 30)
     """With hf and context_reuse: most tokens of kept contexts held at once over all episodes;
     past it the least recently stored are dropped (counted as evicted; that turn is then

@@ -8,7 +8,8 @@ other requests in the call, on batching, or on whether its prompt was shared
 across its group. A group of n samples computes its prompt once and copies
 the prompt's KV cache n times. With `context_reuse`, a sample whose request
 names a session keeps its context's KV cache after the call
-(engine/sessions.py); a later request of that session whose prompt starts
+(engine/sessions.py), its last sampled token fed first so the session holds
+every token; a later request of that session whose prompt starts
 with the kept tokens computes only the rest of its prompt, on the same
 weights (an update drops every kept session), so its samples are those of
 a full prefill up to float rounding (greedy tokens identical in the tests).
@@ -46,7 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,6 +93,23 @@ class HFEngineConfig(BaseModel):
     copies the whole KV cache, keeping one costs a row of compute per step.
     0 drops each finished row at once."""
 
+    prefill_chunk_tokens: int | None = Field(2048, ge=1, le=1 << 30)
+    """A prompt longer than this is prefilled in forwards of at most this many positions each
+    (every row of the batch at once; each chunk attends to the KV cache of the chunks before
+    it), so the prefill's activations hold chunk x prompt attention scores instead of prompt x
+    prompt, and the MLP's hidden states of one chunk. The logits equal one forward's up to float
+    rounding (tested); None: one forward, whatever the length. A batch with no padding and no
+    cached context under a fused attention kernel (sdpa, flash) takes one forward anyway (the
+    kernel holds no prompt x prompt scores there)."""
+
+    kv_dtype: Literal["auto", "int8"] = "auto"
+    """The KV cache's storage: auto, the model's dtype; int8, int8 values with one float32 scale
+    per (row, head, position) (absmax / 127 over the head dim), dequantized at every attention
+    (one layer's float copy at a time): 1 + 4 / head_dim bytes per value instead of 4 in
+    float32. Lossy: logits move by the rounding (bench/RESULTS.md measures held-out accuracy);
+    kept sessions hold their contexts dequantized. Only for models whose layers all use full
+    attention (the slab cache); others are refused."""
+
     context_reuse: bool = True
     """Keep the KV cache of each sample whose request names a session (the episode driver
     names each episode's) after its turn, and compute only the new tokens of that session's
@@ -127,6 +145,9 @@ class EngineStats:
     """Prompt tokens taken from kept sessions instead of being computed (`context_reuse`)."""
     sessions: SessionStats | None = None
     """The session cache's counters (None: context_reuse is off)."""
+    last_fed: int = 0
+    """Completions' last tokens fed by a batch's closing forward so that their kept sessions
+    hold them (`context_reuse`; a row that finishes while others decode is fed by the next step)."""
 
 
 @dataclass(frozen=True)
@@ -208,7 +229,14 @@ class HFEngine(Engine):
         self._generator = torch.Generator()
         self.seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         self._prompt_tokens = self._generated_tokens = self._forward_calls = self._prompt_reused = 0
+        self._last_fed = 0
         reuse = self.config.context_reuse and slab_capable(model.config)
+        self._int8 = self.config.kv_dtype == "int8"
+        if self._int8 and not slab_capable(model.config):
+            raise ConfigError(
+                "engine.kv_dtype int8 needs a model whose layers all use full attention (the slab KV cache); "
+                "this one has sliding-window or linear-attention layers: use kv_dtype auto"
+            )
         self._sessions = SessionCache(self.config.context_budget_tokens) if reuse else None
         self._lock = threading.RLock()  # one generate or weight update at a time
         self._on_tokens: OnTokens | None = None
@@ -276,7 +304,12 @@ class HFEngine(Engine):
     def stats(self) -> EngineStats:
         sessions = self._sessions.stats() if self._sessions is not None else None
         return EngineStats(
-            self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused, sessions
+            self._prompt_tokens,
+            self._generated_tokens,
+            self._forward_calls,
+            self._prompt_reused,
+            sessions,
+            self._last_fed,
         )
 
     def counters(self) -> dict[str, int]:
@@ -517,6 +550,34 @@ class HFEngine(Engine):
             raise GenerationError("model produced non-finite logits (broken weights?)")
         return logits
 
+    def _forward_prompt(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        pixels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The prompt forward of `ids` (batch x width, after the cache's first mask.shape[1] -
+        width columns): in chunks of at most `prefill_chunk_tokens` columns, each over the
+        mask up to its end, appending to the cache; the logits of the last position. One
+        forward when nothing is padded or cached before and the attention is a fused kernel
+        (sdpa, flash): it then holds no width x width scores, and chunks would only cost
+        (bench/RESULTS.md, "Long and multi-turn contexts in the hf engine": 0.86 s and 13 MB
+        against 1.54 s and 77 MB at 8,000 tokens on a CPU). With `pixels` (a vision model's
+        images) one forward, so no image's tokens are split from its pixels."""
+        width, step = ids.shape[1], self.config.prefill_chunk_tokens or ids.shape[1]
+        past = mask.shape[1] - width
+        fused = getattr(self.model.config, "_attn_implementation", None) in _FUSED_ATTENTION
+        if (fused and past == 0 and bool(mask.all())) or pixels is not None:
+            return self._forward(ids, mask, positions, cache, pixels=pixels)  # image tokens stay with their pixels
+        logits = None
+        for a in range(0, width, step):
+            b = min(width, a + step)
+            logits = self._forward(ids[:, a:b], mask[:, : past + b], positions[:, a:b], cache)
+        assert logits is not None  # width >= 1: every prompt has a token
+        return logits
+
     def _prefill(self, batch: list[_Chunk], capacity: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward each chunk's prompt once (left-padded), then copy its cache
         to its rows. Returns (cache, logits_bv, mask_bt, next_position_b)."""
@@ -531,9 +592,9 @@ class HFEngine(Engine):
             mask[k, width - len(c.prompt) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch))
+        cache = new_cache(self.model.config, width + capacity, sum(len(c.rows) for c in batch), self._int8)
         seen = [c.pixels for c in batch if c.pixels is not None]
-        logits = self._forward(ids, mask, positions, cache, pixels=torch.cat(seen) if seen else None)
+        logits = self._forward_prompt(ids, mask, positions, cache, pixels=torch.cat(seen) if seen else None)
         self._prompt_tokens += sum(len(c.prompt) for c in batch)
         return self._expand(batch, cache, logits, mask, positions)
 
@@ -556,10 +617,10 @@ class HFEngine(Engine):
             mask[k, longest + width - len(rest) :] = 1
             positions[k, width - len(rest) :] = torch.arange(c.reuse, len(c.prompt))
         ids, mask, positions = ids.to(dev), mask.to(dev), positions.to(dev)
-        cache = new_cache(self.model.config, longest + width + capacity, sum(len(c.rows) for c in batch))
+        cache = new_cache(self.model.config, longest + width + capacity, sum(len(c.rows) for c in batch), self._int8)
         kept = [(k, _head(c.resumed, c.reuse)) for k, c in enumerate(batch) if c.resumed is not None and c.reuse]
         preload(cache, len(batch), longest, kept)
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward_prompt(ids, mask, positions, cache)
         self._prompt_tokens += sum(len(r) for r in rests)
         self._prompt_reused += sum(c.reuse for c in batch)
         return self._expand(batch, cache, logits, mask, positions)
@@ -660,8 +721,8 @@ class HFEngine(Engine):
             last = torch.tensor([outs[r].token_ids[-1] for r in active], dtype=torch.long, device=dev)
             steps = torch.tensor([len(outs[r].token_ids) for r in active], dtype=torch.int64, device=dev)
             fed = torch.zeros((len(active), width), dtype=mask.dtype)
-            for k, (d, ok) in enumerate(zip(drafts, live)):
-                fed[k, : 1 + len(d)] = int(ok)
+            for k, (r, d, ok) in enumerate(zip(active, drafts, live)):  # a finished row: its last token, once
+                fed[k, : 1 + len(d)] = int(ok or self._unfed(mask, k, rows[r], prompts[r], outs[r]))
             fed = fed.to(dev)
             if mask.shape[1] + width > capacity:  # rejected drafts' holes would overflow the slab
                 mask = compact(cache, mask)
@@ -722,20 +783,66 @@ class HFEngine(Engine):
         *per_row: torch.Tensor,
     ) -> tuple[list[int], torch.Tensor, tuple[torch.Tensor, ...]] | None:
         """Finished rows leave the batch, for both decode loops: None when every active row is
-        finished (each kept session stored); else the active rows, the mask and `per_row`'s
-        tensors (one entry per batch position), with the finished rows dropped (their sessions
-        kept first) once they make up `compact_fraction` of the batch, unchanged before that."""
+        finished (each kept session stored, `_feed_last` first); else the active rows, the mask
+        and `per_row`'s tensors (one entry per batch position; `per_row[0]` each row's next
+        position), with the finished rows dropped (their sessions kept first) once they make up
+        `compact_fraction` of the batch, unchanged before that. A finished row whose session
+        lacks its last token's keys and values (sampled, not yet fed) stays one step more: the
+        next forward feeds it (the plain loop feeds every row; the speculative loop, `_feeds`)."""
         keep = [k for k, r in enumerate(active) if outs[r].finish is None]
         if not keep:
+            mask = self._feed_last(cache, mask, per_row[0], active, rows, prompts, outs)
             self._keep_sessions(cache, mask, range(len(active)), active, rows, prompts, outs)
             return None
-        if len(active) - len(keep) < max(1, self.config.compact_fraction * len(active)):
+        gone = [
+            k
+            for k, r in enumerate(active)
+            if outs[r].finish is not None and not self._unfed(mask, k, rows[r], prompts[r], outs[r])
+        ]
+        if len(gone) < max(1, self.config.compact_fraction * len(active)):
             return active, mask, per_row
-        gone = [k for k, r in enumerate(active) if outs[r].finish is not None]
         self._keep_sessions(cache, mask, gone, active, rows, prompts, outs)
-        idx = torch.tensor(keep, device=self.device)
+        stay = [k for k in range(len(active)) if k not in set(gone)]
+        idx = torch.tensor(stay, device=self.device)
         cache.reorder_cache(idx)
-        return [active[k] for k in keep], mask[idx], tuple(t[idx] for t in per_row)
+        return [active[k] for k in stay], mask[idx], tuple(t[idx] for t in per_row)
+
+    def _unfed(self, mask: torch.Tensor, k: int, row: _Row, prompt: tuple[int, ...], out: _Output) -> bool:
+        """Whether batch position `k` keeps a session whose last token has no KV column yet: its
+        mask marks fewer columns than its prompt and every output token."""
+        if self._sessions is None or row.session is None:
+            return False
+        return int(mask[k].sum()) < len(prompt) + len(out.token_ids)
+
+    def _feed_last(
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        next_pos: torch.Tensor,
+        active: list[int],
+        rows: list[_Row],
+        prompts: list[tuple[int, ...]],
+        outs: list[_Output],
+    ) -> torch.Tensor:
+        """The batch is over: one forward feeds the last token of each row whose kept session
+        lacks it (`_unfed`), the other rows masked, so the session holds every token of its
+        context and the next turn computes only what follows it. Returns the new mask."""
+        need = [k for k, r in enumerate(active) if self._unfed(mask, k, rows[r], prompts[r], outs[r])]
+        if not need:
+            return mask
+        layer = cache.layers[0]
+        if mask.shape[1] + 1 > layer.capacity:  # speculation's rejected columns fill the slab: close them up
+            mask = compact(cache, mask)
+        dev = self.device
+        last = torch.full((len(active), 1), self._pad_id, dtype=torch.long)
+        fed = torch.zeros((len(active), 1), dtype=mask.dtype)
+        for k in need:
+            last[k, 0], fed[k, 0] = outs[active[k]].token_ids[-1], 1
+        mask = torch.cat([mask, fed.to(dev)], dim=1)
+        last_pos = (self._max_positions or (1 << 62)) - 1
+        self._forward(last.to(dev), mask, next_pos.clamp(max=last_pos)[:, None], cache)
+        self._last_fed += len(need)
+        return mask
 
     def _draft_index(self, request: int, prompt: tuple[int, ...]) -> SuffixIndex:
         """The running call's draft index of request `request`: its prompt and the past
@@ -819,9 +926,9 @@ class HFEngine(Engine):
         outs: list[_Output],
     ) -> None:
         """Keep the context of each finished row at batch `positions` that names a session: its
-        prompt and every output token but the last (which was sampled, never fed), with the
-        first KV columns its mask marks (after them, speculation may have fed accepted drafts
-        past a row's end)."""
+        prompt and every output token (the last one fed after it was sampled: `_retire`), with
+        the first KV columns its mask marks (after them, speculation may have fed accepted
+        drafts past a row's end, and the plain loop the tokens of later steps)."""
         if self._sessions is None:
             return
         for k in positions:
@@ -829,7 +936,7 @@ class HFEngine(Engine):
             row, out = rows[r], outs[r]
             if row.session is None:
                 continue
-            tokens = prompts[r] + tuple(out.token_ids[:-1])
+            tokens = prompts[r] + tuple(out.token_ids)
             columns = mask[k].nonzero().squeeze(-1)[: len(tokens)]
             if len(columns) != len(tokens):
                 raise RuntimeError(f"kept context of {len(columns)} positions for {len(tokens)} tokens")
@@ -886,6 +993,11 @@ def _to_eos(draft: list[int], eos: frozenset[int]) -> list[int]:
         if tok in eos:
             return draft[: i + 1]
     return draft
+
+
+_FUSED_ATTENTION = frozenset({"sdpa", "flash_attention_2", "flash_attention_3"})
+"""Attention implementations that compute an unpadded causal prompt without materialising its
+scores (torch's fused kernels): such a prompt is prefilled in one forward."""
 
 
 def _spec_slack(room: int, max_draft: int) -> int:

@@ -27,7 +27,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrain.configs.engine import EngineConfig
 from posttrain.configs.trainer import MismatchConfig
@@ -36,6 +36,9 @@ from posttrain.engine.guard import EngineGuard
 from posttrain.engine.probe import SyncProbe
 from posttrain.engine.speculate import CollapseProbe, acceptance_row
 from posttrain.rollout import too_stale
+
+if TYPE_CHECKING:
+    from posttrain.engine.hf import HFEngineConfig
 
 _LEFTOVER = re.compile(r"^\.tmp-v\d{8}-[0-9a-f]{8}$")
 """A folder `_write` left when it was interrupted before its rename."""
@@ -70,17 +73,26 @@ def make_engine(
             timeout_s=cfg.timeout_s,
             concurrency=cfg.concurrency,
         )
-    from posttrain.engine.hf import HFEngine, HFEngineConfig
+    from posttrain.engine.hf import HFEngine
 
-    hf = HFEngineConfig.model_validate(
+    return HFEngine(model, tokenizer, config=hf_config(cfg), seed=seed, draft_head=draft_head, processor=processor)
+
+
+def hf_config(cfg: EngineConfig) -> HFEngineConfig:
+    """The hf engine's settings from the run's `engine` section (the loop's engine, `posttrain
+    eval`'s)."""
+    from posttrain.engine.hf import HFEngineConfig
+
+    return HFEngineConfig.model_validate(
         {
             "context_reuse": cfg.context_reuse,
             "context_budget_tokens": cfg.context_budget_tokens,
             "max_batch_tokens": cfg.max_batch_tokens,
+            "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
+            "kv_dtype": cfg.kv_dtype,
             "speculation": cfg.speculation,
         }
     )
-    return HFEngine(model, tokenizer, config=hf, seed=seed, draft_head=draft_head, processor=processor)
 
 
 def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:
