@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posttrain.domains.registry import get
-from posttrain.engine.hf import HFEngine
+from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.errors import ConfigError
 from posttrain.model import vision
 from posttrain.model.arch import random_model
@@ -123,3 +123,22 @@ def test_engines_that_read_text_only_refuse_a_request_with_images():
     with pytest.raises(ConfigError, match=r"requests\[3\] carries 1 image\(s\) .*reads text only"):
         check_request(3, req, 100, None, "the limit")  # what the vllm engine calls
     check_request(3, req, 100, None, "the limit", images=True)
+
+
+def test_a_chunked_prefill_keeps_an_images_tokens_in_the_forward_that_gets_its_pixels(engine):
+    """Prompts (64 image tokens and a question each, of two lengths: padded, so the fused
+    attention's one-forward path does not apply) longer than the chunk: chunking them would hand
+    the model pixels with a part of their image tokens, or none."""
+    reqs = [_request(engine, get(name).sample(0, "train", 1)) for name in ("chart", "ui")]
+    assert len({len(r.prompt_ids) for r in reqs}) == 2 and min(len(r.prompt_ids) for r in reqs) > 16
+    want = [(c[0].token_ids, c[0].logprobs) for c in engine.generate(reqs)]
+    chunked = HFEngine(
+        engine.model,
+        engine.tokenizer,
+        config=HFEngineConfig(prefill_chunk_tokens=16),
+        processor=engine.processor,
+        seed=0,
+    )
+    got = [(c[0].token_ids, c[0].logprobs) for c in chunked.generate(reqs)]
+    for (ids, lps), (want_ids, want_lps) in zip(got, want, strict=True):
+        assert ids == want_ids and lps == want_lps  # one forward either way: the same numbers
