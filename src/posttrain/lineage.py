@@ -242,13 +242,28 @@ def source_checkpoint(path: str | Path) -> CheckpointInfo:
             raise ConfigError(f"--from {path}: the run has no complete checkpoint")
         ckpt = found
     else:
-        raise ConfigError(f"--from {path}: neither a checkpoint folder (RUN/checkpoints/step_N) nor a run folder")
+        raise ConfigError(
+            f"--from {path}: neither a checkpoint folder (RUN/checkpoints/step_N) nor a run folder{_held_beside(p)}"
+        )
     if ckpt.lora:
         raise ConfigError(
             f"--from {ckpt.path}: the checkpoint holds only a LoRA adapter; export merged weights first "
             "(posttrain export RUN --out DIR) and start from them with model.path=DIR"
         )
     return ckpt
+
+
+def _held_beside(p: Path) -> str:
+    """For a path inside a run's checkpoints folder that is no checkpoint (one pruned, or a step
+    never saved): the checkpoints that folder holds, as a clause of the error; else ""."""
+    folder = p.parent
+    if folder.name != "checkpoints" or not folder.is_dir():
+        return ""
+    held = sorted(c.name for c in folder.iterdir() if (c / "meta.json").is_file())
+    return (
+        f"; {folder} holds {', '.join(held) or 'no checkpoint'} (every run.checkpoint_every steps, "
+        "the newest trainer.keep_checkpoints kept)"
+    )
 
 
 def branch_config(source: str | Path, config: str | None, overrides: list[str]) -> Config:

@@ -169,8 +169,17 @@ def test_a_branch_takes_the_source_runs_config_and_names_the_checkpoint(tmp_path
         assert cfg.run.name is None  # a new run folder
     with pytest.raises(ConfigError, match="model.path and --from both name a starting model"):
         lineage.branch_config(ckpt, None, ["model.path=/other"])
-    with pytest.raises(ConfigError, match="neither a checkpoint folder"):
+    with pytest.raises(ConfigError, match="neither a checkpoint folder") as missing:
         lineage.branch_config(tmp_path / "nothing", None, [])
+    assert " holds " not in str(missing.value)  # no checkpoints folder there to list
+
+
+def test_a_branch_from_a_checkpoint_the_run_does_not_hold_lists_those_it_does(tmp_path):
+    # the README's tour named step_00000040 of a run that kept only its newest checkpoints
+    path, _ = _run(tmp_path, name="src", at=300)
+    with pytest.raises(ConfigError, match="neither a checkpoint folder") as missing:
+        lineage.branch_config(path / "checkpoints" / "step_00000040", None, [])
+    assert f"{path / 'checkpoints'} holds step_00000300 (every run.checkpoint_every steps" in str(missing.value)
 
 
 def test_a_branch_from_a_config_file_and_its_record(tmp_path):

@@ -147,3 +147,20 @@ def test_plan_command_refuses_with_one_line_and_exit_code_2(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "run"), "--cluster", str(cluster)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("posttrain plan: error: mode async admits at most 1"), err
+
+
+def test_the_docs_example_cluster_file_plans_a_demo_run_within_its_event_bound(tmp_path):
+    # the README's tour runs `posttrain plan runs/RUN --cluster FILE` with docs/scale-out.md's example on
+    # a demo run (32 groups of 8 a step); with search_steps 60 it needed 2,696,064 events and was refused
+    from pathlib import Path
+
+    from posttrain.plan import events_bound
+
+    doc = (Path(__file__).parents[2] / "docs" / "scale-out.md").read_text()
+    example = doc.split("**Describing a cluster**", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "cluster.yaml").write_text(example)
+    cluster = load_cluster(tmp_path / "cluster.yaml")
+    p = cluster.pipeline
+    shape = Shape(p.mode or "sync", p.max_staleness or 0, 32, 64, 256, 8, (2, 16, 2))
+    need = events_bound(cluster, shape, group_size=8)
+    assert need == 1_549_104 and need <= cluster.simulate.max_events
