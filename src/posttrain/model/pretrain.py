@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from posttrain.configs.base import BaseConfig
 from posttrain.model.bugs import BUGS, TURN_BUGS, TurnBug
@@ -237,30 +238,53 @@ def _encode_batch(tok, conversations: list[Conversation] | list[tuple[str, str]]
 def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
     """Pretrain and save the base model; returns its directory. Its build time is stored beside
     it (`posttrain_base.json`) and, for a build into the cache folder, logged there (`BUILDS`)."""
-    import math
-
     import torch
 
     from posttrain.model.arch import random_model
-    from posttrain.progress import progress as progress_bar
 
     began = time.perf_counter()
     out = Path(out_dir) if out_dir else default_dir(cfg)
     torch.set_num_threads(cfg.threads)
     model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=cfg.max_positions)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warmup = max(1, cfg.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))
-    )
     batches = _examples(cfg, random.Random(cfg.seed))
     start = time.perf_counter()
-    bar = progress_bar(cfg.steps, "pretrain base", disable=not progress)
-    for step in range(cfg.steps):
+
+    def next_batch() -> tuple[dict[str, Any], Any]:
         ids, attn, mask = _encode_batch(tok, batches(cfg.batch_size))
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        return {"input_ids": ids, "attention_mask": attn}, mask
+
+    fit_masked_lm(model, next_batch, cfg.steps, cfg.lr, "pretrain base", progress)
+    _save(model.eval(), tok, out, cfg, time.perf_counter() - start, time.perf_counter() - began)
+    return out
+
+
+def fit_masked_lm(
+    model: Any, next_batch: Callable[[], tuple[dict[str, Any], Any]], steps: int, lr: float, label: str, progress: bool
+) -> float:
+    """Pretrain `model` in place, the one loop of the embedded bases (text and vision): AdamW
+    (betas 0.9/0.95, weight decay 0.01), a linear warm-up over the first steps/20 then cosine
+    decay, gradients clipped at 1.0; the loss is the next-token cross-entropy on the positions
+    `mask` marks. `next_batch()` gives the model's inputs (input_ids first among them) and that
+    mask; a progress bar named `label` shows the loss every 20 steps. Returns the last step's loss."""
+    import math
+
+    import torch
+
+    from posttrain.progress import progress as progress_bar
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
+    bar = progress_bar(steps, label, disable=not progress)
+    last = float("nan")
+    for step in range(steps):
+        inputs, mask = next_batch()
+        ids = inputs["input_ids"]
+        logits = model(**inputs).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
         loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -270,9 +294,9 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
         bar.update(1)
+        last = float(loss.item()) if step == steps - 1 else last
     bar.close()
-    _save(model.eval(), tok, out, cfg, time.perf_counter() - start, time.perf_counter() - began)
-    return out
+    return last
 
 
 def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds: float) -> None:

@@ -278,14 +278,13 @@ def _batch(tok: Any, examples: Sequence[_Example]) -> tuple[Any, Any, Any, Any]:
 def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = True) -> Path:
     """Pretrain and save the VLM; returns its folder. Its spec, weights digest, build seconds and
     peak RSS are stored beside it (`INFO`)."""
-    import math
     import resource
 
     import torch
     from transformers import LlavaForConditionalGeneration
 
+    from posttrain.model.pretrain import fit_masked_lm
     from posttrain.model.tokenizer import save_tokenizer
-    from posttrain.progress import progress as progress_bar
 
     began = time.perf_counter()
     out = Path(out_dir) if out_dir else default_dir(spec)
@@ -297,26 +296,12 @@ def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = Tr
     torch.manual_seed(spec.seed)
     model = LlavaForConditionalGeneration(make_config(spec, tok))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warmup = max(1, spec.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / spec.steps)))
-    )
-    bar = progress_bar(spec.steps, "pretrain vlm", disable=not progress)
-    for step in range(spec.steps):
+
+    def next_batch() -> tuple[dict[str, Any], Any]:
         ids, attn, mask, pixels = _batch(tok, [rng.choice(pool) for _ in range(spec.batch_size)])
-        logits = model(input_ids=ids, attention_mask=attn, pixel_values=pixels).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        bar.update(1)
-    bar.close()
+        return {"input_ids": ids, "attention_mask": attn, "pixel_values": pixels}, mask
+
+    loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, "pretrain vlm", progress)
     model.eval()
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
@@ -328,7 +313,7 @@ def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = Tr
         "weights_digest": weights_digest(model),
         "build_seconds": round(time.perf_counter() - began, 3),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "final_loss": round(float(loss.item()), 4),
+        "final_loss": round(loss, 4),
     }
     (tmp / INFO).write_text(json.dumps(info, indent=2))
     if out.exists():
