@@ -3,6 +3,11 @@ first on sys.path); no side effects on import: no environment variables, no torc
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
 
 def quiet_run(steps: int, out: str) -> list[str]:
     """Overrides of a demo loop run that only trains: a small held-out set, no periodic evaluation,
@@ -18,3 +23,27 @@ def quiet_run(steps: int, out: str) -> list[str]:
         "run.progress=false",
         f"run.out_dir={out}",
     ]
+
+
+def in_child(measure: Callable[[dict[str, Any]], dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any]:
+    """`measure(spec)` in a forked child, so each point has its own peak RSS; the result comes back
+    through a pipe as JSON. A failure in the child stops the bench naming the point."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, write, leave without running the parent's cleanup
+        os.close(read)
+        try:
+            out = json.dumps(measure(spec)).encode()
+        except BaseException as e:  # noqa: BLE001 - the parent prints what failed
+            out = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
+        with os.fdopen(write, "wb") as f:
+            f.write(out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    result: dict[str, Any] = json.loads(data) if data else {"error": "the child wrote nothing"}
+    if "error" in result:
+        raise SystemExit(f"point {spec} failed: {result['error']}")
+    return result

@@ -61,6 +61,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from common import in_child  # bench/common.py: this script runs with bench/ first on sys.path
+
 DOMAINS = {"lookup": None, "doc_invoice_fields_text": 48, "tool_transfer": 48}
 """Each domain and its tokens per turn (None: the domain's own budget)."""
 SHARE = {"lookup": 1.0, "doc_invoice_fields_text": 0.5, "tool_transfer": 0.25}
@@ -256,26 +258,8 @@ def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fork(spec: dict[str, Any]) -> dict[str, Any]:
-    """`_prefill_measure` in a forked child (its own peak RSS); the result through a pipe."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            out = json.dumps(_prefill_measure(spec)).encode()
-        except BaseException as e:  # noqa: BLE001 - the parent reports what failed
-            out = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
-        with os.fdopen(write, "wb") as f:
-            f.write(out)
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    got: dict[str, Any] = json.loads(data) if data else {"error": "the child wrote nothing"}
-    if "error" in got:
-        raise SystemExit(f"point {spec} failed: {got['error']}")
-    return got
+    """`_prefill_measure` in a forked child (bench/common.py in_child: its own peak RSS)."""
+    return in_child(_prefill_measure, spec)
 
 
 def prefill_table(lengths: list[int], chunks: list[int | None], rows: int, engine: dict[str, Any]) -> list[str]:

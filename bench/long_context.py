@@ -38,12 +38,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import ctypes
-import json
 import random
 import time
 from typing import Any
 
 import torch
+from common import in_child  # bench/common.py: this script runs with bench/ first on sys.path
 
 from posttrain.configs.trainer import TrainerConfig
 from posttrain.trainer.batch import TrainBatch, TrainRow
@@ -125,26 +125,8 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _point(spec: dict[str, Any]) -> dict[str, Any]:
-    """`_measure` in a forked child (its own peak RSS); the result comes back through a pipe."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: measure, write, leave without running the parent's cleanup
-        os.close(read)
-        try:
-            out = json.dumps(_measure(spec)).encode()
-        except BaseException as e:  # noqa: BLE001 - the parent prints what failed
-            out = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
-        with os.fdopen(write, "wb") as f:
-            f.write(out)
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    result: dict[str, Any] = json.loads(data) if data else {"error": "the child wrote nothing"}
-    if "error" in result:
-        raise SystemExit(f"point {spec} failed: {result['error']}")
-    return result
+    """`_measure` in a forked child (bench/common.py in_child: its own peak RSS)."""
+    return in_child(_measure, spec)
 
 
 ONE_PASS = {"logits_chunk_mib": None}
