@@ -60,9 +60,9 @@ def test_an_engine_that_passes_the_probe_but_samples_other_weights_is_stopped(
 
     real = sync.make_engine
 
-    def split(cfg, model, tokenizer, seed, run_dir=None):
+    def split(cfg, model, tokenizer, seed, *rest):
         stale = HFEngine(copy.deepcopy(model), tokenizer, seed=seed)  # the initial weights, kept
-        return ProbeHonestRolloutsStale(real(cfg, model, tokenizer, seed, run_dir), stale)
+        return ProbeHonestRolloutsStale(real(cfg, model, tokenizer, seed, *rest), stale)
 
     monkeypatch.setattr(sync, "make_engine", split)
     lines: list[str] = []
