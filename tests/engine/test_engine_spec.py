@@ -252,13 +252,13 @@ def test_sampled_speculation_keeps_the_policy_distribution(model_tok, monkeypatc
     _DRAFT: list[torch.Tensor] = []
     real_forward = HFEngine._forward
 
-    def spy(self, input_ids, mask, positions, cache, keep=1):
+    def spy(self, input_ids, mask, positions, cache, keep=1, pixels=None):
         _DRAFT.clear()
         if keep > 1:  # the drafted token at each position, -1 at the last and at padding
             nxt = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.shape[0], 1), -1)], dim=1)
             fed = mask[:, -keep:]
             _DRAFT.append(torch.where(torch.cat([fed[:, 1:], fed[:, :1] * 0], dim=1) > 0, nxt, -1).reshape(-1))
-        return real_forward(self, input_ids, mask, positions, cache, keep)
+        return real_forward(self, input_ids, mask, positions, cache, keep, pixels)
 
     monkeypatch.setattr(hf_mod, "sample_next", accept_every_draft)
     monkeypatch.setattr(HFEngine, "_forward", spy)
