@@ -69,10 +69,10 @@ class FastTierConfig(BaseModel):
     """Draft length of the draft model."""
 
     head: bool = False
-    """Opt-in (measured net-negative on the embedded demo: 0.66-0.76x, bench/RESULTS.md). Draft first with the served model folder's co-trained draft head (`draft_head.pt`, written
-    by `posttrain train` with trainer.draft_head on and kept by export and release) when it has
-    one, up to the head's depth, from the lean target's hidden state (target `lean` only);
-    false: never."""
+    """Opt-in (measured net-negative on the embedded demo: 0.66-0.76x, bench/RESULTS.md). Draft
+    first with the served model folder's co-trained draft head (`draft_head.pt`, written by
+    `posttrain train` with trainer.draft_head on and kept by export and release) when it has one,
+    up to the head's depth, from the lean target's hidden state (target `lean` only); false: never."""
 
     batch: BatchConfig = BatchConfig(max_batch=1, max_wait_ms=0.0)
     """Latency first: one request at a time, no waiting."""
