@@ -47,3 +47,23 @@ def in_child(measure: Callable[[dict[str, Any]], dict[str, Any]], spec: dict[str
     if "error" in result:
         raise SystemExit(f"point {spec} failed: {result['error']}")
     return result
+
+
+_M_MMAP_THRESHOLD = -3
+
+
+def map_large_allocations() -> None:
+    """glibc's mmap threshold pinned at 64 KiB: every larger block is mapped and unmapped on its own,
+    so a process's VmHWM (`status_kb`) counts what a measured call held, not the heap's high water."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
+
+
+def status_kb(field: str) -> int:
+    """A field of /proc/self/status in kB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")

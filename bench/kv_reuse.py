@@ -61,7 +61,11 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from common import in_child  # bench/common.py: this script runs with bench/ first on sys.path
+from common import (  # bench/common.py: this script runs with bench/ first on sys.path
+    in_child,
+    map_large_allocations,
+    status_kb,
+)
 
 DOMAINS = {"lookup": None, "doc_invoice_fields_text": 48, "tool_transfer": 48}
 """Each domain and its tokens per turn (None: the domain's own budget)."""
@@ -198,29 +202,16 @@ def table(off: dict[str, Any], on: dict[str, Any]) -> list[str]:
     return out
 
 
-_M_MMAP_THRESHOLD = -3
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
     """In a forked child: one engine call of `spec["rows"]` prompts (L, L/2, ...), its CPU time,
     its peak RSS over the RSS before it, and the first tokens' log-probs."""
-    import ctypes
-
     import torch
 
     from posttrain.engine.hf import HFEngine, HFEngineConfig
     from posttrain.model.arch import random_model
     from posttrain.types import GenerationRequest, SamplingParams
 
-    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
+    map_large_allocations()
     torch.set_num_threads(1)
     cfg = HFEngineConfig(prefill_chunk_tokens=spec["chunk"], max_batch_tokens=1 << 30, **spec.get("engine", {}))
     if spec.get("model"):
@@ -242,11 +233,11 @@ def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
     eng.generate([GenerationRequest(reqs[0].prompt_ids[:32], SamplingParams(max_tokens=1))])  # lazy set-up
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    base = _status_kb("VmRSS")
+    base = status_kb("VmRSS")
     started = time.process_time()
     out = eng.generate(reqs)
     seconds = time.process_time() - started
-    hwm = _status_kb("VmHWM")
+    hwm = status_kb("VmHWM")
     return {
         "cpu_s": seconds,
         "call_mb": (hwm - base) / 1024,

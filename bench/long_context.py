@@ -37,13 +37,16 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
-import ctypes
 import random
 import time
 from typing import Any
 
 import torch
-from common import in_child  # bench/common.py: this script runs with bench/ first on sys.path
+from common import (  # bench/common.py: this script runs with bench/ first on sys.path
+    in_child,
+    map_large_allocations,
+    status_kb,
+)
 
 from posttrain.configs.trainer import TrainerConfig
 from posttrain.trainer.batch import TrainBatch, TrainRow
@@ -51,7 +54,6 @@ from posttrain.trainer.trainer import Trainer
 
 SMOLLM2_VOCAB = 49_152
 PROMPT = 16
-_M_MMAP_THRESHOLD = -3
 
 
 def _llama(vocab: int, hidden: int = 64, layers: int = 2, positions: int = 32_768) -> Any:
@@ -85,17 +87,9 @@ def _rows(lengths: list[int], vocab: int, seed: int = 0) -> TrainBatch:
     return TrainBatch(tuple(rows))
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     """In the child: build the model and trainer, then one timed forward+backward."""
-    ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 64 * 1024)
+    map_large_allocations()
     if spec.get("real"):
         from posttrain.model.arch import load_model
 
@@ -108,15 +102,15 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     passes = len(trainer._micro_batches(prepared))
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    base = _status_kb("VmRSS")
+    base = status_kb("VmRSS")
     started = time.process_time()
     acc = trainer._accumulate(prepared)
     seconds = time.process_time() - started
     grads_mb = sum(p.grad.numel() * 4 for p in trainer.params if p.grad is not None) / 2**20
     return {
         "seconds": seconds,
-        "peak_mb": _status_kb("VmHWM") / 1024,
-        "loss_path_mb": (_status_kb("VmHWM") - base) / 1024,
+        "peak_mb": status_kb("VmHWM") / 1024,
+        "loss_path_mb": (status_kb("VmHWM") - base) / 1024,
         "grads_mb": grads_mb,
         "loss": acc.loss,
         "passes": passes,
