@@ -15,7 +15,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,10 +220,17 @@ def _encode(tok, messages: Conversation) -> tuple[list[int], list[int]]:
 def _encode_batch(tok, conversations: list[Conversation] | list[tuple[str, str]]):
     """Padded ids, attention and loss masks of conversations (a (question, answer) pair is one
     user turn and one assistant turn)."""
-    import torch
 
     convs = [[("user", c[0]), ("assistant", c[1])] if isinstance(c, tuple) else c for c in conversations]
     rows, masks = zip(*(_encode(tok, c) for c in convs))
+    return padded(tok, rows, masks)
+
+
+def padded(tok, rows: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]):
+    """Rows of token ids right-padded into one batch: ids, attention mask, loss mask (each row's
+    `masks` entry, 1 on the tokens the loss counts); the text base's and the vision model's."""
+    import torch
+
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tok.pad_token_id)
     attn = torch.zeros((len(rows), width), dtype=torch.long)

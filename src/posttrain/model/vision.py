@@ -263,15 +263,11 @@ def _batch(tok: Any, examples: Sequence[_Example]) -> tuple[Any, Any, Any, Any]:
     """Right-padded ids, attention mask, loss mask (answer tokens and <|end|>) and pixels."""
     import torch
 
+    from posttrain.model.pretrain import padded
+
     rows = [list(e.prompt) + list(e.answer) + [tok.eos_token_id] for e in examples]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tok.pad_token_id)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    loss = torch.zeros((len(rows), width))
-    for i, (r, e) in enumerate(zip(rows, examples)):
-        ids[i, : len(r)] = torch.tensor(r)
-        attn[i, : len(r)] = 1
-        loss[i, len(e.prompt) : len(r)] = 1.0
+    masks = [[0] * len(e.prompt) + [1] * (len(e.answer) + 1) for e in examples]
+    ids, attn, loss = padded(tok, rows, masks)
     return ids, attn, loss, torch.cat([e.pixels for e in examples])
 
 
