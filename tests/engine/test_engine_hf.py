@@ -16,9 +16,10 @@ from posttrain.types import GenerationRequest, Message, SamplingParams
 PROMPTS = ["hello there", "ab", "what is 12+7?", "sort: 3 1 2"]
 
 
-def spread_model(seed: int = 0, preset: str = "micro"):
-    """A random model with wide weights, so greedy paths vary and eos is reachable."""
-    model, tok = random_model(preset, seed)
+def spread_model(seed: int = 0, preset: str = "micro", max_positions: int = 512):
+    """A random model with wide weights, so greedy paths vary and eos is reachable (and
+    depend on every position); `max_positions` for long prompts."""
+    model, tok = random_model(preset, seed, max_positions=max_positions)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

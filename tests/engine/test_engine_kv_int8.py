@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine_hf import spread_model
 
 from posttrain.configs.engine import SpeculationConfig
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.engine.kvcache import SlabLayer, dequantize, quantize
 from posttrain.errors import ConfigError
-from posttrain.model.arch import random_model
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def model_tok():
-    model, tok = random_model("micro", 0, max_positions=1024)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval(), tok
+    return spread_model(0, max_positions=1024)
 
 
 def test_quantize_by_hand_and_within_half_a_step():

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 
 import pytest
-import torch
+from test_engine_hf import spread_model
 
 from posttrain.configs.pipeline import PipelineConfig
 from posttrain.domains.base import Budget
@@ -19,7 +19,6 @@ from posttrain.domains.registry import get
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.envs import driver
 from posttrain.errors import ConfigError
-from posttrain.model.arch import random_model
 from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
 from posttrain.pipeline.play import Played
 from posttrain.pipeline.play import play as play_episodes
@@ -39,13 +38,7 @@ truncation that would end the episode), so episodes run 1 to 3 turns."""
 def model_tok():
     """A random micro model with wide weights (greedy paths vary, eos is reachable) and room
     for the tool world's ~4k-token prompts."""
-    model, tok = random_model("micro", 0, max_positions=8192)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval(), tok
+    return spread_model(0, max_positions=8192)
 
 
 def engine(model_tok, reuse: bool, **kw) -> HFEngine:

@@ -7,13 +7,12 @@ their prompt, with a kept session resumed, and under speculation."""
 from __future__ import annotations
 
 import pytest
-import torch
+from test_engine_hf import spread_model
 
 from posttrain.configs import load_config
 from posttrain.configs.engine import SpeculationConfig
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.engine.sync import make_engine
-from posttrain.model.arch import random_model
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
 
@@ -32,13 +31,7 @@ class Widths(HFEngine):
 @pytest.fixture(scope="module")
 def model_tok():
     """A random micro model with wide weights, so greedy paths depend on every position."""
-    model, tok = random_model("micro", 0, max_positions=1024)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval(), tok
+    return spread_model(0, max_positions=1024)
 
 
 def requests(eng: HFEngine, temperature: float = 0.0) -> list[GenerationRequest]:
