@@ -50,7 +50,8 @@ def test_the_batched_encoding_refuses_the_image_prompt_alone(engine, task):
     assert isinstance(got[1], ConfigError) and "image" in str(got[1])
 
 
-def test_an_image_task_through_the_training_pipeline_is_masked_with_the_error_not_trained_blind(engine, task):
+def pipeline_group(engine, task):
+    """One group of two samples of a chart `task` through the staged training pipeline on `engine`."""
     cfg = PipelineConfig(execute_workers=1, backoff_s=0.0)
     sched = Scheduler(cfg, {"chart": 1.0}, {"chart": "short"})
 
@@ -59,6 +60,11 @@ def test_an_image_task_through_the_training_pipeline_is_masked_with_the_error_no
             return await p.run_groups([task])
 
     (group,) = asyncio.run(go())
+    return group
+
+
+def test_an_image_task_through_the_training_pipeline_is_masked_with_the_error_not_trained_blind(engine, task):
+    group = pipeline_group(engine, task)
     assert len(group.rollouts) == 2
     for r in group.rollouts:
         assert r.score is None and r.error_kind == "config", (r.error_kind, r.error)

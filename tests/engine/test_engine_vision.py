@@ -93,21 +93,12 @@ def test_a_text_model_still_refuses_images():
 
 
 def test_an_image_task_through_the_training_pipeline_reaches_the_trainer_rows_with_its_pixels(engine):
-    import asyncio
+    from test_engine_images import pipeline_group
 
-    from posttrain.configs.pipeline import PipelineConfig
-    from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
     from posttrain.trainer.batch import rows_of
 
     task = get("chart").sample(0, "train", 1)
-    cfg = PipelineConfig(execute_workers=1, backoff_s=0.0)
-    sched = Scheduler(cfg, {"chart": 1.0}, {"chart": "short"})
-
-    async def go():
-        async with Pipeline(cfg, EmbeddedWorkers(engine), SamplingParams(n=2, max_tokens=4), sched, seed=0) as p:
-            return await p.run_groups([task])
-
-    (group,) = asyncio.run(go())
+    group = pipeline_group(engine, task)
     want = vision.pixel_digest(vision.pixel_values(engine.processor, task.prompt[0].images))
     assert [r.error_kind for r in group.rollouts] == [None, None]
     assert all(r.score is not None and r.completion.pixel_digest == want for r in group.rollouts)
