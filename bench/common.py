@@ -67,3 +67,11 @@ def status_kb(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak_kb() -> int:
+    """Reset this process's VmHWM to its current RSS and return that RSS in kB: the base a measured
+    call's `status_kb("VmHWM")` is read against."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status_kb("VmRSS")

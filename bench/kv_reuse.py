@@ -64,6 +64,7 @@ from typing import Any
 from common import (  # bench/common.py: this script runs with bench/ first on sys.path
     in_child,
     map_large_allocations,
+    reset_peak_kb,
     status_kb,
 )
 
@@ -231,9 +232,7 @@ def _prefill_measure(spec: dict[str, Any]) -> dict[str, Any]:
         ids = tuple(torch.randint(10, len(tok) - 5, (spec["length"],), generator=g).tolist())
         reqs = [GenerationRequest(ids[: len(ids) // (k + 1)], one) for k in range(spec["rows"])]
     eng.generate([GenerationRequest(reqs[0].prompt_ids[:32], SamplingParams(max_tokens=1))])  # lazy set-up
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    base = status_kb("VmRSS")
+    base = reset_peak_kb()
     started = time.process_time()
     out = eng.generate(reqs)
     seconds = time.process_time() - started

@@ -45,6 +45,7 @@ import torch
 from common import (  # bench/common.py: this script runs with bench/ first on sys.path
     in_child,
     map_large_allocations,
+    reset_peak_kb,
     status_kb,
 )
 
@@ -100,9 +101,7 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     batch = _rows(spec["lengths"], spec["vocab"])
     prepared = trainer._prepare(batch)
     passes = len(trainer._micro_batches(prepared))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    base = status_kb("VmRSS")
+    base = reset_peak_kb()
     started = time.process_time()
     acc = trainer._accumulate(prepared)
     seconds = time.process_time() - started
