@@ -1,4 +1,5 @@
-"""Shared fixtures: a micro embedded base model built once per session."""
+"""Shared fixtures: a micro embedded base model and a tiny vision-language model, each built once
+per session."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ def micro_base(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("base") / "micro"
     build_base(BaseConfig(preset="micro", steps=30, batch_size=16, threads=1), out, progress=False)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory):
+    """A tiny embedded vision-language model's folder (model/vision.py: 2 steps on 3 train
+    tasks), shared by the engine, trainer and serve tests; each loads its own copy."""
+    from posttrain.model import vision
+
+    spec = vision.VisionSpec(steps=2, batch_size=2, pool=1)
+    return vision.build_vlm(spec, tmp_path_factory.mktemp("vlm") / "m", progress=False)
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=8)
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    folder = vision.build_vlm(vision.VisionSpec(steps=2, batch_size=2, pool=1), tmp_path_factory.mktemp("vlm") / "m")
-    return HFEngine.from_pretrained(folder, device="cpu", seed=0)
+def engine(tiny_vlm):
+    return HFEngine.from_pretrained(tiny_vlm, device="cpu", seed=0)
 
 
 def _request(engine, task, params=GREEDY):

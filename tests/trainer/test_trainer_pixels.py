@@ -23,9 +23,8 @@ from posttrain.types import GenerationRequest, Image, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    folder = vision.build_vlm(vision.VisionSpec(steps=2, batch_size=2, pool=1), tmp_path_factory.mktemp("vlm") / "m")
-    model, tok, proc = vision.load_vlm(folder)
+def parts(tiny_vlm):
+    model, tok, proc = vision.load_vlm(tiny_vlm)
     engine = HFEngine(model, tok, processor=proc, seed=0)
     return engine, Trainer(model, TrainerConfig(), processor=proc)
 

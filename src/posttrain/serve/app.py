@@ -34,8 +34,8 @@ from posttrain.serve.limits import Admission, Offload, check_tokens, read_body, 
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router
-from posttrain.serve.tiers import Deployment
-from posttrain.types import GenerationRequest, Message, SamplingParams
+from posttrain.serve.tiers import Deployment, load_served
+from posttrain.types import GenerationRequest, Image, Message, SamplingParams
 
 log = logging.getLogger("posttrain.serve")
 DEFAULT_MAX_TOKENS = 64
@@ -44,13 +44,29 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 def load_deployment(info: VersionInfo, cfg: ServeConfig, metrics: ServeMetrics) -> Deployment:
     """A deployment of a registry version; the lossy fast mode only where its release gate passed."""
-    from posttrain.model.arch import load_model
-    from posttrain.model.draft_head import load_if_any
-
-    model, tok = load_model(info.path)
+    got = load_served(info.path)
     mode = "int8" if cfg.fast.mode == "int8" and info.fast_mode == "int8" else "lossless"
-    head = load_if_any(info.path, model)
-    return Deployment(info.name, model, tok, cfg.fast, mode, cfg.standard_batch, metrics, cfg.torch_threads, head)
+    return Deployment(
+        info.name,
+        got.model,
+        got.tokenizer,
+        cfg.fast,
+        mode,
+        cfg.standard_batch,
+        metrics,
+        cfg.torch_threads,
+        got.head,
+        got.processor,
+    )
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt rendered for a deployment: its token ids and, in the order of their image-token
+    runs, the images a vision model reads with them (none for text)."""
+
+    ids: tuple[int, ...]
+    images: tuple[Image, ...] = ()
 
 
 @dataclass
@@ -143,7 +159,7 @@ class Server:
         self,
         kind: Literal["chat", "text"],
         body: Any,
-        builds: list[Callable[[Deployment], tuple[int, ...]]],
+        builds: list[Callable[[Deployment], Prompt]],
         endpoint: str,
     ) -> Response:
         explicit, tier = self.router.resolve(body.model, body.service_tier)
@@ -172,7 +188,7 @@ class Server:
 
     async def _one(
         self,
-        build: Callable[[Deployment], tuple[int, ...]],
+        build: Callable[[Deployment], Prompt],
         params: SamplingParams,
         tier: P.Tier,
         explicit: str | None,
@@ -188,9 +204,9 @@ class Server:
         limits = self.cfg.limits
 
         def request_for(dep: Deployment) -> GenerationRequest:  # runs in a worker thread (Server._render)
-            ids = build(dep)
-            check_tokens(len(ids), limits)
-            return GenerationRequest(ids, params)
+            prompt = build(dep)
+            check_tokens(len(prompt.ids), limits)
+            return GenerationRequest(prompt.ids, params, images=prompt.images)
 
         return await self.router.generate(request_for, tier, explicit, sink, st.where)
 
@@ -215,7 +231,7 @@ class Server:
         self,
         kind: Literal["chat", "text"],
         body: Any,
-        builds: list[Callable[[Deployment], tuple[int, ...]]],
+        builds: list[Callable[[Deployment], Prompt]],
         params: SamplingParams,
         explicit: str | None,
         tier: P.Tier,
@@ -469,26 +485,30 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-def _chat_builder(messages: tuple[Message, ...]) -> Callable[[Deployment], tuple[int, ...]]:
-    """The chat prompt's ids for a deployment. Images reach the engine as `Message.images`; an
-    engine that reads text only refuses them (engine.base.text_chat), answered as 400
-    `images_not_supported`: an image is refused, never dropped between client and model."""
+def _chat_builder(messages: tuple[Message, ...]) -> Callable[[Deployment], Prompt]:
+    """The chat prompt for a deployment, rendered by its standard engine (`encode_chat`, the
+    renderer training and evaluation use). A vision model's engine renders each image's token run
+    and the images travel with the ids (`GenerationRequest.images`) to the tier's engine, which
+    turns them into the model's pixels; an engine that reads text only refuses them
+    (engine.base.text_chat), answered as 400 `images_not_supported`: an image is read or refused,
+    never dropped between client and model."""
+    images = tuple(i for m in messages for i in m.images)  # message order: the runs' order (model.vision.chat)
 
-    def build(dep: Deployment) -> tuple[int, ...]:
+    def build(dep: Deployment) -> Prompt:
         try:
-            return tuple(dep.engines["standard"].encode_chat(messages))
+            return Prompt(tuple(dep.engines["standard"].encode_chat(messages)), images)
         except ConfigError as exc:
-            if not any(m.images for m in messages):
+            if not images:
                 raise
             raise P.ApiError(400, str(exc), param="messages", code="images_not_supported") from None
 
     return build
 
 
-def _prompt_builder(prompt: str | list[int]) -> Callable[[Deployment], tuple[int, ...]]:
-    def build(dep: Deployment) -> tuple[int, ...]:
+def _prompt_builder(prompt: str | list[int]) -> Callable[[Deployment], Prompt]:
+    def build(dep: Deployment) -> Prompt:
         if isinstance(prompt, str):
-            return tuple(dep.tokenizer.encode(prompt, add_special_tokens=False))
-        return tuple(int(t) for t in prompt)
+            return Prompt(tuple(dep.tokenizer.encode(prompt, add_special_tokens=False)))
+        return Prompt(tuple(int(t) for t in prompt))
 
     return build

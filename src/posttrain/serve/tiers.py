@@ -6,6 +6,10 @@ from them and rebuilt on every weight update, under a lock that no engine
 call holds at the same time. Every queued job's future is resolved exactly
 once: with its completions or with an exception; a batch that fails is
 retried one job at a time, so one bad request never fails its neighbours.
+A vision-language model's deployment (a processor beside its weights) reads
+images in both tiers through one hf engine: its fast tier is that engine (the
+drafters and the lean decoder read text decoders only), never an engine that
+drops the pixels.
 """
 
 from __future__ import annotations
@@ -27,18 +31,46 @@ from posttrain.errors import ConfigError, GenerationError
 from posttrain.serve.lean import HeadDrafter, LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
-from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
+from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpecStats, SpeculativeEngine, int8_copy
 from posttrain.types import Completion, GenerationRequest
 
 TokenSink = Callable[[int, Sequence[int]], None]
 """Per-job streaming callback: (sample index, new token ids), on the event loop."""
 
 
-def standard_engine(model: Any, tokenizer: Any) -> HFEngine:
+def standard_engine(model: Any, tokenizer: Any, processor: Any = None) -> HFEngine:
     """The standard tier's engine: the `hf` engine, refusing non-finite logits
     (`HFEngineConfig.check_finite`); it streams through `generate(requests, on_tokens)`, the
-    StreamingEngine capability."""
-    return HFEngine(model, tokenizer, config=HFEngineConfig(check_finite=True))
+    StreamingEngine capability. A vision model's `processor` turns a request's images into the
+    pixels its prompt forward reads (engine/hf.py), the same path training generates by."""
+    return HFEngine(model, tokenizer, config=HFEngineConfig(check_finite=True), processor=processor)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a served model folder holds: the model, its tokenizer, a vision model's processor
+    (None for a text model) and a co-trained draft head (None when it has none)."""
+
+    model: Any
+    tokenizer: Any
+    processor: Any = None
+    head: Any = None
+
+
+def load_served(path: str) -> Loaded:
+    """The model folder `path` (or a registered name such as `posttrain-vlm`) loaded for serving:
+    a vision-language model (model/vision.py) with its processor, any other through the text
+    loader with its draft head if it has one (ModelLoadError when it does not load)."""
+    from posttrain.model.vision import is_vision_dir, load_vlm
+
+    if is_vision_dir(path):
+        model, tok, proc = load_vlm(path)
+        return Loaded(model, tok, proc)
+    from posttrain.model.arch import load_model
+    from posttrain.model.draft_head import load_if_any
+
+    model, tok = load_model(path)
+    return Loaded(model, tok, head=load_if_any(path, model))
 
 
 def build_fast(
@@ -246,12 +278,15 @@ class Deployment:
         metrics: ServeMetrics,
         threads: int = 1,
         head: Any = None,
+        processor: Any = None,
     ) -> None:
         self.name, self.model, self.tokenizer, self.head = name, model, tokenizer, head
-        self.fast_cfg, self.fast_mode = fast_cfg, fast_mode
+        self.processor = processor
+        """A vision model's processor; None for a text model."""
+        self.fast_cfg, self.fast_mode = fast_cfg, "lossless" if processor is not None else fast_mode
         self.locks: dict[Tier, threading.Lock] = {"standard": threading.Lock(), "fast": threading.Lock()}
-        self.engines: dict[Tier, Any] = {"standard": standard_engine(model, tokenizer)}
-        self.engines["fast"] = build_fast(model, tokenizer, fast_cfg, fast_mode, 0, head)
+        self.engines: dict[Tier, Any] = {"standard": standard_engine(model, tokenizer, processor)}
+        self.engines["fast"] = self._fast(0)
         self.batchers: dict[Tier, Batcher] = {
             "standard": Batcher(
                 lambda: self.engines["standard"],
@@ -267,7 +302,7 @@ class Deployment:
             ),
         }
         self.vocab = model.get_input_embeddings().weight.shape[0]
-        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
 
     @property
     def weights(self) -> int:
@@ -293,11 +328,20 @@ class Deployment:
 
         with self.locks["standard"], self.locks["fast"]:
             version = self.engines["standard"].update_weights(resolve_update(self.model, path))
-            self.head = load_if_any(path, self.model)
-            self.engines["fast"] = build_fast(
-                self.model, self.tokenizer, self.fast_cfg, self.fast_mode, version, self.head
-            )
+            if self.processor is None:
+                self.head = load_if_any(path, self.model)
+            self.engines["fast"] = self._fast(version)
         return version
 
+    def _fast(self, version: int) -> Any:
+        """The fast tier's engine: speculation over the float weights (build_fast); for a vision
+        model the standard tier's hf engine itself, which reads the images (its own lock keeps
+        one generate at a time across the two batchers)."""
+        if self.processor is not None:
+            return self.engines["standard"]
+        return build_fast(self.model, self.tokenizer, self.fast_cfg, self.fast_mode, version, self.head)
+
     def spec_stats(self) -> dict[str, Any]:
-        return self.engines["fast"].stats.as_dict()
+        """The fast tier's speculation counters (all zero for a vision model: it does not draft)."""
+        fast = self.engines["fast"]
+        return (fast.stats if isinstance(fast, SpeculativeEngine) else SpecStats()).as_dict()
