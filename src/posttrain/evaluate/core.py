@@ -43,7 +43,9 @@ Item = tuple[str, "bool | None", "bool | None"]  # task id, eval verdict, traini
 class ItemSample(NamedTuple):
     """One item's greedy completion as the evaluation saw it (`DomainResult.samples`): what the
     report's sample table shows. `value`: the training score (None: an infra error); `ok`: the
-    eval verdict; `error`: why the item is an infra error or a model fault ("" otherwise)."""
+    eval verdict; `error`: why the item is an infra error or a model fault ("" otherwise);
+    `images`: the sha256 of each image of the prompt, in order (empty for text), by which the
+    report draws them again (report/taskimages.py)."""
 
     task_id: str
     prompt: str
@@ -51,6 +53,7 @@ class ItemSample(NamedTuple):
     value: float | None
     ok: bool | None
     error: str = ""
+    images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,8 @@ def _sample(task: Task, run: GroupRun, value: float | None, ok: bool | None, err
     episodes = run.episodes or [Episode(r.completion.text) for r in rollouts]
     prompt = task.prompt[-1].content if task.prompt else ""
     reason = f"{error.kind}: {error.message}" if error is not None else ""
-    return ItemSample(task.id, prompt, episodes[0].completion if episodes else "", value, ok, reason)
+    images = tuple(i.sha256 for m in task.prompt for i in m.images)
+    return ItemSample(task.id, prompt, episodes[0].completion if episodes else "", value, ok, reason, images)
 
 
 def evaluate_heldout(

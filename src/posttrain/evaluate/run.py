@@ -10,7 +10,8 @@ points compare; the rotation slice is reported apart and never mixed into
 it. The contamination and exposure checks run once, at the start of a new
 run, and are written to RUN_DIR/checks.json. Each evaluation appends one line to
 RUN_DIR/eval_samples.jsonl: every core item's prompt, greedy completion, score and verdict
-per domain (the report's sample table), in one write.
+per domain (the report's sample table), in one write; an image task's item names its images by
+sha256 (`images`), never their bytes: the report draws them again from the task id.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ _SAMPLE_CHARS = 2000
 
 
 def append_samples(path: Path, step: int, label: str, table: EvalTable) -> None:
-    """Append one line of `table`'s core items (prompt, completion, score, verdict, error) per
-    domain to `path`, in one write on an O_APPEND descriptor (a reader sees whole lines only)."""
+    """Append one line of `table`'s core items (prompt, completion, score, verdict, error; an
+    image task's image digests) per domain to `path`, in one write on an O_APPEND descriptor (a
+    reader sees whole lines only)."""
     domains = {
         d: [
             {
@@ -73,6 +75,7 @@ def append_samples(path: Path, step: int, label: str, table: EvalTable) -> None:
                 "value": s.value,
                 "ok": s.ok,
                 "error": s.error,
+                **({"images": list(s.images)} if s.images else {}),
             }
             for s in r.samples
         ]

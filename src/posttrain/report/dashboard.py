@@ -4,7 +4,9 @@ overlaid, and each evaluation's sample completions per domain (best, worst, most
 Invariant: every curve is a key of the train rows of metrics.jsonl as the loop wrote it (or a
 ratio of two of them, named in its caption); a curve a run did not log says "not logged" with
 the key it looked for, never an empty or broken chart; a sample is an item of
-eval_samples.jsonl as the evaluation wrote it; every text from a run is HTML-escaped.
+eval_samples.jsonl as the evaluation wrote it, an image task's beside its images (drawn again
+from the task id, shown only when their digests are the recorded ones: report/taskimages.py) and
+its gold answer; every text from a run is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.report import taskimages
 from posttrain.report.data import RunData
 
 Points = list[tuple[int, float]]
@@ -212,11 +215,32 @@ def _cell(item: dict[str, Any] | None, head: str = "", none: str = "none") -> st
     value = item.get("value")
     verdict = "infra error" if item.get("ok") is None else ("passed" if item["ok"] else "failed")
     score = f"{value:.2f}" if isinstance(value, int | float) else "-"
+    shown, gold = _images(item)
     return (
         f'<td class="l sample">{head}<div class="meta">{html.escape(str(item.get("task", "")))} · score {score} '
-        f"· {verdict}</div><code>{html.escape(str(item.get('prompt', '')))}</code> → "
-        f"<code>{html.escape(str(item.get('completion', '')))}</code></td>"
+        f"· {verdict}</div>{shown}<code>{html.escape(str(item.get('prompt', '')))}</code> → "
+        f"<code>{html.escape(str(item.get('completion', '')))}</code>{gold}</td>"
     )
+
+
+def _images(item: dict[str, Any]) -> tuple[str, str]:
+    """An image task's images (small inline PNGs, drawn again from the task id) and its gold
+    answer, as HTML; ("", "") for a text item. An image that cannot be drawn again as recorded
+    is named, not shown."""
+    digests = item.get("images")
+    if not isinstance(digests, list) or not digests:
+        return "", ""
+    task = str(item.get("task", ""))
+    got = taskimages.draw(task, digests)
+    gold = f'<div class="meta">gold <code>{html.escape(got.gold)}</code></div>' if got.gold else ""
+    if got.problem:
+        return f'<div class="meta empty">no image shown: {html.escape(got.problem)}</div>', gold
+    imgs = "".join(
+        f'<img class="task" src="{taskimages.data_url(i)}" width="{taskimages.WIDTH}" '
+        f'alt="{html.escape(task)} image {n} ({i.width}x{i.height})">'
+        for n, i in enumerate(got.images, 1)
+    )
+    return f'<div class="shots">{imgs}</div>', gold
 
 
 def _eval_rows(evaluation: dict[str, Any]) -> str:
@@ -266,6 +290,7 @@ CSS = """
 .dashgrid{display:grid;grid-template-columns:repeat(auto-fill,minmax(340px,1fr));gap:10px}
 figure.dash{min-height:60px}table.samples td.sample{max-width:340px;font-size:12px}
 table.samples code{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:0 3px;border-radius:3px}
+table.samples img.task{height:auto;border:1px solid #d0d7de;margin:2px 4px 2px 0}
 details{margin:4px 0}summary{cursor:pointer;font-weight:600}
 .problems{border:1px solid #cf222e;background:#fff5f5;border-radius:6px;padding:6px 12px;margin:12px 0}
 """
