@@ -109,3 +109,35 @@ def test_a_text_request_to_the_vision_model_is_answered_as_the_engine_answers_it
     body = _body(prompt)
     body["messages"][0]["content"] = prompt.content
     assert _ask(url, body)["choices"][0]["token_ids"] == list(want.token_ids)
+
+
+def test_a_weight_update_reaches_both_tiers_of_the_vision_model(tiny_vlm, tmp_path, monkeypatch):
+    """/v1/update_weights with another VLM folder: both tiers then answer an image request as the
+    hf engine over that folder does."""
+    import shutil
+
+    import torch
+
+    from posttrain.model.vision import load_vlm
+
+    other = tmp_path / "other"
+    model, _, _ = load_vlm(tiny_vlm)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(-1.5)
+    model.save_pretrained(other)
+    for f in tiny_vlm.iterdir():
+        if not (other / f.name).exists():
+            shutil.copy2(f, other / f.name)
+    prompt = _task(0).prompt[0]
+    before, want = (_direct(HFEngine.from_pretrained(d, device="cpu", seed=0), prompt) for d in (tiny_vlm, other))
+    assert list(before.logprobs) != list(want.logprobs)
+    monkeypatch.setenv("POSTTRAIN_ADMIN_TOKEN", "t0ken")
+    with running(build_server(ServeConfig(model=str(tiny_vlm), canary={"probe_domains": []}))) as url:
+        r = httpx.post(url + "/v1/update_weights", json={"path": str(other)}, headers={"Authorization": "Bearer t0ken"})
+        assert r.status_code == 200 and r.json()["weights"] == 1, r.text
+        for model_name in ("posttrain", "posttrain:fast"):
+            choice = _ask(url, _body(prompt, model_name))["choices"][0]
+            assert choice["token_ids"] == list(want.token_ids)
+            got = [t["logprob"] for t in choice["logprobs"]["content"]]
+            assert got == pytest.approx(list(want.logprobs), abs=1e-5)
+        assert httpx.get(url + "/health").status_code == 200 and httpx.get(url + "/metrics").status_code == 200

@@ -73,6 +73,14 @@ def load_served(path: str) -> Loaded:
     return Loaded(model, tok, head=load_if_any(path, model))
 
 
+def _vision_state(path: str) -> dict[str, Any]:
+    """The parameters of the vision-language model folder `path`, named as the loaded module
+    names them (ModelLoadError when it is not one that loads)."""
+    from posttrain.model.vision import load_vlm
+
+    return load_vlm(path)[0].state_dict()
+
+
 def build_fast(
     model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int, head: Any = None
 ) -> SpeculativeEngine:
@@ -322,12 +330,14 @@ class Deployment:
         """Load a checkpoint into the shared weights and rebuild the fast tier (blocking), with the
         checkpoint's draft head when it holds one (else none: a head fitted to older weights is
         dropped). A LoRA adapter directory is merged into the base weights held at the first
-        adapter update."""
+        adapter update. A vision model's folder is read through the vision loader (its saved
+        parameter names are not its module's), so its weights load whole or not at all."""
         from posttrain.model.draft_head import load_if_any
         from posttrain.trainer.lora import resolve_update
 
         with self.locks["standard"], self.locks["fast"]:
-            version = self.engines["standard"].update_weights(resolve_update(self.model, path))
+            source = resolve_update(self.model, path) if self.processor is None else _vision_state(path)
+            version = self.engines["standard"].update_weights(source)
             if self.processor is None:
                 self.head = load_if_any(path, self.model)
             self.engines["fast"] = self._fast(version)
