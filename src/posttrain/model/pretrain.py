@@ -244,15 +244,19 @@ def padded(tok, rows: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]):
 
 def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
     """Pretrain and save the base model; returns its directory. Its build time is stored beside
-    it (`posttrain_base.json`) and, for a build into the cache folder, logged there (`BUILDS`)."""
+    it (`posttrain_base.json`) and, for a build into the cache folder, logged there (`BUILDS`).
+    A config with `rope_scaling` is not pretrained: `scaled_base`."""
     import torch
 
-    from posttrain.model.arch import random_model
+    from posttrain.model.arch import random_model, rope_settings
 
+    if cfg.rope_scaling is not None:
+        return scaled_base(cfg, out_dir, progress)
     began = time.perf_counter()
     out = Path(out_dir) if out_dir else default_dir(cfg)
     torch.set_num_threads(cfg.threads)
-    model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=cfg.max_positions)
+    positions, rope = rope_settings(cfg)
+    model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=positions, rope=rope)
     model.train()
     batches = _examples(cfg, random.Random(cfg.seed))
     start = time.perf_counter()
@@ -263,6 +267,26 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
 
     fit_masked_lm(model, next_batch, cfg.steps, cfg.lr, "pretrain base", progress)
     _save(model.eval(), tok, out, cfg, time.perf_counter() - start, time.perf_counter() - began)
+    return out
+
+
+def scaled_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
+    """The base of a config with `rope_scaling`: the weights of `cfg.unscaled()` (its cached
+    base, built first when missing: `ensure_base`) saved with the scaled RoPE in their
+    config.json (`rope_settings`). RoPE has no parameters, so no weight changes; positions
+    past the learned ones are read as the scaling says. Returns its directory."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.model.arch import load_tokenizer, rope_settings
+
+    began = time.perf_counter()
+    source = ensure_base(cfg.unscaled(), progress=progress)
+    model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
+    positions, rope = rope_settings(cfg)
+    model.config.max_position_embeddings = positions
+    model.config.rope_parameters = rope
+    out = Path(out_dir) if out_dir else default_dir(cfg)
+    _save(model.eval(), load_tokenizer(source), out, cfg, 0.0, time.perf_counter() - began, weights_of=source.name)
     return out
 
 
@@ -306,7 +330,9 @@ def fit_masked_lm(
     return last
 
 
-def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds: float) -> None:
+def _save(
+    model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds: float, weights_of: str | None = None
+) -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     from posttrain.model.tokenizer import save_tokenizer
@@ -319,6 +345,8 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds:
         "build_seconds": round(build_seconds, 3),
         "buggy_solvers": sorted(BUGS),
     }
+    if weights_of:
+        info["weights_of"] = weights_of
     if set(cfg.domains) & set(TURN_BUGS):
         info["buggy_policies"] = sorted(set(cfg.domains) & set(TURN_BUGS))
     (tmp / "posttrain_base.json").write_text(json.dumps(info, indent=2))
