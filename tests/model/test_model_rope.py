@@ -104,6 +104,11 @@ def test_a_scaled_base_reuses_the_weights_and_changes_only_long_positions(cache)
     configs = {k: with_rope(rope_scaling={"type": k, "factor": 4}) for k in ("linear", "dynamic", "yarn")}
     scaled = {kind: pretrain.ensure_base(cfg, progress=False) for kind, cfg in configs.items()}
     assert len(cache) == 1  # no pretraining of their own: the plain base's weights
+    assert "with yarn RoPE scaling" in pretrain.build_note(configs["yarn"]) and plain_dir.name in pretrain.build_note(
+        configs["yarn"]
+    )
+    builds = (pretrain.DEFAULT_CACHE / pretrain.BUILDS).read_text().splitlines()
+    assert len(builds) == 1  # the build-time log (estimates for other bases) holds the pretraining only
     from transformers import AutoModelForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(plain_dir, local_files_only=True).eval()

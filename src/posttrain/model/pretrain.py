@@ -82,7 +82,12 @@ def duration(seconds: float) -> str:
 
 
 def build_note(cfg: BaseConfig) -> str:
-    """What the last build of `cfg`'s base took here, in words (`last_build`)."""
+    """What the last build of `cfg`'s base took here, in words (`last_build`); a base with RoPE
+    scaling is the unscaled base's weights (`scaled_base`), so its note is that one's."""
+    if cfg.rope_scaling is not None:
+        plain = cfg.unscaled()
+        source = "cached" if is_cached(plain) else f"built first: {build_note(plain)}"
+        return f"the weights of {default_dir(plain).name} ({source}) with {cfg.rope_scaling.type} RoPE scaling"
     last = last_build(cfg)
     if last is None:
         return f"not built on this machine before ({cfg.steps} pretraining steps of preset {cfg.preset})"
@@ -355,7 +360,7 @@ def _save(
 
         shutil.rmtree(out)
     tmp.rename(out)
-    if out.resolve() == default_dir(cfg).resolve():
+    if out.resolve() == default_dir(cfg).resolve() and not weights_of:  # the log times pretraining builds
         row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 3)}
         with open(DEFAULT_CACHE / BUILDS, "a") as f:
             f.write(json.dumps({**row, "time": round(time.time())}) + "\n")
