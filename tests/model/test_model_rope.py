@@ -5,6 +5,7 @@ default base (its cache key, its config, its weights) as it was."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -94,6 +95,10 @@ def test_each_scaling_writes_what_transformers_and_vllm_read():
         got = rope_settings(cfg)
         assert got == (positions, {"rope_type": kind, "rope_theta": 20000.0, "factor": 8.0, **extra}), kind
         assert position_limit(make_config("micro", 104, 0, 2, *got)) == 8192 == cfg.max_positions, kind
+    legacy = SimpleNamespace(max_position_embeddings=4096, rope_scaling={"type": "linear", "factor": 2.0})
+    assert position_limit(legacy) == 8192  # a config.json from before transformers 5, read as JSON (the vllm engine)
+    nested = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"full_attention": {"rope_type": "linear"}})
+    assert position_limit(nested) == 4096 and position_limit(SimpleNamespace()) is None
     stated = BaseConfig(rope_scaling={"type": "yarn", "factor": 8, "original_max_positions": 1024})
     assert stated.learned_positions() == 1024
 

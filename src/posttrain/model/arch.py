@@ -76,13 +76,14 @@ def rope_settings(cfg: BaseConfig) -> tuple[int, dict]:
 def position_limit(config: Any) -> int | None:
     """The longest sequence a model config is meant for (None when it names none), by vLLM's
     rule: `max_position_embeddings`, times the factor under linear or dynamic RoPE scaling, or
-    yarn's `original_max_position_embeddings` times its factor. A config whose RoPE differs by
-    layer type (a nested `rope_parameters`) is read as unscaled."""
+    yarn's `original_max_position_embeddings` times its factor. The older `rope_scaling` (with
+    `type`) of a config.json read as it is counts too; a config whose RoPE differs by layer type
+    (a nested `rope_parameters`) is read as unscaled."""
     value = getattr(config, "max_position_embeddings", None)
     if not isinstance(value, int):
         return None
-    rope = getattr(config, "rope_parameters", None) or {}
-    kind, factor = rope.get("rope_type"), rope.get("factor")
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
     if kind not in ("linear", "dynamic", "yarn") or not isinstance(factor, int | float):
         return value
     if kind == "yarn":
