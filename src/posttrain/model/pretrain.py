@@ -5,7 +5,8 @@ Invariant: the build is a pure function of its `BaseConfig` (seed included),
 and it only ever sees train-split tasks, so held-out eval stays unseen. A
 share `buggy_fraction` of the examples comes from the buggy solvers of
 `posttrain.model.bugs`: the base is partly right, far from perfect, and
-wrong in ways RL can fix.
+wrong in ways RL can fix. A config with RoPE scaling is not pretrained: its base is the
+weights of the same config without scaling, saved with the scaling (`scaled_base`).
 """
 
 from __future__ import annotations
