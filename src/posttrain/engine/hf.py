@@ -219,7 +219,9 @@ class HFEngine(Engine):
         self.eos_token_id = _primary_eos(model, tokenizer)
         self._eos_ids = _all_eos(model, tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
-        self._max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        from posttrain.model.arch import position_limit
+
+        self._max_positions = position_limit(model.config.get_text_config())  # RoPE scaling's factor included
         self.processor = processor
         """A vision model's processor (images to pixel values); None for a text model."""
         self._image_id: int | None = model.config.image_token_index if is_vision_model(model.config) else None

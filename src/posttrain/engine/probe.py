@@ -289,6 +289,6 @@ def _trainer_dtype(scorer: Any) -> tuple[str, str]:
 
 def _max_positions(scorer: Any) -> int | None:
     """The trainer's model's position limit, which the served model shares (None when it has none)."""
-    model = getattr(scorer, "model", None)
-    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) else None
+    from posttrain.model.arch import position_limit
+
+    return position_limit(getattr(getattr(scorer, "model", None), "config", None))

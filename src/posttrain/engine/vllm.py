@@ -260,11 +260,16 @@ class VLLMServer:
 
     def _step_tokens(self) -> int:
         """Tokens per scheduler step without chunked prefill: at least the longest sequence the
-        server takes (engine.vllm.max_model_len, else the model's max_position_embeddings)."""
+        server takes (engine.vllm.max_model_len, else the model's max_position_embeddings, times
+        its RoPE scaling's factor as vLLM reads it: `position_limit`)."""
+        from types import SimpleNamespace
+
+        from posttrain.model.arch import position_limit
+
         longest = self.cfg.max_model_len
         if longest is None:
             config = json.loads((Path(self.model_dir) / "config.json").read_text())
-            longest = int(config.get("max_position_embeddings") or 0)
+            longest = position_limit(SimpleNamespace(**config)) or 0
         return max(int(longest), 2048)
 
     def env(self) -> dict[str, str]:

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from posttrain.configs.base import BaseConfig
 from posttrain.errors import ModelLoadError
 
 Preset = Literal["micro", "tiny", "small", "medium"]
@@ -27,7 +28,11 @@ PRESETS: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
-def make_config(preset: str, vocab_size: int, pad_id: int, eos_id: int, max_positions: int = 512) -> Any:
+def make_config(
+    preset: str, vocab_size: int, pad_id: int, eos_id: int, max_positions: int = 512, rope: dict | None = None
+) -> Any:
+    """The Qwen2 config of a preset; `rope` (transformers' `rope_parameters`, with
+    `max_positions` its `max_position_embeddings`: `rope_settings`) when not the plain default."""
     from transformers import Qwen2Config
 
     if preset not in PRESETS:
@@ -41,6 +46,7 @@ def make_config(preset: str, vocab_size: int, pad_id: int, eos_id: int, max_posi
         num_attention_heads=heads,
         num_key_value_heads=kv,
         max_position_embeddings=max_positions,
+        **({"rope_parameters": dict(rope)} if rope else {}),
         tie_word_embeddings=True,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
@@ -49,8 +55,46 @@ def make_config(preset: str, vocab_size: int, pad_id: int, eos_id: int, max_posi
     )
 
 
-def random_model(preset: str = "micro", seed: int = 0, max_positions: int = 512) -> tuple[Any, Any]:
-    """A randomly initialised model of a preset with the embedded tokenizer."""
+def rope_settings(cfg: BaseConfig) -> tuple[int, dict]:
+    """(max_position_embeddings, rope_parameters) of the model `cfg` builds, as transformers
+    and vLLM read them: without scaling, `base.max_positions` and the plain rotation at
+    `base.rope_theta`; with linear or dynamic scaling the learned positions
+    (`cfg.learned_positions()`, what transformers' dynamic scaling starts past) and the factor;
+    with yarn `base.max_positions`, the factor and the learned positions as
+    `original_max_position_embeddings`. `position_limit` of that config is `base.max_positions`."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return cfg.max_positions, rope
+    rope.update(rope_type=scaling.type, factor=scaling.factor)
+    if scaling.type == "yarn":
+        rope["original_max_position_embeddings"] = cfg.learned_positions()
+        return cfg.max_positions, rope
+    return cfg.learned_positions(), rope
+
+
+def position_limit(config: Any) -> int | None:
+    """The longest sequence a model config is meant for (None when it names none), by vLLM's
+    rule: `max_position_embeddings`, times the factor under linear or dynamic RoPE scaling, or
+    yarn's `original_max_position_embeddings` times its factor. The older `rope_scaling` (with
+    `type`) of a config.json read as it is counts too; a config whose RoPE differs by layer type
+    (a nested `rope_parameters`) is read as unscaled."""
+    value = getattr(config, "max_position_embeddings", None)
+    if not isinstance(value, int):
+        return None
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+    if kind not in ("linear", "dynamic", "yarn") or not isinstance(factor, int | float):
+        return value
+    if kind == "yarn":
+        value = rope.get("original_max_position_embeddings") or value
+    return int(value * factor)
+
+
+def random_model(
+    preset: str = "micro", seed: int = 0, max_positions: int = 512, rope: dict | None = None
+) -> tuple[Any, Any]:
+    """A randomly initialised model of a preset with the embedded tokenizer (`rope`: `make_config`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -58,7 +102,7 @@ def random_model(preset: str = "micro", seed: int = 0, max_positions: int = 512)
 
     tok = build_tokenizer()
     torch.manual_seed(seed)
-    cfg = make_config(preset, len(tok), tok.pad_token_id, tok.eos_token_id, max_positions)
+    cfg = make_config(preset, len(tok), tok.pad_token_id, tok.eos_token_id, max_positions, rope)
     model = AutoModelForCausalLM.from_config(cfg)
     return model, tok
 

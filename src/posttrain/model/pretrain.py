@@ -5,7 +5,8 @@ Invariant: the build is a pure function of its `BaseConfig` (seed included),
 and it only ever sees train-split tasks, so held-out eval stays unseen. A
 share `buggy_fraction` of the examples comes from the buggy solvers of
 `posttrain.model.bugs`: the base is partly right, far from perfect, and
-wrong in ways RL can fix.
+wrong in ways RL can fix. A config with RoPE scaling is not pretrained: its base is the
+weights of the same config without scaling, saved with the scaling (`scaled_base`).
 """
 
 from __future__ import annotations
@@ -82,7 +83,12 @@ def duration(seconds: float) -> str:
 
 
 def build_note(cfg: BaseConfig) -> str:
-    """What the last build of `cfg`'s base took here, in words (`last_build`)."""
+    """What the last build of `cfg`'s base took here, in words (`last_build`); a base with RoPE
+    scaling is the unscaled base's weights (`scaled_base`), so its note is that one's."""
+    if cfg.rope_scaling is not None:
+        plain = cfg.unscaled()
+        source = "cached" if is_cached(plain) else f"built first: {build_note(plain)}"
+        return f"the weights of {default_dir(plain).name} ({source}) with {cfg.rope_scaling.type} RoPE scaling"
     last = last_build(cfg)
     if last is None:
         return f"not built on this machine before ({cfg.steps} pretraining steps of preset {cfg.preset})"
@@ -244,15 +250,19 @@ def padded(tok, rows: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]):
 
 def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
     """Pretrain and save the base model; returns its directory. Its build time is stored beside
-    it (`posttrain_base.json`) and, for a build into the cache folder, logged there (`BUILDS`)."""
+    it (`posttrain_base.json`) and, for a build into the cache folder, logged there (`BUILDS`).
+    A config with `rope_scaling` is not pretrained: `scaled_base`."""
     import torch
 
-    from posttrain.model.arch import random_model
+    from posttrain.model.arch import random_model, rope_settings
 
+    if cfg.rope_scaling is not None:
+        return scaled_base(cfg, out_dir, progress)
     began = time.perf_counter()
     out = Path(out_dir) if out_dir else default_dir(cfg)
     torch.set_num_threads(cfg.threads)
-    model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=cfg.max_positions)
+    positions, rope = rope_settings(cfg)
+    model, tok = random_model(cfg.preset, seed=cfg.seed, max_positions=positions, rope=rope)
     model.train()
     batches = _examples(cfg, random.Random(cfg.seed))
     start = time.perf_counter()
@@ -263,6 +273,26 @@ def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = Tr
 
     fit_masked_lm(model, next_batch, cfg.steps, cfg.lr, "pretrain base", progress)
     _save(model.eval(), tok, out, cfg, time.perf_counter() - start, time.perf_counter() - began)
+    return out
+
+
+def scaled_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> Path:
+    """The base of a config with `rope_scaling`: the weights of `cfg.unscaled()` (its cached
+    base, built first when missing: `ensure_base`) saved with the scaled RoPE in their
+    config.json (`rope_settings`). RoPE has no parameters, so no weight changes; positions
+    past the learned ones are read as the scaling says. Returns its directory."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.model.arch import load_tokenizer, rope_settings
+
+    began = time.perf_counter()
+    source = ensure_base(cfg.unscaled(), progress=progress)
+    model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True)
+    positions, rope = rope_settings(cfg)
+    model.config.max_position_embeddings = positions
+    model.config.rope_parameters = rope
+    out = Path(out_dir) if out_dir else default_dir(cfg)
+    _save(model.eval(), load_tokenizer(source), out, cfg, 0.0, time.perf_counter() - began, weights_of=source.name)
     return out
 
 
@@ -306,7 +336,9 @@ def fit_masked_lm(
     return last
 
 
-def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds: float) -> None:
+def _save(
+    model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds: float, weights_of: str | None = None
+) -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     from posttrain.model.tokenizer import save_tokenizer
@@ -319,6 +351,8 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds:
         "build_seconds": round(build_seconds, 3),
         "buggy_solvers": sorted(BUGS),
     }
+    if weights_of:
+        info["weights_of"] = weights_of
     if set(cfg.domains) & set(TURN_BUGS):
         info["buggy_policies"] = sorted(set(cfg.domains) & set(TURN_BUGS))
     (tmp / "posttrain_base.json").write_text(json.dumps(info, indent=2))
@@ -327,7 +361,7 @@ def _save(model, tok, out: Path, cfg: BaseConfig, seconds: float, build_seconds:
 
         shutil.rmtree(out)
     tmp.rename(out)
-    if out.resolve() == default_dir(cfg).resolve():
+    if out.resolve() == default_dir(cfg).resolve() and not weights_of:  # the log times pretraining builds
         row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 3)}
         with open(DEFAULT_CACHE / BUILDS, "a") as f:
             f.write(json.dumps({**row, "time": round(time.time())}) + "\n")

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from posttrain.errors import ConfigError
+from posttrain.model.arch import position_limit
 
 SUPPORTED = ("qwen2", "llama", "mistral")
 
@@ -39,7 +40,7 @@ class LeanDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.eps = cfg.rms_norm_eps
-        self.max_pos = max_positions or cfg.max_position_embeddings
+        self.max_pos = max_positions or position_limit(cfg) or cfg.max_position_embeddings
         inner = model.model
         with torch.no_grad():
             self.embed = inner.embed_tokens.weight.detach().clone().float()

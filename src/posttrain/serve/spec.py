@@ -31,6 +31,7 @@ import torch
 from posttrain.engine.base import Engine, text_chat
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.errors import ConfigError, GenerationError
+from posttrain.model.arch import position_limit
 from posttrain.types import Completion, GenerationRequest, Message, SamplingParams
 
 OnTokens = Callable[[int, int, Sequence[int]], None]
@@ -318,7 +319,7 @@ class SpeculativeEngine(Engine):
     def _one(self, req: GenerationRequest, key: int, emit: Callable[[Sequence[int]], None] | None) -> Completion:
         if not req.prompt_ids:
             raise GenerationError("prompt_ids: empty prompt")
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        limit = position_limit(self.model.config)  # max_position_embeddings, RoPE scaling's factor included
         room = req.params.max_tokens if limit is None else min(req.params.max_tokens, limit - len(req.prompt_ids))
         if room < 1:
             raise ConfigError(

@@ -28,6 +28,7 @@ from posttrain.configs.serve import BatchConfig, FastTierConfig
 from posttrain.contracts.engine import StreamingEngine
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.errors import ConfigError, GenerationError
+from posttrain.model.arch import position_limit
 from posttrain.serve.lean import HeadDrafter, LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
@@ -310,7 +311,7 @@ class Deployment:
             ),
         }
         self.vocab = model.get_input_embeddings().weight.shape[0]
-        self.max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        self.max_positions = position_limit(model.config.get_text_config())
 
     @property
     def weights(self) -> int:

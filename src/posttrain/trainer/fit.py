@@ -29,6 +29,7 @@ from typing import Any
 
 from posttrain.configs import Config
 from posttrain.errors import ConfigError
+from posttrain.model.arch import position_limit
 
 GiB = 1 << 30
 PROCESS_BYTES = 1 * GiB
@@ -75,7 +76,7 @@ def estimate(cfg: Config, model: Any) -> Estimate:
         config = model.config  # a vision model's language model holds the cache
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         per_token = kv_bytes_per_token(text, element)
-        positions = int(getattr(text, "max_position_embeddings", 0) or 8192)
+        positions = position_limit(text) or 8192
         batch = cfg.engine.max_batch_tokens
         terms["generation batch"] = batch * per_token + ATTENTION_BYTES_PER_PAIR * batch * positions
         if cfg.engine.context_reuse:
