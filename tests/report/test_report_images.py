@@ -64,8 +64,10 @@ def test_a_sample_whose_id_names_no_task_says_why(tmp_path):
 
 
 def test_an_evaluation_of_the_vision_model_records_digests_and_its_report_shows_the_images(
-    tmp_path, tiny_vlm, no_plots
-):  # noqa: F811, E501
+    tmp_path,
+    tiny_vlm,
+    no_plots,  # noqa: F811
+):
     """The whole path: the hf engine over a tiny VLM evaluates two held-out drawing items, the
     run's evaluator writes eval_samples.jsonl (digests, no image bytes), the report shows the
     image of each item its table picks."""
