@@ -74,7 +74,10 @@ def test_a_multi_turn_episode_past_its_seconds_ends_truncated_and_scored(tmp_pat
         turns = len(r["turns"])
         assert r["reward"] is not None and r["error_kind"] is None, "a deadline is the model's: scored, not masked"
         assert r["finish_reason"] == "length" and r["timings"]["timed_out"] == 1.0
-        assert 2 <= turns < 20, turns  # 0.5 s of 0.3 s steps: past it after the second step
+        # 0.5 s of 0.3 s steps: past it after the second step on a quiet machine; on a loaded one the
+        # episode's share of generation alone can pass it after the first: either way long before 20
+        assert 1 <= turns < 20, turns
+        assert turns <= r["timings"]["episode_s"] / STEP_S + 1, (turns, r["timings"]["episode_s"])
         assert r["timings"]["episode_s"] >= 0.5
 
 
