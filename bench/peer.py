@@ -780,6 +780,17 @@ def _trace_task_ids(path: Path) -> list[str]:
 # ------------------------------------------------------------------ the eval worker
 
 
+def eval_args(config: str, overrides: Sequence[str], model: str, heldout: str, json_out: Path) -> argparse.Namespace:
+    """The arguments of `posttrain eval CONFIG OVERRIDES --model M --heldout H --json J`, parsed by the eval
+    command's own parser (a hand-built Namespace missed each option the command gained later)."""
+    from posttrain.commands.eval import add_parser
+
+    parser = argparse.ArgumentParser(prog="posttrain")
+    add_parser(parser.add_subparsers())
+    argv = ["eval", config, *overrides, "--model", str(model), "--heldout", str(heldout), "--json", str(json_out)]
+    return parser.parse_args(argv)
+
+
 def eval_worker(argv: Sequence[str]) -> int:
     """Evaluate model directories with `posttrain eval` (its `run`, in this one process) on a stored set.
     argv: JOB.json {config, overrides, heldout, models: {label: dir}, out}."""
@@ -795,14 +806,8 @@ def eval_worker(argv: Sequence[str]) -> int:
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for label, model in job["models"].items():
         path = tables / f"eval-{label.replace(':', '-')}.json"
-        ns = argparse.Namespace(
-            config=job["config"],
-            overrides=[*job["overrides"], *EVAL_OVERRIDES, "run.threads=1"],
-            model=model,
-            run=None,
-            heldout=job["heldout"],
-            save_heldout=None,
-            json=str(path),
+        ns = eval_args(
+            job["config"], [*job["overrides"], *EVAL_OVERRIDES, "run.threads=1"], model, job["heldout"], path
         )
         with open(out_dir / "eval.log", "a") as log, contextlib.redirect_stdout(log):
             print(f"== {label}: {model}")

@@ -307,6 +307,30 @@ def test_heldout_file_is_the_set_posttrain_eval_builds(tmp_path):
     assert peer.same_heldout(tmp_path, mix, {"heldout": str(tmp_path / "direct.json")}) is True
 
 
+def test_the_eval_worker_evaluates_a_model_through_posttrain_eval(micro_base, tmp_path):
+    """The worker both sides' evaluations go through (`peer.py _eval JOB`), run for real on a stored set:
+    it gave every model AttributeError once `posttrain eval` gained an option its hand-built arguments lacked."""
+    from posttrain.configs import load_config
+    from posttrain.evaluate.run import heldout_for
+    from posttrain.tasks.pool import TaskPool
+
+    overrides = ["tasks.domains={add: {}, reverse: {}}", "eval.tasks_per_domain=2"]
+    cfg = load_config(ROOT / "configs" / "default.yaml", [*overrides, *peer.EVAL_OVERRIDES])
+    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
+    heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names}).save(tmp_path / "heldout.json")
+    job = {
+        "config": str(ROOT / "configs" / "default.yaml"),
+        "overrides": overrides,
+        "heldout": str(tmp_path / "heldout.json"),
+        "models": {"base": micro_base},
+        "out": str(tmp_path),
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert peer.eval_worker([str(tmp_path / "job.json")]) == 0
+    base = json.loads((tmp_path / "evals.json").read_text())["base"]
+    assert set(base["domains"]) == {"add", "reverse"} and 0.0 <= base["mean"] <= 1.0
+
+
 def test_step_clock_splits_and_stops_at_the_budget(monkeypatch):
     clock = peer.StepClock(budget_cpu_s=1.0)
     cpu = iter([10.0, 10.4, 11.2])  # start, end of step 1 (0.4 used), end of step 2 (1.2 used)
