@@ -85,3 +85,11 @@ def test_a_lora_runs_checkpoint_is_evaluated_merged_into_its_base(tmp_path, base
     stamp = (side.model_dir / "export.json").stat().st_mtime_ns
     assert resolve(str(run)).model_dir == side.model_dir  # made once, then reused
     assert (side.model_dir / "export.json").stat().st_mtime_ns == stamp
+    # one of the run's checkpoints named directly (`posttrain eval --model RUN/checkpoints/step_N`,
+    # `compare`): the same merge, not 'has no config.json'
+    assert resolve(str(ckpt)).model_dir == side.model_dir
+    from argparse import Namespace
+
+    from posttrain.commands.eval import _model
+
+    assert _model(Namespace(model=str(ckpt), run=None), None) == str(side.model_dir)

@@ -148,7 +148,12 @@ def _build(cfg, heldout_for):
 
 def _model(args, cfg) -> str:
     if args.model:
-        return args.model
+        from pathlib import Path
+
+        from posttrain.trainer.export import servable
+
+        path = Path(args.model)  # a LoRA run's checkpoint is merged into the run's base once (servable)
+        return str(servable(path)) if path.is_dir() else args.model
     if args.run:
         from posttrain.evaluate.compare import resolve
 

@@ -30,19 +30,20 @@ class Side:
 
 def resolve(spec: str) -> Side:
     """A run directory (its latest checkpoint; a LoRA adapter merged into the run's base once,
-    `trainer.export.servable`) or a Hugging Face model directory."""
+    `trainer.export.servable`), one of a run's LoRA checkpoints (merged the same way), or a Hugging
+    Face model directory."""
     from posttrain.model.arch import check_model_dir
+    from posttrain.trainer.export import servable
 
     path = Path(spec)
     if (path / "config.yaml").is_file():
         from posttrain.trainer.checkpoint import latest_checkpoint
-        from posttrain.trainer.export import servable
 
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise ConfigError(f"run directory {spec!r} has no checkpoint to evaluate")
         return Side(path.name, servable(ckpt), path)
-    return Side(path.name, check_model_dir(path), None)
+    return Side(path.name, check_model_dir(servable(path) if path.is_dir() else path), None)
 
 
 def heldout_of(a: Side, b: Side, explicit: str | None, build: Any) -> HeldoutSet:
