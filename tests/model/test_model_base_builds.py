@@ -48,6 +48,12 @@ def test_a_build_records_its_time_and_the_next_notice_quotes_it(cache):
     seconds, why = pretrain.last_build(longer)
     assert seconds == pytest.approx(rows[0]["seconds"] * 10) and "estimated from a 3-step build of preset micro" in why
     assert pretrain.build_note(longer).startswith("about ")
+    # a base of other domains or batch size: its steps cost what its examples cost (long.yaml's
+    # 1,000-character examples against the demo's 15): no estimate from this build
+    for other in ({"domains": {"keychain": 1}}, {"batch_size": 8}):
+        cfg_other = BaseConfig(**{**MICRO, "steps": 30, **other})
+        assert pretrain.last_build(cfg_other) is None
+        assert pretrain.build_note(cfg_other).startswith("not built on this machine before")
 
 
 def test_durations_read_as_a_person_writes_them():

@@ -54,7 +54,9 @@ def _builds() -> list[dict]:
 def last_build(cfg: BaseConfig) -> tuple[float, str] | None:
     """How long building `cfg`'s base took on this machine: (seconds, "") from its last build
     here (the cache folder's log, else the record beside a cached copy), or (seconds, why) an
-    estimate from the newest build of its preset scaled by steps; None when nothing was built."""
+    estimate from the newest build of the same preset, domains (and levels) and batch size scaled
+    by steps; None when nothing of its kind was built (a step's cost follows its examples' length:
+    configs/long.yaml's 1,000-character examples cost about 60x the demo's 15-character ones)."""
     out = default_dir(cfg)
     rows = _builds()
     own = [r for r in rows if r.get("base") == out.name]
@@ -65,10 +67,17 @@ def last_build(cfg: BaseConfig) -> tuple[float, str] | None:
         return float(info.get("build_seconds") or info["pretrain_seconds"]), ""
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    alike = [r for r in rows if r.get("preset") == cfg.preset and isinstance(r.get("steps"), int) and r["steps"] > 0]
+    kind = {"preset": cfg.preset, "domains": cfg.domains, "batch_size": cfg.batch_size}
+    alike = [
+        r
+        for r in rows
+        if all(r.get(k) == v for k, v in kind.items()) and isinstance(r.get("steps"), int) and r["steps"] > 0
+    ]
     if alike:
         r = alike[-1]
-        return r["seconds"] * cfg.steps / r["steps"], f"estimated from a {r['steps']}-step build of preset {cfg.preset}"
+        return r["seconds"] * cfg.steps / r["steps"], (
+            f"estimated from a {r['steps']}-step build of preset {cfg.preset} on the same domains"
+        )
     return None
 
 
@@ -363,6 +372,7 @@ def _save(
     tmp.rename(out)
     if out.resolve() == default_dir(cfg).resolve() and not weights_of:  # the log times pretraining builds
         row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 3)}
+        row |= {"domains": cfg.domains, "batch_size": cfg.batch_size}  # what an estimate for another base needs
         with open(DEFAULT_CACHE / BUILDS, "a") as f:
             f.write(json.dumps({**row, "time": round(time.time())}) + "\n")
 
