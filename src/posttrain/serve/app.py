@@ -34,7 +34,7 @@ from posttrain.serve.limits import Admission, Offload, check_tokens, read_body, 
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry, VersionInfo
 from posttrain.serve.router import Router
-from posttrain.serve.tiers import Deployment, load_served
+from posttrain.serve.tiers import Deployment, deployment_of
 from posttrain.types import GenerationRequest, Image, Message, SamplingParams
 
 log = logging.getLogger("posttrain.serve")
@@ -44,20 +44,8 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 def load_deployment(info: VersionInfo, cfg: ServeConfig, metrics: ServeMetrics) -> Deployment:
     """A deployment of a registry version; the lossy fast mode only where its release gate passed."""
-    got = load_served(info.path)
     mode = "int8" if cfg.fast.mode == "int8" and info.fast_mode == "int8" else "lossless"
-    return Deployment(
-        info.name,
-        got.model,
-        got.tokenizer,
-        cfg.fast,
-        mode,
-        cfg.standard_batch,
-        metrics,
-        cfg.torch_threads,
-        got.head,
-        got.processor,
-    )
+    return deployment_of(info.path, info.name, cfg, mode, metrics)
 
 
 @dataclass(frozen=True)

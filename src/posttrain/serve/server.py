@@ -15,7 +15,7 @@ from posttrain.errors import ConfigError
 from posttrain.serve.app import Server, create_app
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.registry import ModelRegistry
-from posttrain.serve.tiers import Deployment, load_served
+from posttrain.serve.tiers import Deployment, deployment_of
 
 log = logging.getLogger("posttrain.serve")
 
@@ -29,19 +29,7 @@ def model_dir_deployment(path: str, cfg: ServeConfig, name: str = "v0") -> Any:
         log.warning("fast.mode=int8 needs a registry version whose release gate passed; serving lossless")
 
     def build(metrics: ServeMetrics) -> Deployment:
-        got = load_served(path)  # a vision model with its processor; a draft head the fast tier drafts with
-        return Deployment(
-            name,
-            got.model,
-            got.tokenizer,
-            cfg.fast,
-            "lossless",
-            cfg.standard_batch,
-            metrics,
-            cfg.torch_threads,
-            got.head,
-            got.processor,
-        )
+        return deployment_of(path, name, cfg, "lossless", metrics)
 
     return build
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from posttrain.configs.serve import BatchConfig, FastTierConfig
+from posttrain.configs.serve import BatchConfig, FastTierConfig, ServeConfig
 from posttrain.contracts.engine import StreamingEngine
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.errors import ConfigError, GenerationError
@@ -47,31 +47,23 @@ def standard_engine(model: Any, tokenizer: Any, processor: Any = None) -> HFEngi
     return HFEngine(model, tokenizer, config=HFEngineConfig(check_finite=True), processor=processor)
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """What a served model folder holds: the model, its tokenizer, a vision model's processor
-    (None for a text model) and a co-trained draft head (None when it has none)."""
-
-    model: Any
-    tokenizer: Any
-    processor: Any = None
-    head: Any = None
-
-
-def load_served(path: str) -> Loaded:
-    """The model folder `path` (or a registered name such as `posttrain-vlm`) loaded for serving:
+def deployment_of(path: str, name: str, cfg: ServeConfig, mode: str, metrics: ServeMetrics) -> Deployment:
+    """The deployment of the model folder `path` (or a registered name such as `posttrain-vlm`):
     a vision-language model (model/vision.py) with its processor, any other through the text
-    loader with its draft head if it has one (ModelLoadError when it does not load)."""
+    loader with its draft head if it has one, which the fast tier drafts with (ModelLoadError
+    when it does not load). `mode`: the fast tier's, "lossless" or "int8"."""
     from posttrain.model.vision import is_vision_dir, load_vlm
 
+    head = processor = None
     if is_vision_dir(path):
-        model, tok, proc = load_vlm(path)
-        return Loaded(model, tok, proc)
-    from posttrain.model.arch import load_model
-    from posttrain.model.draft_head import load_if_any
+        model, tok, processor = load_vlm(path)
+    else:
+        from posttrain.model.arch import load_model
+        from posttrain.model.draft_head import load_if_any
 
-    model, tok = load_model(path)
-    return Loaded(model, tok, head=load_if_any(path, model))
+        model, tok = load_model(path)
+        head = load_if_any(path, model)
+    return Deployment(name, model, tok, cfg.fast, mode, cfg.standard_batch, metrics, cfg.torch_threads, head, processor)
 
 
 def _vision_state(path: str) -> dict[str, Any]:
