@@ -147,17 +147,17 @@ def _build(cfg, heldout_for):
 
 
 def _model(args, cfg) -> str:
-    if args.model:
-        from pathlib import Path
+    """--model or --run as `compare` reads a folder (evaluate.compare.resolve: a run's latest
+    checkpoint, a LoRA run's checkpoint merged into its base once, a model folder); --model
+    that is no folder is a real model's name; else the config's model or its embedded base."""
+    from pathlib import Path
 
-        from posttrain.trainer.export import servable
-
-        path = Path(args.model)  # a LoRA run's checkpoint is merged into the run's base once (servable)
-        return str(servable(path)) if path.is_dir() else args.model
-    if args.run:
+    if args.model and not Path(args.model).is_dir():
+        return args.model
+    if args.model or args.run:
         from posttrain.evaluate.compare import resolve
 
-        return str(resolve(args.run).model_dir)
+        return str(resolve(args.model or args.run).model_dir)
     from posttrain.model.pretrain import ensure_base
 
     return str(cfg.model.path or ensure_base(cfg.base))

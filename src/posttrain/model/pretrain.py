@@ -371,10 +371,17 @@ def _save(
         shutil.rmtree(out)
     tmp.rename(out)
     if out.resolve() == default_dir(cfg).resolve() and not weights_of:  # the log times pretraining builds
-        row = {"base": out.name, "preset": cfg.preset, "steps": cfg.steps, "seconds": round(build_seconds, 3)}
-        row |= {"domains": cfg.domains, "batch_size": cfg.batch_size}  # what an estimate for another base needs
+        row = {  # domains and batch size: what `last_build` estimates another base from
+            "base": out.name,
+            "preset": cfg.preset,
+            "steps": cfg.steps,
+            "seconds": round(build_seconds, 3),
+            "domains": cfg.domains,
+            "batch_size": cfg.batch_size,
+            "time": round(time.time()),
+        }
         with open(DEFAULT_CACHE / BUILDS, "a") as f:
-            f.write(json.dumps({**row, "time": round(time.time())}) + "\n")
+            f.write(json.dumps(row) + "\n")
 
 
 def ensure_base(cfg: BaseConfig, progress: bool = True, log: Callable[[str], None] | None = None) -> Path:
