@@ -1,13 +1,17 @@
-"""Speculative decoding: drafts change speed, never the output (greedy and seeded sampling)."""
+"""Speculative decoding: drafts change speed, never the output (greedy and seeded sampling); the
+model-free drafter reads past completions of the same prompt; draft lengths adapt."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 import torch
 
+from posttrain.engine.drafter import TaskStore
 from posttrain.engine.hf import HFEngine
 from posttrain.model.arch import random_model
-from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpeculativeEngine, int8_copy
+from posttrain.serve.spec import ModelDrafter, SpeculativeEngine, SuffixDrafter, int8_copy
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
 
@@ -18,18 +22,41 @@ def model():
 
 
 def _never(logits, step):
-    raise AssertionError("the n-gram drafter must not call the model")
+    raise AssertionError("the model-free drafter must not call the model")
 
 
-def test_ngram_lookup_proposes_continuation_of_latest_match():
-    d = NgramDrafter(max_n=2)
+def test_suffix_drafter_proposes_continuation_of_latest_match():
+    d = SuffixDrafter(max_n=2, min_n=1)
     #         0  1  2  3  4  5  6  7  8
     ids = [1, 2, 3, 4, 9, 2, 3, 5, 2, 3]
-    assert d.propose(ids, 3, _never, 0) == [5, 2, 3]  # latest "2 3" is at 5..6, followed by 5, 2, 3
-    assert d.propose(ids, 5, _never, 0) == [4, 9, 2, 3, 5]  # only the earlier "2 3" at 1..2 is followed by 5
-    assert d.propose([1, 1, 1, 1, 1], 3, _never, 0) == [1, 1, 1]  # a run: the earliest "1 1" has 3 after it
-    assert d.propose([1, 2, 3], 4, _never, 0) == []  # "3" never occurred before
-    assert d.propose([7, 8, 7], 2, _never, 0) == [8, 7]  # falls back to a 1-gram
+    d.start(ids[:1])
+    assert d.propose(ids, 3, _never, 9) == [5, 2, 3]  # latest "2 3" is at 5..6, followed by 5, 2, 3
+    assert d.propose(ids, 5, _never, 9) == [4, 9, 2, 3, 5]  # only the earlier "2 3" at 1..2 is followed by 5
+    d.start(ids[:4])  # a match inside the prompt proposes what followed it there, up to the prompt's end
+    assert d.propose(ids, 5, _never, 6) == [5, 2, 3]
+    d.start([1])
+    assert d.propose([1, 1, 1, 1, 1], 3, _never, 4) == [1, 1, 1]  # a run: the earliest "1 1" has 3 after it
+    d.start([1, 2])
+    assert d.propose([1, 2, 3], 4, _never, 1) == []  # "3" never occurred before
+    d.start([7])
+    assert d.propose([7, 8, 7], 2, _never, 2) == [8, 7]  # falls back to a 1-gram
+    two = SuffixDrafter(max_n=2, min_n=2)
+    two.start([7])
+    assert two.propose([7, 8, 7], 2, _never, 2) == []  # no 1-token matches below min_n
+
+
+def test_suffix_drafter_reads_past_completions_of_the_same_prompt_only():
+    store = TaskStore(max_tasks=2, per_task=2)
+    d = SuffixDrafter(max_n=4, store=store)
+    d.start([5, 6, 7])
+    assert d.propose([5, 6, 7], 4, _never, 0) == []  # nothing seen after "6 7" yet
+    d.finish([40, 41, 42, 43, 2])
+    assert store.get([5, 6, 7]) == ((40, 41, 42, 43, 2),)
+    d.start([5, 6, 7])
+    assert d.propose([5, 6, 7], 3, _never, 0) == [40, 41, 42]  # the past completion's start
+    assert d.propose([5, 6, 7, 40, 41], 4, _never, 2) == [42, 43, 2]
+    d.start([9, 6, 7, 8])
+    assert d.propose([9, 6, 7, 8], 3, _never, 0) == []  # another prompt: not its past
 
 
 def _requests(engine, temperature, seed=5):
@@ -46,7 +73,7 @@ def test_every_drafter_mix_reproduces_the_standard_engine(model, temperature):
     reqs = _requests(reference, temperature)
     want = [[c.token_ids for c in g] for g in reference.generate(reqs)]
     q = int8_copy(m)
-    for drafters in ([], [NgramDrafter()], [ModelDrafter(q)], [NgramDrafter(), ModelDrafter(q)]):
+    for drafters in ([], [SuffixDrafter()], [ModelDrafter(q)], [SuffixDrafter(), ModelDrafter(q)]):
         engine = SpeculativeEngine(m, tok, drafters)
         got = engine.generate(reqs)
         assert [[c.token_ids for c in g] for g in got] == want, [d.name for d in drafters]
@@ -62,14 +89,14 @@ def test_logprobs_and_stop_strings_match_the_standard_engine(model):
     stop = free.text[5:7] if len(free.text) > 8 else "zz"
     req = [GenerationRequest(prompt, SamplingParams(max_tokens=30, temperature=0.0, stop=(stop,)))]
     a = reference.generate(req)[0][0]
-    b = SpeculativeEngine(m, tok, [NgramDrafter(), ModelDrafter(int8_copy(m))]).generate(req)[0][0]
+    b = SpeculativeEngine(m, tok, [SuffixDrafter(), ModelDrafter(int8_copy(m))]).generate(req)[0][0]
     assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
     assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
 def test_streaming_callback_sees_every_token_once(model):
     m, tok = model
-    engine = SpeculativeEngine(m, tok, [NgramDrafter()])
+    engine = SpeculativeEngine(m, tok, [SuffixDrafter()])
     seen: dict[tuple[int, int], list[int]] = {}
     reqs = _requests(engine, 0.7)[:2]
     out = engine.generate(reqs, on_tokens=lambda r, s, ids: seen.setdefault((r, s), []).extend(ids))
@@ -203,3 +230,101 @@ def test_the_head_drafter_reads_the_hidden_state_that_chose_the_last_token(model
     assert drafter.propose(ids, 3, _never, step=0) == []  # the prompt's last token was not chosen
     before = head.draft(states[-2][None], torch.tensor([ids[-1]]), 3, *policy_tables(m))[0].tolist()
     assert before != want  # the position matters to this head (an off-by-one would show)
+
+
+def _drafter_counts(engine) -> tuple[int, int, int]:
+    """(rounds, proposed, accepted) of the engine's one drafter."""
+    (st,) = engine.stats.drafters.values()
+    return st.rounds, st.proposed, st.accepted
+
+
+def test_a_repeated_prompt_is_drafted_from_its_past_completion(model):
+    from posttrain.configs.serve import FastTierConfig
+    from posttrain.serve.tiers import build_fast
+
+    m, tok = model
+    reference = HFEngine(m, tok)
+    req = GenerationRequest(
+        reference.encode_chat([Message("user", "rev xyzzy=")]), SamplingParams(max_tokens=32, temperature=0.0)
+    )
+    want = reference.generate([req])[0][0].token_ids
+    assert len(want) == 32  # a random model: no eos within 32 tokens
+    engine = build_fast(m, tok, FastTierConfig(draft_model="none"), "lossless", 0)
+    assert engine.generate([req])[0][0].token_ids == want
+    first = _drafter_counts(engine)
+    assert engine.generate([req])[0][0].token_ids == want
+    rounds, proposed, accepted = (b - a for a, b in zip(first, _drafter_counts(engine)))
+    assert accepted == proposed == 32 - rounds  # every draft accepted in full, only the target's own token added
+    assert rounds <= 4  # drafts of 4, 8, 10, 10 tokens: 31 drafted tokens, 4 target forwards after the prefill
+    assert accepted > first[2]  # the first request had no past completion to draft from
+
+
+class _Oracle:
+    """A drafter that knows the answer: the right next tokens up to step `right_until`, then
+    wrong ones. It records each draft length it was asked for."""
+
+    name = "oracle"
+    stop_ids: set[int] = set()
+
+    def __init__(self, answer: Sequence[int], right_until: int, vocab: int) -> None:
+        self.answer, self.right_until, self.vocab = list(answer), right_until, vocab
+        self.asked: list[tuple[int, int]] = []
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.asked = []
+
+    def finish(self, out: Sequence[int]) -> None:
+        return None
+
+    def propose(self, ids: Sequence[int], k: int, choose, step: int) -> list[int]:
+        self.asked.append((step, k))
+        if step < self.right_until:
+            return self.answer[step : step + k]
+        return [(t + 1) % self.vocab for t in self.answer[step : step + k]]
+
+
+def test_the_draft_length_grows_after_full_acceptance_and_shrinks_after_rejection(model):
+    m, tok = model
+    reference = HFEngine(m, tok)
+    req = GenerationRequest(
+        reference.encode_chat([Message("user", "sort 3124=")]), SamplingParams(max_tokens=40, temperature=0.0)
+    )
+    want = reference.generate([req])[0][0].token_ids
+    assert len(want) == 40
+    oracle = _Oracle(want, right_until=12, vocab=m.config.vocab_size)
+    engine = SpeculativeEngine(m, tok, [oracle], draft_tokens=[8])
+    assert engine.generate([req])[0][0].token_ids == want
+    # (step, length): starts at 4; 4 right (+1 from the target) -> doubled to 8 at step 5; 8 right ->
+    # 8 (the most) at step 14; from step 12 on it is wrong: only the target's token, halved each
+    # time -> 4 at 15, 2 at 16, 1 at 17, 1 at 18 (12 of 24 drafted tokens accepted: still drafting)
+    assert oracle.asked[:7] == [(0, 4), (5, 8), (14, 8), (15, 4), (16, 2), (17, 1), (18, 1)]
+    assert engine.stats.drafters["oracle"].accepted == 12
+    engine.generate([req])
+    assert oracle.asked[0] == (0, 4)  # a new sequence starts over
+
+
+@pytest.mark.parametrize("which", ["micro_base", "random tiny"])
+def test_the_fast_tier_reproduces_the_standard_tier_on_the_embedded_model(model, which, request):
+    """The embedded architecture: the session's micro base (pretrained a few steps: it answers
+    with an end of sequence at once) and random tiny weights (long answers)."""
+    from posttrain.configs.serve import FastTierConfig
+    from posttrain.evaluate import eval_tasks
+    from posttrain.model.arch import load_model
+    from posttrain.serve.tiers import build_fast
+
+    torch.set_num_threads(1)
+    m, tok = load_model(request.getfixturevalue("micro_base")) if which == "micro_base" else model
+    reference = HFEngine(m, tok)
+    reqs = [
+        GenerationRequest(reference.encode_chat(t.prompt), SamplingParams(max_tokens=24, temperature=temp, seed=3))
+        for d in ("add", "reverse", "sort")
+        for t in eval_tasks(d, 1, 2)
+        for temp in (0.0, 0.8)
+    ]
+    want = [g[0].token_ids for g in reference.generate(reqs)]
+    engine = build_fast(m, tok, FastTierConfig(), "lossless", 0)
+    assert [d.name for d in engine.drafters][0] == "suffix"
+    for _ in range(2):  # the second pass drafts from the first's completions
+        assert [engine.generate([r])[0][0].token_ids for r in reqs] == want
+    suffix = engine.stats.drafters["suffix"]
+    assert suffix.accepted >= sum(len(w) - 1 for w in want) // 2  # the repeats were drafted (and accepted)

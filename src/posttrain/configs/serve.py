@@ -41,10 +41,29 @@ class FastTierConfig(BaseModel):
     release quality gate passed, else the version falls back to lossless."""
 
     ngram: bool = True
-    """Draft with n-gram prompt lookup (no extra model)."""
+    """Draft by suffix matching, no extra model (serve/spec.py `SuffixDrafter`, the rollouts'
+    drafter of engine/drafter.py): what followed the longest match (2 to `ngram_max` tokens) of
+    the sequence's last tokens in its prompt, its own output, or a past completion of the same
+    prompt (`past_prompts`)."""
 
     ngram_tokens: int = Field(10, ge=1, le=32)
-    """Draft length of the n-gram drafter."""
+    """Most tokens of one model-free draft. The length adapts per sequence: it starts at 4 (or
+    this, if less), doubles after a draft accepted in full, halves after a rejection. (Before
+    the suffix drafter it was a fixed length; a value set for that is read as this upper bound.)"""
+
+    ngram_max: int = Field(8, ge=2, le=64)
+    """Longest suffix (tokens) the model-free drafter matches."""
+
+    past_prompts: int = Field(256, ge=0, le=100_000)
+    """Prompts whose latest completions the model-free drafter keeps (least recently stored
+    dropped first) to draft from when the same prompt comes again; 0: none. Kept until the next
+    weight update."""
+
+    past_per_prompt: int = Field(4, ge=1, le=64)
+    """Completions kept per prompt (the latest)."""
+
+    past_tokens: int = Field(1024, ge=1, le=1_000_000)
+    """Each kept completion's first tokens (the rest is not kept)."""
 
     target: Literal["hf", "lean"] = "lean"
     """What verifies drafts: `lean`, the same float weights on the lean decode path
@@ -52,7 +71,7 @@ class FastTierConfig(BaseModel):
     transformers module itself (the standard tier's own per-token computation)."""
 
     draft_model: Literal["auto", "lean", "lean-int8", "int8", "none"] = "auto"
-    """Draft model used when the n-gram lookup finds nothing: `lean`, a copy of the
+    """Draft model used when the model-free drafter finds nothing: `lean`, a copy of the
     same float weights on the lean decode path (serve.lean); `lean-int8`, the same
     with per-channel int8 weights; `int8`, an int8 copy through transformers; `none`;
     `auto`: lean-int8 when one of its steps costs under `auto_draft_cost` of a
@@ -60,13 +79,13 @@ class FastTierConfig(BaseModel):
 
     model_draft_after: int = Field(4, ge=0, le=1_000_000)
     """Generated tokens before the draft model starts drafting (its prompt prefill
-    costs more than it saves on short answers); n-gram lookup drafts from the start."""
+    costs more than it saves on short answers); the model-free drafter drafts from the start."""
 
     auto_draft_cost: float = Field(0.5, gt=0.0, le=1.0)
     """Largest draft/target step-cost ratio at which `auto` drafts with lean-int8."""
 
     draft_model_tokens: int = Field(5, ge=1, le=16)
-    """Draft length of the draft model."""
+    """Most tokens of one draft of the draft model (adaptive per sequence as `ngram_tokens`)."""
 
     head: bool = False
     """Opt-in (measured net-negative on the embedded demo: 0.66-0.76x, bench/RESULTS.md). Draft

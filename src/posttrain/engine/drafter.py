@@ -1,20 +1,25 @@
 """A model-free drafter for speculative decoding: suffix matching over what the loop already has.
 
+The one implementation both users share: the hf engine's speculative rollouts (engine/hf.py)
+and the serving fast tier (`SuffixDrafter` in serve/spec.py, an adapter over these classes).
+
 Invariant: a proposal is a pure function of what was added, in the order it was added (no
 clock, no randomness, no hashing that varies between runs), and the memory held is bounded:
 `TaskStore` keeps at most `max_tasks` x `per_task` past completions of at most `max_len`
 tokens each; a `SuffixIndex` keeps at most `keep` occurrences per n-gram of its own
-sequences, so at most max_n entries per token it holds (and it lives for one engine call).
-`keep` is larger than a group, so samples in lockstep at the same position (whose own
-occurrences have no continuation yet) do not push a useful older one out. Drafts only ever change speed, never what the
-engine emits (engine/hf.py verifies every drafted token against the policy).
+sequences, so at most max_n entries per token it holds (and it lives for one engine call, or
+one served sequence). `keep` is larger than a group, so samples in lockstep at the same
+position (whose own occurrences have no continuation yet) do not push a useful older one out.
+Drafts only ever change speed, never what the engine emits (engine/hf.py and serve/spec.py
+verify every drafted token against the model).
 
 Sources, all in one `SuffixIndex` per request of an engine call: the prompt, the past
-completions `TaskStore` holds for the same prompt (earlier rollouts of the same task), and
-the outputs of the request's samples as they are generated (each row sees its siblings' and
-its own). `propose` finds the longest suffix of a row's context (up to `max_n` tokens) that
-occurred before and proposes the tokens that followed it. `DraftLength` adapts how many:
-doubled after a fully accepted draft, halved after a rejection.
+completions `TaskStore` holds for the same prompt (earlier rollouts of the same task, or
+earlier requests and samples in serving), and the outputs of the request's samples as they are
+generated (each row sees its siblings' and its own). `propose` finds the longest suffix of a
+row's context (up to `max_n` tokens, at least `min_n`) that occurred before and proposes the
+tokens that followed it. `DraftLength` adapts how many: doubled after a fully accepted draft,
+halved after a rejection.
 """
 
 from __future__ import annotations
@@ -107,13 +112,14 @@ class SuffixIndex:
             for n in range(1, min(self.max_n, end) + 1):
                 self._note(tuple(seq[end - n : end]), sid, end)
 
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, min_n: int = 1) -> list[int]:
         """Up to `k` tokens: what followed the longest suffix of `context` (at most max_n
-        tokens) seen in any sequence; among its occurrences the latest with a full k-token
-        continuation, else the one with the longest. Empty when nothing matches or k < 1."""
+        tokens, at least `min_n`) seen in any sequence; among its occurrences the latest with a
+        full k-token continuation, else the one with the longest. Empty when nothing matches or
+        k < 1."""
         if k < 1 or not context:
             return []
-        for n in range(min(self.max_n, len(context)), 0, -1):
+        for n in range(min(self.max_n, len(context)), max(min_n, 1) - 1, -1):
             occ = self._grams.get(tuple(context[len(context) - n :]))
             if not occ:
                 continue

@@ -172,9 +172,12 @@ class LeanDrafter:
         self.decoder, self.name = LeanDecoder(model, int8=int8), name
         self.cached: list[int] = []
 
-    def reset(self) -> None:
+    def start(self, prompt: Sequence[int]) -> None:
         self.decoder.truncate(0)
         self.cached = []
+
+    def finish(self, out: Sequence[int]) -> None:
+        return None
 
     def propose(self, ids: Sequence[int], k: int, choose: Any, step: int) -> list[int]:
         keep = 0
@@ -217,7 +220,10 @@ class HeadDrafter:
             raise ConfigError(f"draft head: hidden size {head.hidden}, the model's is {decoder.hidden.shape[1]}")
         self.head, self.decoder = head.float().eval(), decoder
 
-    def reset(self) -> None:
+    def start(self, prompt: Sequence[int]) -> None:
+        return None
+
+    def finish(self, out: Sequence[int]) -> None:
         return None
 
     def propose(self, ids: Sequence[int], k: int, choose: Any, step: int) -> list[int]:

@@ -9,11 +9,15 @@ sampling parameters and seed the output equals plain decoding, sampled rows
 included, up to floating-point differences between a one-token and a
 (k+1)-token forward. Drafts change speed, never the result.
 
-Drafters: `NgramDrafter` (prompt lookup: the continuation of the latest
-earlier occurrence of the last n tokens; no model) and `ModelDrafter` (a
-cheaper copy of the same weights, e.g. int8, run with its own KV cache; its
-proposals use the same Gumbel noise as the target, so sampled rows are
-accepted as often as greedy ones when the two distributions agree).
+Drafters: `SuffixDrafter` (no model: an adapter over engine/drafter.py's
+`SuffixIndex`, the rollouts' own suffix matching, over the prompt, the output
+so far and the past completions of the same prompt in a bounded `TaskStore`)
+and `ModelDrafter` (a cheaper copy of the same weights, e.g. int8, run with its
+own KV cache; its proposals use the same Gumbel noise as the target, so sampled
+rows are accepted as often as greedy ones when the two distributions agree).
+Each drafter's draft length adapts per sequence (engine/drafter.py
+`DraftLength`: doubled after a draft accepted in full, halved after a
+rejection, up to the drafter's most).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from posttrain.engine.base import Engine, text_chat
+from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.model.arch import position_limit
@@ -89,44 +94,52 @@ class Drafter(Protocol):
     """Token ids after which drafting stops (set by the engine: eos)."""
 
     def propose(self, ids: Sequence[int], k: int, choose: Chooser, step: int) -> list[int]:
-        """Up to `k` guessed next tokens after `ids`; `step` is the generation
-        step of the first guessed token."""
+        """Up to `k` guessed next tokens after `ids` (the prompt, then the `step` tokens
+        generated so far); `step` is the generation step of the first guessed token."""
 
-    def reset(self) -> None:
-        """Forget per-sequence state before a new sequence."""
+    def start(self, prompt: Sequence[int]) -> None:
+        """Forget per-sequence state before a new sequence after `prompt`."""
+
+    def finish(self, out: Sequence[int]) -> None:
+        """The sequence ended having emitted `out` (a drafter that learns across requests keeps it)."""
 
 
-class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens
-    (n from `max_n` down to `min_n`) that is followed by k tokens (else the
-    one followed by the most) and propose what followed it."""
+class SuffixDrafter:
+    """The model-free drafter: engine/drafter.py's suffix matching (the rollouts' own) over
+    the sequence's prompt, its output as it grows, and the past completions of the same prompt
+    that ended in this drafter (`store`, bounded: earlier requests and a request's earlier
+    samples). A match shorter than `min_n` tokens is not drafted from (1-token matches are
+    mostly noise); the longest suffix matched is `max_n` tokens."""
 
-    name = "ngram"
+    name = "suffix"
     stop_ids: set[int] = set()
 
-    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+    def __init__(self, max_n: int = 8, min_n: int = 2, store: TaskStore | None = None) -> None:
         if not 1 <= min_n <= max_n:
-            raise ValueError(f"ngram sizes: need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+            raise ValueError(f"suffix match sizes: need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_n, self.min_n = max_n, min_n
+        self.store = store if store is not None else TaskStore(max_tasks=256, per_task=4)
+        self._prompt: tuple[int, ...] = ()
+        self._index = SuffixIndex((), max_n=max_n)
+        self._own = self._index.add_sequence()
+        self._indexed = 0
+        """How many leading tokens of the sequence (prompt, then output) the index holds."""
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self._prompt = tuple(prompt)
+        self._index = SuffixIndex(self._prompt, max_n=self.max_n)
+        for past in self.store.get(self._prompt):
+            self._index.add_sequence(past)
+        self._own = self._index.add_sequence()  # after the past ones: the latest occurrences
+        self._indexed = len(self._prompt)
 
     def propose(self, ids: Sequence[int], k: int, choose: Chooser, step: int) -> list[int]:
-        seq = list(ids)
-        for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
-            tail = seq[-n:]
-            best: list[int] = []
-            for start in range(len(seq) - n - 1, -1, -1):  # latest first; stop at a full-length continuation
-                if seq[start : start + n] == tail:
-                    follow = seq[start + n : start + n + k]
-                    if len(follow) > len(best):
-                        best = follow
-                    if len(best) == k:
-                        break
-            if best:
-                return best
-        return []
+        self._index.extend(self._own, ids[self._indexed :])  # the tokens verified since the last call
+        self._indexed = len(ids)
+        return self._index.propose(ids, k, min_n=self.min_n)
 
-    def reset(self) -> None:
-        return None
+    def finish(self, out: Sequence[int]) -> None:
+        self.store.add(self._prompt, out)
 
 
 class ModelDrafter:
@@ -137,9 +150,9 @@ class ModelDrafter:
 
     def __init__(self, model: Any, name: str = "int8") -> None:
         self.model, self.name = model, name
-        self.reset()
+        self.start(())
 
-    def reset(self) -> None:
+    def start(self, prompt: Sequence[int]) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
@@ -168,6 +181,9 @@ class ModelDrafter:
                 break
             feed = [token]
         return out
+
+    def finish(self, out: Sequence[int]) -> None:
+        return None
 
 
 @dataclass
@@ -254,6 +270,8 @@ class _Seq:
     stop_hit: bool = False
     tried: dict[str, list[int]] = field(default_factory=dict)
     """Per drafter, in this sequence: [rounds, proposed, accepted]."""
+    lengths: dict[str, DraftLength] = field(default_factory=dict)
+    """Per drafter, its adaptive draft length in this sequence."""
 
 
 class SpeculativeEngine(Engine):
@@ -261,7 +279,10 @@ class SpeculativeEngine(Engine):
     with draft proposals verified by `model`.
 
     `drafters` are tried in order each round; the first non-empty proposal
-    is verified. With no drafters this is plain KV-cache decoding."""
+    is verified. `draft_tokens` holds each drafter's most tokens per draft
+    (default 10 for the suffix drafter, 5 for others); within a sequence each
+    drafter's length adapts (`DraftLength`: starts at 4 or its most if less).
+    With no drafters this is plain KV-cache decoding."""
 
     def __init__(
         self,
@@ -278,7 +299,7 @@ class SpeculativeEngine(Engine):
         self.new_target: Callable[[], Target] = target or (lambda: HFTarget(self.model))
         self.drafters = list(drafters)
         self.draft_tokens = (
-            list(draft_tokens) if draft_tokens is not None else [10 if d.name == "ngram" else 5 for d in self.drafters]
+            list(draft_tokens) if draft_tokens is not None else [10 if d.name == "suffix" else 5 for d in self.drafters]
         )
         if len(self.draft_tokens) != len(self.drafters):
             raise ValueError("draft_tokens: need one draft length per drafter")
@@ -327,12 +348,13 @@ class SpeculativeEngine(Engine):
                 "no room to generate"
             )
         seq = _Seq(prompt=list(req.prompt_ids), max_tokens=room, greedy=req.params.temperature <= 0)
+        seq.lengths = {d.name: DraftLength(k) for d, k in zip(self.drafters, self.draft_tokens)}
         choose = _chooser(req.params, key)
         cache = self.new_target()
         if len(seq.prompt) > 1:
             self._forward(seq.prompt[:-1], cache)
         for d in self.drafters:
-            d.reset()
+            d.start(seq.prompt)
         last = seq.prompt[-1]
         while not seq.finish:
             draft, drafter = self._draft(seq, choose)
@@ -345,6 +367,8 @@ class SpeculativeEngine(Engine):
                 emit(accepted)
             last = seq.out[-1] if seq.out else last
             cache.truncate(len(seq.prompt) + len(seq.out) - 1)
+        for d in self.drafters:
+            d.finish(seq.out)
         self.stats.tokens += len(seq.out)
         return Completion(
             prompt_ids=tuple(seq.prompt),
@@ -370,6 +394,7 @@ class SpeculativeEngine(Engine):
         self.stats.drafters[name].add(len(draft), matched)
         mine = seq.tried.setdefault(name, [0, 0, 0])
         mine[0], mine[1], mine[2] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched
+        seq.lengths[name].update(len(draft), matched)
 
     @staticmethod
     def _paying(seq: _Seq, name: str) -> bool:
@@ -390,11 +415,12 @@ class SpeculativeEngine(Engine):
         if room <= 1:
             return [], None
         ids = seq.prompt + seq.out
-        for drafter, k in zip(self.drafters, self.draft_tokens):
+        for drafter in self.drafters:
             if not self._paying(seq, drafter.name):
                 continue
-            if drafter.name not in ("ngram", "head") and len(seq.out) < self.model_draft_after:
+            if drafter.name not in ("suffix", "head") and len(seq.out) < self.model_draft_after:
                 continue  # a draft model's own prompt prefill only pays off on longer answers (the head has none)
+            k = seq.lengths[drafter.name].value
             draft = drafter.propose(ids, min(k, room - 1), choose, len(seq.out))
             if self.eos_token_id in draft:  # nothing after an end of sequence can be accepted
                 draft = draft[: draft.index(self.eos_token_id) + 1]

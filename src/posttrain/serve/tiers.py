@@ -26,13 +26,14 @@ import torch
 
 from posttrain.configs.serve import BatchConfig, FastTierConfig, ServeConfig
 from posttrain.contracts.engine import StreamingEngine
+from posttrain.engine.drafter import TaskStore
 from posttrain.engine.hf import HFEngine, HFEngineConfig
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.model.arch import position_limit
 from posttrain.serve.lean import HeadDrafter, LeanDecoder, LeanDrafter, LeanTarget
 from posttrain.serve.metrics import ServeMetrics
 from posttrain.serve.protocol import Tier
-from posttrain.serve.spec import ModelDrafter, NgramDrafter, SpecStats, SpeculativeEngine, int8_copy
+from posttrain.serve.spec import ModelDrafter, SpecStats, SpeculativeEngine, SuffixDrafter, int8_copy
 from posttrain.types import Completion, GenerationRequest
 
 TokenSink = Callable[[int, Sequence[int]], None]
@@ -77,11 +78,16 @@ def _vision_state(path: str) -> dict[str, Any]:
 def build_fast(
     model: Any, tokenizer: Any, cfg: FastTierConfig, mode: str, version: int, head: Any = None
 ) -> SpeculativeEngine:
-    """The fast tier's engine: float target with drafts (lossless) or int8 target (lossy). A
-    co-trained draft `head` (the model folder's, or None) drafts first when `cfg.head` and the
-    target is lean (lossless mode)."""
-    drafters: list[Any] = [NgramDrafter(max_n=3, min_n=2)] if cfg.ngram else []  # 1-gram matches are noise
-    lengths = [cfg.ngram_tokens] if cfg.ngram else []
+    """The fast tier's engine: float target with drafts (lossless) or int8 target (lossy). The
+    model-free drafter (`cfg.ngram`) keeps past completions per prompt for as long as this engine
+    lives (until the next weight update). A co-trained draft `head` (the model folder's, or
+    None) drafts first when `cfg.head` and the target is lean (lossless mode)."""
+    drafters: list[Any] = []
+    lengths: list[int] = []
+    if cfg.ngram:
+        store = TaskStore(max_tasks=cfg.past_prompts, per_task=cfg.past_per_prompt, max_len=cfg.past_tokens)
+        drafters.append(SuffixDrafter(max_n=cfg.ngram_max, min_n=2, store=store))  # 1-token matches are noise
+        lengths.append(cfg.ngram_tokens)
     if mode == "int8":
         if cfg.target == "lean":
             lossy = LeanDecoder(model, int8=True)
