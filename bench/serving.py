@@ -2,13 +2,16 @@
 
 speed: the same prompts through the standard tier (HFEngine) and each fast-tier
        mode (SpeculativeEngine), one request at a time, one torch thread, in one
-       run; prints output tokens/s, ratios, greedy identity, acceptance per
-       drafter, and the held-out eval delta of the lossy int8 mode.
+       run; prints output tokens/s, ratios, greedy identity, acceptance and mean
+       accepted length per drafter, and the held-out eval delta of the lossy int8
+       mode. `--warm` first sends every prompt once through every engine, untimed,
+       and resets the counters: the timed rounds then repeat prompts the fast tier
+       has answered before (its model-free drafter drafts from past answers).
 load:  starts `posttrain serve` as a separate process on loopback and drives it
        with N concurrent streaming clients for a fixed number of requests;
        prints errors, p50/p99 latency and time to first token.
 
-.venv/bin/python bench/serving.py speed --model DIR [--label TEXT]
+.venv/bin/python bench/serving.py speed --model DIR [--label TEXT] [--warm]
 .venv/bin/python bench/serving.py speed --preset medium     (random weights)
 .venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=true]
 
@@ -39,18 +42,19 @@ from pathlib import Path  # noqa: E402
 
 DOMAINS = {"add": 2, "sub": 2, "mul": 2, "reverse": 3, "sort": 3}
 MODES = [  # (label, fast mode, FastTierConfig fields): exactly what `posttrain serve` builds
-    ("lossless, lean target: ngram + auto draft (default)", "lossless", {}),
-    ("lossless, lean target: ngram + lean-int8 draft", "lossless", {"draft_model": "lean-int8"}),
+    ("lossless, lean target: suffix + auto draft (default)", "lossless", {}),
+    ("lossless, lean target: suffix + lean-int8 draft", "lossless", {"draft_model": "lean-int8"}),
     ("lossless, lean target: no drafts", "lossless", {"ngram": False, "draft_model": "none"}),
-    ("lossless, hf target: ngram + lean-int8 draft", "lossless", {"target": "hf", "draft_model": "lean-int8"}),
-    ("lossless, hf target: ngram only", "lossless", {"target": "hf", "draft_model": "none"}),
-    ("lossless, hf target: ngram + int8 draft (hf)", "lossless", {"target": "hf", "draft_model": "int8"}),
-    ("lossy int8, lean target: ngram", "int8", {"draft_model": "none"}),
+    ("lossless, hf target: suffix + lean-int8 draft", "lossless", {"target": "hf", "draft_model": "lean-int8"}),
+    ("lossless, hf target: suffix only", "lossless", {"target": "hf", "draft_model": "none"}),
+    ("lossless, hf target: suffix + int8 draft (hf)", "lossless", {"target": "hf", "draft_model": "int8"}),
+    ("lossy int8, lean target: suffix", "int8", {"draft_model": "none"}),
     ("lossless, lean target: lean-int8 draft only", "lossless", {"ngram": False, "draft_model": "lean-int8"}),
 ]
+# "suffix": the model-free drafter, `fast.ngram` (serve/spec.py SuffixDrafter; before it, n-gram prompt lookup)
 HEAD_MODES = [  # with the model folder's draft head (modes 8, 9); compared with mode 2, the same decoder undrafted
     ("lossless, lean target: draft head only", "lossless", {"ngram": False, "draft_model": "none", "head": True}),
-    ("lossless, lean target: draft head + ngram", "lossless", {"draft_model": "none", "head": True}),
+    ("lossless, lean target: draft head + suffix", "lossless", {"draft_model": "none", "head": True}),
 ]
 
 
@@ -84,6 +88,18 @@ def set_domains(spec: str | None) -> None:
     if spec:
         DOMAINS.clear()
         DOMAINS.update({d: int(lv) for d, lv in (item.split(":") for item in spec.split(","))})
+
+
+def warm(engines: dict, reqs) -> None:
+    """Every prompt once through every engine, untimed; then each engine's counters restart."""
+    for r in reqs:
+        for eng in engines.values():
+            eng.generate([r])
+    from posttrain.serve.spec import DraftStats, SpecStats, SpeculativeEngine
+
+    for eng in engines.values():
+        if isinstance(eng, SpeculativeEngine):
+            eng.stats = SpecStats(drafters={n: DraftStats() for n in eng.stats.drafters})
 
 
 def timed(engines: dict, reqs, rounds: int):
@@ -130,6 +146,8 @@ def speed(args: argparse.Namespace) -> None:
         modes |= {label: build_fast(model, tok, FastTierConfig(**kw), mode, 0, head) for label, mode, kw in HEAD_MODES}
     if args.modes:
         modes = {n: e for i, (n, e) in enumerate(modes.items()) if str(i) in args.modes.split(",")}
+    if args.warm:
+        warm({"standard": standard, **modes}, reqs)
     best, best_cpu, outs = timed({"standard": standard, **modes}, reqs, args.rounds)
     base_tps, base_out, base_cpu = best["standard"], outs["standard"], best_cpu["standard"]
     n_tokens = sum(len(c.token_ids) for c in base_out)
@@ -137,6 +155,7 @@ def speed(args: argparse.Namespace) -> None:
         f"model: {label} ({params / 1e6:.1f}M params); {len(reqs)} prompts "
         f"({', '.join(f'{d}:{lv}' for d, lv in DOMAINS.items())}), greedy, max_tokens {args.max_tokens}, "
         f"mean output {n_tokens / len(reqs):.1f} tokens; torch threads 1; best of {args.rounds}"
+        f"{'; after one untimed pass of every prompt (--warm)' if args.warm else ''}"
     )
     print("tok/s: wall clock; cpu tok/s: per CPU-second of this process (robust to other load on the machine)")
     print(
@@ -153,7 +172,8 @@ def speed(args: argparse.Namespace) -> None:
         same = sum(a.token_ids == b.token_ids for a, b in zip(outs[name], base_out))
         st = eng.stats.as_dict()
         acc = ", ".join(
-            f"{d} {v['acceptance']:.2f} ({v['accepted']}/{v['proposed']})" for d, v in st["drafters"].items()
+            f"{d} {v['acceptance']:.2f} ({v['accepted']}/{v['proposed']}), len {v['accepted_len']:.2f}"
+            for d, v in st["drafters"].items()
         )
         cpu = best_cpu[name]
         print(
@@ -393,6 +413,7 @@ def main() -> None:
     sp.add_argument("--batched", action="store_true")
     sp.add_argument("--modes", help="comma-separated indices of the fast modes to run (default: all)")
     sp.add_argument("--json")
+    sp.add_argument("--warm", action="store_true", help="one untimed pass of every prompt first (repeated prompts)")
     lp = sub.choices["load"]
     lp.add_argument("--clients", type=int, default=32)
     lp.add_argument("--requests", type=int, default=256)

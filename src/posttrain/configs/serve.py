@@ -56,8 +56,8 @@ class FastTierConfig(BaseModel):
 
     past_prompts: int = Field(256, ge=0, le=100_000)
     """Prompts whose latest completions the model-free drafter keeps (least recently stored
-    dropped first) to draft from when the same prompt comes again; 0: none. Kept until the next
-    weight update."""
+    dropped first) to draft from when the same prompt comes again; 0: none (where response time
+    must not reveal that a prompt was answered before). Kept until the next weight update."""
 
     past_per_prompt: int = Field(4, ge=1, le=64)
     """Completions kept per prompt (the latest)."""
