@@ -68,6 +68,19 @@ def test_the_drafter_proposes_what_followed_the_longest_matched_suffix():
     assert ix.propose([1, 2, 3], 0) == []
 
 
+def test_a_short_continuation_is_extended_by_a_shorter_suffix_that_agrees_with_it():
+    #                0  1  2  3  4  5  6  7  8
+    ix = SuffixIndex([5, 6, 7, 8, 9, 1, 5, 6, 7], max_n=3)
+    # "1 5 6" occurred once, followed by 7 and the end; "5 6" also at 0..1, followed by "7 8 9",
+    # which begins with that 7: the draft is extended
+    assert ix.propose([1, 5, 6], 3) == [7, 8, 9]
+    assert ix.propose([1, 5, 6], 3, min_n=3) == [7]  # no shorter suffix below min_n
+    ix = SuffixIndex([1, 2, 3, 4, 9, 2, 3, 5], max_n=3)
+    assert ix.propose([9, 2, 3], 3) == [5]  # "2 3" is followed by "4 9 2" too, which does not begin with 5
+    assert ix.propose([2, 3], 3) == [4, 9, 2]  # the longest continuation among one suffix's occurrences
+    assert ix.propose([2, 3], 3, min_n=3) == []
+
+
 def test_the_drafter_reads_siblings_as_they_grow_and_past_completions():
     ix = SuffixIndex([5, 6], max_n=3)
     a, b = ix.add_sequence(), ix.add_sequence()

@@ -18,8 +18,8 @@ completions `TaskStore` holds for the same prompt (earlier rollouts of the same 
 earlier requests and samples in serving), and the outputs of the request's samples as they are
 generated (each row sees its siblings' and its own). `propose` finds the longest suffix of a
 row's context (up to `max_n` tokens, at least `min_n`) that occurred before and proposes the
-tokens that followed it. `DraftLength` adapts how many: doubled after a fully accepted draft,
-halved after a rejection.
+tokens that followed it, extended by a shorter suffix's continuation that agrees with it.
+`DraftLength` adapts how many: doubled after a fully accepted draft, halved after a rejection.
 """
 
 from __future__ import annotations
@@ -115,24 +115,21 @@ class SuffixIndex:
     def propose(self, context: Sequence[int], k: int, min_n: int = 1) -> list[int]:
         """Up to `k` tokens: what followed the longest suffix of `context` (at most max_n
         tokens, at least `min_n`) seen in any sequence; among its occurrences the latest with a
-        full k-token continuation, else the one with the longest. Empty when nothing matches or
-        k < 1."""
+        full k-token continuation, else the one with the longest. When that is shorter than k,
+        a shorter suffix's continuation that begins with it extends it (the same choice among
+        that suffix's occurrences), down to `min_n`. Empty when nothing matches or k < 1."""
+        best: list[int] = []
         if k < 1 or not context:
-            return []
+            return best
         for n in range(min(self.max_n, len(context)), max(min_n, 1) - 1, -1):
-            occ = self._grams.get(tuple(context[len(context) - n :]))
-            if not occ:
-                continue
-            best: list[int] = []
-            for sid, end in reversed(occ):
+            base = best  # what the longer suffixes proposed: a shorter one's continuation must begin with it
+            for sid, end in reversed(self._grams.get(tuple(context[len(context) - n :]), ())):
                 follow = self._seqs[sid][end : end + k]
-                if len(follow) > len(best):
+                if len(follow) > len(best) and follow[: len(base)] == base:
                     best = follow
                     if len(best) == k:
-                        break
-            if best:
-                return best
-        return []
+                        return best
+        return best
 
     def sequence(self, sid: int) -> list[int]:
         """Sequence `sid`'s own tokens (without its prefix)."""
