@@ -232,6 +232,17 @@ def test_the_head_drafter_reads_the_hidden_state_that_chose_the_last_token(model
     assert before != want  # the position matters to this head (an off-by-one would show)
 
 
+def _greedy(m, tok, text: str, max_tokens: int) -> tuple[GenerationRequest, tuple[int, ...]]:
+    """A greedy request for `text` and the standard engine's answer, which runs to max_tokens."""
+    reference = HFEngine(m, tok)
+    req = GenerationRequest(
+        reference.encode_chat([Message("user", text)]), SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    )
+    want = reference.generate([req])[0][0].token_ids
+    assert len(want) == max_tokens  # a random model: no eos before max_tokens
+    return req, want
+
+
 def _drafter_counts(engine) -> tuple[int, int, int]:
     """(rounds, proposed, accepted) of the engine's one drafter."""
     (st,) = engine.stats.drafters.values()
@@ -243,12 +254,7 @@ def test_a_repeated_prompt_is_drafted_from_its_past_completion(model):
     from posttrain.serve.tiers import build_fast
 
     m, tok = model
-    reference = HFEngine(m, tok)
-    req = GenerationRequest(
-        reference.encode_chat([Message("user", "rev xyzzy=")]), SamplingParams(max_tokens=32, temperature=0.0)
-    )
-    want = reference.generate([req])[0][0].token_ids
-    assert len(want) == 32  # a random model: no eos within 32 tokens
+    req, want = _greedy(m, tok, "rev xyzzy=", 32)
     engine = build_fast(m, tok, FastTierConfig(draft_model="none"), "lossless", 0)
     assert engine.generate([req])[0][0].token_ids == want
     first = _drafter_counts(engine)
@@ -285,18 +291,13 @@ class _Oracle:
 
 def test_the_draft_length_grows_after_full_acceptance_and_shrinks_after_rejection(model):
     m, tok = model
-    reference = HFEngine(m, tok)
-    req = GenerationRequest(
-        reference.encode_chat([Message("user", "sort 3124=")]), SamplingParams(max_tokens=40, temperature=0.0)
-    )
-    want = reference.generate([req])[0][0].token_ids
-    assert len(want) == 40
+    req, want = _greedy(m, tok, "sort 3124=", 40)
     oracle = _Oracle(want, right_until=12, vocab=m.config.vocab_size)
     engine = SpeculativeEngine(m, tok, [oracle], draft_tokens=[8])
     assert engine.generate([req])[0][0].token_ids == want
     # (step, length): starts at 4; 4 right (+1 from the target) -> doubled to 8 at step 5; 8 right ->
-    # 8 (the most) at step 14; from step 12 on it is wrong: only the target's token, halved each
-    # time -> 4 at 15, 2 at 16, 1 at 17, 1 at 18 (12 of 24 drafted tokens accepted: still drafting)
+    # 8 (the most) at step 14; asked from step 12 on it is wrong: only the target's token, halved
+    # each time -> 4 at 15, 2 at 16, 1 at 17, 1 at 18 (12 of 24 drafted tokens accepted: still drafting)
     assert oracle.asked[:7] == [(0, 4), (5, 8), (14, 8), (15, 4), (16, 2), (17, 1), (18, 1)]
     assert engine.stats.drafters["oracle"].accepted == 12
     engine.generate([req])
