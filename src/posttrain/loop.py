@@ -58,6 +58,7 @@ from posttrain.trace import TraceStore
 from posttrain.trace.rows import rollout_records
 from posttrain.trainer.batch import batch_of
 from posttrain.trainer.fit import check_fits
+from posttrain.trainer.memory import process_memory_mib
 from posttrain.trainer.replay import replay_buffer
 from posttrain.types import SamplingParams, to_dict
 
@@ -413,6 +414,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **run.sync.probe.row(),  # the step's push check (engine.verify_sync), when one ran
         **run.sync.stats(),
         train_cpu_s=round(run.budget.spent(), 3),
+        **process_memory_mib(),
     )
     actions = run.monitor.after_step(step, groups, kept, links, stats, {**summary, **trained})
     stop = apply_actions(actions, run.pool, stop, cm)  # the monitor observes, the loop acts
@@ -508,6 +510,7 @@ def _finish(run: _Run, sampling: _Sampling, step: int) -> RunResult:
     history = [(s, EvalTable.from_json(t)) for s, t in run.state["history"]]
     run.evaluator.write(run.rundir.eval_path, before, after, history)
     run.log("held-out before and after training:\n" + run.evaluator.describe(before, after))
+    run.log(f"peak RSS of the training process: {process_memory_mib()['peak_rss_mib']:,.0f} MiB")
     for part in (run.monitor, sampling.rollouts, run.sync, run.trainer, run.trace, run.metrics):
         part.close()
     if run.cfg.monitor.report:

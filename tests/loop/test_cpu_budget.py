@@ -23,10 +23,13 @@ def test_a_tiny_budget_stops_after_the_first_step_and_ends_normally(tmp_path, mi
     # any step spends more than a microsecond of CPU: the budget is reached at step 1 of 50
     assert _train(tmp_path, micro_base, "b", "run.steps=50", "run.cpu_budget_s=0.000001") == 0
     run = tmp_path / "b"
-    assert "stopping the run after step 1: CPU budget reached" in capsys.readouterr().out  # the log
+    out = capsys.readouterr().out
+    assert "stopping the run after step 1: CPU budget reached" in out  # the log
+    assert "peak RSS of the training process:" in out
     train_rows = read_metrics(run / "metrics.jsonl", "train")
     assert [r["step"] for r in train_rows] == [1]
     assert train_rows[0]["train_cpu_s"] > 0
+    assert 0 < train_rows[0]["rss_mib"] <= train_rows[0]["peak_rss_mib"]  # the process's memory, every step
     (stop,) = read_metrics(run / "metrics.jsonl", "stop")
     assert stop["step"] == 1 and "run.cpu_budget_s=1e-06" in stop["reason"]
     table = json.loads((run / "eval.json").read_text())

@@ -23,6 +23,7 @@ FULL = dict(
     tokens_sampled=400,
     rollout_s=1.5,
     seconds=0.5,
+    peak_rss_mib=900.0,
 )
 
 
@@ -72,6 +73,7 @@ def test_every_curve_is_drawn_from_the_keys_the_loop_writes(tmp_path, panels):
     assert panels["tokens/s"]["a"][0] == (1, 200.0)  # 400 tokens / (1.5 + 0.5) s
     assert panels["step time (s)"]["a"][0] == (1, 2.0)
     assert panels["clip fraction"]["a"][0] == (1, 0.1) and panels["learning rate"]["a"][0] == (1, 3e-4)
+    assert panels["peak RSS (MiB)"]["a"][0] == (1, 900.0)
 
 
 def test_a_metric_not_logged_says_so_instead_of_a_chart(tmp_path, panels):

@@ -77,6 +77,12 @@ CURVES = (
     ),
     Curve("step time (s)", "rollout_s, seconds", _step_s, "seconds per step: rollout (sample and verify) + train"),
     Curve("reward", "reward_mean", _key("reward_mean"), "mean training reward of the step's rollouts"),
+    Curve(
+        "peak RSS (MiB)",
+        "peak_rss_mib",
+        _key("peak_rss_mib"),
+        "the training process's peak resident memory so far (Linux VmHWM), after each step",
+    ),
 )
 
 

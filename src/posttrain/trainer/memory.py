@@ -106,10 +106,22 @@ def bytes_per_token(model: Any, checkpointing: bool, chunked: bool = False) -> i
     return (0 if chunked else 12 * vocab) + 4 * hidden * (per_layer * layers + 8)
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated CUDA memory, or the process's peak RSS on the CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    import resource
+def process_memory_mib() -> dict[str, float]:
+    """This process's resident memory now and its peak so far, in MiB (`rss_mib`,
+    `peak_rss_mib`: Linux VmRSS and VmHWM; elsewhere the peak from getrusage alone).
+    A forked child's RSS is not counted: the sandbox's workers are processes of their own,
+    each bounded by its own limit."""
+    found: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    found["rss_mib" if key == "VmRSS" else "peak_rss_mib"] = round(int(value.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    if "peak_rss_mib" not in found:
+        import resource
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        found["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return found
