@@ -198,7 +198,8 @@ def test_the_fast_tier_drafts_with_the_folders_head_and_reproduces_the_standard_
     st = fast.stats.drafters["head"]
     assert st.accepted > 0.7 * st.proposed  # drafts from the right position are accepted
     assert st.proposed_at[0] == st.rounds and sum(st.accepted_at) == st.accepted  # per depth
-    assert fast.stats.as_dict()["drafters"]["head"]["accepted_len"] == 1 + st.accepted / st.rounds
+    assert fast.stats.as_dict()["drafters"]["head"]["accepted_len"] == st.emitted / st.rounds
+    assert st.accepted + st.rounds >= st.emitted >= st.accepted  # at most one target token per forward
     assert fast.stats.target_forwards < 0.5 * plain.stats.target_forwards
     sampled = _requests(reference, 0.9)
     assert [[c.token_ids for c in g] for g in fast.generate(sampled)] == [
@@ -258,11 +259,25 @@ def test_a_repeated_prompt_is_drafted_from_its_past_completion(model):
     engine = build_fast(m, tok, FastTierConfig(draft_model="none"), "lossless", 0)
     assert engine.generate([req])[0][0].token_ids == want
     first = _drafter_counts(engine)
+    (st,) = engine.stats.drafters.values()
+    emitted_before = st.emitted
     assert engine.generate([req])[0][0].token_ids == want
     rounds, proposed, accepted = (b - a for a, b in zip(first, _drafter_counts(engine)))
     assert accepted == proposed == 32 - rounds  # every draft accepted in full, only the target's own token added
+    assert st.emitted - emitted_before == 32  # every token of the answer came out of a drafted forward
     assert rounds <= 4  # drafts of 4, 8, 10, 10 tokens: 31 drafted tokens, 4 target forwards after the prefill
     assert accepted > first[2]  # the first request had no past completion to draft from
+
+
+def test_the_accepted_length_counts_the_tokens_a_forward_emitted():
+    from posttrain.serve.spec import DraftStats
+
+    st = DraftStats()
+    st.add(4, 2)  # two accepted, then the target's own token: 3 out of the forward
+    st.add(3, 3, 3)  # a draft ending in an accepted end of sequence: no token after it
+    assert (st.rounds, st.accepted, st.emitted) == (2, 5, 6)
+    assert st.accepted_len == 3.0  # not 1 + 5 / 2 = 3.5
+    assert st.proposed_at == [2, 2, 2, 1] and st.accepted_at == [2, 2, 1, 0]  # per depth
 
 
 class _Oracle:

@@ -194,6 +194,9 @@ class DraftStats:
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
+    emitted: int = 0
+    """Tokens the verifying forwards emitted: the accepted ones, plus the target's own next
+    token where it added one (none after an accepted end of sequence or at max_tokens)."""
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
 
@@ -203,12 +206,16 @@ class DraftStats:
 
     @property
     def accepted_len(self) -> float:
-        """Tokens emitted per verified draft: accepted ones plus the one the target adds."""
-        return 1 + self.accepted / self.rounds if self.rounds else 0.0
+        """Tokens emitted per verifying forward of a draft: the accepted ones plus the token
+        the target added after them, counted as emitted (so a draft ending in an accepted end
+        of sequence counts its accepted tokens alone; it is not 1 + accepted / rounds)."""
+        return self.emitted / self.rounds if self.rounds else 0.0
 
-    def add(self, proposed: int, accepted: int) -> None:
-        """One verified draft of `proposed` tokens, the first `accepted` accepted."""
+    def add(self, proposed: int, accepted: int, emitted: int | None = None) -> None:
+        """One verified draft of `proposed` tokens, the first `accepted` accepted, `emitted`
+        tokens out of its forward (None: accepted + 1, the target's next token after them)."""
         self.rounds, self.proposed, self.accepted = self.rounds + 1, self.proposed + proposed, self.accepted + accepted
+        self.emitted += accepted + 1 if emitted is None else emitted
         grow = proposed - len(self.proposed_at)
         if grow > 0:
             self.proposed_at += [0] * grow
@@ -360,9 +367,9 @@ class SpeculativeEngine(Engine):
             draft, drafter = self._draft(seq, choose)
             logits = self._forward([last] + draft, cache)
             new = self._verify(seq, logits, draft, choose)
-            if drafter is not None:
-                self._count(seq, drafter.name, draft, new)
             accepted = self._append(seq, new, req.params)
+            if drafter is not None:
+                self._count(seq, drafter.name, draft, new, len(accepted))
             if emit and accepted:
                 emit(accepted)
             last = seq.out[-1] if seq.out else last
@@ -387,11 +394,11 @@ class SpeculativeEngine(Engine):
             text = text[: min((text.find(s) for s in stop if s in text), default=len(text))]
         return text
 
-    def _count(self, seq: _Seq, name: str, draft: list[int], new: list[tuple[int, float]]) -> None:
+    def _count(self, seq: _Seq, name: str, draft: list[int], new: list[tuple[int, float]], emitted: int) -> None:
         matched = 0
         while matched < min(len(draft), len(new)) and new[matched][0] == draft[matched]:
             matched += 1
-        self.stats.drafters[name].add(len(draft), matched)
+        self.stats.drafters[name].add(len(draft), matched, emitted)
         mine = seq.tried.setdefault(name, [0, 0, 0])
         mine[0], mine[1], mine[2] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched
         seq.lengths[name].update(len(draft), matched)
