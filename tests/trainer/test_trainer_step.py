@@ -318,3 +318,13 @@ def test_rl_raises_the_probability_of_rewarded_tokens(loss):
                 rows.append(TrainRow(prompt, tok, lp, float(tok[0] < 32), g, (1,)))
         trainer.step(TrainBatch(tuple(rows)))
     assert p_rewarded() > before + 0.3, (before, p_rewarded())
+
+
+def test_a_cpu_step_hands_its_freed_memory_back(monkeypatch):
+    import posttrain.trainer.trainer as trainer_module
+
+    calls = []
+    monkeypatch.setattr(trainer_module, "release_freed_memory", lambda device: calls.append(device.type) or True)
+    trainer = Trainer(tiny_model(0), TrainerConfig())
+    trainer.step(synthetic_batch(seed=4))
+    assert calls == ["cpu"]  # once, after the step's activations are freed

@@ -10,6 +10,7 @@ per micro-batch, deterministic kernels) on CPU and CUDA alike.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -104,6 +105,29 @@ def bytes_per_token(model: Any, checkpointing: bool, chunked: bool = False) -> i
     layers = int(cfg.num_hidden_layers)
     per_layer = 2 if checkpointing else 34
     return (0 if chunked else 12 * vocab) + 4 * hidden * (per_layer * layers + 8)
+
+
+def release_freed_memory(device: torch.device) -> bool:
+    """After a CPU train step: hand the C heap's free pages back to the OS (glibc's
+    `malloc_trim(0)`); True when some were returned. glibc raises its mmap threshold after the
+    first large tensor is freed, so later steps' activations come from the heap, and what a
+    step freed stayed resident: on SmolLM2-135M the process held 5-6 GB between steps for 1 GB
+    of live data (bench/RESULTS.md, "Real model learning"). A no-op on CUDA (its caching
+    allocator holds the device memory) and where the C library has no malloc_trim."""
+    if device.type != "cpu":
+        return False
+    trim = _malloc_trim()
+    return bool(trim is not None and trim(0))
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+        return None
 
 
 def process_memory_mib() -> dict[str, float]:

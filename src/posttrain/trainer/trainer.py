@@ -43,7 +43,7 @@ from posttrain.trainer.losses import (
     build_loss,
     mismatch,
 )
-from posttrain.trainer.memory import autocast, bytes_per_token, micro_slices, token_budget
+from posttrain.trainer.memory import autocast, bytes_per_token, micro_slices, release_freed_memory, token_budget
 from posttrain.trainer.prepare import prepare_model
 
 Outcome = Literal["applied", "coasted", "no_signal", "skipped", "rolled_back"]
@@ -336,6 +336,7 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip, foreach=True))
         reason = self.guard.verdict(acc.loss, grad_norm)
         outcome = self._apply(reason, acc.loss, grad_norm)
+        release_freed_memory(self.device)  # the step's activations, freed, leave the process (glibc keeps them)
         return self._stats(batch, prepared, outcome, reason, acc, grad_norm, started)
 
     def _step_draft_head(self) -> None:
