@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,8 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+_KV_CACHE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
+"""The line vLLM logs once its KV cache is allocated (`VLLMServer.kv_cache_tokens`)."""
 SOCKET_NAME = "api.sock"
 """The owned server's Unix domain socket, in a folder only this user can enter (`VLLMServer.socket`)."""
 
@@ -334,6 +337,23 @@ class VLLMServer:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return "(no log)"
+
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens of KV cache the server's latest start allocated, as its log states them ("CPU KV
+        cache size: 640 tokens"; on a GPU "GPU KV cache size"); None before the line is logged. The
+        figure counts every block, vLLM's reserved null block among them (one block fewer holds
+        sequences). `--num-gpu-blocks-override N` makes it N blocks (128 tokens each on the CPU build)."""
+        last = self.log_tail(1 << 30).rsplit("=== start ", 1)[-1]
+        found = _KV_CACHE_LINE.findall(last)
+        return int(found[-1].replace(",", "")) if found else None
+
+    def metric(self, name: str) -> float:
+        """A metric of the server's Prometheus `/metrics`, its samples summed over their labels
+        (e.g. `vllm:num_preemptions_total`, the requests vLLM preempted for want of KV blocks since
+        it started); 0.0 when the server reports none of it."""
+        with self.client(30.0) as c:
+            text = c.get(self.url + "/metrics").raise_for_status().text
+        return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
