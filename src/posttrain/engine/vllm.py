@@ -121,6 +121,15 @@ def group_alive(pgid: int) -> bool:
 
 _KV_CACHE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
 """The line vLLM logs once its KV cache is allocated (`VLLMServer.kv_cache_tokens`)."""
+
+
+def prometheus_sum(text: str, name: str) -> float:
+    """The samples of metric `name` in Prometheus text exposition `text`, summed over their labels
+    (samples of other names, `name_created` among them, are not counted); 0.0 when none."""
+    sample = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(float(m.group(1)) for m in sample.finditer(text))
+
+
 SOCKET_NAME = "api.sock"
 """The owned server's Unix domain socket, in a folder only this user can enter (`VLLMServer.socket`)."""
 
@@ -352,8 +361,7 @@ class VLLMServer:
         (e.g. `vllm:num_preemptions_total`, the requests vLLM preempted for want of KV blocks since
         it started); 0.0 when the server reports none of it."""
         with self.client(30.0) as c:
-            text = c.get(self.url + "/metrics").raise_for_status().text
-        return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+            return prometheus_sum(c.get(self.url + "/metrics").raise_for_status().text, name)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
