@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,17 @@ def group_alive(pgid: int) -> bool:
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+_KV_CACHE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
+"""The line vLLM logs once its KV cache is allocated (`VLLMServer.kv_cache_tokens`)."""
+
+
+def prometheus_sum(text: str, name: str) -> float:
+    """The samples of metric `name` in Prometheus text exposition `text`, summed over their labels
+    (samples of other names, `name_created` among them, are not counted); 0.0 when none."""
+    sample = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(float(m.group(1)) for m in sample.finditer(text))
 
 
 SOCKET_NAME = "api.sock"
@@ -334,6 +346,22 @@ class VLLMServer:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return "(no log)"
+
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens of KV cache the server's latest start allocated, as its log states them ("CPU KV
+        cache size: 640 tokens"; on a GPU "GPU KV cache size"); None before the line is logged. The
+        figure counts every block, vLLM's reserved null block among them (one block fewer holds
+        sequences). `--num-gpu-blocks-override N` makes it N blocks (128 tokens each on the CPU build)."""
+        last = self.log_tail(1 << 30).rsplit("=== start ", 1)[-1]
+        found = _KV_CACHE_LINE.findall(last)
+        return int(found[-1].replace(",", "")) if found else None
+
+    def metric(self, name: str) -> float:
+        """A metric of the server's Prometheus `/metrics`, its samples summed over their labels
+        (e.g. `vllm:num_preemptions_total`, the requests vLLM preempted for want of KV blocks since
+        it started); 0.0 when the server reports none of it."""
+        with self.client(30.0) as c:
+            return prometheus_sum(c.get(self.url + "/metrics").raise_for_status().text, name)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
