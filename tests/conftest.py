@@ -11,15 +11,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 
 
-@pytest.fixture(scope="session")
-def micro_base(tmp_path_factory) -> str:
-    """A micro (22k-parameter) base model, pretrained for a few steps."""
+def _base(tmp_path_factory, preset: str, steps: int) -> str:
     from posttrain.configs.base import BaseConfig
     from posttrain.model.pretrain import build_base
 
-    out = tmp_path_factory.mktemp("base") / "micro"
-    build_base(BaseConfig(preset="micro", steps=30, batch_size=16, threads=1), out, progress=False)
+    out = tmp_path_factory.mktemp("base") / preset
+    build_base(BaseConfig(preset=preset, steps=steps, batch_size=16, threads=1), out, progress=False)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def micro_base(tmp_path_factory) -> str:
+    """A micro (22k-parameter) base model, pretrained for a few steps."""
+    return _base(tmp_path_factory, "micro", 30)
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> str:
+    """The embedded base's architecture (preset tiny, tied embeddings), pretrained for a few
+    steps: what the vllm lane serves."""
+    return _base(tmp_path_factory, "tiny", 60)
 
 
 @pytest.fixture(scope="session")

@@ -32,17 +32,6 @@ PROMPTS = [(2, 10, 11, 12, 13), (2, 20, 21), (2, 30, 31, 32, 33, 34, 35, 36, 37)
 
 
 @pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory) -> str:
-    """The embedded base's architecture (preset tiny), pretrained for a few steps."""
-    from posttrain.configs.base import BaseConfig
-    from posttrain.model.pretrain import build_base
-
-    out = tmp_path_factory.mktemp("base") / "tiny"
-    build_base(BaseConfig(preset="tiny", steps=60, batch_size=16, threads=1), out, progress=False)
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def engine(tiny_base, tmp_path_factory):
     from posttrain.model.arch import load_tokenizer
 

@@ -30,18 +30,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory) -> str:
-    """The embedded base's architecture (preset tiny, tied embeddings: the server serves an untied
-    export), pretrained for a few steps."""
-    from posttrain.configs.base import BaseConfig
-    from posttrain.model.pretrain import build_base
-
-    out = tmp_path_factory.mktemp("base") / "tiny"
-    build_base(BaseConfig(preset="tiny", steps=60, batch_size=16, threads=1), out, progress=False)
-    return str(out)
-
-
 def _group_pids(pgid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

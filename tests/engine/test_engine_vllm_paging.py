@@ -49,17 +49,6 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory) -> str:
-    """The embedded base's architecture (preset tiny), pretrained for a few steps."""
-    from posttrain.configs.base import BaseConfig
-    from posttrain.model.pretrain import build_base
-
-    out = tmp_path_factory.mktemp("base") / "tiny"
-    build_base(BaseConfig(preset="tiny", steps=60, batch_size=16, threads=1), out, progress=False)
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def server(tiny_base, tmp_path_factory):
     extra = ("--num-gpu-blocks-override", str(POOL_BLOCKS), "--max-num-seqs", str(REQUESTS))
     srv = VLLMServer(tiny_base, tmp_path_factory.mktemp("run"), VLLMConfig(max_model_len=MAX_LEN, extra_args=extra))
