@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,25 +30,36 @@ def _glibc() -> bool:
     return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 
+_HEAP_SCRIPT = """
+import json, torch
+from posttrain.trainer.memory import process_memory_mib, release_freed_memory
+blocks, pins = [], []
+for _ in range(2000):
+    blocks.append(bytearray(100_000))
+    pins.append(bytearray(600))
+held = process_memory_mib()["rss_mib"]
+del blocks
+kept = process_memory_mib()["rss_mib"]
+meta = release_freed_memory(torch.device("meta"))
+cpu = release_freed_memory(torch.device("cpu"))
+print(json.dumps(dict(held=held, kept=kept, after=process_memory_mib()["rss_mib"], meta=meta, cpu=cpu)))
+"""
+
+
 @pytest.mark.skipif(not _glibc(), reason="malloc_trim is glibc's")
 def test_freed_heap_memory_goes_back_to_the_os_after_a_cpu_step():
-    import torch
+    """In a fresh process (a test process's heap already has holes of its own): 2,000 blocks of
+    100 KB (below glibc's mmap threshold: they come from the heap), each followed by a small
+    block that stays alive, so freeing the big ones leaves holes the heap does not hand back by
+    itself; the pages stay resident, as a train step's activations did, until the release."""
+    import json
+    import os
+    import subprocess
 
-    from posttrain.trainer.memory import release_freed_memory
-
-    # 2,000 blocks of 100 KB (below glibc's mmap threshold: they come from the heap), each
-    # followed by a small block that stays alive, so freeing the big ones leaves holes the heap
-    # does not hand back by itself: the pages stay resident, as a train step's activations did
-    blocks, pins = [], []
-    for _ in range(2000):
-        blocks.append(bytearray(100_000))
-        pins.append(bytearray(600))
-    held = process_memory_mib()["rss_mib"]
-    del blocks
-    kept = process_memory_mib()["rss_mib"]
-    assert release_freed_memory(torch.device("meta")) is False  # only the CPU's heap is trimmed
-    assert release_freed_memory(torch.device("cpu")) is True
-    after = process_memory_mib()["rss_mib"]
-    assert held - kept < 40  # freed, yet still resident
-    assert kept > after + 120  # about 190 MiB handed back
-    del pins
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT], capture_output=True, text=True, env=env, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["meta"] is False and got["cpu"] is True  # only the CPU's heap is trimmed
+    assert got["held"] - got["kept"] < 40  # freed, yet still resident
+    assert got["kept"] > got["after"] + 120  # about 190 MiB handed back

@@ -4,19 +4,25 @@ Invariant: the estimate is the k3 estimator exp(d) - d - 1, d = log ref - log
 policy, averaged over sampled completion tokens: non-negative for every
 token, unbiased for KL(policy || reference) at the sampling temperature,
 and it needs one no-grad forward of the reference on at most `rows` rows.
-The policy's log-probs are the behaviour log-probs the engine recorded.
+The policy's log-probs are the behaviour log-probs the engine recorded. The reference's
+log-probs come from the trainer's own computation (`trainer.loss_token_logp`): its LM head
+applied `KL_CHUNK_MIB` of logits at a time, so no rows x positions x vocabulary tensor is
+held (a 49,152-token vocabulary over 32 rows had taken the run from 7 to 16 GB).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from posttrain.trainer.batch import TrainRow
-from posttrain.trainer.trainer import pack_rows
+from posttrain.trainer.chunked import chunk_positions
+from posttrain.trainer.trainer import loss_token_logp, pack_rows, split_head
+
+KL_CHUNK_MIB = 64.0
+"""MiB of float32 logits per LM-head chunk (trainer.logits_chunk_mib's default)."""
 
 
 def pick_rows(groups: Sequence[Sequence[Any]], rows: int) -> list[Any]:
@@ -39,14 +45,10 @@ def kl_to_reference(reference: Any, groups: Sequence[Sequence[Any]], temperature
     device = next(reference.parameters()).device
     batch = [TrainRow.from_completion(r.completion, 0.0, 0, temperature) for r in picked]
     packed = pack_rows(batch, device)
-    kwargs = {}
-    if "logits_to_keep" in inspect.signature(reference.forward).parameters:
-        kwargs["logits_to_keep"] = packed.input_ids_bs.shape[1] - packed.first_index
-    logits_bsv = reference(input_ids=packed.input_ids_bs, attention_mask=packed.attention_bs, **kwargs).logits.float()
-    vocab, offset = logits_bsv.shape[-1], packed.input_ids_bs.shape[1] - logits_bsv.shape[1]
-    logits_bcv = logits_bsv.gather(1, (packed.index_bc - offset)[..., None].expand(-1, -1, vocab))
-    ref_bc = (logits_bcv / packed.temperature_b[:, None, None]).log_softmax(-1)
-    ref_bc = ref_bc.gather(-1, packed.target_bc[..., None]).squeeze(-1)
+    vocab = getattr(getattr(reference, "config", None), "vocab_size", None)
+    chunk = chunk_positions(KL_CHUNK_MIB, int(vocab)) if vocab else None
+    logp_n = loss_token_logp(reference, split_head(reference), packed, chunk)[0]
+    ref_bc = torch.zeros_like(packed.behaviour_bc).index_put((packed.row_n, packed.col_n), logp_n)
     d_bc = torch.where(packed.mask_bc > 0, ref_bc - packed.behaviour_bc, 0.0)
     k3_b = ((d_bc.exp() - d_bc - 1.0) * packed.mask_bc).sum(-1) / packed.mask_bc.sum(-1).clamp(min=1.0)
     sums: dict[str, list[float]] = {}

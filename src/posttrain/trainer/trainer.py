@@ -615,33 +615,14 @@ class Trainer:
         entropy_grad: bool = False,
         keep_hidden: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        """Each loss token's log_softmax(logits / temperature) and the entropy of that
-        distribution (n each; the entropy with a gradient only for `entropy_grad`). When `head`
-        splits the model, only the positions that predict a loss token reach the LM head, and
-        they reach it `trainer.logits_chunk_mib` at a time (chunked.py: no n x vocab tensor);
-        otherwise the model's forward, from the first loss position on. `keep_hidden` (the draft
+        """`loss_token_logp` with this trainer's chunk and precision; `keep_hidden` (the draft
         head on) keeps the loss positions' hidden states for `_draft_loss`."""
-        device, precision = packed.input_ids_bs.device, self.config.precision
-        temperature_n = packed.temperature_b[packed.row_n]
-        if head is None:
-            with autocast(device, precision):
-                logits_nv = _forward_logits(model, packed)
-            return token_logp_entropy(lambda x: x, logits_nv, packed.target_n, temperature_n, None, entropy_grad)
-        decoder, lm_head = head
-        with autocast(device, precision):
-            if packed.shared is not None:
-                hidden_nh = shared_prompt_hidden(decoder, packed.shared, packed.row_n, packed.col_n)
-            else:
-                hidden_bsh = decoder(**packed.decoder_inputs() | {"use_cache": False}).last_hidden_state
-                hidden_nh = hidden_bsh[packed.sequence_n, packed.pos_n]
+        logp_n, entropy_n, hidden_nh = loss_token_logp(
+            model, head, packed, self._chunk, self.config.precision, entropy_grad
+        )
         if keep_hidden:
             self._draft_fit = (hidden_nh, packed.target_n, packed.row_n, packed.col_n)
-
-        def project(hidden: Tensor) -> Tensor:
-            with autocast(device, precision):
-                return lm_head(hidden)
-
-        return token_logp_entropy(project, hidden_nh, packed.target_n, temperature_n, self._chunk, entropy_grad)
+        return logp_n, entropy_n
 
     def token_logprobs(self, rows: Sequence[TrainRow]) -> list[tuple[float, ...]]:
         """Each row's log-probs of its loss tokens (mask 1) under the current weights, by the
@@ -998,6 +979,46 @@ def _share(
         mask_bc=in_input_bc.long().to(device),
         position_bc=(prompt_b[:, None] + torch.arange(inputs)[None, :]).to(device),
     )
+
+
+def loss_token_logp(
+    model: Any,
+    head: tuple[Any, Any] | None,
+    packed: _Packed,
+    chunk: int | None,
+    precision: str = "float32",
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Each loss token's log_softmax(logits / temperature), the entropy of that distribution
+    (n each; the entropy with a gradient only for `entropy_grad`), and the loss positions'
+    hidden states (None without `head`). When `head` (`split_head`) splits the model, only
+    the positions that predict a loss token reach the LM head, and they reach it `chunk`
+    positions at a time (chunked.py: no n x vocab tensor); otherwise the model's forward,
+    from the first loss position on. The one home of this computation: the trainer's loss,
+    its reference log-probs, `Trainer.token_logprobs` and the monitor's KL (monitor/kl.py)."""
+    device = packed.input_ids_bs.device
+    temperature_n = packed.temperature_b[packed.row_n]
+    if head is None:
+        with autocast(device, precision):
+            logits_nv = _forward_logits(model, packed)
+        logp_n, entropy_n = token_logp_entropy(
+            lambda x: x, logits_nv, packed.target_n, temperature_n, None, entropy_grad
+        )
+        return logp_n, entropy_n, None
+    decoder, lm_head = head
+    with autocast(device, precision):
+        if packed.shared is not None:
+            hidden_nh = shared_prompt_hidden(decoder, packed.shared, packed.row_n, packed.col_n)
+        else:
+            hidden_bsh = decoder(**packed.decoder_inputs() | {"use_cache": False}).last_hidden_state
+            hidden_nh = hidden_bsh[packed.sequence_n, packed.pos_n]
+
+    def project(hidden: Tensor) -> Tensor:
+        with autocast(device, precision):
+            return lm_head(hidden)
+
+    logp_n, entropy_n = token_logp_entropy(project, hidden_nh, packed.target_n, temperature_n, chunk, entropy_grad)
+    return logp_n, entropy_n, hidden_nh
 
 
 def shared_prompt_hidden(decoder: Any, shared: _SharedPrompts, row_n: Tensor, col_n: Tensor) -> Tensor:
