@@ -1,7 +1,8 @@
 """Run records compared by content: a run directory's metrics rows, trace rollouts, trace
 events and draws in write order, less the values that are random, wall-clock or thread-scheduling figures
 by design (write times, per-stage timings, and every `time`, `*seconds`, `*_s`,
-`*_share` and `*_max_depth` field: a queue's deepest fill depends on which thread ran first)."""
+`*_share` and `*_max_depth` field: a queue's deepest fill depends on which thread ran first;
+and the process's memory, `*rss_mib`: what else the process held)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import sqlite3
 from pathlib import Path
 
-_WALL = re.compile(r"^(time|.*seconds|.*_s|.*_share|.*_max_depth)$")
+_WALL = re.compile(r"^(time|.*seconds|.*_s|.*_share|.*_max_depth|.*rss_mib)$")
 
 
 def strip_wall(value):
