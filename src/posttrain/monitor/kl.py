@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
+from posttrain.configs.trainer import TrainerConfig
 from posttrain.trainer.batch import TrainRow
 from posttrain.trainer.chunked import chunk_positions
 from posttrain.trainer.trainer import loss_token_logp, pack_rows, split_head
 
-KL_CHUNK_MIB = 64.0
-"""MiB of float32 logits per LM-head chunk (trainer.logits_chunk_mib's default)."""
+KL_CHUNK_MIB: float = TrainerConfig.model_fields["logits_chunk_mib"].default
+"""MiB of float32 logits per LM-head chunk: trainer.logits_chunk_mib's default, read from it."""
 
 
 def pick_rows(groups: Sequence[Sequence[Any]], rows: int) -> list[Any]:

@@ -112,7 +112,7 @@ def release_freed_memory(device: torch.device) -> bool:
     `malloc_trim(0)`); True when some were returned. glibc raises its mmap threshold after the
     first large tensor is freed, so later steps' activations come from the heap, and what a
     step freed stayed resident: on SmolLM2-135M the process held 5-6 GB between steps for 1 GB
-    of live data (bench/RESULTS.md, "Real model learning"). A no-op on CUDA (its caching
+    of live data (bench/RESULTS.md, "Real model memory"). A no-op on CUDA (its caching
     allocator holds the device memory) and where the C library has no malloc_trim."""
     if device.type != "cpu":
         return False
