@@ -106,10 +106,36 @@ def test_pyfunc_tests_tell_the_wrong_body_apart_in_both_suites():
                 assert any(bad(*a) != e for a, e in zip(suite.inputs(), suite.expected())), task.id
 
 
-def test_pyfunc_and_its_loop_hold_out_the_same_functions():
-    for name in ("pyfunc", "pyfunc_revise"):
+def test_pyfunc_and_its_loops_hold_out_the_same_functions():
+    for name in ("pyfunc", "pyfunc_revise", "pyfunc_fix"):
         for split in ("train", "eval"):
             for i in range(10):
                 task = D[name].sample(i, split, 2)
-                statement = task.prompt[-1].content.split("\n", 1)[0]
+                statement = task.prompt[0].content.split("\n", 1)[0]
                 assert split_of("pyfunc", statement) == split
+
+
+def test_pyfunc_fix_is_the_loop_after_a_planted_failing_first_turn():
+    """pyfunc_fix's task is a pyfunc_revise request (its visible tests, its instruction), then the wrong
+    body as the assistant's turn and a failing observation of it as the tool's."""
+    for level in (1, 2, 3):
+        for i in range(10):
+            fix = D["pyfunc_fix"].sample(i, "train", level)
+            assert fix.prompt[0].content.endswith(pyfunc.REVISE_INSTRUCTION)
+            assert pyfunc.show_tests(fix.reference.visible) in fix.prompt[0].content
+            assert [m.role for m in fix.prompt] == ["user", "assistant", "tool"]
+            assert fix.prompt[1].content == D["pyfunc_fix"].wrong(fix)
+            assert fix.prompt[2].content.startswith("Visible tests: ") and "FAILED" in fix.prompt[2].content
+
+
+def test_pyfunc_fix_observation_is_what_the_sandbox_observes_of_the_planted_attempt():
+    """The planted observation (computed on the host) equals pyfunc_revise's environment stepping the
+    planted attempt through the sandbox: the model sees the same words for the same failure."""
+    domain = D["pyfunc_fix"]
+    for level in (1, 2, 3):
+        task = domain.sample(3, "train", level)
+        env = domain.environment()()
+        env.reset(task)
+        result = env.step(task.prompt[1].content)
+        env.close()
+        assert result.observation == task.prompt[2].content and not result.done

@@ -43,10 +43,14 @@ class GoldEngine(ScriptedEngine):
 
     @staticmethod
     def _head(task) -> str:
-        return "".join(f"<|{m.role}|>{m.content}" for m in task.prompt)
+        """The task's prompt as ScriptedEngine renders it (an assistant message closed by \x03)."""
+        return "".join(f"<|{m.role}|>{m.content}" + ("\x03" if m.role == "assistant" else "") for m in task.prompt)
 
     def gold(self, context: str, j: int) -> str:
-        head, turns = next((head, g) for head, g in self.heads if context.startswith(head))
+        found = next(((head, g) for head, g in self.heads if context.startswith(head)), None)
+        if found is None:  # a StopIteration here would hang the pipeline's future, not fail the test
+            raise AssertionError(f"no task's prompt opens the context {context[:200]!r}")
+        head, turns = found
         # assistant turns already taken: the context after the prompt holds one
         # `<|assistant|>` per earlier turn plus the generation prompt of this one
         k = context[len(head) :].count("<|assistant|>") - 1

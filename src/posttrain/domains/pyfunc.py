@@ -16,13 +16,18 @@ what failed (input, expected and got, or the traceback); the model revises; the 
 ends when they pass or at the turn budget; the execute step then runs the hidden tests
 (the others) on the last answer (`code.RevisionVerifier`). No hidden test reaches an
 observation.
+`pyfunc_fix` is that loop entered at its second turn: the prompt holds the request, a first
+attempt (the template's plausible wrong body) as the assistant's turn, and what the visible
+tests observed of it, exactly as `pyfunc_revise`'s environment words a failure; the model's
+own first turn is a revision, and the loop goes on from there. It trains the revision that
+`pyfunc_revise` measures as pass@turn-2 over pass@turn-1, from a failure that is always there.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from posttrain.domains.base import Budget, ProceduralDomain, split_of, stable_rng
@@ -30,15 +35,18 @@ from posttrain.domains.code import (
     CHEATS,
     CodeReference,
     CodeRevisionEnv,
+    CodeRun,
     CodeVerifier,
     RevisionReference,
     RevisionVerifier,
+    TestOutput,
+    feedback,
     show_tests,
     visible_lookup,
 )
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
-from posttrain.types import Split, Task
+from posttrain.types import Message, Split, Task
 
 INSTRUCTION = "Answer with the complete Python function in one ```python code block; do not print anything."
 REVISE_INSTRUCTION = (
@@ -224,11 +232,28 @@ class PyFunc(ProceduralDomain):
 register(PyFunc())
 
 
+ASK_REVISION = "The function above is wrong. Write a corrected function that passes these tests."
+"""The line that closes the loop's observation of a failed attempt. Measured on
+SmolLM2-135M-Instruct (docs/models.md): without it the model mostly repeats its failed
+function; with it, sampled revisions of a planted level-1 failure passed 6 of 64 times, not 1."""
+
+
+def ask_revision(observation: str) -> str:
+    """The observation of a failed attempt, closed by `ASK_REVISION` (the one home of that wording:
+    the environment's observations and pyfunc_fix's planted one)."""
+    return f"{observation}\n{ASK_REVISION}"
+
+
 class PyFuncReviseEnv(CodeRevisionEnv):
-    """`code.CodeRevisionEnv`, its sandbox requests labelled pyfunc_revise."""
+    """`code.CodeRevisionEnv`, its sandbox requests labelled pyfunc_revise, a failure's observation
+    closed by `ASK_REVISION`."""
 
     def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "pyfunc_revise") -> None:
         super().__init__(runner, domain)
+
+    def step(self, action: str):
+        result = super().step(action)
+        return result if result.done else replace(result, observation=ask_revision(result.observation))
 
 
 class PyFuncReviseVerifier(RevisionVerifier):
@@ -271,3 +296,57 @@ class PyFuncRevise(PyFunc):
 
 
 register(PyFuncRevise())
+
+
+def planted_observation(ref: CodeReference, t: Template, k: int) -> str:
+    """What `pyfunc_revise`'s environment observes of the template's wrong body on the visible
+    tests (`code.feedback` over its outputs, closed by `ASK_REVISION`): the wrong body is the
+    table's own code, run on the host as the reference bodies are (the sandbox gives the same
+    text: tests/domains/test_domains_real_families.py)."""
+    bad = reference_function(t, k, bad=True)
+    outputs = tuple(TestOutput("value", bad(*args)) for args in ref.inputs())
+    text, rate = feedback(ref, CodeRun(outputs, "ok", suite="visible"))
+    if rate == 1.0:
+        raise TaskError(f"pyfunc_fix: {ref.name}: the planted attempt passes the visible tests")
+    return ask_revision(text)
+
+
+class PyFuncFixVerifier(PyFuncReviseVerifier):
+    """The hidden tests' pass rate on the last answer, labelled for pyfunc_fix."""
+
+    domain = "pyfunc_fix"
+
+
+class PyFuncFixEnv(PyFuncReviseEnv):
+    """`code.CodeRevisionEnv`, its sandbox requests labelled pyfunc_fix."""
+
+    def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "pyfunc_fix") -> None:
+        super().__init__(runner, domain)
+
+
+class PyFuncFix(PyFuncRevise):
+    """The coding loop from its second turn: a planted failing attempt and its observation in the
+    prompt (`planted_observation`), then `pyfunc_revise`'s environment and hidden-test verdict."""
+
+    name = "pyfunc_fix"
+    description = (
+        "the coding feedback loop from its second turn: a failing first attempt and what the visible tests "
+        "observed of it are in the prompt; revise; hidden tests decide the reward"
+    )
+    verifier = PyFuncFixVerifier()
+
+    def make_task(self, index: int, split: Split, difficulty: int, question: str, answer: Any) -> Task:
+        task = super().make_task(index, split, difficulty, question, answer)
+        t, k = parse_name(answer.name)
+        planted = Message("assistant", self._code(task, bad=True))
+        return replace(task, prompt=(*task.prompt, planted, Message("tool", planted_observation(answer.visible, t, k))))
+
+    def environment(self) -> type[CodeRevisionEnv]:
+        return PyFuncFixEnv
+
+    def cheats(self, task: Task) -> Sequence[str]:
+        """pyfunc_revise's cheats, and the planted attempt handed back unchanged."""
+        return [*super().cheats(task), self.wrong(task)]
+
+
+register(PyFuncFix())
