@@ -97,6 +97,10 @@ class RealModel:
     """The template written into the cache when the GGUF carries none (PLAIN_TEMPLATE for a base
     model); None: the GGUF's own template is required."""
 
+    def __post_init__(self) -> None:
+        if self.parts and len(self.sha256) != 64:
+            raise ValueError(f"RealModel {self.name!r}: parts need the rebuilt file's sha256 (64 hex digits)")
+
 
 _GEMMA3_PARTS = tuple(
     Part(
@@ -181,9 +185,9 @@ def _installed(model: RealModel, distribution: str, module: str, file: str) -> P
 def source_files(model: RealModel) -> tuple[Path, ...]:
     """The installed GGUF file, or its parts in order; ModelLoadError naming the extra when a
     package, its pinned version, a file or the `gguf` reader is missing."""
+    if model.license_file:
+        _installed(model, model.distribution, model.module, model.license_file)
     if model.parts:
-        if model.license_file:
-            _installed(model, model.distribution, model.module, model.license_file)
         files = tuple(_installed(model, p.distribution, p.module, p.file) for p in model.parts)
     else:
         files = (_installed(model, model.distribution, model.module, model.file),)
