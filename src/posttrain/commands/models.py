@@ -24,9 +24,13 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.model import real
 
     if args.verb == "list":
-        for row in real.listing():
-            print(f"{row['name']:<24}{row['license']:<12}{row['package']:<22}{row['state']}")
-            print(f"{'':<24}{row['description']}")
+        rows = real.listing()
+        w = {k: max(len(r[k]) for r in rows) + 2 for k in ("name", "license", "package")}
+        for row in rows:
+            print(
+                f"{row['name']:<{w['name']}}{row['license']:<{w['license']}}{row['package']:<{w['package']}}{row['state']}"
+            )
+            print(f"{'':<{w['name']}}{row['description']}")
         return 0
     real.spec(args.name)
     path = real.materialise(args.name, force=args.force)

