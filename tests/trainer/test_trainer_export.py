@@ -93,3 +93,30 @@ def test_a_lora_runs_checkpoint_is_evaluated_merged_into_its_base(tmp_path, base
     from posttrain.commands.eval import _model
 
     assert _model(Namespace(model=str(ckpt), run=None), None) == str(side.model_dir)
+
+
+def test_two_evaluations_merging_one_checkpoint_at_once_both_get_the_merge(tmp_path, base_dir, monkeypatch):
+    """Two `posttrain eval` processes on one LoRA checkpoint: the second's merge finds the first's
+    folder renamed into place when it renames its own (it failed with 'Directory not empty')."""
+    import posttrain.trainer.lora as lora
+    from posttrain.trainer.export import export, servable
+
+    model, tok = load_model(base_dir)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, lora=LoraConfig(rank=4)))
+    assert trainer.step(_batch()).outcome == "applied"
+    run = tmp_path / "run"
+    ckpt = trainer.save(run, tok, {})
+    merged = run / "merged" / ckpt.name
+    real_merge = lora.merge_to_dir
+
+    def merge_while_another_finishes(base, adapter, out):
+        monkeypatch.setattr(lora, "merge_to_dir", real_merge)
+        export(ckpt, merged, base=str(base_dir))  # the other process wins the race
+        real_merge(base, adapter, out)
+
+    monkeypatch.setattr(lora, "merge_to_dir", merge_while_another_finishes)
+    monkeypatch.setattr("posttrain.trainer.export.base_for", lambda ckpt, base: str(base_dir))
+    assert servable(ckpt) == merged
+    assert (merged / "export.json").is_file() and not list(merged.parent.glob(".tmp-*"))
+    ids = torch.tensor([[4, 30, 31, 40, 41]])
+    assert torch.allclose(_logits(load_model(merged)[0], ids), _logits(trainer.model, ids), atol=1e-5)

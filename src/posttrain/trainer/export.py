@@ -76,12 +76,19 @@ def base_for(ckpt: Any, base: str | None) -> str:
 def servable(ckpt: Path) -> Path:
     """A model directory for checkpoint `ckpt` that any engine loads: `ckpt` itself when it
     holds full weights; for a LoRA adapter inside a run, its merge into the run's base, made
-    once into `RUN/merged/<checkpoint>/` (atomically, by `export`) and reused after."""
+    once into `RUN/merged/<checkpoint>/` (atomically, by `export`) and reused after; when another
+    process merged the same checkpoint first, its folder is used."""
     from posttrain.trainer.lora import is_adapter_dir
 
     if not is_adapter_dir(ckpt):
         return ckpt
     merged = ckpt.parent.parent / "merged" / ckpt.name
     if not (merged / "export.json").is_file():
-        export(ckpt, merged)
+        try:
+            export(ckpt, merged)
+        except OSError:
+            # two evaluations of one checkpoint at once: the other one's merge was renamed into
+            # place while this one merged (its own copy is removed); that folder is complete
+            if not (merged / "export.json").is_file():
+                raise
     return merged
