@@ -1,0 +1,224 @@
+"""Does a VLM build read its images? (issue 40: experiments toward a base RL can improve.)
+
+Builds a LLaVA as model/vision.py does (its tokenizer, processor, config and pretraining loop),
+with the spec's fields overridden and three optional stages before the question stage:
+
+- `ocr_steps`: the vision tower alone on synthetic text images in the families' font (their
+  words and numbers at random places, sizes 11-15, some on a blue button, among shapes), each
+  patch's target the character whose centre falls in each of its four sub-columns (a linear
+  head on the tower's last hidden states, the ones LLaVA reads);
+- `aux_steps`: the whole model on "Describe." with the scene transcribed (chart: kind, labels and
+  values; ui: field labels, button labels, the primary marked, and button centres; drawing:
+  width, height and hole count), train split only; `aux_mix` of the question stage's rows
+  stay transcriptions;
+- `levels`: the pool's levels in turn (model/vision.py cycles 1, 2, 3).
+
+Then greedy on `n_eval` held-out level-1 tasks per family, each with its own image (`true`) and
+with another task's image (`shuf`, the answer-kind baseline: what the model gets without reading);
+prints one `RESULT` JSON line with the build's CPU seconds and peak RSS.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_reading.py '{"steps": 400, "image_size": 192, "patch_size": 16}'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import string
+import sys
+import time
+from typing import Any
+
+import torch
+
+from posttrain.domains import chart, drawing, ui
+from posttrain.domains._vision import canvas, font, judge
+from posttrain.domains.base import extract_answer
+from posttrain.domains.registry import get
+from posttrain.model import vision as V
+from posttrain.model.pretrain import fit_masked_lm, padded
+from posttrain.types import Message
+
+CHARS = string.digits + string.ascii_letters
+WORDS = [
+    *chart.FRUITS, *chart.MONTHS, *chart.TITLES, *ui.FIELDS, *ui.BUTTONS, *ui.CHECKS, *ui.APPS,
+    "DIA", "MAIN VIEW", *drawing.LETTERS,
+]  # fmt: skip
+SLOTS = 4
+
+
+def ocr_sample(rng: random.Random, size: int, patch: int) -> tuple[Any, Any]:
+    """A 320 x 240 synthetic text image and its (patches x SLOTS) character targets (0: none)."""
+    w, h = 320, 240
+    img, d = canvas(w, h)
+    g = size // patch
+    tgt = torch.zeros(g, g, SLOTS, dtype=torch.long)
+    for _ in range(rng.randint(10, 22)):
+        if rng.random() < 0.3:
+            x0, y0 = rng.randint(0, w - 20), rng.randint(0, h - 20)
+            if rng.random() < 0.5:
+                colour = tuple(rng.randint(0, 255) for _ in range(3))
+                d.rectangle([x0, y0, x0 + rng.randint(5, 80), y0 + rng.randint(5, 80)], fill=colour)
+            else:
+                r = rng.randint(3, 20)
+                d.ellipse([x0, y0, x0 + r, y0 + r], outline=(0, 0, 0), width=2)
+            continue
+        s = rng.choice(WORDS) if rng.random() < 0.5 else str(rng.randint(1, 199))
+        if rng.random() < 0.2:
+            s = f"{s} {rng.randint(1, 99)}"
+        f = font(rng.choice((11, 12, 13, 14, 15)))
+        x, y = rng.uniform(2, max(3, w - f.getlength(s) - 2)), rng.uniform(8, h - 8)
+        on_button = rng.random() < 0.15
+        if on_button:
+            bb = d.textbbox((x, y), s, font=f, anchor="lm")
+            d.rectangle([bb[0] - 4, bb[1] - 4, bb[2] + 4, bb[3] + 4], fill=(37, 99, 235))
+        d.text((x, y), s, fill=(255, 255, 255) if on_button else (0, 0, 0), font=f, anchor="lm")
+        for i, ch in enumerate(s):
+            if ch not in CHARS:
+                continue
+            px = (x + (f.getlength(s[:i]) + f.getlength(s[: i + 1])) / 2) * size / w
+            py = y * size / h
+            gx, gy = int(px // patch), int(py // patch)
+            if 0 <= gx < g and 0 <= gy < g:
+                tgt[gy, gx, min(SLOTS - 1, int((px - gx * patch) / (patch / SLOTS)))] = 1 + CHARS.index(ch)
+    return img, tgt.view(g * g, SLOTS)
+
+
+def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, steps: int, lr: float, batch: int = 32) -> None:
+    """The `ocr_steps` stage: AdamW on the tower and a per-patch head, warm-up then cosine."""
+    rng = random.Random(spec.seed + 17)
+    tower = model.model.vision_tower
+    head = torch.nn.Linear(tower.config.hidden_size, SLOTS * (1 + len(CHARS)))
+    pool = []
+    for _ in range(2048):
+        img, t = ocr_sample(rng, spec.image_size, spec.patch_size)
+        pool.append((proc.image_processor(images=[img], return_tensors="pt")["pixel_values"].half(), t))
+    params = list(tower.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
+    for step in range(steps):
+        exs = [rng.choice(pool) for _ in range(batch)]
+        tg = torch.stack([e[1] for e in exs])
+        hidden = tower(torch.cat([e[0] for e in exs]).float(), output_hidden_states=True).hidden_states[-1]
+        logits = head(hidden).view(batch, -1, SLOTS, 1 + len(CHARS))
+        weight = torch.where(tg > 0, 1.0, 0.2).reshape(-1)
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, 1 + len(CHARS)), tg.reshape(-1), reduction="none")
+        loss = (nll * weight).sum() / weight.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            marked = tg > 0
+            acc = (logits.argmax(-1)[marked] == tg[marked]).float().mean().item()
+            print(f"ocr {step} loss {loss.item():.3f} char acc {acc:.3f}", flush=True)
+
+
+def describe(task: Any) -> str:
+    """The `aux_steps` target: the scene's readable content as one line."""
+    s = task.reference["scene"]
+    if task.domain == "chart":
+        return s["chart"] + " " + " ".join(f"{lab} {v}" for lab, v in zip(s["labels"], s["values"]))
+    if task.domain == "ui":
+        buttons = []
+        for b in s["buttons"]:
+            x0, y0, x1, y1 = b["box"]
+            buttons.append(f"{b['label']}{'*' if b['primary'] else ''} {(x0 + x1) // 2},{(y0 + y1) // 2}")
+        return " ".join(f["label"] for f in s["fields"]) + "; " + " ".join(buttons)
+    return f"w {s['w']} h {s['h']} holes {len(s['holes'])}"
+
+
+def main(cfg: dict[str, Any]) -> dict[str, Any]:
+    spec = V.VisionSpec(**{k: cfg[k] for k in cfg if k in V.VisionSpec.__dataclass_fields__})
+    levels = cfg.get("levels", [1, 2, 3])
+    torch.set_num_threads(1)
+    t0 = time.process_time()
+    tok = V.build_tokenizer()
+    proc = V.processor(spec, tok)
+    image_id = tok.convert_tokens_to_ids(V.IMAGE_TOKEN)
+    rng = random.Random(spec.seed)
+
+    def prompt(task: Any, question: str | None = None) -> tuple[int, ...]:
+        msgs = task.prompt if question is None else (Message("user", question, task.prompt[0].images),)
+        ids = tok.apply_chat_template(V.chat(msgs), add_generation_prompt=True, tokenize=True)
+        return V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens)
+
+    qa, aux = [], []
+    for name in V.FAMILIES:
+        d = get(name)
+        for index in range(spec.pool):
+            task = d.sample(index, "train", levels[index % len(levels)])
+            pix = V.pixel_values(proc, [i for m in task.prompt for i in m.images]).half()
+            answer = d.wrong(task) if rng.random() < spec.buggy_fraction else d.gold(task)
+            qa.append((prompt(task), tok.encode(answer, add_special_tokens=False), pix))
+            if cfg.get("aux_steps"):
+                aux.append((prompt(task, "Describe."), tok.encode(describe(task), add_special_tokens=False), pix))
+
+    def batch_of(exs: list[Any]) -> tuple[dict[str, Any], Any]:
+        rows = [list(p) + list(a) + [tok.eos_token_id] for p, a, _ in exs]
+        masks = [[0] * len(p) + [1] * (len(a) + 1) for p, a, _ in exs]
+        ids, attn, loss = padded(tok, rows, masks)
+        return {"input_ids": ids, "attention_mask": attn, "pixel_values": torch.cat([x for *_, x in exs]).float()}, loss
+
+    from transformers import LlavaForConditionalGeneration
+
+    torch.manual_seed(spec.seed)
+    conf = V.make_config(spec, tok)
+    width, depth = cfg.get("tower", [64, 2])
+    conf.vision_config.hidden_size, conf.vision_config.intermediate_size = width, 2 * width
+    conf.vision_config.num_hidden_layers = depth
+    model = LlavaForConditionalGeneration(conf)
+    model.train()
+    if cfg.get("ocr_steps"):
+        pretrain_tower(model, proc, spec, cfg["ocr_steps"], cfg.get("ocr_lr", 2e-3))
+    if cfg.get("aux_steps"):
+        fit_masked_lm(
+            model,
+            lambda: batch_of([rng.choice(aux) for _ in range(spec.batch_size)]),
+            cfg["aux_steps"],
+            spec.lr,
+            "describe",
+            True,
+        )
+    mix = cfg.get("aux_mix", 0.0)
+
+    def next_batch() -> tuple[dict[str, Any], Any]:
+        return batch_of(
+            [rng.choice(aux) if aux and rng.random() < mix else rng.choice(qa) for _ in range(spec.batch_size)]
+        )
+
+    loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, "questions", True)
+    model.eval()
+    res: dict[str, Any] = {"cfg": cfg, "build_cpu_s": round(time.process_time() - t0), "last_loss": round(loss, 3)}
+    res["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    n = cfg.get("n_eval", 30)
+    with torch.no_grad():
+        for name in V.FAMILIES:
+            tasks = [get(name).sample(i, "eval", 1) for i in range(n)]
+            pix = [V.pixel_values(proc, [i for m in t.prompt for i in m.images]) for t in tasks]
+            for mode in ("true", "shuf"):
+                right, answers = 0, []
+                for k, t in enumerate(tasks):
+                    ids = torch.tensor([prompt(t)])
+                    seen = pix[k if mode == "true" else (k + 7) % n]
+                    out = model.generate(
+                        input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=seen, max_new_tokens=32,
+                        do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                    )  # fmt: skip
+                    got = extract_answer(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+                    right += judge(t.reference, got)[1]
+                    answers.append(got)
+                res[f"{name}_{mode}"] = round(right / n, 3)
+                if mode == "true":
+                    res[f"{name}_distinct"], res[f"{name}_examples"] = len(set(answers)), answers[:5]
+    return res
+
+
+if __name__ == "__main__":
+    print("RESULT", json.dumps(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})), flush=True)
