@@ -137,5 +137,8 @@ def test_pyfunc_fix_observation_is_what_the_sandbox_observes_of_the_planted_atte
         env = domain.environment()()
         env.reset(task)
         result = env.step(task.prompt[1].content)
-        env.close()
         assert result.observation == task.prompt[2].content and not result.done
+        assert result.observation.endswith("\n" + pyfunc.ASK_REVISION)
+        passed = env.step(domain.gold(task))  # a passing attempt ends the episode, no request to revise
+        env.close()
+        assert passed.done and pyfunc.ASK_REVISION not in passed.observation
