@@ -126,7 +126,8 @@ def test_an_unknown_name_lists_the_known_ones():
 
 def _split_package(root: Path, pieces: list[bytes]) -> real.RealModel:
     """Installed-looking packages on sys.path: `fakegguf` (its terms) and `fakegguf_partN`, each
-    holding one piece of a GGUF, with their metadata (version 1.0.0)."""
+    holding one piece of a GGUF, with their metadata (version 1.0.0), and an empty `gguf` where the
+    reader is not installed (only its presence is checked before a build)."""
     import hashlib
 
     def package(dist: str, module: str, files: dict[str, bytes]) -> None:
@@ -139,6 +140,9 @@ def _split_package(root: Path, pieces: list[bytes]) -> real.RealModel:
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0.0\n")
 
     package("fakegguf", "fakegguf", {"data/TERMS.txt": b"Fake Terms\n"})
+    if importlib.util.find_spec("gguf") is None:  # the reader's presence is checked; the default lane lacks it
+        (root / "gguf").mkdir(parents=True, exist_ok=True)
+        (root / "gguf" / "__init__.py").write_text("")
     parts = []
     for i, piece in enumerate(pieces):
         package(f"fakegguf-part{i}", f"fakegguf_part{i}", {f"data/fake.gguf.part{i:02d}": piece})
