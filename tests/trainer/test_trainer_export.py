@@ -120,3 +120,18 @@ def test_two_evaluations_merging_one_checkpoint_at_once_both_get_the_merge(tmp_p
     assert (merged / "export.json").is_file() and not list(merged.parent.glob(".tmp-*"))
     ids = torch.tensor([[4, 30, 31, 40, 41]])
     assert torch.allclose(_logits(load_model(merged)[0], ids), _logits(trainer.model, ids), atol=1e-5)
+
+    # the other process finished between this one's check and its merge's start ('not empty')
+    import shutil
+
+    import posttrain.trainer.export as export_module
+
+    shutil.rmtree(merged)
+    monkeypatch.setattr(lora, "merge_to_dir", real_merge)
+
+    def export_after_another(source, out, base=None):
+        export(source, out, base=str(base_dir))  # the other process
+        return export(source, out, base=str(base_dir))
+
+    monkeypatch.setattr(export_module, "export", export_after_another)
+    assert servable(ckpt) == merged and (merged / "export.json").is_file()

@@ -318,7 +318,8 @@ class PyFuncFixVerifier(PyFuncReviseVerifier):
 
 
 class PyFuncFixEnv(PyFuncReviseEnv):
-    """`code.CodeRevisionEnv`, its sandbox requests labelled pyfunc_fix."""
+    """`PyFuncReviseEnv` (a failure's observation closed by `ASK_REVISION`), its sandbox requests
+    labelled pyfunc_fix."""
 
     def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "pyfunc_fix") -> None:
         super().__init__(runner, domain)

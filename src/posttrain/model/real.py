@@ -376,7 +376,7 @@ def _convert(model: RealModel, source: Path, out: Path) -> None:
         "package": model.distribution,
         "version": dist.version,
         "source_file": f"{model.file}, rebuilt from its parts" if model.parts else f"{model.module}/{model.file}",
-        "source_sha256": sha256_file(source),
+        "source_sha256": model.sha256 if model.parts else sha256_file(source),  # parts: checked on rebuild
         "source_bytes": source.stat().st_size,
         "parts": [
             {"package": f"{p.distribution}=={model.version}", "file": f"{p.module}/{p.file}", "sha256": sha256_file(f)}

@@ -84,11 +84,14 @@ def servable(ckpt: Path) -> Path:
         return ckpt
     merged = ckpt.parent.parent / "merged" / ckpt.name
     if not (merged / "export.json").is_file():
+        from posttrain.errors import ConfigError
+
         try:
             export(ckpt, merged)
-        except OSError:
+        except (OSError, ConfigError):
             # two evaluations of one checkpoint at once: the other one's merge was renamed into
-            # place while this one merged (its own copy is removed); that folder is complete
+            # place while this one merged (OSError at the rename; its own copy is removed) or
+            # before this one began (ConfigError: the folder is not empty); that folder is complete
             if not (merged / "export.json").is_file():
                 raise
     return merged
