@@ -7,12 +7,15 @@ speed: the same prompts through the standard tier (HFEngine) and each fast-tier
        mode. `--warm` first sends every prompt once through every engine, untimed,
        and resets the counters: the timed rounds then repeat prompts the fast tier
        has answered before (its model-free drafter drafts from past answers).
+costs: CPU time of one lean-decoder forward feeding 1-11 tokens, float32 and int8:
+       what a verifying forward costs against a one-token step (speculation's bound).
 load:  starts `posttrain serve` as a separate process on loopback and drives it
        with N concurrent streaming clients for a fixed number of requests;
        prints errors, p50/p99 latency and time to first token.
 
 .venv/bin/python bench/serving.py speed --model DIR [--label TEXT] [--warm]
 .venv/bin/python bench/serving.py speed --preset medium     (random weights)
+.venv/bin/python bench/serving.py costs --model DIR
 .venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=true]
 
 With a model folder that holds a co-trained draft head (draft_head.pt: `posttrain train` with
@@ -56,6 +59,10 @@ HEAD_MODES = [  # with the model folder's draft head (modes 8, 9); compared with
     ("lossless, lean target: draft head only", "lossless", {"ngram": False, "draft_model": "none", "head": True}),
     ("lossless, lean target: draft head + suffix", "lossless", {"draft_model": "none", "head": True}),
 ]
+LATER_MODES = [  # numbered after the head modes (10, ...) whether or not the folder has a head
+    ("lossless, lean target: suffix only", "lossless", {"draft_model": "none"}),
+]
+LEAN_UNDRAFTED = MODES[2][0]
 
 
 def peak_rss_mb() -> float:
@@ -125,6 +132,26 @@ def timed(engines: dict, reqs, rounds: int):
     return best, best_cpu, outs
 
 
+def prefill_seconds(model, reqs, rounds: int) -> tuple[float, float]:
+    """Wall and CPU seconds (best of `rounds`) of the lean decoder's forward over every prompt,
+    the first forward of each lean-target request: what the decode-phase figures leave out."""
+    from posttrain.serve.lean import LeanDecoder
+
+    decoder = LeanDecoder(model)
+    decoder.forward([1])  # warm-up
+    best_wall = best_cpu = float("inf")
+    for _ in range(rounds):
+        wall = cpu = 0.0
+        for r in reqs:
+            decoder.truncate(0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            decoder.forward(list(r.prompt_ids))
+            wall += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+        best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)
+    return best_wall, best_cpu
+
+
 def speed(args: argparse.Namespace) -> None:
     import torch
 
@@ -141,11 +168,14 @@ def speed(args: argparse.Namespace) -> None:
     from posttrain.model.draft_head import load_if_any
 
     head = load_if_any(args.model, model) if args.model else None
-    modes = {label: build_fast(model, tok, FastTierConfig(**kw), mode, 0) for label, mode, kw in MODES}
-    if head is not None:
-        modes |= {label: build_fast(model, tok, FastTierConfig(**kw), mode, 0, head) for label, mode, kw in HEAD_MODES}
-    if args.modes:
-        modes = {n: e for i, (n, e) in enumerate(modes.items()) if str(i) in args.modes.split(",")}
+    numbered = list(enumerate(MODES)) + [(len(MODES) + i, m) for i, m in enumerate(HEAD_MODES) if head is not None]
+    numbered += [(len(MODES) + len(HEAD_MODES) + i, m) for i, m in enumerate(LATER_MODES)]
+    wanted = set(args.modes.split(",")) if args.modes else None
+    modes = {
+        label: build_fast(model, tok, FastTierConfig(**kw), mode, 0, head if kw.get("head") else None)
+        for i, (label, mode, kw) in numbered
+        if wanted is None or str(i) in wanted
+    }
     if args.warm:
         warm({"standard": standard, **modes}, reqs)
     best, best_cpu, outs = timed({"standard": standard, **modes}, reqs, args.rounds)
@@ -166,7 +196,7 @@ def speed(args: argparse.Namespace) -> None:
         f"{'standard (HFEngine, one request at a time)':52s} {base_tps:7.1f} {1.0:6.2f} {base_cpu:9.1f} {1.0:6.2f} "
         f"{'-':>10s} {'1.00':>7s}"
     )
-    rows = {"standard": {"tok_s": base_tps}}
+    rows = {"standard": {"tok_s": base_tps, "cpu_tok_s": base_cpu}}
     for name, eng in modes.items():
         tps = best[name]
         same = sum(a.token_ids == b.token_ids for a, b in zip(outs[name], base_out))
@@ -189,7 +219,30 @@ def speed(args: argparse.Namespace) -> None:
             "n": len(reqs),
             "stats": st,
         }
-    undrafted = MODES[2][0]
+    undrafted = LEAN_UNDRAFTED
+    lean = [
+        n
+        for n, m, kw in MODES + HEAD_MODES + LATER_MODES
+        if n in rows and m == "lossless" and kw.get("target", "lean") == "lean"
+    ]
+    if undrafted in rows and len(lean) > 1:
+        # decode phase: every lean-target mode runs the same prompt forward (the same decoder on the same
+        # prompt), so its cost is subtracted from each; the first token it yields is left out too
+        pre_wall, pre_cpu = prefill_seconds(model, reqs, args.rounds)
+        out = n_tokens - len(reqs)
+
+        def decode(name: str, key: str, pre: float) -> float:
+            return out / (n_tokens / rows[name][key] - pre)
+
+        print(
+            f"decode phase (the lean prompt forward, {pre_wall:.2f} s wall / {pre_cpu:.2f} s CPU for all {len(reqs)} "
+            f"prompts, and its first token left out), over '{undrafted}':"
+        )
+        for name in lean:
+            w = decode(name, "tok_s", pre_wall) / decode(undrafted, "tok_s", pre_wall)
+            c = decode(name, "cpu_tok_s", pre_cpu) / decode(undrafted, "cpu_tok_s", pre_cpu)
+            rows[name]["decode_ratio"], rows[name]["decode_cpu_ratio"] = w, c
+            print(f"  {name:52s} {w:5.2f}x wall {c:5.2f}x cpu")
     for name, _, _ in HEAD_MODES if head is not None else []:
         if name in rows and undrafted in rows:
             h = rows[name]["stats"]["drafters"]["head"]
@@ -234,6 +287,43 @@ def gate(model, tok, tasks: int) -> None:
         f"eval delta of lossy int8 mode ({tasks} held-out tasks/domain, greedy): {'; '.join(cells)}; "
         f"worst {worst:+.1f} pt -> gate (within 1 pt) {'PASSES' if worst >= -1 else 'FAILS'}"
     )
+
+
+# -- forward costs -------------------------------------------------------------
+
+
+def costs(args: argparse.Namespace) -> None:
+    """CPU milliseconds of one lean-decoder forward feeding n tokens after `--context` cached
+    positions (best of `--reps`), float32 and int8: a verifying forward of a k-token draft feeds
+    k + 1, so speculation's decode speed-up is at most (tokens emitted per forward) x cost(1) /
+    cost(k + 1); and the int8 draft's step cost against the target's (what `auto` compares)."""
+    import torch
+
+    from posttrain.serve.lean import LeanDecoder
+
+    torch.set_num_threads(1)
+    model, _ = load(args)
+    label = args.model or f"random {args.preset}"
+    print(f"model: {label}; lean decoder, one torch thread, {args.context} cached positions, best of {args.reps}")
+    vocab = model.config.vocab_size
+    prefix = [(7 * i) % (vocab - 1) + 1 for i in range(args.context)]
+    base: dict[bool, float] = {}
+    for int8 in (False, True):
+        decoder = LeanDecoder(model, int8=int8)
+        cells = []
+        for n in (1, 2, 4, 6, 8, 11):
+            best = float("inf")
+            for _ in range(args.reps):
+                decoder.truncate(0)
+                decoder.forward(prefix)
+                c0 = time.process_time()
+                decoder.forward([(i % (vocab - 1)) + 1 for i in range(n)])
+                best = min(best, time.process_time() - c0)
+            base.setdefault(int8, best)
+            cells.append(f"n={n} {best * 1000:6.1f} ms ({best / base[int8]:.2f})")
+        print(f"{'int8' if int8 else 'fp32'}: " + "  ".join(cells))
+        del decoder
+    print(f"int8 / fp32 at n=1: {base[True] / base[False]:.2f}; peak RSS {peak_rss_mb():.0f} MB")
 
 
 # -- load test ---------------------------------------------------------------
@@ -399,7 +489,7 @@ def _vm_hwm_mb(pid: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("speed", "load"):
+    for name in ("speed", "load", "costs"):
         s = sub.add_parser(name)
         s.add_argument("--model", help="model directory (default: random weights of --preset)")
         s.add_argument("--preset", default="medium")
@@ -418,9 +508,12 @@ def main() -> None:
     lp.add_argument("--clients", type=int, default=32)
     lp.add_argument("--requests", type=int, default=256)
     lp.add_argument("--serve-set", action="append", default=[], help="a `posttrain serve --set` override")
+    cp = sub.choices["costs"]
+    cp.add_argument("--context", type=int, default=300, help="cached positions before the timed forward (300)")
+    cp.add_argument("--reps", type=int, default=5)
     args = p.parse_args()
     set_domains(args.domains)
-    speed(args) if args.cmd == "speed" else load_test(args)
+    {"speed": speed, "load": load_test, "costs": costs}[args.cmd](args)
 
 
 if __name__ == "__main__":

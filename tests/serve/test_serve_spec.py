@@ -344,3 +344,18 @@ def test_the_fast_tier_reproduces_the_standard_tier_on_the_embedded_model(model,
         assert [engine.generate([r])[0][0].token_ids for r in reqs] == want
     suffix = engine.stats.drafters["suffix"]
     assert suffix.accepted >= sum(len(w) - 1 for w in want) // 2  # the repeats were drafted (and accepted)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "drafters"), [(0.30, ["suffix"]), (0.47, ["suffix"]), (0.2, ["suffix", "lean-int8"])]
+)
+def test_auto_drafts_with_lean_int8_only_where_its_step_costs_under_a_quarter(model, monkeypatch, ratio, drafters):
+    """`draft_model=auto` (the default) by the measured int8/float step ratio: at 0.30 (the 19M
+    preset) and 0.47 (SmolLM2-135M) lean-int8 drafts cost more than they saved
+    (bench/RESULTS.md, "The fast tier on the real model"), so auto leaves them off there."""
+    from posttrain.configs.serve import FastTierConfig
+    from posttrain.serve import tiers
+
+    monkeypatch.setattr(tiers, "draft_cost_ratio", lambda m: ratio)
+    engine = tiers.build_fast(model[0], model[1], FastTierConfig(), "lossless", 0)
+    assert [d.name for d in engine.drafters] == drafters

@@ -81,8 +81,11 @@ class FastTierConfig(BaseModel):
     """Generated tokens before the draft model starts drafting (its prompt prefill
     costs more than it saves on short answers); the model-free drafter drafts from the start."""
 
-    auto_draft_cost: float = Field(0.5, gt=0.0, le=1.0)
-    """Largest draft/target step-cost ratio at which `auto` drafts with lean-int8."""
+    auto_draft_cost: float = Field(0.25, gt=0.0, le=1.0)
+    """Largest draft/target step-cost ratio at which `auto` drafts with lean-int8. Measured with the
+    suffix drafter on (bench/RESULTS.md "The fast tier on the real model"): at 0.30 (the 19M preset)
+    and 0.47 (SmolLM2-135M-Instruct after RL) lean-int8 drafts cost more than they saved, so it is off
+    at both (it was 0.5 before)."""
 
     draft_model_tokens: int = Field(5, ge=1, le=16)
     """Most tokens of one draft of the draft model (adaptive per sequence as `ngram_tokens`)."""
