@@ -11,12 +11,12 @@ from posttrain.configs import load_config
 from posttrain.configs.tasks import BranchConfig, DomainSpec, TasksConfig
 from posttrain.domains import pyfunc
 from posttrain.domains.base import Budget, play_actions
-from posttrain.domains.registry import get
+from posttrain.domains.registry import all_domains, get
 from posttrain.envs.driver import turns_of
 from posttrain.errors import ConfigError
 from posttrain.rollout import Rollout, rollout_id
 from posttrain.tasks import TaskPool
-from posttrain.types import Completion, Episode, to_dict
+from posttrain.types import Completion, Episode, Message, to_dict
 
 REVISE = get("pyfunc_revise")
 
@@ -170,3 +170,21 @@ def test_bad_branch_config_is_one_error_naming_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(None, [override])
     assert load_config(None, ["tasks.branch={share: 0.5, max_queue: 8}"]).tasks.branch.share == 0.5
+
+
+@pytest.mark.parametrize("name", sorted(n for n, d in all_domains().items() if d.branches))
+def test_every_branching_domain_derives_a_task_its_gold_still_solves(name):
+    """The hook's contract, for every registered domain that implements it: from a failed two-turn
+    episode of its wrong answer, the derived task holds the attempt and its observation, its gold
+    still scores its gold value through the environment, and the attempt handed back is refused."""
+    domain = get(name)
+    task = domain.sample(0, "train", 1)
+    ep = play_actions(domain.environment()(), task, [domain.wrong(task), domain.wrong(task)])
+    assert not domain.score(task, ep).passed and domain.branch_at(task, ep.turns) == 1
+    derived = domain.branched(task, [(t.action, t.observation) for t in ep.turns[:1]])
+    assert derived.prompt[-2:] == (Message("assistant", domain.wrong(task)), Message("tool", ep.turns[0].observation))
+    assert derived.reference is task.reference and derived.meta.branched == task.meta.branched + 1
+    gold = play_actions(domain.environment()(), derived, domain.gold_turns(derived))
+    assert domain.score(derived, gold).value == domain.gold_value(derived)
+    back = play_actions(domain.environment()(), derived, [domain.wrong(task)])
+    assert not domain.score(derived, back).passed and domain.wrong(task) in domain.cheats(derived)
