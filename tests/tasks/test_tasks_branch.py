@@ -125,6 +125,9 @@ def test_share_bounds_each_draw_and_max_queue_the_queue():
     assert sum(t.meta.branched > 0 for t in pool.draw(1)) == 0  # floor(0.5 x 1) = 0
     assert [t.meta.branched > 0 for t in pool.draw(4)] == [False, False, True, True]
     assert [t.meta.branched > 0 for t in pool.draw(4)] == [False, False, False, True]  # the queue ran dry
+    pool.offer([[bad[0]]])
+    pool.exclude("pyfunc_revise")  # the monitor's exclude: its queued tasks are not drawn either
+    assert pool.branch.take(4, pool.names) == [] and pool.branch.counts["excluded"] == 1
     off = _pool(share=0.0)
     root = _root(off)
     assert off.offer([[_played(root, [_bad_add(root)] * 2)]]) == 0 and off.branch.row() == {}

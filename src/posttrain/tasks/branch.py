@@ -21,7 +21,7 @@ draws what the uninterrupted one would have.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,15 +91,19 @@ class BranchQueue:
         if self.on:
             self._remember(task.id, Origin(task.domain, index, level))
 
-    def take(self, n: int) -> list[Task]:
-        """Up to floor(share x n) derived tasks, oldest first (fewer when the queue holds fewer)."""
-        k = min(len(self._queue), int(self.config.share * n)) if self.on else 0
-        out = []
-        for _ in range(k):
+    def take(self, n: int, drawable: Collection[str]) -> list[Task]:
+        """Up to floor(share x n) derived tasks, oldest first (fewer when the queue holds fewer); a
+        queued task whose domain is no longer `drawable` (the monitor excluded it) is dropped, counted."""
+        k = int(self.config.share * n) if self.on else 0
+        out: list[Task] = []
+        while self._queue and len(out) < k:
             task, origin = self._queue.popleft()
+            if task.domain not in drawable:
+                self.counts["excluded"] += 1
+                continue
             self._remember(task.id, origin)
             out.append(task)
-        self.counts["drawn"] += k
+        self.counts["drawn"] += len(out)
         return out
 
     # ---- the loop's side -------------------------------------------------

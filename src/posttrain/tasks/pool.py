@@ -236,7 +236,7 @@ class TaskPool:
         up to floor(share x n) derived from the policy's failed turns, oldest first."""
         if not isinstance(n, int) or n < 0:
             raise TaskError(f"draw: n must be a non-negative int, got {n!r}")
-        derived = self.branch.take(n)
+        derived = self.branch.take(n, self.names)
         tasks = []
         for _ in range(n - len(derived)):
             shares = self._shares if self._shares is not None else self.target_shares()
