@@ -378,6 +378,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
     cm = run.countermeasures
     groups, left = cm.shape(groups), cm.shape(left)  # the diversity reward, beside the verifier's
     _write_trace(run, sampling, [*groups, *left])  # left: re-queued or dropped for staleness, not trained
+    run.pool.offer(groups)  # tasks.branch: tasks derived from their failed episodes join the pool's queue
     # a group without signal stays for the entropy bonus of its domain (it enters only that term)
     kept = (
         [g for g in groups if informative(g) or cm.entropy_coef(g[0].task.domain) > 0]
@@ -409,6 +410,7 @@ def _step(run: _Run, sampling: _Sampling, step: int, stop: str) -> tuple[dict[st
         **pipe_stats,
         **cm.row(run.pool.names),
         **_bonus_row(groups),
+        **run.pool.branch.row(),
         engine_version=run.engine.version,
         engine_dropped_stale=run.sync.dropped_stale,
         **run.sync.probe.row(),  # the step's push check (engine.verify_sync), when one ran
@@ -548,10 +550,20 @@ def _progress(cfg: Config, done: int) -> Any:
     return progress(cfg.run.steps, "train", initial=done, disable=not cfg.run.progress)  # plain lines off a terminal
 
 
+def _branch_summary(groups: Sequence[Sequence[Rollout]], rewards: Mapping[str, list[float]]) -> dict[str, Any]:
+    """The metrics line's derived groups (tasks.branch): how many, and their mean reward by domain
+    (apart from `reward_by_domain`, the domains' own tasks); nothing in a step without one."""
+    n = sum(1 for g in groups if g and g[0].task.meta.branched)
+    if not n:
+        return {}
+    return {"groups_branch": n, "reward_by_domain_branch": {d: sum(v) / len(v) for d, v in sorted(rewards.items())}}
+
+
 def _summary(
     groups: Sequence[Sequence[Rollout]], kept: Sequence[Sequence[Rollout]], budgets: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     by_domain: dict[str, list[float]] = {}
+    branch: dict[str, list[float]] = {}  # derived tasks' rewards (tasks.branch), apart from their domain's own
     errors = truncated = 0
     tokens: dict[str, list[int]] = {}
     for g in groups:
@@ -563,12 +575,13 @@ def _summary(
             row[1] += len(r.completion.token_ids)
             row[2] += r.completion.finish_reason == "length"
             if r.reward is not None:
-                by_domain.setdefault(r.task.domain, []).append(r.reward)
-    rewards = [x for v in by_domain.values() for x in v]
+                (branch if r.task.meta.branched else by_domain).setdefault(r.task.domain, []).append(r.reward)
+    rewards = [x for v in (*by_domain.values(), *branch.values()) for x in v]
     out = {
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "reward_by_domain": {d: sum(v) / len(v) for d, v in sorted(by_domain.items())},
         "groups": len(groups),
+        **_branch_summary(groups, branch),
         "groups_kept": len(kept),
         "groups_filtered": len(groups) - len(kept),
         "infra_errors": errors,

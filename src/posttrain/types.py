@@ -181,6 +181,10 @@ class TaskMeta:
     verifier's own value."""
     priority: int | None = None
     """This task's admission priority (None: its domain's, `tasks.domains.<name>.priority`)."""
+    branched: int = field(default=0, metadata={"omit_empty": True})
+    """Turns of the model's own episode this task's prompt already holds: a task derived from a
+    failed turn (`tasks.branch`, tasks/branch.py), whose turn budget is its domain's less these.
+    0: a task as its domain samples it (`to_dict` then leaves the field out)."""
 
 
 @dataclass(frozen=True)

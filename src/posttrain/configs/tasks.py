@@ -148,6 +148,26 @@ class DriftConfig(BaseModel):
     """When a boosted domain has recovered, its boost is multiplied by this (down to 1)."""
 
 
+class BranchConfig(BaseModel):
+    """Training the revision on the policy's own failed turns (tasks/branch.py): a training episode
+    that ends failed after a failing non-final turn gives a derived task (the episode's transcript up
+    to that turn's observation as the prompt, the same verifier, the remaining turns as its budget),
+    queued and drawn as a group of its own. Only domains that implement `Domain.branch_at` derive
+    (pyfunc_revise; docs/extending.md). Off by default (`share` 0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    share: float = Field(0.0, ge=0.0, le=1.0)
+    """Most of each draw's prompts that come from the queue of derived tasks (floor(share x prompts), when
+    the queue holds that many); the rest are fresh. 0 turns branching off: no task is derived or queued."""
+
+    max_queue: int = Field(64, ge=1, le=100_000)
+    """Derived tasks the queue holds at most; a new one past it pushes out the oldest (counted)."""
+
+    per_group: int = Field(1, ge=1, le=1024)
+    """Derived tasks one group gives at most (its failed episodes in sample order, distinct prompts)."""
+
+
 class TasksConfig(BaseModel):
     """Which domains the loop trains on, in what mix, and how difficulty is chosen."""
 
@@ -173,6 +193,9 @@ class TasksConfig(BaseModel):
 
     dedupe_attempts: int = Field(8, ge=1, le=1000)
     """Draw attempts per task before a duplicate is accepted (and counted in stats) for a domain with few distinct tasks."""  # noqa: E501 (field docstring = its help text)
+
+    branch: BranchConfig = Field(default_factory=BranchConfig)
+    """Derived tasks from the policy's own failed turns, drawn as groups of their own (off by default)."""
 
     eval_default_difficulty: int = Field(1, ge=1)
     """Eval difficulty of a domain with no fixed difficulty before the curriculum has moved (clipped to its levels)."""

@@ -188,6 +188,34 @@ class Domain(abc.ABC):
         """A multi-turn environment factory, or None for single-turn domains."""
         return None
 
+    # ---- branching: tasks derived from the policy's own failed turns (tasks.branch) ----
+    def branch_at(self, task: Task, turns: Sequence[Turn]) -> int:
+        """How many leading turns of a failed training episode on `task` (`turns`: its turns, with
+        observations, parts and sandbox results) a derived task takes into its prompt (`branched`):
+        k >= 1 when turn k's observation shows a failure the model can revise from, 0 when nothing
+        can be derived. Only called for an episode that was scored and did not pass (never one an
+        infra error masked). Default 0: the domain derives no task (`branches` is then False)."""
+        return 0
+
+    @property
+    def branches(self) -> bool:
+        """Whether this domain derives tasks from failed turns (its class overrides `branch_at`)."""
+        return type(self).branch_at is not Domain.branch_at
+
+    def branched(self, task: Task, turns: Sequence[tuple[str, str]]) -> Task:
+        """The task derived from `task` with these (action, observation) turns of the model's own
+        in its prompt: each action an assistant message, each observation a tool message (what the
+        episode driver shows the model), the same reference (so the same verifier decides), the
+        split and level of `task`, `meta.branched` raised by their number (the episode driver takes
+        them off the turn budget), and an id of `task`'s id and a digest of the turns. A pure
+        function, so a queue of derived tasks is rebuilt from its turns (tasks/branch.py)."""
+        if not turns:
+            raise ValueError(f"{self.name}: a derived task needs at least one turn")
+        added = tuple(m for a, o in turns for m in (Message("assistant", a), Message("tool", o)))
+        digest = hashlib.sha256(repr([list(t) for t in turns]).encode()).hexdigest()[:12]
+        meta = dataclasses.replace(task.meta, branched=task.meta.branched + len(turns))
+        return dataclasses.replace(task, id=f"{task.id}+b{digest}", prompt=(*task.prompt, *added), meta=meta)
+
     def variant(self, spec: str) -> Domain | None:
         """The domain named `NAME@spec`, this family at a setting that is not a level (a
         long-context family's context length: `keychain@8000`), or None when the family

@@ -46,7 +46,7 @@ from posttrain.domains.code import (
 )
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
-from posttrain.types import Message, Split, Task
+from posttrain.types import Message, Split, Task, Turn
 
 INSTRUCTION = "Answer with the complete Python function in one ```python code block; do not print anything."
 REVISE_INSTRUCTION = (
@@ -290,9 +290,20 @@ class PyFuncRevise(PyFunc):
         return [self.gold(task)]
 
     def cheats(self, task: Task) -> Sequence[str]:
-        """pyfunc's cheats on the hidden tests, and a table of the visible answers."""
+        """pyfunc's cheats on the hidden tests, a table of the visible answers, and every attempt
+        the prompt already holds (a derived task's failed turns, `branched`) handed back unchanged."""
         table = visible_lookup(task)
-        return [*super().cheats(task), *([f"```python\n{table}```"] if table else [])]
+        own = [m.content for m in task.prompt if m.role == "assistant"]
+        return [*super().cheats(task), *([f"```python\n{table}```"] if table else []), *own]
+
+    def branch_at(self, task: Task, turns: Sequence[Turn]) -> int:
+        """1 when the episode's first turn is a failure the model revised from (the visible tests
+        failed, or its answer had no code: process below 1) and is not its last turn: the derived
+        task is this loop entered at its second turn from the model's own first attempt (what
+        `pyfunc_fix` plants). 0 otherwise (a first turn that passed the visible tests, or the only
+        turn: truncated, or the turn budget spent)."""
+        first = turns[0] if turns else None
+        return int(first is not None and len(turns) > 1 and first.parts.get("process", 0.0) < 1.0)
 
 
 register(PyFuncRevise())

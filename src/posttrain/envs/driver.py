@@ -238,6 +238,7 @@ def close_envs(envs: Any) -> None:
             pass
 
 
-def turns_of(domain: Any, budget: Budget | None) -> int:
-    """The episode's turn budget: the override (tasks.domains.X) or the domain's declaration."""
-    return max(1, (budget or domain.budget).turns)
+def turns_of(domain: Any, budget: Budget | None, task: Task | None = None) -> int:
+    """The episode's turn budget: the override (tasks.domains.X) or the domain's declaration,
+    less the turns a derived task's prompt already holds (`TaskMeta.branched`); at least 1."""
+    return max(1, (budget or domain.budget).turns - (task.meta.branched if task is not None else 0))

@@ -370,7 +370,7 @@ class GroupRun:
                 encoded = dict(zip(self._pending, got))
                 self._prompt_ids = encoded[envs[0][1]]
                 ids = [encoded[o] for _, o in envs]
-                turns = driver.turns_of(self._domain, self._budget)
+                turns = driver.turns_of(self._domain, self._budget, self.task)
                 self._trajectories = driver.start(envs, self.task, ids, turns, self._budget.seconds)
         except Exception as exc:
             if envs is not None:

@@ -5,7 +5,9 @@ is the draws and observations made so far, all of it held in `state_dict()`,
 so a pool restored from a state draws exactly the tasks the original would
 have drawn next. A drawn task is always from the train split, and carries a
 task-set version that hashes its domain's generator version, the pool's
-config and its seed.
+config and its seed. With `tasks.branch` on, up to a share of each draw comes
+from the queue of tasks derived from the policy's own failed turns
+(tasks/branch.py: train tasks too, rebuilt from the state on resume).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import fnmatch
 import json
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posttrain.configs.tasks import DomainSpec, TasksConfig
 from posttrain.domains.base import Domain, stable_hash, stable_rng
 from posttrain.domains.hygiene import prompt_key
 from posttrain.errors import TaskError
+from posttrain.rollout import Rollout
+from posttrain.tasks.branch import BranchQueue
 from posttrain.tasks.curriculum import Curriculum
 from posttrain.tasks.drift import DriftGuard
 from posttrain.types import Task
@@ -88,7 +92,9 @@ class TaskPool:
         self.names = tuple(self.domains)
         self.curriculum = Curriculum(config.curriculum, {n: d.levels for n, d in self.domains.items()})
         self.drift = DriftGuard(config.drift, self.names)
-        self._config_hash = f"{stable_hash(config.model_dump_json(), self.seed):016x}"[:8]
+        # branching off (its default) leaves the hash, and so every task-set version, as before it existed
+        dump = config.model_dump_json(exclude={"branch"} if config.branch.share == 0 else None)
+        self._config_hash = f"{stable_hash(dump, self.seed):016x}"[:8]
         self._versions = {n: f"{d.taskset_version}.{self._config_hash}" for n, d in self.domains.items()}
         self._weights = {n: tuple(sorted((s.reward_weights or {}).items())) for n, s in self.specs.items()}
         self._draws = 0
@@ -101,6 +107,10 @@ class TaskPool:
         self._shares: dict[str, float] | None = None  # target_shares, until a weight, boost or domain changes
         self._bases: dict[tuple[str, int], int] = {}  # (domain, level) -> its first task index
         self._stamped: dict[tuple[str, Any], Any] = {}  # (domain, a sampled task's meta) -> the stamped meta
+        # each domain's turn budget as pipeline/budget.py domain_budget resolves it (tasks.domains.X.max_turns)
+        turns = {n: (s.max_turns or self.domains[n].budget.turns) for n, s in self.specs.items()}
+        self.branch = BranchQueue(config.branch, self.domains, turns, self._root)
+        """Tasks derived from the policy's own failed turns (`tasks.branch`), drawn by `draw`."""
 
     # ---- the mix -------------------------------------------------------
     def target_shares(self) -> dict[str, float]:
@@ -179,10 +189,20 @@ class TaskPool:
             pkey = prompt_key(task)
             if self.config.dedupe_window == 0 or pkey not in self._seen:
                 self._remember(pkey)
-                return self._stamp(task)
+                return self._handed(task, base + count, level)
         self._duplicates += 1
         self._remember(prompt_key(task))
-        return self._stamp(task)
+        return self._handed(task, base + count, level)
+
+    def _handed(self, task: Task, index: int, level: int) -> Task:
+        """`task` stamped, its draw remembered for the tasks the branch queue may derive from it."""
+        task = self._stamp(task)
+        self.branch.drawn(task, index, level)
+        return task
+
+    def _root(self, name: str, index: int, level: int) -> Task:
+        """Train task `index` of `name` at `level`, stamped: a derived task's root (the branch queue's rebuild)."""
+        return self._stamp(self.domains[name].sample(index, "train", level))
 
     def _remember(self, pkey: str) -> None:
         if self.config.dedupe_window == 0:
@@ -212,24 +232,34 @@ class TaskPool:
         return dataclasses.replace(task, meta=meta)
 
     def draw(self, n: int) -> list[Task]:
-        """The next `n` train tasks, by target shares and curriculum."""
+        """The next `n` train tasks: fresh ones by target shares and curriculum, then (`tasks.branch`)
+        up to floor(share x n) derived from the policy's failed turns, oldest first."""
         if not isinstance(n, int) or n < 0:
             raise TaskError(f"draw: n must be a non-negative int, got {n!r}")
+        derived = self.branch.take(n, self.names)
         tasks = []
-        for _ in range(n):
+        for _ in range(n - len(derived)):
             shares = self._shares if self._shares is not None else self.target_shares()
             name = self._pick_domain(shares)
             level = self._pick_level(name)
             tasks.append(self._next_task(name, level))
             self._drawn[name] += 1
             self._draws += 1
-        return tasks
+        return tasks + derived
+
+    def offer(self, groups: Sequence[Sequence[Rollout]]) -> int:
+        """The step's finished groups: tasks derived from their failed episodes join the branch queue
+        (`tasks.branch`; nothing when it is off). How many joined."""
+        return self.branch.offer(groups)
 
     # ---- feedback ------------------------------------------------------
     def observe(self, task: Task, reward: float) -> None:
-        """Record one train reward (never an infra failure) for the task's domain and level."""
+        """Record one train reward (never an infra failure) for the task's domain and level. A derived
+        task's (`TaskMeta.branched`) is left out: the curriculum's pass rates are of the domain's own tasks."""
         if task.domain not in self.domains:
             raise TaskError(f"observe: domain {task.domain!r} is not in this pool")
+        if task.meta.branched:
+            return
         if not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
             raise TaskError(f"observe: reward must be a finite number in [0, 1], got {reward!r}")
         self.curriculum.observe(task.domain, task.meta.difficulty, float(reward))
@@ -271,6 +301,7 @@ class TaskPool:
             "seen": list(self._seen_order),
             "curriculum": self.curriculum.state_dict(),
             "drift": self.drift.state_dict(),
+            "branch": self.branch.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -294,6 +325,7 @@ class TaskPool:
                 self._seen[pkey] = self._seen.get(pkey, 0) + 1
             self.curriculum.load_state_dict(state["curriculum"])
             self.drift.load_state_dict(state["drift"])
+            self.branch.load_state_dict(state.get("branch"))  # absent: a checkpoint from before branching
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, TaskError):
                 raise
