@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from loopcfg import tiny
 
 from posttrain.configs import load_config
@@ -94,8 +95,11 @@ def test_derived_groups_train_and_resume_exactly(tmp_path, micro_base, odd_loop)
     b = load_file(str(latest_checkpoint(resumed.run_dir) / "model.safetensors"))
     start = load_file(f"{micro_base}/model.safetensors")
     assert any((a[k] != start[k]).any() for k in a), "the run never trained: the comparison would be vacuous"
+    # a later turn's generation batch holds the episodes waiting when the engine is called (timing), and
+    # the engine's log-probs depend on the batch's shape in the last float32 bits (docs/pipeline.md "What is
+    # exact"): the weights agree to rounding, not bit for bit (measured: 7e-9 to 1.2e-6 under load)
     for k in a:
-        assert (a[k] == b[k]).all(), k
+        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-5), (k, float((a[k] - b[k]).abs().max()))
 
 
 def test_async_mode_draws_and_trains_derived_groups(tmp_path, micro_base, odd_loop):
