@@ -24,6 +24,11 @@ posttrain/TRL ratios, the issue's three criteria on the seed mean, and beside th
 (linear between evaluated checkpoints), and the CPU-seconds each side took to reach half of, and
 all of, the same seed's TRL final gain.
 
+With LoRA (the `real` mix: SmolLM2-135M-Instruct, configs/real.yaml) both sides train adapters
+with trainer.lora's settings; each side's adapters are merged into the base before `posttrain eval`
+reads them (posttrain's by `posttrain eval` itself into RUN/merged/, TRL's by `evaluable` into
+trl/merged/), and the merged folders go with the checkpoints after evaluation unless --keep.
+
 Settings the loop runs with besides the mix (both sides): no periodic evaluation
 (eval.every_steps=0; the curves come from the checkpoints), no pass@k sampling and no
 above-level set in the evaluations (eval.samples=0, eval.above_tasks=0), every checkpoint
@@ -70,6 +75,9 @@ class Mix:
     trl_min_step_s: float = 0.15
     """A lower bound on one TRL step's CPU seconds here: it sizes the prompt list peer_trl.py builds
     (budget / this steps of draws) and must stay below the real step's time."""
+    trl_micro_batch: int | None = None
+    """Rows per TRL forward/backward (gradients accumulated over the step; None: the whole step in one
+    pass). posttrain sizes its own micro-batches (trainer.micro_batch_size auto, chunked logits)."""
 
 
 MIXES = {
@@ -118,6 +126,10 @@ MIXES = {
         ),
         "SmolLM2-135M-Instruct with LoRA on ifeval and single-turn pyfunc_revise at level 1 (configs/real.yaml)",
         trl_min_step_s=10.0,
+        # TRL with the step's 32 rows in one forward/backward peaked at 16.0 GB RSS (a 1-step smoke, 171
+        # CPU-s): beside posttrain's ~8 GB that is more than this 24 GB machine holds. 4 micro-batches of
+        # 8 rows (2 groups) accumulated give the same loss and gradient (grpo: row means / 4).
+        trl_micro_batch=8,
     ),
 }
 
@@ -915,6 +927,8 @@ def train_command(system: str, unit: Unit, args: argparse.Namespace, model: Path
     if system == "posttrain":
         return [sys.executable, str(ROOT / "bench" / "peer.py"), "_posttrain", *common, *unit.mix.overrides]
     trl = ["--min-step-s", str(unit.mix.trl_min_step_s)]
+    if unit.mix.trl_micro_batch:
+        trl += ["--micro-batch", str(unit.mix.trl_micro_batch)]
     return [str(args.peer_python), str(ROOT / "bench" / "peer_trl.py"), *common, *trl, *unit.mix.overrides]
 
 

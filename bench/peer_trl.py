@@ -49,7 +49,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.15,
         help="lower bound on a step's CPU time, to size the prompt list (max_steps = budget / this)",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="rows per forward/backward, gradients accumulated over the step's G x prompts rows "
+        "(default: all of them in one pass)",
+    )
+    args = p.parse_args(argv)
+    if args.micro_batch is not None and args.micro_batch < 1:
+        p.error("--micro-batch must be >= 1")
+    return args
 
 
 class StepClock:
@@ -191,6 +201,10 @@ def trl_config(cfg: Any, args: argparse.Namespace, max_steps: int, max_tokens: i
 
     loss = cfg.trainer.loss
     g, prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+    rows = g * prompts  # one optimizer step per posttrain step: prompts x G completions, generated at once
+    micro = args.micro_batch or rows
+    if rows % micro:
+        raise SystemExit(f"peer_trl: --micro-batch {micro} does not divide the step's {rows} rows")
     return GRPOConfig(
         output_dir=args.out,
         use_cpu=True,
@@ -206,8 +220,11 @@ def trl_config(cfg: Any, args: argparse.Namespace, max_steps: int, max_tokens: i
         adam_beta2=cfg.trainer.betas[1],
         weight_decay=cfg.trainer.weight_decay,
         max_grad_norm=cfg.trainer.grad_clip,
-        per_device_train_batch_size=g * prompts,  # one optimizer step per posttrain step: 32 prompts x G
-        gradient_accumulation_steps=1,
+        # micro-batches of `micro` rows, their gradients accumulated (grpo's loss: each micro-batch's row
+        # mean / the accumulation steps, so the step's loss is the mean over all its rows as in one pass);
+        # steps_per_generation follows gradient_accumulation_steps: one generation of all rows a step
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,
         num_generations=g,
         num_iterations=1,
         max_completion_length=max_tokens,
@@ -341,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "stop_reason": clock.stop_reason or f"max_steps {max_steps} reached",
         "peak_rss_mib": peak_rss_mib,
         "max_tokens": max_tokens,
+        "micro_batch": args.micro_batch,
         "lora": None if cfg.trainer.lora is None else cfg.trainer.lora.model_dump(mode="json"),
         "task_ids": [t.id for t in tasks[: steps_done * cfg.rollout.prompts_per_step]],
         "step_rows": clock.steps,

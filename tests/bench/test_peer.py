@@ -459,6 +459,12 @@ def test_real_mix_trains_from_the_configs_real_model_and_sizes_the_trl_prompt_li
     unit = peer.units_of(args)[0]
     cmd = peer.train_command("trl", unit, args, model, tmp_path / "trl")
     assert cmd[cmd.index("--min-step-s") + 1] == "10.0"  # 90 steps of prompts, not 6,000
+    assert cmd[cmd.index("--micro-batch") + 1] == "8"  # 4 accumulated passes of 8 rows (32 in one: 16 GB)
+    assert peer_trl.parse_args([*cmd[2:]]).micro_batch == 8
+    demo = peer.Unit(peer.MIXES["demo"], 0, 1)
+    assert "--micro-batch" not in peer.train_command("trl", demo, args, model, tmp_path / "trl")
+    with pytest.raises(SystemExit):
+        peer_trl.parse_args([*cmd[2:], "--micro-batch", "0"])
     assert "tasks.domains.pyfunc_revise.max_turns=1" in cmd
     pt = peer.train_command("posttrain", unit, args, model, tmp_path / "posttrain")
     assert "--min-step-s" not in pt and pt[-3:] == list(peer.MIXES["real"].overrides)
@@ -482,6 +488,7 @@ def test_trl_lora_is_posttrains_lora(micro_base):
         return {n.replace("base_model.model.", ""): tuple(p.shape) for n, p in m.named_parameters() if p.requires_grad}
 
     assert adapters(theirs) == adapters(ours) and adapters(ours)
+
     def scales(m):
         return {s["default"] for s in (getattr(x, "scaling", None) for x in m.modules()) if isinstance(s, dict)}
 
