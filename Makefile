@@ -104,15 +104,16 @@ bench: install
 
 # bench/peer.py: posttrain against TRL's GRPOTrainer (issue 16). TRL lives in its own venv,
 # pinned, with the project's torch (the CPU wheel) and transformers, and posttrain installed
-# into it so the TRL side uses posttrain's tasks, chat template and verifiers.
+# into it (with its sandbox extra) so the TRL side uses posttrain's tasks, chat template and verifiers,
+# the code verifiers under the same sandbox; peft for trainer.lora (bench/peer.py's real mix).
 PEER_VENV  := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed-stamp
-PEER_PINS  := torch==2.13.0 transformers==5.23.0 trl==1.16.0 accelerate==1.15.0 datasets==5.2.0 py-spy==0.4.3
+PEER_PINS  := torch==2.13.0 transformers==5.23.0 trl==1.16.0 accelerate==1.15.0 datasets==5.2.0 peft==0.21.2 py-spy==0.4.3
 
 $(PEER_STAMP): pyproject.toml Makefile
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install -q --upgrade "pip>=24"
-	$(PEER_VENV)/bin/pip install -q $(PEER_PINS) -e .
+	$(PEER_VENV)/bin/pip install -q $(PEER_PINS) -e '.[sandbox]'
 	touch $(PEER_STAMP)
 
 bench-peer: install $(PEER_STAMP)

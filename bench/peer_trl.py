@@ -12,7 +12,9 @@ posttrain Config: the train-split prompts in the order posttrain's TaskPool draw
 (32 per step, no shuffling), the tokenizer's chat template, each domain's verifier as the
 reward (an infra error is None, which TRL turns into NaN and leaves out, never 0), and
 the trainer settings (G, prompts per step, lr, betas, weight decay, grad clip, loss type
-and clip range, temperature, top_p, token budget). Training stops after the first step
+and clip range, temperature, top_p, token budget, and trainer.lora: peft's LoraConfig with the
+same rank, alpha, dropout and target modules, so checkpoints and the final model are adapters,
+which bench/peer.py merges into the base to evaluate). Training stops after the first step
 at which the process's CPU time since the start of training reaches the budget.
 """
 
@@ -47,7 +49,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.15,
         help="lower bound on a step's CPU time, to size the prompt list (max_steps = budget / this)",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="rows per forward/backward, gradients accumulated over the step's G x prompts rows "
+        "(default: all of them in one pass)",
+    )
+    args = p.parse_args(argv)
+    if args.micro_batch is not None and args.micro_batch < 1:
+        p.error("--micro-batch must be >= 1")
+    return args
 
 
 class StepClock:
@@ -138,6 +150,35 @@ def draw_tasks(cfg: Any, n_steps: int) -> list[Any]:
     return out
 
 
+def prompt_rows(tasks: list[Any]) -> dict[str, list[Any]]:
+    """The training dataset's columns: each task's chat messages (TRL renders them with the tokenizer's
+    chat template, as posttrain's engine does: tests/bench/test_peer.py checks the token ids) and its
+    index into `tasks` (what the reward function scores against)."""
+    from posttrain.engine.base import text_chat
+
+    return {"prompt": [text_chat(t.prompt) for t in tasks], "task_index": list(range(len(tasks)))}
+
+
+def trl_prompt_ids(tokenizer: Any, prompts: list[Any]) -> list[list[int]]:
+    """The prompt token ids TRL's GRPOTrainer generates from for conversational `prompts`: its own
+    `_tokenize_prompts`, on a stand-in for the trainer with the attributes that method reads (no
+    chat-template override, no tools, no environments, a text model)."""
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    trainer = SimpleNamespace(
+        processing_class=tokenizer,
+        chat_template=None,
+        chat_template_kwargs={},
+        tools=None,
+        environment_factories=None,
+        _is_vlm=False,
+    )
+    ids = GRPOTrainer._tokenize_prompts(trainer, prompts)[0]
+    return [[int(i) for i in row] for row in ids]
+
+
 def reward_function(tasks: list[Any], max_tokens: int, eos_ids: set[int]) -> Any:
     """A TRL reward function scoring each completion with its task's posttrain verifier."""
     from posttrain.pipeline.workers import verify_one
@@ -160,6 +201,10 @@ def trl_config(cfg: Any, args: argparse.Namespace, max_steps: int, max_tokens: i
 
     loss = cfg.trainer.loss
     g, prompts = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+    rows = g * prompts  # one optimizer step per posttrain step: prompts x G completions, generated at once
+    micro = args.micro_batch or rows
+    if rows % micro:
+        raise SystemExit(f"peer_trl: --micro-batch {micro} does not divide the step's {rows} rows")
     return GRPOConfig(
         output_dir=args.out,
         use_cpu=True,
@@ -175,8 +220,11 @@ def trl_config(cfg: Any, args: argparse.Namespace, max_steps: int, max_tokens: i
         adam_beta2=cfg.trainer.betas[1],
         weight_decay=cfg.trainer.weight_decay,
         max_grad_norm=cfg.trainer.grad_clip,
-        per_device_train_batch_size=g * prompts,  # one optimizer step per posttrain step: 32 prompts x G
-        gradient_accumulation_steps=1,
+        # micro-batches of `micro` rows, their gradients accumulated (grpo's loss: each micro-batch's row
+        # mean / the accumulation steps, so the step's loss is the mean over all its rows as in one pass);
+        # steps_per_generation follows gradient_accumulation_steps: one generation of all rows a step
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,
         num_generations=g,
         num_iterations=1,
         max_completion_length=max_tokens,
@@ -202,6 +250,25 @@ def trl_config(cfg: Any, args: argparse.Namespace, max_steps: int, max_tokens: i
     )
 
 
+def lora_config(cfg: Any) -> Any:
+    """peft's LoraConfig for the posttrain config's trainer.lora (None: full fine-tuning, no adapter):
+    the rank, alpha, dropout and target modules posttrain.trainer.lora.apply_lora gives peft, on a
+    causal LM (the task type TRL's generation and loss take the PeftModel through)."""
+    lora = cfg.trainer.lora
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -217,10 +284,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from posttrain.configs import load_config
     from posttrain.model.arch import load_tokenizer
+    from posttrain.model.real import resolve
     from posttrain.pipeline.budget import domain_budgets
+    from posttrain.pipeline.workers import configure_pool
     from posttrain.tasks.pool import TaskPool
 
     cfg = load_config(args.config, [*args.overrides, f"run.seed={args.seed}", f"run.threads={args.threads}"])
+    configure_pool(cfg.sandbox.pool_config())  # the sandbox the code verifiers run in, as posttrain's loop sets it
     probe = TaskPool(cfg.tasks, seed=cfg.run.seed)
     budgets = domain_budgets(probe.names, probe.specs, cfg.rollout.max_tokens)
     max_tokens = max(b.tokens for b in budgets.values())
@@ -228,13 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("peer_trl: multi-turn domains are not part of this comparison")
     max_steps = max(1, math.ceil(args.budget_cpu_s / args.min_step_s))
     tasks = draw_tasks(cfg, max_steps)
-    rows = {
-        "prompt": [[{"role": m.role, "content": m.content} for m in t.prompt] for t in tasks],
-        "task_index": list(range(len(tasks))),
-    }
-    dataset = Dataset.from_dict(rows)
+    dataset = Dataset.from_dict(prompt_rows(tasks))
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(resolve(args.model), dtype=torch.float32, local_files_only=True)
     tokenizer = load_tokenizer(args.model)  # as posttrain loads it: whitespace survives
     eos = {tokenizer.eos_token_id}
     clock = StepClock(args.budget_cpu_s)
@@ -268,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[Budget()],
+        peft_config=lora_config(cfg),  # posttrain's trainer.lora: the same adapters on both sides
     )
     trainer.remove_callback(PrinterCallback)  # the loss dicts go to trl.json, not the log
     trainer.train()
@@ -291,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         "stop_reason": clock.stop_reason or f"max_steps {max_steps} reached",
         "peak_rss_mib": peak_rss_mib,
         "max_tokens": max_tokens,
+        "micro_batch": args.micro_batch,
+        "lora": None if cfg.trainer.lora is None else cfg.trainer.lora.model_dump(mode="json"),
         "task_ids": [t.id for t in tasks[: steps_done * cfg.rollout.prompts_per_step]],
         "step_rows": clock.steps,
         "logs": trl_logs,

@@ -425,6 +425,175 @@ def test_timed_trainer_adds_each_methods_wall_time():
     assert clock.acc["training_step"] >= clock.acc["gen_score"] and clock.training_step_end > 0
 
 
+# ---------------------------------------------------------------- the real-model mix (issue 37 item 6)
+
+
+def test_real_mix_is_single_turn_lora_at_the_heldout_level():
+    """TRL's GRPOTrainer is single-turn and trains on a prompt list drawn before training: the real mix
+    is configs/real.yaml with every domain one turn and at a fixed level (the held-out one), LoRA kept."""
+    from posttrain.configs import load_config
+    from posttrain.pipeline.budget import domain_budgets
+    from posttrain.tasks.pool import TaskPool
+
+    mix = peer.MIXES["real"]
+    cfg = load_config(ROOT / mix.config, list(mix.overrides))
+    real = load_config(ROOT / "configs" / "real.yaml")
+    assert set(cfg.tasks.domains) == set(real.tasks.domains) == {"ifeval", "pyfunc_revise"}
+    assert cfg.trainer == real.trainer and cfg.rollout == real.rollout and cfg.model == real.model
+    assert cfg.trainer.lora is not None and (cfg.trainer.lora.rank, cfg.trainer.lora.alpha) == (16, 32.0)
+    pool = TaskPool(cfg.tasks, seed=0)
+    assert all(b.turns == 1 for b in domain_budgets(pool.names, pool.specs, cfg.rollout.max_tokens).values())
+    assert {n: s.difficulty for n, s in cfg.tasks.domains.items()} == {n: pool.eval_difficulty(n) for n in pool.names}
+    assert real.tasks.domains["pyfunc_revise"].max_turns == 2  # the config itself is left multi-turn
+
+
+def test_real_mix_trains_from_the_configs_real_model_and_sizes_the_trl_prompt_list(monkeypatch, tmp_path):
+    import posttrain.model.pretrain as pretrain
+    import posttrain.model.real as real
+
+    monkeypatch.setattr(real, "resolve", lambda name: str(tmp_path / "cache" / str(name)))
+    monkeypatch.setattr(pretrain, "ensure_base", lambda *a, **k: pytest.fail("the real mix needs no embedded base"))
+    args = peer.parse_args(["--mixes", "real", "--budget-cpu-s", "900", "--work", str(tmp_path)])
+    model = peer.base_model(args, peer.MIXES["real"])
+    assert model == tmp_path / "cache" / "smollm2-135m-instruct"
+    unit = peer.units_of(args)[0]
+    cmd = peer.train_command("trl", unit, args, model, tmp_path / "trl")
+    assert cmd[cmd.index("--min-step-s") + 1] == "10.0"  # 90 steps of prompts, not 6,000
+    assert cmd[cmd.index("--micro-batch") + 1] == "8"  # 4 accumulated passes of 8 rows (32 in one: 16 GB)
+    assert peer_trl.parse_args([*cmd[2:]]).micro_batch == 8
+    demo = peer.Unit(peer.MIXES["demo"], 0, 1)
+    assert "--micro-batch" not in peer.train_command("trl", demo, args, model, tmp_path / "trl")
+    with pytest.raises(SystemExit):
+        peer_trl.parse_args([*cmd[2:], "--micro-batch", "0"])
+    assert "tasks.domains.pyfunc_revise.max_turns=1" in cmd
+    pt = peer.train_command("posttrain", unit, args, model, tmp_path / "posttrain")
+    assert "--min-step-s" not in pt and pt[-3:] == list(peer.MIXES["real"].overrides)
+
+
+def test_trl_lora_is_posttrains_lora(micro_base):
+    """The TRL side's peft LoraConfig puts the same adapters (names, shapes, scale) on the model as
+    posttrain's trainer.lora does."""
+    from peft import get_peft_model
+
+    from posttrain.configs import load_config
+    from posttrain.model.arch import load_model
+    from posttrain.trainer.lora import apply_lora
+
+    cfg = load_config(ROOT / "configs" / "real.yaml")
+    assert peer_trl.lora_config(load_config(ROOT / "configs" / "default.yaml")) is None  # full fine-tuning there
+    ours = apply_lora(load_model(micro_base)[0], cfg.trainer.lora)
+    theirs = get_peft_model(load_model(micro_base)[0], peer_trl.lora_config(cfg))
+
+    def adapters(m):
+        return {n.replace("base_model.model.", ""): tuple(p.shape) for n, p in m.named_parameters() if p.requires_grad}
+
+    assert adapters(theirs) == adapters(ours) and adapters(ours)
+
+    def scales(m):
+        return {s["default"] for s in (getattr(x, "scaling", None) for x in m.modules()) if isinstance(s, dict)}
+
+    assert scales(theirs) == scales(ours) == {32.0 / 16}
+
+
+def _adapter(base: str, folder: Path) -> dict:
+    """A LoRA adapter on `base` with non-zero B (a trained one), saved into `folder` as peft saves it."""
+    import torch
+
+    from posttrain.configs.trainer import LoraConfig
+    from posttrain.model.arch import load_model
+    from posttrain.trainer.lora import apply_lora
+
+    model = apply_lora(load_model(base)[0], LoraConfig(rank=2, alpha=4))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return {k: v.clone() for k, v in model.merge_and_unload().state_dict().items()}
+
+
+def test_evaluable_merges_a_trl_adapter_and_leaves_the_rest(micro_base, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    want = _adapter(micro_base, tmp_path / "trl" / "checkpoint-2")
+    got = peer.evaluable(tmp_path / "trl" / "checkpoint-2", micro_base)
+    assert got == tmp_path / "trl" / "merged" / "checkpoint-2" and (got / "config.json").is_file()
+    merged = load_file(str(got / "model.safetensors"))
+    assert set(merged) <= set(want) and merged
+    assert all(torch.allclose(merged[k], want[k], atol=1e-5) for k in merged)  # W + (alpha/r) B A
+    assert not torch.allclose(
+        merged["model.layers.0.self_attn.q_proj.weight"],
+        load_file(micro_base + "/model.safetensors")["model.layers.0.self_attn.q_proj.weight"],
+    )
+    assert peer.evaluable(tmp_path / "trl" / "checkpoint-2", micro_base) == got  # merged once
+    assert peer.evaluable(micro_base, None) == Path(micro_base)  # a model folder as it is
+    run_ckpt = tmp_path / "pt" / "run" / "checkpoints" / "step_2"
+    _adapter(micro_base, run_ckpt)
+    (tmp_path / "pt" / "run" / "config.yaml").write_text("{}")
+    assert peer.evaluable(run_ckpt, micro_base) == run_ckpt  # posttrain eval merges its own run's checkpoints
+    with pytest.raises(SystemExit, match="no base"):
+        peer.evaluable(tmp_path / "trl" / "checkpoint-2", None)
+
+
+def test_the_eval_worker_evaluates_a_trl_lora_adapter(micro_base, tmp_path):
+    """`posttrain eval --model` refuses an adapter outside a run (it knows no base): the worker merges it."""
+    from posttrain.configs import load_config
+    from posttrain.evaluate.run import heldout_for
+    from posttrain.tasks.pool import TaskPool
+
+    _adapter(micro_base, tmp_path / "trl" / "final")
+    overrides = ["tasks.domains={add: {}}", "eval.tasks_per_domain=2"]
+    cfg = load_config(ROOT / "configs" / "default.yaml", [*overrides, *peer.EVAL_OVERRIDES])
+    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
+    heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names}).save(tmp_path / "heldout.json")
+    job = {
+        "config": str(ROOT / "configs" / "default.yaml"),
+        "overrides": overrides,
+        "heldout": str(tmp_path / "heldout.json"),
+        "models": {"trl:final": str(tmp_path / "trl" / "final")},
+        "out": str(tmp_path),
+        "base": micro_base,
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert peer.eval_worker([str(tmp_path / "job.json")]) == 0
+    assert set(json.loads((tmp_path / "evals.json").read_text())["trl:final"]["domains"]) == {"add"}
+    assert (tmp_path / "trl" / "merged" / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_evaluated_sides_drop_checkpoints_and_merges_unless_keep(tmp_path, keep):
+    args = peer.parse_args(["--mixes", "real", "--work", str(tmp_path)] + (["--keep"] if keep else []))
+    unit = peer.units_of(args)[0]
+    folder = unit.folder(tmp_path)
+    made = []
+    for rel in ("trl/checkpoint-1", "trl/merged/checkpoint-1", "trl/merged/final", "trl/final"):
+        (folder / rel).mkdir(parents=True)
+        made.append(folder / rel)
+    for rel in ("posttrain/run/checkpoints/step_1", "posttrain/run/checkpoints/step_2", "posttrain/run/merged/step_1"):
+        (folder / rel).mkdir(parents=True)
+        made.append(folder / rel)
+    runs = {
+        "trl": {"final": str(folder / "trl/final"), "checkpoints": {"1": str(folder / "trl/checkpoint-1")}},
+        "posttrain": {
+            "final": str(folder / "posttrain/run/checkpoints/step_2"),
+            "checkpoints": {
+                "1": str(folder / "posttrain/run/checkpoints/step_1"),
+                "2": str(folder / "posttrain/run/checkpoints/step_2"),
+            },
+        },
+    }
+    for system, run in runs.items():
+        (folder / system / f"{system}.json").write_text(json.dumps(run))
+        labels = ["base", f"{system}:final", f"{system}:step1"]
+        (folder / f"evals-{system}.json").write_text(json.dumps(dict.fromkeys(labels, {"mean": 0.5})))
+        peer.evaluate_side(system, unit, args, tmp_path / "base")  # all evaluated: only the clean-up runs
+    kept = {str(p.relative_to(folder)) for p in made if p.is_dir()}
+    finals = {"trl/final", "posttrain/run/checkpoints/step_2"}
+    assert kept == ({str(p.relative_to(folder)) for p in made} if keep else finals)
+
+
 # ---------------------------------------------------------------- the TRL run (peer venv)
 
 
@@ -485,3 +654,37 @@ def test_profile_summary_categories_and_own_time():
     assert p["top_own"][0] == ("backward (t.py:3)", pytest.approx(0.62))  # own samples: 60 + 2
     text = peer.profile_report({"posttrain, demo/threads1, seed 0": p})
     assert "| train | 60.0% | 120.0 |" in text and "| `backward (t.py:3)` | 62.0% |" in text
+
+
+REAL_MODEL = Path.home() / ".cache" / "posttrain" / "models" / "smollm2-135m-instruct"
+TOKEN_CHECK = """
+import json, sys
+sys.path.insert(0, "bench")
+import peer, peer_trl
+from datasets import Dataset
+from posttrain.configs import load_config
+from posttrain.engine.base import chat_ids
+from posttrain.model.arch import load_tokenizer
+
+mix = peer.MIXES["real"]
+cfg = load_config(mix.config, list(mix.overrides))
+tasks = peer_trl.draw_tasks(cfg, 3)
+tok = load_tokenizer(cfg.model.path)
+rows = [row["prompt"] for row in Dataset.from_dict(peer_trl.prompt_rows(tasks))]
+ours = [list(chat_ids(tok, t.prompt)) for t in tasks]
+domains = sorted({t.domain for t in tasks})
+print(json.dumps({"trl": peer_trl.trl_prompt_ids(tok, rows), "posttrain": ours, "domains": domains}))
+"""
+
+
+@pytest.mark.skipif(not PEER_PYTHON.is_file(), reason="no peer venv (make bench-peer)")
+@pytest.mark.skipif(not REAL_MODEL.is_dir(), reason="no cached smollm2-135m-instruct (posttrain models get)")
+def test_trl_renders_the_real_mix_prompts_to_posttrains_token_ids():
+    """TRL's own prompt tokenization (GRPOTrainer._tokenize_prompts) of the dataset peer_trl.py builds gives
+    the token ids posttrain's engine generates from (engine.base.chat_ids, the model's chat template)."""
+    out = subprocess.run(
+        [str(PEER_PYTHON), "-c", TOKEN_CHECK], cwd=ROOT, capture_output=True, text=True, timeout=600, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["domains"] == ["ifeval", "pyfunc_revise"] and len(got["trl"]) == 24
+    assert got["trl"] == got["posttrain"]
