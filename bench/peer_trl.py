@@ -252,21 +252,13 @@ def trl_config(cfg: Any, args: argparse.Namespace, max_steps: int, max_tokens: i
 
 def lora_config(cfg: Any) -> Any:
     """peft's LoraConfig for the posttrain config's trainer.lora (None: full fine-tuning, no adapter):
-    the rank, alpha, dropout and target modules posttrain.trainer.lora.apply_lora gives peft, on a
-    causal LM (the task type TRL's generation and loss take the PeftModel through)."""
-    lora = cfg.trainer.lora
-    if lora is None:
+    the one posttrain.trainer.lora.apply_lora gives peft (`peft_config`), on a causal LM (the task
+    type TRL's generation and loss take the PeftModel through)."""
+    if cfg.trainer.lora is None:
         return None
-    from peft import LoraConfig
+    from posttrain.trainer.lora import peft_config
 
-    return LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    return peft_config(cfg.trainer.lora, task_type="CAUSAL_LM")
 
 
 def _number(v: Any) -> bool:

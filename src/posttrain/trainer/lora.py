@@ -33,21 +33,32 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (p / ADAPTER_CONFIG).is_file() and (p / ADAPTER_WEIGHTS).is_file()
 
 
+def peft_config(cfg: LoraConfig, **extra: Any) -> Any:
+    """peft's LoraConfig for trainer.lora: its rank, alpha, dropout and target modules, no bias
+    adapters; `extra` goes to peft as is (e.g. a task type)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        **extra,
+    )
+
+
 def apply_lora(model: Any, cfg: LoraConfig) -> Any:
     """Wrap `model` with fresh LoRA adapters (B = 0, so the function is unchanged).
     peft injects the adapter layers into `model` itself, so an engine holding
     `model` generates with the adapters."""
-    from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in cfg.target_modules if t not in names]
     if missing:
         raise TrainerError(f"trainer.lora.target_modules: the model has no modules named {missing}")
-    peft_cfg = PeftLoraConfig(
-        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none"
-    )
-    return get_peft_model(model, peft_cfg)
+    return get_peft_model(model, peft_config(cfg))
 
 
 def load_adapter_state(model: Any, adapter_dir: str | Path) -> None:
