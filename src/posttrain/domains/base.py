@@ -22,7 +22,7 @@ import hashlib
 import random
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from posttrain.contracts.budget import Budget as Budget  # the contracts, re-exported where domains read them
 from posttrain.contracts.verifier import CheapVerifier as CheapVerifier
@@ -33,6 +33,9 @@ from posttrain.contracts.verifier import Verifier as Verifier
 from posttrain.contracts.verifier import is_cheap as is_cheap
 from posttrain.errors import VerifierError
 from posttrain.types import CostClass, Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
+
+if TYPE_CHECKING:
+    from posttrain.configs.tasks import DomainSpec
 
 EVAL_PERCENT = 10
 _MAX_SPLIT_ATTEMPTS = 10_000
@@ -335,3 +338,14 @@ def play_actions(env: Any, task: Task, actions: Sequence[str]) -> Episode:
         env.close()
     last = turns[-1] if turns else None
     return Episode(last.action if last else "", tuple(turns), exec_result=last.exec_result if last else None)
+
+
+def domain_budget(domain: Domain, spec: DomainSpec | None = None, cap: int | None = None) -> Budget:
+    """One domain's effective budget (`spec`: its tasks.domains entry, or None): its declaration,
+    each field replaced where the spec sets it (max_tokens, max_turns, max_seconds), its tokens
+    then capped by `cap` when one is set (pipeline/budget.py says who resolves budgets with it)."""
+    b = domain.budget
+    tokens = (spec and spec.max_tokens) or b.tokens
+    turns = (spec and spec.max_turns) or b.turns
+    seconds = (spec and spec.max_seconds) or b.seconds
+    return dataclasses.replace(b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds)

@@ -13,22 +13,13 @@ execute caps it is trained with.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from posttrain.configs.tasks import DomainSpec
-from posttrain.domains.base import Budget, Domain
+from posttrain.domains.base import Budget
+from posttrain.domains.base import domain_budget as domain_budget  # the rule's home (the task pool reads it too)
 from posttrain.pipeline.workers import DomainExecute
-
-
-def domain_budget(domain: Domain, spec: DomainSpec | None = None, cap: int | None = None) -> Budget:
-    """One domain's effective budget (`spec`: its tasks.domains entry, or None)."""
-    b = domain.budget
-    tokens = (spec and spec.max_tokens) or b.tokens
-    turns = (spec and spec.max_turns) or b.turns
-    seconds = (spec and spec.max_seconds) or b.seconds
-    return dataclasses.replace(b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds)
 
 
 def domain_budgets(

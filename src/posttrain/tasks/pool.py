@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posttrain.configs.tasks import DomainSpec, TasksConfig
-from posttrain.domains.base import Domain, stable_hash, stable_rng
+from posttrain.domains.base import Domain, domain_budget, stable_hash, stable_rng
 from posttrain.domains.hygiene import prompt_key
 from posttrain.errors import TaskError
 from posttrain.rollout import Rollout
@@ -107,8 +107,8 @@ class TaskPool:
         self._shares: dict[str, float] | None = None  # target_shares, until a weight, boost or domain changes
         self._bases: dict[tuple[str, int], int] = {}  # (domain, level) -> its first task index
         self._stamped: dict[tuple[str, Any], Any] = {}  # (domain, a sampled task's meta) -> the stamped meta
-        # each domain's turn budget as pipeline/budget.py domain_budget resolves it (tasks.domains.X.max_turns)
-        turns = {n: (s.max_turns or self.domains[n].budget.turns) for n, s in self.specs.items()}
+        # each domain's turn budget by the one budget rule (tasks.domains.X.max_turns, else its declaration)
+        turns = {n: domain_budget(self.domains[n], s).turns for n, s in self.specs.items()}
         self.branch = BranchQueue(config.branch, self.domains, turns, self._root)
         """Tasks derived from the policy's own failed turns (`tasks.branch`), drawn by `draw`."""
 
