@@ -307,14 +307,14 @@ def test_heldout_file_is_the_set_posttrain_eval_builds(tmp_path):
     assert peer.same_heldout(tmp_path, mix, {"heldout": str(tmp_path / "direct.json")}) is True
 
 
-def test_the_eval_worker_evaluates_a_model_through_posttrain_eval(micro_base, tmp_path):
-    """The worker both sides' evaluations go through (`peer.py _eval JOB`), run for real on a stored set:
-    it gave every model AttributeError once `posttrain eval` gained an option its hand-built arguments lacked."""
+def _run_eval_job(tmp_path, domains: str, models: dict[str, str], **extra) -> dict:
+    """`peer.py _eval JOB` run for real on a stored held-out set of `domains` (2 tasks each) of the
+    default config, over `models` (label -> folder), `extra` added to the job; its evals.json."""
     from posttrain.configs import load_config
     from posttrain.evaluate.run import heldout_for
     from posttrain.tasks.pool import TaskPool
 
-    overrides = ["tasks.domains={add: {}, reverse: {}}", "eval.tasks_per_domain=2"]
+    overrides = [f"tasks.domains={domains}", "eval.tasks_per_domain=2"]
     cfg = load_config(ROOT / "configs" / "default.yaml", [*overrides, *peer.EVAL_OVERRIDES])
     pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
     heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names}).save(tmp_path / "heldout.json")
@@ -322,12 +322,19 @@ def test_the_eval_worker_evaluates_a_model_through_posttrain_eval(micro_base, tm
         "config": str(ROOT / "configs" / "default.yaml"),
         "overrides": overrides,
         "heldout": str(tmp_path / "heldout.json"),
-        "models": {"base": micro_base},
+        "models": models,
         "out": str(tmp_path),
+        **extra,
     }
     (tmp_path / "job.json").write_text(json.dumps(job))
     assert peer.eval_worker([str(tmp_path / "job.json")]) == 0
-    base = json.loads((tmp_path / "evals.json").read_text())["base"]
+    return json.loads((tmp_path / "evals.json").read_text())
+
+
+def test_the_eval_worker_evaluates_a_model_through_posttrain_eval(micro_base, tmp_path):
+    """The worker both sides' evaluations go through (`peer.py _eval JOB`), run for real on a stored set:
+    it gave every model AttributeError once `posttrain eval` gained an option its hand-built arguments lacked."""
+    base = _run_eval_job(tmp_path, "{add: {}, reverse: {}}", {"base": micro_base})["base"]
     assert set(base["domains"]) == {"add", "reverse"} and 0.0 <= base["mean"] <= 1.0
 
 
@@ -539,26 +546,9 @@ def test_evaluable_merges_a_trl_adapter_and_leaves_the_rest(micro_base, tmp_path
 
 def test_the_eval_worker_evaluates_a_trl_lora_adapter(micro_base, tmp_path):
     """`posttrain eval --model` refuses an adapter outside a run (it knows no base): the worker merges it."""
-    from posttrain.configs import load_config
-    from posttrain.evaluate.run import heldout_for
-    from posttrain.tasks.pool import TaskPool
-
     _adapter(micro_base, tmp_path / "trl" / "final")
-    overrides = ["tasks.domains={add: {}}", "eval.tasks_per_domain=2"]
-    cfg = load_config(ROOT / "configs" / "default.yaml", [*overrides, *peer.EVAL_OVERRIDES])
-    pool = TaskPool(cfg.tasks, seed=cfg.run.seed)
-    heldout_for(cfg.eval, {n: pool.eval_difficulty(n) for n in pool.names}).save(tmp_path / "heldout.json")
-    job = {
-        "config": str(ROOT / "configs" / "default.yaml"),
-        "overrides": overrides,
-        "heldout": str(tmp_path / "heldout.json"),
-        "models": {"trl:final": str(tmp_path / "trl" / "final")},
-        "out": str(tmp_path),
-        "base": micro_base,
-    }
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    assert peer.eval_worker([str(tmp_path / "job.json")]) == 0
-    assert set(json.loads((tmp_path / "evals.json").read_text())["trl:final"]["domains"]) == {"add"}
+    evals = _run_eval_job(tmp_path, "{add: {}}", {"trl:final": str(tmp_path / "trl" / "final")}, base=micro_base)
+    assert set(evals["trl:final"]["domains"]) == {"add"}
     assert (tmp_path / "trl" / "merged" / "final" / "config.json").is_file()
 
 
