@@ -54,6 +54,23 @@ def test_pass_at_turn_from_items_by_hand():
     assert back.pass_at_turn == r.pass_at_turn and back.turns == r.turns
 
 
+def test_turn_gain_is_the_share_converted_at_each_turn_with_its_interval():
+    # the same items: converted at turn 2: "a" (1 of 4), at turn 3: "b" (1 of 4; "c" failed at 3)
+    items = [("a", True, True), ("b", True, True), ("c", False, False), ("d", True, True), ("e", None, None)]
+    r = _result("lookup", 1, "core", 5, "v", items, [], turns=[2, 3, 3, 1, 2], turn_budget=3)
+    gain = r.turn_gain
+    assert set(gain) == {2, 3} and gain[2][0] == 0.25 and gain[2][3] == 1 and gain[3][3] == 1
+    for k in (2, 3):  # each is pass@turn-k minus pass@turn-(k-1), its interval strictly around it
+        assert gain[k][0] == r.pass_at_turn[k][0] - r.pass_at_turn[k - 1][0]
+        assert 0 < gain[k][1] < gain[k][0] < gain[k][2]
+    # no conversion: the difference is 0 and its interval starts at 0 (not above it)
+    flat = _result("lookup", 1, "core", 2, "v", items[2:4], [], turns=[3, 1], turn_budget=3)
+    assert flat.turn_gain[2][:2] == (0.0, 0.0) and flat.turn_gain[2][3] == 0
+    assert r.to_json()["turn_gain"]["2"][0] == 0.25
+    text = format_turns(EvalTable(0, {"lookup": r}))
+    assert "converted:  turn-2 +0.250" in text and "(1 of 4)" in text
+
+
 def test_multi_turn_domain_is_evaluated_as_episodes_with_pass_at_turn():
     engine = ScriptedEngine(policy)
     res = evaluate_sets(engine, {"lookup": LOOKUP, "reverse": REVERSE}, EvalOptions())
@@ -115,6 +132,8 @@ def test_report_and_compare_show_pass_at_turn():
     data = compare_tables(table, table)
     page = turns_table(data, labels=("A", "B"))
     assert page.count("<tr>") == 3 and "pass@turn-3" in page and "0.625" in page and "reverse" not in page
+    # the copies converted at turn 2 (5 of 8), the retry at turn 3 (1 of 8)
+    assert "turn-2 +0.625" in page and "5 of 8" in page and "turn-3 +0.125" in page
     single = EvalTable(0, evaluate_sets(engine, {"reverse": REVERSE}, EvalOptions()))
     assert turns_table(compare_tables(single, single)) == ""
 

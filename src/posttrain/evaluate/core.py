@@ -139,6 +139,20 @@ class DomainResult:
         return out if scored else {}
 
     @property
+    def turn_gain(self) -> dict[int, tuple[float, float, float, int]]:
+        """k -> (pass@turn-k minus pass@turn-(k-1), 95% Wilson low, high, items), k = 2..turn budget:
+        the share of scored items whose episode passed at turn k exactly (a failed turn k-1 that
+        the revision converted). The two pass rates are of the same episodes, so their difference
+        is itself a proportion of items and its interval is that proportion's (above 0 exactly when
+        at least one item converted at turn k). Empty for a single-turn domain."""
+        scored = [(ok, n) for (_, ok, _), n in zip(self.items, self.turns) if ok is not None]
+        out = {}
+        for k in range(2, self.turn_budget + 1):
+            hits = sum(bool(ok) and n == k for ok, n in scored)
+            out[k] = (hits / len(scored) if scored else 0.0, *wilson(hits, len(scored)), hits)
+        return out if scored else {}
+
+    @property
     def scored(self) -> int:
         return self.n - self.infra_errors
 
@@ -172,6 +186,7 @@ class DomainResult:
             "turn_budget": self.turn_budget,
             "turns": list(self.turns),
             "pass_at_turn": {str(k): list(v) for k, v in self.pass_at_turn.items()},
+            "turn_gain": {str(k): list(v) for k, v in self.turn_gain.items()},
         }
         if self.stops:
             out["stops"] = [list(s) if s is not None else None for s in self.stops]

@@ -139,9 +139,10 @@ def format_turns(
     before: EvalTable, after: EvalTable | None = None, labels: tuple[str, str] = ("before", "after")
 ) -> str:
     """pass@turn-k of each multi-turn domain (passed using at most k turns), k = 1..its turn budget,
-    with 95% Wilson intervals, and for a domain with an honest stop its stop rate on the tasks
-    that cannot be met and on those that can; with `after`, both sides. Empty when no domain
-    is multi-turn."""
+    with 95% Wilson intervals, and under it the share converted at each turn k >= 2 (pass@turn-k
+    minus pass@turn-(k-1), the items a revision fixed, with its interval), and for a domain with
+    an honest stop its stop rate on the tasks that cannot be met and on those that can; with
+    `after`, both sides. Empty when no domain is multi-turn."""
     lines = []
     for name, b in before.results.items():
         a = after.results.get(name) if after else None
@@ -153,6 +154,12 @@ def format_turns(
         for label, r in sides:
             cells = "".join(f"  turn-{k} {v:.3f} [{lo:.2f},{hi:.2f}]" for k, (v, lo, hi) in r.pass_at_turn.items())
             lines.append(f"  {name:<20}{label:>7}{cells}")
+            if r.turn_gain:
+                gain = "".join(
+                    f"  turn-{k} +{v:.3f} [{lo:.2f},{hi:.2f}] ({c} of {r.scored})"
+                    for k, (v, lo, hi, c) in r.turn_gain.items()
+                )
+                lines.append(f"  {'':<20}{'':>7}  converted:{gain}")
             if r.stop_rates:
                 stop = "".join(
                     f"  {kind} {v:.3f} [{lo:.2f},{hi:.2f}] (n={n})" for kind, (v, lo, hi, n) in r.stop_rates.items()

@@ -124,9 +124,24 @@ def _by_turn(result: Mapping[str, Any] | None) -> dict[str, list[tuple[int, floa
     return out
 
 
+def _converted(result: Mapping[str, Any] | None) -> dict[str, str]:
+    """Multi-turn domains of one eval.json side -> the share converted at each turn k >= 2, as a
+    cell ("" for an eval.json written before `turn_gain`)."""
+    out = {}
+    for name, r in ((result or {}).get("domains") or {}).items():
+        gain = sorted((r.get("turn_gain") or {}).items(), key=lambda kv: int(kv[0]))
+        out[name] = "; ".join(
+            f'turn-{k} +{v:.3f} <span class="meta">[{lo:.2f}, {hi:.2f}] {int(c)} of {r.get("scored", "?")}</span>'
+            for k, (v, lo, hi, c) in gain
+        )
+    return out
+
+
 def turns_table(table: Mapping[str, Any], labels: tuple[str, str] = ("before", "after")) -> str:
-    """pass@turn-k of each multi-turn domain, both sides; empty when no domain is multi-turn."""
+    """pass@turn-k of each multi-turn domain, both sides, and the share of items a later turn
+    converted (pass@turn-k minus pass@turn-(k-1)); empty when no domain is multi-turn."""
     sides = [(labels[0], _by_turn(table.get("before"))), (labels[1], _by_turn(table.get("after")))]
+    converted = {labels[0]: _converted(table.get("before")), labels[1]: _converted(table.get("after"))}
     names = list(sides[0][1]) + [n for n in sides[1][1] if n not in sides[0][1]]
     if not names:
         return ""
@@ -134,7 +149,7 @@ def turns_table(table: Mapping[str, Any], labels: tuple[str, str] = ("before", "
     rows = [
         '<tr><th class="l">domain</th><th class="l">model</th>'
         + "".join(f"<th>pass@turn-{k}</th>" for k in range(1, width + 1))
-        + "</tr>"
+        + '<th class="l">converted at turn k</th></tr>'
     ]
     for name in names:
         for label, side in sides:
@@ -145,11 +160,14 @@ def turns_table(table: Mapping[str, Any], labels: tuple[str, str] = ("before", "
                         f'<td>{v:.3f} <span class="meta">[{lo:.2f}, {hi:.2f}]</span></td>'
                         for _, v, lo, hi in side[name]
                     )
-                    + "</tr>"
+                    + "<td></td>" * (width - len(side[name]))
+                    + f'<td class="l">{converted[label].get(name, "")}</td></tr>'
                 )
     note = (
         '<p class="meta">multi-turn domains are evaluated as episodes, as they are trained; pass@turn-k: '
-        "share of scored items whose episode passed using at most k turns (95% Wilson intervals).</p>"
+        "share of scored items whose episode passed using at most k turns (95% Wilson intervals); converted "
+        "at turn k: pass@turn-k minus pass@turn-(k-1), the items whose turn k-1 failed and turn k passed, with "
+        "the interval of that difference (a proportion of the same items).</p>"
     )
     return "<h3>Pass rate by turn</h3><table>" + "".join(rows) + "</table>" + note
 
