@@ -602,7 +602,7 @@ class GroupRun:
 
     def _rollout(self, i: int, c: Completion, v: Verdict, ep: Episode | None) -> Rollout:
         timings = dict(self._timings)
-        first, mask = "", None
+        first, mask, seen = "", None, ()
         if self._trajectories:
             t = self._trajectories[i]
             timings["turns"] = float(len(t.turns))
@@ -610,11 +610,11 @@ class GroupRun:
             timings["prompt_computed"], timings["prompt_new"] = float(t.prompt_computed), float(t.prompt_new)
             if t.timed_out:
                 timings["timed_out"] = 1.0
-            mask, first = tuple(t.mask), t.first_observation
+            mask, first, seen = t.loss_mask, t.first_observation, t.seen_images[len(self.task.images) :]
         ex, turns = (ep.exec_result, ep.turns) if ep else (None, ())
         retries = self._group_retries + self._retried[i]
         row = (self.task, c, self._group_id, v.score, v.error_kind, v.error, timings, mask, ex, turns, first, retries)
-        return Rollout(*row, id=rollout_id(self._group_id, i))
+        return Rollout(*row, observation_images=seen, id=rollout_id(self._group_id, i))
 
     def _close(self) -> None:
         """Close every environment of the group once (a terminal env holds a sandbox
