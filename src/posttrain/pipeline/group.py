@@ -32,7 +32,16 @@ from posttrain.envs.base import Environment, Trajectory
 from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, capture
 from posttrain.pipeline.workers import Verdict, verdict_of
 from posttrain.rollout import Rollout, rollout_id
-from posttrain.types import Completion, CostClass, Episode, GenerationRequest, Message, SamplingParams, Task
+from posttrain.types import (
+    Completion,
+    CostClass,
+    Episode,
+    GenerationRequest,
+    Image,
+    Message,
+    SamplingParams,
+    Task,
+)
 
 COUNTERS = tuple(
     "admitted finished retries masked_groups masked_rollouts paused_skipped long_sampled masked_execute"
@@ -602,7 +611,8 @@ class GroupRun:
 
     def _rollout(self, i: int, c: Completion, v: Verdict, ep: Episode | None) -> Rollout:
         timings = dict(self._timings)
-        first, mask, seen = "", None, ()
+        first, mask = "", None
+        seen: tuple[Image, ...] = ()
         if self._trajectories:
             t = self._trajectories[i]
             timings["turns"] = float(len(t.turns))
