@@ -95,3 +95,35 @@ def test_a_text_only_encoder_refuses_an_observation_image_and_the_episode_is_mas
     assert t.turns[0].images  # the zoom's image came back ...
     driver.observe(t, lambda ms: chat_ids(tok, ms))  # ... and the text encoder refuses it
     assert t.done and t.error == "config"
+
+
+def test_the_pipeline_rollout_and_its_train_row_carry_the_observation_image():
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
+    from pipeline_testlib import ScriptedEngine
+
+    from posttrain.configs.pipeline import PipelineConfig
+    from posttrain.pipeline import EmbeddedWorkers, Pipeline, Scheduler
+    from posttrain.trainer.batch import rows_of
+
+    d = get("chart_zoom")
+    task = d.sample(2, "train", 1)
+    zoom, answer = d.gold_turns(task)
+    engine = ScriptedEngine(lambda context, j: answer if "<|tool|>" in context else zoom)
+    cfg = PipelineConfig(backoff_s=0.0)
+    sched = Scheduler(cfg, {d.name: 1.0}, {d.name: d.cost_class})
+
+    async def go():
+        async with Pipeline(cfg, EmbeddedWorkers(engine), SamplingParams(n=2, max_tokens=64), sched, seed=0) as p:
+            return await p.run_groups([task])
+
+    [group] = asyncio.run(go())
+    for r in group.rollouts:
+        assert r.reward == 1.0 and len(r.observation_images) == 1, (r.error, r.score)
+        assert r.images == (*task.images, *r.observation_images)
+        assert r.turns[0].images == (r.observation_images[0].sha256,)
+    rows = rows_of(group.rollouts, 1.0)
+    assert [len(row.images) for row in rows] == [2, 2]
