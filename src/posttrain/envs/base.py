@@ -78,6 +78,8 @@ class Trajectory:
     finish_reason: FinishReason = "stop"
     error: str | None = None
     """The infra error kind that masked this episode (None: it ran to its end)."""
+    error_message: str = ""
+    """What failed when it was masked ("": not said): the rollout's error names it."""
     fault: str | None = None
     """The model fault that ended this episode (its action made the environment raise):
     scored 0 with this reason, never masked (None: none)."""

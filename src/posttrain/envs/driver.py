@@ -190,12 +190,13 @@ def end_failed(t: Trajectory, rec: ErrorRecord) -> None:
     if rec.kind == "model":
         fault(t, rec.message)
     else:
-        mask(t, rec.kind)
+        mask(t, rec.kind, rec.message)
 
 
-def mask(t: Trajectory, kind: str) -> None:
-    """End the episode as masked by an infra error of `kind` (after its retries)."""
-    t.error, t.done, t.awaiting_step = kind, True, False
+def mask(t: Trajectory, kind: str, message: str = "") -> None:
+    """End the episode as masked by an infra error of `kind` (after its retries); `message` says
+    what failed (`Trajectory.error_message`)."""
+    t.error, t.error_message, t.done, t.awaiting_step = kind, message, True, False
 
 
 def observe(t: Trajectory, encode: Callable[[Sequence[Message]], Sequence[int]]) -> None:

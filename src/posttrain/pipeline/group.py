@@ -398,7 +398,8 @@ class GroupRun:
             elif t.fault is not None and i not in self._decided:
                 self._decide(i, ErrorRecord("model", t.fault), "model_faults")
             elif t.error is not None and i not in self._decided:
-                self._decided[i] = Verdict(None, t.error, "the observation could not be encoded")
+                why = f": {t.error_message}" if t.error_message else ""
+                self._decided[i] = Verdict(None, t.error, f"the observation could not be encoded{why}")
                 self._counters["masked_rollouts"] += 1
         if failed and self._retry_samples(failed) is not None:
             return
