@@ -359,7 +359,7 @@ class GroupRun:
             fault = v.fault if v is not None else None
             c = comps[i]
             if self._trajectories:
-                turns, mask = len(self._trajectories[i].turns), tuple(self._trajectories[i].mask)
+                turns, mask = len(self._trajectories[i].turns), self._trajectories[i].loss_mask
             else:
                 turns, mask = 1, (1,) * len(c.token_ids)
             ep = episodes[i] if episodes else Episode(c.text, finish_reason=c.finish_reason)
