@@ -117,3 +117,20 @@ def test_the_observation_image_dropped_from_the_request_is_refused_by_the_engine
     run = engine.model.config.image_seq_length
     with pytest.raises(ConfigError, match=rf"has {2 * run} image tokens for 1 image\(s\)"):
         engine.generate([dataclasses.replace(req, images=req.images[:1])])
+
+
+def test_the_processor_renders_the_two_image_conversation_as_the_engine_does(parts, episodes, tiny_vlm):
+    """Plain transformers' processor over the episode's messages (the prompt's chart, the zoom, the
+    tool message with its image) gives the ids the driver's second request held and its pixels."""
+    from PIL import Image as PILImage
+    from transformers import AutoProcessor
+
+    engine, _, _ = parts
+    t, req = episodes[0]
+    proc = AutoProcessor.from_pretrained(tiny_vlm, local_files_only=True)
+    upto = t.messages[:-1]  # up to the observation with the zoom: the second turn's prompt
+    text = proc.apply_chat_template(vision.chat(upto), add_generation_prompt=True, tokenize=False)
+    pics = [PILImage.open(io.BytesIO(i.png)).convert("RGB") for m in upto for i in m.images]
+    enc = proc(text=text, images=pics, return_tensors="pt")
+    assert len(pics) == 2 and tuple(enc["input_ids"][0].tolist()) == engine.encode_chat(upto) == req.prompt_ids
+    assert torch.equal(enc["pixel_values"], vision.pixel_values(engine.processor, t.images))
