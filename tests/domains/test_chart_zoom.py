@@ -171,3 +171,13 @@ def test_a_step_result_takes_only_image_records():
     for bad in ([image], (image.png,), ("sha",)):
         with pytest.raises(TaskError, match="StepResult.images must be a tuple of Image records"):
             StepResult("x", images=bad)  # type: ignore[arg-type]
+
+
+def test_domains_show_prints_the_task_its_image_and_the_gold_zoom_then_answer(capsys):
+    from posttrain.cli import main
+
+    assert main(["domains", "show", "chart_zoom"]) == 0
+    out = capsys.readouterr().out
+    t = D.sample(0, "train", 1)
+    assert "multi-turn yes" in out and t.images[0].marker in out
+    assert f"{D.gold(t)}\n-> score 1.000" in out
