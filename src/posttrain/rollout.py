@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.types import Completion, Score, Task, Turn
+from posttrain.types import Completion, Image, Score, Task, Turn
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class Rollout:
     diversity_bonus: float | None = None
     """The diversity reward within its group, added to the verifier's reward for training
     (pipeline/countermeasures.py); None: no diversity reward in its domain, or masked."""
+    observation_images: tuple[Image, ...] = field(default=(), kw_only=True)
+    """Multi-turn episodes: the images environment steps showed that the completion's tokens
+    hold, in order (`StepResult.images`); empty for text and single-turn rollouts."""
     id: str = field(kw_only=True)
     """`rollout_id(group_id, index in the group)`: the trace row's id, the trainer row's
     rollout_id, the key of the train step's links."""
@@ -53,6 +56,12 @@ class Rollout:
         the task's messages (an image named by its size and sha256 digest, `Message.as_text`, never
         its bytes) and, for a multi-turn episode, the first observation."""
         return "\n".join([*(m.as_text() for m in self.task.prompt), *filter(None, [self.first_observation])])
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Every image of the sampled sequence, in the order of its image-token runs: the task
+        prompt's, then the observations' (what the trainer recomputes the pixels from)."""
+        return self.task.images + self.observation_images
 
     @property
     def reward(self) -> float | None:

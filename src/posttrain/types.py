@@ -212,17 +212,31 @@ class StepResult:
     done: bool = False
     parts: Mapping[str, float] = field(default_factory=dict)
     exec_result: Any = None
+    images: tuple[Image, ...] = ()
+    """Images the environment shows with the observation (a zoomed crop, a re-render), in order:
+    the driver puts them on the observation's tool message (`Message.images`), so every later
+    turn's context holds them. Each is an `Image` (a checked, bounded PNG); TaskError otherwise."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.images, tuple) or not all(isinstance(i, Image) for i in self.images):
+            raise TaskError(
+                f"StepResult.images must be a tuple of Image records (Image.from_png), got {type(self.images).__name__}"
+                + ("" if not isinstance(self.images, tuple) else f" of {[type(i).__name__ for i in self.images]}")
+            )
 
 
 @dataclass(frozen=True)
 class Turn:
     """One exchange of a multi-turn episode: the model's action, what came back,
-    the sandbox result of the turn (traced) and the turn's reward parts."""
+    the sandbox result of the turn (traced), the turn's reward parts and the sha256 of each
+    image the observation showed (by digest, never the bytes: the trace names them)."""
 
     action: str
     observation: str = ""
     exec_result: Any = None
     parts: Mapping[str, float] = field(default_factory=dict)
+    images: tuple[str, ...] = field(default=(), metadata={"omit_empty": True})
+    """sha256 (hex) of each image of the observation (`StepResult.images`), in order; empty for text."""
 
 
 @dataclass(frozen=True)

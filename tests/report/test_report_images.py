@@ -89,3 +89,32 @@ def test_an_evaluation_of_the_vision_model_records_digests_and_its_report_shows_
     p = dashboard.pick(json.loads(raw)["domains"]["drawing"])  # the items the table shows
     shown = {i["task"] for i in (p["best"], p["worst"], p["failure"] and p["failure"]["item"]) if i}
     assert shown and all(_src(i) in page for t, i in zip(tasks, images) if t.id in shown)
+
+
+def test_a_multi_turn_image_family_evaluates_through_its_episodes_and_its_report_shows_the_chart(
+    tmp_path,
+    tiny_vlm,
+    no_plots,  # noqa: F811
+):
+    """chart_zoom evaluated multi-turn by the hf engine over the tiny VLM: every turn's request
+    carries the task's chart (a request without it would be refused and the item masked), each
+    item is scored with its turns counted, eval_samples.jsonl names the prompt's chart by digest,
+    and the report draws it again from the task id."""
+    from posttrain.engine.hf import HFEngine
+    from posttrain.evaluate.core import EvalOptions, evaluate_heldout
+    from posttrain.evaluate.heldout import build_heldout
+    from posttrain.evaluate.run import append_samples
+
+    run = _run(tmp_path, "zoom")
+    heldout = build_heldout({"chart_zoom": 1}, 2, seed=0)
+    table = evaluate_heldout(HFEngine.from_pretrained(tiny_vlm, seed=0), heldout, EvalOptions(max_tokens=6))
+    result = table.results["chart_zoom"]
+    assert result.n == 2 and result.infra_errors == 0 and all(ok is not None for _, ok, _ in result.items)
+    assert result.turn_budget == 3 and all(1 <= n <= 3 for n in result.turns)
+    append_samples(run / "eval_samples.jsonl", 0, "full", table)
+    items = json.loads((run / "eval_samples.jsonl").read_text())["domains"]["chart_zoom"]
+    tasks = [get("chart_zoom").sample(i, "eval", 1) for i in heldout.sets["core:chart_zoom"].indices]
+    assert [i["images"] for i in items] == [[t.images[0].sha256] for t in tasks]
+    assert not any(i.get("reason", "").startswith("config") for i in items), items
+    page = write_report(run).read_text()
+    assert any(_src(t.images[0]) in page for t in tasks)

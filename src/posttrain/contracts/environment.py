@@ -23,7 +23,11 @@ class Environment(Protocol):
     never an exception; SandboxError means the sandbox failed (the driver
     retries, then masks and counts the episode; never reward 0). Any other
     exception a step raises on an action is the model's (`errors.blame`): the
-    driver ends that episode as a model fault, scored 0 with the reason."""
+    driver ends that episode as a model fault, scored 0 with the reason. A step may show
+    images with its observation (`StepResult.images`: a zoomed crop, a re-render); the
+    driver puts them on the observation's tool message, so every later turn's context holds
+    them (only a vision model's hf engine reads them; every other engine refuses them). The
+    first observation is text only."""
 
     def reset(self, task: Task) -> str: ...
 

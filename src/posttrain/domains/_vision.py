@@ -144,6 +144,8 @@ class ImageDomain(Domain):
     budget = Budget(turns=1, tokens=32, seconds=60.0)
     verifier = ImageAnswer()
     size: ClassVar[tuple[int, int]] = (320, 240)
+    instruction: ClassVar[str] = INSTRUCTION
+    """What follows the question in the prompt (how to answer)."""
 
     @abc.abstractmethod
     def scene(self, rng: random.Random, difficulty: int) -> Scene:
@@ -177,7 +179,7 @@ class ImageDomain(Domain):
         return Task(
             id=f"{self.name}:{split}:{difficulty}:{index}",
             domain=self.name,
-            prompt=(Message("user", f"{sc.question} {INSTRUCTION}", (self.image(sc.spec),)),),
+            prompt=(Message("user", f"{sc.question} {self.instruction}", (self.image(sc.spec),)),),
             reference=reference,
             meta=TaskMeta(split=split, difficulty=difficulty, source="posttrain", taskset_version=self.taskset_version),
         )

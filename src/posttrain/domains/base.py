@@ -331,7 +331,8 @@ def play_actions(env: Any, task: Task, actions: Sequence[str]) -> Episode:
         for action in actions:
             got = env.step(action)
             res = got if isinstance(got, StepResult) else StepResult(str(got[0]), bool(got[1]))
-            turns.append(Turn(action, res.observation, res.exec_result, dict(res.parts)))
+            images = tuple(i.sha256 for i in res.images)
+            turns.append(Turn(action, res.observation, res.exec_result, dict(res.parts), images))
             if res.done:
                 break
     finally:

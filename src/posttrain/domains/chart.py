@@ -85,7 +85,7 @@ class Chart(ImageDomain):
         if spec["chart"] == "pie":
             self._pie(d, labels, values)
             return img
-        left, right, top, bottom = 36, w - 12, 40, h - 30
+        left, right, top, bottom = plot_area(w, h)
         top_v = max(values) * 1.15
         d.line([(left, top - 6), (left, bottom), (right, bottom)], fill=(0, 0, 0), width=1)
         for k in range(5):  # unlabelled gridlines: the printed values are the data
@@ -110,6 +110,22 @@ class Chart(ImageDomain):
             text_centred(d, (x, y - 10), str(v), 12)
         return img
 
+    def regions(self, spec: Mapping[str, Any]) -> dict[str, tuple[int, int, int, int]]:
+        """Each category's box (x0, y0, x1, y1, inclusive, in the pixels of `render`) holding what
+        is printed for it: a bar's or point's whole column (the plot's full height, so the box
+        says nothing of the value) with its value and name, a pie's legend row (swatch, name and
+        value). From the layout `render` draws with."""
+        w, h = self.size
+        if spec["chart"] == "pie":
+            return {label: (194, _legend_y(i) - 9, w - 1, _legend_y(i) + 9) for i, label in enumerate(spec["labels"])}
+        left, right, top, bottom = plot_area(w, h)
+        slot = (right - left) / len(spec["labels"])
+        out = {}
+        for i, label in enumerate(spec["labels"]):
+            cx = left + slot * (i + 0.5)
+            out[label] = (int(cx - slot / 2), top - 20, min(w - 1, int(cx + slot / 2)), min(h - 1, bottom + 20))
+        return out
+
     def _pie(self, d: Any, labels: list[str], values: list[int]) -> None:
         cx, cy, r = 95, 130, 82
         total, angle = sum(values), -90.0
@@ -118,9 +134,20 @@ class Chart(ImageDomain):
             d.pieslice([cx - r, cy - r, cx + r, cy + r], angle, angle + sweep, fill=COLOURS[i], outline=(255, 255, 255))
             angle += sweep
         for i, (label, v) in enumerate(zip(labels, values)):
-            y = 42 + i * 24
+            y = _legend_y(i)
             d.rectangle([196, y - 6, 208, y + 6], fill=COLOURS[i])
             d.text((214, y), f"{label} {v}", fill=(0, 0, 0), font=font(12), anchor="lm")
 
 
-register(Chart())
+def plot_area(w: int, h: int) -> tuple[int, int, int, int]:
+    """(left, right, top, bottom) of a bar or line chart's axes in a `w` x `h` render."""
+    return 36, w - 12, 40, h - 30
+
+
+def _legend_y(i: int) -> int:
+    """The centre line of a pie legend's row `i`."""
+    return 42 + i * 24
+
+
+CHART = Chart()
+register(CHART)

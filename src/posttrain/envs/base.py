@@ -7,7 +7,12 @@ sampled (loss mask 1, its behaviour log-prob) and every token the
 environment contributed (observations and the chat template around them:
 loss mask 0, log-prob 0.0), so the context the model saw at each turn is
 exactly the prompt plus the completion so far, and the loss covers only the
-model's own tokens.
+model's own tokens. An observation's images (`StepResult.images`) ride on its tool message, so
+every later turn's request carries every image of its context in order (`images`: the task
+prompt's, then each observation's), and the completion names the pixels its last turn's
+generator saw (`Completion.pixel_digest`): those of every image the completion's tokens hold.
+An observation whose images no generation saw (the episode ended before another turn) is
+left out of the completion, so a row never holds an image the generator did not see.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posttrain.contracts.environment import Environment
-from posttrain.types import Completion, FinishReason, Message, StepResult, Turn
+from posttrain.types import Completion, FinishReason, Image, Message, StepResult, Turn
 
 __all__ = ["Environment", "StepResult", "as_step_result", "make_environment"]
 
@@ -73,6 +78,8 @@ class Trajectory:
     finish_reason: FinishReason = "stop"
     error: str | None = None
     """The infra error kind that masked this episode (None: it ran to its end)."""
+    error_message: str = ""
+    """What failed when it was masked ("": not said): the rollout's error names it."""
     fault: str | None = None
     """The model fault that ended this episode (its action made the environment raise):
     scored 0 with this reason, never masked (None: none)."""
@@ -95,6 +102,37 @@ class Trajectory:
     each later turn what follows the previous turn's prompt and action (the observation)."""
     _seen: int = field(default=0, repr=False)
     """Tokens of the last turn's prompt and action (what the next turn's prompt starts with)."""
+    _seen_images: int = field(default=0, repr=False)
+    """Images the last turn's request carried (the first this many of `images`)."""
+    _action_end: int = field(default=0, repr=False)
+    """len(ids) right after the last action: where the completion ends when a later observation
+    holds images no generation saw."""
+    _pixel_digest: str = field(default="", repr=False)
+    """The last turn's `Completion.pixel_digest` (the pixels of its request's images)."""
+    _obs_images: tuple[Image, ...] = field(default=(), repr=False)
+    """The last step's observation images (`StepResult.images`), until the observation joins."""
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Every image of the episode's context, in the order its image tokens run: the task
+        prompt's, then each observation's that joined the context."""
+        return tuple(i for m in self.messages for i in m.images)
+
+    @property
+    def seen_images(self) -> tuple[Image, ...]:
+        """The images the completion's tokens hold (`images`, less an unseen last observation's)."""
+        return self.images[: self._seen_images] if self._unseen() else self.images
+
+    def _unseen(self) -> bool:
+        return len(self.images) > self._seen_images and bool(self.turns)
+
+    def _end(self) -> int:
+        return self._action_end if self._unseen() else len(self.ids)
+
+    @property
+    def loss_mask(self) -> tuple[int, ...]:
+        """The completion's loss mask (1: the model's tokens, 0: observations)."""
+        return tuple(self.mask[: self._end()])
 
     def context(self) -> tuple[int, ...]:
         """What the model conditions on for its next turn."""
@@ -105,9 +143,11 @@ class Trajectory:
         self.prompt_computed += max(0, context - completion.cached_tokens)
         self.prompt_new += context - self._seen
         self._seen = context + len(completion.token_ids)
+        self._seen_images, self._pixel_digest = len(self.images), completion.pixel_digest
         self.ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [1] * len(completion.token_ids)
+        self._action_end = len(self.ids)
         self.versions.append(completion.model_version)
         self.messages.append(Message("assistant", completion.text))
         self.turns.append(Turn(completion.text))
@@ -119,8 +159,13 @@ class Trajectory:
         parts, exec_result); the episode ends on done, at the turn budget, or when the
         action was truncated at its token budget."""
         self.turns[-1] = replace(
-            self.turns[-1], observation=result.observation, parts=dict(result.parts), exec_result=result.exec_result
+            self.turns[-1],
+            observation=result.observation,
+            parts=dict(result.parts),
+            exec_result=result.exec_result,
+            images=tuple(i.sha256 for i in result.images),
         )
+        self._obs_images = result.images
         self.awaiting_step = False
         self.done = result.done or len(self.turns) >= self.max_turns or self.finish_reason == "length"
         if not self.done and self.max_seconds is not None and self.own_s >= self.max_seconds:
@@ -130,7 +175,7 @@ class Trajectory:
         """The three chat renderings `add_observation` needs (encode each with the
         model's chat template): up to the last action's turn opener, with the last
         observation appended, and the observation alone."""
-        obs = Message("tool", self.turns[-1].observation)
+        obs = Message("tool", self.turns[-1].observation, self._obs_images)
         return self.messages[:-1], [*self.messages, obs], [obs]
 
     def add_observation(
@@ -141,7 +186,8 @@ class Trajectory:
         including the action and the observation; when the tokenizer is prefix stable
         the bridge is what follows the action in `rendered_after`, else the
         observation's `standalone` rendering."""
-        self.messages.append(Message("tool", self.turns[-1].observation))
+        self.messages.append(Message("tool", self.turns[-1].observation, self._obs_images))
+        self._obs_images = ()
         head = tuple(rendered_before) + tuple(self.ids[len(self.ids) - self._last_action_len() :])
         bridge = tuple(rendered_after[len(head) :]) if tuple(rendered_after[: len(head)]) == head else tuple(standalone)
         self.ids += bridge
@@ -157,11 +203,15 @@ class Trajectory:
         return n
 
     def completion(self) -> Completion:
+        """The episode as one sampled sequence: every token up to the end (up to the last action
+        when a later observation's images were never seen), with the last turn's pixel digest."""
+        end = self._end()
         return Completion(
             prompt_ids=self.prompt_ids,
-            token_ids=tuple(self.ids),
+            token_ids=tuple(self.ids[:end]),
             text=self.turns[-1].action if self.turns else "",
-            logprobs=tuple(self.logprobs),
+            logprobs=tuple(self.logprobs[:end]),
             finish_reason=self.finish_reason,
             model_version=min(self.versions, default=0),
+            pixel_digest=self._pixel_digest if self.seen_images else "",
         )

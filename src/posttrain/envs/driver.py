@@ -10,7 +10,8 @@ and its share of the engine calls) pass its time budget (`Budget.seconds`:
 as truncated, scored: the model's turns and the code they ran made it long),
 or when the action made the environment raise (a model fault: scored 0 with
 the reason, never masked);
-each Turn keeps the step's observation, parts and exec_result. Every scheduler of
+each Turn keeps the step's observation, parts, exec_result and its images' digests (the
+images themselves ride on the observation's tool message into every later turn's request). Every scheduler of
 a group's lifecycle (`pipeline.group.GroupRun`: the staged pipeline, embedded and Ray
 runtimes alike, and the synchronous `pipeline.play`, for evaluation and tests) steps
 episodes with these same functions; retries and verification are never done here.
@@ -82,19 +83,23 @@ def requests(
     the trajectories its completions go to (in order). On the first turn, samples
     that share a prompt are one request of n (shared-prefix group sampling). Each
     sample names its episode's session (`session_keys`), so an engine that keeps
-    contexts computes only each later turn's new tokens."""
+    contexts computes only each later turn's new tokens. Each request carries every image of
+    its context (`Trajectory.images`: the task prompt's, then each observation's), which the
+    engine reads or refuses."""
     due = [(i, t) for i, t in enumerate(trajectories) if not t.done and not t.awaiting_step]
     one = dataclasses.replace(params, n=1)
     if due and all(not t.turns for _, t in due) and len({t.prompt_ids for _, t in due}) == 1:
         group = dataclasses.replace(params, n=len(due), seed=base_seed)
         keys = tuple(rollout_id(request_id, i) for i, _ in due)
-        return [GenerationRequest(due[0][1].prompt_ids, group, request_id, keys)], [[t for _, t in due]]
+        first = due[0][1]
+        return [GenerationRequest(first.prompt_ids, group, request_id, keys, first.images)], [[t for _, t in due]]
     reqs = [
         GenerationRequest(
             t.context(),
             dataclasses.replace(one, seed=None if base_seed is None else stable_hash(base_seed, i, len(t.turns))),
             f"{request_id}:{i}",
             (rollout_id(request_id, i),),
+            t.images,
         )
         for i, t in due
     ]
@@ -185,12 +190,13 @@ def end_failed(t: Trajectory, rec: ErrorRecord) -> None:
     if rec.kind == "model":
         fault(t, rec.message)
     else:
-        mask(t, rec.kind)
+        mask(t, rec.kind, rec.message)
 
 
-def mask(t: Trajectory, kind: str) -> None:
-    """End the episode as masked by an infra error of `kind` (after its retries)."""
-    t.error, t.done, t.awaiting_step = kind, True, False
+def mask(t: Trajectory, kind: str, message: str = "") -> None:
+    """End the episode as masked by an infra error of `kind` (after its retries); `message` says
+    what failed (`Trajectory.error_message`)."""
+    t.error, t.error_message, t.done, t.awaiting_step = kind, message, True, False
 
 
 def observe(t: Trajectory, encode: Callable[[Sequence[Message]], Sequence[int]]) -> None:

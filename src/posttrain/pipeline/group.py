@@ -32,7 +32,16 @@ from posttrain.envs.base import Environment, Trajectory
 from posttrain.errors import NOT_RETRIED, ErrorRecord, GenerationError, PromptTooLong, capture
 from posttrain.pipeline.workers import Verdict, verdict_of
 from posttrain.rollout import Rollout, rollout_id
-from posttrain.types import Completion, CostClass, Episode, GenerationRequest, Message, SamplingParams, Task
+from posttrain.types import (
+    Completion,
+    CostClass,
+    Episode,
+    GenerationRequest,
+    Image,
+    Message,
+    SamplingParams,
+    Task,
+)
 
 COUNTERS = tuple(
     "admitted finished retries masked_groups masked_rollouts paused_skipped long_sampled masked_execute"
@@ -350,7 +359,7 @@ class GroupRun:
             fault = v.fault if v is not None else None
             c = comps[i]
             if self._trajectories:
-                turns, mask = len(self._trajectories[i].turns), tuple(self._trajectories[i].mask)
+                turns, mask = len(self._trajectories[i].turns), self._trajectories[i].loss_mask
             else:
                 turns, mask = 1, (1,) * len(c.token_ids)
             ep = episodes[i] if episodes else Episode(c.text, finish_reason=c.finish_reason)
@@ -389,7 +398,8 @@ class GroupRun:
             elif t.fault is not None and i not in self._decided:
                 self._decide(i, ErrorRecord("model", t.fault), "model_faults")
             elif t.error is not None and i not in self._decided:
-                self._decided[i] = Verdict(None, t.error, "the observation could not be encoded")
+                why = f": {t.error_message}" if t.error_message else ""
+                self._decided[i] = Verdict(None, t.error, f"the observation could not be encoded{why}")
                 self._counters["masked_rollouts"] += 1
         if failed and self._retry_samples(failed) is not None:
             return
@@ -603,6 +613,7 @@ class GroupRun:
     def _rollout(self, i: int, c: Completion, v: Verdict, ep: Episode | None) -> Rollout:
         timings = dict(self._timings)
         first, mask = "", None
+        seen: tuple[Image, ...] = ()
         if self._trajectories:
             t = self._trajectories[i]
             timings["turns"] = float(len(t.turns))
@@ -610,11 +621,11 @@ class GroupRun:
             timings["prompt_computed"], timings["prompt_new"] = float(t.prompt_computed), float(t.prompt_new)
             if t.timed_out:
                 timings["timed_out"] = 1.0
-            mask, first = tuple(t.mask), t.first_observation
+            mask, first, seen = t.loss_mask, t.first_observation, t.seen_images[len(self.task.images) :]
         ex, turns = (ep.exec_result, ep.turns) if ep else (None, ())
         retries = self._group_retries + self._retried[i]
         row = (self.task, c, self._group_id, v.score, v.error_kind, v.error, timings, mask, ex, turns, first, retries)
-        return Rollout(*row, id=rollout_id(self._group_id, i))
+        return Rollout(*row, observation_images=seen, id=rollout_id(self._group_id, i))
 
     def _close(self) -> None:
         """Close every environment of the group once (a terminal env holds a sandbox

@@ -297,7 +297,8 @@ def exec_summary(result: Any) -> dict[str, Any] | None:
 
 def transcript(turns: Sequence[Any]) -> list[dict[str, Any]] | None:
     """A multi-turn episode's turns as plain JSON: action, observation, the turn's
-    execution result summary and reward parts (None for a single-turn rollout)."""
+    execution result summary and reward parts, and the sha256 of each image the observation
+    showed (`images`, only when it showed one; never the bytes) (None for a single-turn rollout)."""
     if not turns:
         return None
     return [
@@ -306,6 +307,7 @@ def transcript(turns: Sequence[Any]) -> list[dict[str, Any]] | None:
             "observation": t.observation,
             "exec_result": exec_summary(t.exec_result),
             "parts": dict(t.parts),
+            **({"images": list(t.images)} if t.images else {}),
         }
         for t in turns
     ]

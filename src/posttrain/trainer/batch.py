@@ -34,7 +34,8 @@ class TrainRow:
     the row enters the loss's entropy term, even when its group carries no signal.
     A scored completion with no tokens is a row too: it counts in its
     group's advantages and enters no loss.
-    `images` are the prompt's images (a vision task's, in the order of its image-token runs) and
+    `images` are the images the sequence holds (a vision task's prompt's, then a multi-turn
+    episode's observation images, in the order of its image-token runs) and
     `pixel_digest` the digest of the pixels the generator fed the model for them
     (`Completion.pixel_digest`): a vision model's trainer recomputes the pixels from the images
     and refuses the row when they differ, or when image tokens and images disagree.
@@ -168,7 +169,8 @@ def rows_of(
 ) -> tuple[TrainRow, ...]:
     """The TrainRows of a group's scored rollouts, each carrying its trace id, its training reward
     (the verifier's plus any diversity bonus), its domain's entropy-bonus coefficient
-    (`entropy_coef`; None: 0) and its task prompt's images."""
+    (`entropy_coef`; None: 0) and the images its sequence holds (`Rollout.images`: the task
+    prompt's, then a multi-turn episode's observation images)."""
     coef = entropy_coef or (lambda _: 0.0)
     return tuple(
         TrainRow.from_completion(
@@ -179,7 +181,7 @@ def rows_of(
             r.loss_mask,
             r.id,
             coef(r.task.domain),
-            tuple(i for m in r.task.prompt for i in m.images),
+            r.images,
         )
         for r in group
         if r.train_reward is not None

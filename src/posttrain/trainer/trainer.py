@@ -390,8 +390,9 @@ class Trainer:
         self._check_pixels(batch.rows)
 
     def _check_pixels(self, rows: Sequence[TrainRow]) -> None:
-        """Every row's images against its prompt and the generator: a text model takes none; a
-        vision model's row has one run of image tokens per image, and the pixels recomputed from
+        """Every row's images against its sequence and the generator: a text model takes none; a
+        vision model's row has one run of image tokens per image (in its prompt, and in a
+        multi-turn episode's observations within its completion), and the pixels recomputed from
         its images (`model.vision.pixel_values`) have the digest the generator reported. Keeps
         the pixels for the step's forwards (`_with_pixels`); TrainerError naming the row else."""
         from posttrain.model.vision import pixel_digest, pixel_values
@@ -402,7 +403,7 @@ class Trainer:
                 if row.images:
                     raise TrainerError(f"rows[{i}] carries {len(row.images)} image(s) but the model reads text only")
                 continue
-            found = sum(1 for t in row.prompt_ids if t == self._image_id)
+            found = sum(1 for t in (*row.prompt_ids, *row.completion_ids) if t == self._image_id)
             if found != self._image_run * len(row.images):
                 raise TrainerError(
                     f"rows[{i}] has {found} image tokens for {len(row.images)} image(s) of {self._image_run} "
