@@ -3,6 +3,7 @@ chat template, loss only on the model's tokens, turns recorded with parts and ex
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -148,3 +149,34 @@ def test_the_episodes_of_a_wave_take_their_turns_together_one_engine_call_a_turn
     assert engine.sizes == [5, 5]  # turn 1: every group; turn 2: the groups whose sample 1 looked around
     assert [[p.episode.completion for p in g] for g in groups] == [[f"answer {100 + i}"] * 2 for i in range(5)]
     assert [[p.turns for p in g] for g in groups] == [[1, 2]] * 5
+
+
+def test_train_from_turn_two_leaves_the_first_attempt_as_context(lookup):
+    """Budget.train_from 2 (tasks.domains.X.train_from_turn): the first action is kept with mask
+    0 (its tokens and behaviour log-probs unchanged), later actions carry the loss; a derived
+    task whose prompt holds a turn already (`TaskMeta.branched`) trains from its first action."""
+    engine = ScriptedEngine(policy)
+    task = lookup.sample(3, "train", 1)
+    budget = {lookup.name: Budget(turns=3, tokens=40, train_from=2)}
+    [[one, two]] = play(engine, [task], SamplingParams(max_tokens=40), n=2, budgets=budget)
+    [[_, base]] = play(ScriptedEngine(policy), [task], SamplingParams(max_tokens=40), n=2)
+    assert two.completion == base.completion and two.turns == 2  # the same episode, only the mask differs
+    trained = "".join(engine.decode([i]) for i, m in zip(two.completion.token_ids, two.loss_mask) if m)
+    assert trained == "answer 103"  # the revision only; "look around" (turn 1) is context
+    dropped = [i for i, a, b in zip(two.completion.token_ids, base.loss_mask, two.loss_mask) if a and not b]
+    assert engine.decode(dropped).startswith("look around") and "answer" not in engine.decode(dropped)
+    assert one.turns == 1 and not any(one.loss_mask)  # passed at turn 1: nothing of its own to train
+    derived = dataclasses.replace(task, meta=dataclasses.replace(task.meta, branched=1))
+    [[d1, _]] = play(ScriptedEngine(policy), [derived], SamplingParams(max_tokens=40), n=2, budgets=budget)
+    assert d1.turns == 1 and all(d1.loss_mask)
+
+
+def test_train_from_turn_past_the_turn_budget_is_a_config_error(lookup):
+    from posttrain.configs.tasks import DomainSpec
+    from posttrain.domains.base import domain_budget
+    from posttrain.errors import ConfigError
+
+    assert domain_budget(lookup, DomainSpec(train_from_turn=2)).train_from == 2
+    assert domain_budget(lookup, None).train_from == 1
+    with pytest.raises(ConfigError, match="train_from_turn: 3 is past the domain's 2 turn"):
+        domain_budget(lookup, DomainSpec(max_turns=2, train_from_turn=3))

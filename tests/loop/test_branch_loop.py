@@ -113,3 +113,21 @@ def test_async_mode_draws_and_trains_derived_groups(tmp_path, micro_base, odd_lo
     rows = TraceStore(run.run_dir / "trace.db").recent(1000)
     assert any("+b" in r["task_id"] and r["train_step"] is not None for r in rows)
     assert any(m.get("groups_branch") for m in read_metrics(run.run_dir / "metrics.jsonl", "train"))
+
+
+def test_train_from_turn_two_trains_only_revisions(tmp_path, micro_base, odd_loop):
+    """tasks.domains.X.train_from_turn 2 through the loop (a smoke; the masks themselves are tested in
+    tests/envs/test_driver.py): episodes passed at turn 1 carry no loss tokens of their own and are
+    dropped from the batch without an error, the rest train on their revisions, derived tasks
+    (their first action is a revision) train whole; the run trains and ends."""
+    from safetensors.torch import load_file
+
+    from posttrain.loop import train
+
+    domains = "{odd_loop: {difficulty: 1, train_from_turn: 2}}"
+    run = train(_cfg(tmp_path, micro_base, "rev", domains, "run.steps=2"), log=lambda *_: None)
+    rows = TraceStore(run.run_dir / "trace.db").recent(1000)
+    assert any(r["train_step"] is not None for r in rows)
+    a = load_file(str(latest_checkpoint(run.run_dir) / "model.safetensors"))
+    start = load_file(f"{micro_base}/model.safetensors")
+    assert any((a[k] != start[k]).any() for k in a), "no revision trained"

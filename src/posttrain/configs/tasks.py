@@ -42,6 +42,12 @@ class DomainSpec(BaseModel):
     max_turns: int | None = Field(None, ge=1, le=10_000)
     """Turns per episode of a multi-turn domain (None: its declared budget)."""
 
+    train_from_turn: int | None = Field(None, ge=1, le=10_000)
+    """A multi-turn domain in training: the first turn whose actions carry the loss (None: 1, every
+    action). 2 trains the revisions only: the first attempt gets no gradient of its own (SCoRe's
+    first stage), so what RL moves is the answer to a failure; a derived task's prompt turns
+    (`tasks.branch`) count. Past the turn budget: ConfigError. Evaluation is unchanged."""
+
     max_seconds: float | None = Field(None, gt=0.0, le=86_400.0)
     """Seconds per episode (None: its declared budget): the episode's own time (its environment
     steps and its share of the engine calls; not queueing or retries) and each execute step's

@@ -19,3 +19,8 @@ class Budget:
     turns: int = 1
     tokens: int = 16
     seconds: float = 30.0
+    train_from: int = 1
+    """The first turn whose actions carry the loss (1: every action; 2: the revisions only, the
+    first attempt no gradient of its own, as in SCoRe's first stage). Counted in the episode as
+    the domain declares it: a derived task's prompt turns (`TaskMeta.branched`) count. Training
+    only: evaluation plays and scores every turn alike."""

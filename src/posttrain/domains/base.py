@@ -31,7 +31,7 @@ from posttrain.contracts.verifier import ExecutionResult as ExecutionResult
 from posttrain.contracts.verifier import Runner as Runner
 from posttrain.contracts.verifier import Verifier as Verifier
 from posttrain.contracts.verifier import is_cheap as is_cheap
-from posttrain.errors import VerifierError
+from posttrain.errors import ConfigError, VerifierError
 from posttrain.types import CostClass, Episode, Message, Score, Split, StepResult, Task, TaskMeta, Turn
 
 if TYPE_CHECKING:
@@ -349,4 +349,12 @@ def domain_budget(domain: Domain, spec: DomainSpec | None = None, cap: int | Non
     tokens = (spec and spec.max_tokens) or b.tokens
     turns = (spec and spec.max_turns) or b.turns
     seconds = (spec and spec.max_seconds) or b.seconds
-    return dataclasses.replace(b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds)
+    train_from = (spec and spec.train_from_turn) or b.train_from
+    if train_from > turns:
+        raise ConfigError(
+            f"tasks.domains.{domain.name}.train_from_turn: {train_from} is past the domain's {turns} turn(s): "
+            "no action would carry the loss (a single-turn domain trains from turn 1)"
+        )
+    return dataclasses.replace(
+        b, tokens=min(tokens, cap) if cap else tokens, turns=turns, seconds=seconds, train_from=train_from
+    )

@@ -86,6 +86,10 @@ class Trajectory:
     first_observation: str = ""
     """What `reset` returned (in the prompt, after the task's messages)."""
     max_seconds: float | None = None
+    train_from: int = 1
+    """This episode's first turn whose action carries the loss (`loss_mask` 1); earlier actions
+    are context there, mask 0 (`Budget.train_from`, less a derived task's prompt turns). `mask`
+    itself marks every action (the observation bridge reads it)."""
     """The episode's time budget (`Budget.seconds`; None: none): once `own_s` reaches it after
     a step, the episode ends as truncated (`timed_out`), and is scored."""
     own_s: float = 0.0
@@ -107,6 +111,8 @@ class Trajectory:
     _action_end: int = field(default=0, repr=False)
     """len(ids) right after the last action: where the completion ends when a later observation
     holds images no generation saw."""
+    _train_start: int = field(default=-1, repr=False)
+    """Where turn `train_from`'s action begins in `ids` (-1: no action of that turn yet)."""
     _pixel_digest: str = field(default="", repr=False)
     """The last turn's `Completion.pixel_digest` (the pixels of its request's images)."""
     _obs_images: tuple[Image, ...] = field(default=(), repr=False)
@@ -131,8 +137,11 @@ class Trajectory:
 
     @property
     def loss_mask(self) -> tuple[int, ...]:
-        """The completion's loss mask (1: the model's tokens, 0: observations)."""
-        return tuple(self.mask[: self._end()])
+        """The completion's loss mask (1: the model's tokens from turn `train_from` on; 0:
+        observations, and the actions before that turn, kept as context)."""
+        mask = self.mask[: self._end()]
+        start = len(mask) if self._train_start < 0 else self._train_start
+        return tuple(0 if i < start else m for i, m in enumerate(mask))
 
     def context(self) -> tuple[int, ...]:
         """What the model conditions on for its next turn."""
@@ -144,6 +153,8 @@ class Trajectory:
         self.prompt_new += context - self._seen
         self._seen = context + len(completion.token_ids)
         self._seen_images, self._pixel_digest = len(self.images), completion.pixel_digest
+        if len(self.turns) + 1 == self.train_from:
+            self._train_start = len(self.ids)
         self.ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [1] * len(completion.token_ids)

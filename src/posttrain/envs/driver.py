@@ -61,11 +61,23 @@ def start(
     prompt_ids: Sequence[tuple[int, ...]],
     max_turns: int,
     max_seconds: float | None = None,
+    train_from: int = 1,
 ) -> list[Trajectory]:
     """One trajectory per opened environment; `prompt_ids[i]` is `first_messages` of env i, encoded;
-    `max_seconds`: each episode's time budget (`Trajectory.max_seconds`)."""
+    `max_seconds`: each episode's time budget (`Trajectory.max_seconds`); `train_from`: the
+    domain's first turn that carries the loss (`Budget.train_from`), counted from the turns a
+    derived task's prompt already holds (`TaskMeta.branched`)."""
+    first = max(1, train_from - task.meta.branched)
     return [
-        Trajectory(env, first_messages(task, obs), ids, max_turns, first_observation=obs, max_seconds=max_seconds)
+        Trajectory(
+            env,
+            first_messages(task, obs),
+            ids,
+            max_turns,
+            first_observation=obs,
+            max_seconds=max_seconds,
+            train_from=first,
+        )
         for (env, obs), ids in zip(envs, prompt_ids)
     ]
 

@@ -380,7 +380,8 @@ class GroupRun:
                 self._prompt_ids = encoded[envs[0][1]]
                 ids = [encoded[o] for _, o in envs]
                 turns = driver.turns_of(self._domain, self._budget, self.task)
-                self._trajectories = driver.start(envs, self.task, ids, turns, self._budget.seconds)
+                budget = self._budget
+                self._trajectories = driver.start(envs, self.task, ids, turns, budget.seconds, budget.train_from)
         except Exception as exc:
             if envs is not None:
                 driver.close_envs(e for e, _ in envs)
