@@ -5,13 +5,11 @@ rollout and the batch fails the step loudly, before any update."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
+from trainer_testlib import one_pixel_changed
 
 from posttrain.configs.trainer import TrainerConfig
-from posttrain.domains._vision import encode_png
 from posttrain.domains.registry import get
 from posttrain.engine.hf import HFEngine
 from posttrain.errors import TrainerError
@@ -19,7 +17,7 @@ from posttrain.model import vision
 from posttrain.model.arch import random_model
 from posttrain.trainer.batch import TrainBatch, TrainRow
 from posttrain.trainer.trainer import Trainer
-from posttrain.types import GenerationRequest, Image, SamplingParams
+from posttrain.types import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +34,6 @@ def _rows(engine, task, n=4):
         TrainRow.from_completion(c, float(k % 2), task.id, 1.0, images=images)
         for k, c in enumerate(engine.generate([req])[0])
     ]
-
-
-def _one_pixel_changed(image: Image) -> Image:
-    from PIL import Image as PILImage
-
-    pic = PILImage.open(io.BytesIO(image.png)).convert("RGB")
-    x, y = image.width // 2, image.height // 2
-    r, g, b = pic.getpixel((x, y))
-    pic.putpixel((x, y), (255 - r, g, b))
-    return Image.from_png(encode_png(pic.tobytes(), image.width, image.height))
 
 
 def test_the_trainer_scores_the_pixels_the_generator_saw(parts):
@@ -79,7 +67,7 @@ def test_a_dropped_image_fails_the_step_before_any_update(parts):
 def test_one_changed_pixel_fails_the_step(parts):
     engine, trainer = parts
     rows = _rows(engine, get("drawing").sample(0, "train", 1))
-    altered = _one_pixel_changed(rows[0].images[0])
+    altered = one_pixel_changed(rows[0].images[0])
     assert not torch.equal(
         vision.pixel_values(engine.processor, (altered,)), vision.pixel_values(engine.processor, rows[0].images)
     )

@@ -16,9 +16,9 @@ import io
 
 import pytest
 import torch
+from trainer_testlib import one_pixel_changed
 
 from posttrain.configs.trainer import TrainerConfig
-from posttrain.domains._vision import encode_png
 from posttrain.domains.registry import get
 from posttrain.engine.hf import HFEngine
 from posttrain.envs import driver
@@ -26,7 +26,7 @@ from posttrain.errors import ConfigError, TrainerError
 from posttrain.model import vision
 from posttrain.trainer.batch import TrainBatch, TrainRow
 from posttrain.trainer.trainer import Trainer
-from posttrain.types import Completion, Image, SamplingParams
+from posttrain.types import Completion, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +66,6 @@ def _row(t: driver.Trajectory, reward: float) -> TrainRow:
     return TrainRow.from_completion(t.completion(), reward, "g", 1.0, t.loss_mask, images=t.seen_images)
 
 
-def _one_pixel_changed(image: Image) -> Image:
-    from PIL import Image as PILImage
-
-    pic = PILImage.open(io.BytesIO(image.png)).convert("RGB")
-    x, y = image.width // 2, image.height // 2
-    r, g, b = pic.getpixel((x, y))
-    pic.putpixel((x, y), (255 - r, g, b))
-    return Image.from_png(encode_png(pic.tobytes(), image.width, image.height))
-
-
 @pytest.fixture(scope="module")
 def episodes(parts):
     return [_episode(parts, seed) for seed in (1, 2)]
@@ -106,7 +96,7 @@ def test_the_observation_image_dropped_or_altered_in_the_row_fails_loudly(parts,
     run = trainer.model.config.image_seq_length
     with pytest.raises(TrainerError, match=rf"rows\[0\] has {2 * run} image tokens for 1 image\(s\).*image was lost"):
         trainer.token_logprobs([dataclasses.replace(row, images=row.images[:1])])
-    altered = dataclasses.replace(row, images=(row.images[0], _one_pixel_changed(row.images[1])))
+    altered = dataclasses.replace(row, images=(row.images[0], one_pixel_changed(row.images[1])))
     with pytest.raises(TrainerError, match=r"rows\[1\]: the pixels of its images differ .*an image was altered"):
         trainer.step(TrainBatch((_row(episodes[1][0], 0.0), altered)))
 

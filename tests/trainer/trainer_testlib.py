@@ -105,3 +105,20 @@ def optimizer_tensors(optimizer) -> list[torch.Tensor]:
     for state in optimizer.state_dict()["state"].values():
         out.extend(v.detach().clone() for _, v in sorted(state.items()) if torch.is_tensor(v))
     return out
+
+
+def one_pixel_changed(image):
+    """`image` (a posttrain.types.Image) with its middle pixel's red channel inverted: the planted
+    fault of the pixel-path tests (test_trainer_pixels.py, test_trainer_pixels_multiturn.py)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    from posttrain.domains._vision import encode_png
+    from posttrain.types import Image
+
+    pic = PILImage.open(io.BytesIO(image.png)).convert("RGB")
+    x, y = image.width // 2, image.height // 2
+    r, g, b = pic.getpixel((x, y))
+    pic.putpixel((x, y), (255 - r, g, b))
+    return Image.from_png(encode_png(pic.tobytes(), image.width, image.height))
