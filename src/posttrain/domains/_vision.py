@@ -97,6 +97,23 @@ def inside(point: tuple[int, int], box: Sequence[int]) -> bool:
     return box[0] <= x <= box[2] and box[1] <= y <= box[3]
 
 
+def wrong_shortcuts(reference: Mapping[str, Any]) -> list[str]:
+    """The scene's shortcut answers (the first label, the largest number, the image centre, ...)
+    that are not also the right answer: what a model answering without reading would give."""
+    return [s for s in reference["shortcuts"].values() if not judge(reference, s)[1]]
+
+
+def wrong_answer(reference: Mapping[str, Any]) -> str:
+    """A wrong answer of the reference's kind, bare (no answer tag): a number one off, a point
+    just outside the box, else the first wrong shortcut ("none" when there is none)."""
+    if reference["kind"] == "number":
+        return str(int(reference["answer"]) + 1)
+    if reference["kind"] == "point":
+        return f"{reference['box'][2] + 3},{reference['box'][3] + 3}"
+    others = wrong_shortcuts(reference)
+    return others[0] if others else "none"
+
+
 def judge(reference: Mapping[str, Any], got: str) -> tuple[bool, bool]:
     """(the answer has the kind's form, it is right) for the extracted answer `got`: a label
     equal to the reference up to case and spaces; an integer equal to it; one letter; a point
@@ -188,13 +205,7 @@ class ImageDomain(Domain):
         return f"<answer>{task.reference['answer']}</answer>"
 
     def wrong(self, task: Task) -> str:
-        ref = task.reference
-        if ref["kind"] == "number":
-            return f"<answer>{int(ref['answer']) + 1}</answer>"
-        if ref["kind"] == "point":
-            return f"<answer>{ref['box'][2] + 3},{ref['box'][3] + 3}</answer>"
-        others = [s for s in ref["shortcuts"].values() if not judge(ref, s)[1]]
-        return f"<answer>{others[0] if others else 'none'}</answer>"
+        return f"<answer>{wrong_answer(task.reference)}</answer>"
 
     def cheats(self, task: Task) -> Sequence[str]:
         """Empty, the prompt echoed, the answer hidden among wrong ones or outside the final tag,
@@ -202,7 +213,7 @@ class ImageDomain(Domain):
         image centre as click point, ...) where it is not also the right answer."""
         ref, gold = task.reference, str(task.reference["answer"])
         wrong = extract_answer(self.wrong(task))
-        shortcuts = [s for s in ref["shortcuts"].values() if not judge(ref, s)[1]]
+        shortcuts = wrong_shortcuts(ref)
         return (
             "",
             " ",

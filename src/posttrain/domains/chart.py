@@ -117,7 +117,8 @@ class Chart(ImageDomain):
         value). From the layout `render` draws with."""
         w, h = self.size
         if spec["chart"] == "pie":
-            return {label: (194, _legend_y(i) - 9, w - 1, _legend_y(i) + 9) for i, label in enumerate(spec["labels"])}
+            x0 = LEGEND_X - 2
+            return {label: (x0, _legend_y(i) - 9, w - 1, _legend_y(i) + 9) for i, label in enumerate(spec["labels"])}
         left, right, top, bottom = plot_area(w, h)
         slot = (right - left) / len(spec["labels"])
         out = {}
@@ -135,13 +136,17 @@ class Chart(ImageDomain):
             angle += sweep
         for i, (label, v) in enumerate(zip(labels, values)):
             y = _legend_y(i)
-            d.rectangle([196, y - 6, 208, y + 6], fill=COLOURS[i])
-            d.text((214, y), f"{label} {v}", fill=(0, 0, 0), font=font(12), anchor="lm")
+            d.rectangle([LEGEND_X, y - 6, LEGEND_X + 12, y + 6], fill=COLOURS[i])
+            d.text((LEGEND_X + 18, y), f"{label} {v}", fill=(0, 0, 0), font=font(12), anchor="lm")
 
 
 def plot_area(w: int, h: int) -> tuple[int, int, int, int]:
     """(left, right, top, bottom) of a bar or line chart's axes in a `w` x `h` render."""
     return 36, w - 12, 40, h - 30
+
+
+LEGEND_X = 196
+"""The left edge of a pie legend's colour swatch (its name and value follow at +18)."""
 
 
 def _legend_y(i: int) -> int:

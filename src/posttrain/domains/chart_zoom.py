@@ -44,7 +44,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.domains._vision import ImageDomain, Scene, encode_png, judge, normal_label
+from posttrain.domains._vision import (
+    ImageDomain,
+    Scene,
+    encode_png,
+    judge,
+    normal_label,
+    wrong_answer,
+    wrong_shortcuts,
+)
 from posttrain.domains.base import Budget, actions_of
 from posttrain.domains.chart import CHART
 from posttrain.domains.registry import register
@@ -213,22 +221,15 @@ class ChartZoom(ImageDomain):
     def gold(self, task: Task) -> str:
         return "\n".join(self.gold_turns(task))
 
-    def _wrong_answer(self, task: Task) -> str:
-        ref = task.reference
-        if ref["kind"] == "number":
-            return str(int(ref["answer"]) + 1)
-        others = [s for s in ref["shortcuts"].values() if not judge(ref, s)[1]]
-        return others[0] if others else "none"
-
     def wrong(self, task: Task) -> str:
-        return f"{self.gold_zoom(task)}\nAnswer: {self._wrong_answer(task)}"
+        return f"{self.gold_zoom(task)}\nAnswer: {wrong_answer(task.reference)}"
 
     def cheats(self, task: Task) -> Sequence[str]:
         """Answering without a zoom (the right answer, each shortcut), zoom spam with no answer, a
         malformed zoom or a zoom of the title strip (no category) before the right answer, the
         prompt echoed, an empty reply, and two answers in one."""
         ref, gold, zoom = task.reference, str(task.reference["answer"]), self.gold_zoom(task)
-        shortcuts = [s for s in ref["shortcuts"].values() if not judge(ref, s)[1]]
+        shortcuts = wrong_shortcuts(ref)
         return (
             "",
             " ",
@@ -240,7 +241,7 @@ class ChartZoom(ImageDomain):
             f"ZOOM 0,0,{SMALL[0]},{SMALL[1]}\nAnswer: {gold}",
             f"ZOOM {gold}{gold}\nAnswer: {gold}",
             f"ZOOM 0,0,{SMALL[0] - 1},4\nAnswer: {gold}",
-            f"{zoom}\nAnswer: {self._wrong_answer(task)} {gold}",
+            f"{zoom}\nAnswer: {wrong_answer(ref)} {gold}",
         )
 
 
