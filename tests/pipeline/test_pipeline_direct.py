@@ -14,9 +14,11 @@ from posttrain.tasks.pool import TaskPool
 from posttrain.types import SamplingParams
 
 FAST = dict(backoff_s=0.001)
-KEYS = tuple(f"pipe_{k}" for k in COUNTERS if k != "generate_splits") + ("pipe_replaced",)
+KEYS = tuple(f"pipe_{k}" for k in COUNTERS if k not in ("generate_splits", "gathered", "gather_ms")) + (
+    "pipe_replaced",
+)
 """The counters both paths keep alike (the staged pipeline batches retried groups together
-again, so a failing engine may be split more often there)."""
+again, so a failing engine may be split more often there; only it waits to gather groups)."""
 
 
 def _pool(domains=("add", "reverse")) -> TaskPool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import time
 
 import pytest
 from pipeline_testlib import ScriptedEngine
@@ -395,3 +396,64 @@ def test_environment_without_close_is_a_clear_error_never_a_score(lookup, monkey
     [group], stats = _run(lookup, lookup_policy, [lookup.sample(0, "train", 1)], n=2)
     assert stats.counters["masked_groups"] == 1
     assert all(r.reward is None and "has no close" in r.error for r in group.rollouts)
+
+
+class SlowFirstEnv(FixCodeEnv):
+    """FixCodeEnv whose steps on task fix:0 take `delay` seconds longer (its turns come back last)."""
+
+    delay = 0.0
+
+    def step(self, action):
+        if self.task.id == "fix:0":
+            time.sleep(SlowFirstEnv.delay)
+        return super().step(action)
+
+
+class CallLog(ScriptedEngine):
+    """ScriptedEngine that keeps each call's groups (the task numbers its requests' prompts name)."""
+
+    def __init__(self, policy, delay_s):
+        super().__init__(policy, delay_s=delay_s)
+        self.groups: list[list[int]] = []
+
+    def generate(self, requests):
+        tasks = {int(re.search(r"index (\d+)", self.decode(r.prompt_ids)).group(1)) for r in requests}
+        self.groups.append(sorted(tasks))  # a later turn asks once per episode
+        return super().generate(requests)
+
+
+def _gathered(monkeypatch, fixcode, delay: float, **cfg):
+    """Four coding-loop groups of two (three turns each: every first attempt fails, half the second),
+    task 0's environment `delay` seconds slower; the engine's calls and the pipeline's counters."""
+    SlowFirstEnv.delay = delay
+    monkeypatch.setattr(FixCode, "environment", lambda self: SlowFirstEnv)
+    engine = CallLog(coding_policy, delay_s=0.2)
+    config = PipelineConfig(execute_workers=2, backoff_s=0.0, **cfg)
+    sched = Scheduler(config, {fixcode.name: 1.0}, {fixcode.name: "short"})
+
+    async def go():
+        async with Pipeline(config, EmbeddedWorkers(engine), SamplingParams(n=2, max_tokens=200), sched, seed=1) as p:
+            return await p.run_groups([fixcode.sample(i, "train", 1) for i in range(4)]), p.stats()
+
+    results, stats = asyncio.run(go())
+    assert all(r.error is None and r.reward == 1.0 for g in results for r in g.rollouts)
+    return engine.groups, stats.counters
+
+
+def test_a_call_gathers_every_group_due_a_turn(monkeypatch, fixcode):
+    # the turn of the slow group is waited for: each turn of all four groups is one engine call
+    calls, counters = _gathered(monkeypatch, fixcode, 0.5, gather_share=100.0, gather_max_s=30.0)
+    assert calls == [[0, 1, 2, 3]] * 3
+    assert counters["gathered"] >= 1 and counters["gather_ms"] >= 400  # the slow group was waited for
+
+
+def test_without_gathering_a_call_starts_on_what_is_queued(monkeypatch, fixcode):
+    calls, counters = _gathered(monkeypatch, fixcode, 0.5, gather_share=0.0)
+    assert len(calls) > 3 and [0] in calls  # the slow group's later turns went alone
+    assert counters["gathered"] == 0 and counters["gather_ms"] == 0
+
+
+def test_a_gathering_call_waits_at_most_gather_max_s(monkeypatch, fixcode):
+    calls, counters = _gathered(monkeypatch, fixcode, 0.5, gather_share=100.0, gather_max_s=0.05)
+    assert len(calls) > 3 and [0] in calls
+    assert counters["gather_ms"] < 3 * 0.05 * 1000 + 200  # a few calls' bounded waits

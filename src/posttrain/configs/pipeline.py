@@ -82,6 +82,16 @@ class PipelineConfig(BaseModel):
     verifiers and verifiers registered only in this process)."""
     queue_size: int = Field(64, ge=1, le=1_000_000)
     """Capacity of each bounded queue between stages (backpressure beyond it)."""
+    gather_share: float = Field(0.1, ge=0.0, le=1000.0)
+    """How long a generation call may wait for more groups before it starts, as a share of the last
+    call's seconds (at most `gather_max_s`; the first call: `gather_max_s`), while groups are still
+    on their way to generation: being admitted, in an environment or execute step, or backing off.
+    It starts as soon as none is on its way (or `generate_batch` groups are in it), so a step's groups
+    share one call and every episode's next turn another, instead of a call starting on the first
+    group that arrives and the rest queueing behind it (docs/pipeline.md, "Batching the calls").
+    0: a call takes what is queued when the engine is free."""
+    gather_max_s: float = Field(2.0, ge=0.0, le=600.0)
+    """The longest a generation call waits for more groups (see `gather_share`)."""
     max_inflight: int = Field(64, ge=1, le=1_000_000)
     """Ceiling of groups admitted and not yet finished."""
     min_inflight: int = Field(4, ge=1, le=1_000_000)

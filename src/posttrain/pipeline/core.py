@@ -10,7 +10,8 @@ call kind to its queue (`_route`) and runs the calls concurrently. Every backgro
 owned by the pipeline's asyncio.TaskGroup, so a crash in any stage cancels its siblings and
 surfaces from `async with`; a stage never blocks the event loop (its workers' calls are
 awaitable; only a verifier that declares itself `cheap`, microseconds, is called inline); no
-task waits on a timer: the feeder and `run_groups` sleep on events.
+task polls: the feeder and `run_groups` sleep on events, and a generation call that waits for
+more groups (`_gather`) sleeps on one with a deadline.
 """
 
 from __future__ import annotations
@@ -117,6 +118,14 @@ class Pipeline:
         self._arrived = asyncio.Event()
         """Set when a result is queued or a task is skipped (run_groups' wake-up)."""
         self._gen_ready = asyncio.Event()
+        self._moved = asyncio.Event()
+        """Set when a group moves between stages or the feeder goes idle (a gathering call's wake-up)."""
+        self._upstream: set[int] = set()
+        """Groups (by id) in the execute stage or backing off: each may ask for a turn next."""
+        self._feeding = False
+        """The feeder is admitting (not asleep waiting for room or tasks)."""
+        self._last_call_s: float | None = None
+        """Seconds of the last engine call (`gather_share` scales the wait by it)."""
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task] = []
         self._pending: deque[tuple[int, Task]] = deque()
@@ -179,9 +188,12 @@ class Pipeline:
                 self._drop_paused()
                 task = self._next_pending()
             if task is None:  # whatever frees a slot or adds a task sets _changed: no polling
+                self._feeding = False
+                self._moved.set()
                 self._changed.clear()
                 await self._changed.wait()
                 continue
+            self._feeding = True
             await self._admit(*task)
 
     async def _admit(self, seq: int, task: Task) -> None:
@@ -207,7 +219,8 @@ class Pipeline:
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[GroupRun]:
-        """Up to `generate_batch` groups, the continuation queue's first (sleeps until one is queued)."""
+        """Up to `generate_batch` groups, the continuation queue's first (sleeps until one is
+        queued), then those that join while groups are still on their way (`_gather`)."""
         batch: list[GroupRun] = []
         while len(batch) < self.cfg.generate_batch:
             if not batch and self._closing:
@@ -220,7 +233,40 @@ class Pipeline:
             else:
                 self._gen_ready.clear()
                 await self._gen_ready.wait()
+        await self._gather(batch)
         return batch
+
+    def _coming(self) -> bool:
+        """Whether a group may still join the generate queues soon: the feeder is admitting, or a
+        group is in an environment or execute step or backing off (it may ask for a turn next)."""
+        return self._feeding or bool(self._upstream)
+
+    async def _gather(self, batch: list[GroupRun]) -> None:
+        """Add to `batch` the groups that reach the generate queues while `_coming`, waiting at most
+        `gather_share` of the last call's seconds (`gather_max_s` at most, and for the first call),
+        until `generate_batch` groups: a step's groups, and every episode's next turn, in one call."""
+        cfg, loop = self.cfg, asyncio.get_running_loop()
+        if not cfg.gather_share or len(batch) >= cfg.generate_batch or not self._coming():
+            return
+        last = self._last_call_s
+        limit = cfg.gather_max_s if last is None else min(cfg.gather_max_s, cfg.gather_share * last)
+        start = loop.time()
+        deadline, first = start + limit, len(batch)
+        while len(batch) < cfg.generate_batch:
+            nxt = self.q_continue.get_nowait() or self.q_generate.get_nowait()
+            if nxt is not None:
+                batch.append(nxt)
+                continue
+            left = deadline - loop.time()
+            if left <= 0 or not self._coming() or self._closing:
+                break
+            self._moved.clear()
+            try:
+                await asyncio.wait_for(self._moved.wait(), left)
+            except TimeoutError:
+                pass
+        self.counters["gathered"] += len(batch) - first
+        self.counters["gather_ms"] += round((loop.time() - start) * 1000)
 
     async def _generate_worker(self, index: int) -> None:
         """Each batch is split by token budget, shortest first (`group.by_budget`: budgets
@@ -262,6 +308,7 @@ class Pipeline:
         """What came of one engine call (its completions, or what it raised) and its seconds."""
         call, timeout = self.workers.generate(requests), self.cfg.generate_timeout_s
         got, took = await self._metered("generate", asyncio.wait_for(call, timeout) if timeout else call, groups)
+        self._last_call_s = took if not isinstance(got, BaseException) else self._last_call_s
         if isinstance(got, TimeoutError):
             got = TimeoutError(f"generation timed out after {timeout}s")
         return got, took
@@ -339,6 +386,10 @@ class Pipeline:
         step to the execute queue, a verification to the verify queue; a Wait back after its
         seconds; a finished group out."""
         call = call or item.next_call()
+        self._upstream.discard(id(item))
+        if isinstance(call, Step | Execute | Wait):
+            self._upstream.add(id(item))  # it may come back for a turn
+        self._moved.set()
         if isinstance(call, Done):
             if call.health is not None:  # infra failed: its sandbox past retries, or its verifier
                 self.scheduler.record_verification(item.task.domain, call.health)

@@ -45,7 +45,7 @@ from posttrain.types import (
 
 COUNTERS = tuple(
     "admitted finished retries masked_groups masked_rollouts paused_skipped long_sampled masked_execute"
-    " model_faults generate_splits prompt_computed prompt_new engine_faults".split()
+    " model_faults generate_splits prompt_computed prompt_new engine_faults gathered gather_ms".split()
 )
 """The pipeline's counters (`pipe_<name>` in the per-step metrics): masked_groups counts
 groups every sample of which was masked, masked_rollouts the masked samples;
@@ -54,7 +54,9 @@ verifier or environment bug shows here); generate_splits the failed engine calls
 split in halves; prompt_computed and prompt_new the prompt tokens of finished multi-turn
 episodes that the engine computed and that were new to the episode (`Trajectory`);
 engine_faults the samples masked because the engine's answer was refused (engine/validate.py),
-also in masked_rollouts."""
+also in masked_rollouts; gathered the groups a generation call took after waiting for them
+(`PipelineConfig.gather_share`) and gather_ms the milliseconds its calls waited (the staged
+pipeline's; 0 on the direct path)."""
 
 
 @dataclass(frozen=True)
