@@ -88,7 +88,7 @@ class PipelineConfig(BaseModel):
     on their way to generation: being admitted, in an environment or execute step, or backing off.
     It starts as soon as none is on its way (or `generate_batch` groups are in it), so a step's groups
     share one call and every episode's next turn another, instead of a call starting on the first
-    group that arrives and the rest queueing behind it (docs/pipeline.md, "Batching the calls").
+    group that arrives and the rest queueing behind it (docs/pipeline.md, "Shape").
     0: a call takes what is queued when the engine is free."""
     gather_max_s: float = Field(2.0, ge=0.0, le=600.0)
     """The longest a generation call waits for more groups (see `gather_share`)."""
