@@ -214,6 +214,7 @@ class Pipeline:
         if isinstance(call, Generate):  # a first turn, an episode group's too: the generate queue
             await self.q_generate.put(item)
             self._gen_ready.set()
+            self._moved.set()
         else:
             await self._route(item)
 
