@@ -7,10 +7,11 @@ what came of them (a Wait is slept), generation through `group.generation`, so b
 retries and masking are the group's, as in the staged pipeline. Only concurrency and admission
 are its own: with a `Scheduler` (the direct path) groups are admitted by waves of at most
 `batch_size`, in the staged pipeline's order, each wave verified and finished before the next;
-without one every task is one wave. Single-turn groups generate by token budget (shortest
-first, at most `batch_size` a call); multi-turn groups play one group at a time. Under the
-direct path's conditions (`EmbeddedWorkers.inline`) its groups, seeds and results equal the
-staged pipeline's (but generate_splits: the pipeline batches retried groups together again).
+without one every task is one wave. A wave's groups play in lockstep (`_play`): every group due
+a turn, single-turn or an episode's next, generates together by token budget (shortest first,
+at most `batch_size` a call). Under the direct path's conditions (`EmbeddedWorkers.inline`) its
+groups, seeds and results equal the staged pipeline's (but generate_splits: the pipeline batches
+retried groups together again).
 """
 
 from __future__ import annotations
