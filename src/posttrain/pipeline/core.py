@@ -211,12 +211,7 @@ class Pipeline:
                     item.feed([await self.workers.encode(p) for p in call.prompts])
             except Exception as exc:
                 item.feed(exc)
-        if isinstance(call, Generate):  # a first turn, an episode group's too: the generate queue
-            await self.q_generate.put(item)
-            self._gen_ready.set()
-            self._moved.set()
-        else:
-            await self._route(item)
+        await self._route(item, call)  # a first turn (an episode group's too) to the generate queue
 
     # ---- stages --------------------------------------------------------
     async def _take_batch(self) -> list[GroupRun]:
@@ -309,7 +304,8 @@ class Pipeline:
         """What came of one engine call (its completions, or what it raised) and its seconds."""
         call, timeout = self.workers.generate(requests), self.cfg.generate_timeout_s
         got, took = await self._metered("generate", asyncio.wait_for(call, timeout) if timeout else call, groups)
-        self._last_call_s = took if not isinstance(got, BaseException) else self._last_call_s
+        if not isinstance(got, BaseException):
+            self._last_call_s = took
         if isinstance(got, TimeoutError):
             got = TimeoutError(f"generation timed out after {timeout}s")
         return got, took
