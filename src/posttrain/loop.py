@@ -183,6 +183,8 @@ class _Run:
         engine = make_engine(
             cfg.engine, model, tokenizer, cfg.run.seed, rundir.path, trainer.draft_head, processor
         )  # hf, vllm or openai
+        if cfg.engine.kind == "hf" and cfg.engine.generate_dtype != "model":
+            log(f"engine: generate_dtype {cfg.engine.generate_dtype}: generating with {_generates(engine)}")
         sync = WeightSync(cfg.engine, engine, trainer, rundir.path, cfg.trainer.mismatch)
         levels = {name: pool.eval_difficulty(name) for name in pool.names}
         state: dict[str, Any] = {"step": 0, "levels": levels, "before": None, "history": []}
@@ -594,3 +596,11 @@ def _summary(
         if budgets and d in budgets:
             out[f"token_budget_{d}"] = budgets[d].tokens
     return out
+
+
+def _generates(engine: Engine) -> str:
+    """What the hf engine generates with, in words (engine.generate_dtype resolved)."""
+    from posttrain.engine.hf import HFEngine
+
+    kind = engine.generates_with if isinstance(engine, HFEngine) else "model"
+    return "the trained module itself" if kind == "model" else f"a {kind} copy of it, refreshed at every push"

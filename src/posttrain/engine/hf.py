@@ -54,6 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.configs.engine import SpeculationConfig
 from posttrain.engine.base import Engine, OnTokens, chat_ids, check_request, text_chat
+from posttrain.engine.copy import InferenceCopy
+from posttrain.engine.copy import resolve as resolve_dtype
 from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
 from posttrain.engine.kvcache import compact, new_cache, preload, row_kv, slab_capable, truncate
 from posttrain.engine.sampling import row_key, sample_next
@@ -125,6 +127,13 @@ class HFEngineConfig(BaseModel):
     """Most tokens of kept contexts held at once (over all sessions); storing past it drops
     the least recently stored sessions first (counted as evicted). Each token holds
     2 x layers x kv heads x head dim values of the model's dtype."""
+
+    generate_dtype: Literal["model", "auto", "bfloat16", "float32"] = "model"
+    """What the engine generates with (`engine.generate_dtype`): model, the module it was given
+    (shared: an update in place is seen at once); auto, bfloat16 where the device multiplies bf16
+    in hardware, else model (`engine.copy.resolve`); bfloat16 or float32, an inference copy of it in
+    that dtype with its adapters merged (engine/copy.py), re-read from the module at every
+    `update_weights(None)`."""
 
     speculation: SpeculationConfig = SpeculationConfig()
     """Speculative decoding (`engine.speculation`): off, or suffix drafting verified one forward
@@ -212,9 +221,15 @@ class HFEngine(Engine):
 
         if device is not None:
             model.to(_resolve_device(device))
-        self.model = model
-        self.tokenizer = tokenizer
         self.config = config or HFEngineConfig()
+        self.source = model
+        """The module the engine was given (the trainer's, in process)."""
+        self.generates_with = self._generates_with(model)
+        """What generates: model (the module itself), or the dtype of its inference copy."""
+        self._copy = None if self.generates_with == "model" else InferenceCopy(model, self.generates_with)
+        self.model = model if self._copy is None else self._copy.model
+        """What generates: `source` itself, or its inference copy (`generate_dtype`)."""
+        self.tokenizer = tokenizer
         self.version = 0
         self.eos_token_id = _primary_eos(model, tokenizer)
         self._eos_ids = _all_eos(model, tokenizer)
@@ -258,6 +273,20 @@ class HFEngine(Engine):
         """(decoder, lm_head) when the head drafts: the forward keeps the hidden states."""
         self._seen: dict[int, str] = {}
         """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
+
+    def _generates_with(self, model: Any) -> str:
+        """`generate_dtype` resolved on the model's device (`engine.copy.resolve`): model, bfloat16
+        or float32; auto under a drafting head is model (the head drafts from the module's hidden
+        states), and bfloat16 or float32 there is a ConfigError."""
+        kind = self.config.generate_dtype
+        if self.config.speculation.kind == "head":
+            if kind in ("model", "auto"):
+                return "model"
+            raise ConfigError(
+                f"engine.generate_dtype {kind}: the draft head drafts from the trained module's hidden "
+                "states; use generate_dtype model with speculation.kind head"
+            )
+        return resolve_dtype(kind, next(model.parameters()).device)
 
     def _head_split(self) -> tuple[Any, Any]:
         """The model's decoder and LM head, for speculation.kind head (ConfigError without a head
@@ -373,13 +402,16 @@ class HFEngine(Engine):
     # -- weights --------------------------------------------------------------
 
     def update_weights(self, source: Any = None) -> int:
-        """None: the model object was updated in place (a shared draft head too); a state dict:
-        load it; a path: load that Hugging Face checkpoint directory's weights, and its draft head
-        when it holds one (`draft_head.pt`). Returns the new version."""
+        """None: the model object was updated in place (a shared draft head too; an inference copy
+        re-reads it); a state dict: load it into what generates; a path: load that Hugging Face
+        checkpoint directory's weights, and its draft head when it holds one (`draft_head.pt`).
+        Returns the new version."""
         state = _read_checkpoint(source) if isinstance(source, (str, Path)) else source
         with self._lock:
             if state is not None:
                 _load_state(self.model, state)
+            elif self._copy is not None:  # the module changed in place: re-read it
+                self._copy.refresh()
             if isinstance(source, (str, Path)) and self.draft_head is not None:
                 self.draft_head = _pushed_head(source, self.draft_head)
             self.version += 1

@@ -91,6 +91,7 @@ def hf_config(cfg: EngineConfig) -> HFEngineConfig:
             "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
             "kv_dtype": cfg.kv_dtype,
             "speculation": cfg.speculation,
+            "generate_dtype": cfg.generate_dtype,
         }
     )
 

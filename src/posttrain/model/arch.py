@@ -91,6 +91,11 @@ def position_limit(config: Any) -> int | None:
     return int(value * factor)
 
 
+def is_peft(model: Any) -> bool:
+    """True for a peft PeftModel (it carries `peft_config`): a module whose adapters peft injected."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
 def random_model(
     preset: str = "micro", seed: int = 0, max_positions: int = 512, rope: dict | None = None
 ) -> tuple[Any, Any]:

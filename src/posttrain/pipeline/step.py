@@ -69,7 +69,8 @@ def detached_copy(engine: Any) -> Any:
 
     if not isinstance(engine, HFEngine):
         raise ConfigError("pipeline.mode async in the embedded runtime copies an in-process hf engine only")
-    twin = HFEngine(copy.deepcopy(engine.model), engine.tokenizer, config=engine.config, seed=0)
+    config = engine.config.model_copy(update={"generate_dtype": "model"})  # engine.model is any copy already
+    twin = HFEngine(copy.deepcopy(engine.model), engine.tokenizer, config=config, seed=0)
     twin.version = engine.version
     return twin
 

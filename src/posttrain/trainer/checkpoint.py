@@ -149,7 +149,7 @@ def _write_all(
     full_state: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
     extra: Callable[[Path], None] | None = None,
 ) -> None:
-    from posttrain.trainer.lora import is_peft
+    from posttrain.model.arch import is_peft
 
     tmp.mkdir()
     if full_state is not None:
@@ -416,7 +416,8 @@ def load_model_weights(ckpt: Path, model: Any) -> None:
     """Copy the safetensors weights of `ckpt` into `model`'s existing tensors.
     Keys absent from the files are allowed only for tied parameters. A LoRA
     model loads its adapter; a LoRA checkpoint does not fit a plain model."""
-    from posttrain.trainer.lora import is_adapter_dir, is_peft, load_adapter_state
+    from posttrain.model.arch import is_peft
+    from posttrain.trainer.lora import is_adapter_dir, load_adapter_state
 
     if is_peft(model) != is_adapter_dir(ckpt):
         kind = "a LoRA adapter" if is_adapter_dir(ckpt) else "full weights"

@@ -14,7 +14,8 @@ a measurement of the whole process:
 - with the in-process `hf` engine: one generation batch (`engine.max_batch_tokens` tokens of
   KV cache, plus the prefill's attention, about 8 bytes per (query, key) pair over prompts
   of at most the model's positions) and the kept episode contexts
-  (`engine.context_budget_tokens` tokens of KV cache).
+  (`engine.context_budget_tokens` tokens of KV cache), and the engine's inference copy of the
+  weights under `engine.generate_dtype` (2 bytes a parameter, 4 for float32).
 
 Not counted: the trainer's activations (its micro-batches are bounded by
 `trainer.micro_batch_size` and `trainer.max_tokens_per_micro_batch`), the sandbox's task
@@ -81,6 +82,8 @@ def estimate(cfg: Config, model: Any) -> Estimate:
         terms["generation batch"] = batch * per_token + ATTENTION_BYTES_PER_PAIR * batch * positions
         if cfg.engine.context_reuse:
             terms["kept contexts"] = cfg.engine.context_budget_tokens * per_token
+        if cfg.engine.generate_dtype != "model":  # auto counted as bfloat16, what it may resolve to
+            terms["inference copy"] = params * (4 if cfg.engine.generate_dtype == "float32" else 2)
     return Estimate(terms)
 
 

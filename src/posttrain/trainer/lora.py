@@ -23,11 +23,6 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def is_peft(model: Any) -> bool:
-    """True for a peft PeftModel (it carries `peft_config`)."""
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
-
-
 def is_adapter_dir(path: str | Path) -> bool:
     p = Path(path)
     return (p / ADAPTER_CONFIG).is_file() and (p / ADAPTER_WEIGHTS).is_file()
