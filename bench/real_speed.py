@@ -5,7 +5,8 @@ side by side in one run, peak RSS beside each figure.
 Every measurement runs in a child process of its own (so its peak RSS, the child's VmHWM, is its
 own), with OMP_NUM_THREADS and torch threads = --threads (default 2, this machine's cores):
   - peak: the best of --peak-repeats fp32 `torch.matmul` of two n x n matrices (n = --peak-n,
-    2,048), 2 n^3 FLOP each: the GFLOP/s every other row is a fraction of;
+    2,048), 2 n^3 FLOP each: the GFLOP/s every float32 row is a fraction of; peak-bf16, the same
+    in bfloat16 (on a CPU with AVX512-BF16 or AMX, oneDNN's bf16 kernels): the bf16 rows' 100%;
   - generation at batch 1 (one prompt, one sample) and at the RL batch (configs/real.yaml:
     --prompts prompts x --group samples each = 16 rows), every row exactly --max-tokens tokens
     (EOS ignored), T = 1, seeded; the prompt is an arith_fmt training task in the model's chat
@@ -13,6 +14,8 @@ own), with OMP_NUM_THREADS and torch threads = --threads (default 2, this machin
     timed calls; the best is reported (wall seconds) with the range:
       hf       posttrain's in-process engine (engine/hf.py, as the loop builds it: prefix sharing
                on; EOS ignored by emptying the engine's EOS set in the child);
+      hf-bf16  the same engine generating with its bf16 copy (engine.generate_dtype bfloat16,
+               engine/copy.py), as a fraction of the bf16 peak;
       generate transformers `model.generate` (do_sample, top_k=0, min_new_tokens = max_new_tokens,
                num_return_sequences = group, left-padded prompts);
       vllm     posttrain's vllm engine (engine/vllm.py) over its own vLLM CPU server (.venv-vllm;
@@ -65,8 +68,11 @@ from typing import Any
 MODEL = "smollm2-135m-instruct"
 MEASUREMENTS = (
     "peak",
+    "peak-bf16",
     "hf-1",
     "hf-rl",
+    "hf-bf16-1",
+    "hf-bf16-rl",
     "generate-1",
     "generate-rl",
     "vllm",
@@ -178,6 +184,8 @@ class Row:
     gflops: float | None = None
     peak_rss_mb: float | None = None
     note: str = ""
+    peak_of: str = "fp32"
+    """Which measured peak the row's GFLOP/s is a fraction of: fp32, or bf16 (a bf16 row's own)."""
 
 
 def fraction(gflops: float | None, peak: float | None) -> str:
@@ -187,8 +195,10 @@ def fraction(gflops: float | None, peak: float | None) -> str:
     return f"{100.0 * gflops / peak:.1f}%"
 
 
-def table(rows: list[Row], peak: float | None) -> str:
-    """The Markdown table of `rows` (the peak row's GFLOP/s is the 100%)."""
+def table(rows: list[Row], peak: float | None, peaks: dict[str, float | None] | None = None) -> str:
+    """The Markdown table of `rows`: each row's GFLOP/s as a fraction of its own dtype's peak
+    (`peaks` by `Row.peak_of`; `peak`, the fp32 peak, where `peaks` does not name it)."""
+    peaks = {"fp32": peak, **(peaks or {})}
     out = [
         "| measurement | batch | tokens/s (best; range) | GFLOP/s | of peak | peak RSS MiB | note |",
         "|---|---|---:|---:|---:|---:|---|",
@@ -197,7 +207,9 @@ def table(rows: list[Row], peak: float | None) -> str:
         tps = "" if r.tokens_per_s is None else f"{r.tokens_per_s:,.1f}" + (f" ({r.range_})" if r.range_ else "")
         gf = "" if r.gflops is None else f"{r.gflops:,.1f}"
         rss = "" if r.peak_rss_mb is None else f"{r.peak_rss_mb:,.0f}"
-        out.append(f"| {r.name} | {r.batch} | {tps} | {gf} | {fraction(r.gflops, peak)} | {rss} | {r.note} |")
+        out.append(
+            f"| {r.name} | {r.batch} | {tps} | {gf} | {fraction(r.gflops, peaks.get(r.peak_of))} | {rss} | {r.note} |"
+        )
     return "\n".join(out)
 
 
@@ -238,12 +250,13 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Shape]:
     return model, tok, Shape.of(model.config, sum(p.numel() for p in model.parameters()))
 
 
-def child_peak(args: argparse.Namespace) -> dict[str, Any]:
+def child_peak(args: argparse.Namespace, dtype: str = "float32") -> dict[str, Any]:
     import torch
 
     n = args.peak_n
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    kind = getattr(torch, dtype)
+    a, b = torch.randn(n, n, generator=g).to(kind), torch.randn(n, n, generator=g).to(kind)
     torch.matmul(a, b)  # warm-up
     times = []
     for _ in range(args.peak_repeats):
@@ -259,12 +272,12 @@ def _gen_shape(args: argparse.Namespace, which: str) -> tuple[int, int]:
     return (1, 1) if which == "1" else (args.prompts, args.group)
 
 
-def child_hf(args: argparse.Namespace, which: str) -> dict[str, Any]:
-    from posttrain.engine.hf import HFEngine
+def child_hf(args: argparse.Namespace, which: str, generate_dtype: str = "model") -> dict[str, Any]:
+    from posttrain.engine.hf import HFEngine, HFEngineConfig
     from posttrain.types import GenerationRequest, SamplingParams
 
     model, tok, shape = _load(args)
-    engine = HFEngine(model, tok, seed=0)
+    engine = HFEngine(model, tok, config=HFEngineConfig(generate_dtype=generate_dtype), seed=0)
     engine._eos_ids = frozenset()  # every row makes exactly max_tokens tokens
     n_prompts, group = _gen_shape(args, which)
     prompts = _prompts(engine.encode_chat, n_prompts)
@@ -538,10 +551,14 @@ def child(args: argparse.Namespace) -> None:
     name = args.child
     if name == "peak":
         out = child_peak(args)
+    elif name == "peak-bf16":
+        out = child_peak(args, "bfloat16")
     elif name == "hf-vs-generate":
         out = child_hf_vs_generate(args)
     elif name in ("hf-1", "hf-rl"):
         out = child_hf(args, name.split("-", 1)[1])
+    elif name in ("hf-bf16-1", "hf-bf16-rl"):
+        out = child_hf(args, name.rsplit("-", 1)[1], "bfloat16")
     elif name.startswith("generate-"):
         out = child_generate(args, name.split("-", 1)[1])
     elif name == "vllm":
@@ -586,6 +603,8 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
     labels = {
         "hf-1": ("hf engine", "1"),
         "hf-rl": ("hf engine", rl),
+        "hf-bf16-1": ("hf engine, bf16 copy (engine.generate_dtype)", "1"),
+        "hf-bf16-rl": ("hf engine, bf16 copy (engine.generate_dtype)", rl),
         "generate-1": ("transformers generate", "1"),
         "generate-rl": ("transformers generate", rl),
         "train-lora": (f"train step, LoRA r={args.lora_rank}", rl),
@@ -595,9 +614,10 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
         label, batch = labels.get(name, (name, ""))
         return [Row(label, batch, note=res["error"].replace("\n", " ").replace("|", "/"))]
     rss = res.get("vm_hwm_mb")
-    if name == "peak":
-        note = f"fp32 matmul {args.peak_n}^3, best of {args.peak_repeats}"
-        return [Row("matmul peak", "", gflops=res["gflops"], peak_rss_mb=rss, note=note)]
+    if name in ("peak", "peak-bf16"):
+        kind = "bf16" if name == "peak-bf16" else "fp32"
+        note = f"{kind} matmul {args.peak_n}^3, best of {args.peak_repeats}"
+        return [Row(f"matmul peak, {kind}", "", gflops=res["gflops"], peak_rss_mb=rss, note=note, peak_of=kind)]
     if name == "hf-vs-generate":
         pair = [
             Row(
@@ -632,7 +652,8 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
             note += f" (expected {res['expected_tokens']})"
     if res.get("tokens_per_cpu_s"):  # process CPU: steadier than wall on a shared machine
         note += f"; {res['tokens_per_cpu_s']:,.1f} tokens/CPU-s"
-    return [Row(label, batch, res["tokens_per_s"], res["range"], res["gflops"], rss, note)]
+    kind = "bf16" if "-bf16-" in name else "fp32"
+    return [Row(label, batch, res["tokens_per_s"], res["range"], res["gflops"], rss, note, peak_of=kind)]
 
 
 def progress(row: Row) -> str:
@@ -691,7 +712,7 @@ def main() -> int:
               flush=True)  # fmt: skip
     peak = results.get("peak", {}).get("gflops")
     print(f"\nall measurements: {time.perf_counter() - t_all:.0f} s wall\n")
-    print(table(rows, peak))
+    print(table(rows, peak, {"bf16": results.get("peak-bf16", {}).get("gflops")}))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results,
                                                "rows": [asdict(r) for r in rows]}, indent=1))  # fmt: skip

@@ -117,3 +117,15 @@ def test_rows_of_the_turn_taking_pair_give_the_cpu_ratio() -> None:
     assert hf.note.endswith("50.0 tokens/CPU-s = 1.25x generate's")
     assert gen.note.endswith("40.0 tokens/CPU-s")
     assert hf.peak_rss_mb == 900.0 and hf.batch == "4 x 4"
+
+
+def test_a_bf16_row_is_a_fraction_of_the_bf16_peak() -> None:
+    rows = [
+        rs.Row("matmul peak, fp32", "", gflops=80.0, note="fp32"),
+        rs.Row("matmul peak, bf16", "", gflops=200.0, note="bf16", peak_of="bf16"),
+        rs.Row("hf engine, bf16 copy", "1", 30.0, "", 20.0, 900.0, "x", peak_of="bf16"),
+        rs.Row("hf engine", "1", 20.0, "", 20.0, 900.0, "y"),
+    ]
+    text = rs.table(rows, peak=80.0, peaks={"bf16": 200.0}).splitlines()
+    assert [line.split(" | ")[4] for line in text[2:]] == ["100.0%", "100.0%", "10.0%", "25.0%"]
+    assert rs.table(rows[2:3], peak=80.0).splitlines()[2].split(" | ")[4] == ""  # no bf16 peak measured: no fraction
