@@ -22,7 +22,8 @@ own), with OMP_NUM_THREADS and torch threads = --threads (default 2, this machin
                `ignore_eos` added to every request body; the server's worker bound to the same
                cores: VLLM_CPU_OMP_THREADS_BIND=0-(threads-1)); its peak RSS is the sampled peak
                of the server's process tree plus the child's own;
-  - train step: `Trainer.step` (forward, backward, AdamW) of posttrain's trainer on an RL-shaped
+  - train step (train-lora-bf16: the same under trainer.precision bf16_autocast, a fraction of
+    the bf16 peak): `Trainer.step` (forward, backward, AdamW) of posttrain's trainer on an RL-shaped
     batch: --prompts groups of --group rows, each row the chat prompt of an arith_fmt task and a
     completion of --completion-tokens random token ids (about 250 tokens a row), rewards 0/1 so
     every group carries signal; LoRA (rank 16, alpha 32, every projection: configs/real.yaml) and
@@ -77,6 +78,7 @@ MEASUREMENTS = (
     "generate-rl",
     "vllm",
     "train-lora",
+    "train-lora-bf16",
     "train-full",
 )
 """Child measurements in run order (`vllm` measures batch 1 and the RL batch on one server)."""
@@ -447,7 +449,7 @@ def _prod(xs: Any) -> int:
     return out
 
 
-def child_train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+def child_train(args: argparse.Namespace, kind: str, precision: str = "float32") -> dict[str, Any]:
     import random
 
     from posttrain.configs.trainer import LoraConfig, TrainerConfig
@@ -457,7 +459,7 @@ def child_train(args: argparse.Namespace, kind: str) -> dict[str, Any]:
 
     model, tok, shape = _load(args)
     lora = LoraConfig(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if kind == "lora" else None
-    trainer = Trainer(model, TrainerConfig(lr=1e-6, lora=lora))
+    trainer = Trainer(model, TrainerConfig(lr=1e-6, lora=lora, precision=precision))
     lora_params = sum(p.numel() for p in trainer.params) if lora is not None else None
     prompts = _prompts(lambda m: chat_ids(tok, m), args.prompts)
     rng = random.Random(0)
@@ -563,6 +565,8 @@ def child(args: argparse.Namespace) -> None:
         out = child_generate(args, name.split("-", 1)[1])
     elif name == "vllm":
         out = child_vllm(args)
+    elif name == "train-lora-bf16":
+        out = child_train(args, "lora", "bf16_autocast")
     elif name.startswith("train-"):
         out = child_train(args, name.split("-", 1)[1])
     else:
@@ -608,6 +612,7 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
         "generate-1": ("transformers generate", "1"),
         "generate-rl": ("transformers generate", rl),
         "train-lora": (f"train step, LoRA r={args.lora_rank}", rl),
+        "train-lora-bf16": (f"train step, LoRA r={args.lora_rank}, bf16 autocast", rl),
         "train-full": ("train step, full", rl),
     }
     if "error" in res:
@@ -652,7 +657,7 @@ def rows_of(name: str, res: dict[str, Any], args: argparse.Namespace) -> list[Ro
             note += f" (expected {res['expected_tokens']})"
     if res.get("tokens_per_cpu_s"):  # process CPU: steadier than wall on a shared machine
         note += f"; {res['tokens_per_cpu_s']:,.1f} tokens/CPU-s"
-    kind = "bf16" if "-bf16-" in name else "fp32"
+    kind = "bf16" if "-bf16" in name else "fp32"
     return [Row(label, batch, res["tokens_per_s"], res["range"], res["gflops"], rss, note, peak_of=kind)]
 
 

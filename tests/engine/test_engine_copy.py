@@ -200,3 +200,28 @@ def test_the_memory_estimate_counts_the_copy(micro_base):
         for kind in ("model", "auto", "bfloat16", "float32")
     }
     assert terms == {"model": 0, "auto": 2 * params, "bfloat16": 2 * params, "float32": 4 * params}
+
+
+def test_a_verified_push_to_a_bf16_copy_passes_at_the_bf16_tolerance(tmp_path):
+    """engine.verify_sync on an hf engine generating with a bf16 copy: the probe's tolerance is
+    bf16's (5e-2), not the float32 trainer's (1e-4), and a push passes it."""
+    from tests.trainer.scaleout_testlib import batch
+
+    from posttrain.configs.trainer import TrainerConfig
+    from posttrain.engine.probe import TOLERANCE
+    from posttrain.engine.sync import WeightSync
+    from posttrain.trainer.trainer import Trainer
+
+    model, tok = spread_model(0, max_positions=1024)
+    trainer = Trainer(model, TrainerConfig(lr=5e-2, lora=LoraConfig(rank=4, alpha=8)))
+    cfg = EngineConfig.model_validate({"generate_dtype": "bfloat16", "verify_sync": "on", "verify_prompt_tokens": 16})
+    engine = HFEngine(trainer.model, tok, config=hf_config(cfg), seed=0)
+    sync = WeightSync(cfg, engine, trainer, tmp_path)
+    assert sync.probe.tolerance == TOLERANCE["bfloat16"]
+    assert trainer.step(batch(10)).outcome == "applied"
+    assert sync.push() == 1
+    fp32 = HFEngine(trainer.model, tok, config=HFEngineConfig(generate_dtype="float32"), seed=0)
+    assert (
+        WeightSync(EngineConfig.model_validate({"verify_sync": "on"}), fp32, trainer, tmp_path).probe.tolerance
+        == (TOLERANCE["float32"])
+    )

@@ -178,8 +178,9 @@ there)."""
     holds the trainer's own module and no push can be lost; on: every engine; off: never."""
     verify_tolerance: float | None = Field(None, gt=0.0, le=10.0)
     """Largest |engine log-prob - trainer log-prob| over the probe's tokens that passes; None: by
-    the trainer's dtype: 1e-4 for float32 (vLLM matched transformers to 3e-6 on CPU), 5e-2 for
-    bfloat16 (float32 weights under trainer.precision bf16_autocast included), 1e-2 for float16."""
+    the trainer's dtype and the hf engine's `generate_dtype` (the looser): 1e-4 for float32 (vLLM
+    matched transformers to 3e-6 on CPU), 5e-2 for bfloat16 (float32 weights under
+    trainer.precision bf16_autocast included, and a bf16 inference copy), 1e-2 for float16."""
     verify_prompt_tokens: int = Field(320, ge=1, le=1 << 20)
     """At least this many prompt tokens in the probe: several KV-cache blocks (vLLM caches a
     prefix in whole blocks, 16 tokens by default on a GPU, 128 on its CPU build), so a prefix

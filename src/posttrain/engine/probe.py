@@ -103,10 +103,19 @@ def enabled(cfg: EngineConfig, remote: bool) -> bool:
     return cfg.verify_sync == "on" or (cfg.verify_sync == "auto" and remote)
 
 
-def default_tolerance(dtype: str, precision: str = "float32") -> float:
-    """TOLERANCE of the looser of the weights' dtype and the trainer's compute precision."""
-    names = [dtype.removeprefix("torch."), "bfloat16" if precision == "bf16_autocast" else "float32"]
+def default_tolerance(dtype: str, precision: str = "float32", generates: str = "float32") -> float:
+    """TOLERANCE of the loosest of the weights' dtype, the trainer's compute precision and the
+    dtype the engine generates in (an hf engine's inference copy: `engine.generate_dtype`)."""
+    names = [dtype.removeprefix("torch."), "bfloat16" if precision == "bf16_autocast" else "float32", generates]
     return max(TOLERANCE.get(n, TOLERANCE["bfloat16"]) for n in names)
+
+
+def _engine_dtype(engine: Any) -> str:
+    """The dtype an hf engine's inference copy generates in; float32 for any other engine."""
+    from posttrain.engine.hf import HFEngine
+
+    kind = engine.generates_with if isinstance(engine, HFEngine) else "model"
+    return "float32" if kind == "model" else kind
 
 
 class SyncProbe:
@@ -137,9 +146,10 @@ class SyncProbe:
 
     @property
     def tolerance(self) -> float:
-        """engine.verify_tolerance, else the one given, else `default_tolerance` of the trainer's dtype."""
+        """engine.verify_tolerance, else the one given, else `default_tolerance` of the trainer's dtype
+        and the engine's."""
         if self._tolerance is None:
-            self._tolerance = default_tolerance(*_trainer_dtype(self.scorer))
+            self._tolerance = default_tolerance(*_trainer_dtype(self.scorer), _engine_dtype(self.engine))
         return self._tolerance
 
     def attach(self, sink: Callable[[ProbeResult], object]) -> None:
