@@ -171,7 +171,7 @@ class _Run:
     def _open(
         cls, cfg: Config, rundir: RunDir, resume: str | Path | None, log: Any, changed: Sequence[Any] = ()
     ) -> _Run:
-        from posttrain.engine.sync import WeightSync, make_engine
+        from posttrain.engine.sync import WeightSync, evaluation_engine, make_engine
         from posttrain.monitor.monitor import Monitor, RunContext
         from posttrain.tasks.pool import TaskPool
 
@@ -208,7 +208,9 @@ class _Run:
         cm = Countermeasures(cfg.trainer.entropy_bonus, cfg.rollout.diversity_reward, cfg.monitor.diversity.n)
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool, cm=cm)
         budget = CpuBudget(cfg.run.cpu_budget_s, state.get("train_cpu_s", 0.0))
-        evaluator = RunEvaluator(cfg, rundir.path, engine, metrics, state["levels"], log)  # held-out set in the run dir
+        evaluator = RunEvaluator(
+            cfg, rundir.path, evaluation_engine(engine), metrics, state["levels"], log
+        )  # held-out set in the run dir; the policy's own weights (not a bf16 rollout copy)
         replay = replay_buffer(cfg.trainer.replay, cfg.rollout.prompts_per_step, state.pop("replay", None))
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,

@@ -225,3 +225,68 @@ def test_a_verified_push_to_a_bf16_copy_passes_at_the_bf16_tolerance(tmp_path):
         WeightSync(EngineConfig.model_validate({"verify_sync": "on"}), fp32, trainer, tmp_path).probe.tolerance
         == (TOLERANCE["float32"])
     )
+
+
+def test_evaluation_generates_with_the_module_and_carries_the_pushed_version():
+    """Held-out evaluation measures the policy's own weights: the loop's evaluator gets the module's
+    twin of an engine that generates with a copy (same greedy tokens as the module, the engine's
+    version after every push), and `posttrain eval`'s config asks for the module."""
+    from posttrain.engine.sync import evaluation_engine
+
+    model, tok = lora_model()
+    plain = HFEngine(model, tok, seed=0)
+    assert evaluation_engine(plain) is plain
+    half = HFEngine(model, tok, config=HFEngineConfig(generate_dtype="bfloat16"), seed=0)
+    twin = evaluation_engine(half)
+    assert twin is not half and twin.model is model and twin.generates_with == "model"
+    req = [GenerationRequest(PROMPT_IDS, SamplingParams(n=1, max_tokens=12, temperature=0.0))]
+    assert [c.token_ids for c in twin.generate(req)[0]] == [c.token_ids for c in plain.generate(req)[0]]
+    assert [c.logprobs for c in twin.generate(req)[0]] == [c.logprobs for c in plain.generate(req)[0]]
+    half.update_weights(None)
+    half.update_weights(None)
+    assert twin.version == half.version == 2 and twin.generate(req)[0][0].model_version == 2
+    cfg = EngineConfig.model_validate({"generate_dtype": "bfloat16"})
+    assert hf_config(cfg, evaluation=True).generate_dtype == "model"
+
+
+@pytest.fixture(scope="module")
+def spread_dir(tmp_path_factory):
+    """The spread micro model saved as a model folder (its greedy paths move under bf16 rounding)."""
+    from posttrain.model.tokenizer import save_tokenizer
+
+    model, tok = spread_model(3)
+    out = tmp_path_factory.mktemp("spread") / "model"
+    model.save_pretrained(out)
+    save_tokenizer(tok, out)
+    return out
+
+
+def _before_completions(tmp_path, model_dir, name: str, generate_dtype: str) -> list:
+    import json
+
+    from tests.pipeline.test_pipeline_loop import TINY
+
+    from posttrain.configs import load_config
+    from posttrain.loop import train
+
+    overrides = [f"model.path={model_dir}", f"run.out_dir={tmp_path}", f"run.name={name}", "run.steps=1"]
+    more = ["eval.tasks_per_domain=16", "eval.max_tokens=24"]
+    cfg = load_config(None, [*TINY, *overrides, f"engine.generate_dtype={generate_dtype}", *more])
+    run_dir = train(cfg, log=lambda *_: None).run_dir
+    first = json.loads((run_dir / "eval_samples.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0
+    return [x["completion"] for d in sorted(first["domains"]) for x in first["domains"][d]]
+
+
+@pytest.mark.parametrize("evaluates_the_module", [True, False])
+def test_posttrain_train_evaluates_the_policys_own_weights(tmp_path, spread_dir, monkeypatch, evaluates_the_module):
+    """`posttrain train` with a bf16 rollout copy evaluates held-out with the module: the before's
+    greedy completions equal a float32 run's; the control (the evaluator handed the copy's engine)
+    differs, so the comparison can fail."""
+    if not evaluates_the_module:
+        import posttrain.engine.sync as sync
+
+        monkeypatch.setattr(sync, "evaluation_engine", lambda engine: engine)
+    full = _before_completions(tmp_path, spread_dir, "full", "model")
+    half = _before_completions(tmp_path, spread_dir, "half", "bfloat16")
+    assert len(full) >= 8 and (full == half) is evaluates_the_module

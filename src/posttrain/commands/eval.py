@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in heldout.warnings():
         print(f"warning: {warning}")
     engine = HFEngine.from_pretrained(
-        _model(args, cfg), device=cfg.model.device, seed=cfg.run.seed, config=hf_config(cfg.engine)
+        _model(args, cfg), device=cfg.model.device, seed=cfg.run.seed, config=hf_config(cfg.engine, evaluation=True)
     )
     table = evaluate_heldout(engine, heldout, options(cfg.eval, tasks=cfg.tasks, run=cfg))
     print(format_table(table))
@@ -124,7 +124,7 @@ def _bench(args: argparse.Namespace, cfg) -> int:
         ks=tuple(k for k in cfg.eval.k if k <= args.samples),
     )
     engine = HFEngine.from_pretrained(
-        _model(args, cfg), device=cfg.model.device, seed=cfg.run.seed, config=hf_config(cfg.engine)
+        _model(args, cfg), device=cfg.model.device, seed=cfg.run.seed, config=hf_config(cfg.engine, evaluation=True)
     )
     table = run_benchmarks(engine, names, opts, args.limit)
     print(format_table(table))

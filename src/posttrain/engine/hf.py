@@ -274,6 +274,13 @@ class HFEngine(Engine):
         self._seen: dict[int, str] = {}
         """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
 
+    def for_evaluation(self) -> HFEngine:
+        """The engine evaluation generates with: this one when it generates with the module itself;
+        with an inference copy, a twin over the module (the policy's own weights and dtype: what a
+        checkpoint saves and the server serves), sharing the tokenizer, draft head, processor and
+        this engine's version (`_ModuleTwin`)."""
+        return self if self._copy is None else _ModuleTwin(self)
+
     def _generates_with(self, model: Any) -> str:
         """`generate_dtype` resolved on the model's device (`engine.copy.resolve`): model, bfloat16
         or float32; auto under a drafting head is model (the head drafts from the module's hidden
@@ -1018,6 +1025,31 @@ class HFEngine(Engine):
             cached_tokens=out.cached,
             pixel_digest=pixel_digest,
         )
+
+
+class _ModuleTwin(HFEngine):
+    """An hf engine over another's module (`HFEngine.for_evaluation`): it generates with the module
+    itself, and its version is the other's (the pushes number the weights they both read)."""
+
+    def __init__(self, primary: HFEngine) -> None:
+        self._primary = primary
+        config = primary.config.model_copy(update={"generate_dtype": "model"})
+        super().__init__(
+            primary.source,
+            primary.tokenizer,
+            config=config,
+            seed=0,  # evaluation's requests carry their own seeds
+            draft_head=primary.draft_head,
+            processor=primary.processor,
+        )
+
+    @property  # type: ignore[override]
+    def version(self) -> int:
+        return self._primary.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        """Ignored: HFEngine's constructor and updates set it; the primary's pushes number the weights."""
 
 
 def _to_eos(draft: list[int], eos: frozenset[int]) -> list[int]:

@@ -78,9 +78,10 @@ def make_engine(
     return HFEngine(model, tokenizer, config=hf_config(cfg), seed=seed, draft_head=draft_head, processor=processor)
 
 
-def hf_config(cfg: EngineConfig) -> HFEngineConfig:
+def hf_config(cfg: EngineConfig, evaluation: bool = False) -> HFEngineConfig:
     """The hf engine's settings from the run's `engine` section (the loop's engine, `posttrain
-    eval`'s)."""
+    eval`'s). `evaluation`: generate with the model itself whatever `generate_dtype` says (what
+    evaluation measures is the policy's own weights: `evaluation_engine`)."""
     from posttrain.engine.hf import HFEngineConfig
 
     return HFEngineConfig.model_validate(
@@ -91,9 +92,19 @@ def hf_config(cfg: EngineConfig) -> HFEngineConfig:
             "prefill_chunk_tokens": cfg.prefill_chunk_tokens,
             "kv_dtype": cfg.kv_dtype,
             "speculation": cfg.speculation,
-            "generate_dtype": cfg.generate_dtype,
+            "generate_dtype": "model" if evaluation else cfg.generate_dtype,
         }
     )
+
+
+def evaluation_engine(engine: Engine) -> Engine:
+    """The engine held-out evaluation generates with: the loop's own, except an hf engine generating
+    with an inference copy (`engine.generate_dtype`), whose twin over the trained module is used
+    instead (`HFEngine.for_evaluation`): before and after are the policy's own weights, as saved
+    and served, whatever dtype the rollouts were sampled in."""
+    from posttrain.engine.hf import HFEngine
+
+    return engine.for_evaluation() if isinstance(engine, HFEngine) else engine
 
 
 def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_dir: str | Path | None) -> Engine:
