@@ -5,19 +5,27 @@ module generates (float32: the same greedy tokens; bfloat16: close log-probs).""
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from tests.engine.test_engine_hf import spread_model
 
-from posttrain.configs.engine import EngineConfig, SpeculationConfig
-from posttrain.configs.trainer import LoraConfig
-from posttrain.engine.copy import InferenceCopy, merged_tensors
-from posttrain.engine.hf import HFEngine, HFEngineConfig
-from posttrain.engine.sync import hf_config
-from posttrain.errors import ConfigError
-from posttrain.trainer.lora import apply_lora
-from posttrain.types import GenerationRequest, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))  # scaleout_testlib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))  # test_pipeline_loop's TINY
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_engine_hf's spread_model
+from scaleout_testlib import batch  # noqa: E402
+from test_engine_hf import spread_model  # noqa: E402
+from test_pipeline_loop import TINY  # noqa: E402
+
+from posttrain.configs.engine import EngineConfig, SpeculationConfig  # noqa: E402
+from posttrain.configs.trainer import LoraConfig  # noqa: E402
+from posttrain.engine.copy import InferenceCopy, merged_tensors  # noqa: E402
+from posttrain.engine.hf import HFEngine, HFEngineConfig  # noqa: E402
+from posttrain.engine.sync import hf_config  # noqa: E402
+from posttrain.errors import ConfigError  # noqa: E402
+from posttrain.trainer.lora import apply_lora  # noqa: E402
+from posttrain.types import GenerationRequest, SamplingParams  # noqa: E402
 
 PROMPT_IDS = (5, 9, 17, 3, 22, 41, 7)
 
@@ -146,7 +154,6 @@ def test_the_async_pipelines_detached_engine_copies_the_copy_once():
 def test_each_push_refreshes_the_copy_from_the_trainers_step(tmp_path, pushed):
     """What the loop does after each optimizer step (`WeightSync.push`): the copy then computes the
     stepped module's function; without the push it still computes the old one."""
-    from tests.trainer.scaleout_testlib import batch
 
     from posttrain.configs.trainer import TrainerConfig
     from posttrain.engine.sync import WeightSync
@@ -205,7 +212,6 @@ def test_the_memory_estimate_counts_the_copy(micro_base):
 def test_a_verified_push_to_a_bf16_copy_passes_at_the_bf16_tolerance(tmp_path):
     """engine.verify_sync on an hf engine generating with a bf16 copy: the probe's tolerance is
     bf16's (5e-2), not the float32 trainer's (1e-4), and a push passes it."""
-    from tests.trainer.scaleout_testlib import batch
 
     from posttrain.configs.trainer import TrainerConfig
     from posttrain.engine.probe import TOLERANCE
@@ -263,8 +269,6 @@ def spread_dir(tmp_path_factory):
 
 def _before_completions(tmp_path, model_dir, name: str, generate_dtype: str) -> list:
     import json
-
-    from tests.pipeline.test_pipeline_loop import TINY
 
     from posttrain.configs import load_config
     from posttrain.loop import train
