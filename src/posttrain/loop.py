@@ -602,7 +602,7 @@ def _summary(
 
 def _generates(engine: Engine) -> str:
     """What the hf engine generates with, in words (engine.generate_dtype resolved)."""
-    from posttrain.engine.hf import HFEngine
+    from posttrain.engine.hf import generates_with
 
-    kind = engine.generates_with if isinstance(engine, HFEngine) else "model"
+    kind = generates_with(engine)
     return "the trained module itself" if kind == "model" else f"a {kind} copy of it, refreshed at every push"

@@ -1027,6 +1027,12 @@ class HFEngine(Engine):
         )
 
 
+def generates_with(engine: Engine) -> str:
+    """What `engine` generates with: an hf engine's `generates_with` (model, or its inference copy's
+    dtype); model for any other engine (its weights are the server's own)."""
+    return engine.generates_with if isinstance(engine, HFEngine) else "model"
+
+
 class _ModuleTwin(HFEngine):
     """An hf engine over another's module (`HFEngine.for_evaluation`): it generates with the module
     itself, and its version is the other's (the pushes number the weights they both read)."""

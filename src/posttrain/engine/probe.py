@@ -112,9 +112,9 @@ def default_tolerance(dtype: str, precision: str = "float32", generates: str = "
 
 def _engine_dtype(engine: Any) -> str:
     """The dtype an hf engine's inference copy generates in; float32 for any other engine."""
-    from posttrain.engine.hf import HFEngine
+    from posttrain.engine.hf import generates_with
 
-    kind = engine.generates_with if isinstance(engine, HFEngine) else "model"
+    kind = generates_with(engine)
     return "float32" if kind == "model" else kind
 
 
