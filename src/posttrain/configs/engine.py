@@ -152,15 +152,15 @@ class EngineConfig(BaseModel):
     """With hf: what the engine generates with. model (the default): the trained module itself,
     shared in process (a push changes nothing to copy). auto: bfloat16 where bf16 matmuls run in
     hardware (a CPU with AVX512-BF16 or AMX, a CUDA device that supports them), model elsewhere
-    (the run's log names the choice). bfloat16: a bfloat16 copy of the module,
-    its LoRA adapters merged (one matmul a projection), refreshed from the module at every push
-    (engine/copy.py): on a CPU with bf16 matmul units a decode step reads half the bytes (the real
-    model's rollouts: bench/real_bf16.py). The trainer keeps its float32 weights, so the engine's
-    log-probs differ from the trainer's by bf16 rounding: measured every step as
+    (the run's log names the choice). bfloat16: a bfloat16 copy of the module, its LoRA adapters
+    merged (one matmul a projection), refreshed from the module at every push (engine/copy.py): on
+    a CPU with bf16 matmul units a decode step reads half the bytes (the real model's rollouts
+    1.65x the tokens/s: bench/real_rollouts.py). The trainer keeps its float32 weights, so the
+    engine's log-probs differ from the trainer's by bf16 rounding: measured every step as
     train-inference mismatch; set `trainer.mismatch.correction: tis` to take the PPO ratio against
     the trainer's own log-probs. float32: a merged float32 copy (the adapters' three matmuls become
-    one, at 4 bytes a weight). bfloat16 and float32 not with `speculation.kind: head` (auto is model
-there)."""
+    one, at 4 bytes a weight). Evaluation generates with the module whatever this says. bfloat16
+    and float32 not with `speculation.kind: head` (auto is model there)."""
     speculation: SpeculationConfig = SpeculationConfig()
     """With hf: speculative decoding (kind off by default; suffix: the model-free drafter). The
     emitted tokens and log-probs are the policy's own either way; see docs/engines.md."""
