@@ -4,6 +4,7 @@ driver, and pass@turn-k (passed using at most k turns) is reported; single-turn 
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -109,6 +110,34 @@ def test_sampled_metrics_of_a_multi_turn_domain_come_from_episodes(samples):
     opts = EvalOptions(samples=samples, ks=(1, 4))
     res = evaluate_sets(engine, {"lookup": LOOKUP}, opts, sample_kinds=("core",))["lookup"]
     assert res.sampling["pass@1"][0] == pytest.approx(6 / 8)  # the scripted agent is deterministic
+    # the loop's figures at the sampling temperature, per item then averaged: 5 copies pass at turn 2,
+    # the retry at turn 3, so by turn 1 none, by turn 2 5/8, by turn 3 6/8; converted 5/8 at 2, 1/8 at 3
+    s = res.sampling
+    assert [s[f"pass1-by-turn@{t}"][0] for t in (1, 2, 3)] == pytest.approx([0.0, 5 / 8, 6 / 8])
+    assert [s[f"converted-at-turn@{t}"][0] for t in (2, 3)] == pytest.approx([5 / 8, 1 / 8])
+    assert "converted-at-turn@1" not in s and s["pass1-by-turn@3"][0] == pytest.approx(s["pass@1"][0])
+
+
+def test_sampled_turn_figures_average_each_items_samples_and_interval_over_items():
+    # samples 0 and 1 copy (pass at turn 2), samples 2 and 3 guess (fail at turn 1): every item but the
+    # first converts half its samples at turn 2, the first all 4: the mean is 0.5 + 0.5/8, and the interval
+    # is of the 8 item means (one 1.0, seven 0.5), not of 32 independent samples
+    def split(context: str, j: int) -> str:
+        key = re.search(r"value_of:(\w+)\?", context).group(1)
+        if j >= 2 and key != KEYS[0]:
+            return "123"
+        seen = re.findall(rf"{key}=(\d+)", context)
+        return seen[-1] if seen else f"look:{key}"
+
+    res = evaluate_sets(ScriptedEngine(split), {"lookup": LOOKUP}, EvalOptions(samples=4, ks=(1,)), ("core",))
+    gain = res["lookup"].sampling["converted-at-turn@2"]
+    assert gain[0] == pytest.approx(0.5 + 0.5 / 8)
+    half = 1.959964 * statistics.stdev([1.0] + [0.5] * 7) / 8**0.5  # 0.122; over 32 samples it would be 0.17
+    assert gain[1:] == pytest.approx((gain[0] - half, gain[0] + half), abs=1e-4)
+    assert res["lookup"].sampling["pass1-by-turn@1"][:3] == (0.0, 0.0, 0.0)
+    # a single-turn domain gets no turn figures
+    reverse = evaluate_sets(ScriptedEngine(policy), {"reverse": REVERSE}, EvalOptions(samples=2, ks=(1,)), ("core",))
+    assert not any("turn" in k for k in reverse["reverse"].sampling)
 
 
 def test_an_environment_that_keeps_failing_is_an_infra_error_not_a_zero(monkeypatch):

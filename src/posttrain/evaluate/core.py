@@ -370,17 +370,34 @@ def _stop(verdict: Verdict) -> tuple[int, int] | None:
     return (int(parts["stopped"] > 0), int(parts["infeasible"] > 0)) if ok else None
 
 
-def _sampling(engine: Engine, tasks: Sequence[Task], opts: EvalOptions) -> dict[str, tuple[float, float, float]]:
+def _sampling(
+    engine: Engine, tasks: Sequence[Task], opts: EvalOptions, turn_budget: int = 0
+) -> dict[str, tuple[float, float, float]]:
+    """Sampled metrics over the items, each (mean over items, 95% interval over items): pass@k and
+    maj@k; and for a multi-turn domain (`turn_budget` > 1) the coding loop's figures at the
+    sampling temperature: `pass1-by-turn@t` (the share of an item's samples passed within t turns)
+    for t = 1..budget and `converted-at-turn@t` (the share passed at turn t exactly: a failed turn
+    t-1 the revision converted; pass1-by-turn@t minus pass1-by-turn@(t-1)) for t = 2..budget. Every
+    interval is of the mean of per-item values, so an item's samples count as one item, not as
+    independent draws."""
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
     for run in _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts):
         episodes = run.episodes or [Episode("")] * len(run.final)  # a group masked before verification
-        judged = [(extract_answer(e.completion), v.ok) for e, v in zip(episodes, _judged(run)) if v.ok is not None]
+        verdicts = _judged(run)
+        judged = [(extract_answer(e.completion), v.ok) for e, v in zip(episodes, verdicts) if v.ok is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
             if k <= len(judged):
                 per.setdefault(f"pass@{k}", []).append(pass_at_k(len(judged), sum(correct), k))
                 per.setdefault(f"maj@{k}", []).append(maj_at_k(answers, correct, k, opts.seed))
+        if turn_budget > 1:
+            used = [p.turns for p, v in zip(run.played(), verdicts) if v.ok is not None]
+            passed = [n for n, ok in zip(used, correct) if ok]  # turns each passing sample used
+            for t in range(1, turn_budget + 1) if used else ():
+                per.setdefault(f"pass1-by-turn@{t}", []).append(sum(n <= t for n in passed) / len(used))
+                if t > 1:
+                    per.setdefault(f"converted-at-turn@{t}", []).append(sum(n == t for n in passed) / len(used))
     return {key: (sum(v) / len(v), *mean_interval(v)) for key, v in sorted(per.items())}
 
 
@@ -406,10 +423,12 @@ def evaluate_sets(
             stops.append(_stop(run.final[0]))
             if value is not None and ok is not None:
                 values.append(value)
-        sampling = _sampling(engine, tasks[key], opts) if opts.samples and s.kind in kinds and tasks[key] else None
         episodes: dict[str, Any] = {}  # a multi-turn domain's turns, turn budget and stops
         if get(s.domain).environment() is not None:  # multi-turn
             episodes = {"turns": turns, "turn_budget": eval_budgets([s.domain], opts)[s.domain].turns, "stops": stops}
+        sampling = None
+        if opts.samples and s.kind in kinds and tasks[key]:
+            sampling = _sampling(engine, tasks[key], opts, episodes.get("turn_budget", 0))
         label = eval_verifier_name(get(s.domain))
         out[key] = _result(
             s.domain, s.level, s.kind, s.requested, label, items, values, sampling, samples=samples, **episodes
