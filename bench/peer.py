@@ -239,14 +239,20 @@ def gain_at(points: Sequence[tuple[float, float]], cpu_s: float) -> float | None
     return None
 
 
+REACH_TOL_PP = 1e-9
+"""A gain within this of a target reaches it: two held-out means of the same item counts can differ in
+their last bits (each side's mean is summed in its own order; +24.999999999999993 against
++25.000000000000007 hid a reached target once)."""
+
+
 def cpu_to_reach(points: Sequence[tuple[float, float]], gain: float) -> float | None:
-    """CPU seconds at which the gain first reaches `gain`, linear between the evaluated points around
-    that crossing (None: never reached within the run)."""
-    if gain <= 0:
+    """CPU seconds at which the gain first reaches `gain` (within REACH_TOL_PP), linear between the
+    evaluated points around that crossing (None: never reached within the run)."""
+    if gain <= REACH_TOL_PP:
         return 0.0
     for (c0, g0), (c1, g1) in zip(points, points[1:]):
-        if g1 >= gain:
-            return c0 + (c1 - c0) * (gain - g0) / (g1 - g0)
+        if g1 >= gain - REACH_TOL_PP:
+            return c1 if g1 <= gain else c0 + (c1 - c0) * (gain - g0) / (g1 - g0)
     return None
 
 

@@ -179,6 +179,14 @@ def test_gain_at_and_cpu_to_reach_interpolate_between_checkpoints():
     assert peer.cpu_to_reach(points, -1.0) == 0.0  # a target at or below zero: reached at the start
 
 
+def test_cpu_to_reach_counts_a_gain_equal_in_items_but_not_in_the_last_bits():
+    # seed 1 of the real mix, 2026-12-05: posttrain's step 12 passed 28 of the 48 items (6 + 22), as TRL's final
+    # did (4 + 24); the two means' last bits differ (+24.999999999999993 against TRL's +25.000000000000007)
+    points = [(0.0, 0.0), (608.9, 22.916666666666668), (710.7, 24.999999999999993), (807.3, 20.833333333333332)]
+    assert peer.cpu_to_reach(points, 25.000000000000007) == pytest.approx(710.7)
+    assert peer.cpu_to_reach(points, 25.01) is None  # a real shortfall still is one
+
+
 def test_reach_uses_each_seeds_trl_final_gain():
     seeds = {
         0: {
