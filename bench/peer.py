@@ -307,8 +307,8 @@ def verdicts(seeds: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> dict[str, 
     same order, the same held-out set), then their mean and standard error over seeds (None with one
     seed): the per-step difference read once, with the seed-to-seed spread of training in it.
     """
-    pt = [s["posttrain"] for s in seeds.values()]
-    trl = [s["trl"] for s in seeds.values()]
+    pt = [seeds[s]["posttrain"] for s in sorted(seeds)]  # seed order, whatever order they ran in
+    trl = [seeds[s]["trl"] for s in sorted(seeds)]
 
     def mean_ratio(get: Callable[[Mapping[str, Any]], float]) -> float | None:
         return ratio(statistics.mean(map(get, pt)), statistics.mean(map(get, trl)))
@@ -502,7 +502,7 @@ def report(results: Mapping[str, Any]) -> str:
             se = f", standard error {pair['se']:.3f} over seeds" if pair["se"] is not None else ""
             out.append(
                 f"- posttrain - TRL over all those steps, paired by seed: {pair['mean']:+.3f}{se} "
-                f"(per seed: {', '.join(f'{d:+.3f}' for d in pair['per_seed'])})"
+                f"(per seed {'/'.join(map(str, sorted(seeds)))}: {', '.join(f'{d:+.3f}' for d in pair['per_seed'])})"
             )
         out.append("")
         out.extend(headline(seeds))

@@ -234,6 +234,8 @@ def test_verdicts_on_the_seed_mean():
     # mean -0.01, standard error = stdev(+0.015, -0.035) / sqrt(2) = 0.0354 / 1.414 = 0.025
     assert v["paired"]["per_seed"] == pytest.approx([0.015, -0.035])
     assert v["paired"]["mean"] == pytest.approx(-0.01) and v["paired"]["se"] == pytest.approx(0.025)
+    # seeds in the order they ran (1 before 0): the per-seed list is still in seed order
+    assert peer.verdicts({1: seeds[1], 0: seeds[0]})["paired"]["per_seed"] == pytest.approx([0.015, -0.035])
 
 
 def test_verdicts_not_met_and_no_common_step():
