@@ -139,9 +139,10 @@ MIXES = {
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/peer.py", description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="run seeds (default: 0)")
-    p.add_argument("--mixes", nargs="+", default=["demo", "buggier"], choices=sorted(MIXES), help="task mixes")
-    p.add_argument("--threads", type=int, nargs="+", default=[1], help="torch threads per process (default: 1)")
+    # --seeds, --mixes, --threads: None until parsed, so that --summarize can tell what was asked for
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="run seeds (default: 0)")
+    p.add_argument("--mixes", nargs="+", default=None, choices=sorted(MIXES), help="task mixes (demo buggier)")
+    p.add_argument("--threads", type=int, nargs="+", default=None, help="torch threads per process (default: 1)")
     p.add_argument("--budget-cpu-s", type=float, default=105.0, help="CPU seconds of training per run (105)")
     p.add_argument("--save-every", type=int, default=25, help="checkpoint every N steps on both sides (25)")
     p.add_argument(
@@ -180,9 +181,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="WORK",
-        help="only rebuild the report from a finished work folder",
+        help="only rebuild the report from a finished work folder: every mix, threads and seed run there, "
+        "or those of --mixes, --threads and --seeds where given",
     )
     args = p.parse_args(argv)
+    defaults = {"seeds": [0], "mixes": ["demo", "buggier"], "threads": [1]}
+    args.given = {k for k in defaults if getattr(args, k) is not None}
+    for k, v in defaults.items():
+        setattr(args, k, getattr(args, k) if k in args.given else v)
     if args.budget_cpu_s <= 0:
         p.error("--budget-cpu-s must be > 0")
     if args.save_every < 1:
@@ -1085,6 +1091,29 @@ def units_of(args: argparse.Namespace) -> list[Unit]:
     return [Unit(MIXES[m], s, t) for m in args.mixes for t in args.threads for s in args.seeds]
 
 
+def units_found(work: Path, args: argparse.Namespace) -> list[Unit]:
+    """--summarize: the units the work folder holds a folder for (WORK/MIX/threadsT/seedS), in
+    mix, threads and seed order, narrowed to --mixes, --threads and --seeds where they were given
+    (a summary of fewer units than ran would overwrite summary.json with less)."""
+    found = []
+    for mix_dir in sorted(p for p in work.iterdir() if p.is_dir() and p.name in MIXES) if work.is_dir() else []:
+        for t_dir in mix_dir.iterdir():
+            t = t_dir.name.removeprefix("threads")
+            if not (t_dir.is_dir() and t_dir.name.startswith("threads") and t.isdigit()):
+                continue
+            for s_dir in t_dir.iterdir():
+                s = s_dir.name.removeprefix("seed")
+                if s_dir.is_dir() and s_dir.name.startswith("seed") and s.isdigit():
+                    found.append(Unit(MIXES[mix_dir.name], int(s), int(t)))
+    keep = {
+        "mixes": lambda u: u.mix.name in args.mixes,
+        "threads": lambda u: u.threads in args.threads,
+        "seeds": lambda u: u.seed in args.seeds,
+    }
+    found = [u for u in found if all(keep[k](u) for k in args.given)]
+    return sorted(found, key=lambda u: (u.mix.name, u.threads, u.seed))
+
+
 def base_model(args: argparse.Namespace, mix: Mix) -> Path:
     """--model, else the mix config's model.path (a real model's name resolved to its cached folder),
     else the embedded base its config names (built into posttrain's model cache once)."""
@@ -1110,6 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     units = units_of(args)
     if args.summarize:
         args.work = args.summarize
+        units = units_found(args.work, args)
     else:
         if not args.peer_python.is_file():
             raise SystemExit(f"bench/peer.py: no peer venv python at {args.peer_python}; run `make bench-peer`")
@@ -1125,6 +1155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ThreadPoolExecutor(max(1, args.jobs // len(args.systems))) as pool:
             list(pool.map(lambda u: run_unit(u, args, models[u.mix.name]), units))
     results = summarize(args.work, units)
+    if args.summarize and not results:
+        raise SystemExit(f"bench/peer.py --summarize: no finished run in {args.work}; summary.json left as it was")
     if args.profile:
         args.profile.write_text(profile_report(profiles(args.work, units)) + "\n")
     (args.work / "summary.json").write_text(json.dumps(results, indent=1, default=str))

@@ -688,3 +688,29 @@ def test_trl_renders_the_real_mix_prompts_to_posttrains_token_ids():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["domains"] == ["ifeval", "pyfunc_revise"] and len(got["trl"]) == 24
     assert got["trl"] == got["posttrain"]
+
+
+def test_summarize_finds_every_unit_its_work_folder_holds(tmp_path):
+    for mix, t, s in [("real", 1, 2), ("real", 1, 0), ("real", 1, 1), ("demo", 2, 0)]:
+        (tmp_path / mix / f"threads{t}" / f"seed{s}").mkdir(parents=True)
+    (tmp_path / "real" / "threads1" / "seedX").mkdir()  # not a unit's folder
+    (tmp_path / "real" / "heldout.json").write_text("[]")
+    (tmp_path / "nope" / "threads1" / "seed0").mkdir(parents=True)  # not a mix
+    found = peer.units_found(tmp_path, peer.parse_args(["--summarize", str(tmp_path)]))
+    assert [(u.mix.name, u.threads, u.seed) for u in found] == [
+        ("demo", 2, 0),
+        ("real", 1, 0),
+        ("real", 1, 1),
+        ("real", 1, 2),
+    ]
+    # what was asked for narrows it; the defaults (seed 0, mixes demo and buggier) do not
+    asked = peer.parse_args(["--summarize", str(tmp_path), "--mixes", "real", "--seeds", "2", "0"])
+    assert [(u.mix.name, u.seed) for u in peer.units_found(tmp_path, asked)] == [("real", 0), ("real", 2)]
+
+
+def test_summarize_without_a_finished_run_leaves_summary_json_alone(tmp_path):
+    (tmp_path / "real" / "threads1" / "seed0").mkdir(parents=True)  # started, no results
+    (tmp_path / "summary.json").write_text('{"kept": true}')
+    with pytest.raises(SystemExit, match="no finished run"):
+        peer.main(["--summarize", str(tmp_path)])
+    assert (tmp_path / "summary.json").read_text() == '{"kept": true}'
