@@ -172,3 +172,20 @@ def test_the_sandbox_masks_the_benchmark_packages(tmp_path):
         (site / name).mkdir(parents=True)
     hidden = set(hidden_paths([str(tmp_path)]))
     assert {str(site / n) for n in names[:-1]} <= hidden and str(site / "numpy") not in hidden
+
+
+def test_a_benchmarks_sampled_figures_and_their_per_item_values_are_pass_at_k_only():
+    from posttrain.evaluate.core import DomainResult
+
+    r = DomainResult(
+        "gsm8k",
+        1,
+        2,
+        0.5,
+        sampling={"pass@1": (0.5, 0.1, 0.9), "maj@1": (0.5, 0.1, 0.9)},
+        sampling_items={"a": {"pass@1": 1.0, "maj@1": 1.0}, "b": {"pass@1": 0.0, "maj@1": 0.0}},
+    )
+    cut = bench.pass_only(r)
+    assert cut.sampling == {"pass@1": (0.5, 0.1, 0.9)}
+    assert cut.sampling_items == {"a": {"pass@1": 1.0}, "b": {"pass@1": 0.0}}
+    assert (cut.domain, cut.accuracy) == ("gsm8k", 0.5)

@@ -3,6 +3,7 @@ driver, and pass@turn-k (passed using at most k turns) is reported; single-turn 
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import sys
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "pipeline"))
 from pipeline_testlib import ScriptedEngine  # noqa: E402
 
 from posttrain.domains.lookup import _miscopy  # noqa: E402
-from posttrain.evaluate.core import EvalOptions, EvalTable, _result, evaluate_sets  # noqa: E402
+from posttrain.evaluate.core import DomainResult, EvalOptions, EvalTable, _result, evaluate_sets  # noqa: E402
 from posttrain.evaluate.heldout import domain_set  # noqa: E402
 from posttrain.evaluate.tables import format_turns  # noqa: E402
 
@@ -135,6 +136,12 @@ def test_sampled_turn_figures_average_each_items_samples_and_interval_over_items
     half = 1.959964 * statistics.stdev([1.0] + [0.5] * 7) / 8**0.5  # 0.122; over 32 samples it would be 0.17
     assert gain[1:] == pytest.approx((gain[0] - half, gain[0] + half), abs=1e-4)
     assert res["lookup"].sampling["pass1-by-turn@1"][:3] == (0.0, 0.0, 0.0)
+    # the per-item values behind the figures, by item id, and through eval.json and back
+    per = res["lookup"].sampling_items
+    assert [per[t.id]["converted-at-turn@2"] for t in LOOKUP.tasks()] == [1.0] + [0.5] * 7
+    assert statistics.mean(v["converted-at-turn@2"] for v in per.values()) == pytest.approx(gain[0])
+    back = DomainResult.from_json(json.loads(json.dumps(res["lookup"].to_json())))
+    assert back.sampling_items == per and back.sampling == res["lookup"].sampling
     # a single-turn domain gets no turn figures
     reverse = evaluate_sets(ScriptedEngine(policy), {"reverse": REVERSE}, EvalOptions(samples=2, ks=(1,)), ("core",))
     assert not any("turn" in k for k in reverse["reverse"].sampling)

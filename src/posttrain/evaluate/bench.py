@@ -426,19 +426,23 @@ def bench_sets(names: Sequence[str], limit: int | None = None) -> dict[str, Any]
     return sets
 
 
+def pass_only(r: Any) -> Any:
+    """A benchmark's result with its sampled figures (and their per-item values) cut to pass@k."""
+    from dataclasses import replace
+
+    per = {t: {m: v for m, v in ms.items() if m.startswith("pass@")} for t, ms in r.sampling_items.items()}
+    return replace(r, sampling={m: v for m, v in r.sampling.items() if m.startswith("pass@")}, sampling_items=per)
+
+
 def run_benchmarks(engine: Any, names: Sequence[str], opts: Any, limit: int | None = None) -> Any:
     """An EvalTable of the benchmarks (greedy accuracy with 95% Wilson intervals; pass@k over
     `opts.samples` samples when > 0), through the evaluation path of every domain."""
-    from dataclasses import replace
 
     from posttrain.evaluate.core import EvalTable, evaluate_sets
 
     sets = bench_sets(names, limit)
     res = evaluate_sets(engine, sets, opts, sample_kinds=("core",) if opts.samples else ())
-    results = {
-        k.split(":", 1)[1]: replace(r, sampling={m: v for m, v in r.sampling.items() if m.startswith("pass@")})
-        for k, r in res.items()
-    }
+    results = {k.split(":", 1)[1]: pass_only(r) for k, r in res.items()}
     return EvalTable(engine.version, results)
 
 

@@ -113,6 +113,10 @@ class DomainResult:
     samples: tuple[ItemSample, ...] = ()
     """Each item's prompt and greedy completion, same order as `items`, as measured (not in
     `to_json`: eval.json keeps verdicts only; `RunEvaluator` writes these to eval_samples.jsonl)."""
+    sampling_items: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """The per-item values behind `sampling`: item id -> metric -> that item's value (its share of
+    samples passed within t turns, its pass@k estimate, ...), for the items sampled; the intervals
+    of `sampling` are over these, and another interval (a bootstrap over items) can be taken from them."""
 
     @property
     def stop_rates(self) -> dict[str, tuple[float, float, float, int]]:
@@ -175,6 +179,7 @@ class DomainResult:
             "mean_score": self.mean_score,
             "eval_verifier": self.eval_verifier,
             "sampling": {k: list(v) for k, v in self.sampling.items()},
+            **({"sampling_items": {t: dict(m) for t, m in self.sampling_items.items()}} if self.sampling_items else {}),
             "items": [list(i) for i in self.items],
             **self._turns_json(),
         }
@@ -202,7 +207,10 @@ class DomainResult:
         items = tuple((i[0], i[1], i[2]) for i in d.get("items", ()))
         stops = tuple((s[0], s[1]) if s is not None else None for s in d.get("stops", ()))
         turns = (tuple(d.get("turns", ())), d.get("turn_budget", 0))
-        return cls(d["domain"], d["difficulty"], d["n"], *figures, *labels, sampling, items, *turns, stops)
+        per_item = {t: dict(m) for t, m in d.get("sampling_items", {}).items()}
+        return cls(
+            d["domain"], d["difficulty"], d["n"], *figures, *labels, sampling, items, *turns, stops, (), per_item
+        )
 
     def head(self, m: int) -> DomainResult:
         """This result restricted to its first m items (the fixed subset), figures recomputed."""
@@ -223,6 +231,7 @@ def _result(
     turn_budget: int = 0,
     stops: Sequence[tuple[int, int] | None] = (),
     samples: Sequence[ItemSample] = (),
+    sampling_items: Mapping[str, Mapping[str, float]] | None = None,
 ) -> DomainResult:
     ok = [v for _, v, _ in items if v is not None]
     train = [t for _, _, t in items if t is not None]
@@ -233,7 +242,7 @@ def _result(
     figures = (acc, mean, len(items) - len(ok), low, high, train_acc, verifier, requested, kind)
     kept_stops = tuple(stops) if any(x is not None for x in stops) else ()
     rest = (dict(sampling or {}), tuple(items), tuple(turns), turn_budget, kept_stops, tuple(samples))
-    return DomainResult(domain, level, len(items), *figures, *rest)
+    return DomainResult(domain, level, len(items), *figures, *rest, dict(sampling_items or {}))
 
 
 @dataclass(frozen=True)
@@ -372,33 +381,40 @@ def _stop(verdict: Verdict) -> tuple[int, int] | None:
 
 def _sampling(
     engine: Engine, tasks: Sequence[Task], opts: EvalOptions, turn_budget: int = 0
-) -> dict[str, tuple[float, float, float]]:
+) -> tuple[dict[str, tuple[float, float, float]], dict[str, dict[str, float]]]:
     """Sampled metrics over the items, each (mean over items, 95% interval over items): pass@k and
     maj@k; and for a multi-turn domain (`turn_budget` > 1) the coding loop's figures at the
     sampling temperature: `pass1-by-turn@t` (the share of an item's samples passed within t turns)
     for t = 1..budget and `converted-at-turn@t` (the share passed at turn t exactly: a failed turn
     t-1 the revision converted; pass1-by-turn@t minus pass1-by-turn@(t-1)) for t = 2..budget. Every
     interval is of the mean of per-item values, so an item's samples count as one item, not as
-    independent draws."""
+    independent draws. Also returns those per-item values: item id -> metric -> value."""
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     per: dict[str, list[float]] = {}
-    for run in _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts):
+    items: dict[str, dict[str, float]] = {}
+
+    def add(task: Task, metric: str, value: float) -> None:
+        per.setdefault(metric, []).append(value)
+        items.setdefault(task.id, {})[metric] = value
+
+    runs = _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)
+    for task, run in zip(tasks, runs, strict=True):
         episodes = run.episodes or [Episode("")] * len(run.final)  # a group masked before verification
         verdicts = _judged(run)
         judged = [(extract_answer(e.completion), v.ok) for e, v in zip(episodes, verdicts) if v.ok is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
             if k <= len(judged):
-                per.setdefault(f"pass@{k}", []).append(pass_at_k(len(judged), sum(correct), k))
-                per.setdefault(f"maj@{k}", []).append(maj_at_k(answers, correct, k, opts.seed))
+                add(task, f"pass@{k}", pass_at_k(len(judged), sum(correct), k))
+                add(task, f"maj@{k}", maj_at_k(answers, correct, k, opts.seed))
         if turn_budget > 1:
             used = [p.turns for p, v in zip(run.played(), verdicts) if v.ok is not None]
             passed = [n for n, ok in zip(used, correct) if ok]  # turns each passing sample used
             for t in range(1, turn_budget + 1) if used else ():
-                per.setdefault(f"pass1-by-turn@{t}", []).append(sum(n <= t for n in passed) / len(used))
+                add(task, f"pass1-by-turn@{t}", sum(n <= t for n in passed) / len(used))
                 if t > 1:
-                    per.setdefault(f"converted-at-turn@{t}", []).append(sum(n == t for n in passed) / len(used))
-    return {key: (sum(v) / len(v), *mean_interval(v)) for key, v in sorted(per.items())}
+                    add(task, f"converted-at-turn@{t}", sum(n == t for n in passed) / len(used))
+    return {key: (sum(v) / len(v), *mean_interval(v)) for key, v in sorted(per.items())}, items
 
 
 def evaluate_sets(
@@ -426,12 +442,22 @@ def evaluate_sets(
         episodes: dict[str, Any] = {}  # a multi-turn domain's turns, turn budget and stops
         if get(s.domain).environment() is not None:  # multi-turn
             episodes = {"turns": turns, "turn_budget": eval_budgets([s.domain], opts)[s.domain].turns, "stops": stops}
-        sampling = None
+        sampling, per_item = None, None
         if opts.samples and s.kind in kinds and tasks[key]:
-            sampling = _sampling(engine, tasks[key], opts, episodes.get("turn_budget", 0))
+            sampling, per_item = _sampling(engine, tasks[key], opts, episodes.get("turn_budget", 0))
         label = eval_verifier_name(get(s.domain))
         out[key] = _result(
-            s.domain, s.level, s.kind, s.requested, label, items, values, sampling, samples=samples, **episodes
+            s.domain,
+            s.level,
+            s.kind,
+            s.requested,
+            label,
+            items,
+            values,
+            sampling,
+            samples=samples,
+            **episodes,
+            sampling_items=per_item,
         )
     return out
 
