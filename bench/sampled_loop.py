@@ -1,0 +1,151 @@
+"""The coding loop at the sampling temperature, before and after RL: per-model figures with
+intervals, over seeds, from `posttrain eval --json` files (issue 37's coding-loop bar).
+
+Each file is one model's `posttrain eval ... eval.samples=N --json FILE` on a multi-turn domain;
+it carries the per-item values behind the sampled figures (`sampling_items`). For each trained
+model this prints, with 95% intervals from a bootstrap over items (the item is the unit: its
+samples are not independent draws; the eval's own normal interval beside it):
+
+- pass1-by-turn@1 and @T (T the turn budget) and `converted-at-turn@t` summed over t >= 2:
+  the revision's conversions (pass@turn-T minus pass@turn-1 of the same samples);
+- the items the conversions fell on;
+- the last turn minus the base's, paired by item (the same held-out items, the same seeds of
+  sampling).
+
+    .venv/bin/python bench/sampled_loop.py --base BASE.json --trained S0.json S1.json S2.json \
+        [--domain pyfunc_revise] [--boot 10000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def load_items(path: Path, domain: str) -> tuple[int, dict[str, dict[str, float]], dict[str, Any]]:
+    """(turn budget, item id -> metric -> value, the eval's own sampled figures) of `domain` in an
+    eval JSON; a clear error for a file without them."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench/sampled_loop.py: cannot read {path}: {e}") from None
+    res = d.get("domains", {}).get(domain)
+    if res is None:
+        raise SystemExit(f"bench/sampled_loop.py: {path} has no domain {domain!r} (has {sorted(d.get('domains', {}))})")
+    budget, items = int(res.get("turn_budget", 0)), res.get("sampling_items") or {}
+    if budget < 2 or not items:
+        raise SystemExit(
+            f"bench/sampled_loop.py: {path}: {domain} has no sampled multi-turn figures per item "
+            "(run posttrain eval with eval.samples > 0 on a multi-turn domain, at a version that writes sampling_items)"
+        )
+    return budget, {k: dict(v) for k, v in items.items()}, dict(res.get("sampling", {}))
+
+
+def converted(values: Mapping[str, float], budget: int) -> float:
+    """One item's share of samples a revision converted: passed at some turn t >= 2."""
+    return sum(values.get(f"converted-at-turn@{t}", 0.0) for t in range(2, budget + 1))
+
+
+def boot_interval(values: Sequence[float], boot: int, rng: random.Random) -> tuple[float, float]:
+    """95% percentile interval of the mean, resampling items with replacement."""
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(boot))
+    return means[int(0.025 * boot)], means[min(boot - 1, int(0.975 * boot))]
+
+
+def figures(
+    base: Mapping[str, Mapping[str, float]],
+    model: Mapping[str, Mapping[str, float]],
+    budget: int,
+    boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """A trained model's figures on the items both files sampled, each (mean, low, high)."""
+    ids = sorted(set(base) & set(model))
+    if not ids:
+        raise SystemExit("bench/sampled_loop.py: the base and a trained model share no sampled item")
+    rng = random.Random(seed)
+    last = f"pass1-by-turn@{budget}"
+    cols = {
+        "turn1": [model[i]["pass1-by-turn@1"] for i in ids],
+        "last": [model[i][last] for i in ids],
+        "converted": [converted(model[i], budget) for i in ids],
+        "gain": [model[i][last] - base[i][last] for i in ids],
+        "base_last": [base[i][last] for i in ids],
+        "base_converted": [converted(base[i], budget) for i in ids],
+    }
+    out: dict[str, Any] = {"items": len(ids)}
+    for key, vals in cols.items():
+        out[key] = (statistics.fmean(vals), *boot_interval(vals, boot, rng))
+    out["converted_on"] = [i for i in ids if converted(model[i], budget) > 0]
+    return out
+
+
+def report(rows: Mapping[str, Mapping[str, Any]], budget: int) -> str:
+    def f(t: tuple[float, float, float], sign: bool = False) -> str:
+        fmt = "{:+.3f}" if sign else "{:.3f}"
+        return f"{fmt.format(t[0])} [{fmt.format(t[1])}, {fmt.format(t[2])}]"
+
+    lines = [
+        f"| model | by turn 1 | by turn {budget} | converted at turns 2-{budget} (items with one) "
+        "| last turn - base, paired by item |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | {f(r['turn1'])} | {f(r['last'])} | {f(r['converted'])} ({len(r['converted_on'])} of "
+            f"{r['items']}) | {f(r['gain'], True)} |"
+        )
+    gains = [r["gain"][0] for r in rows.values()]
+    conv = [r["converted"][0] for r in rows.values()]
+    lines += [
+        "",
+        f"over {len(rows)} trained models: converted mean {statistics.fmean(conv):.3f} "
+        f"[min {min(conv):.3f}, max {max(conv):.3f}]; last turn - base mean {statistics.fmean(gains):+.3f} "
+        f"[min {min(gains):+.3f}, max {max(gains):+.3f}]",
+        "(95% intervals: percentile bootstrap over items; the base's own figures in each row's paired column)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/sampled_loop.py", description=__doc__.splitlines()[0])
+    p.add_argument("--base", type=Path, required=True, help="the base model's eval JSON")
+    p.add_argument("--trained", type=Path, nargs="+", required=True, help="each trained model's eval JSON")
+    p.add_argument("--domain", default="pyfunc_revise")
+    p.add_argument("--boot", type=int, default=10_000, help="bootstrap resamples (10000)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.boot < 100:
+        p.error("--boot must be >= 100")
+    budget, base, base_fig = load_items(args.base, args.domain)
+    rows = {}
+    for path in args.trained:
+        b, model, fig = load_items(path, args.domain)
+        if b != budget:
+            raise SystemExit(f"bench/sampled_loop.py: {path} has turn budget {b}, the base {budget}")
+        rows[path.stem] = figures(base, model, budget, args.boot, args.seed)
+        rows[path.stem]["eval_converted"] = fig.get(f"converted-at-turn@{budget}")
+    any_row = next(iter(rows.values()))
+    print(
+        f"base ({args.base.name}): by turn 1 {statistics.fmean(v['pass1-by-turn@1'] for v in base.values()):.3f}, "
+        f"by turn {budget} {any_row['base_last'][0]:.3f}, converted {any_row['base_converted'][0]:.3f} "
+        f"[{any_row['base_converted'][1]:.3f}, {any_row['base_converted'][2]:.3f}] (the eval's own: "
+        f"{base_fig.get(f'converted-at-turn@{budget}')})"
+    )
+    print(report(rows, budget))
+    for name, r in rows.items():
+        print(
+            f"{name}: conversions on {', '.join(r['converted_on']) or 'no item'}; the eval's own converted "
+            f"(normal interval over items): {r['eval_converted']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
