@@ -91,8 +91,9 @@ def report(rows: Mapping[str, Mapping[str, Any]], budget: int) -> str:
         fmt = "{:+.3f}" if sign else "{:.3f}"
         return f"{fmt.format(t[0])} [{fmt.format(t[1])}, {fmt.format(t[2])}]"
 
+    turns = "turn 2" if budget == 2 else f"turns 2-{budget}"
     lines = [
-        f"| model | by turn 1 | by turn {budget} | converted at turns 2-{budget} (items with one) "
+        f"| model | by turn 1 | by turn {budget} | converted at {turns} (items with one) "
         "| last turn - base, paired by item |",
         "|---|---|---|---|---|",
     ]
