@@ -8,7 +8,10 @@ samples are not independent draws; the eval's own normal interval beside it):
 
 - pass1-by-turn@1 and @T (T the turn budget) and `converted-at-turn@t` summed over t >= 2:
   the revision's conversions (pass@turn-T minus pass@turn-1 of the same samples);
-- the items the conversions fell on;
+- the items the conversions fell on, and the share of failed first turns converted;
+- what a fresh attempt would convert: had the last turn been a new first-turn sample, independent
+  of the failed one, an item with first-turn pass rate p converts (1 - p) x p of its samples (the
+  reference a revision that reads the failure should beat; exact for a budget of 2);
 - the last turn minus the base's, paired by item (the same held-out items, the same seeds of
   sampling).
 
@@ -75,6 +78,9 @@ def figures(
         "turn1": [model[i]["pass1-by-turn@1"] for i in ids],
         "last": [model[i][last] for i in ids],
         "converted": [converted(model[i], budget) for i in ids],
+        # the reference: had turn 2 been a fresh first-turn sample, independent of the first, an item
+        # with first-turn pass rate p would convert (1 - p) x p of its samples (budget 2)
+        "fresh": [(1 - model[i]["pass1-by-turn@1"]) * model[i]["pass1-by-turn@1"] for i in ids],
         "gain": [model[i][last] - base[i][last] for i in ids],
         "base_last": [base[i][last] for i in ids],
         "base_converted": [converted(base[i], budget) for i in ids],
@@ -83,6 +89,8 @@ def figures(
     for key, vals in cols.items():
         out[key] = (statistics.fmean(vals), *boot_interval(vals, boot, rng))
     out["converted_on"] = [i for i in ids if converted(model[i], budget) > 0]
+    failed = sum(1 - v for v in cols["turn1"])
+    out["converted_given_failed"] = sum(cols["converted"]) / failed if failed else 0.0
     return out
 
 
@@ -94,13 +102,13 @@ def report(rows: Mapping[str, Mapping[str, Any]], budget: int) -> str:
     turns = "turn 2" if budget == 2 else f"turns 2-{budget}"
     lines = [
         f"| model | by turn 1 | by turn {budget} | converted at {turns} (items with one) "
-        "| last turn - base, paired by item |",
-        "|---|---|---|---|---|",
+        "| of the failed first turns | a fresh attempt would convert | last turn - base, paired by item |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
         lines.append(
             f"| {name} | {f(r['turn1'])} | {f(r['last'])} | {f(r['converted'])} ({len(r['converted_on'])} of "
-            f"{r['items']}) | {f(r['gain'], True)} |"
+            f"{r['items']}) | {r['converted_given_failed']:.3f} | {f(r['fresh'])} | {f(r['gain'], True)} |"
         )
     gains = [r["gain"][0] for r in rows.values()]
     conv = [r["converted"][0] for r in rows.values()]

@@ -32,6 +32,10 @@ def test_figures_pair_the_last_turn_with_the_base_by_item_and_count_conversions(
     assert r["converted"][0] == pytest.approx(0.25 / 4)
     assert r["gain"][0] == pytest.approx((0.5 + 0 + 0 - 0.25) / 4)  # paired: (after - before) per item
     assert r["turn1"][0] == pytest.approx(1.75 / 4) and r["last"][0] == pytest.approx(2.0 / 4)
+    # a fresh attempt: (1 - p) x p per item (a: 0.75 x 0.25, b: 0.25, c and d: 0); the failed first turns
+    # are 0.75 + 0.5 + 0 + 1 = 2.25 items' worth, 0.25 of them converted
+    assert r["fresh"][0] == pytest.approx((0.1875 + 0.25) / 4)
+    assert r["converted_given_failed"] == pytest.approx(0.25 / 2.25)
     for key in ("turn1", "last", "converted", "gain"):
         mean, lo, hi = r[key]
         assert lo <= mean <= hi
@@ -52,7 +56,8 @@ def test_main_prints_a_row_per_trained_model(tmp_path, capsys):
     s1 = eval_json(tmp_path / "s1.json", {"a": (0.0, 0.0), "b": (0.5, 0.5)})
     assert sl.main(["--base", str(base), "--trained", str(s0), str(s1), "--boot", "200"]) == 0
     out = capsys.readouterr().out
-    assert "| s0 | 0.500 [0.500, 0.500] | 0.750 [0.750, 0.750] | 0.250 [0.250, 0.250] (2 of 2) | +0.500" in out
+    assert "| s0 | 0.500 [0.500, 0.500] | 0.750 [0.750, 0.750] | 0.250 [0.250, 0.250] (2 of 2) | 0.500 |" in out
+    assert "| 0.250 [0.250, 0.250] | +0.500" in out  # a fresh attempt converts 0.5 x 0.5
     assert "| s1 |" in out and "(0 of 2)" in out
     assert "converted mean 0.125 [min 0.000, max 0.250]" in out
 
