@@ -209,7 +209,16 @@ class DomainResult:
         turns = (tuple(d.get("turns", ())), d.get("turn_budget", 0))
         per_item = {t: dict(m) for t, m in d.get("sampling_items", {}).items()}
         return cls(
-            d["domain"], d["difficulty"], d["n"], *figures, *labels, sampling, items, *turns, stops, (), per_item
+            d["domain"],
+            d["difficulty"],
+            d["n"],
+            *figures,
+            *labels,
+            sampling,
+            items,
+            *turns,
+            stops,
+            sampling_items=per_item,
         )
 
     def head(self, m: int) -> DomainResult:
@@ -390,30 +399,30 @@ def _sampling(
     interval is of the mean of per-item values, so an item's samples count as one item, not as
     independent draws. Also returns those per-item values: item id -> metric -> value."""
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
-    per: dict[str, list[float]] = {}
-    items: dict[str, dict[str, float]] = {}
-
-    def add(task: Task, metric: str, value: float) -> None:
-        per.setdefault(metric, []).append(value)
-        items.setdefault(task.id, {})[metric] = value
-
+    items: dict[str, dict[str, float]] = {}  # item id -> metric -> value, in task order
     runs = _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)
     for task, run in zip(tasks, runs, strict=True):
+        mine = items.setdefault(task.id, {})
         episodes = run.episodes or [Episode("")] * len(run.final)  # a group masked before verification
         verdicts = _judged(run)
         judged = [(extract_answer(e.completion), v.ok) for e, v in zip(episodes, verdicts) if v.ok is not None]
         answers, correct = [a for a, _ in judged], [bool(v) for _, v in judged]
         for k in opts.ks:
             if k <= len(judged):
-                add(task, f"pass@{k}", pass_at_k(len(judged), sum(correct), k))
-                add(task, f"maj@{k}", maj_at_k(answers, correct, k, opts.seed))
+                mine[f"pass@{k}"] = pass_at_k(len(judged), sum(correct), k)
+                mine[f"maj@{k}"] = maj_at_k(answers, correct, k, opts.seed)
         if turn_budget > 1:
             used = [p.turns for p, v in zip(run.played(), verdicts) if v.ok is not None]
             passed = [n for n, ok in zip(used, correct) if ok]  # turns each passing sample used
             for t in range(1, turn_budget + 1) if used else ():
-                add(task, f"pass1-by-turn@{t}", sum(n <= t for n in passed) / len(used))
+                mine[f"pass1-by-turn@{t}"] = sum(n <= t for n in passed) / len(used)
                 if t > 1:
-                    add(task, f"converted-at-turn@{t}", sum(n == t for n in passed) / len(used))
+                    mine[f"converted-at-turn@{t}"] = sum(n == t for n in passed) / len(used)
+    items = {tid: values for tid, values in items.items() if values}  # an item with no judged sample has none
+    per: dict[str, list[float]] = {}  # metric -> its per-item values, in task order
+    for values in items.values():
+        for metric, value in values.items():
+            per.setdefault(metric, []).append(value)
     return {key: (sum(v) / len(v), *mean_interval(v)) for key, v in sorted(per.items())}, items
 
 
