@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from posttrain.evaluate.stats import mean_over_domains_interval
 
 
 def load_items(path: Path, domain: str) -> tuple[int, dict[str, dict[str, float]], dict[str, Any]]:
@@ -54,13 +55,6 @@ def converted(values: Mapping[str, float], budget: int) -> float:
     return sum(values.get(f"converted-at-turn@{t}", 0.0) for t in range(2, budget + 1))
 
 
-def boot_interval(values: Sequence[float], boot: int, rng: random.Random) -> tuple[float, float]:
-    """95% percentile interval of the mean, resampling items with replacement."""
-    n = len(values)
-    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(boot))
-    return means[int(0.025 * boot)], means[min(boot - 1, int(0.975 * boot))]
-
-
 def figures(
     base: Mapping[str, Mapping[str, float]],
     model: Mapping[str, Mapping[str, float]],
@@ -72,7 +66,6 @@ def figures(
     ids = sorted(set(base) & set(model))
     if not ids:
         raise SystemExit("bench/sampled_loop.py: the base and a trained model share no sampled item")
-    rng = random.Random(seed)
     last = f"pass1-by-turn@{budget}"
     cols = {
         "turn1": [model[i]["pass1-by-turn@1"] for i in ids],
@@ -87,7 +80,8 @@ def figures(
     }
     out: dict[str, Any] = {"items": len(ids)}
     for key, vals in cols.items():
-        out[key] = (statistics.fmean(vals), *boot_interval(vals, boot, rng))
+        # evaluate/stats.py's bootstrap (items resampled, 95% percentiles); one "domain": these items
+        out[key] = (statistics.fmean(vals), *mean_over_domains_interval({key: vals}, seed, boot))
     out["converted_on"] = [i for i in ids if converted(model[i], budget) > 0]
     failed = sum(1 - v for v in cols["turn1"])
     out["converted_given_failed"] = sum(cols["converted"]) / failed if failed else 0.0

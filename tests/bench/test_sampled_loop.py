@@ -44,10 +44,12 @@ def test_figures_pair_the_last_turn_with_the_base_by_item_and_count_conversions(
 
 
 def test_the_bootstrap_is_over_items_and_degenerate_when_every_item_agrees():
-    rng = sl.random.Random(0)
-    assert sl.boot_interval([0.5] * 10, 500, rng) == (0.5, 0.5)
-    lo, hi = sl.boot_interval([0.0] * 10 + [1.0] * 10, 4000, rng)
+    # the script's intervals come from evaluate/stats.py's bootstrap, one "domain" of per-item values
+    assert sl.mean_over_domains_interval({"x": [0.5] * 10}, 0, 500) == (0.5, 0.5)
+    lo, hi = sl.mean_over_domains_interval({"x": [0.0] * 10 + [1.0] * 10}, 0, 4000)
     assert 0.25 < lo < 0.5 < hi < 0.75  # +-1.96 x 0.5/sqrt(20) = +-0.22
+    lo, hi = sl.mean_over_domains_interval({"x": [0.0] * 23 + [0.25]}, 0, 4000)
+    assert lo == 0.0 < hi  # one item of 24: resamples without it are common
 
 
 def test_main_prints_a_row_per_trained_model(tmp_path, capsys):

@@ -143,9 +143,10 @@ def paired_deltas(
 
 
 def mean_over_domains_interval(
-    outcomes: Mapping[str, Sequence[bool]], seed: int = 0, resamples: int = BOOTSTRAP
+    outcomes: Mapping[str, Sequence[float]], seed: int = 0, resamples: int = BOOTSTRAP
 ) -> tuple[float, float]:
-    """Bootstrap interval of the mean of per-domain accuracies (items resampled within each domain)."""
+    """Bootstrap interval of the mean of per-domain accuracies (items resampled within each domain;
+    an item's outcome a pass or a value in [0, 1]). One domain: the bootstrap over items of a mean."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
