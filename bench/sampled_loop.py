@@ -13,10 +13,17 @@ samples are not independent draws; the eval's own normal interval beside it):
   of the failed one, an item with first-turn pass rate p converts (1 - p) x p of its samples (the
   reference a revision that reads the failure should beat; exact for a budget of 2);
 - the last turn minus the base's, paired by item (the same held-out items, the same seeds of
-  sampling).
+  sampling);
+- the share of samples whose revision is the failed attempt again (`repeated-at-turn@t`, summed
+  over t >= 2), where the files carry it.
+
+With `--control pyfunc_retry` every file must also hold that domain, evaluated in the same command:
+the same items told only how many visible tests failed. Per model it prints the conversions with the
+failure's text and without it and their difference paired by item: a revision that reads the failure
+converts more with it; one that merely tries again, as many.
 
     .venv/bin/python bench/sampled_loop.py --base BASE.json --trained S0.json S1.json S2.json \
-        [--domain pyfunc_revise] [--boot 10000] [--seed 0]
+        [--domain pyfunc_revise] [--control pyfunc_retry] [--boot 10000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -50,9 +57,66 @@ def load_items(path: Path, domain: str) -> tuple[int, dict[str, dict[str, float]
     return budget, {k: dict(v) for k, v in items.items()}, dict(res.get("sampling", {}))
 
 
-def converted(values: Mapping[str, float], budget: int) -> float:
-    """One item's share of samples a revision converted: passed at some turn t >= 2."""
-    return sum(values.get(f"converted-at-turn@{t}", 0.0) for t in range(2, budget + 1))
+def converted(values: Mapping[str, float], budget: int, metric: str = "converted") -> float:
+    """One item's share of samples a revision converted (passed at some turn t >= 2), or with
+    metric="repeated" the share whose revision handed back the attempt before it."""
+    return sum(values.get(f"{metric}-at-turn@{t}", 0.0) for t in range(2, budget + 1))
+
+
+def by_item(items: Mapping[str, Mapping[str, float]]) -> dict[str, Mapping[str, float]]:
+    """The values keyed by the item's place (split:level:index) without its domain's name, so a
+    control domain's items (`draws_as`) pair with the loop's."""
+    return {k.split(":", 1)[-1]: v for k, v in items.items()}
+
+
+def control(
+    loop: Mapping[str, Mapping[str, float]],
+    ctl: Mapping[str, Mapping[str, float]],
+    budget: int,
+    boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One model's conversions with the failure's text (`loop`) and told only the count (`ctl`),
+    paired by item, each (mean, low, high); the difference's interval from the same bootstrap."""
+    a, b = by_item(loop), by_item(ctl)
+    ids = sorted(set(a) & set(b))
+    if not ids:
+        raise SystemExit("bench/sampled_loop.py: the loop and its control share no sampled item")
+    cols = {
+        "turn1": [a[i]["pass1-by-turn@1"] for i in ids],
+        "turn1_control": [b[i]["pass1-by-turn@1"] for i in ids],
+        "converted": [converted(a[i], budget) for i in ids],
+        "converted_control": [converted(b[i], budget) for i in ids],
+        "difference": [converted(a[i], budget) - converted(b[i], budget) for i in ids],
+    }
+    if all("repeated-at-turn@2" in a[i] and "repeated-at-turn@2" in b[i] for i in ids):
+        cols["repeated"] = [converted(a[i], budget, "repeated") for i in ids]
+        cols["repeated_control"] = [converted(b[i], budget, "repeated") for i in ids]
+    out: dict[str, Any] = {"items": len(ids)}
+    for key, vals in cols.items():
+        out[key] = (statistics.fmean(vals), *mean_over_domains_interval({key: vals}, seed, boot))
+    return out
+
+
+def control_report(rows: Mapping[str, Mapping[str, Any]], domain: str, ctl: str) -> str:
+    def f(t: tuple[float, float, float] | None, sign: bool = False) -> str:
+        if t is None:
+            return "n/a"
+        fmt = "{:+.3f}" if sign else "{:.3f}"
+        return f"{fmt.format(t[0])} [{fmt.format(t[1])}, {fmt.format(t[2])}]"
+
+    lines = [
+        f"| model | by turn 1 ({domain} / {ctl}) | converted with the failure ({domain}) | told only the count "
+        f"({ctl}) | difference, paired by item | revision repeats the attempt ({domain} / {ctl}) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        rep = f"{r['repeated'][0]:.3f} / {r['repeated_control'][0]:.3f}" if "repeated" in r else "n/a"
+        lines.append(
+            f"| {name} | {r['turn1'][0]:.3f} / {r['turn1_control'][0]:.3f} | {f(r['converted'])} | "
+            f"{f(r['converted_control'])} | {f(r['difference'], True)} | {rep} |"
+        )
+    return "\n".join(lines)
 
 
 def figures(
@@ -75,6 +139,11 @@ def figures(
         # with first-turn pass rate p would convert (1 - p) x p of its samples (budget 2)
         "fresh": [(1 - model[i]["pass1-by-turn@1"]) * model[i]["pass1-by-turn@1"] for i in ids],
         "gain": [model[i][last] - base[i][last] for i in ids],
+        **(
+            {"repeated": [converted(model[i], budget, "repeated") for i in ids]}
+            if all("repeated-at-turn@2" in model[i] for i in ids)
+            else {}
+        ),
         "base_last": [base[i][last] for i in ids],
         "base_converted": [converted(base[i], budget) for i in ids],
     }
@@ -121,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--base", type=Path, required=True, help="the base model's eval JSON")
     p.add_argument("--trained", type=Path, nargs="+", required=True, help="each trained model's eval JSON")
     p.add_argument("--domain", default="pyfunc_revise")
+    p.add_argument("--control", default=None, help="the control domain in the same files (e.g. pyfunc_retry)")
     p.add_argument("--boot", type=int, default=10_000, help="bootstrap resamples (10000)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -143,10 +213,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(report(rows, budget))
     for name, r in rows.items():
+        rep = f"; the revision repeats the attempt in {r['repeated'][0]:.3f} of samples" if "repeated" in r else ""
         print(
             f"{name}: conversions on {', '.join(r['converted_on']) or 'no item'}; the eval's own converted "
-            f"(normal interval over items): {r['eval_converted']}"
+            f"(normal interval over items): {r['eval_converted']}{rep}"
         )
+    if args.control:
+        ctl_rows = {}
+        for path in [args.base, *args.trained]:
+            _, loop, _ = load_items(path, args.domain)
+            b, ctl, _ = load_items(path, args.control)
+            if b != budget:
+                raise SystemExit(
+                    f"bench/sampled_loop.py: {path}: {args.control} has turn budget {b}, {args.domain} {budget}"
+                )
+            ctl_rows[path.stem] = control(loop, ctl, budget, args.boot, args.seed)
+        print()
+        print(control_report(ctl_rows, args.domain, args.control))
     return 0
 
 

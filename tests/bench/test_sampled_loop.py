@@ -77,3 +77,57 @@ def test_files_without_per_item_sampled_figures_get_a_clear_error(tmp_path):
     three = eval_json(tmp_path / "t3.json", {"a": (0.0, 0.0)}, budget=3)
     with pytest.raises(SystemExit, match="turn budget 3"):
         sl.main(["--base", str(base), "--trained", str(three)])
+
+
+def loop_and_control(path, loop, ctl, repeated=None):
+    """An eval JSON holding pyfunc_revise and its control pyfunc_retry, items keyed as the eval keys
+    them (domain:split:level:index); `repeated`: (loop, control) per item or None (older files)."""
+    doms = {}
+    for k, (dom, per) in enumerate((("pyfunc_revise", loop), ("pyfunc_retry", ctl))):
+        items = {}
+        for i, (t1, last) in enumerate(per):
+            v = {"pass1-by-turn@1": t1, "pass1-by-turn@2": last, "converted-at-turn@2": last - t1}
+            if repeated is not None:
+                v["repeated-at-turn@2"] = repeated[i][k]
+            items[f"{dom}:eval:2:{i}"] = v
+        doms[dom] = {"turn_budget": 2, "sampling_items": items, "sampling": {}}
+    path.write_text(json.dumps({"domains": doms}))
+    return path
+
+
+def test_control_pairs_the_loop_with_its_control_by_item_across_domain_names(tmp_path):
+    # item 0 converts 0.5 with the failure's text, 0.25 without; item 1 converts 0 in both; item 2 0.25 in both
+    f = loop_and_control(
+        tmp_path / "s0.json",
+        [(0.0, 0.5), (0.5, 0.5), (0.25, 0.5)],
+        [(0.0, 0.25), (0.5, 0.5), (0.25, 0.5)],
+        repeated=[(0.25, 0.5), (0.5, 0.5), (0.0, 0.25)],
+    )
+    _, loop, _ = sl.load_items(f, "pyfunc_revise")
+    _, ctl, _ = sl.load_items(f, "pyfunc_retry")
+    r = sl.control(loop, ctl, 2, boot=2000, seed=0)
+    assert r["items"] == 3
+    assert r["converted"][0] == pytest.approx(0.75 / 3) and r["converted_control"][0] == pytest.approx(0.5 / 3)
+    assert r["difference"][0] == pytest.approx(0.25 / 3)  # per item: 0.25, 0, 0
+    assert r["difference"][1] == 0.0 <= r["difference"][2]  # one item of three differs: resamples without it
+    assert r["turn1"][0] == r["turn1_control"][0] == pytest.approx(0.75 / 3)
+    assert r["repeated"][0] == pytest.approx(0.75 / 3) and r["repeated_control"][0] == pytest.approx(1.25 / 3)
+    # files without the repeat figures: no repeat column, the rest unchanged
+    old = loop_and_control(tmp_path / "old.json", [(0.0, 0.5)], [(0.0, 0.25)])
+    _, loop, _ = sl.load_items(old, "pyfunc_revise")
+    _, ctl, _ = sl.load_items(old, "pyfunc_retry")
+    assert "repeated" not in sl.control(loop, ctl, 2, boot=200, seed=0)
+
+
+def test_main_prints_the_control_table_and_refuses_files_without_the_control(tmp_path, capsys):
+    base = loop_and_control(tmp_path / "base.json", [(0.0, 0.25)], [(0.0, 0.25)], repeated=[(0.75, 0.75)])
+    s0 = loop_and_control(tmp_path / "s0.json", [(0.0, 0.5)], [(0.0, 0.0)], repeated=[(0.25, 1.0)])
+    args = ["--base", str(base), "--trained", str(s0), "--boot", "200", "--control", "pyfunc_retry"]
+    assert sl.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| base | 0.000 / 0.000 | 0.250 [0.250, 0.250] | 0.250 [0.250, 0.250] | +0.000 [+0.000, +0.000] |" in out
+    assert "| s0 | 0.000 / 0.000 | 0.500 [0.500, 0.500] | 0.000 [0.000, 0.000] | +0.500 [+0.500, +0.500] |" in out
+    assert "0.250 / 1.000 |" in out and "repeats the attempt in 0.250 of samples" in out
+    lone = eval_json(tmp_path / "lone.json", {"pyfunc_revise:eval:2:0": (0.0, 0.5)})
+    with pytest.raises(SystemExit, match="has no domain 'pyfunc_retry'"):
+        sl.main(["--base", str(base), "--trained", str(lone), "--boot", "200", "--control", "pyfunc_retry"])

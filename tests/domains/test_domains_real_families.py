@@ -107,7 +107,7 @@ def test_pyfunc_tests_tell_the_wrong_body_apart_in_both_suites():
 
 
 def test_pyfunc_and_its_loops_hold_out_the_same_functions():
-    for name in ("pyfunc", "pyfunc_revise", "pyfunc_fix"):
+    for name in ("pyfunc", "pyfunc_revise", "pyfunc_fix", "pyfunc_retry"):
         for split in ("train", "eval"):
             for i in range(10):
                 task = D[name].sample(i, split, 2)
@@ -142,3 +142,45 @@ def test_pyfunc_fix_observation_is_what_the_sandbox_observes_of_the_planted_atte
         passed = env.step(domain.gold(task))  # a passing attempt ends the episode, no request to revise
         env.close()
         assert passed.done and pyfunc.ASK_REVISION not in passed.observation
+
+
+def test_pyfunc_retry_asks_pyfunc_revise_s_questions_item_for_item():
+    """The control repeats the loop's draws (`draws_as`): the same prompt and tests at every index,
+    split and level, under its own id and domain; pyfunc_fix keeps its own draws."""
+    retry, revise = D["pyfunc_retry"], D["pyfunc_revise"]
+    for level in (1, 2, 3):
+        for split in ("train", "eval"):
+            for i in range(8):
+                a, b = revise.sample(i, split, level), retry.sample(i, split, level)
+                assert a.prompt == b.prompt and a.reference == b.reference
+                assert b.domain == "pyfunc_retry" and b.id == a.id.replace("pyfunc_revise", "pyfunc_retry", 1)
+    fix = [D["pyfunc_fix"].sample(i, "train", 2).reference.name for i in range(20)]
+    assert fix != [revise.sample(i, "train", 2).reference.name for i in range(20)]
+
+
+def test_pyfunc_retry_withholds_the_failure_but_not_the_verdict():
+    """The same attempt in both loops: pyfunc_revise shows which visible test failed and what came back;
+    the control shows the count line alone, closed by the same request to revise, with the same per-turn
+    parts and the same end; no code gets the same NO_CODE in both."""
+    from posttrain.domains.code import NO_CODE
+
+    for level in (1, 2, 3):
+        for i in range(4):
+            task = D["pyfunc_revise"].sample(i, "eval", level)
+            seen = {}
+            for name in ("pyfunc_revise", "pyfunc_retry"):
+                seen[name] = []
+                for action in (D[name].wrong(task), D[name].gold(task), ""):  # each from a fresh reset
+                    env = D[name].environment()()
+                    env.reset(task)
+                    seen[name].append(env.step(action))
+                    env.close()
+            full, bare = seen["pyfunc_revise"][0], seen["pyfunc_retry"][0]
+            assert "FAILED" in full.observation and "expected:" in full.observation
+            count = full.observation.split("\n", 1)[0]
+            assert count.startswith("Visible tests: ") and count.endswith(" passed.")
+            assert bare.observation == f"{count}\n{pyfunc.ASK_REVISION}"
+            assert (bare.done, bare.parts) == (full.done, full.parts) == (False, full.parts)
+            for a, b in zip(seen["pyfunc_revise"][1:], seen["pyfunc_retry"][1:]):
+                assert (a.observation, a.done, a.parts) == (b.observation, b.done, b.parts)
+            assert seen["pyfunc_retry"][1].done and seen["pyfunc_retry"][2].observation.startswith(NO_CODE)

@@ -119,6 +119,29 @@ def test_sampled_metrics_of_a_multi_turn_domain_come_from_episodes(samples):
     assert "converted-at-turn@1" not in s and s["pass1-by-turn@3"][0] == pytest.approx(s["pass@1"][0])
 
 
+def test_repeated_at_turn_counts_the_samples_that_hand_back_their_last_answer():
+    # on the first 4 items the agent looks the key up again at every turn (the second time with other
+    # whitespace: still the same answer), on the other 4 it copies the value at turn 2: half the items repeat
+    # at turns 2 and 3 (every sample), the other half never; a turn a sample never reached does not count
+    def stuck(context: str, j: int) -> str:
+        key = re.search(r"value_of:(\w+)\?", context).group(1)
+        seen = re.findall(rf"{key}=(\d+)", context)
+        if key in KEYS[:4]:
+            return f"look:{key}" + "  " * len(seen)
+        return seen[-1] if seen else f"look:{key}"
+
+    res = evaluate_sets(ScriptedEngine(stuck), {"lookup": LOOKUP}, EvalOptions(samples=4, ks=(1,)), ("core",))
+    s, per = res["lookup"].sampling, res["lookup"].sampling_items
+    assert [s[f"repeated-at-turn@{t}"][0] for t in (2, 3)] == pytest.approx([0.5, 0.5])
+    assert [per[t.id]["repeated-at-turn@2"] for t in LOOKUP.tasks()] == [1.0] * 4 + [0.0] * 4
+    assert [per[t.id]["converted-at-turn@2"] for t in LOOKUP.tasks()] == [0.0] * 4 + [1.0] * 4
+    assert [per[t.id]["repeated-at-turn@3"] for t in LOOKUP.tasks()] == [1.0] * 4 + [0.0] * 4
+    assert "repeated-at-turn@1" not in s
+    # the scripted agent of the tests above never repeats itself
+    plain = evaluate_sets(ScriptedEngine(policy), {"lookup": LOOKUP}, EvalOptions(samples=2, ks=(1,)), ("core",))
+    assert plain["lookup"].sampling["repeated-at-turn@2"][0] == 0.0
+
+
 def test_sampled_turn_figures_average_each_items_samples_and_interval_over_items():
     # samples 0 and 1 copy (pass at turn 2), samples 2 and 3 guess (fail at turn 1): every item but the
     # first converts half its samples at turn 2, the first all 4: the mean is 0.5 + 0.5/8, and the interval

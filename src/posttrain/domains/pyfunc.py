@@ -191,6 +191,9 @@ class PyFunc(ProceduralDomain):
     partial_credit = True
     budget = Budget(turns=1, tokens=160, seconds=60.0)
     verifier: Any = CodeVerifier()
+    draws_as: str | None = None
+    """The name whose draws this domain's tasks repeat (None: its own): a control family that asks
+    the same questions as another (`pyfunc_retry` those of `pyfunc_revise`), item for item."""
 
     def generate(self, rng: random.Random, difficulty: int) -> tuple[str, Any]:  # type: ignore[override]
         idx, k, tests = draw(rng, difficulty)
@@ -199,13 +202,13 @@ class PyFunc(ProceduralDomain):
         return f"{statement(t, k)}\n{INSTRUCTION}", ref
 
     def sample(self, index: int, split: Split, difficulty: int) -> Task:
-        """ProceduralDomain's draw, the split decided by the statement alone (`_split_key`, under
-        pyfunc's name), so pyfunc and pyfunc_revise hold out the same functions."""
+        """ProceduralDomain's draw (seeded by `draws_as` where set), the split decided by the statement
+        alone (`_split_key`, under pyfunc's name), so pyfunc and pyfunc_revise hold out the same functions."""
         self.check_difficulty(difficulty)
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         for attempt in range(10_000):
-            rng = stable_rng(self.name, self.version, difficulty, split, index, attempt)
+            rng = stable_rng(self.draws_as or self.name, self.version, difficulty, split, index, attempt)
             question, ref = self.generate(rng, difficulty)
             if split_of("pyfunc", _split_key(question)) == split:
                 return self.make_task(index, split, difficulty, question, ref)
@@ -307,6 +310,51 @@ class PyFuncRevise(PyFunc):
 
 
 register(PyFuncRevise())
+
+
+def count_line(observation: str) -> str:
+    """What `pyfunc_retry` keeps of a failure's observation: its first line, the visible tests'
+    count ("Visible tests: 1 of 3 passed."; `code.feedback` opens with it), or `NO_CODE` whole."""
+    return observation.split("\n", 1)[0]
+
+
+class PyFuncRetryEnv(PyFuncReviseEnv):
+    """`PyFuncReviseEnv` with the failure's text withheld: a failed attempt's observation is the visible
+    tests' count alone, closed by `ASK_REVISION`; which test failed, what it returned or raised, is not
+    shown. The sandbox runs the same tests; the per-turn parts are pyfunc_revise's."""
+
+    def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "pyfunc_retry") -> None:
+        super().__init__(runner, domain)
+
+    def step(self, action: str):
+        result = CodeRevisionEnv.step(self, action)
+        return result if result.done else replace(result, observation=ask_revision(count_line(result.observation)))
+
+
+class PyFuncRetryVerifier(PyFuncReviseVerifier):
+    """The hidden tests' pass rate on the last answer, labelled for pyfunc_retry."""
+
+    domain = "pyfunc_retry"
+
+
+class PyFuncRetry(PyFuncRevise):
+    """The control for reading the failure: `pyfunc_revise`'s tasks, item for item (`draws_as`), told only
+    how many visible tests failed (`PyFuncRetryEnv`). A revision that reads the failure converts more of
+    its failed first turns in `pyfunc_revise` than here; one that merely tries again, as many."""
+
+    name = "pyfunc_retry"
+    description = (
+        "the coding loop told only how many visible tests failed, not which or how (pyfunc_revise's tasks, "
+        "item for item): the control that measures whether a revision reads the failure"
+    )
+    draws_as = "pyfunc_revise"
+    verifier = PyFuncRetryVerifier()
+
+    def environment(self) -> type[CodeRevisionEnv]:
+        return PyFuncRetryEnv
+
+
+register(PyFuncRetry())
 
 
 def planted_observation(ref: CodeReference, t: Template, k: int) -> str:

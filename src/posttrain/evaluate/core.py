@@ -395,7 +395,9 @@ def _sampling(
     maj@k; and for a multi-turn domain (`turn_budget` > 1) the coding loop's figures at the
     sampling temperature: `pass1-by-turn@t` (the share of an item's samples passed within t turns)
     for t = 1..budget and `converted-at-turn@t` (the share passed at turn t exactly: a failed turn
-    t-1 the revision converted; pass1-by-turn@t minus pass1-by-turn@(t-1)) for t = 2..budget. Every
+    t-1 the revision converted; pass1-by-turn@t minus pass1-by-turn@(t-1)) and `repeated-at-turn@t` (the
+    share whose turn-t answer is turn t-1's again, the same text whitespace aside: a revision that
+    handed back the failed attempt) for t = 2..budget. Every
     interval is of the mean of per-item values, so an item's samples count as one item, not as
     independent draws. Also returns those per-item values: item id -> metric -> value."""
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
@@ -414,10 +416,16 @@ def _sampling(
         if turn_budget > 1:
             used = [p.turns for p, v in zip(run.played(), verdicts) if v.ok is not None]
             passed = [n for n, ok in zip(used, correct) if ok]  # turns each passing sample used
+            actions = [
+                [" ".join(t.action.split()) for t in e.turns] for e, v in zip(episodes, verdicts) if v.ok is not None
+            ]
             for t in range(1, turn_budget + 1) if used else ():
                 mine[f"pass1-by-turn@{t}"] = sum(n <= t for n in passed) / len(used)
                 if t > 1:
                     mine[f"converted-at-turn@{t}"] = sum(n == t for n in passed) / len(used)
+                    mine[f"repeated-at-turn@{t}"] = sum(len(a) >= t and a[t - 1] == a[t - 2] for a in actions) / len(
+                        used
+                    )
     items = {tid: values for tid, values in items.items() if values}  # an item with no judged sample has none
     per: dict[str, list[float]] = {}  # metric -> its per-item values, in task order
     for values in items.values():
