@@ -184,3 +184,17 @@ def test_pyfunc_retry_withholds_the_failure_but_not_the_verdict():
             for a, b in zip(seen["pyfunc_revise"][1:], seen["pyfunc_retry"][1:]):
                 assert (a.observation, a.done, a.parts) == (b.observation, b.done, b.parts)
             assert seen["pyfunc_retry"][1].done and seen["pyfunc_retry"][2].observation.startswith(NO_CODE)
+
+
+def test_code_actions_compare_by_their_code_not_the_prose_around_it():
+    """`action_key` (what the eval's repeated-at-turn@t compares): the same function in other words
+    or other spacing is the same action in the code families; other code is not; the default domain
+    compares the whole text, whitespace aside."""
+    a = "Here is the function:\n```python\ndef f(x):\n    return x + 1\n```"
+    b = "Sure! The corrected version:\n\n```python\ndef f(x):\n        return x + 1\n```\nIt adds one."
+    c = "```python\ndef f(x):\n    return x + 2\n```"
+    for name in ("pyfunc", "pyfunc_revise", "pyfunc_retry", "code", "code_revise"):
+        key = D[name].action_key
+        assert key(a) == key(b) != key(c), name
+    assert D["add"].action_key("12 ") == D["add"].action_key(" 12") != D["add"].action_key("13")
+    assert D["add"].action_key(a) != D["add"].action_key(b)

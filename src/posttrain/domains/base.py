@@ -191,6 +191,12 @@ class Domain(abc.ABC):
         """A multi-turn environment factory, or None for single-turn domains."""
         return None
 
+    def action_key(self, action: str) -> str:
+        """What of a turn's action counts when two are compared (the eval's `repeated-at-turn@t`: a
+        revision that hands back the attempt before it): default the whole text, whitespace aside;
+        a code domain's, its code (`code.extract_code`), so the prose around it does not count."""
+        return " ".join(action.split())
+
     # ---- branching: tasks derived from the policy's own failed turns (tasks.branch) ----
     def branch_at(self, task: Task, turns: Sequence[Turn]) -> int:
         """How many leading turns of a failed training episode on `task` (`turns`: its turns, with

@@ -612,6 +612,10 @@ class Code(Domain):
     budget = Budget(turns=1, tokens=1024, seconds=60.0)
     verifier = CodeVerifier()
 
+    def action_key(self, action: str) -> str:
+        """The action's code (`extract_code`), whitespace aside: the prose around it does not count."""
+        return " ".join(extract_code(action).split())
+
     def _pool(self, split: Split, difficulty: int) -> list[CodeTask]:
         # split by the `code` domain's hash: code and code_revise share their eval tasks
         return [t for t in load_tasks() if t.level == difficulty and split_of("code", t.prompt) == split]

@@ -40,6 +40,7 @@ from posttrain.domains.code import (
     RevisionReference,
     RevisionVerifier,
     TestOutput,
+    extract_code,
     feedback,
     show_tests,
     visible_lookup,
@@ -220,6 +221,10 @@ class PyFunc(ProceduralDomain):
 
     def gold(self, task: Task) -> str:
         return self._code(task)
+
+    def action_key(self, action: str) -> str:
+        """The action's code (`code.extract_code`), whitespace aside: the prose around it does not count."""
+        return " ".join(extract_code(action).split())
 
     def wrong(self, task: Task) -> str:
         return self._code(task, bad=True)

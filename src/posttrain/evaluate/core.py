@@ -396,8 +396,8 @@ def _sampling(
     sampling temperature: `pass1-by-turn@t` (the share of an item's samples passed within t turns)
     for t = 1..budget and `converted-at-turn@t` (the share passed at turn t exactly: a failed turn
     t-1 the revision converted; pass1-by-turn@t minus pass1-by-turn@(t-1)) and `repeated-at-turn@t` (the
-    share whose turn-t answer is turn t-1's again, the same text whitespace aside: a revision that
-    handed back the failed attempt) for t = 2..budget. Every
+    share whose turn-t action is turn t-1's again, compared by the domain's `action_key`: for code,
+    the same code whitespace aside; a revision that handed back the failed attempt) for t = 2..budget. Every
     interval is of the mean of per-item values, so an item's samples count as one item, not as
     independent draws. Also returns those per-item values: item id -> metric -> value."""
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
@@ -416,9 +416,8 @@ def _sampling(
         if turn_budget > 1:
             used = [p.turns for p, v in zip(run.played(), verdicts) if v.ok is not None]
             passed = [n for n, ok in zip(used, correct) if ok]  # turns each passing sample used
-            actions = [
-                [" ".join(t.action.split()) for t in e.turns] for e, v in zip(episodes, verdicts) if v.ok is not None
-            ]
+            key = get(task.domain).action_key  # what of an action counts when two are compared
+            actions = [[key(t.action) for t in e.turns] for e, v in zip(episodes, verdicts) if v.ok is not None]
             for t in range(1, turn_budget + 1) if used else ():
                 mine[f"pass1-by-turn@{t}"] = sum(n <= t for n in passed) / len(used)
                 if t > 1:
