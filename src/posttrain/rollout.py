@@ -82,9 +82,11 @@ def rollout_id(group_id: str, sample: int) -> str:
 
 
 def informative(group: Sequence[Rollout]) -> bool:
-    """A group carries signal when its scored training rewards (`Rollout.train_reward`) are not all equal."""
+    """A group carries signal when its scored training rewards (`Rollout.train_reward`) are not all
+    equal, or, for a task judged against a baseline (`TaskMeta.baseline`), when one differs from it."""
     rewards = {r.train_reward for r in group if r.train_reward is not None}
-    return len(rewards) > 1
+    baseline = group[0].task.meta.baseline if group else None
+    return len(rewards) > 1 or (baseline is not None and any(v != baseline for v in rewards))
 
 
 def staleness(trainer_version: int, version: int) -> int:

@@ -185,6 +185,11 @@ class TaskMeta:
     """Turns of the model's own episode this task's prompt already holds: a task derived from a
     failed turn (`tasks.branch`, tasks/branch.py), whose turn budget is its domain's less these.
     0: a task as its domain samples it (`to_dict` then leaves the field out)."""
+    baseline: float | None = field(default=None, metadata={"omit_none": True})
+    """The reward this task's group is judged against instead of its own mean (the trainer's
+    advantage is reward - baseline): a derived task's under `tasks.branch.baseline: fresh`, the
+    reward a fresh first attempt of its root task earned in the group it was derived from. None:
+    the group's own mean (every task a domain samples)."""
 
 
 @dataclass(frozen=True)
@@ -318,13 +323,14 @@ class Completion:
 
 def to_dict(record: Any) -> Any:
     """Plain-JSON view of a record (for traces and metrics). A field declared with metadata
-    `to_dict: False` is left out (an Image's bytes), and one with `omit_empty` while empty (a
-    text message's images)."""
+    `to_dict: False` is left out (an Image's bytes), one with `omit_empty` while empty (a
+    text message's images), and one with `omit_none` while None (a baseline of 0 is kept)."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         out = {}
         for f in dataclasses.fields(record):
             value = getattr(record, f.name)
-            if f.metadata.get("to_dict", True) and not (f.metadata.get("omit_empty") and not value):
+            omit = (f.metadata.get("omit_empty") and not value) or (f.metadata.get("omit_none") and value is None)
+            if f.metadata.get("to_dict", True) and not omit:
                 out[f.name] = to_dict(value)
         return out
     if isinstance(record, Mapping):

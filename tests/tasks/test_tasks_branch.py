@@ -4,6 +4,7 @@ pyfunc_revise, queued in the task pool and drawn as groups of their own."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -191,3 +192,47 @@ def test_every_branching_domain_derives_a_task_its_gold_still_solves(name):
     assert domain.score(derived, gold).value == domain.gold_value(derived)
     back = play_actions(domain.environment()(), derived, [domain.wrong(task)])
     assert not domain.score(derived, back).passed and domain.wrong(task) in domain.cheats(derived)
+
+
+def test_baseline_fresh_judges_the_revisions_against_a_fresh_first_attempt():
+    """tasks.branch.baseline: fresh. The derived task carries what a fresh first attempt earned in the
+    group its failure came from (episodes that ended at their first turn, the others counted 0; a masked
+    episode not counted); its rows carry it to the trainer, a group of revisions all below it carries
+    signal, and a resumed queue rebuilds it. baseline: group (the default) leaves the task as before."""
+    from posttrain.rollout import informative
+    from posttrain.tasks.branch import Origin, fresh_reward
+    from posttrain.trainer.batch import rows_of
+
+    pool = _pool(share=1.0, baseline="fresh")
+    root = _root(pool)
+    passed = _played(root, [REVISE.gold(root)], sample=0)  # a first attempt that passed: reward 1
+    failed = [_played(root, [_minus(root, j)] * 2, sample=j) for j in (1, 2, 3)]  # failed twice: 0
+    masked = _played(root, [_bad_add(root)] * 2, score=False, error_kind="sandbox", sample=4)
+    group = [failed[0], passed, *failed[1:], masked]
+    assert fresh_reward(group) == pytest.approx(1 / 4) and fresh_reward([masked]) is None
+    fixed = _played(root, [_bad_add(root), REVISE.gold(root)], sample=5)  # passed at turn 2: 0 for a first attempt
+    assert fresh_reward([passed, fixed]) == pytest.approx(1 / 2)
+    assert pool.offer([group]) == 1
+    (derived,) = pool.draw(1)
+    assert derived.meta.branched == 1 and derived.meta.baseline == pytest.approx(0.25)
+    assert to_dict(derived.meta)["baseline"] == pytest.approx(0.25) and "baseline" not in to_dict(root.meta)
+    # its revisions: all fail (reward 0, below the baseline): a signal; rows carry the baseline
+    revisions = [_played(derived, [_minus(root, j)], sample=j) for j in range(3)]
+    assert {r.train_reward for r in revisions} == {0.0} and informative(revisions)
+    prompted = [replace(r, completion=replace(r.completion, prompt_ids=(7,))) for r in revisions]
+    assert [row.baseline for row in rows_of(prompted, 1.0)] == [0.25] * 3
+    assert not informative([_played(root, [_minus(root, j)] * 2, sample=j) for j in range(3)])  # no baseline
+    # resume: the queue's JSON keeps the baseline; a 4-field origin (before baselines) reads as None
+    pool.offer([group])
+    state = json.loads(json.dumps(pool.state_dict()))
+    resumed = _pool(share=1.0, baseline="fresh")
+    resumed.load_state_dict(state)
+    assert resumed.draw(1)[0].meta == pool.draw(1)[0].meta
+    assert Origin.from_json(["pyfunc_revise", 3, 1, []]).baseline is None
+    with pytest.raises(ValueError, match="4 or 5 fields"):
+        Origin.from_json(["pyfunc_revise", 3, 1, [], 0.5, 1])
+    # the default: no baseline on the derived task
+    plain = _pool(share=1.0)
+    root = _root(plain)
+    plain.offer([[_played(root, [_bad_add(root)] * 2)]])
+    assert plain.draw(1)[0].meta.baseline is None

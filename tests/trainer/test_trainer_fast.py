@@ -4,6 +4,7 @@ None of them may change what a step computes (only float summation order)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -168,3 +169,27 @@ def test_prompts_are_shared_only_when_that_forwards_fewer_tokens():
     p = pack_rows(group, torch.device("cpu"), share=True).shared
     assert p is not None and p.prompt_ids_us.shape == (1, 29) and p.input_ids_bc.tolist() == [[4, 5]] * 8
     assert p.position_bc[0].tolist() == [29, 30] and p.last_u.tolist() == [28]
+
+
+@pytest.mark.parametrize("loss", [{"type": "grpo"}, {"type": "dr_grpo", "max_completion_tokens": 8}, {"type": "rloo"}])
+def test_a_row_with_a_baseline_is_judged_against_it_not_its_group(loss):
+    """TrainRow.baseline (a derived task's fresh-attempt reward, tasks.branch.baseline: fresh): the row's
+    advantage is reward - baseline whatever the loss; a group of equal rewards below its baseline carries
+    signal (pushed down) and is trained; the rows without one keep the loss's group advantages."""
+    rng = random.Random(3)
+
+    def row(group, reward, baseline=None):
+        prompt = tuple(rng.randrange(VOCAB) for _ in range(6))
+        completion = tuple(rng.randrange(VOCAB) for _ in range(3))
+        return TrainRow(prompt, completion, (-4.0,) * 3, reward, group, (1, 1, 1), baseline=baseline)
+
+    rows = (row(0, 0.0, 0.25), row(0, 0.0, 0.25), row(1, 1.0, 0.25), row(1, 0.0, 0.25), row(2, 1.0), row(2, 0.0))
+    trainer = Trainer(tiny_model(0), TrainerConfig(loss=loss))
+    prepared = trainer._prepare(TrainBatch(rows))
+    adv = prepared.batch_advantage_b.tolist()
+    assert adv[:4] == pytest.approx([-0.25, -0.25, 0.75, -0.25])
+    plain = trainer._prepare(TrainBatch(rows[4:])).batch_advantage_b.tolist()
+    assert adv[4:] == pytest.approx(plain) and plain[0] > 0 > plain[1]
+    assert prepared.zero_adv_groups == 0 and len(prepared.rows) == 6  # group 0: equal rewards, still trained
+    # the same group without its baseline has no signal and is left out
+    assert trainer._prepare(TrainBatch(tuple(replace(r, baseline=None) for r in rows[:2]))).zero_adv_groups == 1

@@ -9,6 +9,7 @@ module itself imports no domain).
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -172,6 +173,14 @@ class BranchConfig(BaseModel):
 
     per_group: int = Field(1, ge=1, le=1024)
     """Derived tasks one group gives at most (its failed episodes in sample order, distinct prompts)."""
+
+    baseline: Literal["group", "fresh"] = "group"
+    """What a derived group's revisions are judged against. group: each other (GRPO's group mean),
+    so a revision is rewarded for beating its siblings even when all of them do worse than starting
+    over. fresh: what a fresh first attempt of the same task earned in the group the failure came
+    from (its episodes' mean reward with every episode that did not end at its first turn counted
+    0), so a revision gains only where it does better than trying again, and a group of revisions
+    that all hand back the failure is pushed down (advantage reward - baseline, no std; docs/pipeline.md)."""
 
 
 class TasksConfig(BaseModel):

@@ -16,13 +16,17 @@ when at least one turn is left, so a derived task of a derived task is bounded b
 turn budget. The queue is a pure function of the groups offered to it, and its state
 (`state_dict`: each entry's root draw and turns, JSON) rebuilds the same tasks, so a resumed run
 draws what the uninterrupted one would have.
+
+With `baseline: fresh` a derived task carries `TaskMeta.baseline`: the reward a fresh first
+attempt earned in the group the failure came from (`fresh_reward`), which the trainer judges the
+revisions against instead of their own mean (trainer/trainer.py `_prepare`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from posttrain.configs.tasks import BranchConfig
@@ -39,21 +43,41 @@ is offered within its staleness bound of its draw)."""
 @dataclass(frozen=True)
 class Origin:
     """How to rebuild a task: its root draw (domain, task index, level: `Domain.sample(index,
-    "train", level)`, stamped by the pool) and the turns each derivation added, in order."""
+    "train", level)`, stamped by the pool), the turns each derivation added, in order, and the
+    last derivation's baseline (`TaskMeta.baseline`; None under `baseline: group`)."""
 
     domain: str
     index: int
     level: int
     segments: tuple[tuple[tuple[str, str], ...], ...] = ()
+    baseline: float | None = None
 
     def to_json(self) -> list[Any]:
-        return [self.domain, self.index, self.level, [[list(t) for t in seg] for seg in self.segments]]
+        row = [self.domain, self.index, self.level, [[list(t) for t in seg] for seg in self.segments]]
+        return row if self.baseline is None else [*row, self.baseline]
 
     @classmethod
     def from_json(cls, row: Sequence[Any]) -> Origin:
-        domain, index, level, segments = row
+        domain, index, level, segments, *rest = row  # a checkpoint from before baselines: 4 fields
+        if len(rest) > 1:
+            raise ValueError(f"an origin has 4 or 5 fields, got {len(row)}")
         segs = tuple(tuple((str(a), str(o)) for a, o in seg) for seg in segments)
-        return cls(str(domain), int(index), int(level), segs)
+        return cls(str(domain), int(index), int(level), segs, float(rest[0]) if rest else None)
+
+
+def fresh_reward(group: Sequence[Rollout]) -> float | None:
+    """What a fresh first attempt earned in `group`: the mean training reward of its scored episodes,
+    each episode that did not end at its first turn counted 0 (a first attempt that failed its
+    environment's check; its own reward was never taken). None when no episode was scored."""
+    scored = [r for r in group if r.train_reward is not None and r.error_kind is None]
+    if not scored:
+        return None
+    return sum(r.train_reward for r in scored if len(r.turns) == 1) / len(scored)  # type: ignore[misc]
+
+
+def with_baseline(task: Task, baseline: float | None) -> Task:
+    """`task` judged against `baseline` (`TaskMeta.baseline`); None: its group's own mean."""
+    return task if baseline is None else replace(task, meta=replace(task.meta, baseline=baseline))
 
 
 class BranchQueue:
@@ -116,10 +140,11 @@ class BranchQueue:
         queued = 0
         for group in groups:
             made = 0
+            fresh = fresh_reward(group) if self.config.baseline == "fresh" else None
             for r in group:
                 if made >= self.config.per_group:
                     break
-                derived = self._derive(r)
+                derived = self._derive(r, fresh)
                 if derived is None:
                     continue
                 if any(t.id == derived[0].id for t, _ in self._queue):
@@ -130,7 +155,7 @@ class BranchQueue:
                 queued += 1
         return queued
 
-    def _derive(self, r: Rollout) -> tuple[Task, Origin] | None:
+    def _derive(self, r: Rollout, baseline: float | None = None) -> tuple[Task, Origin] | None:
         domain = self.domains.get(r.task.domain)
         if domain is None or not domain.branches or r.task.meta.split != "train" or not r.turns:
             return None
@@ -150,9 +175,9 @@ class BranchQueue:
             self.counts["refused_unknown"] += 1
             return None
         segment = tuple((t.action, t.observation) for t in r.turns[:k])
-        origin = Origin(parent.domain, parent.index, parent.level, (*parent.segments, segment))
+        origin = Origin(parent.domain, parent.index, parent.level, (*parent.segments, segment), baseline)
         self.counts["derived"] += 1
-        return domain.branched(r.task, segment), origin
+        return with_baseline(domain.branched(r.task, segment), baseline), origin
 
     def _push(self, task: Task, origin: Origin) -> None:
         self._queue.append((task, origin))
@@ -171,7 +196,7 @@ class BranchQueue:
         task = self._root(origin.domain, origin.index, origin.level)
         for segment in origin.segments:
             task = self.domains[origin.domain].branched(task, segment)
-        return task
+        return with_baseline(task, origin.baseline)
 
     # ---- checkpoints and metrics -----------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class TrainRow:
     `pixel_digest` the digest of the pixels the generator fed the model for them
     (`Completion.pixel_digest`): a vision model's trainer recomputes the pixels from the images
     and refuses the row when they differ, or when image tokens and images disagree.
+    `baseline` (None: none) is what the row's reward is judged against instead of its group's
+    mean: the trainer takes its advantage as reward - baseline, whatever the loss
+    (`TaskMeta.baseline`: a derived task's under `tasks.branch.baseline: fresh`).
     """
 
     prompt_ids: tuple[int, ...]
@@ -52,6 +55,7 @@ class TrainRow:
     entropy_coef: float = 0.0
     images: tuple[Image, ...] = ()
     pixel_digest: str = ""
+    baseline: float | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -97,6 +101,7 @@ class TrainRow:
         rollout_id: str = "",
         entropy_coef: float = 0.0,
         images: Sequence[Image] = (),
+        baseline: float | None = None,
     ) -> TrainRow:
         """A row from an engine Completion (its pixel digest with it); the mask defaults to all ones."""
         mask = tuple(loss_mask) if loss_mask is not None else (1,) * len(completion.token_ids)
@@ -112,6 +117,7 @@ class TrainRow:
             float(entropy_coef),
             tuple(images),
             completion.pixel_digest,
+            None if baseline is None else float(baseline),
         )
 
 
@@ -169,8 +175,9 @@ def rows_of(
 ) -> tuple[TrainRow, ...]:
     """The TrainRows of a group's scored rollouts, each carrying its trace id, its training reward
     (the verifier's plus any diversity bonus), its domain's entropy-bonus coefficient
-    (`entropy_coef`; None: 0) and the images its sequence holds (`Rollout.images`: the task
-    prompt's, then a multi-turn episode's observation images)."""
+    (`entropy_coef`; None: 0), the images its sequence holds (`Rollout.images`: the task
+    prompt's, then a multi-turn episode's observation images) and its task's baseline
+    (`TaskMeta.baseline`)."""
     coef = entropy_coef or (lambda _: 0.0)
     return tuple(
         TrainRow.from_completion(
@@ -182,6 +189,7 @@ def rows_of(
             r.id,
             coef(r.task.domain),
             r.images,
+            r.task.meta.baseline,
         )
         for r in group
         if r.train_reward is not None

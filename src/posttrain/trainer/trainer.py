@@ -437,6 +437,9 @@ class Trainer:
         group_b = torch.tensor([group_index.setdefault(r.group_id, len(group_index)) for r in batch.rows])
         reward_b = torch.tensor([r.reward for r in batch.rows], dtype=torch.float64)
         exact_b = self.loss.advantages(reward_b, group_b)  # the one advantage computation of a step
+        for i, r in enumerate(batch.rows):  # a row judged against a baseline, not its group (TrainRow.baseline)
+            if r.baseline is not None:
+                exact_b[i] = r.reward - r.baseline
         advantage_b = exact_b.to(torch.float32)  # as the loss, the trace and the monitor see it
         nonzero_b = (exact_b != 0).long()
         signal_g = torch.zeros(len(group_index), dtype=torch.long).index_add_(0, group_b, nonzero_b) > 0
