@@ -154,6 +154,8 @@ def figures(
     out["converted_on"] = [i for i in ids if converted(model[i], budget) > 0]
     failed = sum(1 - v for v in cols["turn1"])
     out["converted_given_failed"] = sum(cols["converted"]) / failed if failed else 0.0
+    if "repeated" in cols:
+        out["repeated_given_failed"] = sum(cols["repeated"]) / failed if failed else 0.0
     return out
 
 
@@ -213,7 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(report(rows, budget))
     for name, r in rows.items():
-        rep = f"; the revision repeats the attempt in {r['repeated'][0]:.3f} of samples" if "repeated" in r else ""
+        rep = (
+            f"; the revision repeats the attempt in {r['repeated'][0]:.3f} of samples "
+            f"({r['repeated_given_failed']:.3f} of the failed first turns)"
+            if "repeated" in r
+            else ""
+        )
         print(
             f"{name}: conversions on {', '.join(r['converted_on']) or 'no item'}; the eval's own converted "
             f"(normal interval over items): {r['eval_converted']}{rep}"
