@@ -127,7 +127,8 @@ def test_main_prints_the_control_table_and_refuses_files_without_the_control(tmp
     out = capsys.readouterr().out
     assert "| base | 0.000 / 0.000 | 0.250 [0.250, 0.250] | 0.250 [0.250, 0.250] | +0.000 [+0.000, +0.000] |" in out
     assert "| s0 | 0.000 / 0.000 | 0.500 [0.500, 0.500] | 0.000 [0.000, 0.000] | +0.500 [+0.500, +0.500] |" in out
-    assert "0.250 / 1.000 |" in out and "repeats the attempt in 0.250 of samples (0.250 of the failed first turns)" in out
+    assert "0.250 / 1.000 |" in out
+    assert "repeats the attempt in 0.250 of samples (0.250 of the failed first turns)" in out
     lone = eval_json(tmp_path / "lone.json", {"pyfunc_revise:eval:2:0": (0.0, 0.5)})
     with pytest.raises(SystemExit, match="has no domain 'pyfunc_retry'"):
         sl.main(["--base", str(base), "--trained", str(lone), "--boot", "200", "--control", "pyfunc_retry"])
