@@ -57,6 +57,15 @@ def load_items(path: Path, domain: str) -> tuple[int, dict[str, dict[str, float]
     return budget, {k: dict(v) for k, v in items.items()}, dict(res.get("sampling", {}))
 
 
+def with_intervals(cols: Mapping[str, Sequence[float]], boot: int, seed: int) -> dict[str, Any]:
+    """{"items": n} and each column's (mean, low, high) over its per-item values: evaluate/stats.py's
+    bootstrap (items resampled, 95% percentiles), the items as one "domain"."""
+    out: dict[str, Any] = {"items": len(next(iter(cols.values())))}
+    for key, vals in cols.items():
+        out[key] = (statistics.fmean(vals), *mean_over_domains_interval({key: vals}, seed, boot))
+    return out
+
+
 def converted(values: Mapping[str, float], budget: int, metric: str = "converted") -> float:
     """One item's share of samples a revision converted (passed at some turn t >= 2), or with
     metric="repeated" the share whose revision handed back the attempt before it."""
@@ -92,10 +101,7 @@ def control(
     if all("repeated-at-turn@2" in a[i] and "repeated-at-turn@2" in b[i] for i in ids):
         cols["repeated"] = [converted(a[i], budget, "repeated") for i in ids]
         cols["repeated_control"] = [converted(b[i], budget, "repeated") for i in ids]
-    out: dict[str, Any] = {"items": len(ids)}
-    for key, vals in cols.items():
-        out[key] = (statistics.fmean(vals), *mean_over_domains_interval({key: vals}, seed, boot))
-    return out
+    return with_intervals(cols, boot, seed)
 
 
 def control_report(rows: Mapping[str, Mapping[str, Any]], domain: str, ctl: str) -> str:
@@ -147,10 +153,7 @@ def figures(
         "base_last": [base[i][last] for i in ids],
         "base_converted": [converted(base[i], budget) for i in ids],
     }
-    out: dict[str, Any] = {"items": len(ids)}
-    for key, vals in cols.items():
-        # evaluate/stats.py's bootstrap (items resampled, 95% percentiles); one "domain": these items
-        out[key] = (statistics.fmean(vals), *mean_over_domains_interval({key: vals}, seed, boot))
+    out = with_intervals(cols, boot, seed)
     out["converted_on"] = [i for i in ids if converted(model[i], budget) > 0]
     failed = sum(1 - v for v in cols["turn1"])
     out["converted_given_failed"] = sum(cols["converted"]) / failed if failed else 0.0
