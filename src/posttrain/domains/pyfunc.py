@@ -254,14 +254,18 @@ def ask_revision(observation: str) -> str:
 
 class PyFuncReviseEnv(CodeRevisionEnv):
     """`code.CodeRevisionEnv`, its sandbox requests labelled pyfunc_revise, a failure's observation
-    closed by `ASK_REVISION`."""
+    (what `shown` keeps of it: here all) closed by `ASK_REVISION`."""
 
     def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "pyfunc_revise") -> None:
         super().__init__(runner, domain)
 
+    def shown(self, observation: str) -> str:
+        """What the model is shown of a failure's observation (a subclass may withhold part of it)."""
+        return observation
+
     def step(self, action: str):
         result = super().step(action)
-        return result if result.done else replace(result, observation=ask_revision(result.observation))
+        return result if result.done else replace(result, observation=ask_revision(self.shown(result.observation)))
 
 
 class PyFuncReviseVerifier(RevisionVerifier):
@@ -331,9 +335,8 @@ class PyFuncRetryEnv(PyFuncReviseEnv):
     def __init__(self, runner: Callable[[Any], Any] | None = None, domain: str = "pyfunc_retry") -> None:
         super().__init__(runner, domain)
 
-    def step(self, action: str):
-        result = CodeRevisionEnv.step(self, action)
-        return result if result.done else replace(result, observation=ask_revision(count_line(result.observation)))
+    def shown(self, observation: str) -> str:
+        return count_line(observation)
 
 
 class PyFuncRetryVerifier(PyFuncReviseVerifier):
