@@ -33,6 +33,7 @@ from typing import Any
 from posttrain.domains.base import Budget, ProceduralDomain, split_of, stable_rng
 from posttrain.domains.code import (
     CHEATS,
+    Code,
     CodeReference,
     CodeRevisionEnv,
     CodeRun,
@@ -40,7 +41,6 @@ from posttrain.domains.code import (
     RevisionReference,
     RevisionVerifier,
     TestOutput,
-    extract_code,
     feedback,
     show_tests,
     visible_lookup,
@@ -222,9 +222,7 @@ class PyFunc(ProceduralDomain):
     def gold(self, task: Task) -> str:
         return self._code(task)
 
-    def action_key(self, action: str) -> str:
-        """The action's code (`code.extract_code`), whitespace aside: the prose around it does not count."""
-        return " ".join(extract_code(action).split())
+    action_key = Code.action_key  # the code family's: its code, whitespace aside, not the prose around it
 
     def wrong(self, task: Task) -> str:
         return self._code(task, bad=True)
