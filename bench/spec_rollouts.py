@@ -1,19 +1,23 @@
 """Speculative rollouts: the hf engine's tokens/s with `engine.speculation` off and suffix, side by side.
 
 The RL loop's rollouts: each "step" is one engine call of the same prompts (the demo's four
-domains at --difficulty), run --rounds times as epochs would (sampled: new seeds each round;
-the drafter also reads the earlier rounds' completions of the same prompt). Four scenarios:
-greedy and sampled (T = 1), at batch 1 (one request of one sample per call) and at the RL batch
-(--prompts prompts x --group samples in one call). Three engines over the one model in this
-process: speculation off, suffix with auto-off (the setting's default), suffix without it;
-within each round the three take turns (the order rotating), so a busy machine slows all
-alike. Printed per row: generated tokens/s (best round after the first, whose warm-up is left
-out of every mode), the ratio to off, forwards, mean accepted length (tokens emitted per
-verified draft), acceptance, whether the completions were identical to off's, and the peak RSS
-of a child process that runs every scenario once in that mode alone.
+domains at --difficulty, or --domains), run --rounds times as epochs would (sampled: new seeds
+each round; the drafter also reads the earlier rounds' completions of the same prompt). Four
+scenarios: greedy and sampled (--temperature, default 1), at batch 1 (one request of one sample
+per call) and at the RL batch (--prompts prompts x --group samples in one call). One engine per
+mode over the one model in this process (--modes; default: speculation off, suffix with auto-off,
+the setting's default, and suffix without it, "suffix-always"; "head" and "head-always" draft with
+the co-trained draft head of a model folder that holds one); within each round the modes take
+turns (the order rotating), so a busy machine slows all alike. Printed per row: generated tokens/s
+(best round after the first, whose warm-up is left out of every mode), the ratio to off,
+forwards, mean accepted length (tokens emitted per verified draft), acceptance in all and at
+depths 1-4, whether the completions were identical to off's, and the peak RSS of a child process
+that runs every scenario once in that mode alone.
 
 .venv/bin/python bench/spec_rollouts.py                                  # the cached demo base
 .venv/bin/python bench/spec_rollouts.py --model runs/x/checkpoints/step_00000100   # a trained policy
+.venv/bin/python bench/spec_rollouts.py --model EXPORT --domains pyfunc_revise:1,ifeval:1 --prompts 8 --group 4 \
+    --max-tokens 128 --temperature 0.7 --modes off,suffix-always,head-always      # the real model after RL
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAINS = ("add", "sub", "reverse", "sort")
-MODES = {"off": ("off", True), "suffix": ("suffix", True), "suffix, no auto-off": ("suffix", False)}
+MODES = {
+    "off": ("off", True),
+    "suffix": ("suffix", True),
+    "suffix-always": ("suffix", False),
+    "head": ("head", True),
+    "head-always": ("head", False),
+}
+"""Mode name -> (engine.speculation.kind, auto_off; "-always": without auto-off). The head modes
+need a model folder with the co-trained draft head (`draft_head.pt`: a checkpoint or export of a
+run with trainer.draft_head)."""
 
 
 def setup(args: argparse.Namespace, modes: list[str]):
@@ -44,28 +57,45 @@ def setup(args: argparse.Namespace, modes: list[str]):
     from posttrain.engine.hf import HFEngine, HFEngineConfig
     from posttrain.evaluate import eval_tasks
     from posttrain.model.arch import load_model
+    from posttrain.model.draft_head import load_if_any
     from posttrain.model.pretrain import ensure_base
 
     torch.set_num_threads(1)
     path = args.model or ensure_base(load_config(ROOT / "configs" / "default.yaml").base, progress=False)
     model, tok = load_model(path, device="cpu")
     model.eval()
+    head = load_if_any(path, model) if any(MODES[m][0] == "head" for m in modes) else None
+    if head is None and any(MODES[m][0] == "head" for m in modes):
+        raise SystemExit(
+            f"{path}: no draft head (draft_head.pt) for the head modes; train with trainer.draft_head.enabled"
+        )
     engines = {}
     for m in modes:
         kind, auto = MODES[m]
         spec = SpeculationConfig(kind=kind, max_draft=args.max_draft, auto_off=auto)
-        engines[m] = HFEngine(model, tok, config=HFEngineConfig(speculation=spec), seed=0)
-    per_domain = [eval_tasks(d, args.difficulty, args.prompts) for d in DOMAINS]
+        engines[m] = HFEngine(model, tok, config=HFEngineConfig(speculation=spec), seed=0, draft_head=head)
+    levels = domain_levels(args)
+    per_domain = [eval_tasks(d, lvl, args.prompts) for d, lvl in levels.items()]
     tasks = [t for round_robin in zip(*per_domain) for t in round_robin][: args.prompts]
     prompts = [engines[modes[0]].encode_chat(t.prompt) for t in tasks]
     return engines, prompts
+
+
+def domain_levels(args: argparse.Namespace) -> dict[str, int]:
+    """--domains add:1,sort:2 (each domain at its level), else the demo's four at --difficulty."""
+    if not args.domains:
+        return {d: args.difficulty for d in DOMAINS}
+    try:
+        return {d: int(lv) for d, lv in (item.split(":") for item in args.domains.split(","))}
+    except ValueError:
+        raise SystemExit(f"--domains {args.domains!r}: expected domain:level,... (pyfunc_revise:1,ifeval:1)") from None
 
 
 def step(engine, prompts, scenario: str, r: int, args: argparse.Namespace) -> tuple[float, int, list]:
     """One step of a scenario: (seconds, generated tokens, the completions' token ids)."""
     from posttrain.types import GenerationRequest, SamplingParams
 
-    temperature = 0.0 if scenario.startswith("greedy") else 1.0
+    temperature = 0.0 if scenario.startswith("greedy") else args.temperature
     group = args.group if scenario.endswith("rl") else 1
     reqs = [
         GenerationRequest(p, SamplingParams(n=group, max_tokens=args.max_tokens, temperature=temperature, seed=seed))
@@ -87,7 +117,17 @@ def rss_child(args: argparse.Namespace) -> None:
 
 
 def peak_rss(args: argparse.Namespace, mode: str) -> float:
-    passed = ["model", "prompts", "group", "max_tokens", "max_draft", "difficulty", "scenarios"]
+    passed = [
+        "model",
+        "prompts",
+        "group",
+        "max_tokens",
+        "max_draft",
+        "difficulty",
+        "scenarios",
+        "domains",
+        "temperature",
+    ]
     cmd = [sys.executable, __file__, "--rss-of", mode]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in passed if getattr(args, k) is not None]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -107,6 +147,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-draft", type=int, default=8)
     ap.add_argument("--scenarios", default="greedy-1,sampled-1,greedy-rl,sampled-rl")
+    ap.add_argument("--domains", help="domain:level,... (default: the demo's add, sub, reverse, sort at --difficulty)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="the sampled scenarios' temperature")
+    ap.add_argument(
+        "--modes", default="off,suffix,suffix-always", help=f"comma separated, 'off' first: {', '.join(MODES)}"
+    )
     ap.add_argument("--no-rss", action="store_true", help="skip the per-mode peak RSS child processes")
     ap.add_argument("--rss-of", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -114,12 +159,14 @@ def main() -> None:
         rss_child(args)
         return
     started = time.perf_counter()
-    modes = list(MODES)
+    modes = args.modes.split(",")
+    if modes[0] != "off" or not set(modes) <= set(MODES) or len(set(modes)) != len(modes):
+        raise SystemExit(f"--modes {args.modes!r}: 'off' first, then any of {', '.join(list(MODES)[1:])}, once each")
     engines, prompts = setup(args, modes)
     print(
-        f"model: {args.model or 'the demo base (configs/default.yaml)'}; {len(prompts)} prompts (level "
-        f"{args.difficulty}), group {args.group}, {args.rounds} rounds, max_tokens {args.max_tokens}, "
-        f"max_draft {args.max_draft}, one torch thread"
+        f"model: {args.model or 'the demo base (configs/default.yaml)'}; {len(prompts)} prompts of "
+        f"{domain_levels(args)}, group {args.group}, T {args.temperature} sampled, {args.rounds} rounds, "
+        f"max_tokens {args.max_tokens}, max_draft {args.max_draft}, one torch thread"
     )
     rss = {m: float("nan") if args.no_rss else peak_rss(args, m) for m in modes}
     cols = (
@@ -130,6 +177,7 @@ def main() -> None:
         "forwards",
         "mean accepted len",
         "acceptance",
+        "d1 / d2 / d3 / d4",
         "identical",
         "RSS MB",
     )
@@ -153,9 +201,11 @@ def main() -> None:
             c = {k: v - counts0[m].get(k, 0) for k, v in engines[m].counters().items()}
             acc_len = f"{1 + c['spec_accepted'] / c['spec_rows']:.2f}" if c.get("spec_rows") else ""
             acceptance = f"{c['spec_accepted'] / c['spec_proposed']:.2f}" if c.get("spec_proposed") else ""
+            at = [(c.get(f"spec_accepted_d{d}", 0), c.get(f"spec_proposed_d{d}", 0)) for d in range(1, 5)]
+            depths = " / ".join(f"{a / p:.2f}" if p else "-" for a, p in at) if c.get("spec_proposed") else ""
             print(
                 f"| {scenario} | {m} | {best[m]:.0f} | {best[m] / best['off']:.2f} | {forwards[m]} | {acc_len} | "
-                f"{acceptance} | {'yes' if same[m] else 'NO'} | {rss[m]:.0f} |",
+                f"{acceptance} | {depths} | {'yes' if same[m] else 'NO'} | {rss[m]:.0f} |",
                 flush=True,
             )
     print(f"wall {time.perf_counter() - started:.0f} s")

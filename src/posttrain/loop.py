@@ -570,8 +570,13 @@ def _summary(
     branch: dict[str, list[float]] = {}  # derived tasks' rewards (tasks.branch), apart from their domain's own
     errors = truncated = 0
     tokens: dict[str, list[int]] = {}
+    drafts: dict[str, list[int]] = {}  # engine.speculation per domain: drafts verified, proposed, accepted
     for g in groups:
         for r in g:
+            if r.completion.spec:
+                counts = drafts.setdefault(r.task.domain, [0, 0, 0])
+                for k, v in enumerate(r.completion.spec[:3]):
+                    counts[k] += v
             errors += r.reward is None
             truncated += r.completion.finish_reason == "length"
             row = tokens.setdefault(r.task.domain, [0, 0, 0])  # rollouts, completion tokens, truncated
@@ -597,6 +602,9 @@ def _summary(
         out[f"truncated_share_{d}"] = round(cut / n, 4)
         if budgets and d in budgets:
             out[f"token_budget_{d}"] = budgets[d].tokens
+    if drafts:  # engine.speculation: acceptance and mean accepted length of each domain's drafts
+        out["spec_acceptance_by_domain"] = {d: round(a / p, 4) for d, (_, p, a) in sorted(drafts.items()) if p}
+        out["spec_accepted_len_by_domain"] = {d: round(1 + a / n, 4) for d, (n, _, a) in sorted(drafts.items())}
     return out
 
 

@@ -319,6 +319,10 @@ class Completion:
     """sha256 of the pixel tensor the engine fed the model for the request's images
     (model/vision.py `pixel_digest`); empty for a prompt without images. The trainer recomputes
     the pixels from the images and refuses a row whose digest differs."""
+    spec: tuple[int, ...] = field(default=(), metadata={"omit_empty": True})
+    """Speculative decoding on this sample (the hf engine with `engine.speculation`): drafts
+    verified, draft tokens proposed, draft tokens accepted, over its generation (every turn of an
+    episode); empty where nothing was drafted or the engine does not say."""
 
 
 def to_dict(record: Any) -> Any:

@@ -364,9 +364,32 @@ def test_counters_per_depth_and_the_metrics_figures():
     c.drafting = 6  # 3 row-steps drafted, 3 found nothing
     got = c.counters()
     row = acceptance_row({f"engine_{k}": v for k, v in got.items()}, {})
-    assert row == {"engine_spec_acceptance": 0.5, "engine_spec_accepted_len": 2.0, "engine_spec_step_len": 1.5}
+    depths = {"engine_spec_acceptance_d1": round(2 / 3, 4), "engine_spec_acceptance_d2": 0.5}
+    depths["engine_spec_acceptance_d3"] = 0.0  # one draft reached depth 3, its third token refused
+    assert row == {
+        "engine_spec_acceptance": 0.5,
+        "engine_spec_accepted_len": 2.0,
+        "engine_spec_step_len": 1.5,
+        **depths,
+    }
     assert acceptance_row(got, got) == {}  # nothing verified in between
     assert acceptance_row({"engine_restarts": 1}, {}) == {}
+
+
+def test_each_sample_carries_its_own_drafts_and_they_sum_to_the_engines(model_tok):
+    """`Completion.spec` (drafts verified, proposed, accepted) per sample: summed over the
+    samples it equals the engine's counters; without speculation it is empty."""
+    spec = engine(model_tok)
+    before = spec.counters()
+    comps = twice(spec, requests(spec, 1.0))
+    got = spec.counters()
+    assert any(c.spec for c in comps)
+    totals = [sum(c.spec[k] for c in comps if c.spec) for k in range(3)]
+    names = ("spec_rows", "spec_proposed", "spec_accepted")
+    assert totals == [got[n] - before.get(n, 0) for n in names]
+    assert all(c.spec[2] <= c.spec[1] and c.spec[0] <= c.spec[1] for c in comps if c.spec)
+    off = engine(model_tok, "off")
+    assert not any(c.spec for c in twice(off, requests(off, 1.0)))
 
 
 def test_weight_sync_stats_carry_the_acceptance_of_the_last_step(model_tok, tmp_path):

@@ -8,6 +8,7 @@ from loopcfg import tiny
 
 from posttrain.configs import load_config
 from posttrain.metrics_log import read_metrics
+from posttrain.trace import TraceStore
 
 
 @pytest.mark.heavy  # a whole run: about 15 s on a busy 2-core machine
@@ -21,6 +22,16 @@ def test_a_speculative_run_logs_its_acceptance_every_step(tmp_path, micro_base):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["engine_spec_proposed"] > 0 and "engine_spec_accepted_d1" in r for r in rows)
     assert all(1.0 <= r["engine_spec_accepted_len"] <= 9.0 and 0 <= r["engine_spec_acceptance"] <= 1 for r in rows)
+    assert all(0 <= r["engine_spec_acceptance_d1"] <= 1 for r in rows)
+    # per domain: the step's drafts of each domain, from the samples' own counts (Completion.spec)
+    for r in rows:
+        by_domain = r["spec_acceptance_by_domain"]
+        assert (
+            by_domain and set(by_domain) <= set(r["reward_by_domain"]) and all(0 <= v <= 1 for v in by_domain.values())
+        )
+        assert all(v >= 1.0 for v in r["spec_accepted_len_by_domain"].values())
+    traced = [t["timings"] for t in TraceStore(run_dir / "trace.db").recent(10_000) if "spec_drafts" in t["timings"]]
+    assert traced and all(0 <= t["spec_accepted"] <= t["spec_proposed"] for t in traced)  # each rollout's own, traced
 
 
 @pytest.mark.heavy  # a whole run: about 15 s on a busy 2-core machine
@@ -37,5 +48,6 @@ def test_a_run_with_the_draft_head_drafts_with_it_and_checkpoints_it(tmp_path, m
     rows = read_metrics(run_dir / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["engine_spec_proposed"] > 0 and "engine_spec_accepted_d1" in r for r in rows)
+    assert all(len(r["draft_acc"]) >= 1 and all(0 <= a <= 1 for a in r["draft_acc"]) for r in rows if r["n_sequences"])
     ckpt = latest_checkpoint(run_dir)
     assert all((ckpt / name).is_file() for name in (WEIGHTS, META, DRAFT_OPTIMIZER))

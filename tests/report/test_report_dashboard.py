@@ -225,3 +225,38 @@ def test_the_page_lists_the_runs_config_history(tmp_path, no_plots):
     page = write_report(run).read_text()
     assert "branched from runs/a/checkpoints/step_00000004 (step 4 of a)" in page
     assert "resumed at step 3 with run.steps 3 -&gt; 6" in page
+
+
+def test_speculation_is_plotted_per_depth_domain_and_head_only_when_the_run_has_it(tmp_path, monkeypatch):
+    """engine.speculation's acceptance at each depth and per domain, and trainer.draft_head's
+    accuracy at each depth: one figure of three panels, from the keys the loop writes."""
+    drawn: dict = {}
+
+    def fake(title, panels, *a, **k):
+        drawn[title] = dict(panels)
+        return "data:image/png;base64,x"
+
+    monkeypatch.setattr(report_html, "_figure", fake)
+    monkeypatch.setattr(report_html, "_png", lambda fig: _closed(fig) or "data:image/png;base64,x")
+    monkeypatch.setattr(dashboard, "_panel", lambda curve, lines: "data:image/png;base64,x")
+    spec = dict(
+        FULL,
+        engine_spec_acceptance_d1=0.8,
+        engine_spec_acceptance_d2=0.5,
+        engine_spec_accepted_len=2.3,
+        spec_acceptance_by_domain={"add": 0.7, "sort": 0.9},
+        draft_acc=[0.6, 0.4, 0.2],
+    )
+    write_report(_run(tmp_path, "spec", rows=spec))
+    got = drawn["speculative decoding"]
+    depths, domains, head = got.values()
+    assert set(depths) == {"depth 1", "depth 2", "mean accepted length / 10"}
+    assert depths["depth 2"] == [(1, 0.5), (2, 0.5), (3, 0.5)] and depths["mean accepted length / 10"][0] == (
+        1,
+        pytest.approx(0.23),
+    )
+    assert domains == {"add": [(s, 0.7) for s in (1, 2, 3)], "sort": [(s, 0.9) for s in (1, 2, 3)]}
+    assert head["depth 3"] == [(1, 0.2), (2, 0.2), (3, 0.2)]
+    drawn.clear()
+    write_report(_run(tmp_path, "plain"))
+    assert drawn and "speculative decoding" not in drawn

@@ -41,11 +41,13 @@ def test_the_policy_update_is_bit_identical_with_and_without_the_head():
 def test_the_head_learns_the_rollouts_next_tokens():
     model, _ = random_model("micro", 5)
     trainer = Trainer(model, TrainerConfig(lr=1e-3, draft_head=DraftHeadConfig(enabled=True, depth=2, lr=0.1)))
-    trainer.step(_batch(0))
-    first = list(trainer.draft_acc)
+    first = trainer.step(_batch(0)).draft_acc
+    assert list(first) == [round(a, 4) for a in trainer.draft_acc]  # the step's stats carry it (the metrics row)
     for step in range(1, 20):
-        trainer.step(_batch(step))
+        last = trainer.step(_batch(step))
     assert first[0] < 0.5 and trainer.draft_acc == [1.0, 1.0]  # the pattern (a cycle of 6) is learned
+    assert last.draft_acc == (1.0, 1.0)
+    assert _trainer(False).step(_batch(0)).draft_acc == ()  # no head: nothing to report
 
 
 def test_the_head_is_saved_restored_and_exported(tmp_path):

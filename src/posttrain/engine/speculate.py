@@ -167,9 +167,11 @@ class SpecCounters:
 def acceptance_row(now: dict[str, int], before: dict[str, int]) -> dict[str, float]:
     """Figures between two `counters()` snapshots (prefixed or not, the same keys): acceptance
     (accepted / proposed draft tokens) and mean accepted length (tokens emitted per verified
-    draft: accepted + the one the policy adds), when a draft was verified between them; and
+    draft: accepted + the one the policy adds), when a draft was verified between them;
     `spec_step_len`, tokens emitted per row per step at the steps that drafted (1.0: nothing
-    drafted or accepted, as with a wiped drafter), when such steps ran."""
+    drafted or accepted, as with a wiped drafter), when such steps ran; and `spec_acceptance_d{i}`,
+    the share of drafts with an i-th token whose i-th token was accepted, for each depth i that
+    drafted between them."""
     key = next((k for k in now if k.endswith("spec_rows")), None)
     if key is None:
         return {}
@@ -190,6 +192,12 @@ def acceptance_row(now: dict[str, int], before: dict[str, int]) -> dict[str, flo
         out[pre + "spec_accepted_len"] = round(1 + accepted / rows, 4)
     if drafting > 0:
         out[pre + "spec_step_len"] = round(1 + accepted / drafting, 4)
+    depth = 1
+    while pre + f"spec_proposed_d{depth}" in now:  # acceptance at each depth: of drafts with a d-th token
+        proposed_d = delta(f"spec_proposed_d{depth}")
+        if proposed_d > 0:
+            out[pre + f"spec_acceptance_d{depth}"] = round(delta(f"spec_accepted_d{depth}") / proposed_d, 4)
+        depth += 1
     return out
 
 

@@ -625,6 +625,8 @@ class GroupRun:
             if t.timed_out:
                 timings["timed_out"] = 1.0
             mask, first, seen = t.loss_mask, t.first_observation, t.seen_images[len(self.task.images) :]
+        if c.spec:  # engine.speculation: this sample's drafts (the trace and the loop's per-domain figures)
+            timings["spec_drafts"], timings["spec_proposed"], timings["spec_accepted"] = map(float, c.spec)
         ex, turns = (ep.exec_result, ep.turns) if ep else (None, ())
         retries = self._group_retries + self._retried[i]
         row = (self.task, c, self._group_id, v.score, v.error_kind, v.error, timings, mask, ex, turns, first, retries)

@@ -126,11 +126,33 @@ class RunData:
         return [(r["step"], float(r[key])) for r in self.train if isinstance(r.get(key), (int, float))]
 
     def reward_by_domain(self) -> Series:
+        return self.train_by_domain("reward_by_domain")
+
+    def train_by_domain(self, key: str) -> Series:
+        """A train row's per-domain figure `key` (a dict: domain -> value) as one line per domain."""
         out: Series = {}
         for row in self.train:
-            for domain, value in row.get("reward_by_domain", {}).items():
+            for domain, value in (row.get(key) or {}).items():
                 out.setdefault(domain, []).append((row["step"], float(value)))
         return out
+
+    def speculation(self) -> tuple[Series, Series, Series]:
+        """Speculative rollouts (engine.speculation) and the co-trained draft head
+        (trainer.draft_head), per step: the engine's acceptance at each depth (`engine_spec_acceptance_d{i}`,
+        with the mean accepted length beside it), its acceptance per domain, and the head's
+        teacher-forced accuracy at each depth (`draft_acc`). Empty series for a run without them."""
+        by_depth: Series = {}
+        head: Series = {}
+        for row in self.train:
+            for key, value in row.items():
+                if key.startswith("engine_spec_acceptance_d") and isinstance(value, (int, float)):
+                    by_depth.setdefault("depth " + key.rsplit("_d", 1)[1], []).append((row["step"], float(value)))
+            for depth, value in enumerate(row.get("draft_acc") or (), start=1):
+                head.setdefault(f"depth {depth}", []).append((row["step"], float(value)))
+        length = self.train_series("engine_spec_accepted_len")
+        if length:
+            by_depth["mean accepted length / 10"] = [(s, v / 10) for s, v in length]
+        return by_depth, self.train_by_domain("spec_acceptance_by_domain"), head
 
     def shares(self) -> Series:
         """The pool's target sampling share per domain after each step (alarms may lower one)."""

@@ -483,6 +483,23 @@ def render(data: RunData) -> str:
             "(trainer.mismatch), and the check after each weight push (engine.verify_sync)",
         ),
     ]
+    wide = set(_WIDE)
+    depths, domains, head = data.speculation()
+    if depths or domains or head:  # only runs with engine.speculation or trainer.draft_head
+        wide.add(len(figures))
+        panels = [
+            ("draft acceptance at each depth (rollouts)", depths),
+            ("draft acceptance per domain (rollouts)", domains),
+            ("draft head accuracy at each depth (its fit, teacher-forced)", head),
+        ]
+        figures.append(
+            (
+                _figure("speculative decoding", panels),
+                "engine.speculation: the share of drafts reaching each depth whose token there was accepted, the "
+                "mean tokens emitted per verified draft (over 10), each domain's acceptance; trainer.draft_head: "
+                "the head's argmax against the policy's sampled token at each depth before its update",
+            )
+        )
     turns = turns_plot(data)
     if turns is not None:  # only runs with a multi-turn domain
         figures.append(
@@ -492,7 +509,7 @@ def render(data: RunData) -> str:
                 "and after training",
             )
         )
-    body = "".join(_img(src, cap, wide=i in _WIDE) for i, (src, cap) in enumerate(figures))
+    body = "".join(_img(src, cap, wide=i in wide) for i, (src, cap) in enumerate(figures))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>posttrain report: {html.escape(data.path.name)}</title>
 <style>{_CSS}{dashboard.CSS}</style></head><body>

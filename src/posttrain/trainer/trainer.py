@@ -97,6 +97,10 @@ class StepStats:
     entropy_bonus: float = 0.0
     """The entropy term subtracted from the loss (trainer.entropy_bonus): the sum over loss tokens of
     each row's coefficient x the policy's token entropy, over the step's loss tokens (0: no bonus)."""
+    draft_acc: tuple[float, ...] = ()
+    """trainer.draft_head: the head's accuracy at each depth on this step's loss tokens, before its
+    update (teacher-forced: its argmax against the policy's sampled token); empty when no head
+    or no fit ran."""
     rollouts: Mapping[str, RolloutLink] = field(default_factory=dict)
     """Rollout id -> advantage, ratio and clipped share of every batch row that carries
     a rollout id (the trace and the monitor read these: computed once, here)."""
@@ -713,6 +717,7 @@ class Trainer:
             seconds=time.perf_counter() - started,
             **gap,
             entropy_bonus=acc.bonus if acc is not None else 0.0,
+            draft_acc=tuple(round(a, 4) for a in self.draft_acc) if acc is not None else (),
             rollouts=self._links(batch, prepared),
         )
 
