@@ -10,7 +10,7 @@ from test_engine_hf import spread_model
 
 from posttrain.configs.engine import EngineConfig, SpeculationConfig
 from posttrain.engine.hf import HFEngine, HFEngineConfig
-from posttrain.errors import ConfigError, GenerationError
+from posttrain.errors import ConfigError, GenerationError, ModelLoadError
 from posttrain.model.draft_head import DraftHead, load, policy_tables
 from posttrain.types import GenerationRequest, Message, SamplingParams
 
@@ -122,3 +122,60 @@ def test_a_pushed_folder_with_a_head_replaces_the_engines_head(model_tok, fitted
 def test_head_speculation_without_a_head_is_a_config_error(model_tok):
     with pytest.raises(ConfigError, match="no draft head"):
         engine(model_tok, None)
+
+
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_changes_no_output(model_tok, fitted):
+    """vocab_top: the head drafts over the most frequent fitted tokens only (a token outside is
+    left to the target), so greedy outputs and log-probs stay plain decoding's; over a vocabulary
+    that holds every fitted token it drafts what the whole vocabulary drafts."""
+    model, _ = model_tok
+    embed_vh, lm_vh = policy_tables(model)
+    assert int((fitted.counts > 0).sum()) > 4  # the fixture's fit counted its targets
+    small = DraftHead(fitted.hidden, fitted.depth, vocab_top=2)
+    small.load_state_dict(fitted.state_dict())
+    ids, rows = small.draft_vocab(lm_vh)
+    assert torch.equal(ids, torch.topk(fitted.counts, 2).indices) and torch.equal(rows, lm_vh[ids])
+    hidden, last = torch.randn(6, fitted.hidden), torch.arange(6)
+    assert set(small.draft(hidden, last, 4, embed_vh, lm_vh).flatten().tolist()) <= set(ids.tolist())
+    whole = DraftHead(fitted.hidden, fitted.depth, vocab_top=lm_vh.shape[0])
+    whole.load_state_dict(fitted.state_dict())
+    assert len(whole.draft_vocab(lm_vh)[0]) == int((fitted.counts > 0).sum())
+    seq = torch.tensor([c for c in fitted.counts.nonzero().flatten().tolist()][:6])
+    h = model.get_decoder()(input_ids=seq[None]).last_hidden_state[0]
+    assert torch.equal(whole.draft(h, seq, 4, embed_vh, lm_vh), fitted.draft(h, seq, 4, embed_vh, lm_vh))
+    plain, spec = engine(model_tok, None, "off"), engine(model_tok, small)
+    a = [c for g in plain.generate(requests(plain)) for c in g]
+    b = [c for g in spec.generate(requests(spec)) for c in g]
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p.logprobs, q.logprobs)) < 1e-5
+
+
+def test_the_draft_vocabulary_follows_new_counts_and_an_lm_head_changed_in_place(fitted):
+    head = DraftHead(fitted.hidden, fitted.depth, vocab_top=1)
+    head.load_state_dict(fitted.state_dict())
+    lm = torch.randn(len(fitted.counts), fitted.hidden)
+    first, rows = head.draft_vocab(lm)
+    rare = int(torch.argmin(fitted.counts + (fitted.counts == 0) * 10**9))  # a counted token, the least
+    head.count(torch.full((10**6,), rare), len(lm))  # now the most frequent
+    assert head.draft_vocab(lm)[0].tolist() == [rare] != first.tolist()
+    with torch.no_grad():
+        lm.mul_(2.0)  # a weight update in place (a full fine-tune's push)
+    assert torch.equal(head.draft_vocab(lm)[1], lm[[rare]])
+
+
+def test_a_head_saved_before_the_draft_vocabulary_loads_and_drafts_over_all(fitted, tmp_path):
+    import json
+
+    fitted.save(tmp_path)
+    state = torch.load(tmp_path / "draft_head.pt", weights_only=True)
+    del state["counts"]
+    torch.save(state, tmp_path / "draft_head.pt")
+    meta = json.loads((tmp_path / "draft_head.json").read_text())
+    del meta["vocab_top"]
+    (tmp_path / "draft_head.json").write_text(json.dumps(meta))
+    old = load(tmp_path, fitted.hidden)
+    lm = torch.randn(len(fitted.counts), fitted.hidden)
+    assert old.vocab_top == 0 and old.counts.numel() == 0 and old.draft_vocab(lm)[0] is None
+    torch.save({**state, "counts": "not counts"}, tmp_path / "draft_head.pt")
+    with pytest.raises(ModelLoadError, match="no readable draft head"):
+        load(tmp_path, fitted.hidden)

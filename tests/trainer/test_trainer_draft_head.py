@@ -76,3 +76,20 @@ def test_the_head_is_saved_restored_and_exported(tmp_path):
     exported = load(tmp_path / "out", hidden=trainer.draft_head.hidden)
     for k, v in exported.state_dict().items():
         assert torch.equal(v, saved[k]), k
+
+
+def test_the_head_counts_the_tokens_it_fits_for_its_draft_vocabulary():
+    """trainer.draft_head.vocab: every loss token the head is fitted on is counted (the draft
+    vocabulary is their most frequent); counting leaves the policy's update alone (above)."""
+    trainer = Trainer(random_model("micro", 5)[0], TrainerConfig(draft_head=DraftHeadConfig(enabled=True, vocab=3)))
+    assert trainer.draft_head.vocab_top == 3 and trainer.draft_head.counts.numel() == 0
+    trainer.step(_batch(0))
+    counts = trainer.draft_head.counts
+    expected = torch.zeros_like(counts)
+    for row in _batch(0).rows:
+        for t in row.completion_ids:
+            expected[t] += 1
+    assert torch.equal(counts, expected)
+    ids, rows = trainer.draft_head.draft_vocab(trainer.model.get_output_embeddings().weight.detach())
+    assert len(ids) == 3 and set(ids.tolist()) <= set(torch.nonzero(expected).flatten().tolist())
+    assert rows.shape == (3, trainer.draft_head.hidden)

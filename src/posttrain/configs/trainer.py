@@ -281,6 +281,10 @@ class DraftHeadConfig(BaseModel):
     """The head's AdamW learning rate (its own optimizer; the policy's is untouched)."""
     grad_clip: float = Field(1.0, gt=0.0)
     """Clip the head's gradient norm to this value."""
+    vocab: int = Field(4096, ge=0)
+    """Draft over this many most frequent tokens of the rollouts the head was fitted on
+    (frequency-ranked, as FR-Spec): a draft step then reads that many rows of the LM head, not
+    all of them; 0: the whole vocabulary. Speed only: drafts are verified either way."""
 
 
 class TrainerConfig(BaseModel):

@@ -294,7 +294,7 @@ class Trainer:
 
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         eps = float(getattr(inner.config, "rms_norm_eps", 1e-6))
-        head = DraftHead(int(inner.config.hidden_size), cfg.depth, eps, seed=self.config.seed)
+        head = DraftHead(int(inner.config.hidden_size), cfg.depth, eps, seed=self.config.seed, vocab_top=cfg.vocab)
         head = head.to(self.device, dtype=self.params[0].dtype)
         return head, torch.optim.AdamW(head.parameters(), lr=cfg.lr, foreach=True)
 
@@ -798,6 +798,7 @@ class Trainer:
         with torch.no_grad():
             for mine, theirs in zip(self.draft_head.parameters(), saved.parameters()):
                 mine.copy_(theirs)
+            self.draft_head.counts = saved.counts.to(self.device)  # its draft vocabulary's counts
         self._draft_opt.load_state_dict(torch.load(folder / DRAFT_OPTIMIZER, map_location=self.device))
         for group in self._draft_opt.param_groups:
             group["lr"] = self.config.draft_head.lr
