@@ -42,10 +42,12 @@ MODES = {
     "suffix-always": ("suffix", False),
     "head": ("head", True),
     "head-always": ("head", False),
+    "head-all-always": ("head", False),
 }
 """Mode name -> (engine.speculation.kind, auto_off; "-always": without auto-off). The head modes
 need a model folder with the co-trained draft head (`draft_head.pt`: a checkpoint or export of a
-run with trainer.draft_head)."""
+run with trainer.draft_head); "head-all-always" drafts with the same head over the whole
+vocabulary instead of its draft vocabulary (trainer.draft_head.vocab)."""
 
 
 def setup(args: argparse.Namespace, modes: list[str]):
@@ -57,7 +59,7 @@ def setup(args: argparse.Namespace, modes: list[str]):
     from posttrain.engine.hf import HFEngine, HFEngineConfig
     from posttrain.evaluate import eval_tasks
     from posttrain.model.arch import load_model
-    from posttrain.model.draft_head import load_if_any
+    from posttrain.model.draft_head import DraftHead, load_if_any
     from posttrain.model.pretrain import ensure_base
 
     torch.set_num_threads(1)
@@ -73,7 +75,12 @@ def setup(args: argparse.Namespace, modes: list[str]):
     for m in modes:
         kind, auto = MODES[m]
         spec = SpeculationConfig(kind=kind, max_draft=args.max_draft, auto_off=auto)
-        engines[m] = HFEngine(model, tok, config=HFEngineConfig(speculation=spec), seed=0, draft_head=head)
+        drafter = head
+        if m == "head-all-always" and head is not None:  # the same weights, no draft vocabulary
+            drafter = DraftHead(head.hidden, head.depth, head.eps, vocab_top=0)
+            drafter.load_state_dict(head.state_dict())
+            drafter.eval()
+        engines[m] = HFEngine(model, tok, config=HFEngineConfig(speculation=spec), seed=0, draft_head=drafter)
     levels = domain_levels(args)
     per_domain = [eval_tasks(d, lvl, args.prompts) for d, lvl in levels.items()]
     tasks = [t for round_robin in zip(*per_domain) for t in round_robin][: args.prompts]
