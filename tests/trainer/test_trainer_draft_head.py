@@ -8,7 +8,7 @@ import torch
 from posttrain.cli import main
 from posttrain.configs.trainer import DraftHeadConfig, TrainerConfig
 from posttrain.model.arch import random_model
-from posttrain.model.draft_head import META, WEIGHTS, has_head, load
+from posttrain.model.draft_head import META, WEIGHTS, DraftHead, has_head, load
 from posttrain.trainer.batch import TrainBatch, TrainRow
 from posttrain.trainer.trainer import DRAFT_OPTIMIZER, Trainer
 
@@ -93,3 +93,41 @@ def test_the_head_counts_the_tokens_it_fits_for_its_draft_vocabulary():
     ids, rows = trainer.draft_head.draft_vocab(trainer.model.get_output_embeddings().weight.detach())
     assert len(ids) == 3 and set(ids.tolist()) <= set(torch.nonzero(expected).flatten().tolist())
     assert rows.shape == (3, trainer.draft_head.hidden)
+
+
+def test_more_passes_fit_the_head_faster_and_leave_the_policy_update_alone():
+    """trainer.draft_head.passes: head-only passes over the step's saved hidden states."""
+
+    def run(passes: int | None) -> Trainer:
+        head = DraftHeadConfig(enabled=passes is not None, depth=2, lr=3e-3, passes=passes or 1)
+        trainer = Trainer(random_model("micro", 5)[0], TrainerConfig(lr=1e-2, draft_head=head))
+        for step in range(4):
+            assert trainer.step(_batch(step)).outcome == "applied"
+        return trainer
+
+    one, four, off = run(1), run(4), run(None)
+    for (name, a), b, c in zip(four.model.named_parameters(), one.model.parameters(), off.model.parameters()):
+        assert torch.equal(a, b) and torch.equal(a, c), f"{name} differs with head passes"
+    assert not four._draft_kept  # released after the step
+    assert four.step(_batch(4)).draft_acc[0] > one.step(_batch(4)).draft_acc[0]
+
+
+def test_the_head_is_fitted_over_its_draft_vocabulary_and_a_target_outside_is_left_out():
+    torch.manual_seed(0)
+    head = DraftHead(16, depth=1, vocab_top=2)
+    embed, lm = torch.randn(10, 16), torch.randn(10, 16)
+    target = torch.tensor([3, 3, 3, 5, 5, 7, 3, 5])  # 3 and 5 the most frequent: 7 is outside
+    hidden = torch.randn(len(target), 16)
+    row, col = torch.zeros(8, dtype=torch.long), torch.arange(8)
+    loss, acc = head.fit_loss(hidden, target, row, col, embed, lm)
+    ids = head.draft_vocab(lm)[0]
+    assert sorted(ids.tolist()) == [3, 5]
+    logits = head.logits(head.step(hidden[:-1], target[:-1], embed), lm[ids])
+    label = target[1:]
+    inside = label != 7
+    sub = (label == ids[1]).long()  # index in ids: 0 for ids[0], 1 for ids[1]
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits[inside], sub[inside]))
+    assert acc == [float((ids[logits.argmax(-1)] == label).float().mean())]  # 7 can only count wrong
+    assert int(head.counts.sum()) == 8
+    head.fit_loss(hidden, target, row, col, embed, lm, count=False)
+    assert int(head.counts.sum()) == 8  # a further pass counts nothing

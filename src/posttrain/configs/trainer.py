@@ -281,10 +281,16 @@ class DraftHeadConfig(BaseModel):
     """The head's AdamW learning rate (its own optimizer; the policy's is untouched)."""
     grad_clip: float = Field(1.0, gt=0.0)
     """Clip the head's gradient norm to this value."""
+    passes: int = Field(1, ge=1, le=64)
+    """Times the head is fitted on each step's tokens: the first pass joins the policy's backward
+    (one head step after the micro-batches), each further one is a head-only pass over every
+    micro-batch's saved hidden states (detached, a few MB) with a head step each. More passes
+    train the head faster from the same rollouts; the policy's update is the same."""
     vocab: int = Field(4096, ge=0)
     """Draft over this many most frequent tokens of the rollouts the head was fitted on
     (frequency-ranked, as FR-Spec): a draft step then reads that many rows of the LM head, not
-    all of them; 0: the whole vocabulary. Speed only: drafts are verified either way."""
+    all of them, and the head is fitted over the same rows (a target outside them is never
+    drafted); 0: the whole vocabulary. Speed only: drafts are verified either way."""
 
 
 class TrainerConfig(BaseModel):

@@ -94,7 +94,14 @@ class DraftHead(nn.Module):
         return F.linear(self._rms(state_nh, self.norm_out), lm_vh).float()
 
     def fit_loss(
-        self, hidden_nh: Tensor, target_n: Tensor, row_n: Tensor, col_n: Tensor, embed_vh: Tensor, lm_vh: Tensor
+        self,
+        hidden_nh: Tensor,
+        target_n: Tensor,
+        row_n: Tensor,
+        col_n: Tensor,
+        embed_vh: Tensor,
+        lm_vh: Tensor,
+        count: bool = True,
     ) -> tuple[Tensor, list[float]]:
         """The mean over depths of the cross-entropy of each loss token `depth` positions ahead.
 
@@ -103,8 +110,18 @@ class DraftHead(nn.Module):
         position i is trained when positions i..i+d are consecutive in one row. Returns the loss
         (0 with no gradient path when nothing is trainable) and each depth's accuracy. The caller
         passes `hidden_nh` detached (trainer/trainer.py does), so the loss reaches no policy weight.
-        Every target joins `counts` (the draft vocabulary)."""
-        self.count(target_n, int(lm_vh.shape[0]))
+        With `count`, every target first joins `counts`. With a draft vocabulary (`draft_vocab`)
+        the head is fitted as it drafts: logits over that vocabulary only (its LM-head rows), a
+        target outside it left out of the loss (it is never drafted) and counted wrong in the
+        accuracy."""
+        vocab = int(lm_vh.shape[0])
+        if count:
+            self.count(target_n, vocab)
+        ids, rows = self.draft_vocab(lm_vh)
+        where = None  # token id -> its index in the draft vocabulary (-1: outside)
+        if ids is not None:
+            where = torch.full((vocab,), -1, dtype=torch.long, device=target_n.device)
+            where[ids.to(target_n.device)] = torch.arange(len(ids), device=target_n.device)
         state, loss, acc = hidden_nh, hidden_nh.new_zeros(()), []
         ok = torch.ones_like(target_n, dtype=torch.bool)
         n = len(target_n)
@@ -115,9 +132,16 @@ class DraftHead(nn.Module):
             ok = ok[:m] & same_row & (col_n[d : d + m] == col_n[d - 1 : d - 1 + m] + 1)
             if not bool(ok.any()):
                 break
-            logits, label = self.logits(state[ok], lm_vh), target_n[d : d + m][ok]
-            loss = loss + F.cross_entropy(logits, label) / self.depth
-            acc.append(float((logits.argmax(-1) == label).float().mean()))
+            logits, label = self.logits(state[ok], rows), target_n[d : d + m][ok]
+            if where is None:
+                loss = loss + F.cross_entropy(logits, label) / self.depth
+                acc.append(float((logits.argmax(-1) == label).float().mean()))
+                continue
+            sub = where[label]
+            inside = sub >= 0
+            if bool(inside.any()):
+                loss = loss + F.cross_entropy(logits[inside], sub[inside]) / self.depth
+            acc.append(float((ids[logits.argmax(-1)].to(label.device) == label).float().mean()))
         return loss, acc
 
     @torch.no_grad()

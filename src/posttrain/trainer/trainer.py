@@ -280,6 +280,8 @@ class Trainer:
         """The head's accuracy per depth on the last step's loss tokens, before its update (the
         mean over the step's micro-batches; empty: no fit ran)."""
         self._draft_accs: list[list[float]] = []
+        self._draft_kept: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        """trainer.draft_head.passes > 1: each micro-batch's fit inputs (detached), for the head-only passes."""
 
     def _make_draft_head(self) -> tuple[Any, Any]:
         cfg = self.config.draft_head
@@ -335,6 +337,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)  # no half-accumulated gradient survives
             if self._draft_opt is not None:
                 self._draft_opt.zero_grad(set_to_none=True)
+                self._draft_kept = []
             raise
         self._step_draft_head()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip, foreach=True))
@@ -353,9 +356,24 @@ class Trainer:
             sum(a[d] for a in accs if len(a) > d) / sum(1 for a in accs if len(a) > d)
             for d in range(max((len(a) for a in accs), default=0))
         ]
-        torch.nn.utils.clip_grad_norm_(list(self.draft_head.parameters()), self.config.draft_head.grad_clip)
+        params = list(self.draft_head.parameters())
+        torch.nn.utils.clip_grad_norm_(params, self.config.draft_head.grad_clip)
         self._draft_opt.step()
         self._draft_opt.zero_grad(set_to_none=True)
+        kept, self._draft_kept = self._draft_kept, []
+        if not kept:
+            return
+        from posttrain.model.draft_head import policy_tables
+
+        embed_vh, lm_vh = policy_tables(self.model)
+        for _ in range(self.config.draft_head.passes - 1):  # trainer.draft_head.passes: head-only passes
+            for fit in kept:
+                loss, _ = self.draft_head.fit_loss(*fit, embed_vh, lm_vh, count=False)
+                if loss.requires_grad:
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params, self.config.draft_head.grad_clip)
+                    self._draft_opt.step()
+                    self._draft_opt.zero_grad(set_to_none=True)
 
     def _apply(self, reason: str, loss: float, grad_norm: float) -> Outcome:
         if reason:
@@ -587,6 +605,8 @@ class Trainer:
         embed_vh, lm_vh = policy_tables(self.model)
         loss, acc = self.draft_head.fit_loss(hidden_nh.detach(), target_n, row_n, col_n, embed_vh, lm_vh)
         self._draft_accs.append(acc)
+        if self.config.draft_head.passes > 1:  # kept for the head-only passes after the step
+            self._draft_kept.append((hidden_nh.detach(), target_n, row_n, col_n))
         return loss
 
     def _record_rows(self, rows: Sequence[TrainRow], inputs: LossInputs) -> None:
