@@ -34,8 +34,13 @@ def _logits(model, ids):
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_export_serves_the_trained_function(tmp_path, base_dir, lora):
+    """...and the co-trained draft head goes with the model (the fast tier drafts with it); the
+    head's optimizer state does not."""
+    from posttrain.configs.trainer import DraftHeadConfig
+    from posttrain.model.draft_head import META, WEIGHTS, load
+
     model, tok = load_model(base_dir)
-    cfg = TrainerConfig(lr=1e-2, lora=LoraConfig(rank=4) if lora else None)
+    cfg = TrainerConfig(lr=1e-2, lora=LoraConfig(rank=4) if lora else None, draft_head=DraftHeadConfig(enabled=True))
     trainer = Trainer(model, cfg)
     assert trainer.step(_batch()).outcome == "applied"
     ckpt = trainer.save(tmp_path / "run", tok, {})
@@ -44,6 +49,10 @@ def test_export_serves_the_trained_function(tmp_path, base_dir, lora):
     exported, _ = load_model(tmp_path / "out")
     assert not (tmp_path / "out" / "optimizer.pt").exists()
     assert not (tmp_path / "out" / "adapter_model.safetensors").exists()
+    assert (tmp_path / "out" / WEIGHTS).is_file() and (tmp_path / "out" / META).is_file()
+    assert not (tmp_path / "out" / "draft_head_optimizer.pt").exists()
+    for k, v in load(tmp_path / "out").state_dict().items():
+        assert torch.equal(v, trainer.draft_head.state_dict()[k]), k
     ids = torch.tensor([[4, 30, 31, 40, 41]])
     assert torch.allclose(_logits(exported, ids), _logits(trainer.model, ids), atol=1e-5)
     assert not torch.allclose(_logits(load_model(base_dir)[0], ids), _logits(trainer.model, ids), atol=1e-4)

@@ -4,7 +4,8 @@ merged copy `posttrain eval --run` / `compare` evaluate for a LoRA run).
 Invariant: the output is a complete, loadable model directory (config, weights, tokenizer)
 or nothing: it is written to a temporary folder and renamed into place. A LoRA checkpoint
 is merged into its base (W + (alpha/r) B A); a full checkpoint's model files are copied
-without trainer state.
+without trainer state. Either way a co-trained draft head (draft_head.pt, draft_head.json) goes
+with the model.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def export(source: Any, out: Any, base: str | None = None) -> dict[str, str]:
     try:
         if kind == "lora":
             merge_to_dir(base_for(ckpt, base), ckpt, tmp)
+            from posttrain.model.draft_head import META, WEIGHTS
+
+            for name in (WEIGHTS, META):  # the co-trained draft head goes with the merged model too
+                if (ckpt / name).is_file():
+                    shutil.copy2(ckpt / name, tmp / name)
         else:
             tmp.mkdir()
             for f in ckpt.iterdir():
