@@ -260,3 +260,5 @@ def test_speculation_is_plotted_per_depth_domain_and_head_only_when_the_run_has_
     drawn.clear()
     write_report(_run(tmp_path, "plain"))
     assert drawn and "speculative decoding" not in drawn
+    write_report(_run(tmp_path, "head-only", rows=dict(FULL, draft_acc=[0.5, 0.25])))  # rollouts not drafting
+    assert list(drawn["speculative decoding"]) == ["draft head accuracy at each depth (its fit, teacher-forced)"]

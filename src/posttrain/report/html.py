@@ -486,12 +486,14 @@ def render(data: RunData) -> str:
     wide = set(_WIDE)
     depths, domains, head = data.speculation()
     if depths or domains or head:  # only runs with engine.speculation or trainer.draft_head
-        wide.add(len(figures))
         panels = [
             ("draft acceptance at each depth (rollouts)", depths),
             ("draft acceptance per domain (rollouts)", domains),
             ("draft head accuracy at each depth (its fit, teacher-forced)", head),
         ]
+        panels = [p for p in panels if p[1]]  # a head trained beside rollouts that do not draft: its panel alone
+        if len(panels) > 1:
+            wide.add(len(figures))
         figures.append(
             (
                 _figure("speculative decoding", panels),
