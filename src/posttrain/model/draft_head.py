@@ -23,7 +23,7 @@ of them only, so a draft step reads that many rows of the LM head instead of all
 135M real model with a 49,152-token vocabulary, a 4-token draft over the whole LM head costs
 about 0.75 of a target forward on a CPU, memory bound). Only speed depends on it: a token
 outside the draft vocabulary is never drafted, so it is decoded by the target as without a
-head. Training keeps the whole vocabulary.
+head. The head is fitted over the same rows (`fit_loss`): a target outside them is left out.
 """
 
 from __future__ import annotations
