@@ -66,8 +66,9 @@ def setup(args: argparse.Namespace, modes: list[str]):
     path = args.model or ensure_base(load_config(ROOT / "configs" / "default.yaml").base, progress=False)
     model, tok = load_model(path, device="cpu")
     model.eval()
-    head = load_if_any(path, model) if any(MODES[m][0] == "head" for m in modes) else None
-    if head is None and any(MODES[m][0] == "head" for m in modes):
+    wants_head = any(MODES[m][0] == "head" for m in modes)
+    head = load_if_any(path, model) if wants_head else None
+    if head is None and wants_head:
         raise SystemExit(
             f"{path}: no draft head (draft_head.pt) for the head modes; train with trainer.draft_head.enabled"
         )
@@ -165,6 +166,8 @@ def main() -> None:
     if args.rss_of:
         rss_child(args)
         return
+    from posttrain.engine.speculate import acceptance_row
+
     started = time.perf_counter()
     modes = args.modes.split(",")
     if modes[0] != "off" or not set(modes) <= set(MODES) or len(set(modes)) != len(modes):
@@ -205,11 +208,11 @@ def main() -> None:
             for m in modes:
                 same[m] &= outs[m] == outs["off"]
         for m in modes:
-            c = {k: v - counts0[m].get(k, 0) for k, v in engines[m].counters().items()}
-            acc_len = f"{1 + c['spec_accepted'] / c['spec_rows']:.2f}" if c.get("spec_rows") else ""
-            acceptance = f"{c['spec_accepted'] / c['spec_proposed']:.2f}" if c.get("spec_proposed") else ""
-            at = [(c.get(f"spec_accepted_d{d}", 0), c.get(f"spec_proposed_d{d}", 0)) for d in range(1, 5)]
-            depths = " / ".join(f"{a / p:.2f}" if p else "-" for a, p in at) if c.get("spec_proposed") else ""
+            fig = acceptance_row(engines[m].counters(), counts0[m])  # the metrics row's figures, the one home
+            acc_len = f"{fig['spec_accepted_len']:.2f}" if "spec_accepted_len" in fig else ""
+            acceptance = f"{fig['spec_acceptance']:.2f}" if "spec_acceptance" in fig else ""
+            at = [fig.get(f"spec_acceptance_d{d}") for d in range(1, 5)]
+            depths = " / ".join("-" if a is None else f"{a:.2f}" for a in at) if acceptance else ""
             print(
                 f"| {scenario} | {m} | {best[m]:.0f} | {best[m] / best['off']:.2f} | {forwards[m]} | {acc_len} | "
                 f"{acceptance} | {depths} | {'yes' if same[m] else 'NO'} | {rss[m]:.0f} |",

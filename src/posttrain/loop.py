@@ -60,7 +60,7 @@ from posttrain.trainer.batch import batch_of
 from posttrain.trainer.fit import check_fits
 from posttrain.trainer.memory import process_memory_mib
 from posttrain.trainer.replay import replay_buffer
-from posttrain.types import SamplingParams, to_dict
+from posttrain.types import SamplingParams, add_spec, to_dict
 
 if TYPE_CHECKING:
     import torch
@@ -570,13 +570,11 @@ def _summary(
     branch: dict[str, list[float]] = {}  # derived tasks' rewards (tasks.branch), apart from their domain's own
     errors = truncated = 0
     tokens: dict[str, list[int]] = {}
-    drafts: dict[str, list[int]] = {}  # engine.speculation per domain: drafts verified, proposed, accepted
+    drafts: dict[str, tuple[int, ...]] = {}  # engine.speculation per domain: drafts verified, proposed, accepted
     for g in groups:
         for r in g:
             if r.completion.spec:
-                counts = drafts.setdefault(r.task.domain, [0, 0, 0])
-                for k, v in enumerate(r.completion.spec[:3]):
-                    counts[k] += v
+                drafts[r.task.domain] = add_spec(drafts.get(r.task.domain, ()), r.completion.spec)
             errors += r.reward is None
             truncated += r.completion.finish_reason == "length"
             row = tokens.setdefault(r.task.domain, [0, 0, 0])  # rollouts, completion tokens, truncated

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -322,7 +322,14 @@ class Completion:
     spec: tuple[int, ...] = field(default=(), metadata={"omit_empty": True})
     """Speculative decoding on this sample (the hf engine with `engine.speculation`): drafts
     verified, draft tokens proposed, draft tokens accepted, over its generation (every turn of an
-    episode); empty where nothing was drafted or the engine does not say."""
+    episode); empty where nothing was drafted or the engine does not say. Summed with `add_spec`."""
+
+
+def add_spec(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    """Two `Completion.spec` counts summed, field by field (an empty one adds nothing)."""
+    if not a or not b:
+        return tuple(a or b)
+    return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
 def to_dict(record: Any) -> Any:

@@ -45,7 +45,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,7 +63,7 @@ from posttrain.engine.sessions import Session, SessionCache, SessionStats
 from posttrain.engine.speculate import Governor, SpecCounters, accepted_lengths
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
-from posttrain.types import Completion, FinishReason, GenerationRequest, Message
+from posttrain.types import Completion, FinishReason, GenerationRequest, Message, add_spec
 
 
 class HFEngineConfig(BaseModel):
@@ -198,8 +198,8 @@ class _Output:
     finish: FinishReason | None = None
     stop_hit: bool = False
     cached: int = 0
-    spec: list[int] = field(default_factory=lambda: [0, 0, 0])
-    """Speculation on this row: drafts verified, draft tokens proposed, draft tokens accepted."""
+    spec: tuple[int, ...] = ()
+    """Speculation on this row (`Completion.spec`): drafts verified, tokens proposed, tokens accepted."""
 
 
 class HFEngine(Engine):
@@ -811,8 +811,7 @@ class HFEngine(Engine):
                 if d:
                     self._spec_counts.add(len(d), a)
                     lengths[active[k]].update(len(d), a)
-                    row_spec = outs[active[k]].spec
-                    row_spec[0], row_spec[1], row_spec[2] = row_spec[0] + 1, row_spec[1] + len(d), row_spec[2] + a
+                    outs[active[k]].spec = add_spec(outs[active[k]].spec, (1, len(d), a))
             gain = sum(a + 1 for a, ok in zip(acc, live) if ok) / max(1, sum(live))
             self._governor.record(len(active), True, time.perf_counter() - started, gain)
         return {(r.request, r.sample): o for r, o in zip(rows, outs)}
@@ -1028,7 +1027,7 @@ class HFEngine(Engine):
             model_version=self.version,
             cached_tokens=out.cached,
             pixel_digest=pixel_digest,
-            spec=tuple(out.spec) if out.spec[0] else (),
+            spec=out.spec,
         )
 
 

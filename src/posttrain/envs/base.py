@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posttrain.contracts.environment import Environment
-from posttrain.types import Completion, FinishReason, Image, Message, StepResult, Turn
+from posttrain.types import Completion, FinishReason, Image, Message, StepResult, Turn, add_spec
 
 __all__ = ["Environment", "StepResult", "as_step_result", "make_environment"]
 
@@ -104,9 +104,9 @@ class Trajectory:
     prompt_new: int = 0
     """Prompt tokens new to the episode over its turns: the first turn's whole prompt, then on
     each later turn what follows the previous turn's prompt and action (the observation)."""
-    spec: tuple[int, int, int] = (0, 0, 0)
+    spec: tuple[int, ...] = ()
     """Speculation over the episode's turns (`Completion.spec` summed): drafts verified, draft
-    tokens proposed, draft tokens accepted."""
+    tokens proposed, draft tokens accepted; empty while nothing was drafted."""
     _seen: int = field(default=0, repr=False)
     """Tokens of the last turn's prompt and action (what the next turn's prompt starts with)."""
     _seen_images: int = field(default=0, repr=False)
@@ -158,12 +158,7 @@ class Trajectory:
         self._seen_images, self._pixel_digest = len(self.images), completion.pixel_digest
         if len(self.turns) + 1 == self.train_from:
             self._train_start = len(self.ids)
-        if completion.spec:
-            self.spec = (
-                self.spec[0] + completion.spec[0],
-                self.spec[1] + completion.spec[1],
-                self.spec[2] + completion.spec[2],
-            )
+        self.spec = add_spec(self.spec, completion.spec)
         self.ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [1] * len(completion.token_ids)
@@ -234,5 +229,5 @@ class Trajectory:
             finish_reason=self.finish_reason,
             model_version=min(self.versions, default=0),
             pixel_digest=self._pixel_digest if self.seen_images else "",
-            spec=self.spec if self.spec[0] else (),
+            spec=self.spec,
         )

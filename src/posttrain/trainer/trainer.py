@@ -815,10 +815,7 @@ class Trainer:
                 f"trainer.draft_head.depth is {self.draft_head.depth}, the checkpoint's head ({folder}) has "
                 f"depth {saved.depth}; resume with trainer.draft_head.depth={saved.depth}"
             )
-        with torch.no_grad():
-            for mine, theirs in zip(self.draft_head.parameters(), saved.parameters()):
-                mine.copy_(theirs)
-            self.draft_head.counts = saved.counts.to(self.device)  # its draft vocabulary's counts
+        self.draft_head.load_state_dict(saved.state_dict())  # weights and its draft vocabulary's counts
         self._draft_opt.load_state_dict(torch.load(folder / DRAFT_OPTIMIZER, map_location=self.device))
         for group in self._draft_opt.param_groups:
             group["lr"] = self.config.draft_head.lr
