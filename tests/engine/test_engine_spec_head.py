@@ -127,7 +127,7 @@ def test_head_speculation_without_a_head_is_a_config_error(model_tok):
 def test_a_draft_vocabulary_drafts_only_its_tokens_and_changes_no_output(model_tok, fitted):
     """vocab_top: the head drafts over the most frequent fitted tokens only (a token outside is
     left to the target), so greedy outputs and log-probs stay plain decoding's; over a vocabulary
-    that holds every fitted token it drafts what the whole vocabulary drafts."""
+    that holds every token (ranked by frequency, not by id) it drafts what the whole vocabulary drafts."""
     model, _ = model_tok
     embed_vh, lm_vh = policy_tables(model)
     assert int((fitted.counts > 0).sum()) > 4  # the fixture's fit counted its targets
@@ -140,6 +140,7 @@ def test_a_draft_vocabulary_drafts_only_its_tokens_and_changes_no_output(model_t
     whole = DraftHead(fitted.hidden, fitted.depth, vocab_top=lm_vh.shape[0])
     whole.load_state_dict(fitted.state_dict())
     assert len(whole.draft_vocab(lm_vh)[0]) == int((fitted.counts > 0).sum())
+    whole.count(torch.arange(lm_vh.shape[0]), lm_vh.shape[0])  # every token counted: the whole vocabulary, reordered
     seq = torch.tensor([c for c in fitted.counts.nonzero().flatten().tolist()][:6])
     h = model.get_decoder()(input_ids=seq[None]).last_hidden_state[0]
     assert torch.equal(whole.draft(h, seq, 4, embed_vh, lm_vh), fitted.draft(h, seq, 4, embed_vh, lm_vh))
