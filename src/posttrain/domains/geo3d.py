@@ -628,6 +628,7 @@ class GeoRun:
 
 
 PROGRAM_CHARS = 4000
+PACKAGES = ("manifold3d", "trimesh", "numpy")  # what the prompt says a script may import (with their requirements)
 STDERR_CHARS = 2000
 
 
@@ -640,6 +641,7 @@ def run_script(source: str, run: Callable[[Any], Any] | None = None, solid: Soli
         files={"main.py": source},
         python_main="main.py",
         collect=OUTPUTS,
+        packages=PACKAGES,
         limits=sandbox.Limits(wall_s=WALL_S, cpu_s=WALL_S, memory_bytes=1024 << 20),
     )
     result = run(req) if run else sandbox.run(req)

@@ -39,8 +39,11 @@ argv, env, outputs: a group-mate's solution) or another session's in any
 memory it can read (tests/sandbox/test_sandbox_leaks.py, worker memory);
 bubblewrap and unsafe start a new process per run. A worker (or runner)
 killed mid-task yields infra_error and the worker is replaced; callers never wait past acquire timeout + wall + grace.
-posttrain's own package (its hidden task data) is masked in every backend
-and install layout (`_hide`); request files are written, and collected
+A `python_main` program imports only from its work directory, the stdlib
+and the packages its request declares (`ExecRequest.packages`, with what
+they require: `packages`, `_imports`), in every backend, so a verdict does
+not depend on what else the venv holds. posttrain's own package (its hidden
+task data) is masked in every backend and install layout (`_hide`); request files are written, and collected
 files read, without following a symlink (`_fs`), so a session step's
 leftovers make a later step `failed` with a reason, never a write outside
 the task, and session layers are read-only; the venv is mounted at /venv

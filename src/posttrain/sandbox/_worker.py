@@ -41,6 +41,7 @@ import traceback
 
 import _cgroups
 import _fs
+import _imports
 import _linux
 import _proto
 
@@ -75,6 +76,8 @@ class Worker:
         self.python_path = [
             p for p in (conf.get("python_path") or sys.path[1:]) if not any(_under(p, h) for h in self.hidden)
         ]
+        self.stdlib = _imports.stdlib_paths(self.python_path)  # what a python_main program imports from
+        self.site = _imports.site_paths()  # where its declared packages are found
         self.cgroupns = False
         h = conf.get("cgroup")
         self.cg = None
@@ -91,6 +94,7 @@ class Worker:
                 importlib.import_module(name)
             except Exception:  # a missing optional module is not fatal
                 pass
+        self.std_modules = _imports.stdlib_modules(self.stdlib)  # confine skips them in each task
 
     # ---- start-up: a private mount namespace and the read-only root skeleton
     def setup(self) -> None:
@@ -639,7 +643,7 @@ def _task_main(task: Task, pipes: dict) -> None:
         _setup_failed(st, "C3", exc)
     if task.req.get("python_main"):
         os.close(st)
-        _run_python(task.req["python_main"], env, task.w.python_path)
+        _run_python(task.req["python_main"], env, task.w, task.req.get("imports") or {})
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     argv = task.req["argv"]
@@ -650,14 +654,15 @@ def _task_main(task: Task, pipes: dict) -> None:
         os._exit(127)
 
 
-def _run_python(main: str, env: dict, python_path: list) -> None:
-    """Run `main` as __main__ in this already-warm interpreter."""
+def _run_python(main: str, env: dict, w: Worker, imports: dict) -> None:
+    """Run `main` as __main__ in this already-warm interpreter, its imports confined to
+    the work directory, the stdlib and what the request declares (`_imports`)."""
     import runpy
 
     os.environ.clear()
     os.environ.update(env)
     sys.argv = [main]
-    sys.path[:] = [WORKDIR] + list(python_path)
+    _imports.confine(WORKDIR, w.stdlib, w.site, imports.get("modules", ()), imports.get("dists", ()), w.std_modules)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)

@@ -114,10 +114,12 @@ class ForkServerWorker:
         self.runner_peak_kb = max(self.runner_peak_kb, int(reply.pop("runner_peak_rss_kb", 0)))
         return reply
 
-    def run(self, req: ExecRequest, session: str | None = None) -> ExecResult:
+    def run(self, req: ExecRequest, session: str | None = None, imports: dict | None = None) -> ExecResult:
+        """Run `req`; `imports`: what its program may import beyond the stdlib (`sandbox.packages`)."""
         t0 = time.monotonic()
+        wire = req.to_wire(session) | {"imports": imports or {}}
         try:
-            reply = self.call({"op": "run", "req": req.to_wire(session)}, req.limits.wall_s + self.grace_s)
+            reply = self.call({"op": "run", "req": wire}, req.limits.wall_s + self.grace_s)
         except WorkerDied as exc:
             return ExecResult.infra(f"worker died: {exc}", BACKEND, time.monotonic() - t0)
         if "infra_error" in reply:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from posttrain.errors import ConfigError
-from posttrain.sandbox import _fs, _hide, _linux
+from posttrain.sandbox import _fs, _hide, _imports, _linux
 from posttrain.sandbox.probe import bwrap_base_args
 from posttrain.sandbox.records import ExecRequest, ExecResult, Limits
 
@@ -194,10 +194,18 @@ class OneShot:
             shutil.rmtree(self.stub, ignore_errors=True)
             self.stub = None
 
-    def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
+    def command(self, req: ExecRequest, workdir: str, imports: dict | None = None) -> tuple[list[str], str | None]:
         raise NotImplementedError
 
-    def run(self, req: ExecRequest, workdir: str | None = None) -> ExecResult:
+    @staticmethod
+    def python_args(req: ExecRequest, imports: dict | None) -> list[str]:
+        """The interpreter's arguments for a python_main run: the program confined to
+        its work directory, the stdlib and what it declares (`_imports.boot`)."""
+        imports = imports or {}
+        boot = _imports.boot_source(req.python_main, imports.get("modules", ()), imports.get("dists", ()))
+        return ["-E", "-s", "-c", boot]
+
+    def run(self, req: ExecRequest, workdir: str | None = None, imports: dict | None = None) -> ExecResult:
         own = workdir is None
         workdir = workdir or tempfile.mkdtemp(prefix="posttrain-oneshot-")
         t0 = time.monotonic()
@@ -209,7 +217,7 @@ class OneShot:
             os.chmod(workdir, 0o777 if own else os.stat(workdir).st_mode & 0o7777)
             if self.drop_root and os.geteuid() == 0:
                 _chown_tree(workdir, NOBODY)
-            argv, cwd = self.command(req, workdir)
+            argv, cwd = self.command(req, workdir, imports)
             env = dict(BASE_ENV, HOME=cwd or workdir, **req.env)
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             lim = req.limits
@@ -323,9 +331,9 @@ class UnsafeBackend(OneShot):
 
         return enter
 
-    def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
+    def command(self, req: ExecRequest, workdir: str, imports: dict | None = None) -> tuple[list[str], str | None]:
         if req.python_main:
-            return [self._staged(self.python), "-E", "-s", req.python_main], None
+            return [self._staged(self.python), *self.python_args(req, imports)], None
         argv = list(req.argv)
         if self.stage and argv[0].startswith("/"):
             argv[0] = self._staged(argv[0])
@@ -394,9 +402,9 @@ class BwrapBackend(OneShot):
         args += ["--proc", "/proc", "--dev", "/dev", "--hostname", "sandbox", "--clearenv"]
         return args
 
-    def command(self, req: ExecRequest, workdir: str) -> tuple[list[str], str | None]:
+    def command(self, req: ExecRequest, workdir: str, imports: dict | None = None) -> tuple[list[str], str | None]:
         args = self.base + ["--bind", workdir, "/task", "--chdir", "/task", "--setenv", "HOME", "/task"]
         for key, value in {**BASE_ENV, **req.env}.items():
             args += ["--setenv", key, value]
-        inner = [self.python, "-E", "-s", req.python_main] if req.python_main else list(req.argv)
+        inner = [self.python, *self.python_args(req, imports)] if req.python_main else list(req.argv)
         return args + ["--"] + inner, "/"

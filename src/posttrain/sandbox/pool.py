@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from posttrain.configs.sandbox import SandboxConfig
 from posttrain.errors import SandboxError
-from posttrain.sandbox import _cgroups, _hide
+from posttrain.sandbox import _cgroups, _hide, packages
 from posttrain.sandbox.forkserver import ForkServerWorker, WorkerDied
 from posttrain.sandbox.oneshot import BwrapBackend, OneShot, UnsafeBackend, write_files
 from posttrain.sandbox.probe import Probe, probe, select_backend
@@ -76,6 +76,7 @@ class Pool:
         self._tree: _cgroups.Tree | None = None
         binds = self._ro_binds()
         self.hidden = _hide.hidden_paths(binds + RO_ROOTS)
+        self.site = tuple(_hide.site_dirs(self._prefix()))
         if self.backend == "forkserver":
             self._start_tree()
         elif self.backend == "bwrap":
@@ -232,14 +233,23 @@ class Pool:
     async def arun(self, req: ExecRequest, *, domain: str | None = None) -> ExecResult:
         return await asyncio.to_thread(self.run, req, domain=domain)
 
+    def _imports(self, req: ExecRequest) -> dict:
+        """What the request's program may import beyond the stdlib (`sandbox.packages`)."""
+        modules, dists = packages.resolve(req.packages, self.site)
+        return {"modules": list(modules), "dists": list(dists)}
+
     def _run_on(self, slot: int, req: ExecRequest, session: str | None, workdir: str | None = None) -> ExecResult:
+        try:
+            imports = self._imports(req)
+        except SandboxError as exc:  # the environment lacks what the request declares: never the program's fault
+            return ExecResult.infra(str(exc), self.backend)
         if self.backend == "forkserver":
             w = self._workers[slot]
             if w is None:
                 return ExecResult.infra("no worker in slot", self.backend)
-            return w.run(req, session)
+            return w.run(req, session, imports)
         assert self._oneshot is not None
-        return self._oneshot.run(req, workdir)
+        return self._oneshot.run(req, workdir, imports)
 
     @contextlib.contextmanager
     def session(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -17,6 +18,7 @@ from typing import Literal
 Status = Literal["ok", "failed", "timeout", "oom", "killed", "infra_error"]
 STATUSES: tuple[str, ...] = ("ok", "failed", "timeout", "oom", "killed", "infra_error")
 MiB = 1 << 20
+_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class ExecRequest:
     python_main: a path in `files` run as __main__ by the sandbox's Python
         (in the warm fork-server worker without a new interpreter).
     collect: work-directory paths whose contents come back in `ExecResult.files`.
+    packages: what a python_main program may import beyond its work directory and the
+        standard library: import or distribution names found in the sandbox
+        interpreter's site-packages, each with what it requires (`sandbox.packages`);
+        nothing else installed there is importable (`sandbox._imports`).
     """
 
     files: Mapping[str, bytes | str] = field(default_factory=dict)
@@ -68,12 +74,16 @@ class ExecRequest:
     limits: Limits = Limits()
     network: Literal["none"] = "none"
     collect: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "argv", tuple(self.argv))
         object.__setattr__(self, "collect", tuple(self.collect))
+        if isinstance(self.packages, str):
+            raise ValueError("ExecRequest.packages must be a tuple of names, not a string")
+        object.__setattr__(self, "packages", tuple(self.packages))
         if bool(self.argv) == bool(self.python_main):
             raise ValueError("ExecRequest needs exactly one of argv or python_main")
         if self.python_main is not None:
@@ -86,6 +96,11 @@ class ExecRequest:
                 raise ValueError(f"ExecRequest.files[{path!r}] must be bytes or str")
         for path in self.collect:
             _check_rel(path, "ExecRequest.collect entry")
+        for name in self.packages:
+            if not isinstance(name, str) or not _PACKAGE.match(name):
+                raise ValueError(f"ExecRequest.packages entries must be package names, got {name!r}")
+        if self.packages and not self.python_main:
+            raise ValueError("ExecRequest.packages applies to python_main programs only")
         if not isinstance(self.stdin, bytes):
             raise ValueError("ExecRequest.stdin must be bytes")
         if self.network != "none":
