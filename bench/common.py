@@ -75,3 +75,15 @@ def reset_peak_kb() -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return status_kb("VmRSS")
+
+
+def domain_levels(spec: str) -> dict[str, int]:
+    """A bench's `--domains` value, `domain:level,...` (pyfunc_revise:1,ifeval:1), as {domain: level};
+    SystemExit naming the value when it is not that."""
+    try:
+        out = {d.strip(): int(lv) for d, lv in (item.split(":") for item in spec.split(","))}
+    except ValueError:
+        raise SystemExit(f"--domains {spec!r}: expected domain:level,... (pyfunc_revise:1,ifeval:1)") from None
+    if not all(out):
+        raise SystemExit(f"--domains {spec!r}: a domain name is empty")
+    return out

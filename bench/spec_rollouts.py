@@ -93,10 +93,9 @@ def domain_levels(args: argparse.Namespace) -> dict[str, int]:
     """--domains add:1,sort:2 (each domain at its level), else the demo's four at --difficulty."""
     if not args.domains:
         return {d: args.difficulty for d in DOMAINS}
-    try:
-        return {d: int(lv) for d, lv in (item.split(":") for item in args.domains.split(","))}
-    except ValueError:
-        raise SystemExit(f"--domains {args.domains!r}: expected domain:level,... (pyfunc_revise:1,ifeval:1)") from None
+    from common import domain_levels as parse  # bench/common.py: this script runs with bench/ first on sys.path
+
+    return parse(args.domains)
 
 
 def step(engine, prompts, scenario: str, r: int, args: argparse.Namespace) -> tuple[float, int, list]:
