@@ -7,15 +7,17 @@ speed: the same prompts through the standard tier (HFEngine) and each fast-tier
        mode. `--warm` first sends every prompt once through every engine, untimed,
        and resets the counters: the timed rounds then repeat prompts the fast tier
        has answered before (its model-free drafter drafts from past answers).
-costs: CPU time of one lean-decoder forward feeding 1-11 tokens, float32 and int8:
-       what a verifying forward costs against a one-token step (speculation's bound).
+costs: CPU time of one lean-decoder forward feeding 1-64 tokens, float32 in both weight
+       layouts and int8: what a verifying forward costs against a one-token step
+       (speculation's bound); `--decode N` then greedy-decodes N tokens with both
+       float layouts side by side.
 load:  starts `posttrain serve` as a separate process on loopback and drives it
        with N concurrent streaming clients for a fixed number of requests;
        prints errors, p50/p99 latency and time to first token.
 
 .venv/bin/python bench/serving.py speed --model DIR [--label TEXT] [--warm]
 .venv/bin/python bench/serving.py speed --preset medium     (random weights)
-.venv/bin/python bench/serving.py costs --model DIR
+.venv/bin/python bench/serving.py costs --model DIR [--decode 128]
 .venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=true]
 
 With a model folder that holds a co-trained draft head (draft_head.pt: `posttrain train` with
@@ -93,8 +95,11 @@ def prompts(engine, n_per_domain: int, max_tokens: int):
 def set_domains(spec: str | None) -> None:
     """--domains add:1,sort:1 replaces DOMAINS (the prompts of `speed` and `load`)."""
     if spec:
+        from common import domain_levels  # bench/common.py: this script runs with bench/ first on sys.path
+
+        levels = domain_levels(spec)
         DOMAINS.clear()
-        DOMAINS.update({d: int(lv) for d, lv in (item.split(":") for item in spec.split(","))})
+        DOMAINS.update(levels)
 
 
 def warm(engines: dict, reqs) -> None:
@@ -307,23 +312,62 @@ def costs(args: argparse.Namespace) -> None:
     print(f"model: {label}; lean decoder, one torch thread, {args.context} cached positions, best of {args.reps}")
     vocab = model.config.vocab_size
     prefix = [(7 * i) % (vocab - 1) + 1 for i in range(args.context)]
-    base: dict[bool, float] = {}
-    for int8 in (False, True):
-        decoder = LeanDecoder(model, int8=int8)
+    variants = {  # label: LeanDecoder keywords
+        "fp32": {},
+        "fp32 (out, in)": {"layout": "out_in"},  # the weights as the module holds them (F.linear): before 2026-12-06
+        "int8": {"int8": True},
+    }
+    base: dict[str, float] = {}
+    for label, kw in variants.items():
+        decoder = LeanDecoder(model, **kw)
         decoder.forward(prefix)  # cached once: each timed forward writes only past it
         cells = []
-        for n in (1, 2, 4, 6, 8, 11):
+        for n in (1, 2, 3, 4, 6, 8, 11, 64):
             best = float("inf")
             for _ in range(args.reps):
                 decoder.truncate(args.context)
                 c0 = time.process_time()
                 decoder.forward([(i % (vocab - 1)) + 1 for i in range(n)])
                 best = min(best, time.process_time() - c0)
-            base.setdefault(int8, best)
-            cells.append(f"n={n} {best * 1000:6.1f} ms ({best / base[int8]:.2f})")
-        print(f"{'int8' if int8 else 'fp32'}: " + "  ".join(cells))
+            base.setdefault(label, best)
+            cells.append(f"n={n} {best * 1000:6.1f} ms ({best / base[label]:.2f})")
+        print(f"{label}: " + "  ".join(cells))
         del decoder
-    print(f"int8 / fp32 at n=1: {base[True] / base[False]:.2f}; peak RSS {peak_rss_mb():.0f} MB")
+    print(
+        f"int8 / fp32 at n=1: {base['int8'] / base['fp32']:.2f}; fp32 (in, out) / (out, in) at n=1: "
+        f"{base['fp32'] / base['fp32 (out, in)']:.2f}; peak RSS {peak_rss_mb():.0f} MB"
+    )
+    if args.decode:
+        decode_layouts(model, prefix, args.decode, args.reps)
+
+
+def decode_layouts(model, prefix: list[int], tokens: int, rounds: int) -> None:
+    """Greedy decoding of `tokens` tokens after `prefix` with the lean decoder's two float
+    layouts, alternating for `rounds` rounds: CPU tokens/s of each (best round), their ratio,
+    and whether the tokens are the same."""
+    from posttrain.serve.lean import LeanDecoder
+
+    decoders = {layout: LeanDecoder(model, layout=layout) for layout in ("in_out", "out_in")}
+    best = dict.fromkeys(decoders, float("inf"))
+    out: dict[str, list[int]] = {}
+    for _ in range(rounds):
+        for layout, dec in decoders.items():
+            dec.truncate(0)
+            c0 = time.process_time()
+            logits = dec.forward(prefix)
+            ids = []
+            for _ in range(tokens):
+                ids.append(int(logits[-1].argmax()))
+                logits = dec.forward(ids[-1:])
+            best[layout] = min(best[layout], time.process_time() - c0)
+            out[layout] = ids
+    rates = {k: tokens / v for k, v in best.items()}
+    print(
+        f"greedy decode, {len(prefix)}-token prompt + {tokens} tokens, best of {rounds} (CPU): "
+        f"(in, out) {rates['in_out']:.1f} tok/s, (out, in) {rates['out_in']:.1f} tok/s, "
+        f"ratio {rates['in_out'] / rates['out_in']:.2f}; same tokens: {out['in_out'] == out['out_in']}; "
+        f"peak RSS {peak_rss_mb():.0f} MB"
+    )
 
 
 # -- load test ---------------------------------------------------------------
@@ -511,6 +555,7 @@ def main() -> None:
     cp = sub.choices["costs"]
     cp.add_argument("--context", type=int, default=300, help="cached positions before the timed forward (300)")
     cp.add_argument("--reps", type=int, default=5)
+    cp.add_argument("--decode", type=int, default=0, help="then greedy-decode this many tokens with both layouts")
     args = p.parse_args()
     set_domains(args.domains)
     {"speed": speed, "load": load_test, "costs": costs}[args.cmd](args)

@@ -131,6 +131,30 @@ def test_lean_decoder_matches_transformers_logits(model):
     assert 0 < (approx - want).abs().max().item() < 0.5  # int8: close, not equal
 
 
+def test_lean_decoder_layouts_compute_the_same_logits(model):
+    """The default (in, out) weights (x @ w; the LM head transposed for steps of up to SMALL_ROWS
+    rows) and the module's own (out, in) (F.linear) give the same logits at every step width."""
+    from posttrain.errors import ConfigError
+    from posttrain.serve.lean import SMALL_ROWS, LeanDecoder
+
+    m, _ = model
+    fast, plain = LeanDecoder(m), LeanDecoder(m, layout="out_in")
+    inner = m.model.layers[0]
+    assert fast.layers[0]["down"].shape == inner.mlp.down_proj.weight.shape[::-1]  # held as (in, out)
+    assert plain.layers[0]["down"].shape == inner.mlp.down_proj.weight.shape
+    assert fast.lm_head_t.shape == m.lm_head.weight.shape[::-1] and plain.lm_head_t is None
+    ids = list(range(5, 60))
+    at = 0
+    for width in (7, 1, 1, 2, 3, SMALL_ROWS + 1, 5, 1):  # a prefill, then steps on each side of SMALL_ROWS
+        chunk = ids[at : at + width]
+        a, b = fast.forward(chunk), plain.forward(chunk)
+        assert a.shape == b.shape == (width, m.config.vocab_size)
+        assert (a - b).abs().max().item() < 1e-4, width
+        at += width
+    with pytest.raises(ConfigError, match="layout"):
+        LeanDecoder(m, layout="columns")
+
+
 @pytest.mark.parametrize(
     "kw",
     [

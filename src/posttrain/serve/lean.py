@@ -3,10 +3,12 @@
 Invariant: `LeanDecoder` computes the same function as the Hugging Face
 Qwen2/Llama-family module it was built from (RMSNorm, rotary attention with
 grouped KV heads, SwiGLU MLP; logits match to float32 rounding), with fused
-QKV and gate/up matrices and a preallocated KV cache, so one decoding step
-costs a few dozen tensor ops instead of hundreds of module calls. It only
-drafts: every token it proposes is verified by the target model, so its
-rounding never reaches the output. Built from a snapshot of the weights;
+QKV and gate/up matrices stored as (in, out) and a preallocated KV cache, so
+one decoding step costs a few dozen tensor ops instead of hundreds of module
+calls, and a step of one to three rows reads each weight once at the speed
+of memory (a one-row F.linear over a (out, in) weight ran at half that here:
+bench/RESULTS.md, "The lean decoder's weight layout"). It drafts for the
+fast tier, and verifies there (`LeanTarget`). Built from a snapshot of the weights;
 rebuilt when they change. It keeps each computed position's final (normed) hidden state
 (`hidden`), which `HeadDrafter` drafts from.
 """
@@ -28,7 +30,14 @@ SUPPORTED = ("qwen2", "llama", "mistral")
 class LeanDecoder:
     """Batch-1 causal decoding with a fixed-size KV cache."""
 
-    def __init__(self, model: Any, max_positions: int | None = None, int8: bool = False) -> None:
+    def __init__(
+        self, model: Any, max_positions: int | None = None, int8: bool = False, layout: str = "in_out"
+    ) -> None:
+        """`layout`: how float weights are held, "in_out" (x @ w, the default) or "out_in" (as the
+        module holds them, F.linear; kept to measure the two side by side: bench/serving.py costs)."""
+        if layout not in ("in_out", "out_in"):
+            raise ConfigError(f"lean decoder: layout must be 'in_out' or 'out_in', got {layout!r}")
+        self.layout = "out_in" if int8 else layout
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise ConfigError(
@@ -61,11 +70,19 @@ class LeanDecoder:
                 {k: (_pack(v, layer.get(k + "_b")) if k in _LINEARS else v) for k, v in layer.items()}
                 for layer in self.layers
             ]
+        elif self.layout == "in_out":  # x @ w reads each weight once a step at memory speed (bench/RESULTS.md)
+            for layer in self.layers:
+                for k in _LINEARS:
+                    layer[k] = layer[k].t().contiguous()
+        self.lm_head_t = self.lm_head.t().contiguous() if self.layout == "in_out" else None
+        """The LM head as (hidden, vocab), for steps of at most SMALL_ROWS rows (layout in_out)."""
 
     def _linear(self, x: torch.Tensor, w: Any, b: torch.Tensor | None = None) -> torch.Tensor:
         if self.int8:
             return torch.ops.quantized.linear_dynamic(x, w, True)
-        return F.linear(x, w, b)
+        if self.layout == "out_in":
+            return F.linear(x, w, b)
+        return x @ w if b is None else torch.addmm(b, x, w)  # w: (in, out)
 
     def _layer(self, layer: Any) -> dict[str, torch.Tensor | None]:
         att, mlp = layer.self_attn, layer.mlp
@@ -129,9 +146,14 @@ class LeanDecoder:
         self.length = end
         normed = self._rms(x, self.norm)
         self.hidden[start:end] = normed
+        if n <= SMALL_ROWS and self.lm_head_t is not None:
+            return normed @ self.lm_head_t
         return F.linear(normed, self.lm_head)
 
 
+SMALL_ROWS = 3
+"""Up to this many rows a step, the LM head is read as (hidden, vocab): on the machines measured
+a one-row F.linear over the (vocab, hidden) head took twice the time (bench/RESULTS.md)."""
 _LINEARS = ("qkv", "o", "gate_up", "down")
 
 
