@@ -486,3 +486,29 @@ def test_a_wiped_drafter_after_a_push_fails_the_run_with_both_figures(model_tok,
     with pytest.raises(GenerationError, match=r"collapsed after push 0: 1\.000 tokens"):
         sync.stats()
     assert WeightSync(EngineConfig(), spec, trainer=None, run_dir=tmp_path)._collapse is None  # off by default
+
+
+def test_speculation_the_vllm_and_openai_engines_cannot_run_is_refused(tmp_path):
+    """vLLM cannot load posttrain's draft head, an attached server's speculative config is not
+    posttrain's to set, and an openai server drafts by its own settings: each a config error, never
+    a silently ignored setting (before, engine.speculation was read by the hf engine only)."""
+    from posttrain.configs.engine import EngineConfig, SpeculationConfig
+    from posttrain.engine.vllm import VLLMServer, speculative_config
+    from posttrain.errors import ConfigError
+
+    for bad, words in (
+        ({"kind": "vllm", "speculation": {"kind": "head"}}, "cannot load"),
+        ({"kind": "vllm", "url": "http://h:1", "speculation": {"kind": "suffix"}}, "attaches to"),
+        ({"kind": "openai", "url": "http://h:1", "speculation": {"kind": "suffix"}}, "hf and vllm"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            EngineConfig.model_validate(bad)
+    ok = EngineConfig.model_validate({"kind": "vllm", "speculation": {"kind": "suffix", "max_draft": 5}})
+    assert speculative_config(ok.speculation) == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_max": 8,
+        "prompt_lookup_min": 2,
+    }
+    with pytest.raises(ConfigError, match="vLLM can draft"):
+        VLLMServer(tmp_path, tmp_path, speculation=SpeculationConfig(kind="head"))

@@ -162,8 +162,15 @@ class EngineConfig(BaseModel):
     one, at 4 bytes a weight). Evaluation generates with the module whatever this says. bfloat16
     and float32 not with `speculation.kind: head` (auto is model there)."""
     speculation: SpeculationConfig = SpeculationConfig()
-    """With hf: speculative decoding (kind off by default; suffix: the model-free drafter). The
-    emitted tokens and log-probs are the policy's own either way; see docs/engines.md."""
+    """Speculative decoding of rollouts (kind off by default; suffix: the model-free drafter). With
+    hf: posttrain's own (every field applies). With vllm (a server posttrain starts): kind suffix
+    starts it with vLLM's n-gram lookup (`--speculative-config` method ngram, max_draft tokens,
+    matches of 2 to max_match tokens over the prompt and the sequence so far; the other fields are
+    the hf engine's), whose counters feed the same metrics, for greedy requests only: a sampled
+    request is refused, since vLLM 0.32 reports log-probs that are not the policy's for the tokens
+    it drafts at a temperature above 0 (docs/engines.md); kind head is refused (vLLM cannot load
+    posttrain's head). With openai: refused. The emitted tokens and log-probs are the policy's own
+    wherever speculation runs; see docs/engines.md."""
 
     @property
     def type(self) -> str:
@@ -209,4 +216,20 @@ class EngineConfig(BaseModel):
             )
         if self.kind == "vllm" and self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"engine.url must be an http:// or https:// URL (or unset) with vllm, got {self.url!r}")
+        spec = self.speculation.kind
+        if spec != "off" and self.kind == "openai":
+            raise ValueError(
+                f"engine.speculation.kind {spec} applies to the hf and vllm engines; an openai server drafts by "
+                "its own settings (posttrain serve: its fast tier, docs/serving.md)"
+            )
+        if spec == "head" and self.kind == "vllm":
+            raise ValueError(
+                "engine.speculation.kind head drafts with posttrain's co-trained head, which vLLM cannot load; "
+                "with engine.kind vllm use kind suffix (vLLM's n-gram lookup) or the hf engine"
+            )
+        if spec != "off" and self.kind == "vllm" and self.url is not None:
+            raise ValueError(
+                "engine.speculation with engine.url: posttrain cannot set the speculative config of a vLLM server "
+                "it attaches to; start that server with --speculative-config, or let posttrain start one"
+            )
         return self

@@ -128,7 +128,7 @@ def _vllm_engine(cfg: EngineConfig, model: Any, tokenizer: Any, seed: int, run_d
     model_dir = str(getattr(model, "name_or_path", "") or "")  # load_model's directory (the base under LoRA)
     if not model_dir:
         raise ValueError("make_engine: the vllm engine serves the model's directory, and this model has none")
-    return VLLMEngine.start(model_dir, run_dir, tokenizer, v, lora_rank, **kw)
+    return VLLMEngine.start(model_dir, run_dir, tokenizer, v, lora_rank, speculation=cfg.speculation, **kw)
 
 
 class WeightSync:
@@ -161,7 +161,8 @@ class WeightSync:
 
     def stats(self) -> dict[str, int | float]:
         """What the metrics row carries: the engine's own counters (`Engine.counters`; vllm: request
-        retries, server restarts, pushes, failed push attempts; hf with speculation: its draft
+        retries, server restarts, pushes, failed push attempts, and with speculation the server's draft
+        counters; hf with speculation: its draft
         counters), prefixed `engine_`, and with speculation the acceptance figures since the last
         call (`engine_spec_acceptance`, `engine_spec_accepted_len`, `engine_spec_step_len`:
         engine/speculate.py); with `engine.speculation.collapse_check`, a collapse of the last

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from posttrain.configs.engine import VLLMConfig
+from posttrain.configs.engine import SpeculationConfig, VLLMConfig
 from posttrain.engine import http
 from posttrain.engine.base import Engine, chat_ids, check_request
 from posttrain.engine.openai import completion_body, decoded, parse_choices, post_json
@@ -128,6 +128,41 @@ def prometheus_sum(text: str, name: str) -> float:
     (samples of other names, `name_created` among them, are not counted); 0.0 when none."""
     sample = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
     return sum(float(m.group(1)) for m in sample.finditer(text))
+
+
+def prometheus_by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """The samples of metric `name` in `text` by the value of their `label` (summed over the
+    other labels); samples without that label are left out."""
+    sample = re.compile(rf"^{re.escape(name)}{{([^}}]*)}} (\S+)$", re.M)
+    pair = re.compile(rf'(?:^|,){re.escape(label)}="([^"]*)"')
+    out: dict[str, float] = {}
+    for m in sample.finditer(text):
+        found = pair.search(m.group(1))
+        if found:
+            out[found.group(1)] = out.get(found.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def speculative_config(spec: SpeculationConfig) -> dict[str, Any]:
+    """vLLM's `--speculative-config` for `engine.speculation` kind suffix: its n-gram lookup
+    (model-free: the last 2 to `max_match` tokens matched in the prompt and the sequence so far,
+    `max_draft` tokens proposed), the closest drafter vLLM has to posttrain's suffix drafter (which
+    also drafts from the group's siblings and earlier rollouts of the task)."""
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": spec.max_draft,
+        "prompt_lookup_max": spec.max_match,
+        "prompt_lookup_min": min(2, spec.max_match),
+    }
+
+
+SPEC_METRICS = {  # posttrain's speculation counters (engine/speculate.py) from vLLM's Prometheus counters
+    "spec_rows": "vllm:spec_decode_num_drafts_total",  # drafts verified
+    "spec_drafting": "vllm:spec_decode_num_drafts_total",  # row-steps that drafted: one draft each
+    "spec_proposed": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
 SOCKET_NAME = "api.sock"
@@ -214,8 +249,12 @@ class VLLMServer:
         run_dir: str | Path,
         config: VLLMConfig | None = None,
         lora_rank: int | None = None,
+        speculation: SpeculationConfig | None = None,
     ) -> None:
         self.cfg = config or VLLMConfig()
+        self.speculation = speculation if speculation is not None and speculation.kind != "off" else None
+        if self.speculation is not None and self.speculation.kind != "suffix":
+            raise ConfigError(f"vllm engine: speculation kind {self.speculation.kind!r} is not one vLLM can draft with")
         self.dir = Path(run_dir) / "vllm"
         self.model_dir = Path(model_dir)
         self.lora_rank = lora_rank
@@ -268,6 +307,8 @@ class VLLMServer:
             if rank is None:
                 raise ConfigError(f"trainer.lora.rank {self.lora_rank} is above vLLM's largest ({_LORA_RANKS[-1]})")
             cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1"]
+        if self.speculation is not None:
+            cmd += ["--speculative-config", json.dumps(speculative_config(self.speculation))]
         return cmd + list(cfg.extra_args)
 
     def _step_tokens(self) -> int:
@@ -440,6 +481,7 @@ class VLLMEngine(Engine):
         max_restarts: int = 5,
         skip_prefix_reset: bool = False,
         skip_push: bool = False,
+        speculation: SpeculationConfig | None = None,
     ) -> None:
         if (server is None) == (url is None):
             raise ConfigError("vllm engine: give either a server to own or the url of one to attach to")
@@ -467,18 +509,23 @@ class VLLMEngine(Engine):
         self._epoch = 0  # bumped by every restart
         self._lock = threading.Lock()  # the seed generator and the counters
         self._counts = {"request_retries": 0, "restarts": 0, "pushes": 0, "push_failures": 0}
+        self.speculation = speculation if speculation is not None and speculation.kind != "off" else None
+        self._spec_last: dict[str, float] = {}  # the server's counters as last read (they restart with it)
+        self._spec_base: dict[str, float] = {}  # what earlier server processes counted
         self.last_push_s: dict[str, float] = {}
         """Seconds of each call of the last acknowledged push (pause, load, reset_prefix_cache, resume)."""
         self._max_len, self._vocab = self._model_limits()
 
     @classmethod
     def start(cls, model_dir: str | Path, run_dir: str | Path, tokenizer: Any, config: VLLMConfig | None = None,
-              lora_rank: int | None = None, **kw: Any) -> VLLMEngine:  # fmt: skip
-        """Start a server for `model_dir` (its files in `run_dir`/vllm) and an engine that owns it."""
-        server = VLLMServer(model_dir, run_dir, config, lora_rank)
+              lora_rank: int | None = None, speculation: SpeculationConfig | None = None,
+              **kw: Any) -> VLLMEngine:  # fmt: skip
+        """Start a server for `model_dir` (its files in `run_dir`/vllm) and an engine that owns it;
+        with `speculation` (kind suffix) the server drafts with its n-gram lookup."""
+        server = VLLMServer(model_dir, run_dir, config, lora_rank, speculation)
         server.start()
         try:
-            return cls(tokenizer, server=server, **kw)
+            return cls(tokenizer, server=server, speculation=speculation, **kw)
         except BaseException:
             server.stop()
             raise
@@ -501,8 +548,29 @@ class VLLMEngine(Engine):
             return dict(self._counts)
 
     def counters(self) -> dict[str, int]:
-        """The Engine contract's counters for the metrics row: `stats()`."""
-        return self.stats()
+        """The Engine contract's counters for the metrics row: `stats()`, and with speculation the
+        server's draft counters as posttrain names them (`spec_rows`, `spec_proposed`,
+        `spec_accepted`, `spec_drafting`, `spec_accepted_d{i}` and `spec_proposed_d{i}`, the latter
+        as vLLM counts depth: every draft; engine/speculate.py `acceptance_row`), summed over the
+        server's restarts."""
+        out = self.stats()
+        if self.speculation is not None:
+            out |= self._spec_counters()
+        return out
+
+    def _spec_counters(self) -> dict[str, int]:
+        text = self._client.get(self.url + "/metrics", timeout=self.timeout_s).raise_for_status().text
+        now = {key: prometheus_sum(text, name) for key, name in SPEC_METRICS.items()}
+        for pos, value in prometheus_by_label(text, SPEC_PER_POS, "position").items():
+            if pos.isdigit():
+                now[f"spec_accepted_d{int(pos) + 1}"] = value
+                now[f"spec_proposed_d{int(pos) + 1}"] = now["spec_rows"]
+        with self._lock:
+            for key, value in now.items():
+                if value < self._spec_last.get(key, 0.0):  # a restarted server counts from 0
+                    self._spec_base[key] = self._spec_base.get(key, 0.0) + self._spec_last[key]
+                self._spec_last[key] = value
+            return {key: int(self._spec_base.get(key, 0.0) + value) for key, value in now.items()}
 
     # -- Engine contract ------------------------------------------------------
 
@@ -599,6 +667,14 @@ class VLLMEngine(Engine):
             raise ConfigError(
                 f"{where}.params.top_p is {p.top_p}: with the vllm engine top_p must be 1 (vLLM reports "
                 "log-probs renormalised over the nucleus, the trainer over the whole vocabulary)"
+            )
+        if self.speculation is not None and p.temperature > 0:
+            raise ConfigError(
+                f"{where}.params.temperature is {p.temperature}: with engine.speculation the vllm engine "
+                "generates greedily only. vLLM 0.32 reports log-probs that are not the policy's for tokens it "
+                "drafted at a temperature above 0 (measured: 0.0 for an accepted draft token, the residual "
+                "distribution's after a rejection), and the trainer's behaviour log-probs must be the policy's; "
+                "set engine.speculation.kind off for sampled rollouts, or use the hf engine's speculation"
             )
 
     def _one(self, req: GenerationRequest, seed: int, version: int) -> list[Completion]:
