@@ -343,6 +343,59 @@ def test_the_draft_length_grows_after_full_acceptance_and_shrinks_after_rejectio
     assert oracle.asked[0] == (0, 4)  # a new sequence starts over
 
 
+class _OneRight:
+    """A drafter whose every draft has the right next token, then wrong ones: a quarter of its
+    4-token drafts accepted, so 2 tokens out of each verifying forward."""
+
+    name = "one_right"
+    stop_ids: set[int] = set()
+
+    def __init__(self, answer: Sequence[int], vocab: int) -> None:
+        self.answer, self.vocab, self.rounds = list(answer), vocab, 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.rounds = 0
+
+    def finish(self, out: Sequence[int]) -> None:
+        return None
+
+    def propose(self, ids: Sequence[int], k: int, choose, step: int) -> list[int]:
+        self.rounds += 1
+        right = self.answer[step : step + 1]
+        return right + [(t + 1) % self.vocab for t in self.answer[step + 1 : step + 4]]
+
+
+@pytest.mark.parametrize("verify_cost, drafting", [(3.0, False), (1.2, True)])
+def test_a_drafter_stops_where_its_rounds_cost_more_than_the_tokens_they_emit(model, verify_cost, drafting):
+    """Time is a fake clock: a plain step costs 1, a verifying forward of a draft `verify_cost`.
+    The drafter emits 2 tokens a round (a fourth of its tokens accepted: the old rule, a fifth,
+    kept it drafting either way): at 3.0 a round costs more than the 2 plain steps it saves and
+    the drafter stops after its 4 rounds; at 1.2 it pays and drafts to the end. Greedy output is
+    the standard tier's either way."""
+    m, tok = model
+    req, want = _greedy(m, tok, "sort 3124=", 30)
+    now = [0.0]
+    drafter = _OneRight(want, m.config.vocab_size)
+    engine = SpeculativeEngine(m, tok, [drafter], draft_tokens=[4], clock=lambda: now[0])
+    forward = engine._forward
+
+    def timed(ids, cache):
+        now[0] += 1.0 if len(ids) == 1 else verify_cost
+        return forward(ids, cache)
+
+    engine._forward = timed
+    engine.plain_s = 1.0  # as if a plain step had been timed before
+    assert engine.generate([req])[0][0].token_ids == want
+    if drafting:
+        assert drafter.rounds == 15  # every round drafted: 2 tokens each over 30
+    else:
+        assert drafter.rounds == 4  # stopped after its first 4 rounds
+        assert engine.plain_s == pytest.approx(1.0)  # the plain steps after it cost 1 each
+    frozen = SpeculativeEngine(m, tok, [_OneRight(want, m.config.vocab_size)], draft_tokens=[4], clock=lambda: 0.0)
+    frozen.generate([req])  # no time measured: the fifth rule, under which a fourth accepted keeps drafting
+    assert frozen.drafters[0].rounds == 15
+
+
 @pytest.mark.parametrize("which", ["micro_base", "random tiny"])
 def test_the_fast_tier_reproduces_the_standard_tier_on_the_embedded_model(model, which, request):
     """The embedded architecture: the session's micro base (pretrained a few steps: it answers

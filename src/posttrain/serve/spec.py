@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import secrets
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ import torch
 from posttrain.engine.base import Engine, text_chat
 from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
 from posttrain.engine.sampling import row_key, sample_next
+from posttrain.engine.speculate import net_negative
 from posttrain.errors import ConfigError, GenerationError
 from posttrain.model.arch import position_limit
 from posttrain.types import Completion, GenerationRequest, Message, SamplingParams
@@ -276,7 +278,9 @@ class _Seq:
     finish: str = ""
     stop_hit: bool = False
     tried: dict[str, list[int]] = field(default_factory=dict)
-    """Per drafter, in this sequence: [rounds, proposed, accepted]."""
+    """Per drafter, in this sequence: [rounds, proposed, accepted, emitted]."""
+    spent: dict[str, float] = field(default_factory=dict)
+    """Per drafter, in this sequence: seconds its rounds took (drafting, the verifying forward)."""
     lengths: dict[str, DraftLength] = field(default_factory=dict)
     """Per drafter, its adaptive draft length in this sequence."""
 
@@ -300,8 +304,13 @@ class SpeculativeEngine(Engine):
         version: int = 0,
         target: Callable[[], Target] | None = None,
         model_draft_after: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.model_draft_after = model_draft_after
+        self.clock = clock
+        """What rounds are timed with (`_paying`); a test may freeze it."""
+        self.plain_s = 0.0
+        """Running mean seconds of a plain one-token step (a forward without a draft), 0 before one."""
         self.model, self.tokenizer = model.eval(), tokenizer
         self.new_target: Callable[[], Target] = target or (lambda: HFTarget(self.model))
         self.drafters = list(drafters)
@@ -364,12 +373,18 @@ class SpeculativeEngine(Engine):
             d.start(seq.prompt)
         last = seq.prompt[-1]
         while not seq.finish:
+            t0 = self.clock()
             draft, drafter = self._draft(seq, choose)
+            t1 = self.clock()
             logits = self._forward([last] + draft, cache)
             new = self._verify(seq, logits, draft, choose)
             accepted = self._append(seq, new, req.params)
             if drafter is not None:
                 self._count(seq, drafter.name, draft, new, len(accepted))
+                seq.spent[drafter.name] = seq.spent.get(drafter.name, 0.0) + self.clock() - t0
+            else:  # a plain step: what drafting must beat (the failed draft attempts not counted)
+                step = self.clock() - t1
+                self.plain_s = step if self.plain_s <= 0 else self.plain_s + 0.2 * (step - self.plain_s)
             if emit and accepted:
                 emit(accepted)
             last = seq.out[-1] if seq.out else last
@@ -399,16 +414,22 @@ class SpeculativeEngine(Engine):
         while matched < min(len(draft), len(new)) and new[matched][0] == draft[matched]:
             matched += 1
         self.stats.drafters[name].add(len(draft), matched, emitted)
-        mine = seq.tried.setdefault(name, [0, 0, 0])
-        mine[0], mine[1], mine[2] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched
+        mine = seq.tried.setdefault(name, [0, 0, 0, 0])
+        mine[0], mine[1], mine[2], mine[3] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched, mine[3] + emitted
         seq.lengths[name].update(len(draft), matched)
 
-    @staticmethod
-    def _paying(seq: _Seq, name: str) -> bool:
-        """A drafter keeps drafting for a sequence until, after 4 rounds, under
-        a fifth of its tokens were accepted (then it would only cost time)."""
-        rounds, proposed, accepted = seq.tried.get(name, (0, 0, 0))
-        return rounds < 4 or accepted * 5 >= proposed
+    def _paying(self, seq: _Seq, name: str) -> bool:
+        """A drafter keeps drafting for a sequence for its first 4 rounds; after them, while its
+        rounds emitted at least as many tokens as the plain steps their time would have paid for
+        (tokens per round against a round's time over a plain step's: `speculate.net_negative`,
+        the rollouts' auto-off rule), or, before a plain step was timed, while at least a fifth of
+        its drafted tokens were accepted."""
+        rounds, proposed, accepted, emitted = seq.tried.get(name, (0, 0, 0, 0))
+        if rounds < 4:
+            return True
+        if self.plain_s > 0:
+            return not net_negative(emitted / rounds, seq.spent.get(name, 0.0) / rounds, self.plain_s)
+        return accepted * 5 >= proposed
 
     def _forward(self, ids: list[int], cache: Target) -> torch.Tensor:
         self.stats.target_forwards += 1
