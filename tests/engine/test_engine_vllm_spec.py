@@ -79,3 +79,16 @@ def test_counters_survive_a_server_restart(spec_engine):
     spec_engine._spec_last = {k: v + 1000 for k, v in spec_engine._spec_last.items()}  # as if the server restarted
     after = spec_engine.counters()
     assert all(after[k] >= before[k] for k in before if k.startswith("spec_")), (before, after)
+
+
+def test_counters_hold_while_the_metrics_route_does_not_answer(spec_engine, monkeypatch):
+    """A server restarting cannot answer /metrics: the metrics row gets the totals as last read."""
+    import httpx
+
+    before = spec_engine.counters()
+
+    def down(*args, **kwargs):
+        raise httpx.ConnectError("the server is restarting")
+
+    monkeypatch.setattr(spec_engine._client, "get", down)
+    assert spec_engine.counters() == before

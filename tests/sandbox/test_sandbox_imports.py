@@ -78,6 +78,25 @@ def test_a_declared_package_that_is_not_installed_is_the_sandboxs_error(pool):
     assert res.status == "infra_error" and "posttrain" in res.error
 
 
+def test_a_program_that_declares_nothing_finds_no_site_packages_even_by_path(pool):
+    """Putting the interpreter's site-packages back on sys.path finds an empty folder where the
+    program declares nothing (fork-server, bubblewrap); where it declares packages the import path
+    is confined but the folder stays readable (docs/sandbox.md), and unsafe confines the path only."""
+    src = (
+        "import sys, os\n"
+        f"sys.path[:0] = {list(SITE)!r}\n"
+        f"print(sorted(n for d in {list(SITE)!r} if os.path.isdir(d) for n in os.listdir(d))[:3])\n"
+        "import numpy\n"
+    )
+    res = _run(pool, src)
+    if pool.backend == "unsafe":
+        return  # no file-system view of its own for this (what it reads depends on the host's folders)
+    assert res.status == "failed" and res.text == "[]\n", res
+    assert "No module named 'numpy'" in res.stderr.decode()
+    declared = _run(pool, src.replace("import numpy", "import yaml"), ("numpy",))
+    assert declared.ok and declared.text != "[]\n", declared  # declared: the folder is there
+
+
 def test_a_module_the_worker_preloaded_is_not_reachable_undeclared():
     """A pre-import warms the worker; it must not widen what a program can import."""
     with _pool("forkserver", preimport=(*DEFAULT_PREIMPORT, "numpy", "yaml")) as p:

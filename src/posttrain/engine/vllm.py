@@ -559,7 +559,15 @@ class VLLMEngine(Engine):
         return out
 
     def _spec_counters(self) -> dict[str, int]:
-        text = self._client.get(self.url + "/metrics", timeout=self.timeout_s).raise_for_status().text
+        """The server's draft counters, summed over its restarts; while `/metrics` does not answer
+        (a server restarting), the totals as last read: a metrics row never fails for them."""
+        import httpx
+
+        try:
+            text = self._client.get(self.url + "/metrics", timeout=self.timeout_s).raise_for_status().text
+        except httpx.HTTPError:
+            with self._lock:
+                return {k: int(self._spec_base.get(k, 0.0) + v) for k, v in self._spec_last.items()}
         now = {key: prometheus_sum(text, name) for key, name in SPEC_METRICS.items()}
         for pos, value in prometheus_by_label(text, SPEC_PER_POS, "position").items():
             if pos.isdigit():

@@ -10,9 +10,10 @@ module loaded before the program (by the worker, a `.pth` file, a pre-import) st
 `sys.modules` unless it is the standard library's or declared. So a program's verdict
 does not depend on what else happens to be installed beside posttrain (a program that
 does `import pandas` fails the same way on every machine unless its domain declares
-pandas). It confines the import path, not the file system: the interpreter's
-site-packages stays readable, and a program that puts it back on `sys.path` itself
-imports from it.
+pandas). This module confines the import path; for a program that declares nothing
+the fork-server and bubblewrap backends also mount an empty folder over the
+interpreter's site-packages (so putting it back on `sys.path` finds nothing), while
+one that declares packages can still read that folder.
 
 Runs inside the sandbox and imports only the standard library: the fork-server's task
 process calls `confine` before it runs the program (with the paths its worker found

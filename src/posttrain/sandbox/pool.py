@@ -236,7 +236,7 @@ class Pool:
     def _imports(self, req: ExecRequest) -> dict:
         """What the request's program may import beyond the stdlib (`sandbox.packages`)."""
         modules, dists = packages.resolve(req.packages, self.site)
-        return {"modules": list(modules), "dists": list(dists)}
+        return {"modules": list(modules), "dists": list(dists), "site": list(self.site)}
 
     def _run_on(self, slot: int, req: ExecRequest, session: str | None, workdir: str | None = None) -> ExecResult:
         try:
