@@ -35,6 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from posttrain import lineage
 from posttrain.configs import Config
 from posttrain.domains.registry import verifier_label
+from posttrain.errors import ConfigError
 from posttrain.evaluate import EvalTable
 from posttrain.evaluate.run import RunEvaluator
 from posttrain.metrics_log import MetricsLog, roll_back
@@ -178,6 +179,13 @@ class _Run:
         in_flight = None
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
+        if cfg.engine.kind == "vllm" and cfg.engine.speculation.kind != "off":  # before any heavy work
+            raise ConfigError(
+                f"engine.speculation.kind {cfg.engine.speculation.kind} with engine.kind vllm: rollouts sample at "
+                f"rollout.temperature {cfg.rollout.temperature}, and vLLM 0.32 reports log-probs that are not the "
+                "policy's for the tokens it drafts when sampling (docs/engines.md); set engine.speculation.kind off, "
+                "or use the hf engine's speculation"
+            )
         model, tokenizer, trainer, base_copy, processor = _policy(cfg)
         check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
         engine = make_engine(

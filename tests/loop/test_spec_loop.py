@@ -51,3 +51,16 @@ def test_a_run_with_the_draft_head_drafts_with_it_and_checkpoints_it(tmp_path, m
     assert all(len(r["draft_acc"]) >= 1 and all(0 <= a <= 1 for a in r["draft_acc"]) for r in rows if r["n_sequences"])
     ckpt = latest_checkpoint(run_dir)
     assert all((ckpt / name).is_file() for name in (WEIGHTS, META, DRAFT_OPTIMIZER))
+
+
+def test_a_run_on_the_vllm_engine_with_speculation_is_refused_before_any_work(tmp_path, micro_base):
+    """Rollouts sample, and vLLM reports log-probs that are not the policy's for tokens it drafts
+    when sampling: `posttrain train` says so before it loads the model or starts a server."""
+    from posttrain.errors import ConfigError
+    from posttrain.loop import train
+
+    overrides = [*tiny(), f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=vspec", "run.steps=1"]
+    overrides += ["engine.kind=vllm", "engine.speculation.kind=suffix"]
+    with pytest.raises(ConfigError, match="vLLM 0.32 reports log-probs"):
+        train(load_config(None, overrides), log=lambda *_: None)
+    assert not list(tmp_path.rglob("server.log"))  # no vLLM server was started

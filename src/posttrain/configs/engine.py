@@ -168,7 +168,8 @@ class EngineConfig(BaseModel):
     matches of 2 to max_match tokens over the prompt and the sequence so far; the other fields are
     the hf engine's), whose counters feed the same metrics, for greedy requests only: a sampled
     request is refused, since vLLM 0.32 reports log-probs that are not the policy's for the tokens
-    it drafts at a temperature above 0 (docs/engines.md); kind head is refused (vLLM cannot load
+    it drafts at a temperature above 0 (docs/engines.md), so `posttrain train` (whose rollouts
+    sample) refuses it before any work; kind head is refused (vLLM cannot load
     posttrain's head). With openai: refused. The emitted tokens and log-probs are the policy's own
     wherever speculation runs; see docs/engines.md."""
 
