@@ -277,8 +277,8 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     finish: str = ""
     stop_hit: bool = False
-    tried: dict[str, list[int]] = field(default_factory=dict)
-    """Per drafter, in this sequence: [rounds, proposed, accepted, emitted]."""
+    tried: dict[str, DraftStats] = field(default_factory=dict)
+    """Per drafter, its counters in this sequence alone."""
     spent: dict[str, float] = field(default_factory=dict)
     """Per drafter, in this sequence: seconds its rounds took (drafting, the verifying forward)."""
     lengths: dict[str, DraftLength] = field(default_factory=dict)
@@ -414,8 +414,7 @@ class SpeculativeEngine(Engine):
         while matched < min(len(draft), len(new)) and new[matched][0] == draft[matched]:
             matched += 1
         self.stats.drafters[name].add(len(draft), matched, emitted)
-        mine = seq.tried.setdefault(name, [0, 0, 0, 0])
-        mine[0], mine[1], mine[2], mine[3] = mine[0] + 1, mine[1] + len(draft), mine[2] + matched, mine[3] + emitted
+        seq.tried.setdefault(name, DraftStats()).add(len(draft), matched, emitted)
         seq.lengths[name].update(len(draft), matched)
 
     def _paying(self, seq: _Seq, name: str) -> bool:
@@ -424,12 +423,12 @@ class SpeculativeEngine(Engine):
         (tokens per round against a round's time over a plain step's: `speculate.net_negative`,
         the rollouts' auto-off rule), or, before a plain step was timed, while at least a fifth of
         its drafted tokens were accepted."""
-        rounds, proposed, accepted, emitted = seq.tried.get(name, (0, 0, 0, 0))
-        if rounds < 4:
+        mine = seq.tried.get(name)
+        if mine is None or mine.rounds < 4:
             return True
         if self.plain_s > 0:
-            return not net_negative(emitted / rounds, seq.spent.get(name, 0.0) / rounds, self.plain_s)
-        return accepted * 5 >= proposed
+            return not net_negative(mine.accepted_len, seq.spent.get(name, 0.0) / mine.rounds, self.plain_s)
+        return mine.accepted * 5 >= mine.proposed
 
     def _forward(self, ids: list[int], cache: Target) -> torch.Tensor:
         self.stats.target_forwards += 1
