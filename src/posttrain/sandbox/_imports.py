@@ -25,19 +25,16 @@ The host side (which modules and distributions a declaration means) is
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import os
+import re
 import sys
-
-IMPORTS_KEY = "imports"  # the wire field: {"modules": [...], "dists": [...]}
 
 
 def _norm(name: str) -> str:
-    """A distribution's name as the packaging spec compares it."""
-    out = []
-    for ch in name.lower():
-        out.append("-" if ch in "._-" else ch)
-    return "-".join(part for part in "".join(out).split("-") if part)
+    """A distribution's name as the packaging spec compares it (runs of `-_.` as one `-`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _under(path: str, root: str) -> bool:
@@ -154,8 +151,13 @@ def boot(main: str, modules=(), dists=()) -> None:
     runpy.run_path(main, run_name="__main__")
 
 
+@functools.cache
+def _text() -> str:
+    """This module's text, read once."""
+    with open(__file__, encoding="utf-8") as fh:
+        return fh.read()
+
+
 def boot_source(main: str, modules=(), dists=()) -> str:
     """The `-c` program of a one-shot Python run: this module's text and the call."""
-    with open(__file__, encoding="utf-8") as fh:
-        text = fh.read()
-    return f"{text}\nboot({main!r}, {tuple(modules)!r}, {tuple(dists)!r})\n"
+    return f"{_text()}\nboot({main!r}, {tuple(modules)!r}, {tuple(dists)!r})\n"
