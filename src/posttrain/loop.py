@@ -180,11 +180,12 @@ class _Run:
         configure_pool(cfg.sandbox.pool_config())  # before any sandbox use: cheat probes, evaluation, execute
         pool = TaskPool(cfg.tasks, seed=cfg.run.seed)  # validates domain names before any heavy work
         if cfg.engine.kind == "vllm" and cfg.engine.speculation.kind != "off":  # before any heavy work
+            from posttrain.engine.vllm import SAMPLED_SPEC_LOGPROBS
+
             raise ConfigError(
                 f"engine.speculation.kind {cfg.engine.speculation.kind} with engine.kind vllm: rollouts sample at "
-                f"rollout.temperature {cfg.rollout.temperature}, and vLLM 0.32 reports log-probs that are not the "
-                "policy's for the tokens it drafts when sampling (docs/engines.md); set engine.speculation.kind off, "
-                "or use the hf engine's speculation"
+                f"rollout.temperature {cfg.rollout.temperature}, and {SAMPLED_SPEC_LOGPROBS}; set "
+                "engine.speculation.kind off, or use the hf engine's speculation"
             )
         model, tokenizer, trainer, base_copy, processor = _policy(cfg)
         check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work

@@ -158,11 +158,15 @@ def speculative_config(spec: SpeculationConfig) -> dict[str, Any]:
 
 SPEC_METRICS = {  # posttrain's speculation counters (engine/speculate.py) from vLLM's Prometheus counters
     "spec_rows": "vllm:spec_decode_num_drafts_total",  # drafts verified
-    "spec_drafting": "vllm:spec_decode_num_drafts_total",  # row-steps that drafted: one draft each
     "spec_proposed": "vllm:spec_decode_num_draft_tokens_total",
     "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+SAMPLED_SPEC_LOGPROBS = (
+    "vLLM 0.32 reports log-probs that are not the policy's for the tokens it drafts when sampling (measured: "
+    "0.0 for an accepted draft token, the residual distribution's after a rejection; docs/engines.md)"
+)
+"""Why the vllm engine speculates for greedy requests only (the engine's refusal and `posttrain train`'s)."""
 
 
 SOCKET_NAME = "api.sock"
@@ -569,6 +573,7 @@ class VLLMEngine(Engine):
             with self._lock:
                 return {k: int(self._spec_base.get(k, 0.0) + v) for k, v in self._spec_last.items()}
         now = {key: prometheus_sum(text, name) for key, name in SPEC_METRICS.items()}
+        now["spec_drafting"] = now["spec_rows"]  # row-steps that drafted: one draft each
         for pos, value in prometheus_by_label(text, SPEC_PER_POS, "position").items():
             if pos.isdigit():
                 now[f"spec_accepted_d{int(pos) + 1}"] = value
@@ -679,10 +684,8 @@ class VLLMEngine(Engine):
         if self.speculation is not None and p.temperature > 0:
             raise ConfigError(
                 f"{where}.params.temperature is {p.temperature}: with engine.speculation the vllm engine "
-                "generates greedily only. vLLM 0.32 reports log-probs that are not the policy's for tokens it "
-                "drafted at a temperature above 0 (measured: 0.0 for an accepted draft token, the residual "
-                "distribution's after a rejection), and the trainer's behaviour log-probs must be the policy's; "
-                "set engine.speculation.kind off for sampled rollouts, or use the hf engine's speculation"
+                f"generates greedily only. {SAMPLED_SPEC_LOGPROBS}, and the trainer's behaviour log-probs must be "
+                "the policy's; set engine.speculation.kind off for sampled rollouts, or use the hf engine's speculation"
             )
 
     def _one(self, req: GenerationRequest, seed: int, version: int) -> list[Completion]:
