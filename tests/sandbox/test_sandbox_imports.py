@@ -97,6 +97,42 @@ def test_a_program_that_declares_nothing_finds_no_site_packages_even_by_path(poo
     assert declared.ok and declared.text != "[]\n", declared  # declared: the folder is there
 
 
+def test_a_shell_commands_python3_finds_every_package_folder_empty(pool):
+    """A shell task's `python3` (terminal, term_fix) is the system's interpreter, not the sandbox's:
+    its site and dist-packages (`Pool.system_site`) and the sandbox interpreter's own are empty
+    folders inside the task (fork-server, bubblewrap), so a command's verdict does not depend on what
+    the machine has installed there; the stdlib stays. The unsafe backend has no mounts of its own."""
+    dirs = [*pool.system_site, *pool.site]
+    assert pool.site and not set(pool.system_site) & set(pool.site)
+    assert all(any(_hide.under(d, r) for r in sb.pool.RO_ROOTS) for d in pool.system_site)
+    listing = "; ".join(f"ls -A '{d}' | wc -l" for d in dirs)
+    res = pool.run(sb.ExecRequest(argv=("sh", "-c", listing)))
+    if pool.backend == "unsafe":
+        return
+    assert res.ok and res.text.split() == ["0"] * len(dirs), (dirs, res)
+    stdlib = pool.run(
+        sb.ExecRequest(argv=("sh", "-c", "command -v python3 || exit 0; python3 -c 'import json; print(1)'"))
+    )
+    assert stdlib.ok and stdlib.text.splitlines()[-1:] in (["1"], []), stdlib
+
+
+def test_a_python_program_finds_the_system_packages_empty_declared_or_not(pool):
+    """Putting the system's dist-packages on sys.path finds nothing, whether the program declares
+    packages (its own site-packages then stays readable) or not."""
+    if not pool.system_site:
+        pytest.skip("no system site or dist-packages on this machine")
+    src = (
+        "import os\n"
+        f"print([len(os.listdir(d)) for d in {list(pool.system_site)!r}], "
+        f"sum(len(os.listdir(d)) for d in {list(pool.site)!r}) > 0)\n"
+    )
+    if pool.backend == "unsafe":
+        return
+    for declared, venv in (((), False), (("numpy",), True)):
+        res = _run(pool, src, declared)
+        assert res.ok and res.text == f"{[0] * len(pool.system_site)} {venv}\n", (declared, res)
+
+
 def test_a_module_the_worker_preloaded_is_not_reachable_undeclared():
     """A pre-import warms the worker; it must not widen what a program can import."""
     with _pool("forkserver", preimport=(*DEFAULT_PREIMPORT, "numpy", "yaml")) as p:

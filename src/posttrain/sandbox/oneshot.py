@@ -406,9 +406,8 @@ class BwrapBackend(OneShot):
         args = self.base + ["--bind", workdir, "/task", "--chdir", "/task", "--setenv", "HOME", "/task"]
         for key, value in {**BASE_ENV, **req.env}.items():
             args += ["--setenv", key, value]
-        if req.python_main and not (imports or {}).get("modules"):
-            for site in (imports or {}).get("site", ()):  # a program that declares nothing finds nothing there
-                if os.path.isdir(site):
-                    args += ["--tmpfs", site, "--remount-ro", site]
+        for site in (imports or {}).get("mask", ()):  # package folders the task finds empty (Pool._imports)
+            if os.path.isdir(site):
+                args += ["--tmpfs", site, "--remount-ro", site]
         inner = [self.python, *self.python_args(req, imports)] if req.python_main else list(req.argv)
         return args + ["--"] + inner, "/"

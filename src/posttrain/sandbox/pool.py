@@ -77,6 +77,13 @@ class Pool:
         binds = self._ro_binds()
         self.hidden = _hide.hidden_paths(binds + RO_ROOTS)
         self.site = tuple(_hide.site_dirs(self._prefix()))
+        """The sandbox interpreter's site-packages (host paths): where declared packages are found."""
+        self.system_site = tuple(
+            d for d in dict.fromkeys(x for root in RO_ROOTS for x in _hide.site_dirs(root)) if d not in self.site
+        )
+        """Every other interpreter's site and dist-packages in the system trees bound into each task
+        (/usr/lib/python3/dist-packages, /usr/local/lib/python3.X/dist-packages, ...): what a shell
+        task's `python3` would import from; an empty folder inside every task (`_imports`)."""
         if self.backend == "forkserver":
             self._start_tree()
         elif self.backend == "bwrap":
@@ -234,9 +241,15 @@ class Pool:
         return await asyncio.to_thread(self.run, req, domain=domain)
 
     def _imports(self, req: ExecRequest) -> dict:
-        """What the request's program may import beyond the stdlib (`sandbox.packages`)."""
+        """What the request's program may import beyond the stdlib (`sandbox.packages`), and the
+        package folders its task sees empty (`mask`, host paths): the system interpreters' always,
+        the sandbox interpreter's own where the request declares nothing. For a python_main
+        program and a shell command alike (a `python3` in a terminal task), so no verdict depends
+        on what else is installed on the machine, even for a program that puts a folder back on
+        its path (fork-server and bubblewrap; the unsafe backend has no mounts of its own)."""
         modules, dists = packages.resolve(req.packages, self.site)
-        return {"modules": list(modules), "dists": list(dists), "site": list(self.site)}
+        mask = [*self.system_site, *(() if modules else self.site)]
+        return {"modules": list(modules), "dists": list(dists), "site": list(self.site), "mask": mask}
 
     def _run_on(self, slot: int, req: ExecRequest, session: str | None, workdir: str | None = None) -> ExecResult:
         try:
