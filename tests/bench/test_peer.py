@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -714,3 +715,41 @@ def test_summarize_without_a_finished_run_leaves_summary_json_alone(tmp_path):
     with pytest.raises(SystemExit, match="no finished run"):
         peer.main(["--summarize", str(tmp_path)])
     assert (tmp_path / "summary.json").read_text() == '{"kept": true}'
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PEER_PYTHON.is_file(), reason="no peer venv (make bench-peer)")
+def test_posttrains_gradient_is_trls_on_the_same_rows(micro_base, tmp_path):
+    """bench/peer_grad.py: on the same sampled rows and adapter weights (B non-zero, so every adapter
+    matrix has a gradient), posttrain's step and TRL's compute_loss give the same gradient up to the
+    uniform scale of their advantages' std (population against unbiased: sqrt(G / (G - 1))), one group
+    without a signal left out by posttrain and counted in its normaliser as TRL counts it; TRL's rows in
+    3 micro-batches, accumulated as its trainer accumulates them."""
+    out = tmp_path / "grad.json"
+    cmd = [
+        str(PEER_PYTHON),
+        str(ROOT / "bench" / "peer_grad.py"),
+        "--model",
+        micro_base,
+        "--prompts",
+        "3",
+        "--max-tokens",
+        "12",
+        "--perturb-b",
+        "0.05",
+        "--rewards",
+        "synthetic",
+        "--threads",
+        "1",
+        "--trl-micro-batch",
+        "4",
+        "--json",
+        str(out),
+    ]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=600, env={**os.environ, "PYTHONPATH": "src"})
+    got = json.loads(out.read_text())
+    assert got["groups_with_signal"] == 2 and got["rows"] == 8
+    assert got["nonzero"] == got["matrices"] > 0
+    assert got["cosine"] > 1 - 1e-6 and got["worst_matrix_cosine"] > 1 - 1e-4
+    assert got["norm_ratio"] == pytest.approx(got["expected_ratio"], rel=1e-3)
+    assert got["logprob_gap"] < 1e-4
