@@ -4,8 +4,8 @@ the GGUF load's on a fixed prompt), SmolLM2's chat template is what evaluation a
 Gemma-3-270M (a base model) gets posttrain's plain template and the hf engine's greedy tokens equal
 transformers' `generate` across its sliding window, the OpenAI SDK's chat and stream work against
 `posttrain serve --model smollm2-135m-instruct`, `posttrain export` of an adapter on it gives a
-folder plain transformers loads, `posttrain train` runs a step on each model, and HumanEval's programs run sandboxed (canonical solutions pass,
-wrong ones fail, hostile ones are contained).
+folder plain transformers loads, `posttrain train` runs a step on each model, and HumanEval's
+programs run sandboxed (canonical solutions pass, wrong ones fail, hostile ones are contained).
 
 Costs: one GGUF load a model (about 30 s of CPU each, 1.5 and 2.6 GB), a build of each cache on
 first use (538 MB and 1.07 GB, under POSTTRAIN_CACHE), one model in process and one in a server
