@@ -249,7 +249,7 @@ class Pool:
         its path (fork-server and bubblewrap; the unsafe backend has no mounts of its own)."""
         modules, dists = packages.resolve(req.packages, self.site)
         mask = [*self.system_site, *(() if modules else self.site)]
-        return {"modules": list(modules), "dists": list(dists), "site": list(self.site), "mask": mask}
+        return {"modules": list(modules), "dists": list(dists), "mask": mask}
 
     def _run_on(self, slot: int, req: ExecRequest, session: str | None, workdir: str | None = None) -> ExecResult:
         try:
