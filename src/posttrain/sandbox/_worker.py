@@ -605,10 +605,7 @@ def _mount_task_root(task: Task) -> None:
     if w.venv and w.venv.startswith("/tmp/"):
         w._link_venv(root)
     w._mask_hidden(root, "/tmp")
-    imports = task.req.get("imports") or {}
-    masked = list(imports.get("mask", ()))  # package folders the task finds empty, even by path (Pool._imports)
-    if task.req.get("python_main") and not imports.get("modules"):
-        masked += w.site  # and this interpreter's own, as it sees them
+    masked = (task.req.get("imports") or {}).get("mask", ())  # found empty, even by path (Pool._imports)
     for inner in dict.fromkeys(root + w._inner(site) for site in masked):
         if os.path.isdir(inner) and not os.path.islink(inner):
             _linux.mount("tmpfs", inner, "tmpfs", flags | _linux.MS_RDONLY, "size=4k,mode=0555")
