@@ -95,23 +95,28 @@ def sample(model: Any, prompt_ids: list[list[int]], g: int, max_tokens: int, tem
     return out
 
 
-def trl_inputs(prompt_ids, completions, advantages, pad: int, eos: set[int]) -> dict[str, Any]:
+def padded(rows: list[list[int]], pad: int, left: bool) -> tuple[Any, Any]:
+    """`rows` as one (ids, attention mask) pair of tensors, padded with `pad` on the left (prompts,
+    as TRL generates from and scores them) or on the right (completions)."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        at = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, at] = torch.tensor(row, dtype=torch.long)
+        mask[i, at] = 1
+    return ids, mask
+
+
+def trl_inputs(prompt_ids, completions, advantages, pad: int) -> dict[str, Any]:
     """TRL's compute_loss inputs for the rows: prompts left-padded, completions right-padded, the
     completion mask through the first end token (as `_generate_and_score_completions` builds them)."""
     import torch
 
-    prompts = [p for p, rows in zip(prompt_ids, completions) for _ in rows]
-    comps = [c for rows in completions for c in rows]
-    lp, lc = max(map(len, prompts)), max(map(len, comps))
-    p_ids = torch.full((len(prompts), lp), pad)
-    p_mask = torch.zeros((len(prompts), lp), dtype=torch.long)
-    c_ids = torch.full((len(comps), lc), pad)
-    c_mask = torch.zeros((len(comps), lc), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompts, comps)):
-        p_ids[i, lp - len(p) :] = torch.tensor(p)
-        p_mask[i, lp - len(p) :] = 1
-        c_ids[i, : len(c)] = torch.tensor(c)
-        c_mask[i, : len(c)] = 1
+    p_ids, p_mask = padded([p for p, rows in zip(prompt_ids, completions) for _ in rows], pad, left=True)
+    c_ids, c_mask = padded([c for rows in completions for c in rows], pad, left=False)
     return {
         "prompt_ids": p_ids,
         "prompt_mask": p_mask,
@@ -270,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, p in theirs.items():
             p.copy_(adapters[n])
     trl.model.train()
-    inputs = trl_inputs(prompt_ids, completions, trl_advantages(rewards), tokenizer.pad_token_id or min(eos), eos)
+    inputs = trl_inputs(prompt_ids, completions, trl_advantages(rewards), tokenizer.pad_token_id or min(eos))
     rows = inputs["completion_ids"].size(0)
     micro = args.trl_micro_batch or rows
     if rows % micro:

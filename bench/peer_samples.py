@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from peer import MIXES
+    from peer_grad import padded
     from peer_trl import draw_tasks, prompt_rows, reward_function, trl_prompt_ids
     from transformers import AutoModelForCausalLM
 
@@ -70,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hf engine: {time.perf_counter() - t0:.1f} s", flush=True)
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-    width, flat = max(map(len, ids)), [q for q in ids for _ in range(g)]
-    x = torch.tensor([[pad] * (width - len(q)) + q for q in flat])
-    mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in flat])
+    x, mask = padded([q for q in ids for _ in range(g)], pad, left=True)
+    width = x.shape[1]
     rows, t0 = [[] for _ in tasks], time.perf_counter()
     for r in range(args.reps):
         torch.manual_seed(5000 + r)
