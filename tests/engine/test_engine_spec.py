@@ -470,6 +470,19 @@ def test_the_collapse_probe_fails_loudly_below_its_running_level():
     early.observe(1.0)  # during the warm-up: no verdict
 
 
+def test_the_collapse_probe_with_counts_stops_only_beyond_counting_noise():
+    """Given the drafting row-steps a figure was measured over, a fall must also exceed three
+    Poisson standard deviations of the accepted tokens: a fall from 1.5 to 1.0 (a third) measured
+    on 8 row-steps (the embedded demo's short answers) passes; the same over 400 stops the run."""
+    few, many = CollapseProbe(warmup=3), CollapseProbe(warmup=3)
+    for figure in (1.5, 1.5, 1.5, 1.5):
+        few.observe(figure, rows=8)
+        many.observe(figure, rows=400)
+    few.observe(1.0, rows=8)  # 8 x 0.5 = 4 tokens short, 3 sd = 6: noise
+    with pytest.raises(GenerationError, match=r"1\.000 tokens per row per drafting step over 400 drafting row-steps"):
+        many.observe(1.0, " at the probe after push 5", rows=400)
+
+
 def test_a_wiped_drafter_after_a_push_fails_the_run_with_both_figures(model_tok, tmp_path, monkeypatch):
     from posttrain.engine.sync import WeightSync
 

@@ -1,6 +1,6 @@
 """speculation.kind head: the hf engine drafts with the co-trained draft head; outputs are the
 policy's own (greedy identical, sampled tokens and log-probs identical for the same seeds); a
-head wiped after a push is caught by the collapse probe; a pushed folder's head replaces it."""
+head wiped or left stale after a push is caught by the push probe; a pushed folder's head replaces it."""
 
 from __future__ import annotations
 
@@ -88,24 +88,93 @@ def test_sampled_tokens_and_log_probs_are_the_policys_with_a_random_head(model_t
     assert spec.counters()["spec_proposed"] > 0
 
 
-def test_a_head_wiped_after_a_push_fails_the_run_with_both_figures(model_tok, fitted, tmp_path):
+def pushes(model_tok, head, tmp_path, n: int = 4, **spec):
+    """An engine drafting with `head`, its WeightSync (collapse_check at its default unless given),
+    one generate (the probe's prompts) and `n` pushes; returns both and each push's probe row."""
     from posttrain.engine.sync import WeightSync
 
+    eng = engine(model_tok, head)
+    cfg = EngineConfig.model_validate({"speculation": {"kind": "head", **spec}})
+    sync = WeightSync(cfg, eng, trainer=None, run_dir=tmp_path)
+    eng.generate(requests(eng))
+    rows = []
+    for _ in range(n):
+        sync.push()
+        rows.append(sync.stats())
+    return eng, sync, rows
+
+
+def test_a_head_wiped_after_a_push_fails_the_run_with_both_figures(model_tok, fitted, tmp_path):
+    """The push probe (on by default with kind head): greedy on the first prompts the engine saw,
+    after every push; a head whose weights are zeroed before a push stops the run at that push."""
     head = DraftHead(fitted.hidden, fitted.depth)
     head.load_state_dict(fitted.state_dict())
-    spec = engine(model_tok, head)
-    cfg = EngineConfig.model_validate({"speculation": {"kind": "head", "collapse_check": True}})
-    sync = WeightSync(cfg, spec, trainer=None, run_dir=tmp_path)
-    for _ in range(4):
-        spec.generate(requests(spec))
-        healthy = sync.stats()["engine_spec_step_len"]
-    assert healthy > 2.0
+    eng, sync, rows = pushes(model_tok, head, tmp_path)
+    healthy = [row["engine_probe_spec_step_len"] for row in rows]
+    assert min(healthy) > 2.0 and len(set(healthy)) == 1  # the same weights: the same greedy figure
+    assert rows[0]["engine_probe_spec_accepted_len"] > 2.0 and "engine_probe_spec_acceptance_d1" in rows[0]
     with torch.no_grad():  # the planted wipe: the pushed head's weights are zeros
         for p in head.parameters():
             p.zero_()
-    spec.generate(requests(spec))
-    with pytest.raises(GenerationError, match=r"collapsed after push 0: 1\.0\d\d tokens"):
-        sync.stats()
+    with pytest.raises(GenerationError, match=r"collapsed at the probe after push 5: 1\.0\d\d tokens .* level 2\."):
+        sync.push()
+
+
+def test_a_stale_head_after_the_policy_moved_fails_the_run(model_tok, fitted, tmp_path):
+    """A head left behind by its policy (fitted to weights the policy no longer has: the planted
+    change moves every weight of the policy, the head is not refitted) drafts what the old policy
+    would have said; the probe after that push sees its accepted length fall and stops the run."""
+    import copy
+
+    model, tok = model_tok
+    moved = copy.deepcopy(model)
+    head = DraftHead(fitted.hidden, fitted.depth)
+    head.load_state_dict(fitted.state_dict())
+    eng, sync, rows = pushes((moved, tok), head, tmp_path)
+    assert min(row["engine_probe_spec_step_len"] for row in rows) > 2.0
+    with torch.no_grad():  # the policy moves in place (an optimizer step would), the head stays
+        gen = torch.Generator().manual_seed(0)
+        for p in moved.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * p.std())
+    with pytest.raises(GenerationError, match=r"collapsed at the probe after push 5"):
+        sync.push()
+
+
+def test_the_push_probe_leaves_the_runs_figures_and_samples_alone(model_tok, fitted, tmp_path):
+    """spec_probe restores the engine's counters, statistics and governor, adds nothing to the
+    draft store and draws nothing from the engine's generator: the samples after it are the ones
+    an engine that never probed draws."""
+    a, b = engine(model_tok, fitted), engine(model_tok, fitted)
+    reqs = [GenerationRequest(r.prompt_ids, replace_seed(r.params)) for r in requests(a, 1.0)]
+    a.generate(reqs), b.generate(reqs)
+    before = (a.counters(), a.stats(), len(a._store), a._governor.buckets)
+    got = a.spec_probe()
+    assert got["spec_step_len"] > 1.0 and a._probe_prompts == [
+        r.prompt_ids for r in reqs
+    ]  # 5 prompts, fewer than PROBE_PROMPTS
+    assert (a.counters(), a.stats(), len(a._store), a._governor.buckets) == before
+    assert [c.token_ids for g in a.generate(reqs) for c in g] == [c.token_ids for g in b.generate(reqs) for c in g]
+    assert engine(model_tok, fitted).spec_probe() == {}  # no prompt seen yet: nothing to probe
+
+
+def replace_seed(params: SamplingParams) -> SamplingParams:
+    """The same sampling with no seed: the engine draws one from its own generator."""
+    from dataclasses import replace
+
+    return replace(params, seed=None)
+
+
+def test_the_collapse_check_defaults_on_for_a_head_and_off_for_the_model_free_drafter(model_tok, fitted, tmp_path):
+    from posttrain.engine.sync import WeightSync
+
+    def check(kind: str, **spec):
+        cfg = EngineConfig.model_validate({"speculation": {"kind": kind, **spec}})
+        return WeightSync(cfg, engine(model_tok, fitted, kind), trainer=None, run_dir=tmp_path)._collapse
+
+    assert check("head") is not None and check("suffix") is None
+    assert check("head", collapse_check=False) is None and check("suffix", collapse_check=True) is not None
+    _, _, rows = pushes(model_tok, fitted, tmp_path, n=1, collapse_check=False)
+    assert not any(k.startswith("engine_probe_") for k in rows[0])  # off: no probe runs
 
 
 def test_a_pushed_folder_with_a_head_replaces_the_engines_head(model_tok, fitted, tmp_path):

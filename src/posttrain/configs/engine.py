@@ -73,11 +73,13 @@ class SpeculationConfig(BaseModel):
     """Prompts whose past completions are kept as draft sources (least recently stored dropped)."""
     store_per_task: int = Field(8, ge=0, le=1024)
     """Past completions kept per prompt (latest first kept), each cut to 1,024 tokens."""
-    collapse_check: bool = False
-    """Stop the run (GenerationError, with both figures) when a step's tokens per row per
-    drafting step fall more than collapse_drop below their running level over the earlier
-    steps (after 3 steps): a wiped or broken drafter. Off by default: with the model-free
-    drafter a policy that changes fast moves this figure too."""
+    collapse_check: bool | None = None
+    """Stop the run (GenerationError, with both figures) when tokens per row per drafting step
+    fall more than collapse_drop below their running level (after 3 figures): a wiped, stale or
+    broken drafter. kind head: the figure is a fixed probe's, measured after every weight push
+    (greedy, the first 16 prompts the engine generated for: `HFEngine.spec_probe`); kind suffix:
+    each step's rollouts' figure. None (the default): on for head, off for suffix (the model-free
+    drafter's figure moves with the policy and its store, which is no fault)."""
     collapse_drop: float = Field(0.3, gt=0.0, lt=1.0)
     """The fall below the running level that collapse_check stops at (0.3: 30%)."""
 

@@ -60,10 +60,18 @@ from posttrain.engine.drafter import DraftLength, SuffixIndex, TaskStore
 from posttrain.engine.kvcache import compact, new_cache, preload, row_kv, slab_capable, truncate
 from posttrain.engine.sampling import row_key, sample_next
 from posttrain.engine.sessions import Session, SessionCache, SessionStats
-from posttrain.engine.speculate import Governor, SpecCounters, accepted_lengths
+from posttrain.engine.speculate import (
+    PROBE_PROMPTS,
+    PROBE_SEED,
+    PROBE_TOKENS,
+    Governor,
+    SpecCounters,
+    acceptance_row,
+    accepted_lengths,
+)
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
-from posttrain.types import Completion, FinishReason, GenerationRequest, Message, add_spec
+from posttrain.types import Completion, FinishReason, GenerationRequest, Message, SamplingParams, add_spec
 
 
 class HFEngineConfig(BaseModel):
@@ -275,6 +283,8 @@ class HFEngine(Engine):
         """(decoder, lm_head) when the head drafts: the forward keeps the hidden states."""
         self._seen: dict[int, str] = {}
         """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
+        self._probe_prompts: list[tuple[int, ...]] = []
+        """With speculation: the first PROBE_PROMPTS distinct text prompts generated for (`spec_probe`)."""
 
     def for_evaluation(self) -> HFEngine:
         """The engine evaluation generates with: this one when it generates with the module itself;
@@ -357,6 +367,34 @@ class HFEngine(Engine):
         drafts verified, draft tokens proposed and accepted, in all and per depth, plain, auto-off
         and drafting row-steps), which the loop's metrics row carries prefixed `engine_`; else none."""
         return self._spec_counts.counters() if self._spec is not None else {}
+
+    def spec_probe(self) -> dict[str, float]:
+        """Speculation measured on a fixed probe, outside the run's figures: greedy generation (seed
+        PROBE_SEED, up to PROBE_TOKENS tokens) of the first PROBE_PROMPTS distinct text prompts this
+        engine generated for, drafting at every step (the auto-off governor bypassed); returns its
+        `acceptance_row` (`spec_step_len`, `spec_accepted_len`, `spec_acceptance`, per depth) and
+        `spec_drafting` (the drafting row-steps they were measured over), empty without speculation
+        or before any prompt. The engine's counters, statistics,
+        governor and draft store are as they were before the call (`WeightSync.push` runs it after
+        every push: docs/engines.md, "Collapse check")."""
+        if self._spec is None or not self._probe_prompts:
+            return {}
+        params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0, seed=PROBE_SEED)
+        requests = [GenerationRequest(prompt, params) for prompt in self._probe_prompts]
+        with self._lock:
+            saved = (self._spec_counts, self._governor, self._hidden)
+            figures = (self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused)
+            last_fed = self._last_fed
+            self._spec_counts, self._governor = SpecCounters(self._spec.max_draft), Governor(enabled=False)
+            try:
+                self._generate_rows(self._plan(requests))
+                counts = self._spec_counts.counters()
+            finally:
+                self._spec_counts, self._governor, self._hidden = saved
+                self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused = figures
+                self._last_fed = last_fed
+                self._indexes = {}
+        return {**acceptance_row(counts, {}), "spec_drafting": counts["spec_drafting"]}
 
     def end_sessions(self, keys: Sequence[str]) -> None:
         """The episodes `keys` ended: their kept contexts are dropped (without waiting for a
@@ -449,6 +487,14 @@ class HFEngine(Engine):
                 self._indexes = {}
                 seen, self._seen = self._seen, {}
             if self._spec is not None:  # each completion becomes a draft source for its prompt's next call
+                for req in requests:  # the first few distinct text prompts: spec_probe's, fixed from then on
+                    prompt = tuple(req.prompt_ids)
+                    if (
+                        len(self._probe_prompts) < PROBE_PROMPTS
+                        and not req.images
+                        and prompt not in self._probe_prompts
+                    ):
+                        self._probe_prompts.append(prompt)
                 for i, req in enumerate(requests):
                     for j in range(req.params.n):
                         self._store.add(req.prompt_ids, outputs[(i, j)].token_ids)

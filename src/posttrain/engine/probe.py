@@ -145,6 +145,11 @@ class SyncProbe:
         """The last passing check's generated tokens, the engine's log-probs of them, and its version."""
 
     @property
+    def busy(self) -> bool:
+        """Whether a check is under way (a re-push made by `after_push` runs inside one)."""
+        return self._busy
+
+    @property
     def tolerance(self) -> float:
         """engine.verify_tolerance, else the one given, else `default_tolerance` of the trainer's dtype
         and the engine's."""

@@ -16,6 +16,7 @@ back on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -201,11 +202,25 @@ def acceptance_row(now: dict[str, int], before: dict[str, int]) -> dict[str, flo
     return out
 
 
+PROBE_PROMPTS = 16
+"""Prompts of the push probe (`HFEngine.spec_probe`): the first this many distinct ones generated for."""
+PROBE_TOKENS = 32
+"""Most tokens the push probe generates per prompt."""
+PROBE_SEED = 20_261_206
+"""The push probe's request seed (greedy: no draw depends on it; fixed so none comes from the engine)."""
+
+
 class CollapseProbe:
     """Fails loudly when speculation collapses: after `warmup` steps, a step whose `spec_step_len`
     (tokens per row per drafting step) is more than `drop` below the running level (an
     exponential mean, weight `alpha`, of the steps before it) raises GenerationError with both
-    figures. A step that passes joins the level; a step without drafting steps is skipped."""
+    figures. A step that passes joins the level; a step without drafting steps is skipped.
+
+    With `rows` (the drafting row-steps the figure was measured over) a fall must also be more
+    than counting noise: the accepted tokens missing against the level, rows x (level - figure),
+    more than 3 x sqrt(rows x (level - 1)), three standard deviations of a Poisson count of the
+    accepted tokens the level expects. A probe of a few short answers (8 row-steps, a figure in
+    steps of 1/8) cannot then stop a run by chance; a wiped drafter over some dozens can."""
 
     def __init__(self, drop: float = 0.3, warmup: int = 3, alpha: float = 0.3) -> None:
         if not 0 < drop < 1:
@@ -214,14 +229,20 @@ class CollapseProbe:
         self.level: float | None = None
         self.seen = 0
 
-    def observe(self, step_len: float | None, where: str = "") -> None:
-        """One step's figure (None: no drafting step ran); raises on a collapse."""
+    def observe(self, step_len: float | None, where: str = "", rows: int | None = None) -> None:
+        """One step's figure (None: no drafting step ran) over `rows` drafting row-steps (None:
+        not known, the fall alone decides); raises on a collapse."""
         if step_len is None:
             return
-        if self.level is not None and self.seen >= self.warmup and step_len < (1 - self.drop) * self.level:
+        level = self.level
+        fell = level is not None and self.seen >= self.warmup and step_len < (1 - self.drop) * level
+        if fell and level is not None and rows is not None:  # and more than counting noise
+            fell = rows * (level - step_len) > 3 * math.sqrt(rows * max(level - 1, 0.0))
+        if fell:
+            over = f" over {rows} drafting row-steps" if rows is not None else ""
             raise GenerationError(
-                f"speculation collapsed{where}: {step_len:.3f} tokens per row per drafting step, more than "
-                f"{self.drop:.0%} below its running level {self.level:.3f} (a wiped, stale or broken drafter); "
+                f"speculation collapsed{where}: {step_len:.3f} tokens per row per drafting step{over}, more than "
+                f"{self.drop:.0%} below its running level {level:.3f} (a wiped, stale or broken drafter); "
                 "engine.speculation.collapse_check false runs on without this check"
             )
         self.seen += 1

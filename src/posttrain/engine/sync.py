@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -148,7 +149,13 @@ class WeightSync:
         self.dropped_stale = 0
         self._last_counters: dict[str, int] = {}
         spec = cfg.speculation
-        self._collapse = CollapseProbe(spec.collapse_drop) if spec.kind != "off" and spec.collapse_check else None
+        check = spec.collapse_check if spec.collapse_check is not None else spec.kind == "head"
+        by_probe = spec.kind == "head" and callable(getattr(engine, "spec_probe", None))
+        self._collapse = CollapseProbe(spec.collapse_drop) if spec.kind != "off" and check else None
+        """The collapse check: of the push probe's figure (kind head, an hf engine), else of the rollouts'."""
+        self._probed = by_probe
+        self._probe_row: dict[str, float] = {}
+        """The last push probe's figures, for the next metrics row (`engine_probe_spec_*`)."""
         self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
         self.guard = EngineGuard(
             cfg, mismatch or MismatchConfig.model_validate({}), self.probe
@@ -170,9 +177,25 @@ class WeightSync:
         now = {f"engine_{k}": int(v) for k, v in self.engine.counters().items()}
         figures = acceptance_row(now, self._last_counters)
         self._last_counters = now
-        if self._collapse is not None:  # engine.speculation.collapse_check
+        if self._collapse is not None and not self._probed:  # collapse_check on the rollouts' figure
             self._collapse.observe(figures.get("engine_spec_step_len"), f" after push {self.pushed}")
-        return {**now, **figures}
+        probe, self._probe_row = self._probe_row, {}
+        return {**now, **figures, **probe}
+
+    def _spec_probe(self) -> None:
+        """After a push, with the collapse check on a head: the fixed probe's figures and seconds
+        (kept for the next metrics row as `engine_probe_spec_*`, `engine_probe_spec_s`), and
+        GenerationError with both figures when its tokens per row per drafting step fell more
+        than collapse_drop below their running level beyond counting noise (`CollapseProbe`)."""
+        if self._collapse is None or not self._probed or self.probe.busy:  # busy: a re-push; its caller probes
+            return
+        started = time.perf_counter()
+        got = self.engine.spec_probe()  # type: ignore[attr-defined]
+        self._probe_row = {f"engine_probe_{k}": v for k, v in got.items()}
+        if got:  # what the probe cost this push
+            self._probe_row["engine_probe_spec_s"] = round(time.perf_counter() - started, 4)
+        rows = int(got.get("spec_drafting", 0))
+        self._collapse.observe(got.get("spec_step_len"), f" at the probe after push {self.pushed}", rows)
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
@@ -184,7 +207,9 @@ class WeightSync:
             path = self._write(self.pushed)
             version = self.engine.update_weights(str(path))
             self._prune(path)
-        return self.probe.after_push(version, self.push)  # verified, or one re-push, or SyncVerificationError
+        version = self.probe.after_push(version, self.push)  # verified, or one re-push, or SyncVerificationError
+        self._spec_probe()  # a head that drafts: its accepted length on a fixed probe, or GenerationError
+        return version
 
     def state_dict(self) -> dict[str, int]:
         """What a checkpoint carries: the pushes made, the stale groups dropped, the engine's version."""
