@@ -49,6 +49,9 @@ def test_a_run_with_the_draft_head_drafts_with_it_and_checkpoints_it(tmp_path, m
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["engine_spec_proposed"] > 0 and "engine_spec_accepted_d1" in r for r in rows)
     assert all(len(r["draft_acc"]) >= 1 and all(0 <= a <= 1 for a in r["draft_acc"]) for r in rows if r["n_sequences"])
+    # the push probe, on by default with a head, after each step's push (the micro base's greedy answers end
+    # at their first token, so it drafts nothing here: tests/engine/test_engine_spec_head.py measures it)
+    assert all(r["engine_probe_spec_s"] > 0 and r["engine_probe_spec_drafting"] >= 0 for r in rows)
     ckpt = latest_checkpoint(run_dir)
     assert all((ckpt / name).is_file() for name in (WEIGHTS, META, DRAFT_OPTIMIZER))
 
