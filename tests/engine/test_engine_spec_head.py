@@ -157,6 +157,27 @@ def test_the_push_probe_leaves_the_runs_figures_and_samples_alone(model_tok, fit
     assert engine(model_tok, fitted).spec_probe() == {}  # no prompt seen yet: nothing to probe
 
 
+def test_the_probe_keeps_the_fewest_prompts_that_give_its_row_steps_and_fixes_them(model_tok, fitted, monkeypatch):
+    """The first probe measures all its prompts and keeps the fewest, in order, that give about
+    PROBE_ROW_STEPS drafting row-steps; prompts generated for after it never join."""
+    import posttrain.engine.hf as hf
+
+    eng = engine(model_tok, fitted)
+    eng.generate(requests(eng))
+    prompts = list(eng._probe_prompts)
+    everything = eng.spec_probe()["spec_drafting"]  # all 5 (PROBE_ROW_STEPS 128 is more than they give)
+    assert eng._probe_prompts == prompts and everything < 128
+    fresh = engine(model_tok, fitted)
+    fresh.generate(requests(fresh))
+    monkeypatch.setattr(hf, "PROBE_ROW_STEPS", everything // 2)
+    got = fresh.spec_probe()
+    keep = -(-len(prompts) * (everything // 2) // everything)
+    assert 1 <= keep < len(prompts) and fresh._probe_prompts == prompts[:keep]
+    assert got["spec_drafting"] < everything
+    fresh.generate([GenerationRequest(fresh.encode_chat([Message("user", "new")]), SamplingParams(max_tokens=4))])
+    assert fresh._probe_prompts == prompts[:keep]  # fixed since the first probe
+
+
 def replace_seed(params: SamplingParams) -> SamplingParams:
     """The same sampling with no seed: the engine draws one from its own generator."""
     from dataclasses import replace

@@ -77,7 +77,7 @@ class SpeculationConfig(BaseModel):
     """Stop the run (GenerationError, with both figures) when tokens per row per drafting step
     fall more than collapse_drop below their running level (after 3 figures): a wiped, stale or
     broken drafter. kind head: the figure is a fixed probe's, measured after every weight push
-    (greedy, the first 16 prompts the engine generated for: `HFEngine.spec_probe`); kind suffix:
+    (greedy, on prompts the engine generated for before: `HFEngine.spec_probe`); kind suffix:
     each step's rollouts' figure. None (the default): on for head, off for suffix (the model-free
     drafter's figure moves with the policy and its store, which is no fault)."""
     collapse_drop: float = Field(0.3, gt=0.0, lt=1.0)

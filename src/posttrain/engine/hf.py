@@ -41,6 +41,7 @@ carries it); a checkpoint path pushed with `draft_head.pt` beside its weights re
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -62,6 +63,7 @@ from posttrain.engine.sampling import row_key, sample_next
 from posttrain.engine.sessions import Session, SessionCache, SessionStats
 from posttrain.engine.speculate import (
     PROBE_PROMPTS,
+    PROBE_ROW_STEPS,
     PROBE_SEED,
     PROBE_TOKENS,
     Governor,
@@ -284,7 +286,9 @@ class HFEngine(Engine):
         self._seen: dict[int, str] = {}
         """The running call's pixel digest per request with images (`Completion.pixel_digest`)."""
         self._probe_prompts: list[tuple[int, ...]] = []
-        """With speculation: the first PROBE_PROMPTS distinct text prompts generated for (`spec_probe`)."""
+        """With speculation: `spec_probe`'s prompts (distinct text prompts generated for before its first call)."""
+        self._probe_fixed = False
+        """Whether `spec_probe` ran: its prompts are fixed from then on."""
 
     def for_evaluation(self) -> HFEngine:
         """The engine evaluation generates with: this one when it generates with the module itself;
@@ -370,17 +374,34 @@ class HFEngine(Engine):
 
     def spec_probe(self) -> dict[str, float]:
         """Speculation measured on a fixed probe, outside the run's figures: greedy generation (seed
-        PROBE_SEED, up to PROBE_TOKENS tokens) of the first PROBE_PROMPTS distinct text prompts this
-        engine generated for, drafting at every step (the auto-off governor bypassed); returns its
-        `acceptance_row` (`spec_step_len`, `spec_accepted_len`, `spec_acceptance`, per depth) and
-        `spec_drafting` (the drafting row-steps they were measured over), empty without speculation
-        or before any prompt. The engine's counters, statistics,
-        governor and draft store are as they were before the call (`WeightSync.push` runs it after
-        every push: docs/engines.md, "Collapse check")."""
+        PROBE_SEED, up to PROBE_TOKENS tokens) of the probe's prompts, drafting at every step (the
+        auto-off governor bypassed); returns its `acceptance_row` (`spec_step_len`,
+        `spec_accepted_len`, `spec_acceptance`, per depth) and `spec_drafting` (the drafting
+        row-steps they were measured over), empty without speculation or before any prompt.
+
+        The prompts: the distinct text prompts this engine generated for before the first call (at
+        most PROBE_PROMPTS), fixed from then on; the first call keeps the fewest of them, in order,
+        that its own measure says give about PROBE_ROW_STEPS drafting row-steps (at least one), so
+        a model with long answers probes a few prompts and one with 3-token answers all of them.
+        The engine's counters, statistics, governor and draft store are as they were before the
+        call (`WeightSync.push` runs it after every push: docs/engines.md, "Collapse check")."""
         if self._spec is None or not self._probe_prompts:
             return {}
+        first, self._probe_fixed = not self._probe_fixed, True
+        counts = self._probe_counts(self._probe_prompts)
+        if first:
+            n = len(self._probe_prompts)
+            keep = min(n, max(1, math.ceil(n * PROBE_ROW_STEPS / max(counts["spec_drafting"], 1))))
+            if keep < n:
+                self._probe_prompts = self._probe_prompts[:keep]
+                counts = self._probe_counts(self._probe_prompts)
+        return {**acceptance_row(counts, {}), "spec_drafting": counts["spec_drafting"]}
+
+    def _probe_counts(self, prompts: Sequence[tuple[int, ...]]) -> dict[str, int]:
+        """`spec_probe`'s generation of `prompts`: its own speculation counters, the engine's restored."""
+        assert self._spec is not None
         params = SamplingParams(max_tokens=PROBE_TOKENS, temperature=0.0, seed=PROBE_SEED)
-        requests = [GenerationRequest(prompt, params) for prompt in self._probe_prompts]
+        requests = [GenerationRequest(prompt, params) for prompt in prompts]
         with self._lock:
             saved = (self._spec_counts, self._governor, self._hidden)
             figures = (self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused)
@@ -388,13 +409,12 @@ class HFEngine(Engine):
             self._spec_counts, self._governor = SpecCounters(self._spec.max_draft), Governor(enabled=False)
             try:
                 self._generate_rows(self._plan(requests))
-                counts = self._spec_counts.counters()
+                return self._spec_counts.counters()
             finally:
                 self._spec_counts, self._governor, self._hidden = saved
                 self._prompt_tokens, self._generated_tokens, self._forward_calls, self._prompt_reused = figures
                 self._last_fed = last_fed
                 self._indexes = {}
-        return {**acceptance_row(counts, {}), "spec_drafting": counts["spec_drafting"]}
 
     def end_sessions(self, keys: Sequence[str]) -> None:
         """The episodes `keys` ended: their kept contexts are dropped (without waiting for a
@@ -487,13 +507,10 @@ class HFEngine(Engine):
                 self._indexes = {}
                 seen, self._seen = self._seen, {}
             if self._spec is not None:  # each completion becomes a draft source for its prompt's next call
-                for req in requests:  # the first few distinct text prompts: spec_probe's, fixed from then on
+                for req in requests:  # spec_probe's prompts: distinct text prompts before its first call
                     prompt = tuple(req.prompt_ids)
-                    if (
-                        len(self._probe_prompts) < PROBE_PROMPTS
-                        and not req.images
-                        and prompt not in self._probe_prompts
-                    ):
+                    room = not self._probe_fixed and len(self._probe_prompts) < PROBE_PROMPTS
+                    if room and not req.images and prompt not in self._probe_prompts:
                         self._probe_prompts.append(prompt)
                 for i, req in enumerate(requests):
                     for j in range(req.params.n):

@@ -206,6 +206,9 @@ PROBE_PROMPTS = 16
 """Prompts of the push probe (`HFEngine.spec_probe`): the first this many distinct ones generated for."""
 PROBE_TOKENS = 32
 """Most tokens the push probe generates per prompt."""
+PROBE_ROW_STEPS = 128
+"""The drafting row-steps the push probe aims at: its first run keeps the fewest prompts that give
+about this many (a 30% fall of a level of 1.5 is then 64 tokens short, 3 sd of noise are 24)."""
 PROBE_SEED = 20_261_206
 """The push probe's request seed (greedy: no draw depends on it; fixed so none comes from the engine)."""
 
