@@ -228,8 +228,9 @@ def test_the_page_lists_the_runs_config_history(tmp_path, no_plots):
 
 
 def test_speculation_is_plotted_per_depth_domain_and_head_only_when_the_run_has_it(tmp_path, monkeypatch):
-    """engine.speculation's acceptance at each depth and per domain, and trainer.draft_head's
-    accuracy at each depth: one figure of three panels, from the keys the loop writes."""
+    """engine.speculation's acceptance at each depth and per domain, trainer.draft_head's accuracy
+    at each depth, and tokens per drafting step of the rollouts and the push probe: one figure of
+    four panels, from the keys the loop writes."""
     drawn: dict = {}
 
     def fake(title, panels, *a, **k):
@@ -246,10 +247,13 @@ def test_speculation_is_plotted_per_depth_domain_and_head_only_when_the_run_has_
         engine_spec_accepted_len=2.3,
         spec_acceptance_by_domain={"add": 0.7, "sort": 0.9},
         draft_acc=[0.6, 0.4, 0.2],
+        engine_spec_step_len=1.8,
+        engine_probe_spec_step_len=2.1,
     )
     write_report(_run(tmp_path, "spec", rows=spec))
     got = drawn["speculative decoding"]
-    depths, domains, head = got.values()
+    depths, domains, head, step_len = got.values()
+    assert step_len == {"rollouts": [(s, 1.8) for s in (1, 2, 3)], "push probe": [(s, 2.1) for s in (1, 2, 3)]}
     assert set(depths) == {"depth 1", "depth 2", "mean accepted length / 10"}
     assert depths["depth 2"] == [(1, 0.5), (2, 0.5), (3, 0.5)] and depths["mean accepted length / 10"][0] == (
         1,

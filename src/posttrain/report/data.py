@@ -154,6 +154,16 @@ class RunData:
             by_depth["mean accepted length / 10"] = [(s, v / 10) for s, v in length]
         return by_depth, self.train_by_domain("spec_acceptance_by_domain"), head
 
+    def spec_step_len(self) -> Series:
+        """Tokens emitted per row per drafting step, per step: the rollouts' (`engine_spec_step_len`)
+        and the push probe's (`engine_probe_spec_step_len`, greedy on fixed prompts after each push:
+        the figure the collapse check judges with a draft head). Empty for a run without them."""
+        got = {
+            "rollouts": self.train_series("engine_spec_step_len"),
+            "push probe": self.train_series("engine_probe_spec_step_len"),
+        }
+        return {name: series for name, series in got.items() if series}
+
     def shares(self) -> Series:
         """The pool's target sampling share per domain after each step (alarms may lower one)."""
         out: Series = {}

@@ -485,11 +485,13 @@ def render(data: RunData) -> str:
     ]
     wide = set(_WIDE)
     depths, domains, head = data.speculation()
+    step_len = data.spec_step_len()
     if depths or domains or head:  # only runs with engine.speculation or trainer.draft_head
         panels = [
             ("draft acceptance at each depth (rollouts)", depths),
             ("draft acceptance per domain (rollouts)", domains),
             ("draft head accuracy at each depth (its fit, teacher-forced)", head),
+            ("tokens per row per drafting step", step_len),
         ]
         panels = [p for p in panels if p[1]]  # a head trained beside rollouts that do not draft: its panel alone
         if len(panels) > 1:
@@ -499,7 +501,9 @@ def render(data: RunData) -> str:
                 _figure("speculative decoding", panels),
                 "engine.speculation: the share of drafts reaching each depth whose token there was accepted, the "
                 "mean tokens emitted per verified draft (over 10), each domain's acceptance; trainer.draft_head: "
-                "the head's argmax against the policy's sampled token at each depth before its update",
+                "the head's argmax against the policy's sampled token at each depth before its update; tokens "
+                "per row per drafting step in the rollouts and at the probe after each push (greedy, fixed "
+                "prompts), whose fall stops the run (engine.speculation.collapse_check)",
             )
         )
     turns = turns_plot(data)
