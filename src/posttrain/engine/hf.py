@@ -385,16 +385,17 @@ class HFEngine(Engine):
         a model with long answers probes a few prompts and one with 3-token answers all of them.
         The engine's counters, statistics, governor and draft store are as they were before the
         call (`WeightSync.push` runs it after every push: docs/engines.md, "Collapse check")."""
-        if self._spec is None or not self._probe_prompts:
-            return {}
-        first, self._probe_fixed = not self._probe_fixed, True
-        counts = self._probe_counts(self._probe_prompts)
-        if first:
-            n = len(self._probe_prompts)
-            keep = min(n, max(1, math.ceil(n * PROBE_ROW_STEPS / max(counts["spec_drafting"], 1))))
-            if keep < n:
-                self._probe_prompts = self._probe_prompts[:keep]
-                counts = self._probe_counts(self._probe_prompts)
+        with self._lock:  # a generate in another thread (the async pipeline) adds prompts under it
+            if self._spec is None or not self._probe_prompts:
+                return {}
+            first, self._probe_fixed = not self._probe_fixed, True
+            counts = self._probe_counts(self._probe_prompts)
+            if first:
+                n = len(self._probe_prompts)
+                keep = min(n, max(1, math.ceil(n * PROBE_ROW_STEPS / max(counts["spec_drafting"], 1))))
+                if keep < n:
+                    self._probe_prompts = self._probe_prompts[:keep]
+                    counts = self._probe_counts(self._probe_prompts)
         return {**acceptance_row(counts, {}), "spec_drafting": counts["spec_drafting"]}
 
     def _probe_counts(self, prompts: Sequence[tuple[int, ...]]) -> dict[str, int]:
