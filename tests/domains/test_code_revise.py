@@ -147,7 +147,8 @@ def test_hidden_tests_decide_the_reward_and_the_parts_are_named():
     assert ran.suite == "hidden" and len(ran.outputs) == len(task.reference.hidden.inputs())
     turns = (Turn(LOOP.wrong(task), parts={"process": 0.5}), Turn(LOOP.gold(task), parts={"process": 1.0}))
     s = LOOP.score(task, Episode(LOOP.gold(task), turns, exec_result=ran))
-    assert s.passed and s.value == 1.0 and s.parts == {"outcome": 1.0, "process": 0.75, "efficiency": 0.5}
+    # moved: these turns hold no visible run, so both read as "no code": the same behaviour
+    assert s.passed and s.value == 1.0 and s.parts == {"outcome": 1.0, "process": 0.75, "efficiency": 0.5, "moved": 0.0}
     # the wrong solution of gcd_all passes the visible tests but not the hidden ones
     env = LOOP.environment()()
     env.reset(task)

@@ -198,3 +198,74 @@ def test_code_actions_compare_by_their_code_not_the_prose_around_it():
         assert key(a) == key(b) != key(c), name
     assert D["add"].action_key("12 ") == D["add"].action_key(" 12") != D["add"].action_key("13")
     assert D["add"].action_key(a) != D["add"].action_key(b)
+
+
+def _episode(domain, task, actions):
+    """The loop's episode of `actions`, each stepped by a fresh environment of `domain` in the sandbox
+    (the turns hold the visible run, as the driver records them) and the last one's hidden run."""
+    from posttrain.types import Turn
+
+    env = domain.environment()()
+    env.reset(task)
+    turns = []
+    for action in actions:
+        got = env.step(action)
+        turns.append(Turn(action, got.observation, got.exec_result, dict(got.parts)))
+    env.close()
+    return Episode(actions[-1], tuple(turns), exec_result=domain.execute(task, actions[-1]))
+
+
+def test_moved_counts_a_revision_by_what_its_code_did_not_how_it_reads():
+    """The `moved` part: a revision that fails the visible tests as the attempt before did counts 0,
+    whatever its names, comments and spacing; one that fails otherwise, or passes, counts 1; an episode
+    of one turn reports no such part. Unweighted, the reward stays the hidden tests' outcome."""
+    domain = D["pyfunc_revise"]
+    task = domain.sample(0, "train", 2)
+    wrong = domain.wrong(task)
+    code = wrong.split("```python\n", 1)[1].split("```", 1)[0] if "```python" in wrong else wrong
+    head, body = code.split("\n", 1)
+    disguised = f"Let me fix it.\n```python\n# corrected\n{head}\n    unused_name = 0\n\n{body}```"
+    other = f"```python\n{head}\n    return None\n```"
+    cases = {
+        "repeat": [wrong, wrong],
+        "disguised repeat": [wrong, disguised],
+        "other failure": [wrong, other],
+        "fix": [wrong, domain.gold(task)],
+    }
+    scores = {name: domain.score(task, _episode(domain, task, acts)) for name, acts in cases.items()}
+    assert _episode(domain, task, [disguised]).turns[0].parts["process"] < 1.0  # it still fails
+    assert {n: s.parts["moved"] for n, s in scores.items()} == {
+        "repeat": 0.0,
+        "disguised repeat": 0.0,
+        "other failure": 1.0,
+        "fix": 1.0,
+    }
+    assert all(s.value == s.parts["outcome"] for s in scores.values())  # no weights: the outcome alone
+    assert scores["repeat"].value == scores["disguised repeat"].value < scores["fix"].value == 1.0
+    assert "moved" not in domain.score(task, _episode(domain, task, [domain.gold(task)])).parts
+
+
+def test_weighted_moved_pays_a_new_attempt_less_than_a_pass_and_a_repeat_nothing():
+    """Under `reward_weights: {outcome: 1, moved: w}` the order the shaping exists for, and no way to
+    beat a pass: pass in one turn = fix = 1 > another failure = w / (1 + w) > a repeat, disguised or
+    not = 0; a first turn that passes gets 1 with no revision to judge."""
+    import dataclasses
+
+    domain = D["pyfunc_revise"]
+    base = domain.sample(1, "train", 2)
+    task = dataclasses.replace(
+        base, meta=dataclasses.replace(base.meta, reward_weights=(("outcome", 1.0), ("moved", 0.25)))
+    )
+    wrong, gold = domain.wrong(task), domain.gold(task)
+    head = wrong.split("def ", 1)[1].split("\n", 1)[0]
+    other = f"```python\ndef {head}\n    return None\n```"
+    value = {
+        name: domain.score(task, _episode(domain, task, acts)).value
+        for name, acts in {
+            "pass": [gold],
+            "fix": [wrong, gold],
+            "other": [wrong, other],
+            "repeat": [wrong, wrong],
+        }.items()
+    }
+    assert value == pytest.approx({"pass": 1.0, "fix": 1.0, "other": 0.25 / 1.25, "repeat": 0.0})

@@ -180,7 +180,7 @@ def test_without_faults_the_loops_run_to_their_end_and_score():
     rollouts, metrics = _run(task, DomainExecute(), policy=revising_policy([task]))
     assert [r.timings["turns"] for r in rollouts] == [1.0, 2.0] and metrics["pipe_retries"] == 0
     assert [r.score.value for r in rollouts] == [1.0, 1.0]
-    assert rollouts[1].score.parts == {"outcome": 1.0, "process": 0.75, "efficiency": 0.5}
+    assert rollouts[1].score.parts == {"outcome": 1.0, "process": 0.75, "efficiency": 0.5, "moved": 1.0}
     assert all(r.exec_result.suite == "hidden" for r in rollouts)
     rollouts, _ = _run(get("terminal").sample(0, "train", 1), DomainExecute())
     assert [r.timings["turns"] for r in rollouts] == [1.0, 1.0] and all(r.score.value == 1.0 for r in rollouts)

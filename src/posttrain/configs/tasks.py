@@ -16,10 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from posttrain.configs.byo import SourceConfig, VerifierSpec
 
 BUILTIN_DOMAINS = ("add", "sub", "mul", "reverse", "sort")
-REWARD_PARTS = ("outcome", "process", "efficiency")
+REWARD_PARTS = ("outcome", "process", "efficiency", "moved")
 """The reward parts a weight may name: outcome (the task's goal), process (how the
 episode went: well-formed calls, a validator's acceptance, constraints met per
-turn), efficiency (calls or turns against the budget)."""
+turn), efficiency (calls or turns against the budget), moved (the coding loop's
+revisions that did not fail as the attempt before did)."""
 
 
 class DomainSpec(BaseModel):
@@ -62,7 +63,7 @@ class DomainSpec(BaseModel):
     """Most in-flight groups of this domain (None: `pipeline.domain_quota`, 0 there: no quota)."""
 
     reward_weights: dict[str, float] | None = None
-    """Weights of the reward parts (outcome, process, efficiency), e.g. {outcome: 1.0, process: 0.2,
+    """Weights of the reward parts (outcome, process, efficiency, moved), e.g. {outcome: 1.0, process: 0.2,
     efficiency: 0.1}: the reward becomes the weighted mean of the weighted parts the domain reports;
     None keeps the domain's own reward (docs/domains.md lists the parts each family reports)."""
 

@@ -40,7 +40,7 @@ from posttrain.domains._modeljson import load_json
 from posttrain.domains.base import Budget, Domain, last_fenced_block, split_of
 from posttrain.domains.registry import register
 from posttrain.errors import TaskError
-from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta
+from posttrain.types import Episode, Message, Score, Split, Task, TaskMeta, Turn
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "code")
 INSTRUCTION = "Answer with the complete Python code in one ```python code block; do not print anything or read input."
@@ -558,11 +558,36 @@ class CodeRevisionEnv:
         self._visible = None
 
 
+def behaviour(turn: Turn) -> tuple[Any, ...]:
+    """What a turn's code did on the visible tests, as a comparable value: each test's kind
+    (value, raised, none), value and exception type (not the traceback, whose line numbers move
+    with any edit); ("no code",) for a turn without code. Two turns with the same behaviour
+    failed the same way, whatever their code's names and spacing."""
+    run = turn.exec_result
+    if not isinstance(run, CodeRun):
+        return ("no code",)
+    return tuple((o.kind, json.dumps(o.value, sort_keys=True, default=repr), o.detail) for o in run.outputs)
+
+
+def moved(turns: Sequence[Turn]) -> float | None:
+    """The share of revisions (turns 2 on) whose behaviour on the visible tests differs from the
+    turn before's (`behaviour`); None for an episode of one turn (no revision). A revision that
+    hands back the failed function, renamed or reformatted or not, counts 0."""
+    if len(turns) < 2:
+        return None
+    pairs = list(zip(turns, turns[1:]))
+    return sum(behaviour(a) != behaviour(b) for a, b in pairs) / len(pairs)
+
+
 class RevisionVerifier:
     """The coding loop's verdict: the hidden tests' pass rate (outcome), run by
     the execute step on the last action; process = mean visible pass rate over
-    the turns (the environment's per-turn parts); efficiency = 1 / turns used.
-    value = outcome; passed = every hidden test passed."""
+    the turns (the environment's per-turn parts); efficiency = 1 / turns used;
+    moved (episodes of two turns or more) = the share of revisions that did not fail
+    the visible tests as the turn before did (`moved`). value = outcome; passed =
+    every hidden test passed. Weighting `moved` (`tasks.domains.<name>.reward_weights`)
+    pays a revision for trying something other than the failed function: never as much
+    as a pass, nothing for a repeat."""
 
     name = "code_hidden_tests"
     version = "1"
@@ -586,6 +611,9 @@ class RevisionVerifier:
         parts = {"outcome": hidden.value, "efficiency": 1.0 / max(1, len(episode.turns))}
         if episode.turns:
             parts["process"] = sum(t.parts.get("process", 0.0) for t in episode.turns) / len(episode.turns)
+        share = moved(episode.turns)
+        if share is not None:
+            parts["moved"] = share
         return Score(hidden.value, parts, hidden.passed, hidden.reason)
 
 
