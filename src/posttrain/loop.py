@@ -213,6 +213,7 @@ class _Run:
         else:  # model.path a checkpoint of another run: the branch's first history line
             lineage.record_branch(rundir, cfg, trace, metrics, log)
         sync.probe.attach(functools.partial(_probe_event, trace))  # every verified push is a trace event
+        sync.attach_spec(functools.partial(_spec_probe_event, trace))  # and every push probe of a draft head
         monitor = Monitor(cfg.monitor, RunContext.of(cfg, rundir.path), trace, metrics, pool, base_copy, log)
         cm = Countermeasures(cfg.trainer.entropy_bonus, cfg.rollout.diversity_reward, cfg.monitor.diversity.n)
         stop = apply_actions(monitor.start(state["step"], state.pop("monitor", None)), pool, cm=cm)
@@ -454,6 +455,11 @@ def _bonus_row(groups: Sequence[Sequence[Rollout]]) -> dict[str, Any]:
 def _probe_event(trace: TraceStore, result: Any) -> None:
     """A weight-sync check (engine/probe.py ProbeResult) as a `sync_probe` trace event."""
     trace.add_event("sync_probe", result.message, data=result.to_dict())
+
+
+def _spec_probe_event(trace: TraceStore, message: str, figures: dict[str, float]) -> None:
+    """A draft head's push probe (engine/sync.py `_spec_probe`) as a `spec_probe` trace event."""
+    trace.add_event("spec_probe", message, data=figures)
 
 
 def _stats_row(stats: Any) -> dict[str, Any]:

@@ -113,11 +113,19 @@ def test_a_head_wiped_after_a_push_fails_the_run_with_both_figures(model_tok, fi
     healthy = [row["engine_probe_spec_step_len"] for row in rows]
     assert min(healthy) > 2.0 and len(set(healthy)) == 1  # the same weights: the same greedy figure
     assert rows[0]["engine_probe_spec_accepted_len"] > 2.0 and "engine_probe_spec_acceptance_d1" in rows[0]
+    told: list = []  # what the loop writes as `spec_probe` trace events
+    sync.attach_spec(lambda message, figures: told.append((message, figures)))
+    sync.push()
     with torch.no_grad():  # the planted wipe: the pushed head's weights are zeros
         for p in head.parameters():
             p.zero_()
-    with pytest.raises(GenerationError, match=r"collapsed at the probe after push 5: 1\.0\d\d tokens .* level 2\."):
+    with pytest.raises(GenerationError, match=r"collapsed at the probe after push 6: 1\.0\d\d tokens .* level 2\."):
         sync.push()
+    (ok, fine), (stop, fell) = told
+    assert ok == "push probe after push 5" and (fine["push"], fine["stopped"]) == (5.0, 0.0)
+    assert fine["engine_probe_spec_step_len"] == healthy[0] and fine["level"] == pytest.approx(healthy[0])
+    assert "collapsed at the probe after push 6" in stop and (fell["push"], fell["stopped"]) == (6.0, 1.0)
+    assert fell["engine_probe_spec_step_len"] < 0.7 * fell["level"]
 
 
 def test_a_stale_head_after_the_policy_moved_fails_the_run(model_tok, fitted, tmp_path):

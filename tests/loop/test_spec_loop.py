@@ -3,6 +3,8 @@ metrics row (that speculative rollouts are the plain ones is tests/engine/test_e
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from loopcfg import tiny
 
@@ -52,6 +54,9 @@ def test_a_run_with_the_draft_head_drafts_with_it_and_checkpoints_it(tmp_path, m
     # the push probe, on by default with a head, after each step's push (the micro base's greedy answers end
     # at their first token, so it drafts nothing here: tests/engine/test_engine_spec_head.py measures it)
     assert all(r["engine_probe_spec_s"] > 0 and r["engine_probe_spec_drafting"] >= 0 for r in rows)
+    told = TraceStore(run_dir / "trace.db").events("spec_probe")  # and each probe is a trace event
+    assert [json.loads(e["data"])["push"] for e in told] == [1.0, 2.0]  # the pushes after steps 1 and 2
+    assert all(json.loads(e["data"])["stopped"] == 0.0 for e in told)
     ckpt = latest_checkpoint(run_dir)
     assert all((ckpt / name).is_file() for name in (WEIGHTS, META, DRAFT_OPTIMIZER))
 

@@ -36,6 +36,7 @@ from posttrain.contracts.engine import Engine
 from posttrain.engine.guard import EngineGuard
 from posttrain.engine.probe import SyncProbe
 from posttrain.engine.speculate import CollapseProbe, acceptance_row
+from posttrain.errors import GenerationError
 from posttrain.rollout import too_stale
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ class WeightSync:
         self._probed = by_probe
         self._probe_row: dict[str, float] = {}
         """The last push probe's figures, for the next metrics row (`engine_probe_spec_*`)."""
+        self._spec_sinks: list[Callable[[str, dict[str, float]], object]] = []
         self.probe = SyncProbe(cfg, engine, trainer, self.remote)  # engine.verify_sync (engine/probe.py)
         self.guard = EngineGuard(
             cfg, mismatch or MismatchConfig.model_validate({}), self.probe
@@ -182,20 +184,42 @@ class WeightSync:
         probe, self._probe_row = self._probe_row, {}
         return {**now, **figures, **probe}
 
+    def attach_spec(self, sink: Callable[[str, dict[str, float]], object]) -> None:
+        """Call `sink(message, figures)` after each push probe (`_spec_probe`): the figures of the
+        metrics row, the push, the running level it was judged against and whether it stopped the
+        run (the loop writes each as a `spec_probe` trace event). A push before the engine saw any
+        prompt probes nothing and tells nothing."""
+        self._spec_sinks.append(sink)
+
     def _spec_probe(self) -> None:
         """After a push, with the collapse check on a head: the fixed probe's figures and seconds
-        (kept for the next metrics row as `engine_probe_spec_*`, `engine_probe_spec_s`), and
-        GenerationError with both figures when its tokens per row per drafting step fell more
-        than collapse_drop below their running level beyond counting noise (`CollapseProbe`)."""
+        (kept for the next metrics row as `engine_probe_spec_*`, `engine_probe_spec_s`, and given to
+        each `attach_spec` sink), and GenerationError with both figures when its tokens per row per
+        drafting step fell more than collapse_drop below their running level beyond counting noise
+        (`CollapseProbe`)."""
         if self._collapse is None or not self._probed or self.probe.busy:  # busy: a re-push; its caller probes
             return
         started = time.perf_counter()
         got = self.engine.spec_probe()  # type: ignore[attr-defined]
         self._probe_row = {f"engine_probe_{k}": v for k, v in got.items()}
-        if got:  # what the probe cost this push
-            self._probe_row["engine_probe_spec_s"] = round(time.perf_counter() - started, 4)
+        if not got:  # no prompt seen yet (the first push): nothing probed, nothing to tell
+            return
+        self._probe_row["engine_probe_spec_s"] = round(time.perf_counter() - started, 4)  # what it cost this push
         rows = int(got.get("spec_drafting", 0))
-        self._collapse.observe(got.get("spec_step_len"), f" at the probe after push {self.pushed}", rows)
+        level = self._collapse.level
+        try:
+            self._collapse.observe(got.get("spec_step_len"), f" at the probe after push {self.pushed}", rows)
+        except GenerationError as exc:
+            self._spec_told(str(exc), level, stopped=True)
+            raise
+        self._spec_told(f"push probe after push {self.pushed}", level, stopped=False)
+
+    def _spec_told(self, message: str, level: float | None, stopped: bool) -> None:
+        figures = {**self._probe_row, "push": float(self.pushed), "stopped": float(stopped)}
+        if level is not None:
+            figures["level"] = round(level, 6)
+        for sink in self._spec_sinks:
+            sink(message, figures)
 
     def push(self) -> int:
         """Make the engine sample with the current weights; returns its new version."""
