@@ -85,9 +85,12 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
     assert str(ckpt) in config
 
 
-def test_loss_is_the_mean_over_assistant_tokens(micro_base):
+@pytest.mark.parametrize("split", [False, True], ids=["whole-logits", "head-in-chunks"])
+def test_loss_is_the_mean_over_assistant_tokens(micro_base, split):
     """The batched, padded step's loss equals the mean negative log-likelihood of the assistant
-    tokens computed row by row without padding (worked out here from the logits)."""
+    tokens computed row by row without padding (worked out here from the logits), whether the
+    step takes the model's whole logits or sends only the assistant positions through the LM
+    head, 3 at a time; and the two paths leave the same weights."""
     import copy
 
     import torch
@@ -95,6 +98,7 @@ def test_loss_is_the_mean_over_assistant_tokens(micro_base):
     from posttrain.model.arch import load_model
     from posttrain.sft.data import render
     from posttrain.sft.run import _step
+    from posttrain.trainer.trainer import split_head
     from posttrain.types import Message
 
     model, tok = load_model(micro_base)
@@ -113,11 +117,24 @@ def test_loss_is_the_mean_over_assistant_tokens(micro_base):
     assert count == len("cba") + len("1234") + len("y") + 3  # each turn's <|end|> too
     trained = copy.deepcopy(model)
     opt = torch.optim.AdamW(trained.parameters(), lr=1e-3)
-    row = _step(trained, opt, demos, 1e-3, 1.0, tok.pad_token_id)
+    head = split_head(trained) if split else None
+    assert (head is not None) == split, "the micro base's head splits from its decoder"
+    row = _step(trained, opt, demos, 1e-3, 1.0, tok.pad_token_id, head, 3 if split else None)
     assert row["loss_tokens"] == count
     assert row["loss"] == pytest.approx(total / count, rel=1e-5)
     changed = [n for (n, p), q in zip(model.named_parameters(), trained.parameters()) if not torch.equal(p, q)]
     assert changed, "the step changed no weight"
+    if split:  # the same gradient as the whole logits' (an SGD step of rate 1 moves by it)
+        moved = []
+        for path in (None, head):
+            sgd = copy.deepcopy(model)
+            _step(
+                sgd, torch.optim.SGD(sgd.parameters()), demos, 1.0, 1e9, tok.pad_token_id, path and split_head(sgd), 3
+            )
+            moved.append([q.detach() - p for p, q in zip(model.parameters(), sgd.parameters())])
+        for name, whole, chunked in zip(dict(model.named_parameters()), *moved):
+            assert torch.allclose(whole, chunked, rtol=1e-4, atol=1e-6), name
+        assert any(d.abs().max() > 1e-3 for d in moved[0])
 
 
 def test_bad_data_is_exit_2_and_leaves_no_run(tmp_path, micro_base, capsys):

@@ -367,7 +367,8 @@ class TrainerConfig(BaseModel):
     49,152-token vocabulary); log-probs and entropies are reduced per chunk and its backward
     recomputes that chunk alone, so no positions x vocabulary tensor is held (same values up to
     float rounding; trainer/chunked.py). None: every loss position of a micro-batch at once.
-    Applies when the head splits from the model (not under fsdp)."""
+    Applies when the head splits from the model (not under fsdp); `posttrain sft` reads it too,
+    its assistant-token positions through the head the same way."""
     deterministic: bool = False
     """Pin RNG and kernels: torch.use_deterministic_algorithms, no cuDNN benchmark,
     a fixed cuBLAS workspace; the same seed then gives the same step on CUDA."""

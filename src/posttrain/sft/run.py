@@ -145,11 +145,15 @@ def _fit(
     """The optimizer steps: each epoch's length batches in a seeded order; a row of metrics per
     step, a checkpoint every `sft.checkpoint_every`. Returns steps, losses, CPU seconds."""
     from posttrain.progress import progress
+    from posttrain.trainer.chunked import chunk_positions
+    from posttrain.trainer.trainer import split_head
 
     s = cfg.sft
     epochs = [length_batches(demos.demos, s.batch_tokens, cfg.run.seed + e) for e in range(s.epochs)]
     total = sum(map(len, epochs)) if s.max_steps is None else min(s.max_steps, sum(map(len, epochs)))
     bar = progress(total, "sft", disable=not cfg.run.progress)
+    head = split_head(model)
+    chunk = chunk_positions(cfg.trainer.logits_chunk_mib, int(model.get_output_embeddings().weight.shape[0]))
     model.train()
     t0, step, losses = time.process_time(), 0, []
     for epoch, batches in enumerate(epochs):
@@ -157,7 +161,8 @@ def _fit(
             if step >= total:
                 break
             step += 1
-            row = _step(model, optimizer, batch, _lr(s.lr, s.warmup_steps, step), s.grad_clip, tokenizer.pad_token_id)
+            lr = _lr(s.lr, s.warmup_steps, step)
+            row = _step(model, optimizer, batch, lr, s.grad_clip, tokenizer.pad_token_id, head, chunk)
             losses.append(row["loss"])
             metrics.write("sft", step, epoch=epoch, cpu_s=time.process_time() - t0, **row)
             bar.set_postfix_str(f"loss={row['loss']:.4f}")
@@ -173,19 +178,43 @@ def _lr(lr: float, warmup: int, step: int) -> float:
     return lr * min(1.0, step / warmup) if warmup else lr
 
 
-def _step(model: Any, optimizer: Any, batch: Sequence[Demo], lr: float, clip: float, pad_id: int) -> dict[str, Any]:
+def _step(
+    model: Any,
+    optimizer: Any,
+    batch: Sequence[Demo],
+    lr: float,
+    clip: float,
+    pad_id: int,
+    head: tuple[Any, Any] | None = None,
+    chunk: int | None = None,
+) -> dict[str, Any]:
     """One AdamW step on `batch`: the mean cross-entropy over its assistant tokens (each token's
-    loss weighs the same whichever row it is in)."""
+    loss weighs the same whichever row it is in). With `head` (`split_head`: the model is
+    lm_head(decoder output)), only the positions that predict an assistant token reach the LM
+    head, `chunk` of them at a time (trainer/chunked.py, trainer.logits_chunk_mib): no
+    rows x length x vocabulary tensor, the prompts' positions never through the head; without,
+    the model's whole logits. The loss is the same up to float rounding."""
     import torch
+
+    from posttrain.trainer.chunked import token_logp_entropy
 
     ids_bt, mask_bt, attn_bt = _pad(batch, pad_id, next(model.parameters()).device)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    logits_btv = model(input_ids=ids_bt, attention_mask=attn_bt).logits[:, :-1].float()
-    target_bt, weight_bt = ids_bt[:, 1:], mask_bt[:, 1:].float()
-    nll_bt = torch.nn.functional.cross_entropy(logits_btv.transpose(1, 2), target_bt, reduction="none")
-    tokens = weight_bt.sum()
-    loss = (nll_bt * weight_bt).sum() / tokens
+    target_bt, loss_bt = ids_bt[:, 1:], mask_bt[:, 1:]
+    if head is not None:
+        decoder, lm_head = head
+        hidden_bth = decoder(input_ids=ids_bt, attention_mask=attn_bt, use_cache=False).last_hidden_state[:, :-1]
+        target_n = target_bt[loss_bt]
+        ones_n = torch.ones(target_n.shape[0], device=target_n.device)
+        logp_n, _ = token_logp_entropy(lm_head, hidden_bth[loss_bt], target_n, ones_n, chunk)
+        tokens = loss_bt.sum()
+        loss = -logp_n.sum() / tokens
+    else:
+        logits_btv = model(input_ids=ids_bt, attention_mask=attn_bt).logits[:, :-1].float()
+        nll_bt = torch.nn.functional.cross_entropy(logits_btv.transpose(1, 2), target_bt, reduction="none")
+        tokens = loss_bt.sum()
+        loss = (nll_bt * loss_bt.float()).sum() / tokens
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
