@@ -27,7 +27,12 @@ Tables:
     OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py          # about 2 minutes
     OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py --lengths 256,1024,4096,16384 --one-pass-max 4096
     OMP_NUM_THREADS=1 .venv/bin/python bench/long_context.py --only-real \
-        --real ~/.cache/posttrain/models/smollm2-135m-instruct     # table 4: the real model, about 2 minutes
+        --real ~/.cache/posttrain/models/smollm2-135m-instruct     # tables 4 and 5: the real model
+
+4. the real SmolLM2-135M-Instruct, table 1's two sides (about 2 minutes).
+5. one `posttrain sft` step on the real model (sft/run.py `_step`, AdamW, one demonstration
+   of each long family at L, 4L and 8L in one padded batch): the model's whole logits against
+   the LM head on the assistant positions only, in 64 MiB chunks.
 """
 
 from __future__ import annotations
@@ -197,6 +202,66 @@ def real(path: str, lengths: list[int]) -> None:
         print(f"{n:7d} | {_cell(whole):>31} | {_cell(chunked)} {abs(whole['loss'] - chunked['loss']):9.1e}")
 
 
+def _sft_measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """In the child: the real model, one `posttrain sft` step (sft/run.py `_step`, AdamW) on one
+    demonstration of each long family at one length (the family's train task and gold, rendered
+    as `posttrain sft` renders it), the model's whole logits or the head on the assistant
+    positions in 64 MiB chunks."""
+    map_large_allocations()
+    from posttrain.domains.registry import get
+    from posttrain.model.arch import load_model
+    from posttrain.sft.data import render
+    from posttrain.sft.run import _step
+    from posttrain.trainer.chunked import chunk_positions
+    from posttrain.trainer.trainer import split_head
+    from posttrain.types import Message
+
+    model, tok = load_model(spec["real"])
+    demos = []
+    for i, name in enumerate(spec["domains"]):
+        dom = get(name)
+        task = dom.sample(i, "train", 2)
+        demos.append(render(tok, [*task.prompt, Message("assistant", dom.gold(task))], i, 32_768))
+    head = split_head(model) if spec["split"] else None
+    chunk = chunk_positions(64.0, int(model.get_output_embeddings().weight.shape[0])) if spec["split"] else None
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    model.train()
+    base = reset_peak_kb()
+    started = time.process_time()
+    row = _step(model, optimizer, demos, 1e-4, 1.0, tok.pad_token_id, head, chunk)
+    seconds = time.process_time() - started
+    return {
+        "seconds": seconds,
+        "peak_mb": status_kb("VmHWM") / 1024,
+        "loss_path_mb": (status_kb("VmHWM") - base) / 1024,
+        "loss": row["loss"],
+        "tokens": row["padded_tokens"],
+        "loss_tokens": row["loss_tokens"],
+    }
+
+
+def sft(path: str, chars: list[int]) -> None:
+    """One `posttrain sft` step on the real model, one demonstration of each long family at
+    each context length, whole logits against the head on the assistant positions in chunks."""
+    print(f"\n5. one `posttrain sft` step (AdamW) on the real model ({path}): keychain, vartrack and noisygraph at")
+    print("   level 2, one demonstration each, padded into one batch; CPU s, step MB (peak over the step), peak RSS MB")
+    print(
+        f"{'chars':>6} {'tokens':>6} {'loss':>5} | {'whole logits: s':>15} {'step MB':>9} {'peak MB':>10} | "
+        f"{'head in chunks: s':>17} {'step MB':>9} {'peak MB':>10} {'|d loss|':>9}"
+    )
+    for n in chars:
+        names = [f"{d}@{n}" if n != 1000 else d for d in ("keychain", "vartrack", "noisygraph")]
+        spec = {"real": path, "domains": names}
+        whole, chunked = (
+            in_child(_sft_measure, {**spec, "split": False}),
+            in_child(_sft_measure, {**spec, "split": True}),
+        )
+        print(
+            f"{n:6d} {whole['tokens']:6d} {whole['loss_tokens']:5d} | {_cell(whole):>31} | {_cell(chunked):>33} "
+            f"{abs(whole['loss'] - chunked['loss']):9.1e}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="256,512,1024,2048,4096")
@@ -209,7 +274,8 @@ def main() -> None:
     ap.add_argument("--pack-tokens", type=int, default=1024)
     ap.add_argument("--real", metavar="DIR", help="also table 4 on the real model at DIR (not in the default run)")
     ap.add_argument("--real-lengths", default="256,1024")
-    ap.add_argument("--only-real", action="store_true", help="with --real: table 4 alone")
+    ap.add_argument("--only-real", action="store_true", help="with --real: tables 4 and 5 alone")
+    ap.add_argument("--sft-chars", default="1000,4000,8000", help="table 5's context lengths (characters, L = 1000)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -220,6 +286,7 @@ def main() -> None:
         packing(args.pack_rows, args.pack_min, args.pack_max, args.pack_tokens)
     if args.real:
         real(args.real, [int(x) for x in args.real_lengths.split(",")])
+        sft(args.real, [int(x) for x in args.sft_chars.split(",")])
     print(f"\nwall {time.perf_counter() - started:.0f} s")
 
 
