@@ -272,10 +272,14 @@ def main() -> None:
     ap.add_argument("--pack-min", type=int, default=16, help="shortest row of the packing batch")
     ap.add_argument("--pack-max", type=int, default=384, help="longest row of the packing batch")
     ap.add_argument("--pack-tokens", type=int, default=1024)
-    ap.add_argument("--real", metavar="DIR", help="also table 4 on the real model at DIR (not in the default run)")
-    ap.add_argument("--real-lengths", default="256,1024")
+    ap.add_argument(
+        "--real", metavar="DIR", help="also tables 4 and 5 on the real model at DIR (not in the default run)"
+    )
+    ap.add_argument("--real-lengths", default="256,1024", help="table 4's lengths ('': no table 4)")
     ap.add_argument("--only-real", action="store_true", help="with --real: tables 4 and 5 alone")
-    ap.add_argument("--sft-chars", default="1000,4000,8000", help="table 5's context lengths (characters, L = 1000)")
+    ap.add_argument(
+        "--sft-chars", default="1000,4000,8000", help="table 5's context lengths (characters, L = 1000; '': no table 5)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -285,8 +289,10 @@ def main() -> None:
         by_vocab([int(x) for x in args.vocabs.split(",")], args.vocab_length)
         packing(args.pack_rows, args.pack_min, args.pack_max, args.pack_tokens)
     if args.real:
-        real(args.real, [int(x) for x in args.real_lengths.split(",")])
-        sft(args.real, [int(x) for x in args.sft_chars.split(",")])
+        if args.real_lengths:
+            real(args.real, [int(x) for x in args.real_lengths.split(",")])
+        if args.sft_chars:
+            sft(args.real, [int(x) for x in args.sft_chars.split(",")])
     print(f"\nwall {time.perf_counter() - started:.0f} s")
 
 
