@@ -45,6 +45,13 @@ def test_eval_rerun_on_stored_set_gives_identical_json(tmp_path, micro_base, cap
     assert "above:add" in data["probes"]
     out = capsys.readouterr().out
     assert "95% Wilson" in out and "[" in out
+    # the probes are printed too, each with its n and accuracy as the JSON has them
+    above = data["probes"]["above:add"]
+    assert "held-out one level above the trained one:" in out
+    assert any(
+        line.split()[:3] == ["add", str(above["difficulty"]), str(above["n"])] and f"{above['accuracy']:.3f}" in line
+        for line in out.splitlines()
+    ), out
 
 
 def test_eval_bad_input_is_exit_2(tmp_path, micro_base, capsys):

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.engine.sync import hf_config
     from posttrain.evaluate import HeldoutSet, evaluate_heldout, format_details, format_table, format_turns
     from posttrain.evaluate.run import heldout_for, options
+    from posttrain.evaluate.tables import format_probes
 
     torch.set_num_threads(cfg.run.threads)
     heldout = HeldoutSet.load(args.heldout or args.run) if (args.heldout or args.run) else _build(cfg, heldout_for)
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if turns := format_turns(table, labels=("model", "")):
         print(turns)
     print(format_details(table))
+    if probes := format_probes(table):  # one level above, the transfer families (4L and 8L for long context)
+        print(probes)
     if args.save_heldout:
         heldout.save(args.save_heldout)
     if args.json:
