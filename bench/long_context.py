@@ -223,7 +223,7 @@ def _sft_measure(spec: dict[str, Any]) -> dict[str, Any]:
         task = dom.sample(i, "train", 2)
         demos.append(render(tok, [*task.prompt, Message("assistant", dom.gold(task))], i, 32_768))
     head = split_head(model) if spec["split"] else None
-    chunk = chunk_positions(64.0, int(model.get_output_embeddings().weight.shape[0])) if spec["split"] else None
+    chunk = chunk_positions(64.0, int(model.get_input_embeddings().num_embeddings)) if spec["split"] else None
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     model.train()
     base = reset_peak_kb()

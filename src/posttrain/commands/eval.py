@@ -66,9 +66,15 @@ def run(args: argparse.Namespace) -> int:
 
     from posttrain.engine.hf import HFEngine
     from posttrain.engine.sync import hf_config
-    from posttrain.evaluate import HeldoutSet, evaluate_heldout, format_details, format_table, format_turns
+    from posttrain.evaluate import (
+        HeldoutSet,
+        evaluate_heldout,
+        format_details,
+        format_probes,
+        format_table,
+        format_turns,
+    )
     from posttrain.evaluate.run import heldout_for, options
-    from posttrain.evaluate.tables import format_probes
 
     torch.set_num_threads(cfg.run.threads)
     heldout = HeldoutSet.load(args.heldout or args.run) if (args.heldout or args.run) else _build(cfg, heldout_for)

@@ -153,7 +153,7 @@ def _fit(
     total = sum(map(len, epochs)) if s.max_steps is None else min(s.max_steps, sum(map(len, epochs)))
     bar = progress(total, "sft", disable=not cfg.run.progress)
     head = split_head(model)
-    chunk = chunk_positions(cfg.trainer.logits_chunk_mib, int(model.get_output_embeddings().weight.shape[0]))
+    chunk = chunk_positions(cfg.trainer.logits_chunk_mib, int(model.get_input_embeddings().num_embeddings))
     model.train()
     t0, step, losses = time.process_time(), 0, []
     for epoch, batches in enumerate(epochs):
