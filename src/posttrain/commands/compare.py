@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
         if cfg.model.device == "auto" and not torch.cuda.is_available()
         else ("cuda" if cfg.model.device == "auto" else cfg.model.device)
     )
-    ta, tb, data = run_compare(a, b, heldout, options(cfg.eval, tasks=cfg.tasks), device, cfg.eval.seed)
+    ta, tb, data = run_compare(
+        a, b, heldout, options(cfg.eval, tasks=cfg.tasks, progress=cfg.run.progress), device, cfg.eval.seed
+    )
     print(text(a, b, ta, tb, data))
     out = Path(args.out) if args.out else (b.run_dir / "compare" if b.run_dir else Path("compare"))
     js, png, page = write_outputs(out, data)

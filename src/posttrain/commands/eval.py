@@ -128,7 +128,7 @@ def _bench(args: argparse.Namespace, cfg) -> int:
     train = TaskPool(cfg.tasks, seed=cfg.run.seed).draw(cfg.eval.contamination_train_tasks)
     checks = contamination_against(names, train, args.limit, n=cfg.eval.ngram)
     opts = replace(
-        options(cfg.eval, sampled=False),
+        options(cfg.eval, sampled=False, progress=cfg.run.progress),
         samples=args.samples,
         ks=tuple(k for k in cfg.eval.k if k <= args.samples),
     )

@@ -73,6 +73,7 @@ from posttrain.engine.speculate import (
 )
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ModelLoadError
+from posttrain.progress import rows_done
 from posttrain.types import Completion, FinishReason, GenerationRequest, Message, SamplingParams, add_spec
 
 
@@ -530,6 +531,7 @@ class HFEngine(Engine):
             with torch.inference_mode():
                 for batch in _pack(chunks, self.config.max_batch_rows, self.config.max_batch_tokens):
                     outputs.update(self._run_batch(batch) if self._spec is None else self._run_batch_spec(batch))
+                    rows_done(sum(len(c.rows) for c in batch))  # a listener's progress bar (posttrain/progress.py)
         except RuntimeError as exc:  # torch failures, out-of-memory included: infra, not the task
             raise GenerationError(f"hf engine failed while decoding: {exc}") from exc
         finally:

@@ -30,6 +30,7 @@ from typing import Any
 from posttrain.engine.base import Engine, chat_ids, text_only
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable
+from posttrain.progress import each_reported
 from posttrain.types import Completion, GenerationRequest, Message
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
@@ -86,7 +87,7 @@ class OpenAIEngine(Engine):
         for i, req in enumerate(requests):
             text_only(i, req)
         version = self.version
-        outs = list(self._pool.map(self._one, requests))
+        outs = each_reported(self._pool.map(self._one, requests), [r.params.n for r in requests])
         return decoded(requests, screen(requests, outs, len(self.tokenizer), (version, self.version)), self.decode)
 
     def chat(

@@ -66,6 +66,7 @@ from posttrain.engine.base import Engine, chat_ids, check_request
 from posttrain.engine.openai import completion_body, decoded, parse_choices, post_json
 from posttrain.engine.validate import screen
 from posttrain.errors import ConfigError, GenerationError, ServerUnavailable, WeightSyncError
+from posttrain.progress import each_reported
 from posttrain.types import Completion, GenerationRequest, Message
 
 VLLM_PYTHON_ENV = "POSTTRAIN_VLLM_PYTHON"
@@ -602,7 +603,8 @@ class VLLMEngine(Engine):
                 req.params.seed if req.params.seed is not None else self._rng.randrange(_SEED_SPAN) for req in requests
             ]
         with self._admitted() as version:
-            outs = list(self._pool.map(lambda rs: self._one(rs[0], rs[1], version), zip(requests, seeds)))
+            calls = self._pool.map(lambda rs: self._one(rs[0], rs[1], version), zip(requests, seeds))
+            outs = each_reported(calls, [r.params.n for r in requests])  # a listener's progress bar
             return decoded(requests, screen(requests, outs, self._vocab, (version, self.version)), self.decode)
 
     def update_weights(self, source: Any) -> int:

@@ -80,6 +80,10 @@ class EvalOptions:
     """The run's `sandbox` section: programs run under its caps (max_memory_mb, max_wall_s) and
     each domain's budget seconds, as in training (None: the pool as configured, no caps but the
     budget seconds)."""
+    progress: bool = False
+    """A bar on stderr (plain lines off a terminal, posttrain/progress.py) counting the samples
+    generated, batch by batch as the engine finishes them; an episode's later turns raise its
+    total as they come (a failed engine call counts nothing)."""
 
 
 @dataclass(frozen=True)
@@ -337,14 +341,24 @@ def eval_budgets(domains: Iterable[str], opts: EvalOptions) -> dict[str, Budget]
 
 
 def _groups(
-    engine: Engine, tasks: Sequence[Task], params: SamplingParams, batch_size: int, opts: EvalOptions
+    engine: Engine,
+    tasks: Sequence[Task],
+    params: SamplingParams,
+    batch_size: int,
+    opts: EvalOptions,
+    desc: str = "eval",
 ) -> list[GroupRun]:
     """Every task's group (`params.n` samples), in task order, through the one lifecycle
     (`pipeline.play.Play`: the training budgets, retries, execute caps and masking; single-turn
-    tasks generated in batches by token budget, multi-turn ones played as episodes), verified."""
+    tasks generated in batches by token budget, multi-turn ones played as episodes), verified;
+    with `opts.progress`, on a bar named `desc`."""
+    from posttrain.progress import progress
+
     budgets = eval_budgets((t.domain for t in tasks), opts)
     execute = execute_of(opts.sandbox, budgets)
-    return Play(engine, params, budgets, opts.policy, batch_size, execute).run(tasks)
+    rows = len(tasks) * params.n
+    with progress(rows, desc, unit="samples", disable=not opts.progress, leave=False) as bar:
+        return Play(engine, params, budgets, opts.policy, batch_size, execute, progress=bar).run(tasks)
 
 
 class ItemVerdict(NamedTuple):
@@ -402,7 +416,8 @@ def _sampling(
     independent draws. Also returns those per-item values: item id -> metric -> value."""
     params = SamplingParams(max_tokens=16, temperature=opts.temperature, n=opts.samples, seed=opts.seed)
     items: dict[str, dict[str, float]] = {}  # item id -> metric -> value, in task order
-    runs = _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts)
+    desc = f"eval {tasks[0].domain} x{opts.samples}" if tasks else "eval"
+    runs = _groups(engine, tasks, params, max(1, opts.batch_size // opts.samples), opts, desc)
     for task, run in zip(tasks, runs, strict=True):
         mine = items.setdefault(task.id, {})
         episodes = run.episodes or [Episode("")] * len(run.final)  # a group masked before verification

@@ -30,10 +30,13 @@ from posttrain.evaluate.tables import format_details, format_probes, format_tabl
 from posttrain.pipeline.group import RetryPolicy
 
 
-def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None, run: Any = None) -> EvalOptions:
+def options(
+    eval_cfg: Any, sampled: bool = True, tasks: Any = None, run: Any = None, progress: bool | None = None
+) -> EvalOptions:
     """Eval options; with the run's `tasks` config, each domain's token and turn budgets are
     the ones it trains with (tasks.domains.<name>.max_tokens / max_turns / max_seconds, else its
-    declaration); with the run's whole config `run`, its retry policy and execute caps."""
+    declaration); with the run's whole config `run`, its retry policy and execute caps, and its
+    progress bar (`run.progress`) unless `progress` says otherwise."""
     budgets: dict[str, int] = {}
     turns: dict[str, int] = {}
     seconds: dict[str, float] = {}
@@ -54,6 +57,7 @@ def options(eval_cfg: Any, sampled: bool = True, tasks: Any = None, run: Any = N
         temperature=eval_cfg.temperature,
         ks=tuple(eval_cfg.k),
         seed=eval_cfg.seed,
+        progress=bool(run.run.progress if progress is None and run is not None else progress),
         **({} if run is None else {"policy": RetryPolicy.of(run.pipeline), "sandbox": run.sandbox}),
     )
 

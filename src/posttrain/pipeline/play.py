@@ -50,6 +50,7 @@ from posttrain.pipeline.group import (
 from posttrain.pipeline.metrics import StageMeter, StageStats
 from posttrain.pipeline.scheduler import Scheduler
 from posttrain.pipeline.workers import DomainExecute, EmbeddedWorkers, ExecuteFn, Verdict, execute_one, verify_group
+from posttrain.progress import counting_rows, raise_total
 from posttrain.types import Completion, Episode, GenerationRequest, Message, SamplingParams, Task
 
 
@@ -86,7 +87,7 @@ class Play:
     run's execute step with its caps. Group ids are `prefix` + admission seq (None: the task's
     id); with `seed`, each group is seeded by (seed, group id, generation attempt) as in the
     staged pipeline; without, by `params.seed` (an episode group: with its index among the
-    call's episode groups)."""
+    call's episode groups). `progress`: a bar that counts the sample rows generated."""
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class Play:
         prefix: str | None = None,
         latency_window: int = 4096,
         calls: Calls | None = None,
+        progress: Any = None,
     ) -> None:
         if calls is None:
             if engine is None:
@@ -117,6 +119,9 @@ class Play:
         self.execute = execute
         self.sleep = sleep
         self.scheduler, self.seed, self.prefix = scheduler, seed, prefix
+        self.progress = progress
+        """A bar (posttrain/progress.py) counting the sample rows generated, as the engine reports them
+        inside a call (`progress.rows_done`) and the rest when the call returns; None: none."""
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.meters = {k: StageMeter(k, 1, latency_window) for k in ("generate", "execute", "verify")}
         self._next_seq = 0
@@ -267,13 +272,36 @@ class Play:
             try:
                 call = next(plan)
                 while True:
-                    call = plan.send(self._metered("generate", call[0], self.calls.generate_now, call[1]))
+                    call = plan.send(self._metered("generate", call[0], self._generate_now, call[1]))
             except StopIteration:
                 pass
             waits = [(r, c.seconds) for r in batch if isinstance(c := r.next_call(), Wait)]
             if waits:
                 self.sleep(max(s for _, s in waits))
             batch = [r for r, _ in waits]
+
+    def _generate_now(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        """The engine call, its rows counted on `progress`: each as the engine reports it, the
+        rest when the call returns (an engine that reports nothing); a failed call's rows are not
+        counted (a retry's are)."""
+        bar = self.progress
+        if bar is None:
+            return self.calls.generate_now(requests)
+        rows = sum(r.params.n for r in requests)
+        raise_total(bar, bar.n + rows)
+        counted = 0
+
+        def done(n: int) -> None:
+            nonlocal counted
+            n = min(n, rows - counted)
+            counted += n
+            bar.update(n)
+
+        with counting_rows(done):
+            out = self.calls.generate_now(requests)
+        if counted < rows:
+            done(rows - counted)
+        return out
 
     def _metered(self, stage: str, items: int, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
         """What `fn(*args)` returned (or raised) and the seconds it took, on the stage's meter."""
