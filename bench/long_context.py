@@ -32,7 +32,9 @@ Tables:
 4. the real SmolLM2-135M-Instruct, table 1's two sides (about 2 minutes).
 5. one `posttrain sft` step on the real model (sft/run.py `_step`, AdamW, one demonstration
    of each long family at L, 4L and 8L in one padded batch): the model's whole logits against
-   the LM head on the assistant positions only, in 64 MiB chunks.
+   the LM head on the assistant positions only, in 64 MiB chunks, and that with gradient
+   checkpointing (`trainer.gradient_checkpointing`, the trainer's `enable_gradient_checkpointing`);
+   `--sft-modes` picks the columns (default all three).
 """
 
 from __future__ import annotations
@@ -222,8 +224,13 @@ def _sft_measure(spec: dict[str, Any]) -> dict[str, Any]:
         dom = get(name)
         task = dom.sample(i, "train", 2)
         demos.append(render(tok, [*task.prompt, Message("assistant", dom.gold(task))], i, 32_768))
-    head = split_head(model) if spec["split"] else None
-    chunk = chunk_positions(64.0, int(model.get_input_embeddings().num_embeddings)) if spec["split"] else None
+    split = spec["mode"] in ("chunked", "recompute")
+    head = split_head(model) if split else None
+    chunk = chunk_positions(64.0, int(model.get_input_embeddings().num_embeddings)) if split else None
+    if spec["mode"] == "recompute":
+        from posttrain.trainer.memory import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     model.train()
     base = reset_peak_kb()
@@ -240,26 +247,31 @@ def _sft_measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def sft(path: str, chars: list[int]) -> None:
+SFT_MODES = {
+    "whole": "whole logits",
+    "chunked": "head in chunks",
+    "recompute": "chunks + recompute",
+}
+
+
+def sft(path: str, chars: list[int], modes: list[str]) -> None:
     """One `posttrain sft` step on the real model, one demonstration of each long family at
-    each context length, whole logits against the head on the assistant positions in chunks."""
+    each context length: whole logits, the head on the assistant positions in chunks, and that
+    with gradient checkpointing (the `modes` asked for, each in its own child)."""
     print(f"\n5. one `posttrain sft` step (AdamW) on the real model ({path}): keychain, vartrack and noisygraph at")
-    print("   level 2, one demonstration each, padded into one batch; CPU s, step MB (peak over the step), peak RSS MB")
     print(
-        f"{'chars':>6} {'tokens':>6} {'loss':>5} | {'whole logits: s':>15} {'step MB':>9} {'peak MB':>10} | "
-        f"{'head in chunks: s':>17} {'step MB':>9} {'peak MB':>10} {'|d loss|':>9}"
+        "   level 2, one demonstration each, padded into one batch; CPU s, step MB (peak over the step), peak RSS MB;"
     )
+    print(f"   |d loss| against the first column ({SFT_MODES[modes[0]]})")
+    cols = " | ".join(f"{SFT_MODES[m] + ': s':>19} {'step MB':>9} {'peak MB':>10}" for m in modes)
+    print(f"{'chars':>6} {'tokens':>6} {'loss':>5} | {cols} | {'|d loss|':>9}")
     for n in chars:
         names = [f"{d}@{n}" if n != 1000 else d for d in ("keychain", "vartrack", "noisygraph")]
         spec = {"real": path, "domains": names}
-        whole, chunked = (
-            in_child(_sft_measure, {**spec, "split": False}),
-            in_child(_sft_measure, {**spec, "split": True}),
-        )
-        print(
-            f"{n:6d} {whole['tokens']:6d} {whole['loss_tokens']:5d} | {_cell(whole):>31} | {_cell(chunked):>33} "
-            f"{abs(whole['loss'] - chunked['loss']):9.1e}"
-        )
+        got = [in_child(_sft_measure, {**spec, "mode": m}) for m in modes]
+        cells = " | ".join(f"{_cell(r):>39}" for r in got)
+        gaps = " ".join(f"{abs(r['loss'] - got[0]['loss']):.1e}" for r in got[1:])
+        print(f"{n:6d} {got[0]['tokens']:6d} {got[0]['loss_tokens']:5d} | {cells} | {gaps:>9}")
 
 
 def main() -> None:
@@ -280,6 +292,9 @@ def main() -> None:
     ap.add_argument(
         "--sft-chars", default="1000,4000,8000", help="table 5's context lengths (characters, L = 1000; '': no table 5)"
     )
+    ap.add_argument(
+        "--sft-modes", default="whole,chunked,recompute", help=f"table 5's columns, of {','.join(SFT_MODES)}"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -292,7 +307,10 @@ def main() -> None:
         if args.real_lengths:
             real(args.real, [int(x) for x in args.real_lengths.split(",")])
         if args.sft_chars:
-            sft(args.real, [int(x) for x in args.sft_chars.split(",")])
+            modes = args.sft_modes.split(",")
+            if unknown := [m for m in modes if m not in SFT_MODES]:
+                ap.error(f"--sft-modes: unknown {unknown}; of {list(SFT_MODES)}")
+            sft(args.real, [int(x) for x in args.sft_chars.split(",")], modes)
     print(f"\nwall {time.perf_counter() - started:.0f} s")
 
 

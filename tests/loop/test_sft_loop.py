@@ -142,3 +142,27 @@ def test_bad_data_is_exit_2_and_leaves_no_run(tmp_path, micro_base, capsys):
     assert main(["sft", *args]) == 2
     assert "sft.data: task source" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_gradient_checkpointing_is_read_and_leaves_the_losses(tmp_path, micro_base, monkeypatch):
+    """`trainer.gradient_checkpointing: true` makes `posttrain sft` recompute the decoder layers
+    in backward (the trainer's own switch, called once) and leaves every step's loss and
+    gradient norm as without it, up to float rounding."""
+    import posttrain.trainer.memory as memory
+
+    calls = []
+    real = memory.enable_gradient_checkpointing
+    monkeypatch.setattr(memory, "enable_gradient_checkpointing", lambda m: (calls.append(m), real(m)))
+    data = _demos(tmp_path / "demos.jsonl", n=24)
+    rows = {}
+    for ckpt in (False, True):
+        name = f"gc-{ckpt}"
+        args = [f"sft.data={data}", f"model.path={micro_base}", f"run.out_dir={tmp_path}", f"run.name={name}"]
+        more = ["sft.epochs=1", "sft.max_steps=3", "sft.evaluate=false", f"trainer.gradient_checkpointing={ckpt}"]
+        assert main(["sft", *args, *SFT, *more]) == 0
+        rows[ckpt] = read_metrics(tmp_path / name / "metrics.jsonl", "sft")
+    assert len(calls) == 1 and calls[0].is_gradient_checkpointing
+    assert len(rows[True]) == len(rows[False]) >= 2
+    for plain, recomputed in zip(rows[False], rows[True]):
+        assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+        assert recomputed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)

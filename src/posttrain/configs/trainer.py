@@ -349,7 +349,8 @@ class TrainerConfig(BaseModel):
     """bf16_autocast runs forward/backward under torch.autocast(bfloat16) with
     float32 master weights and a float32 log-softmax (CUDA, and CPU for tests)."""
     gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in backward (less memory, ~30% more compute)."""
+    """Recompute each decoder layer's activations in backward (less memory, ~30% more compute);
+    `posttrain sft` reads it too."""
     micro_batch_tokens: int | Literal["auto"] | None = None
     """Cap on padded tokens (rows x longest row) per micro-batch, on top of
     micro_batch_size; "auto" sizes it from free CUDA memory (the whole batch on CPU)."""

@@ -143,7 +143,9 @@ def _fit(
     cfg: Config, model: Any, tokenizer: Any, optimizer: Any, demos: Demos, run_dir: Path, metrics: MetricsLog
 ) -> tuple[int, list[float], float]:
     """The optimizer steps: each epoch's length batches in a seeded order; a row of metrics per
-    step, a checkpoint every `sft.checkpoint_every`. Returns steps, losses, CPU seconds."""
+    step, a checkpoint every `sft.checkpoint_every`; the LM head in chunks and gradient
+    checkpointing as `trainer.logits_chunk_mib` and `trainer.gradient_checkpointing` say. Returns
+    steps, losses, CPU seconds."""
     from posttrain.progress import progress
     from posttrain.trainer.chunked import chunk_positions
     from posttrain.trainer.trainer import split_head
@@ -154,6 +156,10 @@ def _fit(
     bar = progress(total, "sft", disable=not cfg.run.progress)
     head = split_head(model)
     chunk = chunk_positions(cfg.trainer.logits_chunk_mib, int(model.get_input_embeddings().num_embeddings))
+    if cfg.trainer.gradient_checkpointing:  # as the trainer's: decoder layers recomputed in backward, dropout off
+        from posttrain.trainer.memory import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model)
     model.train()
     t0, step, losses = time.process_time(), 0, []
     for epoch, batches in enumerate(epochs):
