@@ -245,6 +245,36 @@ def test_moved_counts_a_revision_by_what_its_code_did_not_how_it_reads():
     assert "moved" not in domain.score(task, _episode(domain, task, [domain.gold(task)])).parts
 
 
+def test_moved_on_a_derived_task_compares_its_turn_with_the_attempt_in_its_prompt(monkeypatch):
+    """A derived task (`tasks.branch`: the failed attempt and its observation in the prompt, the
+    episode the revision alone) reports `moved` too: its one turn against the prompt's attempt, by
+    behaviour, run once per task; the same repeat, disguise, other failure and fix as above."""
+    from posttrain.domains import code
+
+    domain = D["pyfunc_revise"]
+    task = domain.sample(3, "train", 2)
+    wrong = domain.wrong(task)
+    first = _episode(domain, task, [wrong]).turns[0]
+    assert first.parts["process"] < 1.0
+    derived = domain.branched(task, [(wrong, first.observation)])
+    assert derived.meta.branched == 1
+    code_ = wrong.split("```python\n", 1)[1].split("```", 1)[0] if "```python" in wrong else wrong
+    head, body = code_.split("\n", 1)
+    cases = {
+        "repeat": wrong,
+        "disguised repeat": f"Fixed:\n```python\n{head}\n    spare = 1\n{body}```",
+        "other failure": f"```python\n{head}\n    return None\n```",
+        "fix": domain.gold(task),
+    }
+    runs, real = [], code.execute
+    monkeypatch.setattr(code, "execute", lambda *a, **k: (runs.append(k.get("suite")), real(*a, **k))[1])
+    code._BEFORE.clear()
+    got = {n: domain.score(derived, _episode(domain, derived, [a])).parts.get("moved") for n, a in cases.items()}
+    assert got == {"repeat": 0.0, "disguised repeat": 0.0, "other failure": 1.0, "fix": 1.0}
+    assert runs.count("visible") == 4 + 1  # each case's turn, and the prompt's attempt once for all four
+    assert "moved" not in domain.score(task, _episode(domain, task, [wrong])).parts  # not derived: no revision
+
+
 def test_weighted_moved_pays_a_new_attempt_less_than_a_pass_and_a_repeat_nothing():
     """Under `reward_weights: {outcome: 1, moved: w}` the order the shaping exists for, and no way to
     beat a pass: pass in one turn = fix = 1 > another failure = w / (1 + w) > a repeat, disguised or

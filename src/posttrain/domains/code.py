@@ -30,6 +30,7 @@ import json
 import marshal
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -563,28 +564,67 @@ def behaviour(turn: Turn) -> tuple[Any, ...]:
     (value, raised, none), value and exception type (not the traceback, whose line numbers move
     with any edit); ("no code",) for a turn without code. Two turns with the same behaviour
     failed the same way, whatever their code's names and spacing."""
-    run = turn.exec_result
+    return run_behaviour(turn.exec_result)
+
+
+def run_behaviour(run: Any) -> tuple[Any, ...]:
+    """`behaviour` of a visible-test run (`CodeRun`), ("no code",) for anything else."""
     if not isinstance(run, CodeRun):
         return ("no code",)
     return tuple((o.kind, json.dumps(o.value, sort_keys=True, default=repr), o.detail) for o in run.outputs)
 
 
-def moved(turns: Sequence[Turn]) -> float | None:
-    """The share of revisions (turns 2 on) whose behaviour on the visible tests differs from the
-    turn before's (`behaviour`); None for an episode of one turn (no revision). A revision that
-    hands back the failed function, renamed or reformatted or not, counts 0."""
-    if len(turns) < 2:
+def moved(turns: Sequence[Turn], before: tuple[Any, ...] | None = None) -> float | None:
+    """The share of revisions whose behaviour on the visible tests differs from the attempt
+    before's (`behaviour`): turns 2 on, and turn 1 too when `before` is given (the behaviour of
+    the failed attempt a derived task's prompt ends with, `tasks.branch`); None where nothing
+    was revised (one turn, no `before`). A revision that hands back the failed function,
+    renamed or reformatted or not, counts 0."""
+    seq = ([before] if before is not None else []) + [behaviour(t) for t in turns]
+    if len(seq) < 2:
         return None
-    pairs = list(zip(turns, turns[1:]))
-    return sum(behaviour(a) != behaviour(b) for a, b in pairs) / len(pairs)
+    return sum(a != b for a, b in zip(seq, seq[1:])) / (len(seq) - 1)
+
+
+_BEFORE: dict[str, tuple[Any, ...]] = {}
+"""Derived task id -> the behaviour of its prompt's last attempt (`prompt_behaviour`), newest last."""
+_BEFORE_LOCK = threading.Lock()
+BEFORE_CACHE = 1024
+"""Derived tasks whose prompt's attempt is kept run (a group's samples share one run)."""
+
+
+def prompt_behaviour(task: Task, domain: str) -> tuple[Any, ...] | None:
+    """For a derived task (`meta.branched` > 0: the model's failed turns in its prompt), the
+    behaviour on the visible tests of the last attempt its prompt holds (the last assistant
+    message's code, run in the sandbox as the environment runs a turn); None for any other task.
+    Run once per task id (kept for the last `BEFORE_CACHE` tasks), so a group's samples share it.
+    SandboxError on an infra error, as every sandbox run here."""
+    if not task.meta.branched:
+        return None
+    prior = next((m.content for m in reversed(task.prompt) if m.role == "assistant"), None)
+    if prior is None:
+        return None
+    with _BEFORE_LOCK:
+        if task.id in _BEFORE:
+            return _BEFORE[task.id]
+    code = extract_code(prior)
+    visible = task.reference.visible
+    got = run_behaviour(execute(visible, code, explain=True, domain=domain, suite="visible") if code.strip() else None)
+    with _BEFORE_LOCK:
+        _BEFORE[task.id] = got
+        while len(_BEFORE) > BEFORE_CACHE:
+            del _BEFORE[next(iter(_BEFORE))]
+    return got
 
 
 class RevisionVerifier:
     """The coding loop's verdict: the hidden tests' pass rate (outcome), run by
     the execute step on the last action; process = mean visible pass rate over
     the turns (the environment's per-turn parts); efficiency = 1 / turns used;
-    moved (episodes of two turns or more) = the share of revisions that did not fail
-    the visible tests as the turn before did (`moved`). value = outcome; passed =
+    moved (episodes of two turns or more, and every episode of a derived task, whose
+    first turn revises the failed attempt its prompt ends with: `prompt_behaviour`) = the
+    share of revisions that did not fail the visible tests as the attempt before did
+    (`moved`). value = outcome; passed =
     every hidden test passed. Weighting `moved` (`tasks.domains.<name>.reward_weights`)
     pays a revision for trying something other than the failed function: never as much
     as a pass, nothing for a repeat."""
@@ -611,7 +651,7 @@ class RevisionVerifier:
         parts = {"outcome": hidden.value, "efficiency": 1.0 / max(1, len(episode.turns))}
         if episode.turns:
             parts["process"] = sum(t.parts.get("process", 0.0) for t in episode.turns) / len(episode.turns)
-        share = moved(episode.turns)
+        share = moved(episode.turns, prompt_behaviour(task, self.domain) if episode.turns else None)
         if share is not None:
             parts["moved"] = share
         return Score(hidden.value, parts, hidden.passed, hidden.reason)
