@@ -269,7 +269,7 @@ def sft(path: str, chars: list[int], modes: list[str]) -> None:
         names = [f"{d}@{n}" if n != 1000 else d for d in ("keychain", "vartrack", "noisygraph")]
         spec = {"real": path, "domains": names}
         got = [in_child(_sft_measure, {**spec, "mode": m}) for m in modes]
-        cells = " | ".join(f"{_cell(r):>39}" for r in got)
+        cells = " | ".join(f"{_cell(r):>40}" for r in got)
         gaps = " ".join(f"{abs(r['loss'] - got[0]['loss']):.1e}" for r in got[1:])
         print(f"{n:6d} {got[0]['tokens']:6d} {got[0]['loss_tokens']:5d} | {cells} | {gaps:>9}")
 

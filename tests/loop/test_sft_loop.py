@@ -161,7 +161,7 @@ def test_gradient_checkpointing_is_read_and_leaves_the_losses(tmp_path, micro_ba
         more = ["sft.epochs=1", "sft.max_steps=3", "sft.evaluate=false", f"trainer.gradient_checkpointing={ckpt}"]
         assert main(["sft", *args, *SFT, *more]) == 0
         rows[ckpt] = read_metrics(tmp_path / name / "metrics.jsonl", "sft")
-    assert len(calls) == 1 and calls[0].is_gradient_checkpointing
+    assert len(calls) == 1 and calls[0].is_activation_checkpointing
     assert len(rows[True]) == len(rows[False]) >= 2
     for plain, recomputed in zip(rows[False], rows[True]):
         assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-5)

@@ -55,9 +55,12 @@ def disable_dropout(model: Any) -> None:
 def enable_gradient_checkpointing(model: Any) -> None:
     """Recompute decoder layers in backward (transformers' non-reentrant checkpointing);
     it acts only in train mode, so the trainer trains in train mode with dropout off."""
-    if not hasattr(model, "gradient_checkpointing_enable"):
-        raise TrainerError("trainer.gradient_checkpointing: the model has no gradient_checkpointing_enable")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name (the old one warns, gone in 6)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise TrainerError("trainer.gradient_checkpointing: the model has no activation_checkpointing_enable")
     disable_dropout(model)
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()  # frozen embeddings (LoRA) still give checkpoints a grad path
