@@ -268,8 +268,9 @@ def _held_beside(p: Path) -> str:
 
 def branch_config(source: str | Path, config: str | None, overrides: list[str]) -> Config:
     """The config of a run started from the checkpoint `source` names: `config` with `overrides`,
-    or, without `config`, the source run's config.yaml with a fresh run.name and `overrides`;
-    its model.path is the checkpoint (absolute). model.path set by the command line as well is a
+    or, without `config`, the source run's config.yaml with a fresh run.name, no
+    eval.before_from (it named the source's start) and `overrides`; its model.path is the
+    checkpoint (absolute). model.path set by the command line as well is a
     ConfigError (two starting points)."""
     ckpt = source_checkpoint(source)
     if config:
@@ -278,6 +279,7 @@ def branch_config(source: str | Path, config: str | None, overrides: list[str]) 
         tree = read_yaml(ckpt.path.parent.parent / "config.yaml")
         tree.get("model", {}).pop("path", None)  # where the source run started: the checkpoint replaces it
         tree.get("run", {}).pop("name", None)
+        tree.get("eval", {}).pop("before_from", None)  # the source's start's table, not this checkpoint's
     for item in overrides:
         apply_override(tree, item)
     if tree.get("model", {}).get("path"):

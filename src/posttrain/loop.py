@@ -150,6 +150,8 @@ class _Run:
     """pipeline.mode async: the stream, whose state every checkpoint carries."""
     replay: ReplayBuffer | None = None  # trainer.replay: the buffer of past groups (trainer/replay.py), None when off
     processor: Any = None  # a vision model's processor (saved with each checkpoint, tokenizer included); None: text
+    reused_before: EvalTable | None = None
+    """`eval.before_from`: the finished run's final table taken as the before (checked in `_open`)."""
 
     @classmethod
     def open(cls, cfg: Config | None, resume: str | Path | None, log: Any) -> _Run:
@@ -221,12 +223,15 @@ class _Run:
         evaluator = RunEvaluator(
             cfg, rundir.path, evaluation_engine(engine), metrics, state["levels"], log
         )  # held-out set in the run dir; the policy's own weights (not a bf16 rollout copy)
+        reused = None
+        if state["before"] is None and cfg.eval.before_from:  # checked before any step: one ConfigError
+            reused = evaluator.reused(cfg.eval.before_from, cfg.model.path)
         replay = replay_buffer(cfg.trainer.replay, cfg.rollout.prompts_per_step, state.pop("replay", None))
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,
             sync=sync, trace=trace, metrics=metrics, monitor=monitor, evaluator=evaluator, state=state, budget=budget,
             countermeasures=cm, stop=stop,
-            log=log, in_flight=in_flight, replay=replay, processor=processor,
+            log=log, in_flight=in_flight, replay=replay, processor=processor, reused_before=reused,
         )  # fmt: skip
 
     def evaluate_before(self) -> str:
@@ -240,7 +245,12 @@ class _Run:
             # the followers only replay trainer calls: no local model for the exposure check
             model = None if cfg.trainer.fsdp else self.model
             self.evaluator.checks(model, self.tokenizer, lambda: TaskPool(cfg.tasks, seed=cfg.run.seed))
-            before = self.evaluator.full(0)
+            if self.reused_before is not None:  # eval.before_from: the starting weights' table, measured there
+                before = self.reused_before
+                self.evaluator.adopt(before, str(cfg.eval.before_from))
+                self.log(f"held-out before training: the final table of {cfg.eval.before_from} (eval.before_from)")
+            else:
+                before = self.evaluator.full(0)
             self.state["before"] = before.to_json()
             self.log("held-out before training:\n" + self.evaluator.describe(before))
             actions = self.monitor.after_eval(0, self.evaluator.comparable(before))

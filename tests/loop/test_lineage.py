@@ -161,12 +161,14 @@ def test_posttrain_trace_lists_the_config_changes(tmp_path, capsys):
 
 
 def test_a_branch_takes_the_source_runs_config_and_names_the_checkpoint(tmp_path):
-    path, _ = _run(tmp_path, name="src", extra=["trainer.lr=1e-3", "model.path=/orig"])
+    extra = ["trainer.lr=1e-3", "model.path=/orig", "eval.before_from=/orig-run"]
+    path, _ = _run(tmp_path, name="src", extra=extra)
     ckpt = path / "checkpoints" / "step_00000004"
     for source in (ckpt, path):  # a checkpoint folder, or a run folder (its newest)
         cfg = lineage.branch_config(source, None, ["run.steps=2"])
         assert cfg.model.path == str(ckpt.resolve()) and cfg.trainer.lr == 1e-3 and cfg.run.steps == 2
         assert cfg.run.name is None  # a new run folder
+        assert cfg.eval.before_from is None  # it named the source run's start, not this checkpoint
     with pytest.raises(ConfigError, match="model.path and --from both name a starting model"):
         lineage.branch_config(ckpt, None, ["model.path=/other"])
     with pytest.raises(ConfigError, match="neither a checkpoint folder") as missing:

@@ -166,3 +166,41 @@ def test_gradient_checkpointing_is_read_and_leaves_the_losses(tmp_path, micro_ba
     for plain, recomputed in zip(rows[False], rows[True]):
         assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-5)
         assert recomputed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.heavy
+def test_train_takes_its_before_from_the_sft_run_and_it_is_what_measuring_gives(tmp_path, micro_base, capsys):
+    """`eval.before_from=SFT_RUN` with `model.path` its checkpoint: the train run's before is the sft
+    run's after, equal item for item to what evaluating the start measures; its step-0 row and
+    samples are there. A model.path other than that checkpoint, or other evaluation options, is
+    exit 2 naming what differs, and leaves no run directory."""
+    from posttrain.trainer.checkpoint import latest_checkpoint
+
+    data = _demos(tmp_path / "demos.jsonl", n=24)
+    sft_args = [f"sft.data={data}", f"model.path={micro_base}", f"run.out_dir={tmp_path}", "run.name=sft", *SFT]
+    assert main(["sft", *sft_args, "sft.epochs=1"]) == 0
+    src, ckpt = tmp_path / "sft", latest_checkpoint(tmp_path / "sft")
+    same = [*tiny("{reverse: {difficulty: 1}}"), "eval.samples=0", "eval.above_tasks=0", "run.steps=1"]
+    same += [f"run.out_dir={tmp_path}", f"model.path={ckpt}"]
+    assert main(["train", *same, "run.name=reused", f"eval.before_from={src}"]) == 0
+    assert main(["train", *same, "run.name=measured"]) == 0
+    after = json.loads((src / "eval.json").read_text())["after"]
+    reused = json.loads((tmp_path / "reused" / "eval.json").read_text())["before"]
+    measured = json.loads((tmp_path / "measured" / "eval.json").read_text())["before"]
+    assert reused == after
+    assert reused["domains"] == measured["domains"] and reused["heldout_version"] == measured["heldout_version"]
+    assert "final table of" in capsys.readouterr().out
+    row = read_metrics(tmp_path / "reused" / "metrics.jsonl", "eval")[0]
+    assert row["step"] == 0 and row["seconds"] == 0.0 and row["domains"] == {"reverse": after["mean_accuracy"]}
+    first = json.loads((tmp_path / "reused" / "eval_samples.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and first["from"] == str(src) and len(first["domains"]["reverse"]) == 8
+
+    bad = {
+        "wrong-model": ([f"model.path={micro_base}"], f"set model.path={ckpt}"),
+        "wrong-options": (["eval.max_tokens=5"], "max_tokens (6 there, 5 here)"),
+    }
+    for name, (more, said) in bad.items():
+        assert main(["train", *same, *more, f"run.name={name}", f"eval.before_from={src}"]) == 2
+        got = capsys.readouterr()
+        assert said in got.out + got.err, name
+        assert not (tmp_path / name).exists(), name

@@ -58,6 +58,12 @@ class EvalConfig(Section):
     margin of gold over wrong answers, held-out against matched control items)."""
     exposure_tasks: int = Field(64, ge=2, le=100_000)
     """Held-out items (and as many control items) per domain in the exposure check."""
+    before_from: str | None = None
+    """A finished run's directory (a `posttrain sft` run's, or a train run's) whose final table is
+    this run's "before" instead of evaluating the starting weights again: `model.path` must be
+    that run's newest checkpoint (the weights its final table measured), and its held-out set
+    (heldout version) and evaluation options must equal this run's; otherwise a ConfigError
+    names what differs, before any step. None (the default): evaluate before training."""
     exposure_threshold: float = Field(1.0, gt=0.0, le=1000.0)
     """Nats per item by which the held-out margin must exceed the control margin (interval
     excluding 0) for a domain to be flagged as memorised."""

@@ -190,6 +190,62 @@ class RunEvaluator:
         self._row(step, self.comparable(table), seconds, full=table)
         return table
 
+    def reused(self, source: str | Path, model_path: Any) -> EvalTable:
+        """`eval.before_from`: the final table of the finished run at `source` (its eval.json's
+        `after`), checked to be what `full(0)` would give here: `model_path` is that run's newest
+        checkpoint, whose weights the table measured; the table's held-out version is this run's
+        set's; the evaluation options (`options`: budgets, caps, samples, temperature, k, seed,
+        retry policy, sandbox caps) of that run's config equal this run's. ConfigError naming
+        the first that differs, or what is missing."""
+        from dataclasses import asdict, replace
+
+        from posttrain.configs import load_config
+        from posttrain.errors import ConfigError
+        from posttrain.trainer.checkpoint import latest_checkpoint
+
+        run = Path(source)
+        what = f"eval.before_from: {run}"
+        data_path, config_path = run / "eval.json", run / "config.yaml"
+        if not (data_path.is_file() and config_path.is_file()):
+            raise ConfigError(f"{what} is not a run directory with eval.json and config.yaml")
+        try:
+            after = json.loads(data_path.read_text()).get("after")
+            table = EvalTable.from_json(after) if after else None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{what}: its eval.json cannot be read ({exc!r})") from None
+        if table is None:
+            raise ConfigError(f"{what}: its eval.json has no final table (the run did not finish)")
+        newest = latest_checkpoint(run)
+        if newest is None or Path(str(model_path)).resolve() != newest.resolve():
+            raise ConfigError(
+                f"{what}: its final table measured {newest}, this run starts from model.path={model_path}; "
+                f"set model.path={newest}, or leave eval.before_from unset to evaluate the start"
+            )
+        if table.heldout_version != self.heldout.version:
+            raise ConfigError(
+                f"{what}: its held-out set ({table.heldout_version}) is not this run's ({self.heldout.version}): "
+                "the tasks, levels or eval.tasks_per_domain / above_tasks / transfer_domains / seed differ"
+            )
+        theirs_cfg = load_config(config_path)
+        mine = asdict(replace(options(self.cfg, tasks=self.tasks, run=self.run), progress=False))
+        theirs = asdict(replace(options(theirs_cfg.eval, tasks=theirs_cfg.tasks, run=theirs_cfg), progress=False))
+        differ = [k for k in mine if mine[k] != theirs[k]]
+        if differ:
+            said = ", ".join(f"{k} ({theirs[k]!r} there, {mine[k]!r} here)" for k in differ)
+            raise ConfigError(f"{what}: its evaluation options differ from this run's: {said}")
+        return table
+
+    def adopt(self, table: EvalTable, source: str | Path) -> None:
+        """`table` (from `reused`) recorded as step 0's full evaluation: its metrics row (0 seconds)
+        and its samples, the source run's last full evaluation's line of eval_samples.jsonl."""
+        self._row(0, self.comparable(table), 0.0, full=table, samples=False)
+        path = Path(source) / "eval_samples.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+        full = [r for r in rows if r.get("eval") == "full"]
+        if full:
+            with open(self.run_dir / "eval_samples.jsonl", "a") as fh:
+                fh.write(json.dumps({**full[-1], "step": 0, "from": str(source)}) + "\n")
+
     def due(self, step: int, last: int) -> bool:
         return bool(self.cfg.every_steps) and step % self.cfg.every_steps == 0 and step < last
 
@@ -214,7 +270,9 @@ class RunEvaluator:
         """The view every curve point shares: the fixed subset of the core sets."""
         return table.head(self.cfg.subset_tasks)
 
-    def _row(self, step: int, table: EvalTable, seconds: float, full: EvalTable | None = None) -> None:
+    def _row(
+        self, step: int, table: EvalTable, seconds: float, full: EvalTable | None = None, samples: bool = True
+    ) -> None:
         lo, hi = table.mean_interval()
         row: dict[str, Any] = {
             "mean_accuracy": table.mean_accuracy,
@@ -241,7 +299,8 @@ class RunEvaluator:
                 "probes": {k: r.accuracy for k, r in full.probes.items()},
             }
         self.metrics.write("eval", step, **row)
-        append_samples(self.run_dir / "eval_samples.jsonl", step, "full" if full else "subset", full or table)
+        if samples:
+            append_samples(self.run_dir / "eval_samples.jsonl", step, "full" if full else "subset", full or table)
 
     # ------------------------------------------------------------ the end of a run
 

@@ -77,7 +77,8 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
         log("held-out before and after fine-tuning:\n" + evaluator.describe(before, after))
     metrics.close()
     log(f"sft: {steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {cpu_s:.1f} CPU-s; checkpoint {checkpoint}")
-    log(f"next: posttrain train CONFIG model.path={checkpoint}")
+    reuse = f" eval.before_from={rundir.path}" if after is not None else ""  # its final table: the RL run's before
+    log(f"next: posttrain train CONFIG model.path={checkpoint}{reuse}")
     return SftResult(rundir.path, checkpoint, steps, losses[0], losses[-1], cpu_s, before, after)
 
 
