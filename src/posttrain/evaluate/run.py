@@ -195,8 +195,8 @@ class RunEvaluator:
         `after`), checked to be what `full(0)` would give here: `model_path` is that run's newest
         checkpoint, whose weights the table measured; the table's held-out version is this run's
         set's; the evaluation options (`options`: budgets, caps, samples, temperature, k, seed,
-        retry policy, sandbox caps) of that run's config equal this run's. ConfigError naming
-        the first that differs, or what is missing."""
+        retry policy, sandbox caps) of that run's config equal this run's. A ConfigError says
+        which check failed (every differing option named), or what is missing."""
         from dataclasses import asdict, replace
 
         from posttrain.configs import load_config
