@@ -268,7 +268,7 @@ def test_moved_on_a_derived_task_compares_its_turn_with_the_attempt_in_its_promp
     }
     runs, real = [], code.execute
     monkeypatch.setattr(code, "execute", lambda *a, **k: (runs.append(k.get("suite")), real(*a, **k))[1])
-    code._BEFORE.clear()
+    code._visible_behaviour.cache_clear()
     got = {n: domain.score(derived, _episode(domain, derived, [a])).parts.get("moved") for n, a in cases.items()}
     assert got == {"repeat": 0.0, "disguised repeat": 0.0, "other failure": 1.0, "fix": 1.0}
     assert runs.count("visible") == 4 + 1  # each case's turn, and the prompt's attempt once for all four

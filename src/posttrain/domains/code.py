@@ -30,7 +30,6 @@ import json
 import marshal
 import math
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -586,35 +585,23 @@ def moved(turns: Sequence[Turn], before: tuple[Any, ...] | None = None) -> float
     return sum(a != b for a, b in zip(seq, seq[1:])) / (len(seq) - 1)
 
 
-_BEFORE: dict[str, tuple[Any, ...]] = {}
-"""Derived task id -> the behaviour of its prompt's last attempt (`prompt_behaviour`), newest last."""
-_BEFORE_LOCK = threading.Lock()
-BEFORE_CACHE = 1024
-"""Derived tasks whose prompt's attempt is kept run (a group's samples share one run)."""
-
-
 def prompt_behaviour(task: Task, domain: str) -> tuple[Any, ...] | None:
     """For a derived task (`meta.branched` > 0: the model's failed turns in its prompt), the
     behaviour on the visible tests of the last attempt its prompt holds (the last assistant
     message's code, run in the sandbox as the environment runs a turn); None for any other task.
-    Run once per task id (kept for the last `BEFORE_CACHE` tasks), so a group's samples share it.
     SandboxError on an infra error, as every sandbox run here."""
     if not task.meta.branched:
         return None
     prior = next((m.content for m in reversed(task.prompt) if m.role == "assistant"), None)
-    if prior is None:
-        return None
-    with _BEFORE_LOCK:
-        if task.id in _BEFORE:
-            return _BEFORE[task.id]
-    code = extract_code(prior)
-    visible = task.reference.visible
-    got = run_behaviour(execute(visible, code, explain=True, domain=domain, suite="visible") if code.strip() else None)
-    with _BEFORE_LOCK:
-        _BEFORE[task.id] = got
-        while len(_BEFORE) > BEFORE_CACHE:
-            del _BEFORE[next(iter(_BEFORE))]
-    return got
+    return None if prior is None else _visible_behaviour(task.reference.visible, extract_code(prior), domain)
+
+
+@lru_cache(maxsize=1024)
+def _visible_behaviour(visible: CodeReference, code: str, domain: str) -> tuple[Any, ...]:
+    """`run_behaviour` of `code` on the visible tests, run once per tests and code (a derived
+    group's samples share their prompt's attempt; an infra error raises and is not kept)."""
+    run = execute(visible, code, explain=True, domain=domain, suite="visible") if code.strip() else None
+    return run_behaviour(run)
 
 
 class RevisionVerifier:
