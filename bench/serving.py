@@ -9,15 +9,18 @@ speed: the same prompts through the standard tier (HFEngine) and each fast-tier
        has answered before (its model-free drafter drafts from past answers).
 costs: CPU time of one lean-decoder forward feeding 1-64 tokens, float32 in both weight
        layouts and int8: what a verifying forward costs against a one-token step
-       (speculation's bound); `--decode N` then greedy-decodes N tokens with both
-       float layouts side by side.
+       (speculation's bound: the speed-up with every draft accepted, and the mean
+       accepted length a `--target` speed-up needs, at each n); `--rows R` the same
+       bound for R sequences through the transformers module (the rollouts' batch,
+       against `--rows-target`, 1.8);
+       `--decode N` then greedy-decodes N tokens with both float layouts side by side.
 load:  starts `posttrain serve` as a separate process on loopback and drives it
        with N concurrent streaming clients for a fixed number of requests;
        prints errors, p50/p99 latency and time to first token.
 
 .venv/bin/python bench/serving.py speed --model DIR [--label TEXT] [--warm]
 .venv/bin/python bench/serving.py speed --preset medium     (random weights)
-.venv/bin/python bench/serving.py costs --model DIR [--decode 128]
+.venv/bin/python bench/serving.py costs --model DIR [--decode 128] [--rows 32]
 .venv/bin/python bench/serving.py load --model DIR --clients 32 --requests 256 [--serve-set fast.head=true]
 
 With a model folder that holds a co-trained draft head (draft_head.pt: `posttrain train` with
@@ -318,6 +321,7 @@ def costs(args: argparse.Namespace) -> None:
         "int8": {"int8": True},
     }
     base: dict[str, float] = {}
+    fp32: dict[int, float] = {}
     for label, kw in variants.items():
         decoder = LeanDecoder(model, **kw)
         decoder.forward(prefix)  # cached once: each timed forward writes only past it
@@ -330,6 +334,8 @@ def costs(args: argparse.Namespace) -> None:
                 decoder.forward([(i % (vocab - 1)) + 1 for i in range(n)])
                 best = min(best, time.process_time() - c0)
             base.setdefault(label, best)
+            if label == "fp32":
+                fp32[n] = best
             cells.append(f"n={n} {best * 1000:6.1f} ms ({best / base[label]:.2f})")
         print(f"{label}: " + "  ".join(cells))
         del decoder
@@ -337,8 +343,62 @@ def costs(args: argparse.Namespace) -> None:
         f"int8 / fp32 at n=1: {base['int8'] / base['fp32']:.2f}; fp32 (in, out) / (out, in) at n=1: "
         f"{base['fp32'] / base['fp32 (out, in)']:.2f}; peak RSS {peak_rss_mb():.0f} MB"
     )
+    speculation_bound(fp32, args.target)
+    if args.rows:
+        batch_costs(model, args.rows, args.context, args.reps, args.rows_target)
     if args.decode:
         decode_layouts(model, prefix, args.decode, args.reps)
+
+
+def speculation_bound(cost: dict[int, float], target: float) -> None:
+    """What speculation can give over the same decoder at these forward costs. A verifying
+    forward feeding n tokens (the last token and n - 1 drafts) emits at most n, so with every
+    draft accepted and drafts free the decode speed-up is n x cost(1) / cost(n); reaching
+    `target` needs a mean accepted length (tokens emitted per verifying forward, the bonus
+    token included) of target x cost(n) / cost(1), which must not exceed n."""
+    one = cost[1]
+    print(f"speculation's bound at these costs (free drafts), and the mean accepted length {target}x needs:")
+    for n, c in cost.items():
+        if n == 1:
+            continue
+        need = target * c / one
+        share = "more than n: out of reach" if need > n else f"drafts accepted / proposed >= {(need - 1) / (n - 1):.2f}"
+        print(
+            f"  n={n:3d} ({n - 1} drafts): every draft accepted {n * one / c:5.2f}x; "
+            f"{target}x needs {need:5.2f} of {n} tokens a forward ({share})"
+        )
+    best3 = max(3 * one / c for n, c in cost.items() if n >= 3)
+    print(f"  at a mean accepted length of 3 (the bar's): at most {best3:.2f}x")
+
+
+def batch_costs(model, rows: int, context: int, reps: int, target: float) -> None:
+    """The same bound for the hf engine's batched forward (what speculative rollouts verify
+    with): `rows` sequences of `context` cached positions each fed n tokens, transformers'
+    module with its dynamic cache, one torch thread, best of `reps`."""
+    import torch
+    from transformers import DynamicCache
+
+    vocab = model.config.vocab_size
+    ids = torch.tensor([[(7 * i + r) % (vocab - 1) + 1 for i in range(context)] for r in range(rows)])
+    cost: dict[int, float] = {}
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(input_ids=ids, past_key_values=cache, use_cache=True)  # cached once, cropped back each time
+        for n in (1, 2, 3, 4, 6, 8):
+            best = float("inf")
+            for _ in range(reps):
+                fed = torch.full((rows, n), 5)
+                c0 = time.process_time()
+                model(input_ids=fed, past_key_values=cache, use_cache=True)
+                best = min(best, time.process_time() - c0)
+                cache.crop(-n)  # back to the `context` cached positions
+            cost[n] = best
+    print(
+        f"transformers forward, {rows} rows x {context} cached positions, one torch thread, best of {reps}: "
+        + "  ".join(f"n={n} {c * 1000:.0f} ms ({c / cost[1]:.2f})" for n, c in cost.items())
+        + f"; peak RSS {peak_rss_mb():.0f} MB"
+    )
+    speculation_bound(cost, target)
 
 
 def decode_layouts(model, prefix: list[int], tokens: int, rounds: int) -> None:
@@ -556,6 +616,9 @@ def main() -> None:
     cp.add_argument("--context", type=int, default=300, help="cached positions before the timed forward (300)")
     cp.add_argument("--reps", type=int, default=5)
     cp.add_argument("--decode", type=int, default=0, help="then greedy-decode this many tokens with both layouts")
+    cp.add_argument("--target", type=float, default=2.5, help="the speed-up whose accepted length to print (2.5)")
+    cp.add_argument("--rows", type=int, default=0, help="then the bound at this batch on the transformers module")
+    cp.add_argument("--rows-target", type=float, default=1.8, help="the speed-up asked of rollouts at --rows (1.8)")
     args = p.parse_args()
     set_domains(args.domains)
     {"speed": speed, "load": load_test, "costs": costs}[args.cmd](args)

@@ -1,7 +1,9 @@
 """Write a JSONL of chat demonstrations for `posttrain sft` from a registered domain's own tasks
 and gold answers: each line is {"messages": [the task's prompt..., {"role": "assistant",
 "content": the domain's gold completion}]}, drawn from the domain's train split (never its
-held-out split), so a fine-tuned model is evaluated on tasks it has not seen.
+held-out split), so a fine-tuned model is evaluated on tasks it has not seen. An assistant turn
+inside a task's prompt (pyfunc_fix's planted failing attempt) is written with `"weight": 0`:
+the gold revision is learned in its context, the attempt is not.
 
     .venv/bin/python scripts/sft_demos.py rg_spell_backward --difficulty 1 --n 2000 --out demos.jsonl
 """
@@ -21,9 +23,16 @@ def demos(domain: str, difficulty: int, n: int, start: int = 0) -> list[dict]:
     rows = []
     for index in range(start, start + n):
         task = dom.sample(index, "train", difficulty)
-        messages = [{"role": m.role, "content": m.content} for m in task.prompt]
+        messages = [prompt_message(m) for m in task.prompt]
         rows.append({"messages": [*messages, {"role": "assistant", "content": dom.gold(task)}]})
     return rows
+
+
+def prompt_message(m) -> dict:
+    """A prompt message as a demonstration's: an assistant turn in the task's prompt (pyfunc_fix's
+    planted failing attempt) is context with `"weight": 0`, never learned."""
+    out = {"role": m.role, "content": m.content}
+    return {**out, "weight": 0} if m.role == "assistant" else out
 
 
 def write(rows: list[dict], path: str) -> None:

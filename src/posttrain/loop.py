@@ -37,7 +37,7 @@ from posttrain.configs import Config
 from posttrain.domains.registry import verifier_label
 from posttrain.errors import ConfigError
 from posttrain.evaluate import EvalTable
-from posttrain.evaluate.run import RunEvaluator
+from posttrain.evaluate.run import RunEvaluator, before_table
 from posttrain.metrics_log import MetricsLog, roll_back
 from posttrain.monitor.actions import (
     Action,
@@ -189,6 +189,8 @@ class _Run:
                 f"rollout.temperature {cfg.rollout.temperature}, and {SAMPLED_SPEC_LOGPROBS}; set "
                 "engine.speculation.kind off, or use the hf engine's speculation"
             )
+        source = cfg.eval.before_from  # a fresh run's source checked before the model loads: one ConfigError
+        early = before_table(cfg, source) if source and not resume else None
         model, tokenizer, trainer, base_copy, processor = _policy(cfg)
         check_fits(cfg, model)  # a run that cannot fit the machine stops here, one line, before any work
         engine = make_engine(
@@ -224,8 +226,8 @@ class _Run:
             cfg, rundir.path, evaluation_engine(engine), metrics, state["levels"], log
         )  # held-out set in the run dir; the policy's own weights (not a bf16 rollout copy)
         reused = None
-        if state["before"] is None and cfg.eval.before_from:  # checked before any step: one ConfigError
-            reused = evaluator.reused(cfg.eval.before_from, cfg.model.path)
+        if state["before"] is None and source:  # and its held-out set, before any step
+            reused = evaluator.reused(early or before_table(cfg, source), source)
         replay = replay_buffer(cfg.trainer.replay, cfg.rollout.prompts_per_step, state.pop("replay", None))
         return cls(
             cfg=cfg, rundir=rundir, pool=pool, model=model, tokenizer=tokenizer, trainer=trainer, engine=engine,

@@ -204,3 +204,28 @@ def test_train_takes_its_before_from_the_sft_run_and_it_is_what_measuring_gives(
         got = capsys.readouterr()
         assert said in got.out + got.err, name
         assert not (tmp_path / name).exists(), name
+
+
+def test_a_bad_before_from_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """`eval.before_from` naming no run, or a run with no final table, is exit 2 naming it, said
+    before the policy is loaded (a planted loader fails the test if reached), no run directory left."""
+    import posttrain.loop as loop
+
+    def loaded(cfg):
+        raise AssertionError("the model was loaded before eval.before_from was checked")
+
+    monkeypatch.setattr(loop, "_policy", loaded)
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "eval.json").write_text(json.dumps({"before": None, "after": None}))
+    (unfinished / "config.yaml").write_text("run: {steps: 1}\n")
+    cases = {
+        "absent": (tmp_path / "absent", "is not a run directory with eval.json and config.yaml"),
+        "unfinished": (unfinished, "has no final table (the run did not finish)"),
+    }
+    for name, (source, said) in cases.items():
+        args = [*tiny("{reverse: {difficulty: 1}}"), f"run.out_dir={tmp_path}", f"run.name={name}-run"]
+        assert main(["train", *args, f"eval.before_from={source}"]) == 2, name
+        got = capsys.readouterr()
+        assert said in got.out + got.err, name
+        assert not (tmp_path / f"{name}-run").exists(), name

@@ -132,3 +132,54 @@ def test_a_csv_source_reads_like_jsonl(tmp_path, tok):
     assert len(got.demos) == 1 and got.unit == "line"
     assert got.demos[0].ids == render(tok, CHAT[1:3], 0, 512).ids
     assert [b.line for b in got.bad] == [3] and "'chat' must be a non-empty list" in got.bad[0].reason
+
+
+def test_an_assistant_turn_of_weight_0_is_context_without_loss(tmp_path, tok):
+    """OpenAI's fine-tuning format: `"weight": 0` on an assistant message keeps it in the text the
+    later turns are conditioned on, off the loss mask; a weight that is not 0 or 1, a weight on
+    another role, or no assistant turn of weight 1 is a bad row with its reason."""
+
+    def row(*messages):
+        return json.dumps({"messages": [dict(m) for m in messages]})
+
+    attempt = {"role": "assistant", "content": "ab", "weight": 0}
+    rows = [
+        row({"role": "user", "content": "rev ab="}, attempt, {"role": "tool", "content": "wrong"},
+            {"role": "assistant", "content": "ba", "weight": 1}),  # 1
+        row({"role": "user", "content": "rev ab="}, attempt),  # 2 nothing to learn
+        row({"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba", "weight": 2}),  # 3
+        row({"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba", "weight": "0"}),  # 4
+        row({"role": "user", "content": "x", "weight": 0}, {"role": "assistant", "content": "ba"}),  # 5
+        row({"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba", "weight": False}),  # 6
+    ]  # fmt: skip
+    got = load_demos(SftSection(data=_write(tmp_path, rows), max_length=64), tok)
+    assert [d.line for d in got.demos] == [1]
+    demo = got.demos[0]
+    assert tok.decode([t for t, m in zip(demo.ids, demo.mask) if m]) == "ba<|end|>"
+    assert "ab<|end|>" in tok.decode(list(demo.ids))  # the attempt is in the text the revision sees
+    reasons = {b.line: b.reason for b in got.bad}
+    assert sorted(reasons) == [2, 3, 4, 5, 6]
+    assert "no assistant turn to learn from" in reasons[2]
+    assert all("weight must be 0 or 1 and only on an assistant message" in reasons[i] for i in (3, 4, 5, 6))
+
+
+def test_sft_demos_of_a_revision_family_learn_the_revision_not_the_planted_attempt(tmp_path, tok):
+    """scripts/sft_demos.py on pyfunc_fix (the failing attempt is part of the task's prompt): the
+    attempt is written with weight 0, so the loss covers the gold revision alone."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("sft_demos", Path(__file__).parents[2] / "scripts" / "sft_demos.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    path = str(tmp_path / "fix.jsonl")
+    assert script.main(["pyfunc_fix", "--difficulty", "1", "--n", "3", "--out", path]) == 0
+    rows = [json.loads(x) for x in open(path)]
+    for row in rows:
+        roles = [(m["role"], m.get("weight")) for m in row["messages"]]
+        assert roles == [("user", None), ("assistant", 0), ("tool", None), ("assistant", None)]
+    got = load_demos(SftSection(data=path, max_length=2048), tok)
+    assert len(got.demos) == 3 and not got.bad
+    for row, demo in zip(rows, got.demos):
+        learned = tok.decode([t for t, m in zip(demo.ids, demo.mask) if m])
+        assert learned == row["messages"][-1]["content"] + "<|end|>"

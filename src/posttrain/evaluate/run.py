@@ -101,6 +101,48 @@ def heldout_for(eval_cfg: Any, levels: Mapping[str, int]) -> HeldoutSet:
     )
 
 
+def before_table(cfg: Any, source: str | Path) -> EvalTable:
+    """`eval.before_from`: the final table of the finished run at `source` (its eval.json's
+    `after`), checked, before any model loads, to be what evaluating `cfg.model.path` would give:
+    that path is the run's newest checkpoint, whose weights the table measured, and the
+    evaluation options (`options`: budgets, caps, samples, temperature, k, seed, retry policy,
+    sandbox caps) of its config equal `cfg`'s. `RunEvaluator.reused` then checks the held-out
+    set. A ConfigError says which check failed (every differing option named), or what is missing."""
+    from dataclasses import asdict, replace
+
+    from posttrain.configs import load_config
+    from posttrain.errors import ConfigError
+    from posttrain.trainer.checkpoint import latest_checkpoint
+
+    run = Path(source)
+    what = f"eval.before_from: {run}"
+    data_path, config_path = run / "eval.json", run / "config.yaml"
+    if not (data_path.is_file() and config_path.is_file()):
+        raise ConfigError(f"{what} is not a run directory with eval.json and config.yaml")
+    try:
+        after = json.loads(data_path.read_text()).get("after")
+        table = EvalTable.from_json(after) if after else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{what}: its eval.json cannot be read ({exc!r})") from None
+    if table is None:
+        raise ConfigError(f"{what}: its eval.json has no final table (the run did not finish)")
+    newest = latest_checkpoint(run)
+    model_path = cfg.model.path
+    if newest is None or Path(str(model_path)).resolve() != newest.resolve():
+        raise ConfigError(
+            f"{what}: its final table measured {newest}, this run starts from model.path={model_path}; "
+            f"set model.path={newest}, or leave eval.before_from unset to evaluate the start"
+        )
+    theirs_cfg = load_config(config_path)
+    mine = asdict(replace(options(cfg.eval, tasks=cfg.tasks, run=cfg), progress=False))
+    theirs = asdict(replace(options(theirs_cfg.eval, tasks=theirs_cfg.tasks, run=theirs_cfg), progress=False))
+    differ = [k for k in mine if mine[k] != theirs[k]]
+    if differ:
+        said = ", ".join(f"{k} ({theirs[k]!r} there, {mine[k]!r} here)" for k in differ)
+        raise ConfigError(f"{what}: its evaluation options differ from this run's: {said}")
+    return table
+
+
 class RunEvaluator:
     """Owns a run's held-out set and its evaluations; the loop calls it at the marked points."""
 
@@ -190,49 +232,18 @@ class RunEvaluator:
         self._row(step, self.comparable(table), seconds, full=table)
         return table
 
-    def reused(self, source: str | Path, model_path: Any) -> EvalTable:
-        """`eval.before_from`: the final table of the finished run at `source` (its eval.json's
-        `after`), checked to be what `full(0)` would give here: `model_path` is that run's newest
-        checkpoint, whose weights the table measured; the table's held-out version is this run's
-        set's; the evaluation options (`options`: budgets, caps, samples, temperature, k, seed,
-        retry policy, sandbox caps) of that run's config equal this run's. A ConfigError says
-        which check failed (every differing option named), or what is missing."""
-        from dataclasses import asdict, replace
-
-        from posttrain.configs import load_config
+    def reused(self, table: EvalTable, source: str | Path) -> EvalTable:
+        """`table` (from `before_table`: the run at `source` checked without the model) checked
+        against this run's held-out set: its held-out version must be this set's. A ConfigError
+        says what differs."""
         from posttrain.errors import ConfigError
-        from posttrain.trainer.checkpoint import latest_checkpoint
 
-        run = Path(source)
-        what = f"eval.before_from: {run}"
-        data_path, config_path = run / "eval.json", run / "config.yaml"
-        if not (data_path.is_file() and config_path.is_file()):
-            raise ConfigError(f"{what} is not a run directory with eval.json and config.yaml")
-        try:
-            after = json.loads(data_path.read_text()).get("after")
-            table = EvalTable.from_json(after) if after else None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{what}: its eval.json cannot be read ({exc!r})") from None
-        if table is None:
-            raise ConfigError(f"{what}: its eval.json has no final table (the run did not finish)")
-        newest = latest_checkpoint(run)
-        if newest is None or Path(str(model_path)).resolve() != newest.resolve():
-            raise ConfigError(
-                f"{what}: its final table measured {newest}, this run starts from model.path={model_path}; "
-                f"set model.path={newest}, or leave eval.before_from unset to evaluate the start"
-            )
         if table.heldout_version != self.heldout.version:
             raise ConfigError(
-                f"{what}: its held-out set ({table.heldout_version}) is not this run's ({self.heldout.version}): "
-                "the tasks, levels or eval.tasks_per_domain / above_tasks / transfer_domains / seed differ"
+                f"eval.before_from: {source}: its held-out set ({table.heldout_version}) is not this run's "
+                f"({self.heldout.version}): the tasks, levels or eval.tasks_per_domain / above_tasks / "
+                "transfer_domains / seed differ"
             )
-        theirs_cfg = load_config(config_path)
-        mine = asdict(replace(options(self.cfg, tasks=self.tasks, run=self.run), progress=False))
-        theirs = asdict(replace(options(theirs_cfg.eval, tasks=theirs_cfg.tasks, run=theirs_cfg), progress=False))
-        differ = [k for k in mine if mine[k] != theirs[k]]
-        if differ:
-            said = ", ".join(f"{k} ({theirs[k]!r} there, {mine[k]!r} here)" for k in differ)
-            raise ConfigError(f"{what}: its evaluation options differ from this run's: {said}")
         return table
 
     def adopt(self, table: EvalTable, source: str | Path) -> None:

@@ -5,14 +5,15 @@ Invariant: a demonstration's tokens are exactly the model's chat template applie
 messages (the template rollouts are rendered with, `engine.base.chat_ids`), and its loss mask
 is true on the tokens of its assistant turns only (their content and the end-of-turn token the
 template closes them with), never on a system, user or tool token, nor on the `<|assistant|>`
-opener a rollout's prompt already ends with. A row that cannot train (not JSON, no messages, a
-bad role, no assistant turn, too long, a lone surrogate, a special token spelled in its text) is
-reported with its line and reason, and every other row is kept: one bad line never costs a good
-one. Before any row is tokenized, its text is bounded (`RowGuard`): a row whose messages hold
-more bytes than `max_length` tokens of this tokenizer could ever cover is refused unrendered, and
-a row whose text spells one of the tokenizer's special tokens (the chat template's role and
-end-of-turn tokens among them) is refused, so a role or end-of-turn token under the loss is only
-ever one the template put there, never one that came from data.
+opener a rollout's prompt already ends with, nor on an assistant turn of `"weight": 0`. A row
+that cannot train (not JSON, no messages, a bad role or weight, no assistant turn to learn
+from, too long, a lone surrogate, a special token spelled in its text) is reported with its
+line and reason, and every other row is kept: one bad line never costs a good one. Before any
+row is tokenized, its text is bounded (`RowGuard`): a row whose messages hold more bytes than
+`max_length` tokens of this tokenizer could ever cover is refused unrendered, and a row whose
+text spells one of the tokenizer's special tokens (the chat template's role and end-of-turn
+tokens among them) is refused, so a role or end-of-turn token under the loss is only ever one
+the template put there, never one that came from data.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
         try:
             messages = parse_messages(raw.data, cfg.messages_field)
             guard.check(messages)
-            demos.append(render(tokenizer, messages, raw.line, limit))
+            demos.append(render(tokenizer, messages, raw.line, limit, untrained(raw.data, cfg.messages_field)))
         except ValueError as exc:
             bad.append(BadRow(raw.line, str(exc)))
     found = Demos(path, tuple(demos), tuple(bad), reader.unit)
@@ -181,11 +182,21 @@ def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
     if not isinstance(value, list) or not value:
         raise ValueError(f"{field!r} must be a non-empty list of {{role, content}} messages, got {_kind(value)}")
     messages = [_message(i, m) for i, m in enumerate(value)]
-    if not any(m.role == "assistant" for m in messages):
-        raise ValueError("no assistant turn: a demonstration needs at least one assistant message to learn from")
+    skipped = {i for i, m in enumerate(value) if m.get("weight", 1) == 0}
+    if not any(m.role == "assistant" and i not in skipped for i, m in enumerate(messages)):
+        raise ValueError("no assistant turn to learn from: a demonstration needs an assistant message of weight 1")
     if messages[0].role == "assistant":
         raise ValueError("message 0 is an assistant turn with no prompt before it")
     return messages
+
+
+def untrained(row: dict[str, Any], field: str) -> frozenset[int]:
+    """The indices of the row's assistant messages of `"weight": 0` (OpenAI's fine-tuning format):
+    context the later turns see, with no loss of their own (a failed attempt a revision answers).
+    `row` has passed `parse_messages`."""
+    from posttrain.byo.sources import json_cell
+
+    return frozenset(i for i, m in enumerate(json_cell(row[field], field)) if m.get("weight", 1) == 0)
 
 
 def _message(i: int, m: Any) -> Message:
@@ -196,6 +207,12 @@ def _message(i: int, m: Any) -> Message:
         raise ValueError(f"message {i}: role {role!r} is not one of {', '.join(ROLES)}")
     if not isinstance(content, str):
         raise ValueError(f"message {i} ({role}): content must be a string, got {_kind(content)}")
+    if "weight" in m:
+        weight = m["weight"]
+        if role != "assistant" or type(weight) is not int or weight not in (0, 1):
+            raise ValueError(
+                f"message {i} ({role}): weight must be 0 or 1 and only on an assistant message, got {weight!r}"
+            )
     return Message(role, content)
 
 
@@ -203,16 +220,19 @@ def _kind(value: Any) -> str:
     return "an empty list" if value == [] else type(value).__name__
 
 
-def render(tokenizer: Any, messages: Sequence[Message], line: int, max_length: int) -> Demo:
+def render(
+    tokenizer: Any, messages: Sequence[Message], line: int, max_length: int, skip: frozenset[int] = frozenset()
+) -> Demo:
     """`messages` through the chat template, the loss mask on each assistant turn's tokens: those
     the conversation up to and including that turn adds after the turn's prompt (`chat_ids` of the
-    messages before it, which ends with the assistant's turn opened, as a rollout's prompt does)."""
+    messages before it, which ends with the assistant's turn opened, as a rollout's prompt does).
+    The assistant turns whose indices are in `skip` (weight 0) stay in the text, off the mask."""
     ids = _template(tokenizer, messages)
     if len(ids) > max_length:
         raise ValueError(f"too long: {len(ids)} tokens rendered, the limit is {max_length} (sft.max_length)")
     mask = [False] * len(ids)
     for i, m in enumerate(messages):
-        if m.role != "assistant":
+        if m.role != "assistant" or i in skip:
             continue
         prompt, through = chat_ids(tokenizer, messages[:i]), _template(tokenizer, messages[: i + 1])
         if through[: len(prompt)] != prompt or ids[: len(through)] != through:
