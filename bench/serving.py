@@ -355,20 +355,34 @@ def speculation_bound(cost: dict[int, float], target: float) -> None:
     forward feeding n tokens (the last token and n - 1 drafts) emits at most n, so with every
     draft accepted and drafts free the decode speed-up is n x cost(1) / cost(n); reaching
     `target` needs a mean accepted length (tokens emitted per verifying forward, the bonus
-    token included) of target x cost(n) / cost(1), which must not exceed n."""
+    token included) of target x cost(n) / cost(1), which must not exceed n, and so each draft
+    token accepted at `per_token` of it."""
     one = cost[1]
     print(f"speculation's bound at these costs (free drafts), and the mean accepted length {target}x needs:")
     for n, c in cost.items():
         if n == 1:
             continue
         need = target * c / one
-        share = "more than n: out of reach" if need > n else f"drafts accepted / proposed >= {(need - 1) / (n - 1):.2f}"
+        share = "more than n: out of reach" if need > n else f"each draft token accepted at >= {per_token(need, n):.2f}"
         print(
             f"  n={n:3d} ({n - 1} drafts): every draft accepted {n * one / c:5.2f}x; "
             f"{target}x needs {need:5.2f} of {n} tokens a forward ({share})"
         )
     best3 = max(3 * one / c for n, c in cost.items() if n >= 3)
     print(f"  at a mean accepted length of 3 (the bar's): at most {best3:.2f}x")
+
+
+def per_token(length: float, n: int) -> float:
+    """The acceptance a of each draft token (independent, the chain stopping at the first rejection)
+    whose mean accepted length over a forward of n tokens, (1 - a**n) / (1 - a), is `length`."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        if (n if a == 1.0 else (1 - a**n) / (1 - a)) < length:
+            lo = a
+        else:
+            hi = a
+    return hi
 
 
 def batch_costs(model, rows: int, context: int, reps: int, target: float) -> None:
