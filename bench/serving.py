@@ -369,7 +369,7 @@ def speculation_bound(cost: dict[int, float], target: float) -> None:
             f"{target}x needs {need:5.2f} of {n} tokens a forward ({share})"
         )
     best3 = max(3 * one / c for n, c in cost.items() if n >= 3)
-    print(f"  at a mean accepted length of 3 (the bar's): at most {best3:.2f}x")
+    print(f"  at a mean accepted length of 3: at most {best3:.2f}x")
 
 
 def per_token(length: float, n: int) -> float:

@@ -21,4 +21,4 @@ def test_the_bound_says_what_a_target_needs_and_when_it_is_out_of_reach(capsys):
     assert "n=  4 (3 drafts): every draft accepted  2.00x; 1.5x needs  3.00 of 4 tokens a forward" in out
     assert f"accepted at >= {sv.per_token(3.0, 4):.2f}" in out
     assert "n=  8 (7 drafts): every draft accepted  1.00x; 1.5x needs 12.00 of 8" in out and "out of reach" in out
-    assert "at a mean accepted length of 3 (the bar's): at most 1.50x" in out
+    assert "at a mean accepted length of 3: at most 1.50x" in out
