@@ -182,7 +182,7 @@ def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
     if not isinstance(value, list) or not value:
         raise ValueError(f"{field!r} must be a non-empty list of {{role, content}} messages, got {_kind(value)}")
     messages = [_message(i, m) for i, m in enumerate(value)]
-    skipped = {i for i, m in enumerate(value) if m.get("weight", 1) == 0}
+    skipped = untrained(row, field)
     if not any(m.role == "assistant" and i not in skipped for i, m in enumerate(messages)):
         raise ValueError("no assistant turn to learn from: a demonstration needs an assistant message of weight 1")
     if messages[0].role == "assistant":
@@ -193,7 +193,7 @@ def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
 def untrained(row: dict[str, Any], field: str) -> frozenset[int]:
     """The indices of the row's assistant messages of `"weight": 0` (OpenAI's fine-tuning format):
     context the later turns see, with no loss of their own (a failed attempt a revision answers).
-    `row` has passed `parse_messages`."""
+    Its messages have passed `_message` (a weight, where present, is the int 0 or 1)."""
     from posttrain.byo.sources import json_cell
 
     return frozenset(i for i, m in enumerate(json_cell(row[field], field)) if m.get("weight", 1) == 0)
