@@ -320,12 +320,11 @@ def costs(args: argparse.Namespace) -> None:
         "fp32 (out, in)": {"layout": "out_in"},  # the weights as the module holds them (F.linear): before 2026-12-06
         "int8": {"int8": True},
     }
-    base: dict[str, float] = {}
-    fp32: dict[int, float] = {}
+    measured: dict[str, dict[int, float]] = {}  # label -> n -> CPU seconds
     for label, kw in variants.items():
         decoder = LeanDecoder(model, **kw)
         decoder.forward(prefix)  # cached once: each timed forward writes only past it
-        cells = []
+        cost = measured[label] = {}
         for n in (1, 2, 3, 4, 6, 8, 11, 64):
             best = float("inf")
             for _ in range(args.reps):
@@ -333,17 +332,15 @@ def costs(args: argparse.Namespace) -> None:
                 c0 = time.process_time()
                 decoder.forward([(i % (vocab - 1)) + 1 for i in range(n)])
                 best = min(best, time.process_time() - c0)
-            base.setdefault(label, best)
-            if label == "fp32":
-                fp32[n] = best
-            cells.append(f"n={n} {best * 1000:6.1f} ms ({best / base[label]:.2f})")
-        print(f"{label}: " + "  ".join(cells))
+            cost[n] = best
+        print(f"{label}: " + "  ".join(f"n={n} {c * 1000:6.1f} ms ({c / cost[1]:.2f})" for n, c in cost.items()))
         del decoder
+    base = {label: cost[1] for label, cost in measured.items()}
     print(
         f"int8 / fp32 at n=1: {base['int8'] / base['fp32']:.2f}; fp32 (in, out) / (out, in) at n=1: "
         f"{base['fp32'] / base['fp32 (out, in)']:.2f}; peak RSS {peak_rss_mb():.0f} MB"
     )
-    speculation_bound(fp32, args.target)
+    speculation_bound(measured["fp32"], args.target)
     if args.rows:
         batch_costs(model, args.rows, args.context, args.reps, args.rows_target)
     if args.decode:

@@ -111,9 +111,9 @@ def load_demos(cfg: SftSection, tokenizer: Any, max_positions: int | None = None
             bad.append(BadRow(raw.line, raw.error or "unreadable row"))
             continue
         try:
-            messages = parse_messages(raw.data, cfg.messages_field)
+            messages, untrained = parse_messages(raw.data, cfg.messages_field)
             guard.check(messages)
-            demos.append(render(tokenizer, messages, raw.line, limit, untrained(raw.data, cfg.messages_field)))
+            demos.append(render(tokenizer, messages, raw.line, limit, untrained))
         except ValueError as exc:
             bad.append(BadRow(raw.line, str(exc)))
     found = Demos(path, tuple(demos), tuple(bad), reader.unit)
@@ -171,9 +171,12 @@ class RowGuard:
                 )
 
 
-def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
-    """The row's chat as Messages; a ValueError naming what is wrong (missing column, a message
-    that is not {role, content}, an unknown role, no assistant turn)."""
+def parse_messages(row: dict[str, Any], field: str) -> tuple[list[Message], frozenset[int]]:
+    """The row's chat as Messages, and the indices of its assistant messages of `"weight": 0`
+    (OpenAI's fine-tuning format: context the later turns see, with no loss of their own, e.g. a
+    failed attempt a revision answers); a ValueError naming what is wrong (missing column, a
+    message that is not {role, content}, an unknown role, a weight other than 0 or 1 or on another
+    role, no assistant turn of weight 1)."""
     from posttrain.byo.sources import json_cell
 
     if field not in row:
@@ -182,21 +185,12 @@ def parse_messages(row: dict[str, Any], field: str) -> list[Message]:
     if not isinstance(value, list) or not value:
         raise ValueError(f"{field!r} must be a non-empty list of {{role, content}} messages, got {_kind(value)}")
     messages = [_message(i, m) for i, m in enumerate(value)]
-    skipped = untrained(row, field)
-    if not any(m.role == "assistant" and i not in skipped for i, m in enumerate(messages)):
+    untrained = frozenset(i for i, m in enumerate(value) if m.get("weight", 1) == 0)  # _message checked it
+    if not any(m.role == "assistant" and i not in untrained for i, m in enumerate(messages)):
         raise ValueError("no assistant turn to learn from: a demonstration needs an assistant message of weight 1")
     if messages[0].role == "assistant":
         raise ValueError("message 0 is an assistant turn with no prompt before it")
-    return messages
-
-
-def untrained(row: dict[str, Any], field: str) -> frozenset[int]:
-    """The indices of the row's assistant messages of `"weight": 0` (OpenAI's fine-tuning format):
-    context the later turns see, with no loss of their own (a failed attempt a revision answers).
-    Its messages have passed `_message` (a weight, where present, is the int 0 or 1)."""
-    from posttrain.byo.sources import json_cell
-
-    return frozenset(i for i, m in enumerate(json_cell(row[field], field)) if m.get("weight", 1) == 0)
+    return messages, untrained
 
 
 def _message(i: int, m: Any) -> Message:
