@@ -67,6 +67,7 @@ def _cfg(tmp_path, base, name, domains, *extra):
     return load_config(None, [*over, f"model.path={base}", f"run.out_dir={tmp_path}", f"run.name={name}"])
 
 
+@pytest.mark.heavy  # trains the run twice over (about 15-35 s)
 def test_derived_groups_train_and_resume_exactly(tmp_path, micro_base, odd_loop):
     from safetensors.torch import load_file
 

@@ -67,6 +67,7 @@ def test_trace_advantage_is_the_one_the_loss_used_for_a_scored_empty_completion(
     assert got[infra]["train_step"] is None and got[infra]["advantage"] is None
 
 
+@pytest.mark.heavy  # trains the run twice over (about 15-30 s)
 def test_fixed_seed_run_links_by_id_and_a_reordered_batch_changes_nothing(
     tmp_path, micro_base, monkeypatch, parity_domain
 ):

@@ -221,6 +221,7 @@ def test_report_opens_in_headless_chromium(collapsed, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 20_000
 
 
+@pytest.mark.heavy  # trains the run twice over (about 20-45 s)
 def test_lowered_weight_survives_resume_exactly(tmp_path, micro_base, planted, monkeypatch):
     """Resume == uninterrupted, compared in one process on one machine (a property of exact
     resume, not of any trajectory); the collapse that lowers a weight before the checkpoint is planted."""
