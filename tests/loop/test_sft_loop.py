@@ -12,6 +12,7 @@ from loopcfg import tiny
 
 from posttrain.cli import main
 from posttrain.metrics_log import read_metrics
+from posttrain.sft.run import loss_window
 
 
 def _demos(path, n=96):
@@ -66,6 +67,8 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
     assert last < 0.7 * first, (first, last)
     assert all(r["loss_tokens"] < r["padded_tokens"] for r in rows)  # prompts and padding are out of the loss
     assert (run / "rejected.txt").read_text().count("\n") == 1
+    first, last = loss_window(rows)
+    assert f"loss {first:.4f} -> {last:.4f} (mean over the first and the last" in out
 
     ckpt = intact_checkpoint(run, print)  # the format train's resume checks: manifest, sizes, sha256
     assert ckpt.name == f"step_{len(rows):08d}"
@@ -83,6 +86,14 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
     assert [r["step"] for r in rl] == [1, 2]
     config = (tmp_path / "rl" / "config.yaml").read_text()
     assert str(ckpt) in config
+
+
+def test_the_closing_loss_is_a_token_weighted_mean_over_a_tenth_of_the_steps():
+    rows = [{"loss": 4.0, "loss_tokens": 10}, {"loss": 1.0, "loss_tokens": 30}] + [{"loss": 2.0, "loss_tokens": 5}] * 16
+    rows += [{"loss": 0.5, "loss_tokens": 2}, {"loss": 0.1, "loss_tokens": 8}]  # 20 steps: windows of 2
+    assert loss_window(rows) == pytest.approx(((40 + 30) / 40, (1.0 + 0.8) / 10))
+    assert loss_window(rows[:3]) == pytest.approx((4.0, 2.0))  # under 10 steps: the first and the last step
+    assert loss_window(rows[:1]) == pytest.approx((4.0, 4.0))
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole-logits", "head-in-chunks"])

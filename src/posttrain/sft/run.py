@@ -38,7 +38,10 @@ class SftResult:
     """The final checkpoint: the `model.path` a following `posttrain train` starts from."""
     steps: int
     first_loss: float
+    """The loss over the first tenth of the steps (one step at least), each assistant token
+    weighing the same (`loss_window`): one batch's loss moves with what the batch holds."""
     last_loss: float
+    """The same over the last tenth."""
     cpu_s: float
     """CPU seconds of the fine-tuning steps (evaluations and loading outside)."""
     before: EvalTable | None
@@ -67,7 +70,7 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay
     )
-    steps, losses, cpu_s = _fit(cfg, model, tokenizer, optimizer, demos, rundir.path, metrics)
+    steps, rows, cpu_s = _fit(cfg, model, tokenizer, optimizer, demos, rundir.path, metrics)
     checkpoint = _save(cfg, rundir.path, model, tokenizer, optimizer, steps, cpu_s, demos)
     if evaluator is not None:
         evaluator.engine.update_weights(None)  # the engine shares the module: weights changed in place
@@ -76,10 +79,26 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
         evaluator.write(rundir.eval_path, before, after, [])
         log("held-out before and after fine-tuning:\n" + evaluator.describe(before, after))
     metrics.close()
-    log(f"sft: {steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {cpu_s:.1f} CPU-s; checkpoint {checkpoint}")
+    (first, last), n = loss_window(rows), max(1, len(rows) // 10)
+    log(
+        f"sft: {steps} steps, loss {first:.4f} -> {last:.4f} (mean over the first and the last {n} "
+        f"step{'s' if n > 1 else ''}), {cpu_s:.1f} CPU-s; checkpoint {checkpoint}"
+    )
     reuse = f" eval.before_from={rundir.path}" if after is not None else ""  # its final table: the RL run's before
     log(f"next: posttrain train CONFIG model.path={checkpoint}{reuse}")
-    return SftResult(rundir.path, checkpoint, steps, losses[0], losses[-1], cpu_s, before, after)
+    return SftResult(rundir.path, checkpoint, steps, first, last, cpu_s, before, after)
+
+
+def loss_window(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """The loss over the first and over the last tenth of the steps' metric rows (one step at
+    least), each assistant token weighing the same: a length batch holds one kind of row, so one
+    step's loss says what that batch was more than how far the fit went."""
+    n = max(1, len(rows) // 10)
+
+    def mean(part: Sequence[dict[str, Any]]) -> float:
+        return sum(r["loss"] * r["loss_tokens"] for r in part) / sum(r["loss_tokens"] for r in part)
+
+    return mean(rows[:n]), mean(rows[-n:])
 
 
 def _load(cfg: Config) -> tuple[Any, Any, Path]:
@@ -142,11 +161,11 @@ def _evaluate(evaluator: Any, step: int, when: str, log: Callable[[str], Any]) -
 
 def _fit(
     cfg: Config, model: Any, tokenizer: Any, optimizer: Any, demos: Demos, run_dir: Path, metrics: MetricsLog
-) -> tuple[int, list[float], float]:
+) -> tuple[int, list[dict[str, Any]], float]:
     """The optimizer steps: each epoch's length batches in a seeded order; a row of metrics per
     step, a checkpoint every `sft.checkpoint_every`; the LM head in chunks and gradient
     checkpointing as `trainer.logits_chunk_mib` and `trainer.gradient_checkpointing` say. Returns
-    steps, losses, CPU seconds."""
+    steps, each step's metric row, CPU seconds."""
     from posttrain.progress import progress
     from posttrain.trainer.chunked import chunk_positions
     from posttrain.trainer.trainer import split_head
@@ -162,7 +181,7 @@ def _fit(
 
         enable_gradient_checkpointing(model)
     model.train()
-    t0, step, losses = time.process_time(), 0, []
+    t0, step, rows = time.process_time(), 0, []
     for epoch, batches in enumerate(epochs):
         for batch in batches:
             if step >= total:
@@ -170,7 +189,7 @@ def _fit(
             step += 1
             lr = _lr(s.lr, s.warmup_steps, step)
             row = _step(model, optimizer, batch, lr, s.grad_clip, tokenizer.pad_token_id, head, chunk)
-            losses.append(row["loss"])
+            rows.append(row)
             metrics.write("sft", step, epoch=epoch, cpu_s=time.process_time() - t0, **row)
             bar.set_postfix_str(f"loss={row['loss']:.4f}")
             bar.update(1)
@@ -178,7 +197,7 @@ def _fit(
                 _save(cfg, run_dir, model, tokenizer, optimizer, step, time.process_time() - t0, demos)
     bar.close()
     model.eval()
-    return step, losses, time.process_time() - t0
+    return step, rows, time.process_time() - t0
 
 
 def _lr(lr: float, warmup: int, step: int) -> float:
