@@ -67,8 +67,8 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
     assert last < 0.7 * first, (first, last)
     assert all(r["loss_tokens"] < r["padded_tokens"] for r in rows)  # prompts and padding are out of the loss
     assert (run / "rejected.txt").read_text().count("\n") == 1
-    first, last = loss_window(rows)
-    assert f"loss {first:.4f} -> {last:.4f} (mean over the first and the last" in out
+    first, last, n = loss_window(rows)
+    assert f"loss {first:.4f} -> {last:.4f} (mean over the first and the last {n} step" in out
 
     ckpt = intact_checkpoint(run, print)  # the format train's resume checks: manifest, sizes, sha256
     assert ckpt.name == f"step_{len(rows):08d}"
@@ -91,9 +91,9 @@ def test_sft_then_train(tmp_path, micro_base, capsys):
 def test_the_closing_loss_is_a_token_weighted_mean_over_a_tenth_of_the_steps():
     rows = [{"loss": 4.0, "loss_tokens": 10}, {"loss": 1.0, "loss_tokens": 30}] + [{"loss": 2.0, "loss_tokens": 5}] * 16
     rows += [{"loss": 0.5, "loss_tokens": 2}, {"loss": 0.1, "loss_tokens": 8}]  # 20 steps: windows of 2
-    assert loss_window(rows) == pytest.approx(((40 + 30) / 40, (1.0 + 0.8) / 10))
-    assert loss_window(rows[:3]) == pytest.approx((4.0, 2.0))  # under 10 steps: the first and the last step
-    assert loss_window(rows[:1]) == pytest.approx((4.0, 4.0))
+    assert loss_window(rows) == pytest.approx(((40 + 30) / 40, (1.0 + 0.8) / 10, 2))
+    assert loss_window(rows[:3]) == pytest.approx((4.0, 2.0, 1))  # under 10 steps: the first and the last step
+    assert loss_window(rows[:1]) == pytest.approx((4.0, 4.0, 1))
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole-logits", "head-in-chunks"])

@@ -79,7 +79,7 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
         evaluator.write(rundir.eval_path, before, after, [])
         log("held-out before and after fine-tuning:\n" + evaluator.describe(before, after))
     metrics.close()
-    (first, last), n = loss_window(rows), max(1, len(rows) // 10)
+    first, last, n = loss_window(rows)
     log(
         f"sft: {steps} steps, loss {first:.4f} -> {last:.4f} (mean over the first and the last {n} "
         f"step{'s' if n > 1 else ''}), {cpu_s:.1f} CPU-s; checkpoint {checkpoint}"
@@ -89,16 +89,16 @@ def sft(cfg: Config, log: Callable[[str], Any] = print) -> SftResult:
     return SftResult(rundir.path, checkpoint, steps, first, last, cpu_s, before, after)
 
 
-def loss_window(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
+def loss_window(rows: Sequence[dict[str, Any]]) -> tuple[float, float, int]:
     """The loss over the first and over the last tenth of the steps' metric rows (one step at
-    least), each assistant token weighing the same: a length batch holds one kind of row, so one
-    step's loss says what that batch was more than how far the fit went."""
+    least), each assistant token weighing the same, and that tenth's steps: a length batch holds
+    one kind of row, so one step's loss says what that batch was more than how far the fit went."""
     n = max(1, len(rows) // 10)
 
     def mean(part: Sequence[dict[str, Any]]) -> float:
         return sum(r["loss"] * r["loss_tokens"] for r in part) / sum(r["loss_tokens"] for r in part)
 
-    return mean(rows[:n]), mean(rows[-n:])
+    return mean(rows[:n]), mean(rows[-n:]), n
 
 
 def _load(cfg: Config) -> tuple[Any, Any, Path]:
