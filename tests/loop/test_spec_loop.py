@@ -61,6 +61,33 @@ def test_a_run_with_the_draft_head_drafts_with_it_and_checkpoints_it(tmp_path, m
     assert all((ckpt / name).is_file() for name in (WEIGHTS, META, DRAFT_OPTIMIZER))
 
 
+@pytest.mark.heavy  # two whole runs: about 30 s on a busy 2-core machine
+def test_with_auto_off_off_a_run_with_the_head_repeats_exactly(tmp_path, micro_base):
+    """docs/engines.md "Auto-off": with the governor off no choice follows the clock, so the same
+    seed gives the same run: every metrics row equal but its timings, the same held-out table."""
+    import re
+
+    from posttrain.loop import train
+
+    def run(name: str) -> tuple[list[dict], dict]:
+        overrides = [*tiny(), f"model.path={micro_base}", f"run.out_dir={tmp_path}", f"run.name={name}"]
+        overrides += ["run.steps=3", "eval.tasks_per_domain=4", "rollout.max_tokens=12"]
+        overrides += ["engine.speculation.kind=head", "trainer.draft_head.enabled=true"]
+        overrides += ["engine.speculation.auto_off=false"]
+        run_dir = train(load_config(None, overrides), log=lambda *_: None).run_dir
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return rows, json.loads((run_dir / "eval.json").read_text())
+
+    timing = re.compile(r"(_s$|_ms$|time|wall|rss|cpu|per_s|seconds|idle|share|lag|wait|latency)")
+    (a, eval_a), (b, eval_b) = run("one"), run("two")
+    assert len(a) == len(b) and any(r.get("engine_spec_proposed") for r in a)  # it drafted
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if not timing.search(k)} == {
+            k: v for k, v in y.items() if not timing.search(k)
+        }
+    assert eval_a["after"]["mean_accuracy"] == eval_b["after"]["mean_accuracy"]
+
+
 def test_a_run_on_the_vllm_engine_with_speculation_is_refused_before_any_work(tmp_path, micro_base):
     """Rollouts sample, and vLLM reports log-probs that are not the policy's for tokens it drafts
     when sampling: `posttrain train` says so before it loads the model or starts a server."""

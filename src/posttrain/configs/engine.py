@@ -68,7 +68,10 @@ class SpeculationConfig(BaseModel):
     auto_off: bool = True
     """Switch speculation off for a batch size where it measured net-negative: mean tokens emitted
     per row per verifying forward below that forward's time over a plain one-token forward's
-    (1 + overhead), each measured over the engine's own steps; re-tried every 64th step there."""
+    (1 + overhead), each measured over the engine's own steps; re-tried every 64th step there.
+    Its choices follow the clock, and a verifying forward rounds differently from one-token
+    forwards, so a run with it on is not bit-reproducible; off, every step drafts and a fixed
+    seed on one thread gives the same run again (docs/engines.md, "Auto-off")."""
     store_tasks: int = Field(4096, ge=0, le=1 << 20)
     """Prompts whose past completions are kept as draft sources (least recently stored dropped)."""
     store_per_task: int = Field(8, ge=0, le=1024)
