@@ -1,0 +1,160 @@
+"""Can the embedded VLM learn to see at all? A ladder of visual questions (issue 40).
+
+`bench/vlm_reading.py` found that no build reads the families' images. This script asks the
+question below that one: does the same architecture and pretraining loop (model/vision.py's
+tokenizer, processor, LlavaConfig and `fit_masked_lm`) learn a question whose answer is in the
+pixels, from the easiest up to the families' own text size? Every probe draws a fresh image each
+training row (no pool to memorise) on the families' 400 x 300 canvas, resized by the processor to
+`image_size`; held out: `n_eval` images from another seed, greedy, exact match, beside the score of
+always answering the training set's most common answer (`chance`).
+
+- `colour`: one filled box of 6 named colours among black outlines: "What colour is the box?"
+- `count`: 1 to 5 black discs: "How many discs?"
+- `word40` / `word20` / `word12`: one of the chart family's 16 fruit names at that font size,
+  anywhere on the canvas (`centred`: at its centre; `spread` S: within S of the range around
+  the centre, in training and held out; `widen` W: training placements widen from the centre to
+  the whole canvas over the first W of the steps, held out anywhere): "What word is written?"
+  (the families print labels at 11 to 15 pixels)
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_probe.py '{"probe": "colour", "steps": 300}'
+
+Prints one `RESULT` JSON line: the probe, held-out accuracy, chance, CPU seconds and peak RSS.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+
+from posttrain.domains import chart
+from posttrain.domains._vision import canvas, font
+from posttrain.model import vision as V
+from posttrain.model.pretrain import fit_masked_lm, padded
+
+COLOURS = {
+    "red": (219, 68, 55),
+    "blue": (66, 133, 244),
+    "green": (15, 157, 88),
+    "yellow": (244, 180, 0),
+    "purple": (171, 71, 188),
+    "orange": (255, 112, 67),
+}
+W, H = 400, 300
+
+
+def sample(probe: str, rng: random.Random, spread: float = 1.0) -> tuple[Any, str, str]:
+    """(image, question, answer) of one draw of `probe`; a word lies within `spread` (0: at the
+    canvas's centre, 1: anywhere) of the range its size allows, around the centre."""
+    img, d = canvas(W, H)
+    if probe == "colour":
+        for _ in range(rng.randint(0, 3)):
+            x, y = rng.randint(0, W - 40), rng.randint(0, H - 40)
+            d.rectangle([x, y, x + rng.randint(10, 40), y + rng.randint(10, 40)], outline=(0, 0, 0), width=2)
+        name = rng.choice(sorted(COLOURS))
+        w, h = rng.randint(60, 150), rng.randint(60, 150)
+        x, y = rng.randint(0, W - w), rng.randint(0, H - h)
+        d.rectangle([x, y, x + w, y + h], fill=COLOURS[name])
+        return img, "What colour is the box?", name
+    if probe == "count":
+        n = rng.randint(1, 5)
+        placed: list[tuple[int, int, int]] = []
+        while len(placed) < n:
+            r = rng.randint(15, 25)
+            x, y = rng.randint(r, W - r), rng.randint(r, H - r)
+            if all((x - a) ** 2 + (y - b) ** 2 > (r + c + 6) ** 2 for a, b, c in placed):
+                placed.append((x, y, r))
+                d.ellipse([x - r, y - r, x + r, y + r], fill=(0, 0, 0))
+        return img, "How many discs?", str(n)
+    if probe.startswith("word"):
+        size = int(probe[4:])
+        word = rng.choice(chart.FRUITS)
+        f = font(size)
+        half_x, half_y = (W - f.getlength(word) - 4) / 2, H / 2 - size
+        x = W / 2 + spread * rng.uniform(-half_x, half_x)
+        y = H / 2 + spread * rng.uniform(-half_y, half_y)
+        d.text((x, y), word, fill=(0, 0, 0), font=f, anchor="mm")
+        return img, "What word is written?", word
+    raise ValueError(f"unknown probe {probe!r}")
+
+
+def main(cfg: dict[str, Any]) -> dict[str, Any]:
+    probe = cfg["probe"]
+    spec = V.VisionSpec(**{k: cfg[k] for k in cfg if k in V.VisionSpec.__dataclass_fields__})
+    torch.set_num_threads(1)
+    t0 = time.process_time()
+    tok = V.build_tokenizer()
+    proc = V.processor(spec, tok)
+    image_id = tok.convert_tokens_to_ids(V.IMAGE_TOKEN)
+
+    def prompt(question: str) -> list[int]:
+        msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        return list(V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens))
+
+    def pixels(img: Any) -> Any:
+        return proc.image_processor(images=[img], return_tensors="pt")["pixel_values"].float()
+
+    rng = random.Random(spec.seed)
+    seen: collections.Counter[str] = collections.Counter()
+
+    step = [0]
+
+    def next_batch() -> tuple[dict[str, Any], Any]:
+        rows, masks, pix = [], [], []
+        widen = cfg.get("widen", 0.0) * spec.steps  # the curriculum of placements, in steps
+        spread = 0.0 if cfg.get("centred") else min(1.0, step[0] / widen) if widen else cfg.get("spread", 1.0)
+        step[0] += 1
+        for _ in range(spec.batch_size):
+            img, q, a = sample(probe, rng, spread)
+            seen[a] += 1
+            p, ans = prompt(q), tok.encode(a, add_special_tokens=False)
+            rows.append(p + ans + [tok.eos_token_id])
+            masks.append([0] * len(p) + [1] * (len(ans) + 1))
+            pix.append(pixels(img))
+        ids, attn, mask = padded(tok, rows, masks)
+        return {"input_ids": ids, "attention_mask": attn, "pixel_values": torch.cat(pix)}, mask
+
+    from transformers import LlavaForConditionalGeneration
+
+    torch.manual_seed(spec.seed)
+    conf = V.make_config(spec, tok)
+    width, depth = cfg.get("tower", [64, 2])
+    conf.vision_config.hidden_size, conf.vision_config.intermediate_size = width, 2 * width
+    conf.vision_config.num_hidden_layers = depth
+    conf.text_config.max_position_embeddings = max(512, spec.image_tokens + 64)  # small patches: more tokens
+    model = LlavaForConditionalGeneration(conf)
+    model.train()
+    loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, probe, cfg.get("progress", True))
+    model.eval()
+    res: dict[str, Any] = {"cfg": cfg, "build_cpu_s": round(time.process_time() - t0), "last_loss": round(loss, 3)}
+    eval_rng = random.Random(10_000 + spec.seed)
+    right, answers = 0, []
+    n = cfg.get("n_eval", 60)
+    with torch.no_grad():
+        for _ in range(n):
+            img, q, a = sample(probe, eval_rng, 0.0 if cfg.get("centred") else cfg.get("spread", 1.0))
+            ids = torch.tensor([prompt(q)])
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels(img), max_new_tokens=16,
+                do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            )  # fmt: skip
+            got = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+            right += got == a
+            answers.append(got)
+    res["accuracy"] = round(right / n, 3)
+    res["chance"] = round(seen.most_common(1)[0][1] / sum(seen.values()), 3)
+    res["distinct_answers"] = len(set(answers))
+    res["examples"] = answers[:8]
+    res["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return res
+
+
+if __name__ == "__main__":
+    print("RESULT", json.dumps(main(json.loads(sys.argv[1]))), flush=True)
