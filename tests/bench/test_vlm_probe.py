@@ -50,3 +50,14 @@ def test_the_colour_probe_paints_the_named_colour_and_the_count_probe_its_discs(
 def test_an_unknown_probe_is_refused():
     with pytest.raises(ValueError, match="unknown probe"):
         vp.sample("texture", random.Random(0))
+
+
+def test_the_dense_stage_box_holds_all_of_the_words_ink():
+    rng = random.Random(2)
+    for _ in range(20):
+        img, _, _ = vp.sample("word40", rng, spread=1.0)
+        x0, y0, x1, y1 = img.info["box"]
+        grey = img.convert("L")
+        ink = grey.point(lambda v: 255 if v < 128 else 0).getbbox()
+        assert ink is not None
+        assert x0 - 1 <= ink[0] and y0 - 1 <= ink[1] and ink[2] <= x1 + 1 and ink[3] <= y1 + 1
