@@ -87,3 +87,26 @@ def domain_levels(spec: str) -> dict[str, int]:
     if not all(out):
         raise SystemExit(f"--domains {spec!r}: a domain name is empty")
     return out
+
+
+def dense_tower_step(
+    tower: Any, head: Any, pixels: Any, targets: Any, params: list[Any], opt: Any, sched: Any
+) -> tuple[Any, float]:
+    """One step of a vision tower trained alone on a per-patch target (bench/vlm_reading.py's
+    characters, bench/vlm_probe.py's words): `head` on the tower's last hidden states, cross-entropy
+    against `targets` (class 0: nothing there, weighted 0.2, the rest 1), gradients clipped at 1.0,
+    then `opt` and `sched` step. Returns the logits (targets' shape plus classes), detached, and
+    the loss."""
+    import torch
+
+    hidden = tower(pixels, output_hidden_states=True).hidden_states[-1]
+    logits = head(hidden).view(*targets.shape, -1)
+    weight = torch.where(targets > 0, 1.0, 0.2).reshape(-1)
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    loss = (nll * weight).sum() / weight.sum()
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return logits.detach(), float(loss.item())

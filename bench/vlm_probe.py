@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import torch
+from common import dense_tower_step
 
 from posttrain.domains import chart
 from posttrain.domains._vision import canvas, font
@@ -116,20 +117,11 @@ def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec
                 for gx in range(int(x0 // sx), min(g, int(x1 // sx) + 1)):
                     tgt[b, gy * g + gx] = 1 + chart.FRUITS.index(word)
             pix.append(pixels(img))
-        hidden = tower(torch.cat(pix), output_hidden_states=True).hidden_states[-1]
-        logits = head(hidden)
-        weight = torch.where(tgt > 0, 1.0, 0.2).reshape(-1)
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
-        loss = (nll * weight).sum() / weight.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        logits, loss = dense_tower_step(tower, head, torch.cat(pix), tgt, params, opt, sched)
         marked = tgt > 0
         right = [*right[-19:], (logits.argmax(-1)[marked] == tgt[marked]).float().mean().item()]
         if cfg.get("progress", True) and (step % 50 == 0 or step == steps - 1):
-            print(f"dense {step} loss {loss.item():.3f} word patches right {right[-1]:.3f}", flush=True)
+            print(f"dense {step} loss {loss:.3f} word patches right {right[-1]:.3f}", flush=True)
     return sum(right) / len(right)
 
 

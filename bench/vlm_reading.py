@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import torch
+from common import dense_tower_step
 
 from posttrain.domains import chart, drawing, ui
 from posttrain.domains._vision import canvas, font, judge
@@ -104,20 +105,11 @@ def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, steps: int, lr: fl
     for step in range(steps):
         exs = [rng.choice(pool) for _ in range(batch)]
         tg = torch.stack([e[1] for e in exs])
-        hidden = tower(torch.cat([e[0] for e in exs]).float(), output_hidden_states=True).hidden_states[-1]
-        logits = head(hidden).view(batch, -1, SLOTS, 1 + len(CHARS))
-        weight = torch.where(tg > 0, 1.0, 0.2).reshape(-1)
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, 1 + len(CHARS)), tg.reshape(-1), reduction="none")
-        loss = (nll * weight).sum() / weight.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        logits, loss = dense_tower_step(tower, head, torch.cat([e[0] for e in exs]).float(), tg, params, opt, sched)
         if step % 50 == 0 or step == steps - 1:
             marked = tg > 0
             acc = (logits.argmax(-1)[marked] == tg[marked]).float().mean().item()
-            print(f"ocr {step} loss {loss.item():.3f} char acc {acc:.3f}", flush=True)
+            print(f"ocr {step} loss {loss:.3f} char acc {acc:.3f}", flush=True)
 
 
 def describe(task: Any) -> str:

@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str) -> ModuleType:
+    if str(ROOT / "bench") not in sys.path:  # as when a script runs: bench/ on the path (its `common`)
+        sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None, name
     module = importlib.util.module_from_spec(spec)
