@@ -89,6 +89,21 @@ def domain_levels(spec: str) -> dict[str, int]:
     return out
 
 
+def dense_tower_optimizer(params: list[Any], lr: float, steps: int) -> tuple[Any, Any]:
+    """AdamW (betas 0.9/0.95, weight decay 0.01) and its schedule for a `dense_tower_step` stage
+    of `steps`: a linear warm-up over the first steps/20, then cosine decay (fit_masked_lm's)."""
+    import math
+
+    import torch
+
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: min(1.0, (k + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, k / steps)))
+    )
+    return opt, sched
+
+
 def dense_tower_step(
     tower: Any, head: Any, pixels: Any, targets: Any, params: list[Any], opt: Any, sched: Any
 ) -> tuple[Any, float]:

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 import torch
-from common import dense_tower_step
+from common import dense_tower_optimizer, dense_tower_step
 
 from posttrain.domains import chart
 from posttrain.domains._vision import canvas, font
@@ -94,18 +94,13 @@ def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec
     patch the word's box overlaps, which of the 16 words it is (0 elsewhere, weighted 0.2), on
     fresh images placed as the question stage's; AdamW, warm-up then cosine. Returns the share
     of word patches named right over the last 20 steps."""
-    import math
 
     rng = random.Random(spec.seed + 17)
     tower = model.model.vision_tower
     head = torch.nn.Linear(tower.config.hidden_size, 1 + len(chart.FRUITS))
     params = list(tower.parameters()) + list(head.parameters())
     steps, batch, g = cfg["dense_steps"], 32, spec.image_size // spec.patch_size
-    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda k: min(1.0, (k + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, k / steps)))
-    )
+    opt, sched = dense_tower_optimizer(params, spec.lr, steps)
     sx, sy = W / g, H / g  # one patch, in canvas pixels
     right: list[float] = []
     for step in range(steps):

@@ -23,7 +23,6 @@ prints one `RESULT` JSON line with the build's CPU seconds and peak RSS.
 from __future__ import annotations
 
 import json
-import math
 import random
 import resource
 import string
@@ -32,7 +31,7 @@ import time
 from typing import Any
 
 import torch
-from common import dense_tower_step
+from common import dense_tower_optimizer, dense_tower_step
 
 from posttrain.domains import chart, drawing, ui
 from posttrain.domains._vision import canvas, font, judge
@@ -97,11 +96,7 @@ def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, steps: int, lr: fl
         img, t = ocr_sample(rng, spec.image_size, spec.patch_size)
         pool.append((proc.image_processor(images=[img], return_tensors="pt")["pixel_values"].half(), t))
     params = list(tower.parameters()) + list(head.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
-    )
+    opt, sched = dense_tower_optimizer(params, lr, steps)
     for step in range(steps):
         exs = [rng.choice(pool) for _ in range(batch)]
         tg = torch.stack([e[1] for e in exs])
