@@ -125,3 +125,19 @@ def dense_tower_step(
     opt.step()
     sched.step()
     return logits.detach(), float(loss.item())
+
+
+def vlm_model(spec: Any, tok: Any, tower: Any = (64, 2)) -> Any:
+    """A fresh LlavaForConditionalGeneration of model/vision.py's config for `spec`, its vision
+    tower `tower` = (width, depth) (intermediate 2 x width), the language model's positions
+    widened to hold the image tokens and a prompt. Seeds are the caller's (torch.manual_seed)."""
+    from transformers import LlavaForConditionalGeneration
+
+    from posttrain.model import vision
+
+    conf = vision.make_config(spec, tok)
+    width, depth = tower
+    conf.vision_config.hidden_size, conf.vision_config.intermediate_size = width, 2 * width
+    conf.vision_config.num_hidden_layers = depth
+    conf.text_config.max_position_embeddings = max(512, spec.image_tokens + 256)
+    return LlavaForConditionalGeneration(conf)

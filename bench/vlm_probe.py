@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 import torch
-from common import dense_tower_optimizer, dense_tower_step
+from common import dense_tower_optimizer, dense_tower_step, vlm_model
 
 from posttrain.domains import chart
 from posttrain.domains._vision import canvas, font
@@ -89,6 +89,11 @@ def sample(probe: str, rng: random.Random, spread: float = 1.0) -> tuple[Any, st
     raise ValueError(f"unknown probe {probe!r}")
 
 
+def placement(cfg: dict[str, Any]) -> float:
+    """The spread a word is placed within (`sample`): 0 when `centred`, else `spread` (1: anywhere)."""
+    return 0.0 if cfg.get("centred") else cfg.get("spread", 1.0)
+
+
 def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec, probe: str) -> float:
     """`dense_steps` of the tower alone: a linear head on its last hidden states names, at every
     patch the word's box overlaps, which of the 16 words it is (0 elsewhere, weighted 0.2), on
@@ -106,7 +111,7 @@ def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec
     for step in range(steps):
         pix, tgt = [], torch.zeros(batch, g * g, dtype=torch.long)
         for b in range(batch):
-            img, _, word = sample(probe, rng, 0.0 if cfg.get("centred") else cfg.get("spread", 1.0))
+            img, _, word = sample(probe, rng, placement(cfg))
             x0, y0, x1, y1 = img.info["box"]
             for gy in range(int(y0 // sy), min(g, int(y1 // sy) + 1)):
                 for gx in range(int(x0 // sx), min(g, int(x1 // sx) + 1)):
@@ -145,7 +150,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     def next_batch() -> tuple[dict[str, Any], Any]:
         rows, masks, pix = [], [], []
         widen = cfg.get("widen", 0.0) * spec.steps  # the curriculum of placements, in steps
-        spread = 0.0 if cfg.get("centred") else min(1.0, step[0] / widen) if widen else cfg.get("spread", 1.0)
+        spread = min(1.0, step[0] / widen) if widen and not cfg.get("centred") else placement(cfg)
         step[0] += 1
         for _ in range(spec.batch_size):
             img, q, a = sample(probe, rng, spread)
@@ -157,15 +162,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         ids, attn, mask = padded(tok, rows, masks)
         return {"input_ids": ids, "attention_mask": attn, "pixel_values": torch.cat(pix)}, mask
 
-    from transformers import LlavaForConditionalGeneration
-
     torch.manual_seed(spec.seed)
-    conf = V.make_config(spec, tok)
-    width, depth = cfg.get("tower", [64, 2])
-    conf.vision_config.hidden_size, conf.vision_config.intermediate_size = width, 2 * width
-    conf.vision_config.num_hidden_layers = depth
-    conf.text_config.max_position_embeddings = max(512, spec.image_tokens + 64)  # small patches: more tokens
-    model = LlavaForConditionalGeneration(conf)
+    model = vlm_model(spec, tok, cfg.get("tower", (64, 2)))
     model.train()
     dense = dense_stage(model, pixels, cfg, spec, probe) if cfg.get("dense_steps") else None
     loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, probe, cfg.get("progress", True))
@@ -178,7 +176,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     n = cfg.get("n_eval", 60)
     with torch.no_grad():
         for _ in range(n):
-            img, q, a = sample(probe, eval_rng, 0.0 if cfg.get("centred") else cfg.get("spread", 1.0))
+            img, q, a = sample(probe, eval_rng, placement(cfg))
             ids = torch.tensor([prompt(q)])
             out = model.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels(img), max_new_tokens=16,

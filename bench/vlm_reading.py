@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import torch
-from common import dense_tower_optimizer, dense_tower_step
+from common import dense_tower_optimizer, dense_tower_step, vlm_model
 
 from posttrain.domains import chart, drawing, ui
 from posttrain.domains._vision import canvas, font, judge
@@ -153,14 +153,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         ids, attn, loss = padded(tok, rows, masks)
         return {"input_ids": ids, "attention_mask": attn, "pixel_values": torch.cat([x for *_, x in exs]).float()}, loss
 
-    from transformers import LlavaForConditionalGeneration
-
     torch.manual_seed(spec.seed)
-    conf = V.make_config(spec, tok)
-    width, depth = cfg.get("tower", [64, 2])
-    conf.vision_config.hidden_size, conf.vision_config.intermediate_size = width, 2 * width
-    conf.vision_config.num_hidden_layers = depth
-    model = LlavaForConditionalGeneration(conf)
+    model = vlm_model(spec, tok, cfg.get("tower", (64, 2)))
     model.train()
     if cfg.get("ocr_steps"):
         pretrain_tower(model, proc, spec, cfg["ocr_steps"], cfg.get("ocr_lr", 2e-3))
