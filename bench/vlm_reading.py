@@ -11,7 +11,12 @@ with the spec's fields overridden and three optional stages before the question 
   values; ui: field labels, button labels, the primary marked, and button centres; drawing:
   width, height and hole count), train split only; `aux_mix` of the question stage's rows
   stay transcriptions;
-- `levels`: the pool's levels in turn (model/vision.py cycles 1, 2, 3).
+- `levels`: the pool's levels in turn (model/vision.py cycles 1, 2, 3);
+- `ocr_source` "families": the `ocr_steps` stage on the families' own train images (a fresh task
+  every row), its targets the characters their renders print (`drawn_text`), and the share of
+  characters the tower names right on held-out tasks (`ocr_heldout_NAME`); `ocr_slots` sub-columns
+  a patch (4 unless said);
+- `fresh`: the question stage on an unseen train task every row instead of drawing from the pool.
 
 Then greedy on `n_eval` held-out level-1 tasks per family, each with its own image (`true`) and
 with another task's image (`shuf`, the answer-kind baseline: what the model gets without reading);
@@ -22,12 +27,14 @@ prints one `RESULT` JSON line with the build's CPU seconds and peak RSS.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import resource
 import string
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -86,25 +93,104 @@ def ocr_sample(rng: random.Random, size: int, patch: int) -> tuple[Any, Any]:
     return img, tgt.view(g * g, SLOTS)
 
 
-def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, steps: int, lr: float, batch: int = 32) -> None:
-    """The `ocr_steps` stage: AdamW on the tower and a per-patch head, warm-up then cosine."""
+@contextlib.contextmanager
+def drawn_text() -> Iterator[list[tuple[str, Any, Any]]]:
+    """Inside: every string Pillow's `ImageDraw.text` draws, as (text, its box on the canvas, its
+    font), in order; the pixels drawn are unchanged. How the families' own renders give their
+    characters' places (`family_ocr_sample`) without the families recording anything."""
+    from PIL import ImageDraw
+
+    seen: list[tuple[str, Any, Any]] = []
+    original = ImageDraw.ImageDraw.text
+
+    def text(self: Any, xy: Any, text: Any, fill: Any = None, font: Any = None, anchor: Any = None, *a: Any, **k: Any):
+        seen.append((str(text), self.textbbox(xy, text, font=font, anchor=anchor), font))
+        return original(self, xy, text, fill, font, anchor, *a, **k)
+
+    ImageDraw.ImageDraw.text = text
+    try:
+        yield seen
+    finally:
+        ImageDraw.ImageDraw.text = original
+
+
+def family_ocr_sample(
+    name: str, split: str, index: int, level: int, size: int, patch: int, slots: int = SLOTS
+) -> tuple[Any, Any]:
+    """Task `index` of family `name`'s `split` at `level`, rendered as the task's image is, and its
+    (patches x `slots`) character targets (0: none): each printed character, at its centre (its
+    advance in the font from the string's box's left edge), in the sub-column of the patch it
+    falls in, on the model's `size` grid (the processor's resize, x and y scaled apart)."""
+    domain = get(name)
+    scene = domain.draw(split, index, level)
+    with drawn_text() as texts:
+        img = domain.render(scene.spec).convert("RGB")
+    w, h = domain.size
+    g = size // patch
+    tgt = torch.zeros(g, g, slots, dtype=torch.long)
+    for s, (x0, y0, _, y1), f in texts:
+        for i, ch in enumerate(s):
+            if ch not in CHARS:
+                continue
+            px = (x0 + (f.getlength(s[:i]) + f.getlength(s[: i + 1])) / 2) * size / w
+            py = (y0 + y1) / 2 * size / h
+            gx, gy = int(px // patch), int(py // patch)
+            if 0 <= gx < g and 0 <= gy < g:
+                tgt[gy, gx, min(slots - 1, int((px - gx * patch) / (patch / slots)))] = 1 + CHARS.index(ch)
+    return img, tgt.view(g * g, slots)
+
+
+def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, cfg: dict[str, Any], batch: int = 32) -> dict[str, float]:
+    """The `ocr_steps` stage: AdamW on the tower and a per-patch head, warm-up then cosine. On
+    synthetic text (a pool of 2,048 images) or, `ocr_source` "families", on a fresh train task of
+    each family in turn every row (levels 1-3 in turn). Returns, for "families", the share of
+    characters named right on `n_eval` held-out tasks of each family (`ocr_heldout_NAME`)."""
     rng = random.Random(spec.seed + 17)
+    steps, families = cfg["ocr_steps"], cfg.get("ocr_source", "synthetic") == "families"
+    slots = cfg.get("ocr_slots", SLOTS) if families else SLOTS
     tower = model.model.vision_tower
-    head = torch.nn.Linear(tower.config.hidden_size, SLOTS * (1 + len(CHARS)))
+    head = torch.nn.Linear(tower.config.hidden_size, slots * (1 + len(CHARS)))
+
+    def pixels(img: Any) -> Any:
+        return proc.image_processor(images=[img], return_tensors="pt")["pixel_values"]
+
     pool = []
-    for _ in range(2048):
+    for _ in range(0 if families else 2048):
         img, t = ocr_sample(rng, spec.image_size, spec.patch_size)
-        pool.append((proc.image_processor(images=[img], return_tensors="pt")["pixel_values"].half(), t))
+        pool.append((pixels(img).half(), t))
+    drawn = [0]
+
+    def fresh() -> tuple[Any, Any]:
+        k = drawn[0]
+        drawn[0] += 1
+        name = V.FAMILIES[k % len(V.FAMILIES)]
+        img, t = family_ocr_sample(name, "train", k // 3, 1 + (k // 3) % 3, spec.image_size, spec.patch_size, slots)
+        return pixels(img), t
+
     params = list(tower.parameters()) + list(head.parameters())
-    opt, sched = dense_tower_optimizer(params, lr, steps)
+    opt, sched = dense_tower_optimizer(params, cfg.get("ocr_lr", 2e-3), steps)
     for step in range(steps):
-        exs = [rng.choice(pool) for _ in range(batch)]
+        exs = [fresh() if families else rng.choice(pool) for _ in range(batch)]
         tg = torch.stack([e[1] for e in exs])
         logits, loss = dense_tower_step(tower, head, torch.cat([e[0] for e in exs]).float(), tg, params, opt, sched)
         if step % 50 == 0 or step == steps - 1:
             marked = tg > 0
             acc = (logits.argmax(-1)[marked] == tg[marked]).float().mean().item()
             print(f"ocr {step} loss {loss:.3f} char acc {acc:.3f}", flush=True)
+    out: dict[str, float] = {}
+    if families:
+        with torch.no_grad():
+            for name in V.FAMILIES:
+                right = total = 0
+                for i in range(cfg.get("n_eval", 30)):
+                    img, t = family_ocr_sample(name, "eval", i, 1 + i % 3, spec.image_size, spec.patch_size, slots)
+                    hidden = tower(pixels(img), output_hidden_states=True).hidden_states[-1]
+                    got = head(hidden).view(*t.shape, -1).argmax(-1)
+                    right += int((got[t > 0] == t[t > 0]).sum())
+                    total += int((t > 0).sum())
+                out[f"ocr_heldout_{name}"] = round(right / max(1, total), 3)
+        print(f"ocr held out {out}", flush=True)
+    return out
 
 
 def describe(task: Any) -> str:
@@ -137,15 +223,28 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         return V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens)
 
     qa, aux = [], []
-    for name in V.FAMILIES:
+
+    def example(name: str, index: int) -> Any:
+        """Train task `index` of family `name` (levels in turn) as a question row, and its
+        transcription row when there is an `aux` stage."""
         d = get(name)
-        for index in range(spec.pool):
-            task = d.sample(index, "train", levels[index % len(levels)])
-            pix = V.pixel_values(proc, [i for m in task.prompt for i in m.images]).half()
-            answer = d.wrong(task) if rng.random() < spec.buggy_fraction else d.gold(task)
-            qa.append((prompt(task), tok.encode(answer, add_special_tokens=False), pix))
-            if cfg.get("aux_steps"):
-                aux.append((prompt(task, "Describe."), tok.encode(describe(task), add_special_tokens=False), pix))
+        task = d.sample(index, "train", levels[index % len(levels)])
+        pix = V.pixel_values(proc, [i for m in task.prompt for i in m.images]).half()
+        answer = d.wrong(task) if rng.random() < spec.buggy_fraction else d.gold(task)
+        row = (prompt(task), tok.encode(answer, add_special_tokens=False), pix)
+        if cfg.get("aux_steps"):
+            aux.append((prompt(task, "Describe."), tok.encode(describe(task), add_special_tokens=False), pix))
+        return row
+
+    for name in V.FAMILIES:
+        qa.extend(example(name, index) for index in range(spec.pool))
+    drawn = [0]
+
+    def fresh() -> Any:
+        """`fresh`: the next unseen train task (after the pool's), the families in turn."""
+        k = drawn[0]
+        drawn[0] += 1
+        return example(V.FAMILIES[k % len(V.FAMILIES)], spec.pool + k // len(V.FAMILIES))
 
     def batch_of(exs: list[Any]) -> tuple[dict[str, Any], Any]:
         rows = [list(p) + list(a) + [tok.eos_token_id] for p, a, _ in exs]
@@ -156,8 +255,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(spec.seed)
     model = vlm_model(spec, tok, cfg.get("tower", (64, 2)))
     model.train()
-    if cfg.get("ocr_steps"):
-        pretrain_tower(model, proc, spec, cfg["ocr_steps"], cfg.get("ocr_lr", 2e-3))
+    ocr = pretrain_tower(model, proc, spec, cfg) if cfg.get("ocr_steps") else {}
     if cfg.get("aux_steps"):
         fit_masked_lm(
             model,
@@ -170,13 +268,13 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     mix = cfg.get("aux_mix", 0.0)
 
     def next_batch() -> tuple[dict[str, Any], Any]:
-        return batch_of(
-            [rng.choice(aux) if aux and rng.random() < mix else rng.choice(qa) for _ in range(spec.batch_size)]
-        )
+        pick = fresh if cfg.get("fresh") else lambda: rng.choice(qa)
+        return batch_of([rng.choice(aux) if aux and rng.random() < mix else pick() for _ in range(spec.batch_size)])
 
     loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, "questions", True)
     model.eval()
     res: dict[str, Any] = {"cfg": cfg, "build_cpu_s": round(time.process_time() - t0), "last_loss": round(loss, 3)}
+    res |= ocr
     res["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     n = cfg.get("n_eval", 30)
     with torch.no_grad():
