@@ -89,55 +89,12 @@ def domain_levels(spec: str) -> dict[str, int]:
     return out
 
 
-def dense_tower_optimizer(params: list[Any], lr: float, steps: int) -> tuple[Any, Any]:
-    """AdamW (betas 0.9/0.95, weight decay 0.01) and its schedule for a `dense_tower_step` stage
-    of `steps`: a linear warm-up over the first steps/20, then cosine decay (fit_masked_lm's)."""
-    import math
-
-    import torch
-
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda k: min(1.0, (k + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, k / steps)))
-    )
-    return opt, sched
-
-
-def dense_tower_step(
-    tower: Any, head: Any, pixels: Any, targets: Any, params: list[Any], opt: Any, sched: Any
-) -> tuple[Any, float]:
-    """One step of a vision tower trained alone on a per-patch target (bench/vlm_reading.py's
-    characters, bench/vlm_probe.py's words): `head` on the tower's last hidden states, cross-entropy
-    against `targets` (class 0: nothing there, weighted 0.2, the rest 1), gradients clipped at 1.0,
-    then `opt` and `sched` step. Returns the logits (targets' shape plus classes), detached, and
-    the loss."""
-    import torch
-
-    hidden = tower(pixels, output_hidden_states=True).hidden_states[-1]
-    logits = head(hidden).view(*targets.shape, -1)
-    weight = torch.where(targets > 0, 1.0, 0.2).reshape(-1)
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    loss = (nll * weight).sum() / weight.sum()
-    opt.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    opt.step()
-    sched.step()
-    return logits.detach(), float(loss.item())
-
-
-def vlm_model(spec: Any, tok: Any, tower: Any = (64, 2)) -> Any:
-    """A fresh LlavaForConditionalGeneration of model/vision.py's config for `spec`, its vision
-    tower `tower` = (width, depth) (intermediate 2 x width), the language model's positions
-    widened to hold the image tokens and a prompt. Seeds are the caller's (torch.manual_seed)."""
-    from transformers import LlavaForConditionalGeneration
-
+def vlm_spec(cfg: dict[str, Any]) -> Any:
+    """The VisionSpec a VLM bench script's JSON config names: its VisionSpec fields, and `tower`
+    [width, depth] for `tower_width` and `tower_depth`."""
     from posttrain.model import vision
 
-    conf = vision.make_config(spec, tok)
-    width, depth = tower
-    conf.vision_config.hidden_size, conf.vision_config.intermediate_size = width, 2 * width
-    conf.vision_config.num_hidden_layers = depth
-    conf.text_config.max_position_embeddings = max(512, spec.image_tokens + 256)
-    return LlavaForConditionalGeneration(conf)
+    fields = {k: cfg[k] for k in cfg if k in vision.VisionSpec.__dataclass_fields__}
+    if "tower" in cfg:
+        fields["tower_width"], fields["tower_depth"] = cfg["tower"]
+    return vision.VisionSpec(**fields)

@@ -35,12 +35,13 @@ import time
 from typing import Any
 
 import torch
-from common import dense_tower_optimizer, dense_tower_step, vlm_model
+from common import vlm_spec
+from transformers import LlavaForConditionalGeneration
 
 from posttrain.domains import chart
 from posttrain.domains._vision import canvas, font
 from posttrain.model import vision as V
-from posttrain.model.pretrain import fit_masked_lm, padded
+from posttrain.model.pretrain import fit_masked_lm, padded, pretrain_optimizer
 
 COLOURS = {
     "red": (219, 68, 55),
@@ -105,7 +106,7 @@ def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec
     head = torch.nn.Linear(tower.config.hidden_size, 1 + len(chart.FRUITS))
     params = list(tower.parameters()) + list(head.parameters())
     steps, batch, g = cfg["dense_steps"], 32, spec.image_size // spec.patch_size
-    opt, sched = dense_tower_optimizer(params, spec.lr, steps)
+    opt, sched = pretrain_optimizer(params, spec.lr, steps)
     sx, sy = W / g, H / g  # one patch, in canvas pixels
     right: list[float] = []
     for step in range(steps):
@@ -117,7 +118,7 @@ def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec
                 for gx in range(int(x0 // sx), min(g, int(x1 // sx) + 1)):
                     tgt[b, gy * g + gx] = 1 + chart.FRUITS.index(word)
             pix.append(pixels(img))
-        logits, loss = dense_tower_step(tower, head, torch.cat(pix), tgt, params, opt, sched)
+        logits, loss = V.dense_step(tower, head, torch.cat(pix), tgt, params, opt, sched)
         marked = tgt > 0
         right = [*right[-19:], (logits.argmax(-1)[marked] == tgt[marked]).float().mean().item()]
         if cfg.get("progress", True) and (step % 50 == 0 or step == steps - 1):
@@ -127,7 +128,7 @@ def dense_stage(model: Any, pixels: Any, cfg: dict[str, Any], spec: V.VisionSpec
 
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     probe = cfg["probe"]
-    spec = V.VisionSpec(**{k: cfg[k] for k in cfg if k in V.VisionSpec.__dataclass_fields__})
+    spec = vlm_spec(cfg)
     torch.set_num_threads(1)
     t0 = time.process_time()
     tok = V.build_tokenizer()
@@ -163,7 +164,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"input_ids": ids, "attention_mask": attn, "pixel_values": torch.cat(pix)}, mask
 
     torch.manual_seed(spec.seed)
-    model = vlm_model(spec, tok, cfg.get("tower", (64, 2)))
+    model = LlavaForConditionalGeneration(V.make_config(spec, tok))
     model.train()
     dense = dense_stage(model, pixels, cfg, spec, probe) if cfg.get("dense_steps") else None
     loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, probe, cfg.get("progress", True))

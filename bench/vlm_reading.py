@@ -12,10 +12,10 @@ with the spec's fields overridden and three optional stages before the question 
   width, height and hole count), train split only; `aux_mix` of the question stage's rows
   stay transcriptions;
 - `levels`: the pool's levels in turn (model/vision.py cycles 1, 2, 3);
-- `ocr_source` "families": the `ocr_steps` stage on the families' own train images (a fresh task
-  every row), its targets the characters their renders print (`drawn_text`), and the share of
-  characters the tower names right on held-out tasks (`ocr_heldout_NAME`); `ocr_slots` sub-columns
-  a patch (4 unless said);
+- `ocr_source` "families": the `ocr_steps` stage is the build's reading stage instead
+  (model/vision.py `read_stage`: the families' own train images, an unseen task every row, the
+  characters their renders print in `ocr_slots` sub-columns a patch), and the share of
+  characters the tower names right on held-out tasks (`ocr_heldout_NAME`);
 - `fresh`: the question stage on an unseen train task every row instead of drawing from the pool.
 
 Then greedy on `n_eval` held-out level-1 tasks per family, each with its own image (`true`) and
@@ -27,25 +27,24 @@ prints one `RESULT` JSON line with the build's CPU seconds and peak RSS.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import resource
 import string
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from common import dense_tower_optimizer, dense_tower_step, vlm_model
+from common import vlm_spec
+from transformers import LlavaForConditionalGeneration
 
 from posttrain.domains import chart, drawing, ui
 from posttrain.domains._vision import canvas, font, judge
 from posttrain.domains.base import extract_answer
 from posttrain.domains.registry import get
 from posttrain.model import vision as V
-from posttrain.model.pretrain import fit_masked_lm, padded
+from posttrain.model.pretrain import fit_masked_lm, padded, pretrain_optimizer
 from posttrain.types import Message
 
 CHARS = string.digits + string.ascii_letters
@@ -93,104 +92,25 @@ def ocr_sample(rng: random.Random, size: int, patch: int) -> tuple[Any, Any]:
     return img, tgt.view(g * g, SLOTS)
 
 
-@contextlib.contextmanager
-def drawn_text() -> Iterator[list[tuple[str, Any, Any]]]:
-    """Inside: every string Pillow's `ImageDraw.text` draws, as (text, its box on the canvas, its
-    font), in order; the pixels drawn are unchanged. How the families' own renders give their
-    characters' places (`family_ocr_sample`) without the families recording anything."""
-    from PIL import ImageDraw
-
-    seen: list[tuple[str, Any, Any]] = []
-    original = ImageDraw.ImageDraw.text
-
-    def text(self: Any, xy: Any, text: Any, fill: Any = None, font: Any = None, anchor: Any = None, *a: Any, **k: Any):
-        seen.append((str(text), self.textbbox(xy, text, font=font, anchor=anchor), font))
-        return original(self, xy, text, fill, font, anchor, *a, **k)
-
-    ImageDraw.ImageDraw.text = text
-    try:
-        yield seen
-    finally:
-        ImageDraw.ImageDraw.text = original
-
-
-def family_ocr_sample(
-    name: str, split: str, index: int, level: int, size: int, patch: int, slots: int = SLOTS
-) -> tuple[Any, Any]:
-    """Task `index` of family `name`'s `split` at `level`, rendered as the task's image is, and its
-    (patches x `slots`) character targets (0: none): each printed character, at its centre (its
-    advance in the font from the string's box's left edge), in the sub-column of the patch it
-    falls in, on the model's `size` grid (the processor's resize, x and y scaled apart)."""
-    domain = get(name)
-    scene = domain.draw(split, index, level)
-    with drawn_text() as texts:
-        img = domain.render(scene.spec).convert("RGB")
-    w, h = domain.size
-    g = size // patch
-    tgt = torch.zeros(g, g, slots, dtype=torch.long)
-    for s, (x0, y0, _, y1), f in texts:
-        for i, ch in enumerate(s):
-            if ch not in CHARS:
-                continue
-            px = (x0 + (f.getlength(s[:i]) + f.getlength(s[: i + 1])) / 2) * size / w
-            py = (y0 + y1) / 2 * size / h
-            gx, gy = int(px // patch), int(py // patch)
-            if 0 <= gx < g and 0 <= gy < g:
-                tgt[gy, gx, min(slots - 1, int((px - gx * patch) / (patch / slots)))] = 1 + CHARS.index(ch)
-    return img, tgt.view(g * g, slots)
-
-
-def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, cfg: dict[str, Any], batch: int = 32) -> dict[str, float]:
-    """The `ocr_steps` stage: AdamW on the tower and a per-patch head, warm-up then cosine. On
-    synthetic text (a pool of 2,048 images) or, `ocr_source` "families", on a fresh train task of
-    each family in turn every row (levels 1-3 in turn). Returns, for "families", the share of
-    characters named right on `n_eval` held-out tasks of each family (`ocr_heldout_NAME`)."""
+def pretrain_tower(model: Any, proc: Any, spec: V.VisionSpec, steps: int, lr: float, batch: int = 32) -> None:
+    """The synthetic `ocr_steps` stage: AdamW on the tower and a per-patch head, warm-up then cosine."""
     rng = random.Random(spec.seed + 17)
-    steps, families = cfg["ocr_steps"], cfg.get("ocr_source", "synthetic") == "families"
-    slots = cfg.get("ocr_slots", SLOTS) if families else SLOTS
     tower = model.model.vision_tower
-    head = torch.nn.Linear(tower.config.hidden_size, slots * (1 + len(CHARS)))
-
-    def pixels(img: Any) -> Any:
-        return proc.image_processor(images=[img], return_tensors="pt")["pixel_values"]
-
+    head = torch.nn.Linear(tower.config.hidden_size, SLOTS * (1 + len(CHARS)))
     pool = []
-    for _ in range(0 if families else 2048):
+    for _ in range(2048):
         img, t = ocr_sample(rng, spec.image_size, spec.patch_size)
-        pool.append((pixels(img).half(), t))
-    drawn = [0]
-
-    def fresh() -> tuple[Any, Any]:
-        k = drawn[0]
-        drawn[0] += 1
-        name = V.FAMILIES[k % len(V.FAMILIES)]
-        img, t = family_ocr_sample(name, "train", k // 3, 1 + (k // 3) % 3, spec.image_size, spec.patch_size, slots)
-        return pixels(img), t
-
+        pool.append((proc.image_processor(images=[img], return_tensors="pt")["pixel_values"].half(), t))
     params = list(tower.parameters()) + list(head.parameters())
-    opt, sched = dense_tower_optimizer(params, cfg.get("ocr_lr", 2e-3), steps)
+    opt, sched = pretrain_optimizer(params, lr, steps)
     for step in range(steps):
-        exs = [fresh() if families else rng.choice(pool) for _ in range(batch)]
+        exs = [rng.choice(pool) for _ in range(batch)]
         tg = torch.stack([e[1] for e in exs])
-        logits, loss = dense_tower_step(tower, head, torch.cat([e[0] for e in exs]).float(), tg, params, opt, sched)
+        logits, loss = V.dense_step(tower, head, torch.cat([e[0] for e in exs]).float(), tg, params, opt, sched)
         if step % 50 == 0 or step == steps - 1:
             marked = tg > 0
             acc = (logits.argmax(-1)[marked] == tg[marked]).float().mean().item()
             print(f"ocr {step} loss {loss:.3f} char acc {acc:.3f}", flush=True)
-    out: dict[str, float] = {}
-    if families:
-        with torch.no_grad():
-            for name in V.FAMILIES:
-                right = total = 0
-                for i in range(cfg.get("n_eval", 30)):
-                    img, t = family_ocr_sample(name, "eval", i, 1 + i % 3, spec.image_size, spec.patch_size, slots)
-                    hidden = tower(pixels(img), output_hidden_states=True).hidden_states[-1]
-                    got = head(hidden).view(*t.shape, -1).argmax(-1)
-                    right += int((got[t > 0] == t[t > 0]).sum())
-                    total += int((t > 0).sum())
-                out[f"ocr_heldout_{name}"] = round(right / max(1, total), 3)
-        print(f"ocr held out {out}", flush=True)
-    return out
 
 
 def describe(task: Any) -> str:
@@ -208,7 +128,7 @@ def describe(task: Any) -> str:
 
 
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
-    spec = V.VisionSpec(**{k: cfg[k] for k in cfg if k in V.VisionSpec.__dataclass_fields__})
+    spec = vlm_spec(cfg)
     levels = cfg.get("levels", [1, 2, 3])
     torch.set_num_threads(1)
     t0 = time.process_time()
@@ -253,9 +173,13 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"input_ids": ids, "attention_mask": attn, "pixel_values": torch.cat([x for *_, x in exs]).float()}, loss
 
     torch.manual_seed(spec.seed)
-    model = vlm_model(spec, tok, cfg.get("tower", (64, 2)))
+    model = LlavaForConditionalGeneration(V.make_config(spec, tok))
     model.train()
-    ocr = pretrain_tower(model, proc, spec, cfg) if cfg.get("ocr_steps") else {}
+    ocr: dict[str, float] = {}
+    if spec.ocr_steps and cfg.get("ocr_source") == "families":
+        ocr = {f"ocr_heldout_{k}": v for k, v in V.read_stage(model, proc, spec, n_eval=cfg.get("n_eval", 30)).items()}
+    elif spec.ocr_steps:
+        pretrain_tower(model, proc, spec, spec.ocr_steps, cfg.get("ocr_lr", 2e-3))
     if cfg.get("aux_steps"):
         fit_masked_lm(
             model,
@@ -268,7 +192,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     mix = cfg.get("aux_mix", 0.0)
 
     def next_batch() -> tuple[dict[str, Any], Any]:
-        pick = fresh if cfg.get("fresh") else lambda: rng.choice(qa)
+        pick = fresh if spec.fresh else lambda: rng.choice(qa)
         return batch_of([rng.choice(aux) if aux and rng.random() < mix else pick() for _ in range(spec.batch_size)])
 
     loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, "questions", True)

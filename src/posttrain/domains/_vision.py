@@ -14,6 +14,7 @@ Pillow is imported on the first render, never when the registry loads.
 from __future__ import annotations
 
 import abc
+import contextvars
 import functools
 import json
 import random
@@ -75,13 +76,48 @@ def font(size: int) -> Any:
     return ImageFont.load_default(size=size)
 
 
-def canvas(width: int, height: int) -> tuple[Any, Any]:
-    """A white RGB image and its drawing context."""
-    from PIL import Image as PILImage
+@dataclass(frozen=True)
+class Printed:
+    """One string a render printed: its text, its box on the canvas (left, top, right, bottom) and
+    each character's centre (x from the font's advances from the box's left edge, y the box's
+    middle), in canvas pixels."""
+
+    text: str
+    box: tuple[float, float, float, float]
+    centres: tuple[tuple[float, float], ...]
+
+
+_PRINTED: contextvars.ContextVar[list[Printed] | None] = contextvars.ContextVar("printed", default=None)
+
+
+@functools.lru_cache(maxsize=1)
+def _draw_class() -> Any:
+    """Pillow's drawing context, recording each string it prints while `ImageDomain.printed` asks
+    (the pixels drawn are Pillow's own either way)."""
     from PIL import ImageDraw
 
+    class Draw(ImageDraw.ImageDraw):  # type: ignore[misc, valid-type]
+        def text(self, xy: Any, text: Any, fill: Any = None, font: Any = None, anchor: Any = None, *a: Any, **k: Any):
+            seen = _PRINTED.get()
+            if seen is not None and "\n" not in str(text):  # multi-line text comes back here a line at a time
+                s = str(text)
+                box = tuple(float(v) for v in self.textbbox(xy, s, font=font, anchor=anchor))
+                mid = (box[1] + box[3]) / 2
+                centres = tuple(
+                    (box[0] + (font.getlength(s[:i]) + font.getlength(s[: i + 1])) / 2, mid) for i in range(len(s))
+                )
+                seen.append(Printed(s, box, centres))  # type: ignore[arg-type]
+            return super().text(xy, text, fill, font, anchor, *a, **k)
+
+    return Draw
+
+
+def canvas(width: int, height: int) -> tuple[Any, Any]:
+    """A white RGB image and its drawing context (Pillow's, which `ImageDomain.printed` can watch)."""
+    from PIL import Image as PILImage
+
     img = PILImage.new("RGB", (width, height), (255, 255, 255))
-    return img, ImageDraw.Draw(img)
+    return img, _draw_class()(img)
 
 
 def text_centred(draw: Any, xy: tuple[float, float], text: str, size: int, fill: Any = (0, 0, 0)) -> None:
@@ -182,6 +218,18 @@ class ImageDomain(Domain):
             if split_of(self.name, sc.key()) == split:
                 return sc
         raise RuntimeError(f"{self.name}: no {split} task found at difficulty {difficulty}")
+
+    def printed(self, spec: Mapping[str, Any]) -> tuple[Printed, ...]:
+        """Every string the scene's render prints, in drawing order, with its place (`Printed`):
+        what a reader of the image reads. The build's reading stage (model/vision.py) learns it
+        from train tasks; it is no part of a task record, so a policy never sees it."""
+        seen: list[Printed] = []
+        token = _PRINTED.set(seen)
+        try:
+            self.render(spec)
+        finally:
+            _PRINTED.reset(token)
+        return tuple(seen)
 
     def image(self, spec: Mapping[str, Any]) -> Image:
         img = self.render(spec).convert("RGB")

@@ -305,6 +305,21 @@ def scaled_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = T
     return out
 
 
+def pretrain_optimizer(params: list[Any], lr: float, steps: int) -> tuple[Any, Any]:
+    """The embedded builds' optimizer and schedule for `steps`: AdamW (betas 0.9/0.95, weight decay
+    0.01) at `lr`, a linear warm-up over the first steps/20, then cosine decay."""
+    import math
+
+    import torch
+
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
+    return opt, sched
+
+
 def fit_masked_lm(
     model: Any, next_batch: Callable[[], tuple[dict[str, Any], Any]], steps: int, lr: float, label: str, progress: bool
 ) -> float:
@@ -313,17 +328,11 @@ def fit_masked_lm(
     decay, gradients clipped at 1.0; the loss is the next-token cross-entropy on the positions
     `mask` marks. `next_batch()` gives the model's inputs (input_ids first among them) and that
     mask; a progress bar named `label` shows the loss every 20 steps. Returns the last step's loss."""
-    import math
-
     import torch
 
     from posttrain.progress import progress as progress_bar
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
-    )
+    opt, sched = pretrain_optimizer(list(model.parameters()), lr, steps)
     bar = progress_bar(steps, label, disable=not progress)
     last = float("nan")
     for step in range(steps):

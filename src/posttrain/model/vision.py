@@ -54,7 +54,11 @@ one `<|image|>` (the processor expands it to `image_tokens`)."""
 @dataclass(frozen=True)
 class VisionSpec:
     """What a VLM build is a function of. `steps` of AdamW at `lr` on batches of `batch_size`
-    (image, question, answer) triples drawn from a pool of `pool` train tasks per family."""
+    (image, question, answer) triples drawn from a pool of `pool` train tasks per family, or with
+    `fresh` an unseen train task every row (the families in turn). Before them, `ocr_steps` of the
+    reading stage (`read_stage`): the vision tower alone names every character the families'
+    train images print, in `ocr_slots` sub-columns of each patch. The tower is `tower_width` wide
+    and `tower_depth` deep."""
 
     seed: int = 0
     steps: int = 200
@@ -65,11 +69,25 @@ class VisionSpec:
     image_size: int = 96
     patch_size: int = 12
     threads: int = 1
+    tower_width: int = 64
+    tower_depth: int = 2
+    ocr_steps: int = 0
+    ocr_slots: int = 8
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "pool", "image_size", "patch_size", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VisionSpec.{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("tower_width", "tower_depth", "ocr_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VisionSpec.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.tower_width % 4:
+            raise ValueError(
+                f"VisionSpec.tower_width must be a multiple of 4 (attention heads), got {self.tower_width}"
+            )
+        if self.ocr_steps < 0:
+            raise ValueError(f"VisionSpec.ocr_steps must be >= 0, got {self.ocr_steps!r}")
         if not 0.0 <= self.buggy_fraction <= 1.0:
             raise ValueError(f"VisionSpec.buggy_fraction must be in [0, 1], got {self.buggy_fraction!r}")
         if self.image_size % self.patch_size:
@@ -80,7 +98,13 @@ class VisionSpec:
         return (self.image_size // self.patch_size) ** 2
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """12 hex of the spec; a field at its default before the reading stage existed
+        (`_LATER_DEFAULTS`) is left out, so builds made before keep their cache folders."""
+        fields = {k: v for k, v in asdict(self).items() if _LATER_DEFAULTS.get(k, object()) != v}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_LATER_DEFAULTS = {"tower_width": 64, "tower_depth": 2, "ocr_steps": 0, "ocr_slots": 8, "fresh": False}
 
 
 def default_dir(spec: VisionSpec) -> Path:
@@ -125,20 +149,23 @@ def processor(spec: VisionSpec, tok: Any) -> Any:
 
 
 def make_config(spec: VisionSpec, tok: Any) -> Any:
-    """LlavaConfig: SigLIP tower (hidden 64, 2 layers), the `tiny` Qwen2 preset as language model."""
+    """LlavaConfig: SigLIP tower (`tower_width` hidden, twice that in its MLP, `tower_depth`
+    layers, 4 heads), the `tiny` Qwen2 preset as language model, its positions enough for the
+    image tokens and a prompt (at least 512)."""
     from transformers import LlavaConfig, SiglipVisionConfig
 
     from posttrain.model.arch import make_config as text_config
 
     vision = SiglipVisionConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=spec.tower_width,
+        intermediate_size=2 * spec.tower_width,
+        num_hidden_layers=spec.tower_depth,
         num_attention_heads=4,
         image_size=spec.image_size,
         patch_size=spec.patch_size,
     )
-    text = text_config("tiny", len(tok), tok.pad_token_id, tok.eos_token_id, max_positions=512)
+    positions = max(512, spec.image_tokens + 256)
+    text = text_config("tiny", len(tok), tok.pad_token_id, tok.eos_token_id, max_positions=positions)
     return LlavaConfig(
         vision_config=vision,
         text_config=text,
@@ -238,24 +265,123 @@ class _Example:
 
 
 def _pool(spec: VisionSpec, tok: Any, proc: Any, rng: random.Random) -> list[_Example]:
-    """`spec.pool` train tasks of each family, each level in turn, answered right or (a share
-    `buggy_fraction`, drawn by `rng`) by the family's planted wrong answer."""
+    """`spec.pool` train tasks of each family (`_example`); none when the build is `fresh`."""
+    if spec.fresh:
+        return []
+    return [_example(name, index, spec, tok, proc, rng) for name in FAMILIES for index in range(spec.pool)]
+
+
+def _example(name: str, index: int, spec: VisionSpec, tok: Any, proc: Any, rng: random.Random) -> _Example:
+    """Train task `index` of family `name` (its level `1 + index % levels`), answered right or (a
+    share `buggy_fraction`, drawn by `rng`) by the family's planted wrong answer."""
     from posttrain.domains.registry import get
 
-    image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
-    out = []
-    for name in FAMILIES:
+    domain = get(name)
+    task = domain.sample(index, "train", 1 + index % domain.levels)
+    answer = domain.wrong(task) if rng.random() < spec.buggy_fraction else domain.gold(task)
+    ids = tok.apply_chat_template(chat(task.prompt), add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    prompt = expand_ids(ids, tok.convert_tokens_to_ids(IMAGE_TOKEN), spec.image_tokens)
+    images = [i for m in task.prompt for i in m.images]
+    return _Example(prompt, tuple(tok.encode(answer, add_special_tokens=False)), pixel_values(proc, images))
+
+
+CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+"""What the reading stage names (class 1 + index; 0 is no character); others printed are skipped."""
+
+
+def ocr_targets(domain: Any, scene: Any, spec: VisionSpec) -> Any:
+    """The reading stage's target of one scene of an image `domain`: a (patches x `ocr_slots`) long
+    tensor, each character the render prints (`ImageDomain.printed`), at its centre mapped to the
+    model's `image_size` grid (the processor's resize: x and y scaled apart), in the sub-column of
+    the patch it falls in (1 + its index in `CHARS`; 0 where none). Two in one sub-column: the later."""
+    import torch
+
+    w, h = domain.size
+    g, patch, slots = spec.image_size // spec.patch_size, spec.patch_size, spec.ocr_slots
+    tgt = torch.zeros(g, g, slots, dtype=torch.long)
+    for p in domain.printed(scene):
+        for ch, (cx, cy) in zip(p.text, p.centres):
+            if ch not in CHARS:
+                continue
+            px, py = cx * spec.image_size / w, cy * spec.image_size / h
+            gx, gy = int(px // patch), int(py // patch)
+            if 0 <= gx < g and 0 <= gy < g:
+                tgt[gy, gx, min(slots - 1, int((px - gx * patch) * slots / patch))] = 1 + CHARS.index(ch)
+    return tgt.view(g * g, slots)
+
+
+def dense_step(
+    tower: Any, head: Any, pixels: Any, targets: Any, params: list[Any], opt: Any, sched: Any
+) -> tuple[Any, float]:
+    """One step of a vision tower trained alone on a per-patch target: `head` on the tower's last
+    hidden states (the ones LLaVA's projector reads), cross-entropy against `targets` (class 0:
+    nothing there, weighted 0.2, the rest 1), gradients clipped at 1.0, then `opt` and `sched`
+    step. Returns the logits (targets' shape plus classes), detached, and the loss."""
+    import torch
+
+    hidden = tower(pixels, output_hidden_states=True).hidden_states[-1]
+    logits = head(hidden).view(*targets.shape, -1)
+    weight = torch.where(targets > 0, 1.0, 0.2).reshape(-1)
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    loss = (nll * weight).sum() / weight.sum()
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return logits.detach(), float(loss.item())
+
+
+def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True, n_eval: int = 30) -> dict[str, float]:
+    """`spec.ocr_steps` of the vision tower alone learning to read: a linear head on its last
+    hidden states names, at every patch sub-column, the character the families' image prints
+    there (`ocr_targets`), on batches of 32 unseen train tasks (row k: family k mod 3, task k // 3,
+    its levels in turn); AdamW at `spec.lr`, warm-up then cosine (`pretrain_optimizer`); the head
+    is dropped after. A dense target teaches the tower a glyph wherever it falls, which the
+    questions' one answer an image did not (bench/RESULTS.md, "Can the embedded VLM learn to see
+    at all?"). Returns the share of printed characters named right on `n_eval` held-out tasks a
+    family (measured, never trained on)."""
+    import torch
+
+    from posttrain.domains.registry import get
+    from posttrain.model.pretrain import pretrain_optimizer
+    from posttrain.progress import progress as progress_bar
+
+    tower = model.model.vision_tower
+    torch.manual_seed(spec.seed + 17)
+    head = torch.nn.Linear(tower.config.hidden_size, spec.ocr_slots * (1 + len(CHARS)))
+    params = list(tower.parameters()) + list(head.parameters())
+    opt, sched = pretrain_optimizer(params, spec.lr, spec.ocr_steps)
+
+    def row(name: str, split: str, index: int) -> tuple[Any, Any]:
         domain = get(name)
-        for index in range(spec.pool):
-            task = domain.sample(index, "train", 1 + index % domain.levels)
-            answer = domain.wrong(task) if rng.random() < spec.buggy_fraction else domain.gold(task)
-            ids = tok.apply_chat_template(chat(task.prompt), add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            prompt = expand_ids(ids, image_id, spec.image_tokens)
-            images = [i for m in task.prompt for i in m.images]
-            out.append(
-                _Example(prompt, tuple(tok.encode(answer, add_special_tokens=False)), pixel_values(proc, images))
-            )
+        scene = domain.draw(split, index, 1 + index % domain.levels)  # type: ignore[attr-defined]
+        return pixel_values(proc, [domain.image(scene.spec)]), ocr_targets(domain, scene.spec, spec)  # type: ignore[attr-defined]
+
+    bar = progress_bar(spec.ocr_steps, "read", disable=not progress)
+    k = 0
+    for step in range(spec.ocr_steps):
+        rows = [row(FAMILIES[j % len(FAMILIES)], "train", j // len(FAMILIES)) for j in range(k, k + 32)]
+        k += 32
+        targets = torch.stack([t for _, t in rows])
+        logits, loss = dense_step(tower, head, torch.cat([p for p, _ in rows]), targets, params, opt, sched)
+        if step % 20 == 0:
+            marked = targets > 0
+            right = (logits.argmax(-1)[marked] == targets[marked]).float().mean().item()
+            bar.set_postfix(loss=f"{loss:.3f}", chars=f"{right:.2f}")
+        bar.update(1)
+    bar.close()
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        for name in FAMILIES:
+            right = total = 0
+            for index in range(n_eval):
+                pixels, t = row(name, "eval", index)
+                got = head(tower(pixels, output_hidden_states=True).hidden_states[-1]).view(*t.shape, -1).argmax(-1)
+                right += int((got[t > 0] == t[t > 0]).sum())
+                total += int((t > 0).sum())
+            out[name] = round(right / max(1, total), 4)
     return out
 
 
@@ -292,9 +418,18 @@ def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = Tr
     torch.manual_seed(spec.seed)
     model = LlavaForConditionalGeneration(make_config(spec, tok))
     model.train()
+    reads = read_stage(model, proc, spec, progress) if spec.ocr_steps else None
+    drawn = [0]
+
+    def pick() -> _Example:
+        if not spec.fresh:
+            return rng.choice(pool)
+        k = drawn[0]
+        drawn[0] += 1
+        return _example(FAMILIES[k % len(FAMILIES)], k // len(FAMILIES), spec, tok, proc, rng)
 
     def next_batch() -> tuple[dict[str, Any], Any]:
-        ids, attn, mask, pixels = _batch(tok, [rng.choice(pool) for _ in range(spec.batch_size)])
+        ids, attn, mask, pixels = _batch(tok, [pick() for _ in range(spec.batch_size)])
         return {"input_ids": ids, "attention_mask": attn, "pixel_values": pixels}, mask
 
     loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, "pretrain vlm", progress)
@@ -311,6 +446,8 @@ def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = Tr
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "final_loss": round(loss, 4),
     }
+    if reads is not None:
+        info["read_heldout"] = reads  # the share of printed characters the tower names, held out
     (tmp / INFO).write_text(json.dumps(info, indent=2))
     if out.exists():
         import shutil
