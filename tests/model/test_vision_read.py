@@ -109,3 +109,16 @@ def test_a_bad_reading_spec_names_its_field():
         VisionSpec(tower_width=30)
     with pytest.raises(ValueError, match="VisionSpec.ocr_slots"):
         VisionSpec(ocr_slots=0)
+
+
+def test_the_command_builds_with_a_reading_stage_and_says_what_it_reads(tmp_path, capsys):
+    from posttrain.cli import main
+
+    out = tmp_path / "v"
+    args = ["base", "vlm", "--steps", "1", "--pool", "1", "--ocr-steps", "1", "--fresh", "--out", str(out)]
+    assert main(args) == 0
+    said = capsys.readouterr().out
+    info = json.loads((out / vision.INFO).read_text())
+    assert info["spec"]["ocr_steps"] == 1 and info["spec"]["fresh"] is True
+    reads = ", ".join(f"{k} {v:.2f}" for k, v in sorted(info["read_heldout"].items()))
+    assert f"characters read on held-out images (1 reading steps): {reads}" in said

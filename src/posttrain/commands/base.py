@@ -4,8 +4,9 @@
 and how long its last build here took; `build` builds the bases of the configs given (`--all`:
 every configs/*.yaml), each once, saying before each how long it took last time. A config with
 model.path uses no embedded base. `vlm` builds the embedded vision-language model
-(model/vision.py) of a seed and step count, into the cache unless `--out`, and prints its
-folder, weights digest, build time and peak RSS.
+(model/vision.py) of a seed, step counts and image size, into the cache unless `--out`, and
+prints its folder, weights digest, build time and peak RSS (and, with a reading stage, the share
+of printed characters it reads on held-out images).
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--seed", type=int, default=0, help="the build's seed (default 0)")
     v.add_argument("--steps", type=int, default=None, help="pretraining steps (default: model/vision.py's)")
     v.add_argument("--pool", type=int, default=None, help="train tasks drawn per family (default: model/vision.py's)")
+    v.add_argument(
+        "--image-size", type=int, default=None, help="pixels a side the model sees (default: model/vision.py's)"
+    )
+    v.add_argument("--patch-size", type=int, default=None, help="pixels a side of an image token's patch")
+    v.add_argument(
+        "--ocr-steps", type=int, default=None, help="steps of the reading stage before the questions (0: none)"
+    )
+    v.add_argument(
+        "--fresh", action="store_const", const=True, default=None, help="an unseen train task every row, not the pool"
+    )
     v.add_argument("--out", metavar="DIR", help="where to save it (default: the cache directory)")
     v.add_argument("--force", action="store_true", help="rebuild even if the cached model exists")
     v.set_defaults(func=run_vlm)
@@ -139,7 +150,8 @@ def run_vlm(args: argparse.Namespace) -> int:
     from posttrain.model.vision import INFO, VisionSpec, build_vlm, default_dir, ensure_vlm
 
     try:
-        given = {k: getattr(args, k) for k in ("steps", "pool") if getattr(args, k) is not None}
+        fields = ("steps", "pool", "image_size", "patch_size", "ocr_steps", "fresh")
+        given = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
         spec = dataclasses.replace(VisionSpec(seed=args.seed), **given)
     except ValueError as exc:
         raise ConfigError(f"posttrain base vlm: {exc}") from exc
@@ -152,4 +164,7 @@ def run_vlm(args: argparse.Namespace) -> int:
         f"vision model: {out} (seed {spec.seed}, {spec.steps} steps): weights {info['weights_digest']}, "
         f"built in {info['build_seconds']:.0f}s, peak RSS {info['peak_rss_mib']:.0f} MiB"
     )
+    if "read_heldout" in info:
+        reads = ", ".join(f"{k} {v:.2f}" for k, v in sorted(info["read_heldout"].items()))
+        print(f"characters read on held-out images ({spec.ocr_steps} reading steps): {reads}")
     return 0
