@@ -177,7 +177,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     model.train()
     ocr: dict[str, float] = {}
     if spec.ocr_steps and cfg.get("ocr_source") == "families":
-        ocr = {f"ocr_heldout_{k}": v for k, v in V.read_stage(model, proc, spec, n_eval=cfg.get("n_eval", 30)).items()}
+        ocr = {f"ocr_heldout_{k}": v for k, v in V.read_stage(model, proc, spec).items()}
     elif spec.ocr_steps:
         pretrain_tower(model, proc, spec, spec.ocr_steps, cfg.get("ocr_lr", 2e-3))
     if cfg.get("aux_steps"):

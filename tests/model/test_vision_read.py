@@ -68,29 +68,16 @@ def test_each_character_target_lies_over_ink_in_its_sub_column(name):
     assert marked > 10 * 6  # a scene prints tens of characters
 
 
-def test_a_build_with_the_reading_stage_is_deterministic_and_records_what_it_reads(tmp_path):
-    spec = VisionSpec(steps=2, batch_size=2, pool=1, ocr_steps=2, fresh=True, tower_width=32, tower_depth=1)
-    a = vision.build_vlm(spec, tmp_path / "a", progress=False)
-    b = vision.build_vlm(spec, tmp_path / "b", progress=False)
-    plain = vision.build_vlm(VisionSpec(steps=2, batch_size=2, pool=1, fresh=True), tmp_path / "c", progress=False)
-    info = json.loads((a / vision.INFO).read_text())
-    assert info["weights_digest"] == json.loads((b / vision.INFO).read_text())["weights_digest"]
-    assert set(info["read_heldout"]) == set(FAMILIES) and all(0 <= v <= 1 for v in info["read_heldout"].values())
-    assert "read_heldout" not in json.loads((plain / vision.INFO).read_text())
-    model, _, _ = vision.load_vlm(a)
-    assert model.config.vision_config.hidden_size == 32 and model.config.vision_config.num_hidden_layers == 1
-
-
 def test_the_reading_stage_moves_the_tower_and_nothing_else():
     import torch
     from transformers import LlavaForConditionalGeneration
 
-    spec = VisionSpec(ocr_steps=2)
+    spec = VisionSpec(ocr_steps=2, read_eval=1)
     tok = vision.build_tokenizer()
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(vision.make_config(spec, tok))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    vision.read_stage(model, vision.processor(spec, tok), spec, progress=False, n_eval=1)
+    vision.read_stage(model, vision.processor(spec, tok), spec, progress=False)
     moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert moved and all("vision_tower" in k for k in moved)
 
@@ -109,9 +96,11 @@ def test_a_bad_reading_spec_names_its_field():
         VisionSpec(tower_width=30)
     with pytest.raises(ValueError, match="VisionSpec.ocr_slots"):
         VisionSpec(ocr_slots=0)
+    with pytest.raises(ValueError, match="VisionSpec.read_eval"):
+        VisionSpec(read_eval=0)
 
 
-def test_the_command_builds_with_a_reading_stage_and_says_what_it_reads(tmp_path, capsys):
+def test_the_command_builds_with_a_reading_stage_deterministically_and_says_what_it_reads(tmp_path, capsys):
     from posttrain.cli import main
 
     out = tmp_path / "v"
@@ -120,5 +109,11 @@ def test_the_command_builds_with_a_reading_stage_and_says_what_it_reads(tmp_path
     said = capsys.readouterr().out
     info = json.loads((out / vision.INFO).read_text())
     assert info["spec"]["ocr_steps"] == 1 and info["spec"]["fresh"] is True
+    assert set(info["read_heldout"]) == set(FAMILIES) and all(0 <= v <= 1 for v in info["read_heldout"].values())
     reads = ", ".join(f"{k} {v:.2f}" for k, v in sorted(info["read_heldout"].items()))
     assert f"characters read on held-out images (1 reading steps): {reads}" in said
+    again = vision.build_vlm(VisionSpec(**info["spec"]), tmp_path / "again", progress=False)
+    assert json.loads((again / vision.INFO).read_text())["weights_digest"] == info["weights_digest"]
+    narrow = VisionSpec(steps=1, batch_size=2, pool=1, tower_width=32, tower_depth=1)
+    model, _, _ = vision.load_vlm(vision.build_vlm(narrow, tmp_path / "narrow", progress=False))
+    assert model.config.vision_config.hidden_size == 32 and model.config.vision_config.num_hidden_layers == 1

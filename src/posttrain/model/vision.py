@@ -73,13 +73,15 @@ class VisionSpec:
     tower_depth: int = 2
     ocr_steps: int = 0
     ocr_slots: int = 8
+    read_eval: int = 30
+    """Held-out tasks a family the reading stage is measured on (`read_heldout` in `INFO`)."""
     fresh: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "pool", "image_size", "patch_size", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VisionSpec.{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("tower_width", "tower_depth", "ocr_slots"):
+        for name in ("tower_width", "tower_depth", "ocr_slots", "read_eval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VisionSpec.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.tower_width % 4:
@@ -104,7 +106,7 @@ class VisionSpec:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-_LATER_DEFAULTS = {"tower_width": 64, "tower_depth": 2, "ocr_steps": 0, "ocr_slots": 8, "fresh": False}
+_LATER_DEFAULTS = {"tower_width": 64, "tower_depth": 2, "ocr_steps": 0, "ocr_slots": 8, "read_eval": 30, "fresh": False}
 
 
 def default_dir(spec: VisionSpec) -> Path:
@@ -333,15 +335,15 @@ def dense_step(
     return logits.detach(), float(loss.item())
 
 
-def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True, n_eval: int = 30) -> dict[str, float]:
+def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True) -> dict[str, float]:
     """`spec.ocr_steps` of the vision tower alone learning to read: a linear head on its last
     hidden states names, at every patch sub-column, the character the families' image prints
     there (`ocr_targets`), on batches of 32 unseen train tasks (row k: family k mod 3, task k // 3,
     its levels in turn); AdamW at `spec.lr`, warm-up then cosine (`pretrain_optimizer`); the head
     is dropped after. A dense target teaches the tower a glyph wherever it falls, which the
     questions' one answer an image did not (bench/RESULTS.md, "Can the embedded VLM learn to see
-    at all?"). Returns the share of printed characters named right on `n_eval` held-out tasks a
-    family (measured, never trained on)."""
+    at all?"). Returns the share of printed characters named right on `spec.read_eval` held-out
+    tasks a family (measured, never trained on)."""
     import torch
 
     from posttrain.domains.registry import get
@@ -376,7 +378,7 @@ def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True, n
     with torch.no_grad():
         for name in FAMILIES:
             right = total = 0
-            for index in range(n_eval):
+            for index in range(spec.read_eval):
                 pixels, t = row(name, "eval", index)
                 got = head(tower(pixels, output_hidden_states=True).hidden_states[-1]).view(*t.shape, -1).argmax(-1)
                 right += int((got[t > 0] == t[t > 0]).sum())
