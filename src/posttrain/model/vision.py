@@ -78,10 +78,8 @@ class VisionSpec:
     fresh: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "pool", "image_size", "patch_size", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"VisionSpec.{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("tower_width", "tower_depth", "ocr_slots", "read_eval"):
+        positive = ("steps", "batch_size", "pool", "image_size", "patch_size", "threads")
+        for name in (*positive, "tower_width", "tower_depth", "ocr_slots", "read_eval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VisionSpec.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.tower_width % 4:
