@@ -23,6 +23,7 @@ with another task's image (`shuf`, the answer-kind baseline: what the model gets
 prints one `RESULT` JSON line with the build's CPU seconds and peak RSS.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_reading.py '{"steps": 400, "image_size": 192, "patch_size": 16}'
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_reading.py '{"model": "DIR"}'   # a built folder, held out only
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import resource
 import string
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -200,28 +202,52 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"cfg": cfg, "build_cpu_s": round(time.process_time() - t0), "last_loss": round(loss, 3)}
     res |= ocr
     res["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    n = cfg.get("n_eval", 30)
+    return res | heldout(model, tok, proc, spec, cfg.get("n_eval", 30))
+
+
+def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int) -> dict[str, Any]:
+    """Greedy on `n` held-out level-1 tasks a family, each with its own image (`NAME_true`, and
+    by question `NAME_true_by_ask`: right of asked) and with another task's image (`NAME_shuf`)."""
+    image_id = tok.convert_tokens_to_ids(V.IMAGE_TOKEN)
+    res: dict[str, Any] = {}
     with torch.no_grad():
         for name in V.FAMILIES:
             tasks = [get(name).sample(i, "eval", 1) for i in range(n)]
             pix = [V.pixel_values(proc, [i for m in t.prompt for i in m.images]) for t in tasks]
             for mode in ("true", "shuf"):
-                right, answers = 0, []
+                right, answers, by_ask = 0, [], {}
                 for k, t in enumerate(tasks):
-                    ids = torch.tensor([prompt(t)])
+                    ids = tok.apply_chat_template(V.chat(t.prompt), add_generation_prompt=True, tokenize=True)
+                    ids = V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens)
+                    ids = torch.tensor([ids])
                     seen = pix[k if mode == "true" else (k + 7) % n]
                     out = model.generate(
                         input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=seen, max_new_tokens=32,
                         do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                     )  # fmt: skip
                     got = extract_answer(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
-                    right += judge(t.reference, got)[1]
+                    ok = judge(t.reference, got)[1]
+                    right += ok
                     answers.append(got)
+                    tally = by_ask.setdefault(t.reference["ask"], [0, 0])
+                    tally[0], tally[1] = tally[0] + ok, tally[1] + 1
                 res[f"{name}_{mode}"] = round(right / n, 3)
                 if mode == "true":
                     res[f"{name}_distinct"], res[f"{name}_examples"] = len(set(answers)), answers[:5]
+                    res[f"{name}_true_by_ask"] = {a: f"{r}/{c}" for a, (r, c) in sorted(by_ask.items())}
     return res
 
 
+def evaluate_folder(folder: str, n: int) -> dict[str, Any]:
+    """`heldout` of a built VLM folder (`posttrain base vlm --out DIR`), its spec from the folder."""
+    info = json.loads((Path(folder) / V.INFO).read_text())
+    model, tok, proc = V.load_vlm(folder)
+    spec = V.VisionSpec(**info["spec"])
+    return {"model": folder, "read_heldout": info.get("read_heldout")} | heldout(model, tok, proc, spec, n)
+
+
 if __name__ == "__main__":
-    print("RESULT", json.dumps(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})), flush=True)
+    cfg = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    torch.set_num_threads(1)
+    out = evaluate_folder(cfg["model"], cfg.get("n_eval", 30)) if "model" in cfg else main(cfg)
+    print("RESULT", json.dumps(out), flush=True)
