@@ -72,7 +72,7 @@ def test_the_reading_stage_moves_the_tower_and_nothing_else():
     import torch
     from transformers import LlavaForConditionalGeneration
 
-    spec = VisionSpec(ocr_steps=2, read_eval=1)
+    spec = VisionSpec(ocr_steps=1, read_eval=1)
     tok = vision.build_tokenizer()
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(vision.make_config(spec, tok))
