@@ -146,15 +146,15 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 
     qa, aux = [], []
 
-    def example(name: str, index: int) -> Any:
-        """Train task `index` of family `name` (levels in turn) as a question row, and its
-        transcription row when there is an `aux` stage."""
+    def example(name: str, index: int, pooled: bool = True) -> Any:
+        """Train task `index` of family `name` (levels in turn) as a question row, and, for the
+        pool's tasks, its transcription row when there is an `aux` stage."""
         d = get(name)
         task = d.sample(index, "train", levels[index % len(levels)])
         pix = V.pixel_values(proc, [i for m in task.prompt for i in m.images]).half()
         answer = d.wrong(task) if rng.random() < spec.buggy_fraction else d.gold(task)
         row = (prompt(task), tok.encode(answer, add_special_tokens=False), pix)
-        if cfg.get("aux_steps"):
+        if pooled and cfg.get("aux_steps"):
             aux.append((prompt(task, "Describe."), tok.encode(describe(task), add_special_tokens=False), pix))
         return row
 
@@ -166,7 +166,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         """`fresh`: the next unseen train task (after the pool's), the families in turn."""
         k = drawn[0]
         drawn[0] += 1
-        return example(V.FAMILIES[k % len(V.FAMILIES)], spec.pool + k // len(V.FAMILIES))
+        return example(V.FAMILIES[k % len(V.FAMILIES)], spec.pool + k // len(V.FAMILIES), pooled=False)
 
     def batch_of(exs: list[Any]) -> tuple[dict[str, Any], Any]:
         rows = [list(p) + list(a) + [tok.eos_token_id] for p, a, _ in exs]
