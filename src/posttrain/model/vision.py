@@ -341,7 +341,8 @@ def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True) -
     is dropped after. A dense target teaches the tower a glyph wherever it falls, which the
     questions' one answer an image did not (bench/RESULTS.md, "Can the embedded VLM learn to see
     at all?"). Returns the share of printed characters named right on `spec.read_eval` held-out
-    tasks a family (measured, never trained on)."""
+    tasks a family at the end of the stage (measured, never trained on; the question stage after
+    it trains the tower too)."""
     import torch
 
     from posttrain.domains.registry import get
