@@ -21,8 +21,9 @@ def test_watching_a_render_leaves_the_task_image_as_drawn(name):
     domain = get(name)
     for index in range(4):
         task = domain.sample(index, "train", 1 + index % 3)
-        assert domain.printed(task.reference["scene"])
-        assert domain.image(task.reference["scene"]).png == task.prompt[0].images[0].png
+        image, printed = domain.image_and_printed(task.reference["scene"])
+        assert printed == domain.printed(task.reference["scene"]) and printed
+        assert image.png == domain.image(task.reference["scene"]).png == task.prompt[0].images[0].png
 
 
 def test_every_label_value_and_title_a_chart_prints_is_recorded_with_a_centre_a_character():
@@ -49,7 +50,7 @@ def test_each_character_target_lies_over_ink_in_its_sub_column(name):
     marked = 0
     for index in range(6):
         scene = domain.draw("train", index, 1 + index % 3)
-        tgt = vision.ocr_targets(domain, scene.spec, spec)
+        tgt = vision.ocr_targets(domain.printed(scene.spec), domain.size, spec)
         assert tgt.shape == (g * g, 8)
         grey = domain.render(scene.spec).convert("L").resize((384, 384))
         px = grey.load()

@@ -223,13 +223,17 @@ class ImageDomain(Domain):
         """Every string the scene's render prints, in drawing order, with its place (`Printed`):
         what a reader of the image reads. The build's reading stage (model/vision.py) learns it
         from train tasks; it is no part of a task record, so a policy never sees it."""
+        return self.image_and_printed(spec)[1]
+
+    def image_and_printed(self, spec: Mapping[str, Any]) -> tuple[Image, tuple[Printed, ...]]:
+        """The scene's image (`image`) and what it prints (`printed`), from one render."""
         seen: list[Printed] = []
         token = _PRINTED.set(seen)
         try:
-            self.render(spec)
+            img = self.image(spec)
         finally:
             _PRINTED.reset(token)
-        return tuple(seen)
+        return img, tuple(seen)
 
     def image(self, spec: Mapping[str, Any]) -> Image:
         img = self.render(spec).convert("RGB")

@@ -290,17 +290,18 @@ CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 """What the reading stage names (class 1 + index; 0 is no character); others printed are skipped."""
 
 
-def ocr_targets(domain: Any, scene: Any, spec: VisionSpec) -> Any:
-    """The reading stage's target of one scene of an image `domain`: a (patches x `ocr_slots`) long
-    tensor, each character the render prints (`ImageDomain.printed`), at its centre mapped to the
-    model's `image_size` grid (the processor's resize: x and y scaled apart), in the sub-column of
-    the patch it falls in (1 + its index in `CHARS`; 0 where none). Two in one sub-column: the later."""
+def ocr_targets(printed: Sequence[Any], size: tuple[int, int], spec: VisionSpec) -> Any:
+    """The reading stage's target of one image of canvas `size` (width, height): a (patches x
+    `ocr_slots`) long tensor, each character it prints (`printed`: `ImageDomain.printed`), at its
+    centre mapped to the model's `image_size` grid (the processor's resize: x and y scaled apart),
+    in the sub-column of the patch it falls in (1 + its index in `CHARS`; 0 where none). Two in
+    one sub-column: the later."""
     import torch
 
-    w, h = domain.size
+    w, h = size
     g, patch, slots = spec.image_size // spec.patch_size, spec.patch_size, spec.ocr_slots
     tgt = torch.zeros(g, g, slots, dtype=torch.long)
-    for p in domain.printed(scene):
+    for p in printed:
         for ch, (cx, cy) in zip(p.text, p.centres):
             if ch not in CHARS:
                 continue
@@ -311,17 +312,22 @@ def ocr_targets(domain: Any, scene: Any, spec: VisionSpec) -> Any:
     return tgt.view(g * g, slots)
 
 
+def patch_logits(tower: Any, head: Any, pixels: Any, shape: Any) -> Any:
+    """`head` on the tower's last hidden states (the ones LLaVA's projector reads), viewed as
+    `shape` (a per-patch target's) plus the classes."""
+    return head(tower(pixels, output_hidden_states=True).hidden_states[-1]).view(*shape, -1)
+
+
 def dense_step(
     tower: Any, head: Any, pixels: Any, targets: Any, params: list[Any], opt: Any, sched: Any
 ) -> tuple[Any, float]:
-    """One step of a vision tower trained alone on a per-patch target: `head` on the tower's last
-    hidden states (the ones LLaVA's projector reads), cross-entropy against `targets` (class 0:
+    """One step of a vision tower trained alone on a per-patch target: `patch_logits`,
+    cross-entropy against `targets` (class 0:
     nothing there, weighted 0.2, the rest 1), gradients clipped at 1.0, then `opt` and `sched`
     step. Returns the logits (targets' shape plus classes), detached, and the loss."""
     import torch
 
-    hidden = tower(pixels, output_hidden_states=True).hidden_states[-1]
-    logits = head(hidden).view(*targets.shape, -1)
+    logits = patch_logits(tower, head, pixels, targets.shape)
     weight = torch.where(targets > 0, 1.0, 0.2).reshape(-1)
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     loss = (nll * weight).sum() / weight.sum()
@@ -358,7 +364,8 @@ def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True) -
     def row(name: str, split: str, index: int) -> tuple[Any, Any]:
         domain = get(name)
         scene = domain.draw(split, index, 1 + index % domain.levels)  # type: ignore[attr-defined]
-        return pixel_values(proc, [domain.image(scene.spec)]), ocr_targets(domain, scene.spec, spec)  # type: ignore[attr-defined]
+        image, printed = domain.image_and_printed(scene.spec)  # type: ignore[attr-defined]
+        return pixel_values(proc, [image]), ocr_targets(printed, domain.size, spec)  # type: ignore[attr-defined]
 
     bar = progress_bar(spec.ocr_steps, "read", disable=not progress)
     k = 0
@@ -379,7 +386,7 @@ def read_stage(model: Any, proc: Any, spec: VisionSpec, progress: bool = True) -
             right = total = 0
             for index in range(spec.read_eval):
                 pixels, t = row(name, "eval", index)
-                got = head(tower(pixels, output_hidden_states=True).hidden_states[-1]).view(*t.shape, -1).argmax(-1)
+                got = patch_logits(tower, head, pixels, t.shape).argmax(-1)
                 right += int((got[t > 0] == t[t > 0]).sum())
                 total += int((t > 0).sum())
             out[name] = round(right / max(1, total), 4)
