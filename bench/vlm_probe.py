@@ -133,12 +133,10 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.process_time()
     tok = V.build_tokenizer()
     proc = V.processor(spec, tok)
-    image_id = tok.convert_tokens_to_ids(V.IMAGE_TOKEN)
 
     def prompt(question: str) -> list[int]:
         msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        return list(V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens))
+        return list(V.prompt_ids(tok, msgs, spec.image_tokens))
 
     def pixels(img: Any) -> Any:
         return proc.image_processor(images=[img], return_tensors="pt")["pixel_values"].float()

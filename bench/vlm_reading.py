@@ -136,13 +136,11 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.process_time()
     tok = V.build_tokenizer()
     proc = V.processor(spec, tok)
-    image_id = tok.convert_tokens_to_ids(V.IMAGE_TOKEN)
     rng = random.Random(spec.seed)
 
     def prompt(task: Any, question: str | None = None) -> tuple[int, ...]:
         msgs = task.prompt if question is None else (Message("user", question, task.prompt[0].images),)
-        ids = tok.apply_chat_template(V.chat(msgs), add_generation_prompt=True, tokenize=True)
-        return V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens)
+        return V.prompt_ids(tok, V.chat(msgs), spec.image_tokens)
 
     qa, aux = [], []
 
@@ -208,7 +206,6 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int) -> dict[str, Any]:
     """Greedy on `n` held-out level-1 tasks a family, each with its own image (`NAME_true`, and
     by question `NAME_true_by_ask`: right of asked) and with another task's image (`NAME_shuf`)."""
-    image_id = tok.convert_tokens_to_ids(V.IMAGE_TOKEN)
     res: dict[str, Any] = {}
     with torch.no_grad():
         for name in V.FAMILIES:
@@ -217,9 +214,7 @@ def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int) -> dict
             for mode in ("true", "shuf"):
                 right, answers, by_ask = 0, [], {}
                 for k, t in enumerate(tasks):
-                    ids = tok.apply_chat_template(V.chat(t.prompt), add_generation_prompt=True, tokenize=True)
-                    ids = V.expand_ids(ids["input_ids"] if hasattr(ids, "keys") else ids, image_id, spec.image_tokens)
-                    ids = torch.tensor([ids])
+                    ids = torch.tensor([V.prompt_ids(tok, V.chat(t.prompt), spec.image_tokens)])
                     seen = pix[k if mode == "true" else (k + 7) % n]
                     out = model.generate(
                         input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=seen, max_new_tokens=32,

@@ -216,6 +216,14 @@ def expand_ids(ids: Sequence[int], image_id: int, image_tokens: int) -> tuple[in
     return tuple(out)
 
 
+def prompt_ids(tok: Any, messages: Sequence[dict[str, Any]], image_tokens: int) -> tuple[int, ...]:
+    """The ids of chat-template `messages` (`chat`'s form) with the generation prompt, each
+    `<|image|>` expanded to `image_tokens` (what the build trains on)."""
+    ids = tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    return expand_ids(ids, tok.convert_tokens_to_ids(IMAGE_TOKEN), image_tokens)
+
+
 def pixel_values(proc: Any, images: Sequence[Image]) -> Any:
     """The model's input tensor (images x 3 x H x W, float32) for `images`, decoded from their PNG
     bytes and preprocessed by `proc` (a processor or an image processor): a pure function of the
@@ -279,9 +287,7 @@ def _example(name: str, index: int, spec: VisionSpec, tok: Any, proc: Any, rng: 
     domain = get(name)
     task = domain.sample(index, "train", 1 + index % domain.levels)
     answer = domain.wrong(task) if rng.random() < spec.buggy_fraction else domain.gold(task)
-    ids = tok.apply_chat_template(chat(task.prompt), add_generation_prompt=True, tokenize=True)
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    prompt = expand_ids(ids, tok.convert_tokens_to_ids(IMAGE_TOKEN), spec.image_tokens)
+    prompt = prompt_ids(tok, chat(task.prompt), spec.image_tokens)
     images = [i for m in task.prompt for i in m.images]
     return _Example(prompt, tuple(tok.encode(answer, add_special_tokens=False)), pixel_values(proc, images))
 
