@@ -16,7 +16,19 @@ with the spec's fields overridden and three optional stages before the question 
   (model/vision.py `read_stage`: the families' own train images, an unseen task every row, the
   characters their renders print in `ocr_slots` sub-columns a patch), and the share of
   characters the tower names right on held-out tasks (`ocr_heldout_NAME`);
-- `fresh`: the question stage on an unseen train task every row instead of drawing from the pool.
+- `tower_from`: the vision tower's weights from a folder this script saved (`out`), instead of the
+  reading stage (which is then skipped; its held-out figures are that folder's);
+- `lm_from`: the language model's weights from a text base folder (`~/.cache/posttrain/base-*`: the
+  same `tiny` preset, its tokenizer's ids the first of this one's) instead of random ones;
+- `out`: the built model saved there (a folder `{"model": DIR}` evaluates);
+- `fresh`: the question stage on an unseen train task every row instead of drawing from the pool;
+- `freeze_tower`: the question stage trains the projector and the language model only (the tower
+  keeps what the reading stage taught it);
+- `transcribe`: every question row's answer is the image's transcript first (`transcript`: every
+  string the render prints, in its order, joined by " | "), then the answer: the model reads the
+  image out, then answers from what it read. Held out, it is also scored on the transcript it
+  writes (`NAME_read`: difflib's ratio to the true one) and on the answer it gives after the true
+  transcript is put in its mouth (`NAME_given`: the text reasoning alone).
 
 Then greedy on `n_eval` held-out level-1 tasks per family, each with its own image (`true`) and
 with another task's image (`shuf`, the answer-kind baseline: what the model gets without reading);
@@ -129,6 +141,28 @@ def describe(task: Any) -> str:
     return f"w {s['w']} h {s['h']} holes {len(s['holes'])}"
 
 
+def transcript(task: Any) -> str:
+    """The `transcribe` prefix: every string the task's render prints, in order, joined by " | "."""
+    return " | ".join(p.text for p in get(task.domain).printed(task.reference["scene"]))
+
+
+def load_language_model(model: Any, folder: str) -> None:
+    """`lm_from`: a text base's weights into the VLM's language model; its embedding rows into the
+    first rows of the VLM's (the image token's row keeps its random start)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(Path(folder) / "model.safetensors"))
+    lm = model.model.language_model
+    state = lm.state_dict()
+    for k, v in weights.items():
+        name = k.removeprefix("model.")
+        if name == "embed_tokens.weight":
+            state[name][: v.shape[0]] = v
+        elif name in state:
+            state[name] = v
+    lm.load_state_dict(state)
+
+
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     spec = vlm_spec(cfg)
     levels = cfg.get("levels", [1, 2, 3])
@@ -151,6 +185,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         task = d.sample(index, "train", levels[index % len(levels)])
         pix = V.pixel_values(proc, [i for m in task.prompt for i in m.images]).half()
         answer = d.wrong(task) if rng.random() < spec.buggy_fraction else d.gold(task)
+        if cfg.get("transcribe"):
+            answer = f"{transcript(task)} {answer}"
         row = (prompt(task), tok.encode(answer, add_special_tokens=False), pix)
         if pooled and cfg.get("aux_steps"):
             aux.append((prompt(task, "Describe."), tok.encode(describe(task), add_special_tokens=False), pix))
@@ -176,10 +212,22 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     model = LlavaForConditionalGeneration(V.make_config(spec, tok))
     model.train()
     ocr: dict[str, float] = {}
-    if spec.ocr_steps and cfg.get("ocr_source") == "families":
+    if cfg.get("lm_from"):
+        load_language_model(model, cfg["lm_from"])
+    if cfg.get("tower_from"):
+        from safetensors.torch import load_file
+
+        weights = load_file(str(Path(cfg["tower_from"]) / "model.safetensors"))
+        tower = {k.removeprefix("vision_tower."): v for k, v in weights.items() if k.startswith("vision_tower.")}
+        model.model.vision_tower.load_state_dict(tower)
+        saved = json.loads((Path(cfg["tower_from"]) / V.INFO).read_text())
+        ocr = {k: v for k, v in saved.items() if k.startswith("ocr_heldout_")}
+    elif spec.ocr_steps and cfg.get("ocr_source") == "families":
         ocr = {f"ocr_heldout_{k}": v for k, v in V.read_stage(model, proc, spec).items()}
     elif spec.ocr_steps:
         pretrain_tower(model, proc, spec, spec.ocr_steps, cfg.get("ocr_lr", 2e-3))
+    if cfg.get("freeze_tower"):
+        model.model.vision_tower.requires_grad_(False)  # AdamW leaves a parameter with no grad alone
     if cfg.get("aux_steps"):
         fit_masked_lm(
             model,
@@ -200,28 +248,58 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"cfg": cfg, "build_cpu_s": round(time.process_time() - t0), "last_loss": round(loss, 3)}
     res |= ocr
     res["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    return res | heldout(model, tok, proc, spec, cfg.get("n_eval", 30))
+    if cfg.get("out"):  # a folder `{"model": DIR}` (and `posttrain eval`) can load
+        from dataclasses import asdict
+
+        from posttrain.model.tokenizer import save_tokenizer
+
+        model.save_pretrained(cfg["out"])
+        proc.save_pretrained(cfg["out"])
+        save_tokenizer(tok, cfg["out"])
+        (Path(cfg["out"]) / V.INFO).write_text(json.dumps({"spec": asdict(spec), "bench": cfg} | ocr, indent=2))
+    return res | heldout(model, tok, proc, spec, cfg.get("n_eval", 30), bool(cfg.get("transcribe")))
 
 
-def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int) -> dict[str, Any]:
+def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int, transcribe: bool = False) -> dict[str, Any]:
     """Greedy on `n` held-out level-1 tasks a family, each with its own image (`NAME_true`, and
-    by question `NAME_true_by_ask`: right of asked) and with another task's image (`NAME_shuf`)."""
+    by question `NAME_true_by_ask`: right of asked) and with another task's image (`NAME_shuf`).
+    A `transcribe` build writes its transcript first: `NAME_read` is the mean difflib ratio of what
+    it wrote before `<answer>` to the true transcript (own image), `NAME_given` the share right when
+    the true transcript is given as the start of its reply."""
+    import difflib
+
     res: dict[str, Any] = {}
+
+    def reply(ids: Any, pixels: Any) -> str:
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels,
+            max_new_tokens=256 if transcribe else 32, do_sample=False,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
     with torch.no_grad():
         for name in V.FAMILIES:
             tasks = [get(name).sample(i, "eval", 1) for i in range(n)]
             pix = [V.pixel_values(proc, [i for m in t.prompt for i in m.images]) for t in tasks]
+            reads: list[float] = []
+            given = 0
             for mode in ("true", "shuf"):
                 right, answers, by_ask = 0, [], {}
                 for k, t in enumerate(tasks):
                     ids = torch.tensor([V.prompt_ids(tok, V.chat(t.prompt), spec.image_tokens)])
                     seen = pix[k if mode == "true" else (k + 7) % n]
-                    out = model.generate(
-                        input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=seen, max_new_tokens=32,
-                        do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                    )  # fmt: skip
-                    got = extract_answer(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+                    text = reply(ids, seen)
+                    got = extract_answer(text)
                     ok = judge(t.reference, got)[1]
+                    if transcribe and mode == "true":
+                        true = transcript(t)
+                        wrote = text.split("<answer>")[0].strip()
+                        reads.append(difflib.SequenceMatcher(None, wrote, true).ratio())
+                        given_ids = torch.cat(
+                            [ids, torch.tensor([tok.encode(true + " ", add_special_tokens=False)])], 1
+                        )
+                        given += judge(t.reference, extract_answer(reply(given_ids, seen)))[1]
                     right += ok
                     answers.append(got)
                     tally = by_ask.setdefault(t.reference["ask"], [0, 0])
@@ -230,6 +308,8 @@ def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int) -> dict
                 if mode == "true":
                     res[f"{name}_distinct"], res[f"{name}_examples"] = len(set(answers)), answers[:5]
                     res[f"{name}_true_by_ask"] = {a: f"{r}/{c}" for a, (r, c) in sorted(by_ask.items())}
+            if transcribe:
+                res[f"{name}_read"], res[f"{name}_given"] = round(sum(reads) / n, 3), round(given / n, 3)
     return res
 
 
@@ -238,7 +318,8 @@ def evaluate_folder(folder: str, n: int) -> dict[str, Any]:
     info = json.loads((Path(folder) / V.INFO).read_text())
     model, tok, proc = V.load_vlm(folder)
     spec = V.VisionSpec(**info["spec"])
-    return {"model": folder, "read_heldout": info.get("read_heldout")} | heldout(model, tok, proc, spec, n)
+    transcribe = bool(info.get("bench", {}).get("transcribe"))
+    return {"model": folder, "read_heldout": info.get("read_heldout")} | heldout(model, tok, proc, spec, n, transcribe)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""bench/vlm_reading.py's `transcribe` rows: the transcript is what the task's image prints, in the
+render's order, and it carries a read-off answer (so a model that reads it out can answer)."""
+
+from __future__ import annotations
+
+from bench_loader import load
+
+from posttrain.domains.registry import get
+
+vr = load("vlm_reading")
+
+
+def test_a_chart_transcript_is_its_title_then_what_each_category_prints():
+    for index in range(12):
+        task = get("chart").sample(index, "train", 1)
+        scene = task.reference["scene"]
+        pieces = vr.transcript(task).split(" | ")
+        assert pieces[0] == scene["title"]
+        printed = " ".join(pieces[1:])
+        for label, value in zip(scene["labels"], scene["values"]):
+            assert label in printed and str(value) in printed
+        if task.reference["ask"] == "value":  # a read-off: the answer is one of the pieces
+            assert any(str(task.reference["answer"]) in p.split() for p in pieces[1:])
+
+
+def test_transcripts_follow_the_image_not_the_family():
+    for name in ("chart", "drawing", "ui"):
+        texts = {vr.transcript(get(name).sample(i, "train", 1)) for i in range(10)}
+        assert len(texts) >= 8, name  # a constant transcript would teach nothing about the image
+
+
+def test_lm_from_puts_a_text_base_into_the_language_model_and_leaves_the_rest(tmp_path):
+    import torch
+    from transformers import LlavaForConditionalGeneration, Qwen2ForCausalLM
+
+    from posttrain.model import vision as V
+    from posttrain.model.arch import make_config
+    from posttrain.model.tokenizer import build_tokenizer
+
+    text_tok, tok = build_tokenizer(), V.build_tokenizer()
+    torch.manual_seed(1)
+    text = Qwen2ForCausalLM(make_config("tiny", len(text_tok), text_tok.pad_token_id, text_tok.eos_token_id))
+    text.save_pretrained(tmp_path)
+    torch.manual_seed(2)
+    vlm = LlavaForConditionalGeneration(V.make_config(V.VisionSpec(), tok))
+    tower = {k: v.clone() for k, v in vlm.model.vision_tower.state_dict().items()}
+    image_row = vlm.model.language_model.embed_tokens.weight[len(text_tok) :].clone()
+    vr.load_language_model(vlm, str(tmp_path))
+    got, want = vlm.model.language_model.state_dict(), text.model.state_dict()
+    assert len(tok) == len(text_tok) + 1  # the image token is the one row the text base lacks
+    for name, value in want.items():
+        if name == "embed_tokens.weight":
+            assert torch.equal(got[name][: len(text_tok)], value)
+        else:
+            assert torch.equal(got[name], value), name
+    assert torch.equal(vlm.model.language_model.embed_tokens.weight[len(text_tok) :], image_row)
+    assert torch.equal(vlm.lm_head.weight[: len(text_tok)], text.lm_head.weight)  # tied: the head follows
+    assert all(torch.equal(v, tower[k]) for k, v in vlm.model.vision_tower.state_dict().items())
