@@ -248,7 +248,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"cfg": cfg, "build_cpu_s": round(time.process_time() - t0), "last_loss": round(loss, 3)}
     res |= ocr
     res["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    if cfg.get("out"):  # a folder `{"model": DIR}` (and `posttrain eval`) can load
+    if cfg.get("out"):  # a folder `{"model": DIR}` (and `vision.load_vlm`) loads
         from dataclasses import asdict
 
         from posttrain.model.tokenizer import save_tokenizer
