@@ -215,11 +215,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("lm_from"):
         load_language_model(model, cfg["lm_from"])
     if cfg.get("tower_from"):
-        from safetensors.torch import load_file
-
-        weights = load_file(str(Path(cfg["tower_from"]) / "model.safetensors"))
-        tower = {k.removeprefix("vision_tower."): v for k, v in weights.items() if k.startswith("vision_tower.")}
-        model.model.vision_tower.load_state_dict(tower)
+        model.model.vision_tower.load_state_dict(V.load_vlm(cfg["tower_from"])[0].model.vision_tower.state_dict())
         saved = json.loads((Path(cfg["tower_from"]) / V.INFO).read_text())
         ocr = {k: v for k, v in saved.items() if k.startswith("ocr_heldout_")}
     elif spec.ocr_steps and cfg.get("ocr_source") == "families":
@@ -251,11 +247,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("out"):  # a folder `{"model": DIR}` (and `vision.load_vlm`) loads
         from dataclasses import asdict
 
-        from posttrain.model.tokenizer import save_tokenizer
-
-        model.save_pretrained(cfg["out"])
-        proc.save_pretrained(cfg["out"])
-        save_tokenizer(tok, cfg["out"])
+        V.save_vlm(model, tok, proc, cfg["out"])
         (Path(cfg["out"]) / V.INFO).write_text(json.dumps({"spec": asdict(spec), "bench": cfg} | ocr, indent=2))
     return res | heldout(model, tok, proc, spec, cfg.get("n_eval", 30), bool(cfg.get("transcribe")))
 

@@ -411,6 +411,17 @@ def _batch(tok: Any, examples: Sequence[_Example]) -> tuple[Any, Any, Any, Any]:
     return ids, attn, loss, torch.cat([e.pixels for e in examples])
 
 
+def save_vlm(model: Any, tok: Any, proc: Any, folder: Path | str) -> None:
+    """The weights, the tokenizer and the processor into `folder`: what `load_vlm` reads (the
+    caller writes `INFO` beside them)."""
+    from posttrain.model.tokenizer import save_tokenizer
+
+    model.save_pretrained(folder)
+    save_tokenizer(tok, folder)
+    proc.save_pretrained(folder)
+    save_tokenizer(tok, folder)  # the processor wrote the tokenizer again, in its plain form
+
+
 def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = True) -> Path:
     """Pretrain and save the VLM; returns its folder. Its spec, weights digest, build seconds and
     peak RSS are stored beside it (`INFO`)."""
@@ -420,7 +431,6 @@ def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = Tr
     from transformers import LlavaForConditionalGeneration
 
     from posttrain.model.pretrain import fit_masked_lm
-    from posttrain.model.tokenizer import save_tokenizer
 
     began = time.perf_counter()
     out = Path(out_dir) if out_dir else default_dir(spec)
@@ -449,10 +459,7 @@ def build_vlm(spec: VisionSpec, out_dir: Path | None = None, progress: bool = Tr
     loss = fit_masked_lm(model, next_batch, spec.steps, spec.lr, "pretrain vlm", progress)
     model.eval()
     tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    save_tokenizer(tok, tmp)
-    proc.save_pretrained(tmp)
-    save_tokenizer(tok, tmp)  # the processor wrote the tokenizer again, in its plain form
+    save_vlm(model, tok, proc, tmp)
     info = {
         "spec": asdict(spec),
         "weights_digest": weights_digest(model),
