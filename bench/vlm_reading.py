@@ -25,10 +25,11 @@ with the spec's fields overridden and three optional stages before the question 
 - `freeze_tower`: the question stage trains the projector and the language model only (the tower
   keeps what the reading stage taught it);
 - `transcribe`: every question row's answer is the image's transcript first (`transcript`: every
-  string the render prints, in its order, joined by " | "), then the answer: the model reads the
-  image out, then answers from what it read. Held out, it is also scored on the transcript it
-  writes (`NAME_read`: difflib's ratio to the true one) and on the answer it gives after the true
-  transcript is put in its mouth (`NAME_given`: the text reasoning alone).
+  string the render prints joined by " | ", in `transcript_order`: "render" or "paired"), then
+  the answer: the model reads the image out, then answers from what it read. Held out, it is
+  also scored on the transcript it writes (`NAME_read`: difflib's ratio to the true one) and on
+  the answer it gives after the true transcript is put in its mouth (`NAME_given`: the text
+  reasoning alone).
 
 Then greedy on `n_eval` held-out level-1 tasks per family, each with its own image (`true`) and
 with another task's image (`shuf`, the answer-kind baseline: what the model gets without reading);
@@ -141,9 +142,24 @@ def describe(task: Any) -> str:
     return f"w {s['w']} h {s['h']} holes {len(s['holes'])}"
 
 
-def transcript(task: Any) -> str:
-    """The `transcribe` prefix: every string the task's render prints, in order, joined by " | "."""
-    return " | ".join(p.text for p in get(task.domain).printed(task.reference["scene"]))
+ORDERS = ("render", "paired")
+
+
+def transcript(task: Any, order: str = "render") -> str:
+    """The `transcribe` prefix: every string the task's render prints, joined by " | ", in `order`:
+    "render", the render's (a bar or line chart prints its title, then every label, then every
+    value, so a category's value is as far from its name as there are categories); "paired", the
+    same strings with a bar or line chart's each value moved to right after its own label (the
+    column's two strings together, as a pie's legend prints them), the other families as printed."""
+    if order not in ORDERS:
+        raise ValueError(f"transcript order {order!r} unknown; allowed: {', '.join(ORDERS)}")
+    scene = task.reference["scene"]
+    strings = [p.text for p in get(task.domain).printed(scene)]
+    if order == "paired" and task.domain == "chart" and scene["chart"] != "pie":
+        n = len(scene["labels"])
+        title, labels, values = strings[0], strings[1 : 1 + n], strings[1 + n : 1 + 2 * n]
+        strings = [title, *(s for pair in zip(labels, values) for s in pair)]
+    return " | ".join(strings)
 
 
 def load_language_model(model: Any, folder: str) -> None:
@@ -186,7 +202,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         pix = V.pixel_values(proc, [i for m in task.prompt for i in m.images]).half()
         answer = d.wrong(task) if rng.random() < spec.buggy_fraction else d.gold(task)
         if cfg.get("transcribe"):
-            answer = f"{transcript(task)} {answer}"
+            answer = f"{transcript(task, cfg.get('transcript_order', 'render'))} {answer}"
         row = (prompt(task), tok.encode(answer, add_special_tokens=False), pix)
         if pooled and cfg.get("aux_steps"):
             aux.append((prompt(task, "Describe."), tok.encode(describe(task), add_special_tokens=False), pix))
@@ -249,10 +265,13 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 
         V.save_vlm(model, tok, proc, cfg["out"])
         (Path(cfg["out"]) / V.INFO).write_text(json.dumps({"spec": asdict(spec), "bench": cfg} | ocr, indent=2))
-    return res | heldout(model, tok, proc, spec, cfg.get("n_eval", 30), bool(cfg.get("transcribe")))
+    order = cfg.get("transcript_order", "render")
+    return res | heldout(model, tok, proc, spec, cfg.get("n_eval", 30), bool(cfg.get("transcribe")), order)
 
 
-def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int, transcribe: bool = False) -> dict[str, Any]:
+def heldout(
+    model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int, transcribe: bool = False, order: str = "render"
+) -> dict[str, Any]:
     """Greedy on `n` held-out level-1 tasks a family, each with its own image (`NAME_true`, and
     by question `NAME_true_by_ask`: right of asked) and with another task's image (`NAME_shuf`).
     A `transcribe` build writes its transcript first: `NAME_read` is the mean difflib ratio of what
@@ -285,7 +304,7 @@ def heldout(model: Any, tok: Any, proc: Any, spec: V.VisionSpec, n: int, transcr
                     got = extract_answer(text)
                     ok = judge(t.reference, got)[1]
                     if transcribe and mode == "true":
-                        true = transcript(t)
+                        true = transcript(t, order)
                         wrote = text.split("<answer>")[0].strip()
                         reads.append(difflib.SequenceMatcher(None, wrote, true).ratio())
                         given_ids = torch.cat(
@@ -310,8 +329,9 @@ def evaluate_folder(folder: str, n: int) -> dict[str, Any]:
     info = json.loads((Path(folder) / V.INFO).read_text())
     model, tok, proc = V.load_vlm(folder)
     spec = V.VisionSpec(**info["spec"])
-    transcribe = bool(info.get("bench", {}).get("transcribe"))
-    return {"model": folder, "read_heldout": info.get("read_heldout")} | heldout(model, tok, proc, spec, n, transcribe)
+    bench = info.get("bench", {})
+    held = heldout(model, tok, proc, spec, n, bool(bench.get("transcribe")), bench.get("transcript_order", "render"))
+    return {"model": folder, "read_heldout": info.get("read_heldout")} | held
 
 
 if __name__ == "__main__":

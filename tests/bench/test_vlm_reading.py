@@ -56,3 +56,41 @@ def test_lm_from_puts_a_text_base_into_the_language_model_and_leaves_the_rest(tm
     assert torch.equal(vlm.model.language_model.embed_tokens.weight[len(text_tok) :], image_row)
     assert torch.equal(vlm.lm_head.weight[: len(text_tok)], text.lm_head.weight)  # tied: the head follows
     assert all(torch.equal(v, tower[k]) for k, v in vlm.model.vision_tower.state_dict().items())
+
+
+def test_the_paired_transcript_puts_each_chart_value_after_its_own_label():
+    """`transcript(task, "paired")`: a bar or line chart's value right after its label (the render
+    prints every label, then every value); a pie and the other families as printed."""
+    kinds = set()
+    for index in range(20):
+        task = get("chart").sample(index, "train", 2)
+        scene = task.reference["scene"]
+        kinds.add(scene["chart"])
+        paired = vr.transcript(task, "paired").split(" | ")
+        if scene["chart"] == "pie":
+            assert paired == vr.transcript(task).split(" | ")
+            continue
+        assert paired[0] == scene["title"]
+        assert paired[1:] == [s for a, v in zip(scene["labels"], scene["values"]) for s in (a, str(v))]
+    assert kinds == {"bar", "line", "pie"}
+    for name in ("drawing", "ui"):
+        task = get(name).sample(3, "train", 1)
+        assert vr.transcript(task, "paired") == vr.transcript(task, "render")
+    try:
+        vr.transcript(task, "sorted")
+    except ValueError as e:
+        assert "render, paired" in str(e)
+    else:
+        raise AssertionError("an unknown order was accepted")
+
+
+def test_the_text_half_prompt_is_the_transcript_then_the_question_in_the_chat_template():
+    """bench/vlm_text_half.py: the language model alone, the transcript in its prompt, no image."""
+    from posttrain.model import vision as V
+
+    th = load("vlm_text_half")
+    tok = V.build_tokenizer()
+    task = get("chart").sample(5, "eval", 1)
+    text = tok.decode(th.prompt(tok, task, "paired"))
+    assert text == f"<|user|>{vr.transcript(task, 'paired')}\n{task.prompt[0].content}<|assistant|>"
+    assert V.IMAGE_TOKEN not in text

@@ -1,0 +1,122 @@
+"""The VLM's text half alone (issue 40): can its language model answer the image families'
+questions when what the image prints is in its prompt as text?
+
+`bench/vlm_reading.py`'s `transcribe` run showed the build failing on both sides of the answer:
+it reads the image out poorly, and handed the true transcript it still answers 2 of 30. This
+script measures the second half on its own: the VLM's language model (the `tiny` Qwen2 preset,
+the VLM tokenizer and chat template, no image), its prompt the transcript then the task's
+question, trained on the gold answers (`fit_masked_lm`, the builds' loop) on an unseen train task
+every row (the families in turn, levels 1-3 in turn), and scored greedy on `n_eval` held-out
+level-1 tasks a family at the `evals` step counts, by question kind.
+
+`order` is the transcript's (vlm_reading's `transcript`): "render", every string the render
+prints in its order (a bar or line chart: its title, every label, then every value, so a
+category's value is as far from its name as there are categories); "paired", a bar or line
+chart's each value right after its own label.
+
+The ui family's level-1 questions (the highlighted button, where to click) are not in any
+transcript: its row says what the text alone gets there. `out` saves the trained language model
+(`bench/vlm_reading.py`'s `lm_from` loads it into a VLM).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_text_half.py \\
+      '{"steps": 3000, "order": "paired", "out": "runs/text-half"}'
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+from vlm_reading import transcript
+
+from posttrain.domains._vision import judge
+from posttrain.domains.base import extract_answer
+from posttrain.domains.registry import get
+from posttrain.model import vision as V
+from posttrain.model.arch import make_config
+from posttrain.model.pretrain import fit_masked_lm, padded
+from posttrain.types import Message
+
+
+def prompt(tok: Any, task: Any, order: str) -> tuple[int, ...]:
+    """The chat prompt: one user message, the transcript on its first line, then the question."""
+    msg = Message("user", f"{transcript(task, order)}\n{task.prompt[0].content}")
+    return V.prompt_ids(tok, V.chat([msg]), 0)
+
+
+def heldout(model: Any, tok: Any, order: str, n: int) -> dict[str, Any]:
+    """Greedy on `n` held-out level-1 tasks a family: the share right, and right of asked by kind."""
+    res: dict[str, Any] = {}
+    with torch.no_grad():
+        for name in V.FAMILIES:
+            right, by_ask = 0, {}
+            for i in range(n):
+                t = get(name).sample(i, "eval", 1)
+                ids = torch.tensor([prompt(tok, t, order)])
+                out = model.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                )  # fmt: skip
+                ok = judge(t.reference, extract_answer(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)))[1]
+                right += ok
+                tally = by_ask.setdefault(t.reference["ask"], [0, 0])
+                tally[0], tally[1] = tally[0] + ok, tally[1] + 1
+            res[name] = round(right / n, 3)
+            res[f"{name}_by_ask"] = {a: f"{r}/{c}" for a, (r, c) in sorted(by_ask.items())}
+    return res
+
+
+def main(cfg: dict[str, Any]) -> dict[str, Any]:
+    from transformers import Qwen2ForCausalLM
+
+    steps, order, n = cfg.get("steps", 2500), cfg.get("order", "render"), cfg.get("n_eval", 30)
+    evals = sorted(set(cfg.get("evals", [steps // 4, steps // 2, steps])))
+    batch, levels, seed = cfg.get("batch_size", 16), cfg.get("levels", [1, 2, 3]), cfg.get("seed", 0)
+    torch.set_num_threads(1)
+    t0 = time.process_time()
+    tok = V.build_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(
+        make_config(cfg.get("preset", "tiny"), len(tok), tok.pad_token_id, tok.eos_token_id, max_positions=512)
+    )
+    model.train()
+    drawn, done, curve = [0], [0], []
+
+    def row() -> tuple[list[int], list[int]]:
+        k = drawn[0]
+        drawn[0] += 1
+        d = get(V.FAMILIES[k % len(V.FAMILIES)])
+        index = k // len(V.FAMILIES)
+        task = d.sample(index + 1000 * seed, "train", levels[index % len(levels)])
+        p, a = list(prompt(tok, task, order)), tok.encode(d.gold(task), add_special_tokens=False) + [tok.eos_token_id]
+        return p + a, [0] * len(p) + [1] * len(a)
+
+    def next_batch() -> tuple[dict[str, Any], Any]:
+        if done[0] in evals[:-1]:  # held out at a milestone, before that step's batch
+            curve.append({"step": done[0]} | heldout(model, tok, order, n))
+            print("EVAL", json.dumps(curve[-1]), flush=True)
+        done[0] += 1
+        rows = [row() for _ in range(batch)]
+        ids, attn, mask = padded(tok, [r for r, _ in rows], [m for _, m in rows])
+        return {"input_ids": ids, "attention_mask": attn}, mask
+
+    loss = fit_masked_lm(model, next_batch, steps, cfg.get("lr", 2e-3), f"text half ({order})", True)
+    model.eval()
+    curve.append({"step": steps} | heldout(model, tok, order, n))
+    if cfg.get("out"):  # vlm_reading.py's `lm_from` takes this folder (the same tokenizer's rows)
+        model.save_pretrained(cfg["out"])
+    return {
+        "cfg": cfg,
+        "cpu_s": round(time.process_time() - t0),
+        "last_loss": round(loss, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "curve": curve,
+    }
+
+
+if __name__ == "__main__":
+    print("RESULT", json.dumps(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})), flush=True)
