@@ -162,13 +162,13 @@ def transcript(task: Any, order: str = "render") -> str:
     return " | ".join(strings)
 
 
-def load_language_model(model: Any, folder: str) -> None:
-    """`lm_from`: a text base's weights into the VLM's language model; its embedding rows into the
-    first rows of the VLM's (the image token's row keeps its random start)."""
+def load_language_model(lm: Any, folder: str) -> None:
+    """`lm_from`: a text base's weights into the decoder `lm` (a VLM's `model.model.language_model`,
+    a text model's `model.model`); its embedding rows into the first rows of `lm`'s (a row the
+    base lacks, as the VLM's image token, keeps its random start)."""
     from safetensors.torch import load_file
 
     weights = load_file(str(Path(folder) / "model.safetensors"))
-    lm = model.model.language_model
     state = lm.state_dict()
     for k, v in weights.items():
         name = k.removeprefix("model.")
@@ -229,7 +229,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     model.train()
     ocr: dict[str, float] = {}
     if cfg.get("lm_from"):
-        load_language_model(model, cfg["lm_from"])
+        load_language_model(model.model.language_model, cfg["lm_from"])
     if cfg.get("tower_from"):
         model.model.vision_tower.load_state_dict(V.load_vlm(cfg["tower_from"])[0].model.vision_tower.state_dict())
         saved = json.loads((Path(cfg["tower_from"]) / V.INFO).read_text())

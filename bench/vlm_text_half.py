@@ -15,8 +15,9 @@ category's value is as far from its name as there are categories); "paired", a b
 chart's each value right after its own label.
 
 The ui family's level-1 questions (the highlighted button, where to click) are not in any
-transcript: its row says what the text alone gets there. `out` saves the trained language model
-(`bench/vlm_reading.py`'s `lm_from` loads it into a VLM).
+transcript: its row says what the text alone gets there. `lm_from` starts the language model from
+a text base folder (`~/.cache/posttrain/base-*`, as vlm_reading's option) instead of random
+weights; `out` saves the trained one (vlm_reading's `lm_from` loads it into a VLM).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_text_half.py \\
       '{"steps": 3000, "order": "paired", "out": "runs/text-half"}'
@@ -31,7 +32,7 @@ import time
 from typing import Any
 
 import torch
-from vlm_reading import transcript
+from vlm_reading import load_language_model, transcript
 
 from posttrain.domains._vision import judge
 from posttrain.domains.base import extract_answer
@@ -83,6 +84,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     model = Qwen2ForCausalLM(
         make_config(cfg.get("preset", "tiny"), len(tok), tok.pad_token_id, tok.eos_token_id, max_positions=512)
     )
+    if cfg.get("lm_from"):  # a text base's weights (its tokenizer's ids are the first of this one's)
+        load_language_model(model.model, cfg["lm_from"])
     model.train()
     drawn, done, curve = [0], [0], []
 

@@ -45,7 +45,7 @@ def test_lm_from_puts_a_text_base_into_the_language_model_and_leaves_the_rest(tm
     vlm = LlavaForConditionalGeneration(V.make_config(V.VisionSpec(), tok))
     tower = {k: v.clone() for k, v in vlm.model.vision_tower.state_dict().items()}
     image_row = vlm.model.language_model.embed_tokens.weight[len(text_tok) :].clone()
-    vr.load_language_model(vlm, str(tmp_path))
+    vr.load_language_model(vlm.model.language_model, str(tmp_path))
     got, want = vlm.model.language_model.state_dict(), text.model.state_dict()
     assert len(tok) == len(text_tok) + 1  # the image token is the one row the text base lacks
     for name, value in want.items():
