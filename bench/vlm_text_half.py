@@ -6,8 +6,8 @@ it reads the image out poorly, and handed the true transcript it still answers 2
 script measures the second half on its own: the VLM's language model (the `tiny` Qwen2 preset,
 the VLM tokenizer and chat template, no image), its prompt the transcript then the task's
 question, trained on the gold answers (`fit_masked_lm`, the builds' loop) on an unseen train task
-every row (the families in turn, levels 1-3 in turn), and scored greedy on `n_eval` held-out
-level-1 tasks a family at the `evals` step counts, by question kind.
+every row (`families` in turn, all three by default; `levels` in turn, 1-3), and scored greedy
+on `n_eval` held-out level-1 tasks of every family at the `evals` step counts, by question kind.
 
 `order` is the transcript's (vlm_reading's `transcript`): "render", every string the render
 prints in its order (a bar or line chart: its title, every label, then every value, so a
@@ -77,6 +77,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     steps, order, n = cfg.get("steps", 2500), cfg.get("order", "render"), cfg.get("n_eval", 30)
     evals = sorted(set(cfg.get("evals", [steps // 4, steps // 2, steps])))
     batch, levels, seed = cfg.get("batch_size", 16), cfg.get("levels", [1, 2, 3]), cfg.get("seed", 0)
+    families = cfg.get("families", list(V.FAMILIES))
     torch.set_num_threads(1)
     t0 = time.process_time()
     tok = V.build_tokenizer()
@@ -92,8 +93,8 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     def row() -> tuple[list[int], list[int]]:
         k = drawn[0]
         drawn[0] += 1
-        d = get(V.FAMILIES[k % len(V.FAMILIES)])
-        index = k // len(V.FAMILIES)
+        d = get(families[k % len(families)])
+        index = k // len(families)
         task = d.sample(index + 1000 * seed, "train", levels[index % len(levels)])
         p, a = list(prompt(tok, task, order)), tok.encode(d.gold(task), add_special_tokens=False) + [tok.eos_token_id]
         return p + a, [0] * len(p) + [1] * len(a)
