@@ -95,7 +95,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         drawn[0] += 1
         d = get(families[k % len(families)])
         index = k // len(families)
-        task = d.sample(index + 1000 * seed, "train", levels[index % len(levels)])
+        task = d.sample(index + 10**6 * seed, "train", levels[index % len(levels)])  # seeds: disjoint tasks
         p, a = list(prompt(tok, task, order)), tok.encode(d.gold(task), add_special_tokens=False) + [tok.eos_token_id]
         return p + a, [0] * len(p) + [1] * len(a)
 
