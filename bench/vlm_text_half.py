@@ -100,7 +100,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         return p + a, [0] * len(p) + [1] * len(a)
 
     def next_batch() -> tuple[dict[str, Any], Any]:
-        if done[0] in evals[:-1]:  # held out at a milestone, before that step's batch
+        if done[0] in evals and done[0] < steps:  # held out at a milestone, before that step's batch
             curve.append({"step": done[0]} | heldout(model, tok, order, n))
             print("EVAL", json.dumps(curve[-1]), flush=True)
         done[0] += 1
