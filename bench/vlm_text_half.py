@@ -14,18 +14,30 @@ prints in its order (a bar or line chart: its title, every label, then every val
 category's value is as far from its name as there are categories); "paired", a bar or line
 chart's each value right after its own label.
 
+`layout` is where the transcript sits: "transcript_first", the user message is the transcript then
+the question; "question_first", the question is the user message and the transcript is put in the
+assistant's mouth before the answer (vlm_reading's `transcribe` route, where the model reads the
+image out after the question: its `NAME_given` figure, here without the image). `tokenizer`
+"chars" is the VLM's (one character a token); "words" (`word_tokenizer`) adds every word the
+families print and every number 10-999 as one token each, after the char ids, so a by-name lookup
+is one token matched instead of a run of characters.
+
 The ui family's level-1 questions (the highlighted button, where to click) are not in any
 transcript: its row says what the text alone gets there. `lm_from` starts the language model from
 a text base folder (`~/.cache/posttrain/base-*`, as vlm_reading's option) instead of random
-weights; `out` saves the trained one (vlm_reading's `lm_from` loads it into a VLM).
+weights; `out` saves the trained one (vlm_reading's `lm_from` loads it into a VLM; a "words"
+model's rows do not fit the VLM's char tokenizer, so not that one).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_text_half.py \\
       '{"steps": 3000, "order": "paired", "out": "runs/text-half"}'
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/vlm_text_half.py \\
+      '{"steps": 8000, "families": ["chart"], "levels": [1], "layout": "question_first", "tokenizer": "words"}'
 """
 
 from __future__ import annotations
 
 import json
+import re
 import resource
 import sys
 import time
@@ -43,13 +55,54 @@ from posttrain.model.pretrain import fit_masked_lm, padded
 from posttrain.types import Message
 
 
-def prompt(tok: Any, task: Any, order: str) -> tuple[int, ...]:
-    """The chat prompt: one user message, the transcript on its first line, then the question."""
+def word_tokenizer() -> Any:
+    """`tokenizer` "words": the VLM's tokenizer with every word the families print (fruits, months,
+    titles, ui labels) and every number 0-999 as one token each, after the char-level ids (which
+    keep their ids, so any text still round-trips and a char-level base's rows still load)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from posttrain.domains import chart, ui
+    from posttrain.model.tokenizer import CHARS, ROLES, SPECIAL
+
+    words = {w for s in (*chart.FRUITS, *chart.MONTHS, *chart.TITLES, *ui.APPS, *ui.FIELDS, *ui.CHECKS, *ui.BUTTONS)
+             for w in s.split() if len(w) > 1}  # fmt: skip
+    words = sorted(words, key=lambda w: (-len(w), w))
+    specials = [SPECIAL["pad"], SPECIAL["unk"], SPECIAL["eos"]] + [f"<|{r}|>" for r in ROLES]
+    vocab = {t: i for i, t in enumerate(specials + CHARS + words + [str(n) for n in range(10, 1000)])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL["unk"]))
+    pattern = "|".join(re.escape(w) for w in words) + "|[1-9][0-9]{1,2}|[\\s\\S]"
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(specials)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=SPECIAL["pad"], unk_token=SPECIAL["unk"], eos_token=SPECIAL["eos"],
+        additional_special_tokens=[f"<|{r}|>" for r in ROLES],
+    )  # fmt: skip
+    tok.add_special_tokens({"additional_special_tokens": [f"<|{r}|>" for r in ROLES] + [V.IMAGE_TOKEN]})
+    tok.chat_template = V.CHAT_TEMPLATE
+    tok.padding_side = "left"
+    return tok
+
+
+LAYOUTS = ("transcript_first", "question_first")
+
+
+def prompt(tok: Any, task: Any, order: str, layout: str = "transcript_first") -> tuple[int, ...]:
+    """The ids the answer follows. "transcript_first": one user message, the transcript on its
+    first line, then the question. "question_first": the question as the user message and the
+    transcript put in the assistant's mouth, then a space (vlm_reading's `transcribe` route, where
+    the model writes the transcript after the question: its `NAME_given` figure, without the image)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} unknown; allowed: {', '.join(LAYOUTS)}")
+    if layout == "question_first":
+        ids = V.prompt_ids(tok, V.chat([Message("user", task.prompt[0].content)]), 0)
+        return (*ids, *tok.encode(transcript(task, order) + " ", add_special_tokens=False))
     msg = Message("user", f"{transcript(task, order)}\n{task.prompt[0].content}")
     return V.prompt_ids(tok, V.chat([msg]), 0)
 
 
-def heldout(model: Any, tok: Any, order: str, n: int) -> dict[str, Any]:
+def heldout(model: Any, tok: Any, order: str, n: int, layout: str = "transcript_first") -> dict[str, Any]:
     """Greedy on `n` held-out level-1 tasks a family: the share right, and right of asked by kind."""
     res: dict[str, Any] = {}
     with torch.no_grad():
@@ -57,7 +110,7 @@ def heldout(model: Any, tok: Any, order: str, n: int) -> dict[str, Any]:
             right, by_ask = 0, {}
             for i in range(n):
                 t = get(name).sample(i, "eval", 1)
-                ids = torch.tensor([prompt(tok, t, order)])
+                ids = torch.tensor([prompt(tok, t, order, layout)])
                 out = model.generate(
                     input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
@@ -77,10 +130,12 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     steps, order, n = cfg.get("steps", 2500), cfg.get("order", "render"), cfg.get("n_eval", 30)
     evals = sorted(set(cfg.get("evals", [steps // 4, steps // 2, steps])))
     batch, levels, seed = cfg.get("batch_size", 16), cfg.get("levels", [1, 2, 3]), cfg.get("seed", 0)
-    families = cfg.get("families", list(V.FAMILIES))
+    families, layout = cfg.get("families", list(V.FAMILIES)), cfg.get("layout", "transcript_first")
     torch.set_num_threads(1)
     t0 = time.process_time()
-    tok = V.build_tokenizer()
+    if cfg.get("tokenizer", "chars") not in ("chars", "words"):
+        raise ValueError(f"tokenizer {cfg['tokenizer']!r} unknown; allowed: chars, words")
+    tok = word_tokenizer() if cfg.get("tokenizer") == "words" else V.build_tokenizer()
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(
         make_config(cfg.get("preset", "tiny"), len(tok), tok.pad_token_id, tok.eos_token_id, max_positions=512)
@@ -96,12 +151,15 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         d = get(families[k % len(families)])
         index = k // len(families)
         task = d.sample(index + 10**6 * seed, "train", levels[index % len(levels)])  # seeds: disjoint tasks
-        p, a = list(prompt(tok, task, order)), tok.encode(d.gold(task), add_special_tokens=False) + [tok.eos_token_id]
+        p, a = (
+            list(prompt(tok, task, order, layout)),
+            tok.encode(d.gold(task), add_special_tokens=False) + [tok.eos_token_id],
+        )
         return p + a, [0] * len(p) + [1] * len(a)
 
     def next_batch() -> tuple[dict[str, Any], Any]:
         if done[0] in evals and done[0] < steps:  # held out at a milestone, before that step's batch
-            curve.append({"step": done[0]} | heldout(model, tok, order, n))
+            curve.append({"step": done[0]} | heldout(model, tok, order, n, layout))
             print("EVAL", json.dumps(curve[-1]), flush=True)
         done[0] += 1
         rows = [row() for _ in range(batch)]
@@ -110,7 +168,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 
     loss = fit_masked_lm(model, next_batch, steps, cfg.get("lr", 2e-3), f"text half ({order})", True)
     model.eval()
-    curve.append({"step": steps} | heldout(model, tok, order, n))
+    curve.append({"step": steps} | heldout(model, tok, order, n, layout))
     if cfg.get("out"):  # vlm_reading.py's `lm_from` takes this folder (the same tokenizer's rows)
         model.save_pretrained(cfg["out"])
     return {

@@ -91,3 +91,33 @@ def test_the_text_half_prompt_is_the_transcript_then_the_question_in_the_chat_te
     text = tok.decode(th.prompt(tok, task, "paired"))
     assert text == f"<|user|>{vr.transcript(task, 'paired')}\n{task.prompt[0].content}<|assistant|>"
     assert V.IMAGE_TOKEN not in text
+
+
+def test_the_text_half_question_first_puts_the_transcript_in_the_assistants_mouth():
+    """`layout` "question_first": vlm_reading's `transcribe` route without the image (its `given` figure)."""
+    from posttrain.model import vision as V
+
+    th = load("vlm_text_half")
+    tok = V.build_tokenizer()
+    task = get("chart").sample(5, "eval", 1)
+    text = tok.decode(th.prompt(tok, task, "paired", "question_first"))
+    assert text == f"<|user|>{task.prompt[0].content}<|assistant|>{vr.transcript(task, 'paired')} "
+    with pytest.raises(ValueError, match="transcript_first, question_first"):
+        th.prompt(tok, task, "paired", "answer_first")
+
+
+def test_the_word_tokenizer_keeps_the_char_ids_and_makes_each_printed_word_one_token():
+    """`tokenizer` "words": every text round-trips; a family's word or a number 10-999 is one token."""
+    from posttrain.domains import chart, ui
+    from posttrain.model import vision as V
+
+    th = load("vlm_text_half")
+    words, chars = th.word_tokenizer(), V.build_tokenizer()
+    for text in ("What is the value of Pears? 1234 05 x\n\t{}", "Stock on hand | Jan | 7 | Feb | 199"):
+        assert words.decode(words.encode(text)) == text
+    for c in "abcXYZ09 |<>\n":  # a char-level base's rows still load into the first ids
+        assert words.convert_tokens_to_ids(c) == chars.convert_tokens_to_ids(c)
+    for w in (*chart.FRUITS, *chart.MONTHS, *ui.BUTTONS, "10", "57", "999"):
+        assert len(words.encode(w, add_special_tokens=False)) == 1, w
+    assert words.tokenize("Pears 6 Peaches") == ["Pears", " ", "6", " ", "Peaches"]
+    assert words.convert_tokens_to_ids(V.IMAGE_TOKEN) == len(words) - 1
