@@ -22,6 +22,10 @@ image out after the question: its `NAME_given` figure, here without the image). 
 families print and every number 10-999 as one token each, after the char ids, so a by-name lookup
 is one token matched instead of a run of characters.
 
+`recall_steps` (0 by default) is a warm-up before the question stage: multi-query associative recall
+(`recall_row`: labels with numbers, then the same labels asked again, every answer scored), the
+dense form of the chart's by-name lookup; its held-out share of numbers right is `recall`.
+
 The ui family's level-1 questions (the highlighted button, where to click) are not in any
 transcript: its row says what the text alone gets there. `lm_from` starts the language model from
 a text base folder (`~/.cache/posttrain/base-*`, as vlm_reading's option) instead of random
@@ -124,6 +128,24 @@ def heldout(model: Any, tok: Any, order: str, n: int, layout: str = "transcript_
     return res
 
 
+def recall_row(tok: Any, rng: Any) -> tuple[list[int], list[int]]:
+    """One `recall_steps` row (multi-query associative recall, dense): 4-8 distinct labels (fruits
+    and months) each with a number 1-199, printed as a paired transcript ("Pears 6 | Limes 31"), a
+    newline, then the same pairs again in another order; the loss is on the second half's numbers
+    (each a lookup by name of the first half), so one row carries 4-8 lookups."""
+    from posttrain.domains import chart
+
+    labels = rng.sample([*chart.FRUITS, *chart.MONTHS], rng.randint(4, 8))
+    pairs = [(lab, str(rng.randint(1, 199))) for lab in labels]
+    ids, mask = tok.encode(" | ".join(f"{a} {b}" for a, b in pairs) + "\n", add_special_tokens=False), []
+    mask = [0] * len(ids)
+    for k, (a, b) in enumerate(rng.sample(pairs, len(pairs))):
+        head = tok.encode(("" if k == 0 else " | ") + a + " ", add_special_tokens=False)
+        tail = tok.encode(b, add_special_tokens=False)
+        ids, mask = ids + head + tail, mask + [0] * len(head) + [1] * len(tail)
+    return ids + [tok.eos_token_id], mask + [0]
+
+
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from transformers import Qwen2ForCausalLM
 
@@ -143,6 +165,26 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("lm_from"):  # a text base's weights (its tokenizer's ids are the first of this one's)
         load_language_model(model.model, cfg["lm_from"])
     model.train()
+    recall: dict[str, Any] = {}
+    if cfg.get("recall_steps"):  # the associative-recall warm-up, then the question stage
+        import random
+
+        rng = random.Random(seed + 23)
+
+        def recall_batch() -> tuple[dict[str, Any], Any]:
+            rows = [recall_row(tok, rng) for _ in range(batch)]
+            ids, attn, mask = padded(tok, [r for r, _ in rows], [m for _, m in rows])
+            return {"input_ids": ids, "attention_mask": attn}, mask
+
+        recall["loss"] = round(
+            fit_masked_lm(model, recall_batch, cfg["recall_steps"], cfg.get("lr", 2e-3), "recall", True), 3
+        )
+        with torch.no_grad():  # held out: the share of second-half number tokens predicted right
+            inputs, mask = recall_batch()
+            pred = model(**inputs).logits[:, :-1].argmax(-1)
+            hit = (pred == inputs["input_ids"][:, 1:]).float() * mask[:, 1:]
+            recall["tokens_right"] = round(float(hit.sum() / mask[:, 1:].sum()), 3)
+        print("RECALL", json.dumps(recall), flush=True)
     drawn, done, curve = [0], [0], []
 
     def row() -> tuple[list[int], list[int]]:
@@ -173,6 +215,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         model.save_pretrained(cfg["out"])
     return {
         "cfg": cfg,
+        "recall": recall,
         "cpu_s": round(time.process_time() - t0),
         "last_loss": round(loss, 3),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -121,3 +121,20 @@ def test_the_word_tokenizer_keeps_the_char_ids_and_makes_each_printed_word_one_t
         assert len(words.encode(w, add_special_tokens=False)) == 1, w
     assert words.tokenize("Pears 6 Peaches") == ["Pears", " ", "6", " ", "Peaches"]
     assert words.convert_tokens_to_ids(V.IMAGE_TOKEN) == len(words) - 1
+
+
+def test_a_recall_row_asks_each_label_of_its_first_half_once_and_scores_only_the_numbers():
+    """`recall_steps` rows: the masked tokens are the numbers looked up, each its label's in the first half."""
+    import random
+
+    th = load("vlm_text_half")
+    tok = th.word_tokenizer()
+    for seed in range(20):
+        ids, mask = th.recall_row(tok, random.Random(seed))
+        assert len(ids) == len(mask) and ids[-1] == tok.eos_token_id
+        first, second = tok.decode(ids[:-1]).split("\n")
+        pairs = dict(p.split(" ") for p in first.split(" | "))
+        asked = [p.split(" ") for p in second.split(" | ")]
+        assert sorted(a for a, _ in asked) == sorted(pairs) and all(pairs[a] == b for a, b in asked)
+        scored = [tok.decode([i]) for i, m in zip(ids, mask) if m]
+        assert scored == [b for _, b in asked]  # one token a number, nothing else scored
