@@ -61,8 +61,9 @@ from posttrain.types import Message
 
 def word_tokenizer() -> Any:
     """`tokenizer` "words": the VLM's tokenizer with every word the families print (fruits, months,
-    titles, ui labels) and every number 0-999 as one token each, after the char-level ids (which
-    keep their ids, so any text still round-trips and a char-level base's rows still load)."""
+    titles, ui labels) and every number 10-999 as one token each (0-9 are char ids already), after
+    the char-level ids (which keep their ids, so any text still round-trips and a char-level base's
+    rows still load)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -137,7 +138,7 @@ def recall_row(tok: Any, rng: Any) -> tuple[list[int], list[int]]:
 
     labels = rng.sample([*chart.FRUITS, *chart.MONTHS], rng.randint(4, 8))
     pairs = [(lab, str(rng.randint(1, 199))) for lab in labels]
-    ids, mask = tok.encode(" | ".join(f"{a} {b}" for a, b in pairs) + "\n", add_special_tokens=False), []
+    ids = tok.encode(" | ".join(f"{a} {b}" for a, b in pairs) + "\n", add_special_tokens=False)
     mask = [0] * len(ids)
     for k, (a, b) in enumerate(rng.sample(pairs, len(pairs))):
         head = tok.encode(("" if k == 0 else " | ") + a + " ", add_special_tokens=False)
