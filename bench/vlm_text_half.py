@@ -147,6 +147,12 @@ def recall_row(tok: Any, rng: Any) -> tuple[list[int], list[int]]:
     return ids + [tok.eos_token_id], mask + [0]
 
 
+def batched(tok: Any, rows: list[tuple[list[int], list[int]]]) -> tuple[dict[str, Any], Any]:
+    """(ids, loss mask) rows as `fit_masked_lm`'s batch: `padded`'s ids and attention mask, its mask."""
+    ids, attn, mask = padded(tok, [r for r, _ in rows], [m for _, m in rows])
+    return {"input_ids": ids, "attention_mask": attn}, mask
+
+
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
     from transformers import Qwen2ForCausalLM
 
@@ -173,9 +179,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
         rng = random.Random(seed + 23)
 
         def recall_batch() -> tuple[dict[str, Any], Any]:
-            rows = [recall_row(tok, rng) for _ in range(batch)]
-            ids, attn, mask = padded(tok, [r for r, _ in rows], [m for _, m in rows])
-            return {"input_ids": ids, "attention_mask": attn}, mask
+            return batched(tok, [recall_row(tok, rng) for _ in range(batch)])
 
         recall["loss"] = round(
             fit_masked_lm(model, recall_batch, cfg["recall_steps"], cfg.get("lr", 2e-3), "recall", True), 3
@@ -205,9 +209,7 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
             curve.append({"step": done[0]} | heldout(model, tok, order, n, layout))
             print("EVAL", json.dumps(curve[-1]), flush=True)
         done[0] += 1
-        rows = [row() for _ in range(batch)]
-        ids, attn, mask = padded(tok, [r for r, _ in rows], [m for _, m in rows])
-        return {"input_ids": ids, "attention_mask": attn}, mask
+        return batched(tok, [row() for _ in range(batch)])
 
     loss = fit_masked_lm(model, next_batch, steps, cfg.get("lr", 2e-3), f"text half ({order})", True)
     model.eval()
